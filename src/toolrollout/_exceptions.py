@@ -1,0 +1,147 @@
+"""The one exception tree of toolrollout.
+
+Every error the library raises derives from :class:`ToolRolloutError`, and the three
+branches tell apart who is at fault, because a trainer must react differently to each::
+
+    ToolRolloutError
+    ├── UserError                 you asked for something impossible (bad config, bad argument)
+    │   └── ConfigError           a config file or key is invalid (names the file and key)
+    ├── ModelBehaviorError        the model produced something unusable (malformed tool call, unknown tool)
+    │   ├── ToolParseError        a turn's tool-call text is malformed (carries the parse errors)
+    │   ├── ToolNotFound          the model called a tool name that is not registered
+    │   └── ToolArgumentError     the call's arguments are not valid JSON or fail the tool's schema
+    ├── EngineError               the inference server failed (infrastructure)
+    │   ├── EngineConnectionError could not connect / connection reset / truncated body
+    │   ├── EngineTimeout         no answer within the configured timeout
+    │   ├── EngineUnavailable     the server never became healthy, or every retry was spent
+    │   └── EngineHTTPError       the server answered with an HTTP error (carries status and message)
+    │       └── EngineRequestRejected  a 4xx: the request itself is wrong and is never retried
+    │           └── OverlongPromptError  the prompt plus max_new_tokens exceeds the context
+    ├── ToolError                 a tool backend failed (infrastructure on the tool side)
+    │   ├── ToolExecutionError    the tool raised; the original exception is the ``__cause__``
+    │   ├── ToolTimeout           the call ran past its per-call timeout and was cancelled
+    │   └── ToolUnavailable       the backend is temporarily unreachable; retrying may help
+    └── TokenizationError         the chat template / tokenizer cannot give a consistent token delta
+
+Errors from httpx, MCP and subprocesses are translated into this tree at the boundary
+(``raise ... from exc``) and never swallowed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "EngineConnectionError",
+    "EngineError",
+    "EngineHTTPError",
+    "EngineRequestRejected",
+    "EngineTimeout",
+    "EngineUnavailable",
+    "ModelBehaviorError",
+    "OverlongPromptError",
+    "TokenizationError",
+    "ToolArgumentError",
+    "ToolError",
+    "ToolExecutionError",
+    "ToolNotFound",
+    "ToolParseError",
+    "ToolRolloutError",
+    "ToolTimeout",
+    "ToolUnavailable",
+    "UserError",
+]
+
+
+class ToolRolloutError(Exception):
+    """Base class of every error raised by toolrollout."""
+
+
+class UserError(ToolRolloutError):
+    """The caller misused the library; the message says what to change."""
+
+
+class ConfigError(UserError):
+    """A configuration file or value is invalid."""
+
+
+class ModelBehaviorError(ToolRolloutError):
+    """The model's output cannot be acted upon (bad tool-call syntax, unknown tool)."""
+
+
+class ToolParseError(ModelBehaviorError):
+    """A model turn contains malformed tool calls.
+
+    Parsers never raise this themselves (they report errors on ``ParsedTurn.errors``);
+    ``ParsedTurn.raise_for_errors()`` raises it for callers that want to stop instead.
+    """
+
+    def __init__(self, message: str, *, errors: tuple[object, ...] = ()) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
+class EngineError(ToolRolloutError):
+    """The inference engine failed to produce a result."""
+
+
+class EngineConnectionError(EngineError):
+    """The engine could not be reached, or the connection broke mid-response."""
+
+
+class EngineTimeout(EngineError):
+    """The engine did not answer within the configured timeout."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine never became healthy, or every retry was used up."""
+
+
+class EngineHTTPError(EngineError):
+    """The engine answered with an HTTP error status."""
+
+    def __init__(self, message: str, *, status_code: int, url: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.url = url
+
+
+class EngineRequestRejected(EngineHTTPError):
+    """A 4xx answer: the request itself is invalid, so retrying cannot help."""
+
+
+class OverlongPromptError(EngineRequestRejected):
+    """The prompt (plus ``max_new_tokens``) does not fit the model's context."""
+
+
+class ToolError(ToolRolloutError):
+    """A tool backend failed (crashed, timed out, or refused the call)."""
+
+
+class ToolNotFound(ModelBehaviorError):
+    """The model called a tool that is not registered (the model's fault, not the tool's)."""
+
+
+class ToolArgumentError(ModelBehaviorError):
+    """The model's arguments are not valid JSON or do not match the tool's parameter schema."""
+
+
+class ToolExecutionError(ToolError):
+    """The tool itself raised; the original exception is chained as ``__cause__``."""
+
+
+class ToolTimeout(ToolError):
+    """The tool call exceeded its per-call timeout and was cancelled."""
+
+
+class ToolUnavailable(ToolError):
+    """The tool's backend is temporarily unreachable; the retry policy retries only these."""
+
+
+class TokenizationError(ToolRolloutError):
+    """The chat template or tokenizer cannot produce a consistent token delta.
+
+    Raised when a template fails to render, when the family's stop token is not a single
+    token of the tokenizer, or when the rendered turn boundary differs from the family's
+    documented rule (a sign that the wrong template family was configured).
+    """

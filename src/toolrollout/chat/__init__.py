@@ -1,0 +1,50 @@
+"""Token-exact chat transcripts and tool-call parsing.
+
+* :class:`ChatFormat` renders the prompt once and computes the token delta of each tool
+  turn (boundary tokens included), so a rollout never re-tokenizes earlier turns.
+* :func:`check_drift` compares a transcript with a fresh render and classifies any
+  difference, without touching the tokens.
+* :func:`get_tool_parser` returns the tool-call parser of a model family.
+
+Turn-boundary rules per template family are documented in
+:mod:`toolrollout.chat._families` and available from :func:`template_families`.
+Concrete parser classes live in :mod:`toolrollout.chat.parsers`.
+"""
+
+from __future__ import annotations
+
+from ._drift import DriftKind as DriftKind
+from ._drift import DriftReport as DriftReport
+from ._drift import check_drift as check_drift
+from ._families import TemplateFamily as TemplateFamily
+from ._families import detect_template_family as detect_template_family
+from ._families import get_template_family as get_template_family
+from ._families import template_families as template_families
+from ._format import ChatFormat as ChatFormat
+from ._format import Message as Message
+from .parsers import MalformedCall as MalformedCall
+from .parsers import ParsedTurn as ParsedTurn
+from .parsers import ToolCall as ToolCall
+from .parsers import ToolCallParser as ToolCallParser
+from .parsers import get_tool_parser as get_tool_parser
+from .parsers import register_tool_parser as register_tool_parser
+from .parsers import tool_parser_names as tool_parser_names
+
+__all__ = [
+    "ChatFormat",
+    "DriftKind",
+    "DriftReport",
+    "MalformedCall",
+    "Message",
+    "ParsedTurn",
+    "TemplateFamily",
+    "ToolCall",
+    "ToolCallParser",
+    "check_drift",
+    "detect_template_family",
+    "get_template_family",
+    "get_tool_parser",
+    "register_tool_parser",
+    "template_families",
+    "tool_parser_names",
+]

@@ -1,0 +1,223 @@
+"""Drift check: compare a token transcript with a fresh render of its messages.
+
+The transcript is authoritative (it holds what the model actually saw and sampled), so
+the check only *reports*; it never alters a token. A rollout counts the mismatches in its
+metrics and stores the report on the trajectory, so template or tokenizer problems show up
+in dashboards instead of as a crash hours into a run (verifiers #115, prime-rl #1334).
+
+Kinds of drift, from most to least benign:
+
+* ``none``: token-exact match.
+* ``history_rewrite``: the texts differ only by a rewrite the family documents, e.g. Qwen3
+  dropping earlier ``<think>`` blocks. Expected; the transcript is still right.
+* ``retokenization``: same text, different ids, e.g. the model sampled a non-canonical
+  token split. Expected in token-in/token-out training; worth counting.
+* ``text``: the texts differ in an unexplained way (wrong family, a template that is not
+  append-only, a missing boundary token). Investigate.
+* ``render_error``: the template failed to render the messages; nothing was compared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._exceptions import TokenizationError, UserError
+from ._format import ChatFormat, Message
+
+__all__ = ["DriftKind", "DriftReport", "check_drift"]
+
+DriftKind = Literal["none", "history_rewrite", "retokenization", "text", "render_error"]
+
+_ASSISTANT_STRUCTURE_KEYS = frozenset({"tool_calls", "reasoning_content", "function_call"})
+
+
+@dataclass(frozen=True, slots=True)
+class DriftReport:
+    """Outcome of :func:`check_drift`; JSON-ready through :meth:`to_dict`."""
+
+    matches: bool
+    """True when the transcript ids equal the fresh render's ids exactly."""
+    kind: DriftKind
+    """Classification of the difference (see the module docstring)."""
+    text_matches: bool
+    """True when both sides decode to the same text."""
+    first_mismatch: int | None
+    """Token index of the first differing id (or the shorter length); None on a match."""
+    first_text_mismatch: int | None
+    """Character offset of the first differing character; None when the texts match."""
+    transcript_length: int
+    """Number of ids in the transcript."""
+    reference_length: int
+    """Number of ids in the fresh render (0 on a render error)."""
+    transcript_excerpt: str
+    """Decoded transcript tokens around the first mismatch ('' on a match)."""
+    reference_excerpt: str
+    """Decoded fresh-render tokens around the first mismatch ('' on a match)."""
+    detail: str
+    """One human-readable sentence."""
+
+    @property
+    def expected(self) -> bool:
+        """True for drift that does not indicate a bug (none, history rewrite, retokenization)."""
+        return self.kind in ("none", "history_rewrite", "retokenization")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON form for recording on a trajectory."""
+        return {
+            "matches": self.matches,
+            "kind": self.kind,
+            "text_matches": self.text_matches,
+            "first_mismatch": self.first_mismatch,
+            "first_text_mismatch": self.first_text_mismatch,
+            "transcript_length": self.transcript_length,
+            "reference_length": self.reference_length,
+            "transcript_excerpt": self.transcript_excerpt,
+            "reference_excerpt": self.reference_excerpt,
+            "detail": self.detail,
+        }
+
+
+def check_drift(
+    transcript_ids: Sequence[int],
+    messages: Sequence[Message],
+    *,
+    chat_format: ChatFormat,
+    model_texts: Sequence[str] | None = None,
+    context_tokens: int = 12,
+) -> DriftReport:
+    """Compare ``transcript_ids`` with a fresh render of ``messages``; never alters tokens.
+
+    Args:
+        transcript_ids: the trajectory's full token sequence (prompt, verbatim model
+            turns, tool deltas). Only read.
+        messages: the conversation the transcript represents.
+        chat_format: the format the transcript was built with.
+        model_texts: the raw text of each assistant turn, in order (e.g. from
+            :meth:`ChatFormat.model_text`). When given, each assistant message is rendered
+            from its raw text instead of its parsed ``tool_calls``, so the check is about
+            the template and the tokenizer, not about JSON spacing. A trailing stop token
+            in a text is ignored.
+        context_tokens: how many tokens each excerpt shows on either side of the mismatch.
+
+    The fresh render ends like the transcript does: with the generation prompt when the
+    last message is not an assistant turn, and right after the stop token (without the
+    template's boundary) when it is.
+    """
+    transcript = list(transcript_ids)
+    reference_messages = _with_model_texts(messages, model_texts, chat_format)
+    try:
+        reference_text = _reference_text(reference_messages, chat_format)
+    except TokenizationError as exc:
+        return DriftReport(
+            matches=False,
+            kind="render_error",
+            text_matches=False,
+            first_mismatch=None,
+            first_text_mismatch=None,
+            transcript_length=len(transcript),
+            reference_length=0,
+            transcript_excerpt="",
+            reference_excerpt="",
+            detail=str(exc),
+        )
+    reference = chat_format.encode(reference_text)
+    if transcript == reference:
+        return DriftReport(
+            matches=True,
+            kind="none",
+            text_matches=True,
+            first_mismatch=None,
+            first_text_mismatch=None,
+            transcript_length=len(transcript),
+            reference_length=len(reference),
+            transcript_excerpt="",
+            reference_excerpt="",
+            detail="the transcript equals a fresh render token for token",
+        )
+
+    position = _first_difference(transcript, reference)
+    start = max(0, position - context_tokens)
+    stop = position + context_tokens
+    transcript_text = chat_format.decode(transcript)
+    text_position = _first_difference(transcript_text, reference_text)
+    text_matches = transcript_text == reference_text
+    family = chat_format.family
+    kind: DriftKind
+    if text_matches:
+        kind = "retokenization"
+        detail = (
+            f"same text, different ids from token {position}: the model's tokens are not "
+            "the canonical tokenization of its text (kept as sampled)"
+        )
+    elif family.history_normalizer is not None and family.history_normalizer(
+        transcript_text
+    ) == family.history_normalizer(reference_text):
+        kind = "history_rewrite"
+        detail = (
+            f"the texts differ only by the history rewrite of family {family.name!r} "
+            f"(first difference at token {position}); expected, the transcript keeps what "
+            "the model saw"
+        )
+    else:
+        kind = "text"
+        detail = (
+            f"the transcript text differs from a fresh render at character {text_position} "
+            f"(token {position}); check the template family and the turn boundaries"
+        )
+    return DriftReport(
+        matches=False,
+        kind=kind,
+        text_matches=text_matches,
+        first_mismatch=position,
+        first_text_mismatch=None if text_matches else text_position,
+        transcript_length=len(transcript),
+        reference_length=len(reference),
+        transcript_excerpt=chat_format.decode(transcript[start:stop]),
+        reference_excerpt=chat_format.decode(reference[start:stop]),
+        detail=detail,
+    )
+
+
+def _with_model_texts(
+    messages: Sequence[Message], model_texts: Sequence[str] | None, chat_format: ChatFormat
+) -> list[dict[str, Any]]:
+    """Copy ``messages``, replacing each assistant turn by its raw model text."""
+    copies = [dict(message) for message in messages]
+    if model_texts is None:
+        return copies
+    assistant_positions = [i for i, m in enumerate(copies) if m.get("role") == "assistant"]
+    if len(assistant_positions) != len(model_texts):
+        raise UserError(
+            f"model_texts has {len(model_texts)} entries but messages has "
+            f"{len(assistant_positions)} assistant turns"
+        )
+    for position, text in zip(assistant_positions, model_texts, strict=True):
+        message = {
+            key: value
+            for key, value in copies[position].items()
+            if key not in _ASSISTANT_STRUCTURE_KEYS
+        }
+        message["content"] = chat_format.strip_stop(text)
+        copies[position] = message
+    return copies
+
+
+def _reference_text(messages: Sequence[Message], chat_format: ChatFormat) -> str:
+    """Fresh render, cut to end where a transcript of these messages ends."""
+    if messages and messages[-1].get("role") == "assistant":
+        text = chat_format.render_text(messages, add_generation_prompt=False)
+        boundary = chat_format.family.boundary
+        if boundary and text.endswith(boundary):
+            text = text[: -len(boundary)]
+        return text
+    return chat_format.render_text(messages, add_generation_prompt=True)
+
+
+def _first_difference(left: Sequence[Any], right: Sequence[Any]) -> int:
+    """Index of the first differing element, or the shorter length if one is a prefix."""
+    for index, (a, b) in enumerate(zip(left, right, strict=False)):
+        if a != b:
+            return index
+    return min(len(left), len(right))

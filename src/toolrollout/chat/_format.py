@@ -1,0 +1,296 @@
+"""Token-in/token-out transcripts: prompt rendering and tool-turn token deltas.
+
+Why deltas and not re-tokenization
+----------------------------------
+
+Decoding the model's ids and tokenizing the text again is not a bijection: BPE may merge
+differently, the model may have sampled a non-canonical split, and some templates rewrite
+history (Qwen3 drops earlier ``<think>`` blocks). Any of these makes the trained tokens
+differ from the sampled ones, so the engine logprobs no longer line up. Therefore:
+
+* the prompt is rendered and tokenized **once**;
+* each model turn is appended **verbatim** from the engine's output ids;
+* each tool turn is appended as the ids of a **text suffix**: the template is rendered as
+  text with and without the new messages, and only the text after the model's stop token
+  is tokenized. Earlier turns are never tokenized again.
+
+Tokenizing the suffix on its own gives the same ids a full tokenization would give for
+that span, because the suffix starts right after the stop token, a special token at which
+the tokenizer always splits (this is checked when a :class:`ChatFormat` is built). The
+suffix is located by counting stop tokens rather than by comparing the two renders as a
+whole, so templates that render the latest assistant turn differently once it is no longer
+last (Qwen3 prints an empty ``<think></think>`` only for the final turn) still work, and the
+real conversation is rendered (not a dummy one) so that templates whose tool turns depend
+on earlier messages (call ids, merged tool turns) are honoured.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
+
+from .._exceptions import TokenizationError, UserError
+from ._families import TemplateFamily, detect_template_family, get_template_family
+
+__all__ = ["ChatFormat", "Message"]
+
+Message = Mapping[str, Any]
+"""An OpenAI-style chat message: ``{"role": ..., "content": ..., "tool_calls": ...}``."""
+
+
+_RESERVED_KWARGS = frozenset(
+    {"add_generation_prompt", "chat_template", "continue_final_message", "tokenize", "tools"}
+)
+
+
+class ChatFormat:
+    """Renders prompts and tool-turn token deltas for one tokenizer, template and tool set.
+
+    It is immutable after construction and holds no per-trajectory state, so one instance
+    can serve every concurrent rollout that shares the model and the tools.
+    """
+
+    __slots__ = (
+        "_family",
+        "_stop_pattern",
+        "_stop_token_ids",
+        "_template",
+        "_template_kwargs",
+        "_tokenizer",
+        "_tools",
+    )
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        family: str | TemplateFamily | None = None,
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Bind a tokenizer to a template family.
+
+        Args:
+            tokenizer: a Hugging Face tokenizer with a chat template (or pass one).
+            tools: OpenAI-style tool schemas, rendered into every prompt.
+            family: family name, a :class:`TemplateFamily`, or ``None`` to detect it from
+                the template text.
+            chat_template: overrides the tokenizer's own template.
+            template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``;
+                they are passed to every render so deltas and prompts agree.
+        """
+        self._tokenizer = tokenizer
+        self._tools: tuple[dict[str, Any], ...] = tuple(dict(tool) for tool in tools or ())
+        self._template_kwargs: dict[str, Any] = dict(template_kwargs or {})
+        reserved = sorted(_RESERVED_KWARGS.intersection(self._template_kwargs))
+        if reserved:
+            raise UserError(
+                f"template_kwargs may not set {', '.join(reserved)}: ChatFormat controls them"
+            )
+        self._template = self._resolve_template(tokenizer, chat_template)
+        if isinstance(family, TemplateFamily):
+            self._family = family
+        elif isinstance(family, str):
+            self._family = get_template_family(family)
+        else:
+            self._family = detect_template_family(self._template)
+        self._stop_token_ids = self._check_stop_tokens()
+        self._stop_pattern = re.compile(
+            "|".join(re.escape(token) for token in self._family.stop_tokens)
+        )
+
+    # -- public properties ------------------------------------------------------------
+
+    @property
+    def family(self) -> TemplateFamily:
+        """The template family whose boundary rule this format applies."""
+        return self._family
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The tokenizer every render is tokenized with."""
+        return self._tokenizer
+
+    @property
+    def tools(self) -> tuple[dict[str, Any], ...]:
+        """The tool schemas rendered into the prompt."""
+        return self._tools
+
+    @property
+    def chat_template(self) -> str:
+        """The template text in use."""
+        return self._template
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """Ids of the family's end-of-turn tokens present in this tokenizer, primary first."""
+        return self._stop_token_ids
+
+    # -- rendering ----------------------------------------------------------------------
+
+    def render_text(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        """Render ``messages`` as text with the chat template (tools and kwargs included)."""
+        if not messages:
+            raise UserError("cannot render an empty conversation")
+        try:
+            rendered = self._tokenizer.apply_chat_template(
+                [dict(message) for message in messages],
+                tools=list(self._tools) or None,
+                chat_template=self._template,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **self._template_kwargs,
+            )
+        except TemplateError as exc:
+            raise TokenizationError(f"the chat template failed to render: {exc}") from exc
+        if not isinstance(rendered, str):
+            raise TokenizationError(
+                f"apply_chat_template returned {type(rendered).__name__}, expected text"
+            )
+        return rendered
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenize rendered template text (no BOS/EOS added: the template writes them)."""
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        return [int(token_id) for token_id in cast(Sequence[int], ids)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Decode ids exactly, keeping special tokens."""
+        text = self._tokenizer.decode(list(ids), skip_special_tokens=False)
+        return cast(str, text)
+
+    def render_prompt(self, messages: Sequence[Message]) -> list[int]:
+        """Return the prompt ids: the full render with the generation prompt, tokenized once.
+
+        These ids start the transcript and are never re-tokenized afterwards.
+        """
+        return self.encode(self.render_text(messages, add_generation_prompt=True))
+
+    def tool_turn_delta(
+        self, messages_before: Sequence[Message], tool_messages: Sequence[Message]
+    ) -> list[int]:
+        """Return the ids to append after a model turn's verbatim output ids.
+
+        ``messages_before`` is the conversation so far, ending with the assistant turn the
+        model just produced (its output ids must end with the stop token). ``tool_messages``
+        are the new non-assistant messages (tool results, or a user follow-up). The result
+        is: the family's boundary (e.g. ``\\n`` for Qwen), the new turn(s) as the template
+        renders them (consecutive tool messages merged where the template merges them),
+        then the next generation prompt. Every id in it gets loss mask 0.
+        """
+        return self.encode(self.tool_turn_delta_text(messages_before, tool_messages))
+
+    def tool_turn_delta_text(
+        self, messages_before: Sequence[Message], tool_messages: Sequence[Message]
+    ) -> str:
+        """The text that :meth:`tool_turn_delta` tokenizes (for logging and debugging)."""
+        if not messages_before or messages_before[-1].get("role") != "assistant":
+            raise UserError(
+                "messages_before must end with the assistant turn whose output ids were "
+                "just appended to the transcript"
+            )
+        if not tool_messages:
+            raise UserError("tool_messages is empty: there is no turn to append")
+        if any(message.get("role") == "assistant" for message in tool_messages):
+            raise UserError(
+                "tool_messages must not contain assistant turns; append model output ids "
+                "verbatim instead"
+            )
+        without = self.render_text(messages_before, add_generation_prompt=False)
+        with_new = self.render_text([*messages_before, *tool_messages], add_generation_prompt=True)
+        stops = list(self._stop_pattern.finditer(without))
+        if not stops:
+            raise TokenizationError(
+                f"the rendered conversation contains no stop token "
+                f"({', '.join(self._family.stop_tokens)}); is family "
+                f"{self._family.name!r} right for this template?"
+            )
+        boundary = without[stops[-1].end() :]
+        if boundary != self._family.boundary:
+            raise TokenizationError(
+                f"the template writes {boundary!r} after the model's stop token, but family "
+                f"{self._family.name!r} documents {self._family.boundary!r}; configure the "
+                "right family for this template"
+            )
+        anchor = _nth_match_end(self._stop_pattern, with_new, len(stops))
+        if anchor is None:
+            raise TokenizationError(
+                "adding the tool messages removed an earlier stop token from the render; "
+                "this template cannot be extended turn by turn"
+            )
+        suffix = with_new[anchor:]
+        if not suffix.startswith(boundary):
+            raise TokenizationError(
+                f"the rendered tool turn does not start with the boundary {boundary!r}: "
+                f"{suffix[:80]!r}"
+            )
+        return suffix
+
+    # -- model output helpers -------------------------------------------------------------
+
+    def ends_with_stop(self, ids: Sequence[int]) -> bool:
+        """Whether a model turn ended with an end-of-turn token (so a delta may follow)."""
+        return bool(ids) and ids[-1] in self._stop_token_ids
+
+    def model_text(self, output_ids: Sequence[int]) -> str:
+        """Decode a model turn and drop its trailing stop token.
+
+        This is the raw text to parse for tool calls and to pass to ``check_drift`` as
+        ``model_texts``; it keeps ``<think>`` blocks and the model's own JSON spacing.
+        """
+        return self.strip_stop(self.decode(output_ids))
+
+    def strip_stop(self, text: str) -> str:
+        """Remove one trailing end-of-turn token string from ``text``, if present."""
+        for token in self._family.stop_tokens:
+            if text.endswith(token):
+                return text[: -len(token)]
+        return text
+
+    # -- construction helpers -------------------------------------------------------------
+
+    def _resolve_template(
+        self, tokenizer: PreTrainedTokenizerBase, chat_template: str | None
+    ) -> str:
+        if chat_template is not None:
+            return chat_template
+        try:
+            template = tokenizer.get_chat_template(None, list(self._tools) or None)
+        except ValueError as exc:
+            raise UserError(
+                "the tokenizer has no chat template; pass chat_template= explicitly"
+            ) from exc
+        if not isinstance(template, str) or not template:
+            raise UserError("the tokenizer has no chat template; pass chat_template= explicitly")
+        return template
+
+    def _check_stop_tokens(self) -> tuple[int, ...]:
+        """Map stop tokens to ids; the primary one must be a single, splitting token."""
+        ids: list[int] = []
+        for position, token in enumerate(self._family.stop_tokens):
+            encoded = self.encode(token)
+            # The token must also split text on both sides, or the suffix would not
+            # tokenize like the full sequence does.
+            probe = self.encode(f"a{token}a")
+            if len(encoded) == 1 and encoded[0] in probe:
+                ids.append(encoded[0])
+            elif position == 0:
+                raise TokenizationError(
+                    f"{token!r} is not a single special token of this tokenizer, so family "
+                    f"{self._family.name!r} does not fit it (add the token, or pick the "
+                    "right family)"
+                )
+        return tuple(ids)
+
+
+def _nth_match_end(pattern: re.Pattern[str], text: str, n: int) -> int | None:
+    """End offset of the ``n``-th (1-based) match of ``pattern`` in ``text``."""
+    for count, match in enumerate(pattern.finditer(text), start=1):
+        if count == n:
+            return match.end()
+    return None

@@ -1,0 +1,54 @@
+"""Tool-call parsers, one per model family's output format, behind a registry.
+
+``get_tool_parser(name).parse(text)`` returns a :class:`ParsedTurn`: content, well-formed
+:class:`ToolCall` s and one :class:`MalformedCall` per call that could not be accepted.
+Parsers never raise on model output and never evaluate it.
+
+Registered names: ``hermes``, ``qwen25`` and ``qwen3`` (``<tool_call>`` JSON), ``llama3``
+(``<|python_tag|>`` / bare JSON, ``;``-separated), ``mistral`` (``[TOOL_CALLS]``),
+``pythonic`` (``[f(a=1)]``), ``deepseekv3`` and ``deepseekv31``.
+"""
+
+from __future__ import annotations
+
+from ._base import MalformedCall as MalformedCall
+from ._base import ParsedTurn as ParsedTurn
+from ._base import ToolCall as ToolCall
+from ._base import ToolCallParser as ToolCallParser
+from ._base import get_tool_parser as get_tool_parser
+from ._base import register_tool_parser as register_tool_parser
+from ._base import tool_parser_names as tool_parser_names
+from ._formats import DeepSeekV3Parser as DeepSeekV3Parser
+from ._formats import DeepSeekV31Parser as _DeepSeekV31Parser
+from ._formats import HermesParser as HermesParser
+from ._formats import Llama3JsonParser as Llama3JsonParser
+from ._formats import MistralParser as MistralParser
+from ._pythonic import PythonicParser as PythonicParser
+
+__all__ = [
+    "DeepSeekV3Parser",
+    "HermesParser",
+    "Llama3JsonParser",
+    "MalformedCall",
+    "MistralParser",
+    "ParsedTurn",
+    "PythonicParser",
+    "ToolCall",
+    "ToolCallParser",
+    "get_tool_parser",
+    "register_tool_parser",
+    "tool_parser_names",
+]
+
+for _name, _cls in (
+    ("deepseekv3", DeepSeekV3Parser),
+    ("deepseekv31", _DeepSeekV31Parser),
+    ("hermes", HermesParser),
+    ("llama3", Llama3JsonParser),
+    ("mistral", MistralParser),
+    ("pythonic", PythonicParser),
+    ("qwen25", HermesParser),
+    ("qwen3", HermesParser),
+):
+    register_tool_parser(_name, _cls)
+del _name, _cls

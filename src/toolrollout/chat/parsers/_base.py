@@ -1,0 +1,329 @@
+"""The tool-call parser interface, its result types and the registry.
+
+Parsers turn one model turn's text into content, tool calls and parse errors. They never
+raise on model output and never evaluate it: a malformed call becomes a
+:class:`MalformedCall` with a message the rollout can send back to the model (and count as
+a ``parse_error``), because a bad call is model behaviour to learn from, not a crash.
+Whether a called tool exists is the tool executor's business; a parser only *flags* names
+outside an optional ``known_tools`` set.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, final
+
+from ..._exceptions import ToolParseError, UserError
+
+__all__ = [
+    "MalformedCall",
+    "ParsedTurn",
+    "ToolCall",
+    "ToolCallParser",
+    "get_tool_parser",
+    "register_tool_parser",
+    "tool_parser_names",
+]
+
+_STOP_STRINGS = (
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end_of_text|>",
+    "<|endoftext|>",
+    "</s>",
+    "<｜end▁of▁sentence｜>",
+)
+_THINK_OPEN = "<think>"
+_THINK_CLOSE = "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One well-formed tool call."""
+
+    id: str
+    """Call id, unique within the turn (model-given where the format has one)."""
+    name: str
+    """Tool name as the model wrote it (not checked against a registry)."""
+    arguments: dict[str, Any]
+    """Decoded arguments: a JSON object (plain dict/list/str/int/float/bool/None values)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI-style ``tool_calls`` entry, arguments kept as an object.
+
+        Chat templates render the arguments with ``tojson``, so an object (not a JSON
+        string) is what re-renders to the model's text.
+        """
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MalformedCall:
+    """A tool call the parser recognised as an attempt but could not accept."""
+
+    message: str
+    """Human-readable reason, fit to show the model."""
+    raw: str
+    """The offending text (possibly truncated)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedTurn:
+    """What one model turn says: content, tool calls and parse errors."""
+
+    content: str
+    """Text outside the tool calls (and outside the reasoning block), stripped."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Well-formed calls, in order."""
+    errors: tuple[MalformedCall, ...] = ()
+    """One entry per malformed call."""
+    reasoning: str | None = None
+    """Text of a ``<think>…</think>`` block, if the turn had one."""
+    unknown_tools: tuple[str, ...] = ()
+    """Names of calls not in the parser's ``known_tools`` (empty when none were given)."""
+
+    @property
+    def ok(self) -> bool:
+        """True when no call was malformed."""
+        return not self.errors
+
+    def raise_for_errors(self) -> None:
+        """Raise :class:`ToolParseError` if any call was malformed (for strict callers)."""
+        if self.errors:
+            joined = "; ".join(error.message for error in self.errors)
+            raise ToolParseError(
+                f"{len(self.errors)} malformed tool call(s): {joined}", errors=self.errors
+            )
+
+
+def _random_call_id(index: int) -> str:
+    del index
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+class ToolCallParser(ABC):
+    """Base class of the format-specific parsers.
+
+    Subclasses implement :meth:`parse_body`; :meth:`parse` adds the shared steps
+    (trailing stop token, ``<think>`` block, unknown-name flags) so each format's code
+    only deals with its own syntax.
+    """
+
+    name: ClassVar[str] = ""
+    """Registry name of the format."""
+
+    def __init__(
+        self,
+        *,
+        known_tools: Collection[str] | None = None,
+        id_factory: Callable[[int], str] | None = None,
+    ) -> None:
+        """Args:
+        known_tools: tool names to flag unknown calls against (flag only, not reject).
+        id_factory: makes a call id from the call's index in the turn; random by default.
+            Pass a deterministic one for reproducible trajectories.
+        """
+        self._known_tools = frozenset(known_tools) if known_tools is not None else None
+        self._id_factory = id_factory or _random_call_id
+
+    @final
+    def parse(self, text: str) -> ParsedTurn:
+        """Parse one model turn's text. Never raises on model output, never evaluates it."""
+        body = _strip_stop(text)
+        reasoning, body = _split_reasoning(body)
+        parsed = self.parse_body(body)
+        unknown: tuple[str, ...] = ()
+        if self._known_tools is not None:
+            unknown = tuple(
+                call.name for call in parsed.tool_calls if call.name not in self._known_tools
+            )
+        return replace(parsed, reasoning=reasoning, unknown_tools=unknown)
+
+    @abstractmethod
+    def parse_body(self, text: str) -> ParsedTurn:
+        """Parse text without reasoning or stop token; must not raise on any input."""
+
+    def make_id(self, index: int) -> str:
+        """Call id for the ``index``-th call of a turn."""
+        return self._id_factory(index)
+
+
+def _strip_stop(text: str) -> str:
+    for stop in _STOP_STRINGS:
+        if text.endswith(stop):
+            return text[: -len(stop)]
+    return text
+
+
+def _split_reasoning(text: str) -> tuple[str | None, str]:
+    """Split off a leading ``<think>`` block (or one opened by the prompt)."""
+    close = text.find(_THINK_CLOSE)
+    stripped = text.lstrip()
+    if close == -1:
+        if stripped.startswith(_THINK_OPEN):
+            # Unterminated reasoning: the turn never left the think block.
+            return stripped[len(_THINK_OPEN) :].strip(), ""
+        return None, text
+    open_ = text.find(_THINK_OPEN)
+    if open_ == -1 or open_ > close:
+        # The generation prompt opened the block (Qwen3 thinking templates).
+        return text[:close].strip(), text[close + len(_THINK_CLOSE) :]
+    if text[:open_].strip():
+        return None, text
+    return text[open_ + len(_THINK_OPEN) : close].strip(), text[close + len(_THINK_CLOSE) :]
+
+
+# -- helpers shared by the JSON-based formats ---------------------------------------------
+
+_RAW_LIMIT = 200
+
+
+def clip(text: str) -> str:
+    """Shorten ``text`` for error records."""
+    return text if len(text) <= _RAW_LIMIT else text[:_RAW_LIMIT] + "…"
+
+
+def _reject_constant(constant: str) -> Any:
+    raise ValueError(f"{constant} is not valid JSON")
+
+
+JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+"""Strict decoder: NaN/Infinity are rejected, as JSON requires."""
+
+
+def loads(text: str) -> tuple[Any, str | None]:
+    """Decode JSON; return ``(value, None)`` or ``(None, reason)``. Never raises."""
+    try:
+        return JSON_DECODER.decode(text), None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
+        return None, f"invalid JSON ({exc})"
+
+
+def raw_decode(text: str, index: int) -> tuple[Any, int, str | None]:
+    """Decode one JSON value at ``index``; return ``(value, end, None)`` or an error."""
+    try:
+        value, end = JSON_DECODER.raw_decode(text, index)
+    except (ValueError, RecursionError) as exc:
+        return None, index, f"invalid JSON ({exc})"
+    return value, end, None
+
+
+def call_from_object(obj: Any, raw: str) -> tuple[str, dict[str, Any]] | MalformedCall:
+    """Validate a decoded ``{"name": ..., "arguments"|"parameters": {...}}`` object."""
+    if not isinstance(obj, dict):
+        return MalformedCall(
+            f"a tool call must be a JSON object with 'name' and 'arguments', "
+            f"got {type(obj).__name__}",
+            clip(raw),
+        )
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return MalformedCall("the tool call has no 'name' string", clip(raw))
+    name = name.strip()
+    if "arguments" in obj:
+        arguments = obj["arguments"]
+    elif "parameters" in obj:
+        arguments = obj["parameters"]
+    else:
+        arguments = {}
+    if isinstance(arguments, str):
+        decoded, error = loads(arguments)
+        if error is not None:
+            return MalformedCall(
+                f"the arguments of the call to {name!r} are a string that is not JSON",
+                clip(raw),
+            )
+        arguments = decoded
+    if not isinstance(arguments, dict):
+        return MalformedCall(
+            f"the arguments of the call to {name!r} must be a JSON object, "
+            f"got {type(arguments).__name__}",
+            clip(raw),
+        )
+    return name, arguments
+
+
+def join_content(parts: Iterable[str]) -> str:
+    """Join the non-call text segments of a turn."""
+    return "\n".join(part.strip() for part in parts if part.strip())
+
+
+class CallCollector:
+    """Accumulates calls and errors while a parser walks the text."""
+
+    __slots__ = ("_parser", "calls", "errors")
+
+    def __init__(self, parser: ToolCallParser) -> None:
+        self._parser = parser
+        self.calls: list[ToolCall] = []
+        self.errors: list[MalformedCall] = []
+
+    def add(self, result: tuple[str, dict[str, Any]] | MalformedCall, call_id: str = "") -> None:
+        """Record a validated call (with an optional model-given id) or an error."""
+        if isinstance(result, MalformedCall):
+            self.errors.append(result)
+            return
+        name, arguments = result
+        index = len(self.calls)
+        self.calls.append(ToolCall(call_id or self._parser.make_id(index), name, arguments))
+
+    def add_object(self, obj: Any, raw: str) -> None:
+        """Record one decoded call object, or each element of a list of them."""
+        if isinstance(obj, list):
+            if not obj:
+                self.errors.append(MalformedCall("empty list of tool calls", clip(raw)))
+            for element in obj:
+                self.add(call_from_object(element, raw))
+        else:
+            self.add(call_from_object(obj, raw))
+
+    def error(self, message: str, raw: str) -> None:
+        """Record a malformed call."""
+        self.errors.append(MalformedCall(message, clip(raw)))
+
+    def turn(self, content: str) -> ParsedTurn:
+        """Freeze into a :class:`ParsedTurn`."""
+        return ParsedTurn(content=content, tool_calls=tuple(self.calls), errors=tuple(self.errors))
+
+
+# -- registry -----------------------------------------------------------------------------
+
+_REGISTRY: dict[str, type[ToolCallParser]] = {}
+
+
+def register_tool_parser(
+    name: str, parser_cls: type[ToolCallParser], *, overwrite: bool = False
+) -> None:
+    """Register ``parser_cls`` under ``name`` (refuses to overwrite unless ``overwrite``)."""
+    if not overwrite and name in _REGISTRY and _REGISTRY[name] is not parser_cls:
+        raise UserError(f"a tool parser named {name!r} is already registered")
+    _REGISTRY[name] = parser_cls
+
+
+def get_tool_parser(
+    name: str,
+    *,
+    known_tools: Collection[str] | None = None,
+    id_factory: Callable[[int], str] | None = None,
+) -> ToolCallParser:
+    """Build the parser registered as ``name``; raise :class:`UserError` if unknown."""
+    try:
+        parser_cls = _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(tool_parser_names())
+        raise UserError(f"unknown tool parser {name!r}; known: {known}") from None
+    return parser_cls(known_tools=known_tools, id_factory=id_factory)
+
+
+def tool_parser_names() -> tuple[str, ...]:
+    """Registered parser names, sorted."""
+    return tuple(sorted(_REGISTRY))

@@ -1,0 +1,293 @@
+"""Parsers for the JSON-based tool-call formats (hermes/Qwen, Llama 3, Mistral, DeepSeek).
+
+The syntax of each format follows SGLang's detectors (``python/sglang/srt/function_call``)
+so that a trajectory parses the same way the serving stack would, with two deliberate
+differences: malformed calls are reported instead of silently dropped, and an unterminated
+call is an error rather than accepted (an RL reward should not depend on lenient parsing).
+"""
+
+from __future__ import annotations
+
+import re
+
+from ._base import CallCollector, ParsedTurn, ToolCallParser, join_content, loads, raw_decode
+
+__all__ = [
+    "DeepSeekV3Parser",
+    "HermesParser",
+    "Llama3JsonParser",
+    "MistralParser",
+]
+
+_WS = " \t\r\n"
+
+
+def _skip_ws(text: str, index: int) -> int:
+    while index < len(text) and text[index] in _WS:
+        index += 1
+    return index
+
+
+class HermesParser(ToolCallParser):
+    """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, repeated (Qwen2.5/3).
+
+    Whitespace inside the tags is free (Qwen writes a newline on both sides). A tag may
+    also hold a JSON list of calls, as SGLang's hermes detector allows.
+    """
+
+    name = "hermes"
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+
+    def parse_body(self, text: str) -> ParsedTurn:
+        """Collect every tagged call; text outside the tags is content."""
+        collector = CallCollector(self)
+        segments: list[str] = []
+        position = 0
+        while True:
+            start = text.find(self.open_tag, position)
+            if start == -1:
+                segments.append(text[position:])
+                break
+            segments.append(text[position:start])
+            body_start = start + len(self.open_tag)
+            end = text.find(self.close_tag, body_start)
+            if end == -1:
+                collector.error(
+                    f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
+                    text[start:],
+                )
+                break
+            body = text[body_start:end]
+            value, error = loads(body.strip())
+            if error is not None:
+                collector.error(f"{error} inside {self.open_tag}", body)
+            else:
+                collector.add_object(value, body)
+            position = end + len(self.close_tag)
+        return collector.turn(join_content(segments))
+
+
+class Llama3JsonParser(ToolCallParser):
+    """Llama 3.1/3.2 JSON calls: ``<|python_tag|>{...}`` or a bare ``{...}`` turn.
+
+    Calls are ``{"name": ..., "parameters": {...}}`` (``arguments`` is accepted too),
+    several separated by ``;``. Without ``<|python_tag|>``, a turn is a call only when it
+    starts with a JSON object that has a ``name`` key, so plain JSON answers stay content.
+    """
+
+    name = "llama3"
+    tag = "<|python_tag|>"
+    separator = ";"
+
+    def parse_body(self, text: str) -> ParsedTurn:
+        """Decode the call sequence after the tag (or at the start of the turn)."""
+        collector = CallCollector(self)
+        if self.tag in text:
+            before, action = text.split(self.tag, 1)
+            tagged = True
+        else:
+            before, action, tagged = "", text, False
+            start = _skip_ws(action, 0)
+            if not action.startswith(("{", "["), start):
+                return collector.turn(text.strip())
+            value, _, error = raw_decode(action, start)
+            if error is not None:
+                if not re.match(r'\{\s*"name"\s*:', action[start:]):
+                    return collector.turn(text.strip())
+            elif not _looks_like_call(value):
+                return collector.turn(text.strip())
+        trailing = self._parse_sequence(action, collector, tagged)
+        return collector.turn(join_content([before, trailing]))
+
+    def _parse_sequence(self, action: str, collector: CallCollector, tagged: bool) -> str:
+        """Decode ``obj ; obj ; ...``; return the text left after the last call."""
+        index = _skip_ws(action, 0)
+        if tagged and index >= len(action):
+            collector.error(f"{self.tag} is not followed by a tool call", action)
+            return ""
+        while index < len(action):
+            value, end, error = raw_decode(action, index)
+            if error is not None:
+                collector.error(f"{error} in the tool call", action[index:])
+                return ""
+            collector.add_object(value, action[index:end])
+            index = _skip_ws(action, end)
+            if action.startswith(self.separator, index):
+                index = _skip_ws(action, index + len(self.separator))
+                continue
+            return action[index:]
+        return ""
+
+
+def _looks_like_call(value: object) -> bool:
+    if isinstance(value, dict):
+        return "name" in value
+    if isinstance(value, list):
+        return bool(value) and all(isinstance(v, dict) and "name" in v for v in value)
+    return False
+
+
+class MistralParser(ToolCallParser):
+    """Mistral: ``[TOOL_CALLS] [{...}, ...]`` or compact ``[TOOL_CALLS]name[ARGS]{...}``.
+
+    The compact form may repeat (one ``[TOOL_CALLS]`` per call) and may carry the
+    model's call id as ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``.
+    """
+
+    name = "mistral"
+    marker = "[TOOL_CALLS]"
+    args_marker = "[ARGS]"
+    id_marker = "[CALL_ID]"
+
+    def parse_body(self, text: str) -> ParsedTurn:
+        """Walk each ``[TOOL_CALLS]`` section in order."""
+        collector = CallCollector(self)
+        first = text.find(self.marker)
+        if first == -1:
+            return collector.turn(text.strip())
+        segments = [text[:first]]
+        position = first
+        while position != -1:
+            index = _skip_ws(text, position + len(self.marker))
+            if text.startswith(("[", "{"), index):
+                end = self._parse_json_section(text, index, collector)
+            else:
+                end = self._parse_compact_section(text, index, collector)
+            if end is None:
+                break
+            following = text.find(self.marker, end)
+            segments.append(text[end:] if following == -1 else text[end:following])
+            position = following
+        return collector.turn(join_content(segments))
+
+    def _parse_json_section(self, text: str, index: int, collector: CallCollector) -> int | None:
+        value, end, error = raw_decode(text, index)
+        if error is not None:
+            collector.error(f"{error} after {self.marker}", text[index:])
+            return None
+        collector.add_object(value, text[index:end])
+        return end
+
+    def _parse_compact_section(self, text: str, index: int, collector: CallCollector) -> int | None:
+        args_at = text.find(self.args_marker, index)
+        next_marker = text.find(self.marker, index)
+        if args_at == -1 or (next_marker != -1 and next_marker < args_at):
+            collector.error(
+                f"expected {self.marker} followed by a JSON list or name{self.args_marker}{{...}}",
+                text[index:] if next_marker == -1 else text[index:next_marker],
+            )
+            return None if next_marker == -1 else next_marker
+        head = text[index:args_at]
+        call_id = ""
+        if self.id_marker in head:
+            head, call_id = head.split(self.id_marker, 1)
+            call_id = call_id.strip()
+        name = head.strip()
+        json_at = _skip_ws(text, args_at + len(self.args_marker))
+        if not name or any(ch in _WS for ch in name):
+            collector.error(
+                f"invalid tool name {name!r} before {self.args_marker}", text[index:json_at]
+            )
+            return None
+        value, end, error = raw_decode(text, json_at)
+        if error is not None:
+            collector.error(f"{error} in the arguments of the call to {name!r}", text[json_at:])
+            return None
+        if not isinstance(value, dict):
+            collector.error(
+                f"the arguments of the call to {name!r} must be a JSON object, "
+                f"got {type(value).__name__}",
+                text[index:end],
+            )
+            return end
+        collector.add((name, value), call_id)
+        return end
+
+
+class DeepSeekV3Parser(ToolCallParser):
+    """DeepSeek-V3: ``<｜tool▁calls▁begin｜>`` sections with a ```json fence per call.
+
+    Each call: ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```
+    <｜tool▁call▁end｜>``; the section ends with ``<｜tool▁calls▁end｜>``.
+    """
+
+    name = "deepseekv3"
+    section_open = "<｜tool▁calls▁begin｜>"
+    section_close = "<｜tool▁calls▁end｜>"
+    call_open = "<｜tool▁call▁begin｜>"
+    call_close = "<｜tool▁call▁end｜>"
+    separator = "<｜tool▁sep｜>"
+    fenced = True
+
+    _FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\n?(.*?)\n?```\s*\Z", re.DOTALL)
+
+    def parse_body(self, text: str) -> ParsedTurn:
+        """Parse every call between the section markers."""
+        collector = CallCollector(self)
+        start = text.find(self.section_open)
+        if start == -1:
+            start = text.find(self.call_open)
+            if start == -1:
+                return collector.turn(text.strip())
+            body_start = start
+        else:
+            body_start = start + len(self.section_open)
+        end = text.find(self.section_close, body_start)
+        body = text[body_start:] if end == -1 else text[body_start:end]
+        trailing = "" if end == -1 else text[end + len(self.section_close) :]
+        position = 0
+        while True:
+            call_start = body.find(self.call_open, position)
+            if call_start == -1:
+                break
+            inner_start = call_start + len(self.call_open)
+            call_end = body.find(self.call_close, inner_start)
+            if call_end == -1:
+                collector.error(
+                    f"unterminated tool call: missing {self.call_close}", body[call_start:]
+                )
+                break
+            self._parse_call(body[inner_start:call_end], collector)
+            position = call_end + len(self.call_close)
+        if not collector.calls and not collector.errors:
+            collector.error("the tool-call section contains no call", body)
+        return collector.turn(join_content([text[:start], trailing]))
+
+    def _parse_call(self, inner: str, collector: CallCollector) -> None:
+        if self.separator not in inner:
+            collector.error(f"the tool call has no {self.separator}", inner)
+            return
+        head, rest = inner.split(self.separator, 1)
+        if self.fenced:
+            name, newline, arguments = rest.partition("\n")
+            match = self._FENCE.match(arguments) if newline else None
+            if match is None:
+                collector.error("the arguments must follow the name in a ```json fence", inner)
+                return
+            payload = match.group(1)
+        else:
+            name, payload = head, rest
+        name = name.strip()
+        if not name:
+            collector.error("the tool call has no name", inner)
+            return
+        value, error = loads(payload.strip())
+        if error is not None:
+            collector.error(f"{error} in the arguments of the call to {name!r}", inner)
+            return
+        if not isinstance(value, dict):
+            collector.error(
+                f"the arguments of the call to {name!r} must be a JSON object, "
+                f"got {type(value).__name__}",
+                inner,
+            )
+            return
+        collector.add((name, value))
+
+
+class DeepSeekV31Parser(DeepSeekV3Parser):
+    """DeepSeek-V3.1: like V3 but ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}``, no fence."""
+
+    name = "deepseekv31"
+    fenced = False

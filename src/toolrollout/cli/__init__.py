@@ -1,0 +1,36 @@
+"""The ``toolrollout`` command line.
+
+Each command lives in its own module of this package (``serve.py``, ...) and exposes a
+``register(app)`` function; this module only assembles them. Commands import their heavy
+dependencies (torch, transformers, uvicorn) inside their bodies so ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from toolrollout.cli import generate as _generate
+from toolrollout.cli import serve as _serve
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="toolrollout",
+    help="Async multi-turn tool-calling rollouts for LLM RL against SGLang.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Async multi-turn tool-calling rollouts for LLM RL against SGLang."""
+
+
+for _command in (_serve, _generate):
+    _command.register(app)
+
+
+def main() -> None:
+    """Entry point of the ``toolrollout`` console script."""
+    app()

@@ -1,0 +1,519 @@
+"""SGLang's native wire format: request bodies, response parsing and SSE framing.
+
+Pure functions and one small state machine, no I/O, so the exact shapes SGLang puts on the
+wire can be tested against fixtures derived from its source (``tests/engines/fixtures``).
+Everything here raises :class:`~toolrollout.EngineError` (never ``KeyError`` or
+``TypeError``) when a body does not have the shape SGLang documents, because a silently
+misparsed token id would corrupt a training batch.
+
+Shapes, as read in SGLang's source (see ``tests/engines/fixtures/README.md`` for commits):
+
+* ``POST /generate`` answers ``{"text"?, "output_ids", "meta_info"}`` (``text`` is absent
+  with ``--skip-tokenizer-init``), or a JSON array of those for a batch or ``n > 1``.
+* ``meta_info.output_token_logprobs`` holds ``[logprob, token_id, text | null]`` entries.
+* ``meta_info.finish_reason`` is ``FINISH_*.to_json()`` or ``null`` while streaming.
+* Errors are ``{"error": {"message": ...}}`` (``_create_error_response``) or the flat
+  ``ErrorResponse`` ``{"object": "error", "message", "type", "param", "code"}``.
+* A stream is ``data: <json>\\n\\n`` events ending with ``data: [DONE]``; a failure inside
+  the stream is one ``data: {"error": {...}}`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._exceptions import (
+    EngineError,
+    EngineHTTPError,
+    EngineRequestRejected,
+    OverlongPromptError,
+)
+from ._types import FinishReason, GenerateRequest, GenerateResult
+
+__all__ = [
+    "DONE",
+    "StreamAccumulator",
+    "StreamChunk",
+    "batch_body",
+    "error_from_status",
+    "error_message",
+    "generate_body",
+    "is_overlong_message",
+    "parse_finish_reason",
+    "parse_json",
+    "parse_result",
+    "parse_results",
+    "sse_data",
+]
+
+DONE = "[DONE]"
+"""The payload of SGLang's last SSE event (``data: [DONE]``)."""
+
+# The three messages SGLang uses when a prompt does not fit, verbatim prefixes from
+# tokenizer_manager.py ``_validate_one_request`` (two) and managers/utils.py
+# ``validate_input_length`` (one, sent back through FINISH_ABORT -> ValueError -> 400).
+_OVERLONG_PATTERNS = (
+    re.compile(r"is longer than the model's context length", re.IGNORECASE),
+    re.compile(r"exceeds the model's maximum context length", re.IGNORECASE),
+    re.compile(r"exceeds the maximum allowed length", re.IGNORECASE),
+    # Lenient fallback for rewordings: "context length" near "exceed"/"longer".
+    re.compile(r"(exceed|longer).{0,80}context length|context length.{0,80}exceed", re.I),
+)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+def generate_body(request: GenerateRequest, rid: str, *, stream: bool = False) -> dict[str, Any]:
+    """Return the JSON body of a single ``POST /generate`` (SGLang ``GenerateReqInput``)."""
+    body: dict[str, Any] = {
+        "rid": rid,
+        "input_ids": list(request.input_ids),
+        "sampling_params": request.sampling.to_sglang(),
+        "return_logprob": request.return_logprob,
+        # -1: logprobs for output tokens only (no prompt logprobs to ship back).
+        "logprob_start_len": -1,
+        "stream": stream,
+    }
+    if request.image_data:
+        # A list for one request means "these images belong to this one prompt".
+        body["image_data"] = list(request.image_data)
+    return body
+
+
+def batch_body(requests: Sequence[GenerateRequest], rids: Sequence[str]) -> dict[str, Any]:
+    """Return the body of one batched ``POST /generate`` (2-D ``input_ids``, list params)."""
+    body: dict[str, Any] = {
+        "rid": list(rids),
+        "input_ids": [list(r.input_ids) for r in requests],
+        "sampling_params": [r.sampling.to_sglang() for r in requests],
+        "return_logprob": [r.return_logprob for r in requests],
+        "logprob_start_len": -1,
+        "stream": False,
+    }
+    if any(r.image_data for r in requests):
+        # A list of lists, with [] (not None) for image-less items: SGLang's
+        # GenerateReqInput._normalize_image_data only keeps the per-request grouping
+        # when the first element is itself a list.
+        body["image_data"] = [list(r.image_data or ()) for r in requests]
+    return body
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def parse_json(content: bytes, *, what: str) -> Any:
+    """Decode a JSON body, raising :class:`EngineError` (not ``ValueError``) on garbage."""
+    try:
+        return json.loads(content)
+    except (UnicodeDecodeError, ValueError) as exc:
+        snippet = content[:200].decode("utf-8", errors="replace")
+        raise EngineError(f"{what}: the body is not valid JSON ({exc}): {snippet!r}") from exc
+
+
+def error_message(content: bytes, status_code: int) -> str:
+    """Extract the server's explanation from an error body, whatever its shape."""
+    text = content.decode("utf-8", errors="replace").strip()
+    try:
+        data = json.loads(text) if text else None
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+        if isinstance(err, list) and err:
+            return "; ".join(str(e) for e in err)
+        for key in ("message", "detail"):
+            if key in data:
+                return str(data[key])
+    if text:
+        return text[:2000]
+    return f"HTTP {status_code} with an empty body"
+
+
+def is_overlong_message(message: str) -> bool:
+    """Whether SGLang's error text says the prompt (plus max_new_tokens) is too long."""
+    return any(p.search(message) for p in _OVERLONG_PATTERNS)
+
+
+def error_from_status(status_code: int, message: str, *, url: str | None) -> EngineHTTPError:
+    """Map an HTTP error status to the exception tree (4xx rejected, the rest HTTP errors)."""
+    text = f"SGLang answered HTTP {status_code}: {message}"
+    if 400 <= status_code < 500 and status_code != 429:
+        if is_overlong_message(message):
+            return OverlongPromptError(text, status_code=status_code, url=url)
+        return EngineRequestRejected(text, status_code=status_code, url=url)
+    return EngineHTTPError(text, status_code=status_code, url=url)
+
+
+# --------------------------------------------------------------------------- typed access
+
+
+def _malformed(what: str, detail: str) -> EngineError:
+    return EngineError(f"malformed SGLang response ({what}): {detail}")
+
+
+def _as_int(value: object, *, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _malformed(what, f"expected an integer, got {value!r}")
+    return value
+
+
+def _as_float(value: object, *, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _malformed(what, f"expected a number, got {value!r}")
+    return float(value)
+
+
+def _opt_int(meta: dict[str, Any], key: str, default: int) -> int:
+    value = meta.get(key)
+    return default if value is None else _as_int(value, what=f"meta_info.{key}")
+
+
+def _int_list(value: object, *, what: str) -> list[int]:
+    if not isinstance(value, list):
+        raise _malformed(what, f"expected a list of token ids, got {type(value).__name__}")
+    return [_as_int(v, what=f"{what}[{i}]") for i, v in enumerate(value)]
+
+
+def _logprob_entries(value: object) -> tuple[list[int], list[float]]:
+    """Split ``[[logprob, token_id, text|null], ...]`` into ids and logprobs."""
+    what = "meta_info.output_token_logprobs"
+    if not isinstance(value, list):
+        raise _malformed(what, f"expected a list, got {type(value).__name__}")
+    ids: list[int] = []
+    logprobs: list[float] = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, list | tuple) or len(entry) < 2:
+            raise _malformed(f"{what}[{i}]", f"expected [logprob, token_id, text], got {entry!r}")
+        logprob = entry[0]
+        # A NaN/inf logprob cannot be serialised by orjson, so None would be the only
+        # way a missing value shows up; treat it as a corrupt answer, not as 0.0.
+        logprobs.append(_as_float(logprob, what=f"{what}[{i}][0]"))
+        ids.append(_as_int(entry[1], what=f"{what}[{i}][1]"))
+    return ids, logprobs
+
+
+def _meta(obj: object, *, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    if not isinstance(obj, dict):
+        raise _malformed(what, f"expected a JSON object, got {type(obj).__name__}")
+    meta = obj.get("meta_info")
+    if not isinstance(meta, dict):
+        raise _malformed(what, "the object has no 'meta_info' object")
+    return obj, meta
+
+
+def _status_of_abort(raw: object) -> int | None:
+    """The HTTP status a FINISH_ABORT carries (``status_code``), if it is an error."""
+    if isinstance(raw, dict) and raw.get("type") == "abort":
+        code = raw.get("status_code")
+        if isinstance(code, int) and not isinstance(code, bool) and code >= 400:
+            return code
+    return None
+
+
+def parse_finish_reason(raw: object) -> FinishReason | None:
+    """Map ``meta_info.finish_reason`` (``FINISH_*.to_json()`` or ``null``) to FinishReason."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _malformed("meta_info.finish_reason", f"expected an object or null, got {raw!r}")
+    kind = raw.get("type")
+    if kind == "stop":
+        matched = raw.get("matched")
+        if isinstance(matched, list):
+            # FINISH_MATCHED_TOKEN is typed ``int | list[int]``; the last id ended it.
+            matched = matched[-1] if matched else None
+        if isinstance(matched, bool) or not isinstance(matched, int | str | None):
+            raise _malformed("meta_info.finish_reason.matched", f"unexpected {matched!r}")
+        return FinishReason(type="stop", matched=matched)
+    if kind == "length":
+        length = raw.get("length")
+        return FinishReason(
+            type="length",
+            length=None if length is None else _as_int(length, what="finish_reason.length"),
+        )
+    if kind == "abort":
+        message = raw.get("message")
+        return FinishReason(type="abort", message=None if message is None else str(message))
+    raise _malformed("meta_info.finish_reason.type", f"unknown finish type {kind!r}")
+
+
+def _raise_for_abort_status(raw: object, *, url: str | None) -> None:
+    """An abort that carries an HTTP status is a server-side error, not a partial result.
+
+    SGLang turns these into HTTP errors on non-streaming calls
+    (``TokenizerManager._handle_abort_finish_reason``) but yields them as a final chunk
+    when streaming; raising here gives both paths the same meaning.
+    """
+    code = _status_of_abort(raw)
+    if code is not None:
+        assert isinstance(raw, dict)
+        raise error_from_status(code, str(raw.get("message") or "aborted"), url=url)
+
+
+def _text(obj: dict[str, Any]) -> str | None:
+    text = obj.get("text")
+    return text if isinstance(text, str) else None
+
+
+def _e2e(meta: dict[str, Any]) -> float | None:
+    value = meta.get("e2e_latency")
+    if value is None:
+        return None
+    latency = _as_float(value, what="meta_info.e2e_latency")
+    return latency if math.isfinite(latency) else None
+
+
+def _build_result(
+    *,
+    rid: str,
+    meta: dict[str, Any],
+    ids: Sequence[int],
+    logprobs: Sequence[float] | None,
+    text: str | None,
+    prompt_tokens_hint: int,
+    server_url: str | None,
+) -> GenerateResult:
+    raw_finish = meta.get("finish_reason")
+    _raise_for_abort_status(raw_finish, url=server_url)
+    finish = parse_finish_reason(raw_finish)
+    if finish is None:
+        raise _malformed("meta_info.finish_reason", "a final result has finish_reason null")
+    weight_version = meta.get("weight_version")
+    return GenerateResult(
+        rid=rid,
+        output_ids=tuple(ids),
+        output_logprobs=None if logprobs is None else tuple(logprobs),
+        finish_reason=finish,
+        # An abort in the waiting queue has no prompt_tokens (_handle_abort_req).
+        prompt_tokens=_opt_int(meta, "prompt_tokens", prompt_tokens_hint),
+        completion_tokens=_opt_int(meta, "completion_tokens", len(ids)),
+        cached_tokens=_opt_int(meta, "cached_tokens", 0),
+        weight_version="default" if weight_version is None else str(weight_version),
+        text=text,
+        e2e_latency=_e2e(meta),
+        server_url=server_url,
+    )
+
+
+def parse_result(
+    obj: object,
+    *,
+    rid: str | None,
+    prompt_tokens_hint: int,
+    server_url: str | None = None,
+    expect_id: str | None = None,
+) -> GenerateResult:
+    """Parse one non-streaming ``/generate`` object into a :class:`GenerateResult`.
+
+    Ids and logprobs come from ``meta_info.output_token_logprobs`` when present (the
+    list verl and slime read), otherwise from ``output_ids``; when both are present they
+    must agree exactly. ``rid=None`` keeps the server's ``meta_info.id``.
+    """
+    obj, meta = _meta(obj, what="/generate result")
+    server_id = meta.get("id")
+    if expect_id is not None and server_id is not None and server_id != expect_id:
+        raise _malformed("meta_info.id", f"expected {expect_id!r}, got {server_id!r}")
+    raw_ids = obj.get("output_ids")
+    output_ids = None if raw_ids is None else _int_list(raw_ids, what="output_ids")
+    logprobs: list[float] | None = None
+    if meta.get("output_token_logprobs") is not None:
+        ids, logprobs = _logprob_entries(meta["output_token_logprobs"])
+        if output_ids is not None and output_ids != ids:
+            raise _malformed(
+                "output_ids",
+                f"{len(output_ids)} output_ids disagree with {len(ids)} "
+                "meta_info.output_token_logprobs entries",
+            )
+    elif output_ids is not None:
+        ids = output_ids
+    else:
+        raise _malformed("/generate result", "neither output_ids nor output_token_logprobs")
+    if rid is None:
+        if not isinstance(server_id, str):
+            raise _malformed("meta_info.id", f"expected a string, got {server_id!r}")
+        rid = server_id
+    return _build_result(
+        rid=rid,
+        meta=meta,
+        ids=ids,
+        logprobs=logprobs,
+        text=_text(obj),
+        prompt_tokens_hint=prompt_tokens_hint,
+        server_url=server_url,
+    )
+
+
+def parse_results(
+    data: object,
+    *,
+    rids: Sequence[str | None],
+    prompt_tokens_hints: Sequence[int],
+    server_url: str | None = None,
+    expect_ids: Sequence[str | None] | None = None,
+) -> list[GenerateResult]:
+    """Parse the JSON array SGLang returns for a batch (input order) or for ``n > 1``."""
+    if not isinstance(data, list):
+        raise _malformed("batch /generate", f"expected a JSON array, got {type(data).__name__}")
+    if len(data) != len(rids):
+        raise _malformed("batch /generate", f"expected {len(rids)} results, got {len(data)}")
+    expected = expect_ids if expect_ids is not None else [None] * len(rids)
+    return [
+        parse_result(
+            item,
+            rid=rid,
+            prompt_tokens_hint=hint,
+            server_url=server_url,
+            expect_id=expect,
+        )
+        for item, rid, hint, expect in zip(data, rids, prompt_tokens_hints, expected, strict=True)
+    ]
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def sse_data(line: str) -> str | None:
+    """Return the payload of an SSE ``data:`` line, or ``None`` for anything else."""
+    if not line.startswith("data:"):
+        return None  # blank separators, comments (":") and other fields
+    payload = line[5:]
+    return payload[1:] if payload.startswith(" ") else payload
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One streamed update, normalised to cumulative form whatever the server sends."""
+
+    rid: str
+    output_ids: tuple[int, ...]
+    """All ids generated so far."""
+    output_logprobs: tuple[float, ...] | None
+    """All logprobs so far (``None`` when logprobs were not requested)."""
+    new_ids: tuple[int, ...]
+    """The ids this chunk added."""
+    text: str | None
+    """The text so far, when the server has a tokenizer."""
+    result: GenerateResult | None = None
+    """The complete result, on the final chunk only."""
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+
+class StreamAccumulator:
+    """Fold SGLang stream chunks into cumulative state.
+
+    SGLang streams cumulative chunks by default and deltas under
+    ``--incremental-streaming-output`` (old name ``--stream-output``), and the client
+    cannot ask which. ``meta_info.completion_tokens`` is cumulative in both modes, so a
+    chunk is cumulative when it carries ``completion_tokens`` items and a delta when the
+    items so far plus this chunk add up to it. ``output_token_logprobs`` is used first
+    because an abort chunk carries the full logprob list but only the last id.
+    """
+
+    def __init__(self, *, rid: str, prompt_tokens_hint: int, server_url: str | None) -> None:
+        self._rid = rid
+        self._hint = prompt_tokens_hint
+        self._url = server_url
+        self._ids: list[int] = []
+        self._logprobs: list[float] | None = None
+        self._text: str | None = None
+        self._done = False
+
+    @property
+    def finished(self) -> bool:
+        return self._done
+
+    def add(self, chunk: object) -> StreamChunk:
+        """Fold one decoded ``data:`` payload; raise on an error event."""
+        if self._done:
+            raise _malformed("stream", "a chunk arrived after the final chunk")
+        if isinstance(chunk, dict) and "error" in chunk:
+            raise self._stream_error(chunk["error"])
+        obj, meta = _meta(chunk, what="stream chunk")
+        completion = meta.get("completion_tokens")
+        total = None if completion is None else _as_int(completion, what="completion_tokens")
+        raw_finish = meta.get("finish_reason")
+        _raise_for_abort_status(raw_finish, url=self._url)
+        is_abort = isinstance(raw_finish, dict) and raw_finish.get("type") == "abort"
+        raw_ids = obj.get("output_ids")
+        ids = [] if raw_ids is None else _int_list(raw_ids, what="output_ids")
+        before = len(self._ids)
+
+        cumulative: bool
+        if meta.get("output_token_logprobs") is not None:
+            lp_ids, lps = _logprob_entries(meta["output_token_logprobs"])
+            cumulative = self._is_cumulative(lp_ids, total)
+            new_ids = lp_ids if cumulative else self._ids + lp_ids
+            prev_lps = self._logprobs or []
+            self._logprobs = lps if cumulative else prev_lps + lps
+            if ids and new_ids[-len(ids) :] != ids:
+                raise _malformed("stream chunk", "output_ids disagree with output_token_logprobs")
+        elif is_abort and total == before and len(ids) <= 1:
+            # _handle_abort_req sends only the last id of a streamed request.
+            cumulative, new_ids = True, list(self._ids)
+        else:
+            cumulative = self._is_cumulative(ids, total)
+            new_ids = ids if cumulative else self._ids + ids
+        if total is not None and len(new_ids) != total:
+            raise _malformed(
+                "stream chunk",
+                f"{len(new_ids)} ids so far but meta_info.completion_tokens={total}",
+            )
+        self._ids = new_ids
+        text = _text(obj)
+        if text is not None:
+            self._text = text if cumulative else (self._text or "") + text
+
+        result = None
+        if raw_finish is not None:
+            self._done = True
+            result = _build_result(
+                rid=self._rid,
+                meta=meta,
+                ids=self._ids,
+                logprobs=self._logprobs,
+                text=self._text,
+                prompt_tokens_hint=self._hint,
+                server_url=self._url,
+            )
+        return StreamChunk(
+            rid=self._rid,
+            output_ids=tuple(self._ids),
+            output_logprobs=None if self._logprobs is None else tuple(self._logprobs),
+            new_ids=tuple(self._ids[before:]),
+            text=self._text,
+            result=result,
+        )
+
+    def _is_cumulative(self, ids: list[int], total: int | None) -> bool:
+        before = len(self._ids)
+        is_prefix = len(ids) >= before and ids[:before] == self._ids
+        if total is not None:
+            if len(ids) == total and is_prefix:
+                return True
+            if before + len(ids) == total:
+                return False
+            raise _malformed(
+                "stream chunk",
+                f"{len(ids)} ids fit neither a cumulative nor a delta chunk "
+                f"({before} so far, completion_tokens={total})",
+            )
+        return is_prefix
+
+    def _stream_error(self, err: object) -> EngineHTTPError:
+        message = str(err.get("message", err)) if isinstance(err, dict) else str(err)
+        code = err.get("code") if isinstance(err, dict) else None
+        status = code if isinstance(code, int) and not isinstance(code, bool) else 400
+        return error_from_status(status, message, url=self._url)

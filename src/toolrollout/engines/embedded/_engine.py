@@ -1,0 +1,437 @@
+"""The in-process engine: a Hugging Face causal LM behind the :class:`Engine` seam.
+
+Validation happens on the caller's thread so that a bad request fails at once with the
+same exception (and the same SGLang message) a SGLang server would produce; generation
+happens on the scheduler thread (see :mod:`._scheduler`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import random
+import secrets
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+
+import anyio
+import torch
+
+from toolrollout._exceptions import (
+    EngineError,
+    EngineRequestRejected,
+    EngineUnavailable,
+    OverlongPromptError,
+    UserError,
+)
+from toolrollout.engines._base import Engine
+from toolrollout.engines._types import GenerateRequest, GenerateResult
+from toolrollout.engines.embedded._model import LoadedModel, ModelMeta, load_meta, load_model
+from toolrollout.engines.embedded._output import EmbeddedOutput
+from toolrollout.engines.embedded._sampling import GenerationOptions, resolve_sampling
+from toolrollout.engines.embedded._scheduler import Event, Scheduler, Sequence, Sink
+
+__all__ = ["EmbeddedEngine"]
+
+
+class EmbeddedEngine(Engine):
+    """Serve a local Hugging Face causal LM in-process, with continuous batching.
+
+    Concurrent :meth:`generate` calls are decoded together, one forward pass per step, on a
+    worker thread that this engine owns (started by :meth:`start` / ``async with``, joined
+    by :meth:`aclose`). Semantics follow SGLang's ``/generate``: output ids include the
+    matched stop token, logprobs are ``log_softmax(logits / temperature)`` before filtering,
+    invalid requests raise with SGLang's messages.
+
+    Args:
+        model_path: A Hugging Face model folder (config, weights, tokenizer).
+        max_batch_size: Most sequences decoded together; further requests wait.
+        context_length: Prompt + ``max_new_tokens`` limit; defaults to the config's
+            ``max_position_embeddings``.
+        device: ``"cpu"``, ``"cuda"``, ...; defaults to CUDA when available.
+        dtype: ``"float32"``, ``"bfloat16"``, ``"auto"``...; defaults to float32 on CPU and
+            the checkpoint's dtype on GPU.
+        weight_version: Reported with every result (SGLang's ``weight_version``).
+        num_threads: Torch intra-op threads of the scheduler thread (default: torch's).
+            One thread is fastest for tiny models and on a busy CPU.
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        max_batch_size: int = 32,
+        context_length: int | None = None,
+        device: str | None = None,
+        dtype: str | torch.dtype | None = None,
+        weight_version: str = "default",
+        num_threads: int | None = None,
+        trust_remote_code: bool = False,
+    ) -> None:
+        if max_batch_size < 1:
+            raise UserError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if num_threads is not None and num_threads < 1:
+            raise UserError(f"num_threads must be at least 1, got {num_threads}")
+        self._meta: ModelMeta = load_meta(
+            model_path, context_length=context_length, trust_remote_code=trust_remote_code
+        )
+        self._max_batch_size = max_batch_size
+        self._device = device
+        self._dtype = dtype
+        self._trust_remote_code = trust_remote_code
+        self._num_threads = num_threads
+        self.weight_version = weight_version
+        """Reported in every result; change it after updating the weights."""
+        self._model: LoadedModel | None = None
+        self._scheduler: Scheduler | None = None
+        self._start_lock = threading.Lock()
+        self._active: set[str] = set()
+        self._active_lock = threading.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Load the weights (off the event loop) and start the scheduler thread."""
+        if self._scheduler is not None:
+            return
+        if self._closed:
+            raise UserError("this EmbeddedEngine was closed; create a new one")
+        await anyio.to_thread.run_sync(self._start_blocking)
+
+    def _start_blocking(self) -> None:
+        with self._start_lock:
+            if self._scheduler is not None:
+                return
+            model = load_model(
+                self._meta,
+                device=self._device,
+                dtype=self._dtype,
+                trust_remote_code=self._trust_remote_code,
+            )
+            scheduler = Scheduler(
+                model,
+                self._meta.tokenizer,
+                eos_token_ids=self._meta.eos_token_ids,
+                max_batch_size=self._max_batch_size,
+                weight_version=lambda: self.weight_version,
+                on_done=self._forget,
+                num_threads=self._num_threads,
+            )
+            scheduler.start()
+            self._model, self._scheduler = model, scheduler
+
+    async def __aenter__(self) -> EmbeddedEngine:
+        await self.start()
+        return self
+
+    async def aclose(self) -> None:
+        """Stop the scheduler (in-flight requests end as aborted), join it, free the model."""
+        self._closed = True
+        scheduler, self._scheduler = self._scheduler, None
+        if scheduler is None:
+            return
+        scheduler.stop()
+        await anyio.to_thread.run_sync(scheduler.join)
+        self._model = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    @property
+    def started(self) -> bool:
+        return self._scheduler is not None
+
+    @property
+    def healthy(self) -> bool:
+        """True while the scheduler thread is running."""
+        return self._scheduler is not None and self._scheduler.alive
+
+    # ------------------------------------------------------------------ model facts
+    @property
+    def model_path(self) -> str:
+        return self._meta.model_path
+
+    @property
+    def tokenizer(self) -> object:
+        return self._meta.tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return self._meta.context_length
+
+    @property
+    def vocab_size(self) -> int:
+        return self._meta.vocab_size
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The tokenizer's EOS plus the generation config's EOS ids (SGLang's default)."""
+        return self._meta.eos_token_ids
+
+    @property
+    def model_type(self) -> str:
+        return self._meta.model_type
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        return self._meta.architectures
+
+    @property
+    def has_vision(self) -> bool:
+        return self._meta.has_vision
+
+    @property
+    def has_audio(self) -> bool:
+        return self._meta.has_audio
+
+    @property
+    def max_batch_size(self) -> int:
+        return self._max_batch_size
+
+    @property
+    def device(self) -> str:
+        if self._model is not None:
+            return str(self._model.device)
+        return self._device or ("cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
+    def dtype(self) -> str | None:
+        return str(self._model.dtype).removeprefix("torch.") if self._model else None
+
+    @property
+    def num_running(self) -> int:
+        return self._scheduler.num_running if self._scheduler else 0
+
+    @property
+    def num_waiting(self) -> int:
+        return self._scheduler.num_waiting if self._scheduler else 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self._scheduler.num_tokens if self._scheduler else 0
+
+    @property
+    def num_active(self) -> int:
+        """Requests submitted and not yet finished (waiting, running or in the inbox)."""
+        with self._active_lock:
+            return len(self._active)
+
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` as SGLang tokenizes a ``text`` prompt (no chat template)."""
+        return [int(t) for t in self._meta.tokenizer.encode(text)]
+
+    # ------------------------------------------------------------------ generation
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Generate one sample; the text keeps the matched stop string/token."""
+        out = await self.generate_full(request, GenerationOptions(no_stop_trim=True))
+        assert out.finish_reason is not None  # generate_full returns finished outputs only
+        return GenerateResult(
+            rid=out.rid,
+            output_ids=out.output_ids,
+            output_logprobs=out.output_logprobs if request.return_logprob else None,
+            finish_reason=out.finish_reason,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            weight_version=out.weight_version,
+            text=out.text,
+            e2e_latency=out.e2e_latency,
+        )
+
+    async def generate_full(
+        self, request: GenerateRequest, options: GenerationOptions | None = None
+    ) -> EmbeddedOutput:
+        """Generate one sample and return everything the engine knows about it.
+
+        Cancelling the call aborts the request in the engine.
+        """
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        opts = replace(options or GenerationOptions(), stream=False)
+        rid = self.submit(request, opts, sink=queue.put_nowait)
+        try:
+            while True:
+                event = await queue.get()
+                if isinstance(event, EngineError):
+                    raise event
+                if event.finished:
+                    return event
+        except asyncio.CancelledError:
+            self.cancel(rid)
+            raise
+
+    async def stream(
+        self, request: GenerateRequest, options: GenerationOptions | None = None
+    ) -> AsyncIterator[EmbeddedOutput]:
+        """Yield a cumulative snapshot after every step; the last one is finished.
+
+        Leaving the iteration early aborts the request in the engine.
+        """
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        opts = replace(options or GenerationOptions(), stream=True)
+        rid = self.submit(request, opts, sink=queue.put_nowait)
+        done = False
+        try:
+            while not done:
+                event = await queue.get()
+                if isinstance(event, EngineError):
+                    done = True
+                    raise event
+                done = event.finished
+                yield event
+        finally:
+            if not done:
+                self.cancel(rid)
+
+    def submit(
+        self,
+        request: GenerateRequest,
+        options: GenerationOptions,
+        *,
+        sink: Callable[[Event], None],
+    ) -> str:
+        """Validate ``request`` and queue it; return its rid.
+
+        ``sink`` is called on the current event loop with each snapshot (only the final
+        one unless ``options.stream``) or with an :class:`EngineError`. Raises at once for
+        an invalid request. Must be called from a running event loop.
+        """
+        scheduler = self._scheduler
+        if scheduler is None or self._model is None:
+            raise UserError(
+                "EmbeddedEngine is not started: use `async with EmbeddedEngine(...)` "
+                "or `await engine.start()`"
+            )
+        if not scheduler.alive:
+            raise EngineUnavailable("the embedded engine's scheduler thread has stopped")
+        seq = self._prepare(request, options, Sink(asyncio.get_running_loop(), sink))
+        scheduler.submit(seq)
+        return seq.rid
+
+    def _prepare(
+        self, request: GenerateRequest, options: GenerationOptions, sink: Sink
+    ) -> Sequence:
+        if request.sampling.n != 1:
+            raise UserError(
+                f"EmbeddedEngine.generate makes one sample per call (sampling.n must be 1, "
+                f"got {request.sampling.n}); send n requests instead"
+            )
+        if request.image_data:
+            raise EngineRequestRejected(self._image_refusal(), status_code=400)
+        ids = [int(t) for t in request.input_ids]
+        if not ids:
+            raise EngineRequestRejected("input_ids cannot be empty.", status_code=400)
+        vocab = self._meta.vocab_size
+        if any(t >= vocab or t < 0 for t in ids):
+            raise EngineRequestRejected(
+                f"The input_ids {ids} contains values greater than the vocab size ({vocab}).",
+                status_code=400,
+            )
+        self._check_context(len(ids), request.sampling.max_new_tokens)
+        sampling = resolve_sampling(request.sampling)
+        if options.logprob_start_len < -1:
+            raise EngineRequestRejected(
+                f"logprob_start_len must be -1 or at least 0, got {options.logprob_start_len}.",
+                status_code=400,
+            )
+        if options.top_logprobs_num < 0:
+            raise EngineRequestRejected(
+                f"top_logprobs_num must be at least 0, got {options.top_logprobs_num}.",
+                status_code=400,
+            )
+        rng: random.Random | None = None
+        if not sampling.greedy:
+            rng = random.Random(
+                sampling.seed if sampling.seed is not None else secrets.randbits(64)
+            )
+        stop_tail = 1 + max(
+            (len(self._meta.tokenizer.encode(s, add_special_tokens=False)) for s in sampling.stop),
+            default=0,
+        )
+        rid = request.rid if request.rid is not None else uuid.uuid4().hex
+        with self._active_lock:
+            if rid in self._active:
+                raise EngineRequestRejected(
+                    f"Duplicate request ID detected: {rid}", status_code=400
+                )
+            self._active.add(rid)
+        return Sequence(
+            rid=rid,
+            prompt=ids,
+            sampling=sampling,
+            options=options,
+            return_logprob=request.return_logprob,
+            sink=sink,
+            rng=rng,
+            stop_tail_tokens=stop_tail,
+        )
+
+    def _check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """SGLang's ``_validate_one_request`` length checks, with its messages."""
+        context = self._meta.context_length
+        if prompt_tokens >= context:
+            raise OverlongPromptError(
+                f"The input ({prompt_tokens} tokens) is longer than the model's context "
+                f"length ({context} tokens).",
+                status_code=400,
+            )
+        if max_new_tokens + prompt_tokens > context:
+            raise OverlongPromptError(
+                "Requested token count exceeds the model's maximum context length of "
+                f"{context} tokens. You requested a total of {max_new_tokens + prompt_tokens} "
+                f"tokens: {prompt_tokens} tokens from the input messages and {max_new_tokens} "
+                "tokens for the completion. Please reduce the number of tokens in the input "
+                "messages or the completion to fit within the limit.",
+                status_code=400,
+            )
+
+    def _image_refusal(self) -> str:
+        name = f"{self._meta.model_path} ({self._meta.model_type or 'unknown type'})"
+        if not self._meta.has_vision:
+            return (
+                f"image_data was given but the model {name} has no image understanding; "
+                "send text-only requests to this model."
+            )
+        return (
+            f"image_data is not supported by toolrollout's embedded engine (model {name}); "
+            "serve vision models with SGLang."
+        )
+
+    # ------------------------------------------------------------------ control
+    async def abort(self, rid: str) -> None:
+        """Abort every request whose rid starts with ``rid`` (SGLang's prefix match)."""
+        self.abort_nowait(rid)
+
+    def abort_nowait(self, rid: str = "", *, abort_all: bool = False) -> None:
+        """Queue an abort without awaiting; usable from ``finally`` blocks.
+
+        Running requests end with their partial output and ``finish_reason.type ==
+        "abort"``; waiting ones with SGLang's ``"Abort in waiting queue"``. An empty
+        ``rid`` without ``abort_all`` is ignored, as SGLang does.
+        """
+        if not abort_all and not rid:
+            return
+        if self._scheduler is not None:
+            self._scheduler.abort(rid, abort_all=abort_all)
+
+    def cancel(self, rid: str) -> None:
+        """Abort exactly ``rid``, no prefix match (used when its caller went away)."""
+        if self._scheduler is not None:
+            with self._active_lock:
+                if rid not in self._active:
+                    return
+            self._scheduler.abort(rid, exact=True)
+
+    def _forget(self, rid: str) -> None:
+        with self._active_lock:
+            self._active.discard(rid)
+
+    async def flush_cache(self) -> bool:
+        """Succeed when idle, like SGLang's ``/flush_cache``.
+
+        There is no prefix cache to drop (every request is prefilled from scratch and
+        ``cached_tokens`` is always 0), so this only reports whether requests are in flight.
+        """
+        return self.num_active == 0

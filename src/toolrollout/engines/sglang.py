@@ -1,0 +1,739 @@
+"""The async HTTP client for SGLang's native token-in/token-out API.
+
+:class:`SGLangClient` talks to one or several SGLang servers through a single pooled
+``httpx.AsyncClient`` and turns every answer into the typed values of
+:mod:`toolrollout.engines._types`. What it does, and why:
+
+* **Token-in/token-out.** ``POST /generate`` with ``input_ids`` and ``return_logprob``, so
+  the trainer gets exactly the ids and logprobs the server sampled (no re-tokenisation).
+* **Retries** (``tenacity``, exponential backoff with jitter, bounded by
+  :class:`RetryPolicy`) on connection errors, 5xx and 429, and on read timeouts only if
+  asked (a read timeout usually means a long generation, and a retry doubles the load).
+  Other 4xx answers are the request's fault and raise :class:`EngineRequestRejected`
+  (:class:`OverlongPromptError` when SGLang says the prompt does not fit) at once. When
+  the budget is spent the call raises :class:`EngineUnavailable`, chained to the last
+  error. A retry uses the request id ``"<rid>-retry<k>"``, because SGLang rejects a
+  duplicate id while the first attempt may still be registered on the server.
+* **Routing.** All requests of one ``session_id`` go to the same server (its prefix cache
+  holds the shared prompt); a new session goes to the least busy server (see
+  :mod:`._routing`). A new session whose server refuses the connection moves to another
+  server; a pinned session is retried on its own server (call :meth:`release_session` to
+  move it). The session map is an LRU bounded by ``max_sessions``.
+* **Abort.** :meth:`abort` posts ``/abort_request`` to the server holding the request; the
+  pending :meth:`generate` then returns the partial output with ``finish_reason.type ==
+  "abort"`` (SGLang answers HTTP 200). SGLang silently ignores an abort that arrives
+  before the request is registered on the server, so a very early abort can be lost.
+* **Errors.** Every httpx exception is translated at this boundary (``raise ... from``);
+  a malformed body raises :class:`EngineError` naming what is wrong.
+
+The client is bound to one event loop and is not thread-safe. The ``transport`` argument
+is the test seam: pass ``httpx.MockTransport(handler)`` to run without a server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    RetryError,
+    retry_if_exception,
+    stop_after_attempt,
+)
+
+from .._exceptions import (
+    EngineConnectionError,
+    EngineError,
+    EngineHTTPError,
+    EngineRequestRejected,
+    EngineTimeout,
+    EngineUnavailable,
+    UserError,
+)
+from . import _wire
+from ._base import Engine
+from ._routing import Router, ServerStats
+from ._types import FinishReason, GenerateRequest, GenerateResult
+from ._wire import StreamChunk
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_TIMEOUT",
+    "ClientStats",
+    "RetryPolicy",
+    "SGLangClient",
+    "ServerStats",
+    "StreamChunk",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+"""10 s to connect; 600 s to read, since one long generation is silent until it ends."""
+
+DEFAULT_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+"""Enough connections for thousands of concurrent rollouts against a handful of servers."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often, and how patiently, a failed call is retried.
+
+    The wait before retry ``k`` (1-based) is
+    ``min(initial_backoff * 2**(k-1) + uniform(0, jitter), max_backoff)`` seconds.
+    """
+
+    max_attempts: int = 5
+    """Total attempts, the first included (1 disables retries)."""
+    initial_backoff: float = 0.5
+    max_backoff: float = 30.0
+    jitter: float = 0.5
+    """Random extra wait, so that many rollouts do not retry in lockstep."""
+    retry_read_timeouts: bool = False
+    """Also retry when the server accepted the request but did not answer in time."""
+
+    def backoff(self, retry_number: int) -> float:
+        """Seconds to wait before retry ``retry_number`` (1 for the first retry)."""
+        exponential = self.initial_backoff * 2.0 ** (retry_number - 1)
+        return min(exponential + random.uniform(0.0, self.jitter), self.max_backoff)
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise UserError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
+        if min(self.initial_backoff, self.max_backoff, self.jitter) < 0:
+            raise UserError("RetryPolicy backoff and jitter must not be negative")
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """A snapshot of the client's counters (frozen: it does not change under you)."""
+
+    servers: tuple[ServerStats, ...]
+    total_requests: int
+    """Calls made (generate, generate_batch, generate_many, stream); retries not counted."""
+    in_flight: int
+    """Calls still running."""
+    retries: int
+    """Retry attempts made after a failed attempt."""
+    failures: int
+    """Calls that ended in an exception (after any retries)."""
+    sessions: int
+    """Sessions currently pinned to a server."""
+
+    @property
+    def outstanding(self) -> int:
+        """HTTP requests in flight over all servers."""
+        return sum(s.outstanding for s in self.servers)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """What :meth:`SGLangClient.abort` needs to know about a running request."""
+
+    rid: str
+    wire_rid: str
+    server: str | None = None
+    aborted: bool = False
+
+
+class _AbortedBeforeSend(EngineError):
+    """The request was aborted before it reached a server (internal, never escapes)."""
+
+
+def _normalize_urls(base_urls: str | Sequence[str]) -> list[str]:
+    raw = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+    if not raw:
+        raise UserError("SGLangClient needs at least one base URL")
+    urls: list[str] = []
+    for item in raw:
+        url = str(item).strip().rstrip("/")
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise UserError(f"invalid SGLang base URL {item!r}: {exc}") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise UserError(f"invalid SGLang base URL {item!r}: expected http(s)://host:port")
+        if url in urls:
+            raise UserError(f"duplicate SGLang base URL {url!r}")
+        urls.append(url)
+    return urls
+
+
+def _is_connect_failure(exc: BaseException) -> bool:
+    return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+def _translate(exc: Exception, *, url: str) -> EngineError:
+    """Map an httpx exception onto the toolrollout tree (most specific first)."""
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if _is_connect_failure(exc):
+        return EngineConnectionError(f"could not connect to {url} ({detail})")
+    if isinstance(exc, httpx.TimeoutException):
+        return EngineTimeout(f"no answer from {url} within the timeout ({detail})")
+    if isinstance(exc, httpx.TransportError):
+        return EngineConnectionError(f"the connection to {url} failed ({detail})")
+    return EngineError(f"the request to {url} failed ({detail})")
+
+
+async def _read_body(response: httpx.Response) -> bytes:
+    """The body of an error response, even when it was opened as a stream."""
+    try:
+        return await response.aread()
+    except httpx.HTTPError:
+        return b""
+
+
+class SGLangClient(Engine):
+    """Engine backed by one or several SGLang servers over HTTP.
+
+    Example::
+
+        async with SGLangClient(["http://gpu0:30000", "http://gpu1:30000"]) as engine:
+            await engine.wait_healthy(timeout=600)
+            result = await engine.generate(GenerateRequest(input_ids=ids, session_id=traj_id))
+    """
+
+    def __init__(
+        self,
+        base_urls: str | Sequence[str],
+        *,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
+        limits: httpx.Limits = DEFAULT_LIMITS,
+        retry: RetryPolicy | None = None,
+        max_sessions: int = 100_000,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        abort_urls: Sequence[str] | None = None,
+    ) -> None:
+        if max_sessions < 1:
+            raise UserError(f"max_sessions must be >= 1, got {max_sessions}")
+        self._router = Router(_normalize_urls(base_urls), max_sessions=max_sessions)
+        # sglang-router (0.3.x) answers 404 on /abort_request, so behind a router the
+        # abort is sent to the workers themselves; each ignores rids it does not hold.
+        self._abort_urls = _normalize_urls(abort_urls) if abort_urls else None
+        self._retry = retry if retry is not None else RetryPolicy()
+        all_headers = dict(headers or {})
+        if api_key:
+            all_headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.AsyncClient(
+            timeout=timeout, limits=limits, headers=all_headers, transport=transport
+        )
+        self._inflight: dict[str, _InFlight] = {}
+        self._total = 0
+        self._active = 0
+        self._retries = 0
+        self._failures = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        """The servers, normalised (no trailing slash), in the order given."""
+        return self._router.urls
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Generate one sample; returns the partial output if :meth:`abort` is called."""
+        _require_n(request, 1, "generate")
+        with self._track([request.rid]) as entries:
+            entry = entries[0]
+            try:
+                data, url = await self._post_json(
+                    what=f"generate rid={entry.rid}",
+                    session_id=request.session_id,
+                    entries=entries,
+                    body=lambda: _wire.generate_body(request, entry.wire_rid),
+                )
+            except EngineError as exc:
+                if entry.aborted and not isinstance(exc, EngineRequestRejected):
+                    # Aborted before it was sent, or while waiting to retry: no tokens
+                    # reached the client, so the partial output is empty.
+                    return _empty_abort(entry, request)
+                raise
+            return _wire.parse_result(
+                data, rid=entry.rid, prompt_tokens_hint=len(request.input_ids), server_url=url
+            )
+
+    async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
+        """Generate one sample per request in one HTTP call; results keep the input order.
+
+        The batch goes to one server: the one pinned to the first request that has a
+        session, or the least busy one; sessions of the batch that were not pinned yet
+        are pinned to it. Each item can be aborted by its ``rid`` once the batch is sent.
+        """
+        if not requests:
+            return []
+        for request in requests:
+            _require_n(request, 1, "generate_batch")
+        session = next((r.session_id for r in requests if r.session_id is not None), None)
+        with self._track([r.rid for r in requests]) as entries:
+            data, url = await self._post_json(
+                what=f"generate_batch of {len(requests)}",
+                session_id=session,
+                entries=entries,
+                body=lambda: _wire.batch_body(requests, [e.wire_rid for e in entries]),
+            )
+            for request in requests:
+                if request.session_id is not None:
+                    self._router.bind(request.session_id, url)
+            return _wire.parse_results(
+                data,
+                rids=[e.rid for e in entries],
+                prompt_tokens_hints=[len(r.input_ids) for r in requests],
+                server_url=url,
+                expect_ids=[e.wire_rid for e in entries],
+            )
+
+    async def generate_many(self, request: GenerateRequest) -> list[GenerateResult]:
+        """Draw ``request.sampling.n`` samples of one prompt in one call (SGLang's ``n``).
+
+        SGLang prefills the prompt once and gives every sample a fresh server-side id, so
+        each result's ``rid`` is that id, and these samples cannot be aborted by ``rid``.
+        """
+        n = request.sampling.n
+        if n < 1:
+            raise UserError(f"sampling.n must be >= 1, got {n}")
+        if n == 1:
+            return [await self.generate(request)]
+        with self._track([request.rid], register=False) as entries:
+            data, url = await self._post_json(
+                what=f"generate_many n={n}",
+                session_id=request.session_id,
+                entries=entries,
+                body=lambda: _wire.generate_body(request, entries[0].wire_rid),
+            )
+            return _wire.parse_results(
+                data,
+                rids=[None] * n,
+                prompt_tokens_hints=[len(request.input_ids)] * n,
+                server_url=url,
+            )
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
+        """Stream one sample as cumulative :class:`StreamChunk` s; the last has ``.result``.
+
+        Opening the stream is retried like any call; once chunks flow, a broken
+        connection raises :class:`EngineConnectionError` (a stream cannot be resumed).
+        Both SGLang stream modes (cumulative, and ``--incremental-streaming-output``
+        deltas) are recognised. Close the iterator early (``contextlib.aclosing``) to
+        stop: SGLang aborts a request whose client disconnects.
+        """
+        _require_n(request, 1, "stream")
+        with self._track([request.rid]) as entries:
+            entry = entries[0]
+            try:
+                response, url = await self._open_stream(request, entry)
+            except EngineError as exc:
+                if entry.aborted and not isinstance(exc, EngineRequestRejected):
+                    result = _empty_abort(entry, request)
+                    yield StreamChunk(
+                        rid=entry.rid,
+                        output_ids=(),
+                        output_logprobs=result.output_logprobs,
+                        new_ids=(),
+                        text=None,
+                        result=result,
+                    )
+                    return
+                raise
+            accumulator = _wire.StreamAccumulator(
+                rid=entry.rid, prompt_tokens_hint=len(request.input_ids), server_url=url
+            )
+            failed = True
+            try:
+                async for line in response.aiter_lines():
+                    payload = _wire.sse_data(line)
+                    if payload is None:
+                        continue
+                    if payload.strip() == _wire.DONE:
+                        break
+                    data = _wire.parse_json(payload.encode(), what=f"stream from {url}")
+                    yield accumulator.add(data)
+                if not accumulator.finished:
+                    raise EngineConnectionError(
+                        f"the stream from {url} ended before its last chunk"
+                    )
+                failed = False
+            except (httpx.HTTPError, httpx.StreamError) as exc:
+                raise _translate(exc, url=url) from exc
+            finally:
+                await response.aclose()
+                self._router.release(url, failed=failed)
+
+    async def abort(self, rid: str) -> None:
+        """Abort a running request on the server that holds it (unknown rids are ignored).
+
+        The pending call returns the tokens generated so far with an ``abort`` finish
+        reason. An abort is itself retried on connection errors.
+        """
+        self._check_open()
+        entry = self._inflight.get(rid)
+        if entry is None:
+            logger.debug("abort(%r): no such request in flight; ignored", rid)
+            return
+        entry.aborted = True
+        if entry.server is None:
+            return  # not sent yet: the pending call returns an empty aborted result
+        if self._abort_urls is not None:
+            async with anyio.create_task_group() as tg:
+                for url in self._abort_urls:
+                    tg.start_soon(self._abort_on, url, entry.wire_rid, rid)
+            return
+        send = functools.partial(
+            self._request_once,
+            entry.server,
+            "POST",
+            "/abort_request",
+            json_body={"rid": entry.wire_rid},
+        )
+        await self._retrying(f"abort rid={rid}", send)
+
+    async def _abort_on(self, url: str, wire_rid: str, rid: str) -> None:
+        send = functools.partial(
+            self._request_once, url, "POST", "/abort_request", json_body={"rid": wire_rid}
+        )
+        await self._retrying(f"abort rid={rid} on {url}", send)
+
+    def release_session(self, session_id: str) -> bool:
+        """Unpin a finished trajectory's session; returns whether it was pinned."""
+        return self._router.unbind(session_id)
+
+    async def wait_healthy(
+        self,
+        timeout: float = 300.0,  # noqa: ASYNC109 - one deadline shared by all servers' polls
+        *,
+        interval: float = 1.0,
+        path: str = "/health",
+    ) -> None:
+        """Poll ``GET /health`` on every server until all answer 200.
+
+        SGLang answers 503 while starting; its ``/health`` runs a one-token generation,
+        so a 200 means the whole pipeline works. Raises :class:`EngineUnavailable`,
+        naming the servers that are not healthy and why, when ``timeout`` seconds pass.
+        """
+        self._check_open()
+        pending = dict.fromkeys(self._router.urls, "not probed yet")
+        deadline = anyio.current_time() + timeout
+
+        async def probe(url: str) -> None:
+            remaining = max(deadline - anyio.current_time(), 0.001)
+            try:
+                response = await self._http.get(url + path, timeout=remaining)
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                pending[url] = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                return
+            if response.status_code == 200:
+                pending.pop(url, None)
+            else:
+                pending[url] = f"HTTP {response.status_code}"
+
+        with anyio.move_on_after(timeout):
+            while pending:
+                async with anyio.create_task_group() as group:
+                    for url in list(pending):
+                        group.start_soon(probe, url)
+                if pending:
+                    await anyio.sleep(interval)
+        if pending:
+            reasons = "; ".join(f"{url} ({why})" for url, why in pending.items())
+            raise EngineUnavailable(f"SGLang not healthy after {timeout:g} s: {reasons}")
+
+    async def model_info(self, url: str | None = None) -> dict[str, Any]:
+        """``GET /model_info`` (``/get_model_info`` on servers older than 2025-11)."""
+        return await self._get_info(url, ("/model_info", "/get_model_info"))
+
+    async def server_info(self, url: str | None = None) -> dict[str, Any]:
+        """``GET /server_info`` (``/get_server_info`` on older servers): args and limits."""
+        return await self._get_info(url, ("/server_info", "/get_server_info"))
+
+    async def flush_cache(self) -> None:
+        """Flush the prefix cache on every server (after a weight update).
+
+        SGLang refuses (HTTP 400, raised as :class:`EngineRequestRejected`) while
+        requests are running or waiting.
+        """
+        self._check_open()
+        for url in self._router.urls:
+            send = functools.partial(self._request_once, url, "POST", "/flush_cache")
+            await self._retrying(f"flush_cache on {url}", send)
+
+    def stats(self) -> ClientStats:
+        """A frozen snapshot of the counters, per server and overall."""
+        return ClientStats(
+            servers=self._router.stats(),
+            total_requests=self._total,
+            in_flight=self._active,
+            retries=self._retries,
+            failures=self._failures,
+            sessions=self._router.session_count,
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool; further calls raise :class:`UserError`."""
+        if not self._closed:
+            self._closed = True
+            await self._http.aclose()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UserError("this SGLangClient is closed")
+
+    @contextlib.contextmanager
+    def _track(
+        self, rids: Sequence[str | None], *, register: bool = True
+    ) -> Iterator[list[_InFlight]]:
+        """Register a call's request ids (for abort) and count it in the stats."""
+        self._check_open()
+        entries = [_InFlight(rid=r, wire_rid=r) for r in (rid or uuid.uuid4().hex for rid in rids)]
+        if register:
+            seen: set[str] = set()
+            for entry in entries:
+                if entry.rid in seen or entry.rid in self._inflight:
+                    raise UserError(f"request id {entry.rid!r} is already in flight")
+                seen.add(entry.rid)
+            for entry in entries:
+                self._inflight[entry.rid] = entry
+        self._total += 1
+        self._active += 1
+        try:
+            yield entries
+        except Exception:
+            self._failures += 1
+            raise
+        finally:
+            self._active -= 1
+            if register:
+                for entry in entries:
+                    if self._inflight.get(entry.rid) is entry:
+                        del self._inflight[entry.rid]
+
+    def _resolve(self, url: str | None) -> str:
+        if url is None:
+            return self._router.urls[0]
+        normalized = url.strip().rstrip("/")
+        if normalized not in self._router.urls:
+            raise UserError(f"{url!r} is not one of this client's servers {self._router.urls}")
+        return normalized
+
+    async def _get_info(self, url: str | None, paths: Sequence[str]) -> dict[str, Any]:
+        self._check_open()
+        target = self._resolve(url)
+        for i, path in enumerate(paths):
+            send = functools.partial(self._request_once, target, "GET", path)
+            try:
+                response = await self._retrying(f"GET {target}{path}", send)
+            except EngineRequestRejected as exc:
+                if exc.status_code == 404 and i + 1 < len(paths):
+                    continue  # an older server: try the legacy path
+                raise
+            data = _wire.parse_json(response.content, what=f"GET {target}{path}")
+            if not isinstance(data, dict):
+                raise EngineError(f"GET {target}{path}: expected a JSON object, got {data!r}")
+            return data
+        raise AssertionError("unreachable: the last path either returns or raises")
+
+    def _retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, EngineRequestRejected):
+            return False
+        if isinstance(exc, EngineHTTPError):
+            return exc.status_code == 429 or exc.status_code >= 500
+        if isinstance(exc, EngineTimeout):
+            if isinstance(exc.__cause__, httpx.ReadTimeout):
+                return self._retry.retry_read_timeouts
+            return True
+        if isinstance(exc, EngineConnectionError):
+            return not isinstance(exc.__cause__, httpx.UnsupportedProtocol)
+        return False
+
+    async def _sleep(self, seconds: float) -> None:
+        """The backoff sleep (an attribute so that tests can record the waits)."""
+        await anyio.sleep(seconds)
+
+    async def _retrying(
+        self,
+        what: str,
+        attempt: Callable[[], Awaitable[T]],
+        *,
+        give_up: Callable[[], bool] | None = None,
+    ) -> T:
+        """Run ``attempt`` under the retry policy; EngineUnavailable once it is spent."""
+        policy = self._retry
+
+        def should_retry(exc: BaseException) -> bool:
+            return not (give_up is not None and give_up()) and self._retryable(exc)
+
+        def before_sleep(state: RetryCallState) -> None:
+            self._retries += 1
+            exc = state.outcome.exception() if state.outcome is not None else None
+            wait = state.upcoming_sleep
+            logger.warning(
+                "%s: attempt %d/%d failed (%s); retrying in %.2f s",
+                what,
+                state.attempt_number,
+                policy.max_attempts,
+                exc,
+                wait,
+            )
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(policy.max_attempts),
+            wait=lambda state: policy.backoff(state.attempt_number),
+            retry=retry_if_exception(should_retry),
+            before_sleep=before_sleep,
+            sleep=self._sleep,
+            reraise=False,
+        )
+        try:
+            async for attempt_manager in retrying:
+                with attempt_manager:
+                    return await attempt()
+        except RetryError as err:
+            last = err.last_attempt.exception()
+            raise EngineUnavailable(
+                f"{what}: gave up after {policy.max_attempts} attempts; last error: {last}"
+            ) from last
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _request_once(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        stream: bool = False,
+        on_connect_failure: Callable[[str], None] | None = None,
+    ) -> httpx.Response:
+        """One HTTP exchange with load accounting and error translation.
+
+        A streamed response is returned open and still counted as outstanding; the
+        caller closes it and calls ``Router.release``.
+        """
+        self._router.acquire(url)
+        keep_open = False
+        failed = True
+        try:
+            try:
+                request = self._http.build_request(method, url + path, json=json_body)
+                response = await self._http.send(request, stream=stream)
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                if on_connect_failure is not None and _is_connect_failure(exc):
+                    on_connect_failure(url)
+                raise _translate(exc, url=url + path) from exc
+            if not response.is_success:
+                content = await _read_body(response) if stream else response.content
+                if stream:
+                    await response.aclose()
+                message = _wire.error_message(content, response.status_code)
+                raise _wire.error_from_status(response.status_code, message, url=url + path)
+            failed = False
+            keep_open = stream
+            return response
+        finally:
+            if not keep_open:
+                self._router.release(url, failed=failed)
+
+    def _attempt_target(
+        self, session_id: str | None, entries: Sequence[_InFlight], avoid: set[str], number: int
+    ) -> str:
+        """Pick the server for attempt ``number`` and give the request ids their wire form."""
+        if any(e.aborted for e in entries) and len(entries) == 1:
+            raise _AbortedBeforeSend("aborted before it was sent")
+        url = self._router.pick(session_id, avoid=avoid)
+        for entry in entries:
+            entry.server = url
+            entry.wire_rid = entry.rid if number == 1 else f"{entry.rid}-retry{number - 1}"
+        return url
+
+    def _rerouter(self, session_id: str | None, avoid: set[str]) -> Callable[[str], None] | None:
+        """For calls not yet pinned: steer the next attempt away from a refusing server."""
+        if session_id is not None and self._router.server_of(session_id) is not None:
+            return None  # a sticky session is retried on its own server
+
+        def reroute(url: str) -> None:
+            avoid.add(url)
+            if session_id is not None:
+                self._router.unbind(session_id)
+
+        return reroute
+
+    async def _post_json(
+        self,
+        *,
+        what: str,
+        session_id: str | None,
+        entries: Sequence[_InFlight],
+        body: Callable[[], dict[str, Any]],
+    ) -> tuple[Any, str]:
+        """POST /generate with retries; returns the decoded JSON and the server URL."""
+        avoid: set[str] = set()
+        reroute = self._rerouter(session_id, avoid)
+        number = 0
+
+        async def attempt() -> tuple[Any, str]:
+            nonlocal number
+            number += 1
+            url = self._attempt_target(session_id, entries, avoid, number)
+            response = await self._request_once(
+                url, "POST", "/generate", json_body=body(), on_connect_failure=reroute
+            )
+            return _wire.parse_json(response.content, what=f"{what} on {url}"), url
+
+        return await self._retrying(what, attempt, give_up=lambda: any(e.aborted for e in entries))
+
+    async def _open_stream(
+        self, request: GenerateRequest, entry: _InFlight
+    ) -> tuple[httpx.Response, str]:
+        avoid: set[str] = set()
+        reroute = self._rerouter(request.session_id, avoid)
+        number = 0
+
+        async def attempt() -> tuple[httpx.Response, str]:
+            nonlocal number
+            number += 1
+            url = self._attempt_target(request.session_id, [entry], avoid, number)
+            body = _wire.generate_body(request, entry.wire_rid, stream=True)
+            response = await self._request_once(
+                url, "POST", "/generate", json_body=body, stream=True, on_connect_failure=reroute
+            )
+            return response, url
+
+        return await self._retrying(
+            f"stream rid={entry.rid}", attempt, give_up=lambda: entry.aborted
+        )
+
+
+def _require_n(request: GenerateRequest, n: int, method: str) -> None:
+    if request.sampling.n != n:
+        raise UserError(
+            f"{method}() needs sampling.n == {n}, got {request.sampling.n}; "
+            "use generate_many() for several samples of one prompt"
+        )
+
+
+def _empty_abort(entry: _InFlight, request: GenerateRequest) -> GenerateResult:
+    """The result of a request aborted before any server generated a token for it."""
+    return GenerateResult(
+        rid=entry.rid,
+        output_ids=(),
+        output_logprobs=() if request.return_logprob else None,
+        finish_reason=FinishReason(type="abort", message="aborted before it was sent"),
+        prompt_tokens=len(request.input_ids),
+        completion_tokens=0,
+        server_url=entry.server,
+    )

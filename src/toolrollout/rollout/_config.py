@@ -1,0 +1,69 @@
+"""Rollout settings: budgets, sampling and concurrency in one frozen value."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from toolrollout._exceptions import UserError
+from toolrollout.engines._types import SamplingParams
+
+__all__ = ["RolloutConfig"]
+
+TruncateSide = Literal["left", "right", "middle"]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutConfig:
+    """How each trajectory is run.
+
+    Every budget ends the trajectory where it is used up (status ``truncated``); no turn is
+    ever generated after a length-truncated one.
+    """
+
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=256))
+    """Per-turn sampling; ``max_new_tokens`` is the per-turn cap (budgets may lower it)."""
+    n: int = 1
+    """Samples per prompt (one GRPO group)."""
+    max_turns: int = 8
+    """Maximum assistant turns per trajectory."""
+    max_tool_calls_per_turn: int = 8
+    max_tool_calls: int = 32
+    """Maximum tool calls over the whole trajectory."""
+    max_response_tokens: int = 4096
+    """Budget over all response tokens, model and tool tokens together."""
+    context_length: int | None = None
+    """Prompt + response cap; defaults to the engine's/model's context length when known."""
+    max_tool_response_tokens: int = 512
+    """Each tool result is cut to this many tokens before it enters the context."""
+    tool_response_truncate_side: TruncateSide = "middle"
+    concurrency: int = 256
+    """Cap on in-flight engine requests across all trajectories."""
+    seed: int | None = None
+    """Base seed; each (prompt, sample, turn) derives its own engine seed from it."""
+    tool_parser: str = "qwen25"
+    """Tool-call text format of the model (see ``toolrollout.chat``)."""
+    drift_check: bool = True
+    """Compare the token transcript with a fresh render after every turn."""
+
+    def __post_init__(self) -> None:
+        positive = {
+            "n": self.n,
+            "max_turns": self.max_turns,
+            "max_tool_calls_per_turn": self.max_tool_calls_per_turn,
+            "max_response_tokens": self.max_response_tokens,
+            "max_tool_response_tokens": self.max_tool_response_tokens,
+            "concurrency": self.concurrency,
+        }
+        for name, value in positive.items():
+            if value < 1:
+                raise UserError(f"{name} must be at least 1, got {value}")
+        if self.max_tool_calls < 0:
+            raise UserError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
+        if self.sampling.n != 1:
+            raise UserError("set RolloutConfig.n for several samples, not sampling.n")
+        if self.tool_response_truncate_side not in ("left", "right", "middle"):
+            raise UserError(
+                "tool_response_truncate_side must be left, right or middle, "
+                f"got {self.tool_response_truncate_side!r}"
+            )

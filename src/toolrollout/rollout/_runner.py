@@ -1,0 +1,131 @@
+"""The library entry point: a batch of prompts in, trajectories out.
+
+All trajectories of a batch run at once in one task group; the only shared gate is the cap
+on in-flight engine requests. There is no turn-level barrier: a trajectory that finishes
+early is handed to ``on_result`` at once, and a slow one holds up nobody.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from toolrollout._exceptions import UserError
+from toolrollout.chat import ChatFormat, get_tool_parser
+from toolrollout.engines._base import Engine
+from toolrollout.rewards import WeightedReward, combine
+from toolrollout.tools import Tool, ToolExecutor
+
+from ._config import RolloutConfig
+from ._loop import RolloutPrompt, RolloutServices, run_trajectory
+from ._trajectory import Trajectory
+
+__all__ = ["RolloutRunner", "as_prompt"]
+
+
+def as_prompt(row: RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> RolloutPrompt:
+    """Accept a RolloutPrompt, a ``{"messages": ..., "answer"/"ground_truth": ...}`` row, or
+    a bare list of messages."""
+    if isinstance(row, RolloutPrompt):
+        return row
+    if isinstance(row, Mapping):
+        messages = row.get("messages", row.get("prompt"))
+        if not isinstance(messages, Sequence) or isinstance(messages, str):
+            raise UserError("a prompt row needs a 'messages' (or 'prompt') list of messages")
+        truth = row.get("ground_truth", row.get("answer"))
+        reward_model = row.get("reward_model")
+        if truth is None and isinstance(reward_model, Mapping):
+            truth = reward_model.get("ground_truth")
+        metadata = {
+            k: v for k, v in row.items()
+            if k not in {"messages", "prompt", "ground_truth", "answer"}
+        }
+        return RolloutPrompt(tuple(dict(m) for m in messages), truth, metadata)
+    return RolloutPrompt(tuple(dict(m) for m in row))
+
+
+class RolloutRunner:
+    """Runs multi-turn tool rollouts against one engine.
+
+    ``tokenizer`` is the Hugging Face tokenizer of the served model (its chat template
+    renders the prompt and the tool deltas). ``tools`` are executed for real.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        tools: Iterable[Tool] | ToolExecutor,
+        *,
+        config: RolloutConfig | None = None,
+        rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
+        context_length: int | None = None,
+    ) -> None:
+        self.engine = engine
+        self.config = config or RolloutConfig()
+        self.tools = tools if isinstance(tools, ToolExecutor) else ToolExecutor(list(tools))
+        self.chat = ChatFormat(tokenizer, tools=self.tools.schemas())
+        self.parser = get_tool_parser(self.config.tool_parser)
+        self.rewards = combine(*rewards)
+        self.context_length = self.config.context_length or context_length
+
+    def _services(self) -> RolloutServices:
+        return RolloutServices(
+            engine=self.engine,
+            chat=self.chat,
+            parser=self.parser,
+            tools=self.tools,
+            config=self.config,
+            rewards=self.rewards,
+            engine_limiter=anyio.CapacityLimiter(self.config.concurrency),
+            context_length=self.context_length,
+        )
+
+    async def run(
+        self,
+        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+        *,
+        on_result: Callable[[Trajectory], None] | None = None,
+        group_ids: Sequence[str] | None = None,
+    ) -> list[Trajectory]:
+        """Roll out ``config.n`` samples of every prompt; results ordered by (prompt, sample)."""
+        rows = [as_prompt(p) for p in prompts]
+        n = self.config.n
+        if group_ids is None:
+            batch = uuid.uuid4().hex[:8]
+            group_ids = [f"{batch}-p{i}" for i in range(len(rows))]
+        services = self._services()
+        results: list[Trajectory | None] = [None] * (len(rows) * n)
+
+        async def one(prompt_index: int, sample_index: int) -> None:
+            trajectory = await run_trajectory(
+                services,
+                rows[prompt_index],
+                prompt_index=prompt_index,
+                sample_index=sample_index,
+                group_id=group_ids[prompt_index],
+            )
+            results[prompt_index * n + sample_index] = trajectory
+            if on_result is not None:
+                on_result(trajectory)
+
+        async with anyio.create_task_group() as tg:
+            for prompt_index in range(len(rows)):
+                for sample_index in range(n):
+                    tg.start_soon(one, prompt_index, sample_index)
+        return [t for t in results if t is not None]
+
+    def run_sync(
+        self,
+        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+        **kwargs: Any,
+    ) -> list[Trajectory]:
+        """Blocking wrapper around :meth:`run` for scripts and sync trainers."""
+
+        async def main() -> list[Trajectory]:
+            return await self.run(prompts, **kwargs)
+
+        return anyio.run(main)

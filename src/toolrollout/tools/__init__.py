@@ -1,0 +1,62 @@
+"""Tools: plain data plus one async ``call``, run concurrently within per-tool limits.
+
+- :class:`Tool` is the seam; :class:`FunctionTool` / :func:`function_tool` wrap functions,
+  deriving the JSON schema from type hints and the docstring.
+- :class:`ToolExecutor` runs one turn's calls concurrently; every failure becomes an error
+  :class:`ToolResult` that still carries the exception (nothing is swallowed).
+- :func:`load_tool_config` reads verl-layout tool-config YAML.
+"""
+
+from __future__ import annotations
+
+from ._base import Tool as Tool
+from ._builtin import CalculatorTool as CalculatorTool
+from ._builtin import Gsm8kTool as Gsm8kTool
+from ._builtin import calculator_tool as calculator_tool
+from ._builtin import gsm8k_score as gsm8k_score
+from ._config import load_tool_config as load_tool_config
+from ._config import tools_from_config as tools_from_config
+from ._docstrings import ParsedDocstring as ParsedDocstring
+from ._docstrings import parse_docstring as parse_docstring
+from ._executor import ExecutorStatistics as ExecutorStatistics
+from ._executor import ToolExecutor as ToolExecutor
+from ._executor import ToolStatistics as ToolStatistics
+from ._function import FunctionTool as FunctionTool
+from ._function import function_tool as function_tool
+from ._function import to_tool_result as to_tool_result
+from ._limits import LimiterStatistics as LimiterStatistics
+from ._limits import RateLimiter as RateLimiter
+from ._limits import RateLimiterStatistics as RateLimiterStatistics
+from ._types import RetryPolicy as RetryPolicy
+from ._types import ToolCallRequest as ToolCallRequest
+from ._types import ToolContext as ToolContext
+from ._types import ToolLimits as ToolLimits
+from ._types import ToolResult as ToolResult
+from ._verl import VerlToolAdapter as VerlToolAdapter
+
+__all__ = [
+    "CalculatorTool",
+    "ExecutorStatistics",
+    "FunctionTool",
+    "Gsm8kTool",
+    "LimiterStatistics",
+    "ParsedDocstring",
+    "RateLimiter",
+    "RateLimiterStatistics",
+    "RetryPolicy",
+    "Tool",
+    "ToolCallRequest",
+    "ToolContext",
+    "ToolExecutor",
+    "ToolLimits",
+    "ToolResult",
+    "ToolStatistics",
+    "VerlToolAdapter",
+    "calculator_tool",
+    "function_tool",
+    "gsm8k_score",
+    "load_tool_config",
+    "parse_docstring",
+    "to_tool_result",
+    "tools_from_config",
+]

@@ -1,0 +1,166 @@
+"""Built-in tools: the demo calculator and a GSM8K answer checker (verl's ``Gsm8kTool``).
+
+Both can be named in a tool config (``class_name: toolrollout.tools.CalculatorTool``);
+verl's ``verl.tools.gsm8k_tool.Gsm8kTool`` is mapped to :class:`Gsm8kTool`, so verl's
+GSM8K example config loads unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from toolrollout._exceptions import UserError
+
+from ._base import Tool
+from ._function import FunctionTool
+from ._types import ToolContext, ToolLimits, ToolResult
+
+__all__ = ["CalculatorTool", "Gsm8kTool", "calculator_tool", "gsm8k_score"]
+
+
+async def _calculate(expression: str) -> ToolResult:
+    """Evaluate an arithmetic expression.
+
+    Args:
+        expression: Arithmetic with + - * / // % ** and parentheses.
+    """
+    # Imported here: the demo package is optional at import time of the tools package.
+    # The calculator is bounded (length, depth, magnitude), so it runs inline, no thread.
+    from toolrollout.demo.calculator import calculator
+
+    text = calculator(expression)
+    return ToolResult(text=text, is_error=text.startswith("Error:"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalculatorTool(FunctionTool[[str], Coroutine[Any, Any, ToolResult]]):
+    """The demo's safe calculator (``ast``-based, never ``eval``) as a tool.
+
+    Its schema is the demo's ``CALCULATOR_TOOL``, so prompts rendered with either agree.
+    A bad expression yields an ``is_error`` result whose text starts with ``Error:``.
+    """
+
+    @classmethod
+    def create(cls, *, limits: ToolLimits | None = None) -> CalculatorTool:
+        """Build the tool with the demo's schema."""
+        from toolrollout.demo.calculator import CALCULATOR_TOOL
+
+        tool = cls.from_function(_calculate, name="calculator", limits=limits)
+        return tool.with_schema(CALCULATOR_TOOL)
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], tool_schema: Mapping[str, Any] | None = None
+    ) -> Tool:
+        """Tool-config constructor; the calculator has no settings of its own."""
+        return cls.create()
+
+
+def calculator_tool(*, limits: ToolLimits | None = None) -> CalculatorTool:
+    """The built-in calculator tool (see :class:`CalculatorTool`)."""
+    return CalculatorTool.create(limits=limits)
+
+
+_NUMBER_RE = re.compile(r"(-?[0-9.,]+)")
+_CLIP_CHARS = 300
+
+
+def _last_number(text: str) -> str | None:
+    """The last number in ``text`` (verl's "flexible" GSM8K extraction)."""
+    candidates: list[str] = _NUMBER_RE.findall(text[-_CLIP_CHARS:])
+    for candidate in reversed(candidates):
+        if candidate not in ("", "."):
+            return candidate
+    return None
+
+
+def _as_decimal(text: str) -> Decimal | None:
+    try:
+        return Decimal(text.replace(",", "").replace("$", "").rstrip("."))
+    except InvalidOperation:
+        return None
+
+
+def gsm8k_score(solution: str, ground_truth: object) -> float:
+    """1.0 if the last number in ``solution`` equals ``ground_truth`` numerically, else 0.0.
+
+    Like verl's flexible GSM8K scorer, but ``72.0`` and ``72`` count as equal.
+    """
+    answer = _last_number(solution)
+    if answer is None:
+        return 0.0
+    got = _as_decimal(answer)
+    want = _as_decimal(str(ground_truth).split("####")[-1].strip())
+    return 1.0 if got is not None and want is not None and got == want else 0.0
+
+
+def _gsm8k_parameters() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "answer": {
+                "type": "string",
+                "description": "The model's answer to the GSM8K math problem, must be a digits",
+            }
+        },
+        "required": ["answer"],
+    }
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gsm8kTool(Tool):
+    """Checks a GSM8K answer against the row's ground truth (verl's ``Gsm8kTool``).
+
+    Like verl's, it returns ``Current parsed answer=... reward=...``, a per-call reward of
+    0.0 when the answer improved on the trajectory's best so far and -0.05 otherwise, and
+    keeps that best in the trajectory's :attr:`ToolContext.state`.
+    """
+
+    name: str = "calc_gsm8k_reward"
+    description: str = (
+        "A tool for calculating the reward of gsm8k. (1.0 if parsed answer is correct, "
+        "0.0 if parsed answer is incorrect or not correctly parsed)"
+    )
+    parameters: Mapping[str, Any] = field(default_factory=_gsm8k_parameters)
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], tool_schema: Mapping[str, Any] | None = None
+    ) -> Tool:
+        """Tool-config constructor; no settings of its own."""
+        return cls()
+
+    def _ground_truth(self, context: ToolContext) -> object:
+        if context.ground_truth is not None:
+            return context.ground_truth
+        # verl rows carry it as extra_info.tools_kwargs[<tool>].create_kwargs.ground_truth.
+        tools_kwargs = context.metadata.get("tools_kwargs") or {}
+        create_kwargs = (tools_kwargs.get(self.name) or {}).get("create_kwargs") or {}
+        return create_kwargs.get("ground_truth")
+
+    async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
+        """Score the answer and return verl's message, reward and metrics."""
+        answer = arguments.get("answer", "")
+        if not isinstance(answer, str):
+            answer = str(answer)
+        ground_truth = self._ground_truth(context)
+        if ground_truth is None:
+            raise UserError(
+                f"tool {self.name!r} needs the row's ground truth: set ToolContext.ground_truth "
+                "or metadata['tools_kwargs'][name]['create_kwargs']['ground_truth']"
+            )
+        response = answer if answer.startswith("#### ") else "#### " + answer
+        reward = gsm8k_score(response, ground_truth)
+        slot = context.state.setdefault(f"gsm8k:{self.name}", {"reward": 0.0})
+        tool_reward = 0.0 if reward > slot["reward"] else -0.05
+        slot["reward"] = reward
+        slot["response"] = response
+        return ToolResult(
+            text=f"Current parsed {answer=} {reward=}",
+            reward=tool_reward,
+            metrics={"answer_reward": reward},
+        )

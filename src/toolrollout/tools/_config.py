@@ -1,0 +1,255 @@
+"""Tool-config files in verl's layout: ``tools: [{class_name, config, tool_schema}]``.
+
+Every problem is reported as a :class:`~toolrollout.ConfigError` naming the file and the
+key path (``tools/x.yaml: tools[0].config.timeout: must be a positive number``), because a
+config error found hours into a run, or reported without its place, costs the most.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from toolrollout._exceptions import ConfigError, UserError
+
+from ._base import Tool
+from ._function import FunctionTool
+from ._models import ToolConfigFileModel, ToolEntryModel
+from ._types import ToolLimits
+from ._verl import VerlToolAdapter, is_verl_tool_class
+
+__all__ = ["VERL_EQUIVALENTS", "load_tool_config", "tools_from_config"]
+
+VERL_EQUIVALENTS: Mapping[str, str] = {
+    "verl.tools.gsm8k_tool.Gsm8kTool": "toolrollout.tools.Gsm8kTool",
+}
+"""verl class names that load as a toolrollout tool, so verl's example configs run as they
+are (without verl installed)."""
+
+_VERL_LATER: Mapping[str, str] = {
+    "verl.tools.search_tool.SearchTool": "search",
+    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "sandbox",
+    "verl.tools.mcp_search_tool.MCPSearchTool": "mcp",
+    "verl.tools.mcp_base_tool.MCPBaseTool": "mcp",
+}
+"""verl classes whose toolrollout equivalents arrive with the ``mcp``/``sandbox``/``search``
+tool types."""
+
+_MESSAGES: Mapping[str, str] = {
+    "missing": "is required",
+    "extra_forbidden": "unknown key",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "int_parsing": "must be an integer",
+    "int_type": "must be an integer",
+    "int_from_float": "must be an integer",
+    "string_type": "must be a string",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+    "list_type": "must be a list",
+    "string_too_short": "must not be empty",
+    "string_pattern_mismatch": "must be 1-64 letters, digits, '_' or '-'",
+}
+
+
+def _key_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "<root>"
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    kind = str(error.get("type", ""))
+    ctx = error.get("ctx") or {}
+    if kind == "greater_than" and ctx.get("gt") == 0:
+        text = "must be a positive number"
+    elif kind == "greater_than_equal" and ctx.get("ge") == 0:
+        text = "must be a number >= 0"
+    elif kind == "literal_error":
+        text = f"must be one of {ctx.get('expected', '?')}"
+    else:
+        text = _MESSAGES.get(kind, str(error.get("msg", "is invalid")))
+    if kind not in ("missing", "extra_forbidden"):
+        value = repr(error.get("input"))
+        text += f" (got {value if len(value) <= 60 else value[:57] + '...'})"
+    return text
+
+
+def _validation_error(source: str, exc: ValidationError) -> ConfigError:
+    lines = [f"{source}: {_key_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
+    return ConfigError("\n".join(lines))
+
+
+def _import(name: str) -> object:
+    """Import ``pkg.mod.Attr`` or ``pkg.mod:attr.path``."""
+    if ":" in name:
+        module_name, _, attr_path = name.partition(":")
+    else:
+        module_name, _, attr_path = name.rpartition(".")
+    if not module_name or not attr_path:
+        raise ImportError(f"{name!r} is not of the form 'package.module.Name' or 'module:function'")
+    obj: object = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        obj = getattr(obj, attr)
+    return obj
+
+
+def _limits(entry: ToolEntryModel, base: ToolLimits) -> ToolLimits:
+    """The tool's limits with the config's keys applied over them."""
+    cfg = entry.config
+    changes: dict[str, Any] = {}
+    if cfg.timeout is not None:
+        changes["timeout"] = cfg.timeout
+    concurrency = cfg.max_concurrency if cfg.max_concurrency is not None else cfg.num_workers
+    if concurrency is not None:
+        changes["max_concurrency"] = concurrency
+    if cfg.rate_limit is not None:
+        changes["rate_limit"] = cfg.rate_limit
+    if cfg.rate_burst is not None:
+        changes["rate_burst"] = cfg.rate_burst
+    if cfg.retries is not None:
+        changes["retry"] = replace(
+            base.retry,
+            retries=cfg.retries.retries,
+            backoff=cfg.retries.backoff,
+            max_backoff=cfg.retries.max_backoff,
+            retry_on_timeout=cfg.retries.on_timeout,
+        )
+    return replace(base, **changes)
+
+
+def _native(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
+    """Build a ``type: native`` entry: resolve ``class_name`` to a tool."""
+    class_name = entry.class_name.strip()
+    config = entry.config.model_dump(exclude_none=True)
+    schema = None if entry.tool_schema is None else entry.tool_schema.model_dump(exclude_none=True)
+    if class_name in _VERL_LATER:
+        raise ConfigError(
+            f"{where('class_name')}: {class_name} maps to toolrollout's "
+            f"'{_VERL_LATER[class_name]}' tools, which are not available yet"
+        )
+    target = VERL_EQUIVALENTS.get(class_name, class_name)
+    try:
+        obj = _import(target)
+    except (ImportError, AttributeError) as exc:
+        hint = ""
+        if class_name.startswith("verl."):
+            hint = (
+                "; verl classes need verl installed, except those toolrollout maps: "
+                + ", ".join(sorted(VERL_EQUIVALENTS))
+            )
+        raise ConfigError(f"{where('class_name')}: cannot import {target!r}: {exc}{hint}") from exc
+
+    tool: Tool
+    try:
+        if isinstance(obj, type) and issubclass(obj, Tool):
+            tool = obj.from_config(config, schema)
+        elif isinstance(obj, Tool):
+            tool = obj
+        elif is_verl_tool_class(obj):
+            tool = VerlToolAdapter.build(obj, config, schema)  # type: ignore[arg-type]
+            schema = None  # the verl tool was built with it already
+        elif callable(obj) and not isinstance(obj, type):
+            tool = FunctionTool.from_function(obj)
+        else:
+            raise ConfigError(
+                f"{where('class_name')}: {target!r} is neither a Tool subclass, a tool, a "
+                "verl-style tool class nor a function"
+            )
+    except UserError as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{where('class_name')}: {exc}") from exc
+    except Exception as exc:  # the tool's own constructor failed: report where
+        raise ConfigError(
+            f"{where('class_name')}: building {target!r} failed: {type(exc).__name__}: {exc}"
+        ) from exc
+    if schema is not None:
+        try:
+            tool = tool.with_schema(schema)
+        except UserError as exc:
+            raise ConfigError(f"{where('tool_schema')}: {exc}") from exc
+    try:
+        return [tool.with_limits(_limits(entry, tool.limits))]
+    except UserError as exc:
+        raise ConfigError(f"{where('config')}: {exc}") from exc
+
+
+_BUILDERS: dict[str, Callable[[ToolEntryModel, Callable[[str], str]], list[Tool]]] = {
+    "native": _native,
+}
+"""Entry builders by ``config.type``. One entry may yield several tools (an MCP server
+does); ``mcp``, ``sandbox`` and ``search`` plug in here."""
+
+
+def tools_from_config(data: object, *, source: str = "<tool config>") -> list[Tool]:
+    """Build the tools of an already-parsed config (``{"tools": [...]}``).
+
+    ``source`` names the config in error messages.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{source}: expected a mapping with a 'tools' list, got {type(data).__name__}"
+        )
+    try:
+        parsed = ToolConfigFileModel.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(source, exc) from exc
+    tools: list[Tool] = []
+    seen: dict[str, int] = {}
+    for index, entry in enumerate(parsed.tools):
+
+        def where(key: str, index: int = index) -> str:
+            return f"{source}: tools[{index}].{key}"
+
+        builder = _BUILDERS.get(entry.config.type)
+        if builder is None:
+            raise ConfigError(
+                f"{where('config.type')}: type {entry.config.type!r} is not available yet "
+                f"(available: {', '.join(sorted(_BUILDERS))})"
+            )
+        for tool in builder(entry, where):
+            if tool.name in seen:
+                raise ConfigError(
+                    f"{source}: tools[{index}]: duplicate tool name {tool.name!r} "
+                    f"(also defined by tools[{seen[tool.name]}])"
+                )
+            seen[tool.name] = index
+            tools.append(tool)
+    return tools
+
+
+def load_tool_config(path: str | PathLike[str]) -> list[Tool]:
+    """Load the tools of a verl-layout YAML tool config.
+
+    ``class_name`` may be a verl class toolrollout maps (``VERL_EQUIVALENTS`` in this module), a
+    :class:`Tool` subclass (built with ``from_config``), a verl ``BaseTool`` subclass
+    (needs verl), or ``module:function`` (wrapped as a function tool). ``config`` carries
+    ``type`` and the limits ``timeout``, ``max_concurrency`` (verl: ``num_workers``),
+    ``rate_limit`` (per second), ``rate_burst`` and ``retries``; ``tool_schema`` replaces
+    the schema shown to the model.
+    """
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read the file: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from exc
+    return tools_from_config(data, source=source)

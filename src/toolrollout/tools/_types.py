@@ -1,0 +1,134 @@
+"""Plain values that cross the tool seam: calls in, results out, limits as data.
+
+They are frozen dataclasses so that a result recorded on a trajectory cannot change later
+and so that a tool's limits can be swapped with :func:`dataclasses.replace` (tools as data).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolrollout._exceptions import ToolRolloutError, ToolUnavailable, UserError
+
+__all__ = ["RetryPolicy", "ToolCallRequest", "ToolContext", "ToolLimits", "ToolResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallRequest:
+    """One tool call as parsed from a model turn."""
+
+    name: str
+    """The function name the model asked for (may be unknown: the executor answers that)."""
+    arguments: Mapping[str, Any] | str
+    """Parsed arguments, or the raw JSON text (parsed and checked by the executor)."""
+    id: str | None = None
+    """The call id echoed back in the ``tool`` message, where the chat format has one."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """What a tool may know about the trajectory that calls it.
+
+    Kept small on purpose: identity, the dataset row, and one mutable per-trajectory slot.
+    """
+
+    trajectory_id: str = ""
+    """Unique id of the calling trajectory (stable across its turns)."""
+    sample_index: int = 0
+    """Index of the sample within its prompt's group."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    """The dataset row's extra fields (read-only by convention), e.g. verl's ``tools_kwargs``."""
+    ground_truth: Any = None
+    """The row's reference answer, for answer-checking tools such as the GSM8K tool."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """Scratch space shared by all tool calls of one trajectory (one dict per trajectory)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """What a tool call produced, as fed back to the model and recorded on the trajectory."""
+
+    text: str
+    """The text the model sees in the ``tool`` message."""
+    images: tuple[Any, ...] = ()
+    """Images (PIL images or encoded bytes) for multimodal tool messages."""
+    is_error: bool = False
+    """True when the call failed; ``text`` then explains the failure to the model."""
+    structured: dict[str, Any] | None = None
+    """Machine-readable payload (a returned dict, or MCP ``structuredContent``)."""
+    reward: float | None = None
+    """Per-call reward contributed by the tool (verl's ``tool_reward``), if any."""
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    """Per-call numbers a tool wants logged (verl's tool ``metrics``)."""
+    seconds: float = 0.0
+    """Wall time the executor spent on the call: queueing, attempts and backoff."""
+    error: ToolRolloutError | None = field(default=None, compare=False, repr=False)
+    """The translated exception behind an error result; its ``__cause__`` is the original."""
+
+    @property
+    def error_kind(self) -> str | None:
+        """Class name of :attr:`error` (``"ToolTimeout"``...), or None; stable for logging."""
+        return None if self.error is None else type(self.error).__name__
+
+    def raise_for_error(self) -> None:
+        """Re-raise the recorded error, for callers that treat tool failures as fatal."""
+        if self.error is not None:
+            raise self.error
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """When a failed call is tried again: only infrastructure errors, with backoff.
+
+    A tool that raised because of its input would fail the same way again, so by default
+    only :class:`~toolrollout.ToolUnavailable` and :class:`ConnectionError` are retried.
+    """
+
+    retries: int = 2
+    """Extra attempts after the first (0 disables retrying)."""
+    backoff: float = 0.1
+    """First wait in seconds; doubled on each retry, with jitter."""
+    max_backoff: float = 2.0
+    """Upper bound of one wait."""
+    retry_on: tuple[type[BaseException], ...] = (ToolUnavailable, ConnectionError)
+    """Exception types that count as transient infrastructure errors."""
+    retry_on_timeout: bool = False
+    """Whether a per-call timeout is retried too (off: a slow tool usually stays slow)."""
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise UserError(f"retries must be >= 0, got {self.retries}")
+        if self.backoff < 0 or self.max_backoff < 0:
+            raise UserError("backoff and max_backoff must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLimits:
+    """Per-tool execution limits, enforced by :class:`~toolrollout.tools.ToolExecutor`."""
+
+    timeout: float | None = 60.0
+    """Seconds one attempt may run before it is cancelled (None: no limit). Time spent
+    waiting for a concurrency slot or a rate-limit token does not count."""
+    max_concurrency: int | None = None
+    """Calls of this tool running at once, across all trajectories (None: unlimited)."""
+    rate_limit: float | None = None
+    """Attempts started per second (None: unlimited)."""
+    rate_burst: int = 1
+    """Attempts that may start back to back before the rate applies."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Which failures are retried, and how often."""
+
+    def __post_init__(self) -> None:
+        if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):
+            raise UserError(f"timeout must be a positive number of seconds, got {self.timeout}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise UserError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.rate_limit is not None and not (
+            self.rate_limit > 0 and math.isfinite(self.rate_limit)
+        ):
+            raise UserError(f"rate_limit must be a positive number, got {self.rate_limit}")
+        if self.rate_burst < 1:
+            raise UserError(f"rate_burst must be >= 1, got {self.rate_burst}")

@@ -1,0 +1,77 @@
+"""Shared fixtures: a tiny random-weight Qwen2 model built once per test session.
+
+The model is small enough (two layers, hidden size 32) that a forward pass costs well under
+a millisecond of compute, so tests exercise the real engine/server code paths cheaply.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TINY_SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello world! How are you today?",
+    "calculator 12 + 34 = 46 and 7 * 8 = 56",
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n</tool_call>',
+    "<tool_response>\n3\n</tool_response>",
+    "stop here STOP and there, the end.",
+    "Tool-calling rollouts for reinforcement learning with SGLang.",
+]
+TINY_CONTEXT_LENGTH = 256
+
+
+def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
+    """Write a byte-level BPE tokenizer and a random Qwen2ForCausalLM to ``path``."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (
+        GenerationConfig,
+        PreTrainedTokenizerFast,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(TINY_SENTENCES * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.save_pretrained(path)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=TINY_CONTEXT_LENGTH,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+        initializer_range=0.5,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.save_pretrained(path)
+    GenerationConfig(eos_token_id=[tokenizer.eos_token_id]).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2 model folder (vocab ~320, eos ``<|im_end|>``, context 256)."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
