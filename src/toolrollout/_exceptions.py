@@ -6,7 +6,7 @@ branches tell apart who is at fault, because a trainer must react differently to
     ToolRolloutError
     ├── UserError                 you asked for something impossible (bad config, bad argument)
     │   └── ConfigError           a config file or key is invalid (names the file and key)
-    ├── ModelBehaviorError        the model produced something unusable (malformed tool call, unknown tool)
+    ├── ModelBehaviorError        the model's output is unusable (malformed call, unknown tool)
     │   ├── ToolParseError        a turn's tool-call text is malformed (carries the parse errors)
     │   ├── ToolNotFound          the model called a tool name that is not registered
     │   └── ToolArgumentError     the call's arguments are not valid JSON or fail the tool's schema
@@ -14,7 +14,7 @@ branches tell apart who is at fault, because a trainer must react differently to
     │   ├── EngineConnectionError could not connect / connection reset / truncated body
     │   ├── EngineTimeout         no answer within the configured timeout
     │   ├── EngineUnavailable     the server never became healthy, or every retry was spent
-    │   └── EngineHTTPError       the server answered with an HTTP error (carries status and message)
+    │   └── EngineHTTPError       an HTTP error answer (carries status and message)
     │       └── EngineRequestRejected  a 4xx: the request itself is wrong and is never retried
     │           └── OverlongPromptError  the prompt plus max_new_tokens exceeds the context
     ├── ToolError                 a tool backend failed (infrastructure on the tool side)

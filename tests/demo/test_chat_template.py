@@ -43,9 +43,7 @@ def call(expression: str) -> dict[str, Any]:
 CALL_37 = (
     '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 12"}}\n</tool_call>'
 )
-CALL_81 = (
-    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "81 - 9"}}\n</tool_call>'
-)
+CALL_81 = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "81 - 9"}}\n</tool_call>'
 USER = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 37 * 12?"}]
 
 
@@ -113,12 +111,14 @@ def test_assistant_with_one_tool_call(tokenizer: PreTrainedTokenizerBase) -> Non
 def test_assistant_with_content_and_two_tool_calls(tokenizer: PreTrainedTokenizerBase) -> None:
     messages = [
         *USER,
-        {"role": "assistant", "content": "Two calls.", "tool_calls": [call("37 * 12"), call("81 - 9")]},
+        {
+            "role": "assistant",
+            "content": "Two calls.",
+            "tool_calls": [call("37 * 12"), call("81 - 9")],
+        },
     ]
     text = render(tokenizer, messages, [CALCULATOR_TOOL])
-    assert text.endswith(
-        f"<|im_start|>assistant\nTwo calls.\n{CALL_37}\n{CALL_81}<|im_end|>\n"
-    )
+    assert text.endswith(f"<|im_start|>assistant\nTwo calls.\n{CALL_37}\n{CALL_81}<|im_end|>\n")
 
 
 def test_consecutive_tool_messages_are_one_user_turn(tokenizer: PreTrainedTokenizerBase) -> None:

@@ -7,7 +7,7 @@ import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,13 @@ def reference_logprobs(
     steps = logits[len(prompt) - 1 :].float() / temperature
     logprobs = torch.log_softmax(steps, dim=-1)
     return [float(logprobs[i, t]) for i, t in enumerate(output)]
+
+
+async def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
 
 
 async def greedy(engine: EmbeddedEngine, ids: tuple[int, ...], n: int) -> GenerateResult:
@@ -254,11 +261,11 @@ async def test_generation_config_eos_is_a_default_stop(
     model_dir = tmp_path / "model"
     shutil.copytree(tiny_model_path, model_dir)
     gen_config = json.loads((model_dir / "generation_config.json").read_text())
-    gen_config["eos_token_id"] = [engine.tokenizer.eos_token_id, free[k]]  # type: ignore[attr-defined]
+    gen_config["eos_token_id"] = [engine.tokenizer.eos_token_id, free[k]]
     (model_dir / "generation_config.json").write_text(json.dumps(gen_config))
     async with EmbeddedEngine(model_dir, num_threads=1) as other:
         assert free[k] in other.eos_token_ids
-        assert other.tokenizer.eos_token_id in other.eos_token_ids  # type: ignore[attr-defined]
+        assert other.tokenizer.eos_token_id in other.eos_token_ids
         stopped = await other.generate(request(prompt, max_new_tokens=20, temperature=0))
         kept_going = await greedy(other, prompt, 20)
     assert stopped.output_ids == free[: k + 1]
@@ -267,14 +274,14 @@ async def test_generation_config_eos_is_a_default_stop(
 
 
 def _clean_piece(engine: EmbeddedEngine, token: int) -> str | None:
-    text = str(engine.tokenizer.decode([token]))  # type: ignore[attr-defined]
+    text = str(engine.tokenizer.decode([token]))
     return text if text.strip() and "\ufffd" not in text else None
 
 
 async def test_stop_string_ends_at_the_completing_token_and_is_trimmed_from_text(
     engine: EmbeddedEngine,
 ) -> None:
-    decode = engine.tokenizer.decode  # type: ignore[attr-defined]
+    decode = engine.tokenizer.decode
     for text in PROMPTS:
         prompt = ids_of(engine, text)
         free = (await greedy(engine, prompt, 24)).output_ids
@@ -303,7 +310,7 @@ async def test_eos_trimmed_from_text_unless_no_stop_trim(engine: EmbeddedEngine)
     free = (await greedy(engine, prompt, 12)).output_ids
     k = _first_new(free, 3)
     req = request(prompt, max_new_tokens=12, temperature=0, stop_token_ids=(free[k],))
-    decode = engine.tokenizer.decode  # type: ignore[attr-defined]
+    decode = engine.tokenizer.decode
     kept = await engine.generate_full(req, GenerationOptions(no_stop_trim=True))
     trimmed = await engine.generate_full(req, GenerationOptions(no_stop_trim=False))
     assert kept.output_ids == trimmed.output_ids == free[: k + 1]
@@ -343,32 +350,45 @@ async def test_abort_running_request_returns_partial_output(engine: EmbeddedEngi
     assert final.output_ids == expected
 
 
-async def test_abort_while_waiting_and_cancellation(tiny_model_path: Path) -> None:
+def slow_down(monkeypatch: pytest.MonkeyPatch, engine: EmbeddedEngine, seconds: float) -> None:
+    """Make every forward pass take ``seconds`` longer, so timing claims are unambiguous."""
+    model = engine._model
+    assert model is not None
+    original = model.forward
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", slow)
+
+
+async def test_abort_while_waiting_and_cancellation(
+    tiny_model_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with EmbeddedEngine(tiny_model_path, max_batch_size=1, num_threads=1) as eng:
+        slow_down(monkeypatch, eng, 0.02)  # the running request would need >= 4 s
         prompt = ids_of(eng, PROMPTS[1])
         running = asyncio.create_task(
             eng.generate(request(prompt, rid="run", max_new_tokens=200, ignore_eos=True))
         )
-        await asyncio.sleep(0.05)
+        await until(lambda: eng.num_running == 1)
         waiting = asyncio.create_task(
             eng.generate(request(prompt, rid="wait", max_new_tokens=5, ignore_eos=True))
         )
-        await asyncio.sleep(0.05)
-        assert eng.num_waiting == 1
+        await until(lambda: eng.num_waiting == 1)  # moved from the inbox between steps
         await eng.abort("wait")
         result = await waiting
         assert result.finish_reason.type == "abort"
         assert result.finish_reason.message == "Abort in waiting queue"
         assert result.output_ids == ()
-        # Cancelling the caller aborts its request and frees the only batch slot.
+        # Cancelling the caller aborts its request at once and frees the only batch slot.
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
-        t0 = time.perf_counter()
+        await until(lambda: eng.num_active == 0 and eng.num_running == 0, within=2.0)
         quick = await eng.generate(request(prompt, max_new_tokens=3, ignore_eos=True))
         assert quick.completion_tokens == 3
-        assert time.perf_counter() - t0 < 5.0
-        assert eng.num_active == 0
 
 
 # ---------------------------------------------------------------------------- rejections

@@ -110,7 +110,10 @@ async def test_malformed_call_and_unknown_tool_are_reported_to_the_model(
         "The answer is 5.<|im_end|>",
     )
     runner = RolloutRunner(
-        engine, demo_tokenizer, [calculator_tool()], rewards=[numeric_match, tool_error_penalty(0.25)]
+        engine,
+        demo_tokenizer,
+        [calculator_tool()],
+        rewards=[numeric_match, tool_error_penalty(0.25)],
     )
     [traj] = await runner.run([{"messages": PROMPT, "answer": "5"}])
     assert traj.status is TrajectoryStatus.COMPLETED

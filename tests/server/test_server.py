@@ -223,7 +223,7 @@ async def test_logprob_fields(client: httpx.AsyncClient, engine: EmbeddedEngine)
     outputs = meta["output_token_logprobs"]
     assert [e[1] for e in outputs] == body["output_ids"]
     assert meta["output_token_logprobs_length"] == len(body["output_ids"]) == 4
-    decode = engine.tokenizer.decode  # type: ignore[attr-defined]
+    decode = engine.tokenizer.decode
     for (lp, tid, text), top in zip(outputs, meta["output_top_logprobs"], strict=True):
         assert lp <= 0 and text == decode([tid])
         assert len(top) == 2 and top[0][1] == tid and top[0][0] == pytest.approx(lp)
@@ -257,7 +257,7 @@ async def test_stop_trimming_follows_sglang_defaults(
             json={"input_ids": [5, 6, 7], "sampling_params": {**params, "no_stop_trim": True}},
         )
     ).json()
-    decode = engine.tokenizer.decode  # type: ignore[attr-defined]
+    decode = engine.tokenizer.decode
     assert trimmed["output_ids"] == kept["output_ids"] == free["output_ids"][: k + 1]
     assert trimmed["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
     assert trimmed["text"] == decode(free["output_ids"][:k])
@@ -558,14 +558,23 @@ async def test_end_to_end_over_a_real_socket(
 
 
 async def test_client_disconnect_aborts_the_request(
-    live_server: _ServerThread, engine: EmbeddedEngine
+    live_server: _ServerThread, engine: EmbeddedEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    model = engine._model
+    assert model is not None
+    original = model.forward
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.02)  # a 240-token request now needs about 5 s to finish by itself
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", slow)
     long = {"input_ids": [5, 6], "sampling_params": greedy(240, ignore_eos=True)}
     async with httpx.AsyncClient(base_url=live_server.url, timeout=30) as c:
         async with c.stream("POST", "/generate", json={**long, "stream": True}) as r:
             async for _ in r.aiter_lines():
                 break  # read one chunk, then hang up
-    await wait_until(lambda: engine.num_active == 0, within=10)
+    await wait_until(lambda: engine.num_active == 0, within=2.5)
 
     async with httpx.AsyncClient(base_url=live_server.url, timeout=30) as c:
         task = asyncio.create_task(c.post("/generate", json=long))
@@ -573,7 +582,7 @@ async def test_client_disconnect_aborts_the_request(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-    await wait_until(lambda: engine.num_active == 0, within=10)  # polled about once a second
+    await wait_until(lambda: engine.num_active == 0, within=3.0)  # polled once a second
 
 
 # ---------------------------------------------------------------------------- CLI
@@ -606,50 +615,3 @@ def test_cli_serve_wires_run_server(monkeypatch: pytest.MonkeyPatch, tiny_model_
     monkeypatch.setattr(toolrollout.demo, "DEMO_MODEL_PATH", tiny_model_path)
     assert runner.invoke(app, ["serve"]).exit_code == 0
     assert calls[-1][0][0] == tiny_model_path
-
-
-# ---------------------------------------------------------------------------- sglang-router
-@pytest.mark.router
-@pytest.mark.slow
-async def test_sglang_router_accepts_two_workers(
-    tiny_model_path: Path, engine: EmbeddedEngine
-) -> None:
-    """sglang-router registers our servers (health, server_info, model_info) and routes."""
-    pytest.importorskip("sglang_router")
-    import subprocess
-    import sys
-
-    with _ServerThread(create_app(engine)) as w1, _ServerThread(create_app(engine)) as w2:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        sock.close()
-        router = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", w1.url, w2.url,
-            "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
-                workers: list[Any] = []
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline:
-                    try:
-                        workers = (await c.get("/workers")).json()["workers"]
-                    except (httpx.HTTPError, ValueError, KeyError):
-                        workers = []
-                    if len(workers) == 2 and all(w["is_healthy"] for w in workers):
-                        break
-                    await asyncio.sleep(0.2)
-                assert len(workers) == 2, workers
-                assert {w["metadata"].get("model_type") for w in workers} == {"qwen2"}
-                for _ in range(4):
-                    r = await c.post(
-                        "/generate", json={"input_ids": [5, 6, 7], "sampling_params": greedy(3)}
-                    )
-                    assert r.status_code == 200 and len(r.json()["output_ids"]) == 3
-                bad = await c.post("/generate", json={"input_ids": [1] * 999})
-                assert bad.status_code == 400
-        finally:
-            router.terminate()
-            await asyncio.wait_for(router.wait(), 10)

@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from jinja2 import TemplateError
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # transformers is heavy; only its type is needed here
+    from transformers import PreTrainedTokenizerBase
 
 from .._exceptions import TokenizationError, UserError
 from ._families import TemplateFamily, detect_template_family, get_template_family

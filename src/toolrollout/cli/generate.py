@@ -153,7 +153,9 @@ def _run(
     model_path = model or DEMO_MODEL_PATH
     tokenizer = _load_tokenizer(model_path)
     config = RolloutConfig(
-        sampling=SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p),
+        sampling=SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
+        ),
         n=n,
         max_turns=max_turns,
         max_response_tokens=max_response_tokens,
@@ -186,7 +188,11 @@ def _run(
             context_length = embedded.context_length
         async with engine:
             runner = RolloutRunner(
-                engine, tokenizer, tools, config=config, rewards=rewards,
+                engine,
+                tokenizer,
+                tools,
+                config=config,
+                rewards=rewards,
                 context_length=context_length,
             )
             total = len(prompts) * n

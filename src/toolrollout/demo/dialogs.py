@@ -261,7 +261,12 @@ _GENERATORS: Final[dict[str, Callable[[random.Random], Problem]]] = {
     "chain": _chain,
     "parallel": _parallel,
 }
-TRAIN_MIX: Final[dict[str, float]] = {"binary": 0.66, "ternary": 0.14, "chain": 0.12, "parallel": 0.08}
+TRAIN_MIX: Final[dict[str, float]] = {
+    "binary": 0.66,
+    "ternary": 0.14,
+    "chain": 0.12,
+    "parallel": 0.08,
+}
 """Share of each problem shape in the training corpus."""
 EVAL_MIX: Final[dict[str, float]] = {"binary": 0.8, "ternary": 0.2}
 """Share of each shape in the shipped prompt set (single-call problems only)."""
@@ -324,7 +329,9 @@ def _tool_messages(results: Iterable[str]) -> list[dict[str, Any]]:
     return [{"role": "tool", "name": "calculator", "content": r} for r in results]
 
 
-def prompt_messages(problem: Problem, system: str | None = DEFAULT_SYSTEM_PROMPT) -> list[dict[str, Any]]:
+def prompt_messages(
+    problem: Problem, system: str | None = DEFAULT_SYSTEM_PROMPT
+) -> list[dict[str, Any]]:
     """The conversation up to the first assistant turn: optional system, then the user."""
     messages: list[dict[str, Any]] = []
     if system is not None:

@@ -304,9 +304,7 @@ def render_plain(dialogs: Sequence[list[dict[str, Any]]]) -> list[str]:
     return list(rendered)
 
 
-def save(
-    model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path
-) -> None:
+def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
     """Write the Hugging Face folder: weights, configs, tokenizer with its chat template."""
     out.mkdir(parents=True, exist_ok=True)
     unknown = sorted(p.name for p in out.iterdir() if p.name not in _OUTPUT_FILES)

@@ -17,8 +17,8 @@ from ._types import GenerateResult as GenerateResult
 from ._types import SamplingParams as SamplingParams
 from .sglang import ClientStats as ClientStats
 from .sglang import RetryPolicy as RetryPolicy
-from .sglang import SGLangClient as SGLangClient
 from .sglang import ServerStats as ServerStats
+from .sglang import SGLangClient as SGLangClient
 from .sglang import StreamChunk as StreamChunk
 
 if TYPE_CHECKING:

@@ -403,7 +403,12 @@ class SGLangClient(Engine):
 
     async def _abort_on(self, url: str, wire_rid: str, rid: str) -> None:
         send = functools.partial(
-            self._request_once, url, "POST", "/abort_request", json_body={"rid": wire_rid}
+            self._request_once,
+            url,
+            "POST",
+            "/abort_request",
+            json_body={"rid": wire_rid},
+            account=False,
         )
         await self._retrying(f"abort rid={rid} on {url}", send)
 
@@ -618,13 +623,16 @@ class SGLangClient(Engine):
         json_body: Any = None,
         stream: bool = False,
         on_connect_failure: Callable[[str], None] | None = None,
+        account: bool = True,
     ) -> httpx.Response:
         """One HTTP exchange with load accounting and error translation.
 
         A streamed response is returned open and still counted as outstanding; the
-        caller closes it and calls ``Router.release``.
+        caller closes it and calls ``Router.release``. ``account=False`` is for URLs that
+        are not routing targets (the workers behind a router, for aborts).
         """
-        self._router.acquire(url)
+        if account:
+            self._router.acquire(url)
         keep_open = False
         failed = True
         try:
@@ -645,7 +653,7 @@ class SGLangClient(Engine):
             keep_open = stream
             return response
         finally:
-            if not keep_open:
+            if account and not keep_open:
                 self._router.release(url, failed=failed)
 
     def _attempt_target(

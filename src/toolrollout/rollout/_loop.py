@@ -228,7 +228,10 @@ async def run_trajectory(
     reward: float | None = None
     details: dict[str, float] = {}
     trajectory = _freeze(state, reward, details)
-    if state.status in (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED) and services.rewards:
+    if (
+        state.status in (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
+        and services.rewards
+    ):
         try:
             reward, details = await evaluate_terms(services.rewards, trajectory)
         except Exception as exc:  # a broken reward marks the row, never a silent 0
@@ -244,8 +247,7 @@ async def _drive(services: RolloutServices, state: _State) -> None:
     state.prompt_ids = chat.render_prompt(state.messages)
     if services.context_length is not None and len(state.prompt_ids) >= services.context_length:
         raise OverlongPromptError(
-            f"prompt has {len(state.prompt_ids)} tokens; the context is "
-            f"{services.context_length}",
+            f"prompt has {len(state.prompt_ids)} tokens; the context is {services.context_length}",
             status_code=400,
         )
     state.status = TrajectoryStatus.RUNNING
@@ -315,12 +317,10 @@ async def _drive(services: RolloutServices, state: _State) -> None:
                     f"Error: tool call limit reached; '{request.name}' was not run.",
                 )
             )
-        for error in parsed.errors:
-            tool_messages.append(
-                _tool_message(
-                    services, None, None, f"Error: could not parse tool call: {error.message}"
-                )
-            )
+        tool_messages.extend(
+            _tool_message(services, None, None, f"Error: could not parse tool call: {e.message}")
+            for e in parsed.errors
+        )
         delta = chat.tool_turn_delta(state.messages, tool_messages)
         budget = config.max_response_tokens - state.response_len
         if services.context_length is not None:

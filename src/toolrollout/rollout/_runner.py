@@ -26,7 +26,9 @@ from ._trajectory import Trajectory
 __all__ = ["RolloutRunner", "as_prompt"]
 
 
-def as_prompt(row: RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> RolloutPrompt:
+def as_prompt(
+    row: RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]],
+) -> RolloutPrompt:
     """Accept a RolloutPrompt, a ``{"messages": ..., "answer"/"ground_truth": ...}`` row, or
     a bare list of messages."""
     if isinstance(row, RolloutPrompt):
@@ -40,7 +42,8 @@ def as_prompt(row: RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any
         if truth is None and isinstance(reward_model, Mapping):
             truth = reward_model.get("ground_truth")
         metadata = {
-            k: v for k, v in row.items()
+            k: v
+            for k, v in row.items()
             if k not in {"messages", "prompt", "ground_truth", "answer"}
         }
         return RolloutPrompt(tuple(dict(m) for m in messages), truth, metadata)

@@ -58,9 +58,7 @@ class TokenSpan:
 
     def __post_init__(self) -> None:
         if len(self.ids) != len(self.logprobs):
-            raise ValueError(
-                f"span has {len(self.ids)} ids but {len(self.logprobs)} logprobs"
-            )
+            raise ValueError(f"span has {len(self.ids)} ids but {len(self.logprobs)} logprobs")
 
     @property
     def loss_mask(self) -> tuple[int, ...]:

@@ -124,7 +124,7 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
         return validation_error_response(f"{exc} {exc.errors()}")
 
     def decode_one(token_id: int) -> str:
-        return str(engine.tokenizer.decode([token_id]))  # type: ignore[attr-defined]
+        return str(engine.tokenizer.decode([token_id]))
 
     # ------------------------------------------------------------------ health / info
     @app.get("/health")

@@ -16,6 +16,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from typing import Any
 
 import anyio
 import torch
@@ -155,7 +156,8 @@ class EmbeddedEngine(Engine):
         return self._meta.model_path
 
     @property
-    def tokenizer(self) -> object:
+    def tokenizer(self) -> Any:
+        """The model's Hugging Face tokenizer (used for ``text`` prompts and stop strings)."""
         return self._meta.tokenizer
 
     @property

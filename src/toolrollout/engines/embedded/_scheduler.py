@@ -1,10 +1,10 @@
 """Continuous batching on one worker thread.
 
 The thread owns the model and every tensor. Between two decode steps it takes commands
-(new requests, aborts, stop) from a thread-safe inbox, prefills newly admitted requests one
-by one (no padding, so a prompt's KV is exactly what an unbatched run computes), appends
-their KV to the running batch, and then decodes all running sequences together in one
-forward pass per step.
+(new requests, aborts, stop) from a thread-safe inbox, prefills newly admitted requests
+(prompts of equal length share one forward; nothing is padded, so a prompt's KV is what an
+unbatched run computes), appends their KV to the running batch, and then decodes all
+running sequences together in one forward pass per step.
 
 The batch KV cache is kept as plain per-layer tensors ``[batch, kv_heads, seq, head_dim]``,
 left-padded to the longest sequence. A ``[batch, seq]`` attention mask hides the padding

@@ -1,0 +1,222 @@
+"""End to end over HTTP: `toolrollout serve` with the demo model, real calculator calls.
+
+Every trajectory is checked for token fidelity: equal lengths, logprob 0.0 under mask 0,
+the transcript decodes to the chat template's rendering of the final messages (up to the
+documented Qwen boundary rule: the transcript stops right after the last `<|im_end|>`),
+and the engine's logprobs equal teacher-forced logprobs from one forward pass of the same
+model at the same temperature.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.engines import SamplingParams, SGLangClient
+from toolrollout.rewards import numeric_match
+from toolrollout.rollout import (
+    RolloutConfig,
+    RolloutRunner,
+    Trajectory,
+    read_rows,
+    write_trajectories,
+)
+from toolrollout.tools import calculator_tool
+
+TEMPERATURE = 1.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = _free_port()
+    log = (tmp_path_factory.mktemp("serve") / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "toolrollout",
+            "serve",
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, "toolrollout serve exited"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server not healthy"
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def model_and_tokenizer() -> tuple[Any, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
+    model.eval()
+    return model, AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
+
+
+@pytest.fixture(scope="module")
+def trajectories(demo_server: str, model_and_tokenizer: tuple[Any, Any]) -> list[Trajectory]:
+    _, tokenizer = model_and_tokenizer
+    prompts = load_demo_prompts()[:12]
+    config = RolloutConfig(
+        sampling=SamplingParams(max_new_tokens=96, temperature=TEMPERATURE),
+        n=2,
+        max_turns=4,
+        seed=1234,
+    )
+
+    async def main() -> list[Trajectory]:
+        async with SGLangClient(demo_server) as client:
+            await client.wait_healthy(timeout=60)
+            runner = RolloutRunner(
+                client, tokenizer, [calculator_tool()], config=config, rewards=[numeric_match]
+            )
+            return await runner.run(prompts)
+
+    import anyio
+
+    return anyio.run(main)
+
+
+def test_trajectories_are_multi_turn_with_real_tool_calls(trajectories: list[Trajectory]) -> None:
+    assert len(trajectories) == 24
+    multi = [t for t in trajectories if t.num_turns >= 2 and t.num_tool_calls >= 1]
+    assert len(multi) >= 20, [(t.status, t.num_turns, t.error) for t in trajectories]
+    for t in multi:
+        tool_msgs = [m for m in t.messages if m["role"] == "tool"]
+        calls = [c for m in t.messages for c in m.get("tool_calls", [])]
+        assert tool_msgs and calls
+        from toolrollout.demo import calculator
+
+        expression = json.loads(calls[0]["function"]["arguments"])["expression"]
+        assert tool_msgs[0]["content"] == calculator(expression)  # really executed
+
+
+def test_lengths_and_masks(trajectories: list[Trajectory]) -> None:
+    for t in trajectories:
+        n = len(t.response_ids)
+        assert len(t.loss_mask) == n == len(t.rollout_logprobs)
+        assert set(t.loss_mask) <= {0, 1}
+        for mask, logprob in zip(t.loss_mask, t.rollout_logprobs, strict=True):
+            if mask == 0:
+                assert logprob == 0.0
+            else:
+                assert logprob <= 0.0
+
+
+def test_transcript_decodes_to_template_render(
+    trajectories: list[Trajectory], model_and_tokenizer: tuple[Any, Any]
+) -> None:
+    _, tokenizer = model_and_tokenizer
+    from toolrollout.demo import CALCULATOR_TOOL
+
+    for t in trajectories:
+        if t.status != "completed":
+            continue
+        decoded = tokenizer.decode(list(t.prompt_ids) + t.response_ids, skip_special_tokens=False)
+        rendered = tokenizer.apply_chat_template(
+            list(t.messages), tools=[CALCULATOR_TOOL], tokenize=False
+        )
+        # Boundary rule (qwen25): the model stops at <|im_end|>; the template adds "\n".
+        assert rendered == decoded + "\n", t.uid
+        assert t.metrics["drift_mismatches"] == 0
+
+
+def test_logprobs_match_teacher_forcing(
+    trajectories: list[Trajectory], model_and_tokenizer: tuple[Any, Any]
+) -> None:
+    import torch
+
+    model, _ = model_and_tokenizer
+    checked = 0
+    for t in trajectories[:10]:
+        ids = list(t.prompt_ids) + t.response_ids
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+        logprobs = torch.log_softmax(logits / TEMPERATURE, dim=-1)
+        start = len(t.prompt_ids)
+        for i, (mask, engine_lp) in enumerate(zip(t.loss_mask, t.rollout_logprobs, strict=True)):
+            if mask == 1:
+                pos = start + i
+                forced = logprobs[pos - 1, ids[pos]].item()
+                assert abs(forced - engine_lp) < 1e-4, (t.uid, i, forced, engine_lp)
+                checked += 1
+    assert checked > 100
+
+
+def test_rewards_and_parquet_roundtrip(trajectories: list[Trajectory], tmp_path: Path) -> None:
+    for t in trajectories:
+        if t.status in ("completed", "truncated"):
+            assert t.reward == numeric_match(t)
+    assert sum(t.reward or 0 for t in trajectories) >= 0.8 * len(trajectories)
+    path = write_trajectories(trajectories, tmp_path / "out.parquet")
+    rows = read_rows(path)
+    assert [r["uid"] for r in rows] == [t.uid for t in trajectories]
+    for row, t in zip(rows, trajectories, strict=True):
+        assert row["response_ids"] == t.response_ids
+        assert row["loss_mask"] == t.loss_mask
+        assert row["rollout_logprobs"] == pytest.approx(t.rollout_logprobs, abs=1e-5)
+        assert row["group_id"] == t.group_id
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    assert {
+        "uid",
+        "group_id",
+        "prompt_index",
+        "sample_index",
+        "prompt_ids",
+        "response_ids",
+        "loss_mask",
+        "rollout_logprobs",
+        "messages",
+        "reward",
+        "status",
+        "finish_reason",
+        "error",
+        "num_turns",
+        "num_tool_calls",
+        "tool_errors",
+        "parse_errors",
+        "weight_version",
+        "metrics",
+    } <= set(table.column_names)
