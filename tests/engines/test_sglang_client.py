@@ -350,6 +350,43 @@ async def test_abort_goes_to_the_server_holding_the_request() -> None:
     assert result.finish_reason.type == "abort" and result.output_ids == (151657, 198, 4913)
 
 
+async def test_abort_behind_a_router_goes_to_every_worker() -> None:
+    """sglang-router has no /abort_request: with abort_urls the client asks the workers."""
+    router, w0, w1 = "http://router:30000", "http://w0:31001", "http://w1:31002"
+    aborts: list[tuple[str, str]] = []
+    started = anyio.Event()
+    aborted = anyio.Event()
+    partial = json.loads((FIXTURES / "sglang_generate_abort_running.json").read_text())
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/abort_request":
+            aborts.append((host(request), json.loads(request.content)["rid"]))
+            if len(aborts) == 2:
+                aborted.set()
+            return httpx.Response(200)
+        assert host(request) == router
+        started.set()
+        await aborted.wait()
+        return httpx.Response(200, json=partial)
+
+    client = SGLangClient(router, transport=httpx.MockTransport(handler), abort_urls=[w0, w1])
+    async with client:
+        results = []
+
+        async def run() -> None:
+            results.append(await client.generate(req("ep42-t4")))
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as group:
+                group.start_soon(run)
+                await started.wait()
+                await client.abort("ep42-t4")
+        # the workers are not routing targets: no outstanding-request accounting for them
+        assert {s.url for s in client.stats().servers} == {router}
+    assert sorted(aborts) == [(w0, "ep42-t4"), (w1, "ep42-t4")]
+    assert results[0].finish_reason.type == "abort"
+
+
 async def test_abort_unknown_rid_sends_nothing() -> None:
     paths: list[str] = []
 

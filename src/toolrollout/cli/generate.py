@@ -65,6 +65,9 @@ def generate(
     health_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
     ] = 120.0,
+    threads: Annotated[
+        int, typer.Option(min=1, help="Torch threads of the embedded engine (1 suits tiny models).")
+    ] = 1,
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
     from toolrollout._exceptions import ToolRolloutError
@@ -88,6 +91,7 @@ def generate(
             tool_error_penalty=tool_error_penalty,
             out=out,
             health_timeout=health_timeout,
+            threads=threads,
         )
     except ToolRolloutError as exc:
         raise _fail(str(exc)) from None
@@ -128,6 +132,7 @@ def _run(
     tool_error_penalty: float,
     out: Path,
     health_timeout: float,
+    threads: int,
 ) -> dict[str, Any]:
     import anyio
 
@@ -182,7 +187,7 @@ def _run(
         else:
             from toolrollout.engines import EmbeddedEngine
 
-            embedded = EmbeddedEngine(model_path)
+            embedded = EmbeddedEngine(model_path, num_threads=threads)
             engine = embedded
             await embedded.start()
             context_length = embedded.context_length
