@@ -220,3 +220,31 @@ def test_rewards_and_parquet_roundtrip(trajectories: list[Trajectory], tmp_path:
         "weight_version",
         "metrics",
     } <= set(table.column_names)
+
+
+def test_generate_cli_against_a_running_server(demo_server: str, tmp_path: Path) -> None:
+    """`toolrollout generate --engine-url` works against any server speaking /generate."""
+    out = tmp_path / "remote.parquet"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolrollout",
+            "generate",
+            "--engine-url",
+            demo_server,
+            "--limit",
+            "4",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    rows = read_rows(out)
+    assert len(rows) == 4
+    assert sum(r["num_tool_calls"] >= 1 for r in rows) >= 3
+    assert all(len(r["response_ids"]) == len(r["loss_mask"]) for r in rows)
