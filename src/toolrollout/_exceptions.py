@@ -5,7 +5,8 @@ branches tell apart who is at fault, because a trainer must react differently to
 
     ToolRolloutError
     ├── UserError                 you asked for something impossible (bad config, bad argument)
-    │   └── ConfigError           a config file or key is invalid (names the file and key)
+    │   ├── ConfigError           a config file or key is invalid (names the file and key)
+    │   └── SandboxIsolationError the code sandbox cannot isolate here (no working bubblewrap)
     ├── ModelBehaviorError        the model's output is unusable (malformed call, unknown tool)
     │   ├── ToolParseError        a turn's tool-call text is malformed (carries the parse errors)
     │   ├── ToolNotFound          the model called a tool name that is not registered
@@ -21,6 +22,7 @@ branches tell apart who is at fault, because a trainer must react differently to
     │   ├── ToolExecutionError    the tool raised; the original exception is the ``__cause__``
     │   ├── ToolTimeout           the call ran past its per-call timeout and was cancelled
     │   └── ToolUnavailable       the backend is temporarily unreachable; retrying may help
+    │       └── CircuitOpen       the tool's circuit breaker is open: failing fast, not called
     └── TokenizationError         the chat template / tokenizer cannot give a consistent token delta
 
 Errors from httpx, MCP and subprocesses are translated into this tree at the boundary
@@ -30,6 +32,7 @@ Errors from httpx, MCP and subprocesses are translated into this tree at the bou
 from __future__ import annotations
 
 __all__ = [
+    "CircuitOpen",
     "ConfigError",
     "EngineConnectionError",
     "EngineError",
@@ -39,6 +42,7 @@ __all__ = [
     "EngineUnavailable",
     "ModelBehaviorError",
     "OverlongPromptError",
+    "SandboxIsolationError",
     "TokenizationError",
     "ToolArgumentError",
     "ToolError",
@@ -62,6 +66,14 @@ class UserError(ToolRolloutError):
 
 class ConfigError(UserError):
     """A configuration file or value is invalid."""
+
+
+class SandboxIsolationError(UserError):
+    """The local code sandbox cannot isolate programs here.
+
+    bubblewrap (``bwrap``) is missing, or it cannot create the namespaces it needs; the
+    message says which. ``toolrollout sandbox serve --unsafe-no-isolation`` runs without it.
+    """
 
 
 class ModelBehaviorError(ToolRolloutError):
@@ -136,6 +148,20 @@ class ToolTimeout(ToolError):
 
 class ToolUnavailable(ToolError):
     """The tool's backend is temporarily unreachable; the retry policy retries only these."""
+
+
+class CircuitOpen(ToolUnavailable):
+    """The tool's circuit breaker is open (or half-open with its trial call in flight).
+
+    The call failed fast without reaching the tool. Never retried and never counted as a
+    failure by the breaker itself. ``retry_after`` is the number of seconds until the breaker
+    lets a trial call through (0.0 while half-open).
+    """
+
+    def __init__(self, message: str, *, tool: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.tool = tool
+        self.retry_after = retry_after
 
 
 class TokenizationError(ToolRolloutError):

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from tests._processes import free_port, stop, wait_http
 
 from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import SamplingParams, SGLangClient
@@ -37,15 +35,9 @@ from toolrollout.tools import calculator_tool
 TEMPERATURE = 1.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     log = (tmp_path_factory.mktemp("serve") / "serve.log").open("wb")
     proc = subprocess.Popen(
         [
@@ -66,20 +58,10 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "toolrollout serve exited"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server not healthy"
-            time.sleep(0.3)
+        wait_http(f"{url}/health", 120, proc)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        stop(proc)
 
 
 @pytest.fixture(scope="module")

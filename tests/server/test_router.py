@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,40 +19,11 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from tests._processes import free_port, stop, wait_http
 
 from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
 
 pytestmark = pytest.mark.router
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise TimeoutError(f"{url} not healthy after {timeout}s")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +36,7 @@ def cluster(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for i in range(2):
-            port = _free_port()
+            port = free_port()
             log = (logs / f"worker{i}.log").open("wb")
             proc = subprocess.Popen(
                 [
@@ -93,8 +63,8 @@ def cluster(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
             procs.append(proc)
             workers.append(f"http://127.0.0.1:{port}")
         for url, proc in zip(workers, procs, strict=True):
-            _wait_http(f"{url}/health", 120, proc)
-        router_port = _free_port()
+            wait_http(f"{url}/health", 120, proc)
+        router_port = free_port()
         log = (logs / "router.log").open("wb")
         router = subprocess.Popen(
             [
@@ -118,7 +88,7 @@ def cluster(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         )
         procs.append(router)
         router_url = f"http://127.0.0.1:{router_port}"
-        _wait_http(f"{router_url}/health", 60, router)
+        wait_http(f"{router_url}/health", 60, router)
         # The router only forwards once it has registered the workers.
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -133,7 +103,7 @@ def cluster(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         yield {"router": router_url, "workers": workers, "logs": logs}
     finally:
         for proc in reversed(procs):
-            _stop(proc)
+            stop(proc)
 
 
 def _has_module(name: str) -> bool:
@@ -186,9 +156,7 @@ def test_streaming_through_router(cluster: dict) -> None:
     chunks = []
     with httpx.stream("POST", f"{cluster['router']}/generate", json=body, timeout=60) as r:
         assert r.status_code == 200
-        chunks.extend(
-            line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")
-        )
+        chunks.extend(line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: "))
     assert chunks[-1] == "[DONE]"
     payloads = [json.loads(c) for c in chunks[:-1]]
     assert len(payloads) >= 2

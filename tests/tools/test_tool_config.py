@@ -368,13 +368,6 @@ def test_bad_configs_name_file_and_key(tmp_path: Path, text: str, expected: str)
     assert expected in message
 
 
-def test_later_tool_types_are_reported_clearly(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"tools\[0\]\.config\.type: type 'mcp' is not avail"):
-        load_tool_config(write(tmp_path, VERL_MCP))
-    with pytest.raises(ConfigError, match=r"tools\[0\]\.class_name: .*'search' tools.*not avail"):
-        load_tool_config(write(tmp_path, VERL_SEARCH))
-
-
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"missing\.yaml: cannot read the file"):
         load_tool_config(tmp_path / "missing.yaml")

@@ -10,7 +10,10 @@ from __future__ import annotations
 import typer
 
 from toolrollout.cli import generate as _generate
+from toolrollout.cli import retriever as _retriever
+from toolrollout.cli import sandbox as _sandbox
 from toolrollout.cli import serve as _serve
+from toolrollout.cli import tools as _tools
 
 __all__ = ["app", "main"]
 
@@ -27,7 +30,7 @@ def _root() -> None:
     """Async multi-turn tool-calling rollouts for LLM RL against SGLang."""
 
 
-for _command in (_serve, _generate):
+for _command in (_serve, _generate, _retriever, _tools, _sandbox):
     _command.register(app)
 
 

@@ -195,17 +195,25 @@ def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 def _batches(
     encoded: Sequence[list[int]], prefix_lens: Sequence[int], batch_size: int, seed: int
 ) -> list[list[int]]:
-    """Deterministic batches of dialogs that share the same system prefix."""
+    """Deterministic batches of dialogs that share the same system prefix.
+
+    Within a prefix group, windows of 16 batches are sorted by length before being cut,
+    so that a batch holds dialogs of similar length and little compute goes to padding.
+    """
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(encoded), generator=generator).tolist()
     groups: dict[tuple[int, ...], list[int]] = {}
     for i in order:
         groups.setdefault(tuple(encoded[i][: prefix_lens[i]]), []).append(i)
-    batches = [
-        members[j : j + batch_size]
-        for members in groups.values()
-        for j in range(0, len(members) - batch_size + 1, batch_size)
-    ]
+    batches = []
+    window = 16 * batch_size
+    for members in groups.values():
+        for w in range(0, len(members), window):
+            chunk = sorted(members[w : w + window], key=lambda i: (len(encoded[i]), i))
+            batches += [
+                chunk[j : j + batch_size]
+                for j in range(0, len(chunk) - batch_size + 1, batch_size)
+            ]
     shuffle = torch.randperm(len(batches), generator=generator).tolist()
     return [batches[i] for i in shuffle]
 

@@ -19,14 +19,22 @@ from ._config import tools_from_config as tools_from_config
 from ._docstrings import ParsedDocstring as ParsedDocstring
 from ._docstrings import parse_docstring as parse_docstring
 from ._executor import ExecutorStatistics as ExecutorStatistics
+from ._executor import ToolCallSummary as ToolCallSummary
 from ._executor import ToolExecutor as ToolExecutor
 from ._executor import ToolStatistics as ToolStatistics
+from ._executor import summarize_tool_calls as summarize_tool_calls
 from ._function import FunctionTool as FunctionTool
 from ._function import function_tool as function_tool
 from ._function import to_tool_result as to_tool_result
+from ._limits import CircuitBreaker as CircuitBreaker
+from ._limits import CircuitBreakerStatistics as CircuitBreakerStatistics
+from ._limits import CircuitState as CircuitState
+from ._limits import LatencyStatistics as LatencyStatistics
+from ._limits import LatencyWindow as LatencyWindow
 from ._limits import LimiterStatistics as LimiterStatistics
 from ._limits import RateLimiter as RateLimiter
 from ._limits import RateLimiterStatistics as RateLimiterStatistics
+from ._types import CircuitBreakerPolicy as CircuitBreakerPolicy
 from ._types import RetryPolicy as RetryPolicy
 from ._types import ToolCallRequest as ToolCallRequest
 from ._types import ToolContext as ToolContext
@@ -36,9 +44,15 @@ from ._verl import VerlToolAdapter as VerlToolAdapter
 
 __all__ = [
     "CalculatorTool",
+    "CircuitBreaker",
+    "CircuitBreakerPolicy",
+    "CircuitBreakerStatistics",
+    "CircuitState",
     "ExecutorStatistics",
     "FunctionTool",
     "Gsm8kTool",
+    "LatencyStatistics",
+    "LatencyWindow",
     "LimiterStatistics",
     "ParsedDocstring",
     "RateLimiter",
@@ -46,6 +60,7 @@ __all__ = [
     "RetryPolicy",
     "Tool",
     "ToolCallRequest",
+    "ToolCallSummary",
     "ToolContext",
     "ToolExecutor",
     "ToolLimits",
@@ -57,6 +72,7 @@ __all__ = [
     "gsm8k_score",
     "load_tool_config",
     "parse_docstring",
+    "summarize_tool_calls",
     "to_tool_result",
     "tools_from_config",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from contextvars import ContextVar
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -29,13 +29,13 @@ __all__ = ["VERL_EQUIVALENTS", "load_tool_config", "tools_from_config"]
 
 VERL_EQUIVALENTS: Mapping[str, str] = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "toolrollout.tools.Gsm8kTool",
+    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "toolrollout.sandbox.SandboxTool",
+    "verl.tools.search_tool.SearchTool": "toolrollout.search.VerlSearchTool",
 }
 """verl class names that load as a toolrollout tool, so verl's example configs run as they
 are (without verl installed)."""
 
 _VERL_LATER: Mapping[str, str] = {
-    "verl.tools.search_tool.SearchTool": "search",
-    "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "sandbox",
     "verl.tools.mcp_search_tool.MCPSearchTool": "mcp",
     "verl.tools.mcp_base_tool.MCPBaseTool": "mcp",
 }
@@ -107,26 +107,7 @@ def _import(name: str) -> object:
 
 def _limits(entry: ToolEntryModel, base: ToolLimits) -> ToolLimits:
     """The tool's limits with the config's keys applied over them."""
-    cfg = entry.config
-    changes: dict[str, Any] = {}
-    if cfg.timeout is not None:
-        changes["timeout"] = cfg.timeout
-    concurrency = cfg.max_concurrency if cfg.max_concurrency is not None else cfg.num_workers
-    if concurrency is not None:
-        changes["max_concurrency"] = concurrency
-    if cfg.rate_limit is not None:
-        changes["rate_limit"] = cfg.rate_limit
-    if cfg.rate_burst is not None:
-        changes["rate_burst"] = cfg.rate_burst
-    if cfg.retries is not None:
-        changes["retry"] = replace(
-            base.retry,
-            retries=cfg.retries.retries,
-            backoff=cfg.retries.backoff,
-            max_backoff=cfg.retries.max_backoff,
-            retry_on_timeout=cfg.retries.on_timeout,
-        )
-    return replace(base, **changes)
+    return entry.config.to_limits(base)
 
 
 def _native(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
@@ -135,9 +116,15 @@ def _native(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
     config = entry.config.model_dump(exclude_none=True)
     schema = None if entry.tool_schema is None else entry.tool_schema.model_dump(exclude_none=True)
     if class_name in _VERL_LATER:
+        later = _VERL_LATER[class_name]
+        if later in _BUILDERS:
+            raise ConfigError(
+                f"{where('class_name')}: {class_name} maps to toolrollout's '{later}' tools: "
+                f"set config.type: {later}"
+            )
         raise ConfigError(
             f"{where('class_name')}: {class_name} maps to toolrollout's "
-            f"'{_VERL_LATER[class_name]}' tools, which are not available yet"
+            f"'{later}' tools, which are not available yet"
         )
     target = VERL_EQUIVALENTS.get(class_name, class_name)
     try:
@@ -186,17 +173,69 @@ def _native(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
         raise ConfigError(f"{where('config')}: {exc}") from exc
 
 
+def _search(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
+    """Build a ``type: search`` entry: ``class_name`` must be a search tool class
+    (``toolrollout.search.SearchTool``, or verl's name for it)."""
+    from toolrollout.search import SearchTool
+
+    tools = _native(entry, where)
+    for tool in tools:
+        if not isinstance(tool, SearchTool):
+            raise ConfigError(
+                f"{where('class_name')}: type 'search' needs toolrollout.search.SearchTool "
+                f"(or verl.tools.search_tool.SearchTool), got {entry.class_name!r}"
+            )
+    return tools
+
+
+def _sandbox(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
+    """Build a ``type: sandbox`` entry: ``class_name`` must be a sandbox tool class
+    (``toolrollout.sandbox.SandboxTool``, or verl's ``SandboxFusionTool`` name for it)."""
+    from toolrollout.sandbox import SandboxTool
+
+    tools = _native(entry, where)
+    for tool in tools:
+        if not isinstance(tool, SandboxTool):
+            raise ConfigError(
+                f"{where('class_name')}: type 'sandbox' needs toolrollout.sandbox.SandboxTool "
+                f"(or verl.tools.sandbox_fusion_tools.SandboxFusionTool), got {entry.class_name!r}"
+            )
+    return tools
+
+
+def _mcp(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
+    """Build a ``type: mcp`` entry: every (selected) tool of the servers in ``mcp``'s
+    ``mcpServers`` file (see :mod:`toolrollout.tools.mcp`)."""
+    from toolrollout.tools.mcp import build_mcp_entry  # imports the MCP SDK only when used
+
+    return build_mcp_entry(entry, where, base_dir=_BASE_DIR.get())
+
+
 _BUILDERS: dict[str, Callable[[ToolEntryModel, Callable[[str], str]], list[Tool]]] = {
+    "mcp": _mcp,
     "native": _native,
+    "sandbox": _sandbox,
+    "search": _search,
 }
 """Entry builders by ``config.type``. One entry may yield several tools (an MCP server
 does); ``mcp``, ``sandbox`` and ``search`` plug in here."""
 
 
-def tools_from_config(data: object, *, source: str = "<tool config>") -> list[Tool]:
+_BASE_DIR: ContextVar[Path | None] = ContextVar("toolrollout_tool_config_dir", default=None)
+"""Folder that relative paths inside entries (e.g. ``mcp.mcp_servers_config_path``) are
+resolved against while a config is being built (None: the current directory)."""
+
+
+def tools_from_config(
+    data: object,
+    *,
+    source: str = "<tool config>",
+    base_dir: str | PathLike[str] | None = None,
+) -> list[Tool]:
     """Build the tools of an already-parsed config (``{"tools": [...]}``).
 
-    ``source`` names the config in error messages.
+    ``source`` names the config in error messages; ``base_dir`` is the folder relative
+    paths in entries are resolved against (default: the current directory).
     """
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -219,7 +258,12 @@ def tools_from_config(data: object, *, source: str = "<tool config>") -> list[To
                 f"{where('config.type')}: type {entry.config.type!r} is not available yet "
                 f"(available: {', '.join(sorted(_BUILDERS))})"
             )
-        for tool in builder(entry, where):
+        token = _BASE_DIR.set(None if base_dir is None else Path(base_dir))
+        try:
+            built = builder(entry, where)
+        finally:
+            _BASE_DIR.reset(token)
+        for tool in built:
             if tool.name in seen:
                 raise ConfigError(
                     f"{source}: tools[{index}]: duplicate tool name {tool.name!r} "
@@ -252,4 +296,4 @@ def load_tool_config(path: str | PathLike[str]) -> list[Tool]:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from exc
-    return tools_from_config(data, source=source)
+    return tools_from_config(data, source=source, base_dir=Path(path).resolve().parent)

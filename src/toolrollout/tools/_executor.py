@@ -4,6 +4,10 @@ Every failure becomes an error :class:`ToolResult` the model can read, *and* kee
 exception from the one tree (``result.error``, original as ``__cause__``), is logged and is
 counted in :meth:`ToolExecutor.statistics`, so nothing is swallowed silently. Cancellation
 from outside is never turned into a result: it propagates.
+
+Per call, in this order: argument check (the model's mistakes stop here and touch no
+limit), circuit breaker (fail fast while open), then per attempt: a concurrency slot, a
+rate token, and the tool under its timeout; infrastructure errors are retried with backoff.
 """
 
 from __future__ import annotations
@@ -12,15 +16,15 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, cast
 
 import anyio
 from tenacity import (
     AsyncRetrying,
-    RetryCallState,
     retry_if_exception,
     stop_after_attempt,
     wait_exponential,
@@ -28,6 +32,7 @@ from tenacity import (
 )
 
 from toolrollout._exceptions import (
+    CircuitOpen,
     ModelBehaviorError,
     ToolArgumentError,
     ToolExecutionError,
@@ -39,10 +44,25 @@ from toolrollout._exceptions import (
 )
 
 from ._base import Tool
-from ._limits import LimiterStatistics, RateLimiter, RateLimiterStatistics
+from ._limits import (
+    CircuitBreaker,
+    CircuitBreakerStatistics,
+    LatencyStatistics,
+    LatencyWindow,
+    LimiterStatistics,
+    RateLimiter,
+    RateLimiterStatistics,
+    _Permit,
+)
 from ._types import RetryPolicy, ToolCallRequest, ToolContext, ToolLimits, ToolResult
 
-__all__ = ["ExecutorStatistics", "ToolExecutor", "ToolStatistics"]
+__all__ = [
+    "ExecutorStatistics",
+    "ToolCallSummary",
+    "ToolExecutor",
+    "ToolStatistics",
+    "summarize_tool_calls",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +81,7 @@ class ToolStatistics:
     invalid_arguments: int
     """Calls rejected before running: bad JSON or arguments failing the schema."""
     retries: int
-    """Attempts repeated after an infrastructure error."""
+    """Attempts repeated after an infrastructure error (the sum of ``ToolResult.retries``)."""
     in_flight: int
     """Calls accepted and not finished (waiting for a slot or running)."""
     running: int
@@ -70,10 +90,15 @@ class ToolStatistics:
     """Highest ``running`` seen."""
     total_seconds: float
     """Summed wall time of finished calls."""
+    latency: LatencyStatistics
+    """p50/p95/max/mean of the most recent calls that reached the tool (``ToolResult.seconds``:
+    slot and rate waits, attempts and backoff included)."""
     limiter: LimiterStatistics
     """The tool's concurrency limiter."""
     rate_limiter: RateLimiterStatistics | None
     """The tool's rate limiter, if it has one."""
+    circuit_breaker: CircuitBreakerStatistics | None
+    """The tool's circuit breaker (state, open count, calls failed fast), if it has one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +123,7 @@ class ExecutorStatistics:
 class _Runtime:
     """Mutable per-tool state: the limiters and the counters behind :class:`ToolStatistics`."""
 
-    def __init__(self, tool: Tool) -> None:
+    def __init__(self, tool: Tool, latency_window: int) -> None:
         self.tool = tool
         limits = tool.limits
         total = math.inf if limits.max_concurrency is None else limits.max_concurrency
@@ -108,6 +133,12 @@ class _Runtime:
             if limits.rate_limit is None
             else RateLimiter(limits.rate_limit, burst=limits.rate_burst)
         )
+        self.breaker = (
+            None
+            if limits.circuit_breaker is None
+            else CircuitBreaker(tool.name, limits.circuit_breaker)
+        )
+        self.latency = LatencyWindow(latency_window)
         self.calls = 0
         self.errors = 0
         self.timeouts = 0
@@ -131,13 +162,23 @@ class _Runtime:
             running=self.running,
             max_running=self.max_running,
             total_seconds=self.total_seconds,
+            latency=self.latency.statistics(),
             limiter=LimiterStatistics(
                 total_tokens=stats.total_tokens,
                 borrowed_tokens=stats.borrowed_tokens,
                 tasks_waiting=stats.tasks_waiting,
             ),
             rate_limiter=None if self.rate is None else self.rate.statistics(),
+            circuit_breaker=None if self.breaker is None else self.breaker.statistics(),
         )
+
+
+@dataclass(slots=True)
+class _CallState:
+    """What one call's attempts share: the breaker permit and the number of attempts."""
+
+    permit: _Permit | None = None
+    attempts: int = 0
 
 
 def _parse_arguments(call: ToolCallRequest) -> Mapping[str, Any]:
@@ -176,6 +217,8 @@ def _translate(exc: Exception, tool: Tool) -> ToolRolloutError:
 
 
 def _should_retry(policy: RetryPolicy, exc: BaseException) -> bool:
+    if isinstance(exc, CircuitOpen):
+        return False
     if isinstance(exc, ToolTimeout):
         return policy.retry_on_timeout
     return isinstance(exc, policy.retry_on) or isinstance(exc.__cause__, policy.retry_on)
@@ -189,20 +232,27 @@ class ToolExecutor:
     """
 
     def __init__(
-        self, tools: Iterable[Tool] = (), *, limits: Mapping[str, ToolLimits] | None = None
+        self,
+        tools: Iterable[Tool] = (),
+        *,
+        limits: Mapping[str, ToolLimits] | None = None,
+        latency_window: int = 1024,
     ) -> None:
-        """``limits`` overrides the limits carried by the named tools."""
+        """``limits`` overrides the limits carried by the named tools; ``latency_window``
+        is how many recent calls per tool the latency percentiles are computed over."""
+        if latency_window < 1:
+            raise UserError(f"latency_window must be >= 1, got {latency_window}")
         runtimes: dict[str, _Runtime] = {}
         for tool in tools:
             if not isinstance(tool, Tool):
                 raise UserError(f"expected a Tool, got {type(tool).__name__}: {tool!r}")
             if tool.name in runtimes:
                 raise UserError(f"two tools are named {tool.name!r}; tool names must be unique")
-            runtimes[tool.name] = _Runtime(tool)
+            runtimes[tool.name] = _Runtime(tool, latency_window)
         for name, override in (limits or {}).items():
             if name not in runtimes:
                 raise UserError(f"limits given for unknown tool {name!r}")
-            runtimes[name] = _Runtime(runtimes[name].tool.with_limits(override))
+            runtimes[name] = _Runtime(runtimes[name].tool.with_limits(override), latency_window)
         self._runtimes = runtimes
         self._unknown_calls = 0
 
@@ -245,7 +295,8 @@ class ToolExecutor:
     async def run_call(
         self, call: ToolCallRequest, context: ToolContext | None = None
     ) -> ToolResult:
-        """Run a single call (validation, limits, timeout, retries); never raises for it."""
+        """Run a single call (validation, breaker, limits, timeout, retries); never raises
+        for it. The result carries ``seconds`` and ``attempts`` (see :class:`ToolResult`)."""
         ctx = context if context is not None else ToolContext()
         started = time.perf_counter()
         runtime = self._runtimes.get(call.name)
@@ -261,8 +312,9 @@ class ToolExecutor:
                 seconds=time.perf_counter() - started,
             )
         runtime.in_flight += 1
+        state = _CallState()
         try:
-            result = await self._run_checked(runtime, call, ctx)
+            result = await self._run_checked(runtime, call, ctx, state)
         finally:
             runtime.in_flight -= 1
         seconds = time.perf_counter() - started
@@ -270,10 +322,12 @@ class ToolExecutor:
         runtime.total_seconds += seconds
         if result.is_error:
             runtime.errors += 1
-        return replace(result, seconds=seconds)
+        if state.attempts:
+            runtime.latency.record(seconds)
+        return replace(result, seconds=seconds, attempts=state.attempts)
 
     async def _run_checked(
-        self, runtime: _Runtime, call: ToolCallRequest, context: ToolContext
+        self, runtime: _Runtime, call: ToolCallRequest, context: ToolContext, state: _CallState
     ) -> ToolResult:
         tool = runtime.tool
         try:
@@ -287,10 +341,21 @@ class ToolExecutor:
             broken = _translate(exc, tool)
             logger.warning("%s", broken, exc_info=broken)
             return ToolResult(text=f"Error: {broken}", is_error=True, error=broken)
+        breaker = runtime.breaker
+        if breaker is not None:
+            try:
+                state.permit = breaker.acquire()
+            except CircuitOpen as error:
+                logger.debug("%s", error)
+                return ToolResult(text=f"Error: {error}", is_error=True, error=error)
         try:
-            return await self._run_with_retries(runtime, arguments, context)
+            result = await self._run_with_retries(runtime, arguments, context, state)
         except ToolRolloutError as error:
-            if isinstance(error, ToolTimeout):
+            if breaker is not None and state.permit is not None:
+                breaker.record(state.permit, error)
+            if isinstance(error, CircuitOpen):
+                logger.debug("%s", error)
+            elif isinstance(error, ToolTimeout):
                 runtime.timeouts += 1
                 logger.warning("%s", error)
             elif isinstance(error, ModelBehaviorError):
@@ -300,26 +365,37 @@ class ToolExecutor:
             else:
                 logger.warning("%s", error, exc_info=error)
             return ToolResult(text=f"Error: {error}", is_error=True, error=error)
+        except BaseException:  # cancelled: the call says nothing about the backend
+            if breaker is not None and state.permit is not None:
+                breaker.release(state.permit)
+            raise
+        if breaker is not None and state.permit is not None:
+            breaker.record(state.permit, None)
+        return result
 
     async def _run_with_retries(
-        self, runtime: _Runtime, arguments: Mapping[str, Any], context: ToolContext
+        self,
+        runtime: _Runtime,
+        arguments: Mapping[str, Any],
+        context: ToolContext,
+        state: _CallState,
     ) -> ToolResult:
         policy = runtime.tool.limits.retry
-
-        def count_retry(state: RetryCallState) -> None:
-            runtime.retries += 1
-
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(policy.retries + 1),
+            stop=stop_after_attempt(policy.attempts),
             wait=wait_exponential(multiplier=policy.backoff, max=policy.max_backoff)
             + wait_random(0, policy.backoff),
             retry=retry_if_exception(lambda exc: _should_retry(policy, exc)),
-            before_sleep=count_retry,
             sleep=anyio.sleep,
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
+                if state.attempts:  # a retry: not if the breaker opened meanwhile
+                    if runtime.breaker is not None and state.permit is not None:
+                        runtime.breaker.check(state.permit)
+                    runtime.retries += 1
+                state.attempts += 1
                 return await self._attempt(runtime, arguments, context)
         raise AssertionError("unreachable: tenacity either returns or re-raises")
 
@@ -351,3 +427,65 @@ class ToolExecutor:
                 f"tool {tool.name!r} returned {type(result).__name__}, not a ToolResult"
             )
         return result
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallSummary:
+    """Per-tool numbers of a set of calls (e.g. one trajectory's), from their results."""
+
+    calls: int = 0
+    """Calls made (results received), errors included."""
+    errors: int = 0
+    """Error results (``is_error``), whatever the kind."""
+    retries: int = 0
+    """Sum of ``ToolResult.retries``."""
+    timeouts: int = 0
+    """Results whose ``error_kind`` is ``ToolTimeout``."""
+    circuit_open: int = 0
+    """Results failed fast by an open circuit breaker (``error_kind`` ``CircuitOpen``)."""
+    seconds: float = 0.0
+    """Sum of ``ToolResult.seconds``."""
+    max_seconds: float = 0.0
+    """Largest ``ToolResult.seconds``."""
+    error_kinds: Mapping[str, int] = field(default_factory=dict)
+    """Error results by ``error_kind``; an ``is_error`` result the tool wrote itself (no
+    exception) counts as ``"ToolReportedError"``."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, for trajectory metrics."""
+        return {
+            "calls": self.calls,
+            "errors": self.errors,
+            "retries": self.retries,
+            "timeouts": self.timeouts,
+            "circuit_open": self.circuit_open,
+            "seconds": round(self.seconds, 6),
+            "max_seconds": round(self.max_seconds, 6),
+            "error_kinds": dict(sorted(self.error_kinds.items())),
+        }
+
+
+def summarize_tool_calls(
+    records: Iterable[tuple[str, ToolResult]],
+) -> dict[str, ToolCallSummary]:
+    """Aggregate ``(tool name, result)`` pairs into one :class:`ToolCallSummary` per name.
+
+    Unknown tool names keep their own entry (with ``error_kinds`` ``{"ToolNotFound": n}``).
+    """
+    grouped: dict[str, list[ToolResult]] = {}
+    for name, result in records:
+        grouped.setdefault(name, []).append(result)
+    summaries: dict[str, ToolCallSummary] = {}
+    for name, results in grouped.items():
+        kinds = Counter(r.error_kind or "ToolReportedError" for r in results if r.is_error)
+        summaries[name] = ToolCallSummary(
+            calls=len(results),
+            errors=sum(r.is_error for r in results),
+            retries=sum(r.retries for r in results),
+            timeouts=kinds.get("ToolTimeout", 0),
+            circuit_open=kinds.get("CircuitOpen", 0),
+            seconds=sum(r.seconds for r in results),
+            max_seconds=max(r.seconds for r in results),
+            error_kinds=MappingProxyType(dict(kinds)),
+        )
+    return summaries

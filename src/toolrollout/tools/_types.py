@@ -11,9 +11,24 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrollout._exceptions import ToolRolloutError, ToolUnavailable, UserError
+from toolrollout._exceptions import (
+    ModelBehaviorError,
+    ToolError,
+    ToolExecutionError,
+    ToolRolloutError,
+    ToolTimeout,
+    ToolUnavailable,
+    UserError,
+)
 
-__all__ = ["RetryPolicy", "ToolCallRequest", "ToolContext", "ToolLimits", "ToolResult"]
+__all__ = [
+    "CircuitBreakerPolicy",
+    "RetryPolicy",
+    "ToolCallRequest",
+    "ToolContext",
+    "ToolLimits",
+    "ToolResult",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +80,16 @@ class ToolResult:
     """Per-call numbers a tool wants logged (verl's tool ``metrics``)."""
     seconds: float = 0.0
     """Wall time the executor spent on the call: queueing, attempts and backoff."""
+    attempts: int = 0
+    """Attempts the executor started (1 + retries); 0 when the call never reached the tool
+    (unknown tool, invalid arguments, open circuit breaker)."""
     error: ToolRolloutError | None = field(default=None, compare=False, repr=False)
     """The translated exception behind an error result; its ``__cause__`` is the original."""
+
+    @property
+    def retries(self) -> int:
+        """Attempts repeated after an infrastructure error (``attempts - 1``, at least 0)."""
+        return max(self.attempts - 1, 0)
 
     @property
     def error_kind(self) -> str | None:
@@ -104,6 +127,53 @@ class RetryPolicy:
         if self.backoff < 0 or self.max_backoff < 0:
             raise UserError("backoff and max_backoff must be >= 0")
 
+    @property
+    def attempts(self) -> int:
+        """Most attempts one call may make (``retries + 1``)."""
+        return self.retries + 1
+
+
+@dataclass(frozen=True, slots=True)
+class CircuitBreakerPolicy:
+    """When a tool stops being called: after ``failure_threshold`` consecutive failed calls.
+
+    The breaker then fails every call fast (a :class:`~toolrollout.CircuitOpen` error result,
+    the tool is not called) for ``reset_timeout`` seconds, lets one trial call through
+    (half-open), and closes again if it succeeds or re-opens if it fails.
+
+    A failed *call* counts once, after its retries. Only infrastructure failures count
+    (``trip_on``, by default every :class:`~toolrollout.ToolError`: the backend raised,
+    timed out or was unreachable); the model's mistakes (unknown tool, invalid arguments)
+    never do. A call that returns a result, even an ``is_error`` one the tool wrote itself,
+    is a success: the backend answered.
+    """
+
+    failure_threshold: int = 5
+    """Consecutive failed calls that open the breaker."""
+    reset_timeout: float = 30.0
+    """Seconds the breaker stays open before it lets one trial call through."""
+    trip_on: tuple[type[ToolError], ...] = (ToolUnavailable, ToolTimeout, ToolExecutionError)
+    """Error types that count as failures; other errors neither count nor reset the count."""
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise UserError(f"failure_threshold must be >= 1, got {self.failure_threshold}")
+        if not (self.reset_timeout > 0 and math.isfinite(self.reset_timeout)):
+            raise UserError(
+                f"reset_timeout must be a positive number of seconds, got {self.reset_timeout}"
+            )
+        if not self.trip_on:
+            raise UserError("trip_on must name at least one error type")
+        for kind in self.trip_on:
+            if not (isinstance(kind, type) and issubclass(kind, ToolError)):
+                what = kind.__name__ if isinstance(kind, type) else repr(kind)
+                hint = (
+                    " (the model's mistakes never trip a breaker)"
+                    if isinstance(kind, type) and issubclass(kind, ModelBehaviorError)
+                    else ""
+                )
+                raise UserError(f"trip_on: {what} is not a ToolError{hint}")
+
 
 @dataclass(frozen=True, slots=True)
 class ToolLimits:
@@ -120,6 +190,8 @@ class ToolLimits:
     """Attempts that may start back to back before the rate applies."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     """Which failures are retried, and how often."""
+    circuit_breaker: CircuitBreakerPolicy | None = None
+    """Fail fast after repeated infrastructure failures (None: no breaker)."""
 
     def __post_init__(self) -> None:
         if self.timeout is not None and not (self.timeout > 0 and math.isfinite(self.timeout)):

@@ -1,0 +1,17 @@
+"""The project's own example MCP servers, built on the MCP SDK's v2 ``MCPServer``.
+
+Each one runs as ``python -m toolrollout.mcp_servers.<name>`` with
+``--transport stdio|streamable-http|sse`` (default ``stdio``), ``--host`` and ``--port``:
+
+- :mod:`~toolrollout.mcp_servers.calculator`: the demo task's safe calculator as an MCP tool.
+- :mod:`~toolrollout.mcp_servers.testkit`: tools that misbehave on purpose (hang, crash the
+  server, return images, errors, odd content, rate-limit), for testing MCP clients.
+
+Streamable HTTP is served at ``http://HOST:PORT/mcp``, SSE at ``http://HOST:PORT/sse``.
+"""
+
+from __future__ import annotations
+
+from ._cli import serve as serve
+
+__all__ = ["serve"]

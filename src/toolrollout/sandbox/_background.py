@@ -1,0 +1,167 @@
+"""Start the local sandbox as a child process for the length of an ``async with``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import anyio
+import httpx
+
+from toolrollout._exceptions import SandboxIsolationError, ToolUnavailable, UserError
+from toolrollout.tools import Tool
+
+from ._tool import SandboxTool
+
+__all__ = ["free_port", "serve_local_sandboxes", "serve_sandbox_in_background"]
+
+logger = logging.getLogger(__name__)
+
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@asynccontextmanager
+async def serve_sandbox_in_background(
+    port: int = 0,
+    *,
+    host: str = "127.0.0.1",
+    max_concurrency: int | None = None,
+    unsafe_no_isolation: bool = False,
+    extra_args: Sequence[str] = (),
+    startup_timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> AsyncIterator[str]:
+    """Run ``toolrollout sandbox serve`` in a child process; yield its ``/run_code`` URL.
+
+    ``port=0`` picks a free port. Waits until ``GET /v1/ping`` answers; on leaving, the
+    server is terminated (then killed after 5 s), which also kills its running programs.
+
+    Raises:
+        SandboxIsolationError: the server refused to start because isolation is
+            unavailable (its one-line message is included).
+        ToolUnavailable: it exited for another reason or was not up within
+            ``startup_timeout`` seconds.
+    """
+    port = port or free_port(host)
+    argv = [sys.executable, "-m", "toolrollout", "sandbox", "serve"]
+    argv += ["--host", host, "--port", str(port), "--log-level", "warning"]
+    if max_concurrency is not None:
+        argv += ["--max-concurrency", str(max_concurrency)]
+    if unsafe_no_isolation:
+        argv.append("--unsafe-no-isolation")
+    argv += list(extra_args)
+    url = f"http://{host}:{port}"
+    with tempfile.TemporaryFile() as log:
+        process = await anyio.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env if env is not None else dict(os.environ),
+        )
+
+        def output() -> str:
+            log.seek(0)
+            return log.read().decode("utf-8", errors="replace").strip()
+
+        try:
+            ready = False
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                with anyio.move_on_after(startup_timeout):
+                    while process.returncode is None and not ready:
+                        try:
+                            ready = (await client.get(f"{url}/v1/ping")).status_code == 200
+                        except httpx.TransportError:
+                            pass
+                        if not ready:
+                            await anyio.sleep(0.1)
+            if not ready:
+                if process.returncode is None:
+                    raise ToolUnavailable(
+                        f"the local sandbox was not up within {startup_timeout:g} s: "
+                        + output()[-500:]
+                    )
+                text = output()
+                last = text.splitlines()[-1] if text else f"exit status {process.returncode}"
+                if process.returncode == 2 and ("bubblewrap" in last or "isolat" in last):
+                    raise SandboxIsolationError(last)
+                raise ToolUnavailable(f"the local sandbox exited at startup: {last}")
+            yield f"{url}/run_code"
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None:
+                    process.terminate()
+                    with anyio.move_on_after(5):
+                        await process.wait()
+                    if process.returncode is None:
+                        process.kill()
+                        await process.wait()
+                await process.aclose()
+
+
+async def _listening(host: str, port: int) -> bool:
+    try:
+        with anyio.fail_after(2):
+            stream = await anyio.connect_tcp(host, port)
+    except (OSError, TimeoutError):
+        return False
+    await stream.aclose()
+    return True
+
+
+@asynccontextmanager
+async def serve_local_sandboxes(
+    tools: Iterable[Tool],
+    *,
+    max_concurrency: int | None = None,
+    startup_timeout: float = 60.0,
+) -> AsyncIterator[list[str]]:
+    """Start the local sandbox for every :class:`SandboxTool` that asks for it.
+
+    A tool asks with ``local_sandbox: true`` in its config; its ``sandbox_fusion_url`` must
+    then be local (127.0.0.1 / localhost). Where something already listens on that port it
+    is used as it is. Yields the ``/run_code`` URLs of the servers started (one per port),
+    and stops them on exit. Raises :class:`~toolrollout.SandboxIsolationError` when
+    bubblewrap is unavailable.
+    """
+    ports: dict[int, str] = {}
+    for tool in tools:
+        if not isinstance(tool, SandboxTool) or not tool.local_sandbox:
+            continue
+        url = httpx.URL(tool.url)
+        if url.host not in _LOCAL_HOSTS:
+            raise UserError(
+                f"tool {tool.name!r}: local_sandbox needs a local sandbox_fusion_url "
+                f"(127.0.0.1 or localhost), got {tool.url}"
+            )
+        ports.setdefault(url.port or 80, url.host)
+    async with AsyncExitStack() as stack:
+        started: list[str] = []
+        for port in ports:
+            if await _listening("127.0.0.1", port):
+                logger.info("a server already listens on port %d; using it as the sandbox", port)
+                continue
+            started.append(
+                await stack.enter_async_context(
+                    serve_sandbox_in_background(
+                        port,
+                        max_concurrency=max_concurrency,
+                        startup_timeout=startup_timeout,
+                    )
+                )
+            )
+        yield started

@@ -1,0 +1,511 @@
+"""Runs one ``/run_code`` request on this machine: python or bash, isolated, bounded.
+
+Everything blocking happens off the event loop: the program runs under
+:func:`anyio.open_process` and file work runs in worker threads. Every run gets a fresh
+working directory, is killed as a whole process group (and, under bubblewrap, as a whole
+PID namespace) when its wall-clock timeout passes, and keeps at most ``max_output_bytes``
+of each output stream (the rest is read and counted, so the program is never blocked).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import math
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from toolrollout._exceptions import SandboxIsolationError, UserError
+
+from ._isolation import (
+    SANDBOX_WORKDIR,
+    BwrapInfo,
+    Limits,
+    bwrap_argv,
+    default_interpreter,
+    find_bwrap,
+    interpreter_prefixes,
+    launcher_argv,
+    probe_bwrap,
+)
+from ._protocol import (
+    CommandRunResult,
+    CommandRunStatus,
+    RunCodeRequest,
+    RunCodeResponse,
+    RunStatus,
+    parse_run_status,
+)
+
+__all__ = ["SUPPORTED_LANGUAGES", "SandboxRunner", "SandboxServerConfig"]
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_LANGUAGES: tuple[str, ...] = ("python", "bash")
+"""The languages the local sandbox runs (Sandbox Fusion itself runs many more)."""
+
+_MB = 1024 * 1024
+_DRAIN_GRACE = 1.0
+"""Seconds to finish reading output after the program ended (a leftover process still
+holding the pipe, possible only without isolation, is not waited for longer)."""
+_MAX_UID_SLOTS = 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxServerConfig:
+    """Settings of the local sandbox (``toolrollout sandbox serve``)."""
+
+    max_concurrency: int = field(default_factory=lambda: os.cpu_count() or 1)
+    """Programs running at once; further requests wait for a slot."""
+    isolation: Literal["bwrap", "none"] = "bwrap"
+    """``"none"`` runs programs without any isolation (``--unsafe-no-isolation``)."""
+    bwrap: str | None = None
+    """Path of ``bwrap``; None: found on ``$PATH``."""
+    python: str = field(default_factory=default_interpreter)
+    """Interpreter that runs ``python`` code (default: the server's, without its venv)."""
+    bash: str = "/bin/bash"
+    """Shell that runs ``bash`` code."""
+    memory_limit_mb: int = 1024
+    """Address-space limit per process (RLIMIT_AS); also the cap of a request's
+    ``memory_limit_MB`` (a request's -1, "unlimited" in Sandbox Fusion, gets this)."""
+    max_run_timeout: float = 300.0
+    """Cap on a request's ``run_timeout`` (seconds)."""
+    max_processes: int = 64
+    """Processes and threads per run (RLIMIT_NPROC; see the module docs of _isolation)."""
+    max_file_size_mb: int = 64
+    """Largest file a program may write (RLIMIT_FSIZE)."""
+    max_output_bytes: int = 128 * 1024
+    """Bytes of stdout and of stderr kept per run; the rest is dropped with a marker."""
+    tmp_size_mb: int = 256
+    """Size of the private ``/tmp`` (and of ``/dev/shm``) tmpfs under bubblewrap."""
+    max_fetch_bytes: int = 16 * _MB
+    """Largest file returned through ``fetch_files`` (larger ones are left out)."""
+    uid_base: int = 60000
+    """When the server runs as root: programs run as ``uid_base + slot`` (one uid per
+    concurrent run, so RLIMIT_NPROC is per run)."""
+    work_root: str | None = None
+    """Where per-run working directories are made (default: the system temp dir)."""
+    read_only_paths: tuple[str, ...] = ()
+    """Extra host paths made visible read-only (e.g. a data set, an interpreter's libs)."""
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency < 1:
+            raise UserError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.isolation not in ("bwrap", "none"):
+            raise UserError(f"isolation must be 'bwrap' or 'none', got {self.isolation!r}")
+        for name in ("memory_limit_mb", "max_processes", "max_file_size_mb", "tmp_size_mb"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_output_bytes < 0 or self.max_fetch_bytes < 0:
+            raise UserError("max_output_bytes and max_fetch_bytes must be >= 0")
+        if not (self.max_run_timeout > 0 and math.isfinite(self.max_run_timeout)):
+            raise UserError(
+                f"max_run_timeout must be a positive number, got {self.max_run_timeout}"
+            )
+
+
+class _RequestError(Exception):
+    """The request cannot be run as given (bad file path or content)."""
+
+
+@dataclass
+class _Capture:
+    """Reads a stream to its end, keeping the first ``limit`` bytes."""
+
+    limit: int
+    data: bytearray = field(default_factory=bytearray)
+    dropped: int = 0
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+    async def drain(self, stream: anyio.abc.ByteReceiveStream | None) -> None:
+        try:
+            if stream is None:
+                return
+            async for chunk in stream:
+                room = max(self.limit - len(self.data), 0)
+                self.data += chunk[:room]
+                self.dropped += max(len(chunk) - room, 0)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            self.done.set()
+
+    def text(self) -> str:
+        text = bytes(self.data).decode("utf-8", errors="replace")
+        if self.dropped:
+            text += f"\n[truncated: {self.dropped} more bytes not shown]\n"
+        return text
+
+
+async def _feed(stream: anyio.abc.ByteSendStream | None, data: str | None) -> None:
+    if stream is None:
+        return
+    try:
+        if data:
+            await stream.send(data.encode("utf-8"))
+    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+        pass  # the program exited (or closed stdin) without reading it all
+    finally:
+        try:
+            await stream.aclose()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _rmtree(path: str) -> None:
+    def retry(func: Callable[..., Any], target: str, _exc: object) -> None:
+        # A program may leave a directory without permissions: give them back, retry.
+        try:
+            os.chmod(os.path.dirname(target), 0o700)
+            if os.path.isdir(target) and not os.path.islink(target):
+                os.chmod(target, 0o700)
+            func(target)
+        except OSError:
+            logger.warning("sandbox: cannot remove %s", target)
+
+    shutil.rmtree(path, onerror=retry)
+
+
+class SandboxRunner:
+    """Runs ``/run_code`` requests under :class:`SandboxServerConfig`.
+
+    Construction checks the isolation works (it runs one trivial sandboxed program) and
+    raises :class:`~toolrollout.SandboxIsolationError` when it does not.
+    """
+
+    def __init__(self, config: SandboxServerConfig | None = None) -> None:
+        self.config = config if config is not None else SandboxServerConfig()
+        self._bwrap: BwrapInfo | None = None
+        self._read_only: tuple[str, ...] = ()
+        if self.config.isolation == "bwrap":
+            self._bwrap = self._find_bwrap()
+            self._read_only = self._visible_paths()
+        root = os.geteuid() == 0
+        self._drop_uid = root and self._bwrap is not None
+        if self._drop_uid and self.config.max_concurrency > _MAX_UID_SLOTS:
+            raise UserError(
+                f"max_concurrency must be <= {_MAX_UID_SLOTS} when running as root "
+                "(one uid per concurrent run)"
+            )
+        count = self.config.max_concurrency if self._drop_uid else 0
+        self._free_uids = [self.config.uid_base + i for i in range(count)]
+        self._limiter = anyio.CapacityLimiter(self.config.max_concurrency)
+        self.runs = 0
+        """Requests run since start."""
+        self._check()
+
+    @property
+    def isolation(self) -> str:
+        """``"bwrap"`` or ``"none"``."""
+        return "bwrap" if self._bwrap is not None else "none"
+
+    @property
+    def running(self) -> int:
+        """Programs running now."""
+        return int(self._limiter.borrowed_tokens)
+
+    def describe(self) -> dict[str, Any]:
+        """What ``GET /health`` reports."""
+        info: dict[str, Any] = {
+            "status": "ok",
+            "isolation": self.isolation,
+            "languages": list(SUPPORTED_LANGUAGES),
+            "max_concurrency": self.config.max_concurrency,
+            "running": self.running,
+            "runs": self.runs,
+        }
+        if self._bwrap is not None:
+            info["bwrap_version"] = self._bwrap.version
+            info["privileged"] = self._bwrap.privileged
+        return info
+
+    def _find_bwrap(self) -> BwrapInfo:
+        wanted = self.config.bwrap
+        path = find_bwrap() if wanted is None else shutil.which(wanted)
+        if path is None:
+            where = "on PATH" if wanted is None else f"at {wanted}"
+            raise SandboxIsolationError(
+                f"bubblewrap (bwrap) was not found {where}: install it (apt-get install "
+                "bubblewrap) or pass --unsafe-no-isolation to run code without any isolation"
+            )
+        return probe_bwrap(path)
+
+    def _visible_paths(self) -> tuple[str, ...]:
+        paths = list(interpreter_prefixes(self.config.python))
+        for extra in self.config.read_only_paths:
+            resolved = os.path.realpath(extra)
+            if not os.path.exists(resolved):
+                raise UserError(f"read-only path {extra} does not exist")
+            paths.append(resolved)
+        return tuple(dict.fromkeys(paths))
+
+    def _limits(self, run_timeout: float, memory_mb: int) -> Limits:
+        return Limits(
+            memory_bytes=memory_mb * _MB,
+            cpu_seconds=max(1, math.ceil(run_timeout)) + 1,
+            processes=self.config.max_processes,
+            file_size_bytes=self.config.max_file_size_mb * _MB,
+        )
+
+    def _argv(
+        self, workdir: str, script: str, language: str, limits: Limits, uid: int
+    ) -> list[str]:
+        inner_dir = SANDBOX_WORKDIR if self._bwrap is not None else workdir
+        program = self.config.python if language == "python" else self.config.bash
+        command = launcher_argv(self.config.python, limits, uid, [program, f"{inner_dir}/{script}"])
+        if self._bwrap is None:
+            return command
+        return bwrap_argv(
+            self._bwrap,
+            workdir=workdir,
+            read_only=self._read_only,
+            tmp_size_bytes=self.config.tmp_size_mb * _MB,
+            command=command,
+        )
+
+    def _env(self, workdir: str) -> dict[str, str]:
+        inner_dir = SANDBOX_WORKDIR if self._bwrap is not None else workdir
+        python_bin = os.path.dirname(self.config.python)
+        return {
+            "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": inner_dir,
+            "TMPDIR": "/tmp" if self._bwrap is not None else workdir,
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+
+    def _check(self) -> None:
+        """Run ``print(1+1)`` once, synchronously, to prove the setup works."""
+        uid = self._free_uids[0] if self._free_uids else -1
+        workdir = self._prepare(RunCodeRequest(code="print(1 + 1)", language="python"), uid)
+        try:
+            argv = self._argv(workdir, "main.py", "python", self._limits(30, 256), uid)
+            try:
+                done = subprocess.run(
+                    argv,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    cwd=workdir,
+                    env=self._env(workdir),
+                    start_new_session=True,
+                    check=False,
+                )
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise SandboxIsolationError(f"the sandbox cannot start a program: {exc}") from exc
+            if done.returncode != 0 or done.stdout.strip() != "2":
+                detail = (done.stderr.strip() or done.stdout.strip()).splitlines()
+                why = detail[-1] if detail else f"exit status {done.returncode}"
+                hint = ""
+                if self._bwrap is not None:
+                    hint = (
+                        " (bubblewrap needs user namespaces, or root; pass "
+                        "--unsafe-no-isolation to run without isolation)"
+                    )
+                raise SandboxIsolationError(f"the sandbox cannot run python here: {why}{hint}")
+        finally:
+            _rmtree(workdir)
+
+    # --- per run ----------------------------------------------------------------------
+
+    async def run(self, request: RunCodeRequest) -> RunCodeResponse:
+        """Run one request; sandbox-side failures come back as ``SandboxError``."""
+        if request.language not in SUPPORTED_LANGUAGES:
+            return RunCodeResponse(
+                status=RunStatus.SandboxError,
+                message=(
+                    f"language {request.language!r} is not supported by this sandbox "
+                    f"(supported: {', '.join(SUPPORTED_LANGUAGES)}); use a Sandbox Fusion "
+                    "deployment for other languages"
+                ),
+            )
+        async with self._limiter:
+            uid = self._free_uids.pop() if self._drop_uid else -1
+            try:
+                self.runs += 1
+                return await self._run_in_slot(request, uid)
+            finally:
+                if self._drop_uid:
+                    self._free_uids.append(uid)
+
+    async def _run_in_slot(self, request: RunCodeRequest, uid: int) -> RunCodeResponse:
+        try:
+            workdir = await anyio.to_thread.run_sync(self._prepare, request, uid)
+        except _RequestError as exc:
+            return RunCodeResponse(status=RunStatus.SandboxError, message=str(exc))
+        try:
+            timeout = min(max(request.run_timeout, 0.0), self.config.max_run_timeout)
+            memory = self.config.memory_limit_mb
+            if request.memory_limit_MB > 0:
+                memory = min(memory, request.memory_limit_MB)
+            script = "main.py" if request.language == "python" else "main.sh"
+            argv = self._argv(workdir, script, request.language, self._limits(timeout, memory), uid)
+            result = await self._execute(argv, workdir, request.stdin, timeout)
+            files: dict[str, str] = {}
+            if request.fetch_files:
+                files = await anyio.to_thread.run_sync(self._fetch, workdir, request.fetch_files)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_rmtree, workdir)
+        status, message = parse_run_status(None, result)
+        return RunCodeResponse(status=status, message=message, run_result=result, files=files)
+
+    async def _execute(
+        self, argv: list[str], workdir: str, stdin: str | None, run_timeout: float
+    ) -> CommandRunResult:
+        limit = self.config.max_output_bytes
+        out, err = _Capture(limit), _Capture(limit)
+        started = time.perf_counter()
+        try:
+            process = await anyio.open_process(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=workdir,
+                env=self._env(workdir),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return CommandRunResult(
+                status=CommandRunStatus.Error, stderr=f"cannot start the sandbox: {exc}"
+            )
+        timed_out = False
+        elapsed = 0.0
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_feed, process.stdin, stdin)
+                tg.start_soon(out.drain, process.stdout)
+                tg.start_soon(err.drain, process.stderr)
+                with anyio.move_on_after(run_timeout) as scope:
+                    await process.wait()
+                elapsed = time.perf_counter() - started
+                if scope.cancelled_caught:
+                    timed_out = True
+                    _kill_group(process.pid)
+                    await process.wait()
+                elif self._bwrap is None:
+                    _kill_group(process.pid)  # background leftovers of a finished program
+                with anyio.move_on_after(_DRAIN_GRACE):
+                    await out.done.wait()
+                    await err.done.wait()
+                tg.cancel_scope.cancel()
+        finally:
+            if process.returncode is None:  # cancelled from outside: leave nothing behind
+                _kill_group(process.pid)
+                with anyio.CancelScope(shield=True):
+                    await process.wait()
+            with anyio.CancelScope(shield=True):
+                await process.aclose()
+        if timed_out:
+            return CommandRunResult(
+                status=CommandRunStatus.TimeLimitExceeded,
+                execution_time=elapsed,
+                stdout=out.text(),
+                stderr=err.text(),
+            )
+        return CommandRunResult(
+            status=CommandRunStatus.Finished,
+            execution_time=elapsed,
+            return_code=process.returncode,
+            stdout=out.text(),
+            stderr=err.text(),
+        )
+
+    # --- files (worker threads) ---------------------------------------------------------
+
+    def _inside(self, workdir: str, name: str) -> Path:
+        """The host path of ``name`` (relative, or absolute under /sandbox) in ``workdir``."""
+        path = PurePosixPath(name)
+        if path.is_absolute():
+            try:
+                path = path.relative_to(SANDBOX_WORKDIR)
+            except ValueError:
+                raise _RequestError(
+                    f"file path {name!r} must be relative (or under {SANDBOX_WORKDIR})"
+                ) from None
+        if ".." in path.parts or not path.parts:
+            raise _RequestError(f"file path {name!r} must stay inside the working directory")
+        return Path(workdir, *path.parts)
+
+    def _prepare(self, request: RunCodeRequest, uid: int) -> str:
+        base = self.config.work_root
+        workdir = tempfile.mkdtemp(prefix="toolrollout-sandbox-", dir=base)
+        try:
+            self._write_files(workdir, request.code, request.language, request.files)
+            if uid >= 0:
+                # bwrap enters it as a capability-less root before the launcher switches
+                # to the slot uid: it needs the search bit.
+                os.chmod(workdir, 0o711)
+                for parent, dirs, names in os.walk(workdir):
+                    os.chown(parent, uid, uid)
+                    for entry in (*dirs, *names):
+                        os.chown(os.path.join(parent, entry), uid, uid, follow_symlinks=False)
+        except BaseException:
+            _rmtree(workdir)
+            raise
+        return workdir
+
+    def _write_files(
+        self, workdir: str, code: str, language: str, files: Mapping[str, str | None]
+    ) -> None:
+        for name, content in files.items():
+            if not isinstance(content, str):
+                continue  # Sandbox Fusion skips null contents too
+            target = self._inside(workdir, name)
+            try:
+                data = base64.b64decode(content, validate=True)
+            except (binascii.Error, ValueError):
+                raise _RequestError(f"file {name!r}: content is not valid base64") from None
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        script = "main.py" if language == "python" else "main.sh"
+        Path(workdir, script).write_text(code, encoding="utf-8")
+
+    def _fetch(self, workdir: str, names: list[str]) -> dict[str, str]:
+        files: dict[str, str] = {}
+        root = os.path.realpath(workdir)
+        for name in names:
+            try:
+                target = self._inside(workdir, name)
+            except _RequestError:
+                continue
+            # The program controls the directory: refuse symlinks out of it (the server may
+            # be root and would otherwise read any host file for it).
+            parent = os.path.realpath(target.parent)
+            if parent != root and not parent.startswith(root + os.sep):
+                continue
+            try:
+                fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue  # missing: left out, as Sandbox Fusion does
+            with os.fdopen(fd, "rb") as handle:
+                info = os.fstat(handle.fileno())
+                if not stat.S_ISREG(info.st_mode) or info.st_size > self.config.max_fetch_bytes:
+                    continue
+                data = handle.read(self.config.max_fetch_bytes + 1)
+            if len(data) <= self.config.max_fetch_bytes:
+                files[name] = base64.b64encode(data).decode("ascii")
+        return files

@@ -1,0 +1,428 @@
+"""The code-running tool: a Sandbox Fusion ``POST /run_code`` client.
+
+Works against a real Sandbox Fusion deployment and against ``toolrollout sandbox serve``
+(same API). Tool configs build it with ``config: {type: sandbox, sandbox_fusion_url: ...}``;
+verl's ``SandboxFusionTool`` keys are accepted as they are.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from toolrollout._exceptions import (
+    ToolArgumentError,
+    ToolExecutionError,
+    ToolTimeout,
+    ToolUnavailable,
+    UserError,
+)
+from toolrollout.tools import RetryPolicy, Tool, ToolContext, ToolLimits, ToolResult
+
+from ._protocol import (
+    LANGUAGES,
+    CommandRunResult,
+    CommandRunStatus,
+    RunCodeRequest,
+    RunCodeResponse,
+    RunStatus,
+)
+
+__all__ = ["DEFAULT_SANDBOX_URL", "SandboxTool", "format_run_code_response", "sandbox_tool"]
+
+DEFAULT_SANDBOX_URL = "http://127.0.0.1:8080/run_code"
+"""Where ``toolrollout sandbox serve`` and a default Sandbox Fusion container listen."""
+
+_RETRY_STATUS = frozenset({429, 502, 503, 504})
+"""HTTP statuses of an overloaded or restarting service: retried."""
+
+_LANGUAGE_NAMES = {"python": "Python 3", "bash": "bash", "cpp": "C++17", "nodejs": "Node.js"}
+
+_GENERIC_KEYS = frozenset(
+    {"type", "timeout", "max_concurrency", "num_workers", "rate_limit", "rate_burst", "retries"}
+)
+"""Keys of an entry's ``config`` the tool-config loader applies (limits), not the tool."""
+
+_IGNORED_VERL_KEYS = frozenset({"enable_global_rate_limit"})
+"""verl keys with no meaning here (verl's Ray-actor rate limiter)."""
+
+
+class _Transient(Exception):
+    """An attempt failed in a way another attempt may not."""
+
+
+class SandboxConfigModel(BaseModel):
+    """The tool's own keys in a tool-config entry's ``config``."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    sandbox_fusion_url: str = Field(default=DEFAULT_SANDBOX_URL, alias="url", min_length=1)
+    default_language: str = "python"
+    default_timeout: PositiveFloat = 30.0
+    max_timeout: PositiveFloat | None = None
+    compile_timeout: PositiveFloat | None = None
+    memory_limit_mb: int = 1024
+    max_output_chars: PositiveInt = 4000
+    http_retries: int = Field(default=3, ge=0)
+    http_timeout: PositiveFloat | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    local_sandbox: bool = False
+
+
+def _clip(text: str, limit: int) -> str:
+    """Keep the start and the end of ``text`` (tracebacks end with the error)."""
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    omitted = len(text) - limit
+    return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[-tail:]}"
+
+
+def _streams(result: CommandRunResult, limit: int) -> str:
+    stdout = _clip(result.stdout or "", limit)
+    stderr = _clip(result.stderr or "", limit)
+    parts = [stdout.rstrip("\n")] if stdout else []
+    if stderr:
+        parts.append("[stderr]\n" + stderr.rstrip("\n"))
+    return "\n".join(parts)
+
+
+def format_run_code_response(
+    response: RunCodeResponse, *, run_timeout: float | None = None, max_output_chars: int = 4000
+) -> str:
+    """The text a model sees for a ``/run_code`` answer.
+
+    stdout as printed; ``[stderr]`` and its text when there is any; then, when the program
+    did not end normally, one bracketed line: ``[exit status 1]``, ``[timed out after
+    10 s: the program was killed]`` or ``[compilation failed ...]``. A run with no output
+    at all says so, so an empty answer is never mistaken for a lost one.
+    """
+    compiled = response.compile_result
+    if compiled is not None and (
+        compiled.status != CommandRunStatus.Finished or compiled.return_code != 0
+    ):
+        body = _streams(compiled, max_output_chars)
+        if compiled.status == CommandRunStatus.TimeLimitExceeded:
+            status = "[compilation timed out]"
+        else:
+            status = f"[compilation failed with exit status {compiled.return_code}]"
+        return f"{body}\n{status}" if body else status
+    result = response.run_result
+    if result is None:
+        return f"[no run result: {response.status.value}] {response.message}".strip()
+    body = _streams(result, max_output_chars)
+    if result.status == CommandRunStatus.TimeLimitExceeded:
+        limit = f"{run_timeout:g} s" if run_timeout is not None else "its time limit"
+        status = f"[timed out after {limit}: the program was killed]"
+    elif result.return_code not in (0, None):
+        status = f"[exit status {result.return_code}]"
+    elif not body:
+        return "[no output]"
+    else:
+        return body
+    return f"{body}\n{status}" if body else status
+
+
+@dataclass(frozen=True, kw_only=True)
+class SandboxTool(Tool):
+    """Runs the model's code through Sandbox Fusion's ``POST /run_code``.
+
+    Arguments from the model: ``code`` (required), ``timeout`` (seconds, clamped to
+    :attr:`max_timeout`) and, if a custom schema offers it, ``language``. The result text is
+    the program's output plus its exit status or timeout (see
+    :func:`format_run_code_response`); a program that fails is a normal result (the
+    tool worked), while a sandbox that fails raises, translated into the exception tree:
+    unreachable / 429 / 502-504 after the retries: ToolUnavailable; no answer in time:
+    ToolTimeout; SandboxError or any other HTTP error: ToolExecutionError.
+    """
+
+    url: str = DEFAULT_SANDBOX_URL
+    """The full ``/run_code`` URL (verl: ``sandbox_fusion_url``)."""
+    language: str = "python"
+    """Language used when the call gives none (verl: ``default_language``)."""
+    run_timeout: float = 30.0
+    """Seconds a program may run when the call gives no timeout (verl: ``default_timeout``)."""
+    max_timeout: float = 120.0
+    """Cap on a call's ``timeout``."""
+    compile_timeout: float | None = None
+    """Seconds for compiled languages' compile step (None: the run timeout, as in verl)."""
+    memory_limit_mb: int = 1024
+    """Sent as ``memory_limit_MB`` (-1: the service's default)."""
+    max_output_chars: int = 4000
+    """stdout and stderr are each clipped to this many characters (start and end kept)."""
+    http_retries: int = 3
+    """Extra attempts after connection errors and 429/502/503/504 answers."""
+    http_timeout: float | None = None
+    """Seconds per HTTP attempt (None: compile + run timeout + 30 s)."""
+    retry_backoff: float = 0.5
+    """First wait (seconds) before an HTTP retry; doubled each time, plus jitter."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Extra HTTP headers (e.g. authorization for a hosted deployment)."""
+    local_sandbox: bool = False
+    """Whether a program should start ``toolrollout sandbox serve`` on :attr:`url`'s port
+    when nothing listens there (see :func:`serve_local_sandboxes`); the tool itself only
+    records the wish."""
+    transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False, repr=False)
+    """httpx transport override (tests replay recorded answers with ``httpx.MockTransport``)."""
+
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.language not in LANGUAGES:
+            raise UserError(
+                f"default_language {self.language!r} is not a Sandbox Fusion language "
+                f"(one of: {', '.join(LANGUAGES)})"
+            )
+        for name in ("run_timeout", "max_timeout"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise UserError(f"{name} must be a positive number of seconds, got {value}")
+        if self.http_retries < 0:
+            raise UserError(f"http_retries must be >= 0, got {self.http_retries}")
+        if not self.url.startswith(("http://", "https://")):
+            raise UserError(f"sandbox URL {self.url!r} must start with http:// or https://")
+
+    @classmethod
+    def create(
+        cls,
+        url: str = DEFAULT_SANDBOX_URL,
+        *,
+        language: str = "python",
+        name: str | None = None,
+        run_timeout: float = 30.0,
+        max_timeout: float | None = None,
+        memory_limit_mb: int = 1024,
+        limits: ToolLimits | None = None,
+        **options: Any,
+    ) -> SandboxTool:
+        """A tool named after ``language`` (``python``, ``bash``...) with its schema.
+
+        ``options`` are the other fields (``compile_timeout``, ``max_output_chars``,
+        ``http_retries``, ``http_timeout``, ``headers``, ``local_sandbox``, ``transport``,
+        ``description``).
+        Default limits: at most 10 calls at once (verl's ``num_workers``), no executor
+        retries (the HTTP layer retries transient errors itself) and no executor timeout
+        (each HTTP attempt has one).
+        """
+        cap = max_timeout if max_timeout is not None else max(run_timeout, 120.0)
+        shown = _LANGUAGE_NAMES.get(language, language)
+        description = options.pop(
+            "description",
+            f"Run a {shown} program in an isolated sandbox and return what it prints "
+            "(stdout, stderr and the exit status). The program has no network access and "
+            "nothing persists between calls: print every result you need.",
+        )
+        parameters = {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": f"The complete {shown} program."},
+                "timeout": {
+                    "type": "number",
+                    "description": f"Seconds the program may run (default {run_timeout:g}, "
+                    f"at most {cap:g}).",
+                },
+            },
+            "required": ["code"],
+        }
+        return cls(
+            name=name or (language if language in ("python", "bash") else "code_interpreter"),
+            description=description,
+            parameters=parameters,
+            limits=limits
+            if limits is not None
+            else ToolLimits(timeout=None, max_concurrency=10, retry=RetryPolicy(retries=0)),
+            url=url,
+            language=language,
+            run_timeout=run_timeout,
+            max_timeout=cap,
+            memory_limit_mb=memory_limit_mb,
+            **options,
+        )
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], tool_schema: Mapping[str, Any] | None = None
+    ) -> Tool:
+        """Build from a tool-config entry's ``config`` (verl's SandboxFusionTool keys:
+        ``sandbox_fusion_url``, ``default_timeout``, ``default_language``,
+        ``memory_limit_mb``; ``num_workers`` is read by the loader as ``max_concurrency``).
+        """
+        own = {
+            key: value
+            for key, value in config.items()
+            if key not in _GENERIC_KEYS and key not in _IGNORED_VERL_KEYS
+        }
+        try:
+            parsed = SandboxConfigModel.model_validate(own)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"config.{'.'.join(str(p) for p in e['loc'])}: "
+                + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
+                for e in exc.errors()
+            )
+            raise UserError(problems) from exc
+        return cls.create(
+            parsed.sandbox_fusion_url,
+            language=parsed.default_language,
+            run_timeout=parsed.default_timeout,
+            max_timeout=parsed.max_timeout,
+            memory_limit_mb=parsed.memory_limit_mb,
+            compile_timeout=parsed.compile_timeout,
+            max_output_chars=parsed.max_output_chars,
+            http_retries=parsed.http_retries,
+            http_timeout=parsed.http_timeout,
+            headers=parsed.headers,
+            local_sandbox=parsed.local_sandbox,
+        )
+
+    # --- arguments --------------------------------------------------------------------
+
+    def check_arguments(self, arguments: Mapping[str, Any]) -> None:
+        """``code`` must be a string, ``timeout`` a positive number, ``language`` known."""
+        super().check_arguments(arguments)
+        self._parse(arguments)
+
+    def _parse(self, arguments: Mapping[str, Any]) -> tuple[str, str, float]:
+        code = arguments.get("code")
+        if not isinstance(code, str):
+            raise ToolArgumentError(
+                f"invalid arguments for tool {self.name!r}: 'code' must be a string"
+            )
+        language = arguments.get("language", self.language)
+        if language not in LANGUAGES:
+            raise ToolArgumentError(
+                f"invalid arguments for tool {self.name!r}: unknown language {language!r}"
+            )
+        raw = arguments.get("timeout")
+        timeout = self.run_timeout
+        if raw is not None:
+            try:
+                if isinstance(raw, bool):
+                    raise ValueError
+                timeout = float(raw)
+            except (TypeError, ValueError):
+                timeout = math.nan
+            if not (timeout > 0 and math.isfinite(timeout)):
+                raise ToolArgumentError(
+                    f"invalid arguments for tool {self.name!r}: 'timeout' must be a positive "
+                    f"number of seconds (got {raw!r})"
+                )
+        return code, str(language), min(timeout, self.max_timeout)
+
+    # --- the call -----------------------------------------------------------------------
+
+    async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
+        code, language, timeout = self._parse(arguments)
+        request = RunCodeRequest(
+            code=code,
+            language=language,  # type: ignore[arg-type]  # checked against LANGUAGES
+            run_timeout=timeout,
+            compile_timeout=self.compile_timeout or timeout,
+            memory_limit_MB=self.memory_limit_mb,
+        )
+        response = await self.run_code(request)
+        if response.status == RunStatus.SandboxError:
+            raise ToolExecutionError(
+                f"the sandbox failed to run the code: {response.message or 'no message'}"
+            )
+        text = format_run_code_response(
+            response, run_timeout=timeout, max_output_chars=self.max_output_chars
+        )
+        result = response.run_result
+        metrics: dict[str, float] = {}
+        if result is not None:
+            metrics["timed_out"] = float(result.status == CommandRunStatus.TimeLimitExceeded)
+            if result.execution_time is not None:
+                metrics["execution_time"] = result.execution_time
+            if result.return_code is not None:
+                metrics["return_code"] = float(result.return_code)
+        structured = {
+            "status": response.status.value,
+            "run_status": None if result is None else result.status.value,
+            "return_code": None if result is None else result.return_code,
+            "execution_time": None if result is None else result.execution_time,
+        }
+        return ToolResult(text=text, structured=structured, metrics=metrics)
+
+    async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
+        """POST ``request`` to :attr:`url`, retrying transient failures; the parsed answer.
+
+        Any service answer is returned, ``SandboxError`` included; transport and HTTP
+        failures raise (see the class docs).
+        """
+        seconds = self.http_timeout or (request.compile_timeout + request.run_timeout + 30.0)
+        timeout = httpx.Timeout(seconds, connect=min(seconds, 10.0))
+        body = request.model_dump(mode="json")
+        async with httpx.AsyncClient(
+            timeout=timeout, headers=dict(self.headers), transport=self.transport
+        ) as client:
+            try:
+                async for attempt in AsyncRetrying(
+                    stop=stop_after_attempt(self.http_retries + 1),
+                    wait=wait_exponential(multiplier=self.retry_backoff, max=8.0)
+                    + wait_random(0, self.retry_backoff),
+                    retry=retry_if_exception_type(_Transient),
+                    reraise=True,
+                ):
+                    with attempt:
+                        return await self._post(client, body)
+            except _Transient as exc:
+                raise ToolUnavailable(
+                    f"sandbox at {self.url} unavailable after {self.http_retries + 1} "
+                    f"attempt(s): {exc}"
+                ) from exc.__cause__
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> RunCodeResponse:
+        try:
+            answer = await client.post(self.url, json=body)
+        except httpx.TimeoutException as exc:
+            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+                raise _Transient(f"{type(exc).__name__}: {exc}") from exc
+            raise ToolTimeout(
+                f"the sandbox at {self.url} did not answer within {client.timeout.read:g} s"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise _Transient(f"{type(exc).__name__}: {exc or 'connection failed'}") from exc
+        if answer.status_code in _RETRY_STATUS:
+            raise _Transient(f"HTTP {answer.status_code}: {answer.text[:200]}")
+        if answer.status_code != 200:
+            raise ToolExecutionError(
+                f"the sandbox at {self.url} answered HTTP {answer.status_code}: {answer.text[:500]}"
+            )
+        try:
+            return RunCodeResponse.model_validate_json(answer.content)
+        except ValidationError as exc:
+            raise ToolExecutionError(
+                f"the sandbox at {self.url} sent an answer that is not a /run_code response: "
+                f"{answer.text[:200]}"
+            ) from exc
+
+
+def sandbox_tool(
+    url: str = DEFAULT_SANDBOX_URL,
+    *,
+    language: str = "python",
+    name: str | None = None,
+    run_timeout: float = 30.0,
+    limits: ToolLimits | None = None,
+    **options: Any,
+) -> SandboxTool:
+    """A code-running tool for the Sandbox Fusion-compatible service at ``url``
+    (see :meth:`SandboxTool.create`)."""
+    return SandboxTool.create(
+        url, language=language, name=name, run_timeout=run_timeout, limits=limits, **options
+    )

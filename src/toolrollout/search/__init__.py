@@ -1,0 +1,57 @@
+"""Search: a client tool for Search-R1's retrieval API, and a local BM25 retriever.
+
+- :class:`SearchTool` (tool name ``search``, argument ``query_list``) calls any server that
+  speaks Search-R1's ``POST /retrieve``; ``VerlSearchTool`` is what verl's
+  ``verl.tools.search_tool.SearchTool`` loads as from a tool config.
+- ``toolrollout retriever serve --corpus FILE`` serves a JSON Lines corpus with BM25
+  (:class:`Bm25Retriever`; the app is :func:`toolrollout.search.retriever.create_retriever_app`).
+- :func:`serve_retriever_in_background` runs that server as a child process;
+  :func:`serve_local_retrievers` starts the ones a tool config asks for (``local_corpus``).
+- :mod:`toolrollout.search.demo_corpus`: a small synthetic corpus and questions about it.
+
+Importing this package imports neither bm25s nor FastAPI.
+"""
+
+from __future__ import annotations
+
+from ._bm25 import Bm25Retriever as Bm25Retriever
+from ._bm25 import Hit as Hit
+from ._client import RETRY_STATUSES as RETRY_STATUSES
+from ._client import ResultFormat as ResultFormat
+from ._client import SearchTool as SearchTool
+from ._client import VerlSearchTool as VerlSearchTool
+from ._corpus import Document as Document
+from ._corpus import documents_from_rows as documents_from_rows
+from ._corpus import load_corpus as load_corpus
+from ._format import RetrievedDocument as RetrievedDocument
+from ._format import format_hits as format_hits
+from ._format import format_results as format_results
+from ._format import parse_response as parse_response
+from ._local import LocalRetriever as LocalRetriever
+from ._local import serve_local_retrievers as serve_local_retrievers
+from ._local import serve_retriever_in_background as serve_retriever_in_background
+from .demo_corpus import DEMO_CORPUS_PATH as DEMO_CORPUS_PATH
+from .demo_corpus import DEMO_QUESTIONS_PATH as DEMO_QUESTIONS_PATH
+from .demo_corpus import load_demo_questions as load_demo_questions
+
+__all__ = [
+    "DEMO_CORPUS_PATH",
+    "DEMO_QUESTIONS_PATH",
+    "RETRY_STATUSES",
+    "Bm25Retriever",
+    "Document",
+    "Hit",
+    "LocalRetriever",
+    "ResultFormat",
+    "RetrievedDocument",
+    "SearchTool",
+    "VerlSearchTool",
+    "documents_from_rows",
+    "format_hits",
+    "format_results",
+    "load_corpus",
+    "load_demo_questions",
+    "parse_response",
+    "serve_local_retrievers",
+    "serve_retriever_in_background",
+]

@@ -1,0 +1,366 @@
+"""The ``search`` tool: a client of the Search-R1 retrieval API (``POST /retrieve``).
+
+It behaves like verl's ``SearchTool`` (argument ``query_list``, ``topk`` hits per query,
+results formatted as ``Doc i (Title: ...)``), with two differences: failures are typed
+errors (the executor turns them into error results) instead of result text, and the text is
+plain unless ``result_format: json`` asks for verl's ``{"result": "..."}`` wrapper.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import httpx
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+)
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+    wait_random,
+)
+
+from toolrollout._exceptions import (
+    ToolArgumentError,
+    ToolExecutionError,
+    ToolUnavailable,
+    UserError,
+)
+from toolrollout.tools import RetryPolicy, Tool, ToolContext, ToolLimits, ToolResult
+from toolrollout.tools._models import ToolEntryConfigModel
+
+from ._format import RetrievedDocument, format_results, parse_response
+
+__all__ = ["DEFAULT_DESCRIPTION", "RETRY_STATUSES", "ResultFormat", "SearchTool", "VerlSearchTool"]
+
+ResultFormat = Literal["text", "json"]
+"""``text``: the formatted hits; ``json``: verl's ``{"result": "<formatted hits>"}``."""
+
+RETRY_STATUSES: frozenset[int] = frozenset({429, 500, 502, 503, 504})
+"""HTTP statuses retried (verl retries 500/502/503/504; 429 means "later" too)."""
+
+DEFAULT_DESCRIPTION = (
+    "Search a document collection. Returns the most relevant passages for each query."
+)
+
+
+def _default_parameters() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "query_list": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "One or more fully-formed search queries; each gets its own "
+                "results.",
+            }
+        },
+        "required": ["query_list"],
+    }
+
+
+def _default_limits() -> ToolLimits:
+    # The tool retries HTTP failures itself, so the executor does not retry on top.
+    return ToolLimits(timeout=60.0, retry=RetryPolicy(retries=0))
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One verified TLS context for every client: building one per call costs milliseconds."""
+    return httpx.create_ssl_context()
+
+
+class _RetryableStatus(Exception):
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+def _snippet(response: httpx.Response, limit: int = 200) -> str:
+    text = " ".join(response.text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _SearchConfigModel(BaseModel):
+    """The tool's own keys of a tool-config ``config`` mapping."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    retrieval_service_url: str
+    topk: PositiveInt = 3
+    return_scores: bool = True
+    request_timeout: PositiveFloat | None = None
+    http_retries: NonNegativeInt = 3
+    retry_backoff: NonNegativeFloat = 0.5
+    max_retry_backoff: NonNegativeFloat = 5.0
+    result_format: ResultFormat = "text"
+    max_queries: PositiveInt | None = None
+    headers: dict[str, str] = {}
+    local_corpus: str | None = None
+
+
+_LOADER_KEYS = frozenset(ToolEntryConfigModel.model_fields)
+"""Keys the tool-config loader reads (type and limits); the tool only borrows ``timeout``."""
+_IGNORED_VERL_KEYS = frozenset({"enable_global_rate_limit"})
+"""verl SearchTool keys that have no meaning here (Ray's global rate limiter)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchTool(Tool):
+    """Search a Search-R1-compatible retrieval service (``POST /retrieve``).
+
+    The model passes ``query_list`` (a list of strings, as with verl) or a single ``query``
+    string. Each query gets up to :attr:`topk` hits, formatted per query as
+    ``Doc i (Title: <first line>)\\n<rest>`` and joined with ``\\n---\\n``.
+
+    HTTP failures (connection errors, timeouts, 429/5xx answers) are retried
+    :attr:`http_retries` times with exponential backoff, then raised as
+    :class:`~toolrollout.ToolUnavailable`; a 4xx answer or an unreadable body raises
+    :class:`~toolrollout.ToolExecutionError`; bad arguments raise
+    :class:`~toolrollout.ToolArgumentError`. The executor turns each into an error result.
+    Result metrics: ``query_count``, ``total_results``, ``empty_queries``, ``attempts``.
+    """
+
+    name: str = "search"
+    description: str = DEFAULT_DESCRIPTION
+    parameters: Mapping[str, Any] = field(default_factory=_default_parameters)
+    limits: ToolLimits = field(default_factory=_default_limits)
+    retrieval_service_url: str
+    """Full URL of the endpoint, e.g. ``http://127.0.0.1:8000/retrieve`` (a URL without a
+    path gets ``/retrieve``)."""
+    topk: int = 3
+    """Hits per query."""
+    return_scores: bool = True
+    """Ask the server for scores (they are reported in ``structured``; verl asks too)."""
+    request_timeout: float = 30.0
+    """Seconds one HTTP request may take (verl's ``timeout``)."""
+    http_retries: int = 3
+    """Extra attempts after a connection error, timeout or 429/5xx answer."""
+    retry_backoff: float = 0.5
+    """First wait between attempts in seconds, doubled each time (plus jitter)."""
+    max_retry_backoff: float = 5.0
+    """Longest wait between attempts."""
+    result_format: ResultFormat = "text"
+    """``text`` or ``json`` (verl's ``{"result": ...}`` wrapper)."""
+    max_queries: int | None = None
+    """Most queries one call may carry (None: no limit); more is the model's error."""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """Extra HTTP headers (e.g. an ``Authorization`` for a hosted retriever)."""
+    local_corpus: str | None = None
+    """When set (a corpus path, or ``demo``), :func:`~toolrollout.search.serve_local_retrievers`
+    starts toolrollout's BM25 retriever on this URL's port if nothing listens there."""
+    transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False, repr=False)
+    """An httpx transport to use instead of the network (tests: ``httpx.MockTransport``)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        try:
+            url = httpx.URL(self.retrieval_service_url)
+        except httpx.InvalidURL as exc:
+            raise UserError(f"retrieval_service_url is not a URL: {exc}") from exc
+        if url.scheme not in ("http", "https") or not url.host:
+            raise UserError(
+                "retrieval_service_url must be an http(s) URL such as "
+                f"http://127.0.0.1:8000/retrieve, got {self.retrieval_service_url!r}"
+            )
+        if url.path in ("", "/"):
+            object.__setattr__(self, "retrieval_service_url", str(url.copy_with(path="/retrieve")))
+        if self.topk < 1:
+            raise UserError(f"topk must be >= 1, got {self.topk}")
+        if not self.request_timeout > 0:
+            raise UserError(f"request_timeout must be > 0, got {self.request_timeout}")
+        if self.http_retries < 0 or self.retry_backoff < 0 or self.max_retry_backoff < 0:
+            raise UserError("http_retries, retry_backoff and max_retry_backoff must be >= 0")
+        if self.result_format not in ("text", "json"):
+            raise UserError(f"result_format must be 'text' or 'json', got {self.result_format!r}")
+        if self.max_queries is not None and self.max_queries < 1:
+            raise UserError(f"max_queries must be >= 1, got {self.max_queries}")
+
+    @classmethod
+    def from_config(
+        cls, config: Mapping[str, Any], tool_schema: Mapping[str, Any] | None = None
+    ) -> SearchTool:
+        """Build from a tool-config ``config`` (verl's SearchTool keys are accepted).
+
+        ``timeout`` also sets :attr:`request_timeout` unless that is given; ``num_workers``,
+        ``rate_limit`` and the other limit keys are applied by the loader.
+        """
+        own = {k: v for k, v in config.items() if k not in _LOADER_KEYS | _IGNORED_VERL_KEYS}
+        try:
+            parsed = _SearchConfigModel.model_validate(own)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"config.{'.'.join(str(p) for p in e['loc'])}: "
+                + {"extra_forbidden": "unknown key", "missing": "is required"}.get(
+                    e["type"], e["msg"]
+                )
+                for e in exc.errors()
+            )
+            raise UserError(problems) from exc
+        # Only the keys given: unset ones keep the class's defaults (VerlSearchTool's differ).
+        values = {k: v for k, v in parsed.model_dump(exclude_unset=True).items() if v is not None}
+        if "request_timeout" not in values and config.get("timeout") is not None:
+            values["request_timeout"] = float(config["timeout"])
+        return cls(**values)
+
+    # -- arguments ---------------------------------------------------------------------
+
+    def _queries(self, arguments: Mapping[str, Any]) -> list[str]:
+        def bad(message: str) -> ToolArgumentError:
+            return ToolArgumentError(f"invalid arguments for tool {self.name!r}: {message}")
+
+        has_list = arguments.get("query_list") is not None
+        has_one = arguments.get("query") is not None
+        if has_list and has_one:
+            raise bad("pass either 'query_list' or 'query', not both")
+        if has_list:
+            raw = arguments["query_list"]
+            if not isinstance(raw, list) or not all(isinstance(q, str) for q in raw):
+                raise bad("'query_list' must be a list of strings")
+            queries: list[str] = raw
+        elif has_one:
+            if not isinstance(arguments["query"], str):
+                raise bad("'query' must be a string")
+            queries = [arguments["query"]]
+        else:
+            raise bad("missing required argument 'query_list' (a list of search queries)")
+        if not queries:
+            raise bad("'query_list' is empty")
+        if any(not q.strip() for q in queries):
+            raise bad("a query is empty")
+        if self.max_queries is not None and len(queries) > self.max_queries:
+            raise bad(f"{len(queries)} queries; at most {self.max_queries} per call")
+        return queries
+
+    def check_arguments(self, arguments: Mapping[str, Any]) -> None:
+        """Accept ``query_list`` (list of strings) or ``query`` (a string)."""
+        self._queries(arguments)
+
+    # -- HTTP --------------------------------------------------------------------------
+
+    def _client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            transport=self.transport,
+            timeout=self.request_timeout,
+            headers={"Accept": "application/json", **self.headers},
+            verify=_ssl_context(),
+        )
+
+    async def _post(self, payload: Mapping[str, Any]) -> tuple[Any, int]:
+        """POST with retries; the decoded JSON body and the number of attempts."""
+        url = self.retrieval_service_url
+        attempts = 0
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.http_retries + 1),
+            wait=wait_exponential(multiplier=self.retry_backoff, max=self.max_retry_backoff)
+            + wait_random(0, self.retry_backoff / 2),
+            retry=retry_if_exception_type((httpx.TransportError, _RetryableStatus)),
+            sleep=anyio.sleep,
+            reraise=True,
+        )
+        client = self._client()
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    response = await client.post(url, json=payload)
+                    if response.status_code in RETRY_STATUSES:
+                        raise _RetryableStatus(response)
+        except _RetryableStatus as exc:
+            raise ToolUnavailable(
+                f"tool {self.name!r}: the retrieval service at {url} answered HTTP "
+                f"{exc.response.status_code} ({attempts} attempts): {_snippet(exc.response)}"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise ToolUnavailable(
+                f"tool {self.name!r}: the retrieval service at {url} did not answer within "
+                f"{self.request_timeout:g}s ({attempts} attempts)"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise ToolUnavailable(
+                f"tool {self.name!r}: cannot reach the retrieval service at {url} "
+                f"({attempts} attempts): {type(exc).__name__}: {exc}"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise ToolExecutionError(
+                f"tool {self.name!r}: request to {url} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        finally:
+            if self.transport is None:  # a caller's transport stays open for its next call
+                await client.aclose()
+        if response.is_error:
+            raise ToolExecutionError(
+                f"tool {self.name!r}: the retrieval service at {url} rejected the request "
+                f"with HTTP {response.status_code}: {_snippet(response)}"
+            )
+        try:
+            return response.json(), attempts
+        except ValueError as exc:
+            raise ToolExecutionError(
+                f"tool {self.name!r}: the retrieval service at {url} answered with invalid "
+                f"JSON: {_snippet(response)}"
+            ) from exc
+
+    # -- the call ----------------------------------------------------------------------
+
+    async def search(self, queries: list[str]) -> tuple[list[list[RetrievedDocument]], int]:
+        """Retrieve ``topk`` hits for each query; also returns the number of HTTP attempts."""
+        payload = {"queries": queries, "topk": self.topk, "return_scores": self.return_scores}
+        data, attempts = await self._post(payload)
+        try:
+            return parse_response(data, len(queries)), attempts
+        except ValueError as exc:
+            raise ToolExecutionError(
+                f"tool {self.name!r}: unexpected answer from the retrieval service at "
+                f"{self.retrieval_service_url}: {exc}"
+            ) from exc
+
+    async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
+        """Search every query and return the formatted hits."""
+        queries = self._queries(arguments)
+        results, attempts = await self.search(queries)
+        text = format_results(results)
+        if self.result_format == "json":
+            text = json.dumps({"result": text}, ensure_ascii=False)
+        total = sum(len(hits) for hits in results)
+        return ToolResult(
+            text=text,
+            structured={
+                "queries": queries,
+                "results": [
+                    [{"id": h.id, "title": h.title, "score": h.score} for h in hits]
+                    for hits in results
+                ],
+            },
+            metrics={
+                "query_count": float(len(queries)),
+                "total_results": float(total),
+                "empty_queries": float(sum(1 for hits in results if not hits)),
+                "attempts": float(attempts),
+            },
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class VerlSearchTool(SearchTool):
+    """:class:`SearchTool` with verl's output: ``{"result": "..."}`` JSON text.
+
+    ``verl.tools.search_tool.SearchTool`` in a tool config loads as this class, so a model
+    trained with verl's search tool sees the same text.
+    """
+
+    result_format: ResultFormat = "json"

@@ -1,0 +1,132 @@
+"""Corpus files: JSON Lines in Search-R1's wiki layout, or ``{"id", "title", "text"}``.
+
+Search-R1's corpus rows are ``{"id": "0", "contents": "\\"Title\\"\\nbody"}``: the first line
+of ``contents`` is the title (quoted), the rest the passage. Rows that carry ``title`` and
+``text`` instead are turned into that layout, so every document the retriever returns has
+``contents`` in the form Search-R1's and verl's formatters expect.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from toolrollout._exceptions import ConfigError
+
+__all__ = ["Document", "documents_from_rows", "load_corpus", "split_contents"]
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """Split Search-R1 ``contents`` into (title line, rest), as verl's formatter does.
+
+    The title keeps its quotes (``"Title"``), because that is the text a model trained with
+    verl's search tool has seen.
+    """
+    title, _, text = contents.partition("\n")
+    return title, text
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One corpus passage."""
+
+    id: str
+    """The row's ``id`` (as a string); the line number when the row has none."""
+    contents: str
+    """``"Title"\\nbody``: what is indexed and what the retriever returns."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """The row's other fields (``title``, ``text``, ...), returned with the document."""
+
+    @property
+    def title(self) -> str:
+        """The first line of :attr:`contents`, without surrounding quotes."""
+        return split_contents(self.contents)[0].strip().strip('"')
+
+    def to_json(self) -> dict[str, Any]:
+        """The document as the retrieval API returns it (``id``, ``contents``, extras)."""
+        return {**self.extra, "id": self.id, "contents": self.contents}
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], *, default_id: str) -> Document:
+        """Build a document from a corpus row; raises ValueError when it has no text."""
+        contents = row.get("contents")
+        extra = {k: v for k, v in row.items() if k not in ("id", "contents")}
+        if contents is None:
+            title, text = row.get("title"), row.get("text")
+            if title is None and text is None:
+                raise ValueError("a row needs 'contents', or 'title' and/or 'text'")
+            for key, value in (("title", title), ("text", text)):
+                if value is not None and not isinstance(value, str):
+                    raise ValueError(f"'{key}' must be a string, got {type(value).__name__}")
+            contents = f'"{title or ""}"\n{text or ""}'
+        elif not isinstance(contents, str):
+            raise ValueError(f"'contents' must be a string, got {type(contents).__name__}")
+        raw_id = row.get("id", default_id)
+        if not isinstance(raw_id, str | int) or isinstance(raw_id, bool):
+            raise ValueError(f"'id' must be a string or an integer, got {type(raw_id).__name__}")
+        return cls(id=str(raw_id), contents=contents, extra=extra)
+
+
+def _rows(path: Path) -> Iterator[tuple[int, Document]]:
+    source = str(path)
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{source}: cannot read the corpus: {exc.strerror or exc}") from exc
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{source}:{number}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(row, dict):
+                raise ConfigError(
+                    f"{source}:{number}: expected a JSON object, got {type(row).__name__}"
+                )
+            try:
+                yield number, Document.from_row(row, default_id=str(number - 1))
+            except ValueError as exc:
+                raise ConfigError(f"{source}:{number}: {exc}") from exc
+
+
+def _unique(numbered: Iterable[tuple[str, Document]], source: str) -> list[Document]:
+    documents: list[Document] = []
+    seen: dict[str, str] = {}
+    for where, document in numbered:
+        if document.id in seen:
+            raise ConfigError(
+                f"{where}: duplicate id {document.id!r} (also at {seen[document.id]})"
+            )
+        seen[document.id] = where
+        documents.append(document)
+    if not documents:
+        raise ConfigError(f"{source}: the corpus has no documents")
+    return documents
+
+
+def load_corpus(path: str | PathLike[str]) -> list[Document]:
+    """Read a JSON Lines corpus; every problem is a ConfigError naming the file and line.
+
+    Blank lines are skipped; ids must be unique; an empty corpus is an error.
+    """
+    source = Path(path)
+    return _unique(((f"{source}:{n}", doc) for n, doc in _rows(source)), str(source))
+
+
+def documents_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[Document]:
+    """Documents from in-memory rows, with the same rules as :func:`load_corpus`."""
+
+    def numbered() -> Iterator[tuple[str, Document]]:
+        for index, row in enumerate(rows):
+            try:
+                yield f"corpus row {index}", Document.from_row(row, default_id=str(index))
+            except ValueError as exc:
+                raise ConfigError(f"corpus row {index}: {exc}") from exc
+
+    return _unique(numbered(), "corpus")

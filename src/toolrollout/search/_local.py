@@ -1,0 +1,219 @@
+"""Starting toolrollout's BM25 retriever as a child process, for as long as a block runs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import IO
+
+import anyio
+import httpx
+from anyio.abc import Process
+
+from toolrollout._exceptions import ToolUnavailable, UserError
+from toolrollout.tools import Tool
+
+from ._client import SearchTool
+from .demo_corpus import DEMO_CORPUS_PATH
+
+__all__ = [
+    "LocalRetriever",
+    "free_port",
+    "resolve_corpus",
+    "serve_local_retrievers",
+    "serve_retriever_in_background",
+]
+
+logger = logging.getLogger(__name__)
+
+_LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"})
+
+
+@dataclass(frozen=True, slots=True)
+class LocalRetriever:
+    """A retriever started by :func:`serve_retriever_in_background`."""
+
+    host: str
+    """The interface it binds."""
+    port: int
+    pid: int
+    corpus: Path
+
+    @property
+    def url(self) -> str:
+        """Base URL to connect to (``http://127.0.0.1:PORT``)."""
+        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    @property
+    def retrieve_url(self) -> str:
+        """The ``/retrieve`` endpoint, as ``retrieval_service_url`` wants it."""
+        return self.url + "/retrieve"
+
+
+def resolve_corpus(corpus: str | PathLike[str] | None) -> Path:
+    """``None`` or ``"demo"``: the bundled demo corpus; otherwise the path, which must exist."""
+    if corpus is None or str(corpus) == "demo":
+        return DEMO_CORPUS_PATH
+    path = Path(corpus)
+    if not path.is_file():
+        raise UserError(f"corpus file not found: {path}")
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _tail(log: IO[bytes], limit: int = 2000) -> str:
+    log.flush()
+    log.seek(0)
+    text = log.read().decode("utf-8", "replace").strip()
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+@asynccontextmanager
+async def serve_retriever_in_background(
+    corpus: str | PathLike[str] | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    topk: int = 3,
+    stemming: bool = True,
+    startup_timeout: float = 60.0,
+    log_level: str = "warning",
+) -> AsyncIterator[LocalRetriever]:
+    """Run ``toolrollout retriever serve`` in a child process while the block runs.
+
+    ``corpus`` None or ``"demo"`` serves the bundled demo corpus; ``port`` 0 picks a free
+    port. Returns once ``GET /health`` answers; the process is terminated (then killed)
+    on exit, also when the block is cancelled. A process that exits or does not become
+    healthy within ``startup_timeout`` raises :class:`~toolrollout.ToolUnavailable`
+    carrying the end of its output.
+    """
+    path = resolve_corpus(corpus)
+    if port == 0:
+        port = free_port(host)
+    command = [
+        sys.executable, "-m", "toolrollout", "retriever", "serve",
+        "--corpus", str(path), "--host", host, "--port", str(port), "--topk", str(topk),
+        "--log-level", log_level, "--stem" if stemming else "--no-stem",
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryFile() as log:
+        process = await anyio.open_process(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+        handle = LocalRetriever(host=host, port=port, pid=process.pid, corpus=path)
+        try:
+            await _wait_healthy(handle, process, log, startup_timeout)
+            logger.info("retriever for %s is up at %s (pid %d)", path, handle.url, process.pid)
+            yield handle
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None:
+                    process.terminate()
+                    with anyio.move_on_after(5):
+                        await process.wait()
+                    if process.returncode is None:
+                        process.kill()
+                        await process.wait()
+                await process.aclose()
+
+
+async def _wait_healthy(
+    handle: LocalRetriever, process: Process, log: IO[bytes], startup_seconds: float
+) -> None:
+    health = handle.url + "/health"
+    with anyio.move_on_after(startup_seconds):
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while True:
+                if process.returncode is not None:
+                    raise ToolUnavailable(
+                        f"the retriever exited with code {process.returncode} before it "
+                        f"was ready:\n{_tail(log)}"
+                    )
+                try:
+                    if (await client.get(health)).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                await anyio.sleep(0.1)
+    raise ToolUnavailable(
+        f"the retriever at {handle.url} was not ready after {startup_seconds:g}s:\n{_tail(log)}"
+    )
+
+
+async def _listening(host: str, port: int) -> bool:
+    try:
+        with anyio.fail_after(2):
+            stream = await anyio.connect_tcp(host, port)
+    except (OSError, TimeoutError):
+        return False
+    await stream.aclose()
+    return True
+
+
+@asynccontextmanager
+async def serve_local_retrievers(
+    tools: Iterable[Tool], *, startup_timeout: float = 60.0
+) -> AsyncIterator[list[LocalRetriever]]:
+    """Start a retriever for each search tool that asks for one (``local_corpus``).
+
+    A tool's ``local_corpus`` asks for toolrollout's BM25 retriever on the host and port of
+    its ``retrieval_service_url`` (which must be local). Where something already listens
+    there it is used as it is. Yields the retrievers started, and stops them on exit.
+    """
+    wanted: dict[tuple[str, int], Path] = {}
+    for tool in tools:
+        if not isinstance(tool, SearchTool) or tool.local_corpus is None:
+            continue
+        url = httpx.URL(tool.retrieval_service_url)
+        host = url.host
+        port = url.port or (443 if url.scheme == "https" else 80)
+        if host not in _LOCAL_HOSTS:
+            raise UserError(
+                f"tool {tool.name!r}: local_corpus needs a local retrieval_service_url "
+                f"(127.0.0.1 or localhost), got {tool.retrieval_service_url}"
+            )
+        corpus = resolve_corpus(tool.local_corpus)
+        previous = wanted.setdefault((host, port), corpus)
+        if previous.resolve() != corpus.resolve():
+            raise UserError(
+                f"tool {tool.name!r}: two different local corpora for port {port}: "
+                f"{previous} and {corpus}"
+            )
+    async with AsyncExitStack() as stack:
+        started: list[LocalRetriever] = []
+        for (host, port), corpus in wanted.items():
+            connect_host = {"localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
+                host, host
+            )
+            if await _listening(connect_host, port):
+                logger.info(
+                    "a server already listens on %s:%d; using it as the retriever", host, port
+                )
+                continue
+            bind = "127.0.0.1" if host == "localhost" else host
+            started.append(
+                await stack.enter_async_context(
+                    serve_retriever_in_background(
+                        corpus, host=bind, port=port, startup_timeout=startup_timeout
+                    )
+                )
+            )
+        yield started

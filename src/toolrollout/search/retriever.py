@@ -1,0 +1,106 @@
+"""A local retrieval server with Search-R1's API, answering from a BM25 index.
+
+``POST /retrieve`` takes ``{"queries": [...], "topk": 3, "return_scores": true}`` and answers
+``{"result": [[{"document": {"id", "contents", ...}, "score": 1.2}, ...], ...]}`` (one list
+per query, best first); with ``return_scores: false`` each hit is the bare document, as in
+``search_r1/search/retrieval_server.py``. ``GET /health`` answers ``{"status": "ok", ...}``.
+
+Imports FastAPI; bm25s is imported when an index is built.
+"""
+
+from __future__ import annotations
+
+import logging
+from os import PathLike
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from ._bm25 import Bm25Retriever, Hit
+from ._corpus import load_corpus
+
+__all__ = [
+    "MAX_QUERIES",
+    "MAX_TOPK",
+    "Bm25Retriever",
+    "Hit",
+    "RetrieveRequest",
+    "create_retriever_app",
+    "run_retriever",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_QUERIES = 4096
+"""Most queries one request may carry (a bound on the work one request can ask for)."""
+MAX_TOPK = 1000
+"""Largest ``topk`` a request may ask for."""
+
+
+class RetrieveRequest(BaseModel):
+    """The body of ``POST /retrieve`` (Search-R1's ``QueryRequest``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    queries: list[str] = Field(max_length=MAX_QUERIES)
+    topk: int | None = Field(default=None, ge=1, le=MAX_TOPK)
+    """Hits per query; None: the server's ``--topk``."""
+    return_scores: bool = False
+    """True: each hit is ``{"document": ..., "score": ...}``; False: the bare document."""
+
+
+def _hit_json(hit: Hit, return_scores: bool) -> dict[str, Any]:
+    document = hit.document.to_json()
+    return {"document": document, "score": hit.score} if return_scores else document
+
+
+def create_retriever_app(retriever: Bm25Retriever, *, default_topk: int = 3) -> FastAPI:
+    """The FastAPI app serving ``retriever`` (``/retrieve`` and ``/health``)."""
+    app = FastAPI(title="toolrollout retriever", docs_url=None, redoc_url=None)
+
+    # A plain ``def``: FastAPI runs it in its thread pool, off the event loop.
+    @app.post("/retrieve")
+    def retrieve(request: RetrieveRequest) -> dict[str, Any]:
+        topk = request.topk or default_topk
+        results = retriever.search(request.queries, topk)
+        return {
+            "result": [[_hit_json(hit, request.return_scores) for hit in hits] for hits in results]
+        }
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "retriever": "bm25s",
+            "documents": len(retriever.documents),
+            "stemming": retriever.stemming,
+            "topk": default_topk,
+        }
+
+    return app
+
+
+def run_retriever(
+    corpus: str | PathLike[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    topk: int = 3,
+    stemming: bool = True,
+    log_level: str = "info",
+) -> None:
+    """Load ``corpus``, index it, and serve it with uvicorn until interrupted."""
+    import uvicorn
+
+    documents = load_corpus(corpus)
+    retriever = Bm25Retriever(documents, stemming=stemming)
+    logger.info(
+        "indexed %d documents from %s in %.2fs (stemming: %s)",
+        len(documents),
+        corpus,
+        retriever.index_seconds,
+        "on" if retriever.stemming else "off",
+    )
+    app = create_retriever_app(retriever, default_topk=topk)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

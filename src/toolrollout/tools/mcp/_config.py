@@ -1,0 +1,173 @@
+"""``config.type: mcp`` entries of a verl-layout tool config.
+
+The entry names an ``mcpServers`` JSON file; loading lists each server's tools over a
+short-lived connection (so the schemas are known before the first model turn) and returns
+:class:`McpTool` objects bound to one new :class:`McpClientManager`, not yet open. The
+persistent sessions start lazily, on first call, once the manager is open.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import anyio
+from mcp.types import Tool as McpToolInfo
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+
+from toolrollout._exceptions import ConfigError, UserError
+
+from .._base import Tool
+from .._models import ToolEntryModel
+from ._manager import McpClientManager, _describe
+from ._servers import McpServerSpec, load_mcp_servers
+from ._tool import McpTool, build_mcp_tools
+
+__all__ = ["VERL_MCP_CLASSES", "McpSettingsModel", "build_mcp_entry", "discover_tools"]
+
+VERL_MCP_CLASSES = (
+    "verl.tools.mcp_base_tool.MCPBaseTool",
+    "verl.tools.mcp_search_tool.MCPSearchTool",
+)
+"""verl (<= 0.7.1) MCP tool classes; an entry naming one loads as :class:`McpTool`."""
+
+
+class McpSettingsModel(BaseModel):
+    """An entry's ``mcp`` mapping (verl's keys plus ours)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mcp_servers_config_path: str = Field(min_length=1)
+    """The ``mcpServers`` JSON file, relative to the YAML file's folder or absolute."""
+    tool_selected_list: list[str] | None = None
+    """Allow-list of tool names as the servers spell them (default: every tool)."""
+    tool_name_prefix: str = ""
+    """Put before each name shown to the model; ``{server}`` is replaced by the server."""
+    connect_timeout: PositiveFloat = 30.0
+    """Seconds to start/connect a server, initialize and list its tools."""
+
+
+def discover_tools(
+    servers: Mapping[str, McpServerSpec], *, connect_timeout: float = 30.0
+) -> dict[str, list[McpToolInfo]]:
+    """List every server's tools over a short-lived session each (blocking).
+
+    Runs its own event loop on a worker thread, so it may be called from sync code and
+    from inside a running event loop alike (which it then blocks while it runs). Every
+    session and child process is closed before it returns. Raises
+    :class:`~toolrollout.ToolUnavailable` for a server that cannot be reached.
+    """
+
+    async def run() -> dict[str, list[McpToolInfo]]:
+        manager = McpClientManager(servers, connect_timeout=connect_timeout)
+        listings: dict[str, list[McpToolInfo]] = {}
+
+        async def fetch(name: str) -> None:
+            listings[name] = await manager.list_tools(name)
+
+        async with manager, anyio.create_task_group() as tg:
+            for name in servers:
+                tg.start_soon(fetch, name)
+        return {name: listings[name] for name in servers}
+
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mcp-discovery") as pool:
+        return pool.submit(anyio.run, run).result()
+
+
+def _tool_class(class_name: str, where: Callable[[str], str]) -> type[McpTool]:
+    name = class_name.strip()
+    if name in VERL_MCP_CLASSES or name in (
+        "toolrollout.tools.mcp.McpTool",
+        "toolrollout.tools.mcp:McpTool",
+    ):
+        return McpTool
+    from toolrollout.tools._config import _import
+
+    try:
+        obj = _import(name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{where('class_name')}: cannot import {name!r}: {exc}") from exc
+    if not (isinstance(obj, type) and issubclass(obj, McpTool)):
+        raise ConfigError(
+            f"{where('class_name')}: {name!r} is not an McpTool subclass; entries of "
+            "config.type 'mcp' take toolrollout.tools.mcp.McpTool (or a verl MCP class)"
+        )
+    return obj
+
+
+def build_mcp_entry(
+    entry: ToolEntryModel,
+    where: Callable[[str], str],
+    *,
+    base_dir: Path | None = None,
+) -> list[Tool]:
+    """Build the tools of one ``type: mcp`` entry (called by the tool-config loader)."""
+    from toolrollout.tools._config import _key_path, _limits, _message
+
+    if entry.mcp is None:
+        raise ConfigError(
+            f"{where('mcp')}: is required for config.type 'mcp' "
+            "(mcp_servers_config_path, optional tool_selected_list)"
+        )
+    try:
+        settings = McpSettingsModel.model_validate(entry.mcp)
+    except ValidationError as exc:
+        lines = [f"{where('mcp.' + _key_path(e['loc']))}: {_message(e)}" for e in exc.errors()]
+        raise ConfigError("\n".join(lines)) from exc
+    if entry.tool_schema is not None:
+        raise ConfigError(
+            f"{where('tool_schema')}: not supported for config.type 'mcp': the servers' "
+            "tool lists supply the schemas (use mcp.tool_selected_list to choose tools)"
+        )
+    unknown = sorted((entry.config.model_extra or {}).keys())
+    if unknown:
+        raise ConfigError(
+            "\n".join(
+                f"{where('config.' + key)}: unknown key for config.type 'mcp'" for key in unknown
+            )
+        )
+    tool_class = _tool_class(entry.class_name, where)
+
+    path = Path(settings.mcp_servers_config_path).expanduser()
+    if not path.is_absolute():
+        path = (base_dir if base_dir is not None else Path.cwd()) / path
+    try:
+        servers = load_mcp_servers(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{where('mcp.mcp_servers_config_path')}: {exc}") from exc
+
+    manager = McpClientManager(servers, connect_timeout=settings.connect_timeout, source=str(path))
+    try:
+        listings: Mapping[str, Sequence[McpToolInfo]] = discover_tools(
+            servers, connect_timeout=settings.connect_timeout
+        )
+    except UserError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"{where('mcp')}: cannot list the tools of the servers in {path}: {_describe(exc)}"
+        ) from exc
+    if settings.tool_selected_list is not None:
+        available = {info.name for infos in listings.values() for info in infos}
+        missing = [name for name in settings.tool_selected_list if name not in available]
+        if missing:
+            raise ConfigError(
+                f"{where('mcp.tool_selected_list')}: no server in {path} lists the tool(s) "
+                f"{', '.join(map(repr, missing))}; available: "
+                f"{', '.join(sorted(available)) or 'none'}"
+            )
+    try:
+        tools = build_mcp_tools(
+            manager,
+            listings,
+            selected=settings.tool_selected_list,
+            name_prefix=settings.tool_name_prefix,
+            tool_class=tool_class,
+        )
+    except UserError as exc:
+        raise ConfigError(f"{where('mcp')}: {exc}") from exc
+    try:
+        return [tool.with_limits(_limits(entry, tool.limits)) for tool in tools]
+    except UserError as exc:
+        raise ConfigError(f"{where('config')}: {exc}") from exc

@@ -1,0 +1,601 @@
+"""One persistent MCP session per server, shared by every trajectory, reconnected on loss.
+
+:class:`McpClientManager` owns a task group; each server's session lives in one background
+task of it (transport + :class:`mcp.ClientSession`), started lazily by the first call and
+replaced, again by the next call, when it is found dead. Calls run in the callers' own
+tasks on the shared session, so a caller's cancellation (e.g. the executor's per-call
+timeout) cancels the request, and the SDK then sends ``notifications/cancelled`` to the
+server. Errors are translated into the library's tree at this boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self, cast
+
+import anyio
+import anyio.abc
+import httpx2
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.sse import sse_client
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
+from mcp.types import (
+    CONNECTION_CLOSED,
+    INVALID_PARAMS,
+    REQUEST_TIMEOUT,
+    CallToolResult,
+    Implementation,
+    PaginatedRequestParams,
+    RequestParamsMeta,
+)
+from mcp.types import Tool as McpToolInfo
+from pydantic import ValidationError
+
+from toolrollout._exceptions import (
+    ToolArgumentError,
+    ToolExecutionError,
+    ToolRolloutError,
+    ToolTimeout,
+    ToolUnavailable,
+    UserError,
+)
+from toolrollout._version import __version__
+
+from ._servers import McpServerSpec, StdioServer
+
+if TYPE_CHECKING:
+    from .._types import ToolLimits
+    from ._tool import McpTool
+
+__all__ = ["McpClientManager", "McpServerStatistics"]
+
+logger = logging.getLogger(__name__)
+
+_SESSION_LOST = ("session not found", "session terminated")
+"""Streamable HTTP answers (lower-cased) for a session id the server no longer knows,
+e.g. after it restarted."""
+_RATE_LIMITED = re.compile(r"rate.?limit|too many requests", re.IGNORECASE)
+_PING_TIMEOUT = 5.0
+_TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    OSError,
+    httpx2.TransportError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class McpServerStatistics:
+    """Counters of one server's connection since the manager was created."""
+
+    name: str
+    connected: bool
+    """Whether a live session is open now."""
+    sessions_opened: int
+    """Sessions established (1 unless the session was lost and re-established)."""
+    connect_failures: int
+    """Attempts to connect that failed (each failed the calls waiting for it)."""
+    sessions_lost: int
+    """Sessions found dead: the process exited, the connection dropped, the server restarted."""
+    calls: int
+    """Tool calls sent on a session."""
+    failed_calls: int
+    """Calls that raised (transport, protocol or rate-limit errors); ``isError`` results
+    are answers, not failures, and are not counted here."""
+    in_flight: int
+    """Calls waiting for their answer now."""
+
+
+class _WatchedReadStream:
+    """The transport's read stream, reporting when the session's reader stops using it.
+
+    The session's receive loop leaves ``async with read_stream`` exactly when the
+    connection ends (EOF from a dead process, a dropped HTTP stream, or our own close),
+    so a dead session is noticed without waiting for the next call to fail on it.
+    """
+
+    def __init__(self, stream: Any, on_end: Any) -> None:
+        self._stream = stream
+        self._on_end = on_end
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._stream, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        item: SessionMessage | Exception = await self._stream.receive()
+        return item
+
+    async def aclose(self) -> None:
+        self._on_end()
+        await self._stream.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            item: SessionMessage | Exception = await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._on_end()
+            raise StopAsyncIteration from None
+        return item
+
+    async def __aenter__(self) -> Self:
+        await self._stream.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        self._on_end()
+        result: bool | None = await self._stream.__aexit__(exc_type, exc_val, exc_tb)
+        return result
+
+
+class _Session:
+    """One connection (attempt) to a server; replaced, never reused, once it ends."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.ready = anyio.Event()
+        """Set once connected, or once connecting failed (then ``client`` is None)."""
+        self.stop = anyio.Event()
+        """Set to make the background task close the session."""
+        self.closed = anyio.Event()
+        """Set when the background task has finished (session and transport closed)."""
+        self.scope = anyio.CancelScope()
+        self.client: ClientSession | None = None
+        self.error: BaseException | None = None
+        self.tools: list[McpToolInfo] = []
+        self.lost = False
+
+    @property
+    def replaceable(self) -> bool:
+        """Ended, ending or failed: the next call must open a new session."""
+        return self.lost or self.stop.is_set() or self.closed.is_set()
+
+    def retire(self) -> None:
+        self.stop.set()
+        if not self.ready.is_set():
+            self.scope.cancel()
+
+
+class _Server:
+    """The connection state of one server: the current session and the counters."""
+
+    def __init__(self, spec: McpServerSpec, manager: McpClientManager) -> None:
+        self.spec = spec
+        self.manager = manager
+        self.session: _Session | None = None
+        self.generation = 0
+        self._lock: anyio.Lock | None = None
+        self.sessions_opened = 0
+        self.connect_failures = 0
+        self.sessions_lost = 0
+        self.calls = 0
+        self.failed_calls = 0
+        self.in_flight = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def snapshot(self) -> McpServerStatistics:
+        session = self.session
+        return McpServerStatistics(
+            name=self.name,
+            connected=session is not None
+            and session.client is not None
+            and not session.replaceable,
+            sessions_opened=self.sessions_opened,
+            connect_failures=self.connect_failures,
+            sessions_lost=self.sessions_lost,
+            calls=self.calls,
+            failed_calls=self.failed_calls,
+            in_flight=self.in_flight,
+        )
+
+    def _mark_lost(self, session: _Session) -> None:
+        if not session.lost and not session.stop.is_set():
+            session.lost = True
+            self.sessions_lost += 1
+            logger.warning(
+                "MCP server %r (%s): session lost; the next call reconnects",
+                self.name,
+                self.spec.describe(),
+            )
+        session.retire()
+
+    async def acquire(self) -> _Session:
+        """The live session, connecting first (once, under the lock) if there is none."""
+        self.manager._check_open()
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            session = self.session
+            if session is None or session.replaceable:
+                if session is not None:
+                    session.retire()
+                self.generation += 1
+                session = _Session(self.generation)
+                self.session = session
+                self.manager._spawn(self._run, session, f"mcp:{self.name}")
+        await session.ready.wait()
+        if session.client is None:
+            error = session.error
+            reason = "closed while connecting" if error is None else _describe(error)
+            raise ToolUnavailable(
+                f"cannot connect to MCP server {self.name!r} ({self.spec.describe()}): {reason}"
+            ) from error
+        return session
+
+    async def _open(self, stack: AsyncExitStack, session: _Session) -> ClientSession:
+        spec = self.spec
+        if isinstance(spec, StdioServer):
+            params = StdioServerParameters(
+                command=spec.command,
+                args=list(spec.args),
+                env=dict(spec.env) or None,
+                cwd=spec.cwd,
+            )
+            read, write = await stack.enter_async_context(stdio_client(params))
+        elif spec.transport == "sse":
+            read, write = await stack.enter_async_context(
+                sse_client(
+                    spec.url,
+                    headers=dict(spec.headers),
+                    timeout=spec.timeout,
+                    sse_read_timeout=spec.sse_read_timeout,
+                )
+            )
+        else:
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(
+                    headers=dict(spec.headers),
+                    timeout=httpx2.Timeout(spec.timeout, read=spec.sse_read_timeout),
+                )
+            )
+            read, write = await stack.enter_async_context(
+                streamable_http_client(spec.url, http_client=http)
+            )
+
+        def on_end() -> None:
+            if session.client is not None:
+                self._mark_lost(session)
+
+        client = ClientSession(
+            _WatchedReadStream(read, on_end),
+            write,
+            client_info=Implementation(name=self.manager.client_name, version=__version__),
+        )
+        return await stack.enter_async_context(client)
+
+    async def _run(self, session: _Session) -> None:
+        """Background task: connect, serve until told to stop (or the connection ends)."""
+        timeout = self.manager.connect_timeout
+        try:
+            # The deadline is on the scope around the whole exit stack, not on a scope
+            # inside it: the transport's task groups must exit inside the scope they
+            # were entered in.
+            session.scope.deadline = anyio.current_time() + timeout
+            with session.scope:
+                async with AsyncExitStack() as stack:
+                    client = await self._open(stack, session)
+                    await client.initialize()
+                    session.tools = await _list_all_tools(client)
+                    session.scope.deadline = math.inf
+                    session.client = client
+                    self.sessions_opened += 1
+                    logger.debug("MCP server %r: session %d open", self.name, session.generation)
+                    session.ready.set()
+                    await session.stop.wait()
+        except Exception as exc:
+            if session.client is None:
+                session.error = exc
+                self.connect_failures += 1
+                logger.debug("MCP server %r: connecting failed: %s", self.name, _describe(exc))
+            elif not session.stop.is_set() or session.lost:
+                self._mark_lost(session)
+                logger.debug("MCP server %r: session ended: %s", self.name, _describe(exc))
+            else:
+                logger.debug("MCP server %r: error while closing: %s", self.name, _describe(exc))
+        finally:
+            if session.client is None and session.error is None and not session.stop.is_set():
+                session.error = TimeoutError(f"timed out after {timeout:g}s")
+                self.connect_failures += 1
+            session.closed.set()
+            session.ready.set()
+
+    async def call(
+        self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None
+    ) -> CallToolResult:
+        session = await self.acquire()
+        assert session.client is not None
+        self.calls += 1
+        self.in_flight += 1
+        try:
+            result = await session.client.call_tool(
+                name,
+                dict(arguments),
+                meta=None if meta is None else cast(RequestParamsMeta, dict(meta)),
+            )
+        except Exception as exc:
+            self.failed_calls += 1
+            raise await self._translate(session, exc, name) from exc
+        finally:
+            self.in_flight -= 1
+        if not isinstance(result, CallToolResult):  # only with allow_* flags, never set here
+            raise ToolExecutionError(
+                f"MCP tool {name!r} on server {self.name!r} returned "
+                f"{type(result).__name__}, not a tool result"
+            )
+        return result
+
+    async def _alive(self, session: _Session) -> bool:
+        if session.replaceable or session.client is None:
+            return False
+        try:
+            with anyio.fail_after(_PING_TIMEOUT):
+                await session.client.send_ping()
+        except Exception:
+            return False
+        return True
+
+    async def _translate(self, session: _Session, exc: Exception, name: str) -> ToolRolloutError:
+        """Map an exception out of ``call_tool`` into the tree (the caller chains it)."""
+        where = f"MCP tool {name!r} on server {self.name!r}"
+        if isinstance(exc, MCPError):
+            code, message = exc.error.code, exc.error.message
+            lost = message.strip().lower() in _SESSION_LOST
+            if code == CONNECTION_CLOSED and not lost:
+                # Also the generic "server error" code: ask the session whether it lives.
+                lost = not await self._alive(session)
+            if lost:
+                self._mark_lost(session)
+                return ToolUnavailable(
+                    f"{where}: the session was lost ({message}); the next call reconnects"
+                )
+            if code == 429 or _RATE_LIMITED.search(message):
+                return ToolUnavailable(f"{where} is rate limited: {message}")
+            if code == REQUEST_TIMEOUT:
+                return ToolTimeout(f"{where} timed out: {message}")
+            if code == INVALID_PARAMS:
+                return ToolArgumentError(f"{where} rejected the call: {message}")
+            return ToolExecutionError(f"{where} failed with JSON-RPC error {code}: {message}")
+        if isinstance(exc, ValidationError):
+            first = exc.errors()[0] if exc.errors() else {"msg": str(exc), "loc": ()}
+            place = ".".join(str(part) for part in first["loc"]) or "result"
+            return ToolExecutionError(
+                f"{where} returned a malformed result: {place}: {first['msg']}"
+            )
+        if isinstance(exc, _TRANSPORT_ERRORS) or isinstance(exc, ExceptionGroup):
+            self._mark_lost(session)
+            return ToolUnavailable(f"{where}: the connection failed: {_describe(exc)}")
+        return ToolExecutionError(f"{where} failed: {_describe(exc)}")
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an exception, looking through exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "timed out"
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def _list_all_tools(client: ClientSession) -> list[McpToolInfo]:
+    tools: list[McpToolInfo] = []
+    cursor: str | None = None
+    for _ in range(1000):  # a server that pages forever cannot hang us
+        params = None if cursor is None else PaginatedRequestParams(cursor=cursor)
+        page = await client.list_tools(params=params)
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if cursor is None:
+            break
+    return tools
+
+
+class McpClientManager:
+    """Owns one persistent session per MCP server, shared by all calls and trajectories.
+
+    Open it with ``async with manager:`` (or ``await manager.start()`` and, from the same
+    task, ``await manager.aclose()``). Opening starts nothing: each server's session is
+    connected by the first call that needs it. Closing closes every session and stops
+    every child process. A lost session (process exited, connection dropped, server
+    restarted) is replaced by the next call; the call that found it lost fails with
+    :class:`~toolrollout.ToolUnavailable`, which the executor's retry policy retries.
+
+    Use it from one event loop.
+    """
+
+    def __init__(
+        self,
+        servers: Mapping[str, McpServerSpec] | Iterable[McpServerSpec],
+        *,
+        connect_timeout: float = 30.0,
+        client_name: str = "toolrollout",
+        source: str | None = None,
+    ) -> None:
+        """``source`` names where the servers came from (a file), for messages."""
+        specs = list(servers.values()) if isinstance(servers, Mapping) else list(servers)
+        if not specs:
+            raise UserError("an McpClientManager needs at least one server")
+        if not connect_timeout > 0:
+            raise UserError(f"connect_timeout must be > 0, got {connect_timeout}")
+        self._servers: dict[str, _Server] = {}
+        for spec in specs:
+            if spec.name in self._servers:
+                raise UserError(f"two MCP servers are named {spec.name!r}")
+            self._servers[spec.name] = _Server(spec, self)
+        self.connect_timeout = connect_timeout
+        """Seconds to start/connect to a server, initialize and list its tools."""
+        self.client_name = client_name
+        """Client name sent to servers in ``initialize``."""
+        self.source = source
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._state: Literal["new", "open", "closing", "closed"] = "new"
+
+    def __repr__(self) -> str:
+        where = f" from {self.source}" if self.source else ""
+        return f"<McpClientManager {sorted(self._servers)}{where} {self._state}>"
+
+    @property
+    def servers(self) -> Mapping[str, McpServerSpec]:
+        """The servers by name (read-only)."""
+        return MappingProxyType({name: s.spec for name, s in self._servers.items()})
+
+    @property
+    def is_open(self) -> bool:
+        """Whether calls are accepted (between start and aclose)."""
+        return self._state == "open"
+
+    async def start(self) -> None:
+        """Open the manager's task group; sessions still start lazily, on first use.
+
+        ``aclose()`` must then be awaited in the same task (anyio's rule for task groups).
+        """
+        if self._state in ("open", "closing"):
+            raise UserError(f"{self!r} is already open")
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        for server in self._servers.values():
+            server.session = None
+        self._state = "open"
+
+    async def aclose(self) -> None:
+        """Close every session and stop every child process; waits until they are gone.
+
+        Calls still in flight fail with :class:`~toolrollout.ToolUnavailable`. Idempotent.
+        """
+        task_group = self._task_group
+        if self._state != "open" or task_group is None:
+            self._state = "closed"
+            return
+        self._state = "closing"
+        for server in self._servers.values():
+            if server.session is not None:
+                server.session.retire()
+        try:
+            await task_group.__aexit__(None, None, None)
+        finally:
+            self._task_group = None
+            self._state = "closed"
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            hint = (
+                "open it with `async with manager:` (for tools from a config: "
+                "`async with toolrollout.tools.mcp.mcp_sessions(tools):`) around the calls"
+                if self._state == "new"
+                else "it is closed"
+            )
+            raise UserError(f"{self!r} is not open: {hint}")
+
+    def _spawn(self, func: Any, session: _Session, name: str) -> None:
+        assert self._task_group is not None
+        self._task_group.start_soon(func, session, name=name)
+
+    def _server(self, name: str) -> _Server:
+        try:
+            return self._servers[name]
+        except KeyError:
+            raise UserError(
+                f"unknown MCP server {name!r}; known: {', '.join(sorted(self._servers))}"
+            ) from None
+
+    async def connect(self, *servers: str) -> None:
+        """Connect now (default: every server) instead of on first use; fail fast.
+
+        Raises :class:`~toolrollout.ToolUnavailable` for the first server that cannot be
+        reached.
+        """
+        names = servers or tuple(self._servers)
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(self._server(name).acquire)
+
+    async def list_tools(self, server: str) -> list[McpToolInfo]:
+        """The tools the server listed when its current session was opened."""
+        session = await self._server(server).acquire()
+        return list(session.tools)
+
+    async def call_tool(
+        self,
+        server: str,
+        name: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        meta: Mapping[str, Any] | None = None,
+    ) -> CallToolResult:
+        """Call a tool on the server's shared session and return the raw MCP result.
+
+        An ``isError`` result is returned, not raised. Raises, from the library's tree:
+        :class:`~toolrollout.ToolUnavailable` (cannot connect, session lost, rate
+        limited), :class:`~toolrollout.ToolArgumentError` (the server rejected the
+        arguments), :class:`~toolrollout.ToolTimeout` (a server-side timeout),
+        :class:`~toolrollout.ToolExecutionError` (other protocol errors, malformed
+        results), :class:`~toolrollout.UserError` (the manager is not open). Cancelling
+        the caller cancels the request on the server.
+        """
+        return await self._server(server).call(name, arguments or {}, meta)
+
+    async def tools(
+        self,
+        *,
+        selected: Iterable[str] | None = None,
+        name_prefix: str = "",
+        limits: ToolLimits | None = None,
+    ) -> list[McpTool]:
+        """Connect to every server and wrap its tools as :class:`McpTool` objects.
+
+        ``selected`` is an allow-list of tool names as the servers spell them;
+        ``name_prefix`` is put before each name shown to the model (``{server}`` in it is
+        replaced by the server's name).
+        """
+        from ._tool import build_mcp_tools
+
+        listings: dict[str, Sequence[McpToolInfo]] = {}
+
+        async def fetch(name: str) -> None:
+            listings[name] = await self.list_tools(name)
+
+        async with anyio.create_task_group() as tg:
+            for name in self._servers:
+                tg.start_soon(fetch, name)
+        ordered = {name: listings[name] for name in self._servers}
+        return build_mcp_tools(
+            self, ordered, selected=selected, name_prefix=name_prefix, limits=limits
+        )
+
+    def statistics(self) -> Mapping[str, McpServerStatistics]:
+        """A snapshot of every server's counters, by server name."""
+        return MappingProxyType({name: s.snapshot() for name, s in self._servers.items()})

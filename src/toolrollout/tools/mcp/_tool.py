@@ -1,0 +1,146 @@
+"""MCP tools as :class:`~toolrollout.tools.Tool` objects, and opening their sessions.
+
+Each tool a server lists becomes one :class:`McpTool`: its schema is the server's, its
+``call`` goes through the manager's shared session of that server.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from mcp.types import CallToolResult
+from mcp.types import Tool as McpToolInfo
+
+from toolrollout._exceptions import UserError
+
+from .._base import Tool
+from .._types import ToolContext, ToolLimits, ToolResult
+from ._manager import McpClientManager
+from ._results import mcp_result_to_tool_result
+
+__all__ = ["McpTool", "build_mcp_tools", "mcp_managers", "mcp_sessions"]
+
+_INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class McpTool(Tool):
+    """One tool of an MCP server, called through its manager's shared session.
+
+    Subclass it and override :meth:`convert_result` to render results differently; a
+    subclass can be named as ``class_name`` in a ``type: mcp`` tool-config entry.
+    """
+
+    manager: McpClientManager = field(compare=False, repr=False)
+    """Owns the session the calls go through; must be open while calls run."""
+    server: str
+    """Name of the server (its key in ``mcpServers``)."""
+    remote_name: str
+    """The tool's name on the server (``name`` is what the model sees)."""
+
+    async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
+        result = await self.manager.call_tool(self.server, self.remote_name, arguments)
+        return self.convert_result(result)
+
+    def convert_result(self, result: CallToolResult) -> ToolResult:
+        """Turn the MCP result into what the model sees (see :mod:`._results`)."""
+        return mcp_result_to_tool_result(result, tool_name=self.name)
+
+
+def _model_name(prefix: str, server: str, remote: str) -> str:
+    name = _INVALID_NAME_CHARS.sub("_", prefix.replace("{server}", server) + remote)
+    return name[:64]
+
+
+def _parameters(info: McpToolInfo) -> dict[str, Any]:
+    schema = dict(info.input_schema or {})
+    schema.setdefault("type", "object")
+    schema.setdefault("properties", {})
+    return schema
+
+
+def build_mcp_tools(
+    manager: McpClientManager,
+    listings: Mapping[str, Sequence[McpToolInfo]],
+    *,
+    selected: Iterable[str] | None = None,
+    name_prefix: str = "",
+    limits: ToolLimits | None = None,
+    tool_class: type[McpTool] = McpTool,
+) -> list[McpTool]:
+    """Wrap listed tools (``{server: [tool, ...]}``) as ``tool_class`` objects.
+
+    ``selected`` keeps only the tools of those (server-side) names, in the servers'
+    order; a name no server lists is a :class:`~toolrollout.UserError`, and so are two
+    tools that end up with the same model-facing name.
+    """
+    wanted = None if selected is None else list(dict.fromkeys(selected))
+    found: set[str] = set()
+    tools: list[McpTool] = []
+    owners: dict[str, str] = {}
+    for server, infos in listings.items():
+        for info in infos:
+            if wanted is not None and info.name not in wanted:
+                continue
+            found.add(info.name)
+            name = _model_name(name_prefix, server, info.name)
+            if name in owners:
+                raise UserError(
+                    f"two MCP tools would both be named {name!r} (servers {owners[name]!r} "
+                    f"and {server!r}); set a tool_name_prefix such as '{{server}}_'"
+                )
+            owners[name] = server
+            description = info.description or info.title or ""
+            tool = tool_class(
+                name=name,
+                description=description,
+                parameters=_parameters(info),
+                manager=manager,
+                server=server,
+                remote_name=info.name,
+            )
+            tools.append(tool if limits is None else tool.with_limits(limits))
+    if wanted is not None:
+        missing = [name for name in wanted if name not in found]
+        if missing:
+            available = sorted({info.name for infos in listings.values() for info in infos})
+            raise UserError(
+                f"no MCP server lists the tool(s) {', '.join(map(repr, missing))}; "
+                f"available: {', '.join(available) or 'none'}"
+            )
+    return tools
+
+
+def mcp_managers(tools: Iterable[Tool]) -> list[McpClientManager]:
+    """The distinct managers behind the MCP tools among ``tools``, in first-seen order."""
+    managers: dict[int, McpClientManager] = {}
+    for tool in tools:
+        if isinstance(tool, McpTool):
+            managers.setdefault(id(tool.manager), tool.manager)
+    return list(managers.values())
+
+
+@asynccontextmanager
+async def mcp_sessions(tools: Iterable[Tool]) -> AsyncIterator[list[McpClientManager]]:
+    """Open the managers of the MCP tools among ``tools`` for the ``async with`` body.
+
+    Sessions still connect lazily, on each server's first call; leaving the block closes
+    them all and stops every child process (managers that were open already are left
+    alone). With no MCP tool it does nothing, so a
+    runner can wrap any tool list in it::
+
+        tools = load_tool_config(path)
+        async with mcp_sessions(tools):
+            executor = ToolExecutor(tools)
+            ...
+    """
+    managers = mcp_managers(tools)
+    async with AsyncExitStack() as stack:
+        for manager in managers:
+            if not manager.is_open:  # one opened by the caller stays the caller's to close
+                await stack.enter_async_context(manager)
+        yield managers

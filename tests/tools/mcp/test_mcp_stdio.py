@@ -1,0 +1,197 @@
+"""The MCP backend against the project's testkit server over stdio: one shared session,
+result conversion, timeouts cancelled on the server, reconnection, no orphan processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp_helpers import kit_stdio, pid_alive, read_log, wait_for
+
+from toolrollout.tools import RetryPolicy, ToolCallRequest, ToolExecutor, ToolLimits, ToolResult
+from toolrollout.tools.mcp import McpClientManager, McpTool
+
+pytestmark = pytest.mark.usefixtures("no_orphans")
+
+NO_RETRY = ToolLimits(timeout=20.0, retry=RetryPolicy(retries=0))
+
+
+async def server_stats(manager: McpClientManager, server: str = "testkit") -> dict[str, Any]:
+    result = await manager.call_tool(server, "stats")
+    assert isinstance(result.structured_content, dict)
+    return result.structured_content
+
+
+async def test_one_session_is_shared_by_concurrent_calls(tmp_path: Path) -> None:
+    manager = McpClientManager([kit_stdio(tmp_path)])
+    async with manager:
+        tools = await manager.tools(limits=NO_RETRY)
+        assert {t.name for t in tools} >= {"echo", "stats", "hang", "image", "crash"}
+        assert all(isinstance(t, McpTool) and t.manager is manager for t in tools)
+        executor = ToolExecutor(tools)
+        calls = [ToolCallRequest("echo", {"text": f"call {i}"}) for i in range(40)]
+        results = await executor.run_calls(calls)
+        assert [r.text for r in results] == [f"call {i}" for i in range(40)]
+        assert not any(r.is_error for r in results)
+
+        stats = await server_stats(manager)
+        assert stats["initializes"] == 1, "every call must reuse the one session"
+        assert stats["calls"] == 41
+        counters = manager.statistics()["testkit"]
+        assert (counters.sessions_opened, counters.connect_failures) == (1, 0)
+        assert counters.calls == 41 and counters.connected and counters.in_flight == 0
+        assert executor.statistics().tools["echo"].max_running > 1, "calls ran concurrently"
+        pid = stats["pid"]
+        assert pid_alive(pid)
+    # aclose waited for the child to exit and be reaped.
+    assert not pid_alive(pid)
+    assert not manager.is_open
+    assert not manager.statistics()["testkit"].connected
+
+
+async def test_results_are_converted(tmp_path: Path) -> None:
+    async with McpClientManager([kit_stdio(tmp_path)]) as manager:
+        executor = ToolExecutor(await manager.tools(limits=NO_RETRY))
+
+        async def call(name: str, **arguments: Any) -> ToolResult:
+            return await executor.run_call(ToolCallRequest(name, arguments))
+
+        image = await call("image", width=5, height=4, color="blue")
+        assert not image.is_error
+        assert image.text == "a 5x4 blue image"
+        (picture,) = image.images
+        assert picture.size == (5, 4)
+        assert picture.convert("RGB").getpixel((0, 0)) == (0, 0, 255)
+
+        added = await call("add", a=2, b=3)
+        assert (added.text, added.structured, added.is_error) == ("5", {"result": 5}, False)
+
+        failed = await call("fail", message="broken on purpose")
+        assert failed.is_error and failed.error_kind == "ToolExecutionError"
+        assert "broken on purpose" in failed.text
+        assert "broken on purpose" in str(failed.error)
+
+        expected = {
+            "empty": "",
+            "audio": "[audio: audio/wav, 12 bytes]",
+            "resource_text": "resource text",
+            "resource_blob": "[resource file:///data.bin (application/octet-stream): 3 bytes]",
+            "resource_link": "[resource link: doc <https://example.invalid/doc>]",
+            "unicode": "tab\tnul\x00 émoji 🧪 \u202e",
+        }
+        for kind, text in expected.items():
+            odd = await call("odd", kind=kind)
+            assert (odd.text, odd.is_error, odd.images) == (text, False, ()), kind
+
+        bad_image = await call("odd", kind="bad_image")
+        assert bad_image.is_error and bad_image.error_kind == "ToolExecutionError"
+        assert "malformed result" in bad_image.text and "base64" in bad_image.text
+
+        # A response that breaks the tools/call result schema, on the wire itself.
+        wire = await call("odd", kind="wire")
+        assert wire.is_error and wire.error_kind == "ToolExecutionError"
+        assert "malformed result" in wire.text
+        # ... costs that call only: the session goes on.
+        assert (await call("echo", text="still here")).text == "still here"
+        assert manager.statistics()["testkit"].sessions_opened == 1
+
+        unknown_args = await call("add", a="two", b=3)
+        assert unknown_args.is_error  # the server validates arguments: an isError answer
+
+
+async def test_timeout_cancels_the_call_on_the_server(tmp_path: Path) -> None:
+    async with McpClientManager([kit_stdio(tmp_path, rate=3)]) as manager:
+        tools = {t.name: t for t in await manager.tools(limits=NO_RETRY)}
+        hang = tools["hang"].with_limits(replace(NO_RETRY, timeout=0.5))
+        executor = ToolExecutor([hang, tools["limited"], tools["echo"]])
+
+        result = await executor.run_call(ToolCallRequest("hang", {"tag": "t1"}))
+        assert result.is_error and result.error_kind == "ToolTimeout"
+        assert 0.5 <= result.seconds < 5
+        # The handler on the server observed the cancellation (notifications/cancelled).
+        await wait_for(lambda: "cancelled t1" in read_log(tmp_path))
+        assert read_log(tmp_path) == ["started t1", "cancelled t1"]
+        assert (await server_stats(manager))["cancellations"] == 1
+        # The session survives a cancelled call.
+        echo = await executor.run_call(ToolCallRequest("echo", {"text": "after"}))
+        assert echo.text == "after"
+        assert manager.statistics()["testkit"].sessions_opened == 1
+
+
+async def test_rate_limited_server_errors_are_recorded_and_retried(tmp_path: Path) -> None:
+    async with McpClientManager([kit_stdio(tmp_path, rate=3)]) as manager:
+        (limited,) = await manager.tools(selected=["limited"], limits=NO_RETRY)
+        executor = ToolExecutor([limited])
+        calls = [ToolCallRequest("limited", {})] * 6
+        results = await executor.run_calls(calls)
+        refused = [r for r in results if r.is_error]
+        assert len(refused) == 3, "the server answers 3 calls per second"
+        assert {r.error_kind for r in refused} == {"ToolUnavailable"}
+        assert all("rate limited" in r.text for r in refused)
+        assert executor.statistics().tools["limited"].errors == 3
+        assert manager.statistics()["testkit"].failed_calls == 3
+
+        await anyio.sleep(1.0)  # a fresh window
+        patient = limited.with_limits(
+            replace(NO_RETRY, retry=RetryPolicy(retries=8, backoff=0.25, max_backoff=0.5))
+        )
+        executor = ToolExecutor([patient])
+        results = await executor.run_calls(calls)
+        assert not any(r.is_error for r in results), [r.text for r in results]
+        assert executor.statistics().tools["limited"].retries >= 3
+        assert manager.statistics()["testkit"].sessions_opened == 1
+
+
+async def test_dead_server_errors_that_call_and_the_next_call_reconnects(tmp_path: Path) -> None:
+    async with McpClientManager([kit_stdio(tmp_path)]) as manager:
+        tools = {t.name: t for t in await manager.tools(limits=NO_RETRY)}
+        executor = ToolExecutor(tools.values())
+        first_pid = (await server_stats(manager))["pid"]
+
+        # Killed mid-call: that call fails with ToolUnavailable (retries=0 here).
+        results: list[ToolResult] = []
+
+        async def hang() -> None:
+            results.append(await executor.run_call(ToolCallRequest("hang", {"tag": "k1"})))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hang)
+            await wait_for(lambda: "started k1" in read_log(tmp_path))
+            os.kill(first_pid, signal.SIGKILL)
+        (killed,) = results
+        assert killed.is_error and killed.error_kind == "ToolUnavailable"
+        assert "session was lost" in killed.text
+        await wait_for(lambda: not pid_alive(first_pid))  # reaped, not a zombie
+
+        # The next call starts a new server by itself.
+        echo = await executor.run_call(ToolCallRequest("echo", {"text": "back"}))
+        assert (echo.text, echo.is_error) == ("back", False)
+        second_pid = (await server_stats(manager))["pid"]
+        assert second_pid != first_pid
+        counters = manager.statistics()["testkit"]
+        assert (counters.sessions_opened, counters.sessions_lost) == (2, 1)
+
+        # Died while idle: noticed at once, so even a call without retries succeeds.
+        os.kill(second_pid, signal.SIGKILL)
+        await wait_for(lambda: not manager.statistics()["testkit"].connected)
+        echo = await executor.run_call(ToolCallRequest("echo", {"text": "again"}))
+        assert (echo.text, echo.is_error) == ("again", False)
+
+        # Crashing mid-call, with one retry allowed: the retry runs on a new session.
+        crash = tools["crash"].with_limits(
+            replace(NO_RETRY, retry=RetryPolicy(retries=1, backoff=0.0))
+        )
+        executor = ToolExecutor([crash])
+        marker = tmp_path / "crashed-once"
+        result = await executor.run_call(
+            ToolCallRequest("crash", {"once_marker": str(marker)})
+        )
+        assert (result.text, result.is_error) == ("survived: the marker exists", False)
+        assert executor.statistics().tools["crash"].retries == 1
+        counters = manager.statistics()["testkit"]
+        assert (counters.sessions_opened, counters.sessions_lost) == (4, 3)
