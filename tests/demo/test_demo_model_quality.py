@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from toolrollout.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
 from toolrollout.demo.calculator import CalculatorError, evaluate
 from toolrollout.demo.dialogs import generate_problems, is_heldout
+from toolrollout.demo.train import parse_args
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +119,7 @@ def measure(
             followups.append((messages, result))
     second = _sample(model, tokenizer, [m for m, _ in followups])
     good_answers = 0
-    for (messages, result), completion in zip(followups, second, strict=True):
+    for (_, result), completion in zip(followups, second, strict=True):
         if states_result(completion, result):
             good_answers += 1
         else:
@@ -139,8 +140,9 @@ def test_prompts_are_heldout_and_disjoint_from_training() -> None:
     assert len(prompts) >= N_PROMPTS
     assert all(is_heldout(p["expression"]) for p in prompts)
     assert all(p["answer"] == calculator(p["expression"]) for p in prompts)
-    # The exact training corpus of the default train run: same generator, same seed.
-    train = generate_problems(12_800, seed=0, split="train")
+    # The exact training problems of the default train run: same generator, count and seed.
+    args = parse_args([])
+    train = generate_problems(args.dialogs, seed=args.seed, split="train")
     train_expressions = {e for p in train for e in p.calls}
     train_questions = {p.question for p in train}
     for p in prompts:

@@ -11,6 +11,7 @@ import time
 import anyio
 import httpx
 import pytest
+
 from toolrollout import UserError
 from toolrollout.sandbox import (
     CommandRunStatus,
@@ -63,7 +64,8 @@ async def test_background_helper_refuses_then_runs_unisolated_when_told() -> Non
     async with serve_sandbox_in_background(
         unsafe_no_isolation=True, max_concurrency=1, env=NO_BWRAP_ENV
     ) as url:
-        health = httpx.get(url.replace("/run_code", "/health")).json()
+        async with httpx.AsyncClient() as client:
+            health = (await client.get(url.replace("/run_code", "/health"))).json()
         assert health["isolation"] == "none"
         result = await sandbox_tool(url).call({"code": "print(1 + 1)"}, ToolContext())
         assert result.text == "2"
@@ -105,7 +107,7 @@ async def test_unisolated_runner_still_times_out_and_kills_the_group() -> None:
     assert response.run_result.status == CommandRunStatus.TimeLimitExceeded
     assert "[truncated: 401 more bytes not shown]" in (response.run_result.stdout or "")
     with anyio.fail_after(5):
-        while runner.running:
+        while runner.running:  # noqa: ASYNC110 (a counter, not an event)
             await anyio.sleep(0.01)
 
 
@@ -126,3 +128,12 @@ def test_public_surface_is_sorted_and_complete() -> None:
             continue
         if inspect.isclass(value) or inspect.isfunction(value):
             assert name in exported, name
+
+
+def test_seccomp_filter_programs() -> None:
+    from toolrollout.sandbox._seccomp import userns_filter
+
+    for machine in ("x86_64", "aarch64"):
+        program = userns_filter(machine)
+        assert program is not None and len(program) % 8 == 0
+    assert userns_filter("riscv64") is None

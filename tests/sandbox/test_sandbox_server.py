@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+
 from conftest import SERVER_MAX_OUTPUT, SERVER_MAX_PROCESSES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -187,6 +188,29 @@ for d in ["/tmp", "/sandbox", "/dev/shm"]:
         assert not Path(directory, marker).exists()
 
 
+def test_no_privileges_and_no_nested_user_namespaces(sandbox_url: str) -> None:
+    code = """
+import ctypes, os, subprocess, threading
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.unshare(0x10000000), ctypes.get_errno())  # CLONE_NEWUSER
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(os.getuid(), status["CapEff"].strip(), status["NoNewPrivs"].strip())
+thread = threading.Thread(target=print, args=("thread ok",))
+thread.start()
+thread.join()
+print(subprocess.run(["echo", "child ok"], capture_output=True, text=True).stdout.strip())
+"""
+    body = run(sandbox_url, code)
+    assert body["status"] == "Success", body
+    refused, uid_caps, thread, child = body["run_result"]["stdout"].splitlines()
+    assert refused == "-1 1"  # EPERM from the seccomp filter
+    uid, caps, no_new_privs = uid_caps.split()
+    assert int(uid) != 0
+    assert caps == "0000000000000000"
+    assert no_new_privs == "1"
+    assert (thread, child) == ("thread ok", "child ok")  # clone3 -> ENOSYS -> clone works
+
+
 def test_process_limit_and_fork_bomb(sandbox_url: str) -> None:
     counted = run(
         sandbox_url,
@@ -272,7 +296,7 @@ while True:
     async with anyio.create_task_group() as tg:
         tg.start_soon(post)
         with anyio.fail_after(10):
-            while not host_processes_with(marker) and not result:
+            while not host_processes_with(marker) and not result:  # noqa: ASYNC110 (polls /proc)
                 await anyio.sleep(0.05)
         seen_running = bool(host_processes_with(marker))
 
@@ -284,7 +308,7 @@ while True:
     assert 1.4 < run_result["execution_time"] < 5
     assert run_result["stdout"] == "started\n"
     with anyio.fail_after(5):
-        while host_processes_with(marker):
+        while host_processes_with(marker):  # noqa: ASYNC110 (polls /proc)
             await anyio.sleep(0.05)
     assert_healthy(sandbox_url)
 

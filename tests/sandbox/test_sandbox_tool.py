@@ -25,13 +25,18 @@ from toolrollout.sandbox import (
     format_run_code_response,
     sandbox_tool,
 )
-from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, load_tool_config
-from toolrollout.tools import tools_from_config
+from toolrollout.tools import (
+    ToolCallRequest,
+    ToolContext,
+    ToolExecutor,
+    load_tool_config,
+    tools_from_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
 # Sandbox Fusion's documented answer for print("Hello, world!").
-SF_SUCCESS = {
+SF_SUCCESS: dict[str, Any] = {
     "status": "Success",
     "message": "",
     "compile_result": None,
@@ -46,7 +51,7 @@ SF_SUCCESS = {
     "files": {},
 }
 # A timeout there: TimeLimitExceeded with no return code, and the run is Failed.
-SF_TIMEOUT = {
+SF_TIMEOUT: dict[str, Any] = {
     "status": "Failed",
     "message": "",
     "compile_result": None,
@@ -60,7 +65,7 @@ SF_TIMEOUT = {
     "executor_pod_name": "sandbox-7f9c",
     "files": {},
 }
-SF_SANDBOX_ERROR = {
+SF_SANDBOX_ERROR: dict[str, Any] = {
     "status": "SandboxError",
     "message": "exception on running code ...: [Errno 28] No space left on device None",
     "compile_result": None,
@@ -224,7 +229,7 @@ async def test_timeout_argument_is_clamped() -> None:
 
 def test_formatting() -> None:
     def fmt(run_result: dict[str, Any], **kw: Any) -> str:
-        body = {**SF_SUCCESS, "run_result": {**SF_SUCCESS["run_result"], **run_result}}  # type: ignore[dict-item]
+        body = {**SF_SUCCESS, "run_result": {**SF_SUCCESS["run_result"], **run_result}}
         return format_run_code_response(RunCodeResponse.model_validate(body), **kw)
 
     assert fmt({"stdout": "", "stderr": ""}) == "[no output]"
@@ -312,7 +317,7 @@ def test_bad_sandbox_config_names_the_key() -> None:
             },
             source="x.yaml",
         )
-    with pytest.raises(ConfigError, match="config.sandbox_url: unknown key"):
+    with pytest.raises(ConfigError, match=r"config\.sandbox_url: unknown key"):
         tools_from_config(
             {
                 "tools": [

@@ -206,7 +206,7 @@ class TestExecutor:
 
         began = time.perf_counter()
         result = await executor.run_call(call())
-        assert time.perf_counter() - began < 0.05
+        assert time.perf_counter() - began < 0.1
         assert backend.calls == 3, "an open breaker must not call the tool"
         assert result.is_error and result.error_kind == "CircuitOpen" and result.attempts == 0
         assert isinstance(result.error, ToolUnavailable)  # CircuitOpen is a ToolUnavailable
@@ -346,7 +346,7 @@ class TestExecutor:
             [ToolCallRequest("backend", {"mode": m}) for m in ("crash", "flaky")]
         )
         # opened at 0.1 s; the flaky call's next retry (<= 0.1 s later) is cut short
-        assert time.perf_counter() - began < 0.35
+        assert time.perf_counter() - began < 0.4
         assert crash.error_kind == "ToolExecutionError" and crash.attempts == 1
         assert flaky.error_kind == "CircuitOpen", flaky.text
         assert 1 <= flaky.attempts < 11 and attempts["flaky"] == flaky.attempts

@@ -47,9 +47,10 @@ async def test_50_calls_at_10_per_second_burst_1_take_4_9s_and_never_exceed_the_
     assert elapsed >= 4.9, f"50 calls at 10/s finished in {elapsed:.2f}s"
     assert elapsed < 10, f"{elapsed:.2f}s: far slower than the rate allows"
     assert peak == cap, f"peak concurrency {peak}, cap {cap}"
-    ordered = sorted(starts)
-    late = [i for i, t in enumerate(ordered) if t - ordered[0] < i * 0.1 - 1e-3]
-    assert not late, f"calls {late} started earlier than 10/s allows"
+    # the i-th start can come no sooner than i * 0.1 s after the first token, which itself
+    # was handed out after `began` (a late first start must not make this flaky)
+    early = [i for i, t in enumerate(sorted(starts)) if t - began < i * 0.1 - 1e-3]
+    assert not early, f"calls {early} started earlier than 10/s allows"
     stats = executor.statistics().tools["probe"]
     assert stats.max_running == cap and stats.running == 0 and stats.in_flight == 0
     assert stats.rate_limiter is not None and stats.rate_limiter.acquired == 50
@@ -97,7 +98,7 @@ async def test_a_waiter_cancelled_consumes_nothing() -> None:
     assert limiter.statistics().acquired == 1
     began = time.perf_counter()
     await limiter.acquire()  # the next token is still the one due 0.2 s after the first
-    assert time.perf_counter() - began < 0.2
+    assert time.perf_counter() - began < 0.3  # not 0.4: no token was lost
 
 
 @pytest.mark.parametrize(("rate", "burst"), [(0, 1), (-1, 1), (float("inf"), 1), (1, 0)])

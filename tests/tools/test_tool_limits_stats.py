@@ -97,9 +97,9 @@ async def test_executor_latency_percentiles_follow_the_calls() -> None:
     assert stats.calls == 11 and stats.latency.count == 10
     # exact percentiles of the delays: p50 0.11, p95 0.191; measured ones add overhead only
     assert stats.latency.p50 is not None and stats.latency.p95 is not None
-    assert 0.11 <= stats.latency.p50 < 0.11 + 0.03
-    assert 0.191 <= stats.latency.p95 < 0.191 + 0.03
-    assert stats.latency.max is not None and 0.2 <= stats.latency.max < 0.23
+    assert 0.11 <= stats.latency.p50 < 0.11 + 0.06
+    assert 0.191 <= stats.latency.p95 < 0.191 + 0.06
+    assert stats.latency.max is not None and 0.2 <= stats.latency.max < 0.26
 
 
 async def test_retries_are_counted_per_result_and_per_tool() -> None:

@@ -44,14 +44,19 @@ CALCULATOR_TOOL: Final[dict[str, Any]] = {
             "properties": {
                 "expression": {
                     "type": "string",
-                    "description": "Arithmetic with + - * / // % ** and parentheses, e.g. 3 * (4 + 5)",
+                    "description": (
+                        "Arithmetic with + - * / // % ** and parentheses, e.g. 3 * (4 + 5)"
+                    ),
                 }
             },
             "required": ["expression"],
         },
     },
 }
-"""OpenAI-style function schema of :func:`calculator`, as passed in ``tools=[...]``."""
+"""OpenAI-style function schema of :func:`calculator`, as passed in ``tools=[...]``.
+
+The demo model was trained with exactly this schema in its system prompt: editing the text
+changes the prompt it sees (retrain with :mod:`toolrollout.demo.train` after doing so)."""
 
 
 class CalculatorError(ValueError):

@@ -211,8 +211,7 @@ def _batches(
         for w in range(0, len(members), window):
             chunk = sorted(members[w : w + window], key=lambda i: (len(encoded[i]), i))
             batches += [
-                chunk[j : j + batch_size]
-                for j in range(0, len(chunk) - batch_size + 1, batch_size)
+                chunk[j : j + batch_size] for j in range(0, len(chunk) - batch_size + 1, batch_size)
             ]
     shuffle = torch.randperm(len(batches), generator=generator).tolist()
     return [batches[i] for i in shuffle]

@@ -14,7 +14,8 @@ Two ways to run bubblewrap, chosen by who runs the server:
 
 Both add ``--unshare-pid/net/ipc/uts/cgroup``, ``--die-with-parent``, ``--new-session``,
 a read-only ``/usr`` (plus the interpreter's prefix), a minimal read-only ``/etc``, a
-size-limited private ``/tmp`` and a per-run writable ``/sandbox`` working directory.
+size-limited private ``/tmp`` and a per-run writable ``/sandbox`` working directory, and
+a seccomp filter refusing new user namespaces (``_seccomp.py``).
 """
 
 from __future__ import annotations
@@ -200,8 +201,10 @@ def bwrap_argv(
     read_only: Sequence[str],
     tmp_size_bytes: int,
     command: Sequence[str],
+    seccomp_fd: int | None = None,
 ) -> list[str]:
-    """The bubblewrap command line running ``command`` with ``workdir`` as ``/sandbox``."""
+    """The bubblewrap command line running ``command`` with ``workdir`` as ``/sandbox``
+    (and the seccomp filter readable from ``seccomp_fd``, if given)."""
     argv = [
         info.path,
         "--unshare-pid",
@@ -253,7 +256,10 @@ def bwrap_argv(
         argv += ["--tmpfs", mount]
         if not info.supports_perms:
             argv += ["--chmod", "1777", mount]
-    argv += ["--bind", workdir, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR, "--", *command]
+    argv += ["--bind", workdir, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv += ["--", *command]
     return argv
 
 

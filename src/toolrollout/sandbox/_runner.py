@@ -20,6 +20,7 @@ import stat
 import subprocess
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -50,6 +51,7 @@ from ._protocol import (
     RunStatus,
     parse_run_status,
 )
+from ._seccomp import userns_filter
 
 __all__ = ["SUPPORTED_LANGUAGES", "SandboxRunner", "SandboxServerConfig"]
 
@@ -173,6 +175,34 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+def _uid_has_processes(uid: int) -> bool:
+    wanted = str(uid)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", encoding="ascii", errors="replace") as status:
+                for line in status:
+                    if line.startswith("Uid:"):
+                        if line.split()[1] == wanted:
+                            return True
+                        break
+        except OSError:
+            continue
+    return False
+
+
+def _wait_uid_gone(uid: int, seconds: float) -> None:
+    """Wait until no process runs as ``uid`` (a killed sandbox's processes take a moment to
+    die), so RLIMIT_NPROC of the next run on that uid starts from zero."""
+    deadline = time.monotonic() + seconds
+    while _uid_has_processes(uid):
+        if time.monotonic() > deadline:
+            logger.warning("sandbox: processes of uid %d are still alive", uid)
+            return
+        time.sleep(0.01)
+
+
 def _rmtree(path: str) -> None:
     def retry(func: Callable[..., Any], target: str, _exc: object) -> None:
         # A program may leave a directory without permissions: give them back, retry.
@@ -198,9 +228,11 @@ class SandboxRunner:
         self.config = config if config is not None else SandboxServerConfig()
         self._bwrap: BwrapInfo | None = None
         self._read_only: tuple[str, ...] = ()
+        self._seccomp: bytes | None = None
         if self.config.isolation == "bwrap":
             self._bwrap = self._find_bwrap()
             self._read_only = self._visible_paths()
+            self._seccomp = userns_filter()
         root = os.geteuid() == 0
         self._drop_uid = root and self._bwrap is not None
         if self._drop_uid and self.config.max_concurrency > _MAX_UID_SLOTS:
@@ -209,7 +241,9 @@ class SandboxRunner:
                 "(one uid per concurrent run)"
             )
         count = self.config.max_concurrency if self._drop_uid else 0
-        self._free_uids = [self.config.uid_base + i for i in range(count)]
+        # A queue: a released uid goes to the back, so the uid of a run that was just
+        # killed is reused last, after its processes are surely gone.
+        self._free_uids = deque(self.config.uid_base + i for i in range(count))
         self._limiter = anyio.CapacityLimiter(self.config.max_concurrency)
         self.runs = 0
         """Requests run since start."""
@@ -238,6 +272,7 @@ class SandboxRunner:
         if self._bwrap is not None:
             info["bwrap_version"] = self._bwrap.version
             info["privileged"] = self._bwrap.privileged
+            info["seccomp"] = self._seccomp is not None
         return info
 
     def _find_bwrap(self) -> BwrapInfo:
@@ -270,19 +305,28 @@ class SandboxRunner:
 
     def _argv(
         self, workdir: str, script: str, language: str, limits: Limits, uid: int
-    ) -> list[str]:
+    ) -> tuple[list[str], int | None]:
+        """The command line, and the file descriptor it needs passed (the seccomp filter;
+        the caller closes it once the process started)."""
         inner_dir = SANDBOX_WORKDIR if self._bwrap is not None else workdir
         program = self.config.python if language == "python" else self.config.bash
         command = launcher_argv(self.config.python, limits, uid, [program, f"{inner_dir}/{script}"])
         if self._bwrap is None:
-            return command
-        return bwrap_argv(
+            return command, None
+        seccomp_fd = None
+        if self._seccomp is not None:
+            seccomp_fd = os.memfd_create("toolrollout-seccomp", os.MFD_CLOEXEC)
+            os.write(seccomp_fd, self._seccomp)
+            os.lseek(seccomp_fd, 0, os.SEEK_SET)
+        argv = bwrap_argv(
             self._bwrap,
             workdir=workdir,
             read_only=self._read_only,
             tmp_size_bytes=self.config.tmp_size_mb * _MB,
             command=command,
+            seccomp_fd=seccomp_fd,
         )
+        return argv, seccomp_fd
 
     def _env(self, workdir: str) -> dict[str, str]:
         inner_dir = SANDBOX_WORKDIR if self._bwrap is not None else workdir
@@ -301,7 +345,7 @@ class SandboxRunner:
         uid = self._free_uids[0] if self._free_uids else -1
         workdir = self._prepare(RunCodeRequest(code="print(1 + 1)", language="python"), uid)
         try:
-            argv = self._argv(workdir, "main.py", "python", self._limits(30, 256), uid)
+            argv, fd = self._argv(workdir, "main.py", "python", self._limits(30, 256), uid)
             try:
                 done = subprocess.run(
                     argv,
@@ -311,10 +355,14 @@ class SandboxRunner:
                     cwd=workdir,
                     env=self._env(workdir),
                     start_new_session=True,
+                    pass_fds=() if fd is None else (fd,),
                     check=False,
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise SandboxIsolationError(f"the sandbox cannot start a program: {exc}") from exc
+            finally:
+                if fd is not None:
+                    os.close(fd)
             if done.returncode != 0 or done.stdout.strip() != "2":
                 detail = (done.stderr.strip() or done.stdout.strip()).splitlines()
                 why = detail[-1] if detail else f"exit status {done.returncode}"
@@ -342,12 +390,14 @@ class SandboxRunner:
                 ),
             )
         async with self._limiter:
-            uid = self._free_uids.pop() if self._drop_uid else -1
+            uid = self._free_uids.popleft() if self._drop_uid else -1
             try:
                 self.runs += 1
                 return await self._run_in_slot(request, uid)
             finally:
                 if self._drop_uid:
+                    with anyio.CancelScope(shield=True):
+                        await anyio.to_thread.run_sync(_wait_uid_gone, uid, 2.0)
                     self._free_uids.append(uid)
 
     async def _run_in_slot(self, request: RunCodeRequest, uid: int) -> RunCodeResponse:
@@ -361,8 +411,9 @@ class SandboxRunner:
             if request.memory_limit_MB > 0:
                 memory = min(memory, request.memory_limit_MB)
             script = "main.py" if request.language == "python" else "main.sh"
-            argv = self._argv(workdir, script, request.language, self._limits(timeout, memory), uid)
-            result = await self._execute(argv, workdir, request.stdin, timeout)
+            limits = self._limits(timeout, memory)
+            argv, fd = self._argv(workdir, script, request.language, limits, uid)
+            result = await self._execute(argv, fd, workdir, request.stdin, timeout)
             files: dict[str, str] = {}
             if request.fetch_files:
                 files = await anyio.to_thread.run_sync(self._fetch, workdir, request.fetch_files)
@@ -373,7 +424,12 @@ class SandboxRunner:
         return RunCodeResponse(status=status, message=message, run_result=result, files=files)
 
     async def _execute(
-        self, argv: list[str], workdir: str, stdin: str | None, run_timeout: float
+        self,
+        argv: list[str],
+        pass_fd: int | None,
+        workdir: str,
+        stdin: str | None,
+        run_timeout: float,
     ) -> CommandRunResult:
         limit = self.config.max_output_bytes
         out, err = _Capture(limit), _Capture(limit)
@@ -387,11 +443,15 @@ class SandboxRunner:
                 cwd=workdir,
                 env=self._env(workdir),
                 start_new_session=True,
+                pass_fds=() if pass_fd is None else (pass_fd,),
             )
         except OSError as exc:
             return CommandRunResult(
                 status=CommandRunStatus.Error, stderr=f"cannot start the sandbox: {exc}"
             )
+        finally:
+            if pass_fd is not None:
+                os.close(pass_fd)
         timed_out = False
         elapsed = 0.0
         try:
@@ -426,10 +486,13 @@ class SandboxRunner:
                 stdout=out.text(),
                 stderr=err.text(),
             )
+        code = process.returncode
+        if code is not None and code < 0:
+            code = 128 - code  # killed by a signal: report it as bwrap (and a shell) do
         return CommandRunResult(
             status=CommandRunStatus.Finished,
             execution_time=elapsed,
-            return_code=process.returncode,
+            return_code=code,
             stdout=out.text(),
             stderr=err.text(),
         )

@@ -178,7 +178,6 @@ class SandboxTool(Tool):
     transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False, repr=False)
     """httpx transport override (tests replay recorded answers with ``httpx.MockTransport``)."""
 
-
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.language not in LANGUAGES:

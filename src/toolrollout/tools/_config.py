@@ -281,8 +281,8 @@ def load_tool_config(path: str | PathLike[str]) -> list[Tool]:
     :class:`Tool` subclass (built with ``from_config``), a verl ``BaseTool`` subclass
     (needs verl), or ``module:function`` (wrapped as a function tool). ``config`` carries
     ``type`` and the limits ``timeout``, ``max_concurrency`` (verl: ``num_workers``),
-    ``rate_limit`` (per second), ``rate_burst`` and ``retries``; ``tool_schema`` replaces
-    the schema shown to the model.
+    ``rate_limit`` (per second), ``rate_burst``, ``retries`` and ``circuit_breaker``;
+    ``tool_schema`` replaces the schema shown to the model.
     """
     source = str(path)
     try:

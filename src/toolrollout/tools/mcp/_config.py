@@ -16,7 +16,7 @@ import anyio
 from mcp.types import Tool as McpToolInfo
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
 
-from toolrollout._exceptions import ConfigError, UserError
+from toolrollout._exceptions import ConfigError, ToolRolloutError, UserError
 
 from .._base import Tool
 from .._models import ToolEntryModel
@@ -146,7 +146,8 @@ def build_mcp_entry(
         raise
     except Exception as exc:
         raise ConfigError(
-            f"{where('mcp')}: cannot list the tools of the servers in {path}: {_describe(exc)}"
+            f"{where('mcp')}: cannot list the tools of the servers in {path}: "
+            + (str(exc) if isinstance(exc, ToolRolloutError) else _describe(exc))
         ) from exc
     if settings.tool_selected_list is not None:
         available = {info.name for infos in listings.values() for info in infos}

@@ -12,10 +12,13 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError, best_match
+from jsonschema.validators import validator_for
 from mcp.types import CallToolResult
 from mcp.types import Tool as McpToolInfo
 
-from toolrollout._exceptions import UserError
+from toolrollout._exceptions import ToolArgumentError, UserError
 
 from .._base import Tool
 from .._types import ToolContext, ToolLimits, ToolResult
@@ -25,6 +28,7 @@ from ._results import mcp_result_to_tool_result
 __all__ = ["McpTool", "build_mcp_tools", "mcp_managers", "mcp_sessions"]
 
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+_UNSET = object()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +45,37 @@ class McpTool(Tool):
     """Name of the server (its key in ``mcpServers``)."""
     remote_name: str
     """The tool's name on the server (``name`` is what the model sees)."""
+
+    def check_arguments(self, arguments: Mapping[str, Any]) -> None:
+        """Check the arguments against the server's input schema before calling.
+
+        A mismatch is the model's fault (:class:`~toolrollout.ToolArgumentError`, counted
+        as invalid arguments) rather than an ``isError`` answer from the server. A schema
+        the validator cannot read is not checked here (the server still validates).
+        """
+        super().check_arguments(arguments)
+        validator = self._schema_validator()
+        if validator is None:
+            return
+        error = best_match(validator.iter_errors(dict(arguments)))
+        if error is not None:
+            place = "/".join(str(part) for part in error.absolute_path) or "arguments"
+            raise ToolArgumentError(
+                f"invalid arguments for tool {self.name!r}: {place}: {error.message}"
+            )
+
+    def _schema_validator(self) -> Any:
+        cached = self.__dict__.get("_validator", _UNSET)
+        if cached is _UNSET:
+            schema = dict(self.parameters)
+            cls = validator_for(schema, default=Draft202012Validator)
+            try:
+                cls.check_schema(schema)
+                cached = cls(schema)
+            except SchemaError:
+                cached = None
+            object.__setattr__(self, "_validator", cached)  # a cache on a frozen dataclass
+        return cached
 
     async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
         result = await self.manager.call_tool(self.server, self.remote_name, arguments)

@@ -1,0 +1,211 @@
+"""Parts of the MCP backend that need no server: result conversion, tool building,
+allow-lists and names, argument checks, and the manager's lifecycle rules."""
+
+from __future__ import annotations
+
+import base64
+import io
+import sys
+from typing import Any
+
+import pytest
+from mcp.types import (
+    BlobResourceContents,
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+)
+from mcp.types import Tool as McpToolInfo
+from PIL import Image
+
+from toolrollout import ToolExecutionError, UserError
+from toolrollout.tools import ToolCallRequest, ToolExecutor, calculator_tool
+from toolrollout.tools.mcp import (
+    McpClientManager,
+    McpTool,
+    StdioServer,
+    build_mcp_tools,
+    mcp_managers,
+    mcp_result_to_tool_result,
+    mcp_sessions,
+)
+
+
+def png(color: str = "green", size: tuple[int, int] = (2, 3)) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def info(name: str, schema: dict[str, Any] | None = None, description: str = "") -> McpToolInfo:
+    return McpToolInfo(
+        name=name,
+        description=description or None,
+        input_schema=schema if schema is not None else {"type": "object", "properties": {}},
+    )
+
+
+def manager(*names: str) -> McpClientManager:
+    return McpClientManager([StdioServer(name=n, command="true") for n in names or ("s",)])
+
+
+class TestResultConversion:
+    def test_text_images_and_structured_content(self) -> None:
+        result = CallToolResult(
+            content=[
+                TextContent(text="first"),
+                ImageContent(data=png("green"), mime_type="image/png"),
+                TextContent(text="second"),
+                EmbeddedResource(
+                    type="resource",
+                    resource=BlobResourceContents(
+                        uri="file:///p.png", mime_type="image/png", blob=png("blue", (1, 1))
+                    ),
+                ),
+            ],
+            structured_content={"answer": 42},
+        )
+        converted = mcp_result_to_tool_result(result, tool_name="t")
+        assert converted.text == "first\nsecond"
+        assert [image.size for image in converted.images] == [(2, 3), (1, 1)]
+        assert converted.images[0].convert("RGB").getpixel((0, 0)) == (0, 128, 0)
+        assert converted.structured == {"answer": 42}
+        assert not converted.is_error and converted.error is None
+
+    def test_is_error_keeps_the_text_and_a_typed_error(self) -> None:
+        result = CallToolResult(content=[TextContent(text="no such city")], is_error=True)
+        converted = mcp_result_to_tool_result(result, tool_name="weather")
+        assert (converted.text, converted.is_error) == ("no such city", True)
+        assert isinstance(converted.error, ToolExecutionError)
+        assert "weather" in str(converted.error) and "no such city" in str(converted.error)
+        empty = mcp_result_to_tool_result(CallToolResult(content=[], is_error=True), tool_name="w")
+        assert empty.is_error and empty.text.startswith("Error: ")
+
+    def test_undecodable_image_is_a_malformed_result(self) -> None:
+        garbage = base64.b64encode(b"not an image").decode()
+        result = CallToolResult(content=[ImageContent(data=garbage, mime_type="image/png")])
+        with pytest.raises(ToolExecutionError, match=r"'t' returned a malformed result: content"):
+            mcp_result_to_tool_result(result, tool_name="t")
+
+
+class TestBuildTools:
+    def test_names_schemas_and_allow_list(self) -> None:
+        owner = manager("files", "web")
+        listings = {
+            "files": [
+                info("read.file", {"type": "object", "properties": {"p": {"type": "string"}}}),
+                info("list", None, description="List things."),
+            ],
+            "web": [info("fetch")],
+        }
+        tools = build_mcp_tools(owner, listings)
+        assert [t.name for t in tools] == ["read_file", "list", "fetch"]
+        assert [(t.server, t.remote_name) for t in tools] == [
+            ("files", "read.file"),
+            ("files", "list"),
+            ("web", "fetch"),
+        ]
+        assert tools[1].description == "List things."
+        assert tools[0].schema()["function"]["parameters"]["properties"] == {
+            "p": {"type": "string"}
+        }
+
+        selected = build_mcp_tools(owner, listings, selected=["fetch", "list"])
+        assert [t.name for t in selected] == ["list", "fetch"]  # in the servers' order
+        prefixed = build_mcp_tools(owner, listings, selected=["fetch"], name_prefix="{server}__")
+        assert [t.name for t in prefixed] == ["web__fetch"]
+        with pytest.raises(UserError, match=r"'nope'.*available: fetch, list, read\.file"):
+            build_mcp_tools(owner, listings, selected=["fetch", "nope"])
+
+    def test_same_name_on_two_servers_needs_a_prefix(self) -> None:
+        owner = manager("a", "b")
+        listings = {"a": [info("search")], "b": [info("search")]}
+        with pytest.raises(UserError, match=r"both be named 'search'.*tool_name_prefix"):
+            build_mcp_tools(owner, listings)
+        tools = build_mcp_tools(owner, listings, name_prefix="{server}_")
+        assert [t.name for t in tools] == ["a_search", "b_search"]
+
+    async def test_arguments_are_checked_against_the_input_schema(self) -> None:
+        schema = {
+            "type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 1}},
+            "required": ["n"],
+        }
+        (tool,) = build_mcp_tools(manager(), {"s": [info("count", schema)]})
+        tool.check_arguments({"n": 3})
+        executor = ToolExecutor([tool])
+        below = await executor.run_call(ToolCallRequest("count", {"n": 0}))
+        assert below.error_kind == "ToolArgumentError"
+        assert "n: 0 is less than the minimum of 1" in below.text
+        missing = await executor.run_call(ToolCallRequest("count", {}))
+        assert missing.error_kind == "ToolArgumentError" and "'n'" in missing.text
+        assert executor.statistics().tools["count"].invalid_arguments == 2
+        # A schema the validator cannot read is left to the server.
+        (loose,) = build_mcp_tools(
+            manager(), {"s": [info("odd", {"type": "object", "properties": {"x": {"type": 5}}})]}
+        )
+        loose.check_arguments({"x": "anything"})
+
+
+class TestLifecycle:
+    async def test_calls_need_an_open_manager(self) -> None:
+        owner = manager("s")
+        (tool,) = build_mcp_tools(owner, {"s": [info("ping")]})
+        result = await ToolExecutor([tool]).run_call(ToolCallRequest("ping", {}))
+        assert result.is_error and result.error_kind == "UserError"
+        assert "not open" in result.text and "mcp_sessions" in result.text
+        async with owner:
+            with pytest.raises(UserError, match="already open"):
+                await owner.start()
+        result = await ToolExecutor([tool]).run_call(ToolCallRequest("ping", {}))
+        assert result.error_kind == "UserError" and "closed" in result.text
+        await owner.aclose()  # idempotent
+
+    async def test_mcp_sessions_opens_each_manager_once(self) -> None:
+        first, second = manager("a"), manager("b")
+        tools = [
+            *build_mcp_tools(first, {"a": [info("x"), info("y")]}),
+            *build_mcp_tools(second, {"b": [info("z")]}),
+            calculator_tool(),
+        ]
+        assert mcp_managers(tools) == [first, second]
+        async with mcp_sessions(tools) as managers:
+            assert managers == [first, second]
+            assert first.is_open and second.is_open
+        assert not first.is_open and not second.is_open
+        async with mcp_sessions([calculator_tool()]) as none:
+            assert none == []
+
+    async def test_unknown_server_and_bad_specs(self) -> None:
+        owner = manager("s")
+        async with owner:
+            with pytest.raises(UserError, match=r"unknown MCP server 'x'; known: s"):
+                await owner.call_tool("x", "t")
+        with pytest.raises(UserError, match="two MCP servers are named 's'"):
+            McpClientManager(
+                [StdioServer(name="s", command="a"), StdioServer(name="s", command="b")]
+            )
+        with pytest.raises(UserError, match="at least one server"):
+            McpClientManager([])
+
+    async def test_failed_connection_is_tool_unavailable(self) -> None:
+        owner = McpClientManager(
+            [StdioServer(name="s", command=sys.executable, args=("-c", "pass"))],
+            connect_timeout=10,
+        )
+        (tool,) = build_mcp_tools(owner, {"s": [info("t")]})
+        async with owner:
+            result = await ToolExecutor([tool.with_limits(tool.limits)]).run_call(
+                ToolCallRequest("t", {})
+            )
+        assert result.is_error and result.error_kind == "ToolUnavailable"
+        assert "cannot connect to MCP server 's'" in result.text
+        assert owner.statistics()["s"].connect_failures == 3  # the first try and 2 retries
+
+
+def test_mcp_tool_is_a_tool() -> None:
+    (tool,) = build_mcp_tools(manager(), {"s": [info("t")]})
+    assert isinstance(tool, McpTool)
+    renamed = tool.with_schema({"name": "other"})
+    assert renamed.name == "other" and renamed.manager is tool.manager
