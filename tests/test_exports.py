@@ -19,6 +19,8 @@ PUBLIC_MODULES = [
     "toolrollout.tools",
     "toolrollout.testing",
     "toolrollout.demo",
+    "toolrollout.sandbox",
+    "toolrollout.search",
 ]
 
 

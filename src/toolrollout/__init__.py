@@ -14,6 +14,7 @@ from ._exceptions import EngineTimeout as EngineTimeout
 from ._exceptions import EngineUnavailable as EngineUnavailable
 from ._exceptions import ModelBehaviorError as ModelBehaviorError
 from ._exceptions import OverlongPromptError as OverlongPromptError
+from ._exceptions import SandboxIsolationError as SandboxIsolationError
 from ._exceptions import TokenizationError as TokenizationError
 from ._exceptions import ToolArgumentError as ToolArgumentError
 from ._exceptions import ToolError as ToolError
@@ -77,6 +78,7 @@ __all__ = [
     "RolloutRunner",
     "SGLangClient",
     "SamplingParams",
+    "SandboxIsolationError",
     "TokenSpan",
     "TokenizationError",
     "Tool",
