@@ -85,6 +85,8 @@ async def test_two_turn_calculator_trajectory(demo_tokenizer: Any) -> None:
     assert list(second_input) == list(traj.prompt_ids) + first + list(tool_span.ids)
     # Full transcript decodes to the template rendering of the final messages.
     assert traj.metrics["drift_mismatches"] == 0
+    assert traj.metrics["tool_stats"]["calculator"]["calls"] == 1
+    assert traj.metrics["tool_stats"]["calculator"]["errors"] == 0
 
 
 async def test_length_truncated_turn_ends_the_trajectory(demo_tokenizer: Any) -> None:
@@ -166,6 +168,9 @@ async def test_raising_and_hanging_tools_become_errors(demo_tokenizer: Any) -> N
     texts = [m["content"] for m in traj.messages if m["role"] == "tool"]
     assert "disk on fire" in texts[0]
     assert "timed out" in texts[1]
+    stats = traj.metrics["tool_stats"]
+    assert stats["slow"]["timeouts"] == 1
+    assert stats["broken"]["error_kinds"] == {"ToolExecutionError": 1}
 
 
 async def test_reward_exception_marks_failed_not_zero(demo_tokenizer: Any) -> None:

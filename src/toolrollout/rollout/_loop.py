@@ -23,7 +23,13 @@ from toolrollout.chat import ChatFormat, ToolCallParser, check_drift
 from toolrollout.engines._base import Engine
 from toolrollout.engines._types import GenerateRequest, GenerateResult
 from toolrollout.rewards import WeightedReward, evaluate_terms
-from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
+from toolrollout.tools import (
+    ToolCallRequest,
+    ToolContext,
+    ToolExecutor,
+    ToolResult,
+    summarize_tool_calls,
+)
 
 from ._config import RolloutConfig
 from ._trajectory import TokenSpan, Trajectory, TrajectoryStatus
@@ -70,6 +76,7 @@ class _State:
     cached_tokens: int = 0
     tool_state: dict[str, Any] = field(default_factory=dict)
     model_texts: list[str] = field(default_factory=list)
+    tool_records: list[tuple[str, ToolResult]] = field(default_factory=list)
 
     @property
     def response_len(self) -> int:
@@ -197,6 +204,7 @@ async def _run_tools(
     state.tool_seconds += time.perf_counter() - started
     for call, result in zip(calls, results, strict=True):
         state.tool_latency.setdefault(call.name, []).append(result.seconds)
+        state.tool_records.append((call.name, result))
         if result.is_error:
             state.tool_errors += 1
     return results
@@ -385,6 +393,11 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
         "tool_tokens": state.tool_tokens,
         "cached_tokens": state.cached_tokens,
     }
+    if state.tool_records:
+        metrics["tool_stats"] = {
+            name: summary.to_dict()
+            for name, summary in summarize_tool_calls(state.tool_records).items()
+        }
     if state.drift_reports:
         metrics["drift_reports"] = state.drift_reports
     if details:
