@@ -143,7 +143,7 @@ def _run(
     from toolrollout.rewards import numeric_match
     from toolrollout.rewards import tool_error_penalty as penalty_term
     from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryWriter
-    from toolrollout.tools import calculator_tool, load_tool_config
+    from toolrollout.tools import calculator_tool, load_tool_config, tool_services
 
     from ._progress import RolloutProgress
 
@@ -191,7 +191,7 @@ def _run(
             engine = embedded
             await embedded.start()
             context_length = embedded.context_length
-        async with engine:
+        async with engine, tool_services(tools):
             runner = RolloutRunner(
                 engine,
                 tokenizer,

@@ -34,6 +34,7 @@ from ._limits import LatencyWindow as LatencyWindow
 from ._limits import LimiterStatistics as LimiterStatistics
 from ._limits import RateLimiter as RateLimiter
 from ._limits import RateLimiterStatistics as RateLimiterStatistics
+from ._services import tool_services as tool_services
 from ._types import CircuitBreakerPolicy as CircuitBreakerPolicy
 from ._types import RetryPolicy as RetryPolicy
 from ._types import ToolCallRequest as ToolCallRequest
@@ -74,5 +75,6 @@ __all__ = [
     "parse_docstring",
     "summarize_tool_calls",
     "to_tool_result",
+    "tool_services",
     "tools_from_config",
 ]

@@ -19,7 +19,7 @@ from mcp.types import (
 from mcp.types import Tool as McpToolInfo
 from PIL import Image
 
-from toolrollout import ToolExecutionError, UserError
+from toolrollout import ToolExecutionError, ToolUnavailable, UserError
 from toolrollout.tools import ToolCallRequest, ToolExecutor, calculator_tool
 from toolrollout.tools.mcp import (
     McpClientManager,
@@ -202,6 +202,11 @@ class TestLifecycle:
         assert result.is_error and result.error_kind == "ToolUnavailable"
         assert "cannot connect to MCP server 's'" in result.text
         assert owner.statistics()["s"].connect_failures == 3  # the first try and 2 retries
+        async with owner:
+            with pytest.raises(ToolUnavailable, match="cannot connect to MCP server 's'"):
+                await owner.connect()  # eager, and not wrapped in an exception group
+            with pytest.raises(UserError, match="unknown MCP server 'x'"):
+                await owner.connect("x")
 
 
 def test_mcp_tool_is_a_tool() -> None:

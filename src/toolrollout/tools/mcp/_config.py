@@ -20,7 +20,7 @@ from toolrollout._exceptions import ConfigError, ToolRolloutError, UserError
 
 from .._base import Tool
 from .._models import ToolEntryModel
-from ._manager import McpClientManager, _describe
+from ._manager import McpClientManager, _describe, _each
 from ._servers import McpServerSpec, load_mcp_servers
 from ._tool import McpTool, build_mcp_tools
 
@@ -66,9 +66,8 @@ def discover_tools(
         async def fetch(name: str) -> None:
             listings[name] = await manager.list_tools(name)
 
-        async with manager, anyio.create_task_group() as tg:
-            for name in servers:
-                tg.start_soon(fetch, name)
+        async with manager:
+            await _each(servers, fetch)
         return {name: listings[name] for name in servers}
 
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mcp-discovery") as pool:

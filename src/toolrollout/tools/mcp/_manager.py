@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
@@ -182,7 +182,7 @@ class _Server:
         self.manager = manager
         self.session: _Session | None = None
         self.generation = 0
-        self._lock: anyio.Lock | None = None
+        self.lock: anyio.Lock | None = None
         self.sessions_opened = 0
         self.connect_failures = 0
         self.sessions_lost = 0
@@ -223,9 +223,9 @@ class _Server:
     async def acquire(self) -> _Session:
         """The live session, connecting first (once, under the lock) if there is none."""
         self.manager._check_open()
-        if self._lock is None:
-            self._lock = anyio.Lock()
-        async with self._lock:
+        if self.lock is None:
+            self.lock = anyio.Lock()
+        async with self.lock:
             session = self.session
             if session is None or session.replaceable:
                 if session is not None:
@@ -267,6 +267,10 @@ class _Server:
                 httpx2.AsyncClient(
                     headers=dict(spec.headers),
                     timeout=httpx2.Timeout(spec.timeout, read=spec.sse_read_timeout),
+                    # Each call holds a connection until its answer: no pool cap (the
+                    # executor's max_concurrency is the cap), or long calls past 100 at
+                    # once would wait for a connection and fail the session.
+                    limits=httpx2.Limits(max_connections=None, max_keepalive_connections=64),
                 )
             )
             read, write = await stack.enter_async_context(
@@ -398,6 +402,24 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+async def _each(names: Iterable[str], func: Callable[[str], Awaitable[None]]) -> None:
+    """Run ``func`` for every name concurrently; re-raise the first failure as it is
+    (not wrapped in an exception group), after all have finished."""
+    errors: list[Exception] = []
+
+    async def run(name: str) -> None:
+        try:
+            await func(name)
+        except Exception as exc:
+            errors.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for name in names:
+            tg.start_soon(run, name)
+    if errors:
+        raise errors[0]
+
+
 async def _list_all_tools(client: ClientSession) -> list[McpToolInfo]:
     tools: list[McpToolInfo] = []
     cursor: str | None = None
@@ -477,6 +499,7 @@ class McpClientManager:
         self._task_group = task_group
         for server in self._servers.values():
             server.session = None
+            server.lock = None  # recreated in this (maybe new) event loop
         self._state = "open"
 
     async def aclose(self) -> None:
@@ -539,9 +562,13 @@ class McpClientManager:
         reached.
         """
         names = servers or tuple(self._servers)
-        async with anyio.create_task_group() as tg:
-            for name in names:
-                tg.start_soon(self._server(name).acquire)
+        for name in names:
+            self._server(name)  # unknown names fail before anything starts
+
+        async def connect_one(name: str) -> None:
+            await self._servers[name].acquire()
+
+        await _each(names, connect_one)
 
     async def list_tools(self, server: str) -> list[McpToolInfo]:
         """The tools the server listed when its current session was opened."""
@@ -588,9 +615,7 @@ class McpClientManager:
         async def fetch(name: str) -> None:
             listings[name] = await self.list_tools(name)
 
-        async with anyio.create_task_group() as tg:
-            for name in self._servers:
-                tg.start_soon(fetch, name)
+        await _each(self._servers, fetch)
         ordered = {name: listings[name] for name in self._servers}
         return build_mcp_tools(
             self, ordered, selected=selected, name_prefix=name_prefix, limits=limits
