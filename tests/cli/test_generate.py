@@ -96,3 +96,19 @@ def test_library_example_runs(tmp_path: Path) -> None:
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 8
     assert sum("reward=1.0" in line for line in lines) >= 6
+
+
+def test_generate_with_the_mcp_stdio_config(tmp_path: Path) -> None:
+    """The calculator served by an MCP server over stdio, from the shipped config alone."""
+    config = Path(__file__).resolve().parents[2] / "tool_configs" / "mcp_stdio.yaml"
+    proc = run("--limit", "3", "--tool-config", str(config), "--out", "mcp.jsonl", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in (tmp_path / "mcp.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    called = [r for r in rows if r["num_tool_calls"] >= 1]
+    assert called, rows
+    for row in called:
+        metrics = json.loads(row["metrics"])
+        assert metrics["tool_stats"]["calculator"]["calls"] >= 1
+        tool_messages = [m for m in json.loads(row["messages"]) if m["role"] == "tool"]
+        assert tool_messages and not tool_messages[0]["content"].startswith("Error")

@@ -108,8 +108,10 @@ def measure(
             failures.append(f"call  {prompt['messages'][-1]['content']!r} -> {completion!r}")
         else:
             good_calls += 1
-        if expression is not None:
-            result = calculator(expression)
+        result = calculator(expression) if expression is not None else "Error"
+        # A call the calculator rejects already counts as a failed call; stating an error
+        # message is not the skill measured by the answer rate.
+        if not result.startswith("Error"):
             call = {"name": "calculator", "arguments": {"expression": expression}}
             messages = [
                 *prompt["messages"],

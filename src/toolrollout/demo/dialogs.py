@@ -136,17 +136,16 @@ _WORDED: Final = (
     "Quick question: {a} {w} {b}?",
 )
 _SEMANTIC: Final[dict[str, tuple[str, ...]]] = {
+    # Operands are always mentioned in expression order: the model copies, never reorders.
     "+": (
         "What is the sum of {a} and {b}?",
         "Add {a} and {b}.",
-        "What do you get when you add {b} to {a}?",
         "Find the total of {a} and {b}.",
     ),
     "-": (
-        "Subtract {b} from {a}.",
         "What is the difference between {a} and {b}?",
-        "Take {b} away from {a}.",
-        "What is {b} less than {a}?",
+        "From {a}, subtract {b}.",
+        "Start with {a} and take away {b}.",
     ),
     "*": (
         "What is the product of {a} and {b}?",
@@ -268,7 +267,7 @@ TRAIN_MIX: Final[dict[str, float]] = {
     "parallel": 0.08,
 }
 """Share of each problem shape in the training corpus."""
-EVAL_MIX: Final[dict[str, float]] = {"binary": 0.8, "ternary": 0.2}
+EVAL_MIX: Final[dict[str, float]] = {"binary": 0.85, "ternary": 0.15}
 """Share of each shape in the shipped prompt set (single-call problems only)."""
 
 
@@ -304,13 +303,11 @@ _FINAL_SINGLE: Final = (
     "The answer is {r}.",
     "The answer is {r}.",
     "The result is {r}.",
-    "{e} = {r}.",
     "It comes to {r}.",
-    "That gives {r}.",
 )
 _FINAL_PARALLEL: Final = (
-    "{e1} = {r1} and {e2} = {r2}.",
     "The results are {r1} and {r2}.",
+    "The first is {r1} and the second is {r2}.",
 )
 
 
@@ -349,14 +346,12 @@ def dialog_messages(
     if problem.kind == "parallel":
         messages.append(_call_message(calls))
         messages.extend(_tool_messages(results))
-        final = rng.choice(_FINAL_PARALLEL).format(
-            e1=calls[0], r1=results[0], e2=calls[1], r2=results[1]
-        )
+        final = rng.choice(_FINAL_PARALLEL).format(r1=results[0], r2=results[1])
     else:
         for call, result in zip(calls, results, strict=True):
             messages.append(_call_message([call]))
             messages.extend(_tool_messages([result]))
-        final = rng.choice(_FINAL_SINGLE).format(e=calls[-1], r=results[-1])
+        final = rng.choice(_FINAL_SINGLE).format(r=results[-1])
     messages.append({"role": "assistant", "content": final})
     return messages
 

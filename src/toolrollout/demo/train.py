@@ -170,7 +170,7 @@ def _model_config(tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace) 
     return Qwen2Config(
         vocab_size=len(tokenizer),
         hidden_size=args.hidden,
-        intermediate_size=args.hidden * 4,
+        intermediate_size=args.intermediate,
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
@@ -349,6 +349,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--intermediate", type=int, default=512)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--heads", type=int, default=2)
     parser.add_argument("--kv-heads", type=int, default=1)

@@ -15,6 +15,7 @@ import anyio
 import httpx
 
 from toolrollout._exceptions import SandboxIsolationError, ToolUnavailable, UserError
+from toolrollout._net import is_listening
 from toolrollout.tools import Tool
 
 from ._tool import SandboxTool
@@ -113,16 +114,6 @@ async def serve_sandbox_in_background(
                 await process.aclose()
 
 
-async def _listening(host: str, port: int) -> bool:
-    try:
-        with anyio.fail_after(2):
-            stream = await anyio.connect_tcp(host, port)
-    except (OSError, TimeoutError):
-        return False
-    await stream.aclose()
-    return True
-
-
 @asynccontextmanager
 async def serve_local_sandboxes(
     tools: Iterable[Tool],
@@ -152,7 +143,7 @@ async def serve_local_sandboxes(
     async with AsyncExitStack() as stack:
         started: list[str] = []
         for port in ports:
-            if await _listening("127.0.0.1", port):
+            if await is_listening("127.0.0.1", port):
                 logger.info("a server already listens on port %d; using it as the sandbox", port)
                 continue
             started.append(

@@ -20,6 +20,7 @@ import httpx
 from anyio.abc import Process
 
 from toolrollout._exceptions import ToolUnavailable, UserError
+from toolrollout._net import is_listening
 from toolrollout.tools import Tool
 
 from ._client import SearchTool
@@ -158,16 +159,6 @@ async def _wait_healthy(
     )
 
 
-async def _listening(host: str, port: int) -> bool:
-    try:
-        with anyio.fail_after(2):
-            stream = await anyio.connect_tcp(host, port)
-    except (OSError, TimeoutError):
-        return False
-    await stream.aclose()
-    return True
-
-
 @asynccontextmanager
 async def serve_local_retrievers(
     tools: Iterable[Tool], *, startup_timeout: float = 60.0
@@ -203,7 +194,7 @@ async def serve_local_retrievers(
             connect_host = {"localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
                 host, host
             )
-            if await _listening(connect_host, port):
+            if await is_listening(connect_host, port):
                 logger.info(
                     "a server already listens on %s:%d; using it as the retriever", host, port
                 )
