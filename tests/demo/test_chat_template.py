@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from toolrollout.demo import CALCULATOR_TOOL, DEMO_CHAT_TEMPLATE_PATH, DEMO_MODEL_PATH
@@ -212,3 +213,19 @@ def test_digits_are_single_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
     assert tokenizer.decode(tokenizer.encode("x = -0.25 * 1000", add_special_tokens=False)) == (
         "x = -0.25 * 1000"
     )
+
+
+def test_loaded_tokenizer_matches_tokenizer_json(tokenizer: PreTrainedTokenizerBase) -> None:
+    """transformers 5 rebuilds a Qwen2Tokenizer from vocab and merges (keyed on model_type):
+    its pipeline must be the one the model was trained with, stored in tokenizer.json."""
+    raw = Tokenizer.from_file(str(DEMO_MODEL_PATH / "tokenizer.json"))
+    messages = [
+        *USER,
+        {"role": "assistant", "content": "", "tool_calls": [call("(4 + 5) * -3 // 2")]},
+        {"role": "tool", "content": "-14"},
+        {"role": "assistant", "content": "The answer is -14.\n\nDone!  Thanks, it's 3.5 now."},
+    ]
+    text = render(tokenizer, messages, [CALCULATOR_TOOL])
+    assert tokenizer.encode(text, add_special_tokens=False) == raw.encode(text).ids
+    config = json.loads((DEMO_MODEL_PATH / "tokenizer_config.json").read_text(encoding="utf-8"))
+    assert config["tokenizer_class"] == "Qwen2Tokenizer"

@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any, Final
 
 import torch
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+)
 from tokenizers.trainers import BpeTrainer
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils.chat_template_utils import render_jinja_template
@@ -77,14 +85,35 @@ def chat_template() -> str:
     return DEMO_CHAT_TEMPLATE_PATH.read_text(encoding="utf-8")
 
 
+QWEN2_PRETOKENIZE_REGEX: Final = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+r"""Qwen2's pre-tokenizer split; ``\p{N}`` on its own isolates every digit (one per token)."""
+
+
 def build_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
-    """Train the byte-level BPE tokenizer on rendered dialogs and wrap it for transformers."""
-    core = Tokenizer(models.BPE())
+    """Train the byte-level BPE tokenizer on rendered dialogs and wrap it for transformers.
+
+    The pipeline (NFC, Qwen2's split regex, byte-level, BPE) is exactly the one that
+    transformers' ``Qwen2Tokenizer`` rebuilds from ``vocab``/``merges``: transformers 5 loads
+    this folder as a ``Qwen2Tokenizer`` (from ``model_type``), transformers 4 as its fast
+    variant from ``tokenizer.json``, and both must tokenize alike.
+    """
+    core = Tokenizer(
+        models.BPE(
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
     core.normalizer = normalizers.NFC()
     core.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     core.decoder = decoders.ByteLevel()
@@ -326,17 +355,29 @@ def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path)
         pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
     ).save_pretrained(out)
     tokenizer.save_pretrained(out)
-    # transformers >= 4.50 writes the template to chat_template.jinja; older loaders and
-    # non-Python tokenizers (e.g. the Rust router) read tokenizer_config.json, so keep a copy.
     config_path = out / "tokenizer_config.json"
     tok_config = json.loads(config_path.read_text(encoding="utf-8"))
+    # transformers 5 writes the template to chat_template.jinja only; older loaders and
+    # non-Python tokenizers (e.g. the Rust router) read tokenizer_config.json: keep a copy.
     tok_config["chat_template"] = chat_template()
-    config_path.write_text(json.dumps(tok_config, indent=2, ensure_ascii=False) + "\n")
+    # transformers 5 saves "TokenizersBackend", a class transformers 4 does not know.
+    # Qwen2Tokenizer loads everywhere, and build_tokenizer() matches its pipeline.
+    tok_config["tokenizer_class"] = "Qwen2Tokenizer"
+    tok_config["unk_token"] = None
+    tok_config["bos_token"] = None
+    tok_config["add_prefix_space"] = False
+    # transformers 4 only treats <|im_start|> as special (skip_special_tokens) if listed here.
+    tok_config["additional_special_tokens"] = [IM_START, IM_END]
+    config_path.write_text(
+        json.dumps(tok_config, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    )
     # Likewise, engines built on transformers 4.x read a top-level rope_theta.
     model_config_path = out / "config.json"
     model_config = json.loads(model_config_path.read_text(encoding="utf-8"))
     model_config["rope_theta"] = model_config["rope_parameters"]["rope_theta"]
     model_config_path.write_text(json.dumps(model_config, indent=2, sort_keys=True) + "\n")
+    for path in out.iterdir():
+        path.chmod(0o644)  # safetensors are written 0600; the package data must be readable
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -344,19 +385,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEMO_MODEL_PATH)
     parser.add_argument("--prompts-out", type=Path, default=DEMO_PROMPTS_PATH)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=128)
-    parser.add_argument("--intermediate", type=int, default=512)
+    parser.add_argument("--intermediate", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--heads", type=int, default=2)
-    parser.add_argument("--kv-heads", type=int, default=1)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dialogs", type=int, default=16000)
     parser.add_argument("--tokenizer-dialogs", type=int, default=2000)
-    parser.add_argument("--log-every", type=int, default=20)
+    parser.add_argument("--log-every", type=int, default=100)
     return parser.parse_args(argv)
 
 
