@@ -103,14 +103,23 @@ def test_trajectories_are_multi_turn_with_real_tool_calls(trajectories: list[Tra
     assert len(trajectories) == 24
     multi = [t for t in trajectories if t.num_turns >= 2 and t.num_tool_calls >= 1]
     assert len(multi) >= 20, [(t.status, t.num_turns, t.error) for t in trajectories]
-    for t in multi:
-        tool_msgs = [m for m in t.messages if m["role"] == "tool"]
-        calls = [c for m in t.messages for c in m.get("tool_calls", [])]
-        assert tool_msgs and calls
-        from toolrollout.demo import calculator
+    from toolrollout.demo import calculator
 
-        expression = json.loads(calls[0]["function"]["arguments"])["expression"]
-        assert tool_msgs[0]["content"] == calculator(expression)  # really executed
+    checked = 0
+    for t in multi:
+        calls = {c["id"]: c for m in t.messages for c in m.get("tool_calls", [])}
+        for message in t.messages:
+            if message["role"] != "tool" or "tool_call_id" not in message:
+                continue
+            call = calls[message["tool_call_id"]]
+            if call["function"]["name"] != "calculator":  # sampled at T=1: may be misspelt
+                assert "unknown tool" in message["content"]
+                checked += 1
+                continue
+            expression = json.loads(call["function"]["arguments"])["expression"]
+            assert message["content"] == calculator(expression)  # really executed
+            checked += 1
+    assert checked >= len(multi)
 
 
 def test_lengths_and_masks(trajectories: list[Trajectory]) -> None:
