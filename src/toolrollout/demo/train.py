@@ -385,7 +385,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEMO_MODEL_PATH)
     parser.add_argument("--prompts-out", type=Path, default=DEMO_PROMPTS_PATH)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=1800)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=30)
