@@ -21,6 +21,8 @@ PUBLIC_MODULES = [
     "toolrollout.demo",
     "toolrollout.sandbox",
     "toolrollout.search",
+    "toolrollout.tools.mcp",
+    "toolrollout.mcp_servers",
 ]
 
 

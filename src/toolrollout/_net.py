@@ -1,10 +1,11 @@
-"""Small loopback helpers shared by the local services (sandbox, retriever)."""
+"""Helpers shared by the local services toolrollout runs itself (sandbox, retriever)."""
 
 from __future__ import annotations
 
 import anyio
+from anyio.abc import Process
 
-__all__ = ["is_listening"]
+__all__ = ["is_listening", "stop_process"]
 
 
 async def is_listening(host: str, port: int) -> bool:
@@ -16,3 +17,16 @@ async def is_listening(host: str, port: int) -> bool:
         return False
     await stream.aclose()
     return True
+
+
+async def stop_process(process: Process, *, grace: float = 5.0) -> None:
+    """Terminate ``process``, kill it after ``grace`` seconds, and reap it (shielded)."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            process.terminate()
+            with anyio.move_on_after(grace):
+                await process.wait()
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        await process.aclose()

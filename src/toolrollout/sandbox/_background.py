@@ -15,7 +15,7 @@ import anyio
 import httpx
 
 from toolrollout._exceptions import SandboxIsolationError, ToolUnavailable, UserError
-from toolrollout._net import is_listening
+from toolrollout._net import is_listening, stop_process
 from toolrollout.tools import Tool
 
 from ._tool import SandboxTool
@@ -103,15 +103,7 @@ async def serve_sandbox_in_background(
                 raise ToolUnavailable(f"the local sandbox exited at startup: {last}")
             yield f"{url}/run_code"
         finally:
-            with anyio.CancelScope(shield=True):
-                if process.returncode is None:
-                    process.terminate()
-                    with anyio.move_on_after(5):
-                        await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                        await process.wait()
-                await process.aclose()
+            await stop_process(process)
 
 
 @asynccontextmanager

@@ -20,7 +20,7 @@ import httpx
 from anyio.abc import Process
 
 from toolrollout._exceptions import ToolUnavailable, UserError
-from toolrollout._net import is_listening
+from toolrollout._net import is_listening, stop_process
 from toolrollout.tools import Tool
 
 from ._client import SearchTool
@@ -125,15 +125,7 @@ async def serve_retriever_in_background(
             logger.info("retriever for %s is up at %s (pid %d)", path, handle.url, process.pid)
             yield handle
         finally:
-            with anyio.CancelScope(shield=True):
-                if process.returncode is None:
-                    process.terminate()
-                    with anyio.move_on_after(5):
-                        await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                        await process.wait()
-                await process.aclose()
+            await stop_process(process)
 
 
 async def _wait_healthy(
