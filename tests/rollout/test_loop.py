@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
+from toolrollout.demo import CALCULATOR_TOOL
 from toolrollout.engines import FinishReason, GenerateRequest, SamplingParams
 from toolrollout.rewards import numeric_match, tool_error_penalty
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
@@ -126,6 +127,15 @@ async def test_malformed_call_and_unknown_tool_are_reported_to_the_model(
     assert "no_such_tool" in tool_texts[1]
     assert traj.reward == pytest.approx(1.0 - 0.5)
     check_token_invariants(traj, demo_tokenizer)
+    # The malformed turn keeps the model's own text, so the messages still render to the tokens.
+    assert traj.messages[2]["content"].startswith('<tool_call>\n{"name": "calculator"')
+    assert "tool_calls" not in traj.messages[2]
+    assert traj.metrics["drift_mismatches"] == 0
+    rendered = demo_tokenizer.apply_chat_template(
+        list(traj.messages), tools=[CALCULATOR_TOOL], tokenize=False
+    )
+    decoded = demo_tokenizer.decode(list(traj.prompt_ids) + traj.response_ids)
+    assert rendered == decoded + "\n"
 
 
 async def test_raising_and_hanging_tools_become_errors(demo_tokenizer: Any) -> None:

@@ -270,7 +270,11 @@ async def _drive(services: RolloutServices, state: _State) -> None:
         finish = result.finish_reason.type
         parsed = services.parser.parse(text)
         assistant: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if parsed.tool_calls:
+        if parsed.errors:
+            # A malformed call cannot be rendered from structured tool_calls: keep what the
+            # model wrote, so the messages still render to the tokens it was trained on.
+            assistant["content"] = text
+        elif parsed.tool_calls:
             assistant["tool_calls"] = [
                 {
                     "id": call.id,
