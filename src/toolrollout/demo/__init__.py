@@ -1,7 +1,7 @@
 """The bundled demo: a tiny tool-calling model, its calculator tool and a prompt set.
 
 The model is shipped inside the package so that examples, tests and the CPU engine can run
-a real multi-turn tool-calling rollout without downloading anything. It is a ~1 MB
+a real multi-turn tool-calling rollout without downloading anything. It is a 1.5 MB
 Qwen2-architecture causal LM trained by :mod:`toolrollout.demo.train` on synthetic
 arithmetic dialogs; its chat template uses the Qwen2.5 tool-call format
 (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, tool results as

@@ -34,6 +34,7 @@ from toolrollout.demo.calculator import calculator
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
     "Problem",
+    "copy_dialogs",
     "dialog_messages",
     "generate_problems",
     "is_heldout",
@@ -385,3 +386,37 @@ def write_prompts(path: Path, n: int = 64, *, seed: int = 1234) -> None:
     with path.open("w", encoding="utf-8") as f:
         for row in make_prompt_rows(n, seed=seed):
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+_COPY_FRAMES: Final = ("Repeat: {s}", "Say {s}", "Copy this: {s}", "Echo {s}")
+
+
+def _copy_string(rng: random.Random) -> str:
+    terms = [str(_number(rng)) for _ in range(rng.randint(1, 4))]
+    text = terms[0]
+    for term in terms[1:]:
+        text += f" {rng.choice('+-*/')} {term}"
+    if len(terms) > 2 and rng.random() < 0.3:
+        text = f"({text})"
+    return text
+
+
+def copy_dialogs(n: int, *, seed: int) -> list[list[dict[str, Any]]]:
+    """``n`` short "repeat after me" dialogs (no tools) with random numbers and operators.
+
+    The training script starts with these: every assistant token is a copy of the user's
+    text, a dense signal that teaches the copying circuit (induction heads) in a few hundred
+    cheap steps, instead of waiting for it to emerge from the sparse digits of the tool
+    dialogs. Nothing here depends on the train/held-out split: the strings are random.
+    """
+    rng = random.Random(seed + 2)
+    dialogs = []
+    for _ in range(n):
+        text = _copy_string(rng)
+        dialogs.append(
+            [
+                {"role": "user", "content": rng.choice(_COPY_FRAMES).format(s=text)},
+                {"role": "assistant", "content": text},
+            ]
+        )
+    return dialogs

@@ -1,17 +1,24 @@
 """Train the bundled demo model from scratch, deterministically, in a few CPU minutes.
 
-Run ``python -m toolrollout.demo.train --out src/toolrollout/demo/model``. The script
+Run ``python -m toolrollout.demo.train --out src/toolrollout/demo/model`` (about 7 minutes on
+two CPU cores). The script
 
 1. generates synthetic calculator dialogs (:mod:`toolrollout.demo.dialogs`, train split);
-2. trains a byte-level BPE tokenizer on them (digits split one per token, so the model can
-   copy numbers), wraps it as a ``PreTrainedTokenizerFast`` carrying the chat template;
+2. trains a byte-level BPE tokenizer on them with Qwen2's pre-tokenizer (which splits
+   digits one per token, so the model can copy numbers) and wraps it as a fast tokenizer
+   carrying the chat template;
 3. trains a small Qwen2 causal LM with AdamW, loss on assistant tokens only (everything the
    assistant generates after ``<|im_start|>assistant\\n``, up to and including
-   ``<|im_end|>``);
+   ``<|im_end|>``): first 300 steps of short "repeat after me" dialogs, a dense copying
+   signal that makes the copy circuit appear early and reliably, then the tool dialogs;
 4. saves a standard Hugging Face folder (safetensors, float32) and the held-out prompt set.
 
-Seeds, data order and thread count are fixed, so a rerun on the same machine reproduces
-the same weights (other CPUs may differ in the last bits of float arithmetic).
+Two things keep a step cheap on CPU: the rows of a batch share one system prompt (with the
+tool list), whose KV cache is computed once and broadcast; and rows have similar lengths.
+
+Seeds and data order are fixed and the result does not depend on the thread count, so a
+rerun on the same machine reproduces the same weights byte for byte (another CPU may differ
+in the last bits of float arithmetic, and then in the sampled quality by a point or two).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from toolrollout.demo import DEMO_CHAT_TEMPLATE_PATH, DEMO_MODEL_PATH, DEMO_PROMPTS_PATH
 from toolrollout.demo.calculator import CALCULATOR_TOOL
-from toolrollout.demo.dialogs import training_dialogs, write_prompts
+from toolrollout.demo.dialogs import copy_dialogs, training_dialogs, write_prompts
 
 __all__ = ["build_tokenizer", "encode_dialog", "main", "train"]
 
@@ -92,6 +99,12 @@ QWEN2_PRETOKENIZE_REGEX: Final = (
 r"""Qwen2's pre-tokenizer split; ``\p{N}`` on its own isolates every digit (one per token)."""
 
 
+def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(token_id, int)
+    return token_id
+
+
 def build_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
     """Train the byte-level BPE tokenizer on rendered dialogs and wrap it for transformers.
 
@@ -131,7 +144,7 @@ def build_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
     core.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     if core.get_vocab_size() != VOCAB_SIZE:
         raise RuntimeError(f"tokenizer has {core.get_vocab_size()} tokens, expected {VOCAB_SIZE}")
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=core,
         eos_token=IM_END,
         pad_token=PAD_TOKEN,
@@ -162,7 +175,7 @@ def encode_dialog(
     That is every token after each ``<|im_start|>assistant\\n`` header up to and including
     the ``<|im_end|>`` that closes the turn (the ``\\n`` after it is template glue).
     """
-    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    im_end = _token_id(tokenizer, IM_END)
     mask = [False] * len(ids)
     i, k = 0, len(header)
     while i < len(ids):
@@ -209,8 +222,8 @@ def _model_config(tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace) 
         rms_norm_eps=1e-6,
         initializer_range=0.02,
         bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        eos_token_id=_token_id(tokenizer, IM_END),
+        pad_token_id=_token_id(tokenizer, PAD_TOKEN),
     )
 
 
@@ -262,13 +275,26 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     masks = [encode_dialog(tokenizer, ids, header) for ids in encoded]
     # The system turn (with the tool list) is the same for many dialogs: it is computed once
     # per batch and its KV cache shared by the rows, which makes a step ~3x cheaper.
-    im_start = tokenizer.convert_tokens_to_ids(IM_START)
+    im_start = _token_id(tokenizer, IM_START)
     prefix_lens = [ids.index(im_start, 1) if ids[0] == im_start else 0 for ids in encoded]
     lengths = [len(ids) for ids in encoded]
     _log(
         f"data: {len(dialogs)} dialogs, tokens/dialog mean {sum(lengths) / len(lengths):.0f} "
         f"max {max(lengths)}, vocab {len(tokenizer)}, prep {time.perf_counter() - t0:.1f}s"
     )
+
+    # Warm-up phase: short copy dialogs without tools (see dialogs.copy_dialogs).
+    n_copy = args.copy_steps * args.copy_batch_size
+    copy_texts = render_plain(copy_dialogs(n_copy, seed=args.seed), tools=[])
+    copy_encoded: list[list[int]] = tokenizer(copy_texts, add_special_tokens=False)["input_ids"]
+    copy_batches = [
+        list(range(len(encoded) + j, len(encoded) + j + args.copy_batch_size))
+        for j in range(0, n_copy, args.copy_batch_size)
+    ]
+    encoded += copy_encoded
+    masks += [encode_dialog(tokenizer, ids, header) for ids in copy_encoded]
+    prefix_lens += [0] * len(copy_encoded)
+    lengths += [len(ids) for ids in copy_encoded]
 
     config = _model_config(tokenizer, args)
     model = Qwen2ForCausalLM(config)
@@ -284,14 +310,17 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
         betas=(0.9, 0.98),
         eps=1e-8,
     )
+    n_main = len(encoded) - len(copy_encoded)
     batches: list[list[int]] = []
     epoch = 0
     while len(batches) < args.steps:
-        batches += _batches(encoded, prefix_lens, args.batch_size, args.seed + epoch)
+        batches += _batches(encoded[:n_main], prefix_lens, args.batch_size, args.seed + epoch)
         epoch += 1
-    pad_id = config.pad_token_id
+    batches = copy_batches + batches[: args.steps]
+    total = len(batches)
+    pad_id = _token_id(tokenizer, PAD_TOKEN)
     running = 0.0
-    for step, idx in enumerate(batches[: args.steps]):
+    for step, idx in enumerate(batches):
         p = prefix_lens[idx[0]]
         width = max(lengths[i] for i in idx) - p
         input_ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
@@ -302,7 +331,7 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
             keep = torch.tensor(masks[i][p:], dtype=torch.bool)
             labels[row, : len(ids)] = torch.where(keep, ids, torch.full_like(ids, -100))
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, args.steps, args.lr, args.warmup)
+            group["lr"] = _lr_at(step, total, args.lr, args.warmup)
         cache = None
         if p:
             prefix = torch.tensor([encoded[idx[0]][:p]], dtype=torch.long)
@@ -318,26 +347,30 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
         logits = model.lm_head(hidden[selected])
         loss = torch.nn.functional.cross_entropy(logits, targets[selected])
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         running = loss.item() if step == 0 else 0.9 * running + 0.1 * loss.item()
-        if step % args.log_every == 0 or step == args.steps - 1:
+        if step % args.log_every == 0 or step == total - 1:
             _log(
-                f"step {step:4d}/{args.steps} loss {loss.item():.4f} (ema {running:.4f}) "
+                f"step {step:4d}/{total} loss {loss.item():.4f} (ema {running:.4f}) "
                 f"lr {optimizer.param_groups[0]['lr']:.2e} {time.perf_counter() - t0:.0f}s"
             )
     _log(f"final loss {loss.item():.4f} (ema {running:.4f}), {time.perf_counter() - t0:.0f}s")
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model, tokenizer
 
 
-def render_plain(dialogs: Sequence[list[dict[str, Any]]]) -> list[str]:
-    """Render dialogs with the shipped template (with the calculator tool), as text."""
-    rendered, _ = render_jinja_template(
-        conversations=list(dialogs), tools=[CALCULATOR_TOOL], chat_template=chat_template()
+def render_plain(
+    dialogs: Sequence[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None
+) -> list[str]:
+    """Render dialogs with the shipped template, as text (tools default to the calculator)."""
+    schemas: list[Any] | None = [CALCULATOR_TOOL] if tools is None else list(tools) or None
+    # Annotated as returning str, it returns (rendered texts, generation indices).
+    result: Any = render_jinja_template(
+        conversations=list(dialogs), tools=schemas, chat_template=chat_template()
     )
-    return list(rendered)
+    return list(result[0])
 
 
 def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
@@ -349,10 +382,10 @@ def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path)
     for p in out.iterdir():
         p.unlink()
     model.save_pretrained(out)
-    GenerationConfig(
+    GenerationConfig(  # type: ignore[no-untyped-call]
         bos_token_id=None,
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
-        pad_token_id=tokenizer.convert_tokens_to_ids(PAD_TOKEN),
+        eos_token_id=_token_id(tokenizer, IM_END),
+        pad_token_id=_token_id(tokenizer, PAD_TOKEN),
     ).save_pretrained(out)
     tokenizer.save_pretrained(out)
     config_path = out / "tokenizer_config.json"
@@ -396,6 +429,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dialogs", type=int, default=16000)
+    parser.add_argument("--copy-steps", type=int, default=300)
+    parser.add_argument("--copy-batch-size", type=int, default=64)
     parser.add_argument("--tokenizer-dialogs", type=int, default=2000)
     parser.add_argument("--log-every", type=int, default=100)
     return parser.parse_args(argv)
