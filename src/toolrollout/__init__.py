@@ -12,6 +12,7 @@ from ._exceptions import EngineHTTPError as EngineHTTPError
 from ._exceptions import EngineRequestRejected as EngineRequestRejected
 from ._exceptions import EngineTimeout as EngineTimeout
 from ._exceptions import EngineUnavailable as EngineUnavailable
+from ._exceptions import InteractionError as InteractionError
 from ._exceptions import ModelBehaviorError as ModelBehaviorError
 from ._exceptions import OverlongPromptError as OverlongPromptError
 from ._exceptions import SandboxIsolationError as SandboxIsolationError
@@ -71,6 +72,7 @@ __all__ = [
     "FunctionTool",
     "GenerateRequest",
     "GenerateResult",
+    "InteractionError",
     "ModelBehaviorError",
     "OverlongPromptError",
     "RolloutConfig",

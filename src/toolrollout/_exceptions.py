@@ -23,6 +23,7 @@ branches tell apart who is at fault, because a trainer must react differently to
     │   ├── ToolTimeout           the call ran past its per-call timeout and was cancelled
     │   └── ToolUnavailable       the backend is temporarily unreachable; retrying may help
     │       └── CircuitOpen       the tool's circuit breaker is open: failing fast, not called
+    ├── InteractionError          an interaction handler (simulated user / environment) failed
     └── TokenizationError         the chat template / tokenizer cannot give a consistent token delta
 
 Errors from httpx, MCP and subprocesses are translated into this tree at the boundary
@@ -40,6 +41,7 @@ __all__ = [
     "EngineRequestRejected",
     "EngineTimeout",
     "EngineUnavailable",
+    "InteractionError",
     "ModelBehaviorError",
     "OverlongPromptError",
     "SandboxIsolationError",
@@ -162,6 +164,15 @@ class CircuitOpen(ToolUnavailable):
         super().__init__(message)
         self.tool = tool
         self.retry_after = retry_after
+
+
+class InteractionError(ToolRolloutError):
+    """An interaction handler raised, timed out or answered in an unusable shape.
+
+    Like a tool backend failure this is environment infrastructure, not the model's fault:
+    the trajectory is recorded as failed with this error and the run goes on. The original
+    exception is the ``__cause__``.
+    """
 
 
 class TokenizationError(ToolRolloutError):

@@ -13,6 +13,7 @@ from toolrollout.tools import (
     ToolCallRequest,
     ToolContext,
     ToolExecutor,
+    ToolSession,
     calculator_tool,
     gsm8k_score,
     load_tool_config,
@@ -55,13 +56,16 @@ def test_gsm8k_score() -> None:
 
 async def test_gsm8k_reads_verl_tools_kwargs_and_tracks_best_reward() -> None:
     tool = Gsm8kTool()
-    context = ToolContext(
-        metadata={"tools_kwargs": {tool.name: {"create_kwargs": {"ground_truth": "18"}}}}
-    )
+    metadata = {"tools_kwargs": {tool.name: {"create_kwargs": {"ground_truth": "18"}}}}
+    session = ToolSession("traj-1", metadata)
+    context = ToolContext(metadata=metadata, session=session)
     first = await tool.call({"answer": "18"}, context)
     again = await tool.call({"answer": "18"}, context)
     assert first.text == "Current parsed answer='18' reward=1.0"
     assert (first.reward, again.reward) == (0.0, -0.05)  # no improvement: penalty, like verl
     assert first.metrics == {"answer_reward": 1.0}
+    assert await session.calc_rewards() == {tool.name: 1.0}
+    await session.release_all()
+    assert session.instances == {} and tool._instances == {}
     with pytest.raises(UserError, match="ground truth"):
         await tool.call({"answer": "1"}, ToolContext())

@@ -44,6 +44,19 @@ def generate(
     tool_config: Annotated[
         Path | None, typer.Option(help="verl-layout tool config YAML. Default: calculator.")
     ] = None,
+    interaction_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="verl-layout interaction config YAML; rows pick one by "
+            "extra_info.interaction_kwargs.name."
+        ),
+    ] = None,
+    turn_reward_weight: Annotated[
+        float, typer.Option(help="Weight of the summed interaction turn rewards in the reward.")
+    ] = 0.0,
+    tool_reward_weight: Annotated[
+        float, typer.Option(help="Weight of the summed tool rewards in the reward.")
+    ] = 0.0,
     n: Annotated[int, typer.Option("--n", min=1, help="Samples per prompt (GRPO group).")] = 1,
     max_turns: Annotated[int, typer.Option(min=1, help="Assistant turns per trajectory.")] = 4,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 128,
@@ -78,6 +91,9 @@ def generate(
             model=model,
             dataset=dataset,
             tool_config=tool_config,
+            interaction_config=interaction_config,
+            turn_reward_weight=turn_reward_weight,
+            tool_reward_weight=tool_reward_weight,
             n=n,
             max_turns=max_turns,
             max_new_tokens=max_new_tokens,
@@ -119,6 +135,9 @@ def _run(
     model: Path | None,
     dataset: Path | None,
     tool_config: Path | None,
+    interaction_config: Path | None,
+    turn_reward_weight: float,
+    tool_reward_weight: float,
     n: int,
     max_turns: int,
     max_new_tokens: int,
@@ -136,25 +155,32 @@ def _run(
 ) -> dict[str, Any]:
     import anyio
 
+    from toolrollout._exceptions import UserError
     from toolrollout.chat import tool_parser_names
     from toolrollout.data import load_prompts
     from toolrollout.demo import DEMO_MODEL_PATH, DEMO_PROMPTS_PATH
     from toolrollout.engines import Engine, SamplingParams, SGLangClient
-    from toolrollout.rewards import numeric_match
+    from toolrollout.interactions import load_interaction_config
+    from toolrollout.rewards import RewardMix, numeric_match
     from toolrollout.rewards import tool_error_penalty as penalty_term
     from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryWriter
+    from toolrollout.rollout._interactions import select_interaction
     from toolrollout.tools import calculator_tool, load_tool_config, tool_services
 
     from ._progress import RolloutProgress
 
     if tool_parser not in tool_parser_names():
-        from toolrollout._exceptions import UserError
-
         raise UserError(
             f"unknown --tool-parser {tool_parser!r}; choose from {', '.join(tool_parser_names())}"
         )
     prompts = load_prompts(dataset or DEMO_PROMPTS_PATH, limit=limit)
     tools = load_tool_config(tool_config) if tool_config else [calculator_tool()]
+    interactions = load_interaction_config(interaction_config) if interaction_config else {}
+    for index, prompt in enumerate(prompts):  # a row naming an unknown interaction: fail now
+        try:
+            select_interaction(interactions, prompt)
+        except UserError as exc:
+            raise UserError(f"{dataset or DEMO_PROMPTS_PATH} row {index}: {exc}") from exc
     model_path = model or DEMO_MODEL_PATH
     tokenizer = _load_tokenizer(model_path)
     config = RolloutConfig(
@@ -167,6 +193,7 @@ def _run(
         concurrency=concurrency,
         seed=seed,
         tool_parser=tool_parser,
+        reward_mix=RewardMix(turn_weight=turn_reward_weight, tool_weight=tool_reward_weight),
     )
     rewards: list[Any] = []
     if any(p.ground_truth is not None for p in prompts):
@@ -199,6 +226,7 @@ def _run(
                 config=config,
                 rewards=rewards,
                 context_length=context_length,
+                interactions=interactions,
             )
             total = len(prompts) * n
             started = time.perf_counter()

@@ -1,4 +1,5 @@
-"""Reward functions over finished trajectories (outcome and tool-use shaping)."""
+"""Reward functions over finished trajectories (outcome and tool-use shaping), and the
+:class:`RewardMix` rule that combines them with interaction turn and tool rewards."""
 
 from ._base import RewardFunction as RewardFunction
 from ._base import WeightedReward as WeightedReward
@@ -8,9 +9,11 @@ from ._base import exact_match as exact_match
 from ._base import final_answer_text as final_answer_text
 from ._base import numeric_match as numeric_match
 from ._base import tool_error_penalty as tool_error_penalty
+from ._mix import RewardMix as RewardMix
 
 __all__ = [
     "RewardFunction",
+    "RewardMix",
     "WeightedReward",
     "combine",
     "evaluate_terms",

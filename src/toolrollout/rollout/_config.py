@@ -7,6 +7,7 @@ from typing import Literal
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._types import SamplingParams
+from toolrollout.rewards import RewardMix
 
 __all__ = ["RolloutConfig"]
 
@@ -45,6 +46,10 @@ class RolloutConfig:
     """Tool-call text format of the model (see ``toolrollout.chat``)."""
     drift_check: bool = True
     """Compare the token transcript with a fresh render after every turn."""
+    reward_mix: RewardMix = field(default_factory=RewardMix)
+    """How reward functions, interaction turn rewards and tool rewards make the reward."""
+    interaction_timeout: float | None = 60.0
+    """Seconds one interaction call may take (None: no limit)."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -62,6 +67,10 @@ class RolloutConfig:
             raise UserError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
         if self.sampling.n != 1:
             raise UserError("set RolloutConfig.n for several samples, not sampling.n")
+        if self.interaction_timeout is not None and not self.interaction_timeout > 0:
+            raise UserError(
+                f"interaction_timeout must be positive seconds, got {self.interaction_timeout}"
+            )
         if self.tool_response_truncate_side not in ("left", "right", "middle"):
             raise UserError(
                 "tool_response_truncate_side must be left, right or middle, "

@@ -2,9 +2,11 @@
 
 One coroutine per (prompt, sample). Each turn: generate (engine, token-in/token-out) ->
 parse tool calls -> run the turn's tools concurrently -> append the chat template's token
-delta for the tool results. The transcript is only ever appended to: model tokens verbatim
-from the engine (loss mask 1, engine logprobs), tool tokens as the template delta (loss
-mask 0, logprob 0.0). Nothing earlier is re-tokenized.
+delta for the tool results. A final turn (no tool call) goes to the row's interaction, if
+it has one, which may append a user message the same way (see ``_interactions.py``). The
+transcript is only ever appended to: model tokens verbatim from the engine (loss mask 1,
+engine logprobs), tool and interaction tokens as the template delta (loss mask 0, logprob
+0.0). Nothing earlier is re-tokenized.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,7 @@ from toolrollout.tools import (
 )
 
 from ._config import RolloutConfig
+from ._interactions import TrajectoryEnvironment, interaction_turn, select_interaction
 from ._trajectory import TokenSpan, Trajectory, TrajectoryStatus
 
 __all__ = ["RolloutPrompt", "run_trajectory"]
@@ -77,6 +80,7 @@ class _State:
     tool_state: dict[str, Any] = field(default_factory=dict)
     model_texts: list[str] = field(default_factory=list)
     tool_records: list[tuple[str, ToolResult]] = field(default_factory=list)
+    env: TrajectoryEnvironment | None = None
 
     @property
     def response_len(self) -> int:
@@ -107,6 +111,8 @@ class RolloutServices:
     rewards: Sequence[WeightedReward]
     engine_limiter: anyio.CapacityLimiter
     context_length: int | None
+    interactions: Mapping[str, Any] = field(default_factory=dict)
+    """Interaction objects by name; each row picks one by ``interaction_kwargs.name``."""
 
 
 def _seed_for(config: RolloutConfig, state: _State) -> int | None:
@@ -192,22 +198,28 @@ async def _run_tools(
 ) -> list[ToolResult]:
     """Phase 3: the turn's tool calls, concurrently, results in call order."""
     state.status = TrajectoryStatus.TOOL_CALLING
-    context = ToolContext(
-        trajectory_id=state.uid,
-        sample_index=state.sample_index,
-        metadata=state.prompt.metadata,
-        ground_truth=state.prompt.ground_truth,
-        state=state.tool_state,
-    )
     started = time.perf_counter()
-    results = await services.tools.run_calls(calls, context)
+    results = await services.tools.run_calls(calls, _tool_context(state))
     state.tool_seconds += time.perf_counter() - started
+    if state.env is not None:
+        state.env.record_tool_results(state.num_turns, results)
     for call, result in zip(calls, results, strict=True):
         state.tool_latency.setdefault(call.name, []).append(result.seconds)
         state.tool_records.append((call.name, result))
         if result.is_error:
             state.tool_errors += 1
     return results
+
+
+def _tool_context(state: _State) -> ToolContext:
+    return ToolContext(
+        trajectory_id=state.uid,
+        sample_index=state.sample_index,
+        metadata=state.prompt.metadata,
+        ground_truth=state.prompt.ground_truth,
+        state=state.tool_state,
+        session=None if state.env is None else state.env.tools,
+    )
 
 
 async def run_trajectory(
@@ -228,7 +240,21 @@ async def run_trajectory(
         messages=[dict(m) for m in prompt.messages],
     )
     try:
-        await _drive(services, state)
+        interaction, interaction_kwargs = select_interaction(services.interactions, prompt)
+        env = TrajectoryEnvironment(
+            state.uid,
+            prompt,
+            interaction,
+            interaction_kwargs,
+            timeout=services.config.interaction_timeout,
+        )
+        state.env = env
+        try:
+            await env.start(services.tools.tools.values(), _tool_context(state))
+            await _drive(services, state)
+        finally:
+            # Every way out releases the tool instances and finalizes the interaction.
+            await env.close(score=state.status in _SCORED)
     except OverlongPromptError as exc:
         state.end(TrajectoryStatus.FAILED, "overlong_prompt", f"{type(exc).__name__}: {exc}")
     except ToolRolloutError as exc:
@@ -236,17 +262,27 @@ async def run_trajectory(
     reward: float | None = None
     details: dict[str, float] = {}
     trajectory = _freeze(state, reward, details)
-    if (
-        state.status in (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
-        and services.rewards
-    ):
+    if state.status in _SCORED:
+        outcome: float | None = None
         try:
-            reward, details = await evaluate_terms(services.rewards, trajectory)
+            if services.rewards:
+                outcome, details = await evaluate_terms(services.rewards, trajectory)
         except Exception as exc:  # a broken reward marks the row, never a silent 0
             state.end(TrajectoryStatus.FAILED, "reward_error", f"{type(exc).__name__}: {exc}")
-            reward, details = None, {}
+            details = {}
+        else:
+            reward, terms = services.config.reward_mix.combine(
+                outcome,
+                trajectory.turn_rewards,
+                trajectory.tool_rewards,
+                trajectory.tool_final_rewards,
+            )
+            details = {**details, **terms}
         trajectory = _freeze(state, reward, details)
     return trajectory
+
+
+_SCORED = (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
 
 
 async def _drive(services: RolloutServices, state: _State) -> None:
@@ -294,6 +330,10 @@ async def _drive(services: RolloutServices, state: _State) -> None:
             return
         state.parse_errors += len(parsed.errors)
         if not parsed.tool_calls and not parsed.errors:
+            if state.env is not None and state.env.interaction is not None:
+                if await interaction_turn(services, state, result.output_ids):
+                    continue
+                return
             state.end(TrajectoryStatus.COMPLETED, "stop")
             return
         if state.num_turns >= config.max_turns:
@@ -406,6 +446,9 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
         metrics["drift_reports"] = state.drift_reports
     if details:
         metrics["reward_terms"] = details
+    env = state.env
+    if env is not None:
+        metrics.update(env.metrics())
     return Trajectory(
         uid=state.uid,
         group_id=state.group_id,
@@ -426,4 +469,7 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
         weight_version=state.weight_version,
         metrics=metrics,
         ground_truth=state.prompt.ground_truth,
+        turn_rewards=() if env is None else env.per_turn(env.turn_rewards, state.num_turns),
+        tool_rewards=() if env is None else env.per_turn(env.tool_rewards, state.num_turns),
+        tool_final_rewards={} if env is None else dict(env.tool_final_rewards),
     )

@@ -42,6 +42,9 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("weight_version", pa.string()),
         pa.field("metrics", pa.string(), nullable=False),
         pa.field("failed", pa.bool_(), nullable=False),
+        pa.field("turn_rewards", pa.list_(pa.float64()), nullable=False),
+        pa.field("tool_rewards", pa.list_(pa.float64()), nullable=False),
+        pa.field("tool_final_rewards", pa.map_(pa.string(), pa.float64()), nullable=False),
     ]
 )
 
@@ -118,6 +121,10 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
             rows = [json.loads(line) for line in fh if line.strip()]
     else:
         rows = pq.read_table(path).to_pylist()
+        for row in rows:
+            # parquet maps read back as (key, value) pairs
+            if isinstance(row.get("tool_final_rewards"), list):
+                row["tool_final_rewards"] = dict(row["tool_final_rewards"])
     for row in rows:
         row["messages"] = json.loads(row["messages"])
         row["metrics"] = json.loads(row["metrics"])

@@ -20,6 +20,7 @@ from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor
 
 from ._config import RolloutConfig
+from ._interactions import select_interaction
 from ._loop import RolloutPrompt, RolloutServices, run_trajectory
 from ._trajectory import Trajectory
 
@@ -55,6 +56,8 @@ class RolloutRunner:
 
     ``tokenizer`` is the Hugging Face tokenizer of the served model (its chat template
     renders the prompt and the tool deltas). ``tools`` are executed for real.
+    ``interactions`` (by name, e.g. from :func:`~toolrollout.interactions.load_interaction_config`)
+    answer final turns of the rows that name one in ``extra_info.interaction_kwargs.name``.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class RolloutRunner:
         config: RolloutConfig | None = None,
         rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
         context_length: int | None = None,
+        interactions: Mapping[str, Any] | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or RolloutConfig()
@@ -74,6 +78,7 @@ class RolloutRunner:
         self.parser = get_tool_parser(self.config.tool_parser)
         self.rewards = combine(*rewards)
         self.context_length = self.config.context_length or context_length
+        self.interactions: dict[str, Any] = dict(interactions or {})
 
     def _services(self) -> RolloutServices:
         return RolloutServices(
@@ -85,6 +90,7 @@ class RolloutRunner:
             rewards=self.rewards,
             engine_limiter=anyio.CapacityLimiter(self.config.concurrency),
             context_length=self.context_length,
+            interactions=self.interactions,
         )
 
     async def run(
@@ -96,6 +102,11 @@ class RolloutRunner:
     ) -> list[Trajectory]:
         """Roll out ``config.n`` samples of every prompt; results ordered by (prompt, sample)."""
         rows = [as_prompt(p) for p in prompts]
+        for index, row in enumerate(rows):
+            try:
+                select_interaction(self.interactions, row)
+            except UserError as exc:  # a dataset mistake: say so before anything runs
+                raise UserError(f"prompt {index}: {exc}") from exc
         n = self.config.n
         if group_ids is None:
             batch = uuid.uuid4().hex[:8]

@@ -40,7 +40,7 @@ _TERMINAL = frozenset(
     }
 )
 
-SpanKind = Literal["model", "tool"]
+SpanKind = Literal["model", "tool", "interaction"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,8 @@ class TokenSpan:
 
     ``model`` spans are the engine's output ids verbatim (trained on, loss mask 1, with the
     engine's logprobs); ``tool`` spans are the chat-template delta for tool results plus the
-    next generation prompt (not trained on, loss mask 0, logprob 0.0).
+    next generation prompt (not trained on, loss mask 0, logprob 0.0); ``interaction``
+    spans are the same for an interaction's user/environment message.
     """
 
     kind: SpanKind
@@ -92,6 +93,12 @@ class Trajectory:
     weight_version: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     ground_truth: Any = None
+    turn_rewards: tuple[float | None, ...] = ()
+    """One entry per model turn: the interaction's score of that turn (None: not scored)."""
+    tool_rewards: tuple[float | None, ...] = ()
+    """One entry per model turn: the summed per-call rewards of its tool calls (None: none)."""
+    tool_final_rewards: dict[str, float] = field(default_factory=dict)
+    """``calc_reward`` of each stateful tool instance, by tool name, at the end."""
 
     @property
     def response_ids(self) -> list[int]:
@@ -132,4 +139,7 @@ class Trajectory:
             "weight_version": self.weight_version,
             "metrics": json.dumps(self.metrics, ensure_ascii=False, default=str),
             "failed": self.failed,
+            "turn_rewards": list(self.turn_rewards),
+            "tool_rewards": list(self.tool_rewards),
+            "tool_final_rewards": dict(self.tool_final_rewards),
         }

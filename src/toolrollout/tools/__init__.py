@@ -4,6 +4,8 @@
   deriving the JSON schema from type hints and the docstring.
 - :class:`ToolExecutor` runs one turn's calls concurrently; every failure becomes an error
   :class:`ToolResult` that still carries the exception (nothing is swallowed).
+- :class:`StatefulTool` / :class:`ToolSession`: per-trajectory instances with verl's
+  ``create -> execute -> calc_reward -> release`` lifecycle.
 - :func:`load_tool_config` reads verl-layout tool-config YAML.
 """
 
@@ -26,6 +28,10 @@ from ._executor import summarize_tool_calls as summarize_tool_calls
 from ._function import FunctionTool as FunctionTool
 from ._function import function_tool as function_tool
 from ._function import to_tool_result as to_tool_result
+from ._lifecycle import StatefulTool as StatefulTool
+from ._lifecycle import ToolSession as ToolSession
+from ._lifecycle import row_kwargs as row_kwargs
+from ._lifecycle import tool_kwargs as tool_kwargs
 from ._limits import CircuitBreaker as CircuitBreaker
 from ._limits import CircuitBreakerStatistics as CircuitBreakerStatistics
 from ._limits import CircuitState as CircuitState
@@ -59,6 +65,7 @@ __all__ = [
     "RateLimiter",
     "RateLimiterStatistics",
     "RetryPolicy",
+    "StatefulTool",
     "Tool",
     "ToolCallRequest",
     "ToolCallSummary",
@@ -66,6 +73,7 @@ __all__ = [
     "ToolExecutor",
     "ToolLimits",
     "ToolResult",
+    "ToolSession",
     "ToolStatistics",
     "VerlToolAdapter",
     "calculator_tool",
@@ -73,8 +81,10 @@ __all__ = [
     "gsm8k_score",
     "load_tool_config",
     "parse_docstring",
+    "row_kwargs",
     "summarize_tool_calls",
     "to_tool_result",
+    "tool_kwargs",
     "tool_services",
     "tools_from_config",
 ]

@@ -17,6 +17,7 @@ from toolrollout._exceptions import UserError
 
 from ._base import Tool
 from ._function import FunctionTool
+from ._lifecycle import StatefulTool
 from ._types import ToolContext, ToolLimits, ToolResult
 
 __all__ = ["CalculatorTool", "Gsm8kTool", "calculator_tool", "gsm8k_score"]
@@ -112,12 +113,14 @@ def _gsm8k_parameters() -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Gsm8kTool(Tool):
-    """Checks a GSM8K answer against the row's ground truth (verl's ``Gsm8kTool``).
+class Gsm8kTool(StatefulTool):
+    """Checks a GSM8K answer against the sample's ground truth (verl's ``Gsm8kTool``).
 
-    Like verl's, it returns ``Current parsed answer=... reward=...``, a per-call reward of
-    0.0 when the answer improved on the trajectory's best so far and -0.05 otherwise, and
-    keeps that best in the trajectory's :attr:`ToolContext.state`.
+    One instance per trajectory, created with the row's ``create_kwargs.ground_truth``
+    (falling back to the row's own ground truth). Like verl's, each call returns
+    ``Current parsed answer=... reward=...`` and a per-call reward of 0.0 when the answer
+    improved on the instance's best so far and -0.05 otherwise; :meth:`calc_reward` is the
+    score of the last answer submitted.
     """
 
     name: str = "calc_gsm8k_reward"
@@ -126,6 +129,9 @@ class Gsm8kTool(Tool):
         "0.0 if parsed answer is incorrect or not correctly parsed)"
     )
     parameters: Mapping[str, Any] = field(default_factory=_gsm8k_parameters)
+    _instances: dict[str, dict[str, Any]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @classmethod
     def from_config(
@@ -134,28 +140,35 @@ class Gsm8kTool(Tool):
         """Tool-config constructor; no settings of its own."""
         return cls()
 
-    def _ground_truth(self, context: ToolContext) -> object:
-        if context.ground_truth is not None:
-            return context.ground_truth
-        # verl rows carry it as extra_info.tools_kwargs[<tool>].create_kwargs.ground_truth.
-        tools_kwargs = context.metadata.get("tools_kwargs") or {}
-        create_kwargs = (tools_kwargs.get(self.name) or {}).get("create_kwargs") or {}
-        return create_kwargs.get("ground_truth")
+    def create_kwargs_for(self, context: ToolContext) -> dict[str, Any]:
+        """The row's ``create_kwargs``; the row's ground truth when they name none."""
+        kwargs = super().create_kwargs_for(context)
+        if kwargs.get("ground_truth") is None and context.ground_truth is not None:
+            kwargs["ground_truth"] = context.ground_truth
+        return kwargs
 
-    async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
-        """Score the answer and return verl's message, reward and metrics."""
-        answer = arguments.get("answer", "")
-        if not isinstance(answer, str):
-            answer = str(answer)
-        ground_truth = self._ground_truth(context)
+    async def create(self, instance_id: str, **create_kwargs: Any) -> str:
+        """Remember the sample's ground truth."""
+        ground_truth = create_kwargs.get("ground_truth")
         if ground_truth is None:
             raise UserError(
-                f"tool {self.name!r} needs the row's ground truth: set ToolContext.ground_truth "
-                "or metadata['tools_kwargs'][name]['create_kwargs']['ground_truth']"
+                f"tool {self.name!r} needs the sample's ground truth: set "
+                f"extra_info.tools_kwargs.{self.name}.create_kwargs.ground_truth "
+                "(or the row's answer)"
             )
+        self._instances[instance_id] = {"ground_truth": ground_truth, "reward": 0.0, "response": ""}
+        return instance_id
+
+    async def execute(
+        self, instance_id: str, parameters: Mapping[str, Any], **execute_kwargs: Any
+    ) -> ToolResult:
+        """Score the answer and return verl's message, reward and metrics."""
+        slot = self._instances[instance_id]
+        answer = parameters.get("answer", "")
+        if not isinstance(answer, str):
+            answer = str(answer)
         response = answer if answer.startswith("#### ") else "#### " + answer
-        reward = gsm8k_score(response, ground_truth)
-        slot = context.state.setdefault(f"gsm8k:{self.name}", {"reward": 0.0})
+        reward = gsm8k_score(response, slot["ground_truth"])
         tool_reward = 0.0 if reward > slot["reward"] else -0.05
         slot["reward"] = reward
         slot["response"] = response
@@ -164,3 +177,12 @@ class Gsm8kTool(Tool):
             reward=tool_reward,
             metrics={"answer_reward": reward},
         )
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float | None:
+        """The score of the last answer submitted (0.0 if none was)."""
+        slot = self._instances[instance_id]
+        return gsm8k_score(slot["response"], slot["ground_truth"]) if slot["response"] else 0.0
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        """Forget the instance."""
+        self._instances.pop(instance_id, None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolrollout._exceptions import (
     ModelBehaviorError,
@@ -20,6 +20,9 @@ from toolrollout._exceptions import (
     ToolUnavailable,
     UserError,
 )
+
+if TYPE_CHECKING:
+    from ._lifecycle import ToolSession
 
 __all__ = [
     "CircuitBreakerPolicy",
@@ -60,6 +63,9 @@ class ToolContext:
     """The row's reference answer, for answer-checking tools such as the GSM8K tool."""
     state: dict[str, Any] = field(default_factory=dict)
     """Scratch space shared by all tool calls of one trajectory (one dict per trajectory)."""
+    session: ToolSession | None = field(default=None, compare=False, repr=False)
+    """The trajectory's stateful-tool instances (see :class:`~toolrollout.tools.StatefulTool`);
+    None outside a rollout."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,14 @@
 """Run verl ``BaseTool`` classes unchanged, so custom verl tools keep working.
 
-verl tools are stateful objects driven as ``create -> execute -> release`` per call (what
-verl's ``ToolAgentLoop`` does); :class:`VerlToolAdapter` drives them the same way and maps
-the ``(ToolResponse, reward, metrics)`` triple onto a :class:`ToolResult`.
+verl tools are stateful objects driven as ``create -> execute* -> calc_reward -> release``.
+:class:`VerlToolAdapter` is a :class:`StatefulTool`: inside a rollout it keeps one instance
+per trajectory (verl's SGLang multi-turn rollout did the same), outside one it wraps each
+call in its own ``create``/``release`` (what verl's ``ToolAgentLoop`` does). It maps the
+``(ToolResponse, reward, metrics)`` triple onto a :class:`ToolResult`.
+
+Call conventions follow current verl: ``create(instance_id, create_kwargs={...})`` (verl's
+own tools read ``kwargs["create_kwargs"]``), while ``execute_kwargs``, ``calc_reward_kwargs``
+and ``release_kwargs`` are passed as keyword arguments, as the SGLang rollout did.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._base import Tool
+from ._lifecycle import StatefulTool
 from ._models import ToolSchemaModel
 from ._types import ToolContext, ToolResult
 
@@ -44,7 +50,7 @@ def _schema_dict(schema: Any) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class VerlToolAdapter(Tool):
+class VerlToolAdapter(StatefulTool):
     """A verl ``BaseTool`` instance behind the :class:`Tool` interface."""
 
     instance: Any = field(repr=False, compare=False)
@@ -65,17 +71,27 @@ class VerlToolAdapter(Tool):
             instance=instance,
         )
 
-    async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
-        """``create`` an instance (with the row's ``create_kwargs``), ``execute``, ``release``."""
-        tools_kwargs = context.metadata.get("tools_kwargs") or {}
-        create_kwargs = dict((tools_kwargs.get(self.name) or {}).get("create_kwargs") or {})
+    def create_kwargs_for(self, context: ToolContext) -> dict[str, Any]:
+        """The row's ``create_kwargs``, with the row's ground truth as a default."""
+        create_kwargs = super().create_kwargs_for(context)
         if context.ground_truth is not None:
             create_kwargs.setdefault("ground_truth", context.ground_truth)
-        instance_id, _ = await self.instance.create(create_kwargs=create_kwargs)
-        try:
-            response, reward, metrics = await self.instance.execute(instance_id, dict(arguments))
-        finally:
-            await self.instance.release(instance_id)
+        return create_kwargs
+
+    async def create(self, instance_id: str, **create_kwargs: Any) -> str:
+        """verl's ``create``; returns the id the tool chose."""
+        created = await self.instance.create(instance_id, create_kwargs=create_kwargs)
+        if isinstance(created, tuple):
+            created = created[0]
+        return instance_id if created is None else str(created)
+
+    async def execute(
+        self, instance_id: str, parameters: Mapping[str, Any], **execute_kwargs: Any
+    ) -> ToolResult:
+        """verl's ``execute``, its ``(ToolResponse, reward, metrics)`` mapped to a result."""
+        response, reward, metrics = await self.instance.execute(
+            instance_id, dict(parameters), **execute_kwargs
+        )
         if isinstance(response, str):  # verl < 0.5 tools returned plain text
             return ToolResult(text=response, reward=None if reward is None else float(reward))
         images = getattr(response, "image", None) or ()
@@ -85,3 +101,15 @@ class VerlToolAdapter(Tool):
             reward=None if reward is None else float(reward),
             metrics=dict(metrics or {}),
         )
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float | None:
+        """verl's ``calc_reward`` (tools without one give no reward)."""
+        method = getattr(self.instance, "calc_reward", None)
+        if method is None:
+            return None
+        value = await method(instance_id, **kwargs)
+        return None if value is None else float(value)
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        """verl's ``release``."""
+        await self.instance.release(instance_id, **kwargs)
