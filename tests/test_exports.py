@@ -14,6 +14,7 @@ PUBLIC_MODULES = [
     "toolrollout.chat",
     "toolrollout.data",
     "toolrollout.engines",
+    "toolrollout.interactions",
     "toolrollout.rewards",
     "toolrollout.rollout",
     "toolrollout.tools",
