@@ -72,3 +72,36 @@ def test_missing_and_unsupported_files(tmp_path: Path) -> None:
     (tmp_path / "x.csv").write_text("a,b\n")
     with pytest.raises(UserError, match="unsupported dataset format"):
         load_prompts(tmp_path / "x.csv")
+
+
+def test_verl_multi_turn_columns_reach_tools_and_interactions(tmp_path: Path) -> None:
+    """extra_info.tools_kwargs / interaction_kwargs and agent_name are carried through; a
+    tool absent from a row reads back as None from parquet's shared struct and counts as
+    "no kwargs"."""
+    from toolrollout.tools import row_kwargs, tool_kwargs
+
+    def verl_row(tool: str, truth: str) -> dict[str, object]:
+        return {
+            "data_source": "openai/gsm8k",
+            "agent_name": "tool_agent",
+            "prompt": [{"role": "user", "content": "Q"}],
+            "reward_model": {"style": "rule", "ground_truth": truth},
+            "extra_info": {
+                "index": 0,
+                "tools_kwargs": {tool: {"create_kwargs": {"ground_truth": truth}}},
+                "interaction_kwargs": {"name": "gsm8k", "ground_truth": truth},
+            },
+        }
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist([verl_row("a", "1"), verl_row("b", "2")]), path)
+    first, second = load_prompts(path)
+    assert first.metadata["agent_name"] == "tool_agent"
+    assert tool_kwargs(first.metadata, "a", "create_kwargs") == {"ground_truth": "1"}
+    assert first.metadata["extra_info"]["tools_kwargs"]["b"] is None
+    assert tool_kwargs(first.metadata, "b", "create_kwargs") == {}
+    assert tool_kwargs(second.metadata, "b", "create_kwargs") == {"ground_truth": "2"}
+    assert row_kwargs(second.metadata, "interaction_kwargs") == {
+        "name": "gsm8k",
+        "ground_truth": "2",
+    }

@@ -150,3 +150,10 @@ async def test_gsm8k_interaction_needs_the_strict_format() -> None:
     strict = await gsm8k.generate_response("t", [{"role": "assistant", "content": "#### 1234"}])
     assert (plain.done, plain.reward) == (False, 0.0)
     assert (strict.done, strict.reward) == (True, 1.0)
+
+
+def test_shipped_example_loads() -> None:
+    path = Path(__file__).resolve().parents[2] / "tool_configs" / "interactions.yaml"
+    built = load_interaction_config(path)
+    assert sorted(built) == ["grader", "gsm8k"]
+    assert built["grader"].max_retries == 2
