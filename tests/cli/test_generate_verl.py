@@ -123,3 +123,22 @@ def test_verl_dataset_and_configs_run_unchanged(tmp_path: Path) -> None:
     masked = strict["loss_mask"].count(0)
     assert masked >= strict["metrics"]["interaction_tokens"] > 0
     assert strict["messages"][1]["content"] == QUESTIONS[0][0]
+
+
+def test_unknown_interaction_name_is_one_line_before_the_engine_starts(tmp_path: Path) -> None:
+    rows = [verl_row(0, *QUESTIONS[0], "tutor")]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    (tmp_path / "interaction.yaml").write_text(INTERACTION_CONFIG)
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "toolrollout", "generate",
+            "--dataset", "train.parquet", "--interaction-config", "interaction.yaml",
+        ],
+        cwd=tmp_path, capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert line == (
+        "error: train.parquet row 0: interaction_kwargs.name 'tutor' is not configured; "
+        "available: grader, gsm8k"
+    )
