@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import pytest
 
 from toolrollout import InteractionError, UserError
@@ -203,6 +204,25 @@ async def test_failing_interaction_fails_the_trajectory_and_is_finalized(
     assert [e[0] for e in sim.events] == ["start", "respond", "finalize"]
     # A row without interaction_kwargs runs without one (the run goes on).
     assert other.status is TrajectoryStatus.COMPLETED and other.turn_rewards == (None,)
+
+
+class HangingInteraction(Interaction):
+    async def generate_response(self, instance_id: str, messages: Any, **kwargs: Any) -> Any:
+        await anyio.sleep(30)
+
+
+async def test_hanging_interaction_times_out(demo_tokenizer: Any) -> None:
+    runner = RolloutRunner(
+        scripted(demo_tokenizer, "Five.<|im_end|>"),
+        demo_tokenizer,
+        [],
+        config=RolloutConfig(interaction_timeout=0.2),
+        interactions={"h": HangingInteraction()},
+    )
+    with anyio.fail_after(10):
+        [traj] = await runner.run([row("h")])
+    assert traj.status is TrajectoryStatus.FAILED
+    assert "generate_response took longer than 0.2 s" in (traj.error or "")
 
 
 async def test_unknown_interaction_name_is_a_user_error(demo_tokenizer: Any) -> None:

@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+_FINALIZE_TIMEOUT = 30.0
+
 
 def select_interaction(
     interactions: Mapping[str, Any], prompt: RolloutPrompt
@@ -91,15 +93,18 @@ class TrajectoryEnvironment:
         self.errors: list[str] = []
         self._started = False
 
-    async def _guard(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _guard(
+        self, what: str, call: Callable[[], Awaitable[T]], timeout: float | None = None
+    ) -> T:
         """Run one interaction method under the timeout; failures become InteractionError."""
         name = getattr(self.interaction, "name", type(self.interaction).__name__)
+        limit = self.timeout if timeout is None else timeout
         try:
-            with anyio.fail_after(self.timeout):
+            with anyio.fail_after(limit):
                 return await call()
         except TimeoutError as exc:
             raise InteractionError(
-                f"interaction {name!r}: {what} took longer than {self.timeout} s"
+                f"interaction {name!r}: {what} took longer than {limit} s"
             ) from exc
         except ToolRolloutError:
             raise
@@ -166,6 +171,8 @@ class TrajectoryEnvironment:
                         await self._guard(
                             "finalize_interaction",
                             lambda: interaction.finalize_interaction(self.instance_id),
+                            # shielded cleanup must end even when calls are unbounded
+                            timeout=self.timeout or _FINALIZE_TIMEOUT,
                         )
                     except InteractionError as exc:
                         self.errors.append(str(exc))
