@@ -94,11 +94,11 @@ class TrajectoryEnvironment:
         self._started = False
 
     async def _guard(
-        self, what: str, call: Callable[[], Awaitable[T]], timeout: float | None = None
+        self, what: str, call: Callable[[], Awaitable[T]], limit: float | None = None
     ) -> T:
         """Run one interaction method under the timeout; failures become InteractionError."""
         name = getattr(self.interaction, "name", type(self.interaction).__name__)
-        limit = self.timeout if timeout is None else timeout
+        limit = self.timeout if limit is None else limit
         try:
             with anyio.fail_after(limit):
                 return await call()
@@ -172,7 +172,7 @@ class TrajectoryEnvironment:
                             "finalize_interaction",
                             lambda: interaction.finalize_interaction(self.instance_id),
                             # shielded cleanup must end even when calls are unbounded
-                            timeout=self.timeout or _FINALIZE_TIMEOUT,
+                            limit=self.timeout or _FINALIZE_TIMEOUT,
                         )
                     except InteractionError as exc:
                         self.errors.append(str(exc))
