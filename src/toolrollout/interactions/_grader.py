@@ -46,7 +46,9 @@ class GraderInteraction(Interaction):
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         super().__init__(config)
         retries = self.config.get("max_retries", self.default_max_retries)
-        if retries is not None and (not isinstance(retries, int) or retries < 0):
+        if retries is not None and (
+            not isinstance(retries, int) or isinstance(retries, bool) or retries < 0
+        ):
             raise UserError(f"max_retries must be a non-negative integer, got {retries!r}")
         self.max_retries: int | None = retries
         self.correct_message = str(self.config.get("correct_message", "Correct."))
