@@ -131,6 +131,21 @@ async def test_budgets_apply_to_interaction_turns(demo_tokenizer: Any) -> None:
     assert (traj.status, traj.finish_reason) == (TrajectoryStatus.TRUNCATED, "max_turns")
     assert [s.kind for s in traj.spans] == ["model"] and traj.turn_rewards == (0.0,)
 
+    engine = scripted(demo_tokenizer, *["It is 7.<|im_end|>"] * 3)
+    runner = RolloutRunner(
+        engine,
+        demo_tokenizer,
+        [],
+        config=RolloutConfig(max_interaction_turns=1),
+        interactions=grader,
+    )
+    [traj] = await runner.run([row()])
+    assert (traj.status, traj.finish_reason) == (
+        TrajectoryStatus.TRUNCATED,
+        "max_interaction_turns",
+    )
+    assert [s.kind for s in traj.spans] == ["model", "interaction", "model"]
+
     out = ids(demo_tokenizer, "It is 7.<|im_end|>")
     engine = scripted(demo_tokenizer, "It is 7.<|im_end|>")
     runner = RolloutRunner(

@@ -50,6 +50,9 @@ class RolloutConfig:
     """How reward functions, interaction turn rewards and tool rewards make the reward."""
     interaction_timeout: float | None = 60.0
     """Seconds one interaction call may take (None: no limit)."""
+    max_interaction_turns: int | None = None
+    """Interaction messages appended per trajectory at most (None: only the other budgets
+    apply); the next one the interaction asks for truncates the trajectory instead."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -67,6 +70,8 @@ class RolloutConfig:
             raise UserError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
         if self.sampling.n != 1:
             raise UserError("set RolloutConfig.n for several samples, not sampling.n")
+        if self.max_interaction_turns is not None and self.max_interaction_turns < 0:
+            raise UserError(f"max_interaction_turns must be >= 0, got {self.max_interaction_turns}")
         if self.interaction_timeout is not None and not self.interaction_timeout > 0:
             raise UserError(
                 f"interaction_timeout must be positive seconds, got {self.interaction_timeout}"

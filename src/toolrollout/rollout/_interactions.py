@@ -88,6 +88,9 @@ class TrajectoryEnvironment:
         self.tool_rewards: dict[int, float] = {}
         self.tool_final_rewards: dict[str, float] = {}
         self.interaction_turns = 0
+        """Replies received (each judged one model turn)."""
+        self.appended_turns = 0
+        """Replies appended to the transcript (not the closing ones)."""
         self.interaction_tokens = 0
         self.interaction_metrics: list[dict[str, Any]] = []
         self.errors: list[str] = []
@@ -210,6 +213,10 @@ async def interaction_turn(
     if state.num_turns >= config.max_turns:
         state.end(TrajectoryStatus.TRUNCATED, "max_turns")
         return False
+    limit = config.max_interaction_turns
+    if limit is not None and env.appended_turns >= limit:
+        state.end(TrajectoryStatus.TRUNCATED, "max_interaction_turns")
+        return False
     if not chat.ends_with_stop(output_ids):
         state.end(TrajectoryStatus.TRUNCATED, "stop_string")
         return False
@@ -224,6 +231,7 @@ async def interaction_turn(
     state.messages.append(message)
     state.spans.append(TokenSpan("interaction", tuple(delta), (0.0,) * len(delta)))
     env.interaction_tokens += len(delta)
+    env.appended_turns += 1
     if config.drift_check:
         report = check_drift(
             state.transcript(), state.messages, chat_format=chat, model_texts=state.model_texts
