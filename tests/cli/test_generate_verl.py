@@ -89,7 +89,7 @@ def test_verl_dataset_and_configs_run_unchanged(tmp_path: Path) -> None:
             "--dataset", "train.parquet",
             "--tool-config", "tools.yaml",
             "--interaction-config", "interaction.yaml",
-            "--max-turns", "4", "--seed", "5",
+            "--max-turns", "4", "--max-interaction-turns", "2", "--seed", "5",
             "--turn-reward-weight", "0.5", "--tool-reward-weight", "1.0",
             "--out", "out.parquet",
         ],

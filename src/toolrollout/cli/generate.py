@@ -51,6 +51,10 @@ def generate(
             "extra_info.interaction_kwargs.name."
         ),
     ] = None,
+    max_interaction_turns: Annotated[
+        int | None,
+        typer.Option(min=0, help="Interaction messages appended per trajectory at most."),
+    ] = None,
     turn_reward_weight: Annotated[
         float, typer.Option(help="Weight of the summed interaction turn rewards in the reward.")
     ] = 0.0,
@@ -92,6 +96,7 @@ def generate(
             dataset=dataset,
             tool_config=tool_config,
             interaction_config=interaction_config,
+            max_interaction_turns=max_interaction_turns,
             turn_reward_weight=turn_reward_weight,
             tool_reward_weight=tool_reward_weight,
             n=n,
@@ -136,6 +141,7 @@ def _run(
     dataset: Path | None,
     tool_config: Path | None,
     interaction_config: Path | None,
+    max_interaction_turns: int | None,
     turn_reward_weight: float,
     tool_reward_weight: float,
     n: int,
@@ -193,6 +199,7 @@ def _run(
         concurrency=concurrency,
         seed=seed,
         tool_parser=tool_parser,
+        max_interaction_turns=max_interaction_turns,
         reward_mix=RewardMix(turn_weight=turn_reward_weight, tool_weight=tool_reward_weight),
     )
     rewards: list[Any] = []
