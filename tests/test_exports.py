@@ -20,6 +20,7 @@ PUBLIC_MODULES = [
     "toolrollout.tools",
     "toolrollout.testing",
     "toolrollout.demo",
+    "toolrollout.demo_vl",
     "toolrollout.sandbox",
     "toolrollout.search",
     "toolrollout.tools.mcp",

@@ -12,6 +12,7 @@ from ._exceptions import EngineHTTPError as EngineHTTPError
 from ._exceptions import EngineRequestRejected as EngineRequestRejected
 from ._exceptions import EngineTimeout as EngineTimeout
 from ._exceptions import EngineUnavailable as EngineUnavailable
+from ._exceptions import ImageError as ImageError
 from ._exceptions import InteractionError as InteractionError
 from ._exceptions import ModelBehaviorError as ModelBehaviorError
 from ._exceptions import OverlongPromptError as OverlongPromptError
@@ -72,6 +73,7 @@ __all__ = [
     "FunctionTool",
     "GenerateRequest",
     "GenerateResult",
+    "ImageError",
     "InteractionError",
     "ModelBehaviorError",
     "OverlongPromptError",

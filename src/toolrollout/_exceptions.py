@@ -6,7 +6,8 @@ branches tell apart who is at fault, because a trainer must react differently to
     ToolRolloutError
     ├── UserError                 you asked for something impossible (bad config, bad argument)
     │   ├── ConfigError           a config file or key is invalid (names the file and key)
-    │   └── SandboxIsolationError the code sandbox cannot isolate here (no working bubblewrap)
+    │   ├── SandboxIsolationError the code sandbox cannot isolate here (no working bubblewrap)
+    │   └── ImageError            image data is unreadable or does not match its placeholders
     ├── ModelBehaviorError        the model's output is unusable (malformed call, unknown tool)
     │   ├── ToolParseError        a turn's tool-call text is malformed (carries the parse errors)
     │   ├── ToolNotFound          the model called a tool name that is not registered
@@ -41,6 +42,7 @@ __all__ = [
     "EngineRequestRejected",
     "EngineTimeout",
     "EngineUnavailable",
+    "ImageError",
     "InteractionError",
     "ModelBehaviorError",
     "OverlongPromptError",
@@ -75,6 +77,14 @@ class SandboxIsolationError(UserError):
 
     bubblewrap (``bwrap``) is missing, or it cannot create the namespaces it needs; the
     message says which. ``toolrollout sandbox serve --unsafe-no-isolation`` runs without it.
+    """
+
+
+class ImageError(UserError):
+    """Image data cannot be read, or the ids' image placeholders do not match the images.
+
+    From a request's ``image_data`` it is the caller's mistake (HTTP 400); from a tool's
+    result the rollout turns it into that tool call's error result.
     """
 
 

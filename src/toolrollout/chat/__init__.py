@@ -22,6 +22,10 @@ from ._families import get_template_family as get_template_family
 from ._families import template_families as template_families
 from ._format import ChatFormat as ChatFormat
 from ._format import Message as Message
+from ._multimodal import ImageRun as ImageRun
+from ._multimodal import PreparedImage as PreparedImage
+from ._multimodal import VisionFormat as VisionFormat
+from ._multimodal import load_image as load_image
 from .parsers import MalformedCall as MalformedCall
 from .parsers import ParsedTurn as ParsedTurn
 from .parsers import ToolCall as ToolCall
@@ -34,16 +38,20 @@ __all__ = [
     "ChatFormat",
     "DriftKind",
     "DriftReport",
+    "ImageRun",
     "MalformedCall",
     "Message",
     "ParsedTurn",
+    "PreparedImage",
     "TemplateFamily",
     "ToolCall",
     "ToolCallParser",
+    "VisionFormat",
     "check_drift",
     "detect_template_family",
     "get_template_family",
     "get_tool_parser",
+    "load_image",
     "register_tool_parser",
     "template_families",
     "tool_parser_names",

@@ -85,6 +85,12 @@ def generate(
     threads: Annotated[
         int, typer.Option(min=1, help="Torch threads of the embedded engine (1 suits tiny models).")
     ] = 1,
+    max_images: Annotated[
+        int | None, typer.Option(min=0, help="Images per trajectory (vision models).")
+    ] = None,
+    max_image_tokens: Annotated[
+        int | None, typer.Option(min=0, help="Image placeholder tokens per trajectory.")
+    ] = None,
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
     from toolrollout._exceptions import ToolRolloutError
@@ -113,6 +119,8 @@ def generate(
             out=out,
             health_timeout=health_timeout,
             threads=threads,
+            max_images=max_images,
+            max_image_tokens=max_image_tokens,
         )
     except ToolRolloutError as exc:
         raise _fail(str(exc)) from None
@@ -158,6 +166,8 @@ def _run(
     out: Path,
     health_timeout: float,
     threads: int,
+    max_images: int | None = None,
+    max_image_tokens: int | None = None,
 ) -> dict[str, Any]:
     import anyio
 
@@ -201,7 +211,15 @@ def _run(
         tool_parser=tool_parser,
         max_interaction_turns=max_interaction_turns,
         reward_mix=RewardMix(turn_weight=turn_reward_weight, tool_weight=tool_reward_weight),
+        max_images=max_images,
+        max_image_tokens=max_image_tokens,
     )
+    vision = None
+    if (model_path / "preprocessor_config.json").is_file():
+        # A vision-language model: tool images go into its context (docs/multimodal.md).
+        from toolrollout.chat import VisionFormat
+
+        vision = VisionFormat.from_pretrained(model_path)
     rewards: list[Any] = []
     if any(p.ground_truth is not None for p in prompts):
         rewards.append(numeric_match)
@@ -234,6 +252,7 @@ def _run(
                 rewards=rewards,
                 context_length=context_length,
                 interactions=interactions,
+                vision=vision,
             )
             total = len(prompts) * n
             started = time.perf_counter()

@@ -4,6 +4,8 @@ Each one runs as ``python -m toolrollout.mcp_servers.<name>`` with
 ``--transport stdio|streamable-http|sse`` (default ``stdio``), ``--host`` and ``--port``:
 
 - :mod:`~toolrollout.mcp_servers.calculator`: the demo task's safe calculator as an MCP tool.
+- :mod:`~toolrollout.mcp_servers.video_tools`: LongVT-style ``crop_video`` (frames of a time
+  window as PNG images, bounded count) and ``crop_image`` (zoom), decoded with PyAV.
 - :mod:`~toolrollout.mcp_servers.testkit`: tools that misbehave on purpose (hang, crash the
   server, return images, errors, odd content, rate-limit), for testing MCP clients.
 

@@ -1,6 +1,15 @@
-"""Multi-turn tool rollouts: the run loop, its budgets, trajectories and their output files."""
+"""Multi-turn tool rollouts: the run loop, its budgets, trajectories and their output files.
+
+Images from tools (vision-language models) are kept on the trajectory with their token
+spans; ``verl_multi_modal_data``, ``trl_messages`` and ``swift_row`` hand them to trainers.
+"""
 
 from ._config import RolloutConfig as RolloutConfig
+from ._images import TrajectoryImage as TrajectoryImage
+from ._images import prepare_images as prepare_images
+from ._images import swift_row as swift_row
+from ._images import trl_messages as trl_messages
+from ._images import verl_multi_modal_data as verl_multi_modal_data
 from ._loop import RolloutPrompt as RolloutPrompt
 from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
 from ._output import TrajectoryWriter as TrajectoryWriter
@@ -21,9 +30,14 @@ __all__ = [
     "SpanKind",
     "TokenSpan",
     "Trajectory",
+    "TrajectoryImage",
     "TrajectoryStatus",
     "TrajectoryWriter",
     "as_prompt",
+    "prepare_images",
     "read_rows",
+    "swift_row",
+    "trl_messages",
+    "verl_multi_modal_data",
     "write_trajectories",
 ]

@@ -53,6 +53,11 @@ class RolloutConfig:
     max_interaction_turns: int | None = None
     """Interaction messages appended per trajectory at most (None: only the other budgets
     apply); the next one the interaction asks for truncates the trajectory instead."""
+    max_images: int | None = None
+    """Most images one trajectory shows the model (None: no limit). Images past it are left
+    out whole, and the tool message says so."""
+    max_image_tokens: int | None = None
+    """Most image placeholder tokens per trajectory (None: no limit); same rule."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -68,6 +73,12 @@ class RolloutConfig:
                 raise UserError(f"{name} must be at least 1, got {value}")
         if self.max_tool_calls < 0:
             raise UserError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
+        for name, limit in (
+            ("max_images", self.max_images),
+            ("max_image_tokens", self.max_image_tokens),
+        ):
+            if limit is not None and limit < 0:
+                raise UserError(f"{name} must be >= 0 or None, got {limit}")
         if self.sampling.n != 1:
             raise UserError("set RolloutConfig.n for several samples, not sampling.n")
         if self.max_interaction_turns is not None and self.max_interaction_turns < 0:

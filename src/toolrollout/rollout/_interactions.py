@@ -233,8 +233,11 @@ async def interaction_turn(
     env.interaction_tokens += len(delta)
     env.appended_turns += 1
     if config.drift_check:
+        transcript = state.transcript()
+        if services.vision is not None:  # compare with one placeholder per image, as rendered
+            transcript = services.vision.collapse(transcript)
         report = check_drift(
-            state.transcript(), state.messages, chat_format=chat, model_texts=state.model_texts
+            transcript, state.messages, chat_format=chat, model_texts=state.model_texts
         )
         if not report.matches:
             state.drift_mismatches += 1

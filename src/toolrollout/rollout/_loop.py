@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from toolrollout._exceptions import EngineError, OverlongPromptError, ToolRolloutError
-from toolrollout.chat import ChatFormat, ToolCallParser, check_drift
+from toolrollout.chat import ChatFormat, ImageRun, ToolCallParser, VisionFormat, check_drift
 from toolrollout.engines._base import Engine
 from toolrollout.engines._types import GenerateRequest, GenerateResult
 from toolrollout.rewards import WeightedReward, evaluate_terms
@@ -36,6 +36,7 @@ from toolrollout.tools import (
 from ._config import RolloutConfig
 from ._interactions import TrajectoryEnvironment, interaction_turn, select_interaction
 from ._trajectory import TokenSpan, Trajectory, TrajectoryStatus
+from ._vision_turn import ImageLedger, attach_images, record_images
 
 __all__ = ["RolloutPrompt", "run_trajectory"]
 
@@ -81,6 +82,7 @@ class _State:
     model_texts: list[str] = field(default_factory=list)
     tool_records: list[tuple[str, ToolResult]] = field(default_factory=list)
     env: TrajectoryEnvironment | None = None
+    vision: ImageLedger = field(default_factory=ImageLedger)
 
     @property
     def response_len(self) -> int:
@@ -113,6 +115,8 @@ class RolloutServices:
     context_length: int | None
     interactions: Mapping[str, Any] = field(default_factory=dict)
     """Interaction objects by name; each row picks one by ``interaction_kwargs.name``."""
+    vision: VisionFormat | None = None
+    """Placeholder expansion for a vision-language model; None for text models."""
 
 
 def _seed_for(config: RolloutConfig, state: _State) -> int | None:
@@ -135,11 +139,17 @@ async def _generate(services: RolloutServices, state: _State) -> GenerateResult 
         return None
     sampling = config.sampling
     max_new = min(sampling.max_new_tokens, remaining)
+    input_ids = state.transcript()
+    if services.vision is not None and state.vision.urls:
+        # One <|image_pad|> per image on the wire: every SGLang version expands that form
+        # itself (see docs/multimodal.md); the transcript keeps the expanded ids.
+        input_ids = services.vision.collapse(input_ids)
     request = GenerateRequest(
-        input_ids=tuple(state.transcript()),
+        input_ids=tuple(input_ids),
         sampling=_replace_sampling(sampling, max_new, _seed_for(config, state)),
         rid=f"{state.uid}-t{state.num_turns}-{uuid.uuid4().hex[:8]}",
         session_id=state.uid,
+        image_data=tuple(state.vision.urls) or None,
     )
     state.status = TrajectoryStatus.RUNNING
     started = time.perf_counter()
@@ -373,7 +383,14 @@ async def _drive(services: RolloutServices, state: _State) -> None:
             _tool_message(services, None, None, f"Error: could not parse tool call: {e.message}")
             for e in parsed.errors
         )
+        images, image_errors = await attach_images(
+            services.vision, config, state.vision, results, tool_messages
+        )
+        state.tool_errors += image_errors
         delta = chat.tool_turn_delta(state.messages, tool_messages)
+        runs: list[ImageRun] = []
+        if services.vision is not None:
+            delta, runs = services.vision.expand(delta, [image.num_tokens for image in images])
         budget = config.max_response_tokens - state.response_len
         if services.context_length is not None:
             budget = min(
@@ -383,11 +400,15 @@ async def _drive(services: RolloutServices, state: _State) -> None:
             state.end(TrajectoryStatus.TRUNCATED, "max_response_tokens")
             return
         state.messages.extend(tool_messages)
+        record_images(state.vision, images, runs, len(state.prompt_ids) + state.response_len)
         state.spans.append(TokenSpan("tool", tuple(delta), (0.0,) * len(delta)))
         state.tool_tokens += len(delta)
         if config.drift_check:
+            transcript = state.transcript()
+            if services.vision is not None:
+                transcript = services.vision.collapse(transcript)
             report = check_drift(
-                state.transcript(),
+                transcript,
                 state.messages,
                 chat_format=chat,
                 model_texts=state.model_texts,
@@ -437,6 +458,10 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
         "tool_tokens": state.tool_tokens,
         "cached_tokens": state.cached_tokens,
     }
+    if state.vision.images or state.vision.dropped:
+        metrics["images"] = len(state.vision.images)
+        metrics["image_tokens"] = state.vision.tokens
+        metrics["images_dropped"] = state.vision.dropped
     if state.tool_records:
         metrics["tool_stats"] = {
             name: summary.to_dict()
@@ -472,4 +497,5 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
         turn_rewards=() if env is None else env.per_turn(env.turn_rewards, state.num_turns),
         tool_rewards=() if env is None else env.per_turn(env.tool_rewards, state.num_turns),
         tool_final_rewards={} if env is None else dict(env.tool_final_rewards),
+        images=tuple(state.vision.images),
     )

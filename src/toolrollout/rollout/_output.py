@@ -8,6 +8,7 @@ toolrollout import.
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from types import TracebackType
@@ -45,6 +46,13 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("turn_rewards", pa.list_(pa.float64()), nullable=False),
         pa.field("tool_rewards", pa.list_(pa.float64()), nullable=False),
         pa.field("tool_final_rewards", pa.map_(pa.string(), pa.float64()), nullable=False),
+        # PNG bytes of each image the model saw, and its placeholder span in
+        # prompt_ids + response_ids (see docs/multimodal.md).
+        pa.field("images", pa.list_(pa.binary())),
+        pa.field(
+            "image_spans",
+            pa.list_(pa.struct([pa.field("start", pa.int32()), pa.field("end", pa.int32())])),
+        ),
     ]
 )
 
@@ -82,7 +90,8 @@ class TrajectoryWriter:
             self._parquet.write_table(table)
         elif self._jsonl is not None:
             for row in self._pending:
-                self._jsonl.write(json.dumps(row, ensure_ascii=False) + "\n")
+                line = {**row, "images": [base64.b64encode(png).decode() for png in row["images"]]}
+                self._jsonl.write(json.dumps(line, ensure_ascii=False) + "\n")
             self._jsonl.flush()
         self.rows_written += len(self._pending)
         self._pending.clear()
@@ -119,6 +128,8 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if path.suffix in {".jsonl", ".json"}:
         with path.open(encoding="utf-8") as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
+        for row in rows:
+            row["images"] = [base64.b64decode(text) for text in row.get("images") or ()]
     else:
         rows = pq.read_table(path).to_pylist()
         for row in rows:

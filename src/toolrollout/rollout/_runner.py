@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 
 from toolrollout._exceptions import UserError
-from toolrollout.chat import ChatFormat, get_tool_parser
+from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor
@@ -58,6 +58,8 @@ class RolloutRunner:
     renders the prompt and the tool deltas). ``tools`` are executed for real.
     ``interactions`` (by name, e.g. from :func:`~toolrollout.interactions.load_interaction_config`)
     answer final turns of the rows that name one in ``extra_info.interaction_kwargs.name``.
+    ``vision`` (a :class:`~toolrollout.chat.VisionFormat`) turns on images in tool results
+    for a vision-language model; without it, images are left out and the message says so.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class RolloutRunner:
         rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
         context_length: int | None = None,
         interactions: Mapping[str, Any] | None = None,
+        vision: VisionFormat | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or RolloutConfig()
@@ -79,6 +82,7 @@ class RolloutRunner:
         self.rewards = combine(*rewards)
         self.context_length = self.config.context_length or context_length
         self.interactions: dict[str, Any] = dict(interactions or {})
+        self.vision = vision
 
     def _services(self) -> RolloutServices:
         return RolloutServices(
@@ -91,6 +95,7 @@ class RolloutRunner:
             engine_limiter=anyio.CapacityLimiter(self.config.concurrency),
             context_length=self.context_length,
             interactions=self.interactions,
+            vision=self.vision,
         )
 
     async def run(

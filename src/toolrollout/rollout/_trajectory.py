@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+from ._images import TrajectoryImage
+
 __all__ = ["SpanKind", "TokenSpan", "Trajectory", "TrajectoryStatus"]
 
 
@@ -99,6 +101,8 @@ class Trajectory:
     """One entry per model turn: the summed per-call rewards of its tool calls (None: none)."""
     tool_final_rewards: dict[str, float] = field(default_factory=dict)
     """``calc_reward`` of each stateful tool instance, by tool name, at the end."""
+    images: tuple[TrajectoryImage, ...] = ()
+    """Images the model saw, in order, each with its placeholder span (multimodal runs)."""
 
     @property
     def response_ids(self) -> list[int]:
@@ -142,4 +146,6 @@ class Trajectory:
             "turn_rewards": list(self.turn_rewards),
             "tool_rewards": list(self.tool_rewards),
             "tool_final_rewards": dict(self.tool_final_rewards),
+            "images": [image.png for image in self.images],
+            "image_spans": [{"start": i.start, "end": i.end} for i in self.images],
         }

@@ -30,6 +30,7 @@ from toolrollout._exceptions import EngineError, EngineRequestRejected, ToolRoll
 from toolrollout.engines._types import GenerateRequest, SamplingParams
 from toolrollout.engines.embedded import EmbeddedEngine, EmbeddedOutput
 from toolrollout.engines.embedded._scheduler import Event
+from toolrollout.engines.embedded._vision import VisionInputs
 from toolrollout.server._protocol import (
     BadRequest,
     MalformedRequest,
@@ -311,13 +312,33 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
             return StreamingResponse(_stream(parsed), media_type="text/event-stream")
         return await _complete(parsed, request)
 
-    def _submit_all(parsed: ParsedGenerate, sink: Callable[[int, Event], None]) -> list[str]:
+    async def _images(parsed: ParsedGenerate) -> list[VisionInputs | None]:
+        """Pixel inputs of every sample, computed off the event loop (shared by its n)."""
+        out: list[VisionInputs | None] = []
+        done: dict[tuple[int, tuple[int, ...]], VisionInputs | None] = {}
+        for sub in parsed.subs:
+            key = (id(sub.request.image_data), sub.request.input_ids)
+            if key not in done:
+                done[key] = await engine.process_images(sub.request)
+            out.append(done[key])
+        return out
+
+    def _submit_all(
+        parsed: ParsedGenerate,
+        sink: Callable[[int, Event], None],
+        visions: list[VisionInputs | None],
+    ) -> list[str]:
         """Submit every sample; on a rejection cancel the ones already queued."""
         rids: list[str] = []
         try:
             for i, sub in enumerate(parsed.subs):
                 rids.append(
-                    engine.submit(sub.request, sub.options, sink=functools.partial(sink, i))
+                    engine.submit(
+                        sub.request,
+                        sub.options,
+                        sink=functools.partial(sink, i),
+                        vision=visions[i],
+                    )
                 )
         except BaseException:
             for rid in rids:
@@ -328,7 +349,8 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
     async def _complete(parsed: ParsedGenerate, request: Request) -> Response:
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         try:
-            rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)))
+            visions = await _images(parsed)
+            rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)), visions)
         except (EngineRequestRejected, UserError) as exc:
             return error_response(str(exc))
         except EngineError as exc:
@@ -360,7 +382,8 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
         """Cumulative SSE chunks (SGLang's default), ``index`` for batches, then [DONE]."""
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         try:
-            rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)))
+            visions = await _images(parsed)
+            rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)), visions)
         except ToolRolloutError as exc:
             yield _stream_error_chunk(str(exc))
             yield _DONE

@@ -265,12 +265,25 @@ def _parallel_sample_num(sampling: Any) -> int:
     return int(n)
 
 
-def _images(image_data: Any) -> tuple[Any, ...] | None:
+def _images(image_data: Any, batch: int) -> list[tuple[Any, ...] | None]:
+    """Per batch item images, as SGLang's ``_normalize_image_data`` groups them.
+
+    One request: a single item or a list of its images. A batch: one entry per item, each
+    a single image, a list of images, or None.
+    """
     if image_data is None:
-        return None
-    items = image_data if isinstance(image_data, list) else [image_data]
-    flat = [x for item in items for x in (item if isinstance(item, list) else [item])]
-    return tuple(x for x in flat if x is not None) or None
+        return [None] * batch
+    if batch == 1:
+        items = image_data if isinstance(image_data, list) else [image_data]
+        flat = [x for item in items for x in (item if isinstance(item, list) else [item])]
+        return [tuple(x for x in flat if x is not None) or None]
+    if not isinstance(image_data, list) or len(image_data) != batch:
+        raise BadRequest("image_data must have one entry per batch item.")
+    out: list[tuple[Any, ...] | None] = []
+    for entry in image_data:
+        group = entry if isinstance(entry, list) else [entry]
+        out.append(tuple(x for x in group if x is not None) or None)
+    return out
 
 
 def parse_generate(
@@ -305,7 +318,7 @@ def parse_generate(
     start_len = _per_item(body.get("logprob_start_len"), "logprob_start_len", -1, batch, n)
     top_num = _per_item(body.get("top_logprobs_num"), "top_logprobs_num", 0, batch, n)
     text_in_logprobs = bool(body.get("return_text_in_logprobs", False))
-    images = _images(body.get("image_data"))
+    images = _images(body.get("image_data"), batch)
     for name, value in (
         ("input_embeds", body.get("input_embeds")),
         ("lora_path", body.get("lora_path")),
@@ -339,7 +352,7 @@ def parse_generate(
                 sampling=params,
                 rid=rid,
                 return_logprob=bool(return_logprob[i]),
-                image_data=images,
+                image_data=images[i],
             )
             subs.append(
                 SubRequest(

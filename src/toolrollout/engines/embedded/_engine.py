@@ -22,6 +22,7 @@ import anyio
 import torch
 
 from toolrollout._exceptions import (
+    ConfigError,
     EngineError,
     EngineRequestRejected,
     EngineUnavailable,
@@ -34,6 +35,7 @@ from toolrollout.engines.embedded._model import LoadedModel, ModelMeta, load_met
 from toolrollout.engines.embedded._output import EmbeddedOutput
 from toolrollout.engines.embedded._sampling import GenerationOptions, resolve_sampling
 from toolrollout.engines.embedded._scheduler import Event, Scheduler, Sequence, Sink
+from toolrollout.engines.embedded._vision import VisionInputs, VisionProcessor
 
 __all__ = ["EmbeddedEngine"]
 
@@ -92,6 +94,8 @@ class EmbeddedEngine(Engine):
         self._active: set[str] = set()
         self._active_lock = threading.Lock()
         self._closed = False
+        self._vision: VisionProcessor | None = None
+        self._vision_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -252,7 +256,8 @@ class EmbeddedEngine(Engine):
         """
         queue: asyncio.Queue[Event] = asyncio.Queue()
         opts = replace(options or GenerationOptions(), stream=False)
-        rid = self.submit(request, opts, sink=queue.put_nowait)
+        vision = await self.process_images(request)
+        rid = self.submit(request, opts, sink=queue.put_nowait, vision=vision)
         try:
             while True:
                 event = await queue.get()
@@ -273,7 +278,8 @@ class EmbeddedEngine(Engine):
         """
         queue: asyncio.Queue[Event] = asyncio.Queue()
         opts = replace(options or GenerationOptions(), stream=True)
-        rid = self.submit(request, opts, sink=queue.put_nowait)
+        vision = await self.process_images(request)
+        rid = self.submit(request, opts, sink=queue.put_nowait, vision=vision)
         done = False
         try:
             while not done:
@@ -293,12 +299,15 @@ class EmbeddedEngine(Engine):
         options: GenerationOptions,
         *,
         sink: Callable[[Event], None],
+        vision: VisionInputs | None = None,
     ) -> str:
         """Validate ``request`` and queue it; return its rid.
 
         ``sink`` is called on the current event loop with each snapshot (only the final
         one unless ``options.stream``) or with an :class:`EngineError`. Raises at once for
-        an invalid request. Must be called from a running event loop.
+        an invalid request. Must be called from a running event loop. A request with
+        ``image_data`` needs ``vision`` from :meth:`process_images` (pixel work is kept off
+        the event loop).
         """
         scheduler = self._scheduler
         if scheduler is None or self._model is None:
@@ -308,21 +317,51 @@ class EmbeddedEngine(Engine):
             )
         if not scheduler.alive:
             raise EngineUnavailable("the embedded engine's scheduler thread has stopped")
-        seq = self._prepare(request, options, Sink(asyncio.get_running_loop(), sink))
+        seq = self._prepare(request, options, Sink(asyncio.get_running_loop(), sink), vision)
         scheduler.submit(seq)
         return seq.rid
 
+    async def process_images(self, request: GenerateRequest) -> VisionInputs | None:
+        """Decode, resize and patch the request's images in a worker thread (None: no images).
+
+        Raises :class:`EngineRequestRejected` (HTTP 400) for a model without vision, an
+        unreadable image, or ids whose placeholder runs do not match the images.
+        """
+        if not request.image_data:
+            return None
+        processor = self._vision_processor()
+        return await anyio.to_thread.run_sync(
+            processor.process, request.input_ids, request.image_data
+        )
+
+    def _vision_processor(self) -> VisionProcessor:
+        if not self._meta.has_vision:
+            raise EngineRequestRejected(self._image_refusal(), status_code=400)
+        with self._vision_lock:
+            if self._vision is None:
+                try:
+                    self._vision = VisionProcessor(self._meta.model_path, self._meta.tokenizer)
+                except (ConfigError, OSError, ValueError) as exc:
+                    raise EngineRequestRejected(
+                        f"{self._image_refusal()} ({exc})", status_code=400
+                    ) from exc
+            return self._vision
+
     def _prepare(
-        self, request: GenerateRequest, options: GenerationOptions, sink: Sink
+        self,
+        request: GenerateRequest,
+        options: GenerationOptions,
+        sink: Sink,
+        vision: VisionInputs | None = None,
     ) -> Sequence:
         if request.sampling.n != 1:
             raise UserError(
                 f"EmbeddedEngine.generate makes one sample per call (sampling.n must be 1, "
                 f"got {request.sampling.n}); send n requests instead"
             )
-        if request.image_data:
-            raise EngineRequestRejected(self._image_refusal(), status_code=400)
-        ids = [int(t) for t in request.input_ids]
+        if request.image_data and vision is None:
+            vision = self._vision_processor().process(request.input_ids, request.image_data)
+        ids = [int(t) for t in request.input_ids] if vision is None else list(vision.input_ids)
         if not ids:
             raise EngineRequestRejected("input_ids cannot be empty.", status_code=400)
         vocab = self._meta.vocab_size
@@ -368,6 +407,7 @@ class EmbeddedEngine(Engine):
             sink=sink,
             rng=rng,
             stop_tail_tokens=stop_tail,
+            vision=vision,
         )
 
     def _check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -397,8 +437,8 @@ class EmbeddedEngine(Engine):
                 "send text-only requests to this model."
             )
         return (
-            f"image_data is not supported by toolrollout's embedded engine (model {name}); "
-            "serve vision models with SGLang."
+            f"image_data needs a Qwen2-VL-family model with a Pillow image processor in its "
+            f"folder; {name} cannot take images in toolrollout's embedded engine."
         )
 
     # ------------------------------------------------------------------ control

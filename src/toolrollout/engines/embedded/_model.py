@@ -12,11 +12,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from toolrollout._exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from ._vision import VisionInputs
 
 __all__ = ["LayerKV", "LoadedModel", "ModelMeta", "load_meta", "load_model"]
 
@@ -152,6 +155,42 @@ class LoadedModel:
         logits = out.logits if all_logits else out.logits[:, -1:, :]
         return logits, _cache_tensors(cache)
 
+    def prefill_vision(
+        self, vision: VisionInputs, *, all_logits: bool = False
+    ) -> tuple[torch.Tensor, list[LayerKV], int]:
+        """Prefill one prompt with images (Qwen2-VL family).
+
+        The vision tower's features replace the placeholder embeddings, and the prompt gets
+        the model's 3-D (temporal, height, width) rotary positions. Returns the logits, the
+        KV and the position offset of every later token (its index plus this offset, the
+        same in all three dimensions), which is what decoding needs.
+        """
+        from transformers import DynamicCache
+
+        device = self.device
+        ids = torch.tensor([vision.input_ids], device=device)
+        grid = vision.image_grid_thw.to(device)
+        types = vision.mm_token_type_ids.to(device)
+        positions, deltas = self.model.model.get_rope_index(
+            ids, mm_token_type_ids=types, image_grid_thw=grid
+        )
+        cache = DynamicCache()
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            "position_ids": positions,
+            "attention_mask": None,
+            "use_cache": True,
+            "pixel_values": vision.pixel_values.to(device=device, dtype=self.dtype),
+            "image_grid_thw": grid,
+            "mm_token_type_ids": types,
+            self._cache_kw: cache,
+        }
+        if self._keep_kw is not None:
+            kwargs[self._keep_kw] = 0 if all_logits else 1
+        out = self.model(**kwargs)
+        logits = out.logits if all_logits else out.logits[:, -1:, :]
+        return logits, _cache_tensors(cache), int(deltas.reshape(-1)[0])
+
 
 def _cache_tensors(cache: Any) -> list[LayerKV]:
     layers = getattr(cache, "layers", None)
@@ -184,12 +223,13 @@ def load_model(
     """Load the weights of ``meta.model_path`` onto ``device`` (CUDA when available)."""
     import transformers
     from packaging.version import Version
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     target = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = _resolve_dtype(dtype, target)
     dtype_kw = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-    model: Any = AutoModelForCausalLM.from_pretrained(
+    auto = AutoModelForImageTextToText if meta.has_vision else AutoModelForCausalLM
+    model: Any = auto.from_pretrained(
         meta.model_path,
         trust_remote_code=trust_remote_code,
         **{dtype_kw: torch_dtype},

@@ -41,6 +41,7 @@ from toolrollout.engines.embedded._sampling import (
     ResolvedSampling,
     sample_next_tokens,
 )
+from toolrollout.engines.embedded._vision import VisionInputs
 
 __all__ = ["Event", "Scheduler", "Sequence", "Sink"]
 
@@ -94,6 +95,10 @@ class Sequence:
     input_top: tuple[TopLogprobs | None, ...] = ()
     finish: FinishReason | None = None
     aborted_in_waiting_queue: bool = False
+    vision: VisionInputs | None = None
+    """Pixel inputs of a prompt with images (prefilled alone, with 3-D positions)."""
+    position_offset: int = 0
+    """Added to a token's index to get its rotary position (non-zero after images)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,10 +258,12 @@ class Scheduler:
         free = self._max_batch - len(self._rows)
         if free <= 0 or not self._waiting:
             return
-        groups: dict[tuple[int, bool], list[Sequence]] = {}
+        groups: dict[tuple[int, bool, str], list[Sequence]] = {}
         for _ in range(min(free, len(self._waiting))):
             seq = self._waiting.popleft()
-            groups.setdefault((len(seq.prompt), _wants_prompt_logprobs(seq)), []).append(seq)
+            alone = seq.rid if seq.vision is not None else ""  # image prompts prefill alone
+            key = (len(seq.prompt), _wants_prompt_logprobs(seq), alone)
+            groups.setdefault(key, []).append(seq)
         for group in groups.values():
             try:
                 self._prefill(group)
@@ -271,13 +278,20 @@ class Scheduler:
         device = self._model.device
         length = len(group[0].prompt)
         want_prompt_logprobs = _wants_prompt_logprobs(group[0])
-        logits, kv = self._model.forward(
-            torch.tensor([s.prompt for s in group], device=device),
-            torch.arange(length, device=device)[None, :].expand(len(group), -1),
-            None,
-            None,
-            all_logits=want_prompt_logprobs,
-        )
+        vision = group[0].vision
+        if vision is not None:
+            logits, kv, group[0].position_offset = self._model.prefill_vision(
+                vision, all_logits=want_prompt_logprobs
+            )
+            group[0].vision = None  # the pixels are in the KV now; free them
+        else:
+            logits, kv = self._model.forward(
+                torch.tensor([s.prompt for s in group], device=device),
+                torch.arange(length, device=device)[None, :].expand(len(group), -1),
+                None,
+                None,
+                all_logits=want_prompt_logprobs,
+            )
         if want_prompt_logprobs:
             for seq, seq_logits in zip(group, logits, strict=True):
                 self._record_prompt_logprobs(seq, seq_logits)
@@ -330,7 +344,8 @@ class Scheduler:
         assert self._mask is not None
         last = torch.tensor([[s.output_ids[-1]] for s in rows], device=device)
         positions = torch.tensor(
-            [[len(s.prompt) + len(s.output_ids) - 1] for s in rows], device=device
+            [[len(s.prompt) + len(s.output_ids) - 1 + s.position_offset] for s in rows],
+            device=device,
         )
         mask = torch.cat([self._mask, self._mask.new_ones((len(rows), 1))], dim=1)
         try:

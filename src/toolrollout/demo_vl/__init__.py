@@ -1,0 +1,19 @@
+"""The bundled vision-language demo: a tiny Qwen2-VL model and synthetic videos.
+
+The model folder is built by :mod:`toolrollout.demo_vl.build` from the text demo (its
+trained language weights, the three Qwen2-VL vision tokens, a seeded one-block ViT and the
+Pillow image processor). It runs the whole multimodal path on a CPU: placeholder expansion,
+``image_data`` through ``toolrollout serve``, images in the trajectory files. Its vision
+tower is untrained, so it does not yet answer from what it sees (see docs/multimodal.md).
+:mod:`toolrollout.demo_vl.video` writes the synthetic clips that ``crop_video`` looks at.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+__all__ = ["DEMO_VL_MODEL_PATH"]
+
+DEMO_VL_MODEL_PATH: Final[Path] = Path(__file__).resolve().parent / "model"
+"""Hugging Face folder of the VL demo (config, weights, tokenizer, image processor)."""

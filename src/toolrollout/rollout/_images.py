@@ -1,0 +1,144 @@
+"""Images a trajectory carries: preparation off the event loop, budgets, trainer views.
+
+A tool result's images are decoded, resized to the processor grid and PNG-encoded in a
+worker thread (:func:`prepare_images`), so one trajectory's pixels never stall the others'
+turns. The trajectory keeps each image's PNG bytes with the token span of its placeholder
+run in ``prompt_ids + response_ids``; that is all a trainer needs to rebuild the model
+inputs, and :func:`verl_multi_modal_data`, :func:`trl_messages` and :func:`swift_row` give
+it in each trainer's own shape.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from toolrollout._exceptions import ImageError
+
+if TYPE_CHECKING:
+    from toolrollout.chat import PreparedImage, VisionFormat
+
+    from ._trajectory import Trajectory
+
+__all__ = [
+    "TrajectoryImage",
+    "prepare_images",
+    "swift_row",
+    "trl_messages",
+    "verl_multi_modal_data",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryImage:
+    """One image in a trajectory and where its placeholder tokens are.
+
+    ``start``/``end`` index ``prompt_ids + response_ids``; every id in that range is the
+    model's image placeholder token, and nothing outside it belongs to this image.
+    """
+
+    png: bytes
+    start: int
+    end: int
+    grid_thw: tuple[int, int, int]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    def to_pil(self) -> Any:
+        """The image as a loaded RGB PIL image."""
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(self.png))
+        image.load()
+        return image.convert("RGB")
+
+
+async def prepare_images(
+    vision: VisionFormat, images: Sequence[Any]
+) -> list[PreparedImage | ImageError]:
+    """Prepare ``images`` in a worker thread; an unreadable one yields its error in place."""
+
+    def work() -> list[PreparedImage | ImageError]:
+        out: list[PreparedImage | ImageError] = []
+        for image in images:
+            try:
+                out.append(vision.prepare(image))
+            except ImageError as exc:
+                out.append(exc)
+        return out
+
+    return await anyio.to_thread.run_sync(work)
+
+
+def _images_of(source: Trajectory | Mapping[str, Any]) -> list[Any]:
+    from PIL import Image
+
+    if isinstance(source, Mapping):
+        out = []
+        for png in source.get("images") or ():
+            image = Image.open(io.BytesIO(png))
+            image.load()
+            out.append(image.convert("RGB"))
+        return out
+    return [image.to_pil() for image in source.images]
+
+
+def _messages_of(source: Trajectory | Mapping[str, Any]) -> list[dict[str, Any]]:
+    import json
+
+    messages = source["messages"] if isinstance(source, Mapping) else source.messages
+    if isinstance(messages, str):
+        messages = json.loads(messages)
+    return [dict(m) for m in messages]
+
+
+def verl_multi_modal_data(source: Trajectory | Mapping[str, Any]) -> dict[str, list[Any]]:
+    """verl's ``AgentLoopOutput.multi_modal_data``: ``{"images": [PIL, ...]}`` in order.
+
+    ``source`` is a :class:`Trajectory` or a row read back with ``read_rows``.
+    """
+    return {"images": _images_of(source)}
+
+
+def trl_messages(source: Trajectory | Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The conversation with TRL's image blocks (``{"type": "image", "image": PIL}``)."""
+    images = iter(_images_of(source))
+    out = []
+    for message in _messages_of(source):
+        content = message.get("content")
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, Mapping) and part.get("type") == "image":
+                    try:
+                        parts.append({"type": "image", "image": next(images)})
+                    except StopIteration:
+                        raise ImageError("the messages name more images than were kept") from None
+                else:
+                    parts.append(dict(part))
+            message = {**message, "content": parts}
+        out.append(message)
+    return out
+
+
+def swift_row(source: Trajectory | Mapping[str, Any]) -> dict[str, Any]:
+    """ms-swift's dataset row: ``<image>`` tags in the text and an ``images`` list."""
+    images = _images_of(source)
+    messages = []
+    for message in _messages_of(source):
+        content = message.get("content")
+        if isinstance(content, list):
+            text = "".join(
+                "<image>" if part.get("type") == "image" else str(part.get("text", ""))
+                for part in content
+                if isinstance(part, Mapping)
+            )
+            message = {**message, "content": text}
+        messages.append(message)
+    return {"messages": messages, "images": images}

@@ -1,0 +1,119 @@
+"""The image side of a tool turn, kept out of the run loop.
+
+:func:`attach_images` turns the images of a turn's tool results into multimodal message
+content (after preparing them in a worker thread and applying the per-trajectory image
+budgets); :func:`record_images` keeps each image with its span once the
+expanded delta is appended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from toolrollout._exceptions import ImageError
+from toolrollout.tools import ToolResult
+
+from ._images import TrajectoryImage, prepare_images
+
+if TYPE_CHECKING:
+    from toolrollout.chat import ImageRun, PreparedImage, VisionFormat
+
+    from ._config import RolloutConfig
+
+__all__ = ["ImageLedger", "attach_images", "record_images"]
+
+
+@dataclass(slots=True)
+class ImageLedger:
+    """The images one trajectory has placed so far (mutated by its own task only)."""
+
+    images: list[TrajectoryImage] = field(default_factory=list)
+    urls: list[str] = field(default_factory=list)
+    """``image_data`` entries for the engine, one per placed image, in order."""
+    dropped: int = 0
+    """Images not shown to the model (budget, no vision, unreadable)."""
+
+    @property
+    def tokens(self) -> int:
+        return sum(image.num_tokens for image in self.images)
+
+
+def _budget_left(config: RolloutConfig, ledger: ImageLedger) -> tuple[int | None, int | None]:
+    images = None if config.max_images is None else config.max_images - len(ledger.images)
+    tokens = None if config.max_image_tokens is None else config.max_image_tokens - ledger.tokens
+    return images, tokens
+
+
+async def attach_images(
+    vision: VisionFormat | None,
+    config: RolloutConfig,
+    ledger: ImageLedger,
+    results: Sequence[ToolResult],
+    messages: list[dict[str, Any]],
+) -> tuple[list[PreparedImage], int]:
+    """Give ``messages[i]`` the images of ``results[i]``; return them and the new errors.
+
+    Images that do not fit the budgets are left out whole, and the message says so. An
+    unreadable image makes that call's message an error message (counted as a tool error).
+    """
+    placed: list[PreparedImage] = []
+    errors = 0
+    images_left, tokens_left = _budget_left(config, ledger)
+    for index, result in enumerate(results):
+        if not result.images:
+            continue
+        message = messages[index]
+        text = str(message["content"])
+        if vision is None:
+            ledger.dropped += len(result.images)
+            message["content"] = (
+                f"{text}\n[{len(result.images)} image(s) not shown: the model takes no images]"
+            )
+            continue
+        prepared = await prepare_images(vision, result.images)
+        broken = [p for p in prepared if isinstance(p, ImageError)]
+        if broken:
+            ledger.dropped += len(prepared)
+            errors += 1
+            message["content"] = f"Error: the tool returned an unreadable image: {broken[0]}"
+            continue
+        kept: list[PreparedImage] = []
+        for image in prepared:
+            assert not isinstance(image, ImageError)
+            if images_left is not None and images_left <= 0:
+                continue
+            if tokens_left is not None and image.num_tokens > tokens_left:
+                continue
+            kept.append(image)
+            if images_left is not None:
+                images_left -= 1
+            if tokens_left is not None:
+                tokens_left -= image.num_tokens
+        left_out = len(prepared) - len(kept)
+        ledger.dropped += left_out
+        if left_out:
+            text += f"\n[{left_out} image(s) left out: the trajectory's image budget is used up]"
+        message["content"] = vision.content(text, len(kept)) if kept else text
+        placed.extend(kept)
+    return placed, errors
+
+
+def record_images(
+    ledger: ImageLedger,
+    images: Sequence[PreparedImage],
+    runs: Sequence[ImageRun],
+    offset: int,
+) -> None:
+    """Record the placed ``images`` whose runs start ``offset`` tokens into the sequence."""
+    for image, run in zip(images, runs, strict=True):
+        ledger.images.append(
+            TrajectoryImage(
+                png=image.png,
+                start=offset + run.start,
+                end=offset + run.end,
+                grid_thw=image.grid_thw,
+            )
+        )
+        ledger.urls.append(image.data_url)
