@@ -2,7 +2,9 @@
 
 With no options it runs the bundled demo end to end: the embedded engine with the demo
 model, the demo prompts, the real calculator tool, numeric-match rewards, and writes
-``trajectories.parquet``. User mistakes exit with a one-line message and code 2.
+``trajectories.parquet``. Without ``--dataset`` the demo prompt set matching the configured
+tools is used (``python`` tool: the python prompts, ``search`` tool: the search prompts,
+anything else: the calculator prompts). User mistakes exit with a one-line message and code 2.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ def generate(
     ] = None,
     dataset: Annotated[
         Path | None,
-        typer.Option(help="Prompts (.jsonl or .parquet; verl RL layout accepted)."),
+        typer.Option(
+            help="Prompts (.jsonl or .parquet; verl RL layout accepted). Default: the demo "
+            "prompts for the configured tools (python, search or calculator)."
+        ),
     ] = None,
     tool_config: Annotated[
         Path | None, typer.Option(help="verl-layout tool config YAML. Default: calculator.")
@@ -174,10 +179,10 @@ def _run(
     from toolrollout._exceptions import UserError
     from toolrollout.chat import tool_parser_names
     from toolrollout.data import load_prompts
-    from toolrollout.demo import DEMO_MODEL_PATH, DEMO_PROMPTS_PATH
+    from toolrollout.demo import DEMO_MODEL_PATH, demo_prompts_for_tools
     from toolrollout.engines import Engine, SamplingParams, SGLangClient
     from toolrollout.interactions import load_interaction_config
-    from toolrollout.rewards import RewardMix, numeric_match
+    from toolrollout.rewards import RewardMix, exact_match, numeric_match
     from toolrollout.rewards import tool_error_penalty as penalty_term
     from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryWriter
     from toolrollout.rollout._interactions import select_interaction
@@ -189,14 +194,15 @@ def _run(
         raise UserError(
             f"unknown --tool-parser {tool_parser!r}; choose from {', '.join(tool_parser_names())}"
         )
-    prompts = load_prompts(dataset or DEMO_PROMPTS_PATH, limit=limit)
     tools = load_tool_config(tool_config) if tool_config else [calculator_tool()]
+    prompts_path = dataset or demo_prompts_for_tools(t.name for t in tools)
+    prompts = load_prompts(prompts_path, limit=limit)
     interactions = load_interaction_config(interaction_config) if interaction_config else {}
     for index, prompt in enumerate(prompts):  # a row naming an unknown interaction: fail now
         try:
             select_interaction(interactions, prompt)
         except UserError as exc:
-            raise UserError(f"{dataset or DEMO_PROMPTS_PATH} row {index}: {exc}") from exc
+            raise UserError(f"{prompts_path} row {index}: {exc}") from exc
     model_path = model or DEMO_MODEL_PATH
     tokenizer = _load_tokenizer(model_path)
     config = RolloutConfig(
@@ -221,8 +227,10 @@ def _run(
 
         vision = VisionFormat.from_pretrained(model_path)
     rewards: list[Any] = []
-    if any(p.ground_truth is not None for p in prompts):
-        rewards.append(numeric_match)
+    truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
+    if truths:
+        # Numbers compare as numbers ("The answer is 12.0"); other answers must match exactly.
+        rewards.append(numeric_match if all(_is_number(t) for t in truths) else exact_match)
     if tool_error_penalty > 0:
         rewards.append(penalty_term(tool_error_penalty))
 
@@ -267,6 +275,14 @@ def _run(
         return _summarise(trajectories, elapsed)
 
     return anyio.run(main)
+
+
+def _is_number(value: object) -> bool:
+    try:
+        float(str(value).replace(",", ""))
+    except ValueError:
+        return False
+    return True
 
 
 def _summarise(trajectories: list[Any], elapsed: float) -> dict[str, Any]:

@@ -1,7 +1,15 @@
-"""Deterministic synthetic data for the demo calculator task.
+"""Deterministic synthetic data for the demo model: calculator, python and search tasks.
 
 Everything here is driven by a seeded :class:`random.Random`, so the training corpus, the
-tokenizer trained on it and the shipped prompt set are reproducible bit for bit.
+tokenizer trained on it and the shipped prompt sets are reproducible bit for bit.
+
+The model learns three task families, each with the tool list its tool config shows:
+``calculator`` (below), ``python`` (:mod:`toolrollout.demo.code_tasks`: the sandbox tool)
+and ``search`` (:mod:`toolrollout.demo.search_tasks`: the demo corpus). A
+:class:`Dialog` records its family so the training script renders it with that family's
+tools (:func:`family_tools`).
+
+The calculator family:
 
 A :class:`Problem` is an arithmetic question in natural language with the calculator
 expression(s) that answer it. A dialog renders a problem as chat messages: the assistant
@@ -16,7 +24,8 @@ assistant's final turn states that output. Three shapes exist:
 
 Held-out problems are chosen by hashing each canonical expression (:func:`is_heldout`):
 a training problem never contains a held-out expression, so the shipped prompts (drawn
-only from the held-out side) were never seen during training.
+only from the held-out side) were never seen during training. The other families hold
+out programs and corpus questions the same way.
 """
 
 from __future__ import annotations
@@ -27,18 +36,31 @@ import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
-from toolrollout.demo.calculator import calculator
+from toolrollout.demo.calculator import CALCULATOR_TOOL, calculator
+
+if TYPE_CHECKING:
+    from toolrollout.demo.code_tasks import CodeTask
+    from toolrollout.demo.search_tasks import SearchTask
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
+    "FAMILIES",
+    "TRAIN_FAMILY_MIX",
+    "Dialog",
+    "Family",
     "Problem",
     "copy_dialogs",
     "dialog_messages",
+    "family_tools",
     "generate_problems",
     "is_heldout",
     "make_prompt_rows",
+    "make_python_prompt_rows",
+    "make_search_prompt_rows",
+    "python_dialog",
+    "search_dialog",
     "training_dialogs",
     "write_prompts",
 ]
@@ -357,17 +379,121 @@ def dialog_messages(
     return messages
 
 
-def training_dialogs(n: int, *, seed: int) -> list[list[dict[str, Any]]]:
-    """``n`` training dialogs (train split only), with varied system messages."""
-    rng = random.Random(seed + 1)
+Family = Literal["calculator", "python", "search"]
+FAMILIES: Final[tuple[Family, ...]] = ("calculator", "python", "search")
+"""The task families, in the order their prompt files are listed."""
+
+TRAIN_FAMILY_MIX: Final[dict[Family, float]] = {"calculator": 0.4, "python": 0.25, "search": 0.35}
+"""Share of each family among the training dialogs."""
+
+_PYTHON_SYSTEM_PROMPTS: Final = (
+    DEFAULT_SYSTEM_PROMPT,
+    DEFAULT_SYSTEM_PROMPT,
+    "You solve problems by writing short Python programs.",
+    "You are a coding assistant. Run Python to compute answers.",
+    None,
+)
+_SEARCH_SYSTEM_PROMPTS: Final = (
+    DEFAULT_SYSTEM_PROMPT,
+    DEFAULT_SYSTEM_PROMPT,
+    "Answer questions by searching the document collection.",
+    "You are a research assistant. Look facts up before answering.",
+    None,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Dialog:
+    """One training conversation and the family whose tools it is rendered with."""
+
+    family: Family
+    messages: list[dict[str, Any]]
+
+
+def family_tools(family: Family) -> list[dict[str, Any]]:
+    """The tool schemas a family's dialogs are rendered with: those its tool config shows
+    (``tool_configs/calculator.yaml``, ``sandbox.yaml``, ``search.yaml``)."""
+    if family == "calculator":
+        return [CALCULATOR_TOOL]
+    if family == "python":
+        from toolrollout.demo.code_tasks import sandbox_schema
+
+        return [sandbox_schema()]
+    from toolrollout.demo.search_tasks import search_schema
+
+    return [search_schema()]
+
+
+def _question_messages(question: str, system: str | None) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if system is not None:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": question})
+    return messages
+
+
+def _single_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
+    }
+
+
+def python_dialog(
+    task: CodeTask, system: str | None = DEFAULT_SYSTEM_PROMPT
+) -> list[dict[str, Any]]:
+    """Question, one ``python`` call with the program, the sandbox's output, the bare answer."""
     return [
-        dialog_messages(p, rng, rng.choice(_TRAIN_SYSTEM_PROMPTS))
-        for p in generate_problems(n, seed=seed, split="train")
+        *_question_messages(task.question, system),
+        _single_call("python", {"code": task.code}),
+        {"role": "tool", "name": "python", "content": task.result},
+        {"role": "assistant", "content": task.answer},
     ]
 
 
+def search_dialog(
+    task: SearchTask, system: str | None = DEFAULT_SYSTEM_PROMPT
+) -> list[dict[str, Any]]:
+    """Question, one ``search`` call per hop with the retriever's hits, the bare answer."""
+    messages = _question_messages(task.question, system)
+    for query, result in zip(task.queries, task.results, strict=True):
+        messages.append(_single_call("search", {"query_list": [query]}))
+        messages.append({"role": "tool", "name": "search", "content": result})
+    messages.append({"role": "assistant", "content": task.answer})
+    return messages
+
+
+def training_dialogs(n: int, *, seed: int) -> list[Dialog]:
+    """``n`` training dialogs (train split only) of all families, in a seeded order.
+
+    Family counts follow :data:`TRAIN_FAMILY_MIX`; system messages vary per dialog.
+    """
+    from toolrollout.demo.code_tasks import generate_code_tasks
+    from toolrollout.demo.search_tasks import generate_search_tasks
+
+    n_python = round(n * TRAIN_FAMILY_MIX["python"])
+    n_search = round(n * TRAIN_FAMILY_MIX["search"])
+    n_calc = n - n_python - n_search
+    rng = random.Random(seed + 1)
+    dialogs = [
+        Dialog("calculator", dialog_messages(p, rng, rng.choice(_TRAIN_SYSTEM_PROMPTS)))
+        for p in generate_problems(n_calc, seed=seed, split="train")
+    ]
+    dialogs += [
+        Dialog("python", python_dialog(t, rng.choice(_PYTHON_SYSTEM_PROMPTS)))
+        for t in generate_code_tasks(n_python, seed=seed + 3, split="train")
+    ]
+    dialogs += [
+        Dialog("search", search_dialog(t, rng.choice(_SEARCH_SYSTEM_PROMPTS)))
+        for t in generate_search_tasks(n_search, seed=seed + 4, split="train")
+    ]
+    rng.shuffle(dialogs)
+    return dialogs
+
+
 def make_prompt_rows(n: int = 64, *, seed: int = 1234) -> list[dict[str, Any]]:
-    """The shipped evaluation prompts: ``n`` single-call held-out problems."""
+    """The shipped calculator prompts: ``n`` single-call held-out problems."""
     rows = []
     for i, problem in enumerate(generate_problems(n, seed=seed, split="heldout", mix=EVAL_MIX)):
         rows.append(
@@ -381,11 +507,53 @@ def make_prompt_rows(n: int = 64, *, seed: int = 1234) -> list[dict[str, Any]]:
     return rows
 
 
-def write_prompts(path: Path, n: int = 64, *, seed: int = 1234) -> None:
-    """Write :func:`make_prompt_rows` as JSON lines."""
+def make_python_prompt_rows(n: int = 64, *, seed: int = 1234) -> list[dict[str, Any]]:
+    """The shipped python prompts: ``n`` held-out programs' questions."""
+    from toolrollout.demo.code_tasks import generate_code_tasks
+
+    return [
+        {
+            "id": f"python-{i:03d}",
+            "messages": _question_messages(task.question, DEFAULT_SYSTEM_PROMPT),
+            "answer": task.answer,
+            "code": task.code,
+        }
+        for i, task in enumerate(generate_code_tasks(n, seed=seed, split="heldout"))
+    ]
+
+
+def make_search_prompt_rows() -> list[dict[str, Any]]:
+    """The shipped search prompts: every held-out corpus question, in the corpus's wording."""
+    from toolrollout.demo.search_tasks import generate_search_tasks
+
+    tasks = generate_search_tasks(10**6, seed=0, split="heldout", canonical_only=True)
+    return [
+        {
+            "id": f"search-{i:03d}",
+            "messages": _question_messages(task.question, DEFAULT_SYSTEM_PROMPT),
+            "answer": task.answer,
+            "queries": list(task.queries),
+            "hops": task.hops,
+        }
+        for i, task in enumerate(tasks)
+    ]
+
+
+def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
     with path.open("w", encoding="utf-8") as f:
-        for row in make_prompt_rows(n, seed=seed):
+        for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def write_prompts(paths: dict[Family, Path]) -> None:
+    """Write each family's held-out prompt set as JSON lines to ``paths[family]``."""
+    makers: dict[Family, Callable[[], list[dict[str, Any]]]] = {
+        "calculator": make_prompt_rows,
+        "python": make_python_prompt_rows,
+        "search": make_search_prompt_rows,
+    }
+    for family, path in paths.items():
+        _write_jsonl(path, makers[family]())
 
 
 _COPY_FRAMES: Final = ("Repeat: {s}", "Say {s}", "Copy this: {s}", "Echo {s}")

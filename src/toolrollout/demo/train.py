@@ -3,15 +3,18 @@
 Run ``python -m toolrollout.demo.train --out src/toolrollout/demo/model`` (about 7 minutes on
 two CPU cores). The script
 
-1. generates synthetic calculator dialogs (:mod:`toolrollout.demo.dialogs`, train split);
+1. generates synthetic dialogs (:mod:`toolrollout.demo.dialogs`, train split) of three
+   task families: calculator, ``python`` (the code sandbox) and ``search`` (the demo
+   corpus), each rendered with the tool list of its tool config;
 2. trains a byte-level BPE tokenizer on them with Qwen2's pre-tokenizer (which splits
    digits one per token, so the model can copy numbers) and wraps it as a fast tokenizer
    carrying the chat template;
 3. trains a small Qwen2 causal LM with AdamW, loss on assistant tokens only (everything the
    assistant generates after ``<|im_start|>assistant\\n``, up to and including
-   ``<|im_end|>``): first 300 steps of short "repeat after me" dialogs, a dense copying
+   ``<|im_end|>``): first 200 steps of short "repeat after me" dialogs, a dense copying
    signal that makes the copy circuit appear early and reliably, then the tool dialogs;
-4. saves a standard Hugging Face folder (safetensors, float32) and the held-out prompt set.
+4. saves a standard Hugging Face folder (safetensors, float32) and the held-out prompt sets
+   (one file per family).
 
 Two things keep a step cheap on CPU: the rows of a batch share one system prompt (with the
 tool list), whose KV cache is computed once and broadcast; and rows have similar lengths.
@@ -47,9 +50,15 @@ from tokenizers.trainers import BpeTrainer
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from toolrollout.demo import DEMO_CHAT_TEMPLATE_PATH, DEMO_MODEL_PATH, DEMO_PROMPTS_PATH
-from toolrollout.demo.calculator import CALCULATOR_TOOL
-from toolrollout.demo.dialogs import copy_dialogs, training_dialogs, write_prompts
+from toolrollout.demo import DEMO_CHAT_TEMPLATE_PATH, DEMO_MODEL_PATH, DEMO_PROMPT_SETS
+from toolrollout.demo.dialogs import (
+    FAMILIES,
+    Dialog,
+    copy_dialogs,
+    family_tools,
+    training_dialogs,
+    write_prompts,
+)
 
 __all__ = ["build_tokenizer", "encode_dialog", "main", "train"]
 
@@ -155,9 +164,15 @@ def build_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def render(tokenizer: PreTrainedTokenizerFast, messages: list[dict[str, Any]], **kw: Any) -> str:
-    """Render ``messages`` with the calculator tool, as text."""
-    text = tokenizer.apply_chat_template(messages, tools=[CALCULATOR_TOOL], tokenize=False, **kw)
+def render(
+    tokenizer: PreTrainedTokenizerFast,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    **kw: Any,
+) -> str:
+    """Render ``messages`` with ``tools``, as text."""
+    schemas: list[Any] = list(tools)
+    text = tokenizer.apply_chat_template(messages, tools=schemas, tokenize=False, **kw)
     assert isinstance(text, str)
     return text
 
@@ -194,15 +209,16 @@ def encode_dialog(
 
 
 def _check_prefix_consistency(
-    tokenizer: PreTrainedTokenizerFast, dialogs: Sequence[list[dict[str, Any]]]
+    tokenizer: PreTrainedTokenizerFast, dialogs: Sequence[Dialog]
 ) -> None:
     """The prompt the engine sees must tokenize to a prefix of the training sequence."""
-    for messages in dialogs:
-        full = tokenizer.encode(render(tokenizer, messages), add_special_tokens=False)
+    for dialog in dialogs:
+        messages, tools = dialog.messages, family_tools(dialog.family)
+        full = tokenizer.encode(render(tokenizer, messages, tools), add_special_tokens=False)
         for i, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            prompt = render(tokenizer, messages[:i], add_generation_prompt=True)
+            prompt = render(tokenizer, messages[:i], tools, add_generation_prompt=True)
             ids = tokenizer.encode(prompt, add_special_tokens=False)
             if full[: len(ids)] != ids:
                 raise RuntimeError(f"prompt tokens are not a prefix of the dialog: {prompt!r}")
@@ -267,9 +283,9 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     t0 = time.perf_counter()
 
     dialogs = training_dialogs(args.dialogs, seed=args.seed)
-    texts = render_plain(dialogs)
+    texts = render_dialogs(dialogs)
     tokenizer = build_tokenizer(texts[: args.tokenizer_dialogs])
-    _check_prefix_consistency(tokenizer, dialogs[:32])
+    _check_prefix_consistency(tokenizer, dialogs[:48])
     encoded: list[list[int]] = tokenizer(texts, add_special_tokens=False)["input_ids"]
     header = _assistant_header(tokenizer)
     masks = [encode_dialog(tokenizer, ids, header) for ids in encoded]
@@ -361,11 +377,25 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     return model, tokenizer
 
 
-def render_plain(
-    dialogs: Sequence[list[dict[str, Any]]], tools: list[dict[str, Any]] | None = None
-) -> list[str]:
-    """Render dialogs with the shipped template, as text (tools default to the calculator)."""
-    schemas: list[Any] | None = [CALCULATOR_TOOL] if tools is None else list(tools) or None
+def training_texts(args: argparse.Namespace) -> list[str]:
+    """The rendered training dialogs of a run (what the tokenizer is trained on, in order)."""
+    return render_dialogs(training_dialogs(args.dialogs, seed=args.seed))
+
+
+def render_dialogs(dialogs: Sequence[Dialog]) -> list[str]:
+    """Render each dialog with its family's tools, as text, in the order given."""
+    texts: list[str] = [""] * len(dialogs)
+    for family in FAMILIES:
+        index = [i for i, d in enumerate(dialogs) if d.family == family]
+        rendered = render_plain([dialogs[i].messages for i in index], family_tools(family))
+        for i, text in zip(index, rendered, strict=True):
+            texts[i] = text
+    return texts
+
+
+def render_plain(dialogs: Sequence[list[dict[str, Any]]], tools: list[dict[str, Any]]) -> list[str]:
+    """Render dialogs with the shipped template and ``tools`` (none: no tool section)."""
+    schemas: list[Any] | None = list(tools) or None
     # Annotated as returning str, it returns (rendered texts, generation indices).
     result: Any = render_jinja_template(
         conversations=list(dialogs), tools=schemas, chat_template=chat_template()
@@ -416,10 +446,15 @@ def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path)
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=DEMO_MODEL_PATH)
-    parser.add_argument("--prompts-out", type=Path, default=DEMO_PROMPTS_PATH)
+    parser.add_argument(
+        "--prompts-dir",
+        type=Path,
+        default=None,
+        help="Where the held-out prompt files go (default: next to the package's own).",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=1800)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=24)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=128)
@@ -428,8 +463,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dialogs", type=int, default=16000)
-    parser.add_argument("--copy-steps", type=int, default=300)
+    parser.add_argument("--dialogs", type=int, default=12000)
+    parser.add_argument("--copy-steps", type=int, default=200)
     parser.add_argument("--copy-batch-size", type=int, default=64)
     parser.add_argument("--tokenizer-dialogs", type=int, default=2000)
     parser.add_argument("--log-every", type=int, default=100)
@@ -442,8 +477,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     start = time.perf_counter()
     model, tokenizer = train(args)
     save(model, tokenizer, args.out)
-    write_prompts(args.prompts_out)
-    _log(f"saved {args.out} and {args.prompts_out}; total {time.perf_counter() - start:.0f}s")
+    paths = {
+        family: path if args.prompts_dir is None else args.prompts_dir / path.name
+        for family, path in DEMO_PROMPT_SETS.items()
+    }
+    write_prompts(paths)
+    where = args.prompts_dir or DEMO_PROMPT_SETS["calculator"].parent
+    _log(f"saved {args.out} and prompts in {where}; total {time.perf_counter() - start:.0f}s")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,292 @@
+"""Synthetic tasks for the demo's ``python`` tool: questions answered by a short program.
+
+Each :class:`CodeTask` is a question ("What is the sum of the integers from 3 to 250?"),
+the program the assistant sends to the sandbox (``print(sum(range(3, 250 + 1)))``) and
+the text the sandbox tool returns for it. That text is built by
+:func:`toolrollout.sandbox.format_run_code_response`, the formatter :class:`SandboxTool`
+itself uses, from a Sandbox Fusion ``RunCodeResponse`` holding what the program printed:
+the training dialogs show the model exactly what the real tool answers (a test runs a
+sample through ``toolrollout sandbox serve`` and compares).
+
+The program is the split key: a held-out program (:func:`is_heldout_code`, ~10% by a
+stable hash) is never part of a training dialog, so the shipped python prompts are new to
+the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import random
+import string
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, Literal
+
+__all__ = [
+    "CodeTask",
+    "generate_code_tasks",
+    "is_heldout_code",
+    "run_program",
+    "sandbox_schema",
+    "sandbox_text",
+]
+
+Split = Literal["train", "heldout"]
+
+HELDOUT_PERCENT: Final = 10
+"""Share of programs reserved for evaluation."""
+
+RUN_TIMEOUT: Final = 10.0
+"""``default_timeout`` of ``tool_configs/sandbox.yaml`` (shown in the tool's schema)."""
+MAX_TIMEOUT: Final = 30.0
+"""``max_timeout`` of ``tool_configs/sandbox.yaml``."""
+
+
+def is_heldout_code(code: str) -> bool:
+    """Whether a program belongs to the held-out split (stable hash, ~10%)."""
+    digest = hashlib.sha256(f"toolrollout-demo-python|{code}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT
+
+
+def sandbox_schema() -> dict[str, object]:
+    """The ``python`` tool's schema as ``tool_configs/sandbox.yaml`` shows it to the model."""
+    from toolrollout.sandbox import SandboxTool
+
+    return SandboxTool.create(run_timeout=RUN_TIMEOUT, max_timeout=MAX_TIMEOUT).schema()
+
+
+def run_program(code: str) -> str:
+    """What ``code`` prints, run in this interpreter (only for the task's own programs)."""
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        exec(compile(code, "<demo-task>", "exec"), {"__name__": "__main__"})
+    return buffer.getvalue()
+
+
+def sandbox_text(stdout: str) -> str:
+    """The tool message for a program that printed ``stdout`` and exited normally."""
+    from toolrollout.sandbox import (
+        CommandRunResult,
+        CommandRunStatus,
+        RunCodeResponse,
+        RunStatus,
+        format_run_code_response,
+    )
+
+    response = RunCodeResponse(
+        status=RunStatus.Success,
+        message="",
+        run_result=CommandRunResult(
+            status=CommandRunStatus.Finished, return_code=0, stdout=stdout, stderr=""
+        ),
+    )
+    return format_run_code_response(response, run_timeout=RUN_TIMEOUT)
+
+
+@dataclass(frozen=True, slots=True)
+class CodeTask:
+    """A question, the program that answers it, and the ``python`` tool's output for it."""
+
+    question: str
+    code: str
+    result: str
+    """The tool message text (what the sandbox tool returns)."""
+
+    @property
+    def answer(self) -> str:
+        """The final answer: the program's output, as the tool returned it."""
+        return self.result
+
+    @property
+    def split(self) -> Split:
+        return "heldout" if is_heldout_code(self.code) else "train"
+
+
+_WORDS: Final = (
+    "banana", "rollout", "sandbox", "parallel", "mississippi", "gradient", "token",
+    "engine", "lantern", "compass", "harbor", "window", "letter", "tomato", "cabbage",
+    "reward", "policy", "sample", "bottle", "kettle", "pepper", "coffee", "balloon",
+    "address", "committee", "success", "tennessee", "assessment", "papaya", "avocado",
+    "river", "mirror", "puzzle", "zigzag", "python", "search", "tool", "number",
+)  # fmt: skip
+
+
+def _word(rng: random.Random) -> str:
+    """A dictionary word, or random lowercase letters (so held-out strings are new)."""
+    if rng.random() < 0.5:
+        return rng.choice(_WORDS)
+    return "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(4, 9)))
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _sum_range(rng: random.Random) -> tuple[str, str]:
+    a = rng.randint(0, 60)
+    b = rng.randint(a + 5, rng.choice((100, 1000, 5000)))
+    question = rng.choice(
+        (
+            "What is the sum of the integers from {a} to {b}?",
+            "Add up all whole numbers from {a} to {b}.",
+            "Sum every integer between {a} and {b}, inclusive.",
+        )
+    )
+    return question.format(a=a, b=b), f"print(sum(range({a}, {b} + 1)))"
+
+
+def _factorial(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(3, 20)
+    question = rng.choice(("What is {n} factorial?", "What is the factorial of {n}?"))
+    return question.format(n=n), f"import math\nprint(math.factorial({n}))"
+
+
+def _power(rng: random.Random) -> tuple[str, str]:
+    a = rng.randint(2, 30)
+    b = rng.randint(2, 40)
+    while a**b >= 10**15:
+        b -= 1
+    question = rng.choice(
+        (
+            "What is {a} to the power of {b}?",
+            "Compute {a} raised to the power {b}.",
+            "What is {a}**{b}?",
+        )
+    )
+    return question.format(a=a, b=b), f"print({a} ** {b})"
+
+
+def _gcd(rng: random.Random) -> tuple[str, str]:
+    k = rng.randint(2, 40)
+    a, b = k * rng.randint(2, 300), k * rng.randint(2, 300)
+    question = rng.choice(
+        (
+            "What is the greatest common divisor of {a} and {b}?",
+            "Find the GCD of {a} and {b}.",
+        )
+    )
+    return question.format(a=a, b=b), f"import math\nprint(math.gcd({a}, {b}))"
+
+
+def _count_letter(rng: random.Random) -> tuple[str, str]:
+    word = _word(rng)
+    letter = rng.choice(word) if rng.random() < 0.8 else rng.choice(string.ascii_lowercase)
+    question = rng.choice(
+        (
+            "How many times does the letter '{c}' appear in '{w}'?",
+            "Count the letter '{c}' in the word '{w}'.",
+        )
+    )
+    return question.format(c=letter, w=word), f"print('{word}'.count('{letter}'))"
+
+
+def _reverse(rng: random.Random) -> tuple[str, str]:
+    word = _word(rng)
+    question = rng.choice(("Reverse the string '{w}'.", "What is '{w}' spelled backwards?"))
+    return question.format(w=word), f"print('{word}'[::-1])"
+
+
+def _length(rng: random.Random) -> tuple[str, str]:
+    text = " ".join(_word(rng) for _ in range(rng.randint(1, 3)))
+    question = rng.choice(
+        ("How many characters are in '{s}'?", "What is the length of the string '{s}'?")
+    )
+    return question.format(s=text), f"print(len('{text}'))"
+
+
+def _sort(rng: random.Random) -> tuple[str, str]:
+    numbers = [rng.randint(0, rng.choice((20, 100, 1000))) for _ in range(rng.randint(3, 6))]
+    shown = ", ".join(map(str, numbers))
+    question = rng.choice(
+        (
+            "Sort these numbers in ascending order: {s}.",
+            "Put {s} in increasing order.",
+        )
+    )
+    return question.format(s=shown), f"print(sorted([{shown}]))"
+
+
+def _primes(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(10, 600)
+    question = rng.choice(
+        ("How many prime numbers are there below {n}?", "Count the primes smaller than {n}.")
+    )
+    code = f"print(sum(all(k % d for d in range(2, k)) for k in range(2, {n})))"
+    return question.format(n=n), code
+
+
+def _fibonacci(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(5, 70)
+    question = rng.choice(("What is the {o} Fibonacci number?", "Compute Fibonacci number {n}."))
+    code = f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\nprint(a)"
+    return question.format(o=_ordinal(n), n=n), code
+
+
+def _digit_sum(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(100, 10 ** rng.randint(4, 12))
+    question = rng.choice(("What is the sum of the digits of {n}?", "Add up the digits of {n}."))
+    return question.format(n=n), f"print(sum(int(d) for d in str({n})))"
+
+
+def _squares(rng: random.Random) -> tuple[str, str]:
+    n = rng.randint(3, 500)
+    question = rng.choice(
+        (
+            "What is the sum of the squares of the integers from 1 to {n}?",
+            "Add up k*k for every k from 1 to {n}.",
+        )
+    )
+    return question.format(n=n), f"print(sum(k * k for k in range(1, {n} + 1)))"
+
+
+def _modulo(rng: random.Random) -> tuple[str, str]:
+    a = rng.randint(100, 10 ** rng.randint(3, 9))
+    b = rng.randint(2, 997)
+    question = rng.choice(
+        ("What is the remainder when {a} is divided by {b}?", "What is {a} mod {b}?")
+    )
+    return question.format(a=a, b=b), f"print({a} % {b})"
+
+
+_GENERATORS: Final[tuple[Callable[[random.Random], tuple[str, str]], ...]] = (
+    _sum_range,
+    _factorial,
+    _power,
+    _gcd,
+    _count_letter,
+    _reverse,
+    _length,
+    _sort,
+    _primes,
+    _fibonacci,
+    _digit_sum,
+    _squares,
+    _modulo,
+)
+
+
+def generate_code_tasks(n: int, *, seed: int, split: Split) -> list[CodeTask]:
+    """``n`` tasks of the given split with distinct questions, deterministic in ``seed``.
+
+    Programs are run once each (memoised), so a repeated program costs nothing.
+    """
+    rng = random.Random(seed)
+    outputs: dict[str, str] = {}
+    tasks: list[CodeTask] = []
+    seen: set[str] = set()
+    attempts = 0
+    while len(tasks) < n:
+        attempts += 1
+        if attempts > 100 * n + 1000:
+            raise RuntimeError(f"could not draw {n} distinct {split} python tasks")
+        question, code = rng.choice(_GENERATORS)(rng)
+        if question in seen or is_heldout_code(code) != (split == "heldout"):
+            continue
+        if code not in outputs:
+            outputs[code] = sandbox_text(run_program(code))
+        seen.add(question)
+        tasks.append(CodeTask(question, code, outputs[code]))
+    return tasks
