@@ -145,6 +145,15 @@ def _final_answer(messages: list[dict[str, object]]) -> str:
     return str(last.get("content") or "").strip()
 
 
+NOT_TRAINED = pytest.mark.xfail(
+    strict=True,
+    reason="the shipped demo model is still trained on calculator tasks only (see "
+    "docs/quickstart.md): it does not call the python or search tool yet",
+)
+
+
+@pytest.mark.slow
+@NOT_TRAINED
 def test_generate_with_the_sandbox_config(tmp_path: Path) -> None:
     """sandbox.yaml end to end: the command starts the bubblewrap sandbox itself, the
     python prompts are picked for the `python` tool, the model's own programs run there."""
@@ -183,6 +192,8 @@ def test_generate_with_the_sandbox_config(tmp_path: Path) -> None:
     assert sum(float(str(r["reward"])) for r in rows) / len(rows) >= 0.6
 
 
+@pytest.mark.slow
+@NOT_TRAINED
 def test_generate_with_the_search_config(tmp_path: Path) -> None:
     """search.yaml end to end: the command starts the BM25 retriever on the demo corpus, the
     search prompts are picked for the `search` tool, answers come from retrieved passages."""

@@ -37,7 +37,7 @@ def test_mcp_calculator_configs_get_the_calculator_prompts() -> None:
 
 
 def test_training_mixes_all_families_with_their_own_tools() -> None:
-    dialogs = training_dialogs(300, seed=7)
+    dialogs = training_dialogs(300, seed=7, families=FAMILIES)
     assert {d.family for d in dialogs} == set(FAMILIES)
     for dialog in dialogs:
         names = {

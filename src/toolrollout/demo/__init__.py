@@ -1,10 +1,10 @@
 """The bundled demo: a tiny tool-calling model, its calculator tool and a prompt set.
 
 The model is shipped inside the package so that examples, tests and the CPU engine can run
-a real multi-turn tool-calling rollout without downloading anything. It is a small
+a real multi-turn tool-calling rollout without downloading anything. It is a 1.5 MB
 Qwen2-architecture causal LM trained by :mod:`toolrollout.demo.train` on synthetic
-dialogs with three tools: the calculator, a ``python`` code sandbox and a ``search``
-retriever over the bundled demo corpus (one held-out prompt set per tool). Its chat
+calculator dialogs; the script can also train on ``python`` (code sandbox) and ``search``
+(demo corpus) tasks, and each task family has a held-out prompt set. Its chat
 template uses the Qwen2.5 tool-call format
 (``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, tool results as
 ``<tool_response>`` inside a user turn), so code written against the demo works unchanged

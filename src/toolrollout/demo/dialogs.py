@@ -3,18 +3,16 @@
 Everything here is driven by a seeded :class:`random.Random`, so the training corpus, the
 tokenizer trained on it and the shipped prompt sets are reproducible bit for bit.
 
-The model learns three task families, each with the tool list its tool config shows:
+There are three task families, each rendered with the tool list its tool config shows:
 ``calculator`` (below), ``python`` (:mod:`toolrollout.demo.code_tasks`: the sandbox tool)
 and ``search`` (:mod:`toolrollout.demo.search_tasks`: the demo corpus). A
 :class:`Dialog` records its family so the training script renders it with that family's
 tools (:func:`family_tools`).
 
-The calculator family:
-
-A :class:`Problem` is an arithmetic question in natural language with the calculator
-expression(s) that answer it. A dialog renders a problem as chat messages: the assistant
-calls ``calculator``, the tool message carries the calculator's real output, and the
-assistant's final turn states that output. Three shapes exist:
+The calculator family: a :class:`Problem` is an arithmetic question in natural language
+with the calculator expression(s) that answer it. A dialog renders a problem as chat
+messages: the assistant calls ``calculator``, the tool message carries the calculator's
+real output, and the assistant's final turn states that output. Three shapes exist:
 
 * ``single``: one call (``"What is 37 * 12?"`` → ``calculator("37 * 12")`` → ``"444"``);
 * ``chain``: two sequential calls, the second one using the first result
@@ -464,17 +462,26 @@ def search_dialog(
     return messages
 
 
-def training_dialogs(n: int, *, seed: int) -> list[Dialog]:
-    """``n`` training dialogs (train split only) of all families, in a seeded order.
+def training_dialogs(
+    n: int, *, seed: int, families: Sequence[Family] = ("calculator",)
+) -> list[Dialog]:
+    """``n`` training dialogs (train split only) of the given families.
 
-    Family counts follow :data:`TRAIN_FAMILY_MIX`; system messages vary per dialog.
+    Family counts follow :data:`TRAIN_FAMILY_MIX` (renormalised over ``families``);
+    system messages vary per dialog. With several families the dialogs are shuffled with
+    the seed; calculator alone keeps generation order (the shipped model's recipe).
     """
     from toolrollout.demo.code_tasks import generate_code_tasks
     from toolrollout.demo.search_tasks import generate_search_tasks
 
-    n_python = round(n * TRAIN_FAMILY_MIX["python"])
-    n_search = round(n * TRAIN_FAMILY_MIX["search"])
-    n_calc = n - n_python - n_search
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown or not families:
+        raise ValueError(f"unknown task families {unknown}; choose from {', '.join(FAMILIES)}")
+    chosen = [f for f in FAMILIES if f in families]
+    total = sum(TRAIN_FAMILY_MIX[f] for f in chosen)
+    counts = {f: round(n * TRAIN_FAMILY_MIX[f] / total) for f in FAMILIES if f in chosen}
+    counts[chosen[0]] += n - sum(counts.values())  # the rounding remainder
+    n_calc, n_python, n_search = (counts.get(f, 0) for f in FAMILIES)
     rng = random.Random(seed + 1)
     dialogs = [
         Dialog("calculator", dialog_messages(p, rng, rng.choice(_TRAIN_SYSTEM_PROMPTS)))
@@ -488,7 +495,8 @@ def training_dialogs(n: int, *, seed: int) -> list[Dialog]:
         Dialog("search", search_dialog(t, rng.choice(_SEARCH_SYSTEM_PROMPTS)))
         for t in generate_search_tasks(n_search, seed=seed + 4, split="train")
     ]
-    rng.shuffle(dialogs)
+    if len(chosen) > 1:
+        rng.shuffle(dialogs)
     return dialogs
 
 

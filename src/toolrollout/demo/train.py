@@ -3,15 +3,16 @@
 Run ``python -m toolrollout.demo.train --out src/toolrollout/demo/model`` (about 7 minutes on
 two CPU cores). The script
 
-1. generates synthetic dialogs (:mod:`toolrollout.demo.dialogs`, train split) of three
-   task families: calculator, ``python`` (the code sandbox) and ``search`` (the demo
-   corpus), each rendered with the tool list of its tool config;
+1. generates synthetic dialogs (:mod:`toolrollout.demo.dialogs`, train split) of the
+   task families given by ``--tasks``: calculator (the default and the shipped model),
+   ``python`` (the code sandbox) and ``search`` (the demo corpus), each rendered with the
+   tool list of its tool config;
 2. trains a byte-level BPE tokenizer on them with Qwen2's pre-tokenizer (which splits
    digits one per token, so the model can copy numbers) and wraps it as a fast tokenizer
    carrying the chat template;
 3. trains a small Qwen2 causal LM with AdamW, loss on assistant tokens only (everything the
    assistant generates after ``<|im_start|>assistant\\n``, up to and including
-   ``<|im_end|>``): first 200 steps of short "repeat after me" dialogs, a dense copying
+   ``<|im_end|>``): first 300 steps of short "repeat after me" dialogs, a dense copying
    signal that makes the copy circuit appear early and reliably, then the tool dialogs;
 4. saves a standard Hugging Face folder (safetensors, float32) and the held-out prompt sets
    (one file per family).
@@ -282,7 +283,7 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
 
-    dialogs = training_dialogs(args.dialogs, seed=args.seed)
+    dialogs = training_dialogs(args.dialogs, seed=args.seed, families=args.tasks)
     texts = render_dialogs(dialogs)
     tokenizer = build_tokenizer(texts[: args.tokenizer_dialogs])
     _check_prefix_consistency(tokenizer, dialogs[:48])
@@ -379,7 +380,7 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
 
 def training_texts(args: argparse.Namespace) -> list[str]:
     """The rendered training dialogs of a run (what the tokenizer is trained on, in order)."""
-    return render_dialogs(training_dialogs(args.dialogs, seed=args.seed))
+    return render_dialogs(training_dialogs(args.dialogs, seed=args.seed, families=args.tasks))
 
 
 def render_dialogs(dialogs: Sequence[Dialog]) -> list[str]:
@@ -443,6 +444,14 @@ def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path)
         path.chmod(0o644)  # safetensors are written 0600; the package data must be readable
 
 
+def _task_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in FAMILIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(FAMILIES)} (got {text!r})")
+    return names
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=DEMO_MODEL_PATH)
@@ -452,9 +461,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=None,
         help="Where the held-out prompt files go (default: next to the package's own).",
     )
+    parser.add_argument(
+        "--tasks",
+        type=_task_list,
+        default=("calculator",),
+        help="Comma-separated task families to train on: calculator, python, search "
+        "(default: calculator, the shipped model's recipe).",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=1800)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=128)
@@ -463,8 +479,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dialogs", type=int, default=12000)
-    parser.add_argument("--copy-steps", type=int, default=200)
+    parser.add_argument("--dialogs", type=int, default=16000)
+    parser.add_argument("--copy-steps", type=int, default=300)
     parser.add_argument("--copy-batch-size", type=int, default=64)
     parser.add_argument("--tokenizer-dialogs", type=int, default=2000)
     parser.add_argument("--log-every", type=int, default=100)
