@@ -145,8 +145,7 @@ def _final_answer(messages: list[dict[str, object]]) -> str:
     return str(last.get("content") or "").strip()
 
 
-NOT_TRAINED = pytest.mark.xfail(
-    strict=True,
+NOT_TRAINED = pytest.mark.skip(
     reason="the shipped demo model is still trained on calculator tasks only (see "
     "docs/quickstart.md): it does not call the python or search tool yet",
 )

@@ -37,8 +37,7 @@ MIN_PYTHON_ANSWER = 0.90
 MIN_SEARCH_SUCCESS = 0.80
 N_PYTHON = 32
 SEED = 1234
-NOT_TRAINED = pytest.mark.xfail(
-    strict=True,
+NOT_TRAINED = pytest.mark.skip(
     reason="the shipped demo model is still trained on calculator tasks only: the three-task "
     "recipe (train.py --tasks calculator,python,search) has not reached the bar yet, see "
     "docs/quickstart.md",
