@@ -14,7 +14,7 @@ __all__ = ["RolloutProgress"]
 class RolloutProgress:
     """Shows done/failed counts, tool calls and generated tokens per second."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, *, completed: int = 0) -> None:
         self._progress = Progress(
             TextColumn("[bold]rollouts"),
             BarColumn(),
@@ -23,7 +23,7 @@ class RolloutProgress:
             TimeElapsedColumn(),
             transient=False,
         )
-        self._task = self._progress.add_task("rollouts", total=total, stats="")
+        self._task = self._progress.add_task("rollouts", total=total, completed=completed, stats="")
         self._failed = 0
         self._tool_calls = 0
         self._tokens = 0

@@ -5,11 +5,21 @@ model, the demo prompts, the real calculator tool, numeric-match rewards, and wr
 ``trajectories.parquet``. Without ``--dataset`` the demo prompt set matching the configured
 tools is used (``python`` tool: the python prompts, ``search`` tool: the search prompts,
 anything else: the calculator prompts). User mistakes exit with a one-line message and code 2.
+
+Rows stream as crash-safe parquet shards into ``<out>.parts/`` while the run goes on; when
+every sample has its row the shards are merged into ``<out>`` and the folder is removed.
+After a crash, ``--resume`` runs only the samples without a row. SIGINT/SIGTERM abort the
+in-flight engine requests, keep the finished rows, stop tool services and exit 130/143
+with a summary on stderr.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import signal
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -96,6 +106,22 @@ def generate(
     max_image_tokens: Annotated[
         int | None, typer.Option(min=0, help="Image placeholder tokens per trajectory.")
     ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(help="Complete an interrupted run: only samples without a row are run."),
+    ] = False,
+    flush_every: Annotated[
+        int, typer.Option(min=1, help="Rows per crash-safe shard (at most this many are lost).")
+    ] = 64,
+    request_timeout: Annotated[
+        float, typer.Option(min=0.1, help="Seconds to wait for one engine answer.")
+    ] = 600.0,
+    retries: Annotated[
+        int, typer.Option(min=1, help="Attempts per engine request (5xx, resets, timeouts).")
+    ] = 5,
+    trajectory_timeout: Annotated[
+        float | None, typer.Option(min=0.1, help="Seconds per trajectory before it is failed.")
+    ] = None,
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
     from toolrollout._exceptions import ToolRolloutError
@@ -126,11 +152,26 @@ def generate(
             threads=threads,
             max_images=max_images,
             max_image_tokens=max_image_tokens,
+            resume=resume,
+            flush_every=flush_every,
+            request_timeout=request_timeout,
+            retries=retries,
+            trajectory_timeout=trajectory_timeout,
         )
     except ToolRolloutError as exc:
         raise _fail(str(exc)) from None
     except OSError as exc:
         raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+    if summary["interrupted"] is not None:
+        _print_summary(summary, out, err=True)
+        typer.echo(
+            f"interrupted by {summary['interrupted']}: {summary['rows_on_disk']} of "
+            f"{summary['total']} rows kept in {summary['parts']}; "
+            "rerun with --resume to complete the run",
+            err=True,
+        )
+        code = 143 if summary["interrupted"] == "SIGTERM" else 130
+        raise typer.Exit(code=code)
     _print_summary(summary, out)
 
 
@@ -173,6 +214,11 @@ def _run(
     threads: int,
     max_images: int | None = None,
     max_image_tokens: int | None = None,
+    resume: bool = False,
+    flush_every: int = 64,
+    request_timeout: float = 600.0,
+    retries: int = 5,
+    trajectory_timeout: float | None = None,
 ) -> dict[str, Any]:
     import anyio
 
@@ -180,11 +226,18 @@ def _run(
     from toolrollout.chat import tool_parser_names
     from toolrollout.data import load_prompts
     from toolrollout.demo import DEMO_MODEL_PATH, demo_prompts_for_tools
-    from toolrollout.engines import Engine, SamplingParams, SGLangClient
+    from toolrollout.engines import Engine, RetryPolicy, SamplingParams, SGLangClient
     from toolrollout.interactions import load_interaction_config
     from toolrollout.rewards import RewardMix, exact_match, numeric_match
     from toolrollout.rewards import tool_error_penalty as penalty_term
-    from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryWriter
+    from toolrollout.rollout import (
+        RolloutConfig,
+        RolloutRunner,
+        ShardWriter,
+        Trajectory,
+        compact_shards,
+        done_samples,
+    )
     from toolrollout.rollout._interactions import select_interaction
     from toolrollout.tools import calculator_tool, load_tool_config, tool_services
 
@@ -219,6 +272,7 @@ def _run(
         reward_mix=RewardMix(turn_weight=turn_reward_weight, tool_weight=tool_reward_weight),
         max_images=max_images,
         max_image_tokens=max_image_tokens,
+        trajectory_timeout=trajectory_timeout,
     )
     vision = None
     if (model_path / "preprocessor_config.json").is_file():
@@ -226,6 +280,10 @@ def _run(
         from toolrollout.chat import VisionFormat
 
         vision = VisionFormat.from_pretrained(model_path)
+    parts = out.with_name(out.name + ".parts")
+    run_id = _open_run(parts, dataset=dataset, num_prompts=len(prompts), n=n, resume=resume)
+    group_ids = [f"{run_id}-p{i}" for i in range(len(prompts))]
+    skip = done_samples(parts) if resume else set()
     rewards: list[Any] = []
     truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
     if truths:
@@ -238,7 +296,11 @@ def _run(
         engine: Engine
         context_length: int | None
         if engine_urls:
-            client = SGLangClient(engine_urls)
+            client = SGLangClient(
+                engine_urls,
+                timeout=_http_timeout(request_timeout),
+                retry=RetryPolicy(max_attempts=retries, retry_read_timeouts=True),
+            )
             engine = client
             await client.wait_healthy(timeout=health_timeout)
             info = await client.server_info()
@@ -251,6 +313,9 @@ def _run(
             engine = embedded
             await embedded.start()
             context_length = embedded.context_length
+        interrupted: list[str] = []
+        trajectories: list[Trajectory] = []
+        total = len(prompts) * n
         async with engine, tool_services(tools):
             runner = RolloutRunner(
                 engine,
@@ -262,19 +327,99 @@ def _run(
                 interactions=interactions,
                 vision=vision,
             )
-            total = len(prompts) * n
             started = time.perf_counter()
-            with TrajectoryWriter(out) as writer, RolloutProgress(total) as progress:
+            with (
+                ShardWriter(parts, rows_per_shard=flush_every) as writer,
+                RolloutProgress(total, completed=len(skip)) as progress,
+            ):
 
                 def on_result(trajectory: Trajectory) -> None:
+                    if interrupted:
+                        return  # cut short by the shutdown: --resume reruns it whole
                     writer.write(trajectory)
                     progress.update(trajectory)
+                    trajectories.append(trajectory)
 
-                trajectories = await runner.run(prompts, on_result=on_result)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_watch_signals, engine, interrupted, tg.cancel_scope)
+                    await runner.run(prompts, on_result=on_result, group_ids=group_ids, skip=skip)
+                    tg.cancel_scope.cancel()
             elapsed = time.perf_counter() - started
-        return _summarise(trajectories, elapsed)
+        summary = _summarise(trajectories, elapsed)
+        summary.update(
+            interrupted=interrupted[0] if interrupted else None,
+            total=total,
+            resumed=len(skip),
+            rows_on_disk=len(skip) + writer.rows_written,
+            parts=str(parts),
+        )
+        return summary
 
-    return anyio.run(main)
+    summary = anyio.run(main)
+    if summary["interrupted"] is None:
+        compact_shards(parts, out)
+        shutil.rmtree(parts)
+    return summary
+
+
+def _http_timeout(seconds: float) -> Any:
+    import httpx
+
+    return httpx.Timeout(seconds, connect=min(seconds, 10.0))
+
+
+_MANIFEST = "run.json"
+
+
+def _open_run(parts: Path, *, dataset: Path | None, num_prompts: int, n: int, resume: bool) -> str:
+    """Start or reopen the shard folder; returns the run id that makes group ids stable."""
+    from toolrollout._exceptions import UserError
+
+    identity = {
+        "dataset": str(dataset.resolve()) if dataset else "demo",
+        "num_prompts": num_prompts,
+        "n": n,
+    }
+    manifest = parts / _MANIFEST
+    if resume:
+        if not manifest.is_file():
+            raise UserError(f"nothing to resume: {manifest} not found")
+        try:
+            saved = json.loads(manifest.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"{manifest}: unreadable run manifest ({exc})") from exc
+        for key, value in identity.items():
+            if saved.get(key) != value:
+                raise UserError(
+                    f"--resume: {key} is {value!r} but the interrupted run used "
+                    f"{saved.get(key)!r} ({manifest})"
+                )
+        return str(saved["run_id"])
+    if any(parts.glob("part-*.parquet")):
+        raise UserError(
+            f"{parts} holds an unfinished run: pass --resume to complete it, or delete it"
+        )
+    parts.mkdir(parents=True, exist_ok=True)
+    run_id = uuid.uuid4().hex[:8]
+    manifest.write_text(json.dumps({"run_id": run_id, **identity}) + "\n", encoding="utf-8")
+    return run_id
+
+
+async def _watch_signals(engine: Any, interrupted: list[str], scope: Any) -> None:
+    """On SIGINT/SIGTERM: stop taking rows, abort in-flight requests, cancel the run."""
+    import anyio
+
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            interrupted.append(signal.Signals(signum).name)
+            with anyio.move_on_after(5.0):
+                abort_all = getattr(engine, "abort_all", None)
+                if abort_all is not None:
+                    await abort_all()
+                else:
+                    engine.abort_nowait(abort_all=True)  # the embedded engine
+            scope.cancel()
+            return
 
 
 def _is_number(value: object) -> bool:
@@ -302,7 +447,7 @@ def _summarise(trajectories: list[Any], elapsed: float) -> dict[str, Any]:
     }
 
 
-def _print_summary(summary: dict[str, Any], out: Path) -> None:
+def _print_summary(summary: dict[str, Any], out: Path, *, err: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -321,10 +466,12 @@ def _print_summary(summary: dict[str, Any], out: Path) -> None:
         ("generated tokens/s", f"{summary['model_tokens'] / max(summary['seconds'], 1e-9):.1f}"),
         ("wall seconds", f"{summary['seconds']:.1f}"),
     ]
+    if summary.get("resumed"):
+        rows.append(("rows kept from before", str(summary["resumed"])))
     rows += [(f"status {k}", str(v)) for k, v in sorted(summary["statuses"].items())]
     for name, value in rows:
         table.add_row(name, value)
-    Console().print(table)
+    Console(stderr=err).print(table)
 
 
 def register(app: typer.Typer) -> None:

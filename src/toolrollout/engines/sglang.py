@@ -401,6 +401,27 @@ class SGLangClient(Engine):
         )
         await self._retrying(f"abort rid={rid}", send)
 
+    async def abort_all(self) -> int:
+        """Abort every request this client has in flight; returns how many it asked to stop.
+
+        Only this client's own requests are named (by ``rid``), never SGLang's
+        ``abort_all``, which would also stop other clients sharing the server. Used on
+        shutdown; a server that cannot be reached is logged and skipped, since its
+        requests end anyway when the connections close.
+        """
+        rids = list(self._inflight)
+
+        async def one(rid: str) -> None:
+            try:
+                await self.abort(rid)
+            except EngineError as exc:
+                logger.warning("abort_all: could not abort %s (%s)", rid, exc)
+
+        async with anyio.create_task_group() as tg:
+            for rid in rids:
+                tg.start_soon(one, rid)
+        return len(rids)
+
     async def _abort_on(self, url: str, wire_rid: str, rid: str) -> None:
         send = functools.partial(
             self._request_once,

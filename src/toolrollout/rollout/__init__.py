@@ -12,11 +12,16 @@ from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
 from ._loop import RolloutPrompt as RolloutPrompt
 from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
+from ._output import ShardWriter as ShardWriter
 from ._output import TrajectoryWriter as TrajectoryWriter
+from ._output import compact_shards as compact_shards
+from ._output import done_samples as done_samples
 from ._output import read_rows as read_rows
+from ._output import read_shards as read_shards
 from ._output import write_trajectories as write_trajectories
 from ._runner import RolloutRunner as RolloutRunner
 from ._runner import as_prompt as as_prompt
+from ._runner import failed_trajectory as failed_trajectory
 from ._trajectory import SpanKind as SpanKind
 from ._trajectory import TokenSpan as TokenSpan
 from ._trajectory import Trajectory as Trajectory
@@ -27,6 +32,7 @@ __all__ = [
     "RolloutConfig",
     "RolloutPrompt",
     "RolloutRunner",
+    "ShardWriter",
     "SpanKind",
     "TokenSpan",
     "Trajectory",
@@ -34,8 +40,12 @@ __all__ = [
     "TrajectoryStatus",
     "TrajectoryWriter",
     "as_prompt",
+    "compact_shards",
+    "done_samples",
+    "failed_trajectory",
     "prepare_images",
     "read_rows",
+    "read_shards",
     "swift_row",
     "trl_messages",
     "verl_multi_modal_data",

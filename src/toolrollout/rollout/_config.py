@@ -58,6 +58,9 @@ class RolloutConfig:
     out whole, and the tool message says so."""
     max_image_tokens: int | None = None
     """Most image placeholder tokens per trajectory (None: no limit); same rule."""
+    trajectory_timeout: float | None = None
+    """Wall-clock seconds one trajectory may take; past it the row is ``failed`` (``timeout``)
+    and its in-flight engine request and tool calls are cancelled. None: no deadline."""
 
     def __post_init__(self) -> None:
         positive = {
@@ -71,6 +74,8 @@ class RolloutConfig:
         for name, value in positive.items():
             if value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")
+        if self.trajectory_timeout is not None and self.trajectory_timeout <= 0:
+            raise UserError(f"trajectory_timeout must be > 0, got {self.trajectory_timeout}")
         if self.max_tool_calls < 0:
             raise UserError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
         for name, limit in (

@@ -4,12 +4,22 @@ Rows are written as trajectories finish (one row group per flush), so a long run
 its finished work on disk instead of in memory. pyarrow is used directly with an explicit
 schema: pandas, polars and Hugging Face ``datasets`` all read the result without a
 toolrollout import.
+
+A parquet file is only readable once its footer is written, so a process killed mid-run
+loses a :class:`TrajectoryWriter` file. :class:`ShardWriter` is the crash-safe form: every
+flush is a complete, small parquet file (``part-000000.parquet``...) written to a temporary
+name, fsynced and renamed into place, so a shard on disk is always whole. A directory of
+shards is a parquet dataset in its own right, and :func:`compact_shards` merges it into one
+file without duplicates.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -19,7 +29,18 @@ import pyarrow.parquet as pq
 
 from ._trajectory import Trajectory
 
-__all__ = ["TRAJECTORY_SCHEMA", "TrajectoryWriter", "read_rows", "write_trajectories"]
+__all__ = [
+    "TRAJECTORY_SCHEMA",
+    "ShardWriter",
+    "TrajectoryWriter",
+    "compact_shards",
+    "done_samples",
+    "read_rows",
+    "read_shards",
+    "write_trajectories",
+]
+
+_SHARD_GLOB = "part-*.parquet"
 
 TRAJECTORY_SCHEMA = pa.schema(
     [
@@ -140,3 +161,144 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         row["messages"] = json.loads(row["messages"])
         row["metrics"] = json.loads(row["metrics"])
     return rows
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(table: pa.Table, path: Path, *, jsonl: bool = False) -> None:
+    """Write ``table`` to ``path`` so that ``path`` is either absent or complete."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    if jsonl:
+        with tmp.open("w", encoding="utf-8") as fh:
+            for row in table.to_pylist():
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+    else:
+        pq.write_table(table, tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+class ShardWriter:
+    """Streams trajectories into a directory of whole parquet shards (crash-safe).
+
+    A shard is written when ``rows_per_shard`` rows are waiting, or on the first write
+    after ``flush_seconds``, and at :meth:`close`. A kill loses at most the rows not yet
+    flushed; shards already on disk are never rewritten. Numbering continues after the
+    shards already in the directory, so a resumed run appends.
+    """
+
+    def __init__(
+        self, directory: str | Path, *, rows_per_shard: int = 64, flush_seconds: float = 10.0
+    ) -> None:
+        self.directory = Path(directory)
+        self._rows_per_shard = max(rows_per_shard, 1)
+        self._flush_seconds = flush_seconds
+        self._pending: list[dict[str, Any]] = []
+        self._last_flush = time.monotonic()
+        self._next = 0
+        self.rows_written = 0
+        self.shards_written = 0
+
+    def __enter__(self) -> Self:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for stale in self.directory.glob(".part-*.tmp"):
+            stale.unlink()  # a half-written shard of a killed run
+        existing = [int(p.stem.split("-")[1]) for p in self.directory.glob(_SHARD_GLOB)]
+        self._next = max(existing, default=-1) + 1
+        return self
+
+    def write(self, trajectory: Trajectory) -> None:
+        self._pending.append(trajectory.to_row())
+        if (
+            len(self._pending) >= self._rows_per_shard
+            or time.monotonic() - self._last_flush >= self._flush_seconds
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._pending:
+            return
+        table = pa.Table.from_pylist(self._pending, schema=TRAJECTORY_SCHEMA)
+        _write_atomic(table, self.directory / f"part-{self._next:06d}.parquet")
+        self._next += 1
+        self.shards_written += 1
+        self.rows_written += len(self._pending)
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.flush()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _shard_paths(directory: Path) -> list[Path]:
+    return sorted(directory.glob(_SHARD_GLOB)) if directory.is_dir() else []
+
+
+def read_shards(directory: str | Path) -> pa.Table:
+    """All rows of a shard directory as one table (empty when there are none)."""
+    paths = _shard_paths(Path(directory))
+    tables = [pq.read_table(p, schema=TRAJECTORY_SCHEMA) for p in paths]
+    return pa.concat_tables(tables) if tables else TRAJECTORY_SCHEMA.empty_table()
+
+
+def done_samples(directory: str | Path) -> set[tuple[int, int]]:
+    """The (prompt_index, sample_index) pairs that already have a row in ``directory``."""
+    table = read_shards(directory).select(["prompt_index", "sample_index"])
+    return set(
+        zip(
+            table.column("prompt_index").to_pylist(),
+            table.column("sample_index").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def _dedupe_sorted(table: pa.Table) -> pa.Table:
+    """One row per (prompt, sample), the first written kept, ordered by (prompt, sample)."""
+    seen: set[tuple[int, int]] = set()
+    keep: list[int] = []
+    pairs: Iterable[tuple[int, int]] = zip(
+        table.column("prompt_index").to_pylist(),
+        table.column("sample_index").to_pylist(),
+        strict=True,
+    )
+    for i, pair in enumerate(pairs):
+        if pair not in seen:
+            seen.add(pair)
+            keep.append(i)
+    table = table.take(pa.array(keep, type=pa.int64()))
+    return table.sort_by([("prompt_index", "ascending"), ("sample_index", "ascending")])
+
+
+def compact_shards(directory: str | Path, out: str | Path) -> int:
+    """Merge the shards of ``directory`` into ``out`` (parquet, or JSONL by suffix).
+
+    Duplicated samples keep their first row; rows are ordered by (prompt, sample). The
+    file appears atomically. Returns the number of rows written.
+    """
+    out = Path(out)
+    table = _dedupe_sorted(read_shards(directory))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(table, out, jsonl=out.suffix in {".jsonl", ".json"})
+    return int(table.num_rows)

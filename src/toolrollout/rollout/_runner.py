@@ -8,7 +8,7 @@ early is handed to ``on_result`` at once, and a slow one holds up nobody.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -22,9 +22,9 @@ from toolrollout.tools import Tool, ToolExecutor
 from ._config import RolloutConfig
 from ._interactions import select_interaction
 from ._loop import RolloutPrompt, RolloutServices, run_trajectory
-from ._trajectory import Trajectory
+from ._trajectory import Trajectory, TrajectoryStatus
 
-__all__ = ["RolloutRunner", "as_prompt"]
+__all__ = ["RolloutRunner", "as_prompt", "failed_trajectory"]
 
 
 def as_prompt(
@@ -49,6 +49,35 @@ def as_prompt(
         }
         return RolloutPrompt(tuple(dict(m) for m in messages), truth, metadata)
     return RolloutPrompt(tuple(dict(m) for m in row))
+
+
+def failed_trajectory(
+    *,
+    group_id: str,
+    prompt_index: int,
+    sample_index: int,
+    prompt: RolloutPrompt,
+    reason: str,
+    error: str,
+) -> Trajectory:
+    """The row of a sample whose rollout could not even produce a partial transcript.
+
+    It keeps its place in the output (one row per sample, always) and is flagged
+    ``failed`` with the error, so a trainer drops it instead of reading a zero reward.
+    """
+    return Trajectory(
+        uid=f"{group_id}-{sample_index}",
+        group_id=group_id,
+        prompt_index=prompt_index,
+        sample_index=sample_index,
+        prompt_ids=(),
+        spans=(),
+        messages=tuple(dict(m) for m in prompt.messages),
+        status=TrajectoryStatus.FAILED,
+        finish_reason=reason,
+        error=error,
+        ground_truth=prompt.ground_truth,
+    )
 
 
 class RolloutRunner:
@@ -104,8 +133,15 @@ class RolloutRunner:
         *,
         on_result: Callable[[Trajectory], None] | None = None,
         group_ids: Sequence[str] | None = None,
+        skip: Collection[tuple[int, int]] = (),
     ) -> list[Trajectory]:
-        """Roll out ``config.n`` samples of every prompt; results ordered by (prompt, sample)."""
+        """Roll out ``config.n`` samples of every prompt; results ordered by (prompt, sample).
+
+        Every sample yields exactly one trajectory, whatever goes wrong inside it: an
+        unexpected exception or ``config.trajectory_timeout`` gives a ``failed`` row with the
+        error. ``skip`` lists (prompt_index, sample_index) pairs already done (a resumed
+        run): they are not run and not returned.
+        """
         rows = [as_prompt(p) for p in prompts]
         for index, row in enumerate(rows):
             try:
@@ -116,16 +152,15 @@ class RolloutRunner:
         if group_ids is None:
             batch = uuid.uuid4().hex[:8]
             group_ids = [f"{batch}-p{i}" for i in range(len(rows))]
+        if len(group_ids) != len(rows):
+            raise UserError(f"got {len(group_ids)} group_ids for {len(rows)} prompts")
+        done = set(skip)
         services = self._services()
         results: list[Trajectory | None] = [None] * (len(rows) * n)
 
         async def one(prompt_index: int, sample_index: int) -> None:
-            trajectory = await run_trajectory(
-                services,
-                rows[prompt_index],
-                prompt_index=prompt_index,
-                sample_index=sample_index,
-                group_id=group_ids[prompt_index],
+            trajectory = await self._run_one(
+                services, rows[prompt_index], prompt_index, sample_index, group_ids[prompt_index]
             )
             results[prompt_index * n + sample_index] = trajectory
             if on_result is not None:
@@ -134,8 +169,41 @@ class RolloutRunner:
         async with anyio.create_task_group() as tg:
             for prompt_index in range(len(rows)):
                 for sample_index in range(n):
-                    tg.start_soon(one, prompt_index, sample_index)
+                    if (prompt_index, sample_index) not in done:
+                        tg.start_soon(one, prompt_index, sample_index)
         return [t for t in results if t is not None]
+
+    async def _run_one(
+        self,
+        services: RolloutServices,
+        prompt: RolloutPrompt,
+        prompt_index: int,
+        sample_index: int,
+        group_id: str,
+    ) -> Trajectory:
+        """One sample, always to a row: the loop's own faults, bugs and the deadline."""
+        timeout = self.config.trajectory_timeout
+        reason = "timeout"
+        error = f"TrajectoryTimeout: not finished within trajectory_timeout={timeout} s"
+        try:
+            with anyio.move_on_after(timeout if timeout is not None else float("inf")):
+                return await run_trajectory(
+                    services,
+                    prompt,
+                    prompt_index=prompt_index,
+                    sample_index=sample_index,
+                    group_id=group_id,
+                )
+        except Exception as exc:  # a bug in one trajectory must not end the batch
+            reason, error = "error", f"{type(exc).__name__}: {exc}"
+        return failed_trajectory(
+            group_id=group_id,
+            prompt_index=prompt_index,
+            sample_index=sample_index,
+            prompt=prompt,
+            reason=reason,
+            error=error,
+        )
 
     def run_sync(
         self,
