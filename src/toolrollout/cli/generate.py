@@ -257,6 +257,10 @@ def _run(
         except UserError as exc:
             raise UserError(f"{prompts_path} row {index}: {exc}") from exc
     model_path = model or DEMO_MODEL_PATH
+    parts = out.with_name(out.name + ".parts")
+    run_id = _open_run(parts, dataset=dataset, num_prompts=len(prompts), n=n, resume=resume)
+    group_ids = [f"{run_id}-p{i}" for i in range(len(prompts))]
+    skip = done_samples(parts) if resume else set()
     tokenizer = _load_tokenizer(model_path)
     config = RolloutConfig(
         sampling=SamplingParams(
@@ -280,10 +284,6 @@ def _run(
         from toolrollout.chat import VisionFormat
 
         vision = VisionFormat.from_pretrained(model_path)
-    parts = out.with_name(out.name + ".parts")
-    run_id = _open_run(parts, dataset=dataset, num_prompts=len(prompts), n=n, resume=resume)
-    group_ids = [f"{run_id}-p{i}" for i in range(len(prompts))]
-    skip = done_samples(parts) if resume else set()
     rewards: list[Any] = []
     truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
     if truths:
