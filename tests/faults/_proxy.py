@@ -1,7 +1,8 @@
 """A fault-injecting HTTP proxy for engine tests (the documented seam for network faults).
 
 It sits between :class:`~toolrollout.engines.SGLangClient` and a real server and, per
-``POST /generate``, either forwards the exchange or injects one real network fault:
+``POST /generate`` (or another ``fault_path``, e.g. a sandbox's ``/run_code``), either
+forwards the exchange or injects one real network fault:
 
 * ``"503"``: answers ``503 Service Unavailable`` itself (a burst of 5xx);
 * ``"hang"``: reads the request and never answers (a hung server);
@@ -25,15 +26,18 @@ from collections.abc import Callable
 from typing import Self
 
 Plan = Callable[[int], str]
-"""Maps the index of a ``/generate`` request (0, 1, 2...) to the fault to inject."""
+"""Maps the index of a faultable request (0, 1, 2...) to the fault to inject."""
 
 
 class FaultProxy:
-    def __init__(self, upstream_port: int | None, plan: Plan) -> None:
+    def __init__(
+        self, upstream_port: int | None, plan: Plan, *, fault_path: bytes = b"/generate"
+    ) -> None:
         self.upstream_port = upstream_port
         self.plan = plan
+        self.fault_path = fault_path
         self.faults: list[str] = []
-        """The action taken for each /generate request, in arrival order."""
+        """The action taken for each faultable request, in arrival order."""
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -74,7 +78,7 @@ class FaultProxy:
                     length = int(value.strip())
             body = await reader.readexactly(length) if length else b""
             action = "pass"
-            if head.startswith(b"POST /generate "):
+            if head.startswith(b"POST " + self.fault_path + b" "):
                 with self._lock:
                     action = self.plan(len(self.faults))
                     self.faults.append(action)

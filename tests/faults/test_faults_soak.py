@@ -9,7 +9,6 @@ or child process left behind.
 from __future__ import annotations
 
 import pytest
-
 from benchmarks.bench_soak import soak
 
 
@@ -19,8 +18,8 @@ def test_soak_keeps_every_row_and_leaks_nothing() -> None:
     assert report["statuses"] == {"completed": 2_000}
     assert report["rows_on_disk"] == report["distinct_rows"] == 2_000
     assert report["missing_rows"] == 0
-    # Growth after the warm-up waves: a leak of even 1 KiB per trajectory would show
-    # as ~1 MiB over the last 1,200 trajectories; allocator noise stays well below 16 MiB.
-    assert report["rss_growth_after_warmup_mib"] < 16, report["waves"]
-    assert report["fd_growth_after_warmup"] <= 0, report["waves"]
+    # Growth after the warm-up waves: keeping each finished trajectory (~15 KiB with its
+    # messages) would add ~18 MiB over the last 1,200; allocator noise stays far below.
+    assert report["rss_growth_after_warmup_mib"] < 12, report["waves"]
+    assert report["fd_growth_after_warmup"] < 5, report["waves"]  # a leak is one per call
     assert report["child_growth_after_warmup"] == 0
