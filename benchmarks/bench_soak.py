@@ -24,7 +24,13 @@ import anyio
 
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest, SamplingParams
-from toolrollout.rollout import RolloutConfig, RolloutRunner, ShardWriter, read_shards
+from toolrollout.rollout import (
+    RolloutConfig,
+    RolloutRunner,
+    ShardWriter,
+    Trajectory,
+    read_shards,
+)
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
 
@@ -42,9 +48,14 @@ def open_fds() -> int:
 
 def child_processes() -> int:
     return sum(
-        len((task / "children").read_text().split())
-        for task in Path("/proc/self/task").iterdir()
+        len((task / "children").read_text().split()) for task in Path("/proc/self/task").iterdir()
     )
+
+
+def live_objects() -> tuple[int, int]:
+    """Objects the garbage collector tracks, and how many of them are trajectories."""
+    objects = gc.get_objects()
+    return len(objects), sum(1 for o in objects if isinstance(o, Trajectory))
 
 
 def fast_engine(tokenizer: Any) -> ScriptedEngine:
@@ -105,8 +116,10 @@ def soak(
                     statuses[key] = statuses.get(key, 0) + 1
 
                 await runner.run(chunk, on_result=on_result, group_ids=group_ids)
+                del on_result
                 engine.requests.clear()  # the test double records requests; not a leak
                 gc.collect()
+                objects, trajectories = live_objects()
                 samples.append(
                     {
                         "wave": wave,
@@ -114,6 +127,8 @@ def soak(
                         "rss_mib": rss_mib(),
                         "open_fds": open_fds(),
                         "children": child_processes(),
+                        "live_objects": objects,
+                        "live_trajectories": trajectories,
                     }
                 )
 
@@ -132,6 +147,8 @@ def soak(
         "missing_rows": per_wave * waves - len(set(uids)),
         "trajectories_per_second": per_wave * waves / sum(s["seconds"] for s in samples),
         "rss_growth_after_warmup_mib": last["rss_mib"] - warm["rss_mib"],
+        "object_growth_after_warmup": last["live_objects"] - warm["live_objects"],
+        "live_trajectories_at_end": last["live_trajectories"],
         "fd_growth_after_warmup": last["open_fds"] - warm["open_fds"],
         "child_growth_after_warmup": last["children"] - warm["children"],
         "waves": samples,

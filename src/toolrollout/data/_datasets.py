@@ -28,14 +28,22 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
     if suffix in {".jsonl", ".json"}:
         rows: list[dict[str, Any]] = []
-        with path.open(encoding="utf-8") as fh:
-            for line_number, line in enumerate(fh, start=1):
+        with path.open("rb") as fh:
+            for line_number, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise UserError(
+                        f"{path}:{line_number}: not UTF-8 text (bad byte at column {exc.start + 1})"
+                    ) from exc
                 if not line.strip():
                     continue
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise UserError(f"{path}:{line_number}: invalid JSON ({exc.msg})") from exc
+                except RecursionError as exc:
+                    raise UserError(f"{path}:{line_number}: JSON nested too deeply") from exc
                 if not isinstance(row, dict):
                     raise UserError(f"{path}:{line_number}: each line must be a JSON object")
                 rows.append(row)

@@ -243,6 +243,8 @@ def load_mcp_servers(path: str | PathLike[str]) -> dict[str, McpServerSpec]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read the file: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from exc
     try:
         data: Any = json.loads(text)
     except json.JSONDecodeError as exc:
