@@ -23,7 +23,7 @@ from tests._processes import free_port, stop, wait_http
 
 from toolrollout.rollout import read_rows, read_shards
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_kill_9_mid_run_then_resume_completes_only_missing_samples(tmp_path: Pat
     parts = tmp_path / "o.parquet.parts"
     proc = generate(*args, cwd=tmp_path)
     try:
-        wait_for_shards(parts, 2, proc, timeout=240)
+        wait_for_shards(parts, 2, proc, timeout=400)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
@@ -148,7 +148,7 @@ def slow_server(tmp_path: Path) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(f"{url}/health", 120, proc)
+        wait_http(f"{url}/health", 400, proc)
         yield url
     finally:
         stop(proc)
@@ -175,7 +175,7 @@ def test_sigterm_aborts_requests_keeps_rows_stops_children(
     parts = tmp_path / "o.parquet.parts"
     proc = generate(*args, cwd=tmp_path)
     try:
-        wait_for_shards(parts, 1, proc, timeout=240)
+        wait_for_shards(parts, 1, proc, timeout=400)
         children = children_of(proc.pid)
         assert children, "the MCP stdio server should be a child of generate"
         load = httpx.get(f"{slow_server}/get_load").json()[0]

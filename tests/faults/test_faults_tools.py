@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,7 @@ def check_marked(results: list[Trajectory], error_text: str) -> list[str]:
     return errors
 
 
-async def run(tokenizer: Any, tools: list[Tool], name: str, args: dict[str, Any]) -> Any:
+async def run(tokenizer: Any, tools: Sequence[Tool], name: str, args: dict[str, Any]) -> Any:
     engine = calling_engine(tokenizer, name, args)
     runner = RolloutRunner(engine, tokenizer, tools, config=CONFIG)
     return await runner.run(PROMPTS)
