@@ -55,7 +55,7 @@ def child_processes() -> int:
 def live_objects() -> tuple[int, int]:
     """Objects the garbage collector tracks, and how many of them are trajectories."""
     objects = gc.get_objects()
-    return len(objects), sum(1 for o in objects if isinstance(o, Trajectory))
+    return len(objects), sum(1 for o in objects if type(o) is Trajectory)
 
 
 def fast_engine(tokenizer: Any) -> ScriptedEngine:
