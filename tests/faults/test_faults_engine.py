@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -55,15 +56,24 @@ def start_server(port: int) -> subprocess.Popen[bytes]:
     )
 
 
+@dataclass
+class Server:
+    """The module's server; the restart test replaces its process (one start saved)."""
+
+    port: int
+    procs: list[subprocess.Popen[bytes]]
+
+
 @pytest.fixture(scope="module")
-def server_port() -> Iterator[int]:
+def server() -> Iterator[Server]:
     port = free_port()
-    proc = start_server(port)
+    live = Server(port, [start_server(port)])
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", 400, proc)
-        yield port
+        wait_http(f"http://127.0.0.1:{port}/health", 400, live.procs[0])
+        yield live
     finally:
-        stop(proc)
+        for proc in live.procs:
+            stop(proc)
 
 
 def check_rows(results: list[Trajectory], prompts: int) -> None:
@@ -79,7 +89,7 @@ def check_rows(results: list[Trajectory], prompts: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_5xx_bursts_resets_truncated_bodies_and_hangs_are_retried(
-    server_port: int, demo_tokenizer: Any
+    server: Server, demo_tokenizer: Any
 ) -> None:
     # A burst of six 503s, then a cycle that faults two requests in three.
     cycle = itertools.cycle(["pass", "reset", "truncate", "pass", "hang", "503"])
@@ -103,7 +113,7 @@ def test_5xx_bursts_resets_truncated_bodies_and_hangs_are_retried(
             runner = RolloutRunner(client, demo_tokenizer, [calculator_tool()], config=CONFIG)
             return await runner.run(prompts), client.stats().retries
 
-    with FaultProxy(server_port, plan) as proxy:
+    with FaultProxy(server.port, plan) as proxy:
         started = time.monotonic()
         results, retries = anyio.run(main, proxy)
         elapsed = time.monotonic() - started
@@ -116,20 +126,19 @@ def test_5xx_bursts_resets_truncated_bodies_and_hangs_are_retried(
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_server_killed_and_restarted_mid_run(demo_tokenizer: Any) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    procs = [start_server(port)]
+def test_server_killed_and_restarted_mid_run(server: Server, demo_tokenizer: Any) -> None:
+    url = f"http://127.0.0.1:{server.port}"
+    procs = server.procs
     prompts = load_demo_prompts()[:10]
     restarted_at: list[int] = []
 
     def on_result(_: Trajectory) -> None:
         done = on_result.count = getattr(on_result, "count", 0) + 1  # type: ignore[attr-defined]
         if done == 4:  # mid-run: kill -9 with requests in flight, start a fresh server
-            procs[0].kill()
-            procs[0].wait()
+            procs[-1].kill()
+            procs[-1].wait()
             restarted_at.append(done)
-            procs.append(start_server(port))
+            procs.append(start_server(server.port))
 
     async def main() -> tuple[list[Trajectory], int]:
         # Patient enough to outlast a restart on a busy machine (up to ~6 minutes).
@@ -139,11 +148,7 @@ def test_server_killed_and_restarted_mid_run(demo_tokenizer: Any) -> None:
             runner = RolloutRunner(client, demo_tokenizer, [calculator_tool()], config=CONFIG)
             return await runner.run(prompts, on_result=on_result), client.stats().retries
 
-    try:
-        results, retries = anyio.run(main)
-    finally:
-        for proc in procs:
-            stop(proc)
+    results, retries = anyio.run(main)
     assert restarted_at == [4]
     check_rows(results, len(prompts))
     assert retries > 0  # the requests in flight at the kill were retried on the new server
