@@ -99,7 +99,7 @@ def test_5xx_bursts_resets_truncated_bodies_and_hangs_are_retried(
     async def main(proxy: FaultProxy) -> tuple[list[Trajectory], int]:
         client = SGLangClient(
             proxy.url,
-            timeout=httpx.Timeout(10.0, connect=2.0),
+            timeout=httpx.Timeout(5.0, connect=2.0),
             retry=RetryPolicy(
                 max_attempts=12,
                 initial_backoff=0.05,

@@ -93,16 +93,16 @@ def test_kill_9_mid_run_then_resume_completes_only_missing_samples(tmp_path: Pat
     kept = {(r["prompt_index"], r["sample_index"]): r for r in before}
     assert len(kept) == len(before)
 
-    # Starting over without --resume would silently redo finished work: refused.
-    fresh = subprocess.run(
-        [sys.executable, "-m", "toolrollout", "generate", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=120,
-    )
-    assert fresh.returncode == 2 and "pass --resume" in fresh.stderr
+    # Starting over without --resume would silently redo finished work: refused (checked
+    # in-process, since the refusal comes before any model is loaded).
+    from typer.testing import CliRunner
+
+    from toolrollout.cli import app
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path)
+        fresh = CliRunner().invoke(app, ["generate", *args])
+    assert fresh.exit_code == 2 and "pass --resume" in fresh.stderr
 
     resumed = generate(*args, "--resume", cwd=tmp_path)
     out, err = finish(resumed, 300)
