@@ -258,7 +258,9 @@ def _run(
             raise UserError(f"{prompts_path} row {index}: {exc}") from exc
     model_path = model or DEMO_MODEL_PATH
     parts = out.with_name(out.name + ".parts")
-    run_id = _open_run(parts, dataset=dataset, num_prompts=len(prompts), n=n, resume=resume)
+    run_id = _open_run(
+        parts, dataset=Path(prompts_path), num_prompts=len(prompts), n=n, resume=resume
+    )
     group_ids = [f"{run_id}-p{i}" for i in range(len(prompts))]
     skip = done_samples(parts) if resume else set()
     tokenizer = _load_tokenizer(model_path)
@@ -371,12 +373,12 @@ def _http_timeout(seconds: float) -> Any:
 _MANIFEST = "run.json"
 
 
-def _open_run(parts: Path, *, dataset: Path | None, num_prompts: int, n: int, resume: bool) -> str:
+def _open_run(parts: Path, *, dataset: Path, num_prompts: int, n: int, resume: bool) -> str:
     """Start or reopen the shard folder; returns the run id that makes group ids stable."""
     from toolrollout._exceptions import UserError
 
     identity = {
-        "dataset": str(dataset.resolve()) if dataset else "demo",
+        "dataset": str(dataset.resolve()),
         "num_prompts": num_prompts,
         "n": n,
     }
