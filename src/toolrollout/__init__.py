@@ -26,6 +26,7 @@ from ._exceptions import ToolParseError as ToolParseError
 from ._exceptions import ToolRolloutError as ToolRolloutError
 from ._exceptions import ToolTimeout as ToolTimeout
 from ._exceptions import ToolUnavailable as ToolUnavailable
+from ._exceptions import TrackingError as TrackingError
 from ._exceptions import UserError as UserError
 from ._version import __version__ as __version__
 from .chat import ChatFormat as ChatFormat
@@ -98,6 +99,7 @@ __all__ = [
     "ToolRolloutError",
     "ToolTimeout",
     "ToolUnavailable",
+    "TrackingError",
     "Trajectory",
     "TrajectoryStatus",
     "TrajectoryWriter",

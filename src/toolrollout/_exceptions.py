@@ -25,7 +25,8 @@ branches tell apart who is at fault, because a trainer must react differently to
     │   └── ToolUnavailable       the backend is temporarily unreachable; retrying may help
     │       └── CircuitOpen       the tool's circuit breaker is open: failing fast, not called
     ├── InteractionError          an interaction handler (simulated user / environment) failed
-    └── TokenizationError         the chat template / tokenizer cannot give a consistent token delta
+    ├── TokenizationError         the chat template / tokenizer cannot give a consistent token delta
+    └── TrackingError             an experiment tracker (MLflow, W&B) failed to record a run
 
 Errors from httpx, MCP and subprocesses are translated into this tree at the boundary
 (``raise ... from exc``) and never swallowed.
@@ -56,6 +57,7 @@ __all__ = [
     "ToolRolloutError",
     "ToolTimeout",
     "ToolUnavailable",
+    "TrackingError",
     "UserError",
 ]
 
@@ -191,4 +193,11 @@ class TokenizationError(ToolRolloutError):
     Raised when a template fails to render, when the family's stop token is not a single
     token of the tokenizer, or when the rendered turn boundary differs from the family's
     documented rule (a sign that the wrong template family was configured).
+    """
+
+
+class TrackingError(ToolRolloutError):
+    """An experiment tracker failed while recording a run; the message is the backend's.
+
+    The evaluation itself is done and written to disk when this is raised.
     """

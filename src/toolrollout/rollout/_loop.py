@@ -74,6 +74,7 @@ class _State:
     drift_reports: list[dict[str, Any]] = field(default_factory=list)
     generation_seconds: float = 0.0
     tool_seconds: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
     tool_latency: dict[str, list[float]] = field(default_factory=dict)
     model_tokens: int = 0
     tool_tokens: int = 0
@@ -452,6 +453,7 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
     metrics: dict[str, Any] = {
         "generation_seconds": round(state.generation_seconds, 6),
         "tool_seconds": round(state.tool_seconds, 6),
+        "total_seconds": round(time.perf_counter() - state.started, 6),
         "tool_latency": {k: [round(x, 6) for x in v] for k, v in state.tool_latency.items()},
         "drift_mismatches": state.drift_mismatches,
         "model_tokens": state.model_tokens,
@@ -498,4 +500,10 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
         tool_rewards=() if env is None else env.per_turn(env.tool_rewards, state.num_turns),
         tool_final_rewards={} if env is None else dict(env.tool_final_rewards),
         images=tuple(state.vision.images),
+        data_source=_data_source(state.prompt.metadata),
     )
+
+
+def _data_source(metadata: dict[str, Any]) -> str | None:
+    source = metadata.get("data_source")
+    return None if source is None else str(source)

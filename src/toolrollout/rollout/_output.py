@@ -74,6 +74,7 @@ TRAJECTORY_SCHEMA = pa.schema(
             "image_spans",
             pa.list_(pa.struct([pa.field("start", pa.int32()), pa.field("end", pa.int32())])),
         ),
+        pa.field("data_source", pa.string()),
     ]
 )
 

@@ -103,6 +103,8 @@ class Trajectory:
     """``calc_reward`` of each stateful tool instance, by tool name, at the end."""
     images: tuple[TrajectoryImage, ...] = ()
     """Images the model saw, in order, each with its placeholder span (multimodal runs)."""
+    data_source: str | None = None
+    """The dataset row's ``data_source`` (verl's layout), so evaluation can split by source."""
 
     @property
     def response_ids(self) -> list[int]:
@@ -148,4 +150,5 @@ class Trajectory:
             "tool_final_rewards": dict(self.tool_final_rewards),
             "images": [image.png for image in self.images],
             "image_spans": [{"start": i.start, "end": i.end} for i in self.images],
+            "data_source": self.data_source,
         }

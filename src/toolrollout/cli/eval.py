@@ -1,0 +1,446 @@
+"""``toolrollout eval``: evaluate a model on held-out prompts, with and without tools.
+
+With no options it evaluates the bundled demo model on the demo prompts with the real
+calculator tool, greedily, and writes trajectories, ``report.md`` and its figures into
+``eval/``. ``--baseline single-turn`` adds the same prompts with tools off; ``--compare A B``
+evaluates two existing trajectory files instead of running anything. User mistakes exit with
+a one-line message and code 2.
+"""
+
+from __future__ import annotations
+
+import math
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+if TYPE_CHECKING:
+    from toolrollout.eval import Comparison, EvalSummary
+
+__all__ = ["Baseline", "ReportTo", "eval_command", "register"]
+
+
+class Baseline(StrEnum):
+    """Which baseline arm to run beside the tool run."""
+
+    NONE = "none"
+    SINGLE_TURN = "single-turn"
+
+
+class ReportTo(StrEnum):
+    """Experiment tracker to log the run to."""
+
+    NONE = "none"
+    MLFLOW = "mlflow"
+    WANDB = "wandb"
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+def eval_command(
+    engine_url: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--engine-url",
+            help="SGLang-compatible server (repeatable). Default: the embedded engine.",
+        ),
+    ] = None,
+    model: Annotated[
+        Path | None,
+        typer.Option(
+            help="Model folder (embedded engine) or tokenizer folder of the served model. "
+            "Default: the bundled demo model."
+        ),
+    ] = None,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(help="Held-out prompts (.jsonl or .parquet; verl RL layout accepted)."),
+    ] = None,
+    tool_config: Annotated[
+        Path | None, typer.Option(help="verl-layout tool config YAML. Default: calculator.")
+    ] = None,
+    n: Annotated[
+        int, typer.Option("--n", min=1, help="Samples per prompt; pass@k for k up to n.")
+    ] = 1,
+    greedy: Annotated[
+        bool | None,
+        typer.Option(
+            "--greedy/--sampled",
+            help="Greedy decoding, or sampling at --temperature. Default: greedy when --n "
+            "is 1, sampled otherwise.",
+        ),
+    ] = None,
+    temperature: Annotated[float, typer.Option(min=0.0, help="With --sampled.")] = 1.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="With --sampled.")] = 1.0,
+    baseline: Annotated[
+        Baseline,
+        typer.Option(help="single-turn: also run the prompts with no tools and one turn."),
+    ] = Baseline.NONE,
+    report_to: Annotated[ReportTo, typer.Option(help="Experiment tracker.")] = ReportTo.NONE,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option(
+            help="MLflow tracking URI or directory (default: <out-dir>/mlruns), or the W&B "
+            "run directory (default: <out-dir>)."
+        ),
+    ] = None,
+    experiment: Annotated[
+        str, typer.Option(help="MLflow experiment / W&B project name.")
+    ] = "toolrollout-eval",
+    run_name: Annotated[str | None, typer.Option(help="Name of the tracked run.")] = None,
+    compare: Annotated[
+        tuple[Path, Path] | None,
+        typer.Option(
+            help="Compare two trajectory files (before, after) instead of running a model.",
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path, typer.Option(help="Where trajectories, report.md and figures go.")
+    ] = Path("eval"),
+    success_threshold: Annotated[
+        float, typer.Option(help="A sample is correct when its reward is at least this.")
+    ] = 0.5,
+    max_turns: Annotated[int, typer.Option(min=1, help="Assistant turns per trajectory.")] = 4,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 128,
+    max_response_tokens: Annotated[
+        int, typer.Option(min=1, help="Budget over all response tokens.")
+    ] = 1024,
+    concurrency: Annotated[int, typer.Option(min=1, help="In-flight engine requests.")] = 64,
+    seed: Annotated[int, typer.Option(help="Sampling and bootstrap seed.")] = 0,
+    limit: Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")] = None,
+    tool_parser: Annotated[str, typer.Option(help="Tool-call format of the model.")] = "qwen25",
+    health_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
+    ] = 120.0,
+    threads: Annotated[
+        int, typer.Option(min=1, help="Torch threads of the embedded engine (1 suits tiny models).")
+    ] = 1,
+) -> None:
+    """Evaluate: accuracy, pass@k, tool use, turns, latency; report with plots; tracking."""
+    from toolrollout._exceptions import ToolRolloutError
+
+    try:
+        if compare is not None:
+            runs, comparison, config, artifacts = _compare_files(
+                compare, out_dir=out_dir, success_threshold=success_threshold, seed=seed
+            )
+        else:
+            if greedy is None:
+                greedy = n == 1
+            if greedy and n > 1:
+                raise _fail("--greedy with --n > 1 repeats one answer; use --sampled for pass@k")
+            config = {
+                "model": str(model) if model else "demo",
+                "dataset": str(dataset) if dataset else "demo",
+                "tool_config": str(tool_config) if tool_config else "calculator",
+                "engine": ",".join(engine_url) if engine_url else "embedded",
+                "n": n,
+                "decoding": "greedy" if greedy else "sampled",
+                "temperature": 0.0 if greedy else temperature,
+                "top_p": 1.0 if greedy else top_p,
+                "max_turns": max_turns,
+                "max_new_tokens": max_new_tokens,
+                "max_response_tokens": max_response_tokens,
+                "seed": seed,
+                "limit": limit,
+                "tool_parser": tool_parser,
+                "baseline": str(baseline),
+                "success_threshold": success_threshold,
+            }
+            runs, comparison, artifacts = _run_model(
+                engine_urls=engine_url or [],
+                model=model,
+                dataset=dataset,
+                tool_config=tool_config,
+                config=config,
+                concurrency=concurrency,
+                health_timeout=health_timeout,
+                threads=threads,
+                out_dir=out_dir,
+            )
+        from toolrollout.eval import write_report
+
+        report = write_report(out_dir, runs, comparison=comparison)
+        _print_table(runs, comparison)
+        typer.echo(f"report: {report}")
+        artifacts += [report, *(report.parent / f for f in _figures()), out_dir / "metrics.json"]
+        if report_to is not ReportTo.NONE:
+            tracked = _track(
+                report_to,
+                runs,
+                comparison,
+                config=config,
+                artifacts=artifacts,
+                tracking_uri=tracking_uri,
+                out_dir=out_dir,
+                experiment=experiment,
+                run_name=run_name,
+                compare_mode=compare is not None,
+            )
+            typer.echo(f"{tracked.backend} run {tracked.run_id} at {tracked.location}")
+    except ToolRolloutError as exc:
+        raise _fail(str(exc)) from None
+    except OSError as exc:
+        raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+
+
+def _figures() -> tuple[str, ...]:
+    from toolrollout.eval import FIGURES
+
+    return FIGURES
+
+
+def _compare_files(
+    paths: tuple[Path, Path], *, out_dir: Path, success_threshold: float, seed: int
+) -> tuple[list[EvalSummary], Comparison, dict[str, Any], list[Path]]:
+    from toolrollout._exceptions import UserError
+    from toolrollout.eval import compare, summarize
+    from toolrollout.rollout import read_rows
+
+    before, after = paths
+    labels = [before.stem, after.stem]
+    if labels[0] == labels[1]:
+        labels = [f"{before.parent.name}/{before.stem}", f"{after.parent.name}/{after.stem}"]
+    if labels[0] == labels[1]:
+        labels = ["before", "after"]
+    runs = []
+    for path, label in zip(paths, labels, strict=True):
+        if not path.is_file():
+            raise UserError(f"trajectory file not found: {path}")
+        try:
+            rows = read_rows(path)
+        except Exception as exc:  # pyarrow/json raise many types for a wrong file
+            raise UserError(f"{path}: not a toolrollout trajectory file ({exc})") from exc
+        try:
+            runs.append(
+                summarize(rows, label=label, success_threshold=success_threshold, seed=seed)
+            )
+        except KeyError as exc:
+            raise UserError(f"{path}: not a toolrollout trajectory file (no {exc})") from exc
+    comparison = compare(runs[0], runs[1], seed=seed)
+    config = {"before": str(before), "after": str(after), "success_threshold": success_threshold}
+    return runs, comparison, config, [before, after]
+
+
+def _load_tokenizer(path: Path) -> Any:
+    from toolrollout.cli.generate import _load_tokenizer as load
+
+    return load(path)
+
+
+def _run_model(
+    *,
+    engine_urls: list[str],
+    model: Path | None,
+    dataset: Path | None,
+    tool_config: Path | None,
+    config: dict[str, Any],
+    concurrency: int,
+    health_timeout: float,
+    threads: int,
+    out_dir: Path,
+) -> tuple[list[EvalSummary], Comparison | None, list[Path]]:
+    import anyio
+
+    from toolrollout._exceptions import UserError
+    from toolrollout.chat import tool_parser_names
+    from toolrollout.data import load_prompts
+    from toolrollout.demo import DEMO_MODEL_PATH, DEMO_PROMPTS_PATH
+    from toolrollout.engines import Engine, SamplingParams, SGLangClient
+    from toolrollout.eval import compare, single_turn_runner, summarize
+    from toolrollout.rewards import numeric_match
+    from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryWriter
+    from toolrollout.tools import calculator_tool, load_tool_config, tool_services
+
+    from ._progress import RolloutProgress
+
+    if config["tool_parser"] not in tool_parser_names():
+        raise UserError(
+            f"unknown --tool-parser {config['tool_parser']!r}; "
+            f"choose from {', '.join(tool_parser_names())}"
+        )
+    prompts = load_prompts(dataset or DEMO_PROMPTS_PATH, limit=config["limit"])
+    if all(p.ground_truth is None for p in prompts):
+        raise UserError("eval needs a ground truth per prompt ('answer' or 'ground_truth')")
+    tools = load_tool_config(tool_config) if tool_config else [calculator_tool()]
+    model_path = model or DEMO_MODEL_PATH
+    tokenizer = _load_tokenizer(model_path)
+    rollout_config = RolloutConfig(
+        sampling=SamplingParams(
+            max_new_tokens=config["max_new_tokens"],
+            temperature=config["temperature"],
+            top_p=config["top_p"],
+        ),
+        n=config["n"],
+        max_turns=config["max_turns"],
+        max_response_tokens=config["max_response_tokens"],
+        concurrency=concurrency,
+        seed=config["seed"],
+        tool_parser=config["tool_parser"],
+    )
+    rewards = [numeric_match]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    arms = [("tools", out_dir / "trajectories.parquet")]
+    if config["baseline"] == Baseline.SINGLE_TURN:
+        arms.insert(0, ("single-turn", out_dir / "single_turn.parquet"))
+
+    async def main() -> dict[str, list[Trajectory]]:
+        engine: Engine
+        context_length: int | None
+        if engine_urls:
+            client = SGLangClient(engine_urls)
+            engine = client
+            await client.wait_healthy(timeout=health_timeout)
+            info = await client.server_info()
+            raw = info.get("context_length")
+            context_length = int(raw) if isinstance(raw, int) else None
+        else:
+            from toolrollout.engines import EmbeddedEngine
+
+            embedded = EmbeddedEngine(model_path, num_threads=threads)
+            engine = embedded
+            await embedded.start()
+            context_length = embedded.context_length
+        results: dict[str, list[Trajectory]] = {}
+        async with engine, tool_services(tools):
+            # One arm after the other, so the latency of one is not inflated by the other.
+            for label, path in arms:
+                if label == "tools":
+                    runner = RolloutRunner(
+                        engine,
+                        tokenizer,
+                        tools,
+                        config=rollout_config,
+                        rewards=rewards,
+                        context_length=context_length,
+                    )
+                else:
+                    runner = single_turn_runner(
+                        engine,
+                        tokenizer,
+                        config=rollout_config,
+                        rewards=rewards,
+                        context_length=context_length,
+                    )
+                total = len(prompts) * rollout_config.n
+                with TrajectoryWriter(path) as writer, RolloutProgress(total) as progress:
+
+                    def on_result(trajectory: Trajectory) -> None:
+                        writer.write(trajectory)
+                        progress.update(trajectory)
+
+                    results[label] = await runner.run(prompts, on_result=on_result)
+        return results
+
+    results = anyio.run(main)
+    threshold = float(config["success_threshold"])
+    seed = int(config["seed"])
+    runs = [
+        summarize(results[label], label=label, success_threshold=threshold, seed=seed, config=config)
+        for label, _ in arms
+    ]
+    comparison = compare(runs[0], runs[1], seed=seed) if len(runs) == 2 else None
+    return runs, comparison, [path for _, path in arms]
+
+
+def _track(
+    backend: ReportTo,
+    runs: list[EvalSummary],
+    comparison: Comparison | None,
+    *,
+    config: dict[str, Any],
+    artifacts: list[Path],
+    tracking_uri: str | None,
+    out_dir: Path,
+    experiment: str,
+    run_name: str | None,
+    compare_mode: bool,
+) -> Any:
+    from toolrollout.eval import log_to_mlflow, log_to_wandb
+
+    metrics: dict[str, float] = {}
+    if compare_mode:
+        metrics.update(runs[0].flat_metrics(prefix="before"))
+        metrics.update(runs[1].flat_metrics(prefix="after"))
+    else:
+        for run in runs:
+            # The tool run's metrics keep their plain names; other arms get a prefix.
+            metrics.update(run.flat_metrics(prefix="" if run.label == "tools" else "baseline"))
+    if comparison is not None:
+        metrics.update(comparison.metrics())
+    if backend is ReportTo.MLFLOW:
+        return log_to_mlflow(
+            metrics,
+            config=config,
+            artifacts=artifacts,
+            tracking_uri=tracking_uri or out_dir / "mlruns",
+            experiment=experiment,
+            run_name=run_name,
+        )
+    return log_to_wandb(
+        metrics,
+        config=config,
+        artifacts=artifacts,
+        directory=tracking_uri or out_dir,
+        project=experiment,
+        run_name=run_name,
+    )
+
+
+def _cell(value: float | None) -> str:
+    if value is None or math.isnan(value):
+        return "-"
+    return f"{value:.3f}"
+
+
+def _print_table(runs: list[EvalSummary], comparison: Comparison | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="toolrollout eval")
+    table.add_column("metric")
+    for run in runs:
+        table.add_column(run.label, justify="right")
+    if comparison is not None:
+        table.add_column("difference", justify="right")
+    names = [
+        "eval/accuracy",
+        *sorted(
+            (k for k in runs[-1].metrics if k.startswith("eval/pass_at_")),
+            key=lambda k: int(k.rsplit("_", 1)[1]),
+        ),
+        "rollout/reward/mean",
+        "rollout/num_turns/mean",
+        "tools/calls/mean",
+        "tools/failure_rate",
+        "tools/parse_error_rate",
+        "rollout/response_tokens/mean",
+        "timing/generation_s/mean",
+        "timing/tools_s/mean",
+        "rollout/status/failed",
+    ]
+    for name in names:
+        values = [run.metrics.get(name) for run in runs]
+        row = [name, *(_cell(v) for v in values)]
+        if comparison is not None:
+            a, b = values[0], values[1]
+            row.append("-" if a is None or b is None else _cell(b - a))
+        table.add_row(*row)
+    Console().print(table)
+    if comparison is not None:
+        diff = comparison.accuracy_difference
+        Console().print(
+            f"accuracy {comparison.after.label} - {comparison.before.label}: "
+            f"{diff.estimate:+.3f}, {diff.confidence:.0%} CI [{diff.low:+.3f}, {diff.high:+.3f}]"
+            f" ({'paired' if diff.paired else 'unpaired'} bootstrap over problems)"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``eval`` command to the ``toolrollout`` app."""
+    app.command("eval")(eval_command)

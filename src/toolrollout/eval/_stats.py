@@ -1,0 +1,109 @@
+"""Statistics of evaluation: pass@k and bootstrap confidence intervals.
+
+pass@k uses the unbiased estimator of Chen et al. (2021): with ``n`` samples of a problem of
+which ``c`` are correct, the chance that ``k`` samples drawn without replacement contain a
+correct one is ``1 - C(n - c, k) / C(n, k)``. Averaging the plain "any of the first k
+correct" indicator instead would depend on sample order and be noisier.
+
+Confidence intervals resample problems (not samples), since samples of one problem are
+correlated; when two runs share their problems the resampling is paired, which removes the
+between-problem variance from the difference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from toolrollout._exceptions import UserError
+
+__all__ = ["Interval", "bootstrap_difference", "bootstrap_mean", "pass_at_k"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one problem with ``c`` correct out of ``n`` samples."""
+    if not 0 <= c <= n:
+        raise UserError(f"pass@k needs 0 <= c <= n, got c={c}, n={n}")
+    if not 1 <= k <= n:
+        raise UserError(f"pass@k needs 1 <= k <= n, got k={k}, n={n}")
+    if n - c < k:
+        return 1.0
+    # C(n-c, k) / C(n, k) as a product: no huge binomials, no overflow.
+    ratio = 1.0
+    for i in range(n - c + 1, n + 1):
+        ratio *= 1.0 - k / i
+    return 1.0 - ratio
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A point estimate with its percentile bootstrap interval."""
+
+    estimate: float
+    low: float
+    high: float
+    confidence: float
+    resamples: int
+    paired: bool = False
+
+
+def _check(confidence: float, resamples: int) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise UserError(f"confidence must be between 0 and 1, got {confidence}")
+    if resamples < 1:
+        raise UserError(f"resamples must be at least 1, got {resamples}")
+
+
+def bootstrap_mean(
+    values: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> Interval:
+    """Percentile interval of the mean of per-problem ``values``."""
+    _check(confidence, resamples)
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        raise UserError("cannot bootstrap an empty set of problems")
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, data.size, size=(resamples, data.size))
+    means = data[picks].mean(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return Interval(float(data.mean()), float(low), float(high), confidence, resamples)
+
+
+def bootstrap_difference(
+    a: Mapping[int, float],
+    b: Mapping[int, float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Interval:
+    """Interval of ``mean(a) - mean(b)`` over per-problem scores keyed by problem.
+
+    Paired (one resampled index set for both) when both runs scored the same problems,
+    independent resampling of each run otherwise.
+    """
+    _check(confidence, resamples)
+    if not a or not b:
+        raise UserError("cannot compare runs when one of them has no problems")
+    rng = np.random.default_rng(seed)
+    tail = (1.0 - confidence) / 2.0
+    paired = set(a) == set(b)
+    if paired:
+        keys = sorted(a)
+        diff = np.asarray([a[k] - b[k] for k in keys], dtype=float)
+        picks = rng.integers(0, diff.size, size=(resamples, diff.size))
+        draws = diff[picks].mean(axis=1)
+        estimate = float(diff.mean())
+    else:
+        xa = np.asarray(list(a.values()), dtype=float)
+        xb = np.asarray(list(b.values()), dtype=float)
+        draws = (
+            xa[rng.integers(0, xa.size, size=(resamples, xa.size))].mean(axis=1)
+            - xb[rng.integers(0, xb.size, size=(resamples, xb.size))].mean(axis=1)
+        )
+        estimate = float(xa.mean() - xb.mean())
+    low, high = np.quantile(draws, [tail, 1.0 - tail])
+    return Interval(estimate, float(low), float(high), confidence, resamples, paired)
