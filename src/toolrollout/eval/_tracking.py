@@ -135,8 +135,11 @@ def log_to_wandb(
         ) from exc
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
+    # A trainer may have its own run open in this process: leave it alone.
+    others_active = wandb.run is not None
     try:
         run = wandb.init(
+            reinit="create_new",
             project=project,
             name=run_name,
             dir=str(root),
@@ -165,4 +168,8 @@ def log_to_wandb(
         raise TrackingError(f"W&B logging failed: {exc}") from exc
     finally:
         run.finish(exit_code=exit_code)
+        if not others_active:
+            # finish() can return before the offline transaction log is flushed; shutting
+            # the W&B service down waits for it. Skipped when another run still needs it.
+            wandb.teardown()
     return TrackedRun("wandb", run.id, str(Path(run.dir).parent))
