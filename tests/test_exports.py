@@ -14,6 +14,8 @@ PUBLIC_MODULES = [
     "toolrollout.chat",
     "toolrollout.data",
     "toolrollout.engines",
+    "toolrollout.eval",
+    "toolrollout.metrics",
     "toolrollout.interactions",
     "toolrollout.rewards",
     "toolrollout.rollout",

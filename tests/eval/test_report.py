@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
+from tests._trajectories import make
 
-from tests.metrics.test_scheme import make
 from toolrollout.eval import FIGURES, compare, summarize, write_report
 from toolrollout.rollout import TrajectoryStatus
 

@@ -51,7 +51,7 @@ def test_bootstrap_mean_brackets_the_mean_and_is_reproducible() -> None:
     assert bootstrap_mean(values, seed=7) == interval
     narrow = bootstrap_mean(values, confidence=0.5, seed=7)
     assert interval.low <= narrow.low <= narrow.high <= interval.high
-    assert bootstrap_mean([1.0] * 5) .low == 1.0
+    assert bootstrap_mean([1.0] * 5).low == 1.0
 
 
 def test_paired_difference_removes_problem_difficulty() -> None:

@@ -7,16 +7,14 @@ from dataclasses import replace
 from itertools import product
 
 import pytest
+from tests._trajectories import make
 
-from tests.metrics.test_scheme import make
 from toolrollout import UserError
 from toolrollout.eval import compare, summarize
 from toolrollout.rollout import Trajectory, TrajectoryStatus
 
 
-def group(
-    prompt: int, rewards: list[float | None], source: str | None = None
-) -> list[Trajectory]:
+def group(prompt: int, rewards: list[float | None], source: str | None = None) -> list[Trajectory]:
     out = []
     for sample, reward in enumerate(rewards):
         status = TrajectoryStatus.FAILED if reward is None else TrajectoryStatus.COMPLETED
@@ -26,8 +24,10 @@ def group(
 
 
 def test_accuracy_and_pass_at_k_count_failed_samples_as_wrong() -> None:
-    runs = group(0, [1.0, 0.0, None, 0.0]) + group(1, [0.0, 0.0, 0.0, 0.0]) + group(
-        2, [1.0, 1.0, 0.2, 0.9]
+    runs = (
+        group(0, [1.0, 0.0, None, 0.0])
+        + group(1, [0.0, 0.0, 0.0, 0.0])
+        + group(2, [1.0, 1.0, 0.2, 0.9])
     )
     summary = summarize(runs, label="x", success_threshold=0.5)
     m = summary.metrics

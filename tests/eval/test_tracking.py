@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import struct
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from tests.eval._wandb import read_wandb_records
 
 from toolrollout import UserError
 from toolrollout.eval import log_to_mlflow, log_to_wandb
@@ -54,7 +53,9 @@ def test_mlflow_file_store_holds_metrics_params_and_artifacts(tmp_path: Path) ->
     names = sorted(a.path for a in client.list_artifacts(run.run_id))
     assert names == ["report.md", "trajectories.parquet"]
     # a second run lands in the same experiment
-    again = log_to_mlflow({"eval/accuracy": 1.0}, config={}, artifacts=[], tracking_uri=store, experiment="exp")
+    again = log_to_mlflow(
+        {"eval/accuracy": 1.0}, config={}, artifacts=[], tracking_uri=store, experiment="exp"
+    )
     assert client.get_run(again.run_id).info.experiment_id == got.info.experiment_id
 
 
@@ -66,32 +67,6 @@ def test_missing_tracker_package_is_a_user_error(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(UserError, match="pip install"):
         log_to_wandb({}, config={}, artifacts=[])
-
-
-def read_wandb_records(path: Path) -> list[Any]:
-    """Decode a ``.wandb`` file: a 7-byte W&B header, then LevelDB log records (32 KiB
-    blocks; each chunk is crc32c, little-endian length and type: full/first/middle/last)."""
-    from wandb.proto import wandb_internal_pb2 as pb
-
-    data = path.read_bytes()
-    assert data[:4] == b":W&B"
-    block, pos, records, pending = 32768, 7, [], b""
-    while pos + 7 <= len(data):
-        if block - pos % block < 7:
-            pos += block - pos % block
-            continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-        chunk = data[pos + 7 : pos + 7 + length]
-        pos += 7 + length
-        if kind == 0 and length == 0:
-            continue
-        pending = chunk if kind in (1, 2) else pending + chunk
-        if kind in (1, 4):
-            record = pb.Record()
-            record.ParseFromString(pending)
-            records.append(record)
-            pending = b""
-    return records
 
 
 @pytest.mark.slow
@@ -115,7 +90,9 @@ def test_wandb_offline_run_holds_metrics_config_and_artifact(tmp_path: Path) -> 
     history = {}
     for r in records:
         if r.WhichOneof("record_type") == "history":
-            history.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item})
+            history.update(
+                {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+            )
     for key, value in METRICS.items():
         if key != "rollout/reward/std":
             assert history[key] == pytest.approx(value)
@@ -124,7 +101,9 @@ def test_wandb_offline_run_holds_metrics_config_and_artifact(tmp_path: Path) -> 
     config = {}
     for r in records:
         kind = r.WhichOneof("record_type")
-        updates = r.run.config.update if kind == "run" else r.config.update if kind == "config" else []
+        updates = (
+            r.run.config.update if kind == "run" else r.config.update if kind == "config" else []
+        )
         config.update({i.key: json.loads(i.value_json) for i in updates})
     assert {k: config[k] for k in CONFIG} == CONFIG
 

@@ -341,7 +341,9 @@ def _run_model(
     threshold = float(config["success_threshold"])
     seed = int(config["seed"])
     runs = [
-        summarize(results[label], label=label, success_threshold=threshold, seed=seed, config=config)
+        summarize(
+            results[label], label=label, success_threshold=threshold, seed=seed, config=config
+        )
         for label, _ in arms
     ]
     comparison = compare(runs[0], runs[1], seed=seed) if len(runs) == 2 else None

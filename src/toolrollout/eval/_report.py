@@ -51,8 +51,8 @@ def _accuracy_plot(runs: Sequence[EvalSummary], path: Path) -> None:
     ax = fig.add_subplot()
     labels = [r.label for r in runs]
     values = [r.metrics["eval/accuracy"] for r in runs]
-    low = [max(v - r.metrics["eval/accuracy_ci_low"], 0.0) for v, r in zip(values, runs)]
-    high = [max(r.metrics["eval/accuracy_ci_high"] - v, 0.0) for v, r in zip(values, runs)]
+    low = [max(r.metrics["eval/accuracy"] - r.metrics["eval/accuracy_ci_low"], 0.0) for r in runs]
+    high = [max(r.metrics["eval/accuracy_ci_high"] - r.metrics["eval/accuracy"], 0.0) for r in runs]
     bars = ax.bar(labels, values, yerr=[low, high], capsize=6, color=["C0", "C1", "C2", "C3"])
     ax.bar_label(bars, labels=[f"{v:.2f}" for v in values], padding=3)
     ax.set_ylim(0, 1.05)
@@ -69,7 +69,9 @@ def _turns_plot(runs: Sequence[EvalSummary], path: Path) -> None:
     for i, run in enumerate(runs):
         total = sum(run.turns_histogram.values())
         shares = [run.turns_histogram.get(t, 0) / total for t in turns]
-        ax.bar([t + (i - (len(runs) - 1) / 2) * width for t in turns], shares, width, label=run.label)
+        ax.bar(
+            [t + (i - (len(runs) - 1) / 2) * width for t in turns], shares, width, label=run.label
+        )
     ax.set_xticks(turns)
     ax.set_xlabel("assistant turns")
     ax.set_ylabel("fraction of trajectories")
@@ -105,7 +107,7 @@ def _latency_plot(runs: Sequence[EvalSummary], path: Path) -> None:
     for part in ("generation", "tools", "other"):
         values = [r.latency.get(part, 0.0) for r in runs]
         ax.bar(labels, values, bottom=bottom, label=part)
-        bottom = [b + v for b, v in zip(bottom, values)]
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_ylabel("seconds per trajectory (mean)")
     ax.set_title("Latency: generation vs tools")
     ax.legend()
@@ -181,8 +183,9 @@ def write_report(
         lines.append("|---|---:|---:|---:|---:|")
         for source, m in run.by_source.items():
             lines.append(
-                f"| {source} | {_fmt(m['rollout/trajectories'], count=True)} | {_fmt(m['eval/accuracy'])} "
-                f"| {_fmt(m['rollout/num_turns/mean'])} | {_fmt(m['tools/calls/mean'])} |"
+                f"| {source} | {_fmt(m['rollout/trajectories'], count=True)} "
+                f"| {_fmt(m['eval/accuracy'])} | {_fmt(m['rollout/num_turns/mean'])} "
+                f"| {_fmt(m['tools/calls/mean'])} |"
             )
         lines.append("")
     lines += [

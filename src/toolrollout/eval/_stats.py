@@ -100,10 +100,9 @@ def bootstrap_difference(
     else:
         xa = np.asarray(list(a.values()), dtype=float)
         xb = np.asarray(list(b.values()), dtype=float)
-        draws = (
-            xa[rng.integers(0, xa.size, size=(resamples, xa.size))].mean(axis=1)
-            - xb[rng.integers(0, xb.size, size=(resamples, xb.size))].mean(axis=1)
-        )
+        draws = xa[rng.integers(0, xa.size, size=(resamples, xa.size))].mean(axis=1) - xb[
+            rng.integers(0, xb.size, size=(resamples, xb.size))
+        ].mean(axis=1)
         estimate = float(xa.mean() - xb.mean())
     low, high = np.quantile(draws, [tail, 1.0 - tail])
     return Interval(estimate, float(low), float(high), confidence, resamples, paired)
