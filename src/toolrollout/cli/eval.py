@@ -124,8 +124,11 @@ def eval_command(
     """Evaluate: accuracy, pass@k, tool use, turns, latency; report with plots; tracking."""
     from toolrollout._exceptions import ToolRolloutError
 
+    comparison: Comparison | None
     try:
         if compare is not None:
+            if baseline is not Baseline.NONE:
+                raise _fail("--compare evaluates two existing files; it runs no --baseline")
             runs, comparison, config, artifacts = _compare_files(
                 compare, out_dir=out_dir, success_threshold=success_threshold, seed=seed
             )

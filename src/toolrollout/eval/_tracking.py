@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from toolrollout._exceptions import TrackingError, UserError
 
@@ -122,7 +122,7 @@ def log_to_wandb(
     directory: str | Path = ".",
     project: str = "toolrollout-eval",
     run_name: str | None = None,
-    mode: str = "offline",
+    mode: Literal["online", "offline", "disabled"] = "offline",
 ) -> TrackedRun:
     """Log one run to W&B: ``metrics`` into the summary (and one history step), ``config``
     as the run config, ``artifacts`` as one ``eval`` artifact. ``mode="offline"`` writes
