@@ -236,6 +236,12 @@ def _load_tokenizer(path: Path) -> Any:
     return load(path)
 
 
+def _is_number(value: Any) -> bool:
+    from toolrollout.cli.generate import _is_number as is_number
+
+    return bool(is_number(value))
+
+
 def _run_model(
     *,
     engine_urls: list[str],
@@ -253,10 +259,10 @@ def _run_model(
     from toolrollout._exceptions import UserError
     from toolrollout.chat import tool_parser_names
     from toolrollout.data import load_prompts
-    from toolrollout.demo import DEMO_MODEL_PATH, DEMO_PROMPTS_PATH
+    from toolrollout.demo import DEMO_MODEL_PATH, demo_prompts_for_tools
     from toolrollout.engines import Engine, SamplingParams, SGLangClient
     from toolrollout.eval import compare, single_turn_runner, summarize
-    from toolrollout.rewards import numeric_match
+    from toolrollout.rewards import exact_match, numeric_match
     from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryWriter
     from toolrollout.tools import calculator_tool, load_tool_config, tool_services
 
@@ -267,10 +273,13 @@ def _run_model(
             f"unknown --tool-parser {config['tool_parser']!r}; "
             f"choose from {', '.join(tool_parser_names())}"
         )
-    prompts = load_prompts(dataset or DEMO_PROMPTS_PATH, limit=config["limit"])
-    if all(p.ground_truth is None for p in prompts):
-        raise UserError("eval needs a ground truth per prompt ('answer' or 'ground_truth')")
     tools = load_tool_config(tool_config) if tool_config else [calculator_tool()]
+    # Without --dataset, the demo prompt set that suits the tools (as `generate` picks it).
+    prompts_path = dataset or demo_prompts_for_tools(t.name for t in tools)
+    prompts = load_prompts(prompts_path, limit=config["limit"])
+    truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
+    if not truths:
+        raise UserError("eval needs a ground truth per prompt ('answer' or 'ground_truth')")
     model_path = model or DEMO_MODEL_PATH
     tokenizer = _load_tokenizer(model_path)
     rollout_config = RolloutConfig(
@@ -286,7 +295,8 @@ def _run_model(
         seed=config["seed"],
         tool_parser=config["tool_parser"],
     )
-    rewards = [numeric_match]
+    # Numbers compare as numbers ("The answer is 12.0"); other answers must match exactly.
+    rewards = [numeric_match if all(_is_number(t) for t in truths) else exact_match]
     out_dir.mkdir(parents=True, exist_ok=True)
     arms = [("tools", out_dir / "trajectories.parquet")]
     if config["baseline"] == Baseline.SINGLE_TURN:
