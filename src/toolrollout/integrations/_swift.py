@@ -1,0 +1,220 @@
+"""ms-swift: toolrollout's loop as a GRPO multi-turn scheduler named ``toolrollout``.
+
+ms-swift 4.x's contract (``swift/rollout/multi_turn.py``, ``swift/infer_engine/protocol.py``):
+a ``MultiTurnScheduler`` registered in ``swift.rollout.multi_turn.multi_turns`` (by a file
+passed with ``--external_plugins``) is selected with ``--multi_turn_scheduler NAME``; its
+``run(infer_request, request_config)`` returns a ``RolloutOutput`` whose
+``response_token_ids`` / ``response_loss_mask`` are lists with one inner list per assistant
+message of ``messages``, and ``rollout_logprobs`` per assistant message with one value per
+loss-mask-1 token. ms-swift's trainer puts those ids in place of each assistant message's
+content (``replace_assistant_response_with_ids``), so what it trains on is exactly them.
+
+The whole multi-turn response is returned as one assistant message, tool-result tokens
+inside it with loss mask 0: the layout of ms-swift's own tool-call scheduler example and of
+its default ``run`` when a turn continues an assistant message. The tokens are the engine's
+and the chat template's delta, never re-encoded text.
+
+Importing this module imports ms-swift; ``import toolrollout`` never does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from swift.infer_engine.protocol import (
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatMessage,
+    RequestConfig,
+    RolloutInferRequest,
+    RolloutOutput,
+    UsageInfo,
+)
+from swift.rollout.multi_turn import MultiTurnScheduler, multi_turns
+
+from toolrollout._exceptions import UserError
+from toolrollout.engines._base import Engine
+from toolrollout.engines._types import SamplingParams
+from toolrollout.rollout import (
+    RolloutConfig,
+    RolloutPrompt,
+    RolloutRunner,
+    Trajectory,
+    TrajectoryStatus,
+)
+from toolrollout.tools import Tool, ToolExecutor, load_tool_config
+
+from ._metrics import trajectory_extras
+
+__all__ = ["SCHEDULER_NAME", "ToolRolloutScheduler", "to_swift_rollout_output"]
+
+SCHEDULER_NAME = "toolrollout"
+
+ENGINE_URL_ENV = "TOOLROLLOUT_ENGINE_URL"
+TOOL_CONFIG_ENV = "TOOLROLLOUT_TOOL_CONFIG"
+TOOL_PARSER_ENV = "TOOLROLLOUT_TOOL_PARSER"
+_TRUTH_KEYS = ("ground_truth", "answer", "solution")
+
+
+def to_swift_rollout_output(
+    trajectory: Trajectory, tokenizer: Any, *, model: str = "toolrollout"
+) -> RolloutOutput:
+    """One trajectory as ms-swift's ``RolloutOutput`` (validated by ms-swift's model)."""
+    ids = trajectory.response_ids
+    mask = trajectory.loss_mask
+    logprobs = trajectory.rollout_logprobs
+    text = tokenizer.decode(ids, skip_special_tokens=False) if ids else ""
+    prompt = [m for m in trajectory.messages[: _prompt_len(trajectory)]]
+    messages = [*prompt, {"role": "assistant", "content": text}] if ids else prompt
+    finish = "length" if trajectory.status is TrajectoryStatus.TRUNCATED else "stop"
+    model_logprobs = [lp for lp, m in zip(logprobs, mask, strict=True) if m == 1]
+    choice = ChatCompletionResponseChoice(
+        index=0,
+        message=ChatMessage(role="assistant", content=text),
+        finish_reason=finish,  # type: ignore[arg-type]
+        token_ids=list(ids),
+        logprobs={
+            "content": [
+                {"token": tokenizer.decode([tok]), "logprob": lp}
+                for tok, lp, m in zip(ids, logprobs, mask, strict=True)
+                if m == 1
+            ]
+        },
+    )
+    response = ChatCompletionResponse(
+        model=model,
+        choices=[choice],
+        usage=UsageInfo(
+            prompt_tokens=len(trajectory.prompt_ids),
+            completion_tokens=len(ids),
+            total_tokens=len(trajectory.prompt_ids) + len(ids),
+        ),
+        prompt_token_ids=list(trajectory.prompt_ids),
+    )
+    infos = trajectory_extras(trajectory)
+    return RolloutOutput(
+        response=response,
+        messages=messages,
+        response_token_ids=[list(ids)] if ids else [],
+        response_loss_mask=[list(mask)] if ids else [],
+        rollout_logprobs=[model_logprobs] if ids else [],
+        rollout_infos={**infos, "num_turns": trajectory.num_turns},
+    )
+
+
+def _prompt_len(trajectory: Trajectory) -> int:
+    """Messages before the first assistant turn are the prompt."""
+    for i, message in enumerate(trajectory.messages):
+        if message.get("role") == "assistant":
+            return i
+    return len(trajectory.messages)
+
+
+class ToolRolloutScheduler(MultiTurnScheduler):
+    """ms-swift multi-turn scheduler that runs each request as a toolrollout trajectory.
+
+    Keyword arguments (all optional, environment variables for the ``swift rollout`` CLI):
+
+    * ``engine``: a toolrollout :class:`~toolrollout.Engine`; else ``TOOLROLLOUT_ENGINE_URL``
+      names a SGLang-compatible server (``toolrollout serve``, SGLang, sglang-router).
+    * ``tools``: toolrollout tools; else ``TOOLROLLOUT_TOOL_CONFIG`` is a tool YAML.
+    * ``tool_parser``: else ``TOOLROLLOUT_TOOL_PARSER``, default ``qwen25``.
+
+    ``max_turns`` (``--max_turns``) caps assistant turns; ``request_config.max_tokens`` caps
+    both each turn and the whole response; temperature/top_p/top_k come from the request.
+    """
+
+    def __init__(
+        self,
+        infer_engine: Any = None,
+        max_turns: int | None = None,
+        *args: Any,
+        engine: Engine | None = None,
+        tools: Sequence[Tool] | None = None,
+        tool_parser: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(infer_engine, max_turns, *args, **kwargs)
+        self._engine = engine
+        self._tools = list(tools) if tools is not None else None
+        self._tool_parser = tool_parser or os.environ.get(TOOL_PARSER_ENV, "qwen25")
+        self._runners: dict[tuple[Any, ...], RolloutRunner] = {}
+
+    def _resolve_engine(self) -> Engine:
+        if self._engine is None:
+            url = os.environ.get(ENGINE_URL_ENV)
+            if not url:
+                raise UserError(
+                    "the toolrollout scheduler needs an engine: "
+                    f"pass engine=... or set {ENGINE_URL_ENV}"
+                )
+            from toolrollout.engines import SGLangClient
+
+            self._engine = SGLangClient(url)
+        return self._engine
+
+    def _resolve_tools(self) -> list[Tool]:
+        if self._tools is None:
+            path = os.environ.get(TOOL_CONFIG_ENV)
+            if not path:
+                raise UserError(
+                    "the toolrollout scheduler needs tools: "
+                    f"pass tools=... or set {TOOL_CONFIG_ENV}"
+                )
+            self._tools = load_tool_config(path)
+        return self._tools
+
+    def _runner(self, request_config: RequestConfig) -> RolloutRunner:
+        max_tokens = int(request_config.max_tokens or 512)
+        temperature = 1.0 if request_config.temperature is None else request_config.temperature
+        top_p = 1.0 if request_config.top_p is None else request_config.top_p
+        top_k = -1 if request_config.top_k in (None, 0) else int(request_config.top_k)
+        key = (max_tokens, temperature, top_p, top_k, self.max_turns)
+        runner = self._runners.get(key)
+        if runner is None:
+            tokenizer = self.tokenizer
+            if tokenizer is None:
+                raise UserError("the toolrollout scheduler needs the model's tokenizer")
+            config = RolloutConfig(
+                sampling=SamplingParams(
+                    max_new_tokens=max_tokens,
+                    temperature=float(temperature),
+                    top_p=float(top_p),
+                    top_k=top_k,
+                ),
+                max_turns=self.max_turns or 8,
+                max_response_tokens=max_tokens,
+                tool_parser=self._tool_parser,
+            )
+            tools = ToolExecutor(self._resolve_tools())
+            runner = RolloutRunner(self._resolve_engine(), tokenizer, tools, config=config)
+            self._runners[key] = runner
+        return runner
+
+    async def run(  # type: ignore[override]
+        self, infer_request: RolloutInferRequest, request_config: RequestConfig, **kwargs: Any
+    ) -> RolloutOutput:
+        runner = self._runner(request_config)
+        messages = [dict(m) for m in infer_request.messages]
+        # ms-swift may leave an empty assistant placeholder at the end of the prompt.
+        while (
+            messages and messages[-1].get("role") == "assistant" and not messages[-1].get("content")
+        ):
+            messages.pop()
+        data = dict(infer_request.data_dict or {})
+        truth = next((data[k] for k in _TRUTH_KEYS if data.get(k) is not None), None)
+        prompt = RolloutPrompt(tuple(messages), truth, data)
+        (trajectory,) = await runner.run([prompt])
+        model = _model_name(self.infer_engine)
+        return to_swift_rollout_output(trajectory, runner.chat.tokenizer, model=model)
+
+
+def _model_name(infer_engine: Any) -> str:
+    info: Mapping[str, Any] | Any = getattr(infer_engine, "model_info", None)
+    name = getattr(info, "model_name", None)
+    return str(name) if name else "toolrollout"
+
+
+multi_turns[SCHEDULER_NAME] = ToolRolloutScheduler

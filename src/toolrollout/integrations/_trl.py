@@ -1,0 +1,200 @@
+"""TRL: a ``rollout_func`` for ``GRPOTrainer`` backed by toolrollout's multi-turn loop.
+
+TRL's contract (``trl/trainer/grpo_trainer.py``, ``GRPOTrainer._generate``): the trainer calls
+``rollout_func(prompts, trainer)`` with its per-process slice of prompts, already repeated
+``num_generations`` times, and expects one completion per element with the keys
+``prompt_ids``, ``completion_ids`` and ``logprobs``; ``env_mask`` (1 = trained, 0 = not) is
+multiplied into the loss mask, and every other key is handed to the reward functions.
+
+TRL's ``rollout_func`` is synchronous while toolrollout is async, so the rollouts run on an
+anyio blocking portal (one event-loop thread owned by this object for its whole life). The
+engine is opened on that loop on first use and closed by :meth:`TRLRolloutFunc.close`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from toolrollout._exceptions import UserError
+from toolrollout.engines._base import Engine
+from toolrollout.rewards import WeightedReward
+from toolrollout.rollout import RolloutConfig, RolloutPrompt, RolloutRunner, Trajectory
+from toolrollout.tools import Tool, ToolExecutor
+
+from ._metrics import rollout_metrics, trajectory_extras
+
+__all__ = ["TRLRolloutFunc", "trl_rollout_func"]
+
+
+class TRLRolloutFunc:
+    """Callable ``rollout_func(prompts, trainer) -> dict`` for ``trl.GRPOTrainer``.
+
+    One trajectory per element of ``prompts`` (TRL already repeats each prompt
+    ``num_generations`` times), in order. Tool tokens carry ``env_mask`` 0 and logprob 0.0;
+    the engine's sampled-token logprobs fill the model positions. Completions longer than
+    the trainer's ``max_completion_length`` are cut to it. Batch metrics
+    (``rollout/num_turns/mean``, ``tools/<name>/failure_rate``...) go to the trainer's log.
+
+    Use it as a context manager, or call :meth:`close` when training ends.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        tools: Iterable[Tool] | ToolExecutor,
+        *,
+        config: RolloutConfig | None = None,
+        rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
+        context_length: int | None = None,
+        log_metrics: bool = True,
+    ) -> None:
+        config = config or RolloutConfig()
+        if config.n != 1:
+            raise UserError(
+                "TRL repeats each prompt num_generations times itself; "
+                f"use RolloutConfig(n=1) with trl_rollout_func, got n={config.n}"
+            )
+        self.runner = RolloutRunner(
+            engine, tokenizer, tools, config=config, rewards=rewards, context_length=context_length
+        )
+        self.engine = engine
+        self.log_metrics = log_metrics
+        self.last_trajectories: list[Trajectory] = []
+        """The trajectories of the latest call, for inspection and logging."""
+        self._stack: contextlib.ExitStack | None = None
+        self._portal: BlockingPortal | None = None
+
+    def _ensure_portal(self) -> BlockingPortal:
+        if self._portal is None:
+            stack = contextlib.ExitStack()
+            portal = stack.enter_context(start_blocking_portal())
+            try:
+                portal.call(self.engine.__aenter__)
+            except BaseException:
+                stack.close()
+                raise
+            stack.callback(portal.call, self.engine.aclose)
+            self._stack, self._portal = stack, portal
+        return self._portal
+
+    def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, Any]:
+        rows = [_as_rollout_prompt(p) for p in prompts]
+        portal = self._ensure_portal()
+        trajectories: list[Trajectory] = portal.call(self.runner.run, rows)
+        self.last_trajectories = trajectories
+        limit = _max_completion_length(trainer)
+        eos = _eos_id(self.runner.chat.tokenizer)
+        out: dict[str, list[Any]] = {
+            "prompt_ids": [],
+            "completion_ids": [],
+            "logprobs": [],
+            "env_mask": [],
+        }
+        extras: list[dict[str, Any]] = []
+        for trajectory in trajectories:
+            ids = trajectory.response_ids
+            mask = trajectory.loss_mask
+            logprobs = trajectory.rollout_logprobs
+            if limit is not None and len(ids) > limit:
+                ids, mask, logprobs = ids[:limit], mask[:limit], logprobs[:limit]
+            if not ids:
+                # A failed trajectory has no response; TRL indexes ids[-1], so it gets one
+                # untrained EOS (mask 0) and no reward.
+                ids, mask, logprobs = [eos], [0], [0.0]
+            out["prompt_ids"].append(list(trajectory.prompt_ids))
+            out["completion_ids"].append(ids)
+            out["logprobs"].append(logprobs)
+            out["env_mask"].append(mask)
+            extras.append(trajectory_extras(trajectory))
+        for key in extras[0] if extras else ():
+            out[key] = [e[key] for e in extras]
+        if self.log_metrics and trainer is not None:
+            _log_to_trainer(trainer, rollout_metrics(trajectories))
+        return out
+
+    def close(self) -> None:
+        """Close the engine and stop the event-loop thread."""
+        stack, self._stack, self._portal = self._stack, None, None
+        if stack is not None:
+            stack.close()
+
+    def __enter__(self) -> TRLRolloutFunc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def trl_rollout_func(
+    engine: Engine | str,
+    tokenizer: Any,
+    tools: Iterable[Tool] | ToolExecutor,
+    *,
+    config: RolloutConfig | None = None,
+    rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
+    context_length: int | None = None,
+    log_metrics: bool = True,
+) -> TRLRolloutFunc:
+    """Build the ``rollout_func`` to pass to ``GRPOTrainer(..., rollout_func=...)``.
+
+    ``engine`` is an :class:`~toolrollout.Engine` or the URL of a SGLang-compatible server
+    (``toolrollout serve``, SGLang, sglang-router). ``tokenizer`` is the served model's
+    Hugging Face tokenizer; do not also pass ``tools=`` to the trainer (TRL then ignores
+    ``env_mask`` and runs its own tool loop).
+    """
+    if isinstance(engine, str):
+        from toolrollout.engines import SGLangClient
+
+        engine = SGLangClient(engine)
+    return TRLRolloutFunc(
+        engine,
+        tokenizer,
+        tools,
+        config=config,
+        rewards=rewards,
+        context_length=context_length,
+        log_metrics=log_metrics,
+    )
+
+
+def _as_rollout_prompt(prompt: Any) -> RolloutPrompt:
+    """TRL passes each row's ``prompt``: a message list, or a plain string."""
+    if isinstance(prompt, str):
+        return RolloutPrompt(({"role": "user", "content": prompt},))
+    if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
+        return RolloutPrompt(tuple(dict(m) for m in prompt))
+    raise UserError(
+        f"a TRL prompt must be a list of chat messages or a string, got {type(prompt).__name__}"
+    )
+
+
+def _max_completion_length(trainer: Any) -> int | None:
+    value = getattr(getattr(trainer, "args", None), "max_completion_length", None)
+    return int(value) if value else None
+
+
+def _eos_id(tokenizer: Any) -> int:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        return eos
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return int(pad) if isinstance(pad, int) else 0
+
+
+def _log_to_trainer(trainer: Any, metrics: Mapping[str, float]) -> None:
+    """Append to GRPOTrainer's metric buffers (averaged and logged by the trainer)."""
+    buffers = getattr(trainer, "_metrics", None)
+    if not isinstance(buffers, Mapping):
+        return
+    model = getattr(trainer, "model", None)
+    mode = "train" if getattr(model, "training", True) else "eval"
+    target = buffers.get(mode)
+    if target is None:
+        return
+    for name, value in metrics.items():
+        target[name].append(value)

@@ -1,0 +1,197 @@
+"""verl: toolrollout's multi-turn loop as a verl agent loop named ``toolrollout_agent``.
+
+verl 0.9's contract (``verl/experimental/agent_loop/agent_loop.py``): an ``AgentLoopBase``
+subclass, registered with ``@register(name)`` or listed in the YAML at
+``actor_rollout_ref.rollout.agent.agent_loop_config_path``, is built per sample with the
+trainer config, the server manager, the tokenizer and verl's loaded tools, and
+``run(sampling_params, **row)`` returns an ``AgentLoopOutput``. This loop generates through
+verl's server manager (:class:`VerlServerEngine`), so verl keeps its replicas, load
+balancing and weight syncs; toolrollout brings the tool-call parsing, concurrent tool
+execution with limits, budgets and the token-exact transcript.
+
+Importing this module imports verl; ``import toolrollout`` never does.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    register,
+)
+
+from toolrollout.engines._types import SamplingParams
+from toolrollout.rewards import WeightedReward
+from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, as_prompt
+from toolrollout.tools import Tool, ToolExecutor, load_tool_config
+from toolrollout.tools._verl import VerlToolAdapter
+
+from ._metrics import trajectory_extras
+from ._verl_batch import _num_turns
+from ._verl_engine import VerlServerEngine
+
+__all__ = ["AGENT_NAME", "ToolRolloutAgentLoop"]
+
+AGENT_NAME = "toolrollout_agent"
+
+
+@functools.lru_cache(maxsize=16)
+def _tools_from_file(path: str) -> tuple[Tool, ...]:
+    """One tool set per config file and worker process (verl builds a loop per sample)."""
+    return tuple(load_tool_config(path))
+
+
+def _wrap_verl_tools(tools: Any) -> list[Tool]:
+    """verl's already-built ``BaseTool`` objects (``ToolListWrap``), run as verl runs them."""
+    wrapped: list[Tool] = []
+    for tool in getattr(tools, "tools", None) or []:
+        schema = tool.get_openai_tool_schema()
+        function = schema.model_dump(exclude_none=True)["function"]
+        wrapped.append(
+            VerlToolAdapter(
+                name=str(function["name"]),
+                description=str(function.get("description", "")),
+                parameters=function.get("parameters") or {"type": "object", "properties": {}},
+                instance=tool,
+            )
+        )
+    return wrapped
+
+
+@register(AGENT_NAME)
+class ToolRolloutAgentLoop(AgentLoopBase):
+    """A verl agent loop that runs one toolrollout trajectory per dataset row.
+
+    Extra keys of the agent-loop YAML entry arrive as keyword arguments:
+
+    * ``tool_config_path``: a toolrollout/verl-layout tool YAML loaded with
+      :func:`toolrollout.load_tool_config`; without it, the tools verl loaded from
+      ``multi_turn.tool_config_path`` / ``function_tool_path`` are used as they are.
+    * ``tool_parser``: toolrollout parser name; defaults to ``multi_turn.format``
+      (``hermes`` is Qwen2.5/Qwen3's format).
+    * ``reward``: dotted path of a toolrollout reward function; when set, its value becomes
+      ``reward_score`` and verl's reward loop is skipped for the sample.
+
+    Budgets follow verl's config: ``response_length`` caps the response (model + tool
+    tokens), ``multi_turn.max_assistant_turns`` the turns, ``max_tool_response_length`` each
+    tool result (counted in tokens here, where verl counts characters), ``prompt_length +
+    response_length`` the context.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        tools: Any = None,
+        tool_config_path: str | None = None,
+        tool_parser: str | None = None,
+        reward: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        multi_turn = self.rollout_config.multi_turn
+        self._tools: list[Tool] = (
+            list(_tools_from_file(str(tool_config_path)))
+            if tool_config_path
+            else _wrap_verl_tools(tools)
+        )
+        self._tool_parser = tool_parser or str(multi_turn.get("format") or "hermes")
+        self._reward = _load_reward(reward) if reward else None
+        self.prompt_length = int(self.rollout_config.prompt_length)
+        self.response_length = int(self.rollout_config.response_length)
+        self._max_turns = int(multi_turn.get("max_assistant_turns") or 8)
+        self._max_tool_tokens = int(multi_turn.get("max_tool_response_length") or 512)
+        side = str(multi_turn.get("tool_response_truncate_side") or "middle")
+        self._truncate_side = side if side in ("left", "right", "middle") else "middle"
+
+    def _config(self, sampling_params: Mapping[str, Any]) -> RolloutConfig:
+        top_k = sampling_params.get("top_k")
+        return RolloutConfig(
+            sampling=SamplingParams(
+                max_new_tokens=self.response_length,
+                temperature=float(sampling_params.get("temperature", 1.0)),
+                top_p=float(sampling_params.get("top_p", 1.0)),
+                top_k=int(top_k) if top_k not in (None, 0) else -1,
+            ),
+            max_turns=self._max_turns,
+            max_response_tokens=self.response_length,
+            context_length=self.prompt_length + self.response_length,
+            max_tool_response_tokens=self._max_tool_tokens,
+            tool_response_truncate_side=self._truncate_side,  # type: ignore[arg-type]
+            tool_parser=self._tool_parser,
+            drift_check=False,
+        )
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        engine = VerlServerEngine(self.server_manager, eos_token_ids=_eos_ids(self.tokenizer))
+        rewards: list[WeightedReward | Any] = [self._reward] if self._reward else []
+        runner = RolloutRunner(
+            engine,
+            self.tokenizer,
+            ToolExecutor(self._tools),
+            config=self._config(sampling_params),
+            rewards=rewards,
+        )
+        row = _row(kwargs)
+        (trajectory,) = await runner.run([row])
+        return self._output(trajectory)
+
+    def _output(self, trajectory: Trajectory) -> AgentLoopOutput:
+        ids = trajectory.response_ids[: self.response_length]
+        mask = trajectory.loss_mask[: self.response_length]
+        logprobs = trajectory.rollout_logprobs[: self.response_length]
+        if not ids:
+            # A failed trajectory has no response: one untrained EOS keeps verl's shapes.
+            ids, mask, logprobs = [_eos_ids(self.tokenizer)[0]], [0], [0.0]
+        extras = trajectory_extras(trajectory)
+        extra_fields: dict[str, Any] = {"toolrollout": extras}
+        if self._reward is not None:
+            extra_fields["reward_extra_info"] = {
+                "num_tool_calls": trajectory.num_tool_calls,
+                "tool_errors": trajectory.tool_errors,
+            }
+        return AgentLoopOutput(
+            prompt_ids=list(trajectory.prompt_ids)[-self.prompt_length :],
+            response_ids=ids,
+            response_mask=mask,
+            response_logprobs=logprobs,
+            multi_modal_data={},
+            reward_score=trajectory.reward if self._reward is not None else None,
+            num_turns=_num_turns({"messages": list(trajectory.messages)}),
+            metrics=AgentLoopMetrics(
+                generate_sequences=float(trajectory.metrics.get("generation_seconds", 0.0)),
+                tool_calls=float(trajectory.metrics.get("tool_seconds", 0.0)),
+            ),
+            extra_fields=extra_fields,
+        )
+
+
+def _row(kwargs: Mapping[str, Any]) -> Any:
+    """verl's row (``raw_prompt``, ``reward_model``, ``extra_info``...) as a rollout prompt."""
+    messages = [dict(m) for m in kwargs["raw_prompt"]]
+    extra_info = kwargs.get("extra_info") or {}
+    row: dict[str, Any] = {
+        "messages": messages,
+        "reward_model": kwargs.get("reward_model") or {},
+        "tools_kwargs": kwargs.get("tools_kwargs") or extra_info.get("tools_kwargs") or {},
+        "extra_info": extra_info,
+        "data_source": kwargs.get("data_source"),
+    }
+    return as_prompt(row)
+
+
+def _eos_ids(tokenizer: Any) -> list[int]:
+    eos = getattr(tokenizer, "eos_token_id", None)
+    ids = eos if isinstance(eos, list) else [eos]
+    return [int(i) for i in ids if i is not None] or [0]
+
+
+def _load_reward(path: str) -> Any:
+    import importlib
+
+    module, _, name = path.replace(":", ".").rpartition(".")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,8 @@
+"""ms-swift plugin file: ``--external_plugins <this file>`` registers the ``toolrollout`` scheduler.
+
+ms-swift puts this file's folder on ``sys.path``; the folder holds nothing else, so no
+module here can shadow an installed package. The path is in
+``toolrollout.integrations.SWIFT_PLUGIN_PATH``.
+"""
+
+import toolrollout.integrations._swift  # noqa: F401  (registers multi_turns["toolrollout"])
