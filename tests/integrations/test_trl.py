@@ -82,9 +82,7 @@ def _answer_reward(completions: list[Any], answer: list[str], **kwargs: Any) -> 
     """1 for the right final answer, plus a small length term so group rewards differ."""
     finals = kwargs["final_answer"]
     lengths = [len(ids) for ids in kwargs["completion_ids"]]
-    return [
-        float(a in f) + 0.001 * n for f, a, n in zip(finals, answer, lengths, strict=True)
-    ]
+    return [float(a in f) + 0.001 * n for f, a, n in zip(finals, answer, lengths, strict=True)]
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import (
@@ -24,11 +25,13 @@ from verl.experimental.agent_loop.agent_loop import (
     AgentLoopOutput,
     register,
 )
+from verl.tools.function_tool import FunctionTool as VerlFunctionTool
+from verl.tools.function_tool import normalize_function_tool_return
 
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import WeightedReward
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, as_prompt
-from toolrollout.tools import Tool, ToolExecutor, load_tool_config
+from toolrollout.tools import Tool, ToolContext, ToolExecutor, ToolResult, load_tool_config
 from toolrollout.tools._verl import VerlToolAdapter
 
 from ._metrics import trajectory_extras
@@ -46,20 +49,37 @@ def _tools_from_file(path: str) -> tuple[Tool, ...]:
     return tuple(load_tool_config(path))
 
 
+@dataclass(frozen=True, kw_only=True)
+class _VerlFunctionToolAdapter(Tool):
+    """A verl ``@function_tool`` (``FunctionTool``), called and normalised as verl does."""
+
+    function: Any = field(repr=False, compare=False)
+
+    async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
+        raw = await self.function.call(dict(arguments))
+        response, reward, metrics = normalize_function_tool_return(raw)
+        return ToolResult(
+            text=response.text or "",
+            images=tuple(response.image or ()),
+            reward=None if reward is None else float(reward),
+            metrics=dict(metrics or {}),
+        )
+
+
 def _wrap_verl_tools(tools: Any) -> list[Tool]:
-    """verl's already-built ``BaseTool`` objects (``ToolListWrap``), run as verl runs them."""
+    """verl's already-built tools (``ToolListWrap``): ``BaseTool`` objects and function tools."""
     wrapped: list[Tool] = []
     for tool in getattr(tools, "tools", None) or []:
-        schema = tool.get_openai_tool_schema()
-        function = schema.model_dump(exclude_none=True)["function"]
-        wrapped.append(
-            VerlToolAdapter(
-                name=str(function["name"]),
-                description=str(function.get("description", "")),
-                parameters=function.get("parameters") or {"type": "object", "properties": {}},
-                instance=tool,
-            )
-        )
+        function = tool.tool_schema.model_dump(exclude_none=True)["function"]
+        common: dict[str, Any] = {
+            "name": str(function["name"]),
+            "description": str(function.get("description", "")),
+            "parameters": function.get("parameters") or {"type": "object", "properties": {}},
+        }
+        if isinstance(tool, VerlFunctionTool):
+            wrapped.append(_VerlFunctionToolAdapter(**common, function=tool))
+        else:
+            wrapped.append(VerlToolAdapter(**common, instance=tool))
     return wrapped
 
 
