@@ -7,6 +7,7 @@ keeps these tests valid.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -26,11 +27,8 @@ def demo_tokenizer() -> Any:
 def calculator_script(tokenizer: Any, expression: str = "4 * 341") -> Any:
     """First turn: one calculator call; once a tool response is in the context: an answer."""
     eos = tokenizer.eos_token_id
-    call = tokenizer.encode(
-        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s"}}\n</tool_call>'
-        % expression,
-        add_special_tokens=False,
-    )
+    payload = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+    call = tokenizer.encode(f"<tool_call>\n{payload}\n</tool_call>", add_special_tokens=False)
     answer = tokenizer.encode("The answer is 1364.", add_special_tokens=False)
 
     def script(request: GenerateRequest) -> ScriptedOutput:
