@@ -49,7 +49,7 @@ def test_metrics_and_extras_follow_the_naming_scheme(
 
 
 def test_failure_rate_counts_tool_errors(demo_tokenizer: Any) -> None:
-    from tests.integrations.conftest import calculator_script
+    from tests.integrations._scripted import calculator_script
 
     runner = RolloutRunner(
         ScriptedEngine(calculator_script(demo_tokenizer, expression="1 / 0")),

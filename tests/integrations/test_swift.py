@@ -94,7 +94,7 @@ def test_run_returns_token_ids_loss_mask_and_logprobs(
     replaced = replace_assistant_response_with_ids(
         copy.deepcopy(out.messages), out.response_token_ids, out.response_loss_mask
     )
-    assert replaced[-1]["content"] == {"input_ids": ids, "loss_scale": mask}
+    assert replaced[-1]["content"] == {"token_ids": ids, "loss_scale": mask}
     # ...and the logprobs land on exactly the trained positions.
     completion_mask = torch.tensor([mask])
     logps = build_rollout_logps([out.rollout_logprobs], completion_mask, torch.device("cpu"))

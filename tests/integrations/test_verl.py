@@ -241,7 +241,7 @@ def test_generate_sequences_in_verls_worker(worker: Any) -> None:
 
 
 def _scripted_trajectories(tokenizer: Any) -> list[Trajectory]:
-    from tests.integrations.conftest import calculator_script
+    from tests.integrations._scripted import calculator_script
 
     runner = RolloutRunner(
         ScriptedEngine(calculator_script(tokenizer)),
