@@ -79,10 +79,14 @@ def test_several_samples_per_prompt_is_refused(
 
 
 def _answer_reward(completions: list[Any], answer: list[str], **kwargs: Any) -> list[float]:
-    """1 for the right final answer, plus a small length term so group rewards differ."""
+    """1 for the right final answer, plus a tie-breaker on the sampled ids.
+
+    The demo model is nearly deterministic; the tie-breaker gives two samples that differ in
+    any token different rewards, so GRPO's advantages (and the gradient) are not all zero.
+    """
     finals = kwargs["final_answer"]
-    lengths = [len(ids) for ids in kwargs["completion_ids"]]
-    return [float(a in f) + 0.001 * n for f, a, n in zip(finals, answer, lengths, strict=True)]
+    ties = [1e-3 * (sum(ids) % 97) for ids in kwargs["completion_ids"]]
+    return [float(a in f) + t for f, a, t in zip(finals, answer, ties, strict=True)]
 
 
 @pytest.mark.slow
@@ -104,7 +108,7 @@ def test_grpo_trainer_steps_on_toolrollout_rollouts_without_training_tool_tokens
     model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
     engine = EmbeddedEngine(DEMO_MODEL_PATH, num_threads=1, max_batch_size=8)
     config = RolloutConfig(
-        sampling=SamplingParams(max_new_tokens=40, temperature=1.0),
+        sampling=SamplingParams(max_new_tokens=40, temperature=1.5),
         max_turns=3,
         max_response_tokens=96,
         seed=0,
@@ -131,7 +135,7 @@ def test_grpo_trainer_steps_on_toolrollout_rollouts_without_training_tool_tokens
     args = trl.GRPOConfig(
         output_dir=str(tmp_path),
         per_device_train_batch_size=4,
-        num_generations=2,
+        num_generations=4,
         max_completion_length=96,
         max_steps=2,
         learning_rate=1e-3,
@@ -169,6 +173,7 @@ def test_grpo_trainer_steps_on_toolrollout_rollouts_without_training_tool_tokens
     ]
     tool_tokens = sum(len(m) - sum(m) for _, m in expected)
     assert tool_tokens > 0, "no rollout called a tool, so the masking was not exercised"
+    assert sum(n for out in returned for n in out["num_tool_calls"]) > 0
     checked = 0
     for completion_ids, loss_mask in seen:
         for row_ids, row_mask in zip(completion_ids.tolist(), loss_mask.tolist(), strict=True):
@@ -182,4 +187,5 @@ def test_grpo_trainer_steps_on_toolrollout_rollouts_without_training_tool_tokens
             checked += 1
     assert checked >= 8
     history = [h for h in trainer.state.log_history if "rollout/num_turns/mean" in h]
-    assert history and "tools/calculator/failure_rate" in history[0]
+    assert len(history) == 2
+    assert any("tools/calculator/failure_rate" in h for h in history)

@@ -299,7 +299,8 @@ def test_parquet_batch_matches_verls_own_padding(worker: Any, tmp_path: Path) ->
     proto = ours.to_dataproto()
     assert isinstance(proto, DataProto) and len(proto) == len(trajectories)
     assert list(proto.non_tensor_batch["uid"]) == [t.group_id for t in trajectories]
-    assert list(proto.non_tensor_batch["__num_turns__"]) == [3] * len(trajectories)
+    # verl's count (ToolAgentLoop): user turns (tool results) + assistant turns + 1.
+    assert list(proto.non_tensor_batch["__num_turns__"]) == [1 + 2 + 1] * len(trajectories)
 
 
 def test_server_engine_maps_verl_stop_reasons() -> None:
