@@ -73,7 +73,7 @@ def to_swift_rollout_output(
     choice = ChatCompletionResponseChoice(
         index=0,
         message=ChatMessage(role="assistant", content=text),
-        finish_reason=finish,  # type: ignore[arg-type]
+        finish_reason=finish,
         token_ids=list(ids),
         logprobs={
             "content": [
@@ -112,7 +112,7 @@ def _prompt_len(trajectory: Trajectory) -> int:
     return len(trajectory.messages)
 
 
-class ToolRolloutScheduler(MultiTurnScheduler):
+class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
     """ms-swift multi-turn scheduler that runs each request as a toolrollout trajectory.
 
     Keyword arguments (all optional, environment variables for the ``swift rollout`` CLI):
@@ -193,7 +193,7 @@ class ToolRolloutScheduler(MultiTurnScheduler):
             self._runners[key] = runner
         return runner
 
-    async def run(  # type: ignore[override]
+    async def run(
         self, infer_request: RolloutInferRequest, request_config: RequestConfig, **kwargs: Any
     ) -> RolloutOutput:
         runner = self._runner(request_config)

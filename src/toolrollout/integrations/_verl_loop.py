@@ -84,7 +84,7 @@ def _wrap_verl_tools(tools: Any) -> list[Tool]:
 
 
 @register(AGENT_NAME)
-class ToolRolloutAgentLoop(AgentLoopBase):
+class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
     """A verl agent loop that runs one toolrollout trajectory per dataset row.
 
     Extra keys of the agent-loop YAML entry arrive as keyword arguments:
