@@ -91,8 +91,9 @@ def _answer_reward(completions: list[Any], answer: list[str], **kwargs: Any) -> 
 
 @pytest.mark.slow
 def test_grpo_trainer_steps_on_toolrollout_rollouts_without_training_tool_tokens(
-    tmp_path: Any, demo_tokenizer: Any
+    tmp_path: Any, demo_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is "experimental" in TRL
     torch = pytest.importorskip("torch")
     datasets = pytest.importorskip("datasets")
     trl = pytest.importorskip("trl")
