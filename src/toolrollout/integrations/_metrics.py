@@ -22,7 +22,9 @@ def trajectory_extras(trajectory: Trajectory) -> dict[str, Any]:
     """What a trainer's reward functions may want besides the tokens, JSON-ready.
 
     ``reward`` is toolrollout's own reward (``None`` when no reward function ran or the
-    trajectory failed), ``tool_stats`` the per-tool call summary of this trajectory.
+    trajectory failed), ``tool_stats`` the per-tool call summary of this trajectory,
+    ``turn_rewards`` / ``tool_rewards`` one entry per model turn (interaction scores and
+    summed per-call tool rewards, ``None`` where there was none).
     """
     stats = trajectory.metrics.get("tool_stats") or {}
     return {
@@ -35,6 +37,8 @@ def trajectory_extras(trajectory: Trajectory) -> dict[str, Any]:
         "finish_reason": trajectory.finish_reason,
         "final_answer": final_answer_text(trajectory),
         "tool_stats": {name: dict(summary) for name, summary in stats.items()},
+        "turn_rewards": list(trajectory.turn_rewards),
+        "tool_rewards": list(trajectory.tool_rewards),
         "weight_version": trajectory.weight_version,
     }
 

@@ -71,21 +71,27 @@ def _rows(
 
 
 def _num_turns(row: Mapping[str, Any]) -> int:
-    """verl counts user + assistant + tool-result turns (``ToolAgentLoop``: users + asst + 1)."""
+    """verl's count (``ToolAgentLoop``): assistant turns + user turns + 1.
+
+    verl's user turns are the tool-result rounds and interaction messages, i.e. each run of
+    non-assistant messages after the first assistant message.
+    """
     messages = row.get("messages")
     if isinstance(messages, str):
         messages = json.loads(messages)
     if not isinstance(messages, Sequence):
         return int(row.get("num_turns", 0))
-    assistant = sum(1 for m in messages if m.get("role") == "assistant")
-    tool_rounds = 0
-    previous = None
-    for message in messages:
-        role = message.get("role")
-        if role == "tool" and previous != "tool":
-            tool_rounds += 1
-        previous = role
-    return assistant + tool_rounds + 1
+    roles = [m.get("role") for m in messages]
+    if "assistant" not in roles:
+        return 1
+    first = roles.index("assistant")
+    assistant = roles.count("assistant")
+    user = sum(
+        1
+        for i in range(first + 1, len(roles))
+        if roles[i] != "assistant" and roles[i - 1] == "assistant"
+    )
+    return assistant + user + 1
 
 
 def to_verl_batch(

@@ -168,7 +168,12 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
             # A failed trajectory has no response: one untrained EOS keeps verl's shapes.
             ids, mask, logprobs = [_eos_ids(self.tokenizer)[0]], [0], [0.0]
         extras = trajectory_extras(trajectory)
-        extra_fields: dict[str, Any] = {"toolrollout": extras}
+        extra_fields: dict[str, Any] = {
+            "toolrollout": extras,
+            # The keys verl's own ToolAgentLoop fills (verl keeps them in every batch).
+            "turn_scores": [float(x) for x in trajectory.turn_rewards if x is not None],
+            "tool_rewards": [float(x) for x in trajectory.tool_rewards if x is not None],
+        }
         if self._reward is not None:
             extra_fields["reward_extra_info"] = {
                 "num_tool_calls": trajectory.num_tool_calls,
