@@ -26,7 +26,8 @@ branches tell apart who is at fault, because a trainer must react differently to
     │       └── CircuitOpen       the tool's circuit breaker is open: failing fast, not called
     ├── InteractionError          an interaction handler (simulated user / environment) failed
     ├── TokenizationError         the chat template / tokenizer cannot give a consistent token delta
-    └── TrackingError             an experiment tracker (MLflow, W&B) failed to record a run
+    ├── TrackingError             an experiment tracker (MLflow, W&B) failed to record a run
+    └── BenchmarkError            a benchmark service or driver failed (``toolrollout bench``)
 
 Errors from httpx, MCP and subprocesses are translated into this tree at the boundary
 (``raise ... from exc``) and never swallowed.
@@ -35,6 +36,7 @@ Errors from httpx, MCP and subprocesses are translated into this tree at the bou
 from __future__ import annotations
 
 __all__ = [
+    "BenchmarkError",
     "CircuitOpen",
     "ConfigError",
     "EngineConnectionError",
@@ -201,3 +203,7 @@ class TrackingError(ToolRolloutError):
 
     The evaluation itself is done and written to disk when this is raised.
     """
+
+
+class BenchmarkError(ToolRolloutError):
+    """A benchmark service did not start, or a benchmark driver failed or ran too long."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typer
 
+from toolrollout.cli import bench as _bench
 from toolrollout.cli import eval as _eval
 from toolrollout.cli import generate as _generate
 from toolrollout.cli import retriever as _retriever
@@ -31,7 +32,7 @@ def _root() -> None:
     """Async multi-turn tool-calling rollouts for LLM RL against SGLang."""
 
 
-for _command in (_serve, _generate, _eval, _retriever, _tools, _sandbox):
+for _command in (_serve, _generate, _eval, _retriever, _tools, _sandbox, _bench):
     _command.register(app)
 
 

@@ -31,6 +31,7 @@ from toolrollout.engines._types import GenerateRequest, SamplingParams
 from toolrollout.engines.embedded import EmbeddedEngine, EmbeddedOutput
 from toolrollout.engines.embedded._scheduler import Event
 from toolrollout.engines.embedded._vision import VisionInputs
+from toolrollout.server._openai import add_chat_completions
 from toolrollout.server._protocol import (
     BadRequest,
     MalformedRequest,
@@ -415,6 +416,15 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
             for i in pending:
                 engine.cancel(rids[i])
 
+    # OpenAI-compatible chat with tool-call parsing (for OpenAI-only peers, e.g. verifiers).
+    add_chat_completions(
+        app,
+        tokenizer=engine.tokenizer,
+        generate=engine.generate,
+        model_name=model_name,
+        error_response=error_response,
+        json_response=_json,
+    )
     return app
 
 

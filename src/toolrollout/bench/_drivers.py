@@ -1,0 +1,261 @@
+"""The drivers compared by the benchmark, each run alone in a worker process.
+
+* ``toolrollout``: :class:`~toolrollout.rollout.RolloutRunner` over
+  :class:`~toolrollout.engines.SGLangClient`; every trajectory runs on its own.
+* ``lockstep``: the same chat format, parser, client and tools, but turn-synchronous: every
+  trajectory waits for the whole batch's generations, then for the whole batch's tool
+  calls, before its next turn (how TRL's built-in tool loop proceeds).
+* ``verifiers``: the published ``verifiers`` library's ToolEnv over the server's
+  OpenAI-compatible ``/v1/chat/completions``.
+* ``httpx``: bare ``httpx`` POSTs of the same conversations to ``/generate`` with no
+  tokenization, parsing or tools; the client-CPU floor for a turn.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from ._model import Workload
+from ._tools import LookupClient
+
+__all__ = ["DriverSpec", "run_driver"]
+
+
+@dataclass(frozen=True, slots=True)
+class DriverSpec:
+    """Everything a worker needs, JSON-friendly."""
+
+    mode: str
+    engine_urls: tuple[str, ...]
+    tool_url: str
+    workload: dict[str, Any]
+    tokenizer: str
+    concurrency: int = 4096
+    drift_check: bool = True
+
+
+def _clock() -> tuple[float, float]:
+    """Wall time and this process's CPU time (user + system, all threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), usage.ru_utime + usage.ru_stime
+
+
+def _since(start: tuple[float, float]) -> dict[str, float]:
+    wall, cpu = _clock()
+    return {"makespan_s": wall - start[0], "client_cpu_s": cpu - start[1]}
+
+
+def _tokens_limit(workload: Workload) -> int:
+    return workload.tokens_per_turn * 2 + 32
+
+
+async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    from toolrollout.engines import SamplingParams, SGLangClient
+    from toolrollout.rollout import RolloutConfig, RolloutRunner
+
+    lookup = LookupClient(spec.tool_url)
+    config = RolloutConfig(
+        sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),
+        max_turns=workload.max_turns,
+        max_response_tokens=1_000_000,
+        concurrency=spec.concurrency,
+        drift_check=spec.drift_check,
+    )
+    async with SGLangClient(list(spec.engine_urls)) as client:
+        runner = RolloutRunner(client, tokenizer, [lookup.tool()], config=config)
+        rows = workload.rows()
+        started = _clock()
+        trajectories = await runner.run(rows)
+        measured = _since(started)
+    await lookup.aclose()
+    drift = sum(int(t.metrics.get("drift_mismatches", 0)) for t in trajectories)
+    return {
+        "trajectories": len(trajectories),
+        "completed": sum(1 for t in trajectories if str(t.status) == "completed"),
+        "turns": sum(t.num_turns for t in trajectories),
+        "generated_tokens": sum(int(t.metrics["model_tokens"]) for t in trajectories),
+        "cached_tokens": sum(int(t.metrics["cached_tokens"]) for t in trajectories),
+        **measured,
+        "note": f"drift mismatches {drift}; errors "
+        + str(sum(1 for t in trajectories if t.error)),
+    }
+
+
+@dataclass(slots=True)
+class _LockstepState:
+    messages: list[dict[str, Any]]
+    ids: list[int]
+    turns: int = 0
+    tokens: int = 0
+    cached: int = 0
+    done: bool = False
+    completed: bool = False
+
+
+async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    from toolrollout.chat import ChatFormat, get_tool_parser
+    from toolrollout.engines import GenerateRequest, GenerateResult, SamplingParams, SGLangClient
+    from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
+
+    lookup = LookupClient(spec.tool_url)
+    executor = ToolExecutor([lookup.tool()])
+    chat = ChatFormat(tokenizer, tools=executor.schemas())
+    parser = get_tool_parser("qwen25")
+    sampling = SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0)
+    async with SGLangClient(list(spec.engine_urls)) as client:
+        started = _clock()
+        states = []
+        for row in workload.rows():
+            messages = [dict(m) for m in row["messages"]]
+            states.append(_LockstepState(messages, chat.render_prompt(messages)))
+        for turn in range(workload.max_turns):
+            active = [(i, s) for i, s in enumerate(states) if not s.done]
+            if not active:
+                break
+            results: dict[int, GenerateResult] = {}
+
+            async def generate(i: int, state: _LockstepState, turn: int = turn) -> None:
+                request = GenerateRequest(
+                    input_ids=tuple(state.ids), sampling=sampling, rid=f"ls{i}-t{turn}",
+                    session_id=f"ls{i}",
+                )
+                results[i] = await client.generate(request)
+
+            async with anyio.create_task_group() as tg:  # barrier 1: every generation
+                for i, state in active:
+                    tg.start_soon(generate, i, state)
+            pending: list[tuple[int, _LockstepState, list[ToolCallRequest]]] = []
+            for i, state in active:
+                result = results[i]
+                state.ids.extend(result.output_ids)
+                state.turns += 1
+                state.tokens += len(result.output_ids)
+                state.cached += result.cached_tokens
+                text = chat.model_text(result.output_ids)
+                parsed = parser.parse(text)
+                if not parsed.tool_calls or result.finish_reason.type != "stop":
+                    state.done = True
+                    state.completed = result.finish_reason.type == "stop"
+                    continue
+                state.messages.append(
+                    {
+                        "role": "assistant",
+                        "content": parsed.content,
+                        "tool_calls": [
+                            {
+                                "id": c.id,
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": c.arguments},
+                            }
+                            for c in parsed.tool_calls
+                        ],
+                    }
+                )
+                calls = [ToolCallRequest(c.id, c.name, c.arguments) for c in parsed.tool_calls]
+                pending.append((i, state, calls))
+            outputs: dict[int, list[ToolResult]] = {}
+
+            async def tools(i: int, calls: Sequence[ToolCallRequest]) -> None:
+                outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
+
+            async with anyio.create_task_group() as tg:  # barrier 2: every tool call
+                for i, _, calls in pending:
+                    tg.start_soon(tools, i, calls)
+            for i, state, calls in pending:
+                tool_messages = [
+                    {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
+                    for c, r in zip(calls, outputs[i], strict=True)
+                ]
+                state.ids.extend(chat.tool_turn_delta(state.messages, tool_messages))
+                state.messages.extend(tool_messages)
+        measured = _since(started)
+    await lookup.aclose()
+    return {
+        "trajectories": len(states),
+        "completed": sum(1 for s in states if s.completed),
+        "turns": sum(s.turns for s in states),
+        "generated_tokens": sum(s.tokens for s in states),
+        "cached_tokens": sum(s.cached for s in states),
+        **measured,
+        "note": "turn-synchronous batches (TRL-style)",
+    }
+
+
+async def _run_httpx(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    """Bare POSTs: the same conversations' ``/generate`` calls, nothing else."""
+    import httpx
+
+    from toolrollout.chat import ChatFormat
+
+    chat = ChatFormat(tokenizer, tools=[LookupClient(spec.tool_url).tool().schema()])
+    prompts = [chat.render_prompt(row["messages"]) for row in workload.rows()]
+    # A fixed stand-in for the tool turn, tokenized once outside the measured loop.
+    filler = chat.encode("\n<|im_start|>user\n<tool_response>\nrecord\n</tool_response><|im_end|>\n")
+    filler += chat.encode("<|im_start|>assistant\n")
+    url = spec.engine_urls[0]
+    stats = {"turns": 0, "tokens": 0, "completed": 0}
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
+        started = _clock()
+
+        async def one(i: int, item_turns: int) -> None:
+            ids = list(prompts[i])
+            for turn in range(item_turns):
+                body = {
+                    "input_ids": ids,
+                    "sampling_params": {"max_new_tokens": _tokens_limit(workload)},
+                    "return_logprob": True,
+                    "rid": f"bare{i}-t{turn}",
+                }
+                response = await http.post(f"{url}/generate", json=body)
+                response.raise_for_status()
+                out = response.json()["output_ids"]
+                stats["turns"] += 1
+                stats["tokens"] += len(out)
+                ids = ids + out + filler
+            stats["completed"] += 1
+
+        async with anyio.create_task_group() as tg:
+            for i, item in enumerate(workload.items):
+                tg.start_soon(one, i, item.turns)
+        measured = _since(started)
+    return {
+        "trajectories": workload.trajectories,
+        "completed": stats["completed"],
+        "turns": stats["turns"],
+        "generated_tokens": stats["tokens"],
+        **measured,
+        "note": "bare httpx POST /generate per turn; no tools, no tokenization",
+    }
+
+
+async def _run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    from ._verifiers import run_verifiers
+
+    return await run_verifiers(spec, workload, LookupClient(spec.tool_url))
+
+
+_DRIVERS = {
+    "toolrollout": _run_toolrollout,
+    "lockstep": _run_lockstep,
+    "httpx": _run_httpx,
+    "verifiers": _run_verifiers,
+}
+
+
+async def run_driver(spec: DriverSpec) -> dict[str, Any]:
+    """Run one driver over the workload; its raw counts and wall-clock makespan."""
+    from transformers import AutoTokenizer
+
+    driver = _DRIVERS.get(spec.mode)
+    if driver is None:
+        raise ValueError(f"unknown benchmark mode {spec.mode!r}; choose from {sorted(_DRIVERS)}")
+    workload = Workload(**spec.workload)
+    tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer)
+    return await driver(spec, workload, tokenizer)

@@ -1,0 +1,290 @@
+"""Runs every driver against the same servers, one after the other, in one invocation.
+
+The harness starts the latency-model server(s) and the tool service as subprocesses on
+loopback, then, per mode: resets their logs and caches, runs the driver in a fresh worker
+process (so CPU time and peak memory are the driver's own), and computes the ideal
+makespan from the servers' logs of that mode. Machine load is recorded before and after,
+because on a shared machine it is part of every number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from toolrollout._exceptions import BenchmarkError
+
+from ._drivers import DriverSpec
+from ._metrics import ModeResult, critical_paths, ideal_makespan
+from ._model import LatencyModel, ToolLatency, Workload
+
+__all__ = ["BenchConfig", "BenchReport", "run_benchmark", "serve_benchmark_services"]
+
+MODES = ("toolrollout", "lockstep", "verifiers", "httpx")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """One benchmark invocation."""
+
+    workload: Workload = field(default_factory=Workload)
+    model: LatencyModel = field(default_factory=LatencyModel)
+    tool_latency: ToolLatency = field(default_factory=ToolLatency)
+    modes: tuple[str, ...] = ("toolrollout", "lockstep", "httpx")
+    servers: int = 1
+    tokenizer: str = ""
+    drift_check: bool = True
+    micro_turns: int = 64
+    mode_timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        unknown = [m for m in self.modes if m not in MODES]
+        if unknown:
+            raise BenchmarkError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+        if self.servers < 1:
+            raise BenchmarkError("servers must be at least 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload.to_dict(),
+            "model": asdict(self.model),
+            "tool_latency": asdict(self.tool_latency),
+            "modes": list(self.modes),
+            "servers": self.servers,
+            "drift_check": self.drift_check,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class BenchReport:
+    """Everything one run measured, JSON-ready via :meth:`to_dict`."""
+
+    config: dict[str, Any]
+    results: tuple[ModeResult, ...]
+    tokenization: dict[str, Any] | None
+    machine: dict[str, Any]
+
+    def result(self, mode: str) -> ModeResult | None:
+        return next((r for r in self.results if r.mode == mode), None)
+
+    def targets(self) -> list[dict[str, Any]]:
+        """The issue's targets, each with the measured value and whether it was met."""
+        rows: list[dict[str, Any]] = []
+        ours = self.result("toolrollout")
+        lock = self.result("lockstep")
+        bare = self.result("httpx")
+        if ours is not None:
+            rows.append(_target("orchestration efficiency", ours.efficiency, ">=", 0.95))
+        if ours is not None and lock is not None and lock.trajectories_per_s > 0:
+            speedup = ours.trajectories_per_s / lock.trajectories_per_s
+            rows.append(_target("throughput vs lock-step", speedup, ">=", 2.0))
+        if ours is not None and bare is not None and bare.cpu_per_turn_ms > 0:
+            ratio = ours.cpu_per_turn_ms / bare.cpu_per_turn_ms
+            rows.append(_target("client CPU per turn vs bare httpx POST", ratio, "<=", 1.5))
+        if self.tokenization is not None:
+            key = "ratio_with_drift_check" if self.config["drift_check"] else (
+                "ratio_without_drift_check"
+            )
+            turns = self.tokenization["turns"]
+            value = float(self.tokenization[key])
+            rows.append(_target(f"tokenization cost turn {turns} vs turn 1", value, "<=", 1.2))
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "results": [r.to_dict() for r in self.results],
+            "tokenization": self.tokenization,
+            "targets": self.targets(),
+            "machine": self.machine,
+        }
+
+
+def _target(name: str, value: float, op: str, goal: float) -> dict[str, Any]:
+    met = value >= goal if op == ">=" else value <= goal
+    return {"target": name, "value": value, "goal": f"{op} {goal}", "met": met}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise BenchmarkError(f"the service for {url} exited with code {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise BenchmarkError(f"{url} did not become healthy within {timeout:.0f} s")
+
+
+@contextmanager
+def _process(args: list[str], url: str) -> Iterator[str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        _wait_healthy(url, proc)
+        yield url
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+@contextmanager
+def serve_benchmark_services(config: BenchConfig) -> Iterator[tuple[list[str], str]]:
+    """Start ``config.servers`` latency-model servers and the tool service; yield URLs."""
+    with ExitStack() as stack:
+        engines = []
+        for _ in range(config.servers):
+            port = _free_port()
+            url = f"http://127.0.0.1:{port}"
+            args = [
+                sys.executable, "-m", "toolrollout.bench.serve_model",
+                f"--port={port}",
+                f"--tokenizer={config.tokenizer}",
+                f"--capacity={config.model.capacity}",
+                f"--prefill-per-token={config.model.prefill_per_token_s}",
+                f"--decode-per-token={config.model.decode_per_token_s}",
+            ]  # fmt: skip
+            engines.append(stack.enter_context(_process(args, url)))
+        port = _free_port()
+        tool_url = f"http://127.0.0.1:{port}"
+        args = [
+            sys.executable, "-m", "toolrollout.bench.serve_tools", f"--port={port}",
+            *config.tool_latency.to_args(),
+        ]  # fmt: skip
+        stack.enter_context(_process(args, tool_url))
+        yield engines, tool_url
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg": list(os.getloadavg()),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+
+
+def _run_worker(spec: DriverSpec, timeout: float) -> dict[str, Any]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    payload = json.dumps({**asdict(spec), "engine_urls": list(spec.engine_urls)})
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "toolrollout.bench._worker", payload],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BenchmarkError(f"mode {spec.mode!r} did not finish within {timeout:.0f} s") from exc
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise BenchmarkError(f"mode {spec.mode!r} failed: {tail[0]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _logs(engines: Sequence[str], tool_url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    requests: list[dict[str, Any]] = []
+    for url in engines:
+        requests.extend(httpx.get(f"{url}/bench/log", timeout=60).json()["requests"])
+    calls = httpx.get(f"{tool_url}/bench/log", timeout=60).json()["calls"]
+    return requests, calls
+
+
+def _reset(engines: Sequence[str], tool_url: str) -> None:
+    for url in [*engines, tool_url]:
+        httpx.post(f"{url}/bench/reset", timeout=30).raise_for_status()
+
+
+def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
+    """Run every mode of ``config`` and return the report (nothing is printed here)."""
+    from toolrollout.demo import DEMO_MODEL_PATH
+
+    if not config.tokenizer:
+        from dataclasses import replace
+
+        config = replace(config, tokenizer=str(DEMO_MODEL_PATH))
+    machine_before = _machine()
+    results: list[ModeResult] = []
+    with serve_benchmark_services(config) as (engines, tool_url):
+        for mode in config.modes:
+            if progress is not None:
+                progress(f"running {mode} ({config.workload.trajectories} trajectories)")
+            _reset(engines, tool_url)
+            spec = DriverSpec(
+                mode=mode,
+                engine_urls=tuple(engines),
+                tool_url=tool_url,
+                workload=config.workload.to_dict(),
+                tokenizer=config.tokenizer,
+                drift_check=config.drift_check,
+            )
+            raw = _run_worker(spec, config.mode_timeout_s)
+            requests, calls = _logs(engines, tool_url)
+            paths = critical_paths(requests, calls)
+            total = sum(float(r["slot_seconds"]) for r in requests)
+            ideal = ideal_makespan(paths, total, config.model.capacity * config.servers)
+            results.append(
+                ModeResult(
+                    mode=mode,
+                    trajectories=int(raw["trajectories"]),
+                    completed=int(raw["completed"]),
+                    turns=int(raw["turns"]),
+                    generated_tokens=int(raw["generated_tokens"]),
+                    makespan_s=float(raw["makespan_s"]),
+                    ideal_makespan_s=ideal,
+                    client_cpu_s=float(raw["client_cpu_s"]),
+                    peak_rss_mb=float(raw["peak_rss_mb"]),
+                    cached_tokens=sum(int(r["cached_tokens"]) for r in requests),
+                    prompt_tokens=sum(int(r["prompt_tokens"]) for r in requests),
+                    note=str(raw.get("note", "")),
+                )
+            )
+    tokenization = None
+    if config.micro_turns > 0:
+        from transformers import AutoTokenizer
+
+        from ._micro import tokenization_cost
+
+        if progress is not None:
+            progress(f"timing per-turn token work at turn 1 and turn {config.micro_turns}")
+        tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
+        tokenization = tokenization_cost(tokenizer, turns=config.micro_turns)
+    machine = {**machine_before, "loadavg_after": list(os.getloadavg())}
+    machine["loadavg_before"] = machine.pop("loadavg")
+    return BenchReport(config.to_dict(), tuple(results), tokenization, machine)
+
+
+def write_json(report: BenchReport, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report.to_dict(), indent=2) + "\n")

@@ -1,0 +1,167 @@
+"""The benchmark's inputs as plain values: server cost model, tool latencies, workload.
+
+Everything a run depends on is deterministic: a tool call's latency is a function of the
+call's key and the seed, and each trajectory's number of turns and tokens is written into
+its prompt. So every driver (toolrollout, lock-step, verifiers) sees exactly the same work,
+and the harness can compute each trajectory's critical path without trusting the drivers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from toolrollout._exceptions import UserError
+
+__all__ = [
+    "DIRECTIVE_RE",
+    "LatencyModel",
+    "ToolLatency",
+    "Workload",
+    "WorkloadItem",
+    "parse_directive",
+]
+
+DIRECTIVE_RE = re.compile(r"bench-task (?P<key>[\w.-]+) turns=(?P<turns>\d+) tokens=(?P<tokens>\d+)")
+"""How a prompt tells the latency-model server what to answer (see :class:`Workload`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyModel:
+    """What one generation costs on the simulated server.
+
+    A request holds one of ``capacity`` batch slots (continuous batching: a finished
+    request frees its slot at once) for ``prefill_per_token_s`` per uncached prompt token
+    plus ``decode_per_token_s`` per generated token. The per-token cost does not grow with
+    the batch, which is how a memory-bound decode behaves until the batch is full.
+    """
+
+    capacity: int = 256
+    prefill_per_token_s: float = 0.00002
+    decode_per_token_s: float = 0.002
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise UserError(f"capacity must be at least 1, got {self.capacity}")
+        if self.prefill_per_token_s < 0 or self.decode_per_token_s < 0:
+            raise UserError("prefill and decode costs must not be negative")
+
+    def service_seconds(self, uncached_prompt_tokens: int, output_tokens: int) -> float:
+        """Slot time of one request."""
+        return (
+            uncached_prompt_tokens * self.prefill_per_token_s
+            + output_tokens * self.decode_per_token_s
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLatency:
+    """A tool-latency distribution, sampled deterministically per call key.
+
+    ``fixed`` always takes ``median`` seconds; ``lognormal`` has that median and log-space
+    standard deviation ``sigma`` (sigma 1.0 puts the 99.9th percentile about 22x above the
+    median: a heavy tail), capped at ``cap`` seconds so one draw cannot stall a run.
+    """
+
+    kind: Literal["fixed", "lognormal"] = "lognormal"
+    median: float = 0.2
+    sigma: float = 1.0
+    cap: float = 30.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("fixed", "lognormal"):
+            raise UserError(f"tool latency kind must be fixed or lognormal, got {self.kind!r}")
+        if self.median < 0 or self.sigma < 0 or self.cap < 0:
+            raise UserError("tool latency median, sigma and cap must not be negative")
+
+    def sample(self, key: str) -> float:
+        """Seconds the tool call ``key`` takes (the same for every driver and run)."""
+        if self.kind == "fixed" or self.median == 0:
+            return min(self.median, self.cap)
+        digest = hashlib.blake2b(f"{self.seed}:{key}".encode(), digest_size=8).digest()
+        rng = random.Random(int.from_bytes(digest, "big"))
+        return min(rng.lognormvariate(math.log(self.median), self.sigma), self.cap)
+
+    def to_args(self) -> list[str]:
+        """Command-line options of the tool service for this distribution."""
+        return [
+            f"--latency-kind={self.kind}",
+            f"--latency-median={self.median}",
+            f"--latency-sigma={self.sigma}",
+            f"--latency-cap={self.cap}",
+            f"--latency-seed={self.seed}",
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadItem:
+    """One trajectory's script: how many model turns and how many tokens per turn."""
+
+    key: str
+    turns: int
+    tokens: int
+
+    def prompt(self) -> list[dict[str, Any]]:
+        text = f"bench-task {self.key} turns={self.turns} tokens={self.tokens}"
+        return [{"role": "user", "content": text}]
+
+    def tool_keys(self) -> list[str]:
+        """Keys of the tool calls this trajectory makes (one per turn but the last)."""
+        return [f"{self.key}.{t}" for t in range(self.turns - 1)]
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """``prompts`` x ``n`` trajectories; turns drawn uniformly from ``min_turns..max_turns``.
+
+    Every trajectory calls one tool per turn except its last, whose answer ends it.
+    """
+
+    prompts: int = 64
+    n: int = 16
+    min_turns: int = 2
+    max_turns: int = 6
+    tokens_per_turn: int = 48
+    seed: int = 0
+    items: tuple[WorkloadItem, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.prompts < 1 or self.n < 1:
+            raise UserError("prompts and n must be at least 1")
+        if not 1 <= self.min_turns <= self.max_turns:
+            raise UserError("need 1 <= min_turns <= max_turns")
+        if self.tokens_per_turn < 1:
+            raise UserError("tokens_per_turn must be at least 1")
+        rng = random.Random(self.seed)
+        items = []
+        for p in range(self.prompts):
+            for s in range(self.n):
+                turns = rng.randint(self.min_turns, self.max_turns)
+                items.append(WorkloadItem(f"p{p}s{s}", turns, self.tokens_per_turn))
+        object.__setattr__(self, "items", tuple(items))
+
+    @property
+    def trajectories(self) -> int:
+        return self.prompts * self.n
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Prompt rows, one per trajectory (each sample has its own script)."""
+        return [{"messages": item.prompt()} for item in self.items]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("items", None)
+        return data
+
+
+def parse_directive(text: str) -> WorkloadItem | None:
+    """The script in a prompt's user message, or None for an ordinary prompt."""
+    match = DIRECTIVE_RE.search(text)
+    if match is None:
+        return None
+    return WorkloadItem(match["key"], int(match["turns"]), int(match["tokens"]))

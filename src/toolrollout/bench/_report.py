@@ -1,0 +1,110 @@
+"""Presenting a :class:`BenchReport`: a rich table, and a matplotlib figure for docs/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ._harness import BenchReport
+
+__all__ = ["plot_report", "render_table"]
+
+
+def render_table(report: BenchReport, console: Any = None) -> None:
+    """Print the modes side by side, then the targets, then the machine load."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title="toolrollout bench (same workload, same servers, one run)")
+    for column in (
+        "mode",
+        "traj",
+        "done",
+        "turns",
+        "makespan s",
+        "ideal s",
+        "efficiency",
+        "traj/s",
+        "tok/s",
+        "CPU ms/turn",
+        "peak MB",
+        "cached tok",
+    ):
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for r in report.results:
+        table.add_row(
+            r.mode,
+            str(r.trajectories),
+            str(r.completed),
+            str(r.turns),
+            f"{r.makespan_s:.2f}",
+            f"{r.ideal_makespan_s:.2f}",
+            f"{r.efficiency:.3f}",
+            f"{r.trajectories_per_s:.1f}",
+            f"{r.tokens_per_s:.0f}",
+            f"{r.cpu_per_turn_ms:.2f}",
+            f"{r.peak_rss_mb:.0f}",
+            str(r.cached_tokens),
+        )
+    console.print(table)
+    targets = Table(title="targets")
+    for column in ("target", "measured", "goal", "met"):
+        targets.add_column(column)
+    for t in report.targets():
+        targets.add_row(t["target"], f"{t['value']:.3f}", t["goal"], "yes" if t["met"] else "NO")
+    console.print(targets)
+    machine = report.machine
+    console.print(
+        f"machine: {machine['cpus']} CPUs; load average before "
+        f"{machine['loadavg_before'][0]:.2f}, after {machine['loadavg_after'][0]:.2f}"
+    )
+
+
+def plot_report(report: BenchReport, path: Path) -> Path:
+    """Save a two-panel figure: throughput and efficiency per mode, CPU per turn."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        from toolrollout._exceptions import UserError
+
+        raise UserError(
+            "the plot needs matplotlib: pip install 'toolrollout[bench]' (or pass --no-plot)"
+        ) from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rollouts = [r for r in report.results if r.mode != "httpx"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    names = [r.mode for r in rollouts]
+    left.bar(names, [r.trajectories_per_s for r in rollouts], color="#4C72B0")
+    left.set_ylabel("trajectories / s")
+    left.set_title("throughput (bar) and efficiency (label)")
+    for i, r in enumerate(rollouts):
+        left.annotate(
+            f"eff {r.efficiency:.2f}",
+            (i, r.trajectories_per_s),
+            ha="center",
+            va="bottom",
+            fontsize=9,
+        )
+    cpu_modes = list(report.results)
+    right.bar(
+        [r.mode for r in cpu_modes], [r.cpu_per_turn_ms for r in cpu_modes], color="#DD8452"
+    )
+    right.set_ylabel("client CPU ms per turn")
+    right.set_title("client CPU per turn (httpx = bare POST)")
+    workload = report.config["workload"]
+    load = report.machine["loadavg_before"][0]
+    fig.suptitle(
+        f"{workload['prompts']}x{workload['n']} trajectories, "
+        f"{workload['min_turns']}-{workload['max_turns']} turns, "
+        f"tool latency {report.config['tool_latency']['kind']}; "
+        f"{report.machine['cpus']} CPUs, load {load:.1f}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,133 @@
+"""The latency-model server's "model": scripted tool-calling turns in real token ids.
+
+Each turn is rendered as text the way the demo chat template writes an assistant turn
+(Qwen2.5 tool-call format) and tokenized in context with the served tokenizer, so the ids
+re-render exactly and the client's parser, deltas and drift check do real work. Token ids
+are always derived from the tokenizer, never hard-coded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._model import WorkloadItem, parse_directive
+
+__all__ = ["TOOL_NAME", "ScriptedTurn", "TurnScript"]
+
+TOOL_NAME = "lookup"
+"""The one tool the scripted model calls (served by the benchmark's tool service)."""
+_WORDS = (
+    "checking the record before answering",
+    "the next value comes from the lookup service",
+    "noting the intermediate result",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedTurn:
+    """What the scripted model answers for one request."""
+
+    item: WorkloadItem | None
+    turn: int
+    """0-based index of this model turn in its trajectory."""
+    text: str
+    """Assistant text (without the end-of-turn token)."""
+    tool_key: str | None
+    """Key of the tool call this turn makes, or None for the final answer."""
+
+
+class TurnScript:
+    """Finds a request's script and turn index in its ids and writes the next turn."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if not isinstance(start, int) or not isinstance(end, int) or start == end:
+            raise ValueError("the tokenizer has no <|im_start|>/<|im_end|> tokens")
+        self.im_start: int = start
+        self.im_end: int = end
+        self._user_header = self._encode("<|im_start|>user\n")
+        self._assistant_header = self._encode("<|im_start|>assistant\n")
+        self._filler: dict[int, str] = {}
+
+    def _encode(self, text: str) -> list[int]:
+        return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
+
+    # ------------------------------------------------------------------ reading requests
+    def locate(self, ids: Sequence[int]) -> tuple[WorkloadItem | None, int, int]:
+        """(script, turn index, end of the shared system prefix) for a token prompt."""
+        header = self._user_header
+        width = len(header)
+        pos = -1
+        try:
+            at = ids.index(self.im_start)
+            while True:
+                if list(ids[at : at + width]) == header:
+                    pos = at
+                    break
+                at = ids.index(self.im_start, at + 1)
+        except ValueError:
+            return None, 0, 0
+        try:
+            end = ids.index(self.im_end, pos)
+        except ValueError:
+            return None, 0, pos
+        item = parse_directive(self._tok.decode(list(ids[pos + width : end])))
+        before = list(ids[: pos + 1]).count(self.im_start)
+        # Each finished turn adds its assistant header and the tool turn's header; the
+        # generation prompt adds one more.
+        turn = max((list(ids).count(self.im_start) - before - 1) // 2, 0)
+        return item, turn, pos
+
+    def locate_messages(self, messages: Sequence[dict[str, Any]]) -> tuple[WorkloadItem | None, int]:
+        """The same for an OpenAI ``messages`` list."""
+        item = None
+        for message in messages:
+            if message.get("role") == "user" and isinstance(message.get("content"), str):
+                item = parse_directive(message["content"])
+                break
+        turn = sum(1 for m in messages if m.get("role") == "assistant")
+        return item, turn
+
+    # ------------------------------------------------------------------ writing answers
+    def turn(self, item: WorkloadItem | None, turn: int) -> ScriptedTurn:
+        if item is None:
+            return ScriptedTurn(None, turn, "There is no benchmark script in this prompt.", None)
+        if turn < item.turns - 1:
+            key = f"{item.key}.{turn}"
+            call = json.dumps({"name": TOOL_NAME, "arguments": {"key": key}})
+            tail = f"\n<tool_call>\n{call}\n</tool_call>"
+            return ScriptedTurn(item, turn, self._fill(item.tokens, tail) + tail, key)
+        tail = f" Done with {item.key}."
+        return ScriptedTurn(item, turn, self._fill(item.tokens, tail) + tail, None)
+
+    def output_ids(self, text: str) -> list[int]:
+        """Ids of ``text`` as an assistant turn, the end-of-turn token included."""
+        ids = self._encode("<|im_start|>assistant\n" + text + "<|im_end|>")
+        head = self._assistant_header
+        if ids[: len(head)] != head:
+            raise ValueError("the assistant header does not tokenize on its own")
+        return ids[len(head) :]
+
+    def _fill(self, tokens: int, tail: str) -> str:
+        """Filler words so that the turn has about ``tokens`` tokens in all."""
+        budget = tokens - len(self._encode(tail)) - 1
+        if budget <= 0:
+            return "Ok."
+        cached = self._filler.get(budget)
+        if cached is not None:
+            return cached
+        words: list[str] = []
+        i = 0
+        while len(self._encode(" ".join(words))) < budget:
+            words.extend(_WORDS[i % len(_WORDS)].split())
+            i += 1
+        while len(words) > 1 and len(self._encode(" ".join(words))) > budget:
+            words.pop()
+        text = " ".join(words).capitalize() + "."
+        self._filler[budget] = text
+        return text

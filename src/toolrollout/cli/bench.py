@@ -1,0 +1,107 @@
+"""``toolrollout bench``: rollout throughput, side by side with the baselines.
+
+Starts the latency-model server(s) and the tool service, runs each mode over the same
+workload in its own worker process, prints a rich table with the targets, and writes the
+report as JSON and (with matplotlib) as a plot. User mistakes exit with one line, code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+__all__ = ["bench", "register"]
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+def bench(
+    prompts: Annotated[int, typer.Option(min=1, help="Distinct prompts.")] = 64,
+    n: Annotated[int, typer.Option("--n", min=1, help="Samples per prompt.")] = 16,
+    min_turns: Annotated[int, typer.Option(min=1, help="Fewest model turns.")] = 2,
+    max_turns: Annotated[int, typer.Option(min=1, help="Most model turns.")] = 6,
+    tokens_per_turn: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 48,
+    capacity: Annotated[
+        int, typer.Option(min=1, help="Continuous-batching slots per server.")
+    ] = 256,
+    decode_ms: Annotated[float, typer.Option(min=0.0, help="Decode ms per token.")] = 2.0,
+    prefill_us: Annotated[
+        float, typer.Option(min=0.0, help="Prefill microseconds per uncached prompt token.")
+    ] = 20.0,
+    tool_latency: Annotated[str, typer.Option(help="fixed or lognormal.")] = "lognormal",
+    tool_median: Annotated[float, typer.Option(min=0.0, help="Median tool seconds.")] = 0.2,
+    tool_sigma: Annotated[float, typer.Option(min=0.0, help="Lognormal sigma.")] = 1.0,
+    mode: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mode",
+            help="toolrollout, lockstep, verifiers, httpx (repeatable). "
+            "Default: toolrollout, lockstep, httpx, and verifiers when it is installed.",
+        ),
+    ] = None,
+    servers: Annotated[int, typer.Option(min=1, help="Latency-model servers.")] = 1,
+    drift_check: Annotated[
+        bool, typer.Option(help="Run toolrollout with its per-turn drift check.")
+    ] = True,
+    micro_turns: Annotated[
+        int, typer.Option(min=0, help="Turn N of the tokenization timing (0 skips it).")
+    ] = 64,
+    seed: Annotated[int, typer.Option(help="Workload and tool-latency seed.")] = 0,
+    json_out: Annotated[
+        Path, typer.Option("--json", help="Where to write the JSON report.")
+    ] = Path("bench.json"),
+    plot: Annotated[
+        Path | None, typer.Option(help="Where to save the plot (needs matplotlib).")
+    ] = None,
+) -> None:
+    """Benchmark rollout orchestration against lock-step and peer baselines."""
+    import importlib.util
+
+    from rich.console import Console
+
+    from toolrollout._exceptions import ToolRolloutError
+    from toolrollout.bench import (
+        BenchConfig,
+        LatencyModel,
+        ToolLatency,
+        Workload,
+        plot_report,
+        render_table,
+        run_benchmark,
+        write_json,
+    )
+
+    if min_turns > max_turns:
+        raise _fail(f"--min-turns {min_turns} is above --max-turns {max_turns}")
+    modes = tuple(mode) if mode else ("toolrollout", "lockstep", "httpx")
+    if not mode and importlib.util.find_spec("verifiers") is not None:
+        modes = ("toolrollout", "lockstep", "verifiers", "httpx")
+    console = Console(stderr=True)
+    try:
+        config = BenchConfig(
+            workload=Workload(prompts, n, min_turns, max_turns, tokens_per_turn, seed),
+            model=LatencyModel(capacity, prefill_us / 1e6, decode_ms / 1e3),
+            tool_latency=ToolLatency(tool_latency, tool_median, tool_sigma, seed=seed),  # type: ignore[arg-type]
+            modes=modes,
+            servers=servers,
+            drift_check=drift_check,
+            micro_turns=micro_turns,
+        )
+        report = run_benchmark(config, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
+        render_table(report, Console())
+        write_json(report, json_out)
+        if plot is not None:
+            plot_report(report, plot)
+    except ToolRolloutError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"wrote {json_out}" + (f" and {plot}" if plot is not None else ""))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``bench`` command to the ``toolrollout`` app."""
+    app.command("bench")(bench)

@@ -1,0 +1,234 @@
+"""OpenAI-compatible ``POST /v1/chat/completions`` with tool-call parsing.
+
+Peer libraries that speak only OpenAI's chat API (``verifiers``' ToolEnv, agent
+frameworks) need this route; SGLang serves it with ``--tool-call-parser``. The shapes
+follow SGLang's ``serving_chat.py``: the server renders ``messages`` (and ``tools``) with
+the model's chat template, generates, and, when the parser finds tool calls, returns them
+as ``message.tool_calls`` (``"id": "call_<24 hex>"``, ``"arguments"`` as a JSON string)
+with ``finish_reason`` rewritten from ``"stop"`` to ``"tool_calls"``; ``content`` is the
+text before the first call. Streaming and ``n > 1`` are refused with a one-line error.
+
+The request and response builders are plain functions so that the benchmark's
+latency-model server answers with exactly the same shapes as the embedded server.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from toolrollout._exceptions import ToolRolloutError, UserError
+from toolrollout.chat import ChatFormat, ToolCall, get_tool_parser
+from toolrollout.engines._types import FinishReason, GenerateRequest, SamplingParams
+
+__all__ = [
+    "ChatCompletionRequest",
+    "add_chat_completions",
+    "chat_completion_json",
+    "openai_finish_reason",
+    "parse_chat_request",
+    "tool_calls_json",
+]
+
+
+class ChatCompletionRequest(BaseModel):
+    """The fields of an OpenAI chat request this server honours (others are ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = -1
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    logprobs: bool = False
+    rid: str | None = None
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 128
+
+    def sampling(self) -> SamplingParams:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            stop=stop,
+            seed=self.seed,
+        )
+
+    def tools_enabled(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+def parse_chat_request(body: Any) -> ChatCompletionRequest:
+    """Validate a request body; :class:`UserError` with one readable line otherwise."""
+    if not isinstance(body, dict):
+        raise UserError("the request body must be a JSON object")
+    try:
+        request = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise UserError(f"{where}: {first['msg']}") from None
+    if request.stream:
+        raise UserError("stream=true is not supported by this server; use stream=false")
+    if request.n != 1:
+        raise UserError(f"n={request.n} is not supported by this server; send n=1")
+    return request
+
+
+def tool_calls_json(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    """OpenAI ``message.tool_calls`` for parsed calls (arguments as a JSON string)."""
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "index": i,
+            "type": "function",
+            "function": {
+                "name": call.name,
+                "arguments": json.dumps(call.arguments, ensure_ascii=False),
+            },
+        }
+        for i, call in enumerate(calls)
+    ]
+
+
+def openai_finish_reason(finish: FinishReason, *, has_tool_calls: bool) -> str:
+    """SGLang's mapping: a stop that produced tool calls reports ``"tool_calls"``."""
+    if finish.type == "stop":
+        return "tool_calls" if has_tool_calls else "stop"
+    return finish.type
+
+
+def chat_completion_json(
+    *,
+    model: str,
+    content: str | None,
+    tool_calls: list[dict[str, Any]],
+    finish_reason: str,
+    matched_stop: int | str | None,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int = 0,
+    rid: str | None = None,
+) -> dict[str, Any]:
+    """A ``chat.completion`` object in SGLang's layout."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": content if content else None,
+        "reasoning_content": None,
+        "tool_calls": tool_calls or None,
+    }
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "reasoning_tokens": 0,
+    }
+    if cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return {
+        "id": rid or uuid.uuid4().hex,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason,
+                "matched_stop": None if tool_calls else matched_stop,
+            }
+        ],
+        "usage": usage,
+    }
+
+
+def add_chat_completions(
+    app: Any,
+    *,
+    tokenizer: Any,
+    generate: Callable[[GenerateRequest], Any],
+    model_name: str,
+    tool_parser: str = "qwen25",
+    error_response: Callable[[str, int], Any],
+    json_response: Callable[[Any], Any],
+) -> None:
+    """Register ``POST /v1/chat/completions`` on a FastAPI ``app``.
+
+    ``generate`` is the engine's coroutine function (token-in/token-out); the route renders
+    the chat template on the server side, as SGLang does, and parses tool calls with
+    ``tool_parser`` (SGLang's ``--tool-call-parser``).
+    """
+    parser = get_tool_parser(tool_parser)
+    formats: dict[str, ChatFormat] = {}
+
+    def chat_format(tools: list[dict[str, Any]] | None) -> ChatFormat:
+        key = json.dumps(tools or [], sort_keys=True)
+        found = formats.get(key)
+        if found is None:
+            found = ChatFormat(tokenizer, tools=tools or None)
+            if len(formats) < 64:
+                formats[key] = found
+        return found
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        try:
+            body = json.loads(await request.body() or b"{}")
+            parsed = parse_chat_request(body)
+            fmt = chat_format(parsed.tools if parsed.tools_enabled() else None)
+            prompt_ids = fmt.render_prompt(parsed.messages)
+        except ValueError as exc:  # JSON errors
+            return error_response(f"JSON decode error: {exc}", HTTPStatus.BAD_REQUEST)
+        except ToolRolloutError as exc:
+            return error_response(str(exc), HTTPStatus.BAD_REQUEST)
+        rid = parsed.rid or f"chatcmpl-{uuid.uuid4().hex}"
+        try:
+            result = await generate(
+                GenerateRequest(input_ids=tuple(prompt_ids), sampling=parsed.sampling(), rid=rid)
+            )
+        except UserError as exc:
+            return error_response(str(exc), HTTPStatus.BAD_REQUEST)
+        except ToolRolloutError as exc:
+            return error_response(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+        text = fmt.model_text(result.output_ids)
+        calls: list[dict[str, Any]] = []
+        content: str | None = text
+        if parsed.tools_enabled():
+            turn = parser.parse(text)
+            if turn.tool_calls:
+                calls = tool_calls_json(turn.tool_calls)
+                content = turn.content
+        return json_response(
+            chat_completion_json(
+                model=parsed.model or model_name,
+                content=content,
+                tool_calls=calls,
+                finish_reason=openai_finish_reason(result.finish_reason, has_tool_calls=bool(calls)),
+                matched_stop=result.finish_reason.matched,
+                prompt_tokens=result.prompt_tokens,
+                completion_tokens=result.completion_tokens,
+                cached_tokens=result.cached_tokens,
+                rid=rid,
+            )
+        )

@@ -1,0 +1,133 @@
+"""The benchmark's inputs and arithmetic: deterministic latencies, workloads, ideal makespan."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+
+from toolrollout.bench import (
+    BenchConfig,
+    BenchmarkError,
+    LatencyModel,
+    ModeResult,
+    ToolLatency,
+    Workload,
+    WorkloadItem,
+    critical_paths,
+    ideal_makespan,
+    orchestration_efficiency,
+    parse_directive,
+)
+from toolrollout.bench._harness import BenchReport
+
+
+def test_tool_latency_is_deterministic_per_key_and_heavy_tailed() -> None:
+    dist = ToolLatency("lognormal", median=0.2, sigma=1.0, cap=1e9, seed=3)
+    draws = [dist.sample(f"k{i}") for i in range(4000)]
+    assert draws[:50] == [dist.sample(f"k{i}") for i in range(50)]  # same key, same latency
+    assert ToolLatency("lognormal", 0.2, 1.0, 1e9, seed=4).sample("k0") != draws[0]
+    assert statistics.median(draws) == pytest.approx(0.2, rel=0.1)
+    # log-space spread is sigma; the tail reaches far beyond the median
+    logs = [math.log(d) for d in draws]
+    assert statistics.pstdev(logs) == pytest.approx(1.0, rel=0.1)
+    assert max(draws) > 10 * statistics.median(draws)
+
+
+def test_fixed_latency_and_cap() -> None:
+    assert ToolLatency("fixed", median=0.5).sample("anything") == 0.5
+    capped = ToolLatency("lognormal", median=1.0, sigma=3.0, cap=2.0)
+    assert max(capped.sample(f"k{i}") for i in range(500)) == 2.0
+    with pytest.raises(Exception, match="fixed or lognormal"):
+        ToolLatency("uniform")  # type: ignore[arg-type]
+
+
+def test_workload_items_and_directive_round_trip() -> None:
+    workload = Workload(prompts=3, n=4, min_turns=2, max_turns=5, tokens_per_turn=30, seed=1)
+    assert workload.trajectories == len(workload.items) == 12
+    assert len({item.key for item in workload.items}) == 12
+    assert all(2 <= item.turns <= 5 for item in workload.items)
+    assert Workload(3, 4, 2, 5, 30, seed=1).items == workload.items
+    row = workload.rows()[5]
+    item = parse_directive(row["messages"][0]["content"])
+    assert item == workload.items[5]
+    assert item is not None and item.tool_keys() == [f"{item.key}.{t}" for t in range(item.turns - 1)]
+    assert parse_directive("What is 2 + 2?") is None
+    assert "items" not in workload.to_dict()
+
+
+def test_latency_model_service_time() -> None:
+    model = LatencyModel(capacity=4, prefill_per_token_s=0.001, decode_per_token_s=0.01)
+    assert model.service_seconds(100, 20) == pytest.approx(0.1 + 0.2)
+    with pytest.raises(Exception, match="capacity"):
+        LatencyModel(capacity=0)
+
+
+def test_critical_paths_sum_each_trajectorys_generations_and_tools() -> None:
+    requests = [
+        {"key": "a", "slot_seconds": 1.0},
+        {"key": "a", "slot_seconds": 2.0},
+        {"key": "b", "slot_seconds": 0.5},
+        {"key": None, "slot_seconds": 9.0},  # not a benchmark request: no trajectory
+    ]
+    calls = [{"key": "a.0", "seconds": 4.0}, {"key": "b.0", "seconds": 0.25}]
+    paths = critical_paths(requests, calls)
+    assert paths == {"a": 7.0, "b": 0.75}
+
+
+def test_ideal_makespan_is_the_larger_of_longest_path_and_spread_work() -> None:
+    paths = {"a": 7.0, "b": 0.75}
+    assert ideal_makespan(paths, total_slot_seconds=12.0, capacity=4) == 7.0  # path-bound
+    assert ideal_makespan(paths, total_slot_seconds=40.0, capacity=4) == 10.0  # capacity-bound
+    assert ideal_makespan({}, 0.0, 1) == 0.0
+    with pytest.raises(ValueError):
+        ideal_makespan(paths, 1.0, 0)
+    assert orchestration_efficiency(7.0, 8.0) == pytest.approx(0.875)
+    assert orchestration_efficiency(7.0, 0.0) == 0.0
+
+
+def _result(mode: str, **kw: float) -> ModeResult:
+    base = dict(
+        trajectories=100, completed=100, turns=400, generated_tokens=20000, makespan_s=10.0,
+        ideal_makespan_s=9.6, client_cpu_s=2.0, peak_rss_mb=300.0,
+    )  # fmt: skip
+    base.update(kw)
+    return ModeResult(mode=mode, **base)  # type: ignore[arg-type]
+
+
+def test_mode_result_rates_and_report_targets() -> None:
+    ours = _result("toolrollout")
+    assert ours.trajectories_per_s == 10.0
+    assert ours.tokens_per_s == 2000.0
+    assert ours.cpu_per_turn_ms == 5.0
+    assert ours.efficiency == pytest.approx(0.96)
+    assert ModeResult.from_dict(ours.to_dict()) == ours
+    report = BenchReport(
+        config={"drift_check": True},
+        results=(
+            ours,
+            _result("lockstep", makespan_s=25.0),
+            _result("httpx", client_cpu_s=1.0),
+        ),
+        tokenization={"turns": 64, "ratio_with_drift_check": 3.0, "ratio_without_drift_check": 1.1},
+        machine={},
+    )
+    targets = {t["target"]: t for t in report.targets()}
+    assert targets["orchestration efficiency"]["met"] is True
+    assert targets["throughput vs lock-step"]["value"] == pytest.approx(2.5)
+    assert targets["throughput vs lock-step"]["met"] is True
+    assert targets["client CPU per turn vs bare httpx POST"]["value"] == pytest.approx(2.0)
+    assert targets["client CPU per turn vs bare httpx POST"]["met"] is False
+    assert targets["tokenization cost turn 64 vs turn 1"]["value"] == 3.0
+    assert targets["tokenization cost turn 64 vs turn 1"]["met"] is False
+
+
+def test_bench_config_rejects_unknown_modes() -> None:
+    with pytest.raises(BenchmarkError, match="unknown mode"):
+        BenchConfig(modes=("toolrollout", "magic"))
+
+
+def test_workload_item_prompt_is_a_user_message() -> None:
+    item = WorkloadItem("x1", 3, 10)
+    assert item.prompt() == [{"role": "user", "content": "bench-task x1 turns=3 tokens=10"}]
