@@ -52,7 +52,9 @@ def test_workload_items_and_directive_round_trip() -> None:
     row = workload.rows()[5]
     item = parse_directive(row["messages"][0]["content"])
     assert item == workload.items[5]
-    assert item is not None and item.tool_keys() == [f"{item.key}.{t}" for t in range(item.turns - 1)]
+    assert item is not None and item.tool_keys() == [
+        f"{item.key}.{t}" for t in range(item.turns - 1)
+    ]
     assert parse_directive("What is 2 + 2?") is None
     assert "items" not in workload.to_dict()
 

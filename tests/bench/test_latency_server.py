@@ -41,7 +41,9 @@ async def lookup(key: str) -> str:
 
 
 def _server(tokenizer: Any, **kw: Any) -> LatencyServer:
-    model = LatencyModel(**{"capacity": 64, "prefill_per_token_s": 0.0, "decode_per_token_s": 0.0, **kw})
+    model = LatencyModel(
+        **{"capacity": 64, "prefill_per_token_s": 0.0, "decode_per_token_s": 0.0, **kw}
+    )
     return LatencyServer(tokenizer, model, model_name="latency-model")
 
 
@@ -84,9 +86,17 @@ def test_locate_reads_the_script_and_counts_finished_turns(tokenizer: Any) -> No
         ids += out
         call = get_tool_parser("qwen25").parse(chat.model_text(out)).tool_calls[0]
         messages.append(
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-            ]}  # fmt: skip
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.arguments},
+                    }
+                ],
+            }
         )
         tool = {"role": "tool", "tool_call_id": call.id, "content": "record"}
         ids += chat.tool_turn_delta(messages, [tool])
@@ -95,12 +105,19 @@ def test_locate_reads_the_script_and_counts_finished_turns(tokenizer: Any) -> No
     assert script.locate(chat.render_prompt([{"role": "user", "content": "hi"}]))[0] is None
 
 
-async def test_generate_answers_in_sglangs_shape(http: tuple[LatencyServer, httpx.AsyncClient], tokenizer: Any) -> None:
+async def test_generate_answers_in_sglangs_shape(
+    http: tuple[LatencyServer, httpx.AsyncClient], tokenizer: Any
+) -> None:
     server, client = http
     chat = ChatFormat(tokenizer, tools=[lookup.schema()])
     item = Workload(prompts=1, n=1, min_turns=2, max_turns=2).items[0]
     ids = chat.render_prompt(item.prompt())
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 200}, "return_logprob": True, "rid": "r1"}
+    body = {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": 200},
+        "return_logprob": True,
+        "rid": "r1",
+    }
     response = await client.post("/generate", json=body)
     assert response.status_code == 200
     data = response.json()
@@ -154,7 +171,9 @@ async def test_capacity_queues_requests_and_the_log_records_slot_time(tokenizer:
     async with SGLangClient("http://bench", transport=transport) as client:
         async with anyio.create_task_group() as tg:
             for item in items:
-                request = GenerateRequest(tuple(chat.render_prompt(item.prompt())), SamplingParams(max_new_tokens=64))
+                request = GenerateRequest(
+                    tuple(chat.render_prompt(item.prompt())), SamplingParams(max_new_tokens=64)
+                )
                 tg.start_soon(client.generate, request)
     assert len(server.log) == 4
     for entry in server.log:
@@ -176,7 +195,9 @@ async def test_abort_returns_the_partial_turn(tokenizer: Any) -> None:
     transport = httpx.ASGITransport(app=create_latency_app(server))
     async with SGLangClient("http://bench", transport=transport) as client:
         request = GenerateRequest(
-            tuple(chat.render_prompt(item.prompt())), SamplingParams(max_new_tokens=64), rid="slow-1"
+            tuple(chat.render_prompt(item.prompt())),
+            SamplingParams(max_new_tokens=64),
+            rid="slow-1",
         )
         results = []
 
@@ -195,10 +216,17 @@ async def test_abort_returns_the_partial_turn(tokenizer: Any) -> None:
     assert server.log[-1]["finish"] == "abort"
 
 
-async def test_openai_chat_route_returns_parsed_tool_calls(http: tuple[LatencyServer, httpx.AsyncClient]) -> None:
+async def test_openai_chat_route_returns_parsed_tool_calls(
+    http: tuple[LatencyServer, httpx.AsyncClient],
+) -> None:
     _, client = http
     item = Workload(prompts=1, n=1, min_turns=2, max_turns=2).items[0]
-    body = {"model": "latency-model", "messages": item.prompt(), "tools": [lookup.schema()], "max_tokens": 200}
+    body = {
+        "model": "latency-model",
+        "messages": item.prompt(),
+        "tools": [lookup.schema()],
+        "max_tokens": 200,
+    }
     data = (await client.post("/v1/chat/completions", json=body)).json()
     choice = data["choices"][0]
     assert data["object"] == "chat.completion"
@@ -208,7 +236,11 @@ async def test_openai_chat_route_returns_parsed_tool_calls(http: tuple[LatencySe
     assert call["function"]["name"] == TOOL_NAME
     assert json.loads(call["function"]["arguments"]) == {"key": f"{item.key}.0"}
     # the tool result comes back as an OpenAI tool message; the script's last turn answers
-    messages = [*item.prompt(), choice["message"], {"role": "tool", "tool_call_id": call["id"], "content": "record"}]
+    messages = [
+        *item.prompt(),
+        choice["message"],
+        {"role": "tool", "tool_call_id": call["id"], "content": "record"},
+    ]
     body["messages"] = messages
     final = (await client.post("/v1/chat/completions", json=body)).json()["choices"][0]
     assert final["finish_reason"] == "stop"

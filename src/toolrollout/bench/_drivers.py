@@ -82,8 +82,7 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
         "generated_tokens": sum(int(t.metrics["model_tokens"]) for t in trajectories),
         "cached_tokens": sum(int(t.metrics["cached_tokens"]) for t in trajectories),
         **measured,
-        "note": f"drift mismatches {drift}; errors "
-        + str(sum(1 for t in trajectories if t.error)),
+        "note": f"drift mismatches {drift}; errors " + str(sum(1 for t in trajectories if t.error)),
     }
 
 
@@ -108,6 +107,18 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
     chat = ChatFormat(tokenizer, tools=executor.schemas())
     parser = get_tool_parser("qwen25")
     sampling = SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0)
+    results: dict[int, GenerateResult] = {}
+    outputs: dict[int, list[ToolResult]] = {}
+
+    async def generate(client: SGLangClient, i: int, state: _LockstepState, turn: int) -> None:
+        request = GenerateRequest(
+            input_ids=tuple(state.ids), sampling=sampling, rid=f"ls{i}-t{turn}", session_id=f"ls{i}"
+        )
+        results[i] = await client.generate(request)
+
+    async def tools(i: int, calls: Sequence[ToolCallRequest]) -> None:
+        outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
+
     async with SGLangClient(list(spec.engine_urls)) as client:
         started = _clock()
         states = []
@@ -118,18 +129,10 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
             active = [(i, s) for i, s in enumerate(states) if not s.done]
             if not active:
                 break
-            results: dict[int, GenerateResult] = {}
-
-            async def generate(i: int, state: _LockstepState, turn: int = turn) -> None:
-                request = GenerateRequest(
-                    input_ids=tuple(state.ids), sampling=sampling, rid=f"ls{i}-t{turn}",
-                    session_id=f"ls{i}",
-                )
-                results[i] = await client.generate(request)
-
+            results.clear()
             async with anyio.create_task_group() as tg:  # barrier 1: every generation
                 for i, state in active:
-                    tg.start_soon(generate, i, state)
+                    tg.start_soon(generate, client, i, state, turn)
             pending: list[tuple[int, _LockstepState, list[ToolCallRequest]]] = []
             for i, state in active:
                 result = results[i]
@@ -159,11 +162,7 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
                 )
                 calls = [ToolCallRequest(c.id, c.name, c.arguments) for c in parsed.tool_calls]
                 pending.append((i, state, calls))
-            outputs: dict[int, list[ToolResult]] = {}
-
-            async def tools(i: int, calls: Sequence[ToolCallRequest]) -> None:
-                outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
-
+            outputs.clear()
             async with anyio.create_task_group() as tg:  # barrier 2: every tool call
                 for i, _, calls in pending:
                     tg.start_soon(tools, i, calls)
@@ -196,7 +195,9 @@ async def _run_httpx(spec: DriverSpec, workload: Workload, tokenizer: Any) -> di
     chat = ChatFormat(tokenizer, tools=[LookupClient(spec.tool_url).tool().schema()])
     prompts = [chat.render_prompt(row["messages"]) for row in workload.rows()]
     # A fixed stand-in for the tool turn, tokenized once outside the measured loop.
-    filler = chat.encode("\n<|im_start|>user\n<tool_response>\nrecord\n</tool_response><|im_end|>\n")
+    filler = chat.encode(
+        "\n<|im_start|>user\n<tool_response>\nrecord\n</tool_response><|im_end|>\n"
+    )
     filler += chat.encode("<|im_start|>assistant\n")
     url = spec.engine_urls[0]
     stats = {"turns": 0, "tokens": 0, "completed": 0}

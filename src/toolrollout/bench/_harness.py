@@ -15,6 +15,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -94,8 +95,10 @@ class BenchReport:
             ratio = ours.cpu_per_turn_ms / bare.cpu_per_turn_ms
             rows.append(_target("client CPU per turn vs bare httpx POST", ratio, "<=", 1.5))
         if self.tokenization is not None:
-            key = "ratio_with_drift_check" if self.config["drift_check"] else (
-                "ratio_without_drift_check"
+            key = (
+                "ratio_with_drift_check"
+                if self.config["drift_check"]
+                else ("ratio_without_drift_check")
             )
             turns = self.tokenization["turns"]
             value = float(self.tokenization[key])
@@ -123,7 +126,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.0) -> None:
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -140,20 +143,25 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 120.
 @contextmanager
 def _process(args: list[str], url: str) -> Iterator[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    try:
-        _wait_healthy(url, proc)
-        yield url
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
+    # stderr goes to a file, not a pipe nobody reads (a full pipe would block the service).
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        try:
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        if proc.stderr is not None:
-            proc.stderr.close()
+                _wait_healthy(url, proc)
+            except BenchmarkError as exc:
+                log.seek(0)
+                tail = log.read().decode(errors="replace").strip().splitlines()[-1:]
+                raise BenchmarkError(f"{exc}{': ' + tail[0] if tail else ''}") from None
+            yield url
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
 
 
 @contextmanager
@@ -213,7 +221,9 @@ def _run_worker(spec: DriverSpec, timeout: float) -> dict[str, Any]:
     return result
 
 
-def _logs(engines: Sequence[str], tool_url: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _logs(
+    engines: Sequence[str], tool_url: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     requests: list[dict[str, Any]] = []
     for url in engines:
         requests.extend(httpx.get(f"{url}/bench/log", timeout=60).json()["requests"])

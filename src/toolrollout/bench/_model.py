@@ -26,7 +26,9 @@ __all__ = [
     "parse_directive",
 ]
 
-DIRECTIVE_RE = re.compile(r"bench-task (?P<key>[\w.-]+) turns=(?P<turns>\d+) tokens=(?P<tokens>\d+)")
+DIRECTIVE_RE = re.compile(
+    r"bench-task (?P<key>[\w.-]+) turns=(?P<turns>\d+) tokens=(?P<tokens>\d+)"
+)
 """How a prompt tells the latency-model server what to answer (see :class:`Workload`)."""
 
 

@@ -89,9 +89,7 @@ def plot_report(report: BenchReport, path: Path) -> Path:
             fontsize=9,
         )
     cpu_modes = list(report.results)
-    right.bar(
-        [r.mode for r in cpu_modes], [r.cpu_per_turn_ms for r in cpu_modes], color="#DD8452"
-    )
+    right.bar([r.mode for r in cpu_modes], [r.cpu_per_turn_ms for r in cpu_modes], color="#DD8452")
     right.set_ylabel("client CPU ms per turn")
     right.set_title("client CPU per turn (httpx = bare POST)")
     workload = report.config["workload"]

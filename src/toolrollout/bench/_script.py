@@ -83,7 +83,9 @@ class TurnScript:
         turn = max((list(ids).count(self.im_start) - before - 1) // 2, 0)
         return item, turn, pos
 
-    def locate_messages(self, messages: Sequence[dict[str, Any]]) -> tuple[WorkloadItem | None, int]:
+    def locate_messages(
+        self, messages: Sequence[dict[str, Any]]
+    ) -> tuple[WorkloadItem | None, int]:
         """The same for an OpenAI ``messages`` list."""
         item = None
         for message in messages:

@@ -347,4 +347,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         backlog=4096,
         timeout_keep_alive=30,
     )
-

@@ -56,9 +56,7 @@ def create_tool_app(latency: ToolLatency) -> Any:
         seconds = latency.sample(key)
         await asyncio.sleep(seconds)
         calls.append({"key": key, "seconds": seconds})
-        return Response(
-            json.dumps({"text": lookup_result(key)}), media_type="application/json"
-        )
+        return Response(json.dumps({"text": lookup_result(key)}), media_type="application/json")
 
     @app.get("/bench/log")
     async def log() -> Response:
@@ -127,7 +125,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--latency-seed", type=int, default=0)
     args = parser.parse_args(argv)
     latency = ToolLatency(
-        args.latency_kind, args.latency_median, args.latency_sigma, args.latency_cap, args.latency_seed
+        args.latency_kind,
+        args.latency_median,
+        args.latency_sigma,
+        args.latency_cap,
+        args.latency_seed,
     )
     uvicorn.run(
         create_tool_app(latency),
@@ -138,4 +140,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         backlog=4096,
         timeout_keep_alive=30,
     )
-

@@ -61,6 +61,7 @@ def bench(
 ) -> None:
     """Benchmark rollout orchestration against lock-step and peer baselines."""
     import importlib.util
+    import sys
 
     from rich.console import Console
 
@@ -93,7 +94,7 @@ def bench(
             micro_turns=micro_turns,
         )
         report = run_benchmark(config, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
-        render_table(report, Console())
+        render_table(report, Console(width=None if sys.stdout.isatty() else 160))
         write_json(report, json_out)
         if plot is not None:
             plot_report(report, plot)

@@ -224,7 +224,9 @@ def add_chat_completions(
                 model=parsed.model or model_name,
                 content=content,
                 tool_calls=calls,
-                finish_reason=openai_finish_reason(result.finish_reason, has_tool_calls=bool(calls)),
+                finish_reason=openai_finish_reason(
+                    result.finish_reason, has_tool_calls=bool(calls)
+                ),
                 matched_stop=result.finish_reason.matched,
                 prompt_tokens=result.prompt_tokens,
                 completion_tokens=result.completion_tokens,

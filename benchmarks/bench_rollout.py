@@ -1,0 +1,60 @@
+"""Rollout orchestration benchmark: toolrollout vs lock-step vs verifiers vs bare httpx.
+
+    python benchmarks/bench_rollout.py                      # the published (small) run
+    python benchmarks/bench_rollout.py --prompts 64 --n 16  # the issue's 1,024 trajectories
+
+Writes benchmarks/results/rollout.json and docs/benchmarks_rollout.png. Everything runs on
+loopback: the latency-model server(s), the tool service, and one worker process per mode.
+The machine's load average is recorded in the JSON and on the plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+from toolrollout.bench import (
+    BenchConfig,
+    LatencyModel,
+    ToolLatency,
+    Workload,
+    plot_report,
+    render_table,
+    run_benchmark,
+    write_json,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--min-turns", type=int, default=2)
+    parser.add_argument("--max-turns", type=int, default=6)
+    parser.add_argument("--tool-median", type=float, default=0.2)
+    parser.add_argument("--tool-sigma", type=float, default=1.0)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rollout.json")
+    parser.add_argument("--plot", type=Path, default=ROOT / "docs/benchmarks_rollout.png")
+    args = parser.parse_args()
+    modes = ["toolrollout", "lockstep", "httpx"]
+    if importlib.util.find_spec("verifiers") is not None:
+        modes.insert(2, "verifiers")
+    config = BenchConfig(
+        workload=Workload(args.prompts, args.n, args.min_turns, args.max_turns, 48, seed=0),
+        model=LatencyModel(capacity=256, prefill_per_token_s=20e-6, decode_per_token_s=2e-3),
+        tool_latency=ToolLatency("lognormal", args.tool_median, args.tool_sigma, seed=0),
+        modes=tuple(modes),
+        micro_turns=64,
+    )
+    report = run_benchmark(config, progress=print)
+    render_table(report)
+    write_json(report, args.out)
+    plot_report(report, args.plot)
+    print(f"wrote {args.out} and {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

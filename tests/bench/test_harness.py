@@ -1,0 +1,81 @@
+"""A tiny end-to-end run of the harness, and the command's user errors.
+
+The run starts the real latency-model server and tool service as subprocesses and runs
+each mode in its own worker process; it checks what was computed, never how fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from toolrollout.bench import (
+    BenchConfig,
+    LatencyModel,
+    ToolLatency,
+    Workload,
+    render_table,
+    run_benchmark,
+    write_json,
+)
+from toolrollout.cli import app
+
+
+@pytest.mark.slow
+def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None:
+    workload = Workload(prompts=2, n=2, min_turns=2, max_turns=3, tokens_per_turn=24, seed=5)
+    config = BenchConfig(
+        workload=workload,
+        model=LatencyModel(capacity=2, prefill_per_token_s=1e-5, decode_per_token_s=1e-3),
+        tool_latency=ToolLatency("lognormal", median=0.02, sigma=1.0, seed=5),
+        modes=("toolrollout", "lockstep", "httpx"),
+        micro_turns=4,
+    )
+    report = run_benchmark(config)
+    expected_turns = sum(item.turns for item in workload.items)
+    assert [r.mode for r in report.results] == ["toolrollout", "lockstep", "httpx"]
+    for result in report.results:
+        assert result.trajectories == result.completed == 4, result.note
+        assert result.turns == expected_turns  # same script, same work in every mode
+        assert result.generated_tokens > 0 and result.client_cpu_s > 0
+        assert 0 < result.ideal_makespan_s <= result.makespan_s * 1.05
+        assert result.peak_rss_mb > 0
+    ours = report.result("toolrollout")
+    assert ours is not None and "drift mismatches 0" in ours.note
+    assert ours.cached_tokens > 0  # later turns hit the server's per-trajectory cache
+    assert report.tokenization is not None and report.tokenization["turns"] == 4
+    assert {t["target"] for t in report.targets()} == {
+        "orchestration efficiency",
+        "throughput vs lock-step",
+        "client CPU per turn vs bare httpx POST",
+        "tokenization cost turn 4 vs turn 1",
+    }
+    assert len(report.machine["loadavg_before"]) == 3
+    out = tmp_path / "bench.json"
+    write_json(report, out)
+    data = json.loads(out.read_text())
+    assert data["config"]["workload"]["prompts"] == 2
+    assert [r["mode"] for r in data["results"]] == ["toolrollout", "lockstep", "httpx"]
+    console = Console(record=True, width=200)
+    render_table(report, console)
+    text = console.export_text()
+    assert "lockstep" in text and "orchestration efficiency" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--min-turns", "5", "--max-turns", "2"], "--min-turns 5 is above --max-turns 2"),
+        (["--mode", "magic"], "unknown mode"),
+        (["--tool-latency", "uniform"], "fixed or lognormal"),
+    ],
+)
+def test_bench_command_user_errors_are_one_line(args: list[str], fragment: str) -> None:
+    result = CliRunner().invoke(app, ["bench", *args])
+    assert result.exit_code == 2
+    assert fragment in result.output
+    assert "Traceback" not in result.output
