@@ -28,6 +28,7 @@ PUBLIC_MODULES = [
     "toolrollout.search",
     "toolrollout.tools.mcp",
     "toolrollout.mcp_servers",
+    "toolrollout.bench",
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,20 @@ def test_bench_config_rejects_unknown_modes() -> None:
 def test_workload_item_prompt_is_a_user_message() -> None:
     item = WorkloadItem("x1", 3, 10)
     assert item.prompt() == [{"role": "user", "content": "bench-task x1 turns=3 tokens=10"}]
+
+
+def test_plot_report_writes_a_png(tmp_path: Path) -> None:
+    from toolrollout.bench import plot_report
+
+    report = BenchReport(
+        config={
+            "drift_check": True,
+            "workload": {"prompts": 2, "n": 2, "min_turns": 2, "max_turns": 3},
+            "tool_latency": {"kind": "lognormal"},
+        },
+        results=(_result("toolrollout"), _result("lockstep", makespan_s=25.0), _result("httpx")),
+        tokenization=None,
+        machine={"cpus": 2, "loadavg_before": [1.0, 1.0, 1.0]},
+    )
+    out = plot_report(report, tmp_path / "plot.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

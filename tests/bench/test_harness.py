@@ -44,6 +44,9 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
         assert result.generated_tokens > 0 and result.client_cpu_s > 0
         assert 0 < result.ideal_makespan_s <= result.makespan_s * 1.05
         assert result.peak_rss_mb > 0
+        # the rollouts really called the tool service, once per turn but the last
+        expected_calls = 0 if result.mode == "httpx" else expected_turns - workload.trajectories
+        assert result.tool_calls == expected_calls
     ours = report.result("toolrollout")
     assert ours is not None and "drift mismatches 0" in ours.note
     assert ours.cached_tokens > 0  # later turns hit the server's per-trajectory cache

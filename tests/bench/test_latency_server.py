@@ -249,3 +249,42 @@ async def test_openai_chat_route_returns_parsed_tool_calls(
     refused = await client.post("/v1/chat/completions", json={**body, "stream": True})
     assert refused.status_code == 400
     assert "stream" in refused.json()["error"]["message"]
+
+
+class _ByHost(httpx.AsyncBaseTransport):
+    """Two in-process servers behind one client transport, chosen by the URL's host."""
+
+    def __init__(self, apps: dict[str, Any]) -> None:
+        self.transports = {host: httpx.ASGITransport(app=app) for host, app in apps.items()}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self.transports[request.url.host].handle_async_request(request)
+
+
+async def test_two_servers_sticky_routing_keeps_each_trajectorys_cache(tokenizer: Any) -> None:
+    servers = {"a": _server(tokenizer), "b": _server(tokenizer)}
+    transport = _ByHost({host: create_latency_app(s) for host, s in servers.items()})
+    workload = Workload(prompts=4, n=2, min_turns=3, max_turns=3, tokens_per_turn=24, seed=2)
+    async with SGLangClient(["http://a", "http://b"], transport=transport) as client:
+        runner = RolloutRunner(
+            client,
+            tokenizer,
+            [lookup],
+            config=RolloutConfig(sampling=SamplingParams(max_new_tokens=64), max_turns=4),
+        )
+        trajectories = await runner.run(workload.rows())
+    assert all(str(t.status) == "completed" for t in trajectories)
+    # least-outstanding choice spreads new trajectories over both servers ...
+    served = {host: {e["key"] for e in s.log} for host, s in servers.items()}
+    assert served["a"] and served["b"]
+    # ... and every turn of a trajectory stays on the server that served its first turn
+    assert not served["a"] & served["b"]
+    for s in servers.values():
+        previous: dict[str, dict[str, Any]] = {}
+        for entry in sorted(s.log, key=lambda e: (e["key"], e["turn"])):
+            before = previous.get(entry["key"])
+            if before is not None:  # the whole earlier turn is a cache hit
+                assert entry["cached_tokens"] == before["prompt_tokens"] + before["output_tokens"]
+            previous[entry["key"]] = entry
+    for t in trajectories:  # reported per trajectory
+        assert t.metrics["cached_tokens"] > 0

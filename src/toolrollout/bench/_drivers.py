@@ -119,6 +119,7 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
     async def tools(i: int, calls: Sequence[ToolCallRequest]) -> None:
         outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
 
+    tool_errors = 0
     async with SGLangClient(list(spec.engine_urls)) as client:
         started = _clock()
         states = []
@@ -160,13 +161,17 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
                         ],
                     }
                 )
-                calls = [ToolCallRequest(c.id, c.name, c.arguments) for c in parsed.tool_calls]
+                calls = [
+                    ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id)
+                    for c in parsed.tool_calls
+                ]
                 pending.append((i, state, calls))
             outputs.clear()
             async with anyio.create_task_group() as tg:  # barrier 2: every tool call
                 for i, _, calls in pending:
                     tg.start_soon(tools, i, calls)
             for i, state, calls in pending:
+                tool_errors += sum(1 for r in outputs[i] if r.is_error)
                 tool_messages = [
                     {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
                     for c, r in zip(calls, outputs[i], strict=True)
@@ -182,7 +187,7 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
         "generated_tokens": sum(s.tokens for s in states),
         "cached_tokens": sum(s.cached for s in states),
         **measured,
-        "note": "turn-synchronous batches (TRL-style)",
+        "note": f"turn-synchronous batches (TRL-style); tool errors {tool_errors}",
     }
 
 

@@ -277,6 +277,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     peak_rss_mb=float(raw["peak_rss_mb"]),
                     cached_tokens=sum(int(r["cached_tokens"]) for r in requests),
                     prompt_tokens=sum(int(r["prompt_tokens"]) for r in requests),
+                    tool_calls=len(calls),
                     note=str(raw.get("note", "")),
                 )
             )

@@ -72,6 +72,8 @@ class ModeResult:
     peak_rss_mb: float
     cached_tokens: int = 0
     prompt_tokens: int = 0
+    tool_calls: int = 0
+    """Calls the tool service answered during this mode (from its own log)."""
     note: str = ""
 
     @property

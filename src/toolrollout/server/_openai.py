@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolrollout._exceptions import ToolRolloutError, UserError
@@ -164,7 +164,7 @@ def chat_completion_json(
 
 
 def add_chat_completions(
-    app: Any,
+    app: FastAPI,
     *,
     tokenizer: Any,
     generate: Callable[[GenerateRequest], Any],
