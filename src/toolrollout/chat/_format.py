@@ -52,7 +52,7 @@ _RESERVED_KWARGS = frozenset(
 class ChatFormat:
     """Renders prompts and tool-turn token deltas for one tokenizer, template and tool set.
 
-    It is immutable after construction and holds no per-trajectory state, so one instance
+    It holds no per-trajectory state (only a shared verdict on windowed deltas), so one instance
     can serve every concurrent rollout that shares the model and the tools.
     """
 
@@ -64,6 +64,7 @@ class ChatFormat:
         "_template_kwargs",
         "_tokenizer",
         "_tools",
+        "_window_state",
     )
 
     def __init__(
@@ -74,6 +75,7 @@ class ChatFormat:
         family: str | TemplateFamily | None = None,
         chat_template: str | None = None,
         template_kwargs: Mapping[str, Any] | None = None,
+        windowed_deltas: bool = True,
     ) -> None:
         """Bind a tokenizer to a template family.
 
@@ -85,6 +87,11 @@ class ChatFormat:
             chat_template: overrides the tokenizer's own template.
             template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``;
                 they are passed to every render so deltas and prompts agree.
+            windowed_deltas: render each tool-turn delta from a short window (system,
+                stand-in user, last assistant turn) instead of the whole conversation, so
+                its cost does not grow with the conversation. The first few windowed deltas
+                are compared with full renders; on any difference the format falls back to
+                full renders for good.
         """
         self._tokenizer = tokenizer
         self._tools: tuple[dict[str, Any], ...] = tuple(dict(tool) for tool in tools or ())
@@ -105,6 +112,10 @@ class ChatFormat:
         self._stop_pattern = re.compile(
             "|".join(re.escape(token) for token in self._family.stop_tokens)
         )
+        # Windowed deltas are cross-checked against full renders for the first few turns;
+        # [checks left, enabled]. Shared by every trajectory on purpose (one verdict per
+        # template), and safe without a lock on one event loop.
+        self._window_state: list[int] = [_WINDOW_CHECKS, int(windowed_deltas)]
 
     # -- public properties ------------------------------------------------------------
 
@@ -112,6 +123,11 @@ class ChatFormat:
     def family(self) -> TemplateFamily:
         """The template family whose boundary rule this format applies."""
         return self._family
+
+    @property
+    def windowed_deltas(self) -> bool:
+        """Whether deltas are rendered from a short window (see ``__init__``)."""
+        return bool(self._window_state[1])
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -203,6 +219,41 @@ class ChatFormat:
                 "tool_messages must not contain assistant turns; append model output ids "
                 "verbatim instead"
             )
+        window = self._window(messages_before)
+        if window is None:
+            return self._delta_from(messages_before, tool_messages)
+        checks_left, enabled = self._window_state
+        if not enabled:
+            return self._delta_from(messages_before, tool_messages)
+        try:
+            windowed = self._delta_from(window, tool_messages)
+        except TokenizationError:
+            windowed = None
+        if checks_left <= 0 and windowed is not None:
+            return windowed
+        full = self._delta_from(messages_before, tool_messages)
+        if windowed == full:
+            self._window_state[0] = checks_left - 1
+        else:
+            self._window_state[1] = 0  # this template depends on more history: render it all
+        return full
+
+    def _window(self, messages_before: Sequence[Message]) -> list[Message] | None:
+        """A short stand-in for the conversation that ends with the same assistant turn.
+
+        A delta depends on how the template closes the last assistant turn and opens the
+        new ones, not on the turns before it; rendering only ``[system?, user, assistant]``
+        keeps the per-turn cost flat in conversation length. ``None`` when the window
+        would not be shorter than the conversation.
+        """
+        head = list(messages_before[:1]) if messages_before[0].get("role") == "system" else []
+        window = [*head, {"role": "user", "content": "."}, messages_before[-1]]
+        return window if len(window) < len(messages_before) else None
+
+    def _delta_from(
+        self, messages_before: Sequence[Message], tool_messages: Sequence[Message]
+    ) -> str:
+        """The delta text after ``messages_before``'s last stop token, checked for shape."""
         without = self.render_text(messages_before, add_generation_prompt=False)
         with_new = self.render_text([*messages_before, *tool_messages], add_generation_prompt=True)
         stops = list(self._stop_pattern.finditer(without))
@@ -288,6 +339,10 @@ class ChatFormat:
                     "right family)"
                 )
         return tuple(ids)
+
+
+_WINDOW_CHECKS = 4
+"""Windowed deltas compared with full renders before the window is trusted alone."""
 
 
 def _nth_match_end(pattern: re.Pattern[str], text: str, n: int) -> int | None:
