@@ -12,12 +12,9 @@ from typing import Annotated
 
 import typer
 
+from toolrollout.cli._common import fail
+
 __all__ = ["bench", "register"]
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=2)
 
 
 def bench(
@@ -78,7 +75,7 @@ def bench(
     )
 
     if min_turns > max_turns:
-        raise _fail(f"--min-turns {min_turns} is above --max-turns {max_turns}")
+        raise fail(f"--min-turns {min_turns} is above --max-turns {max_turns}")
     modes = tuple(mode) if mode else ("toolrollout", "lockstep", "httpx")
     if not mode and importlib.util.find_spec("verifiers") is not None:
         modes = ("toolrollout", "lockstep", "verifiers", "httpx")
@@ -99,7 +96,7 @@ def bench(
         if plot is not None:
             plot_report(report, plot)
     except ToolRolloutError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     typer.echo(f"wrote {json_out}" + (f" and {plot}" if plot is not None else ""))
 
 

@@ -16,6 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from toolrollout.cli._common import (
+    EngineUrlsOption,
+    ModelOption,
+    fail,
+    is_number,
+    load_tokenizer,
+)
+
 if TYPE_CHECKING:
     from toolrollout.eval import Comparison, EvalSummary
 
@@ -37,26 +45,9 @@ class ReportTo(StrEnum):
     WANDB = "wandb"
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=2)
-
-
 def eval_command(
-    engine_url: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--engine-url",
-            help="SGLang-compatible server (repeatable). Default: the embedded engine.",
-        ),
-    ] = None,
-    model: Annotated[
-        Path | None,
-        typer.Option(
-            help="Model folder (embedded engine) or tokenizer folder of the served model. "
-            "Default: the bundled demo model."
-        ),
-    ] = None,
+    engine_url: EngineUrlsOption = None,
+    model: ModelOption = None,
     dataset: Annotated[
         Path | None,
         typer.Option(help="Held-out prompts (.jsonl or .parquet; verl RL layout accepted)."),
@@ -128,7 +119,7 @@ def eval_command(
     try:
         if compare is not None:
             if baseline is not Baseline.NONE:
-                raise _fail("--compare evaluates two existing files; it runs no --baseline")
+                raise fail("--compare evaluates two existing files; it runs no --baseline")
             runs, comparison, config, artifacts = _compare_files(
                 compare, out_dir=out_dir, success_threshold=success_threshold, seed=seed
             )
@@ -136,7 +127,7 @@ def eval_command(
             if greedy is None:
                 greedy = n == 1
             if greedy and n > 1:
-                raise _fail("--greedy with --n > 1 repeats one answer; use --sampled for pass@k")
+                raise fail("--greedy with --n > 1 repeats one answer; use --sampled for pass@k")
             config = {
                 "model": str(model) if model else "demo",
                 "dataset": str(dataset) if dataset else "demo",
@@ -187,9 +178,9 @@ def eval_command(
             )
             typer.echo(f"{tracked.backend} run {tracked.run_id} at {tracked.location}")
     except ToolRolloutError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except OSError as exc:
-        raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+        raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
 
 
 def _figures() -> tuple[str, ...]:
@@ -228,18 +219,6 @@ def _compare_files(
     comparison = compare(runs[0], runs[1], seed=seed)
     config = {"before": str(before), "after": str(after), "success_threshold": success_threshold}
     return runs, comparison, config, [before, after]
-
-
-def _load_tokenizer(path: Path) -> Any:
-    from toolrollout.cli.generate import _load_tokenizer as load
-
-    return load(path)
-
-
-def _is_number(value: Any) -> bool:
-    from toolrollout.cli.generate import _is_number as is_number
-
-    return bool(is_number(value))
 
 
 def _run_model(
@@ -281,7 +260,7 @@ def _run_model(
     if not truths:
         raise UserError("eval needs a ground truth per prompt ('answer' or 'ground_truth')")
     model_path = model or DEMO_MODEL_PATH
-    tokenizer = _load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path)
     rollout_config = RolloutConfig(
         sampling=SamplingParams(
             max_new_tokens=config["max_new_tokens"],
@@ -296,7 +275,7 @@ def _run_model(
         tool_parser=config["tool_parser"],
     )
     # Numbers compare as numbers ("The answer is 12.0"); other answers must match exactly.
-    rewards = [numeric_match if all(_is_number(t) for t in truths) else exact_match]
+    rewards = [numeric_match if all(is_number(t) for t in truths) else exact_match]
     out_dir.mkdir(parents=True, exist_ok=True)
     arms = [("tools", out_dir / "trajectories.parquet")]
     if config["baseline"] == Baseline.SINGLE_TURN:

@@ -26,29 +26,20 @@ from typing import Annotated, Any
 
 import typer
 
+from toolrollout.cli._common import (
+    EngineUrlsOption,
+    ModelOption,
+    fail,
+    is_number,
+    load_tokenizer,
+)
+
 __all__ = ["generate", "register"]
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=2)
-
-
 def generate(
-    engine_url: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--engine-url",
-            help="SGLang-compatible server (repeatable). Default: the embedded engine.",
-        ),
-    ] = None,
-    model: Annotated[
-        Path | None,
-        typer.Option(
-            help="Model folder (embedded engine) or tokenizer folder of the served model. "
-            "Default: the bundled demo model."
-        ),
-    ] = None,
+    engine_url: EngineUrlsOption = None,
+    model: ModelOption = None,
     dataset: Annotated[
         Path | None,
         typer.Option(
@@ -159,9 +150,9 @@ def generate(
             trajectory_timeout=trajectory_timeout,
         )
     except ToolRolloutError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     except OSError as exc:
-        raise _fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+        raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
     if summary["interrupted"] is not None:
         _print_summary(summary, out, err=True)
         typer.echo(
@@ -173,19 +164,6 @@ def generate(
         code = 143 if summary["interrupted"] == "SIGTERM" else 130
         raise typer.Exit(code=code)
     _print_summary(summary, out)
-
-
-def _load_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    from toolrollout._exceptions import UserError
-
-    if not path.is_dir():
-        raise UserError(f"model folder not found: {path}")
-    try:
-        return AutoTokenizer.from_pretrained(str(path))
-    except Exception as exc:  # transformers raises many types for a bad folder
-        raise UserError(f"cannot load a tokenizer from {path}: {exc}") from exc
 
 
 def _run(
@@ -263,7 +241,7 @@ def _run(
     )
     group_ids = [f"{run_id}-p{i}" for i in range(len(prompts))]
     skip = done_samples(parts) if resume else set()
-    tokenizer = _load_tokenizer(model_path)
+    tokenizer = load_tokenizer(model_path)
     config = RolloutConfig(
         sampling=SamplingParams(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
@@ -290,7 +268,7 @@ def _run(
     truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
     if truths:
         # Numbers compare as numbers ("The answer is 12.0"); other answers must match exactly.
-        rewards.append(numeric_match if all(_is_number(t) for t in truths) else exact_match)
+        rewards.append(numeric_match if all(is_number(t) for t in truths) else exact_match)
     if tool_error_penalty > 0:
         rewards.append(penalty_term(tool_error_penalty))
 
@@ -422,14 +400,6 @@ async def _watch_signals(engine: Any, interrupted: list[str], scope: Any) -> Non
                     engine.abort_nowait(abort_all=True)  # the embedded engine
             scope.cancel()
             return
-
-
-def _is_number(value: object) -> bool:
-    try:
-        float(str(value).replace(",", ""))
-    except ValueError:
-        return False
-    return True
 
 
 def _summarise(trajectories: list[Any], elapsed: float) -> dict[str, Any]:

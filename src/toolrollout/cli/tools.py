@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from toolrollout.cli._common import fail
+
 if TYPE_CHECKING:
     from toolrollout.tools import Tool, ToolLimits, ToolResult
 
@@ -40,11 +42,6 @@ ToolConfigOption = Annotated[
 ]
 
 
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code=2)
-
-
 def _load(tool_config: Path | None) -> list[Tool]:
     """The config's tools (or the calculator); user mistakes become ``error:`` + exit 2."""
     from toolrollout._exceptions import UserError
@@ -53,13 +50,13 @@ def _load(tool_config: Path | None) -> list[Tool]:
     if tool_config is None:
         return [calculator_tool()]
     if not tool_config.exists():
-        raise _fail(f"tool config not found: {tool_config}")
+        raise fail(f"tool config not found: {tool_config}")
     try:
         tools = load_tool_config(tool_config)
         ToolExecutor(tools)  # the same checks a run makes (e.g. duplicate names)
     except UserError as exc:
         # A config error may list several problems, one per line: keep them all.
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     return tools
 
 
@@ -155,9 +152,9 @@ def _parse_args(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise _fail(f"--args is not valid JSON: {exc.msg} at position {exc.pos}") from None
+        raise fail(f"--args is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(value, dict):
-        raise _fail(f"--args must be a JSON object, got {type(value).__name__}")
+        raise fail(f"--args must be a JSON object, got {type(value).__name__}")
     return value
 
 
@@ -219,7 +216,7 @@ def call(
     executor = ToolExecutor(tools)
     if name not in executor.tools:
         available = ", ".join(executor.tools) or "none"
-        raise _fail(f"unknown tool {name!r}; available: {available}")
+        raise fail(f"unknown tool {name!r}; available: {available}")
     request = ToolCallRequest(name, arguments)
     with _executor_logs(verbose):
         result = anyio.run(executor.run_call, request, ToolContext(ground_truth=ground_truth))
