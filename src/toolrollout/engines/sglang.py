@@ -496,6 +496,100 @@ class SGLangClient(Engine):
             send = functools.partial(self._request_once, url, "POST", "/flush_cache")
             await self._retrying(f"flush_cache on {url}", send)
 
+    # ------------------------------------------------------------------ weight sync
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """``POST /pause_generation`` on every server, before a trainer swaps weights.
+
+        ``abort`` makes running requests return their partial output (``finish_reason``
+        ``abort``); ``retract`` and ``in_place`` keep them for :meth:`continue_generation`.
+        New generate calls wait on the server until then.
+        """
+        if mode not in ("abort", "retract", "in_place"):
+            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        await self._on_every_server("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self, *, torch_empty_cache: bool = False) -> None:
+        """``POST /continue_generation`` on every server: paused and waiting work resumes."""
+        body = {"torch_empty_cache": True} if torch_empty_cache else {}
+        await self._on_every_server("POST", "/continue_generation", body)
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        *,
+        weight_version: str | None = None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+    ) -> dict[str, dict[str, Any]]:
+        """Make every server load the weights in ``model_path`` (a path *on the server*).
+
+        Returns each server's answer (``success``, ``message``, ``num_paused_requests``)
+        by URL. A server that refuses (bad path, other architecture) raises
+        :class:`EngineRequestRejected` with its message, after all servers answered.
+        """
+        body: dict[str, Any] = {
+            "model_path": model_path,
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        if load_format is not None:
+            body["load_format"] = load_format
+        responses = await self._on_every_server("POST", "/update_weights_from_disk", body)
+        answers: dict[str, dict[str, Any]] = {}
+        for url, response in responses.items():
+            data = _wire.parse_json(response.content, what=f"update_weights_from_disk on {url}")
+            if not isinstance(data, dict) or data.get("success") is not True:
+                message = data.get("message") if isinstance(data, dict) else data
+                raise EngineRequestRejected(
+                    f"{url} could not update its weights from {model_path!r}: {message}",
+                    status_code=response.status_code,
+                )
+            answers[url] = data
+        return answers
+
+    async def get_weight_version(self) -> dict[str, str]:
+        """``GET /get_weight_version`` of every server, by URL (they differ mid-update)."""
+        responses = await self._on_every_server("GET", "/get_weight_version", None)
+        versions: dict[str, str] = {}
+        for url, response in responses.items():
+            data = _wire.parse_json(response.content, what=f"get_weight_version on {url}")
+            if not isinstance(data, dict) or not isinstance(data.get("weight_version"), str):
+                raise EngineError(f"GET {url}/get_weight_version: unexpected answer {data!r}")
+            versions[url] = data["weight_version"]
+        return versions
+
+    async def _on_every_server(
+        self, method: str, path: str, body: Any
+    ) -> dict[str, httpx.Response]:
+        """One control call on all servers at once; the first failure is raised after all.
+
+        Every server is tried even when one fails, so that a pause or a weight update is
+        not left half-applied silently: the failure names its server.
+        """
+        self._check_open()
+        responses: dict[str, httpx.Response] = {}
+        errors: dict[str, EngineError] = {}
+
+        async def one(url: str) -> None:
+            send = functools.partial(self._request_once, url, method, path, json_body=body)
+            try:
+                responses[url] = await self._retrying(f"{method} {url}{path}", send)
+            except EngineError as exc:
+                errors[url] = exc
+
+        async with anyio.create_task_group() as tg:
+            for url in self._router.urls:
+                tg.start_soon(one, url)
+        if errors:
+            if len(errors) > 1:
+                logger.warning("%s failed on %d servers: %s", path, len(errors), errors)
+            raise next(iter(errors.values()))
+        return responses
+
     def stats(self) -> ClientStats:
         """A frozen snapshot of the counters, per server and overall."""
         return ClientStats(

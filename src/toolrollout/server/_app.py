@@ -265,6 +265,55 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
             }
         )
 
+    # ------------------------------------------------------------------ weight sync
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> Response:
+        """``{"mode": "abort"|"retract"|"in_place"}``; new /generate calls wait meanwhile."""
+        try:
+            body = await _json_body(request)
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        mode = body.get("mode", "abort") if isinstance(body, dict) else None
+        if mode not in ("abort", "retract", "in_place"):
+            return validation_error_response(
+                f"mode: Input should be 'abort', 'retract' or 'in_place', got {mode!r}"
+            )
+        await engine.pause_generation(mode)
+        return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request) -> Response:
+        try:
+            await _json_body(request)  # torch_empty_cache: nothing to empty on CPU
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        await engine.continue_generation()
+        return _json({"message": "Generation continued successfully.", "status": "ok"})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> Response:
+        """Reload weights from a model folder; 400 with ``success: false`` if it fails."""
+        try:
+            body = await _json_body(request)
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            return validation_error_response("model_path: Field required (a string)")
+        version = body.get("weight_version")
+        if version is not None and not isinstance(version, str):
+            return validation_error_response("weight_version must be a string")
+        try:
+            paused = await engine.update_weights_from_disk(
+                body["model_path"],
+                weight_version=version,
+                abort_all_requests=bool(body.get("abort_all_requests", False)),
+            )
+        except UserError as exc:
+            failure = {"success": False, "message": str(exc), "num_paused_requests": 0}
+            return _json(failure, HTTPStatus.BAD_REQUEST)
+        message = "Succeeded to update model weights."
+        return _json({"success": True, "message": message, "num_paused_requests": paused})
+
     # ------------------------------------------------------------------ control
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
@@ -349,6 +398,7 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
 
     async def _complete(parsed: ParsedGenerate, request: Request) -> Response:
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        await engine.wait_unpaused()
         try:
             visions = await _images(parsed)
             rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)), visions)
@@ -382,6 +432,7 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
     async def _stream(parsed: ParsedGenerate) -> AsyncIterator[bytes]:
         """Cumulative SSE chunks (SGLang's default), ``index`` for batches, then [DONE]."""
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        await engine.wait_unpaused()
         try:
             visions = await _images(parsed)
             rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)), visions)

@@ -8,6 +8,7 @@ happens on the scheduler thread (see :mod:`._scheduler`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import os
 import random
@@ -27,6 +28,7 @@ from toolrollout._exceptions import (
     EngineRequestRejected,
     EngineUnavailable,
     OverlongPromptError,
+    ToolRolloutError,
     UserError,
 )
 from toolrollout.engines._base import Engine
@@ -81,6 +83,7 @@ class EmbeddedEngine(Engine):
         self._meta: ModelMeta = load_meta(
             model_path, context_length=context_length, trust_remote_code=trust_remote_code
         )
+        self._context_length_arg = context_length
         self._max_batch_size = max_batch_size
         self._device = device
         self._dtype = dtype
@@ -92,10 +95,15 @@ class EmbeddedEngine(Engine):
         self._scheduler: Scheduler | None = None
         self._start_lock = threading.Lock()
         self._active: set[str] = set()
-        self._active_lock = threading.Lock()
+        self._active_lock = threading.Condition()
+        """Guards ``_active``; notified when a request ends (weight updates wait on it)."""
         self._closed = False
         self._vision: VisionProcessor | None = None
         self._vision_lock = threading.Lock()
+        self._paused = False
+        self._gate: asyncio.Event | None = None
+        """Set while new requests must wait (paused, or a weight update in progress)."""
+        self._update_lock = anyio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -256,6 +264,7 @@ class EmbeddedEngine(Engine):
         """
         queue: asyncio.Queue[Event] = asyncio.Queue()
         opts = replace(options or GenerationOptions(), stream=False)
+        await self.wait_unpaused()
         vision = await self.process_images(request)
         rid = self.submit(request, opts, sink=queue.put_nowait, vision=vision)
         try:
@@ -278,6 +287,7 @@ class EmbeddedEngine(Engine):
         """
         queue: asyncio.Queue[Event] = asyncio.Queue()
         opts = replace(options or GenerationOptions(), stream=True)
+        await self.wait_unpaused()
         vision = await self.process_images(request)
         rid = self.submit(request, opts, sink=queue.put_nowait, vision=vision)
         done = False
@@ -469,6 +479,7 @@ class EmbeddedEngine(Engine):
     def _forget(self, rid: str) -> None:
         with self._active_lock:
             self._active.discard(rid)
+            self._active_lock.notify_all()
 
     async def flush_cache(self) -> bool:
         """Succeed when idle, like SGLang's ``/flush_cache``.
@@ -477,3 +488,136 @@ class EmbeddedEngine(Engine):
         ``cached_tokens`` is always 0), so this only reports whether requests are in flight.
         """
         return self.num_active == 0
+
+    # ------------------------------------------------------------------ weight sync
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause_generation` is in effect."""
+        return self._paused
+
+    async def wait_unpaused(self) -> None:
+        """Return once new requests may start (not paused, no weight update running)."""
+        while (gate := self._gate) is not None:
+            await gate.wait()
+
+    def _close_gate(self) -> None:
+        if self._gate is None:
+            self._gate = asyncio.Event()
+
+    def _open_gate(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.set()
+
+    async def pause_generation(self, mode: str = "abort") -> None:
+        """Stop generating until :meth:`continue_generation` (SGLang's three modes).
+
+        ``abort`` ends every running and waiting request with its partial output;
+        ``retract`` and ``in_place`` keep them, frozen, and resume them afterwards (there
+        is no paged KV pool here, so the two behave the same). New requests wait.
+        """
+        if mode not in ("abort", "retract", "in_place"):
+            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        scheduler = self._require_scheduler()
+        self._paused = True
+        self._close_gate()
+        if mode == "abort":
+            scheduler.abort("", abort_all=True)
+        scheduler.hold(True)
+
+    async def continue_generation(self) -> None:
+        """Undo :meth:`pause_generation`: frozen requests resume, waiting callers start."""
+        scheduler = self._require_scheduler()
+        self._paused = False
+        scheduler.hold(False)
+        if not self._update_lock.locked():
+            self._open_gate()
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        weight_version: str | None = None,
+        abort_all_requests: bool = False,
+    ) -> int:
+        """Load new weights from a model folder and swap them in between two steps.
+
+        The folder must hold the same architecture and vocabulary (the tokenizer stays).
+        New requests wait meanwhile; running ones finish on the old weights first unless
+        ``abort_all_requests`` (or a paused engine, whose frozen requests then continue
+        on the new weights, as in SGLang). Raises :class:`UserError` for a folder that
+        cannot be loaded; the old weights then stay. Returns how many requests were
+        paused across the swap.
+        """
+        scheduler = self._require_scheduler()
+        path = os.fspath(model_path)
+        async with self._update_lock:
+            meta = await anyio.to_thread.run_sync(self._load_meta_checked, path)
+            self._close_gate()
+            try:
+                if abort_all_requests:
+                    scheduler.abort("", abort_all=True)
+                paused_requests = self.num_active if self._paused else 0
+                await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
+                current = self._model
+                assert current is not None
+                try:
+                    model = await anyio.to_thread.run_sync(
+                        functools.partial(
+                            load_model,
+                            meta,
+                            device=str(current.device),
+                            dtype=current.dtype,
+                            trust_remote_code=self._trust_remote_code,
+                        )
+                    )
+                except Exception as exc:  # any loader failure leaves the old weights
+                    raise UserError(f"cannot load the weights in {path}: {exc}") from exc
+                done = scheduler.swap_model(model)
+                while not done.is_set():
+                    if not scheduler.alive:
+                        raise EngineUnavailable("the scheduler stopped during a weight update")
+                    await anyio.sleep(0.005)
+                self._model = model
+                self._meta = replace(self._meta, model_path=meta.model_path, config=meta.config)
+                if weight_version is not None:
+                    self.weight_version = weight_version
+            finally:
+                if not self._paused:
+                    self._open_gate()
+        del current
+        gc.collect()
+        return paused_requests
+
+    def _wait_idle(self, scheduler: Scheduler) -> None:
+        """Block until no request is in flight (a pause ends the wait: they are frozen)."""
+        with self._active_lock:
+            while self._active and not self._paused and scheduler.alive:
+                self._active_lock.wait(0.1)
+
+    def _load_meta_checked(self, path: str) -> ModelMeta:
+        try:
+            meta = load_meta(
+                path,
+                context_length=self._context_length_arg,
+                trust_remote_code=self._trust_remote_code,
+            )
+        except (OSError, ValueError, ToolRolloutError) as exc:
+            raise UserError(f"cannot load the model folder {path!r}: {exc}") from exc
+        old = self._meta
+        if (meta.model_type, meta.vocab_size, meta.has_vision) != (
+            old.model_type,
+            old.vocab_size,
+            old.has_vision,
+        ):
+            raise UserError(
+                f"{path!r} holds a {meta.model_type} model with vocab {meta.vocab_size}; "
+                f"the engine serves {old.model_type} with vocab {old.vocab_size}: "
+                "weight updates must keep the architecture and vocabulary"
+            )
+        return meta
+
+    def _require_scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            raise UserError("EmbeddedEngine is not started")
+        return self._scheduler

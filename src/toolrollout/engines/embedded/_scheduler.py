@@ -123,7 +123,22 @@ class _Stop:
     pass
 
 
-_Command = _Submit | _Abort | _Stop
+@dataclass(frozen=True, slots=True)
+class _Hold:
+    """Stop (or resume) admitting and decoding; running rows keep their KV cache."""
+
+    held: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _SwapModel:
+    """Replace the model between two steps; ``done`` is set once the swap happened."""
+
+    model: LoadedModel
+    done: threading.Event
+
+
+_Command = _Submit | _Abort | _Stop | _Hold | _SwapModel
 
 
 class Scheduler:
@@ -152,6 +167,7 @@ class Scheduler:
         self._rows: list[Sequence] = []
         self._kv: list[LayerKV] = []
         self._mask: torch.Tensor | None = None
+        self._held = False
         self._thread = threading.Thread(
             target=self._run, name="toolrollout-embedded-scheduler", daemon=True
         )
@@ -177,6 +193,16 @@ class Scheduler:
     def abort(self, rid: str, *, exact: bool = False, abort_all: bool = False) -> None:
         self._inbox.put(_Abort(rid, exact, abort_all))
 
+    def hold(self, held: bool) -> None:
+        """Pause (``True``) or resume generation; aborts and submits are still taken."""
+        self._inbox.put(_Hold(held))
+
+    def swap_model(self, model: LoadedModel) -> threading.Event:
+        """Queue a model swap; the returned event is set once the thread applied it."""
+        done = threading.Event()
+        self._inbox.put(_SwapModel(model, done))
+        return done
+
     @property
     def num_running(self) -> int:
         return len(self._rows)
@@ -197,6 +223,8 @@ class Scheduler:
         with torch.inference_mode():
             try:
                 while self._take_commands():
+                    if self._held:
+                        continue
                     self._admit()
                     if self._rows:
                         self._decode_step()
@@ -208,7 +236,7 @@ class Scheduler:
 
     def _take_commands(self) -> bool:
         """Apply queued commands; block while idle. False once asked to stop."""
-        block = not self._rows and not self._waiting
+        block = self._held or (not self._rows and not self._waiting)
         while True:
             try:
                 command = self._inbox.get(block=block)
@@ -219,6 +247,13 @@ class Scheduler:
                 return False
             if isinstance(command, _Submit):
                 self._waiting.append(command.seq)
+            elif isinstance(command, _Hold):
+                self._held = command.held
+            elif isinstance(command, _SwapModel):
+                # Between steps: rows already running continue on the new weights with
+                # the KV cache computed by the old ones (what SGLang does in place).
+                self._model = command.model
+                command.done.set()
             else:
                 self._apply_abort(command)
 
