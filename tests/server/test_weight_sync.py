@@ -288,3 +288,19 @@ def test_update_waits_for_running_requests_or_aborts_them(
             assert await client.get_weight_version() == {server: "w2"}
 
     anyio.run(main)
+
+
+def test_embedded_engine_refuses_another_vocabulary(tiny_model_path: Path) -> None:
+    from toolrollout.engines.embedded import EmbeddedEngine
+
+    async def main() -> None:
+        async with EmbeddedEngine(DEMO_MODEL_PATH, num_threads=1, max_batch_size=2) as engine:
+            before = await engine.generate(GenerateRequest(input_ids=PROMPT, sampling=greedy(3)))
+            with pytest.raises(UserError, match="vocab"):
+                await engine.update_weights_from_disk(tiny_model_path, weight_version="x")
+            assert engine.weight_version == "default"
+            assert engine.model_path == str(DEMO_MODEL_PATH)
+            after = await engine.generate(GenerateRequest(input_ids=PROMPT, sampling=greedy(3)))
+            assert after.output_logprobs == before.output_logprobs  # old weights kept
+
+    anyio.run(main)
