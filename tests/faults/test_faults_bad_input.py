@@ -136,4 +136,8 @@ def test_every_parser_is_fuzzed() -> None:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "PARSERS"
     ]
     fuzzed = {type(get_tool_parser(name)) for name in names}
-    assert {type(get_tool_parser(name)) for name in tool_parser_names()} <= fuzzed
+    # Other tests register their own parsers in the shared registry: only ours count here.
+    shipped = {type(get_tool_parser(name)) for name in tool_parser_names()}
+    shipped = {cls for cls in shipped if cls.__module__.startswith("toolrollout.")}
+    assert len(shipped) >= 5
+    assert shipped <= fuzzed

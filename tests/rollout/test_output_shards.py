@@ -82,3 +82,27 @@ def test_compact_orders_and_drops_duplicates(tmp_path: Path, suffix: str) -> Non
 def test_an_empty_or_missing_folder_has_no_rows(tmp_path: Path) -> None:
     assert done_samples(tmp_path / "nowhere") == set()
     assert read_shards(tmp_path).num_rows == 0
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_images_survive_shards_and_compaction(tmp_path: Path, suffix: str) -> None:
+    """Image PNG bytes go through a shard and the merged file (base64 text in JSONL)."""
+    import dataclasses
+    import io
+
+    from PIL import Image
+
+    from toolrollout.rollout._images import TrajectoryImage
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4, 3), (200, 10, 10)).save(buffer, format="PNG")
+    png = buffer.getvalue()
+    with_image = dataclasses.replace(row(0, 0), images=(TrajectoryImage(png, 5, 9, (1, 2, 2)),))
+    parts = tmp_path / "parts"
+    with ShardWriter(parts, rows_per_shard=1) as writer:
+        writer.write(with_image)
+    out = tmp_path / f"out{suffix}"
+    assert compact_shards(parts, out) == 1
+    [back] = read_rows(out)
+    assert back["images"] == [png]
+    assert back["image_spans"] == [{"start": 5, "end": 9}]

@@ -112,8 +112,7 @@ class TrajectoryWriter:
             self._parquet.write_table(table)
         elif self._jsonl is not None:
             for row in self._pending:
-                line = {**row, "images": [base64.b64encode(png).decode() for png in row["images"]]}
-                self._jsonl.write(json.dumps(line, ensure_ascii=False) + "\n")
+                self._jsonl.write(_jsonl_line(row))
             self._jsonl.flush()
         self.rows_written += len(self._pending)
         self._pending.clear()
@@ -164,6 +163,12 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _jsonl_line(row: dict[str, Any]) -> str:
+    """One JSONL line of a row; image PNG bytes as base64 text (read back by read_rows)."""
+    images = [base64.b64encode(png).decode() for png in row.get("images") or ()]
+    return json.dumps({**row, "images": images}, ensure_ascii=False) + "\n"
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -178,7 +183,7 @@ def _write_atomic(table: pa.Table, path: Path, *, jsonl: bool = False) -> None:
     if jsonl:
         with tmp.open("w", encoding="utf-8") as fh:
             for row in table.to_pylist():
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                fh.write(_jsonl_line(row))
             fh.flush()
             os.fsync(fh.fileno())
     else:
