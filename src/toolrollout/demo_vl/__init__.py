@@ -1,10 +1,11 @@
 """The bundled vision-language demo: a tiny Qwen2-VL model and synthetic videos.
 
-The model folder is built by :mod:`toolrollout.demo_vl.build` from the text demo (its
-trained language weights, the three Qwen2-VL vision tokens, a seeded one-block ViT and the
-Pillow image processor). It runs the whole multimodal path on a CPU: placeholder expansion,
-``image_data`` through ``toolrollout serve``, images in the trajectory files. Its vision
-tower is untrained, so it does not yet answer from what it sees (see docs/multimodal.md).
+The model folder starts from :mod:`toolrollout.demo_vl.build` (the text demo's trained
+language weights, the three Qwen2-VL vision tokens, a seeded one-block ViT and the Pillow
+image processor) and is fine-tuned by :mod:`toolrollout.demo_vl.train` to call
+``crop_video`` on a synthetic clip and name the colour it sees in the frames. It runs the
+whole multimodal path on a CPU: placeholder expansion, ``image_data`` through ``toolrollout
+serve``, images in the trajectory files (see docs/multimodal.md).
 :mod:`toolrollout.demo_vl.video` writes the synthetic clips that ``crop_video`` looks at.
 """
 

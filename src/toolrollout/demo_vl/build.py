@@ -1,6 +1,8 @@
-"""Build the tiny vision-language demo model from the text demo, deterministically.
+"""Build the tiny vision-language demo's starting point from the text demo, deterministically.
 
-Run ``python -m toolrollout.demo_vl.build --out src/toolrollout/demo_vl/model`` (seconds).
+Run ``python -m toolrollout.demo_vl.build --out DIR`` (seconds). The shipped folder is this
+folder with weights fine-tuned by :mod:`toolrollout.demo_vl.train`, which calls :func:`build`
+first; every other file is written here.
 
 The result is a standard Hugging Face ``Qwen2VLForConditionalGeneration`` folder with a
 tokenizer and a Pillow-only image processor (``Qwen2VLImageProcessorPil``: torchvision is
@@ -8,10 +10,9 @@ not needed). Its language model is the trained text demo (weights copied, so it 
 the way the text demo does); the three Qwen2-VL vision tokens are appended to the text
 demo's vocabulary; the vision tower is a one-block ViT with seeded random weights.
 
-What this model is for: exercising the multimodal path for real on a CPU (placeholder
-expansion, ``image_data`` over HTTP, the vision tower's features reaching the logits,
-mRoPE positions, images in parquet). What it is not: a model that has learned to read
-images. Training it to answer from ``crop_video`` frames is not done yet.
+What this starting point is: the text demo inside the Qwen2-VL architecture, with an
+untrained vision tower. Training it to call ``crop_video`` and answer from the frames is
+:mod:`toolrollout.demo_vl.train`.
 
 Why a copied language model: with identical temporal/height/width positions, Qwen2-VL's
 multimodal RoPE is exactly the 1-D RoPE of Qwen2, so the text demo's weights compute the
@@ -152,7 +153,7 @@ def build(out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "model")
+    parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     sys.stdout.write(f"{build(args.out)}\n")
 

@@ -84,9 +84,7 @@ def windows(segments: Sequence[Segment]) -> list[tuple[int, int, str]]:
     out: list[tuple[int, int, str]] = []
     for segment in segments:
         start, end = int(segment.start), int(segment.end)
-        for a in range(start, end):
-            for b in range(a, end):
-                out.append((a, b, segment.colour))
+        out.extend((a, b, segment.colour) for a in range(start, end) for b in range(a, end))
     return out
 
 
@@ -106,7 +104,7 @@ def call_arguments(name: str, a: int, b: int) -> str:
 
 
 def video_tool_schemas(selected: Sequence[str] = ("crop_video",)) -> list[dict[str, Any]]:
-    """The schemas the rollout's MCP tools present for ``selected`` (``tool_configs/video_demo.yaml``).
+    """The schemas the MCP tools present for ``selected`` (as ``tool_configs/video_demo.yaml``).
 
     Only ``crop_video`` by default: with ``crop_image`` too the system turn alone is longer
     than the demo's 1024-token context.
@@ -460,7 +458,7 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
         try:
             path = (folder / str(args["video_path"])).resolve()
             text, frames = tool_result(path, args["start_time"], args["end_time"])
-        except Exception:  # noqa: BLE001 - a wrong call (bad path, bad window) scores nothing
+        except Exception:  # a wrong call (bad path, bad window) scores nothing
             continue
         pngs = []
         for frame in frames:
@@ -490,7 +488,9 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
             "pixel_values": torch.as_tensor(pixels["pixel_values"], dtype=torch.float32),
             "image_grid_thw": torch.as_tensor(pixels["image_grid_thw"], dtype=torch.long),
         }
-        answer = tokenizer.decode(_sample(model, ids, images, stop, 24, gen), skip_special_tokens=True)
+        answer = tokenizer.decode(
+            _sample(model, ids, images, stop, 24, gen), skip_special_tokens=True
+        )
         named = [c for c in COLOURS if c in answer]
         if named == [colour]:
             answers_right += 1
@@ -503,13 +503,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clips", type=int, default=192)
     parser.add_argument("--calc-dialogs", type=int, default=2000)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--calc-every", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, default=180)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--calc-every", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--log-every", type=int, default=20)
+    parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument(
         "--evaluate", type=int, default=0, metavar="N", help="then sample N held-out cases"
     )
