@@ -48,8 +48,10 @@ def test_on_text_the_starting_point_computes_the_text_demos_logits(start: Path) 
     """Qwen2-VL's 3-D RoPE with equal positions is Qwen2's 1-D RoPE: same weights, same logits."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-    text = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32).eval()
-    vl = AutoModelForImageTextToText.from_pretrained(str(start), dtype=torch.float32).eval()
+    text = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
+    vl = AutoModelForImageTextToText.from_pretrained(str(start), dtype=torch.float32)
+    text.eval()  # type: ignore[no-untyped-call]
+    vl.eval()
     tokenizer = AutoTokenizer.from_pretrained(str(DEMO_VL_MODEL_PATH))
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 12 * 7?"}], add_generation_prompt=True, tokenize=False

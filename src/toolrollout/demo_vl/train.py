@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import torch
 
@@ -203,7 +203,7 @@ def video_dialogs(
                 buffer = io.BytesIO()
                 frame.convert("RGB").save(buffer, format="PNG")
                 pngs.append(buffer.getvalue())
-            messages = [
+            messages: list[dict[str, Any]] = [
                 {"role": "user", "content": question(rng, name, a, b)},
                 {
                     "role": "assistant",
@@ -331,7 +331,7 @@ def train(args: argparse.Namespace, workdir: Path) -> Any:
         f"data: {len(video)} video dialogs (mean {sum(lengths) / len(lengths):.0f} tokens, "
         f"max {max(lengths)}), {len(calc)} calculator dialogs, {time.perf_counter() - t0:.0f}s"
     )
-    im_start = int(tokenizer.convert_tokens_to_ids("<|im_start|>"))
+    im_start = int(cast(int, tokenizer.convert_tokens_to_ids("<|im_start|>")))
     prefix = video[0].ids.index(im_start, 1)
     if any(e.ids[:prefix] != video[0].ids[:prefix] for e in video):
         raise RuntimeError("video dialogs must share their system turn")
@@ -352,7 +352,7 @@ def train(args: argparse.Namespace, workdir: Path) -> Any:
         else:
             loss = _video_loss(model, processor, batch, prefix, pad)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         running = loss.item() if step == 0 else 0.9 * running + 0.1 * loss.item()
@@ -362,7 +362,7 @@ def train(args: argparse.Namespace, workdir: Path) -> Any:
                 f"step {step:4d}/{args.steps} {kind} loss {loss.item():.4f} (ema {running:.4f}) "
                 f"{time.perf_counter() - t0:.0f}s"
             )
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model
 
 
@@ -503,7 +503,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clips", type=int, default=192)
     parser.add_argument("--calc-dialogs", type=int, default=2000)
-    parser.add_argument("--steps", type=int, default=180)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--calc-every", type=int, default=5)
     parser.add_argument("--lr", type=float, default=2e-3)
