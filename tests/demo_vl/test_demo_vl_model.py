@@ -4,6 +4,7 @@ text demo; the training script (tests/demo_vl/test_demo_vl_train.py) makes its w
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -49,7 +50,7 @@ def test_on_text_the_starting_point_computes_the_text_demos_logits(start: Path) 
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     text = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
-    vl = AutoModelForImageTextToText.from_pretrained(str(start), dtype=torch.float32)
+    vl: Any = AutoModelForImageTextToText.from_pretrained(str(start), dtype=torch.float32)
     text.eval()  # type: ignore[no-untyped-call]
     vl.eval()
     tokenizer = AutoTokenizer.from_pretrained(str(DEMO_VL_MODEL_PATH))

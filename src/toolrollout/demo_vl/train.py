@@ -323,7 +323,7 @@ def train(args: argparse.Namespace, workdir: Path) -> Any:
         for messages, pngs in video_dialogs(args.clips, seed=args.seed, workdir=workdir / "clips")
     ]
     calc = [
-        _encode(tokenizer, fmt, messages, [CALCULATOR_TOOL], [])
+        _encode(tokenizer, fmt, cast(Any, messages), [CALCULATOR_TOOL], [])
         for messages in training_dialogs(args.calc_dialogs, seed=args.seed)
     ]
     lengths = [len(e.ids) for e in video]
@@ -362,7 +362,7 @@ def train(args: argparse.Namespace, workdir: Path) -> Any:
                 f"step {step:4d}/{args.steps} {kind} loss {loss.item():.4f} (ema {running:.4f}) "
                 f"{time.perf_counter() - t0:.0f}s"
             )
-    model.eval()  # type: ignore[no-untyped-call]
+    model.eval()
     return model
 
 
@@ -427,7 +427,8 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
     fmt = VisionFormat.from_pretrained(model_dir)
     model: Any = Qwen2VLForConditionalGeneration.from_pretrained(
         str(model_dir), dtype=torch.float32
-    ).eval()
+    )
+    model.eval()
     tools = video_tool_schemas()
     stop = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
     rng = random.Random(seed)
