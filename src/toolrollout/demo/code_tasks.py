@@ -15,11 +15,11 @@ the model.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import random
 import string
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -58,11 +58,21 @@ def sandbox_schema() -> dict[str, object]:
 
 
 def run_program(code: str) -> str:
-    """What ``code`` prints, run in this interpreter (only for the task's own programs)."""
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        exec(compile(code, "<demo-task>", "exec"), {"__name__": "__main__"})
-    return buffer.getvalue()
+    """What one of the task's own programs prints, run by a separate isolated interpreter.
+
+    A child process rather than ``exec`` here: nothing in the package evaluates code
+    in-process, and a program's state cannot leak into the training script.
+    """
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"demo program failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
 
 
 def sandbox_text(stdout: str) -> str:
