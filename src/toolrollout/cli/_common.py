@@ -7,11 +7,21 @@ and validate their engine and model options identically.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-__all__ = ["EngineUrlsOption", "ModelOption", "fail", "is_number", "load_tokenizer"]
+if TYPE_CHECKING:
+    from toolrollout.engines import Engine
+
+__all__ = [
+    "EngineUrlsOption",
+    "ModelOption",
+    "fail",
+    "is_number",
+    "load_tokenizer",
+    "start_engine",
+]
 
 EngineUrlsOption = Annotated[
     list[str] | None,
@@ -56,3 +66,30 @@ def is_number(value: object) -> bool:
     except ValueError:
         return False
     return True
+
+
+async def start_engine(
+    engine_urls: list[str] | None,
+    model_path: Path,
+    *,
+    threads: int | None,
+    health_timeout: float,
+    **client_options: Any,
+) -> tuple[Engine, int | None]:
+    """The servers at ``engine_urls`` (once healthy), or the embedded engine on ``model_path``.
+
+    Returns the engine and its context length (``None`` when a server does not report one).
+    ``client_options`` go to :class:`~toolrollout.engines.SGLangClient`.
+    """
+    if engine_urls:
+        from toolrollout.engines import SGLangClient
+
+        client = SGLangClient(engine_urls, **client_options)
+        await client.wait_healthy(timeout=health_timeout)
+        raw = (await client.server_info()).get("context_length")
+        return client, int(raw) if isinstance(raw, int) else None
+    from toolrollout.engines import EmbeddedEngine
+
+    embedded = EmbeddedEngine(model_path, num_threads=threads)
+    await embedded.start()
+    return embedded, embedded.context_length

@@ -22,6 +22,7 @@ from toolrollout.cli._common import (
     fail,
     is_number,
     load_tokenizer,
+    start_engine,
 )
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ def _run_model(
     from toolrollout.chat import tool_parser_names
     from toolrollout.data import load_prompts
     from toolrollout.demo import DEMO_MODEL_PATH, demo_prompts_for_tools
-    from toolrollout.engines import Engine, SamplingParams, SGLangClient
+    from toolrollout.engines import SamplingParams
     from toolrollout.eval import compare, single_turn_runner, summarize
     from toolrollout.rewards import exact_match, numeric_match
     from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryWriter
@@ -282,22 +283,9 @@ def _run_model(
         arms.insert(0, ("single-turn", out_dir / "single_turn.parquet"))
 
     async def main() -> dict[str, list[Trajectory]]:
-        engine: Engine
-        context_length: int | None
-        if engine_urls:
-            client = SGLangClient(engine_urls)
-            engine = client
-            await client.wait_healthy(timeout=health_timeout)
-            info = await client.server_info()
-            raw = info.get("context_length")
-            context_length = int(raw) if isinstance(raw, int) else None
-        else:
-            from toolrollout.engines import EmbeddedEngine
-
-            embedded = EmbeddedEngine(model_path, num_threads=threads)
-            engine = embedded
-            await embedded.start()
-            context_length = embedded.context_length
+        engine, context_length = await start_engine(
+            engine_urls, model_path, threads=threads, health_timeout=health_timeout
+        )
         results: dict[str, list[Trajectory]] = {}
         async with engine, tool_services(tools):
             # One arm after the other, so the latency of one is not inflated by the other.

@@ -32,6 +32,7 @@ from toolrollout.cli._common import (
     fail,
     is_number,
     load_tokenizer,
+    start_engine,
 )
 
 __all__ = ["generate", "register"]
@@ -204,7 +205,7 @@ def _run(
     from toolrollout.chat import tool_parser_names
     from toolrollout.data import load_prompts
     from toolrollout.demo import DEMO_MODEL_PATH, demo_prompts_for_tools
-    from toolrollout.engines import Engine, RetryPolicy, SamplingParams, SGLangClient
+    from toolrollout.engines import RetryPolicy, SamplingParams
     from toolrollout.interactions import load_interaction_config
     from toolrollout.rewards import RewardMix, exact_match, numeric_match
     from toolrollout.rewards import tool_error_penalty as penalty_term
@@ -273,26 +274,14 @@ def _run(
         rewards.append(penalty_term(tool_error_penalty))
 
     async def main() -> dict[str, Any]:
-        engine: Engine
-        context_length: int | None
-        if engine_urls:
-            client = SGLangClient(
-                engine_urls,
-                timeout=_http_timeout(request_timeout),
-                retry=RetryPolicy(max_attempts=retries, retry_read_timeouts=True),
-            )
-            engine = client
-            await client.wait_healthy(timeout=health_timeout)
-            info = await client.server_info()
-            raw = info.get("context_length")
-            context_length = int(raw) if isinstance(raw, int) else None
-        else:
-            from toolrollout.engines import EmbeddedEngine
-
-            embedded = EmbeddedEngine(model_path, num_threads=threads)
-            engine = embedded
-            await embedded.start()
-            context_length = embedded.context_length
+        engine, context_length = await start_engine(
+            engine_urls,
+            model_path,
+            threads=threads,
+            health_timeout=health_timeout,
+            timeout=_http_timeout(request_timeout),
+            retry=RetryPolicy(max_attempts=retries, retry_read_timeouts=True),
+        )
         interrupted: list[str] = []
         trajectories: list[Trajectory] = []
         total = len(prompts) * n
