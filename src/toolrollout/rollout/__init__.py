@@ -10,6 +10,7 @@ from ._images import prepare_images as prepare_images
 from ._images import swift_row as swift_row
 from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
+from ._loop import ResumePoint as ResumePoint
 from ._loop import RolloutPrompt as RolloutPrompt
 from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
 from ._output import ShardWriter as ShardWriter
@@ -19,6 +20,7 @@ from ._output import done_samples as done_samples
 from ._output import read_rows as read_rows
 from ._output import read_shards as read_shards
 from ._output import write_trajectories as write_trajectories
+from ._runner import RolloutBatch as RolloutBatch
 from ._runner import RolloutRunner as RolloutRunner
 from ._runner import as_prompt as as_prompt
 from ._runner import failed_trajectory as failed_trajectory
@@ -29,6 +31,8 @@ from ._trajectory import TrajectoryStatus as TrajectoryStatus
 
 __all__ = [
     "TRAJECTORY_SCHEMA",
+    "ResumePoint",
+    "RolloutBatch",
     "RolloutConfig",
     "RolloutPrompt",
     "RolloutRunner",

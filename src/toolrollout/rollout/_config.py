@@ -45,7 +45,11 @@ class RolloutConfig:
     tool_parser: str = "qwen25"
     """Tool-call text format of the model (see ``toolrollout.chat``)."""
     drift_check: bool = True
-    """Compare the token transcript with a fresh render after every turn."""
+    """Compare the token transcript with a fresh render of the messages (docs/rollouts.md)."""
+    drift_check_every: int | None = None
+    """Also check after every K-th tool/interaction turn. None (default): check once, at the
+    end of the trajectory, so a turn's cost stays flat in the conversation's length. Either
+    way, once drift is found every turn is checked and reported, as with K=1."""
     reward_mix: RewardMix = field(default_factory=RewardMix)
     """How reward functions, interaction turn rewards and tool rewards make the reward."""
     interaction_timeout: float | None = 60.0
@@ -74,6 +78,8 @@ class RolloutConfig:
         for name, value in positive.items():
             if value < 1:
                 raise UserError(f"{name} must be at least 1, got {value}")
+        if self.drift_check_every is not None and self.drift_check_every < 1:
+            raise UserError(f"drift_check_every must be >= 1 or None, got {self.drift_check_every}")
         if self.trajectory_timeout is not None and self.trajectory_timeout <= 0:
             raise UserError(f"trajectory_timeout must be > 0, got {self.trajectory_timeout}")
         if self.max_tool_calls < 0:

@@ -6,7 +6,7 @@ let the interaction answer a final turn, close the environment (on every way out
 
 An interaction turn is appended exactly like a tool turn: the chat template's token delta
 for the new ``user`` message plus the next generation prompt, loss mask 0, logprob 0.0,
-drift-checked, and refused (trajectory truncated) when it would not fit the budgets.
+drift-checkpointed, and refused (trajectory truncated) when it would not fit the budgets.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from toolrollout._exceptions import InteractionError, ToolRolloutError, UserError
-from toolrollout.chat import check_drift
 from toolrollout.interactions import InteractionReply
 from toolrollout.tools import Tool, ToolContext, ToolResult, ToolSession, row_kwargs
 
+from ._drift import drift_checkpoint
 from ._trajectory import TokenSpan, TrajectoryStatus
 
 if TYPE_CHECKING:
@@ -232,14 +232,5 @@ async def interaction_turn(
     state.spans.append(TokenSpan("interaction", tuple(delta), (0.0,) * len(delta)))
     env.interaction_tokens += len(delta)
     env.appended_turns += 1
-    if config.drift_check:
-        transcript = state.transcript()
-        if services.vision is not None:  # compare with one placeholder per image, as rendered
-            transcript = services.vision.collapse(transcript)
-        report = check_drift(
-            transcript, state.messages, chat_format=chat, model_texts=state.model_texts
-        )
-        if not report.matches:
-            state.drift_mismatches += 1
-            state.drift_reports.append(report.to_dict())
+    drift_checkpoint(services, state)
     return True

@@ -7,21 +7,26 @@ it has one, which may append a user message the same way (see ``_interactions.py
 transcript is only ever appended to: model tokens verbatim from the engine (loss mask 1,
 engine logprobs), tool and interaction tokens as the template delta (loss mask 0, logprob
 0.0). Nothing earlier is re-tokenized.
+
+An aborted trajectory (the engine answered ``finish_reason`` ``abort``, or straggler
+control stopped it before its next request) keeps every token and a :class:`ResumePoint`;
+:func:`run_trajectory` given that point continues from exactly the same ids.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 
 from toolrollout._exceptions import EngineError, OverlongPromptError, ToolRolloutError
-from toolrollout.chat import ChatFormat, ImageRun, ToolCallParser, VisionFormat, check_drift
+from toolrollout.chat import ChatFormat, ImageRun, ToolCallParser, VisionFormat
 from toolrollout.engines._base import Engine
 from toolrollout.engines._types import GenerateRequest, GenerateResult
 from toolrollout.rewards import WeightedReward, evaluate_terms
@@ -34,11 +39,12 @@ from toolrollout.tools import (
 )
 
 from ._config import RolloutConfig
+from ._drift import drift_checkpoint, final_drift_check
 from ._interactions import TrajectoryEnvironment, interaction_turn, select_interaction
 from ._trajectory import TokenSpan, Trajectory, TrajectoryStatus
 from ._vision_turn import ImageLedger, attach_images, record_images
 
-__all__ = ["RolloutPrompt", "run_trajectory"]
+__all__ = ["ResumePoint", "RolloutPrompt", "StopControl", "run_trajectory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +76,18 @@ class _State:
     tool_errors: int = 0
     parse_errors: int = 0
     weight_version: str | None = None
-    drift_mismatches: int = 0
-    drift_reports: list[dict[str, Any]] = field(default_factory=list)
+    drift_checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
+    """(transcript length, message count, model turns) after each tool/interaction delta."""
+    drift_checked: set[int] = field(default_factory=set)
+    drift_found: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Report of each checked checkpoint that did not match, by checkpoint index."""
+    open_turn: bool = False
+    """The last model turn was cut by an abort mid-generation; the next request continues it."""
+    resumes: int = 0
+    segments: list[tuple[int, int, str | None]] = field(default_factory=list)
+    """(start, end, weight_version) of each engine answer within the response tokens."""
+    prior_seconds: float = 0.0
+    """Wall time spent before the last resume."""
     generation_seconds: float = 0.0
     tool_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
@@ -84,6 +100,14 @@ class _State:
     tool_records: list[tuple[str, ToolResult]] = field(default_factory=list)
     env: TrajectoryEnvironment | None = None
     vision: ImageLedger = field(default_factory=ImageLedger)
+
+    @property
+    def drift_reports(self) -> list[dict[str, Any]]:
+        return [self.drift_found[i] for i in sorted(self.drift_found)]
+
+    @property
+    def drift_mismatches(self) -> int:
+        return len(self.drift_found)
 
     @property
     def response_len(self) -> int:
@@ -100,6 +124,57 @@ class _State:
         self.finish_reason = reason
         if error is not None:
             self.error = error
+
+    def resumed(self) -> _State:
+        """A fresh copy to continue from; the frozen original can be resumed again."""
+        return replace(
+            self,
+            messages=[dict(m) for m in self.messages],
+            spans=list(self.spans),
+            status=TrajectoryStatus.RUNNING,
+            finish_reason=None,
+            error=None,
+            drift_checkpoints=list(self.drift_checkpoints),
+            drift_checked=set(self.drift_checked),
+            drift_found=dict(self.drift_found),
+            resumes=self.resumes + 1,
+            segments=list(self.segments),
+            prior_seconds=self.prior_seconds + (time.perf_counter() - self.started),
+            started=time.perf_counter(),
+            tool_latency={k: list(v) for k, v in self.tool_latency.items()},
+            tool_state=dict(self.tool_state),
+            model_texts=list(self.model_texts),
+            tool_records=list(self.tool_records),
+            env=None,
+            vision=copy.deepcopy(self.vision),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where an aborted trajectory stopped, kept in memory on its :class:`Trajectory`.
+
+    Holds the loop's own state at the abort (messages with the raw model text, the open
+    turn, drift checkpoints, the interaction's rewards so far), which the public fields
+    alone cannot rebuild exactly. Not written to parquet/JSONL.
+    """
+
+    prompt: RolloutPrompt
+    _state: _State
+    _env: dict[str, Any]
+
+
+@dataclass(slots=True)
+class StopControl:
+    """Straggler control shared by one run's trajectories.
+
+    Once ``stopping`` is set no trajectory sends another engine request (it ends
+    ``aborted`` where it is), and the runner aborts the requests in ``inflight`` by rid.
+    """
+
+    stopping: bool = False
+    inflight: dict[str, str] = field(default_factory=dict)
+    """rid -> trajectory uid of every engine request being answered now."""
 
 
 @dataclass(slots=True)
@@ -118,6 +193,8 @@ class RolloutServices:
     """Interaction objects by name; each row picks one by ``interaction_kwargs.name``."""
     vision: VisionFormat | None = None
     """Placeholder expansion for a vision-language model; None for text models."""
+    stop: StopControl | None = None
+    """Set by a run with a batch target (straggler control); None: run everything out."""
 
 
 def _seed_for(config: RolloutConfig, state: _State) -> int | None:
@@ -125,7 +202,8 @@ def _seed_for(config: RolloutConfig, state: _State) -> int | None:
         return None
     # Distinct, reproducible per (prompt, sample, turn); fits SGLang's int seed.
     key = (config.seed * 1_000_003 + state.prompt_index) * 1_009 + state.sample_index
-    return (key * 131 + state.num_turns) % (2**31 - 1)
+    # A resumed turn draws fresh randomness instead of replaying its first leg's seed.
+    return (key * 131 + state.num_turns + 7_919 * state.resumes) % (2**31 - 1)
 
 
 async def _generate(services: RolloutServices, state: _State) -> GenerateResult | None:
@@ -139,49 +217,82 @@ async def _generate(services: RolloutServices, state: _State) -> GenerateResult 
         state.end(TrajectoryStatus.TRUNCATED, "max_response_tokens")
         return None
     sampling = config.sampling
-    max_new = min(sampling.max_new_tokens, remaining)
+    per_turn = sampling.max_new_tokens
+    if state.open_turn:
+        per_turn -= len(state.spans[-1].ids)  # the turn's first leg counts against its cap
+        if per_turn <= 0:
+            state.end(TrajectoryStatus.TRUNCATED, "length")
+            return None
+    max_new = min(per_turn, remaining)
     input_ids = state.transcript()
     if services.vision is not None and state.vision.urls:
         # One <|image_pad|> per image on the wire: every SGLang version expands that form
         # itself (see docs/multimodal.md); the transcript keeps the expanded ids.
         input_ids = services.vision.collapse(input_ids)
+    rid = f"{state.uid}-t{state.num_turns}-{uuid.uuid4().hex[:8]}"
     request = GenerateRequest(
         input_ids=tuple(input_ids),
         sampling=_replace_sampling(sampling, max_new, _seed_for(config, state)),
-        rid=f"{state.uid}-t{state.num_turns}-{uuid.uuid4().hex[:8]}",
+        rid=rid,
         session_id=state.uid,
         image_data=tuple(state.vision.urls) or None,
     )
     state.status = TrajectoryStatus.RUNNING
     started = time.perf_counter()
+    stop = services.stop
     async with services.engine_limiter:
-        result = await services.engine.generate(request)
+        if stop is not None:
+            if stop.stopping:  # the batch target is met: stop here, before the request
+                state.end(TrajectoryStatus.ABORTED, "abort", _STOPPED)
+                return None
+            stop.inflight[rid] = state.uid
+        try:
+            result = await services.engine.generate(request)
+        finally:
+            if stop is not None:
+                stop.inflight.pop(rid, None)
     state.generation_seconds += time.perf_counter() - started
     return result
 
 
-def _replace_sampling(sampling: Any, max_new_tokens: int, seed: int | None) -> Any:
-    from dataclasses import replace
+_STOPPED = "stopped by straggler control: the batch target was met"
 
+
+def _replace_sampling(sampling: Any, max_new_tokens: int, seed: int | None) -> Any:
     if seed is None:
         return replace(sampling, max_new_tokens=max_new_tokens)
     return replace(sampling, max_new_tokens=max_new_tokens, seed=seed)
 
 
-def _append_model_turn(services: RolloutServices, state: _State, result: GenerateResult) -> str:
-    """Phase 2: append the engine's ids verbatim and return the decoded text."""
-    ids = result.output_ids
+def _append_model_turn(
+    services: RolloutServices, state: _State, result: GenerateResult
+) -> tuple[str, tuple[int, ...]]:
+    """Phase 2: append the engine's ids verbatim; return the turn's text and ids.
+
+    An open turn (cut by an abort, now resumed) is extended in place: its first leg's ids
+    and logprobs stay as they were and the continuation follows them in the same span.
+    """
+    ids = tuple(result.output_ids)
     logprobs = result.output_logprobs
     if logprobs is None:
         raise EngineError("the engine returned no logprobs; token-exact rollouts need them")
-    state.spans.append(TokenSpan("model", tuple(ids), tuple(float(x) for x in logprobs)))
-    state.num_turns += 1
+    start = state.response_len
+    span = TokenSpan("model", ids, tuple(float(x) for x in logprobs))
+    if state.open_turn:
+        first = state.spans.pop()
+        span = TokenSpan("model", first.ids + span.ids, first.logprobs + span.logprobs)
+        state.model_texts.pop()
+    else:
+        state.num_turns += 1
+    state.open_turn = False
+    state.spans.append(span)
     state.model_tokens += len(ids)
     state.cached_tokens += result.cached_tokens
     state.weight_version = result.weight_version
-    text = services.chat.model_text(ids)
+    state.segments.append((start, start + len(ids), result.weight_version))
+    text = services.chat.model_text(span.ids)
     state.model_texts.append(text)
-    return text
+    return text, span.ids
 
 
 def _cut_text(services: RolloutServices, text: str) -> str:
@@ -240,16 +351,25 @@ async def run_trajectory(
     prompt_index: int,
     sample_index: int,
     group_id: str,
+    resume: ResumePoint | None = None,
 ) -> Trajectory:
-    """Run one trajectory to a terminal state. Never raises for a trajectory-level fault."""
-    state = _State(
-        uid=f"{group_id}-{sample_index}",
-        group_id=group_id,
-        prompt_index=prompt_index,
-        sample_index=sample_index,
-        prompt=prompt,
-        messages=[dict(m) for m in prompt.messages],
-    )
+    """Run one trajectory to a terminal state. Never raises for a trajectory-level fault.
+
+    With ``resume`` (an aborted trajectory's :class:`ResumePoint`) it continues from the
+    prompt plus the partial output, token for token: nothing is re-rendered.
+    """
+    if resume is not None:
+        state = resume._state.resumed()
+        prompt = resume.prompt
+    else:
+        state = _State(
+            uid=f"{group_id}-{sample_index}",
+            group_id=group_id,
+            prompt_index=prompt_index,
+            sample_index=sample_index,
+            prompt=prompt,
+            messages=[dict(m) for m in prompt.messages],
+        )
     try:
         interaction, interaction_kwargs = select_interaction(services.interactions, prompt)
         env = TrajectoryEnvironment(
@@ -259,10 +379,13 @@ async def run_trajectory(
             interaction_kwargs,
             timeout=services.config.interaction_timeout,
         )
+        if resume is not None:
+            for name, value in resume._env.items():
+                setattr(env, name, copy.copy(value))
         state.env = env
         try:
             await env.start(services.tools.tools.values(), _tool_context(state))
-            await _drive(services, state)
+            await _drive(services, state, resumed=resume is not None)
         finally:
             # Every way out releases the tool instances and finalizes the interaction.
             await env.close(score=state.status in _SCORED)
@@ -270,6 +393,8 @@ async def run_trajectory(
         state.end(TrajectoryStatus.FAILED, "overlong_prompt", f"{type(exc).__name__}: {exc}")
     except ToolRolloutError as exc:
         state.end(TrajectoryStatus.FAILED, "error", f"{type(exc).__name__}: {exc}")
+    if services.config.drift_check:
+        final_drift_check(services, state)
     reward: float | None = None
     details: dict[str, float] = {}
     trajectory = _freeze(state, reward, details)
@@ -293,13 +418,26 @@ async def run_trajectory(
     return trajectory
 
 
+_ENV_CARRIED = (
+    "turn_rewards",
+    "tool_rewards",
+    "interaction_turns",
+    "appended_turns",
+    "interaction_tokens",
+    "interaction_metrics",
+    "errors",
+)
+"""What a resumed trajectory keeps of its interaction's bookkeeping (new instances start)."""
+
+
 _SCORED = (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
 
 
-async def _drive(services: RolloutServices, state: _State) -> None:
+async def _drive(services: RolloutServices, state: _State, *, resumed: bool = False) -> None:
     config = services.config
     chat = services.chat
-    state.prompt_ids = chat.render_prompt(state.messages)
+    if not resumed:
+        state.prompt_ids = chat.render_prompt(state.messages)
     if services.context_length is not None and len(state.prompt_ids) >= services.context_length:
         raise OverlongPromptError(
             f"prompt has {len(state.prompt_ids)} tokens; the context is {services.context_length}",
@@ -310,11 +448,16 @@ async def _drive(services: RolloutServices, state: _State) -> None:
         if state.num_turns >= config.max_turns:
             state.end(TrajectoryStatus.TRUNCATED, "max_turns")
             return
+        continuing = state.open_turn
         result = await _generate(services, state)
         if result is None:
             return
-        text = _append_model_turn(services, state, result)
         finish = result.finish_reason.type
+        if finish == "abort" and not result.output_ids:
+            # Aborted before a token came: nothing to append, the open turn stays open.
+            state.end(TrajectoryStatus.ABORTED, "abort", result.finish_reason.message)
+            return
+        text, turn_ids = _append_model_turn(services, state, result)
         parsed = services.parser.parse(text)
         assistant: dict[str, Any] = {"role": "assistant", "content": parsed.content}
         if parsed.errors:
@@ -331,8 +474,12 @@ async def _drive(services: RolloutServices, state: _State) -> None:
                 for call in parsed.tool_calls
             ]
         assistant["raw_content"] = text
-        state.messages.append(assistant)
+        if continuing:
+            state.messages[-1] = assistant  # the open turn's message, now with all its text
+        else:
+            state.messages.append(assistant)
         if finish == "abort":
+            state.open_turn = True
             state.end(TrajectoryStatus.ABORTED, "abort", result.finish_reason.message)
             return
         if finish == "length":
@@ -342,7 +489,7 @@ async def _drive(services: RolloutServices, state: _State) -> None:
         state.parse_errors += len(parsed.errors)
         if not parsed.tool_calls and not parsed.errors:
             if state.env is not None and state.env.interaction is not None:
-                if await interaction_turn(services, state, result.output_ids):
+                if await interaction_turn(services, state, turn_ids):
                     continue
                 return
             state.end(TrajectoryStatus.COMPLETED, "stop")
@@ -351,7 +498,7 @@ async def _drive(services: RolloutServices, state: _State) -> None:
             # The model asked for tools but has no turn left to read their results.
             state.end(TrajectoryStatus.TRUNCATED, "max_turns")
             return
-        if not chat.ends_with_stop(result.output_ids):
+        if not chat.ends_with_stop(turn_ids):
             # Stopped by a stop string: there is no template boundary to extend from.
             state.end(TrajectoryStatus.TRUNCATED, "stop_string")
             return
@@ -404,19 +551,7 @@ async def _drive(services: RolloutServices, state: _State) -> None:
         record_images(state.vision, images, runs, len(state.prompt_ids) + state.response_len)
         state.spans.append(TokenSpan("tool", tuple(delta), (0.0,) * len(delta)))
         state.tool_tokens += len(delta)
-        if config.drift_check:
-            transcript = state.transcript()
-            if services.vision is not None:
-                transcript = services.vision.collapse(transcript)
-            report = check_drift(
-                transcript,
-                state.messages,
-                chat_format=chat,
-                model_texts=state.model_texts,
-            )
-            if not report.matches:
-                state.drift_mismatches += 1
-                state.drift_reports.append(report.to_dict())
+        drift_checkpoint(services, state)
 
 
 def _tool_message(
@@ -453,7 +588,7 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
     metrics: dict[str, Any] = {
         "generation_seconds": round(state.generation_seconds, 6),
         "tool_seconds": round(state.tool_seconds, 6),
-        "total_seconds": round(time.perf_counter() - state.started, 6),
+        "total_seconds": round(state.prior_seconds + time.perf_counter() - state.started, 6),
         "tool_latency": {k: [round(x, 6) for x in v] for k, v in state.tool_latency.items()},
         "drift_mismatches": state.drift_mismatches,
         "model_tokens": state.model_tokens,
@@ -471,11 +606,20 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
         }
     if state.drift_reports:
         metrics["drift_reports"] = state.drift_reports
+    if state.resumes:
+        # Which weights sampled which tokens: [start, end, version] per engine answer,
+        # positions in the response tokens (a resume may cross a weight update).
+        metrics["resumes"] = state.resumes
+        metrics["weight_versions"] = [list(segment) for segment in state.segments]
     if details:
         metrics["reward_terms"] = details
     env = state.env
     if env is not None:
         metrics.update(env.metrics())
+    resume = None
+    if state.status is TrajectoryStatus.ABORTED:
+        carried = {} if env is None else {name: getattr(env, name) for name in _ENV_CARRIED}
+        resume = ResumePoint(state.prompt, state, carried)
     return Trajectory(
         uid=state.uid,
         group_id=state.group_id,
@@ -501,6 +645,7 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
         tool_final_rewards={} if env is None else dict(env.tool_final_rewards),
         images=tuple(state.vision.images),
         data_source=_data_source(state.prompt.metadata),
+        resume_point=resume,
     )
 
 

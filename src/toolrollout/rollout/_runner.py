@@ -3,17 +3,25 @@
 All trajectories of a batch run at once in one task group; the only shared gate is the cap
 on in-flight engine requests. There is no turn-level barrier: a trajectory that finishes
 early is handed to ``on_result`` at once, and a slow one holds up nobody.
+
+Straggler control (:meth:`RolloutRunner.run_batch`): launch more groups than the batch
+needs, stop once ``target_groups`` complete groups are in, abort the rest on the server by
+rid, and keep the cut-short trajectories (every token so far) to :meth:`~RolloutRunner.resume`
+in a later batch.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
-from toolrollout._exceptions import UserError
+from toolrollout._exceptions import EngineError, UserError
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward, combine
@@ -21,10 +29,52 @@ from toolrollout.tools import Tool, ToolExecutor
 
 from ._config import RolloutConfig
 from ._interactions import select_interaction
-from ._loop import RolloutPrompt, RolloutServices, run_trajectory
+from ._loop import ResumePoint, RolloutPrompt, RolloutServices, StopControl, run_trajectory
 from ._trajectory import Trajectory, TrajectoryStatus
 
-__all__ = ["RolloutRunner", "as_prompt", "failed_trajectory"]
+__all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
+
+logger = logging.getLogger(__name__)
+
+ABORT_RESEND_SECONDS = 1.0
+"""An abort that reaches SGLang before the request is registered there is dropped, so the
+runner names every rid still in flight again after this many seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutBatch:
+    """What a run with a batch target returns.
+
+    ``trajectories`` is the batch: ``target_groups`` complete groups (every sample of the
+    prompt finished: completed, truncated or failed), or, with ``keep_groups_whole=False``,
+    ``target_groups * n`` finished samples from any groups; ordered by (prompt, sample).
+    ``leftover`` is every other trajectory: the ``aborted`` ones (each resumable, with its
+    tokens so far), their finished siblings, and groups that completed after the target.
+    Hand ``leftover`` to :meth:`RolloutRunner.resume` to finish them in a later batch.
+    """
+
+    trajectories: tuple[Trajectory, ...]
+    leftover: tuple[Trajectory, ...]
+
+    @property
+    def partial(self) -> tuple[Trajectory, ...]:
+        """The leftover trajectories that were cut short (resumable)."""
+        return tuple(t for t in self.leftover if t.status is TrajectoryStatus.ABORTED)
+
+
+def _finished(trajectory: Trajectory) -> bool:
+    return trajectory.status is not TrajectoryStatus.ABORTED
+
+
+@dataclass(slots=True)
+class _Job:
+    """One sample to run (or, with ``done``, one already finished and passed through)."""
+
+    group_id: str
+    prompt_index: int
+    sample_index: int
+    run: Callable[[], Awaitable[Trajectory]] | None
+    done: Trajectory | None = None
 
 
 def as_prompt(
@@ -113,7 +163,28 @@ class RolloutRunner:
         self.interactions: dict[str, Any] = dict(interactions or {})
         self.vision = vision
 
-    def _services(self) -> RolloutServices:
+    def _check_rows(
+        self,
+        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+    ) -> list[RolloutPrompt]:
+        rows = [as_prompt(p) for p in prompts]
+        for index, row in enumerate(rows):
+            try:
+                select_interaction(self.interactions, row)
+            except UserError as exc:  # a dataset mistake: say so before anything runs
+                raise UserError(f"prompt {index}: {exc}") from exc
+        return rows
+
+    @staticmethod
+    def _group_ids(rows: Sequence[RolloutPrompt], group_ids: Sequence[str] | None) -> list[str]:
+        if group_ids is None:
+            batch = uuid.uuid4().hex[:8]
+            return [f"{batch}-p{i}" for i in range(len(rows))]
+        if len(group_ids) != len(rows):
+            raise UserError(f"got {len(group_ids)} group_ids for {len(rows)} prompts")
+        return list(group_ids)
+
+    def _services(self, stop: StopControl | None = None) -> RolloutServices:
         return RolloutServices(
             engine=self.engine,
             chat=self.chat,
@@ -125,6 +196,7 @@ class RolloutRunner:
             context_length=self.context_length,
             interactions=self.interactions,
             vision=self.vision,
+            stop=stop,
         )
 
     async def run(
@@ -142,18 +214,9 @@ class RolloutRunner:
         error. ``skip`` lists (prompt_index, sample_index) pairs already done (a resumed
         run): they are not run and not returned.
         """
-        rows = [as_prompt(p) for p in prompts]
-        for index, row in enumerate(rows):
-            try:
-                select_interaction(self.interactions, row)
-            except UserError as exc:  # a dataset mistake: say so before anything runs
-                raise UserError(f"prompt {index}: {exc}") from exc
+        rows = self._check_rows(prompts)
         n = self.config.n
-        if group_ids is None:
-            batch = uuid.uuid4().hex[:8]
-            group_ids = [f"{batch}-p{i}" for i in range(len(rows))]
-        if len(group_ids) != len(rows):
-            raise UserError(f"got {len(group_ids)} group_ids for {len(rows)} prompts")
+        group_ids = self._group_ids(rows, group_ids)
         done = set(skip)
         services = self._services()
         results: list[Trajectory | None] = [None] * (len(rows) * n)
@@ -180,6 +243,7 @@ class RolloutRunner:
         prompt_index: int,
         sample_index: int,
         group_id: str,
+        resume: ResumePoint | None = None,
     ) -> Trajectory:
         """One sample, always to a row: the loop's own faults, bugs and the deadline."""
         timeout = self.config.trajectory_timeout
@@ -193,6 +257,7 @@ class RolloutRunner:
                     prompt_index=prompt_index,
                     sample_index=sample_index,
                     group_id=group_id,
+                    resume=resume,
                 )
         except Exception as exc:  # a bug in one trajectory must not end the batch
             reason, error = "error", f"{type(exc).__name__}: {exc}"
@@ -204,6 +269,194 @@ class RolloutRunner:
             reason=reason,
             error=error,
         )
+
+    async def run_batch(
+        self,
+        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+        *,
+        target_groups: int,
+        keep_groups_whole: bool = True,
+        on_result: Callable[[Trajectory], None] | None = None,
+        group_ids: Sequence[str] | None = None,
+    ) -> RolloutBatch:
+        """Oversampling: run every prompt's group, stop at ``target_groups`` complete groups.
+
+        Pass more prompts than ``target_groups`` (the oversampling). Once the target is
+        met no trajectory starts another engine request, the requests in flight are
+        aborted on the server by rid (their partial output comes back), and tools already
+        running are let finish. Nothing is left running when this returns. ``on_result``
+        sees every trajectory, aborted ones included.
+        """
+        rows = self._check_rows(prompts)
+        if not 1 <= target_groups <= len(rows):
+            raise UserError(
+                f"target_groups must be between 1 and the {len(rows)} prompts, got {target_groups}"
+            )
+        group_ids = self._group_ids(rows, group_ids)
+        stop = StopControl()
+        services = self._services(stop)
+        jobs = [
+            _Job(
+                group_ids[p],
+                p,
+                s,
+                functools.partial(self._run_one, services, rows[p], p, s, group_ids[p]),
+            )
+            for p in range(len(rows))
+            for s in range(self.config.n)
+        ]
+        return await self._gather(jobs, stop, target_groups, keep_groups_whole, on_result)
+
+    async def resume(
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        target_groups: int | None = None,
+        keep_groups_whole: bool = True,
+        on_result: Callable[[Trajectory], None] | None = None,
+    ) -> RolloutBatch:
+        """Continue aborted trajectories (e.g. a previous batch's ``leftover``).
+
+        Each ``aborted`` one goes on from its prompt plus partial output, token for token:
+        its model tokens keep mask 1 and their original logprobs, and an open turn is
+        continued, not restarted. Finished ones pass through unchanged and count for their
+        group. Without ``target_groups`` everything runs to the end; with it, this is a new
+        oversampled batch (see :meth:`run_batch`). Tool and interaction instances are new:
+        a stateful tool's state from before the abort is not carried over. ``on_result``
+        sees only the trajectories that were run.
+        """
+        stop = StopControl()
+        services = self._services(stop)
+        jobs: list[_Job] = []
+        for trajectory in trajectories:
+            job = _Job(trajectory.group_id, trajectory.prompt_index, trajectory.sample_index, None)
+            point = trajectory.resume_point
+            if trajectory.status is not TrajectoryStatus.ABORTED:
+                job.done = trajectory
+            elif point is None:
+                raise UserError(
+                    f"trajectory {trajectory.uid} is aborted but has no resume point "
+                    "(resume points live in memory; rows read back from files have none)"
+                )
+            else:
+                job.run = functools.partial(
+                    self._run_one,
+                    services,
+                    point.prompt,
+                    trajectory.prompt_index,
+                    trajectory.sample_index,
+                    trajectory.group_id,
+                    point,
+                )
+            jobs.append(job)
+        groups = len({job.group_id for job in jobs})
+        if target_groups is None:
+            target_groups = groups
+        elif not 1 <= target_groups <= groups:
+            raise UserError(
+                f"target_groups must be between 1 and the {groups} groups given, "
+                f"got {target_groups}"
+            )
+        return await self._gather(jobs, stop, target_groups, keep_groups_whole, on_result)
+
+    async def _gather(
+        self,
+        jobs: Sequence[_Job],
+        stop: StopControl,
+        target_groups: int,
+        keep_groups_whole: bool,
+        on_result: Callable[[Trajectory], None] | None,
+    ) -> RolloutBatch:
+        """Run the jobs until the target is met, then abort the rest and wait for them."""
+        n = self.config.n
+        results: dict[tuple[str, int], Trajectory] = {}
+        finished_in_group: dict[str, int] = {}
+        batch: list[tuple[str, int]] = []
+        """Keys of the samples in the batch, fixed the moment the target is met."""
+        order: list[tuple[str, int]] = []
+        """Finished samples in the order they finished (for keep_groups_whole=False)."""
+        pending = sum(1 for job in jobs if job.done is None)
+        all_ended = anyio.Event()
+        wake = anyio.Event()
+        """Set when the target is met or nothing is left running."""
+
+        def record(job: _Job, trajectory: Trajectory) -> None:
+            key = (job.group_id, job.sample_index)
+            results[key] = trajectory
+            if stop.stopping or not _finished(trajectory):
+                return
+            order.append(key)
+            count = finished_in_group.get(job.group_id, 0) + 1
+            finished_in_group[job.group_id] = count
+            if keep_groups_whole:
+                if count == n:
+                    batch.extend((job.group_id, s) for s in range(n))
+                met = len(batch) >= target_groups * n
+            else:
+                met = len(order) >= target_groups * n
+                if met:
+                    batch.extend(order[: target_groups * n])
+            if met:
+                stop.stopping = True
+                wake.set()
+
+        for job in jobs:
+            if job.done is not None:
+                record(job, job.done)
+        if pending == 0:
+            all_ended.set()
+            wake.set()
+
+        async def one(job: _Job) -> None:
+            nonlocal pending
+            assert job.run is not None
+            try:
+                trajectory = await job.run()
+                record(job, trajectory)
+                if on_result is not None:
+                    on_result(trajectory)
+            finally:
+                pending -= 1
+                if pending == 0:
+                    all_ended.set()
+                    wake.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._abort_stragglers, stop, wake, all_ended)
+            for job in jobs:
+                if job.done is None:
+                    tg.start_soon(one, job)
+        chosen = set(batch)
+        ordered = sorted(
+            results.items(), key=lambda kv: (kv[1].prompt_index, kv[0][0], kv[1].sample_index)
+        )
+        return RolloutBatch(
+            trajectories=tuple(t for k, t in ordered if k in chosen),
+            leftover=tuple(t for k, t in ordered if k not in chosen),
+        )
+
+    async def _abort_stragglers(
+        self, stop: StopControl, wake: anyio.Event, all_ended: anyio.Event
+    ) -> None:
+        """Once the target is met, abort every request still in flight (again, until none is).
+
+        Runs inside the batch's task group and ends with it: no abort outlives the call.
+        """
+        await wake.wait()
+        while not all_ended.is_set():
+            rids = list(stop.inflight)
+            if rids:
+                async with anyio.create_task_group() as tg:
+                    for rid in rids:
+                        tg.start_soon(self._abort_one, rid)
+            with anyio.move_on_after(ABORT_RESEND_SECONDS):
+                await all_ended.wait()
+
+    async def _abort_one(self, rid: str) -> None:
+        try:
+            await self.engine.abort(rid)
+        except EngineError as exc:  # its request ends anyway; the batch is not lost for it
+            logger.warning("straggler abort of %s failed: %s", rid, exc)
 
     def run_sync(
         self,

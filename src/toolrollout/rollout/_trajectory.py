@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._images import TrajectoryImage
+
+if TYPE_CHECKING:
+    from ._loop import ResumePoint
 
 __all__ = ["SpanKind", "TokenSpan", "Trajectory", "TrajectoryStatus"]
 
@@ -105,6 +108,13 @@ class Trajectory:
     """Images the model saw, in order, each with its placeholder span (multimodal runs)."""
     data_source: str | None = None
     """The dataset row's ``data_source`` (verl's layout), so evaluation can split by source."""
+    resume_point: ResumePoint | None = field(default=None, repr=False, compare=False)
+    """Set on ``aborted`` trajectories: what :meth:`RolloutRunner.resume` continues from
+    (prompt plus partial output, token for token). In memory only, not in the output files."""
+
+    @property
+    def resumable(self) -> bool:
+        return self.resume_point is not None
 
     @property
     def response_ids(self) -> list[int]:
