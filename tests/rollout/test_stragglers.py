@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 from toolrollout._exceptions import UserError
+from toolrollout.chat import check_drift
 from toolrollout.engines import FinishReason, GenerateRequest, SamplingParams
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
-from toolrollout.rollout import _drift as drift_module
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
 
@@ -67,7 +67,7 @@ async def test_oversampling_stops_at_the_target_and_aborts_the_rest(demo_tokeniz
     assert all(t.status is TrajectoryStatus.COMPLETED for t in batch.trajectories)
     assert sorted(t.uid for t in batch.leftover) == ["g0-0", "g0-1", "g2-0", "g2-1"]
     assert batch.partial == batch.leftover
-    slow_rids = [r.rid for r in engine.requests if r.session_id not in ("g1-0", "g1-1")]
+    slow_rids = [str(r.rid) for r in engine.requests if r.session_id not in ("g1-0", "g1-1")]
     assert sorted(engine.aborted) == sorted(slow_rids)  # each in-flight request, by rid
     for t in batch.leftover:
         assert t.finish_reason == "abort" and t.resumable
@@ -174,7 +174,9 @@ async def test_resumed_open_turn_is_token_exact(demo_tokenizer: Any) -> None:
     assert done.metrics["drift_mismatches"] == 0
 
 
-async def test_stopped_between_turns_resumes_at_the_next_turn(demo_tokenizer: Any) -> None:
+async def test_stopped_between_turns_resumes_at_the_next_turn(
+    demo_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Stopped after its tool turn, before the next request: nothing is lost or repeated."""
     gate = anyio.Event()
 
@@ -191,7 +193,7 @@ async def test_stopped_between_turns_resumes_at_the_next_turn(demo_tokenizer: An
         await gate.wait()
         return await real_run_calls(*args)
 
-    rollout.tools.run_calls = slow_tools  # type: ignore[method-assign]
+    monkeypatch.setattr(rollout.tools, "run_calls", slow_tools)
 
     def on_result(t: Trajectory) -> None:
         gate.set()  # g1 is in: let g0's tool finish, after the target is met
@@ -204,10 +206,11 @@ async def test_stopped_between_turns_resumes_at_the_next_turn(demo_tokenizer: An
     assert partial.uid == "g0-0" and partial.num_tool_calls == 1
     assert [s.kind for s in partial.spans] == ["model", "tool"]
     assert "straggler" in (partial.error or "")
-    rollout.tools.run_calls = real_run_calls  # type: ignore[method-assign]
-    rollout.engine = ScriptedEngine([out(demo_tokenizer, ANSWER)])
+    monkeypatch.setattr(rollout.tools, "run_calls", real_run_calls)
+    engine2 = ScriptedEngine([out(demo_tokenizer, ANSWER)])
+    rollout.engine = engine2
     [done] = (await rollout.resume(batch.partial)).trajectories
-    request = rollout.engine.requests[0]  # type: ignore[attr-defined]
+    request = engine2.requests[0]
     assert list(request.input_ids) == list(partial.prompt_ids) + partial.response_ids
     assert done.status is TrajectoryStatus.COMPLETED and done.num_turns == 2
 
@@ -241,7 +244,7 @@ async def test_drift_reports_equal_a_check_after_every_turn(
     demo_tokenizer: Any, every: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = 0
-    real = drift_module.check_drift
+    real = check_drift
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
@@ -261,7 +264,7 @@ async def test_drift_reports_equal_a_check_after_every_turn(
     [reference] = await runner(
         ScriptedEngine(script()), demo_tokenizer, drift_check_every=1, **config
     ).run([PROMPT])
-    monkeypatch.setattr(drift_module, "check_drift", counting)
+    monkeypatch.setattr("toolrollout.rollout._drift.check_drift", counting)
     [traj] = await runner(
         ScriptedEngine(script()), demo_tokenizer, drift_check_every=every, **config
     ).run([PROMPT])
@@ -276,14 +279,14 @@ async def test_without_drift_the_default_renders_once_per_trajectory(
     demo_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = 0
-    real = drift_module.check_drift
+    real = check_drift
 
     def counting(*args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(drift_module, "check_drift", counting)
+    monkeypatch.setattr("toolrollout.rollout._drift.check_drift", counting)
     engine = ScriptedEngine(
         [out(demo_tokenizer, CALL + "<|im_end|>")] * 5 + [out(demo_tokenizer, ANSWER)]
     )

@@ -445,7 +445,7 @@ async def _drive(services: RolloutServices, state: _State, *, resumed: bool = Fa
         )
     state.status = TrajectoryStatus.RUNNING
     while True:
-        if state.num_turns >= config.max_turns:
+        if state.num_turns >= config.max_turns and not state.open_turn:
             state.end(TrajectoryStatus.TRUNCATED, "max_turns")
             return
         continuing = state.open_turn

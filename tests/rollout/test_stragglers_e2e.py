@@ -1,0 +1,157 @@
+"""Straggler control against the real embedded server (`toolrollout serve`, demo model).
+
+The server decodes one sequence at a time (``--max-batch-size 1``) and every turn runs to
+``max_new_tokens`` (``ignore_eos``), so the order is fixed: one group finishes, the next
+request is mid-generation and the others wait in the server's queue when the target is
+met. Then ``/abort_request`` must reach the server for each of them (a running request
+comes back with its partial ids and SGLang's "Aborted", a queued one with "Abort in
+waiting queue"), nothing may be left running there, and the partial trajectory must
+resume token for token: its final ids are prompt + partial + continuation, and every
+model logprob (both legs) equals a teacher-forced forward pass over exactly those ids.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from tests._processes import free_port, stop, wait_http
+
+from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.engines import SamplingParams, SGLangClient
+from toolrollout.rollout import RolloutBatch, RolloutConfig, RolloutRunner, TrajectoryStatus
+from toolrollout.tools import calculator_tool
+
+TOKENS = 96
+"""Every turn's length (ignore_eos): long enough that an abort lands mid-generation."""
+SERVER_MESSAGES = {"Aborted", "Abort in waiting queue"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log: Path = tmp_path_factory.mktemp("serve") / "serve.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "toolrollout",
+                "serve",
+                "--port",
+                str(port),
+                "--threads",
+                "1",
+                "--max-batch-size",
+                "1",
+                "--log-level",
+                "warning",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/health", 120, proc)
+        yield url
+    finally:
+        stop(proc)
+
+
+def load(url: str) -> int:
+    """Requests the server holds now, running or waiting (SGLang's /get_load)."""
+    [entry] = httpx.get(f"{url}/get_load", timeout=10).json()
+    return int(entry["num_reqs"])
+
+
+@pytest.fixture(scope="module")
+def batches(server: str) -> tuple[RolloutBatch, RolloutBatch, list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
+    config = RolloutConfig(
+        sampling=SamplingParams(max_new_tokens=TOKENS, temperature=1.0, ignore_eos=True),
+        n=2,
+        max_turns=1,
+        seed=7,
+    )
+    loads: list[int] = []
+
+    async def main() -> tuple[RolloutBatch, RolloutBatch]:
+        async with SGLangClient(server) as client:
+            await client.wait_healthy(timeout=60)
+            runner = RolloutRunner(client, tokenizer, [calculator_tool()], config=config)
+            first = await runner.run_batch(load_demo_prompts()[:3], target_groups=1)
+            loads.append(load(server))
+            second = await runner.resume(first.leftover)
+            loads.append(load(server))
+            return first, second
+
+    first, second = anyio.run(main)
+    return first, second, loads
+
+
+def test_stops_at_the_target_and_the_aborts_reach_the_server(
+    batches: tuple[RolloutBatch, RolloutBatch, list[int]],
+) -> None:
+    first, _, loads = batches
+    assert len(first.trajectories) == 2
+    assert len({t.group_id for t in first.trajectories}) == 1  # one whole group
+    for t in first.trajectories:
+        assert t.status is TrajectoryStatus.TRUNCATED and t.finish_reason == "length"
+        assert len(t.response_ids) == TOKENS
+    assert loads[0] == 0  # nothing left running or queued on the server
+    assert len(first.leftover) == 4 and first.partial == first.leftover
+    for t in first.leftover:
+        # Each was stopped on the server by its rid, not just dropped by the client.
+        assert t.finish_reason == "abort" and t.error in SERVER_MESSAGES, t.error
+        assert t.resumable
+    cut = [t for t in first.leftover if t.response_ids]
+    assert cut and all(0 < len(t.response_ids) < TOKENS for t in cut)
+    assert all(t.error == "Aborted" for t in cut)
+
+
+def test_partial_trajectories_resume_token_for_token(
+    batches: tuple[RolloutBatch, RolloutBatch, list[int]],
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    first, second, loads = batches
+    assert loads[1] == 0
+    assert second.leftover == ()
+    assert len(second.trajectories) == 4  # the two unfinished groups, now whole
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
+    model.eval()
+    before = {t.uid: t for t in first.leftover}
+    checked = 0
+    for t in second.trajectories:
+        partial = before[t.uid]
+        assert t.status is TrajectoryStatus.TRUNCATED and t.finish_reason == "length"
+        assert t.prompt_ids == partial.prompt_ids
+        assert len(t.response_ids) == TOKENS  # the cut turn's cap counts both legs
+        head = len(partial.response_ids)
+        assert t.response_ids[:head] == partial.response_ids
+        assert t.rollout_logprobs[:head] == partial.rollout_logprobs
+        assert t.loss_mask == [1] * TOKENS and t.num_turns == 1
+        assert t.metrics["resumes"] == 1
+        assert [s[:2] for s in t.metrics["weight_versions"]][-1] == [head, TOKENS]
+        ids = list(t.prompt_ids) + t.response_ids
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        start = len(t.prompt_ids)
+        for i, engine_lp in enumerate(t.rollout_logprobs):
+            forced = logprobs[start + i - 1, ids[start + i]].item()
+            assert abs(forced - engine_lp) < 1e-4, (t.uid, i, forced, engine_lp)
+            checked += 1
+    assert checked == 4 * TOKENS
+    assert any(0 < len(before[t.uid].response_ids) for t in second.trajectories)
