@@ -1,4 +1,4 @@
-"""Straggler control against the real embedded server (`toolrollout serve`, demo model).
+"""Straggler control against the real embedded server (the `toolrollout serve` app, demo model).
 
 The server decodes one sequence at a time (``--max-batch-size 1``) and every turn runs to
 ``max_new_tokens`` (``ignore_eos``), so the order is fixed: one group finishes, the next
@@ -12,20 +12,22 @@ model logprob (both legs) equals a teacher-forced forward pass over exactly thos
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import asyncio
+import socket
+import threading
+import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import anyio
 import httpx
 import pytest
-from tests._processes import free_port, stop, wait_http
+import uvicorn
 
 from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import SamplingParams, SGLangClient
+from toolrollout.engines.embedded import EmbeddedEngine
 from toolrollout.rollout import RolloutBatch, RolloutConfig, RolloutRunner, TrajectoryStatus
+from toolrollout.server import create_app
 from toolrollout.tools import calculator_tool
 
 TOKENS = 96
@@ -34,35 +36,29 @@ SERVER_MESSAGES = {"Aborted", "Abort in waiting queue"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    port = free_port()
-    log: Path = tmp_path_factory.mktemp("serve") / "serve.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "toolrollout",
-                "serve",
-                "--port",
-                str(port),
-                "--threads",
-                "1",
-                "--max-batch-size",
-                "1",
-                "--log-level",
-                "warning",
-            ],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-        )
-    url = f"http://127.0.0.1:{port}"
+def server() -> Iterator[str]:
+    """The app of `toolrollout serve` under uvicorn on a loopback port, in a thread (a
+    subprocess would spend most of this test's time importing torch again)."""
+    engine = EmbeddedEngine(DEMO_MODEL_PATH, max_batch_size=1, num_threads=1)
+    asyncio.run(engine.start())
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
     try:
-        wait_http(f"{url}/health", 120, proc)
-        yield url
+        deadline = time.monotonic() + 60
+        while not uv.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
     finally:
-        stop(proc)
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()
+        asyncio.run(engine.aclose())
 
 
 def load(url: str) -> int:
