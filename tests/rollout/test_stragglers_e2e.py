@@ -16,7 +16,9 @@ import asyncio
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import anyio
 import httpx
@@ -26,7 +28,13 @@ import uvicorn
 from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.engines.embedded import EmbeddedEngine
-from toolrollout.rollout import RolloutBatch, RolloutConfig, RolloutRunner, TrajectoryStatus
+from toolrollout.rollout import (
+    RolloutBatch,
+    RolloutConfig,
+    RolloutRunner,
+    TrajectoryStatus,
+    read_rows,
+)
 from toolrollout.server import create_app
 from toolrollout.tools import calculator_tool
 
@@ -151,3 +159,23 @@ def test_partial_trajectories_resume_token_for_token(
             checked += 1
     assert checked == 4 * TOKENS
     assert any(0 < len(before[t.uid].response_ids) for t in second.trajectories)
+
+
+def test_generate_cli_writes_only_the_target_groups(server: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from toolrollout.cli import app
+
+    out = tmp_path / "batch.jsonl"
+    args = ["generate", "--engine-url", server, "--n", "2", "--max-new-tokens", "24"]
+    args += ["--target-groups", "2", "--oversample", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out)
+    assert len(rows) == 4  # two whole groups of two, out of four launched
+    groups = Counter(r["group_id"] for r in rows)
+    assert sorted(groups.values()) == [2, 2]
+    assert all(r["status"] != "aborted" for r in rows)
+    assert load(server) == 0
+    bad = CliRunner().invoke(app, [*args[:-2], "--oversample", "99", "--out", str(out)])
+    assert bad.exit_code != 0 and "launches 198 groups" in bad.output

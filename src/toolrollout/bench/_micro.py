@@ -3,9 +3,15 @@
 A rollout client that re-renders or re-tokenizes the whole conversation every turn gets
 slower as trajectories get longer; one that only appends does not. This times exactly the
 client-side token work of one turn of :mod:`toolrollout.rollout` (decode the model's ids,
-parse tool calls, build the tool turn's token delta, and optionally the drift check) at
-turn 1 and at turn ``N`` of the same scripted conversation, medians of repeats, in one
+parse tool calls, build the tool turn's token delta, and the drift check's per-turn part)
+at turn 1 and at turn ``N`` of the same scripted conversation, medians of repeats, in one
 process, one after the other.
+
+The rollout loop's drift check only records a checkpoint per turn and renders once at the
+end of the trajectory (``RolloutConfig.drift_check_every=None``); that per-turn part is
+what ``drift_s`` times, through the loop's own ``drift_checkpoint``. The full check after
+every turn (``drift_check_every=1``) is timed beside it as ``drift_every_turn_s``, and the
+one check at the end of an ``N``-turn trajectory as ``final_drift_check_s``.
 """
 
 from __future__ import annotations
@@ -33,7 +39,12 @@ def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
 
 def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> dict[str, Any]:
     """Median seconds of one turn's token work at turn 1 and at turn ``turns``."""
+    from types import SimpleNamespace
+
     from toolrollout.chat import ChatFormat, check_drift, get_tool_parser
+    from toolrollout.rollout import RolloutConfig, RolloutPrompt, TokenSpan
+    from toolrollout.rollout._drift import drift_checkpoint
+    from toolrollout.rollout._loop import _State
 
     from ._tools import LookupClient
 
@@ -43,6 +54,9 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
     item = WorkloadItem("micro", turns + 1, 48)
     messages: list[dict[str, Any]] = [dict(m) for m in item.prompt()]
     transcript = chat.render_prompt(messages)
+    services: Any = SimpleNamespace(config=RolloutConfig(), chat=chat, vision=None)
+    state = _State("micro-0", "micro", 0, 0, RolloutPrompt(tuple(messages)), messages)
+    state.prompt_ids = list(transcript)
     model_texts: list[str] = []
     timings: dict[int, dict[str, float]] = {}
     for turn in range(1, turns + 1):
@@ -55,6 +69,7 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
 
         text, parsed = model_turn()
         transcript.extend(output)
+        state.spans.append(TokenSpan("model", tuple(output), (0.0,) * len(output)))
         model_texts.append(text)
         call = parsed.tool_calls[0]
         assistant = {
@@ -86,22 +101,38 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
         def drift(full: list[int] = full, after: list[dict[str, Any]] = after) -> object:
             return check_drift(full, after, chat_format=chat, model_texts=model_texts)
 
+        def checkpoint() -> None:
+            drift_checkpoint(services, state)
+            state.drift_checkpoints.pop()  # time one record, keep one per turn
+
+        messages.append(tool)
+        state.spans.append(TokenSpan("tool", tuple(ids), (0.0,) * len(ids)))
+        state.model_texts.append(text)
         if turn in (1, turns):
+            messages.pop()  # time the delta and the check on the turn as it was
             timings[turn] = {
                 "parse_s": _median_seconds(model_turn, repeats),
                 "delta_s": _median_seconds(delta, repeats),
-                "drift_s": _median_seconds(drift, repeats),
+                "drift_s": _median_seconds(checkpoint, repeats),
+                "drift_every_turn_s": _median_seconds(drift, repeats),
             }
-        messages.append(tool)
+            messages.append(tool)
+        drift_checkpoint(services, state)
         transcript.extend(ids)
     first, last = timings[1], timings[turns]
-    without = (last["parse_s"] + last["delta_s"]) / (first["parse_s"] + first["delta_s"])
-    with_drift = sum(last.values()) / sum(first.values())
+
+    def ratio(*keys: str) -> float:
+        return sum(last[k] for k in keys) / sum(first[k] for k in keys)
+
+    final = last["drift_every_turn_s"]  # the end check renders what turn N's check did
     return {
         "turns": turns,
         "transcript_tokens": len(transcript),
         "turn_1": first,
         f"turn_{turns}": last,
-        "ratio_without_drift_check": without,
-        "ratio_with_drift_check": with_drift,
+        "ratio_without_drift_check": ratio("parse_s", "delta_s"),
+        "ratio_with_drift_check": ratio("parse_s", "delta_s", "drift_s"),
+        "ratio_with_drift_check_every_turn": ratio("parse_s", "delta_s", "drift_every_turn_s"),
+        "final_drift_check_s": final,
+        "final_drift_check_per_turn_s": final / turns,
     }

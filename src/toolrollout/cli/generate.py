@@ -114,6 +114,27 @@ def generate(
     trajectory_timeout: Annotated[
         float | None, typer.Option(min=0.1, help="Seconds per trajectory before it is failed.")
     ] = None,
+    target_groups: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Straggler control: stop once this many complete groups are done; the rest "
+            "is aborted on the server and left out of the output.",
+        ),
+    ] = None,
+    oversample: Annotated[
+        float,
+        typer.Option(
+            min=1.0, help="With --target-groups: launch this many times the groups needed."
+        ),
+    ] = 1.0,
+    keep_groups_whole: Annotated[
+        bool,
+        typer.Option(
+            help="With --target-groups: a group counts only when all its samples finished "
+            "(--no-keep-groups-whole: any target x n finished samples)."
+        ),
+    ] = True,
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
     from toolrollout._exceptions import ToolRolloutError
@@ -149,6 +170,9 @@ def generate(
             request_timeout=request_timeout,
             retries=retries,
             trajectory_timeout=trajectory_timeout,
+            target_groups=target_groups,
+            oversample=oversample,
+            keep_groups_whole=keep_groups_whole,
         )
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
@@ -198,7 +222,12 @@ def _run(
     request_timeout: float = 600.0,
     retries: int = 5,
     trajectory_timeout: float | None = None,
+    target_groups: int | None = None,
+    oversample: float = 1.0,
+    keep_groups_whole: bool = True,
 ) -> dict[str, Any]:
+    import math
+
     import anyio
 
     from toolrollout._exceptions import UserError
@@ -235,6 +264,19 @@ def _run(
             select_interaction(interactions, prompt)
         except UserError as exc:
             raise UserError(f"{prompts_path} row {index}: {exc}") from exc
+    if target_groups is not None:
+        # Straggler control: launch target x oversample groups, keep the first complete ones.
+        launch = math.ceil(target_groups * oversample)
+        if resume:
+            raise UserError("--resume cannot be combined with --target-groups")
+        if launch > len(prompts):
+            raise UserError(
+                f"--target-groups {target_groups} with --oversample {oversample} launches "
+                f"{launch} groups, but {prompts_path} has {len(prompts)} prompts"
+            )
+        prompts = prompts[:launch]
+    elif oversample != 1.0:
+        raise UserError("--oversample needs --target-groups")
     model_path = model or DEMO_MODEL_PATH
     parts = out.with_name(out.name + ".parts")
     run_id = _open_run(
@@ -284,6 +326,7 @@ def _run(
         )
         interrupted: list[str] = []
         trajectories: list[Trajectory] = []
+        left_over: list[int] = []
         total = len(prompts) * n
         async with engine, tool_services(tools):
             runner = RolloutRunner(
@@ -305,13 +348,29 @@ def _run(
                 def on_result(trajectory: Trajectory) -> None:
                     if interrupted:
                         return  # cut short by the shutdown: --resume reruns it whole
-                    writer.write(trajectory)
                     progress.update(trajectory)
-                    trajectories.append(trajectory)
+                    if target_groups is None:
+                        writer.write(trajectory)
+                        trajectories.append(trajectory)
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_watch_signals, engine, interrupted, tg.cancel_scope)
-                    await runner.run(prompts, on_result=on_result, group_ids=group_ids, skip=skip)
+                    if target_groups is None:
+                        await runner.run(
+                            prompts, on_result=on_result, group_ids=group_ids, skip=skip
+                        )
+                    else:  # only the batch is written; what it left over is counted
+                        batch = await runner.run_batch(
+                            prompts,
+                            target_groups=target_groups,
+                            keep_groups_whole=keep_groups_whole,
+                            on_result=on_result,
+                            group_ids=group_ids,
+                        )
+                        for trajectory in batch.trajectories:
+                            writer.write(trajectory)
+                            trajectories.append(trajectory)
+                        left_over.append(len(batch.leftover))
                     tg.cancel_scope.cancel()
             elapsed = time.perf_counter() - started
         summary = _summarise(trajectories, elapsed)
@@ -321,6 +380,7 @@ def _run(
             resumed=len(skip),
             rows_on_disk=len(skip) + writer.rows_written,
             parts=str(parts),
+            left_over=left_over[0] if left_over else None,
         )
         return summary
 
@@ -429,6 +489,8 @@ def _print_summary(summary: dict[str, Any], out: Path, *, err: bool = False) -> 
     ]
     if summary.get("resumed"):
         rows.append(("rows kept from before", str(summary["resumed"])))
+    if summary.get("left_over") is not None:
+        rows.append(("left out (straggler control)", str(summary["left_over"])))
     rows += [(f"status {k}", str(v)) for k, v in sorted(summary["statuses"].items())]
     for name, value in rows:
         table.add_row(name, value)
