@@ -41,6 +41,7 @@ from .engines import SGLangClient as SGLangClient
 from .rewards import exact_match as exact_match
 from .rewards import numeric_match as numeric_match
 from .rewards import tool_error_penalty as tool_error_penalty
+from .rollout import RolloutBatch as RolloutBatch
 from .rollout import RolloutConfig as RolloutConfig
 from .rollout import RolloutPrompt as RolloutPrompt
 from .rollout import RolloutRunner as RolloutRunner
@@ -78,6 +79,7 @@ __all__ = [
     "InteractionError",
     "ModelBehaviorError",
     "OverlongPromptError",
+    "RolloutBatch",
     "RolloutConfig",
     "RolloutPrompt",
     "RolloutRunner",
