@@ -8,6 +8,7 @@ are the real ones. The same features against the real server: ``test_stragglers_
 from __future__ import annotations
 
 import json
+import pickle
 from typing import Any
 
 import anyio
@@ -137,6 +138,7 @@ async def test_resumed_open_turn_is_token_exact(demo_tokenizer: Any) -> None:
     [partial] = await rollout.run([PROMPT])
     assert partial.status is TrajectoryStatus.ABORTED and partial.response_ids == call[:cut]
     assert partial.num_turns == 1 and partial.metrics["drift_mismatches"] == 0
+    partial = pickle.loads(pickle.dumps(partial))  # a resume point travels (queues, Ray)
 
     rest = call[cut:]
     engine2 = ScriptedEngine(
@@ -294,3 +296,32 @@ async def test_without_drift_the_default_renders_once_per_trajectory(
     assert traj.status is TrajectoryStatus.COMPLETED and traj.num_tool_calls == 5
     assert traj.metrics["drift_mismatches"] == 0
     assert calls == 1  # one render at the end, not one per turn
+
+
+async def test_a_lost_abort_is_sent_again(
+    demo_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang drops an abort that beats its request to the server: the runner repeats it."""
+    monkeypatch.setattr("toolrollout.rollout._runner.ABORT_RESEND_SECONDS", 0.1)
+
+    class DropsFirstAbort(ScriptedEngine):
+        async def abort(self, rid: str) -> None:
+            if rid in self.aborted:
+                await super().abort(rid)
+            else:
+                self.aborted.append(rid)  # recorded, but the request runs on
+
+    def script(request: GenerateRequest) -> ScriptedOutput:
+        if request.session_id == "g0-0":
+            return out(demo_tokenizer, ANSWER, delay=0.2)  # g1's request is out by then
+        return slow(demo_tokenizer, ANSWER, keep=3)
+
+    engine = DropsFirstAbort(script)
+    with anyio.fail_after(20):
+        batch = await runner(engine, demo_tokenizer, n=1).run_batch(
+            [PROMPT] * 2, target_groups=1, group_ids=["g0", "g1"]
+        )
+    [partial] = batch.partial
+    [rid] = [str(r.rid) for r in engine.requests if r.session_id == "g1-0"]
+    assert engine.aborted.count(rid) >= 2
+    assert partial.response_ids == ids(demo_tokenizer, ANSWER)[:3]

@@ -619,7 +619,8 @@ def _freeze(state: _State, reward: float | None, details: dict[str, float]) -> T
     resume = None
     if state.status is TrajectoryStatus.ABORTED:
         carried = {} if env is None else {name: getattr(env, name) for name in _ENV_CARRIED}
-        resume = ResumePoint(state.prompt, state, carried)
+        # Without the live environment (closed by now), so the point pickles (Ray, queues).
+        resume = ResumePoint(state.prompt, replace(state, env=None), carried)
     return Trajectory(
         uid=state.uid,
         group_id=state.group_id,
