@@ -178,6 +178,13 @@ def generate(
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+    if summary["interrupted"] is not None and target_groups is not None:
+        typer.echo(
+            f"interrupted by {summary['interrupted']}: a --target-groups run writes its "
+            "batch only once the target is met, so nothing was written",
+            err=True,
+        )
+        raise typer.Exit(code=143 if summary["interrupted"] == "SIGTERM" else 130)
     if summary["interrupted"] is not None:
         _print_summary(summary, out, err=True)
         typer.echo(
