@@ -3,6 +3,11 @@
 The scripted engine is the documented test seam (``toolrollout.testing``); every id it
 returns is derived from the demo tokenizer, never hard-coded, so a retrained demo model
 keeps these tests valid.
+
+The verl and ms-swift test modules are collected only when their trainer imports; when it
+does not, ``test_trainer_env.py`` fails with the import error (or skips, when
+``TOOLROLLOUT_SKIP_TRAINER_TESTS=1`` opts out), so one missing package is one clear failure
+instead of a collection error that stops the whole session.
 """
 
 from __future__ import annotations
@@ -11,9 +16,17 @@ from typing import Any
 
 import pytest
 from tests.integrations._scripted import calculator_script
+from tests.integrations._trainers import TRAINER_TEST_FILES, trainer_import_error
 
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.testing import ScriptedEngine
+
+collect_ignore = [
+    name
+    for module, names in TRAINER_TEST_FILES.items()
+    if trainer_import_error(module) is not None
+    for name in names
+]
 
 
 @pytest.fixture(scope="session")

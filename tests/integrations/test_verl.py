@@ -1,10 +1,13 @@
 """verl: the agent loop inside verl's own AgentLoopWorker, and the parquet -> batch converter.
 
-The seam: verl's real ``LLMServerClient`` with its Ray load balancer replaced by one
-in-process replica (``EmbeddedReplica``) that serves the demo model with toolrollout's
-EmbeddedEngine, following verl's SGLang replica semantics (``max_tokens`` /
-``max_new_tokens`` and ``logprobs`` popped from ``sampling_params``, ``TokenOutput`` back).
-Everything above it (worker, hydra instantiation, registry, padding, DataProto) is verl's.
+The seam is Ray: a GPU-less test cannot start verl's rollout replicas as Ray actors. verl's
+own ``GlobalRequestLoadBalancer`` (sticky sessions, least in-flight) runs in-process behind a
+handle with Ray's ``method.remote(...)`` surface, and routes verl's unmodified
+``LLMServerClient`` between two in-process replicas (``EmbeddedReplica``) that serve the demo
+model with toolrollout's EmbeddedEngine, following verl's SGLang replica semantics
+(``max_tokens`` / ``max_new_tokens`` and ``logprobs`` popped from ``sampling_params``,
+``TokenOutput`` back). Everything else (worker, hydra instantiation, registry, routing,
+padding, DataProto) is verl's.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
 from verl.protocol import DataProto  # noqa: E402
 from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+from verl.workers.rollout.router import GlobalRequestLoadBalancer  # noqa: E402
 
 from toolrollout.integrations import VerlServerEngine, to_verl_batch  # noqa: E402
 
@@ -86,20 +90,37 @@ class EmbeddedReplica:
         )
 
 
-class EmbeddedServerClient(LLMServerClient):  # type: ignore[misc]
-    """verl's LLMServerClient routing every request to the one in-process replica."""
+class _Ready:
+    """An already-computed Ray ``ObjectRef`` stand-in: awaitable, or safely dropped."""
 
-    def __init__(self, config: Any, replica: EmbeddedReplica) -> None:
-        super().__init__(config, load_balancer_handle=None)
-        self.replica = replica
-        self.sessions: list[str] = []
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
-    async def _acquire_server(self, request_id: str, **extra: Any) -> tuple[str, Any]:
-        self.sessions.append(request_id)
-        return "replica-0", self.replica
+    def __await__(self) -> Any:
+        return self.value
+        yield  # a generator, so ``await`` works without suspending
 
-    def _release_server(self, server_id: str, request_id: str | None = None) -> None:
-        return None
+
+class InProcessActor:
+    """A plain object behind a Ray actor handle's surface, recording each call.
+
+    ``handle.method.remote(*args, **kwargs)`` runs the method at once and returns an
+    awaitable of its result, as Ray's handle returns an awaitable ``ObjectRef``.
+    """
+
+    def __init__(self, instance: Any) -> None:
+        self.instance = instance
+        self.calls: list[tuple[str, dict[str, Any], Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.instance, name)
+
+        def remote(**kwargs: Any) -> _Ready:
+            result = method(**kwargs)
+            self.calls.append((name, kwargs, result))
+            return _Ready(result)
+
+        return SimpleNamespace(remote=remote)
 
 
 FUNCTION_TOOLS = '''
@@ -152,17 +173,24 @@ def _config(tmp: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """verl's worker and client, verl's balancer over two replicas sharing one engine."""
     from toolrollout.engines.embedded import EmbeddedEngine
 
     torch.set_num_threads(1)
     config = _config(tmp_path_factory.mktemp("verl"))
     engine = EmbeddedEngine(DEMO_MODEL_PATH, num_threads=1, max_batch_size=8)
-    replica = EmbeddedReplica(engine)
-    client = EmbeddedServerClient(config, replica)
+    replicas = {"replica-0": EmbeddedReplica(engine), "replica-1": EmbeddedReplica(engine)}
+    balancer = InProcessActor(GlobalRequestLoadBalancer(servers=dict(replicas)))
+    client = LLMServerClient(config, load_balancer_handle=balancer)
     worker = AgentLoopWorker(config, llm_client=client)
-    yield worker
+    yield SimpleNamespace(worker=worker, engine=engine, replicas=replicas, balancer=balancer)
     anyio.run(engine.aclose)
+
+
+@pytest.fixture(scope="module")
+def worker(rig: Any) -> Any:
+    return rig.worker
 
 
 def _objects(values: list[Any]) -> np.ndarray:
@@ -180,7 +208,8 @@ def test_agent_loop_is_registered_by_name() -> None:
 
 
 @pytest.mark.slow
-def test_generate_sequences_in_verls_worker(worker: Any) -> None:
+def test_generate_sequences_in_verls_worker(rig: Any) -> None:
+    worker = rig.worker
     rows = load_demo_prompts()[:2]
     names = ["toolrollout_verl_tools", "toolrollout_own_tools"]
     batch = DataProto(
@@ -195,7 +224,7 @@ def test_generate_sequences_in_verls_worker(worker: Any) -> None:
     )
 
     async def main() -> Any:
-        await worker.llm_client.replica.engine.start()
+        await rig.engine.start()
         return await worker.generate_sequences(batch)
 
     out = anyio.run(main)
@@ -233,12 +262,25 @@ def test_generate_sequences_in_verls_worker(worker: Any) -> None:
         assert score == (info["reward"] or 0.0)
         assert out.non_tensor_batch["__num_turns__"][i] >= 2
     assert tool_tokens > 0, "no trajectory called the calculator"
-    # Sticky sessions: every turn of a trajectory reused one verl request id.
-    turns = Counter(worker.llm_client.sessions)
+    # Sticky sessions: every turn of a trajectory reused one verl request id, so verl's
+    # balancer sent all of them to one replica; every acquired replica was released.
+    acquired = [
+        (kw["request_id"], out[0])
+        for name, kw, out in rig.balancer.calls
+        if name == "acquire_server"
+    ]
+    turns = Counter(rid for rid, _ in acquired)
     assert len(turns) == 4
     assert sorted(turns.values()) == sorted(int(e["num_turns"]) for e in extras)
-    sent = worker.llm_client.replica.sampling_params[0]
-    assert sent["logprobs"] is True and sent["max_tokens"] <= RESPONSE_LENGTH
+    assert all(len({sid for r, sid in acquired if r == rid}) == 1 for rid in turns)
+    released = Counter(
+        kw["server_id"] for name, kw, _ in rig.balancer.calls if name == "release_server"
+    )
+    assert released == Counter(sid for _, sid in acquired)
+    assert all(rig.balancer.instance.get_inflight_count(sid) == 0 for sid in rig.replicas)
+    sent = [p for r in rig.replicas.values() for p in r.sampling_params]
+    assert len(sent) == len(acquired)
+    assert all(p["logprobs"] is True and p["max_tokens"] <= RESPONSE_LENGTH for p in sent)
 
 
 def _scripted_trajectories(tokenizer: Any) -> list[Trajectory]:
