@@ -14,26 +14,22 @@ from typing import Any
 
 import anyio
 import pytest
-
-from toolrollout import UserError, calculator_tool
-from toolrollout.testing import ScriptedEngine
-
-swift = pytest.importorskip("swift")
-
-import torch  # noqa: E402
-from swift.infer_engine.protocol import (  # noqa: E402
+import torch
+from swift.infer_engine.protocol import (
     RequestConfig,
     RolloutInferRequest,
     RolloutOutput,
 )
-from swift.rlhf_trainers.utils import (  # noqa: E402
+from swift.rlhf_trainers.utils import (
     build_rollout_logps,
     replace_assistant_response_with_ids,
 )
-from swift.rollout.multi_turn import multi_turns  # noqa: E402
-from swift.utils import import_external_file  # noqa: E402
+from swift.rollout.multi_turn import multi_turns
+from swift.utils import import_external_file
 
-from toolrollout.integrations import SWIFT_PLUGIN_PATH, to_swift_rollout_output  # noqa: E402
+from toolrollout import UserError, calculator_tool
+from toolrollout.integrations import SWIFT_PLUGIN_PATH, to_swift_rollout_output
+from toolrollout.testing import ScriptedEngine
 
 PROMPT = [
     {"role": "system", "content": "You are a helpful assistant."},

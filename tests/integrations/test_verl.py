@@ -21,29 +21,26 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-
-from toolrollout import RolloutConfig, RolloutRunner, SamplingParams, calculator_tool
-from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
-from toolrollout.engines import GenerateRequest
-from toolrollout.rollout import Trajectory, write_trajectories
-from toolrollout.testing import ScriptedEngine
-
-verl = pytest.importorskip("verl")
-
-import torch  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
-from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
+import torch
+import verl  # collected only when it imports (conftest.py)
+from omegaconf import OmegaConf
+from verl.experimental.agent_loop.agent_loop import (
     AgentLoopMetrics,
     AgentLoopOutput,
     AgentLoopWorker,
     _agent_loop_registry,
 )
-from verl.protocol import DataProto  # noqa: E402
-from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
-from verl.workers.rollout.router import GlobalRequestLoadBalancer  # noqa: E402
+from verl.protocol import DataProto
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
-from toolrollout.integrations import VerlServerEngine, to_verl_batch  # noqa: E402
+from toolrollout import RolloutConfig, RolloutRunner, SamplingParams, calculator_tool
+from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.engines import GenerateRequest
+from toolrollout.integrations import VerlServerEngine, to_verl_batch
+from toolrollout.rollout import Trajectory, write_trajectories
+from toolrollout.testing import ScriptedEngine
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT_LENGTH = 320
