@@ -2,9 +2,11 @@
 
 Checked with ms-swift's own pieces: its plugin loader (``import_external_file``), its
 ``multi_turns`` registry, its ``RolloutInferRequest`` / ``RequestConfig`` / ``RolloutOutput``
-models, and the two trainer helpers that consume a rollout
-(``replace_assistant_response_with_ids`` and ``build_rollout_logps``). The engine behind the
-scheduler is the scripted test engine (the documented seam), so the tool call is certain.
+models, its GRPO trainer's per-sample record (``GRPOSample``: request built by
+``to_infer_request``, rollout merged by ``apply_rollout_output``) and the two trainer helpers
+that consume a rollout (``replace_assistant_response_with_ids`` and ``build_rollout_logps``).
+The engine behind the scheduler is the scripted test engine (the documented seam), so the
+tool call is certain.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from swift.infer_engine.protocol import (
     RolloutInferRequest,
     RolloutOutput,
 )
+from swift.rl_core.data import GRPOSample
 from swift.rlhf_trainers.utils import (
     build_rollout_logps,
     replace_assistant_response_with_ids,
@@ -97,6 +100,39 @@ def test_run_returns_token_ids_loss_mask_and_logprobs(
     assert logps is not None
     trained = logps[0][completion_mask[0] == 1].tolist()
     assert trained == pytest.approx(out.rollout_logprobs[0])
+
+
+def test_grpo_sample_takes_the_rollout_as_ms_swifts_trainer_does(
+    scripted_engine: ScriptedEngine, demo_tokenizer: Any
+) -> None:
+    """A dataset row through ms-swift's own sample lifecycle, the scheduler in the middle."""
+    scheduler = _scheduler(scripted_engine, demo_tokenizer)
+    row = {"messages": copy.deepcopy(PROMPT), "solution": "1364", "request_id": "req-0"}
+    sample = GRPOSample.from_row(row)
+    # Multi-turn schedulers get the dataset columns (ms-swift's samples2requests does this).
+    request = sample.to_infer_request(include_extra=True)
+    assert request.data_dict == {"solution": "1364"}
+    out = anyio.run(scheduler.run, request, RequestConfig(max_tokens=96, temperature=1.0))
+    sample.apply_rollout_output(rollout_output=RolloutOutput.model_validate(out.model_dump()))
+
+    assert sample.messages[:2] == PROMPT and sample.messages[-1]["role"] == "assistant"
+    assert sample.finish_reason == "stop" and not sample.is_truncated
+    (ids,), (mask,) = sample.response_token_ids, sample.response_loss_mask
+    tool_text = demo_tokenizer.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
+    assert "<tool_response>" in tool_text and "1364" in tool_text
+    assert sample.rollout_infos["num_tool_calls"] == 1
+    assert sample.to_reward_row()["solution"] == "1364"  # what reward functions receive
+    # encode_sample's step: the ids replace the assistant message, loss mask as loss_scale.
+    replaced = replace_assistant_response_with_ids(
+        [dict(m) for m in sample.messages], sample.response_token_ids, sample.response_loss_mask
+    )
+    assert replaced[-1]["content"] == {"token_ids": ids, "loss_scale": mask}
+    completion_mask = torch.tensor([mask])
+    logps = build_rollout_logps([sample.rollout_logprobs], completion_mask, torch.device("cpu"))
+    assert logps is not None
+    trained = logps[0][completion_mask[0] == 1].tolist()
+    assert trained == pytest.approx(sample.rollout_logprobs[0])
+    assert torch.all(logps[0][completion_mask[0] == 0] == 0)
 
 
 def test_missing_engine_is_a_clear_error(
