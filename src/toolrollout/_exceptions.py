@@ -27,7 +27,8 @@ branches tell apart who is at fault, because a trainer must react differently to
     ├── InteractionError          an interaction handler (simulated user / environment) failed
     ├── TokenizationError         the chat template / tokenizer cannot give a consistent token delta
     ├── TrackingError             an experiment tracker (MLflow, W&B) failed to record a run
-    └── BenchmarkError            a benchmark service or driver failed (``toolrollout bench``)
+    ├── BenchmarkError            a benchmark service or driver failed (``toolrollout bench``)
+    └── DistributedError          the Ray cluster or one of its rollout workers failed (``--ray``)
 
 Errors from httpx, MCP and subprocesses are translated into this tree at the boundary
 (``raise ... from exc``) and never swallowed.
@@ -39,6 +40,7 @@ __all__ = [
     "BenchmarkError",
     "CircuitOpen",
     "ConfigError",
+    "DistributedError",
     "EngineConnectionError",
     "EngineError",
     "EngineHTTPError",
@@ -207,3 +209,10 @@ class TrackingError(ToolRolloutError):
 
 class BenchmarkError(ToolRolloutError):
     """A benchmark service did not start, or a benchmark driver failed or ran too long."""
+
+
+class DistributedError(ToolRolloutError):
+    """The Ray cluster could not be reached, or a rollout worker (actor) died or raised.
+
+    The message names the shard and the node, so the lost part of a run can be found.
+    """

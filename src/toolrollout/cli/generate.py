@@ -135,6 +135,21 @@ def generate(
             "(--no-keep-groups-whole: any target x n finished samples)."
         ),
     ] = True,
+    ray: Annotated[
+        bool,
+        typer.Option(
+            "--ray",
+            help="Shard the prompts over Ray actors sharing the engine servers "
+            "(pip install 'toolrollout[ray]'; docs/scale-out.md).",
+        ),
+    ] = False,
+    ray_workers: Annotated[
+        int, typer.Option(min=1, help="Ray actors with --ray, each rolling out one shard.")
+    ] = 2,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="Ray cluster to join with --ray ('auto', 'host:6379'). Default: local."),
+    ] = None,
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
     from toolrollout._exceptions import ToolRolloutError
@@ -173,6 +188,7 @@ def generate(
             target_groups=target_groups,
             oversample=oversample,
             keep_groups_whole=keep_groups_whole,
+            ray=_ray_options(ray, ray_workers, ray_address),
         )
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
@@ -185,6 +201,8 @@ def generate(
             err=True,
         )
         raise typer.Exit(code=143 if summary["interrupted"] == "SIGTERM" else 130)
+    for failure in summary.get("ray_failures", ()):
+        typer.echo(f"warning: {failure}", err=True)
     if summary["interrupted"] is not None:
         _print_summary(summary, out, err=True)
         typer.echo(
@@ -232,6 +250,7 @@ def _run(
     target_groups: int | None = None,
     oversample: float = 1.0,
     keep_groups_whole: bool = True,
+    ray: Any = None,
 ) -> dict[str, Any]:
     import math
 
@@ -258,6 +277,12 @@ def _run(
 
     from ._progress import RolloutProgress
 
+    if ray is not None:
+        from toolrollout.distributed import import_ray
+
+        import_ray()  # not installed: say how, before anything is written
+        if target_groups is not None:
+            raise UserError("--target-groups does not work with --ray yet; run it without --ray")
     if tool_parser not in tool_parser_names():
         raise UserError(
             f"unknown --tool-parser {tool_parser!r}; choose from {', '.join(tool_parser_names())}"
@@ -321,6 +346,44 @@ def _run(
         rewards.append(numeric_match if all(is_number(t) for t in truths) else exact_match)
     if tool_error_penalty > 0:
         rewards.append(penalty_term(tool_error_penalty))
+    if ray is not None:
+        from toolrollout.distributed import run_sharded
+
+        report = run_sharded(
+            prompts,
+            group_ids=group_ids,
+            config=config,
+            model_path=model_path,
+            parts=parts,
+            options=ray,
+            engine_urls=engine_urls,
+            tool_config=tool_config,
+            interaction_config=interaction_config,
+            rewards=rewards,
+            vision=vision is not None,
+            resume=resume,
+            skip=frozenset(skip),
+            run_id=run_id,
+            threads=threads,
+            health_timeout=health_timeout,
+            request_timeout=request_timeout,
+            retries=retries,
+            flush_every=flush_every,
+        )
+        ray_summary = _summarise(list(report.trajectories), report.seconds)
+        ray_summary.update(
+            interrupted=report.interrupted,
+            total=len(prompts) * n,
+            resumed=len(skip),
+            rows_on_disk=len(skip) + report.rows_written,
+            parts=str(parts),
+            ray_failures=list(report.failures),
+            ray_shards=list(report.shards),
+        )
+        if report.interrupted is None:
+            compact_shards(parts, out)
+            shutil.rmtree(parts)
+        return ray_summary
 
     async def main() -> dict[str, Any]:
         engine, context_length = await start_engine(
@@ -396,6 +459,21 @@ def _run(
         compact_shards(parts, out)
         shutil.rmtree(parts)
     return summary
+
+
+def _ray_options(ray: bool, workers: int, address: str | None) -> Any:
+    """The ``--ray*`` options as RayOptions, or None for a one-machine run."""
+    from toolrollout._exceptions import UserError
+
+    if not ray:
+        if address is not None:
+            raise UserError("--ray-address needs --ray")
+        return None
+    from toolrollout.distributed import RayOptions
+
+    if workers < 1:
+        raise UserError(f"--ray-workers must be at least 1, got {workers}")
+    return RayOptions(workers=workers, address=address)
 
 
 def _http_timeout(seconds: float) -> Any:
@@ -499,6 +577,10 @@ def _print_summary(summary: dict[str, Any], out: Path, *, err: bool = False) -> 
     if summary.get("left_over") is not None:
         rows.append(("left out (straggler control)", str(summary["left_over"])))
     rows += [(f"status {k}", str(v)) for k, v in sorted(summary["statuses"].items())]
+    rows += [
+        (f"ray shard {s['shard']}", f"{s['rows']} rows on {s['host']} ({s['seconds']:.1f} s)")
+        for s in summary.get("ray_shards", ())
+    ]
     for name, value in rows:
         table.add_row(name, value)
     Console(stderr=err).print(table)

@@ -1,0 +1,28 @@
+"""Scale-out over several machines: ``toolrollout generate --ray``.
+
+The prompts are dealt to Ray actors (whole GRPO groups per actor); each runs the same
+async rollout loop as a one-machine run against the shared engine servers and writes its
+own crash-safe shards, and the driver merges them into one output file with the same
+schema and row order. Ray is an optional extra (``pip install 'toolrollout[ray]'``) and is
+imported only when a sharded run starts. See docs/scale-out.md.
+"""
+
+from ._driver import RayOptions as RayOptions
+from ._driver import RayRunReport as RayRunReport
+from ._driver import import_ray as import_ray
+from ._driver import run_sharded as run_sharded
+from ._sharding import shard_prompts as shard_prompts
+from ._worker import ShardJob as ShardJob
+from ._worker import ShardResult as ShardResult
+from ._worker import ShardWorker as ShardWorker
+
+__all__ = [
+    "RayOptions",
+    "RayRunReport",
+    "ShardJob",
+    "ShardResult",
+    "ShardWorker",
+    "import_ray",
+    "run_sharded",
+    "shard_prompts",
+]

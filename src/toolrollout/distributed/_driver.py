@@ -1,0 +1,409 @@
+"""The Ray driver behind ``toolrollout generate --ray``.
+
+The driver shards the prompts (whole GRPO groups per shard), starts one Ray actor per
+shard, and collects what each returns into the run's crash-safe shard folder; the caller
+then merges that folder exactly as in a one-machine run (rows ordered by prompt, then
+sample). Ray is imported only here, inside :func:`run_sharded`.
+
+Every actor talks to the same engine servers. Without ``engine_urls`` the driver starts one
+shared ``toolrollout serve`` on its own node for the whole run (never one engine per actor:
+a model copy per actor would multiply memory and split the batching).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolrollout._exceptions import DistributedError, UserError
+from toolrollout.rollout import (
+    RolloutConfig,
+    RolloutPrompt,
+    ShardWriter,
+    Trajectory,
+    done_samples,
+    failed_trajectory,
+)
+
+from ._sharding import shard_prompts
+from ._worker import ShardJob, ShardResult, ShardWorker
+
+__all__ = ["RayOptions", "RayRunReport", "import_ray", "run_sharded"]
+
+_INSTALL_HINT = "--ray needs Ray: pip install 'toolrollout[ray]'"
+_SPILL_PREFIX = "worker-"
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Where and how wide to run: ``address`` joins a running cluster (``None`` starts a
+    local one sized for the workers); each worker actor reserves ``cpus_per_worker``."""
+
+    workers: int = 2
+    address: str | None = None
+    cpus_per_worker: float = 1.0
+
+
+@dataclass(frozen=True)
+class RayRunReport:
+    """What a sharded run did: the rows it got, and each shard's fate.
+
+    ``failures`` has one line per shard whose worker died or raised, naming the shard;
+    its samples are in the output all the same (rows the worker had already written to a
+    reachable shard folder, the rest as ``failed`` rows carrying that line).
+    """
+
+    trajectories: tuple[Trajectory, ...]
+    rows_written: int
+    seconds: float
+    shards: tuple[dict[str, Any], ...] = ()
+    failures: tuple[str, ...] = ()
+    interrupted: str | None = None
+    engine_urls: tuple[str, ...] = field(default=())
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a one-line :class:`UserError` saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError(_INSTALL_HINT) from None
+    return ray
+
+
+def run_sharded(
+    prompts: Sequence[RolloutPrompt],
+    *,
+    group_ids: Sequence[str],
+    config: RolloutConfig,
+    model_path: Path,
+    parts: Path,
+    options: RayOptions,
+    engine_urls: Sequence[str] = (),
+    tool_config: Path | None = None,
+    interaction_config: Path | None = None,
+    rewards: Sequence[Any] = (),
+    vision: bool = False,
+    resume: bool = False,
+    skip: frozenset[tuple[int, int]] = frozenset(),
+    run_id: str = "run",
+    threads: int = 1,
+    health_timeout: float = 120.0,
+    request_timeout: float = 600.0,
+    retries: int = 5,
+    flush_every: int = 64,
+) -> RayRunReport:
+    """Roll out ``prompts`` over ``options.workers`` Ray actors into the shard folder ``parts``.
+
+    Each actor writes its own crash-safe shards under ``parts/worker-NNN/`` and returns its
+    rows, which the driver writes into ``parts``. With ``resume``, rows left in those
+    worker folders by an interrupted run are taken over first and not run again.
+    """
+    ray = import_ray()
+    if options.workers < 1:
+        raise UserError(f"--ray-workers must be at least 1, got {options.workers}")
+    spills = sorted(parts.glob(f"{_SPILL_PREFIX}*"))
+    if resume:
+        skip = skip | _adopt_all(spills, parts)
+    elif any(any(d.glob("part-*.parquet")) for d in spills):
+        raise UserError(
+            f"{parts} holds an unfinished Ray run: pass --resume to complete it, or delete it"
+        )
+    model_path = model_path.resolve()
+    started = time.perf_counter()
+    owns_ray = not ray.is_initialized()
+    if owns_ray:
+        _init_ray(ray, options)
+    try:
+        with _engine(ray, engine_urls, model_path, options, threads, health_timeout) as urls:
+            jobs = [
+                ShardJob(
+                    shard=shard,
+                    prompt_indices=indices,
+                    engine_urls=tuple(urls),
+                    model_path=str(model_path),
+                    config=config,
+                    spill_dir=str((parts / f"{_SPILL_PREFIX}{shard:03d}").resolve()),
+                    tool_config=str(tool_config.resolve()) if tool_config else None,
+                    interaction_config=(
+                        str(interaction_config.resolve()) if interaction_config else None
+                    ),
+                    rewards=tuple(rewards),
+                    vision=vision,
+                    health_timeout=health_timeout,
+                    request_timeout=request_timeout,
+                    retries=retries,
+                    flush_every=flush_every,
+                )
+                for shard, indices in enumerate(shard_prompts(len(prompts), options.workers))
+            ]
+            report = _drive(ray, jobs, prompts, group_ids, skip, parts, options, run_id)
+    finally:
+        if owns_ray:
+            ray.shutdown()
+    return RayRunReport(
+        trajectories=report.trajectories,
+        rows_written=report.rows_written,
+        seconds=time.perf_counter() - started,
+        shards=report.shards,
+        failures=report.failures,
+        interrupted=report.interrupted,
+        engine_urls=tuple(urls),
+    )
+
+
+def _init_ray(ray: Any, options: RayOptions) -> None:
+    # Ray's opt-out usage reporting stays off unless the user turned it on themselves.
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    settings: dict[str, Any] = {
+        "namespace": "toolrollout",
+        "log_to_driver": False,
+        "logging_level": "ERROR",
+    }
+    where = f" at {options.address}" if options.address else ""
+    try:
+        if options.address:
+            ray.init(address=options.address, **settings)
+        else:
+            cpus = max(options.workers * options.cpus_per_worker, 1.0)
+            ray.init(num_cpus=int(cpus + 0.999), include_dashboard=False, **settings)
+    except Exception as exc:  # ray raises ConnectionError, RuntimeError, ValueError...
+        raise DistributedError(f"cannot start or join the Ray cluster{where}: {exc}") from exc
+
+
+@contextmanager
+def _engine(
+    ray: Any,
+    engine_urls: Sequence[str],
+    model_path: Path,
+    options: RayOptions,
+    threads: int,
+    health_timeout: float,
+) -> Iterator[list[str]]:
+    """The servers every actor uses: the given URLs, or one shared ``toolrollout serve``."""
+    if engine_urls:
+        yield list(engine_urls)
+        return
+    # A local cluster reaches it on loopback; a real cluster at this node's address.
+    if options.address:
+        bind, advertise = "0.0.0.0", str(ray.util.get_node_ip_address())
+    else:
+        bind = advertise = "127.0.0.1"
+    with _serve(model_path, bind, advertise, threads, health_timeout) as url:
+        yield [url]
+
+
+@contextmanager
+def _serve(
+    model_path: Path, bind: str, advertise: str, threads: int, health_timeout: float
+) -> Iterator[str]:
+    import httpx
+
+    from toolrollout.sandbox import free_port
+
+    port = free_port(bind if bind != "0.0.0.0" else "127.0.0.1")
+    url = f"http://{advertise}:{port}"
+    command = [
+        sys.executable,
+        "-m",
+        "toolrollout",
+        "serve",
+        "--model",
+        str(model_path),
+        "--host",
+        bind,
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        "--log-level",
+        "warning",
+    ]
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            deadline = time.monotonic() + health_timeout
+            while True:
+                if proc.poll() is not None:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace").strip().splitlines()[-1:]
+                    raise DistributedError(
+                        f"the shared `toolrollout serve` for --ray exited with "
+                        f"{proc.returncode}: {' '.join(tail)}"
+                    )
+                try:
+                    if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise DistributedError(
+                        f"the shared `toolrollout serve` for --ray was not healthy at {url} "
+                        f"after {health_timeout:.0f} s"
+                    )
+                time.sleep(0.3)
+            yield url
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class _Collected:
+    trajectories: tuple[Trajectory, ...]
+    rows_written: int
+    shards: tuple[dict[str, Any], ...]
+    failures: tuple[str, ...]
+    interrupted: str | None
+
+
+def _drive(
+    ray: Any,
+    jobs: list[ShardJob],
+    prompts: Sequence[RolloutPrompt],
+    group_ids: Sequence[str],
+    skip: frozenset[tuple[int, int]],
+    parts: Path,
+    options: RayOptions,
+    run_id: str,
+) -> _Collected:
+    """Start the actors, gather their results as they finish, account for every sample."""
+    remote = ray.remote(num_cpus=options.cpus_per_worker, max_restarts=0)(ShardWorker)
+    actors = [
+        remote.options(
+            name=f"toolrollout-{run_id}-shard-{job.shard}",
+            scheduling_strategy="SPREAD",  # one actor per node while nodes last
+        ).remote()
+        for job in jobs
+    ]
+    shared = (ray.put(list(prompts)), ray.put(list(group_ids)), ray.put(frozenset(skip)))
+    pending = {actor.run.remote(job, *shared): job for actor, job in zip(actors, jobs, strict=True)}
+    rows: list[Trajectory] = []
+    shards: list[dict[str, Any]] = []
+    failed: list[tuple[ShardJob, str]] = []
+    interrupted: str | None = None
+    writer = ShardWriter(parts)
+    try:
+        with writer:
+            while pending:
+                [ref], _ = ray.wait(list(pending), num_returns=1)
+                job = pending.pop(ref)
+                try:
+                    result: ShardResult = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    failed.append((job, _describe(job, exc)))
+                    continue
+                for trajectory in result.trajectories:
+                    writer.write(trajectory)
+                rows.extend(result.trajectories)
+                shards.append(
+                    {
+                        "shard": result.shard,
+                        "node": result.node,
+                        "host": result.host,
+                        "rows": len(result.trajectories),
+                        "seconds": result.seconds,
+                    }
+                )
+    except KeyboardInterrupt:
+        interrupted = "SIGINT"
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    written = writer.rows_written
+    if interrupted is None:
+        rows_failed, adopted = _account_for_failures(failed, prompts, group_ids, skip, parts)
+        rows.extend(rows_failed)
+        written += len(rows_failed) + adopted
+    return _Collected(
+        trajectories=tuple(rows),
+        rows_written=written,
+        shards=tuple(sorted(shards, key=lambda s: int(s["shard"]))),
+        failures=tuple(message for _, message in failed),
+        interrupted=interrupted,
+    )
+
+
+def _describe(job: ShardJob, exc: BaseException) -> str:
+    """One line naming the shard and what killed it (a worker's own error, or its death)."""
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip().splitlines()
+    detail = f"{type(cause).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return (
+        f"ray shard {job.shard} (prompts {_span(job.prompt_indices)}) failed: {detail}"
+    )
+
+
+def _span(indices: tuple[int, ...]) -> str:
+    shown = ",".join(str(i) for i in indices[:4])
+    return f"{shown},..." if len(indices) > 4 else shown or "none"
+
+
+def _account_for_failures(
+    failed: list[tuple[ShardJob, str]],
+    prompts: Sequence[RolloutPrompt],
+    group_ids: Sequence[str],
+    skip: frozenset[tuple[int, int]],
+    parts: Path,
+) -> tuple[list[Trajectory], int]:
+    """Keep what failed workers had written; a ``failed`` row for each sample still missing."""
+    rows: list[Trajectory] = []
+    adopted_rows = 0
+    for job, message in failed:
+        adopted = _adopt(Path(job.spill_dir), parts)
+        adopted_rows += len(adopted)
+        for prompt_index in job.prompt_indices:
+            for sample_index in range(job.config.n):
+                if (prompt_index, sample_index) in skip | adopted:
+                    continue
+                rows.append(
+                    failed_trajectory(
+                        group_id=group_ids[prompt_index],
+                        prompt_index=prompt_index,
+                        sample_index=sample_index,
+                        prompt=prompts[prompt_index],
+                        reason="error",
+                        error=f"DistributedError: {message}",
+                    )
+                )
+    if rows:
+        with ShardWriter(parts) as writer:
+            for row in rows:
+                writer.write(row)
+    return rows, adopted_rows
+
+
+def _adopt(spill: Path, parts: Path) -> set[tuple[int, int]]:
+    """Move a worker folder's whole shards into ``parts`` (numbered after its own)."""
+    if not spill.is_dir():
+        return set()  # on another node's disk: those rows are gone with the worker
+    pairs = done_samples(spill)
+    taken = [int(p.stem.split("-")[1]) for p in parts.glob("part-*.parquet")]
+    number = max(taken, default=-1) + 1
+    for shard in sorted(spill.glob("part-*.parquet")):
+        target = parts / f"part-{number:06d}.parquet"
+        shutil.move(str(shard), target)
+        number += 1
+    shutil.rmtree(spill, ignore_errors=True)
+    return pairs
+
+
+def _adopt_all(spills: list[Path], parts: Path) -> frozenset[tuple[int, int]]:
+    adopted: set[tuple[int, int]] = set()
+    for spill in spills:
+        adopted |= _adopt(spill, parts)
+    return frozenset(adopted)

@@ -1,0 +1,179 @@
+"""One Ray rollout worker: the ordinary async rollout loop over one shard of the prompts.
+
+The class is plain Python; the driver wraps it with ``ray.remote`` when a run starts, so
+this module (and ``import toolrollout``) never imports Ray. Everything a worker needs
+travels in a picklable :class:`ShardJob`; tools, interactions and the tokenizer are built
+on the worker from their paths, because live tool clients and servers do not pickle.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory
+
+__all__ = ["ShardJob", "ShardResult", "ShardWorker"]
+
+
+@dataclass(frozen=True)
+class ShardJob:
+    """What one worker runs: its prompt indices and the run's settings.
+
+    Paths (model/tokenizer folder, tool and interaction configs) must be readable at the
+    same place on every node: ship them on a shared filesystem or in the image.
+    """
+
+    shard: int
+    prompt_indices: tuple[int, ...]
+    engine_urls: tuple[str, ...]
+    model_path: str
+    config: RolloutConfig
+    spill_dir: str
+    tool_config: str | None = None
+    interaction_config: str | None = None
+    rewards: tuple[Any, ...] = ()
+    vision: bool = False
+    health_timeout: float = 120.0
+    request_timeout: float = 600.0
+    retries: int = 5
+    flush_every: int = 64
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    """A finished shard: its rows (tagged with the shard and node) and where it ran."""
+
+    shard: int
+    node: str
+    host: str
+    pid: int
+    seconds: float
+    spill_dir: str
+    trajectories: tuple[Trajectory, ...]
+
+
+def _node_id() -> str:
+    """The Ray node id when running inside Ray, else the host name (plain-Python use)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.get_runtime_context().get_node_id())
+    except ImportError:
+        pass
+    return socket.gethostname()
+
+
+def _spill_dir(wanted: str) -> Path:
+    """The shard folder the driver asked for, or a private temp folder when that path
+    cannot be created on this node (no shared filesystem); the rows still come back."""
+    path = Path(wanted)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="toolrollout-shard-"))
+    return path
+
+
+class ShardWorker:
+    """Rolls out one shard against the shared engine servers and writes its own shards.
+
+    Each finished trajectory is written at once to crash-safe parquet shards in the
+    job's ``spill_dir`` (the same :class:`~toolrollout.rollout.ShardWriter` as a
+    single-machine run), and all of them are returned to the driver at the end.
+    """
+
+    async def run(
+        self,
+        job: ShardJob,
+        prompts: Sequence[RolloutPrompt],
+        group_ids: Sequence[str],
+        skip: frozenset[tuple[int, int]] = frozenset(),
+    ) -> ShardResult:
+        # async: Ray runs it on the actor's own event loop (an async actor), where the
+        # rollout's anyio task groups run as they do in a one-machine run.
+        started = time.perf_counter()
+        node = _node_id()
+        spill = _spill_dir(job.spill_dir)
+        rows: list[Trajectory] = []
+        await self._run(job, prompts, group_ids, skip, node, spill, rows)
+        return ShardResult(
+            shard=job.shard,
+            node=node,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            seconds=time.perf_counter() - started,
+            spill_dir=str(spill),
+            trajectories=tuple(rows),
+        )
+
+    async def _run(
+        self,
+        job: ShardJob,
+        prompts: Sequence[RolloutPrompt],
+        group_ids: Sequence[str],
+        skip: frozenset[tuple[int, int]],
+        node: str,
+        spill: Path,
+        rows: list[Trajectory],
+    ) -> None:
+        import httpx
+        from transformers import AutoTokenizer
+
+        from toolrollout.engines import RetryPolicy, SGLangClient
+        from toolrollout.interactions import load_interaction_config
+        from toolrollout.rollout import RolloutRunner, ShardWriter
+        from toolrollout.tools import calculator_tool, load_tool_config, tool_services
+
+        model_path = Path(job.model_path)
+        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
+        tools = load_tool_config(job.tool_config) if job.tool_config else [calculator_tool()]
+        interactions = (
+            load_interaction_config(job.interaction_config) if job.interaction_config else {}
+        )
+        vision = None
+        if job.vision:
+            from toolrollout.chat import VisionFormat
+
+            vision = VisionFormat.from_pretrained(model_path)
+        engine = SGLangClient(
+            list(job.engine_urls),
+            timeout=httpx.Timeout(job.request_timeout, connect=min(job.request_timeout, 10.0)),
+            retry=RetryPolicy(max_attempts=job.retries, retry_read_timeouts=True),
+        )
+        mine = set(job.prompt_indices)
+        n = job.config.n
+        # The runner sees the whole prompt list and skips other shards' samples, so prompt
+        # indices, group ids and per-sample seeds are exactly those of a one-machine run.
+        others = {(p, s) for p in range(len(prompts)) if p not in mine for s in range(n)}
+        tag = {"ray_shard": job.shard, "ray_node": node}
+        async with engine, tool_services(tools):
+            await engine.wait_healthy(timeout=job.health_timeout)
+            raw = (await engine.server_info()).get("context_length")
+            runner = RolloutRunner(
+                engine,
+                tokenizer,
+                tools,
+                config=job.config,
+                rewards=job.rewards,
+                context_length=int(raw) if isinstance(raw, int) else None,
+                interactions=interactions,
+                vision=vision,
+            )
+            with ShardWriter(spill, rows_per_shard=job.flush_every) as writer:
+
+                def on_result(trajectory: Trajectory) -> None:
+                    tagged = replace(trajectory, metrics={**trajectory.metrics, **tag})
+                    writer.write(tagged)
+                    rows.append(tagged)
+
+                await runner.run(
+                    prompts, on_result=on_result, group_ids=group_ids, skip=others | set(skip)
+                )
