@@ -29,6 +29,7 @@ PUBLIC_MODULES = [
     "toolrollout.tools.mcp",
     "toolrollout.mcp_servers",
     "toolrollout.bench",
+    "toolrollout.distributed",
 ]
 
 

@@ -121,10 +121,11 @@ def run_sharded(
     model_path = model_path.resolve()
     started = time.perf_counter()
     owns_ray = not ray.is_initialized()
-    if owns_ray:
-        _init_ray(ray, options)
     try:
-        with _engine(ray, engine_urls, model_path, options, threads, health_timeout) as urls:
+        with _engine(ray, engine_urls, model_path, options, threads, health_timeout) as engine:
+            if owns_ray:  # the shared server loads its model meanwhile
+                _init_ray(ray, options)
+            urls = engine.ready()
             jobs = [
                 ShardJob(
                     shard=shard,
@@ -148,7 +149,7 @@ def run_sharded(
             ]
             report = _drive(ray, jobs, prompts, group_ids, skip, parts, options, run_id)
     finally:
-        if owns_ray:
+        if owns_ray and ray.is_initialized():
             ray.shutdown()
     return RayRunReport(
         trajectories=report.trajectories,
@@ -180,6 +181,18 @@ def _init_ray(ray: Any, options: RayOptions) -> None:
         raise DistributedError(f"cannot start or join the Ray cluster{where}: {exc}") from exc
 
 
+class _Engines:
+    """The engine URLs of a run; :meth:`ready` waits for a server the driver started."""
+
+    def __init__(self, urls: list[str], proc: Any = None, log: Any = None, timeout: float = 0):
+        self.urls, self._proc, self._log, self._timeout = urls, proc, log, timeout
+
+    def ready(self) -> list[str]:
+        if self._proc is not None:
+            _wait_healthy(self.urls[0], self._proc, self._log, self._timeout)
+        return self.urls
+
+
 @contextmanager
 def _engine(
     ray: Any,
@@ -188,30 +201,21 @@ def _engine(
     options: RayOptions,
     threads: int,
     health_timeout: float,
-) -> Iterator[list[str]]:
-    """The servers every actor uses: the given URLs, or one shared ``toolrollout serve``."""
+) -> Iterator[_Engines]:
+    """The servers every actor uses: the given URLs, or one shared ``toolrollout serve``
+    started here (one model copy for the whole cluster, never one per actor)."""
     if engine_urls:
-        yield list(engine_urls)
+        yield _Engines(list(engine_urls))
         return
+    from toolrollout.sandbox import free_port
+
     # A local cluster reaches it on loopback; a real cluster at this node's address.
     if options.address:
         bind, advertise = "0.0.0.0", str(ray.util.get_node_ip_address())
     else:
         bind = advertise = "127.0.0.1"
-    with _serve(model_path, bind, advertise, threads, health_timeout) as url:
-        yield [url]
+    port = free_port("127.0.0.1" if bind == "0.0.0.0" else bind)
 
-
-@contextmanager
-def _serve(
-    model_path: Path, bind: str, advertise: str, threads: int, health_timeout: float
-) -> Iterator[str]:
-    import httpx
-
-    from toolrollout.sandbox import free_port
-
-    port = free_port(bind if bind != "0.0.0.0" else "127.0.0.1")
-    url = f"http://{advertise}:{port}"
     command = [
         sys.executable,
         "-m",
@@ -231,27 +235,7 @@ def _serve(
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            deadline = time.monotonic() + health_timeout
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    tail = log.read().decode(errors="replace").strip().splitlines()[-1:]
-                    raise DistributedError(
-                        f"the shared `toolrollout serve` for --ray exited with "
-                        f"{proc.returncode}: {' '.join(tail)}"
-                    )
-                try:
-                    if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise DistributedError(
-                        f"the shared `toolrollout serve` for --ray was not healthy at {url} "
-                        f"after {health_timeout:.0f} s"
-                    )
-                time.sleep(0.3)
-            yield url
+            yield _Engines([f"http://{advertise}:{port}"], proc, log, health_timeout)
         finally:
             if proc.poll() is None:
                 proc.terminate()
@@ -260,6 +244,31 @@ def _serve(
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=10)
+
+
+def _wait_healthy(url: str, proc: Any, log: Any, timeout: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            tail = log.read().decode(errors="replace").strip().splitlines()[-1:]
+            raise DistributedError(
+                f"the shared `toolrollout serve` for --ray exited with "
+                f"{proc.returncode}: {' '.join(tail)}"
+            )
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise DistributedError(
+                f"the shared `toolrollout serve` for --ray was not healthy at {url} "
+                f"after {timeout:.0f} s"
+            )
+        time.sleep(0.3)
 
 
 @dataclass(frozen=True)
@@ -343,9 +352,7 @@ def _describe(job: ShardJob, exc: BaseException) -> str:
     cause = getattr(exc, "cause", None) or exc
     text = str(cause).strip().splitlines()
     detail = f"{type(cause).__name__}: {text[0] if text else ''}".rstrip(": ")
-    return (
-        f"ray shard {job.shard} (prompts {_span(job.prompt_indices)}) failed: {detail}"
-    )
+    return f"ray shard {job.shard} (prompts {_span(job.prompt_indices)}) failed: {detail}"
 
 
 def _span(indices: tuple[int, ...]) -> str:

@@ -1,0 +1,245 @@
+"""`toolrollout generate --ray` on a real local Ray cluster: a head and two worker nodes.
+
+The cluster is Ray's own ``ray.cluster_utils.Cluster`` (separate raylet processes per node
+on this machine); the CLI runs as a user runs it, in a subprocess that joins the cluster by
+address, against a real ``toolrollout serve`` with the demo model and the real calculator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from tests._processes import free_port, stop, wait_http
+
+from toolrollout.rollout import TRAJECTORY_SCHEMA, read_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "COLUMNS": "120",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+PROMPTS, N = 8, 2
+
+
+def _cli(*args: str, cwd: Path, **kwargs: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "toolrollout", "generate", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        **kwargs,
+    )
+
+
+def test_importing_toolrollout_never_imports_ray() -> None:
+    code = (
+        "import sys, toolrollout, toolrollout.distributed, toolrollout.cli.generate; "
+        "print('ray' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_ray_flag_without_ray_says_how_to_install(tmp_path: Path) -> None:
+    # A None entry in sys.modules makes `import ray` fail exactly as if it were absent.
+    code = (
+        "import sys; sys.modules['ray'] = None; "
+        "sys.argv = ['toolrollout', 'generate', '--ray', '--limit', '2']; "
+        "from toolrollout.cli import main; main()"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=ENV
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: --ray needs Ray: pip install 'toolrollout[ray]'"
+    ]
+    assert not list(tmp_path.iterdir())  # nothing written before the check
+
+
+def test_ray_address_without_ray_is_a_user_error(tmp_path: Path) -> None:
+    proc = _cli("--ray-address", "auto", cwd=tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert err.strip() == "error: --ray-address needs --ray"
+
+
+@dataclass(frozen=True)
+class Setup:
+    address: str  # of the Ray head
+    worker_nodes: list[str]  # node ids of the two worker nodes
+    server: str  # a running `toolrollout serve` with the demo model
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    """A Ray head (no CPUs, so no actor lands there), two one-CPU worker nodes, and one
+    `toolrollout serve`, which loads its model while the cluster starts."""
+    try:
+        import ray
+        from ray.cluster_utils import Cluster
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("ray is not installed; the test extra must bring it")
+        pytest.skip("ray is not installed: pip install 'toolrollout[ray]'")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    port = free_port()
+    log = (tmp_path_factory.mktemp("serve") / "serve.log").open("wb")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "toolrollout", "serve", "--port", str(port), "--threads", "1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=ENV,
+    )
+    head = None
+    try:
+        head = Cluster(
+            initialize_head=True,
+            connect=True,
+            head_node_args={"num_cpus": 0, "include_dashboard": False},
+        )
+        workers = [head.add_node(num_cpus=1) for _ in range(2)]
+        head.wait_for_nodes()
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/health", 120, serve)
+        yield Setup(head.address, [str(node.node_id) for node in workers], url)
+    finally:
+        stop(serve)
+        log.close()
+        if head is not None:
+            ray.shutdown()
+            head.shutdown()
+
+
+def _check_rows(rows: list[dict[str, Any]]) -> None:
+    """One row per (prompt, sample), in that order; groups whole; tokens well formed."""
+    keys = [(r["prompt_index"], r["sample_index"]) for r in rows]
+    assert keys == [(p, s) for p in range(PROMPTS) for s in range(N)]
+    groups = Counter(r["group_id"] for r in rows)
+    assert len(groups) == PROMPTS and set(groups.values()) == {N}
+    for row in rows:
+        assert row["uid"] == f"{row['group_id']}-{row['sample_index']}"
+        if row["failed"]:
+            continue
+        assert len(row["response_ids"]) == len(row["loss_mask"]) == len(row["rollout_logprobs"])
+        assert set(row["loss_mask"]) <= {0, 1} and 1 in row["loss_mask"]
+        assert row["prompt_ids"] and row["messages"][-1]["role"] == "assistant"
+
+
+@pytest.mark.slow
+def test_two_worker_nodes_share_one_server(setup: Setup, tmp_path: Path) -> None:
+    out = tmp_path / "ray.parquet"
+    proc = _cli(
+        "--ray",
+        "--ray-workers",
+        "2",
+        "--ray-address",
+        setup.address,
+        "--engine-url",
+        setup.server,
+        "--tool-config",
+        str(ROOT / "tool_configs" / "calculator.yaml"),
+        "--limit",
+        str(PROMPTS),
+        "--n",
+        str(N),
+        "--seed",
+        "3",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr
+    assert "warning" not in stderr
+    assert not out.with_name(out.name + ".parts").exists()  # merged, shard folder gone
+
+    # The merged file is exactly the documented schema, readable without toolrollout.
+    assert pq.read_schema(out).remove_metadata().equals(TRAJECTORY_SCHEMA)
+    rows = read_rows(out)
+    _check_rows(rows)
+    assert not any(r["failed"] for r in rows)
+    # Prompt i was rolled out by shard i % 2, and the two shards ran on the two worker nodes.
+    for row in rows:
+        assert row["metrics"]["ray_shard"] == row["prompt_index"] % 2
+    nodes = {r["metrics"]["ray_shard"]: r["metrics"]["ray_node"] for r in rows}
+    assert sorted(nodes.values()) == sorted(setup.worker_nodes)
+    # Rows of one group share their node; the real calculator was called by the model.
+    for p in range(PROMPTS):
+        assert len({r["metrics"]["ray_node"] for r in rows if r["prompt_index"] == p}) == 1
+    assert sum(r["num_tool_calls"] >= 1 for r in rows) >= PROMPTS
+    assert sum(r["reward"] or 0.0 for r in rows) / len(rows) >= 0.5
+    assert "ray shard 0" in stdout and "ray shard 1" in stdout
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path: Path) -> None:
+    """Shard 0's actor is killed mid-run: its written rows are kept, the rest are failed
+    rows naming the shard, shard 1 completes, and every sample still has one row. No
+    --engine-url: the driver starts the one shared `toolrollout serve` itself."""
+    import ray
+
+    out = tmp_path / "killed.jsonl"
+    parts = out.with_name(out.name + ".parts")
+    proc = _cli(
+        "--ray",
+        "--ray-address",
+        setup.address,
+        "--limit",
+        str(PROMPTS),
+        "--n",
+        str(N),
+        "--seed",
+        "3",
+        "--concurrency",
+        "2",
+        "--flush-every",
+        "1",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not list((parts / "worker-000").glob("part-*.parquet")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "shard 0 wrote no row in time"
+            time.sleep(0.2)
+        run_id = json.loads((parts / "run.json").read_text())["run_id"]
+        ray.kill(ray.get_actor(f"toolrollout-{run_id}-shard-0", namespace="toolrollout"))
+        _, stderr = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    [warning] = [line for line in stderr.splitlines() if line.startswith("warning:")]
+    assert warning.startswith("warning: ray shard 0 (prompts 0,2,4,6) failed:")
+    rows = read_rows(out)
+    _check_rows(rows)
+    mine = [r for r in rows if r["prompt_index"] % 2 == 0]
+    kept = [r for r in mine if not r["failed"]]
+    lost = [r for r in mine if r["failed"]]
+    assert kept and lost  # written before the kill, and cut short by it
+    assert all(r["metrics"]["ray_shard"] == 0 for r in kept)
+    for row in lost:
+        assert row["status"] == "failed"
+        assert row["error"].startswith("DistributedError: ray shard 0")
+    others = [r for r in rows if r["prompt_index"] % 2 == 1]
+    assert not any(r["failed"] for r in others)
+    assert all(r["metrics"]["ray_shard"] == 1 for r in others)
