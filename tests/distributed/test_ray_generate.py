@@ -1,8 +1,9 @@
-"""`toolrollout generate --ray` on a real local Ray cluster: a head and two worker nodes.
+"""`toolrollout generate --ray` on a real local two-node Ray cluster, one worker per node.
 
-The cluster is Ray's own ``ray.cluster_utils.Cluster`` (separate raylet processes per node
-on this machine); the CLI runs as a user runs it, in a subprocess that joins the cluster by
-address, against a real ``toolrollout serve`` with the demo model and the real calculator.
+The cluster is Ray's own ``ray.cluster_utils.Cluster`` (a head node and a second node, each
+its own raylet process on this machine); the CLI runs as a user runs it, in a subprocess
+that joins the cluster by address, against a real ``toolrollout serve`` with the demo model
+and the real calculator.
 """
 
 from __future__ import annotations
@@ -82,14 +83,14 @@ def test_ray_address_without_ray_is_a_user_error(tmp_path: Path) -> None:
 @dataclass(frozen=True)
 class Setup:
     address: str  # of the Ray head
-    worker_nodes: list[str]  # node ids of the two worker nodes
+    nodes: list[str]  # ids of the two nodes, one CPU each
     server: str  # a running `toolrollout serve` with the demo model
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    """A Ray head (no CPUs, so no actor lands there), two one-CPU worker nodes, and one
-    `toolrollout serve`, which loads its model while the cluster starts."""
+    """Two one-CPU Ray nodes (the head and one more), so each holds exactly one rollout
+    worker, and one `toolrollout serve`, which loads its model while the cluster starts."""
     try:
         import ray
         from ray.cluster_utils import Cluster
@@ -111,13 +112,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         head = Cluster(
             initialize_head=True,
             connect=True,
-            head_node_args={"num_cpus": 0, "include_dashboard": False},
+            head_node_args={"num_cpus": 1, "include_dashboard": False},
         )
-        workers = [head.add_node(num_cpus=1) for _ in range(2)]
+        second = head.add_node(num_cpus=1)
         head.wait_for_nodes()
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", 120, serve)
-        yield Setup(head.address, [str(node.node_id) for node in workers], url)
+        nodes = [str(node.node_id) for node in (head.head_node, second)]
+        yield Setup(head.address, nodes, url)
     finally:
         stop(serve)
         log.close()
@@ -126,12 +128,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
             head.shutdown()
 
 
-def _check_rows(rows: list[dict[str, Any]]) -> None:
+def _check_rows(rows: list[dict[str, Any]], prompts: int) -> None:
     """One row per (prompt, sample), in that order; groups whole; tokens well formed."""
     keys = [(r["prompt_index"], r["sample_index"]) for r in rows]
-    assert keys == [(p, s) for p in range(PROMPTS) for s in range(N)]
+    assert keys == [(p, s) for p in range(prompts) for s in range(N)]
     groups = Counter(r["group_id"] for r in rows)
-    assert len(groups) == PROMPTS and set(groups.values()) == {N}
+    assert len(groups) == prompts and set(groups.values()) == {N}
     for row in rows:
         assert row["uid"] == f"{row['group_id']}-{row['sample_index']}"
         if row["failed"]:
@@ -143,6 +145,7 @@ def _check_rows(rows: list[dict[str, Any]]) -> None:
 
 @pytest.mark.slow
 def test_two_worker_nodes_share_one_server(setup: Setup, tmp_path: Path) -> None:
+    """No --engine-url: the driver starts the one shared `toolrollout serve` itself."""
     out = tmp_path / "ray.parquet"
     proc = _cli(
         "--ray",
@@ -150,8 +153,6 @@ def test_two_worker_nodes_share_one_server(setup: Setup, tmp_path: Path) -> None
         "2",
         "--ray-address",
         setup.address,
-        "--engine-url",
-        setup.server,
         "--tool-config",
         str(ROOT / "tool_configs" / "calculator.yaml"),
         "--limit",
@@ -172,13 +173,13 @@ def test_two_worker_nodes_share_one_server(setup: Setup, tmp_path: Path) -> None
     # The merged file is exactly the documented schema, readable without toolrollout.
     assert pq.read_schema(out).remove_metadata().equals(TRAJECTORY_SCHEMA)
     rows = read_rows(out)
-    _check_rows(rows)
+    _check_rows(rows, PROMPTS)
     assert not any(r["failed"] for r in rows)
-    # Prompt i was rolled out by shard i % 2, and the two shards ran on the two worker nodes.
+    # Prompt i was rolled out by shard i % 2, and the two shards ran on the two nodes.
     for row in rows:
         assert row["metrics"]["ray_shard"] == row["prompt_index"] % 2
     nodes = {r["metrics"]["ray_shard"]: r["metrics"]["ray_node"] for r in rows}
-    assert sorted(nodes.values()) == sorted(setup.worker_nodes)
+    assert sorted(nodes.values()) == sorted(setup.nodes)
     # Rows of one group share their node; the real calculator was called by the model.
     for p in range(PROMPTS):
         assert len({r["metrics"]["ray_node"] for r in rows if r["prompt_index"] == p}) == 1
@@ -190,8 +191,7 @@ def test_two_worker_nodes_share_one_server(setup: Setup, tmp_path: Path) -> None
 @pytest.mark.slow
 def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path: Path) -> None:
     """Shard 0's actor is killed mid-run: its written rows are kept, the rest are failed
-    rows naming the shard, shard 1 completes, and every sample still has one row. No
-    --engine-url: the driver starts the one shared `toolrollout serve` itself."""
+    rows naming the shard, shard 1 completes, and every sample still has one row."""
     import ray
 
     out = tmp_path / "killed.jsonl"
@@ -200,14 +200,16 @@ def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path
         "--ray",
         "--ray-address",
         setup.address,
+        "--engine-url",
+        setup.server,
         "--limit",
-        str(PROMPTS),
+        "4",
         "--n",
         str(N),
         "--seed",
         "3",
         "--concurrency",
-        "2",
+        "1",  # shard 0's samples one after another: the kill lands between two of them
         "--flush-every",
         "1",
         "--out",
@@ -229,9 +231,9 @@ def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path
             proc.communicate()
     assert proc.returncode == 0, stderr
     [warning] = [line for line in stderr.splitlines() if line.startswith("warning:")]
-    assert warning.startswith("warning: ray shard 0 (prompts 0,2,4,6) failed:")
+    assert warning.startswith("warning: ray shard 0 (prompts 0,2) failed:")
     rows = read_rows(out)
-    _check_rows(rows)
+    _check_rows(rows, 4)
     mine = [r for r in rows if r["prompt_index"] % 2 == 0]
     kept = [r for r in mine if not r["failed"]]
     lost = [r for r in mine if r["failed"]]

@@ -125,7 +125,7 @@ def run_sharded(
         with _engine(ray, engine_urls, model_path, options, threads, health_timeout) as engine:
             if owns_ray:  # the shared server loads its model meanwhile
                 _init_ray(ray, options)
-            urls = engine.ready()
+            urls = engine.urls
             jobs = [
                 ShardJob(
                     shard=shard,
@@ -147,7 +147,7 @@ def run_sharded(
                 )
                 for shard, indices in enumerate(shard_prompts(len(prompts), options.workers))
             ]
-            report = _drive(ray, jobs, prompts, group_ids, skip, parts, options, run_id)
+            report = _drive(ray, jobs, prompts, group_ids, skip, parts, options, run_id, engine)
     finally:
         if owns_ray and ray.is_initialized():
             ray.shutdown()
@@ -289,6 +289,7 @@ def _drive(
     parts: Path,
     options: RayOptions,
     run_id: str,
+    engine: _Engines,
 ) -> _Collected:
     """Start the actors, gather their results as they finish, account for every sample."""
     remote = ray.remote(num_cpus=options.cpus_per_worker, max_restarts=0)(ShardWorker)
@@ -307,6 +308,9 @@ def _drive(
     interrupted: str | None = None
     writer = ShardWriter(parts)
     try:
+        # The actors start up (imports, tokenizer) while a shared server loads its model;
+        # they wait for its health themselves, and a server that dies ends the run here.
+        engine.ready()
         with writer:
             while pending:
                 [ref], _ = ray.wait(list(pending), num_returns=1)
