@@ -191,11 +191,15 @@ def test_two_worker_nodes_share_one_server(setup: Setup, tmp_path: Path) -> None
 @pytest.mark.slow
 def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path: Path) -> None:
     """Shard 0's actor is killed mid-run: its written rows are kept, the rest are failed
-    rows naming the shard, shard 1 completes, and every sample still has one row."""
+    rows naming the shard, shard 1 completes, and every sample still has one row.
+
+    The run is a --resume of an interrupted one whose worker 1 had already written prompt
+    1's group to its own shard folder: those rows are taken over, not run again."""
     import ray
 
     out = tmp_path / "killed.jsonl"
     parts = out.with_name(out.name + ".parts")
+    _leave_an_interrupted_run(parts, run_id="seeded1", prompt_index=1)
     proc = _cli(
         "--ray",
         "--ray-address",
@@ -212,6 +216,7 @@ def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path
         "1",  # shard 0's samples one after another: the kill lands between two of them
         "--flush-every",
         "1",
+        "--resume",
         "--out",
         str(out),
         cwd=tmp_path,
@@ -222,9 +227,8 @@ def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "shard 0 wrote no row in time"
             time.sleep(0.2)
-        run_id = json.loads((parts / "run.json").read_text())["run_id"]
-        ray.kill(ray.get_actor(f"toolrollout-{run_id}-shard-0", namespace="toolrollout"))
-        _, stderr = proc.communicate(timeout=180)
+        ray.kill(ray.get_actor("toolrollout-seeded1-shard-0", namespace="toolrollout"))
+        stdout, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -242,6 +246,33 @@ def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path
     for row in lost:
         assert row["status"] == "failed"
         assert row["error"].startswith("DistributedError: ray shard 0")
-    others = [r for r in rows if r["prompt_index"] % 2 == 1]
+    resumed = [r for r in rows if r["prompt_index"] == 1]
+    assert [r["error"] for r in resumed] == ["left by the interrupted run"] * N
+    assert "rows kept from before" in stdout
+    others = [r for r in rows if r["prompt_index"] == 3]
     assert not any(r["failed"] for r in others)
     assert all(r["metrics"]["ray_shard"] == 1 for r in others)
+
+
+def _leave_an_interrupted_run(parts: Path, *, run_id: str, prompt_index: int) -> None:
+    """The shard folder a killed `generate --ray --limit 4 --n 2` driver leaves behind:
+    its manifest, and worker 1's own shard holding one whole group."""
+    from toolrollout.demo import DEMO_PROMPTS_PATH
+    from toolrollout.rollout import RolloutPrompt, ShardWriter, failed_trajectory
+
+    parts.mkdir()
+    dataset = str(DEMO_PROMPTS_PATH.resolve())
+    manifest = {"run_id": run_id, "dataset": dataset, "num_prompts": 4, "n": N}
+    (parts / "run.json").write_text(json.dumps(manifest))
+    with ShardWriter(parts / "worker-001") as writer:
+        for sample_index in range(N):
+            writer.write(
+                failed_trajectory(
+                    group_id=f"{run_id}-p{prompt_index}",
+                    prompt_index=prompt_index,
+                    sample_index=sample_index,
+                    prompt=RolloutPrompt(({"role": "user", "content": "left behind"},)),
+                    reason="error",
+                    error="left by the interrupted run",
+                )
+            )

@@ -374,8 +374,8 @@ def _run(
         ray_summary.update(
             interrupted=report.interrupted,
             total=len(prompts) * n,
-            resumed=len(skip),
-            rows_on_disk=len(skip) + report.rows_written,
+            resumed=report.resumed,
+            rows_on_disk=report.rows_on_disk,
             parts=str(parts),
             ray_failures=list(report.failures),
             ray_shards=list(report.shards),

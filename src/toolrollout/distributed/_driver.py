@@ -69,6 +69,8 @@ class RayRunReport:
     failures: tuple[str, ...] = ()
     interrupted: str | None = None
     engine_urls: tuple[str, ...] = field(default=())
+    resumed: int = 0  # samples that already had a row (--resume), worker folders included
+    rows_on_disk: int = 0  # samples with a row in the shard folder, worker folders included
 
 
 def import_ray() -> Any:
@@ -151,6 +153,9 @@ def run_sharded(
     finally:
         if owns_ray and ray.is_initialized():
             ray.shutdown()
+    on_disk = done_samples(parts)
+    for spill in parts.glob(f"{_SPILL_PREFIX}*"):
+        on_disk |= done_samples(spill)
     return RayRunReport(
         trajectories=report.trajectories,
         rows_written=report.rows_written,
@@ -159,6 +164,8 @@ def run_sharded(
         failures=report.failures,
         interrupted=report.interrupted,
         engine_urls=tuple(urls),
+        resumed=len(skip),
+        rows_on_disk=len(on_disk),
     )
 
 
