@@ -80,6 +80,19 @@ def test_ray_address_without_ray_is_a_user_error(tmp_path: Path) -> None:
     assert err.strip() == "error: --ray-address needs --ray"
 
 
+def test_a_fresh_run_refuses_an_interrupted_ray_runs_folder(tmp_path: Path) -> None:
+    """Rows in worker folders belong to the interrupted run: only --resume may use them,
+    and its manifest (the run id in every group id) is left as it was."""
+    parts = tmp_path / "out.parquet.parts"
+    _leave_an_interrupted_run(parts, run_id="seeded2", prompt_index=0)
+    manifest = (parts / "run.json").read_text()
+    proc = _cli("--limit", "4", "--n", str(N), "--out", "out.parquet", cwd=tmp_path)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert "holds an unfinished run: pass --resume" in err
+    assert (parts / "run.json").read_text() == manifest
+
+
 @dataclass(frozen=True)
 class Setup:
     address: str  # of the Ray head

@@ -509,7 +509,8 @@ def _open_run(parts: Path, *, dataset: Path, num_prompts: int, n: int, resume: b
                     f"{saved.get(key)!r} ({manifest})"
                 )
         return str(saved["run_id"])
-    if any(parts.glob("part-*.parquet")):
+    # */part-*: the worker folders of a `--ray` run (docs/scale-out.md)
+    if any(parts.glob("part-*.parquet")) or any(parts.glob("*/part-*.parquet")):
         raise UserError(
             f"{parts} holds an unfinished run: pass --resume to complete it, or delete it"
         )
