@@ -93,6 +93,28 @@ def test_a_fresh_run_refuses_an_interrupted_ray_runs_folder(tmp_path: Path) -> N
     assert (parts / "run.json").read_text() == manifest
 
 
+@pytest.mark.slow
+def test_an_unreachable_engine_url_is_one_line_before_ray_starts(tmp_path: Path) -> None:
+    _ray_or_skip()
+    proc = _cli(
+        "--ray", "--engine-url", f"http://127.0.0.1:{free_port()}", "--health-timeout", "2",
+        cwd=tmp_path,
+    )  # fmt: skip
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    [line] = err.strip().splitlines()
+    assert line.startswith("error: SGLang not healthy after 2 s: http://127.0.0.1:")
+
+
+def _ray_or_skip() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("ray is not installed; the test extra must bring it")
+        pytest.skip("ray is not installed: pip install 'toolrollout[ray]'")
+
+
 @dataclass(frozen=True)
 class Setup:
     address: str  # of the Ray head
@@ -104,13 +126,10 @@ class Setup:
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     """Two one-CPU Ray nodes (the head and one more), so each holds exactly one rollout
     worker, and one `toolrollout serve`, which loads its model while the cluster starts."""
-    try:
-        import ray
-        from ray.cluster_utils import Cluster
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("ray is not installed; the test extra must bring it")
-        pytest.skip("ray is not installed: pip install 'toolrollout[ray]'")
+    _ray_or_skip()
+    import ray
+    from ray.cluster_utils import Cluster
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     port = free_port()
     log = (tmp_path_factory.mktemp("serve") / "serve.log").open("wb")

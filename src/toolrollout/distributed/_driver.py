@@ -125,7 +125,9 @@ def run_sharded(
     owns_ray = not ray.is_initialized()
     try:
         with _engine(ray, engine_urls, model_path, options, threads, health_timeout) as engine:
-            if owns_ray:  # the shared server loads its model meanwhile
+            if engine_urls:
+                engine.ready()  # a wrong --engine-url fails before Ray starts
+            if owns_ray:  # a shared server started here loads its model meanwhile
                 _init_ray(ray, options)
             urls = engine.urls
             jobs = [
@@ -189,14 +191,26 @@ def _init_ray(ray: Any, options: RayOptions) -> None:
 
 
 class _Engines:
-    """The engine URLs of a run; :meth:`ready` waits for a server the driver started."""
+    """The engine URLs of a run; :meth:`ready` waits until they answer (a server the
+    driver started, or the given ones: a wrong ``--engine-url`` is then one clear error,
+    as without ``--ray``, instead of a failed row per sample)."""
 
-    def __init__(self, urls: list[str], proc: Any = None, log: Any = None, timeout: float = 0):
-        self.urls, self._proc, self._log, self._timeout = urls, proc, log, timeout
+    def __init__(self, urls: list[str], timeout: float, proc: Any = None, log: Any = None):
+        self.urls, self._timeout, self._proc, self._log = urls, timeout, proc, log
 
     def ready(self) -> list[str]:
         if self._proc is not None:
             _wait_healthy(self.urls[0], self._proc, self._log, self._timeout)
+        else:
+            import anyio
+
+            from toolrollout.engines import SGLangClient
+
+            async def check() -> None:
+                async with SGLangClient(self.urls) as client:
+                    await client.wait_healthy(timeout=self._timeout)
+
+            anyio.run(check)
         return self.urls
 
 
@@ -212,7 +226,7 @@ def _engine(
     """The servers every actor uses: the given URLs, or one shared ``toolrollout serve``
     started here (one model copy for the whole cluster, never one per actor)."""
     if engine_urls:
-        yield _Engines(list(engine_urls))
+        yield _Engines(list(engine_urls), health_timeout)
         return
     from toolrollout.sandbox import free_port
 
@@ -242,7 +256,7 @@ def _engine(
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            yield _Engines([f"http://{advertise}:{port}"], proc, log, health_timeout)
+            yield _Engines([f"http://{advertise}:{port}"], health_timeout, proc, log)
         finally:
             if proc.poll() is None:
                 proc.terminate()
