@@ -73,11 +73,20 @@ def test_ray_flag_without_ray_says_how_to_install(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())  # nothing written before the check
 
 
-def test_ray_address_without_ray_is_a_user_error(tmp_path: Path) -> None:
-    proc = _cli("--ray-address", "auto", cwd=tmp_path)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--ray-address", "auto"], "--ray-address needs --ray"),
+        (["--ray", "--target-groups", "2"], "--target-groups does not work with --ray yet"),
+    ],
+)
+def test_ray_option_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = _cli(*args, cwd=tmp_path)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2
-    assert err.strip() == "error: --ray-address needs --ray"
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"error: {message}")
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_fresh_run_refuses_an_interrupted_ray_runs_folder(tmp_path: Path) -> None:

@@ -280,9 +280,9 @@ def _run(
     if ray is not None:
         from toolrollout.distributed import import_ray
 
-        import_ray()  # not installed: say how, before anything is written
         if target_groups is not None:
             raise UserError("--target-groups does not work with --ray yet; run it without --ray")
+        import_ray()  # not installed: say how, before anything is written
     if tool_parser not in tool_parser_names():
         raise UserError(
             f"unknown --tool-parser {tool_parser!r}; choose from {', '.join(tool_parser_names())}"
