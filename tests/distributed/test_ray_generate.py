@@ -293,6 +293,52 @@ def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path
     others = [r for r in rows if r["prompt_index"] == 3]
     assert not any(r["failed"] for r in others)
     assert all(r["metrics"]["ray_shard"] == 1 for r in others)
+    # Same seeds, same tokens: a one-machine run of that group on the same server agrees.
+    reference = _one_machine_group(setup.server, prompt_index=3, group_id="seeded1-p3")
+    assert [r["response_ids"] for r in others] == [list(t.response_ids) for t in reference]
+    assert [r["loss_mask"] for r in others] == [list(t.loss_mask) for t in reference]
+
+
+def _one_machine_group(server: str, *, prompt_index: int, group_id: str) -> list[Any]:
+    """One group rolled out in this process with the settings `generate` used above
+    (its defaults, --n 2 --seed 3 --concurrency 1, the calculator, the first 4 prompts)."""
+    import anyio
+    from transformers import AutoTokenizer
+
+    from toolrollout.data import load_prompts
+    from toolrollout.demo import DEMO_MODEL_PATH, DEMO_PROMPTS_PATH
+    from toolrollout.engines import SamplingParams, SGLangClient
+    from toolrollout.rewards import numeric_match
+    from toolrollout.rollout import RolloutConfig, RolloutRunner
+    from toolrollout.tools import calculator_tool
+
+    prompts = load_prompts(DEMO_PROMPTS_PATH, limit=4)
+    config = RolloutConfig(
+        sampling=SamplingParams(max_new_tokens=128, temperature=1.0, top_p=1.0),
+        n=N,
+        max_turns=4,
+        max_response_tokens=1024,
+        concurrency=1,
+        seed=3,
+    )
+    skip = {(p, s) for p in range(len(prompts)) if p != prompt_index for s in range(N)}
+    ids = [f"seeded1-p{i}" for i in range(len(prompts))]
+    assert ids[prompt_index] == group_id
+
+    async def main() -> list[Any]:
+        async with SGLangClient([server]) as engine:
+            info = await engine.server_info()
+            runner = RolloutRunner(
+                engine,
+                AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH)),
+                [calculator_tool()],
+                config=config,
+                rewards=[numeric_match],
+                context_length=info.get("context_length"),
+            )
+            return await runner.run(prompts, group_ids=ids, skip=skip)
+
+    return anyio.run(main)
 
 
 def _leave_an_interrupted_run(parts: Path, *, run_id: str, prompt_index: int) -> None:
