@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,7 @@ class RayRunReport:
     shards: tuple[dict[str, Any], ...] = ()
     failures: tuple[str, ...] = ()
     interrupted: str | None = None
-    engine_urls: tuple[str, ...] = field(default=())
+    engine_urls: tuple[str, ...] = ()
     resumed: int = 0  # samples that already had a row (--resume), worker folders included
     rows_on_disk: int = 0  # samples with a row in the shard folder, worker folders included
 
@@ -398,9 +398,10 @@ def _account_for_failures(
     for job, message in failed:
         adopted = _adopt(Path(job.spill_dir), parts)
         adopted_rows += len(adopted)
+        have = skip | adopted
         for prompt_index in job.prompt_indices:
             for sample_index in range(job.config.n):
-                if (prompt_index, sample_index) in skip | adopted:
+                if (prompt_index, sample_index) in have:
                     continue
                 rows.append(
                     failed_trajectory(
