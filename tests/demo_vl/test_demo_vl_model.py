@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from toolrollout.demo import DEMO_MODEL_PATH
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
+from toolrollout.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
 from toolrollout.demo_vl.build import build
 
 SHIPPED = (
@@ -49,7 +48,7 @@ def test_on_text_the_starting_point_computes_the_text_demos_logits(start: Path) 
     """Qwen2-VL's 3-D RoPE with equal positions is Qwen2's 1-D RoPE: same weights, same logits."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
-    text = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
+    text = AutoModelForCausalLM.from_pretrained(str(DEMO_VL_TEXT_BASE_PATH), dtype=torch.float32)
     vl: Any = AutoModelForImageTextToText.from_pretrained(str(start), dtype=torch.float32)
     text.eval()  # type: ignore[no-untyped-call]
     vl.eval()

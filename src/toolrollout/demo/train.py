@@ -1,19 +1,21 @@
-"""Train the bundled demo model from scratch, deterministically, in a few CPU minutes.
+"""Train the bundled demo model, deterministically, on a CPU.
 
-Run ``python -m toolrollout.demo.train --out src/toolrollout/demo/model`` (about 7 minutes on
-two CPU cores). The script
+``python -m toolrollout.demo.train`` is the first stage of the shipped recipe; the later
+stages continue from its folder with ``--init-from`` (``scripts/train_demo.sh`` runs all
+three, about an hour on one core). A stage
 
 1. generates synthetic dialogs (:mod:`toolrollout.demo.dialogs`, train split) of the
-   task families given by ``--tasks``: calculator (the default and the shipped model),
-   ``python`` (the code sandbox) and ``search`` (the demo corpus), each rendered with the
-   tool list of its tool config;
+   task families given by ``--tasks`` (default: all three): calculator, ``python`` (the
+   code sandbox) and ``search`` (the demo corpus), each rendered with the tool list of its
+   tool config;
 2. trains a byte-level BPE tokenizer on them with Qwen2's pre-tokenizer (which splits
    digits one per token, so the model can copy numbers) and wraps it as a fast tokenizer
-   carrying the chat template;
+   carrying the chat template (a continued stage keeps the previous stage's tokenizer);
 3. trains a small Qwen2 causal LM with AdamW, loss on assistant tokens only (everything the
    assistant generates after ``<|im_start|>assistant\\n``, up to and including
-   ``<|im_end|>``): first 300 steps of short "repeat after me" dialogs, a dense copying
-   signal that makes the copy circuit appear early and reliably, then the tool dialogs;
+   ``<|im_end|>``): first ``--copy-steps`` steps of short "repeat after me" dialogs, a dense
+   copying signal that makes the copy circuit appear early and reliably, then the tool
+   dialogs;
 4. saves a standard Hugging Face folder (safetensors, float32) and the held-out prompt sets
    (one file per family).
 
@@ -276,8 +278,29 @@ def _batches(
     return [batches[i] for i in shuffle]
 
 
+def _load_stage(folder: Path) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """A previous stage's model and tokenizer, to continue training from.
+
+    The tokenizer is wrapped exactly as :func:`build_tokenizer` wraps a new one, so every
+    stage writes the same tokenizer files.
+    """
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_file=str(folder / "tokenizer.json"),
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        model_max_length=1024,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = chat_template()
+    return Qwen2ForCausalLM.from_pretrained(str(folder), dtype=torch.float32), tokenizer
+
+
 def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
-    """Build the tokenizer and model and train them; see the module docstring."""
+    """Build the tokenizer and model (or continue ``--init-from``) and train them.
+
+    See the module docstring.
+    """
+    start = None if args.init_from is None else _load_stage(args.init_from)
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -285,7 +308,8 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
 
     dialogs = training_dialogs(args.dialogs, seed=args.seed, families=args.tasks)
     texts = render_dialogs(dialogs)
-    tokenizer = build_tokenizer(texts[: args.tokenizer_dialogs])
+    # A second stage keeps the first stage's tokenizer (the weights index into it).
+    tokenizer = build_tokenizer(texts[: args.tokenizer_dialogs]) if start is None else start[1]
     _check_prefix_consistency(tokenizer, dialogs[:48])
     encoded: list[list[int]] = tokenizer(texts, add_special_tokens=False)["input_ids"]
     header = _assistant_header(tokenizer)
@@ -303,7 +327,9 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     # Warm-up phase: short copy dialogs without tools (see dialogs.copy_dialogs).
     n_copy = args.copy_steps * args.copy_batch_size
     copy_texts = render_plain(copy_dialogs(n_copy, seed=args.seed), tools=[])
-    copy_encoded: list[list[int]] = tokenizer(copy_texts, add_special_tokens=False)["input_ids"]
+    copy_encoded: list[list[int]] = (
+        tokenizer(copy_texts, add_special_tokens=False)["input_ids"] if copy_texts else []
+    )
     copy_batches = [
         list(range(len(encoded) + j, len(encoded) + j + args.copy_batch_size))
         for j in range(0, n_copy, args.copy_batch_size)
@@ -313,11 +339,14 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     prefix_lens += [0] * len(copy_encoded)
     lengths += [len(ids) for ids in copy_encoded]
 
-    config = _model_config(tokenizer, args)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(_model_config(tokenizer, args)) if start is None else start[0]
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    _log(f"model: {n_params / 1e6:.2f}M params, {args.layers} layers, hidden {args.hidden}")
+    _log(
+        f"model: {n_params / 1e6:.2f}M params, {model.config.num_hidden_layers} layers, "
+        f"hidden {model.config.hidden_size}"
+        + ("" if start is None else ", continuing the previous stage")
+    )
 
     decay = [p for p in model.parameters() if p.ndim >= 2]
     no_decay = [p for p in model.parameters() if p.ndim < 2]
@@ -464,13 +493,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tasks",
         type=_task_list,
-        default=("calculator",),
+        default=FAMILIES,
         help="Comma-separated task families to train on: calculator, python, search "
-        "(default: calculator, the shipped model's recipe).",
+        "(default: all three, as the shipped model).",
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--steps", type=int, default=1800)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=24)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--hidden", type=int, default=128)
@@ -479,11 +508,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--dialogs", type=int, default=16000)
-    parser.add_argument("--copy-steps", type=int, default=300)
+    parser.add_argument("--dialogs", type=int, default=12000)
+    parser.add_argument("--copy-steps", type=int, default=200)
     parser.add_argument("--copy-batch-size", type=int, default=64)
     parser.add_argument("--tokenizer-dialogs", type=int, default=2000)
     parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="Continue from this model folder (its weights and tokenizer; the size options "
+        "are then ignored) instead of starting from scratch: the later stages of the "
+        "shipped recipe (scripts/train_demo.sh).",
+    )
     return parser.parse_args(argv)
 
 

@@ -6,8 +6,9 @@ first; every other file is written here.
 
 The result is a standard Hugging Face ``Qwen2VLForConditionalGeneration`` folder with a
 tokenizer and a Pillow-only image processor (``Qwen2VLImageProcessorPil``: torchvision is
-not needed). Its language model is the trained text demo (weights copied, so it calls tools
-the way the text demo does); the three Qwen2-VL vision tokens are appended to the text
+not needed). Its language model is the calculator-only text demo kept in
+``demo_vl/text_base/`` (the text demo as it was when the VL demo was trained, before it also
+learnt the python and search tools; weights copied, so it calls tools the way that model does); the three Qwen2-VL vision tokens are appended to the text
 demo's vocabulary; the vision tower is a one-block ViT with seeded random weights.
 
 What this starting point is: the text demo inside the Qwen2-VL architecture, with an
@@ -30,7 +31,7 @@ from typing import Any, Final, cast
 
 import torch
 
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.demo_vl import DEMO_VL_TEXT_BASE_PATH as TEXT_BASE
 
 __all__ = ["IMAGE_PAD", "VISION_END", "VISION_START", "build"]
 
@@ -49,7 +50,7 @@ def _tokenizer_files(out: Path) -> dict[str, int]:
     """Write tokenizer.json/tokenizer_config.json with the vision tokens; return their ids."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
+    tokenizer = AutoTokenizer.from_pretrained(str(TEXT_BASE))
     tokenizer.add_special_tokens(
         {"additional_special_tokens": [VISION_START, VISION_END, IMAGE_PAD]},
         replace_extra_special_tokens=False,
@@ -124,11 +125,11 @@ def build(out: Path) -> Path:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     ids = _tokenizer_files(out)
-    text = json.loads((DEMO_MODEL_PATH / "config.json").read_text(encoding="utf-8"))
+    text = json.loads((TEXT_BASE / "config.json").read_text(encoding="utf-8"))
     vocab = max(ids.values()) + 1
     model: Any = Qwen2VLForConditionalGeneration(_config(text, vocab, ids))
     model.eval()
-    weights = load_file(str(DEMO_MODEL_PATH / "model.safetensors"))
+    weights = load_file(str(TEXT_BASE / "model.safetensors"))
     language = model.model.language_model
     with torch.no_grad():
         for name, tensor in weights.items():
