@@ -196,6 +196,7 @@ async def _run_httpx(spec: DriverSpec, workload: Workload, tokenizer: Any) -> di
     import httpx
 
     from toolrollout.chat import ChatFormat
+    from toolrollout.engines.sglang import DEFAULT_LIMITS
 
     chat = ChatFormat(tokenizer, tools=[LookupClient(spec.tool_url).tool().schema()])
     prompts = [chat.render_prompt(row["messages"]) for row in workload.rows()]
@@ -206,7 +207,7 @@ async def _run_httpx(spec: DriverSpec, workload: Workload, tokenizer: Any) -> di
     filler += chat.encode("<|im_start|>assistant\n")
     url = spec.engine_urls[0]
     stats = {"turns": 0, "tokens": 0, "completed": 0}
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    limits = DEFAULT_LIMITS  # the engine client's pool settings, for a like-for-like floor
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
         started = _clock()
 

@@ -81,7 +81,7 @@ class LookupClient:
         if self._client is None:
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(120.0, connect=10.0),
-                limits=httpx.Limits(max_connections=2048, max_keepalive_connections=1024),
+                limits=httpx.Limits(max_connections=2048, max_keepalive_connections=16),
             )
         return self._client
 
