@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import anyio
 from anyio.abc import Process
 
-__all__ = ["is_listening", "stop_process"]
+__all__ = ["is_listening", "stop_popen", "stop_process"]
 
 
 async def is_listening(host: str, port: int) -> bool:
@@ -30,3 +32,14 @@ async def stop_process(process: Process, *, grace: float = 5.0) -> None:
                 process.kill()
                 await process.wait()
         await process.aclose()
+
+
+def stop_popen(process: subprocess.Popen[bytes], *, grace: float = 10.0) -> None:
+    """The blocking twin of :func:`stop_process`, for services started with ``Popen``."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=grace)

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from toolrollout._exceptions import BenchmarkError
+from toolrollout._net import stop_popen
 
 from ._drivers import DriverSpec
 from ._metrics import ModeResult, critical_paths, ideal_makespan
@@ -155,13 +156,7 @@ def _process(args: list[str], url: str) -> Iterator[str]:
                 raise BenchmarkError(f"{exc}{': ' + tail[0] if tail else ''}") from None
             yield url
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            stop_popen(proc)
 
 
 @contextmanager

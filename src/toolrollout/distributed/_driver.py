@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrollout._exceptions import DistributedError, UserError
+from toolrollout._net import stop_popen
 from toolrollout.rollout import (
     RolloutConfig,
     RolloutPrompt,
@@ -258,13 +259,7 @@ def _engine(
         try:
             yield _Engines([f"http://{advertise}:{port}"], health_timeout, proc, log)
         finally:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            stop_popen(proc)
 
 
 def _wait_healthy(url: str, proc: Any, log: Any, timeout: float) -> None:
