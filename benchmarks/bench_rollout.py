@@ -1,4 +1,4 @@
-"""Rollout orchestration benchmark: toolrollout vs lock-step vs verifiers vs bare httpx.
+"""Rollout orchestration benchmark: toolrollout vs lock-step vs verifiers vs bare POSTs.
 
     python benchmarks/bench_rollout.py                      # the published (small) run
     python benchmarks/bench_rollout.py --prompts 64 --n 16  # the issue's 1,024 trajectories
@@ -34,17 +34,26 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--min-turns", type=int, default=2)
     parser.add_argument("--max-turns", type=int, default=6)
+    parser.add_argument("--tokens-per-turn", type=int, default=48)
+    parser.add_argument("--decode-ms", type=float, default=2.0, help="decode ms per token")
+    parser.add_argument("--capacity", type=int, default=256, help="batching slots per server")
     parser.add_argument("--tool-median", type=float, default=0.2)
     parser.add_argument("--tool-sigma", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rollout.json")
     parser.add_argument("--plot", type=Path, default=ROOT / "docs/benchmarks_rollout.png")
     args = parser.parse_args()
-    modes = ["toolrollout", "lockstep", "httpx"]
+    modes = ["toolrollout", "lockstep", "httpx", "aiohttp"]
     if importlib.util.find_spec("verifiers") is not None:
         modes.insert(2, "verifiers")
     config = BenchConfig(
-        workload=Workload(args.prompts, args.n, args.min_turns, args.max_turns, 48, seed=0),
-        model=LatencyModel(capacity=256, prefill_per_token_s=20e-6, decode_per_token_s=2e-3),
+        workload=Workload(
+            args.prompts, args.n, args.min_turns, args.max_turns, args.tokens_per_turn, seed=0
+        ),
+        model=LatencyModel(
+            capacity=args.capacity,
+            prefill_per_token_s=20e-6,
+            decode_per_token_s=args.decode_ms / 1e3,
+        ),
         tool_latency=ToolLatency("lognormal", args.tool_median, args.tool_sigma, seed=0),
         modes=tuple(modes),
         micro_turns=64,

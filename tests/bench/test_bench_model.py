@@ -112,6 +112,7 @@ def test_mode_result_rates_and_report_targets() -> None:
             ours,
             _result("lockstep", makespan_s=25.0),
             _result("httpx", client_cpu_s=1.0),
+            _result("aiohttp", client_cpu_s=4.0),
         ),
         tokenization={"turns": 64, "ratio_with_drift_check": 3.0, "ratio_without_drift_check": 1.1},
         machine={},
@@ -122,6 +123,9 @@ def test_mode_result_rates_and_report_targets() -> None:
     assert targets["throughput vs lock-step"]["met"] is True
     assert targets["client CPU per turn vs bare httpx POST"]["value"] == pytest.approx(2.0)
     assert targets["client CPU per turn vs bare httpx POST"]["met"] is False
+    same_transport = targets["client CPU per turn vs bare POST on the same transport (aiohttp)"]
+    assert same_transport["value"] == pytest.approx(0.5)
+    assert same_transport["met"] is True
     assert targets["tokenization cost turn 64 vs turn 1"]["value"] == 3.0
     assert targets["tokenization cost turn 64 vs turn 1"]["met"] is False
 

@@ -32,12 +32,12 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
         workload=workload,
         model=LatencyModel(capacity=2, prefill_per_token_s=1e-5, decode_per_token_s=1e-3),
         tool_latency=ToolLatency("lognormal", median=0.02, sigma=1.0, seed=5),
-        modes=("toolrollout", "lockstep", "httpx"),
+        modes=("toolrollout", "lockstep", "httpx", "aiohttp"),
         micro_turns=4,
     )
     report = run_benchmark(config)
     expected_turns = sum(item.turns for item in workload.items)
-    assert [r.mode for r in report.results] == ["toolrollout", "lockstep", "httpx"]
+    assert [r.mode for r in report.results] == ["toolrollout", "lockstep", "httpx", "aiohttp"]
     for result in report.results:
         assert result.trajectories == result.completed == 4, result.note
         assert result.turns == expected_turns  # same script, same work in every mode
@@ -45,7 +45,8 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
         assert 0 < result.ideal_makespan_s <= result.makespan_s * 1.05
         assert result.peak_rss_mb > 0
         # the rollouts really called the tool service, once per turn but the last
-        expected_calls = 0 if result.mode == "httpx" else expected_turns - workload.trajectories
+        bare = result.mode in ("httpx", "aiohttp")
+        expected_calls = 0 if bare else expected_turns - workload.trajectories
         assert result.tool_calls == expected_calls
     ours = report.result("toolrollout")
     assert ours is not None and "drift mismatches 0" in ours.note
@@ -55,6 +56,7 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
         "orchestration efficiency",
         "throughput vs lock-step",
         "client CPU per turn vs bare httpx POST",
+        "client CPU per turn vs bare POST on the same transport (aiohttp)",
         "tokenization cost turn 4 vs turn 1",
     }
     assert len(report.machine["loadavg_before"]) == 3
@@ -62,7 +64,7 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
     write_json(report, out)
     data = json.loads(out.read_text())
     assert data["config"]["workload"]["prompts"] == 2
-    assert [r["mode"] for r in data["results"]] == ["toolrollout", "lockstep", "httpx"]
+    assert [r["mode"] for r in data["results"]] == ["toolrollout", "lockstep", "httpx", "aiohttp"]
     console = Console(record=True, width=200)
     render_table(report, console)
     text = console.export_text()

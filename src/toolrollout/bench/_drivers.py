@@ -9,6 +9,9 @@
   OpenAI-compatible ``/v1/chat/completions``.
 * ``httpx``: bare ``httpx`` POSTs of the same conversations to ``/generate`` with no
   tokenization, parsing or tools; the client-CPU floor for a turn.
+* ``aiohttp``: the same bare POSTs over the transport toolrollout's clients use
+  (``toolrollout._http``), so that what toolrollout adds on top of its own transport can be
+  told apart from what the transport saves.
 """
 
 from __future__ import annotations
@@ -191,10 +194,13 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
     }
 
 
-async def _run_httpx(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+async def _run_httpx(
+    spec: DriverSpec, workload: Workload, tokenizer: Any, *, fast: bool = False
+) -> dict[str, Any]:
     """Bare POSTs: the same conversations' ``/generate`` calls, nothing else."""
     import httpx
 
+    from toolrollout._http import fast_transport
     from toolrollout.chat import ChatFormat
     from toolrollout.engines.sglang import DEFAULT_LIMITS
 
@@ -208,7 +214,8 @@ async def _run_httpx(spec: DriverSpec, workload: Workload, tokenizer: Any) -> di
     url = spec.engine_urls[0]
     stats = {"turns": 0, "tokens": 0, "completed": 0}
     limits = DEFAULT_LIMITS  # the engine client's pool settings, for a like-for-like floor
-    async with httpx.AsyncClient(timeout=600.0, limits=limits) as http:
+    transport = fast_transport(limits) if fast else None
+    async with httpx.AsyncClient(timeout=600.0, limits=limits, transport=transport) as http:
         started = _clock()
 
         async def one(i: int, item_turns: int) -> None:
@@ -238,8 +245,16 @@ async def _run_httpx(spec: DriverSpec, workload: Workload, tokenizer: Any) -> di
         "turns": stats["turns"],
         "generated_tokens": stats["tokens"],
         **measured,
-        "note": "bare httpx POST /generate per turn; no tools, no tokenization",
+        "note": (
+            "bare httpx POST /generate per turn over "
+            + ("toolrollout's aiohttp transport" if fast else "httpx's own transport")
+            + "; no tools, no tokenization"
+        ),
     }
+
+
+async def _run_aiohttp(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    return await _run_httpx(spec, workload, tokenizer, fast=True)
 
 
 async def _run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
@@ -252,6 +267,7 @@ _DRIVERS = {
     "toolrollout": _run_toolrollout,
     "lockstep": _run_lockstep,
     "httpx": _run_httpx,
+    "aiohttp": _run_aiohttp,
     "verifiers": _run_verifiers,
 }
 

@@ -34,7 +34,7 @@ from ._model import LatencyModel, ToolLatency, Workload
 
 __all__ = ["BenchConfig", "BenchReport", "run_benchmark", "serve_benchmark_services"]
 
-MODES = ("toolrollout", "lockstep", "verifiers", "httpx")
+MODES = ("toolrollout", "lockstep", "verifiers", "httpx", "aiohttp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +95,11 @@ class BenchReport:
         if ours is not None and bare is not None and bare.cpu_per_turn_ms > 0:
             ratio = ours.cpu_per_turn_ms / bare.cpu_per_turn_ms
             rows.append(_target("client CPU per turn vs bare httpx POST", ratio, "<=", 1.5))
+        fast = self.result("aiohttp")
+        if ours is not None and fast is not None and fast.cpu_per_turn_ms > 0:
+            ratio = ours.cpu_per_turn_ms / fast.cpu_per_turn_ms
+            name = "client CPU per turn vs bare POST on the same transport (aiohttp)"
+            rows.append(_target(name, ratio, "<=", 1.5))
         if self.tokenization is not None:
             key = (
                 "ratio_with_drift_check"

@@ -76,7 +76,7 @@ def plot_report(report: BenchReport, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rollouts = [r for r in report.results if r.mode != "httpx"]
+    rollouts = [r for r in report.results if r.mode not in ("httpx", "aiohttp")]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     names = [r.mode for r in rollouts]
     left.bar(names, [r.trajectories_per_s for r in rollouts], color="#4C72B0")
@@ -93,7 +93,7 @@ def plot_report(report: BenchReport, path: Path) -> Path:
     cpu_modes = list(report.results)
     right.bar([r.mode for r in cpu_modes], [r.cpu_per_turn_ms for r in cpu_modes], color="#DD8452")
     right.set_ylabel("client CPU ms per turn")
-    right.set_title("client CPU per turn (httpx = bare POST)")
+    right.set_title("client CPU per turn (httpx, aiohttp: bare POSTs)")
     workload = report.config["workload"]
     load = report.machine["loadavg_before"][0]
     fig.suptitle(

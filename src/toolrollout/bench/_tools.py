@@ -22,6 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from toolrollout._exceptions import ToolRolloutError
+from toolrollout._http import fast_transport
 
 from ._model import ToolLatency
 from ._script import TOOL_NAME
@@ -79,9 +80,11 @@ class LookupClient:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
+            limits = httpx.Limits(max_connections=2048, max_keepalive_connections=16)
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(120.0, connect=10.0),
-                limits=httpx.Limits(max_connections=2048, max_keepalive_connections=16),
+                limits=limits,
+                transport=fast_transport(limits),  # as toolrollout's own long-lived clients
             )
         return self._client
 

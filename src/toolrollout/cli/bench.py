@@ -37,8 +37,9 @@ def bench(
         list[str] | None,
         typer.Option(
             "--mode",
-            help="toolrollout, lockstep, verifiers, httpx (repeatable). "
-            "Default: toolrollout, lockstep, httpx, and verifiers when it is installed.",
+            help="toolrollout, lockstep, verifiers, httpx, aiohttp (repeatable). "
+            "Default: toolrollout, lockstep, httpx, aiohttp, and verifiers when it is "
+            "installed.",
         ),
     ] = None,
     servers: Annotated[int, typer.Option(min=1, help="Latency-model servers.")] = 1,
@@ -76,9 +77,9 @@ def bench(
 
     if min_turns > max_turns:
         raise fail(f"--min-turns {min_turns} is above --max-turns {max_turns}")
-    modes = tuple(mode) if mode else ("toolrollout", "lockstep", "httpx")
+    modes = tuple(mode) if mode else ("toolrollout", "lockstep", "httpx", "aiohttp")
     if not mode and importlib.util.find_spec("verifiers") is not None:
-        modes = ("toolrollout", "lockstep", "verifiers", "httpx")
+        modes = ("toolrollout", "lockstep", "verifiers", "httpx", "aiohttp")
     console = Console(stderr=True)
     try:
         config = BenchConfig(

@@ -1,12 +1,13 @@
 """The bundled vision-language demo: a tiny Qwen2-VL model and synthetic videos.
 
-The model folder starts from :mod:`toolrollout.demo_vl.build` (the trained language
-weights of the calculator-only text demo, kept in ``text_base/``; the three Qwen2-VL vision
-tokens; a seeded one-block ViT; the Pillow image processor) and is fine-tuned by :mod:`toolrollout.demo_vl.train` to call
-``crop_video`` on a synthetic clip and name the colour it sees in the frames. It runs the
-whole multimodal path on a CPU: placeholder expansion, ``image_data`` through ``toolrollout
-serve``, images in the trajectory files (see docs/multimodal.md).
-:mod:`toolrollout.demo_vl.video` writes the synthetic clips that ``crop_video`` looks at.
+The model folder starts from :mod:`toolrollout.demo_vl.build` (the trained language weights
+of the calculator-only text demo, kept in ``text_base/``; the three Qwen2-VL vision tokens;
+a seeded one-block ViT; the Pillow image processor) and is fine-tuned by
+:mod:`toolrollout.demo_vl.train` to call ``crop_video`` on a synthetic clip and name the
+colour it sees in the frames. It runs the whole multimodal path on a CPU: placeholder
+expansion, ``image_data`` through ``toolrollout serve``, images in the trajectory files (see
+docs/multimodal.md). :mod:`toolrollout.demo_vl.video` writes the synthetic clips that
+``crop_video`` looks at.
 """
 
 from __future__ import annotations

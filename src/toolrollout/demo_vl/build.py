@@ -8,8 +8,9 @@ The result is a standard Hugging Face ``Qwen2VLForConditionalGeneration`` folder
 tokenizer and a Pillow-only image processor (``Qwen2VLImageProcessorPil``: torchvision is
 not needed). Its language model is the calculator-only text demo kept in
 ``demo_vl/text_base/`` (the text demo as it was when the VL demo was trained, before it also
-learnt the python and search tools; weights copied, so it calls tools the way that model does); the three Qwen2-VL vision tokens are appended to the text
-demo's vocabulary; the vision tower is a one-block ViT with seeded random weights.
+learnt the python and search tools; weights copied, so it calls tools the way that model
+does); the three Qwen2-VL vision tokens are appended to the text demo's vocabulary; the
+vision tower is a one-block ViT with seeded random weights.
 
 What this starting point is: the text demo inside the Qwen2-VL architecture, with an
 untrained vision tower. Training it to call ``crop_video`` and answer from the frames is

@@ -26,8 +26,10 @@
 * **Errors.** Every httpx exception is translated at this boundary (``raise ... from``);
   a malformed body raises :class:`EngineError` naming what is wrong.
 
-The client is bound to one event loop and is not thread-safe. The ``transport`` argument
-is the test seam: pass ``httpx.MockTransport(handler)`` to run without a server.
+The client is bound to one event loop and is not thread-safe. It sends over aiohttp behind
+httpx's API (``toolrollout._http``: a fraction of httpx's own CPU per request). The
+``transport`` argument replaces that: pass ``httpx.MockTransport(handler)`` to run without
+a server, or ``httpx.AsyncHTTPTransport()`` for httpx's own.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from .._exceptions import (
     EngineUnavailable,
     UserError,
 )
+from .._http import fast_transport
 from . import _wire
 from ._base import Engine
 from ._routing import Router, ServerStats
@@ -84,11 +87,11 @@ DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 """10 s to connect; 600 s to read, since one long generation is silent until it ends."""
 
 DEFAULT_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=16)
-"""Enough connections for thousands of concurrent rollouts against a handful of servers,
-with few idle ones kept: httpcore's pool scans its idle connections against the whole pool
-on every request, so a large keep-alive pool costs client CPU that grows with its square
-(256 kept: 30.7 ms of client CPU per turn at 256 trajectories; 16 kept: 11.2 ms,
-docs/benchmarks.md)."""
+"""Enough connections for thousands of concurrent rollouts against a handful of servers.
+The default transport (aiohttp, see ``toolrollout._http``) keeps every idle connection
+until ``keepalive_expiry``; ``max_keepalive_connections`` applies when an httpx transport is
+passed instead, whose pool scan grows with the square of the idle connections kept
+(docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +236,10 @@ class SGLangClient(Engine):
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
         self._http = httpx.AsyncClient(
-            timeout=timeout, limits=limits, headers=all_headers, transport=transport
+            timeout=timeout,
+            limits=limits,
+            headers=all_headers,
+            transport=transport if transport is not None else fast_transport(limits),
         )
         self._inflight: dict[str, _InFlight] = {}
         self._total = 0
