@@ -44,6 +44,7 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
         assert result.generated_tokens > 0 and result.client_cpu_s > 0
         assert 0 < result.ideal_makespan_s <= result.makespan_s * 1.05
         assert result.peak_rss_mb > 0
+        assert result.services_cpu_s > 0  # the stand-in servers did work for this mode
         # the rollouts really called the tool service, once per turn but the last
         bare = result.mode in ("httpx", "aiohttp")
         expected_calls = 0 if bare else expected_turns - workload.trajectories

@@ -146,12 +146,27 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 600.
     raise BenchmarkError(f"{url} did not become healthy within {timeout:.0f} s")
 
 
+def _process_cpu_s(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far, from /proc (0.0 where it is absent)."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total
+
+
 @contextmanager
-def _process(args: list[str], url: str) -> Iterator[str]:
+def _process(args: list[str], url: str, pids: list[int] | None = None) -> Iterator[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     # stderr goes to a file, not a pipe nobody reads (a full pipe would block the service).
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        if pids is not None:
+            pids.append(proc.pid)
         try:
             try:
                 _wait_healthy(url, proc)
@@ -165,8 +180,13 @@ def _process(args: list[str], url: str) -> Iterator[str]:
 
 
 @contextmanager
-def serve_benchmark_services(config: BenchConfig) -> Iterator[tuple[list[str], str]]:
-    """Start ``config.servers`` latency-model servers and the tool service; yield URLs."""
+def serve_benchmark_services(
+    config: BenchConfig, pids: list[int] | None = None
+) -> Iterator[tuple[list[str], str]]:
+    """Start ``config.servers`` latency-model servers and the tool service; yield URLs.
+
+    The services' process ids are appended to ``pids`` when it is given.
+    """
     with ExitStack() as stack:
         engines = []
         for _ in range(config.servers):
@@ -180,14 +200,14 @@ def serve_benchmark_services(config: BenchConfig) -> Iterator[tuple[list[str], s
                 f"--prefill-per-token={config.model.prefill_per_token_s}",
                 f"--decode-per-token={config.model.decode_per_token_s}",
             ]  # fmt: skip
-            engines.append(stack.enter_context(_process(args, url)))
+            engines.append(stack.enter_context(_process(args, url, pids)))
         port = _free_port()
         tool_url = f"http://127.0.0.1:{port}"
         args = [
             sys.executable, "-m", "toolrollout.bench.serve_tools", f"--port={port}",
             *config.tool_latency.to_args(),
         ]  # fmt: skip
-        stack.enter_context(_process(args, tool_url))
+        stack.enter_context(_process(args, tool_url, pids))
         yield engines, tool_url
 
 
@@ -246,7 +266,8 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
         config = replace(config, tokenizer=str(DEMO_MODEL_PATH))
     machine_before = _machine()
     results: list[ModeResult] = []
-    with serve_benchmark_services(config) as (engines, tool_url):
+    pids: list[int] = []
+    with serve_benchmark_services(config, pids) as (engines, tool_url):
         for mode in config.modes:
             if progress is not None:
                 progress(f"running {mode} ({config.workload.trajectories} trajectories)")
@@ -259,7 +280,9 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                 tokenizer=config.tokenizer,
                 drift_check=config.drift_check,
             )
+            services_before = _process_cpu_s(pids)
             raw = _run_worker(spec, config.mode_timeout_s)
+            services_cpu = _process_cpu_s(pids) - services_before
             requests, calls = _logs(engines, tool_url)
             paths = critical_paths(requests, calls)
             total = sum(float(r["slot_seconds"]) for r in requests)
@@ -279,6 +302,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     prompt_tokens=sum(int(r["prompt_tokens"]) for r in requests),
                     tool_calls=len(calls),
                     note=str(raw.get("note", "")),
+                    services_cpu_s=services_cpu,
                 )
             )
     tokenization = None

@@ -75,6 +75,9 @@ class ModeResult:
     tool_calls: int = 0
     """Calls the tool service answered during this mode (from its own log)."""
     note: str = ""
+    services_cpu_s: float = 0.0
+    """CPU the stand-in services (latency-model servers, tool service) used in this mode:
+    on a small machine they share the cores with the client (0.0 where /proc is absent)."""
 
     @property
     def trajectories_per_s(self) -> float:

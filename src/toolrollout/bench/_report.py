@@ -29,6 +29,7 @@ def render_table(report: BenchReport, console: Any = None) -> None:
         "traj/s",
         "tok/s",
         "CPU ms/turn",
+        "services CPU s",
         "peak MB",
         "cached tok",
     ):
@@ -46,6 +47,7 @@ def render_table(report: BenchReport, console: Any = None) -> None:
             f"{r.trajectories_per_s:.1f}",
             f"{r.tokens_per_s:.0f}",
             f"{r.cpu_per_turn_ms:.2f}",
+            f"{r.services_cpu_s:.1f}",
             f"{r.peak_rss_mb:.0f}",
             str(r.cached_tokens),
         )

@@ -22,16 +22,18 @@ def bench(
     n: Annotated[int, typer.Option("--n", min=1, help="Samples per prompt.")] = 16,
     min_turns: Annotated[int, typer.Option(min=1, help="Fewest model turns.")] = 2,
     max_turns: Annotated[int, typer.Option(min=1, help="Most model turns.")] = 6,
-    tokens_per_turn: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 48,
+    tokens_per_turn: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 256,
     capacity: Annotated[
         int, typer.Option(min=1, help="Continuous-batching slots per server.")
     ] = 256,
-    decode_ms: Annotated[float, typer.Option(min=0.0, help="Decode ms per token.")] = 2.0,
+    decode_ms: Annotated[
+        float, typer.Option(min=0.0, help="Decode ms per token, per batching slot.")
+    ] = 20.0,
     prefill_us: Annotated[
         float, typer.Option(min=0.0, help="Prefill microseconds per uncached prompt token.")
     ] = 20.0,
     tool_latency: Annotated[str, typer.Option(help="fixed or lognormal.")] = "lognormal",
-    tool_median: Annotated[float, typer.Option(min=0.0, help="Median tool seconds.")] = 0.2,
+    tool_median: Annotated[float, typer.Option(min=0.0, help="Median tool seconds.")] = 1.0,
     tool_sigma: Annotated[float, typer.Option(min=0.0, help="Lognormal sigma.")] = 1.0,
     mode: Annotated[
         list[str] | None,
@@ -57,7 +59,11 @@ def bench(
         Path | None, typer.Option(help="Where to save the plot (needs matplotlib).")
     ] = None,
 ) -> None:
-    """Benchmark rollout orchestration against lock-step and peer baselines."""
+    """Benchmark rollout orchestration against lock-step and peer baselines.
+
+    The defaults are the published 1,024-trajectory workload (docs/benchmarks.md): a
+    GPU-like server (256 slots, 20 ms per token) and heavy-tail tools (median 1 s).
+    """
     import importlib.util
     import sys
 
