@@ -8,9 +8,9 @@
 Writes benchmarks/results/rollout.json and docs/benchmarks_rollout.png by default. The
 default workload is the one docs/benchmarks.md reports the issue's targets on: 64 prompts x
 16 samples, 2 to 6 turns of 256 tokens, a server with 256 batching slots at 20 ms per token
-(about 12,800 tokens/s, one GPU serving a 7-8B model), tools lognormal with median 1 s. Everything runs on
-loopback: the latency-model server(s), the tool service, and one worker process per mode.
-The machine's load average is recorded in the JSON and on the plot.
+(about 12,800 tokens/s, one GPU serving a 7-8B model), tools lognormal with median 1 s.
+Everything runs on loopback: the latency-model server(s), the tool service, and one worker
+process per mode. The machine's load average is recorded in the JSON and on the plot.
 """
 
 from __future__ import annotations
