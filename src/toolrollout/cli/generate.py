@@ -11,6 +11,11 @@ every sample has its row the shards are merged into ``<out>`` and the folder is 
 After a crash, ``--resume`` runs only the samples without a row. SIGINT/SIGTERM abort the
 in-flight engine requests, keep the finished rows, stop tool services and exit 130/143
 with a summary on stderr.
+
+A ``--target-groups`` run writes only its batch to ``<out>``; what it left over (the
+aborted trajectories with every token so far, and their finished siblings) is saved to
+``<out stem>.leftover.parquet`` (or ``--leftover``), and ``--resume-leftover FILE``
+continues exactly those trajectories in a later run.
 """
 
 from __future__ import annotations
@@ -68,7 +73,15 @@ def generate(
     tool_reward_weight: Annotated[
         float, typer.Option(help="Weight of the summed tool rewards in the reward.")
     ] = 0.0,
-    n: Annotated[int, typer.Option("--n", min=1, help="Samples per prompt (GRPO group).")] = 1,
+    n: Annotated[
+        int | None,
+        typer.Option(
+            "--n",
+            min=1,
+            help="Samples per prompt (GRPO group). Default 1; with --resume-leftover, the "
+            "leftover's own.",
+        ),
+    ] = None,
     max_turns: Annotated[int, typer.Option(min=1, help="Assistant turns per trajectory.")] = 4,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 128,
     max_response_tokens: Annotated[
@@ -119,7 +132,7 @@ def generate(
         typer.Option(
             min=1,
             help="Straggler control: stop once this many complete groups are done; the rest "
-            "is aborted on the server and left out of the output.",
+            "is aborted on the server and saved to the leftover file, not the output.",
         ),
     ] = None,
     oversample: Annotated[
@@ -135,6 +148,21 @@ def generate(
             "(--no-keep-groups-whole: any target x n finished samples)."
         ),
     ] = True,
+    leftover: Annotated[
+        Path | None,
+        typer.Option(
+            help="Where a --target-groups or --resume-leftover run saves what it left over "
+            "(.parquet). Default: <out stem>.leftover.parquet next to --out.",
+        ),
+    ] = None,
+    resume_leftover: Annotated[
+        Path | None,
+        typer.Option(
+            help="Continue the trajectories of a leftover file (aborted ones from their "
+            "partial tokens) instead of rolling out a dataset; with --target-groups again "
+            "a batch that saves a new leftover.",
+        ),
+    ] = None,
     ray: Annotated[
         bool,
         typer.Option(
@@ -188,16 +216,18 @@ def generate(
             target_groups=target_groups,
             oversample=oversample,
             keep_groups_whole=keep_groups_whole,
+            leftover=leftover,
+            resume_leftover=resume_leftover,
             ray=_ray_options(ray, ray_workers, ray_address),
         )
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
-    if summary["interrupted"] is not None and target_groups is not None:
+    if summary["interrupted"] is not None and summary.get("batch_run"):
         typer.echo(
-            f"interrupted by {summary['interrupted']}: a --target-groups run writes its "
-            "batch only once the target is met, so nothing was written",
+            f"interrupted by {summary['interrupted']}: a --target-groups or --resume-leftover "
+            "run writes its batch and leftover only at the end, so nothing was written",
             err=True,
         )
         raise typer.Exit(code=143 if summary["interrupted"] == "SIGTERM" else 130)
@@ -226,7 +256,7 @@ def _run(
     max_interaction_turns: int | None,
     turn_reward_weight: float,
     tool_reward_weight: float,
-    n: int,
+    n: int | None,
     max_turns: int,
     max_new_tokens: int,
     max_response_tokens: int,
@@ -250,6 +280,8 @@ def _run(
     target_groups: int | None = None,
     oversample: float = 1.0,
     keep_groups_whole: bool = True,
+    leftover: Path | None = None,
+    resume_leftover: Path | None = None,
     ray: Any = None,
 ) -> dict[str, Any]:
     import math
@@ -269,8 +301,11 @@ def _run(
         RolloutRunner,
         ShardWriter,
         Trajectory,
+        TrajectoryStatus,
         compact_shards,
         done_samples,
+        read_leftover,
+        write_leftover,
     )
     from toolrollout.rollout._interactions import select_interaction
     from toolrollout.tools import calculator_tool, load_tool_config, tool_services
@@ -282,21 +317,64 @@ def _run(
 
         if target_groups is not None:
             raise UserError("--target-groups does not work with --ray yet; run it without --ray")
+        if resume_leftover is not None:
+            raise UserError("--resume-leftover does not work with --ray yet; run it without --ray")
         import_ray()  # not installed: say how, before anything is written
     if tool_parser not in tool_parser_names():
         raise UserError(
             f"unknown --tool-parser {tool_parser!r}; choose from {', '.join(tool_parser_names())}"
         )
+    batch_run = target_groups is not None or resume_leftover is not None
+    if leftover is not None and not batch_run:
+        raise UserError("--leftover needs --target-groups or --resume-leftover")
+    leftover_path = leftover or out.with_name(f"{out.stem}.leftover.parquet")
+    if leftover_path.suffix != ".parquet":
+        raise UserError(f"--leftover must be a .parquet file, got {leftover_path}")
+    carried: list[Trajectory] = []
+    saved: dict[str, Any] = {}
+    if resume_leftover is not None:
+        if resume:
+            raise UserError("--resume-leftover cannot be combined with --resume")
+        if dataset is not None or limit is not None:
+            raise UserError(
+                "--resume-leftover continues the leftover's own prompts: drop --dataset/--limit"
+            )
+        carried, saved = read_leftover(resume_leftover)
+        if not carried:
+            raise UserError(f"{resume_leftover} holds no trajectories to resume")
+        if n is not None and n != saved.get("n"):
+            raise UserError(
+                f"--n is {n} but the trajectories in {resume_leftover} were run with "
+                f"--n {saved.get('n')}"
+            )
+        n = int(saved["n"])
+    n = n or 1
     tools = load_tool_config(tool_config) if tool_config else [calculator_tool()]
-    prompts_path = dataset or demo_prompts_for_tools(t.name for t in tools)
-    prompts = load_prompts(prompts_path, limit=limit)
+    tool_names = sorted(t.name for t in tools)
     interactions = load_interaction_config(interaction_config) if interaction_config else {}
+    if resume_leftover is not None:
+        _check_leftover_matches(resume_leftover, saved, tool_names, tool_parser)
+        prompts_path = resume_leftover
+        prompts = []
+        for t in carried:  # a row naming an interaction that is not configured: fail now
+            if t.resume_point is not None:
+                try:
+                    select_interaction(interactions, t.resume_point.prompt)
+                except UserError as exc:
+                    raise UserError(f"{resume_leftover} trajectory {t.uid}: {exc}") from exc
+    else:
+        prompts_path = dataset or demo_prompts_for_tools(tool_names)
+        prompts = load_prompts(prompts_path, limit=limit)
     for index, prompt in enumerate(prompts):  # a row naming an unknown interaction: fail now
         try:
             select_interaction(interactions, prompt)
         except UserError as exc:
             raise UserError(f"{prompts_path} row {index}: {exc}") from exc
-    if target_groups is not None:
+    if resume_leftover is not None:
+        # The groups are the leftover's; resume() checks --target-groups against them.
+        if oversample != 1.0:
+            raise UserError("--oversample does not apply to --resume-leftover (its groups are set)")
+    elif target_groups is not None:
         # Straggler control: launch target x oversample groups, keep the first complete ones.
         launch = math.ceil(target_groups * oversample)
         if resume:
@@ -311,12 +389,26 @@ def _run(
         raise UserError("--oversample needs --target-groups")
     model_path = model or DEMO_MODEL_PATH
     parts = out.with_name(out.name + ".parts")
+    num_groups = len({t.group_id for t in carried}) if carried else len(prompts)
     run_id = _open_run(
-        parts, dataset=Path(prompts_path), num_prompts=len(prompts), n=n, resume=resume
+        parts, dataset=Path(prompts_path), num_prompts=num_groups, n=n, resume=resume
     )
     group_ids = [f"{run_id}-p{i}" for i in range(len(prompts))]
     skip = done_samples(parts) if resume else set()
     tokenizer = load_tokenizer(model_path)
+    fingerprint = _tokenizer_fingerprint(tokenizer)
+    if resume_leftover is not None and saved.get("tokenizer") != fingerprint:
+        raise UserError(
+            f"{resume_leftover} was rolled out with another tokenizer than {model_path} "
+            f"(model {saved.get('model')!r}): its token ids would mean something else"
+        )
+    leftover_info = {
+        "n": n,
+        "tools": tool_names,
+        "tool_parser": tool_parser,
+        "tokenizer": fingerprint,
+        "model": str(model_path),
+    }
     config = RolloutConfig(
         sampling=SamplingParams(
             max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
@@ -341,6 +433,7 @@ def _run(
         vision = VisionFormat.from_pretrained(model_path)
     rewards: list[Any] = []
     truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
+    truths += [t.ground_truth for t in carried if t.ground_truth is not None]
     if truths:
         # Numbers compare as numbers ("The answer is 12.0"); other answers must match exactly.
         rewards.append(numeric_match if all(is_number(t) for t in truths) else exact_match)
@@ -397,7 +490,8 @@ def _run(
         interrupted: list[str] = []
         trajectories: list[Trajectory] = []
         left_over: list[int] = []
-        total = len(prompts) * n
+        total = len(carried) if carried else len(prompts) * n
+        already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
         async with engine, tool_services(tools):
             runner = RolloutRunner(
                 engine,
@@ -412,34 +506,46 @@ def _run(
             started = time.perf_counter()
             with (
                 ShardWriter(parts, rows_per_shard=flush_every) as writer,
-                RolloutProgress(total, completed=len(skip)) as progress,
+                RolloutProgress(total, completed=len(skip) + already) as progress,
             ):
 
                 def on_result(trajectory: Trajectory) -> None:
                     if interrupted:
                         return  # cut short by the shutdown: --resume reruns it whole
                     progress.update(trajectory)
-                    if target_groups is None:
+                    if not batch_run:
                         writer.write(trajectory)
                         trajectories.append(trajectory)
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_watch_signals, engine, interrupted, tg.cancel_scope)
-                    if target_groups is None:
+                    if not batch_run:
                         await runner.run(
                             prompts, on_result=on_result, group_ids=group_ids, skip=skip
                         )
-                    else:  # only the batch is written; what it left over is counted
-                        batch = await runner.run_batch(
-                            prompts,
-                            target_groups=target_groups,
-                            keep_groups_whole=keep_groups_whole,
-                            on_result=on_result,
-                            group_ids=group_ids,
-                        )
+                    else:  # only the batch is written; what it left over is saved apart
+                        if carried:
+                            batch = await runner.resume(
+                                carried,
+                                target_groups=target_groups,
+                                keep_groups_whole=keep_groups_whole,
+                                on_result=on_result,
+                            )
+                        else:
+                            assert target_groups is not None
+                            batch = await runner.run_batch(
+                                prompts,
+                                target_groups=target_groups,
+                                keep_groups_whole=keep_groups_whole,
+                                on_result=on_result,
+                                group_ids=group_ids,
+                            )
                         for trajectory in batch.trajectories:
                             writer.write(trajectory)
                             trajectories.append(trajectory)
+                        # Replaced atomically, after the batch (a file being resumed may be
+                        # this very path: it was read in full before the run).
+                        write_leftover(batch.leftover, leftover_path, info=leftover_info)
                         left_over.append(len(batch.leftover))
                     tg.cancel_scope.cancel()
             elapsed = time.perf_counter() - started
@@ -451,6 +557,8 @@ def _run(
             rows_on_disk=len(skip) + writer.rows_written,
             parts=str(parts),
             left_over=left_over[0] if left_over else None,
+            leftover_path=str(leftover_path) if left_over else None,
+            batch_run=batch_run,
         )
         return summary
 
@@ -459,6 +567,34 @@ def _run(
         compact_shards(parts, out)
         shutil.rmtree(parts)
     return summary
+
+
+def _check_leftover_matches(
+    path: Path, saved: dict[str, Any], tool_names: list[str], tool_parser: str
+) -> None:
+    """The tools and tool-call format must be the leftover's: they shaped its tokens."""
+    from toolrollout._exceptions import UserError
+
+    if saved.get("tools") != tool_names:
+        raise UserError(
+            f"{path} was rolled out with tools {saved.get('tools')} but this run has "
+            f"{tool_names}: pass the same --tool-config"
+        )
+    if saved.get("tool_parser") != tool_parser:
+        raise UserError(
+            f"{path} was rolled out with --tool-parser {saved.get('tool_parser')!r}, "
+            f"not {tool_parser!r}"
+        )
+
+
+def _tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A hash of the vocabulary and chat template: equal means the token ids mean the same."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    digest.update(str(getattr(tokenizer, "chat_template", None) or "").encode())
+    return digest.hexdigest()[:16]
 
 
 def _ray_options(ray: bool, workers: int, address: str | None) -> Any:
@@ -576,7 +712,12 @@ def _print_summary(summary: dict[str, Any], out: Path, *, err: bool = False) -> 
     if summary.get("resumed"):
         rows.append(("rows kept from before", str(summary["resumed"])))
     if summary.get("left_over") is not None:
-        rows.append(("left out (straggler control)", str(summary["left_over"])))
+        rows.append(
+            (
+                "left over (straggler control)",
+                f"{summary['left_over']} -> {summary['leftover_path']}",
+            )
+        )
     rows += [(f"status {k}", str(v)) for k, v in sorted(summary["statuses"].items())]
     rows += [
         (f"ray shard {s['shard']}", f"{s['rows']} rows on {s['host']} ({s['seconds']:.1f} s)")

@@ -12,13 +12,16 @@ from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
 from ._loop import ResumePoint as ResumePoint
 from ._loop import RolloutPrompt as RolloutPrompt
+from ._output import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
 from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
 from ._output import ShardWriter as ShardWriter
 from ._output import TrajectoryWriter as TrajectoryWriter
 from ._output import compact_shards as compact_shards
 from ._output import done_samples as done_samples
+from ._output import read_leftover as read_leftover
 from ._output import read_rows as read_rows
 from ._output import read_shards as read_shards
+from ._output import write_leftover as write_leftover
 from ._output import write_trajectories as write_trajectories
 from ._runner import RolloutBatch as RolloutBatch
 from ._runner import RolloutRunner as RolloutRunner
@@ -30,6 +33,7 @@ from ._trajectory import Trajectory as Trajectory
 from ._trajectory import TrajectoryStatus as TrajectoryStatus
 
 __all__ = [
+    "LEFTOVER_SCHEMA",
     "TRAJECTORY_SCHEMA",
     "ResumePoint",
     "RolloutBatch",
@@ -48,10 +52,12 @@ __all__ = [
     "done_samples",
     "failed_trajectory",
     "prepare_images",
+    "read_leftover",
     "read_rows",
     "read_shards",
     "swift_row",
     "trl_messages",
     "verl_multi_modal_data",
+    "write_leftover",
     "write_trajectories",
 ]

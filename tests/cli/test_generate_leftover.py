@@ -1,0 +1,198 @@
+"""Leftover files: a ``--target-groups`` run saves what it cut short, a later run resumes it.
+
+Against the real embedded server (the ``toolrollout serve`` app, demo model) decoding one
+sequence at a time, so a batch target is met while other trajectories are queued or
+mid-generation and their aborts reach the server. The leftover is written to disk and read
+back in another CLI invocation, the way a user runs it; the resumed trajectories must go on
+from exactly the saved tokens (same ids, masks and logprobs), not start over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from toolrollout._exceptions import UserError
+from toolrollout.cli import app
+from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.engines import SamplingParams, SGLangClient
+from toolrollout.engines.embedded import EmbeddedEngine
+from toolrollout.rollout import (
+    RolloutConfig,
+    RolloutRunner,
+    Trajectory,
+    TrajectoryStatus,
+    read_leftover,
+    read_rows,
+    write_leftover,
+    write_trajectories,
+)
+from toolrollout.server import create_app
+from toolrollout.tools import calculator_tool
+
+RUN = ["--n", "2", "--max-new-tokens", "64", "--max-turns", "3", "--seed", "11"]
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """The app of `toolrollout serve` under uvicorn in a thread, one sequence at a time."""
+    engine = EmbeddedEngine(DEMO_MODEL_PATH, max_batch_size=1, num_threads=1)
+    asyncio.run(engine.start())
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not uv.started:
+            if time.monotonic() > deadline or not thread.is_alive():
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()
+        asyncio.run(engine.aclose())
+
+
+def generate(*args: str) -> Any:
+    return CliRunner().invoke(app, ["generate", *args], env={"COLUMNS": "160"})
+
+
+@pytest.fixture(scope="module")
+def first_run(server: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A batch of 1 group out of 3 launched; its output and leftover live in this folder."""
+    folder = tmp_path_factory.mktemp("leftover")
+    out = folder / "batch.jsonl"
+    result = generate(
+        "--engine-url", server, *RUN, "--target-groups", "1", "--oversample", "3",
+        "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+def _state_without_clock(trajectory: Trajectory) -> Any:
+    assert trajectory.resume_point is not None
+    return dataclasses.replace(trajectory.resume_point._state, started=0.0, prior_seconds=0.0)
+
+
+def test_leftover_file_round_trips_trajectories_exactly(server: str, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
+    config = RolloutConfig(
+        # Every turn runs to its cap, so the target is met with a turn mid-generation.
+        sampling=SamplingParams(max_new_tokens=48, temperature=1.0, ignore_eos=True),
+        n=2,
+        max_turns=1,
+        seed=3,
+    )
+
+    async def main() -> tuple[Trajectory, ...]:
+        async with SGLangClient(server) as client:
+            runner = RolloutRunner(client, tokenizer, [calculator_tool()], config=config)
+            batch = await runner.run_batch(load_demo_prompts()[:3], target_groups=1)
+            return batch.leftover
+
+    leftover = anyio.run(main)
+    assert any(t.status is TrajectoryStatus.ABORTED for t in leftover)
+    path = write_leftover(leftover, tmp_path / "left.parquet", info={"n": 2, "note": "x"})
+    loaded, info = read_leftover(path)
+    assert info == {"n": 2, "note": "x"}
+    assert loaded == list(leftover)  # every field: ids, spans, float64 logprobs, messages...
+    for before, after in zip(leftover, loaded, strict=True):
+        assert after.spans == before.spans and after.messages == before.messages
+        assert after.resumable == before.resumable
+        if before.resume_point is not None:
+            assert after.resume_point is not None
+            assert after.resume_point.prompt == before.resume_point.prompt
+            # The loop's own state too (open turn, raw text, checkpoints); only the
+            # process-local clock is rebased.
+            assert _state_without_clock(after) == _state_without_clock(before)
+    # An ordinary output file is not a leftover file, and saying so is one clear error.
+    plain = write_trajectories(list(leftover), tmp_path / "plain.parquet")
+    with pytest.raises(UserError, match="is not a leftover file"):
+        read_leftover(plain)
+    with pytest.raises(UserError, match="not found"):
+        read_leftover(tmp_path / "missing.parquet")
+
+
+def test_target_groups_run_saves_its_leftover(first_run: Path) -> None:
+    rows = read_rows(first_run / "batch.jsonl")
+    assert len(rows) == 2 and len({r["group_id"] for r in rows}) == 1
+    leftover, info = read_leftover(first_run / "batch.leftover.parquet")
+    assert info["n"] == 2 and info["tools"] == ["calculator"]
+    assert len(leftover) == 4  # the two other groups, whole
+    assert {t.uid for t in leftover}.isdisjoint(r["uid"] for r in rows)
+    assert {(t.prompt_index, t.sample_index) for t in leftover} | {
+        (r["prompt_index"], r["sample_index"]) for r in rows
+    } == {(p, s) for p in range(3) for s in range(2)}
+    aborted = [t for t in leftover if t.status is TrajectoryStatus.ABORTED]
+    assert aborted and all(t.resumable for t in aborted)
+
+
+def test_resume_leftover_continues_from_the_saved_tokens(server: str, first_run: Path) -> None:
+    saved, _ = read_leftover(first_run / "batch.leftover.parquet")
+    out = first_run / "resumed.jsonl"
+    result = generate(
+        "--engine-url", server, "--max-new-tokens", "24", "--max-turns", "2",
+        "--resume-leftover", str(first_run / "batch.leftover.parquet"), "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = {r["uid"]: r for r in read_rows(out)}  # JSONL keeps the float64 logprobs
+    assert sorted(rows) == sorted(t.uid for t in saved)
+    assert all(r["status"] != "aborted" for r in rows.values())
+    with_tokens = 0
+    for t in saved:
+        row = rows[t.uid]
+        if t.status is not TrajectoryStatus.ABORTED:
+            assert row["response_ids"] == t.response_ids  # a finished sibling, unchanged
+            continue
+        head = len(t.response_ids)
+        with_tokens += head > 0
+        assert row["prompt_ids"] == list(t.prompt_ids)
+        assert row["response_ids"][:head] == t.response_ids
+        assert row["loss_mask"][:head] == t.loss_mask
+        assert row["rollout_logprobs"][:head] == t.rollout_logprobs
+        assert len(row["response_ids"]) > head
+        assert row["metrics"]["resumes"] == 1
+    assert with_tokens > 0, "no aborted trajectory had partial tokens to continue"
+    # Everything finished, so the new leftover is empty.
+    again, _ = read_leftover(first_run / "resumed.leftover.parquet")
+    assert again == []
+
+
+def test_bad_leftover_input_is_one_line_and_exit_2(first_run: Path, tmp_path: Path) -> None:
+    leftover = first_run / "batch.leftover.parquet"
+    trajectories, info = read_leftover(leftover)
+    other_tools = write_leftover(
+        trajectories, tmp_path / "t.parquet", info={**info, "tools": ["x"]}
+    )
+    cases = [
+        (["--resume-leftover", str(tmp_path / "none.parquet")], "leftover file not found"),
+        (["--resume-leftover", str(first_run / "batch.jsonl")], "is not a leftover file"),
+        (["--resume-leftover", str(other_tools)], "pass the same --tool-config"),
+        (["--resume-leftover", str(leftover), "--n", "3"], "were run with --n 2"),
+        (["--resume-leftover", str(leftover), "--limit", "2"], "drop --dataset/--limit"),
+        (["--leftover", str(tmp_path / "l.parquet")], "--leftover needs --target-groups"),
+    ]
+    for args, message in cases:
+        result = generate(*args, "--out", str(tmp_path / "o.jsonl"))
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+        assert len(result.output.strip().splitlines()) == 1, result.output
