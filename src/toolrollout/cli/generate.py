@@ -315,8 +315,6 @@ def _run(
     if ray is not None:
         from toolrollout.distributed import import_ray
 
-        if target_groups is not None:
-            raise UserError("--target-groups does not work with --ray yet; run it without --ray")
         if resume_leftover is not None:
             raise UserError("--resume-leftover does not work with --ray yet; run it without --ray")
         import_ray()  # not installed: say how, before anything is written
@@ -462,7 +460,12 @@ def _run(
             request_timeout=request_timeout,
             retries=retries,
             flush_every=flush_every,
+            target_groups=target_groups,
+            keep_groups_whole=keep_groups_whole,
         )
+        if target_groups is not None and report.interrupted is None:
+            # The leftover of every shard, merged: one file, as without --ray.
+            write_leftover(report.leftover, leftover_path, info=leftover_info)
         ray_summary = _summarise(list(report.trajectories), report.seconds)
         ray_summary.update(
             interrupted=report.interrupted,
@@ -472,7 +475,10 @@ def _run(
             parts=str(parts),
             ray_failures=list(report.failures),
             ray_shards=list(report.shards),
+            batch_run=batch_run,
         )
+        if target_groups is not None and report.interrupted is None:
+            ray_summary.update(left_over=len(report.leftover), leftover_path=str(leftover_path))
         if report.interrupted is None:
             compact_shards(parts, out)
             shutil.rmtree(parts)

@@ -7,6 +7,7 @@ schema and row order. Ray is an optional extra (``pip install 'toolrollout[ray]'
 imported only when a sharded run starts. See docs/scale-out.md.
 """
 
+from ._batch import BatchCoordinator as BatchCoordinator
 from ._driver import RayOptions as RayOptions
 from ._driver import RayRunReport as RayRunReport
 from ._driver import import_ray as import_ray
@@ -17,6 +18,7 @@ from ._worker import ShardResult as ShardResult
 from ._worker import ShardWorker as ShardWorker
 
 __all__ = [
+    "BatchCoordinator",
     "RayOptions",
     "RayRunReport",
     "ShardJob",

@@ -5,6 +5,11 @@ shard, and collects what each returns into the run's crash-safe shard folder; th
 then merges that folder exactly as in a one-machine run (rows ordered by prompt, then
 sample). Ray is imported only here, inside :func:`run_sharded`.
 
+With a batch target (``--target-groups``) one more small actor, a
+:class:`~toolrollout.distributed.BatchCoordinator`, counts finished groups over all shards
+and tells every worker to stop once the target is met (see ``_batch.py``); the driver then
+writes the batch and hands back the rest as the run's leftover.
+
 Every actor talks to the same engine servers. Without ``engine_urls`` the driver starts one
 shared ``toolrollout serve`` on its own node for the whole run (never one engine per actor:
 a model copy per actor would multiply memory and split the batching).
@@ -35,6 +40,7 @@ from toolrollout.rollout import (
     failed_trajectory,
 )
 
+from ._batch import BatchCoordinator
 from ._sharding import shard_prompts
 from ._worker import ShardJob, ShardResult, ShardWorker
 
@@ -72,6 +78,8 @@ class RayRunReport:
     engine_urls: tuple[str, ...] = ()
     resumed: int = 0  # samples that already had a row (--resume), worker folders included
     rows_on_disk: int = 0  # samples with a row in the shard folder, worker folders included
+    leftover: tuple[Trajectory, ...] = ()
+    """With a batch target: every trajectory not in the batch (aborted ones resumable)."""
 
 
 def import_ray() -> Any:
@@ -104,16 +112,31 @@ def run_sharded(
     request_timeout: float = 600.0,
     retries: int = 5,
     flush_every: int = 64,
+    target_groups: int | None = None,
+    keep_groups_whole: bool = True,
 ) -> RayRunReport:
     """Roll out ``prompts`` over ``options.workers`` Ray actors into the shard folder ``parts``.
 
     Each actor writes its own crash-safe shards under ``parts/worker-NNN/`` and returns its
     rows, which the driver writes into ``parts``. With ``resume``, rows left in those
     worker folders by an interrupted run are taken over first and not run again.
+
+    With ``target_groups`` the run is one batch over all shards (straggler control): every
+    shard stops once that many groups are complete anywhere, only the batch is written to
+    ``parts``, and the report's ``leftover`` holds the rest (nothing is spilled, so
+    ``resume`` does not apply).
     """
     ray = import_ray()
     if options.workers < 1:
         raise UserError(f"--ray-workers must be at least 1, got {options.workers}")
+    if target_groups is not None:
+        if resume:
+            raise UserError("--resume cannot be combined with --target-groups")
+        if not 1 <= target_groups <= len(prompts):
+            raise UserError(
+                f"target_groups must be between 1 and the {len(prompts)} prompts, "
+                f"got {target_groups}"
+            )
     spills = sorted(parts.glob(f"{_SPILL_PREFIX}*"))
     if resume:
         skip = skip | _adopt_all(spills, parts)
@@ -149,10 +172,15 @@ def run_sharded(
                     request_timeout=request_timeout,
                     retries=retries,
                     flush_every=flush_every,
+                    batch=target_groups is not None,
+                    keep_groups_whole=keep_groups_whole,
                 )
                 for shard, indices in enumerate(shard_prompts(len(prompts), options.workers))
             ]
-            report = _drive(ray, jobs, prompts, group_ids, skip, parts, options, run_id, engine)
+            target = None if target_groups is None else (target_groups, keep_groups_whole)
+            report = _drive(
+                ray, jobs, prompts, group_ids, skip, parts, options, run_id, engine, target
+            )
     finally:
         if owns_ray and ray.is_initialized():
             ray.shutdown()
@@ -169,6 +197,7 @@ def run_sharded(
         engine_urls=tuple(urls),
         resumed=len(skip),
         rows_on_disk=len(on_disk),
+        leftover=report.leftover,
     )
 
 
@@ -294,6 +323,7 @@ class _Collected:
     shards: tuple[dict[str, Any], ...]
     failures: tuple[str, ...]
     interrupted: str | None
+    leftover: tuple[Trajectory, ...] = ()
 
 
 def _drive(
@@ -306,9 +336,21 @@ def _drive(
     options: RayOptions,
     run_id: str,
     engine: _Engines,
+    target: tuple[int, bool] | None = None,
 ) -> _Collected:
-    """Start the actors, gather their results as they finish, account for every sample."""
+    """Start the actors, gather their results as they finish, account for every sample.
+
+    ``target`` (target_groups, keep_groups_whole): one batch over all shards, counted by a
+    coordinator actor; the rows are written once every shard has stopped."""
     remote = ray.remote(num_cpus=options.cpus_per_worker, max_restarts=0)(ShardWorker)
+    coordinator = None
+    if target is not None:
+        n = jobs[0].config.n if jobs else 1
+        coordinator = (
+            ray.remote(num_cpus=0, max_restarts=0)(BatchCoordinator)
+            .options(name=f"toolrollout-{run_id}-batch")
+            .remote(target[0], n, target[1])
+        )
     actors = [
         remote.options(
             name=f"toolrollout-{run_id}-shard-{job.shard}",
@@ -317,7 +359,10 @@ def _drive(
         for job in jobs
     ]
     shared = (ray.put(list(prompts)), ray.put(list(group_ids)), ray.put(frozenset(skip)))
-    pending = {actor.run.remote(job, *shared): job for actor, job in zip(actors, jobs, strict=True)}
+    pending = {
+        actor.run.remote(job, *shared, coordinator=coordinator): job
+        for actor, job in zip(actors, jobs, strict=True)
+    }
     rows: list[Trajectory] = []
     shards: list[dict[str, Any]] = []
     failed: list[tuple[ShardJob, str]] = []
@@ -336,8 +381,9 @@ def _drive(
                 except ray.exceptions.RayError as exc:
                     failed.append((job, _describe(job, exc)))
                     continue
-                for trajectory in result.trajectories:
-                    writer.write(trajectory)
+                if coordinator is None:  # a batch is written once all shards are in
+                    for trajectory in result.trajectories:
+                        writer.write(trajectory)
                 rows.extend(result.trajectories)
                 shards.append(
                     {
@@ -348,12 +394,19 @@ def _drive(
                         "seconds": result.seconds,
                     }
                 )
+        if coordinator is not None:
+            chosen = set(ray.get(coordinator.chosen.remote()))
+            return _split_batch(rows, chosen, failed, prompts, group_ids, parts, shards)
     except KeyboardInterrupt:
         interrupted = "SIGINT"
     finally:
         for actor in actors:
             ray.kill(actor)
+        if coordinator is not None:
+            ray.kill(coordinator)
     written = writer.rows_written
+    if coordinator is not None:  # interrupted: a batch run writes nothing
+        return _Collected((), 0, tuple(shards), tuple(m for _, m in failed), interrupted)
     if interrupted is None:
         rows_failed, adopted = _account_for_failures(failed, prompts, group_ids, skip, parts)
         rows.extend(rows_failed)
@@ -364,6 +417,49 @@ def _drive(
         shards=tuple(sorted(shards, key=lambda s: int(s["shard"]))),
         failures=tuple(message for _, message in failed),
         interrupted=interrupted,
+    )
+
+
+def _split_batch(
+    rows: list[Trajectory],
+    chosen: set[tuple[str, int]],
+    failed: list[tuple[ShardJob, str]],
+    prompts: Sequence[RolloutPrompt],
+    group_ids: Sequence[str],
+    parts: Path,
+    shards: list[dict[str, Any]],
+) -> _Collected:
+    """Write the coordinator's batch into ``parts``; everything else is the leftover.
+
+    A dead shard's samples come back as ``failed`` rows in the leftover (its rows never
+    reach the driver, so a group it had finished is missing from the batch; the failure
+    line says which shard).
+    """
+    lost = [
+        failed_trajectory(
+            group_id=group_ids[p],
+            prompt_index=p,
+            sample_index=s,
+            prompt=prompts[p],
+            reason="error",
+            error=f"DistributedError: {message}",
+        )
+        for job, message in failed
+        for p in job.prompt_indices
+        for s in range(job.config.n)
+    ]
+    ordered = sorted(rows + lost, key=lambda t: (t.prompt_index, t.sample_index))
+    batch = [t for t in ordered if (t.group_id, t.sample_index) in chosen]
+    with ShardWriter(parts) as writer:
+        for trajectory in batch:
+            writer.write(trajectory)
+    return _Collected(
+        trajectories=tuple(batch),
+        rows_written=len(batch),
+        shards=tuple(sorted(shards, key=lambda s: int(s["shard"]))),
+        failures=tuple(message for _, message in failed),
+        interrupted=None,
+        leftover=tuple(t for t in ordered if (t.group_id, t.sample_index) not in chosen),
     )
 
 

@@ -8,6 +8,7 @@ on the worker from their paths, because live tool clients and servers do not pic
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import tempfile
@@ -17,9 +18,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory
+from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory, TrajectoryStatus
 
 __all__ = ["ShardJob", "ShardResult", "ShardWorker"]
+
+POLL_SECONDS = 0.2
+"""How often a worker in a sharded batch asks whether another shard met the target."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,10 @@ class ShardJob:
     request_timeout: float = 600.0
     retries: int = 5
     flush_every: int = 64
+    batch: bool = False
+    """Part of a ``--target-groups`` run: stop when the shared coordinator says so, and
+    return every trajectory (aborted ones with their resume points); nothing is spilled."""
+    keep_groups_whole: bool = True
 
 
 @dataclass(frozen=True)
@@ -96,14 +104,17 @@ class ShardWorker:
         prompts: Sequence[RolloutPrompt],
         group_ids: Sequence[str],
         skip: frozenset[tuple[int, int]] = frozenset(),
+        coordinator: Any = None,
     ) -> ShardResult:
+        """Roll out the shard; with ``job.batch``, ``coordinator`` is the handle of the
+        run's :class:`~toolrollout.distributed.BatchCoordinator` actor."""
         # async: Ray runs it on the actor's own event loop (an async actor), where the
         # rollout's anyio task groups run as they do in a one-machine run.
         started = time.perf_counter()
         node = _node_id()
         spill = _spill_dir(job.spill_dir)
         rows: list[Trajectory] = []
-        await self._run(job, prompts, group_ids, skip, node, spill, rows)
+        await self._run(job, prompts, group_ids, skip, node, spill, rows, coordinator)
         return ShardResult(
             shard=job.shard,
             node=node,
@@ -123,6 +134,7 @@ class ShardWorker:
         node: str,
         spill: Path,
         rows: list[Trajectory],
+        coordinator: Any = None,
     ) -> None:
         import httpx
         from transformers import AutoTokenizer
@@ -167,6 +179,9 @@ class ShardWorker:
                 interactions=interactions,
                 vision=vision,
             )
+            if job.batch:
+                await _run_batch(job, runner, prompts, group_ids, others, tag, rows, coordinator)
+                return
             with ShardWriter(spill, rows_per_shard=job.flush_every) as writer:
 
                 def on_result(trajectory: Trajectory) -> None:
@@ -177,3 +192,74 @@ class ShardWorker:
                 await runner.run(
                     prompts, on_result=on_result, group_ids=group_ids, skip=others | set(skip)
                 )
+
+
+async def _run_batch(
+    job: ShardJob,
+    runner: Any,
+    prompts: Sequence[RolloutPrompt],
+    group_ids: Sequence[str],
+    others: set[tuple[int, int]],
+    tag: dict[str, Any],
+    rows: list[Trajectory],
+    coordinator: Any,
+) -> None:
+    """This shard's part of a batch whose target is shared by all shards.
+
+    Finished samples go to the coordinator as they come (one reporting task, draining a
+    stream); another task polls it for a stop met elsewhere. Either sets ``until``, which
+    stops the runner's batch: its in-flight requests are aborted on the servers and the
+    cut-short trajectories keep their resume points. Both tasks end with the batch.
+    """
+    import anyio
+
+    if coordinator is None:
+        raise ValueError("a batch shard needs its coordinator")
+    until = anyio.Event()
+    send, receive = anyio.create_memory_object_stream[tuple[str, int]](math.inf)
+
+    def on_result(trajectory: Trajectory) -> None:
+        rows.append(replace(trajectory, metrics={**trajectory.metrics, **tag}))
+        if trajectory.status is not TrajectoryStatus.ABORTED:
+            send.send_nowait((trajectory.group_id, trajectory.sample_index))
+
+    async def report() -> None:
+        async with receive:
+            async for key in receive:
+                keys = [key]
+                while True:
+                    try:
+                        keys.append(receive.receive_nowait())
+                    except (anyio.WouldBlock, anyio.EndOfStream):
+                        break
+                if await coordinator.report.remote(keys):
+                    until.set()
+
+    async def poll() -> None:
+        while not until.is_set():
+            if await coordinator.stopped.remote():
+                until.set()
+            await anyio.sleep(POLL_SECONDS)
+
+    mine = {p for p in range(len(prompts)) for s in range(job.config.n) if (p, s) not in others}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(report)
+        polling = anyio.CancelScope()
+
+        async def poll_until_done() -> None:
+            with polling:
+                await poll()
+
+        tg.start_soon(poll_until_done)
+        async with send:  # closed when the batch ends: the reporter drains it, then ends
+            if mine:
+                await runner.run_batch(
+                    prompts,
+                    target_groups=len(mine),  # run all; the stop comes from the coordinator
+                    keep_groups_whole=job.keep_groups_whole,
+                    on_result=on_result,
+                    group_ids=group_ids,
+                    skip=others,
+                    until=until,
+                )
+        polling.cancel()

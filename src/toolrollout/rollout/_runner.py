@@ -278,6 +278,8 @@ class RolloutRunner:
         keep_groups_whole: bool = True,
         on_result: Callable[[Trajectory], None] | None = None,
         group_ids: Sequence[str] | None = None,
+        skip: Collection[tuple[int, int]] = (),
+        until: anyio.Event | None = None,
     ) -> RolloutBatch:
         """Oversampling: run every prompt's group, stop at ``target_groups`` complete groups.
 
@@ -286,11 +288,19 @@ class RolloutRunner:
         aborted on the server by rid (their partial output comes back), and tools already
         running are let finish. Nothing is left running when this returns. ``on_result``
         sees every trajectory, aborted ones included.
+
+        ``skip`` lists (prompt_index, sample_index) pairs not to run here (as in
+        :meth:`run`; the target counts the groups left). ``until`` is a stop from outside
+        (a target shared with other processes): once set, the batch stops as if its
+        target were met, and holds the groups complete by then.
         """
         rows = self._check_rows(prompts)
-        if not 1 <= target_groups <= len(rows):
+        done = set(skip)
+        launched = {p for p in range(len(rows)) for s in range(self.config.n) if (p, s) not in done}
+        if not 1 <= target_groups <= len(launched):
             raise UserError(
-                f"target_groups must be between 1 and the {len(rows)} prompts, got {target_groups}"
+                f"target_groups must be between 1 and the {len(launched)} prompts run, "
+                f"got {target_groups}"
             )
         group_ids = self._group_ids(rows, group_ids)
         stop = StopControl()
@@ -304,8 +314,9 @@ class RolloutRunner:
             )
             for p in range(len(rows))
             for s in range(self.config.n)
+            if (p, s) not in done
         ]
-        return await self._gather(jobs, stop, target_groups, keep_groups_whole, on_result)
+        return await self._gather(jobs, stop, target_groups, keep_groups_whole, on_result, until)
 
     async def resume(
         self,
@@ -366,6 +377,7 @@ class RolloutRunner:
         target_groups: int,
         keep_groups_whole: bool,
         on_result: Callable[[Trajectory], None] | None,
+        until: anyio.Event | None = None,
     ) -> RolloutBatch:
         """Run the jobs until the target is met, then abort the rest and wait for them."""
         n = self.config.n
@@ -406,6 +418,13 @@ class RolloutRunner:
         if pending == 0:
             all_ended.set()
             wake.set()
+        outside = anyio.CancelScope()
+
+        async def stop_from_outside(event: anyio.Event) -> None:
+            with outside:
+                await event.wait()
+                stop.stopping = True
+                wake.set()
 
         async def one(job: _Job) -> None:
             nonlocal pending
@@ -420,9 +439,12 @@ class RolloutRunner:
                 if pending == 0:
                     all_ended.set()
                     wake.set()
+                    outside.cancel()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._abort_stragglers, stop, wake, all_ended)
+            if until is not None and pending:
+                tg.start_soon(stop_from_outside, until)
             for job in jobs:
                 if job.done is None:
                     tg.start_soon(one, job)
