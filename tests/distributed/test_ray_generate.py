@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 from tests._processes import free_port, stop, wait_http
 
-from toolrollout.rollout import TRAJECTORY_SCHEMA, read_rows
+from toolrollout.rollout import TRAJECTORY_SCHEMA, TrajectoryStatus, read_leftover, read_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {
@@ -77,7 +77,7 @@ def test_ray_flag_without_ray_says_how_to_install(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--ray-address", "auto"], "--ray-address needs --ray"),
-        (["--ray", "--target-groups", "2"], "--target-groups does not work with --ray yet"),
+        (["--ray", "--resume-leftover", "x.parquet"], "--resume-leftover does not work with --ray"),
     ],
 )
 def test_ray_option_mistakes_are_one_line(tmp_path: Path, args: list[str], message: str) -> None:
@@ -297,6 +297,56 @@ def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path
     reference = _one_machine_group(setup.server, prompt_index=3, group_id="seeded1-p3")
     assert [r["response_ids"] for r in others] == [list(t.response_ids) for t in reference]
     assert [r["loss_mask"] for r in others] == [list(t.loss_mask) for t in reference]
+
+
+@pytest.mark.slow
+def test_a_batch_target_counts_groups_over_both_shards(setup: Setup, tmp_path: Path) -> None:
+    """--target-groups with --ray: the first group complete on either shard ends the batch
+    on both (the other shard's requests are aborted on the server), every shard's leftover
+    is merged into one leftover file, and a later run resumes it from the saved tokens."""
+    import httpx
+
+    out = tmp_path / "batch.jsonl"
+    run = ["--engine-url", setup.server, "--n", str(N), "--seed", "3"]
+    proc = _cli(
+        "--ray", "--ray-address", setup.address, *run,
+        "--target-groups", "1", "--oversample", "6", "--out", str(out),
+        cwd=tmp_path,
+    )  # fmt: skip
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr
+    rows = read_rows(out)
+    assert len(rows) == N and len({r["group_id"] for r in rows}) == 1
+    assert all(r["status"] != "aborted" for r in rows)
+    [batch_shard] = {r["metrics"]["ray_shard"] for r in rows}
+    leftover, info = read_leftover(tmp_path / "batch.leftover.parquet")
+    assert info["n"] == N
+    keys = {(r["prompt_index"], r["sample_index"]) for r in rows}
+    keys |= {(t.prompt_index, t.sample_index) for t in leftover}
+    assert keys == {(p, s) for p in range(6) for s in range(N)}  # 6 launched, none twice
+    assert len(leftover) == 5 * N
+    assert {t.metrics["ray_shard"] for t in leftover} == {0, 1}  # both shards, merged
+    aborted = [t for t in leftover if t.status is TrajectoryStatus.ABORTED]
+    assert aborted and all(t.resumable for t in aborted)
+    # The stop reached the shard that did not meet the target, and its aborts the server.
+    assert any(t.metrics["ray_shard"] != batch_shard for t in aborted)
+    [load] = httpx.get(f"{setup.server}/get_load", timeout=10).json()
+    assert load["num_reqs"] == 0
+
+    rest = tmp_path / "rest.jsonl"
+    proc = _cli(
+        *run[:2], "--resume-leftover", str(tmp_path / "batch.leftover.parquet"),
+        "--out", str(rest), cwd=tmp_path,
+    )  # fmt: skip
+    _, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, stderr
+    resumed = {r["uid"]: r for r in read_rows(rest)}
+    assert sorted(resumed) == sorted(t.uid for t in leftover)
+    for t in aborted:
+        head = len(t.response_ids)
+        assert resumed[t.uid]["status"] != "aborted"
+        assert resumed[t.uid]["response_ids"][:head] == t.response_ids
+        assert resumed[t.uid]["loss_mask"][:head] == t.loss_mask
 
 
 def _one_machine_group(server: str, *, prompt_index: int, group_id: str) -> list[Any]:
