@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pickle
 import socket
 import threading
 import time
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import uvicorn
 from typer.testing import CliRunner
@@ -130,6 +133,26 @@ def test_leftover_file_round_trips_trajectories_exactly(server: str, tmp_path: P
         read_leftover(plain)
     with pytest.raises(UserError, match="not found"):
         read_leftover(tmp_path / "missing.parquet")
+    # The state column is unpickled with an allow-list: a pickle that would call a
+    # function (here os.system) is refused before anything runs.
+    table = pq.read_table(path)
+    evil = pickle.dumps(_Evil(tmp_path / "pwned"))
+    column = table.schema.get_field_index("state")
+    table = table.set_column(column, "state", pa.array([evil] * table.num_rows, pa.binary()))
+    pq.write_table(table, tmp_path / "evil.parquet")
+    with pytest.raises(UserError, match=r"(posix|os)\.system is not allowed"):
+        read_leftover(tmp_path / "evil.parquet")
+    assert not (tmp_path / "pwned").exists()
+
+
+class _Evil:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
 
 
 def test_target_groups_run_saves_its_leftover(first_run: Path) -> None:
