@@ -387,12 +387,6 @@ def _run(
         raise UserError("--oversample needs --target-groups")
     model_path = model or DEMO_MODEL_PATH
     parts = out.with_name(out.name + ".parts")
-    num_groups = len({t.group_id for t in carried}) if carried else len(prompts)
-    run_id = _open_run(
-        parts, dataset=Path(prompts_path), num_prompts=num_groups, n=n, resume=resume
-    )
-    group_ids = [f"{run_id}-p{i}" for i in range(len(prompts))]
-    skip = done_samples(parts) if resume else set()
     tokenizer = load_tokenizer(model_path)
     fingerprint = _tokenizer_fingerprint(tokenizer)
     if resume_leftover is not None and saved.get("tokenizer") != fingerprint:
@@ -400,6 +394,12 @@ def _run(
             f"{resume_leftover} was rolled out with another tokenizer than {model_path} "
             f"(model {saved.get('model')!r}): its token ids would mean something else"
         )
+    num_groups = len({t.group_id for t in carried}) if carried else len(prompts)
+    run_id = _open_run(
+        parts, dataset=Path(prompts_path), num_prompts=num_groups, n=n, resume=resume
+    )
+    group_ids = [f"{run_id}-p{i}" for i in range(len(prompts))]
+    skip = done_samples(parts) if resume else set()
     leftover_info = {
         "n": n,
         "tools": tool_names,
