@@ -200,11 +200,35 @@ def test_resume_leftover_continues_from_the_saved_tokens(server: str, first_run:
     assert again == []
 
 
+def test_resume_leftover_with_a_target_is_a_batch_again(server: str, first_run: Path) -> None:
+    """--resume-leftover --target-groups 1 on two groups: one is written, the other is
+    saved again (still resumable, its saved tokens kept) under the new --out's name."""
+    saved = {t.uid: t for t in read_leftover(first_run / "batch.leftover.parquet")[0]}
+    out = first_run / "step2.jsonl"
+    result = generate(
+        "--engine-url", server, "--max-new-tokens", "64", "--max-turns", "3",
+        "--resume-leftover", str(first_run / "batch.leftover.parquet"),
+        "--target-groups", "1", "--out", str(out),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = read_rows(out)
+    assert len(rows) == 2 and len({r["group_id"] for r in rows}) == 1
+    again, _ = read_leftover(first_run / "step2.leftover.parquet")
+    assert len(again) == 2 and {t.group_id for t in again}.isdisjoint(r["group_id"] for r in rows)
+    for t in again:
+        before = saved[t.uid]
+        assert t.response_ids[: len(before.response_ids)] == before.response_ids
+        assert t.status is not TrajectoryStatus.ABORTED or t.resumable
+
+
 def test_bad_leftover_input_is_one_line_and_exit_2(first_run: Path, tmp_path: Path) -> None:
     leftover = first_run / "batch.leftover.parquet"
     trajectories, info = read_leftover(leftover)
     other_tools = write_leftover(
         trajectories, tmp_path / "t.parquet", info={**info, "tools": ["x"]}
+    )
+    other_tokenizer = write_leftover(
+        trajectories, tmp_path / "k.parquet", info={**info, "tokenizer": "0123456789abcdef"}
     )
     cases = [
         (["--resume-leftover", str(tmp_path / "none.parquet")], "leftover file not found"),
@@ -213,6 +237,9 @@ def test_bad_leftover_input_is_one_line_and_exit_2(first_run: Path, tmp_path: Pa
         (["--resume-leftover", str(leftover), "--n", "3"], "were run with --n 2"),
         (["--resume-leftover", str(leftover), "--limit", "2"], "drop --dataset/--limit"),
         (["--leftover", str(tmp_path / "l.parquet")], "--leftover needs --target-groups"),
+        (["--resume-leftover", str(leftover), "--leftover", "l.jsonl"], "must be a .parquet"),
+        (["--resume-leftover", str(other_tokenizer)], "another tokenizer"),
+        (["--resume-leftover", str(leftover), "--oversample", "2"], "does not apply"),
     ]
     for args, message in cases:
         result = generate(*args, "--out", str(tmp_path / "o.jsonl"))
