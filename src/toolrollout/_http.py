@@ -19,7 +19,6 @@ Under a non-asyncio event loop (trio) the transport hands requests to httpx's ow
 from __future__ import annotations
 
 import asyncio
-import ssl
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -104,7 +103,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 limit=limit,
                 limit_per_host=0,
                 keepalive_timeout=keepalive if keepalive is not None else 5.0,
-                ssl=ssl.create_default_context() if self._verify else False,
+                ssl=True if self._verify else False,  # aiohttp's own cached default context
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,

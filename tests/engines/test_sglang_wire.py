@@ -440,6 +440,14 @@ def _string_id(o: dict[str, Any]) -> None:
     o["meta_info"]["output_token_logprobs"][1][1] = "198"
 
 
+def _bool_id(o: dict[str, Any]) -> None:
+    o["meta_info"]["output_token_logprobs"][-1][1] = True
+
+
+def _null_logprob(o: dict[str, Any]) -> None:
+    o["meta_info"]["output_token_logprobs"][-1][0] = None
+
+
 @pytest.mark.parametrize(
     ("content", "text"),
     [
@@ -451,6 +459,14 @@ def _string_id(o: dict[str, Any]) -> None:
         (mutated("sglang_generate_stop_eos.json", _null_finish), "finish_reason null"),
         (mutated("sglang_generate_stop_eos.json", _unknown_finish), "unknown finish type"),
         (mutated("sglang_generate_stop_eos.json", _string_id), "expected an integer"),
+        (
+            mutated("sglang_generate_stop_eos.json", _bool_id),
+            r"\[1\]\): expected an integer, got True",
+        ),
+        (
+            mutated("sglang_generate_stop_eos.json", _null_logprob),
+            r"\[0\]\): expected a number, got None",
+        ),
     ],
 )
 async def test_malformed_bodies_raise_engine_error(content: bytes, text: str) -> None:

@@ -211,7 +211,7 @@ async def _run_httpx(
         "\n<|im_start|>user\n<tool_response>\nrecord\n</tool_response><|im_end|>\n"
     )
     filler += chat.encode("<|im_start|>assistant\n")
-    url = spec.engine_urls[0]
+    urls = spec.engine_urls  # trajectory i stays on server i mod N, like sticky routing
     stats = {"turns": 0, "tokens": 0, "completed": 0}
     limits = DEFAULT_LIMITS  # the engine client's pool settings, for a like-for-like floor
     transport = fast_transport(limits) if fast else None
@@ -220,6 +220,7 @@ async def _run_httpx(
 
         async def one(i: int, item_turns: int) -> None:
             ids = list(prompts[i])
+            url = urls[i % len(urls)]
             for turn in range(item_turns):
                 body = {
                     "input_ids": ids,

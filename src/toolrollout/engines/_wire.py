@@ -181,6 +181,8 @@ def _opt_int(meta: dict[str, Any], key: str, default: int) -> int:
 def _int_list(value: object, *, what: str) -> list[int]:
     if not isinstance(value, list):
         raise _malformed(what, f"expected a list of token ids, got {type(value).__name__}")
+    if all(type(v) is int for v in value):  # the common case, without a message per item
+        return value
     return [_as_int(v, what=f"{what}[{i}]") for i, v in enumerate(value)]
 
 
@@ -189,6 +191,15 @@ def _logprob_entries(value: object) -> tuple[list[int], list[float]]:
     what = "meta_info.output_token_logprobs"
     if not isinstance(value, list):
         raise _malformed(what, f"expected a list, got {type(value).__name__}")
+    # Fast path for a well-formed answer (one pass per column, no per-entry messages); any
+    # irregularity falls through to the checked loop, which names the bad entry.
+    if all(type(entry) is list and len(entry) >= 2 for entry in value):
+        fast_ids = [entry[1] for entry in value]
+        fast_logprobs = [entry[0] for entry in value]
+        if all(type(i) is int for i in fast_ids) and all(
+            type(lp) is float or type(lp) is int for lp in fast_logprobs
+        ):
+            return fast_ids, [float(lp) for lp in fast_logprobs]
     ids: list[int] = []
     logprobs: list[float] = []
     for i, entry in enumerate(value):

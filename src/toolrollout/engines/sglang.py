@@ -242,6 +242,7 @@ class SGLangClient(Engine):
             transport=transport if transport is not None else fast_transport(limits),
         )
         self._inflight: dict[str, _InFlight] = {}
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._total = 0
         self._active = 0
         self._retries = 0
@@ -762,7 +763,7 @@ class SGLangClient(Engine):
         failed = True
         try:
             try:
-                request = self._http.build_request(method, url + path, json=json_body)
+                request = self._http.build_request(method, self._url(url, path), json=json_body)
                 response = await self._http.send(request, stream=stream)
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 if on_connect_failure is not None and _is_connect_failure(exc):
@@ -780,6 +781,16 @@ class SGLangClient(Engine):
         finally:
             if account and not keep_open:
                 self._router.release(url, failed=failed)
+
+    def _url(self, base: str, path: str) -> httpx.URL:
+        """``base + path`` parsed once (httpx parses a string URL on every request)."""
+        key = (base, path)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) >= 4096:
+                self._urls.clear()
+            url = self._urls[key] = httpx.URL(base + path)
+        return url
 
     def _attempt_target(
         self, session_id: str | None, entries: Sequence[_InFlight], avoid: set[str], number: int
