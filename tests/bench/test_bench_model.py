@@ -17,6 +17,7 @@ from toolrollout.bench import (
     Workload,
     WorkloadItem,
     critical_paths,
+    fifo_makespan,
     ideal_makespan,
     orchestration_efficiency,
     parse_directive,
@@ -79,6 +80,28 @@ def test_critical_paths_sum_each_trajectorys_generations_and_tools() -> None:
     assert paths == {"a": 7.0, "b": 0.75}
 
 
+def test_fifo_bound_replays_the_work_through_first_come_first_served_servers() -> None:
+    # a: two turns of 1 s with a 0.5 s tool between them; b: one turn of 2 s.
+    requests = [
+        {"key": "a", "turn": 1, "slot_seconds": 1.0, "server": 0},
+        {"key": "a", "turn": 0, "slot_seconds": 1.0, "server": 0},
+        {"key": "b", "turn": 0, "slot_seconds": 2.0, "server": 0},
+    ]
+    calls = [{"key": "a.0", "seconds": 0.5}]
+    # One slot: a(0-1), b(1-3) while a's tool ends at 1.5 and queues, a(3-4).
+    assert fifo_makespan(requests, calls, capacity=1) == pytest.approx(4.0)
+    # Two slots: nobody queues; a's own path (2.5 s) is the makespan.
+    assert fifo_makespan(requests, calls, capacity=2) == pytest.approx(2.5)
+    # One slot each on two servers: no queueing either.
+    on_two = [{**r, "server": 1} if r["key"] == "b" else r for r in requests]
+    assert fifo_makespan(on_two, calls, capacity=1) == pytest.approx(2.5)
+    # The ideal bound is looser than the one-slot FIFO replay: max(2.5, 4 s of work / 1).
+    paths = critical_paths(requests, calls)
+    assert ideal_makespan(paths, 4.0, 1) == pytest.approx(4.0)
+    with pytest.raises(ValueError):
+        fifo_makespan(requests, calls, capacity=0)
+
+
 def test_ideal_makespan_is_the_larger_of_longest_path_and_spread_work() -> None:
     paths = {"a": 7.0, "b": 0.75}
     assert ideal_makespan(paths, total_slot_seconds=12.0, capacity=4) == 7.0  # path-bound
@@ -105,6 +128,8 @@ def test_mode_result_rates_and_report_targets() -> None:
     assert ours.tokens_per_s == 2000.0
     assert ours.cpu_per_turn_ms == 5.0
     assert ours.efficiency == pytest.approx(0.96)
+    assert ours.client_efficiency == 0.0  # no FIFO bound recorded
+    assert _result("x", fifo_makespan_s=9.0).client_efficiency == pytest.approx(0.9)
     assert ModeResult.from_dict(ours.to_dict()) == ours
     report = BenchReport(
         config={"drift_check": True},

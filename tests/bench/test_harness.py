@@ -43,6 +43,9 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
         assert result.turns == expected_turns  # same script, same work in every mode
         assert result.generated_tokens > 0 and result.client_cpu_s > 0
         assert 0 < result.ideal_makespan_s <= result.makespan_s * 1.05
+        # the FIFO replay is a bound too, and never below the ideal one
+        assert result.ideal_makespan_s * 0.999 <= result.fifo_makespan_s
+        assert result.fifo_makespan_s <= result.makespan_s * 1.05
         assert result.peak_rss_mb > 0
         assert result.services_cpu_s > 0  # the stand-in servers did work for this mode
         # the rollouts really called the tool service, once per turn but the last

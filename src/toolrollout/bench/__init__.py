@@ -19,6 +19,7 @@ from ._harness import serve_benchmark_services as serve_benchmark_services
 from ._harness import write_json as write_json
 from ._metrics import ModeResult as ModeResult
 from ._metrics import critical_paths as critical_paths
+from ._metrics import fifo_makespan as fifo_makespan
 from ._metrics import ideal_makespan as ideal_makespan
 from ._metrics import orchestration_efficiency as orchestration_efficiency
 from ._micro import tokenization_cost as tokenization_cost
@@ -49,6 +50,7 @@ __all__ = [
     "create_latency_app",
     "create_tool_app",
     "critical_paths",
+    "fifo_makespan",
     "ideal_makespan",
     "orchestration_efficiency",
     "parse_directive",

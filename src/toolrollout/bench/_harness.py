@@ -29,7 +29,7 @@ from toolrollout._exceptions import BenchmarkError
 from toolrollout._net import stop_popen
 
 from ._drivers import DriverSpec
-from ._metrics import ModeResult, critical_paths, ideal_makespan
+from ._metrics import ModeResult, critical_paths, fifo_makespan, ideal_makespan
 from ._model import LatencyModel, ToolLatency, Workload
 
 __all__ = ["BenchConfig", "BenchReport", "run_benchmark", "serve_benchmark_services"]
@@ -245,8 +245,9 @@ def _logs(
     engines: Sequence[str], tool_url: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     requests: list[dict[str, Any]] = []
-    for url in engines:
-        requests.extend(httpx.get(f"{url}/bench/log", timeout=60).json()["requests"])
+    for server, url in enumerate(engines):
+        logged = httpx.get(f"{url}/bench/log", timeout=60).json()["requests"]
+        requests.extend({**entry, "server": server} for entry in logged)
     calls = httpx.get(f"{tool_url}/bench/log", timeout=60).json()["calls"]
     return requests, calls
 
@@ -303,6 +304,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     tool_calls=len(calls),
                     note=str(raw.get("note", "")),
                     services_cpu_s=services_cpu,
+                    fifo_makespan_s=fifo_makespan(requests, calls, config.model.capacity),
                 )
             )
     tokenization = None

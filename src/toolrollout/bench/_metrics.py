@@ -5,11 +5,19 @@ before its total slot time is spread over all ``capacity`` slots, and no traject
 finish before its critical path (its own generations back to back with its own tool
 calls, with no queueing anywhere). *Orchestration efficiency* is that bound divided by the
 measured makespan: 1.0 means the client added nothing to the unavoidable time.
+
+That bound assumes the server could order its queue perfectly. A real one (SGLang's
+default, and the latency model) serves its queue first come, first served, and then no
+client reaches it: a long trajectory waits in the queue at every turn. The *FIFO bound*
+replays the logged work (each request's slot time on the server that served it, each
+tool call's latency) through first-come-first-served servers with a client that costs
+nothing; *client efficiency* is that bound over the measured makespan, the part of the gap
+the client itself is responsible for.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -17,6 +25,7 @@ from typing import Any
 __all__ = [
     "ModeResult",
     "critical_paths",
+    "fifo_makespan",
     "ideal_makespan",
     "orchestration_efficiency",
 ]
@@ -50,6 +59,82 @@ def ideal_makespan(paths: Mapping[str, float], total_slot_seconds: float, capaci
     return max(longest, total_slot_seconds / capacity)
 
 
+def fifo_makespan(
+    requests: Iterable[Mapping[str, Any]],
+    tool_calls: Iterable[Mapping[str, Any]],
+    capacity: int,
+) -> float:
+    """The makespan of a zero-cost client on first-come-first-served servers.
+
+    ``requests`` are the servers' log entries, each tagged with ``server`` (which server
+    logged it) besides ``key``, ``turn`` and ``slot_seconds``; every trajectory submits its
+    first request at time 0, each later one when its previous turn's tool calls are back
+    (calls of one turn run concurrently), and each server runs ``capacity`` at a time in
+    arrival order.
+    """
+    import heapq
+
+    if capacity < 1:
+        raise ValueError("capacity must be at least 1")
+    steps: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+    for request in requests:
+        key = request.get("key")
+        if key is not None:
+            turn = int(request.get("turn", 0))
+            steps[str(key)].append(
+                (turn, int(request.get("server", 0)), float(request["slot_seconds"]))
+            )
+    tools: dict[tuple[str, int], float] = {}
+    for call in tool_calls:
+        trajectory, _, turn_text = str(call["key"]).rpartition(".")
+        try:
+            at = (trajectory, int(turn_text))
+        except ValueError:
+            continue
+        tools[at] = max(tools.get(at, 0.0), float(call["seconds"]))
+    for chain in steps.values():
+        chain.sort(key=lambda step: step[0])
+    free: dict[int, int] = defaultdict(lambda: capacity)
+    queues: dict[int, deque[str]] = defaultdict(deque)
+    position = dict.fromkeys(steps, 0)
+    events: list[tuple[float, int, str, str]] = []  # (time, seq, kind, trajectory)
+    seq = 0
+
+    def push(at: float, kind: str, trajectory: str) -> None:
+        nonlocal seq
+        heapq.heappush(events, (at, seq, kind, trajectory))
+        seq += 1
+
+    def start(trajectory: str, now: float) -> None:
+        _, server, slot = steps[trajectory][position[trajectory]]
+        if free[server] > 0:
+            free[server] -= 1
+            push(now + slot, "done", trajectory)
+        else:
+            queues[server].append(trajectory)
+
+    for trajectory in steps:
+        start(trajectory, 0.0)
+    end = 0.0
+    while events:
+        now, _, kind, trajectory = heapq.heappop(events)
+        if kind == "ready":
+            start(trajectory, now)
+            continue
+        turn, server, _ = steps[trajectory][position[trajectory]]
+        free[server] += 1
+        if queues[server]:
+            waiting = queues[server].popleft()
+            free[server] -= 1
+            push(now + steps[waiting][position[waiting]][2], "done", waiting)
+        position[trajectory] += 1
+        if position[trajectory] < len(steps[trajectory]):
+            push(now + tools.get((trajectory, turn), 0.0), "ready", trajectory)
+        else:
+            end = max(end, now)
+    return end
+
+
 def orchestration_efficiency(ideal: float, measured: float) -> float:
     """``ideal / measured`` (0.0 for an empty or instantaneous run)."""
     if measured <= 0:
@@ -75,6 +160,8 @@ class ModeResult:
     tool_calls: int = 0
     """Calls the tool service answered during this mode (from its own log)."""
     note: str = ""
+    fifo_makespan_s: float = 0.0
+    """The FIFO bound: this mode's logged work replayed with a zero-cost client."""
     services_cpu_s: float = 0.0
     """CPU the stand-in services (latency-model servers, tool service) used in this mode:
     on a small machine they share the cores with the client (0.0 where /proc is absent)."""
@@ -92,6 +179,11 @@ class ModeResult:
         return orchestration_efficiency(self.ideal_makespan_s, self.makespan_s)
 
     @property
+    def client_efficiency(self) -> float:
+        """FIFO bound / measured makespan (see the module docstring)."""
+        return orchestration_efficiency(self.fifo_makespan_s, self.makespan_s)
+
+    @property
     def cpu_per_turn_ms(self) -> float:
         return 1000.0 * self.client_cpu_s / self.turns if self.turns else 0.0
 
@@ -101,6 +193,7 @@ class ModeResult:
             trajectories_per_s=self.trajectories_per_s,
             tokens_per_s=self.tokens_per_s,
             efficiency=self.efficiency,
+            client_efficiency=self.client_efficiency,
             cpu_per_turn_ms=self.cpu_per_turn_ms,
         )
         return data

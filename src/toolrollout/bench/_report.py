@@ -26,6 +26,8 @@ def render_table(report: BenchReport, console: Any = None) -> None:
         "makespan s",
         "ideal s",
         "efficiency",
+        "FIFO bound s",
+        "client eff",
         "traj/s",
         "tok/s",
         "CPU ms/turn",
@@ -44,6 +46,8 @@ def render_table(report: BenchReport, console: Any = None) -> None:
             f"{r.makespan_s:.2f}",
             f"{r.ideal_makespan_s:.2f}",
             f"{r.efficiency:.3f}",
+            f"{r.fifo_makespan_s:.2f}",
+            f"{r.client_efficiency:.3f}",
             f"{r.trajectories_per_s:.1f}",
             f"{r.tokens_per_s:.0f}",
             f"{r.cpu_per_turn_ms:.2f}",
@@ -86,7 +90,7 @@ def plot_report(report: BenchReport, path: Path) -> Path:
     left.set_title("throughput (bar) and efficiency (label)")
     for i, r in enumerate(rollouts):
         left.annotate(
-            f"eff {r.efficiency:.2f}",
+            f"eff {r.efficiency:.2f}\nclient {r.client_efficiency:.2f}",
             (i, r.trajectories_per_s),
             ha="center",
             va="bottom",
