@@ -42,6 +42,7 @@ def main() -> None:
     parser.add_argument("--tokens-per-turn", type=int, default=256)
     parser.add_argument("--decode-ms", type=float, default=20.0, help="decode ms per token")
     parser.add_argument("--capacity", type=int, default=256, help="batching slots per server")
+    parser.add_argument("--servers", type=int, default=1, help="latency-model servers")
     parser.add_argument("--tool-median", type=float, default=1.0)
     parser.add_argument("--tool-sigma", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rollout.json")
@@ -61,6 +62,7 @@ def main() -> None:
         ),
         tool_latency=ToolLatency("lognormal", args.tool_median, args.tool_sigma, seed=0),
         modes=tuple(modes),
+        servers=args.servers,
         micro_turns=64,
     )
     report = run_benchmark(config, progress=print)
