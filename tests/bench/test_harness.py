@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from toolrollout.bench import (
     BenchConfig,
+    BenchReport,
     LatencyModel,
     ToolLatency,
     Workload,
@@ -67,6 +68,7 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
     out = tmp_path / "bench.json"
     write_json(report, out)
     data = json.loads(out.read_text())
+    assert BenchReport.from_dict(data).results == report.results
     assert data["config"]["workload"]["prompts"] == 2
     assert [r["mode"] for r in data["results"]] == ["toolrollout", "lockstep", "httpx", "aiohttp"]
     console = Console(record=True, width=200)

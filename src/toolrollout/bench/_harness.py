@@ -78,6 +78,16 @@ class BenchReport:
     tokenization: dict[str, Any] | None
     machine: dict[str, Any]
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchReport:
+        """A report read back from :meth:`to_dict`'s JSON (to redraw its plot, say)."""
+        return cls(
+            config=data["config"],
+            results=tuple(ModeResult.from_dict(r) for r in data["results"]),
+            tokenization=data.get("tokenization"),
+            machine=data["machine"],
+        )
+
     def result(self, mode: str) -> ModeResult | None:
         return next((r for r in self.results if r.mode == mode), None)
 

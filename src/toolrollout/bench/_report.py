@@ -87,6 +87,7 @@ def plot_report(report: BenchReport, path: Path) -> Path:
     names = [r.mode for r in rollouts]
     left.bar(names, [r.trajectories_per_s for r in rollouts], color="#4C72B0")
     left.set_ylabel("trajectories / s")
+    left.set_ylim(0, max((r.trajectories_per_s for r in rollouts), default=1.0) * 1.3 or 1.0)
     left.set_title("throughput (bar) and efficiency (label)")
     for i, r in enumerate(rollouts):
         left.annotate(
@@ -101,13 +102,18 @@ def plot_report(report: BenchReport, path: Path) -> Path:
     right.set_ylabel("client CPU ms per turn")
     right.set_title("client CPU per turn (httpx, aiohttp: bare POSTs)")
     workload = report.config["workload"]
+    model = report.config.get("model", {})
+    tools = report.config["tool_latency"]
     load = report.machine["loadavg_before"][0]
     fig.suptitle(
         f"{workload['prompts']}x{workload['n']} trajectories, "
-        f"{workload['min_turns']}-{workload['max_turns']} turns, "
-        f"tool latency {report.config['tool_latency']['kind']}; "
+        f"{workload['min_turns']}-{workload['max_turns']} turns of "
+        f"{workload.get('tokens_per_turn', '?')} tokens; "
+        f"{report.config.get('servers', 1)} server(s) x {model.get('capacity', '?')} slots at "
+        f"{1000 * float(model.get('decode_per_token_s', 0)):g} ms/token; tools "
+        f"{tools['kind']} median {tools.get('median', '?')} s; "
         f"{report.machine['cpus']} CPUs, load {load:.1f}",
-        fontsize=10,
+        fontsize=9,
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
