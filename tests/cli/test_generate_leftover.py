@@ -9,12 +9,8 @@ from exactly the saved tokens (same ids, masks and logprobs), not start over.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import pickle
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,14 +19,13 @@ import anyio
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import uvicorn
+from tests._serve_thread import demo_server_in_thread
 from typer.testing import CliRunner
 
 from toolrollout._exceptions import UserError
 from toolrollout.cli import app
 from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import SamplingParams, SGLangClient
-from toolrollout.engines.embedded import EmbeddedEngine
 from toolrollout.rollout import (
     RolloutConfig,
     RolloutRunner,
@@ -41,7 +36,6 @@ from toolrollout.rollout import (
     write_leftover,
     write_trajectories,
 )
-from toolrollout.server import create_app
 from toolrollout.tools import calculator_tool
 
 RUN = ["--n", "2", "--max-new-tokens", "64", "--max-turns", "3", "--seed", "11"]
@@ -50,26 +44,8 @@ RUN = ["--n", "2", "--max-new-tokens", "64", "--max-turns", "3", "--seed", "11"]
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """The app of `toolrollout serve` under uvicorn in a thread, one sequence at a time."""
-    engine = EmbeddedEngine(DEMO_MODEL_PATH, max_batch_size=1, num_threads=1)
-    asyncio.run(engine.start())
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not uv.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
-        asyncio.run(engine.aclose())
+    with demo_server_in_thread() as url:
+        yield url
 
 
 def generate(*args: str) -> Any:

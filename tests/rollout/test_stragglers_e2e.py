@@ -12,10 +12,6 @@ model logprob (both legs) equals a teacher-forced forward pass over exactly thos
 
 from __future__ import annotations
 
-import asyncio
-import socket
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,11 +19,10 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
-import uvicorn
+from tests._serve_thread import demo_server_in_thread
 
 from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import SamplingParams, SGLangClient
-from toolrollout.engines.embedded import EmbeddedEngine
 from toolrollout.rollout import (
     RolloutBatch,
     RolloutConfig,
@@ -35,7 +30,6 @@ from toolrollout.rollout import (
     TrajectoryStatus,
     read_rows,
 )
-from toolrollout.server import create_app
 from toolrollout.tools import calculator_tool
 
 TOKENS = 96
@@ -47,26 +41,8 @@ SERVER_MESSAGES = {"Aborted", "Abort in waiting queue"}
 def server() -> Iterator[str]:
     """The app of `toolrollout serve` under uvicorn on a loopback port, in a thread (a
     subprocess would spend most of this test's time importing torch again)."""
-    engine = EmbeddedEngine(DEMO_MODEL_PATH, max_batch_size=1, num_threads=1)
-    asyncio.run(engine.start())
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
-    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not uv.started:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError("uvicorn did not start")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        uv.should_exit = True
-        thread.join(10)
-        sock.close()
-        asyncio.run(engine.aclose())
+    with demo_server_in_thread() as url:
+        yield url
 
 
 def load(url: str) -> int:
