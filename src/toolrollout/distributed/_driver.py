@@ -420,6 +420,24 @@ def _drive(
     )
 
 
+def _lost_sample(
+    prompts: Sequence[RolloutPrompt],
+    group_ids: Sequence[str],
+    prompt_index: int,
+    sample_index: int,
+    message: str,
+) -> Trajectory:
+    """The ``failed`` row standing for a sample whose worker died before returning it."""
+    return failed_trajectory(
+        group_id=group_ids[prompt_index],
+        prompt_index=prompt_index,
+        sample_index=sample_index,
+        prompt=prompts[prompt_index],
+        reason="error",
+        error=f"DistributedError: {message}",
+    )
+
+
 def _split_batch(
     rows: list[Trajectory],
     chosen: set[tuple[str, int]],
@@ -436,14 +454,7 @@ def _split_batch(
     line says which shard).
     """
     lost = [
-        failed_trajectory(
-            group_id=group_ids[p],
-            prompt_index=p,
-            sample_index=s,
-            prompt=prompts[p],
-            reason="error",
-            error=f"DistributedError: {message}",
-        )
+        _lost_sample(prompts, group_ids, p, s, message)
         for job, message in failed
         for p in job.prompt_indices
         for s in range(job.config.n)
@@ -494,16 +505,7 @@ def _account_for_failures(
             for sample_index in range(job.config.n):
                 if (prompt_index, sample_index) in have:
                     continue
-                rows.append(
-                    failed_trajectory(
-                        group_id=group_ids[prompt_index],
-                        prompt_index=prompt_index,
-                        sample_index=sample_index,
-                        prompt=prompts[prompt_index],
-                        reason="error",
-                        error=f"DistributedError: {message}",
-                    )
-                )
+                rows.append(_lost_sample(prompts, group_ids, prompt_index, sample_index, message))
     if rows:
         with ShardWriter(parts) as writer:
             for row in rows:
