@@ -4,6 +4,9 @@
     python benchmarks/bench_rollout.py --tokens-per-turn 48 --decode-ms 2 --tool-median 0.2 \
         --out benchmarks/results/rollout_short_turns.json \
         --plot docs/benchmarks_rollout_short_turns.png   # short turns on a fast server
+    python benchmarks/bench_rollout.py --modes toolrollout,oversample \
+        --out benchmarks/results/rollout_oversample.json \
+        --plot docs/benchmarks_rollout_oversample.png    # straggler control
 
 Writes benchmarks/results/rollout.json and docs/benchmarks_rollout.png by default. The
 default workload is the one docs/benchmarks.md reports the issue's targets on: 64 prompts x
@@ -43,6 +46,11 @@ def main() -> None:
     parser.add_argument("--decode-ms", type=float, default=20.0, help="decode ms per token")
     parser.add_argument("--capacity", type=int, default=256, help="batching slots per server")
     parser.add_argument("--servers", type=int, default=1, help="latency-model servers")
+    parser.add_argument(
+        "--modes",
+        help="comma-separated modes (default: all but oversample; verifiers if installed)",
+    )
+    parser.add_argument("--batch-fraction", type=float, default=0.875, help="oversample target")
     parser.add_argument("--tool-median", type=float, default=1.0)
     parser.add_argument("--tool-sigma", type=float, default=1.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rollout.json")
@@ -51,6 +59,8 @@ def main() -> None:
     modes = ["toolrollout", "lockstep", "httpx", "aiohttp"]
     if importlib.util.find_spec("verifiers") is not None:
         modes.insert(2, "verifiers")
+    if args.modes:
+        modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     config = BenchConfig(
         workload=Workload(
             args.prompts, args.n, args.min_turns, args.max_turns, args.tokens_per_turn, seed=0
@@ -63,6 +73,7 @@ def main() -> None:
         tool_latency=ToolLatency("lognormal", args.tool_median, args.tool_sigma, seed=0),
         modes=tuple(modes),
         servers=args.servers,
+        batch_fraction=args.batch_fraction,
         micro_turns=64,
     )
     report = run_benchmark(config, progress=print)

@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from toolrollout._exceptions import BenchmarkError
 from toolrollout.bench import (
     BenchConfig,
     BenchReport,
@@ -75,6 +76,28 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
     render_table(report, console)
     text = console.export_text()
     assert "lockstep" in text and "orchestration efficiency" in text
+
+
+@pytest.mark.slow
+def test_oversample_mode_delivers_the_batch_target_and_counts_the_aborted_work() -> None:
+    workload = Workload(prompts=2, n=2, min_turns=2, max_turns=3, tokens_per_turn=24, seed=5)
+    config = BenchConfig(
+        workload=workload,
+        model=LatencyModel(capacity=4, prefill_per_token_s=1e-5, decode_per_token_s=1e-3),
+        tool_latency=ToolLatency("lognormal", median=0.05, sigma=1.5, seed=5),
+        modes=("oversample",),
+        batch_fraction=0.5,
+        micro_turns=0,
+    )
+    report = run_benchmark(config)
+    [result] = report.results
+    assert result.mode == "oversample"
+    assert result.trajectories == result.completed == 2  # half of the four, all finished
+    assert "batch target 2 of 4 trajectories" in result.note
+    assert result.turns >= 2 * workload.min_turns  # the batch's turns, aborted work too
+    assert report.config["batch_fraction"] == 0.5
+    with pytest.raises(BenchmarkError, match="batch_fraction"):
+        BenchConfig(batch_fraction=0.0)
 
 
 @pytest.mark.parametrize(

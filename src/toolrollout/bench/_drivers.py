@@ -9,6 +9,9 @@
   OpenAI-compatible ``/v1/chat/completions``.
 * ``httpx``: bare ``httpx`` POSTs of the same conversations to ``/generate`` with no
   tokenization, parsing or tools; the client-CPU floor for a turn.
+* ``oversample``: toolrollout's straggler control, ``RolloutRunner.run_batch`` over the
+  same trajectories with a target of ``batch_fraction`` of them: the makespan is the time to
+  that target, after which the rest is aborted on the server (and kept, resumable).
 * ``aiohttp``: the same bare POSTs over the transport toolrollout's clients use
   (``toolrollout._http``), so that what toolrollout adds on top of its own transport can be
   told apart from what the transport saves.
@@ -41,6 +44,8 @@ class DriverSpec:
     tokenizer: str
     concurrency: int = 4096
     drift_check: bool = True
+    batch_fraction: float = 0.875
+    """``oversample`` mode: the share of the trajectories the batch target asks for."""
 
 
 def _clock() -> tuple[float, float]:
@@ -86,6 +91,48 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
         "cached_tokens": sum(int(t.metrics["cached_tokens"]) for t in trajectories),
         **measured,
         "note": f"drift mismatches {drift}; errors " + str(sum(1 for t in trajectories if t.error)),
+    }
+
+
+async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    """Straggler control: stop at ``batch_fraction`` of the trajectories, abort the rest.
+
+    Every trajectory here is its own group (the workload's samples have distinct scripts),
+    so the target counts trajectories. ``trajectories`` is what the batch delivered; the
+    turns and tokens include the aborted ones' (their CPU was spent too).
+    """
+    import math
+
+    from toolrollout.engines import SamplingParams, SGLangClient
+    from toolrollout.rollout import RolloutConfig, RolloutRunner
+
+    lookup = LookupClient(spec.tool_url)
+    config = RolloutConfig(
+        sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),
+        max_turns=workload.max_turns,
+        max_response_tokens=1_000_000,
+        concurrency=spec.concurrency,
+        drift_check=spec.drift_check,
+    )
+    rows = workload.rows()
+    target = min(len(rows), max(1, math.ceil(len(rows) * spec.batch_fraction)))
+    async with SGLangClient(list(spec.engine_urls)) as client:
+        runner = RolloutRunner(client, tokenizer, [lookup.tool()], config=config)
+        started = _clock()
+        batch = await runner.run_batch(rows, target_groups=target)
+        measured = _since(started)
+    await lookup.aclose()
+    everything = [*batch.trajectories, *batch.leftover]
+    return {
+        "trajectories": len(batch.trajectories),
+        "completed": sum(1 for t in batch.trajectories if str(t.status) == "completed"),
+        "turns": sum(t.num_turns for t in everything),
+        "generated_tokens": sum(int(t.metrics["model_tokens"]) for t in everything),
+        **measured,
+        "note": (
+            f"batch target {target} of {len(rows)} trajectories; "
+            f"{len(batch.partial)} aborted at the target, resumable"
+        ),
     }
 
 
@@ -266,6 +313,7 @@ async def _run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) -
 
 _DRIVERS = {
     "toolrollout": _run_toolrollout,
+    "oversample": _run_oversample,
     "lockstep": _run_lockstep,
     "httpx": _run_httpx,
     "aiohttp": _run_aiohttp,

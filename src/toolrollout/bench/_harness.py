@@ -34,7 +34,7 @@ from ._model import LatencyModel, ToolLatency, Workload
 
 __all__ = ["BenchConfig", "BenchReport", "run_benchmark", "serve_benchmark_services"]
 
-MODES = ("toolrollout", "lockstep", "verifiers", "httpx", "aiohttp")
+MODES = ("toolrollout", "oversample", "lockstep", "verifiers", "httpx", "aiohttp")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +48,8 @@ class BenchConfig:
     servers: int = 1
     tokenizer: str = ""
     drift_check: bool = True
+    batch_fraction: float = 0.875
+    """``oversample`` mode: its batch target, as a share of the trajectories."""
     micro_turns: int = 64
     mode_timeout_s: float = 1800.0
 
@@ -57,6 +59,8 @@ class BenchConfig:
             raise BenchmarkError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
         if self.servers < 1:
             raise BenchmarkError("servers must be at least 1")
+        if not 0.0 < self.batch_fraction <= 1.0:
+            raise BenchmarkError(f"batch_fraction must be in (0, 1], got {self.batch_fraction}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +70,7 @@ class BenchConfig:
             "modes": list(self.modes),
             "servers": self.servers,
             "drift_check": self.drift_check,
+            "batch_fraction": self.batch_fraction,
         }
 
 
@@ -290,6 +295,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                 workload=config.workload.to_dict(),
                 tokenizer=config.tokenizer,
                 drift_check=config.drift_check,
+                batch_fraction=config.batch_fraction,
             )
             services_before = _process_cpu_s(pids)
             raw = _run_worker(spec, config.mode_timeout_s)

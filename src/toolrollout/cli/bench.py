@@ -39,12 +39,18 @@ def bench(
         list[str] | None,
         typer.Option(
             "--mode",
-            help="toolrollout, lockstep, verifiers, httpx, aiohttp (repeatable). "
+            help="toolrollout, oversample, lockstep, verifiers, httpx, aiohttp (repeatable). "
             "Default: toolrollout, lockstep, httpx, aiohttp, and verifiers when it is "
             "installed.",
         ),
     ] = None,
     servers: Annotated[int, typer.Option(min=1, help="Latency-model servers.")] = 1,
+    batch_fraction: Annotated[
+        float,
+        typer.Option(
+            min=0.0, max=1.0, help="oversample mode: the batch target, a share of trajectories."
+        ),
+    ] = 0.875,
     drift_check: Annotated[
         bool, typer.Option(help="Run toolrollout with its per-turn drift check.")
     ] = True,
@@ -95,6 +101,7 @@ def bench(
             modes=modes,
             servers=servers,
             drift_check=drift_check,
+            batch_fraction=batch_fraction,
             micro_turns=micro_turns,
         )
         report = run_benchmark(config, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
