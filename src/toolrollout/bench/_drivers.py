@@ -23,12 +23,15 @@ import resource
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from ._model import Workload
 from ._tools import LookupClient
+
+if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
+    from toolrollout.rollout import RolloutConfig
 
 __all__ = ["DriverSpec", "run_driver"]
 
@@ -63,18 +66,26 @@ def _tokens_limit(workload: Workload) -> int:
     return workload.tokens_per_turn * 2 + 32
 
 
-async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    from toolrollout.engines import SamplingParams, SGLangClient
-    from toolrollout.rollout import RolloutConfig, RolloutRunner
+def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
+    """The RolloutConfig both toolrollout modes run with."""
+    from toolrollout.engines import SamplingParams
+    from toolrollout.rollout import RolloutConfig
 
-    lookup = LookupClient(spec.tool_url)
-    config = RolloutConfig(
+    return RolloutConfig(
         sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),
         max_turns=workload.max_turns,
         max_response_tokens=1_000_000,
         concurrency=spec.concurrency,
         drift_check=spec.drift_check,
     )
+
+
+async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    from toolrollout.engines import SGLangClient
+    from toolrollout.rollout import RolloutRunner
+
+    lookup = LookupClient(spec.tool_url)
+    config = _rollout_config(spec, workload)
     async with SGLangClient(list(spec.engine_urls)) as client:
         runner = RolloutRunner(client, tokenizer, [lookup.tool()], config=config)
         rows = workload.rows()
@@ -103,17 +114,11 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
     """
     import math
 
-    from toolrollout.engines import SamplingParams, SGLangClient
-    from toolrollout.rollout import RolloutConfig, RolloutRunner
+    from toolrollout.engines import SGLangClient
+    from toolrollout.rollout import RolloutRunner
 
     lookup = LookupClient(spec.tool_url)
-    config = RolloutConfig(
-        sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),
-        max_turns=workload.max_turns,
-        max_response_tokens=1_000_000,
-        concurrency=spec.concurrency,
-        drift_check=spec.drift_check,
-    )
+    config = _rollout_config(spec, workload)
     rows = workload.rows()
     target = min(len(rows), max(1, math.ceil(len(rows) * spec.batch_fraction)))
     async with SGLangClient(list(spec.engine_urls)) as client:
