@@ -351,6 +351,9 @@ def _drive(
             .options(name=f"toolrollout-{run_id}-batch")
             .remote(target[0], n, target[1])
         )
+        # Wait until the count can be reached: a shard whose reports queue behind a
+        # coordinator that is still starting would run its whole shard past the target.
+        ray.get(coordinator.stopped.remote())
     actors = [
         remote.options(
             name=f"toolrollout-{run_id}-shard-{job.shard}",
