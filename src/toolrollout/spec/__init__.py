@@ -19,6 +19,7 @@ from toolrollout.rollout._compat import tokenizer_fingerprint as tokenizer_finge
 from ._open import OpenRun as OpenRun
 from ._open import RunParts as RunParts
 from ._open import build_runner as build_runner
+from ._open import check_interactions as check_interactions
 from ._open import load_parts as load_parts
 from ._open import open_run as open_run
 from ._policy import default_rewards as default_rewards
@@ -27,6 +28,7 @@ from ._policy import is_number as is_number
 from ._policy import load_tokenizer as load_tokenizer
 from ._spec import RunSpec as RunSpec
 from ._spec import VisionMode as VisionMode
+from ._spec import check_target_groups as check_target_groups
 
 __all__ = [
     "OpenRun",
@@ -35,7 +37,9 @@ __all__ = [
     "VisionMode",
     "abort_all_requests",
     "build_runner",
+    "check_interactions",
     "check_leftover_matches",
+    "check_target_groups",
     "connect",
     "default_rewards",
     "detect_vision",

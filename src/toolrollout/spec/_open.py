@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toolrollout.engines._factory import connect, discover_context_length
-from toolrollout.rollout import RolloutRunner
+from toolrollout.rollout import RolloutPrompt, RolloutRunner
 
 from ._policy import detect_vision, load_tokenizer
 from ._spec import RunSpec
@@ -27,7 +27,14 @@ if TYPE_CHECKING:
     from toolrollout.interactions import Interaction
     from toolrollout.tools import Tool
 
-__all__ = ["OpenRun", "RunParts", "build_runner", "load_parts", "open_run"]
+__all__ = [
+    "OpenRun",
+    "RunParts",
+    "build_runner",
+    "check_interactions",
+    "load_parts",
+    "open_run",
+]
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,27 @@ def load_parts(spec: RunSpec, *, tokenizer: Any = None) -> RunParts:
     else:
         interactions = {}
     return RunParts(tokenizer, tools, interactions, detect_vision(folder, spec.vision))
+
+
+def check_interactions(
+    interactions: Mapping[str, Interaction],
+    prompts: Sequence[RolloutPrompt],
+    *,
+    source: str,
+    names: Sequence[str] | None = None,
+) -> None:
+    """A one-line :class:`UserError` (``<source> row <i>: ...``, or ``names[i]`` for
+    ``row <i>``) for the first row naming an interaction that is not configured: a dataset
+    mistake reported before anything runs."""
+    from toolrollout._exceptions import UserError
+    from toolrollout.rollout._interactions import select_interaction
+
+    for index, prompt in enumerate(prompts):
+        try:
+            select_interaction(interactions, prompt)
+        except UserError as exc:
+            name = names[index] if names is not None else f"row {index}"
+            raise UserError(f"{source} {name}: {exc}") from exc
 
 
 def build_runner(

@@ -38,7 +38,8 @@ def default_rewards(
     when every truth reads as one, else ``exact_match``; no truths, no match term. A
     positive ``tool_error_penalty`` adds that penalty per failed or malformed tool call.
     """
-    from toolrollout.rewards import exact_match, numeric_match, tool_error_penalty as penalty
+    from toolrollout.rewards import exact_match, numeric_match
+    from toolrollout.rewards import tool_error_penalty as penalty
 
     truths = [t for t in ground_truths if t is not None]
     terms: list[WeightedReward | Any] = []
@@ -87,4 +88,3 @@ def load_tokenizer(path: str | Path) -> Any:
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as exc:  # transformers raises many types for a bad folder
         raise UserError(f"cannot load a tokenizer from {folder}: {exc}") from exc
-

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     Reward = Callable[[Trajectory], Any] | WeightedReward
 
-__all__ = ["RunSpec", "VisionMode"]
+__all__ = ["RunSpec", "VisionMode", "check_target_groups"]
 
 VisionMode = Literal["auto", "on", "off"]
 """``auto``: images go into the context when the model folder has a
@@ -114,8 +114,7 @@ class RunSpec:
         parser = self.config.tool_parser
         if parser is not None and parser not in tool_parser_names():
             raise UserError(
-                f"unknown --tool-parser {parser!r}; "
-                f"choose from {', '.join(tool_parser_names())}"
+                f"unknown --tool-parser {parser!r}; choose from {', '.join(tool_parser_names())}"
             )
         _at_least("--tool-error-penalty", self.tool_error_penalty, 0.0)
         _at_least("--threads", self.threads, 1)
@@ -169,6 +168,14 @@ class RunSpec:
         from ._policy import default_rewards
 
         return tuple(default_rewards(ground_truths, tool_error_penalty=self.tool_error_penalty))
+
+
+def check_target_groups(target_groups: int, num_prompts: int) -> None:
+    """A batch target must be reachable: between 1 and the number of prompts (groups)."""
+    if not 1 <= target_groups <= num_prompts:
+        raise UserError(
+            f"target_groups must be between 1 and the {num_prompts} prompts, got {target_groups}"
+        )
 
 
 def _at_least(flag: str, value: float, low: float) -> None:
