@@ -26,7 +26,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward
-from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory
+from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory, as_prompt
 from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts
 from toolrollout.tools import Tool, ToolExecutor, tool_services
 
@@ -220,9 +220,13 @@ def _spec(
 
 
 def _as_rollout_prompt(prompt: Any) -> RolloutPrompt:
-    """TRL passes each row's ``prompt``: a message list, or a plain string."""
+    """TRL passes each row's ``prompt``: a message list, or a plain string. A mapping in the
+    dataset layout (``messages``/``prompt``, ``answer``, ``extra_info``) is taken as a
+    whole row, so it can name its interaction and carry its ground truth."""
     if isinstance(prompt, str):
         return RolloutPrompt(({"role": "user", "content": prompt},))
+    if isinstance(prompt, Mapping):
+        return as_prompt(prompt)
     if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
         return RolloutPrompt(tuple(dict(m) for m in prompt))
     raise UserError(
