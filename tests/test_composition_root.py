@@ -108,7 +108,7 @@ def test_vision_is_detected_from_the_model_folder() -> None:
     assert detect_vision(DEMO_MODEL_PATH) is None
     assert isinstance(detect_vision(DEMO_VL_MODEL_PATH), VisionFormat)
     assert detect_vision(DEMO_VL_MODEL_PATH, "off") is None
-    with pytest.raises(UserError, match="preprocessor_config.json"):
+    with pytest.raises(UserError, match=r"preprocessor_config\.json"):
         detect_vision(DEMO_MODEL_PATH, "on")
 
 
