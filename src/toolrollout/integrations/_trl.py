@@ -27,8 +27,8 @@ from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward
 from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory, as_prompt
-from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts
-from toolrollout.tools import Tool, ToolExecutor, tool_services
+from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts, open_services
+from toolrollout.tools import Tool, ToolExecutor
 
 from ._metrics import rollout_metrics, trajectory_extras
 
@@ -98,9 +98,7 @@ class TRLRolloutFunc:
                 raise
             stack.callback(portal.call, self.engine.aclose)
             try:
-                stack.enter_context(
-                    portal.wrap_async_context_manager(tool_services(self._parts.tools))
-                )
+                stack.enter_context(portal.wrap_async_context_manager(open_services(self._parts)))
             except BaseException:
                 stack.close()
                 raise

@@ -34,6 +34,7 @@ __all__ = [
     "check_interactions",
     "load_parts",
     "open_run",
+    "open_services",
 ]
 
 
@@ -144,6 +145,16 @@ class OpenRun:
 
 
 @asynccontextmanager
+async def open_services(parts: RunParts) -> AsyncIterator[None]:
+    """Open what the run's tools need (MCP sessions, a local sandbox or retriever) for the
+    block: the one place every entry point opens tool services."""
+    from toolrollout.tools import tool_services
+
+    async with tool_services(parts.tools):
+        yield
+
+
+@asynccontextmanager
 async def open_run(
     spec: RunSpec,
     *,
@@ -155,8 +166,6 @@ async def open_run(
     ``async with open_run(spec) as run: await run.runner.run(prompts)``. ``parts`` from
     :func:`load_parts` avoid loading twice when the caller checked them first.
     """
-    from toolrollout.tools import tool_services
-
     if parts is None:
         parts = load_parts(spec)
     engine = await connect(
@@ -166,7 +175,7 @@ async def open_run(
         health_timeout=spec.health_timeout,
         **spec.client_options(),
     )
-    async with engine, tool_services(parts.tools):
+    async with engine, open_services(parts):
         context_length = await discover_context_length(engine)
         runner = build_runner(
             spec, engine, parts=parts, ground_truths=ground_truths, context_length=context_length
