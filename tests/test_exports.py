@@ -20,6 +20,7 @@ PUBLIC_MODULES = [
     "toolrollout.integrations",
     "toolrollout.rewards",
     "toolrollout.rollout",
+    "toolrollout.spec",
     "toolrollout.tools",
     "toolrollout.testing",
     "toolrollout.demo",

@@ -82,12 +82,13 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
 
 async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
     from toolrollout.engines import SGLangClient
-    from toolrollout.rollout import RolloutRunner
+    from toolrollout.spec import RunSpec, build_runner
 
     lookup = LookupClient(spec.tool_url)
     config = _rollout_config(spec, workload)
     async with SGLangClient(list(spec.engine_urls)) as client:
-        runner = RolloutRunner(client, tokenizer, [lookup.tool()], config=config)
+        run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
+        runner = build_runner(run_spec, client, tokenizer=tokenizer)
         rows = workload.rows()
         started = _clock()
         trajectories = await runner.run(rows)
@@ -115,14 +116,15 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
     import math
 
     from toolrollout.engines import SGLangClient
-    from toolrollout.rollout import RolloutRunner
+    from toolrollout.spec import RunSpec, build_runner
 
     lookup = LookupClient(spec.tool_url)
     config = _rollout_config(spec, workload)
     rows = workload.rows()
     target = min(len(rows), max(1, math.ceil(len(rows) * spec.batch_fraction)))
     async with SGLangClient(list(spec.engine_urls)) as client:
-        runner = RolloutRunner(client, tokenizer, [lookup.tool()], config=config)
+        run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
+        runner = build_runner(run_spec, client, tokenizer=tokenizer)
         started = _clock()
         batch = await runner.run_batch(rows, target_groups=target)
         measured = _since(started)

@@ -16,14 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from toolrollout.cli._common import (
-    EngineUrlsOption,
-    ModelOption,
-    fail,
-    is_number,
-    load_tokenizer,
-    start_engine,
-)
+from toolrollout.cli._common import EngineUrlsOption, ModelOption, fail
 
 if TYPE_CHECKING:
     from toolrollout.eval import Comparison, EvalSummary
@@ -237,31 +230,15 @@ def _run_model(
     import anyio
 
     from toolrollout._exceptions import UserError
-    from toolrollout.chat import tool_parser_names
     from toolrollout.data import load_prompts
     from toolrollout.demo import DEMO_MODEL_PATH, demo_prompts_for_tools
     from toolrollout.engines import SamplingParams
     from toolrollout.eval import compare, single_turn_runner, summarize
-    from toolrollout.rewards import exact_match, numeric_match
-    from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryWriter
-    from toolrollout.tools import calculator_tool, load_tool_config, tool_services
+    from toolrollout.rollout import RolloutConfig, Trajectory, TrajectoryWriter
+    from toolrollout.spec import RunSpec, load_parts, open_run
 
     from ._progress import RolloutProgress
 
-    if config["tool_parser"] not in tool_parser_names():
-        raise UserError(
-            f"unknown --tool-parser {config['tool_parser']!r}; "
-            f"choose from {', '.join(tool_parser_names())}"
-        )
-    tools = load_tool_config(tool_config) if tool_config else [calculator_tool()]
-    # Without --dataset, the demo prompt set that suits the tools (as `generate` picks it).
-    prompts_path = dataset or demo_prompts_for_tools(t.name for t in tools)
-    prompts = load_prompts(prompts_path, limit=config["limit"])
-    truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
-    if not truths:
-        raise UserError("eval needs a ground truth per prompt ('answer' or 'ground_truth')")
-    model_path = model or DEMO_MODEL_PATH
-    tokenizer = load_tokenizer(model_path)
     rollout_config = RolloutConfig(
         sampling=SamplingParams(
             max_new_tokens=config["max_new_tokens"],
@@ -275,37 +252,40 @@ def _run_model(
         seed=config["seed"],
         tool_parser=config["tool_parser"],
     )
-    # Numbers compare as numbers ("The answer is 12.0"); other answers must match exactly.
-    rewards = [numeric_match if all(is_number(t) for t in truths) else exact_match]
+    spec = RunSpec(
+        engine_urls=tuple(engine_urls),
+        model=model or DEMO_MODEL_PATH,
+        tool_config=tool_config,
+        config=rollout_config,
+        threads=threads,
+        health_timeout=health_timeout,
+    )
+    parts = load_parts(spec)
+    # Without --dataset, the demo prompt set that suits the tools (as `generate` picks it).
+    prompts_path = dataset or demo_prompts_for_tools(parts.tool_names)
+    prompts = load_prompts(prompts_path, limit=config["limit"])
+    truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
+    if not truths:
+        raise UserError("eval needs a ground truth per prompt ('answer' or 'ground_truth')")
+    spec = spec.replace(rewards=spec.rewards_for(truths))
     out_dir.mkdir(parents=True, exist_ok=True)
     arms = [("tools", out_dir / "trajectories.parquet")]
     if config["baseline"] == Baseline.SINGLE_TURN:
         arms.insert(0, ("single-turn", out_dir / "single_turn.parquet"))
 
     async def main() -> dict[str, list[Trajectory]]:
-        engine, context_length = await start_engine(
-            engine_urls, model_path, threads=threads, health_timeout=health_timeout
-        )
         results: dict[str, list[Trajectory]] = {}
-        async with engine, tool_services(tools):
+        async with open_run(spec, parts=parts) as run:
             # One arm after the other, so the latency of one is not inflated by the other.
             for label, path in arms:
-                if label == "tools":
-                    runner = RolloutRunner(
-                        engine,
-                        tokenizer,
-                        tools,
-                        config=rollout_config,
-                        rewards=rewards,
-                        context_length=context_length,
-                    )
-                else:
+                runner = run.runner
+                if label != "tools":
                     runner = single_turn_runner(
-                        engine,
-                        tokenizer,
+                        run.engine,
+                        run.tokenizer,
                         config=rollout_config,
-                        rewards=rewards,
-                        context_length=context_length,
+                        rewards=spec.rewards_for(truths),
+                        context_length=run.context_length,
                     )
                 total = len(prompts) * rollout_config.n
                 with TrajectoryWriter(path) as writer, RolloutProgress(total) as progress:

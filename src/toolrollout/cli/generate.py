@@ -21,209 +21,275 @@ continues exactly those trajectories in a later run.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import signal
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from toolrollout.cli._common import (
-    EngineUrlsOption,
-    ModelOption,
-    fail,
-    is_number,
-    load_tokenizer,
-    start_engine,
-)
+from toolrollout.cli._common import EngineUrlsOption, ModelOption, fail
+
+if TYPE_CHECKING:
+    from toolrollout.rollout import RolloutPrompt, Trajectory
+    from toolrollout.spec import RunParts, RunSpec
 
 __all__ = ["generate", "register"]
+
+_Dataset = Annotated[
+    Path | None,
+    typer.Option(
+        help="Prompts (.jsonl or .parquet; verl RL layout accepted). Default: the demo "
+        "prompts for the configured tools (python, search or calculator)."
+    ),
+]
+_ToolConfig = Annotated[
+    Path | None, typer.Option(help="verl-layout tool config YAML. Default: calculator.")
+]
+_InteractionConfig = Annotated[
+    Path | None,
+    typer.Option(
+        help="verl-layout interaction config YAML; rows pick one by "
+        "extra_info.interaction_kwargs.name."
+    ),
+]
+_MaxInteractionTurns = Annotated[
+    int | None, typer.Option(min=0, help="Interaction messages appended per trajectory at most.")
+]
+_TurnRewardWeight = Annotated[
+    float, typer.Option(help="Weight of the summed interaction turn rewards in the reward.")
+]
+_ToolRewardWeight = Annotated[
+    float, typer.Option(help="Weight of the summed tool rewards in the reward.")
+]
+_N = Annotated[
+    int | None,
+    typer.Option(
+        "--n",
+        min=1,
+        help="Samples per prompt (GRPO group). Default 1; with --resume-leftover, the "
+        "leftover's own.",
+    ),
+]
+_MaxTurns = Annotated[int, typer.Option(min=1, help="Assistant turns per trajectory.")]
+_MaxNewTokens = Annotated[int, typer.Option(min=1, help="Tokens per model turn.")]
+_MaxResponseTokens = Annotated[int, typer.Option(min=1, help="Budget over all response tokens.")]
+_Temperature = Annotated[float, typer.Option(min=0.0)]
+_TopP = Annotated[float, typer.Option(min=0.0, max=1.0)]
+_Concurrency = Annotated[int, typer.Option(min=1, help="In-flight engine requests.")]
+_Seed = Annotated[int | None, typer.Option(help="Base sampling seed.")]
+_Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")]
+_ToolParser = Annotated[str, typer.Option(help="Tool-call format of the model.")]
+_ToolErrorPenalty = Annotated[
+    float, typer.Option(min=0.0, help="Reward penalty per failed or malformed tool call.")
+]
+_Out = Annotated[Path, typer.Option(help=".parquet or .jsonl output.")]
+_HealthTimeout = Annotated[
+    float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
+]
+_Threads = Annotated[
+    int, typer.Option(min=1, help="Torch threads of the embedded engine (1 suits tiny models).")
+]
+_MaxImages = Annotated[
+    int | None, typer.Option(min=0, help="Images per trajectory (vision models).")
+]
+_MaxImageTokens = Annotated[
+    int | None, typer.Option(min=0, help="Image placeholder tokens per trajectory.")
+]
+_Resume = Annotated[
+    bool, typer.Option(help="Complete an interrupted run: only samples without a row are run.")
+]
+_FlushEvery = Annotated[
+    int, typer.Option(min=1, help="Rows per crash-safe shard (at most this many are lost).")
+]
+_RequestTimeout = Annotated[
+    float, typer.Option(min=0.1, help="Seconds to wait for one engine answer.")
+]
+_Retries = Annotated[
+    int, typer.Option(min=1, help="Attempts per engine request (5xx, resets, timeouts).")
+]
+_TrajectoryTimeout = Annotated[
+    float | None, typer.Option(min=0.1, help="Seconds per trajectory before it is failed.")
+]
+_TargetGroups = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Straggler control: stop once this many complete groups are done; the rest "
+        "is aborted on the server and saved to the leftover file, not the output.",
+    ),
+]
+_Oversample = Annotated[
+    float,
+    typer.Option(min=1.0, help="With --target-groups: launch this many times the groups needed."),
+]
+_KeepGroupsWhole = Annotated[
+    bool,
+    typer.Option(
+        help="With --target-groups: a group counts only when all its samples finished "
+        "(--no-keep-groups-whole: any target x n finished samples)."
+    ),
+]
+_Leftover = Annotated[
+    Path | None,
+    typer.Option(
+        help="Where a --target-groups or --resume-leftover run saves what it left over "
+        "(.parquet). Default: <out stem>.leftover.parquet next to --out.",
+    ),
+]
+_ResumeLeftover = Annotated[
+    Path | None,
+    typer.Option(
+        help="Continue the trajectories of a leftover file (aborted ones from their "
+        "partial tokens) instead of rolling out a dataset; with --target-groups again "
+        "a batch that saves a new leftover.",
+    ),
+]
+_Ray = Annotated[
+    bool,
+    typer.Option(
+        "--ray",
+        help="Shard the prompts over Ray actors sharing the engine servers "
+        "(pip install 'toolrollout[ray]'; docs/scale-out.md).",
+    ),
+]
+_RayWorkers = Annotated[
+    int, typer.Option(min=1, help="Ray actors with --ray, each rolling out one shard.")
+]
+_RayAddress = Annotated[
+    str | None,
+    typer.Option(help="Ray cluster to join with --ray ('auto', 'host:6379'). Default: local."),
+]
 
 
 def generate(
     engine_url: EngineUrlsOption = None,
     model: ModelOption = None,
-    dataset: Annotated[
-        Path | None,
-        typer.Option(
-            help="Prompts (.jsonl or .parquet; verl RL layout accepted). Default: the demo "
-            "prompts for the configured tools (python, search or calculator)."
-        ),
-    ] = None,
-    tool_config: Annotated[
-        Path | None, typer.Option(help="verl-layout tool config YAML. Default: calculator.")
-    ] = None,
-    interaction_config: Annotated[
-        Path | None,
-        typer.Option(
-            help="verl-layout interaction config YAML; rows pick one by "
-            "extra_info.interaction_kwargs.name."
-        ),
-    ] = None,
-    max_interaction_turns: Annotated[
-        int | None,
-        typer.Option(min=0, help="Interaction messages appended per trajectory at most."),
-    ] = None,
-    turn_reward_weight: Annotated[
-        float, typer.Option(help="Weight of the summed interaction turn rewards in the reward.")
-    ] = 0.0,
-    tool_reward_weight: Annotated[
-        float, typer.Option(help="Weight of the summed tool rewards in the reward.")
-    ] = 0.0,
-    n: Annotated[
-        int | None,
-        typer.Option(
-            "--n",
-            min=1,
-            help="Samples per prompt (GRPO group). Default 1; with --resume-leftover, the "
-            "leftover's own.",
-        ),
-    ] = None,
-    max_turns: Annotated[int, typer.Option(min=1, help="Assistant turns per trajectory.")] = 4,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 128,
-    max_response_tokens: Annotated[
-        int, typer.Option(min=1, help="Budget over all response tokens.")
-    ] = 1024,
-    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 1.0,
-    concurrency: Annotated[int, typer.Option(min=1, help="In-flight engine requests.")] = 64,
-    seed: Annotated[int | None, typer.Option(help="Base sampling seed.")] = None,
-    limit: Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")] = None,
-    tool_parser: Annotated[str, typer.Option(help="Tool-call format of the model.")] = "qwen25",
-    tool_error_penalty: Annotated[
-        float, typer.Option(min=0.0, help="Reward penalty per failed or malformed tool call.")
-    ] = 0.0,
-    out: Annotated[Path, typer.Option(help=".parquet or .jsonl output.")] = Path(
-        "trajectories.parquet"
-    ),
-    health_timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
-    ] = 120.0,
-    threads: Annotated[
-        int, typer.Option(min=1, help="Torch threads of the embedded engine (1 suits tiny models).")
-    ] = 1,
-    max_images: Annotated[
-        int | None, typer.Option(min=0, help="Images per trajectory (vision models).")
-    ] = None,
-    max_image_tokens: Annotated[
-        int | None, typer.Option(min=0, help="Image placeholder tokens per trajectory.")
-    ] = None,
-    resume: Annotated[
-        bool,
-        typer.Option(help="Complete an interrupted run: only samples without a row are run."),
-    ] = False,
-    flush_every: Annotated[
-        int, typer.Option(min=1, help="Rows per crash-safe shard (at most this many are lost).")
-    ] = 64,
-    request_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Seconds to wait for one engine answer.")
-    ] = 600.0,
-    retries: Annotated[
-        int, typer.Option(min=1, help="Attempts per engine request (5xx, resets, timeouts).")
-    ] = 5,
-    trajectory_timeout: Annotated[
-        float | None, typer.Option(min=0.1, help="Seconds per trajectory before it is failed.")
-    ] = None,
-    target_groups: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Straggler control: stop once this many complete groups are done; the rest "
-            "is aborted on the server and saved to the leftover file, not the output.",
-        ),
-    ] = None,
-    oversample: Annotated[
-        float,
-        typer.Option(
-            min=1.0, help="With --target-groups: launch this many times the groups needed."
-        ),
-    ] = 1.0,
-    keep_groups_whole: Annotated[
-        bool,
-        typer.Option(
-            help="With --target-groups: a group counts only when all its samples finished "
-            "(--no-keep-groups-whole: any target x n finished samples)."
-        ),
-    ] = True,
-    leftover: Annotated[
-        Path | None,
-        typer.Option(
-            help="Where a --target-groups or --resume-leftover run saves what it left over "
-            "(.parquet). Default: <out stem>.leftover.parquet next to --out.",
-        ),
-    ] = None,
-    resume_leftover: Annotated[
-        Path | None,
-        typer.Option(
-            help="Continue the trajectories of a leftover file (aborted ones from their "
-            "partial tokens) instead of rolling out a dataset; with --target-groups again "
-            "a batch that saves a new leftover.",
-        ),
-    ] = None,
-    ray: Annotated[
-        bool,
-        typer.Option(
-            "--ray",
-            help="Shard the prompts over Ray actors sharing the engine servers "
-            "(pip install 'toolrollout[ray]'; docs/scale-out.md).",
-        ),
-    ] = False,
-    ray_workers: Annotated[
-        int, typer.Option(min=1, help="Ray actors with --ray, each rolling out one shard.")
-    ] = 2,
-    ray_address: Annotated[
-        str | None,
-        typer.Option(help="Ray cluster to join with --ray ('auto', 'host:6379'). Default: local."),
-    ] = None,
+    dataset: _Dataset = None,
+    tool_config: _ToolConfig = None,
+    interaction_config: _InteractionConfig = None,
+    max_interaction_turns: _MaxInteractionTurns = None,
+    turn_reward_weight: _TurnRewardWeight = 0.0,
+    tool_reward_weight: _ToolRewardWeight = 0.0,
+    n: _N = None,
+    max_turns: _MaxTurns = 4,
+    max_new_tokens: _MaxNewTokens = 128,
+    max_response_tokens: _MaxResponseTokens = 1024,
+    temperature: _Temperature = 1.0,
+    top_p: _TopP = 1.0,
+    concurrency: _Concurrency = 64,
+    seed: _Seed = None,
+    limit: _Limit = None,
+    tool_parser: _ToolParser = "qwen25",
+    tool_error_penalty: _ToolErrorPenalty = 0.0,
+    out: _Out = Path("trajectories.parquet"),
+    health_timeout: _HealthTimeout = 120.0,
+    threads: _Threads = 1,
+    max_images: _MaxImages = None,
+    max_image_tokens: _MaxImageTokens = None,
+    resume: _Resume = False,
+    flush_every: _FlushEvery = 64,
+    request_timeout: _RequestTimeout = 600.0,
+    retries: _Retries = 5,
+    trajectory_timeout: _TrajectoryTimeout = None,
+    target_groups: _TargetGroups = None,
+    oversample: _Oversample = 1.0,
+    keep_groups_whole: _KeepGroupsWhole = True,
+    leftover: _Leftover = None,
+    resume_leftover: _ResumeLeftover = None,
+    ray: _Ray = False,
+    ray_workers: _RayWorkers = 2,
+    ray_address: _RayAddress = None,
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
+    flags = _Flags(**locals())  # every option by its name, as typer parsed it (first line)
     from toolrollout._exceptions import ToolRolloutError
 
     try:
-        summary = _run(
-            engine_urls=engine_url or [],
-            model=model,
-            dataset=dataset,
-            tool_config=tool_config,
-            interaction_config=interaction_config,
-            max_interaction_turns=max_interaction_turns,
-            turn_reward_weight=turn_reward_weight,
-            tool_reward_weight=tool_reward_weight,
-            n=n,
-            max_turns=max_turns,
-            max_new_tokens=max_new_tokens,
-            max_response_tokens=max_response_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            concurrency=concurrency,
-            seed=seed,
-            limit=limit,
-            tool_parser=tool_parser,
-            tool_error_penalty=tool_error_penalty,
-            out=out,
-            health_timeout=health_timeout,
-            threads=threads,
-            max_images=max_images,
-            max_image_tokens=max_image_tokens,
-            resume=resume,
-            flush_every=flush_every,
-            request_timeout=request_timeout,
-            retries=retries,
-            trajectory_timeout=trajectory_timeout,
-            target_groups=target_groups,
-            oversample=oversample,
-            keep_groups_whole=keep_groups_whole,
-            leftover=leftover,
-            resume_leftover=resume_leftover,
-            ray=_ray_options(ray, ray_workers, ray_address),
-        )
+        summary = _run(flags)
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+    _finish(summary, out)
+
+
+@dataclass(frozen=True)
+class _Flags:
+    """The options of ``generate``, named as the command's parameters."""
+
+    engine_url: list[str] | None
+    model: Path | None
+    dataset: Path | None
+    tool_config: Path | None
+    interaction_config: Path | None
+    max_interaction_turns: int | None
+    turn_reward_weight: float
+    tool_reward_weight: float
+    n: int | None
+    max_turns: int
+    max_new_tokens: int
+    max_response_tokens: int
+    temperature: float
+    top_p: float
+    concurrency: int
+    seed: int | None
+    limit: int | None
+    tool_parser: str
+    tool_error_penalty: float
+    out: Path
+    health_timeout: float
+    threads: int
+    max_images: int | None
+    max_image_tokens: int | None
+    resume: bool
+    flush_every: int
+    request_timeout: float
+    retries: int
+    trajectory_timeout: float | None
+    target_groups: int | None
+    oversample: float
+    keep_groups_whole: bool
+    leftover: Path | None
+    resume_leftover: Path | None
+    ray: bool
+    ray_workers: int
+    ray_address: str | None
+
+    @property
+    def batch_run(self) -> bool:
+        """Only the batch is written; what it left over is saved apart."""
+        return self.target_groups is not None or self.resume_leftover is not None
+
+    @property
+    def leftover_path(self) -> Path:
+        return self.leftover or self.out.with_name(f"{self.out.stem}.leftover.parquet")
+
+
+@dataclass
+class _Plan:
+    """What a run rolls out, decided before anything is written."""
+
+    spec: RunSpec
+    parts: RunParts
+    prompts: list[RolloutPrompt]
+    carried: list[Trajectory]
+    prompts_path: Path
+    folder: Path = Path()
+    run_id: str = "run"
+    group_ids: list[str] = field(default_factory=list)
+    skip: set[tuple[int, int]] = field(default_factory=set)
+    leftover_info: dict[str, Any] = field(default_factory=dict)
+    leftover_path: Path = Path()
+
+
+def _finish(summary: dict[str, Any], out: Path) -> None:
+    """Print the summary and exit as the run ended (130/143 after a signal)."""
     if summary["interrupted"] is not None and summary.get("batch_run"):
         typer.echo(
             f"interrupted by {summary['interrupted']}: a --target-groups or --resume-leftover "
@@ -246,388 +312,340 @@ def generate(
     _print_summary(summary, out)
 
 
-def _run(
-    *,
-    engine_urls: list[str],
-    model: Path | None,
-    dataset: Path | None,
-    tool_config: Path | None,
-    interaction_config: Path | None,
-    max_interaction_turns: int | None,
-    turn_reward_weight: float,
-    tool_reward_weight: float,
-    n: int | None,
-    max_turns: int,
-    max_new_tokens: int,
-    max_response_tokens: int,
-    temperature: float,
-    top_p: float,
-    concurrency: int,
-    seed: int | None,
-    limit: int | None,
-    tool_parser: str,
-    tool_error_penalty: float,
-    out: Path,
-    health_timeout: float,
-    threads: int,
-    max_images: int | None = None,
-    max_image_tokens: int | None = None,
-    resume: bool = False,
-    flush_every: int = 64,
-    request_timeout: float = 600.0,
-    retries: int = 5,
-    trajectory_timeout: float | None = None,
-    target_groups: int | None = None,
-    oversample: float = 1.0,
-    keep_groups_whole: bool = True,
-    leftover: Path | None = None,
-    resume_leftover: Path | None = None,
-    ray: Any = None,
-) -> dict[str, Any]:
-    import math
-
+def _run(flags: _Flags) -> dict[str, Any]:
+    """flags -> RunSpec -> rows on disk; returns the summary the command prints."""
     import anyio
 
-    from toolrollout._exceptions import UserError
-    from toolrollout.chat import tool_parser_names
-    from toolrollout.data import load_prompts
-    from toolrollout.demo import DEMO_MODEL_PATH, demo_prompts_for_tools
-    from toolrollout.engines import RetryPolicy, SamplingParams
-    from toolrollout.interactions import load_interaction_config
-    from toolrollout.rewards import RewardMix, exact_match, numeric_match
-    from toolrollout.rewards import tool_error_penalty as penalty_term
-    from toolrollout.rollout import (
-        RolloutConfig,
-        RolloutRunner,
-        ShardWriter,
-        Trajectory,
-        TrajectoryStatus,
-        compact_shards,
-        done_samples,
-        read_leftover,
-        write_leftover,
-    )
-    from toolrollout.rollout._interactions import select_interaction
-    from toolrollout.tools import calculator_tool, load_tool_config, tool_services
+    from toolrollout.rollout import compact_shards
 
-    from ._progress import RolloutProgress
-
+    ray = _ray_options(flags)
+    plan = _plan(flags)
+    _open_folder(plan, flags)
     if ray is not None:
-        from toolrollout.distributed import import_ray
-
-        if resume_leftover is not None:
-            raise UserError("--resume-leftover does not work with --ray yet; run it without --ray")
-        import_ray()  # not installed: say how, before anything is written
-    if tool_parser not in tool_parser_names():
-        raise UserError(
-            f"unknown --tool-parser {tool_parser!r}; choose from {', '.join(tool_parser_names())}"
-        )
-    batch_run = target_groups is not None or resume_leftover is not None
-    if leftover is not None and not batch_run:
-        raise UserError("--leftover needs --target-groups or --resume-leftover")
-    leftover_path = leftover or out.with_name(f"{out.stem}.leftover.parquet")
-    if leftover_path.suffix != ".parquet":
-        raise UserError(f"--leftover must be a .parquet file, got {leftover_path}")
-    carried: list[Trajectory] = []
-    saved: dict[str, Any] = {}
-    if resume_leftover is not None:
-        if resume:
-            raise UserError("--resume-leftover cannot be combined with --resume")
-        if dataset is not None or limit is not None:
-            raise UserError(
-                "--resume-leftover continues the leftover's own prompts: drop --dataset/--limit"
-            )
-        carried, saved = read_leftover(resume_leftover)
-        if not carried:
-            raise UserError(f"{resume_leftover} holds no trajectories to resume")
-        if n is not None and n != saved.get("n"):
-            raise UserError(
-                f"--n is {n} but the trajectories in {resume_leftover} were run with "
-                f"--n {saved.get('n')}"
-            )
-        n = int(saved["n"])
-    n = n or 1
-    tools = load_tool_config(tool_config) if tool_config else [calculator_tool()]
-    tool_names = sorted(t.name for t in tools)
-    interactions = load_interaction_config(interaction_config) if interaction_config else {}
-    if resume_leftover is not None:
-        _check_leftover_matches(resume_leftover, saved, tool_names, tool_parser)
-        prompts_path = resume_leftover
-        prompts = []
-        for t in carried:  # a row naming an interaction that is not configured: fail now
-            if t.resume_point is not None:
-                try:
-                    select_interaction(interactions, t.resume_point.prompt)
-                except UserError as exc:
-                    raise UserError(f"{resume_leftover} trajectory {t.uid}: {exc}") from exc
-    else:
-        prompts_path = dataset or demo_prompts_for_tools(tool_names)
-        prompts = load_prompts(prompts_path, limit=limit)
-    for index, prompt in enumerate(prompts):  # a row naming an unknown interaction: fail now
-        try:
-            select_interaction(interactions, prompt)
-        except UserError as exc:
-            raise UserError(f"{prompts_path} row {index}: {exc}") from exc
-    if resume_leftover is not None:
-        # The groups are the leftover's; resume() checks --target-groups against them.
-        if oversample != 1.0:
-            raise UserError("--oversample does not apply to --resume-leftover (its groups are set)")
-    elif target_groups is not None:
-        # Straggler control: launch target x oversample groups, keep the first complete ones.
-        launch = math.ceil(target_groups * oversample)
-        if resume:
-            raise UserError("--resume cannot be combined with --target-groups")
-        if launch > len(prompts):
-            raise UserError(
-                f"--target-groups {target_groups} with --oversample {oversample} launches "
-                f"{launch} groups, but {prompts_path} has {len(prompts)} prompts"
-            )
-        prompts = prompts[:launch]
-    elif oversample != 1.0:
-        raise UserError("--oversample needs --target-groups")
-    model_path = model or DEMO_MODEL_PATH
-    parts = out.with_name(out.name + ".parts")
-    tokenizer = load_tokenizer(model_path)
-    fingerprint = _tokenizer_fingerprint(tokenizer)
-    if resume_leftover is not None and saved.get("tokenizer") != fingerprint:
-        raise UserError(
-            f"{resume_leftover} was rolled out with another tokenizer than {model_path} "
-            f"(model {saved.get('model')!r}): its token ids would mean something else"
-        )
-    num_groups = len({t.group_id for t in carried}) if carried else len(prompts)
-    run_id = _open_run(
-        parts, dataset=Path(prompts_path), num_prompts=num_groups, n=n, resume=resume
-    )
-    group_ids = [f"{run_id}-p{i}" for i in range(len(prompts))]
-    skip = done_samples(parts) if resume else set()
-    leftover_info = {
-        "n": n,
-        "tools": tool_names,
-        "tool_parser": tool_parser,
-        "tokenizer": fingerprint,
-        "model": str(model_path),
-    }
-    config = RolloutConfig(
-        sampling=SamplingParams(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p
-        ),
-        n=n,
-        max_turns=max_turns,
-        max_response_tokens=max_response_tokens,
-        concurrency=concurrency,
-        seed=seed,
-        tool_parser=tool_parser,
-        max_interaction_turns=max_interaction_turns,
-        reward_mix=RewardMix(turn_weight=turn_reward_weight, tool_weight=tool_reward_weight),
-        max_images=max_images,
-        max_image_tokens=max_image_tokens,
-        trajectory_timeout=trajectory_timeout,
-    )
-    vision = None
-    if (model_path / "preprocessor_config.json").is_file():
-        # A vision-language model: tool images go into its context (docs/multimodal.md).
-        from toolrollout.chat import VisionFormat
-
-        vision = VisionFormat.from_pretrained(model_path)
-    rewards: list[Any] = []
-    truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
-    truths += [t.ground_truth for t in carried if t.ground_truth is not None]
-    if truths:
-        # Numbers compare as numbers ("The answer is 12.0"); other answers must match exactly.
-        rewards.append(numeric_match if all(is_number(t) for t in truths) else exact_match)
-    if tool_error_penalty > 0:
-        rewards.append(penalty_term(tool_error_penalty))
-    if ray is not None:
-        from toolrollout.distributed import run_sharded
-
-        report = run_sharded(
-            prompts,
-            group_ids=group_ids,
-            config=config,
-            model_path=model_path,
-            parts=parts,
-            options=ray,
-            engine_urls=engine_urls,
-            tool_config=tool_config,
-            interaction_config=interaction_config,
-            rewards=rewards,
-            vision=vision is not None,
-            resume=resume,
-            skip=frozenset(skip),
-            run_id=run_id,
-            threads=threads,
-            health_timeout=health_timeout,
-            request_timeout=request_timeout,
-            retries=retries,
-            flush_every=flush_every,
-            target_groups=target_groups,
-            keep_groups_whole=keep_groups_whole,
-        )
-        if target_groups is not None and report.interrupted is None:
-            # The leftover of every shard, merged: one file, as without --ray.
-            write_leftover(report.leftover, leftover_path, info=leftover_info)
-        ray_summary = _summarise(list(report.trajectories), report.seconds)
-        ray_summary.update(
-            interrupted=report.interrupted,
-            total=len(prompts) * n,
-            resumed=report.resumed,
-            rows_on_disk=report.rows_on_disk,
-            parts=str(parts),
-            ray_failures=list(report.failures),
-            ray_shards=list(report.shards),
-            batch_run=batch_run,
-        )
-        if target_groups is not None and report.interrupted is None:
-            ray_summary.update(left_over=len(report.leftover), leftover_path=str(leftover_path))
-        if report.interrupted is None:
-            compact_shards(parts, out)
-            shutil.rmtree(parts)
-        return ray_summary
-
-    async def main() -> dict[str, Any]:
-        engine, context_length = await start_engine(
-            engine_urls,
-            model_path,
-            threads=threads,
-            health_timeout=health_timeout,
-            timeout=_http_timeout(request_timeout),
-            retry=RetryPolicy(max_attempts=retries, retry_read_timeouts=True),
-        )
-        interrupted: list[str] = []
-        trajectories: list[Trajectory] = []
-        left_over: list[int] = []
-        total = len(carried) if carried else len(prompts) * n
-        already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
-        async with engine, tool_services(tools):
-            runner = RolloutRunner(
-                engine,
-                tokenizer,
-                tools,
-                config=config,
-                rewards=rewards,
-                context_length=context_length,
-                interactions=interactions,
-                vision=vision,
-            )
-            started = time.perf_counter()
-            with (
-                ShardWriter(parts, rows_per_shard=flush_every) as writer,
-                RolloutProgress(total, completed=len(skip) + already) as progress,
-            ):
-
-                def on_result(trajectory: Trajectory) -> None:
-                    if interrupted:
-                        return  # cut short by the shutdown: --resume reruns it whole
-                    progress.update(trajectory)
-                    if not batch_run:
-                        writer.write(trajectory)
-                        trajectories.append(trajectory)
-
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_watch_signals, engine, interrupted, tg.cancel_scope)
-                    if not batch_run:
-                        await runner.run(
-                            prompts, on_result=on_result, group_ids=group_ids, skip=skip
-                        )
-                    else:  # only the batch is written; what it left over is saved apart
-                        if carried:
-                            batch = await runner.resume(
-                                carried,
-                                target_groups=target_groups,
-                                keep_groups_whole=keep_groups_whole,
-                                on_result=on_result,
-                            )
-                        else:
-                            assert target_groups is not None
-                            batch = await runner.run_batch(
-                                prompts,
-                                target_groups=target_groups,
-                                keep_groups_whole=keep_groups_whole,
-                                on_result=on_result,
-                                group_ids=group_ids,
-                            )
-                        for trajectory in batch.trajectories:
-                            writer.write(trajectory)
-                            trajectories.append(trajectory)
-                        # Replaced atomically, after the batch (a file being resumed may be
-                        # this very path: it was read in full before the run).
-                        write_leftover(batch.leftover, leftover_path, info=leftover_info)
-                        left_over.append(len(batch.leftover))
-                    tg.cancel_scope.cancel()
-            elapsed = time.perf_counter() - started
-        summary = _summarise(trajectories, elapsed)
-        summary.update(
-            interrupted=interrupted[0] if interrupted else None,
-            total=total,
-            resumed=len(skip),
-            rows_on_disk=len(skip) + writer.rows_written,
-            parts=str(parts),
-            left_over=left_over[0] if left_over else None,
-            leftover_path=str(leftover_path) if left_over else None,
-            batch_run=batch_run,
-        )
-        return summary
-
-    summary = anyio.run(main)
+        return _run_ray(plan, flags, ray)
+    summary = anyio.run(_run_local, plan, flags)
     if summary["interrupted"] is None:
-        compact_shards(parts, out)
-        shutil.rmtree(parts)
+        compact_shards(plan.folder, flags.out)
+        shutil.rmtree(plan.folder)
     return summary
 
 
-def _check_leftover_matches(
-    path: Path, saved: dict[str, Any], tool_names: list[str], tool_parser: str
-) -> None:
-    """The tools and tool-call format must be the leftover's: they shaped its tokens."""
+def _check_flags(flags: _Flags) -> None:
+    """The rules between the file options of ``generate`` (RunSpec checks the rest)."""
     from toolrollout._exceptions import UserError
 
-    if saved.get("tools") != tool_names:
+    if flags.leftover is not None and not flags.batch_run:
+        raise UserError("--leftover needs --target-groups or --resume-leftover")
+    if flags.leftover_path.suffix != ".parquet":
+        raise UserError(f"--leftover must be a .parquet file, got {flags.leftover_path}")
+    if flags.resume_leftover is not None:
+        if flags.resume:
+            raise UserError("--resume-leftover cannot be combined with --resume")
+        if flags.dataset is not None or flags.limit is not None:
+            raise UserError(
+                "--resume-leftover continues the leftover's own prompts: drop --dataset/--limit"
+            )
+        if flags.oversample != 1.0:
+            raise UserError("--oversample does not apply to --resume-leftover (its groups are set)")
+    elif flags.target_groups is None and flags.oversample != 1.0:
+        raise UserError("--oversample needs --target-groups")
+
+
+def _read_carried(flags: _Flags) -> tuple[list[Trajectory], dict[str, Any], int]:
+    """The trajectories of ``--resume-leftover``, its info, and the run's ``n``."""
+    from toolrollout._exceptions import UserError
+    from toolrollout.rollout import read_leftover
+
+    if flags.resume_leftover is None:
+        return [], {}, flags.n or 1
+    carried, saved = read_leftover(flags.resume_leftover)
+    if not carried:
+        raise UserError(f"{flags.resume_leftover} holds no trajectories to resume")
+    if flags.n is not None and flags.n != saved.get("n"):
         raise UserError(
-            f"{path} was rolled out with tools {saved.get('tools')} but this run has "
-            f"{tool_names}: pass the same --tool-config"
+            f"--n is {flags.n} but the trajectories in {flags.resume_leftover} were run with "
+            f"--n {saved.get('n')}"
         )
-    if saved.get("tool_parser") != tool_parser:
-        raise UserError(
-            f"{path} was rolled out with --tool-parser {saved.get('tool_parser')!r}, "
-            f"not {tool_parser!r}"
+    return carried, saved, int(saved["n"])
+
+
+def _spec(flags: _Flags, n: int) -> RunSpec:
+    """The run specification the flags describe (its checks raise one-line UserErrors)."""
+    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.engines import SamplingParams
+    from toolrollout.rewards import RewardMix
+    from toolrollout.rollout import RolloutConfig
+    from toolrollout.spec import RunSpec
+
+    config = RolloutConfig(
+        sampling=SamplingParams(
+            max_new_tokens=flags.max_new_tokens, temperature=flags.temperature, top_p=flags.top_p
+        ),
+        n=n,
+        max_turns=flags.max_turns,
+        max_response_tokens=flags.max_response_tokens,
+        concurrency=flags.concurrency,
+        seed=flags.seed,
+        tool_parser=flags.tool_parser,
+        max_interaction_turns=flags.max_interaction_turns,
+        reward_mix=RewardMix(
+            turn_weight=flags.turn_reward_weight, tool_weight=flags.tool_reward_weight
+        ),
+        max_images=flags.max_images,
+        max_image_tokens=flags.max_image_tokens,
+        trajectory_timeout=flags.trajectory_timeout,
+    )
+    return RunSpec(
+        engine_urls=tuple(flags.engine_url or ()),
+        model=flags.model or DEMO_MODEL_PATH,
+        tool_config=flags.tool_config,
+        interaction_config=flags.interaction_config,
+        tool_error_penalty=flags.tool_error_penalty,
+        config=config,
+        threads=flags.threads,
+        health_timeout=flags.health_timeout,
+        request_timeout=flags.request_timeout,
+        retries=flags.retries,
+        flush_every=flags.flush_every,
+        resume=flags.resume,
+        target_groups=flags.target_groups,
+        keep_groups_whole=flags.keep_groups_whole,
+    )
+
+
+def _plan(flags: _Flags) -> _Plan:
+    """Check the flags, load the tokenizer, tools, prompts or leftover: fail before writing."""
+    from toolrollout.spec import check_leftover_matches, leftover_info, load_parts
+
+    _check_flags(flags)
+    carried, saved, n = _read_carried(flags)
+    spec = _spec(flags, n)
+    parts = load_parts(spec)
+    if flags.resume_leftover is not None:
+        check_leftover_matches(
+            flags.resume_leftover,
+            saved,
+            tool_names=parts.tool_names,
+            tool_parser=spec.config.tool_parser,
+            tokenizer=parts.tokenizer,
+            model=spec.model_path,
         )
+    prompts, prompts_path = _prompts(flags, parts, carried)
+    truths = [p.ground_truth for p in prompts] + [t.ground_truth for t in carried]
+    spec = spec.replace(rewards=spec.rewards_for(truths))
+    info = leftover_info(
+        n=n,
+        tool_names=parts.tool_names,
+        tool_parser=spec.config.tool_parser,
+        tokenizer=parts.tokenizer,
+        model=spec.model_path,
+    )
+    return _Plan(
+        spec,
+        parts,
+        prompts,
+        carried,
+        prompts_path,
+        leftover_info=info,
+        leftover_path=flags.leftover_path,
+    )
 
 
-def _tokenizer_fingerprint(tokenizer: Any) -> str:
-    """A hash of the vocabulary and chat template: equal means the token ids mean the same."""
-    import hashlib
+def _prompts(
+    flags: _Flags, parts: RunParts, carried: list[Trajectory]
+) -> tuple[list[RolloutPrompt], Path]:
+    """The prompts to launch (none when resuming a leftover) and the file they come from."""
+    from toolrollout._exceptions import UserError
+    from toolrollout.data import load_prompts
+    from toolrollout.demo import demo_prompts_for_tools
+    from toolrollout.spec import check_interactions
 
-    digest = hashlib.sha256()
-    digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    digest.update(str(getattr(tokenizer, "chat_template", None) or "").encode())
-    return digest.hexdigest()[:16]
+    if flags.resume_leftover is not None:
+        resumable = [t for t in carried if t.resume_point is not None]
+        check_interactions(
+            parts.interactions,
+            [t.resume_point.prompt for t in resumable if t.resume_point is not None],
+            source=str(flags.resume_leftover),
+            names=[f"trajectory {t.uid}" for t in resumable],
+        )
+        return [], flags.resume_leftover
+    path = flags.dataset or demo_prompts_for_tools(parts.tool_names)
+    prompts = load_prompts(path, limit=flags.limit)
+    check_interactions(parts.interactions, prompts, source=str(path))
+    if flags.target_groups is not None:
+        # Straggler control: launch target x oversample groups, keep the first complete ones.
+        launch = math.ceil(flags.target_groups * flags.oversample)
+        if launch > len(prompts):
+            raise UserError(
+                f"--target-groups {flags.target_groups} with --oversample {flags.oversample} "
+                f"launches {launch} groups, but {path} has {len(prompts)} prompts"
+            )
+        prompts = prompts[:launch]
+    return prompts, Path(path)
 
 
-def _ray_options(ray: bool, workers: int, address: str | None) -> Any:
+def _open_folder(plan: _Plan, flags: _Flags) -> None:
+    """Start or reopen the run's shard folder; fill in the group ids and the samples done."""
+    from toolrollout.rollout import done_samples
+
+    plan.folder = flags.out.with_name(flags.out.name + ".parts")
+    carried = plan.carried
+    num_groups = len({t.group_id for t in carried}) if carried else len(plan.prompts)
+    run_id = _open_run_folder(
+        plan.folder,
+        dataset=plan.prompts_path,
+        num_prompts=num_groups,
+        n=plan.spec.config.n,
+        resume=flags.resume,
+    )
+    plan.group_ids = [f"{run_id}-p{i}" for i in range(len(plan.prompts))]
+    plan.skip = done_samples(plan.folder) if flags.resume else set()
+    plan.run_id = run_id
+
+
+def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
+    """The run sharded over Ray actors (``--ray``), merged as a one-machine run would be."""
+    from toolrollout.distributed import run_sharded
+    from toolrollout.rollout import compact_shards, write_leftover
+
+    report = run_sharded(
+        plan.prompts,
+        spec=plan.spec,
+        group_ids=plan.group_ids,
+        parts=plan.folder,
+        options=ray,
+        skip=frozenset(plan.skip),
+        run_id=plan.run_id,
+    )
+    batch = flags.target_groups is not None and report.interrupted is None
+    if batch:  # the leftover of every shard, merged: one file, as without --ray
+        write_leftover(report.leftover, flags.leftover_path, info=plan.leftover_info)
+    summary = _summarise(list(report.trajectories), report.seconds)
+    summary.update(
+        interrupted=report.interrupted,
+        total=len(plan.prompts) * plan.spec.config.n,
+        resumed=report.resumed,
+        rows_on_disk=report.rows_on_disk,
+        parts=str(plan.folder),
+        ray_failures=list(report.failures),
+        ray_shards=list(report.shards),
+        batch_run=flags.batch_run,
+    )
+    if batch:
+        summary.update(left_over=len(report.leftover), leftover_path=str(flags.leftover_path))
+    if report.interrupted is None:
+        compact_shards(plan.folder, flags.out)
+        shutil.rmtree(plan.folder)
+    return summary
+
+
+async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
+    """The run on this machine: rows stream into the shard folder as they finish."""
+    import anyio
+
+    from toolrollout.rollout import ShardWriter, TrajectoryStatus
+    from toolrollout.spec import open_run
+
+    from ._progress import RolloutProgress
+
+    interrupted: list[str] = []
+    trajectories: list[Trajectory] = []
+    left_over: list[int] = []
+    carried = plan.carried
+    total = len(carried) if carried else len(plan.prompts) * plan.spec.config.n
+    already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
+    async with open_run(plan.spec, parts=plan.parts) as run:
+        started = time.perf_counter()
+        with (
+            ShardWriter(plan.folder, rows_per_shard=plan.spec.flush_every) as writer,
+            RolloutProgress(total, completed=len(plan.skip) + already) as progress,
+        ):
+
+            def on_result(trajectory: Trajectory) -> None:
+                if interrupted:
+                    return  # cut short by the shutdown: --resume reruns it whole
+                progress.update(trajectory)
+                if not flags.batch_run:
+                    writer.write(trajectory)
+                    trajectories.append(trajectory)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_watch_signals, run.engine, interrupted, tg.cancel_scope)
+                if not flags.batch_run:
+                    await run.runner.run(
+                        plan.prompts, on_result=on_result, group_ids=plan.group_ids, skip=plan.skip
+                    )
+                else:
+                    batch = await _roll_batch(plan, run.runner, on_result)
+                    for trajectory in batch.trajectories:
+                        writer.write(trajectory)
+                        trajectories.append(trajectory)
+                    left_over.append(len(batch.leftover))
+                tg.cancel_scope.cancel()
+        elapsed = time.perf_counter() - started
+    summary = _summarise(trajectories, elapsed)
+    summary.update(
+        interrupted=interrupted[0] if interrupted else None,
+        total=total,
+        resumed=len(plan.skip),
+        rows_on_disk=len(plan.skip) + writer.rows_written,
+        parts=str(plan.folder),
+        left_over=left_over[0] if left_over else None,
+        leftover_path=str(flags.leftover_path) if left_over else None,
+        batch_run=flags.batch_run,
+    )
+    return summary
+
+
+async def _roll_batch(plan: _Plan, runner: Any, on_result: Any) -> Any:
+    """A ``--target-groups`` or ``--resume-leftover`` batch; its leftover is saved here."""
+    from toolrollout.rollout import write_leftover
+
+    spec = plan.spec
+    if plan.carried:
+        batch = await runner.resume(
+            plan.carried,
+            target_groups=spec.target_groups,
+            keep_groups_whole=spec.keep_groups_whole,
+            on_result=on_result,
+        )
+    else:
+        assert spec.target_groups is not None
+        batch = await runner.run_batch(
+            plan.prompts,
+            target_groups=spec.target_groups,
+            keep_groups_whole=spec.keep_groups_whole,
+            on_result=on_result,
+            group_ids=plan.group_ids,
+        )
+    # Replaced atomically, after the batch (a file being resumed may be this very path: it
+    # was read in full before the run).
+    leftover_path = plan.leftover_path
+    write_leftover(batch.leftover, leftover_path, info=plan.leftover_info)
+    return batch
+
+
+def _ray_options(flags: _Flags) -> Any:
     """The ``--ray*`` options as RayOptions, or None for a one-machine run."""
     from toolrollout._exceptions import UserError
 
-    if not ray:
-        if address is not None:
+    if not flags.ray:
+        if flags.ray_address is not None:
             raise UserError("--ray-address needs --ray")
         return None
-    from toolrollout.distributed import RayOptions
+    from toolrollout.distributed import RayOptions, import_ray
 
-    if workers < 1:
-        raise UserError(f"--ray-workers must be at least 1, got {workers}")
-    return RayOptions(workers=workers, address=address)
-
-
-def _http_timeout(seconds: float) -> Any:
-    import httpx
-
-    return httpx.Timeout(seconds, connect=min(seconds, 10.0))
+    options = RayOptions(workers=flags.ray_workers, address=flags.ray_address)
+    if flags.resume_leftover is not None:
+        raise UserError("--resume-leftover does not work with --ray yet; run it without --ray")
+    import_ray()  # not installed: say how, before anything is written
+    return options
 
 
 _MANIFEST = "run.json"
 
 
-def _open_run(parts: Path, *, dataset: Path, num_prompts: int, n: int, resume: bool) -> str:
+def _open_run_folder(parts: Path, *, dataset: Path, num_prompts: int, n: int, resume: bool) -> str:
     """Start or reopen the shard folder; returns the run id that makes group ids stable."""
     from toolrollout._exceptions import UserError
 
@@ -666,15 +684,13 @@ async def _watch_signals(engine: Any, interrupted: list[str], scope: Any) -> Non
     """On SIGINT/SIGTERM: stop taking rows, abort in-flight requests, cancel the run."""
     import anyio
 
+    from toolrollout.spec import abort_all_requests
+
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             interrupted.append(signal.Signals(signum).name)
             with anyio.move_on_after(5.0):
-                abort_all = getattr(engine, "abort_all", None)
-                if abort_all is not None:
-                    await abort_all()
-                else:
-                    engine.abort_nowait(abort_all=True)  # the embedded engine
+                await abort_all_requests(engine)
             scope.cancel()
             return
 

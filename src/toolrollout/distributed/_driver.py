@@ -32,13 +32,13 @@ from typing import Any
 from toolrollout._exceptions import DistributedError, UserError
 from toolrollout._net import stop_popen
 from toolrollout.rollout import (
-    RolloutConfig,
     RolloutPrompt,
     ShardWriter,
     Trajectory,
     done_samples,
     failed_trajectory,
 )
+from toolrollout.spec import RunSpec, check_target_groups
 
 from ._batch import BatchCoordinator
 from ._sharding import shard_prompts
@@ -58,6 +58,10 @@ class RayOptions:
     workers: int = 2
     address: str | None = None
     cpus_per_worker: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise UserError(f"--ray-workers must be at least 1, got {self.workers}")
 
 
 @dataclass(frozen=True)
@@ -94,49 +98,33 @@ def import_ray() -> Any:
 def run_sharded(
     prompts: Sequence[RolloutPrompt],
     *,
+    spec: RunSpec,
     group_ids: Sequence[str],
-    config: RolloutConfig,
-    model_path: Path,
     parts: Path,
     options: RayOptions,
-    engine_urls: Sequence[str] = (),
-    tool_config: Path | None = None,
-    interaction_config: Path | None = None,
-    rewards: Sequence[Any] = (),
-    vision: bool = False,
-    resume: bool = False,
     skip: frozenset[tuple[int, int]] = frozenset(),
     run_id: str = "run",
-    threads: int = 1,
-    health_timeout: float = 120.0,
-    request_timeout: float = 600.0,
-    retries: int = 5,
-    flush_every: int = 64,
-    target_groups: int | None = None,
-    keep_groups_whole: bool = True,
 ) -> RayRunReport:
-    """Roll out ``prompts`` over ``options.workers`` Ray actors into the shard folder ``parts``.
+    """Roll out ``prompts`` as ``spec`` says over ``options.workers`` Ray actors into the
+    shard folder ``parts``.
 
-    Each actor writes its own crash-safe shards under ``parts/worker-NNN/`` and returns its
-    rows, which the driver writes into ``parts``. With ``resume``, rows left in those
-    worker folders by an interrupted run are taken over first and not run again.
+    Each actor builds its runner from ``spec`` (with :func:`~toolrollout.spec.open_run`),
+    writes its own crash-safe shards under ``parts/worker-NNN/`` and returns its rows,
+    which the driver writes into ``parts``. With ``spec.resume``, rows left in those worker
+    folders by an interrupted run are taken over first and not run again. Without
+    ``spec.engine_urls`` one shared ``toolrollout serve`` on ``spec.model_path`` serves
+    every actor. ``spec.rewards`` should be explicit (``"auto"`` would see no ground truths
+    on the workers: :meth:`~toolrollout.spec.RunSpec.rewards_for` picks them first).
 
-    With ``target_groups`` the run is one batch over all shards (straggler control): every
-    shard stops once that many groups are complete anywhere, only the batch is written to
-    ``parts``, and the report's ``leftover`` holds the rest (nothing is spilled, so
-    ``resume`` does not apply).
+    With ``spec.target_groups`` the run is one batch over all shards (straggler control):
+    every shard stops once that many groups are complete anywhere, only the batch is
+    written to ``parts``, and the report's ``leftover`` holds the rest (nothing is
+    spilled, so ``resume`` does not apply).
     """
     ray = import_ray()
-    if options.workers < 1:
-        raise UserError(f"--ray-workers must be at least 1, got {options.workers}")
+    target_groups, resume = spec.target_groups, spec.resume
     if target_groups is not None:
-        if resume:
-            raise UserError("--resume cannot be combined with --target-groups")
-        if not 1 <= target_groups <= len(prompts):
-            raise UserError(
-                f"target_groups must be between 1 and the {len(prompts)} prompts, "
-                f"got {target_groups}"
-            )
+        check_target_groups(target_groups, len(prompts))
     spills = sorted(parts.glob(f"{_SPILL_PREFIX}*"))
     if resume:
         skip = skip | _adopt_all(spills, parts)
@@ -144,40 +132,27 @@ def run_sharded(
         raise UserError(
             f"{parts} holds an unfinished Ray run: pass --resume to complete it, or delete it"
         )
-    model_path = model_path.resolve()
+    spec = _portable(spec)
     started = time.perf_counter()
     owns_ray = not ray.is_initialized()
     try:
-        with _engine(ray, engine_urls, model_path, options, threads, health_timeout) as engine:
-            if engine_urls:
+        with _engine(ray, spec, options) as engine:
+            if spec.engine_urls:
                 engine.ready()  # a wrong --engine-url fails before Ray starts
             if owns_ray:  # a shared server started here loads its model meanwhile
                 _init_ray(ray, options)
             urls = engine.urls
+            shard_spec = spec.replace(engine_urls=tuple(urls))
             jobs = [
                 ShardJob(
                     shard=shard,
                     prompt_indices=indices,
-                    engine_urls=tuple(urls),
-                    model_path=str(model_path),
-                    config=config,
+                    spec=shard_spec,
                     spill_dir=str((parts / f"{_SPILL_PREFIX}{shard:03d}").resolve()),
-                    tool_config=str(tool_config.resolve()) if tool_config else None,
-                    interaction_config=(
-                        str(interaction_config.resolve()) if interaction_config else None
-                    ),
-                    rewards=tuple(rewards),
-                    vision=vision,
-                    health_timeout=health_timeout,
-                    request_timeout=request_timeout,
-                    retries=retries,
-                    flush_every=flush_every,
-                    batch=target_groups is not None,
-                    keep_groups_whole=keep_groups_whole,
                 )
                 for shard, indices in enumerate(shard_prompts(len(prompts), options.workers))
             ]
-            target = None if target_groups is None else (target_groups, keep_groups_whole)
+            target = None if target_groups is None else (target_groups, spec.keep_groups_whole)
             report = _drive(
                 ray, jobs, prompts, group_ids, skip, parts, options, run_id, engine, target
             )
@@ -244,19 +219,21 @@ class _Engines:
         return self.urls
 
 
+def _portable(spec: RunSpec) -> RunSpec:
+    """``spec`` with absolute paths, the same on every node of a shared filesystem."""
+    return spec.replace(
+        model=spec.model_path.resolve(),
+        tool_config=spec.tool_config.resolve() if spec.tool_config else None,
+        interaction_config=(spec.interaction_config.resolve() if spec.interaction_config else None),
+    )
+
+
 @contextmanager
-def _engine(
-    ray: Any,
-    engine_urls: Sequence[str],
-    model_path: Path,
-    options: RayOptions,
-    threads: int,
-    health_timeout: float,
-) -> Iterator[_Engines]:
+def _engine(ray: Any, spec: RunSpec, options: RayOptions) -> Iterator[_Engines]:
     """The servers every actor uses: the given URLs, or one shared ``toolrollout serve``
     started here (one model copy for the whole cluster, never one per actor)."""
-    if engine_urls:
-        yield _Engines(list(engine_urls), health_timeout)
+    if spec.engine_urls:
+        yield _Engines(list(spec.engine_urls), spec.health_timeout)
         return
     from toolrollout.sandbox import free_port
 
@@ -273,20 +250,20 @@ def _engine(
         "toolrollout",
         "serve",
         "--model",
-        str(model_path),
+        str(spec.model_path),
         "--host",
         bind,
         "--port",
         str(port),
         "--threads",
-        str(threads),
+        str(spec.threads),
         "--log-level",
         "warning",
     ]
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            yield _Engines([f"http://{advertise}:{port}"], health_timeout, proc, log)
+            yield _Engines([f"http://{advertise}:{port}"], spec.health_timeout, proc, log)
         finally:
             stop_popen(proc)
 
@@ -345,7 +322,7 @@ def _drive(
     remote = ray.remote(num_cpus=options.cpus_per_worker, max_restarts=0)(ShardWorker)
     coordinator = None
     if target is not None:
-        n = jobs[0].config.n if jobs else 1
+        n = jobs[0].spec.config.n if jobs else 1
         coordinator = (
             ray.remote(num_cpus=0, max_restarts=0)(BatchCoordinator)
             .options(name=f"toolrollout-{run_id}-batch")
@@ -460,7 +437,7 @@ def _split_batch(
         _lost_sample(prompts, group_ids, p, s, message)
         for job, message in failed
         for p in job.prompt_indices
-        for s in range(job.config.n)
+        for s in range(job.spec.config.n)
     ]
     ordered = sorted(rows + lost, key=lambda t: (t.prompt_index, t.sample_index))
     batch = [t for t in ordered if (t.group_id, t.sample_index) in chosen]
@@ -505,7 +482,7 @@ def _account_for_failures(
         adopted_rows += len(adopted)
         have = skip | adopted
         for prompt_index in job.prompt_indices:
-            for sample_index in range(job.config.n):
+            for sample_index in range(job.spec.config.n):
                 if (prompt_index, sample_index) in have:
                     continue
                 rows.append(_lost_sample(prompts, group_ids, prompt_index, sample_index, message))

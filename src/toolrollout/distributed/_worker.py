@@ -2,8 +2,10 @@
 
 The class is plain Python; the driver wraps it with ``ray.remote`` when a run starts, so
 this module (and ``import toolrollout``) never imports Ray. Everything a worker needs
-travels in a picklable :class:`ShardJob`; tools, interactions and the tokenizer are built
-on the worker from their paths, because live tool clients and servers do not pickle.
+travels in a picklable :class:`ShardJob` (the run's :class:`~toolrollout.spec.RunSpec`);
+the worker builds its runner with :func:`~toolrollout.spec.open_run` as a one-machine run
+does, loading the tools, interactions and tokenizer from their paths, because live tool
+clients and servers do not pickle.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory, TrajectoryStatus
+from toolrollout.rollout import RolloutPrompt, Trajectory, TrajectoryStatus
+from toolrollout.spec import RunSpec
 
 __all__ = ["ShardJob", "ShardResult", "ShardWorker"]
 
@@ -28,30 +31,19 @@ POLL_SECONDS = 0.2
 
 @dataclass(frozen=True)
 class ShardJob:
-    """What one worker runs: its prompt indices and the run's settings.
+    """What one worker runs: its prompt indices and the run's specification.
 
-    Paths (model/tokenizer folder, tool and interaction configs) must be readable at the
-    same place on every node: ship them on a shared filesystem or in the image.
+    ``spec.engine_urls`` are the servers every shard shares. Paths in ``spec`` (model or
+    tokenizer folder, tool and interaction configs) must be readable at the same place on
+    every node: ship them on a shared filesystem or in the image. With a batch target
+    (``spec.target_groups``) the shard stops when the shared coordinator says so and
+    returns every trajectory (aborted ones with their resume points); nothing is spilled.
     """
 
     shard: int
     prompt_indices: tuple[int, ...]
-    engine_urls: tuple[str, ...]
-    model_path: str
-    config: RolloutConfig
+    spec: RunSpec
     spill_dir: str
-    tool_config: str | None = None
-    interaction_config: str | None = None
-    rewards: tuple[Any, ...] = ()
-    vision: bool = False
-    health_timeout: float = 120.0
-    request_timeout: float = 600.0
-    retries: int = 5
-    flush_every: int = 64
-    batch: bool = False
-    """Part of a ``--target-groups`` run: stop when the shared coordinator says so, and
-    return every trajectory (aborted ones with their resume points); nothing is spilled."""
-    keep_groups_whole: bool = True
 
 
 @dataclass(frozen=True)
@@ -106,7 +98,7 @@ class ShardWorker:
         skip: frozenset[tuple[int, int]] = frozenset(),
         coordinator: Any = None,
     ) -> ShardResult:
-        """Roll out the shard; with ``job.batch``, ``coordinator`` is the handle of the
+        """Roll out the shard; with a batch target, ``coordinator`` is the handle of the
         run's :class:`~toolrollout.distributed.BatchCoordinator` actor."""
         # async: Ray runs it on the actor's own event loop (an async actor), where the
         # rollout's anyio task groups run as they do in a one-machine run.
@@ -136,53 +128,21 @@ class ShardWorker:
         rows: list[Trajectory],
         coordinator: Any = None,
     ) -> None:
-        import httpx
-        from transformers import AutoTokenizer
+        from toolrollout.rollout import ShardWriter
+        from toolrollout.spec import open_run
 
-        from toolrollout.engines import RetryPolicy, SGLangClient
-        from toolrollout.interactions import load_interaction_config
-        from toolrollout.rollout import RolloutRunner, ShardWriter
-        from toolrollout.tools import calculator_tool, load_tool_config, tool_services
-
-        model_path = Path(job.model_path)
-        tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        tools = load_tool_config(job.tool_config) if job.tool_config else [calculator_tool()]
-        interactions = (
-            load_interaction_config(job.interaction_config) if job.interaction_config else {}
-        )
-        vision = None
-        if job.vision:
-            from toolrollout.chat import VisionFormat
-
-            vision = VisionFormat.from_pretrained(model_path)
-        engine = SGLangClient(
-            list(job.engine_urls),
-            timeout=httpx.Timeout(job.request_timeout, connect=min(job.request_timeout, 10.0)),
-            retry=RetryPolicy(max_attempts=job.retries, retry_read_timeouts=True),
-        )
         mine = set(job.prompt_indices)
-        n = job.config.n
+        n = job.spec.config.n
         # The runner sees the whole prompt list and skips other shards' samples, so prompt
         # indices, group ids and per-sample seeds are exactly those of a one-machine run.
         others = {(p, s) for p in range(len(prompts)) if p not in mine for s in range(n)}
         tag = {"ray_shard": job.shard, "ray_node": node}
-        async with engine, tool_services(tools):
-            await engine.wait_healthy(timeout=job.health_timeout)
-            raw = (await engine.server_info()).get("context_length")
-            runner = RolloutRunner(
-                engine,
-                tokenizer,
-                tools,
-                config=job.config,
-                rewards=job.rewards,
-                context_length=int(raw) if isinstance(raw, int) else None,
-                interactions=interactions,
-                vision=vision,
-            )
-            if job.batch:
+        async with open_run(job.spec) as run:
+            runner = run.runner
+            if job.spec.batch:
                 await _run_batch(job, runner, prompts, group_ids, others, tag, rows, coordinator)
                 return
-            with ShardWriter(spill, rows_per_shard=job.flush_every) as writer:
+            with ShardWriter(spill, rows_per_shard=job.spec.flush_every) as writer:
 
                 def on_result(trajectory: Trajectory) -> None:
                     tagged = replace(trajectory, metrics={**trajectory.metrics, **tag})
@@ -241,7 +201,9 @@ async def _run_batch(
                 until.set()
             await anyio.sleep(POLL_SECONDS)
 
-    mine = {p for p in range(len(prompts)) for s in range(job.config.n) if (p, s) not in others}
+    mine = {
+        p for p in range(len(prompts)) for s in range(job.spec.config.n) if (p, s) not in others
+    }
     async with anyio.create_task_group() as tg:
         tg.start_soon(report)
         polling = anyio.CancelScope()
@@ -256,7 +218,7 @@ async def _run_batch(
                 await runner.run_batch(
                     prompts,
                     target_groups=len(mine),  # run all; the stop comes from the coordinator
-                    keep_groups_whole=job.keep_groups_whole,
+                    keep_groups_whole=job.spec.keep_groups_whole,
                     on_result=on_result,
                     group_ids=group_ids,
                     skip=others,

@@ -14,6 +14,7 @@ from typing import Any
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory
+from toolrollout.spec import RunSpec, build_runner
 
 __all__ = ["single_turn_config", "single_turn_runner"]
 
@@ -32,11 +33,7 @@ def single_turn_runner(
     context_length: int | None = None,
 ) -> RolloutRunner:
     """A runner for the baseline arm: no tools registered, so none is rendered or run."""
-    return RolloutRunner(
-        engine,
-        tokenizer,
-        [],
-        config=single_turn_config(config),
-        rewards=rewards,
-        context_length=context_length,
+    spec = RunSpec(
+        tools=(), config=single_turn_config(config), rewards=tuple(rewards), vision="off"
     )
+    return build_runner(spec, engine, tokenizer=tokenizer, context_length=context_length)

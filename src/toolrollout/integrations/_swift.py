@@ -44,7 +44,8 @@ from toolrollout.rollout import (
     Trajectory,
     TrajectoryStatus,
 )
-from toolrollout.tools import Tool, ToolExecutor, load_tool_config
+from toolrollout.spec import RunSpec, build_runner
+from toolrollout.tools import Tool, load_tool_config
 
 from ._metrics import trajectory_extras
 
@@ -188,8 +189,10 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
                 max_response_tokens=max_tokens,
                 tool_parser=self._tool_parser,
             )
-            tools = ToolExecutor(self._resolve_tools())
-            runner = RolloutRunner(self._resolve_engine(), tokenizer, tools, config=config)
+            spec = RunSpec(
+                tools=tuple(self._resolve_tools()), config=config, rewards=(), vision="off"
+            )
+            runner = build_runner(spec, self._resolve_engine(), tokenizer=tokenizer)
             self._runners[key] = runner
         return runner
 

@@ -8,24 +8,36 @@ multiplied into the loss mask, and every other key is handed to the reward funct
 
 TRL's ``rollout_func`` is synchronous while toolrollout is async, so the rollouts run on an
 anyio blocking portal (one event-loop thread owned by this object for its whole life). The
-engine is opened on that loop on first use and closed by :meth:`TRLRolloutFunc.close`.
+engine and the services the tools need (MCP sessions, a local sandbox or retriever) are
+opened on that loop on first use and closed by :meth:`TRLRolloutFunc.close`. The runner is
+built by :func:`toolrollout.spec.build_runner`, like every other entry point's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward
-from toolrollout.rollout import RolloutConfig, RolloutPrompt, RolloutRunner, Trajectory
+from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory, as_prompt
+from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts, open_services
 from toolrollout.tools import Tool, ToolExecutor
 
 from ._metrics import rollout_metrics, trajectory_extras
+
+if TYPE_CHECKING:
+    from toolrollout.chat import VisionFormat
+    from toolrollout.interactions import Interaction
+
+Interactions = Mapping[str, "Interaction"] | str | os.PathLike[str] | None
+"""Interactions by name, or the path of a verl-layout interaction config YAML."""
 
 __all__ = ["TRLRolloutFunc", "trl_rollout_func"]
 
@@ -39,6 +51,9 @@ class TRLRolloutFunc:
     the trainer's ``max_completion_length`` are cut to it. Batch metrics
     (``rollout/num_turns/mean``, ``tools/<name>/failure_rate``...) go to the trainer's log.
 
+    ``interactions`` (by name, or an interaction config path) answer the final turns of
+    rows that name one; ``vision`` (a :class:`~toolrollout.chat.VisionFormat`, or
+    ``"auto"`` with ``model`` the model folder) puts tool images into a VL model's context.
     Use it as a context manager, or call :meth:`close` when training ends.
     """
 
@@ -51,6 +66,9 @@ class TRLRolloutFunc:
         config: RolloutConfig | None = None,
         rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
         context_length: int | None = None,
+        interactions: Interactions = None,
+        vision: VisionFormat | VisionMode | None = None,
+        model: str | os.PathLike[str] | None = None,
         log_metrics: bool = True,
     ) -> None:
         config = config or RolloutConfig()
@@ -59,9 +77,9 @@ class TRLRolloutFunc:
                 "TRL repeats each prompt num_generations times itself; "
                 f"use RolloutConfig(n=1) with trl_rollout_func, got n={config.n}"
             )
-        self.runner = RolloutRunner(
-            engine, tokenizer, tools, config=config, rewards=rewards, context_length=context_length
-        )
+        spec = _spec(tools, config, rewards, interactions, vision, model)
+        self._parts = load_parts(spec, tokenizer=tokenizer)
+        self.runner = build_runner(spec, engine, parts=self._parts, context_length=context_length)
         self.engine = engine
         self.log_metrics = log_metrics
         self.last_trajectories: list[Trajectory] = []
@@ -79,6 +97,11 @@ class TRLRolloutFunc:
                 stack.close()
                 raise
             stack.callback(portal.call, self.engine.aclose)
+            try:
+                stack.enter_context(portal.wrap_async_context_manager(open_services(self._parts)))
+            except BaseException:
+                stack.close()
+                raise
             self._stack, self._portal = stack, portal
         return self._portal
 
@@ -118,7 +141,7 @@ class TRLRolloutFunc:
         return out
 
     def close(self) -> None:
-        """Close the engine and stop the event-loop thread."""
+        """Close the tool services and the engine, and stop the event-loop thread."""
         stack, self._stack, self._portal = self._stack, None, None
         if stack is not None:
             stack.close()
@@ -138,6 +161,9 @@ def trl_rollout_func(
     config: RolloutConfig | None = None,
     rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
     context_length: int | None = None,
+    interactions: Interactions = None,
+    vision: VisionFormat | VisionMode | None = None,
+    model: str | os.PathLike[str] | None = None,
     log_metrics: bool = True,
 ) -> TRLRolloutFunc:
     """Build the ``rollout_func`` to pass to ``GRPOTrainer(..., rollout_func=...)``.
@@ -145,7 +171,8 @@ def trl_rollout_func(
     ``engine`` is an :class:`~toolrollout.Engine` or the URL of a SGLang-compatible server
     (``toolrollout serve``, SGLang, sglang-router). ``tokenizer`` is the served model's
     Hugging Face tokenizer; do not also pass ``tools=`` to the trainer (TRL then ignores
-    ``env_mask`` and runs its own tool loop).
+    ``env_mask`` and runs its own tool loop). ``interactions``, ``vision`` and ``model``
+    are :class:`TRLRolloutFunc`'s.
     """
     if isinstance(engine, str):
         from toolrollout.engines import SGLangClient
@@ -158,14 +185,46 @@ def trl_rollout_func(
         config=config,
         rewards=rewards,
         context_length=context_length,
+        interactions=interactions,
+        vision=vision,
+        model=model,
         log_metrics=log_metrics,
     )
 
 
+def _spec(
+    tools: Iterable[Tool] | ToolExecutor,
+    config: RolloutConfig,
+    rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward],
+    interactions: Interactions,
+    vision: VisionFormat | VisionMode | None,
+    model: str | os.PathLike[str] | None,
+) -> RunSpec:
+    """The run specification of the adapter's arguments."""
+    tool_list = tools.tools.values() if isinstance(tools, ToolExecutor) else tools
+    if isinstance(interactions, str | os.PathLike):
+        path, objects = Path(interactions), None
+    else:
+        path, objects = None, interactions
+    return RunSpec(
+        model=Path(model) if model is not None else None,
+        tools=tuple(tool_list),
+        interaction_config=path,
+        interactions=objects,
+        rewards=tuple(rewards),
+        vision="off" if vision is None else vision,
+        config=config,
+    )
+
+
 def _as_rollout_prompt(prompt: Any) -> RolloutPrompt:
-    """TRL passes each row's ``prompt``: a message list, or a plain string."""
+    """TRL passes each row's ``prompt``: a message list, or a plain string. A mapping in the
+    dataset layout (``messages``/``prompt``, ``answer``, ``extra_info``) is taken as a
+    whole row, so it can name its interaction and carry its ground truth."""
     if isinstance(prompt, str):
         return RolloutPrompt(({"role": "user", "content": prompt},))
+    if isinstance(prompt, Mapping):
+        return as_prompt(prompt)
     if isinstance(prompt, Sequence) and all(isinstance(m, Mapping) for m in prompt):
         return RolloutPrompt(tuple(dict(m) for m in prompt))
     raise UserError(

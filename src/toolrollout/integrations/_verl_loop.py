@@ -30,8 +30,9 @@ from verl.tools.function_tool import normalize_function_tool_return
 
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import WeightedReward
-from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, as_prompt
-from toolrollout.tools import Tool, ToolContext, ToolExecutor, ToolResult, load_tool_config
+from toolrollout.rollout import RolloutConfig, Trajectory, as_prompt
+from toolrollout.spec import RunSpec, build_runner
+from toolrollout.tools import Tool, ToolContext, ToolResult, load_tool_config
 from toolrollout.tools._verl import VerlToolAdapter
 
 from ._metrics import trajectory_extras
@@ -149,13 +150,13 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         engine = VerlServerEngine(self.server_manager, eos_token_ids=_eos_ids(self.tokenizer))
         rewards: list[WeightedReward | Any] = [self._reward] if self._reward else []
-        runner = RolloutRunner(
-            engine,
-            self.tokenizer,
-            ToolExecutor(self._tools),
+        spec = RunSpec(
+            tools=tuple(self._tools),
             config=self._config(sampling_params),
-            rewards=rewards,
+            rewards=tuple(rewards),
+            vision="off",
         )
+        runner = build_runner(spec, engine, tokenizer=self.tokenizer)
         row = _row(kwargs)
         (trajectory,) = await runner.run([row])
         return self._output(trajectory)

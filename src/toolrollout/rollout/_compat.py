@@ -1,0 +1,72 @@
+"""Whether a leftover file can be continued by this run.
+
+A leftover holds token ids and partial transcripts. They only mean the same thing to a
+later run with the same tokenizer (vocabulary and chat template), the same tools (their
+schemas are in the rendered prompt) and the same tool-call format. :func:`leftover_info`
+is what a run writes next to its leftover; :func:`check_leftover_matches` is the check a
+resuming run makes against it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from toolrollout._exceptions import UserError
+
+__all__ = ["check_leftover_matches", "leftover_info", "tokenizer_fingerprint"]
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A hash of the vocabulary and chat template: equal means the token ids mean the same."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
+    digest.update(str(getattr(tokenizer, "chat_template", None) or "").encode())
+    return digest.hexdigest()[:16]
+
+
+def leftover_info(
+    *, n: int, tool_names: Sequence[str], tool_parser: str, tokenizer: Any, model: str | Path
+) -> dict[str, Any]:
+    """The metadata a leftover file carries so that a later run can check it can resume it."""
+    return {
+        "n": n,
+        "tools": sorted(tool_names),
+        "tool_parser": tool_parser,
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "model": str(model),
+    }
+
+
+def check_leftover_matches(
+    path: str | Path,
+    saved: Mapping[str, Any],
+    *,
+    tool_names: Sequence[str],
+    tool_parser: str,
+    tokenizer: Any = None,
+    model: str | Path | None = None,
+) -> None:
+    """A one-line :class:`UserError` when ``saved`` (a leftover's info) does not suit this run.
+
+    The tools and tool-call format are checked first; the tokenizer only when one is given.
+    """
+    names = sorted(tool_names)
+    if saved.get("tools") != names:
+        raise UserError(
+            f"{path} was rolled out with tools {saved.get('tools')} but this run has "
+            f"{names}: pass the same --tool-config"
+        )
+    if saved.get("tool_parser") != tool_parser:
+        raise UserError(
+            f"{path} was rolled out with --tool-parser {saved.get('tool_parser')!r}, "
+            f"not {tool_parser!r}"
+        )
+    if tokenizer is not None and saved.get("tokenizer") != tokenizer_fingerprint(tokenizer):
+        raise UserError(
+            f"{path} was rolled out with another tokenizer than {model} "
+            f"(model {saved.get('model')!r}): its token ids would mean something else"
+        )

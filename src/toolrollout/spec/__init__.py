@@ -1,0 +1,55 @@
+"""One composition root for every way of running rollouts.
+
+:class:`RunSpec` names a run (engine, model, tools, rewards, interactions, vision, config);
+:func:`open_run` turns it into an open engine and a runner, :func:`build_runner` into a
+runner on an engine the caller holds. The CLI, the Ray worker, eval, bench and the trainer
+adapters all go through them, so a Python caller gets the same defaults: the reward chosen
+from the ground truths (:func:`default_rewards`), vision detected from the model folder
+(:func:`detect_vision`), the engine's context length (:func:`discover_context_length`),
+and the checks that a leftover file suits the run (:func:`check_leftover_matches`).
+"""
+
+from toolrollout.engines._factory import abort_all_requests as abort_all_requests
+from toolrollout.engines._factory import connect as connect
+from toolrollout.engines._factory import discover_context_length as discover_context_length
+from toolrollout.rollout._compat import check_leftover_matches as check_leftover_matches
+from toolrollout.rollout._compat import leftover_info as leftover_info
+from toolrollout.rollout._compat import tokenizer_fingerprint as tokenizer_fingerprint
+
+from ._open import OpenRun as OpenRun
+from ._open import RunParts as RunParts
+from ._open import build_runner as build_runner
+from ._open import check_interactions as check_interactions
+from ._open import load_parts as load_parts
+from ._open import open_run as open_run
+from ._open import open_services as open_services
+from ._policy import default_rewards as default_rewards
+from ._policy import detect_vision as detect_vision
+from ._policy import is_number as is_number
+from ._policy import load_tokenizer as load_tokenizer
+from ._spec import RunSpec as RunSpec
+from ._spec import VisionMode as VisionMode
+from ._spec import check_target_groups as check_target_groups
+
+__all__ = [
+    "OpenRun",
+    "RunParts",
+    "RunSpec",
+    "VisionMode",
+    "abort_all_requests",
+    "build_runner",
+    "check_interactions",
+    "check_leftover_matches",
+    "check_target_groups",
+    "connect",
+    "default_rewards",
+    "detect_vision",
+    "discover_context_length",
+    "is_number",
+    "leftover_info",
+    "load_parts",
+    "load_tokenizer",
+    "open_run",
+    "open_services",
+    "tokenizer_fingerprint",
+]

@@ -1,0 +1,183 @@
+"""The composition root: a :class:`RunSpec` in, a running engine and one runner out.
+
+:func:`open_run` is what an application uses (CLI, Ray worker): it loads the tokenizer,
+tools and interactions, starts or connects the engine, asks it for its context length,
+opens the services the tools need, and builds the runner. :func:`build_runner` is the sync
+half for callers that already hold an engine and a tokenizer (the trainer adapters). It is
+the one place in the library that constructs a :class:`~toolrollout.rollout.RolloutRunner`
+from options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from toolrollout.engines._factory import connect, discover_context_length
+from toolrollout.rollout import RolloutPrompt, RolloutRunner
+
+from ._policy import detect_vision, load_tokenizer
+from ._spec import RunSpec
+
+if TYPE_CHECKING:
+    from toolrollout.chat import VisionFormat
+    from toolrollout.engines import Engine
+    from toolrollout.interactions import Interaction
+    from toolrollout.tools import Tool
+
+__all__ = [
+    "OpenRun",
+    "RunParts",
+    "build_runner",
+    "check_interactions",
+    "load_parts",
+    "open_run",
+    "open_services",
+]
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """What a spec loads before any engine is touched: checks on them can fail early."""
+
+    tokenizer: Any
+    tools: tuple[Tool, ...]
+    interactions: Mapping[str, Interaction]
+    vision: VisionFormat | None
+
+    @property
+    def tool_names(self) -> list[str]:
+        return sorted(t.name for t in self.tools)
+
+
+def load_parts(spec: RunSpec, *, tokenizer: Any = None) -> RunParts:
+    """The tokenizer (loaded from ``spec.model_path`` unless given), tools, interactions
+    and image format of ``spec``. Vision is detected from the model folder; with a given
+    tokenizer and no ``spec.model`` there is no folder to detect from, so it is off."""
+    from toolrollout.tools import calculator_tool, load_tool_config
+
+    folder = spec.model if tokenizer is not None else spec.model_path
+    if tokenizer is None:
+        tokenizer = load_tokenizer(spec.model_path)
+    if spec.tools is not None:
+        tools = spec.tools
+    elif spec.tool_config is not None:
+        tools = tuple(load_tool_config(spec.tool_config))
+    else:
+        tools = (calculator_tool(),)
+    interactions: Mapping[str, Interaction]
+    if spec.interactions is not None:
+        interactions = dict(spec.interactions)
+    elif spec.interaction_config is not None:
+        from toolrollout.interactions import load_interaction_config
+
+        interactions = load_interaction_config(spec.interaction_config)
+    else:
+        interactions = {}
+    return RunParts(tokenizer, tools, interactions, detect_vision(folder, spec.vision))
+
+
+def check_interactions(
+    interactions: Mapping[str, Interaction],
+    prompts: Sequence[RolloutPrompt],
+    *,
+    source: str,
+    names: Sequence[str] | None = None,
+) -> None:
+    """A one-line :class:`UserError` (``<source> row <i>: ...``, or ``names[i]`` for
+    ``row <i>``) for the first row naming an interaction that is not configured: a dataset
+    mistake reported before anything runs."""
+    from toolrollout._exceptions import UserError
+    from toolrollout.rollout._interactions import select_interaction
+
+    for index, prompt in enumerate(prompts):
+        try:
+            select_interaction(interactions, prompt)
+        except UserError as exc:
+            name = names[index] if names is not None else f"row {index}"
+            raise UserError(f"{source} {name}: {exc}") from exc
+
+
+def build_runner(
+    spec: RunSpec,
+    engine: Engine,
+    *,
+    tokenizer: Any = None,
+    parts: RunParts | None = None,
+    ground_truths: Sequence[object] = (),
+    context_length: int | None = None,
+) -> RolloutRunner:
+    """The runner of ``spec`` on an engine the caller holds (and opens and closes).
+
+    ``parts`` are :func:`load_parts`'s (loaded here when not given, with ``tokenizer`` if
+    passed); ``ground_truths`` choose ``"auto"`` rewards; ``context_length`` is the
+    engine's (``spec.config.context_length`` wins when set).
+    """
+    if parts is None:
+        parts = load_parts(spec, tokenizer=tokenizer)
+    return RolloutRunner(
+        engine,
+        parts.tokenizer,
+        parts.tools,
+        config=spec.config,
+        rewards=spec.rewards_for(ground_truths),
+        context_length=context_length,
+        interactions=parts.interactions,
+        vision=parts.vision,
+    )
+
+
+@dataclass(frozen=True)
+class OpenRun:
+    """A run ready to go: its engine (open for the block) and its runner."""
+
+    spec: RunSpec
+    parts: RunParts
+    engine: Engine
+    context_length: int | None
+    runner: RolloutRunner
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.parts.tokenizer
+
+
+@asynccontextmanager
+async def open_services(parts: RunParts) -> AsyncIterator[None]:
+    """Open what the run's tools need (MCP sessions, a local sandbox or retriever) for the
+    block: the one place every entry point opens tool services."""
+    from toolrollout.tools import tool_services
+
+    async with tool_services(parts.tools):
+        yield
+
+
+@asynccontextmanager
+async def open_run(
+    spec: RunSpec,
+    *,
+    parts: RunParts | None = None,
+    ground_truths: Sequence[object] = (),
+) -> AsyncIterator[OpenRun]:
+    """Start ``spec``'s engine and tool services, build its runner; close all on exit.
+
+    ``async with open_run(spec) as run: await run.runner.run(prompts)``. ``parts`` from
+    :func:`load_parts` avoid loading twice when the caller checked them first.
+    """
+    if parts is None:
+        parts = load_parts(spec)
+    engine = await connect(
+        spec.engine_urls,
+        spec.model_path,
+        threads=spec.threads,
+        health_timeout=spec.health_timeout,
+        **spec.client_options(),
+    )
+    async with engine, open_services(parts):
+        context_length = await discover_context_length(engine)
+        runner = build_runner(
+            spec, engine, parts=parts, ground_truths=ground_truths, context_length=context_length
+        )
+        yield OpenRun(spec, parts, engine, context_length, runner)

@@ -1,0 +1,185 @@
+"""``RunSpec``: everything a rollout run is made of, checked once.
+
+Every entry point (``generate``, ``eval``, ``bench``, the Ray worker, the trainer adapters)
+fills one :class:`RunSpec` and hands it to :func:`~toolrollout.spec.open_run` or
+:func:`~toolrollout.spec.build_runner`; flag combinations are checked here, in one place,
+so that a CLI run, a Ray shard and a Python caller get the same one-line errors. Messages
+name a field as its command-line flag (``config.tool_parser`` is ``--tool-parser``).
+
+It is a frozen dataclass of plain values (paths, numbers, picklable reward functions), so a
+Ray driver can ship it to its workers as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from toolrollout._exceptions import UserError
+from toolrollout.rollout import RolloutConfig
+
+if TYPE_CHECKING:
+    from toolrollout.chat import VisionFormat
+    from toolrollout.interactions import Interaction
+    from toolrollout.rewards import WeightedReward
+    from toolrollout.rollout import Trajectory
+    from toolrollout.tools import Tool
+
+    Reward = Callable[[Trajectory], Any] | WeightedReward
+
+__all__ = ["RunSpec", "VisionMode", "check_target_groups"]
+
+VisionMode = Literal["auto", "on", "off"]
+"""``auto``: images go into the context when the model folder has a
+``preprocessor_config.json`` (a vision-language model); ``on``: always (the folder must
+have one); ``off``: never."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunSpec:
+    """A rollout run: engine, model, tools, rewards, interactions, vision and budgets.
+
+    Engine: ``engine_urls`` (SGLang-compatible servers, waited on for ``health_timeout``
+    seconds; ``request_timeout`` and ``retries`` tune the client, ``None`` keeps its
+    defaults), or none for the embedded engine on ``model``. ``model`` is also the
+    tokenizer folder; ``None`` means the bundled demo model (or, for
+    :func:`~toolrollout.spec.build_runner` given a tokenizer, no folder at all).
+
+    Tools: ``tool_config`` (a verl-layout YAML), or ``tools`` (Tool objects); neither means
+    the built-in calculator. Interactions: ``interaction_config`` or ``interactions`` (by
+    name). Rewards: a sequence, or ``"auto"`` to pick from the ground truths
+    (:func:`~toolrollout.spec.default_rewards`, plus ``tool_error_penalty``).
+
+    ``flush_every``, ``resume``, ``target_groups`` and ``keep_groups_whole`` are the
+    run-level options a ``generate`` run and its Ray shards share.
+    """
+
+    engine_urls: tuple[str, ...] = ()
+    model: Path | None = None
+    tool_config: Path | None = None
+    tools: tuple[Tool, ...] | None = None
+    interaction_config: Path | None = None
+    interactions: Mapping[str, Interaction] | None = None
+    rewards: Literal["auto"] | tuple[Reward, ...] = "auto"
+    tool_error_penalty: float = 0.0
+    vision: VisionMode | VisionFormat = "auto"
+    config: RolloutConfig = field(default_factory=RolloutConfig)
+    threads: int = 1
+    health_timeout: float = 120.0
+    request_timeout: float | None = None
+    retries: int | None = None
+    flush_every: int = 64
+    resume: bool = False
+    target_groups: int | None = None
+    keep_groups_whole: bool = True
+
+    def __post_init__(self) -> None:
+        # Sequences and strings from a caller become the stored types (tuples, Paths).
+        set_ = object.__setattr__
+        if isinstance(self.engine_urls, str):
+            set_(self, "engine_urls", (self.engine_urls,))
+        set_(self, "engine_urls", tuple(self.engine_urls))
+        for name in ("model", "tool_config", "interaction_config"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                set_(self, name, Path(value))
+        if self.tools is not None:
+            set_(self, "tools", tuple(self.tools))
+        if self.rewards != "auto":
+            if isinstance(self.rewards, str):
+                raise UserError(f"rewards must be 'auto' or a sequence, got {self.rewards!r}")
+            set_(self, "rewards", tuple(self.rewards))
+        self._check()
+
+    def _check(self) -> None:
+        from toolrollout.chat import tool_parser_names
+
+        if any(not isinstance(u, str) or not u.strip() for u in self.engine_urls):
+            raise UserError(f"--engine-url must be a server URL, got {list(self.engine_urls)}")
+        if self.tools is not None and self.tool_config is not None:
+            raise UserError("--tool-config: pass a tool config or Tool objects, not both")
+        if self.interactions is not None and self.interaction_config is not None:
+            raise UserError(
+                "--interaction-config: pass an interaction config or interactions, not both"
+            )
+        if not isinstance(self.vision, str):
+            pass  # a VisionFormat
+        elif self.vision not in ("auto", "on", "off"):
+            raise UserError(f"vision must be 'auto', 'on' or 'off', got {self.vision!r}")
+        if not isinstance(self.config, RolloutConfig):
+            raise UserError(f"config must be a RolloutConfig, got {type(self.config).__name__}")
+        parser = self.config.tool_parser
+        if parser is not None and parser not in tool_parser_names():
+            raise UserError(
+                f"unknown --tool-parser {parser!r}; choose from {', '.join(tool_parser_names())}"
+            )
+        _at_least("--tool-error-penalty", self.tool_error_penalty, 0.0)
+        _at_least("--threads", self.threads, 1)
+        _at_least("--health-timeout", self.health_timeout, 0.0)
+        _at_least("--flush-every", self.flush_every, 1)
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise UserError(f"--request-timeout must be positive, got {self.request_timeout}")
+        if self.retries is not None:
+            _at_least("--retries", self.retries, 1)
+        if self.target_groups is not None:
+            _at_least("--target-groups", self.target_groups, 1)
+            if self.resume:
+                raise UserError("--resume cannot be combined with --target-groups")
+
+    def replace(self, **changes: Any) -> RunSpec:
+        """A copy with ``changes``, checked again."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def model_path(self) -> Path:
+        """The model (and tokenizer) folder: ``model``, or the bundled demo model."""
+        if self.model is not None:
+            return self.model
+        from toolrollout.demo import DEMO_MODEL_PATH
+
+        return DEMO_MODEL_PATH
+
+    @property
+    def batch(self) -> bool:
+        """Whether the run stops at a batch target (straggler control)."""
+        return self.target_groups is not None
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`~toolrollout.engines.SGLangClient` (timeouts, retry)."""
+        options: dict[str, Any] = {}
+        if self.request_timeout is not None:
+            import httpx
+
+            seconds = self.request_timeout
+            options["timeout"] = httpx.Timeout(seconds, connect=min(seconds, 10.0))
+        if self.retries is not None:
+            from toolrollout.engines import RetryPolicy
+
+            options["retry"] = RetryPolicy(max_attempts=self.retries, retry_read_timeouts=True)
+        return options
+
+    def rewards_for(self, ground_truths: Sequence[object] = ()) -> tuple[Reward, ...]:
+        """The reward terms: the explicit ones, or for ``"auto"`` those the truths call for."""
+        if self.rewards != "auto":
+            return tuple(self.rewards)
+        from ._policy import default_rewards
+
+        return tuple(default_rewards(ground_truths, tool_error_penalty=self.tool_error_penalty))
+
+
+def check_target_groups(target_groups: int, num_prompts: int) -> None:
+    """A batch target must be reachable: between 1 and the number of prompts (groups)."""
+    if not 1 <= target_groups <= num_prompts:
+        raise UserError(
+            f"target_groups must be between 1 and the {num_prompts} prompts, got {target_groups}"
+        )
+
+
+def _at_least(flag: str, value: float, low: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UserError(f"{flag} must be a number, got {value!r}")
+    if value < low:
+        raise UserError(f"{flag} must be at least {low}, got {value}")
