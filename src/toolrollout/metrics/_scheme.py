@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from toolrollout.rollout._trajectory import Trajectory
+    from toolrollout._records import Trajectory
 
 __all__ = [
     "TERMINAL_STATUSES",

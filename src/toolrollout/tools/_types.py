@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from toolrollout._exceptions import (
     ModelBehaviorError,
@@ -21,9 +21,6 @@ from toolrollout._exceptions import (
     UserError,
 )
 
-if TYPE_CHECKING:
-    from ._lifecycle import ToolSession
-
 __all__ = [
     "CircuitBreakerPolicy",
     "RetryPolicy",
@@ -31,6 +28,7 @@ __all__ = [
     "ToolContext",
     "ToolLimits",
     "ToolResult",
+    "ToolSessionProtocol",
 ]
 
 
@@ -44,6 +42,18 @@ class ToolCallRequest:
     """Parsed arguments, or the raw JSON text (parsed and checked by the executor)."""
     id: str | None = None
     """The call id echoed back in the ``tool`` message, where the chat format has one."""
+
+
+class ToolSessionProtocol(Protocol):
+    """What a stateful tool asks of its trajectory's session: its instance id.
+
+    :class:`~toolrollout.tools.ToolSession` is the implementation; the protocol lets this
+    module of plain values type :attr:`ToolContext.session` without importing it.
+    """
+
+    async def instance_for(self, tool: Any, context: ToolContext) -> str:
+        """The instance id of ``tool`` (a ``StatefulTool``) for this trajectory."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +73,7 @@ class ToolContext:
     """The row's reference answer, for answer-checking tools such as the GSM8K tool."""
     state: dict[str, Any] = field(default_factory=dict)
     """Scratch space shared by all tool calls of one trajectory (one dict per trajectory)."""
-    session: ToolSession | None = field(default=None, compare=False, repr=False)
+    session: ToolSessionProtocol | None = field(default=None, compare=False, repr=False)
     """The trajectory's stateful-tool instances (see :class:`~toolrollout.tools.StatefulTool`);
     None outside a rollout."""
 
