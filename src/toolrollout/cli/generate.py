@@ -491,7 +491,7 @@ def _run(
             threads=threads,
             health_timeout=health_timeout,
             timeout=_http_timeout(request_timeout),
-            retry=RetryPolicy(max_attempts=retries, retry_read_timeouts=True),
+            retry=RetryPolicy(max_attempts=retries, retry_timeouts=True),
         )
         interrupted: list[str] = []
         trajectories: list[Trajectory] = []

@@ -158,7 +158,7 @@ class ShardWorker:
         engine = SGLangClient(
             list(job.engine_urls),
             timeout=httpx.Timeout(job.request_timeout, connect=min(job.request_timeout, 10.0)),
-            retry=RetryPolicy(max_attempts=job.retries, retry_read_timeouts=True),
+            retry=RetryPolicy(max_attempts=job.retries, retry_timeouts=True),
         )
         mine = set(job.prompt_indices)
         n = job.config.n
