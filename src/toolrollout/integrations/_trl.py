@@ -14,6 +14,7 @@ engine is opened on that loop on first use and closed by :meth:`TRLRolloutFunc.c
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -21,11 +22,12 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
+from toolrollout.metrics import rollout_metrics
 from toolrollout.rewards import WeightedReward
 from toolrollout.rollout import RolloutConfig, RolloutPrompt, RolloutRunner, Trajectory
 from toolrollout.tools import Tool, ToolExecutor
 
-from ._metrics import rollout_metrics, trajectory_extras
+from ._metrics import trajectory_extras
 
 __all__ = ["TRLRolloutFunc", "trl_rollout_func"]
 
@@ -197,4 +199,5 @@ def _log_to_trainer(trainer: Any, metrics: Mapping[str, float]) -> None:
     if target is None:
         return
     for name, value in metrics.items():
-        target[name].append(value)
+        if not math.isnan(value):  # a statistic without data (no reward yet) is left out
+            target[name].append(value)
