@@ -351,6 +351,33 @@ def test_known_core_to_app_edges_still_exist(imports: list[Import]) -> None:
     assert not stale, f"edges in KNOWN_CORE_TO_APP that no longer exist: {stale}"
 
 
+# The bottom of the house: these import nothing of toolrollout but each other.
+LEAVES = ("toolrollout._exceptions", "toolrollout._records", "toolrollout._retry")
+# Typed on the records alone: a reward function or a metric never needs the loop.
+ON_RECORDS_ONLY = ("toolrollout.rewards", "toolrollout.metrics")
+
+
+def test_leaves_import_only_leaves(imports: list[Import]) -> None:
+    known = frozenset().union(*KNOWN_CYCLES_TO_CUT.values())
+    bad = sorted(
+        f"{i.source} -> {i.target}  ({i.kind}, line {i.line})"
+        for i in imports
+        if _within(i.source, LEAVES)
+        and not _within(i.target, LEAVES)
+        and (i.source, i.target) not in known
+    )
+    assert not bad, "a leaf module imports above itself:\n" + "\n".join(bad)
+
+
+def test_rewards_and_metrics_import_only_the_records(imports: list[Import]) -> None:
+    bad = sorted(
+        f"{i.source} -> {i.target}  ({i.kind}, line {i.line})"
+        for i in imports
+        if _within(i.source, ON_RECORDS_ONLY) and not _within(i.target, (*LEAVES, *ON_RECORDS_ONLY))
+    )
+    assert not bad, "rewards/metrics import more than the records:\n" + "\n".join(bad)
+
+
 def test_every_module_is_core_or_application_or_a_leaf() -> None:
     # a new top-level subpackage must be placed in one of the two lists (or be a leaf helper)
     leaves = {

@@ -15,7 +15,9 @@ from toolrollout.rewards import (
 )
 
 
-def answered(content: Any, ground_truth: Any = None, **counters: int) -> Trajectory:
+def answered(
+    content: Any, ground_truth: Any = None, *, tool_errors: int = 0, parse_errors: int = 0
+) -> Trajectory:
     """A finished trajectory whose last assistant message says ``content``."""
     return Trajectory(
         uid="g-0",
@@ -33,7 +35,8 @@ def answered(content: Any, ground_truth: Any = None, **counters: int) -> Traject
         status=TrajectoryStatus.COMPLETED,
         finish_reason="stop",
         ground_truth=ground_truth,
-        **counters,
+        tool_errors=tool_errors,
+        parse_errors=parse_errors,
     )
 
 
