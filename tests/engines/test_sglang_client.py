@@ -166,7 +166,7 @@ async def test_read_timeout_is_not_retried_unless_asked() -> None:
     assert calls == 1
 
     calls = 0
-    policy = RetryPolicy(max_attempts=3, initial_backoff=0, jitter=0, retry_read_timeouts=True)
+    policy = RetryPolicy(max_attempts=3, initial_backoff=0, jitter=0, retry_timeouts=True)
     async with make(handler, retry=policy) as client:
         result = await client.generate(req())
     assert calls == 2 and result.output_ids == (11, 12, 151645)

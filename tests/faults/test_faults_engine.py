@@ -105,7 +105,7 @@ def test_5xx_bursts_resets_truncated_bodies_and_hangs_are_retried(
                 initial_backoff=0.05,
                 max_backoff=0.3,
                 jitter=0.05,
-                retry_read_timeouts=True,
+                retry_timeouts=True,
             ),
         )
         async with client:
@@ -157,7 +157,7 @@ def test_server_killed_and_restarted_mid_run(server: Server, demo_tokenizer: Any
 def dead_engine_run(url: str, demo_tokenizer: Any, read_timeout: float) -> list[Trajectory]:
     async def main() -> list[Trajectory]:
         retry = RetryPolicy(
-            max_attempts=3, initial_backoff=0.1, max_backoff=0.2, retry_read_timeouts=True
+            max_attempts=3, initial_backoff=0.1, max_backoff=0.2, retry_timeouts=True
         )
         timeout = httpx.Timeout(read_timeout, connect=1.0)
         async with SGLangClient(url, retry=retry, timeout=timeout) as client:

@@ -84,7 +84,7 @@ def test_mcp_server_in_a_crash_loop(demo_tokenizer: Any, tmp_path: Path) -> None
     )
     limits = ToolLimits(
         timeout=30.0,
-        retry=RetryPolicy(retries=1, backoff=0.0),
+        retry=RetryPolicy(max_attempts=2, initial_backoff=0.0, jitter=0.0),
         circuit_breaker=CircuitBreakerPolicy(failure_threshold=3, reset_timeout=600.0),
     )
 
@@ -111,7 +111,7 @@ def test_overloaded_sandbox(demo_tokenizer: Any) -> None:
             f"{proxy.url}/run_code",
             http_retries=2,
             retry_backoff=0.01,
-            limits=ToolLimits(timeout=10.0, retry=RetryPolicy(retries=0)),
+            limits=ToolLimits(timeout=10.0, retry=RetryPolicy(max_attempts=1)),
         )
         started = time.monotonic()
         results = anyio.run(run, demo_tokenizer, [tool], tool.name, {"code": "print(1)"})
@@ -124,7 +124,7 @@ def test_overloaded_sandbox(demo_tokenizer: Any) -> None:
 def test_tool_hanging_on_every_call(demo_tokenizer: Any) -> None:
     cancelled: list[str] = []
 
-    @function_tool(limits=ToolLimits(timeout=0.3, retry=RetryPolicy(retries=0)))
+    @function_tool(limits=ToolLimits(timeout=0.3, retry=RetryPolicy(max_attempts=1)))
     async def lookup(query: str) -> str:
         """Look something up (never answers).
 

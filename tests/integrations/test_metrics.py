@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from toolrollout import RolloutConfig, RolloutRunner, SamplingParams, calculator_tool
-from toolrollout.integrations import rollout_metrics, trajectory_extras
+from toolrollout.integrations import trajectory_extras
+from toolrollout.metrics import rollout_metrics
 from toolrollout.testing import ScriptedEngine
 
 
@@ -33,10 +34,10 @@ def test_metrics_and_extras_follow_the_naming_scheme(
     trajectories = runner.run_sync([[{"role": "user", "content": "Multiply 4 by 341."}]])
     metrics = rollout_metrics(trajectories)
     assert metrics["rollout/num_turns/mean"] == 2.0
-    assert metrics["rollout/num_tool_calls/max"] == 1.0
+    assert metrics["tools/calls/mean"] == 1.0 and metrics["tools/used_fraction"] == 1.0
     assert metrics["rollout/reward/mean"] == 1.0
-    assert metrics["rollout/completed/fraction"] == 1.0
-    assert metrics["rollout/failed/fraction"] == 0.0
+    assert metrics["rollout/status/completed"] == 1.0
+    assert metrics["rollout/status/failed"] == 0.0
     assert metrics["tools/calculator/calls"] == 3.0
     assert metrics["tools/calculator/failure_rate"] == 0.0
     model_tokens = sum(sum(t.loss_mask) for t in trajectories) / 3
@@ -45,7 +46,7 @@ def test_metrics_and_extras_follow_the_naming_scheme(
     extras = trajectory_extras(trajectories[0])
     assert extras["reward"] == 1.0 and extras["status"] == "completed"
     assert extras["tool_stats"]["calculator"]["calls"] == 1
-    assert rollout_metrics([]) == {}
+    assert rollout_metrics([])["rollout/trajectories"] == 0.0
 
 
 def test_failure_rate_counts_tool_errors(demo_tokenizer: Any) -> None:

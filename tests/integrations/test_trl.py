@@ -59,6 +59,9 @@ def test_one_completion_per_prompt_with_tool_tokens_masked(
     # Batch metrics went into the trainer's log buffers under the shared names.
     assert trainer._metrics["train"]["rollout/num_turns/mean"] == [2.0]
     assert trainer._metrics["train"]["tools/calculator/failure_rate"] == [0.0]
+    # ... the names `toolrollout eval` logs; a statistic without data is left out, not NaN
+    assert trainer._metrics["train"]["rollout/status/completed"] == [1.0]
+    assert "rollout/reward/mean" not in trainer._metrics["train"]  # no reward function ran
 
 
 def test_completion_is_cut_to_max_completion_length(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -107,3 +108,13 @@ def test_no_metric_name_is_both_a_leaf_and_a_folder() -> None:
         for cut in range(1, len(parts)):
             assert "/".join(parts[:cut]) not in names, name
     assert {f"rollout/status/{s}" for s in TERMINAL_STATUSES} <= names
+
+
+def test_tool_timeouts_have_their_own_rate() -> None:
+    base = make(0, tool_stats={"search": (4, 1, 0.4)})
+    stats = {"search": {**base.metrics["tool_stats"]["search"], "timeouts": 1}}
+    timed_out = dataclasses.replace(base, metrics={**base.metrics, "tool_stats": stats})
+    m = rollout_metrics([timed_out, make(1, tool_stats={"search": (4, 0, 0.4)})])
+    assert m["tools/search/timeout_rate"] == 1 / 8
+    assert m["tools/search/failure_rate"] == 1 / 8  # a timeout is a failure too
+    assert rollout_metrics([timed_out.to_row()]) == rollout_metrics([timed_out])

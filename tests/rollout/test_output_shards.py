@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from toolrollout._records import Trajectory
 from toolrollout.rollout import (
     RolloutPrompt,
     ShardWriter,
@@ -18,7 +19,6 @@ from toolrollout.rollout import (
     read_rows,
     read_shards,
 )
-from toolrollout.rollout._trajectory import Trajectory
 
 PROMPT = RolloutPrompt(({"role": "user", "content": "hi"},), "1")
 
@@ -92,7 +92,7 @@ def test_images_survive_shards_and_compaction(tmp_path: Path, suffix: str) -> No
 
     from PIL import Image
 
-    from toolrollout.rollout._images import TrajectoryImage
+    from toolrollout._records import TrajectoryImage
 
     buffer = io.BytesIO()
     Image.new("RGB", (4, 3), (200, 10, 10)).save(buffer, format="PNG")

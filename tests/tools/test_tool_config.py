@@ -236,8 +236,8 @@ tools:
         50,
         5,
     )
-    assert limits.retry.retries == 1 and limits.retry.backoff == 0.5
-    assert limits.retry.retry_on_timeout
+    assert limits.retry.retries == 1 and limits.retry.initial_backoff == 0.5
+    assert limits.retry.retry_timeouts
     assert isinstance(shout_tool, FunctionTool) and shout_tool.fn is shout.fn
     results = await ToolExecutor([search, shout_tool]).run_calls(
         [ToolCallRequest("search", {"query": "q"}), ToolCallRequest("shout", {"text": "hi"})]

@@ -208,7 +208,9 @@ async def test_rate_limit_spaces_call_starts() -> None:
 async def test_infrastructure_errors_are_retried_then_succeed() -> None:
     attempts = 0
 
-    @function_tool(limits=ToolLimits(retry=RetryPolicy(retries=3, backoff=0.001)))
+    @function_tool(
+        limits=ToolLimits(retry=RetryPolicy(max_attempts=4, initial_backoff=0.001, jitter=0.001))
+    )
     async def flaky() -> str:
         nonlocal attempts
         attempts += 1
@@ -226,7 +228,9 @@ async def test_infrastructure_errors_are_retried_then_succeed() -> None:
 async def test_retries_exhausted_gives_unavailable_with_cause() -> None:
     attempts = 0
 
-    @function_tool(limits=ToolLimits(retry=RetryPolicy(retries=2, backoff=0.001)))
+    @function_tool(
+        limits=ToolLimits(retry=RetryPolicy(max_attempts=3, initial_backoff=0.001, jitter=0.001))
+    )
     def down() -> str:
         nonlocal attempts
         attempts += 1
@@ -245,7 +249,9 @@ async def test_retries_exhausted_gives_unavailable_with_cause() -> None:
 async def test_tool_errors_are_not_retried() -> None:
     attempts = 0
 
-    @function_tool(limits=ToolLimits(retry=RetryPolicy(retries=5, backoff=0.001)))
+    @function_tool(
+        limits=ToolLimits(retry=RetryPolicy(max_attempts=6, initial_backoff=0.001, jitter=0.001))
+    )
     def wrong() -> str:
         nonlocal attempts
         attempts += 1
@@ -314,8 +320,8 @@ def test_limits_are_validated() -> None:
         ToolLimits(max_concurrency=0)
     with pytest.raises(UserError, match="rate_limit"):
         ToolLimits(rate_limit=-1)
-    with pytest.raises(UserError, match="retries"):
-        RetryPolicy(retries=-1)
+    with pytest.raises(UserError, match="max_attempts"):
+        RetryPolicy(max_attempts=0)
 
 
 async def test_timeout_of_a_sync_tool_returns_on_time() -> None:

@@ -175,7 +175,7 @@ class Backend:
 
 def backend_tool(backend: Backend, **limits: Any) -> Any:
     policy = CircuitBreakerPolicy(failure_threshold=3, reset_timeout=RESET)
-    defaults: dict[str, Any] = {"retry": RetryPolicy(retries=0), "circuit_breaker": policy}
+    defaults: dict[str, Any] = {"retry": RetryPolicy(max_attempts=1), "circuit_breaker": policy}
 
     @function_tool(limits=ToolLimits(**(defaults | limits)))
     async def search(query: str) -> str:
@@ -309,7 +309,7 @@ class TestExecutor:
     async def test_fail_fast_is_never_retried(self) -> None:
         # CircuitOpen is a ToolUnavailable, which the retry policy retries: not this one.
         policy = CircuitBreakerPolicy(failure_threshold=2, reset_timeout=60)
-        retry = RetryPolicy(retries=5, backoff=0.5)
+        retry = RetryPolicy(max_attempts=6, initial_backoff=0.5, max_backoff=2.0, jitter=0.5)
         ran = 0
 
         @function_tool(limits=ToolLimits(retry=retry, circuit_breaker=policy))
@@ -329,7 +329,7 @@ class TestExecutor:
 
     async def test_a_retrying_call_stops_when_the_breaker_opens_meanwhile(self) -> None:
         policy = CircuitBreakerPolicy(failure_threshold=1, reset_timeout=60)
-        retry = RetryPolicy(retries=10, backoff=0.05, max_backoff=0.05)
+        retry = RetryPolicy(max_attempts=11, initial_backoff=0.05, max_backoff=0.05, jitter=0.05)
         attempts = {"crash": 0, "flaky": 0}
 
         @function_tool(limits=ToolLimits(retry=retry, circuit_breaker=policy))

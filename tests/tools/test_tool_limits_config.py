@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from toolrollout.tools import (
     ToolLimits,
     load_tool_config,
 )
+from toolrollout.tools._types import DEFAULT_TOOL_RETRY
 
 CALC = 'class_name: "toolrollout.tools.CalculatorTool"'
 
@@ -63,11 +65,12 @@ def test_every_limit_key(tmp_path: Path) -> None:
         rate_limit=10,
         rate_burst=2,
         retry=RetryPolicy(
-            retries=3,
-            backoff=0.5,
+            max_attempts=4,
+            initial_backoff=0.5,
             max_backoff=4,
+            jitter=0.5,
             retry_on=(ToolUnavailable, TimeoutError, json.JSONDecodeError),
-            retry_on_timeout=True,
+            retry_timeouts=True,
         ),
         circuit_breaker=CircuitBreakerPolicy(3, 12.5, (ToolUnavailable, ToolTimeout)),
     )
@@ -75,15 +78,19 @@ def test_every_limit_key(tmp_path: Path) -> None:
 
 def test_existing_keys_keep_working(tmp_path: Path) -> None:
     assert limits_of(tmp_path, "num_workers: 4\nretries: 3") == ToolLimits(
-        max_concurrency=4, retry=RetryPolicy(retries=3)
+        max_concurrency=4, retry=replace(DEFAULT_TOOL_RETRY, max_attempts=4)
     )
     long_form = limits_of(tmp_path, "retries: {retries: 1, backoff: 0.5, on_timeout: true}")
-    assert long_form.retry == RetryPolicy(retries=1, backoff=0.5, retry_on_timeout=True)
+    assert long_form.retry == replace(
+        DEFAULT_TOOL_RETRY, max_attempts=2, initial_backoff=0.5, jitter=0.5, retry_timeouts=True
+    )
     assert long_form.circuit_breaker is None  # no breaker unless asked for
 
 
 def test_unset_retry_keys_keep_the_tools_own_policy(tmp_path: Path) -> None:
-    assert limits_of(tmp_path, "retries: {max_backoff: 9}").retry == RetryPolicy(max_backoff=9)
+    assert limits_of(tmp_path, "retries: {max_backoff: 9}").retry == replace(
+        DEFAULT_TOOL_RETRY, max_backoff=9
+    )
 
 
 def test_circuit_breaker_switches(tmp_path: Path) -> None:

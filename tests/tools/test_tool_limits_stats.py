@@ -105,7 +105,9 @@ async def test_executor_latency_percentiles_follow_the_calls() -> None:
 async def test_retries_are_counted_per_result_and_per_tool() -> None:
     failures = {"flaky": 2, "down": 99}
 
-    @function_tool(limits=ToolLimits(retry=RetryPolicy(retries=3, backoff=0.001)))
+    @function_tool(
+        limits=ToolLimits(retry=RetryPolicy(max_attempts=4, initial_backoff=0.001, jitter=0.001))
+    )
     async def service(name: str) -> str:
         if failures[name] > 0:
             failures[name] -= 1
@@ -122,7 +124,7 @@ async def test_retries_are_counted_per_result_and_per_tool() -> None:
 
 
 async def test_timeouts_retried_when_asked_count_once_per_call() -> None:
-    policy = RetryPolicy(retries=1, backoff=0.001, retry_on_timeout=True)
+    policy = RetryPolicy(max_attempts=2, initial_backoff=0.001, jitter=0.001, retry_timeouts=True)
 
     @function_tool(limits=ToolLimits(timeout=0.05, retry=policy))
     async def hang() -> str:

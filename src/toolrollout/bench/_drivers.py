@@ -27,28 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._model import Workload
+from ._model import DriverSpec, Workload
 from ._tools import LookupClient
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
     from toolrollout.rollout import RolloutConfig
 
-__all__ = ["DriverSpec", "run_driver"]
-
-
-@dataclass(frozen=True, slots=True)
-class DriverSpec:
-    """Everything a worker needs, JSON-friendly."""
-
-    mode: str
-    engine_urls: tuple[str, ...]
-    tool_url: str
-    workload: dict[str, Any]
-    tokenizer: str
-    concurrency: int = 4096
-    drift_check: bool = True
-    batch_fraction: float = 0.875
-    """``oversample`` mode: the share of the trajectories the batch target asks for."""
+__all__ = ["run_driver"]
 
 
 def _clock() -> tuple[float, float]:

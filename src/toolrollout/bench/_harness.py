@@ -28,9 +28,8 @@ import httpx
 from toolrollout._exceptions import BenchmarkError
 from toolrollout._net import stop_popen
 
-from ._drivers import DriverSpec
 from ._metrics import ModeResult, critical_paths, fifo_makespan, ideal_makespan
-from ._model import LatencyModel, ToolLatency, Workload
+from ._model import DriverSpec, LatencyModel, ToolLatency, Workload
 
 __all__ = ["BenchConfig", "BenchReport", "run_benchmark", "serve_benchmark_services"]
 

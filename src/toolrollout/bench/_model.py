@@ -1,4 +1,5 @@
-"""The benchmark's inputs as plain values: server cost model, tool latencies, workload.
+"""The benchmark's inputs as plain values: server cost model, tool latencies, workload, and
+the spec each driver's worker process runs from.
 
 Everything a run depends on is deterministic: a tool call's latency is a function of the
 call's key and the seed, and each trajectory's number of turns and tokens is written into
@@ -19,6 +20,7 @@ from toolrollout._exceptions import UserError
 
 __all__ = [
     "DIRECTIVE_RE",
+    "DriverSpec",
     "LatencyModel",
     "ToolLatency",
     "Workload",
@@ -167,3 +169,18 @@ def parse_directive(text: str) -> WorkloadItem | None:
     if match is None:
         return None
     return WorkloadItem(match["key"], int(match["turns"]), int(match["tokens"]))
+
+
+@dataclass(frozen=True, slots=True)
+class DriverSpec:
+    """Everything a worker needs, JSON-friendly."""
+
+    mode: str
+    engine_urls: tuple[str, ...]
+    tool_url: str
+    workload: dict[str, Any]
+    tokenizer: str
+    concurrency: int = 4096
+    drift_check: bool = True
+    batch_fraction: float = 0.875
+    """``oversample`` mode: the share of the trajectories the batch target asks for."""

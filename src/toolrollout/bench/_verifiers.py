@@ -13,15 +13,12 @@ from __future__ import annotations
 import logging
 import resource
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolrollout._exceptions import BenchmarkError
 
-from ._model import Workload
+from ._model import DriverSpec, Workload
 from ._tools import LookupClient
-
-if TYPE_CHECKING:
-    from ._drivers import DriverSpec
 
 __all__ = ["run_verifiers"]
 

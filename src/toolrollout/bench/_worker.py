@@ -20,7 +20,8 @@ __all__ = ["main", "run_measured"]
 def run_measured(spec_json: str) -> dict[str, Any]:
     import anyio
 
-    from ._drivers import DriverSpec, run_driver
+    from ._drivers import run_driver
+    from ._model import DriverSpec
 
     raw = json.loads(spec_json)
     raw["engine_urls"] = tuple(raw["engine_urls"])

@@ -85,7 +85,7 @@ def _limits_cell(limits: ToolLimits) -> str:
     """One line per limit, as the executor will apply them."""
     retry = limits.retry
     retry_on = [t.__name__ for t in retry.retry_on]
-    if retry.retry_on_timeout:
+    if retry.retry_timeouts:
         retry_on.append("ToolTimeout")
     breaker = limits.circuit_breaker
     lines = [
@@ -102,7 +102,7 @@ def _limits_cell(limits: ToolLimits) -> str:
         + (
             "0"
             if retry.retries == 0
-            else f"{retry.retries} on {', '.join(retry_on)} (backoff {retry.backoff:g}s)"
+            else f"{retry.retries} on {', '.join(retry_on)} (backoff {retry.initial_backoff:g}s)"
         ),
         "circuit breaker "
         + (

@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +62,7 @@ from .._exceptions import (
     UserError,
 )
 from .._http import fast_transport
+from .._retry import RetryPolicy
 from . import _wire
 from ._base import Engine
 from ._routing import Router, ServerStats
@@ -92,35 +92,6 @@ The default transport (aiohttp, see ``toolrollout._http``) keeps every idle conn
 until ``keepalive_expiry``; ``max_keepalive_connections`` applies when an httpx transport is
 passed instead, whose pool scan grows with the square of the idle connections kept
 (docs/benchmarks.md)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How often, and how patiently, a failed call is retried.
-
-    The wait before retry ``k`` (1-based) is
-    ``min(initial_backoff * 2**(k-1) + uniform(0, jitter), max_backoff)`` seconds.
-    """
-
-    max_attempts: int = 5
-    """Total attempts, the first included (1 disables retries)."""
-    initial_backoff: float = 0.5
-    max_backoff: float = 30.0
-    jitter: float = 0.5
-    """Random extra wait, so that many rollouts do not retry in lockstep."""
-    retry_read_timeouts: bool = False
-    """Also retry when the server accepted the request but did not answer in time."""
-
-    def backoff(self, retry_number: int) -> float:
-        """Seconds to wait before retry ``retry_number`` (1 for the first retry)."""
-        exponential = self.initial_backoff * 2.0 ** (retry_number - 1)
-        return min(exponential + random.uniform(0.0, self.jitter), self.max_backoff)
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise UserError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
-        if min(self.initial_backoff, self.max_backoff, self.jitter) < 0:
-            raise UserError("RetryPolicy backoff and jitter must not be negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -685,7 +656,7 @@ class SGLangClient(Engine):
             return exc.status_code == 429 or exc.status_code >= 500
         if isinstance(exc, EngineTimeout):
             if isinstance(exc.__cause__, httpx.ReadTimeout):
-                return self._retry.retry_read_timeouts
+                return self._retry.retry_timeouts
             return True
         if isinstance(exc, EngineConnectionError):
             return not isinstance(exc.__cause__, httpx.UnsupportedProtocol)

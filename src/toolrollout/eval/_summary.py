@@ -18,7 +18,7 @@ from toolrollout.metrics import SampleStats, metric_key, rollout_metrics, sample
 from ._stats import Interval, bootstrap_difference, bootstrap_mean, pass_at_k
 
 if TYPE_CHECKING:
-    from toolrollout.rollout._trajectory import Trajectory
+    from toolrollout._records import Trajectory
 
 __all__ = ["Comparison", "EvalSummary", "compare", "default_ks", "summarize"]
 

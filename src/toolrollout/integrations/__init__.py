@@ -12,7 +12,6 @@ import importlib
 from pathlib import Path
 from typing import Any, Final
 
-from ._metrics import rollout_metrics as rollout_metrics
 from ._metrics import trajectory_extras as trajectory_extras
 from ._trl import TRLRolloutFunc as TRLRolloutFunc
 from ._trl import trl_rollout_func as trl_rollout_func
@@ -27,7 +26,6 @@ __all__ = [
     "ToolRolloutScheduler",
     "VerlBatch",
     "VerlServerEngine",
-    "rollout_metrics",
     "to_swift_rollout_output",
     "to_verl_batch",
     "trajectory_extras",

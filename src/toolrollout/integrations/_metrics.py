@@ -1,21 +1,17 @@
-"""Per-sample extras and batch metrics, named the same way for every trainer.
+"""Per-sample extras, the same for every trainer.
 
-Trainers log flat ``name -> float`` dicts. The names follow one scheme,
-``<area>/<quantity>/<statistic>``, shared with ``toolrollout eval``: ``rollout/...`` for
-trajectory-level numbers and ``tools/<tool name>/...`` for each tool, so a dashboard built on
-one trainer reads the same on another.
+Batch metrics are :func:`toolrollout.metrics.rollout_metrics`, the scheme ``toolrollout
+eval`` logs too, so a dashboard built on one trainer reads the same on another.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from statistics import fmean
 from typing import Any
 
+from toolrollout._records import Trajectory
 from toolrollout.rewards import final_answer_text
-from toolrollout.rollout import Trajectory, TrajectoryStatus
 
-__all__ = ["rollout_metrics", "trajectory_extras"]
+__all__ = ["trajectory_extras"]
 
 
 def trajectory_extras(trajectory: Trajectory) -> dict[str, Any]:
@@ -41,56 +37,3 @@ def trajectory_extras(trajectory: Trajectory) -> dict[str, Any]:
         "tool_rewards": list(trajectory.tool_rewards),
         "weight_version": trajectory.weight_version,
     }
-
-
-def _stats(prefix: str, values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    return {
-        f"{prefix}/mean": float(fmean(values)),
-        f"{prefix}/min": float(min(values)),
-        f"{prefix}/max": float(max(values)),
-    }
-
-
-def rollout_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """Batch metrics of ``trajectories`` under the shared naming scheme.
-
-    ``rollout/num_turns/mean|min|max``, ``rollout/num_tool_calls/...``,
-    ``rollout/response_tokens/...``, ``rollout/model_tokens/...``, ``rollout/reward/...``
-    (rows with a reward only), ``rollout/<status>/fraction`` for every terminal status, and
-    per tool ``tools/<name>/calls``, ``tools/<name>/failure_rate`` (errors / calls),
-    ``tools/<name>/timeout_rate`` and ``tools/<name>/latency/mean`` (seconds per call).
-    """
-    if not trajectories:
-        return {}
-    count = len(trajectories)
-    out: dict[str, float] = {}
-    out.update(_stats("rollout/num_turns", [t.num_turns for t in trajectories]))
-    out.update(_stats("rollout/num_tool_calls", [t.num_tool_calls for t in trajectories]))
-    out.update(_stats("rollout/response_tokens", [len(t.response_ids) for t in trajectories]))
-    out.update(_stats("rollout/model_tokens", [sum(t.loss_mask) for t in trajectories]))
-    out.update(_stats("rollout/reward", [t.reward for t in trajectories if t.reward is not None]))
-    for status in (
-        TrajectoryStatus.COMPLETED,
-        TrajectoryStatus.TRUNCATED,
-        TrajectoryStatus.ABORTED,
-        TrajectoryStatus.FAILED,
-    ):
-        out[f"rollout/{status}/fraction"] = sum(t.status is status for t in trajectories) / count
-    totals: dict[str, dict[str, float]] = {}
-    for trajectory in trajectories:
-        for name, summary in (trajectory.metrics.get("tool_stats") or {}).items():
-            acc = totals.setdefault(name, {"calls": 0.0, "errors": 0.0, "timeouts": 0.0, "s": 0.0})
-            acc["calls"] += summary.get("calls", 0)
-            acc["errors"] += summary.get("errors", 0)
-            acc["timeouts"] += summary.get("timeouts", 0)
-            acc["s"] += summary.get("seconds", 0.0)
-    for name, acc in sorted(totals.items()):
-        calls = acc["calls"]
-        out[f"tools/{name}/calls"] = calls
-        if calls:
-            out[f"tools/{name}/failure_rate"] = acc["errors"] / calls
-            out[f"tools/{name}/timeout_rate"] = acc["timeouts"] / calls
-            out[f"tools/{name}/latency/mean"] = acc["s"] / calls
-    return out

@@ -16,6 +16,7 @@ built by :func:`toolrollout.spec.build_runner`, like every other entry point's.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -25,12 +26,13 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
+from toolrollout.metrics import rollout_metrics
 from toolrollout.rewards import WeightedReward
 from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory, as_prompt
 from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts, open_services
 from toolrollout.tools import Tool, ToolExecutor
 
-from ._metrics import rollout_metrics, trajectory_extras
+from ._metrics import trajectory_extras
 
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
@@ -256,4 +258,5 @@ def _log_to_trainer(trainer: Any, metrics: Mapping[str, float]) -> None:
     if target is None:
         return
     for name, value in metrics.items():
-        target[name].append(value)
+        if not math.isnan(value):  # a statistic without data (no reward yet) is left out
+            target[name].append(value)

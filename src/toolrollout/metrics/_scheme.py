@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from toolrollout.rollout._trajectory import Trajectory
+    from toolrollout._records import Trajectory
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -58,6 +58,8 @@ class ToolUse:
     calls: int
     errors: int
     seconds: float
+    timeouts: int = 0
+    """Calls that timed out (counted in ``errors`` too)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +90,7 @@ def _tools_from_metrics(metrics: Mapping[str, Any]) -> dict[str, ToolUse]:
             calls=int(entry.get("calls", 0)),
             errors=int(entry.get("errors", 0)),
             seconds=float(entry.get("seconds", 0.0)),
+            timeouts=int(entry.get("timeouts", 0)),
         )
         for name, entry in stats.items()
     }
@@ -162,8 +165,10 @@ def rollout_metrics(
 ) -> dict[str, float]:
     """Batch metrics of trajectories under the shared naming scheme (see docs/eval.md).
 
-    Means are per trajectory. Rates whose denominator is zero (no tool calls) are 0.0; a
-    statistic with no values at all (no scored trajectory) is NaN rather than a fake 0.
+    The one batch-metrics function: ``toolrollout eval``, the trackers and the trainer
+    adapters all log these names. Means are per trajectory. Rates whose denominator is zero
+    (no tool calls) are 0.0; a statistic with no values at all (no scored trajectory) is NaN
+    rather than a fake 0.
     """
     samples = [sample_stats(item) for item in items]
     count = len(samples)
@@ -205,6 +210,9 @@ def rollout_metrics(
         out[metric_key("tools", segment, "calls_per_trajectory")] = _ratio(n_calls, count)
         out[metric_key("tools", segment, "failure_rate")] = _ratio(
             sum(u.errors for u in uses), n_calls
+        )
+        out[metric_key("tools", segment, "timeout_rate")] = _ratio(
+            sum(u.timeouts for u in uses), n_calls
         )
         out[metric_key("tools", segment, "latency_s", "mean")] = _ratio(
             sum(u.seconds for u in uses), n_calls

@@ -2,8 +2,9 @@
 
 A reward function receives the whole :class:`~toolrollout.rollout.Trajectory` (messages with
 tool calls and tool results, the ground truth, counters) and returns a float. Sync and async
-functions are both accepted. Scoring is done by :func:`score_trajectory`, which turns an
-exception into a FAILED trajectory that keeps the error: a broken reward never becomes a
+functions are both accepted. The rollout loop scores each finished trajectory with
+:func:`evaluate_terms`; an exception there (or a NaN) ends the trajectory ``failed`` with
+``finish_reason="reward_error"`` and keeps the error: a broken reward never becomes a
 silent 0.
 """
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from toolrollout.rollout._trajectory import Trajectory
+    from toolrollout._records import Trajectory
 
 __all__ = [
     "RewardFunction",

@@ -4,8 +4,13 @@ Images from tools (vision-language models) are kept on the trajectory with their
 spans; ``verl_multi_modal_data``, ``trl_messages`` and ``swift_row`` hand them to trainers.
 """
 
+from toolrollout._records import SpanKind as SpanKind
+from toolrollout._records import TokenSpan as TokenSpan
+from toolrollout._records import Trajectory as Trajectory
+from toolrollout._records import TrajectoryImage as TrajectoryImage
+from toolrollout._records import TrajectoryStatus as TrajectoryStatus
+
 from ._config import RolloutConfig as RolloutConfig
-from ._images import TrajectoryImage as TrajectoryImage
 from ._images import prepare_images as prepare_images
 from ._images import swift_row as swift_row
 from ._images import trl_messages as trl_messages
@@ -27,10 +32,6 @@ from ._runner import RolloutBatch as RolloutBatch
 from ._runner import RolloutRunner as RolloutRunner
 from ._runner import as_prompt as as_prompt
 from ._runner import failed_trajectory as failed_trajectory
-from ._trajectory import SpanKind as SpanKind
-from ._trajectory import TokenSpan as TokenSpan
-from ._trajectory import Trajectory as Trajectory
-from ._trajectory import TrajectoryStatus as TrajectoryStatus
 
 __all__ = [
     "LEFTOVER_SCHEMA",

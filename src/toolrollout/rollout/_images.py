@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from toolrollout._exceptions import ImageError
+from toolrollout._records import Trajectory, TrajectoryImage
 
 if TYPE_CHECKING:
     from toolrollout.chat import PreparedImage, VisionFormat
-
-    from ._trajectory import Trajectory
 
 __all__ = [
     "TrajectoryImage",
@@ -31,32 +29,6 @@ __all__ = [
     "trl_messages",
     "verl_multi_modal_data",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class TrajectoryImage:
-    """One image in a trajectory and where its placeholder tokens are.
-
-    ``start``/``end`` index ``prompt_ids + response_ids``; every id in that range is the
-    model's image placeholder token, and nothing outside it belongs to this image.
-    """
-
-    png: bytes
-    start: int
-    end: int
-    grid_thw: tuple[int, int, int]
-
-    @property
-    def num_tokens(self) -> int:
-        return self.end - self.start
-
-    def to_pil(self) -> Any:
-        """The image as a loaded RGB PIL image."""
-        from PIL import Image
-
-        image = Image.open(io.BytesIO(self.png))
-        image.load()
-        return image.convert("RGB")
 
 
 async def prepare_images(

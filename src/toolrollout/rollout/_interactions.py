@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 
 from toolrollout._exceptions import InteractionError, ToolRolloutError, UserError
+from toolrollout._records import TokenSpan, TrajectoryStatus
 from toolrollout.interactions import InteractionReply
 from toolrollout.tools import Tool, ToolContext, ToolResult, ToolSession, row_kwargs
 
 from ._drift import drift_checkpoint
-from ._trajectory import TokenSpan, TrajectoryStatus
 
 if TYPE_CHECKING:
     from ._loop import RolloutPrompt, RolloutServices, _State

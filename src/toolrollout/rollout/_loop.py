@@ -26,6 +26,7 @@ from typing import Any
 import anyio
 
 from toolrollout._exceptions import EngineError, OverlongPromptError, ToolRolloutError
+from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, ImageRun, ToolCallParser, VisionFormat
 from toolrollout.engines._base import Engine
 from toolrollout.engines._types import GenerateRequest, GenerateResult
@@ -41,7 +42,6 @@ from toolrollout.tools import (
 from ._config import RolloutConfig
 from ._drift import drift_checkpoint, final_drift_check
 from ._interactions import TrajectoryEnvironment, interaction_turn, select_interaction
-from ._trajectory import TokenSpan, Trajectory, TrajectoryStatus
 from ._vision_turn import ImageLedger, attach_images, record_images
 
 __all__ = ["ResumePoint", "RolloutPrompt", "StopControl", "run_trajectory"]

@@ -32,8 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from toolrollout._exceptions import UserError
-
-from ._trajectory import Trajectory, TrajectoryStatus
+from toolrollout._records import Trajectory, TrajectoryStatus
 
 __all__ = [
     "LEFTOVER_SCHEMA",

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from toolrollout._exceptions import EngineError, UserError
+from toolrollout._records import Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward, combine
@@ -30,7 +31,6 @@ from toolrollout.tools import Tool, ToolExecutor
 from ._config import RolloutConfig
 from ._interactions import select_interaction
 from ._loop import ResumePoint, RolloutPrompt, RolloutServices, StopControl, run_trajectory
-from ._trajectory import Trajectory, TrajectoryStatus
 
 __all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
 

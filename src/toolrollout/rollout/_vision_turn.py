@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from toolrollout._exceptions import ImageError
+from toolrollout._records import TrajectoryImage
 from toolrollout.tools import ToolResult
 
-from ._images import TrajectoryImage, prepare_images
+from ._images import prepare_images
 
 if TYPE_CHECKING:
     from toolrollout.chat import ImageRun, PreparedImage, VisionFormat

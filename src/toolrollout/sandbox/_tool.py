@@ -242,7 +242,7 @@ class SandboxTool(Tool):
             parameters=parameters,
             limits=limits
             if limits is not None
-            else ToolLimits(timeout=None, max_concurrency=10, retry=RetryPolicy(retries=0)),
+            else ToolLimits(timeout=None, max_concurrency=10, retry=RetryPolicy(max_attempts=1)),
             url=url,
             language=language,
             run_timeout=run_timeout,

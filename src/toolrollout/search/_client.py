@@ -75,7 +75,7 @@ def _default_parameters() -> dict[str, Any]:
 
 def _default_limits() -> ToolLimits:
     # The tool retries HTTP failures itself, so the executor does not retry on top.
-    return ToolLimits(timeout=60.0, retry=RetryPolicy(retries=0))
+    return ToolLimits(timeout=60.0, retry=RetryPolicy(max_attempts=1))
 
 
 @functools.cache

@@ -158,7 +158,7 @@ class RunSpec:
         if self.retries is not None:
             from toolrollout.engines import RetryPolicy
 
-            options["retry"] = RetryPolicy(max_attempts=self.retries, retry_read_timeouts=True)
+            options["retry"] = RetryPolicy(max_attempts=self.retries, retry_timeouts=True)
         return options
 
     def rewards_for(self, ground_truths: Sequence[object] = ()) -> tuple[Reward, ...]:

@@ -27,8 +27,6 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception,
     stop_after_attempt,
-    wait_exponential,
-    wait_random,
 )
 
 from toolrollout._exceptions import (
@@ -220,7 +218,7 @@ def _should_retry(policy: RetryPolicy, exc: BaseException) -> bool:
     if isinstance(exc, CircuitOpen):
         return False
     if isinstance(exc, ToolTimeout):
-        return policy.retry_on_timeout
+        return policy.retry_timeouts
     return isinstance(exc, policy.retry_on) or isinstance(exc.__cause__, policy.retry_on)
 
 
@@ -382,9 +380,8 @@ class ToolExecutor:
     ) -> ToolResult:
         policy = runtime.tool.limits.retry
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(policy.attempts),
-            wait=wait_exponential(multiplier=policy.backoff, max=policy.max_backoff)
-            + wait_random(0, policy.backoff),
+            stop=stop_after_attempt(policy.max_attempts),
+            wait=lambda retry_state: policy.backoff(retry_state.attempt_number),
             retry=retry_if_exception(lambda exc: _should_retry(policy, exc)),
             sleep=anyio.sleep,
             reraise=True,

@@ -127,6 +127,8 @@ class RetryConfigModel(BaseModel):
     attempts: PositiveInt | None = None
     """Total attempts (``retries + 1``); give this or ``retries``, not both."""
     backoff: NonNegativeFloat | None = None
+    """Seconds before the first retry (doubled for each later one), plus up to as much
+    again at random."""
     max_backoff: NonNegativeFloat | None = None
     on_timeout: bool | None = None
     """Retry a call whose attempt hit ``timeout`` (same as listing ``ToolTimeout``)."""
@@ -225,21 +227,21 @@ class ToolEntryConfigModel(BaseModel):
         assert self.retries is not None
         cfg = self.retries
         retry: dict[str, Any] = {}
-        if cfg.retries is not None:
-            retry["retries"] = cfg.retries
+        if cfg.retries is not None:  # verl's layout counts retries; the policy counts attempts
+            retry["max_attempts"] = cfg.retries + 1
         if cfg.attempts is not None:
-            retry["retries"] = cfg.attempts - 1
-        if cfg.backoff is not None:
-            retry["backoff"] = cfg.backoff
+            retry["max_attempts"] = cfg.attempts
+        if cfg.backoff is not None:  # the first wait, and as much random extra on top of it
+            retry["initial_backoff"] = retry["jitter"] = cfg.backoff
         if cfg.max_backoff is not None:
             retry["max_backoff"] = cfg.max_backoff
         if cfg.on_timeout is not None:
-            retry["retry_on_timeout"] = cfg.on_timeout
+            retry["retry_timeouts"] = cfg.on_timeout
         if cfg.retry_on is not None:
             names = [name for name in cfg.retry_on if name != "ToolTimeout"]
             retry["retry_on"] = tuple(dict.fromkeys(resolve_exception(name) for name in names))
             if "ToolTimeout" in cfg.retry_on:
-                retry["retry_on_timeout"] = True
+                retry["retry_timeouts"] = True
         return replace(base.retry, **retry)
 
 

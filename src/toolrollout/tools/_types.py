@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from toolrollout._exceptions import (
     ModelBehaviorError,
@@ -20,17 +20,17 @@ from toolrollout._exceptions import (
     ToolUnavailable,
     UserError,
 )
-
-if TYPE_CHECKING:
-    from ._lifecycle import ToolSession
+from toolrollout._retry import RetryPolicy
 
 __all__ = [
+    "DEFAULT_TOOL_RETRY",
     "CircuitBreakerPolicy",
     "RetryPolicy",
     "ToolCallRequest",
     "ToolContext",
     "ToolLimits",
     "ToolResult",
+    "ToolSessionProtocol",
 ]
 
 
@@ -44,6 +44,18 @@ class ToolCallRequest:
     """Parsed arguments, or the raw JSON text (parsed and checked by the executor)."""
     id: str | None = None
     """The call id echoed back in the ``tool`` message, where the chat format has one."""
+
+
+class ToolSessionProtocol(Protocol):
+    """What a stateful tool asks of its trajectory's session: its instance id.
+
+    :class:`~toolrollout.tools.ToolSession` is the implementation; the protocol lets this
+    module of plain values type :attr:`ToolContext.session` without importing it.
+    """
+
+    async def instance_for(self, tool: Any, context: ToolContext) -> str:
+        """The instance id of ``tool`` (a ``StatefulTool``) for this trajectory."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +75,7 @@ class ToolContext:
     """The row's reference answer, for answer-checking tools such as the GSM8K tool."""
     state: dict[str, Any] = field(default_factory=dict)
     """Scratch space shared by all tool calls of one trajectory (one dict per trajectory)."""
-    session: ToolSession | None = field(default=None, compare=False, repr=False)
+    session: ToolSessionProtocol | None = field(default=None, compare=False, repr=False)
     """The trajectory's stateful-tool instances (see :class:`~toolrollout.tools.StatefulTool`);
     None outside a rollout."""
 
@@ -108,35 +120,10 @@ class ToolResult:
             raise self.error
 
 
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """When a failed call is tried again: only infrastructure errors, with backoff.
-
-    A tool that raised because of its input would fail the same way again, so by default
-    only :class:`~toolrollout.ToolUnavailable` and :class:`ConnectionError` are retried.
-    """
-
-    retries: int = 2
-    """Extra attempts after the first (0 disables retrying)."""
-    backoff: float = 0.1
-    """First wait in seconds; doubled on each retry, with jitter."""
-    max_backoff: float = 2.0
-    """Upper bound of one wait."""
-    retry_on: tuple[type[BaseException], ...] = (ToolUnavailable, ConnectionError)
-    """Exception types that count as transient infrastructure errors."""
-    retry_on_timeout: bool = False
-    """Whether a per-call timeout is retried too (off: a slow tool usually stays slow)."""
-
-    def __post_init__(self) -> None:
-        if self.retries < 0:
-            raise UserError(f"retries must be >= 0, got {self.retries}")
-        if self.backoff < 0 or self.max_backoff < 0:
-            raise UserError("backoff and max_backoff must be >= 0")
-
-    @property
-    def attempts(self) -> int:
-        """Most attempts one call may make (``retries + 1``)."""
-        return self.retries + 1
+DEFAULT_TOOL_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.1, max_backoff=2.0, jitter=0.1)
+"""A tool's retry policy unless it sets its own: 2 retries after the first attempt, only on
+:class:`~toolrollout.ToolUnavailable` and :class:`ConnectionError` (a tool that raised
+because of its input would fail the same way again), never on a timeout."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +181,7 @@ class ToolLimits:
     """Attempts started per second (None: unlimited)."""
     rate_burst: int = 1
     """Attempts that may start back to back before the rate applies."""
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    retry: RetryPolicy = DEFAULT_TOOL_RETRY
     """Which failures are retried, and how often."""
     circuit_breaker: CircuitBreakerPolicy | None = None
     """Fail fast after repeated infrastructure failures (None: no breaker)."""

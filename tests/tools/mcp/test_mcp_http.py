@@ -25,7 +25,7 @@ from toolrollout.tools.mcp import (
     parse_mcp_servers,
 )
 
-NO_RETRY = ToolLimits(timeout=20.0, retry=RetryPolicy(retries=0))
+NO_RETRY = ToolLimits(timeout=20.0, retry=RetryPolicy(max_attempts=1))
 
 
 async def test_streamable_http_session_is_shared_and_survives_a_restart(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from mcp_helpers import child_pids, kit_stdio, pid_alive, read_log, wait_for
 from toolrollout.tools import RetryPolicy, ToolCallRequest, ToolExecutor, ToolLimits, ToolResult
 from toolrollout.tools.mcp import McpClientManager, McpTool
 
-NO_RETRY = ToolLimits(timeout=20.0, retry=RetryPolicy(retries=0))
+NO_RETRY = ToolLimits(timeout=20.0, retry=RetryPolicy(max_attempts=1))
 shared = pytest.mark.asyncio(loop_scope="module")
 
 
@@ -186,7 +186,10 @@ async def test_rate_limited_server_errors_are_recorded_and_retried(kit: Kit) -> 
 
     await anyio.sleep(1.0)  # a fresh window
     patient = limited.with_limits(
-        replace(NO_RETRY, retry=RetryPolicy(retries=8, backoff=0.25, max_backoff=0.5))
+        replace(
+            NO_RETRY,
+            retry=RetryPolicy(max_attempts=9, initial_backoff=0.25, max_backoff=0.5, jitter=0.25),
+        )
     )
     executor = ToolExecutor([patient])
     results = await executor.run_calls(calls)
@@ -233,7 +236,7 @@ async def test_dead_server_errors_that_call_and_the_next_call_reconnects(tmp_pat
 
         # Crashing mid-call, with one retry allowed: the retry runs on a new session.
         crash = tools["crash"].with_limits(
-            replace(NO_RETRY, retry=RetryPolicy(retries=1, backoff=0.0))
+            replace(NO_RETRY, retry=RetryPolicy(max_attempts=2, initial_backoff=0.0, jitter=0.0))
         )
         executor = ToolExecutor([crash])
         marker = tmp_path / "crashed-once"
