@@ -71,6 +71,7 @@ CORE = (
     "toolrollout.interactions",
     "toolrollout.metrics",
     "toolrollout.data",
+    "toolrollout.spec",
 )
 CORE_EXCLUDED = ("toolrollout.engines.embedded",)
 
@@ -92,6 +93,13 @@ APPLICATIONS = (
 
 # Core -> application edges that stay for now, each with its reason. Empty it as they go.
 KNOWN_CORE_TO_APP: dict[Edge, str] = {
+    ("toolrollout.engines._factory", "toolrollout.engines.embedded"): (
+        "the engine factory starts the embedded engine for a model folder (lazy: torch loads "
+        "only then, behind the 'serve' extra)"
+    ),
+    ("toolrollout.spec._spec", "toolrollout.demo"): (
+        "a run without --model uses the bundled demo model (lazy: only its path is read)"
+    ),
     ("toolrollout.engines", "toolrollout.engines.embedded"): (
         "EmbeddedEngine is a lazy attribute of the engines package (torch loads on access "
         "only); the engine factory of the 'engines' slice may take its place"

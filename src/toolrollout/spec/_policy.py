@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from toolrollout._exceptions import UserError
 
@@ -15,9 +15,13 @@ if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
     from toolrollout.rewards import WeightedReward
 
-    from ._spec import VisionMode
 
-__all__ = ["default_rewards", "detect_vision", "is_number", "load_tokenizer"]
+__all__ = ["VisionMode", "default_rewards", "detect_vision", "is_number", "load_tokenizer"]
+
+VisionMode = Literal["auto", "on", "off"]
+"""``auto``: images go into the context when the model folder has a
+``preprocessor_config.json`` (a vision-language model); ``on``: always (the folder must
+have one); ``off``: never."""
 
 
 def is_number(value: object) -> bool:

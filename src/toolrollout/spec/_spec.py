@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from toolrollout._exceptions import UserError
 from toolrollout.rollout import RolloutConfig
 
+from ._policy import VisionMode, default_rewards
+
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
     from toolrollout.interactions import Interaction
@@ -31,11 +33,6 @@ if TYPE_CHECKING:
     Reward = Callable[[Trajectory], Any] | WeightedReward
 
 __all__ = ["RunSpec", "VisionMode", "check_target_groups"]
-
-VisionMode = Literal["auto", "on", "off"]
-"""``auto``: images go into the context when the model folder has a
-``preprocessor_config.json`` (a vision-language model); ``on``: always (the folder must
-have one); ``off``: never."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,8 +162,6 @@ class RunSpec:
         """The reward terms: the explicit ones, or for ``"auto"`` those the truths call for."""
         if self.rewards != "auto":
             return tuple(self.rewards)
-        from ._policy import default_rewards
-
         return tuple(default_rewards(ground_truths, tool_error_penalty=self.tool_error_penalty))
 
 
