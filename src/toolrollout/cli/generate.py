@@ -308,6 +308,7 @@ def _run(
         write_leftover,
     )
     from toolrollout.rollout._interactions import select_interaction
+    from toolrollout.rollout._state import resume_prompt
     from toolrollout.tools import calculator_tool, load_tool_config, tool_services
 
     from ._progress import RolloutProgress
@@ -357,7 +358,7 @@ def _run(
         for t in carried:  # a row naming an interaction that is not configured: fail now
             if t.resume_point is not None:
                 try:
-                    select_interaction(interactions, t.resume_point.prompt)
+                    select_interaction(interactions, resume_prompt(t.resume_point))
                 except UserError as exc:
                     raise UserError(f"{resume_leftover} trajectory {t.uid}: {exc}") from exc
     else:

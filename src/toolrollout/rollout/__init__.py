@@ -4,29 +4,34 @@ Images from tools (vision-language models) are kept on the trajectory with their
 spans; ``verl_multi_modal_data``, ``trl_messages`` and ``swift_row`` hand them to trainers.
 """
 
+from toolrollout._records import ResumePoint as ResumePoint
+
 from ._config import RolloutConfig as RolloutConfig
+from ._hooks import TrajectoryHooks as TrajectoryHooks
 from ._images import TrajectoryImage as TrajectoryImage
 from ._images import prepare_images as prepare_images
 from ._images import swift_row as swift_row
 from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
-from ._loop import ResumePoint as ResumePoint
-from ._loop import RolloutPrompt as RolloutPrompt
-from ._output import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
+from ._leftover import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
+from ._leftover import read_leftover as read_leftover
+from ._leftover import write_leftover as write_leftover
 from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
 from ._output import ShardWriter as ShardWriter
 from ._output import TrajectoryWriter as TrajectoryWriter
 from ._output import compact_shards as compact_shards
 from ._output import done_samples as done_samples
-from ._output import read_leftover as read_leftover
 from ._output import read_rows as read_rows
 from ._output import read_shards as read_shards
-from ._output import write_leftover as write_leftover
 from ._output import write_trajectories as write_trajectories
 from ._runner import RolloutBatch as RolloutBatch
 from ._runner import RolloutRunner as RolloutRunner
 from ._runner import as_prompt as as_prompt
 from ._runner import failed_trajectory as failed_trajectory
+from ._state import EnvStep as EnvStep
+from ._state import ModelTurn as ModelTurn
+from ._state import RolloutPrompt as RolloutPrompt
+from ._state import TrajectoryState as TrajectoryState
 from ._trajectory import SpanKind as SpanKind
 from ._trajectory import TokenSpan as TokenSpan
 from ._trajectory import Trajectory as Trajectory
@@ -35,6 +40,8 @@ from ._trajectory import TrajectoryStatus as TrajectoryStatus
 __all__ = [
     "LEFTOVER_SCHEMA",
     "TRAJECTORY_SCHEMA",
+    "EnvStep",
+    "ModelTurn",
     "ResumePoint",
     "RolloutBatch",
     "RolloutConfig",
@@ -44,7 +51,9 @@ __all__ = [
     "SpanKind",
     "TokenSpan",
     "Trajectory",
+    "TrajectoryHooks",
     "TrajectoryImage",
+    "TrajectoryState",
     "TrajectoryStatus",
     "TrajectoryWriter",
     "as_prompt",

@@ -28,8 +28,10 @@ from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor
 
 from ._config import RolloutConfig
+from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
-from ._loop import ResumePoint, RolloutPrompt, RolloutServices, StopControl, run_trajectory
+from ._loop import ResumePoint, run_trajectory
+from ._state import RolloutPrompt, RolloutServices, StopControl, resume_prompt
 from ._trajectory import Trajectory, TrajectoryStatus
 
 __all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
@@ -152,16 +154,19 @@ class RolloutRunner:
         context_length: int | None = None,
         interactions: Mapping[str, Any] | None = None,
         vision: VisionFormat | None = None,
+        hooks: TrajectoryHooks | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or RolloutConfig()
         self.tools = tools if isinstance(tools, ToolExecutor) else ToolExecutor(list(tools))
         self.chat = ChatFormat(tokenizer, tools=self.tools.schemas())
-        self.parser = get_tool_parser(self.config.tool_parser)
+        # None: the parser of the chat template's family (Llama-3 JSON calls, Qwen tags...).
+        self.parser = get_tool_parser(self.config.tool_parser or self.chat.family.tool_parser)
         self.rewards = combine(*rewards)
         self.context_length = self.config.context_length or context_length
         self.interactions: dict[str, Any] = dict(interactions or {})
         self.vision = vision
+        self.hooks = hooks or TrajectoryHooks()
 
     def _check_rows(
         self,
@@ -258,6 +263,7 @@ class RolloutRunner:
                     sample_index=sample_index,
                     group_id=group_id,
                     resume=resume,
+                    hooks=self.hooks,
                 )
         except Exception as exc:  # a bug in one trajectory must not end the batch
             reason, error = "error", f"{type(exc).__name__}: {exc}"
@@ -353,7 +359,7 @@ class RolloutRunner:
                 job.run = functools.partial(
                     self._run_one,
                     services,
-                    point.prompt,
+                    resume_prompt(point),
                     trajectory.prompt_index,
                     trajectory.sample_index,
                     trajectory.group_id,

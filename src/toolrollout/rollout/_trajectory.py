@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+
+from toolrollout._records import ResumePoint
 
 from ._images import TrajectoryImage
-
-if TYPE_CHECKING:
-    from ._loop import ResumePoint
 
 __all__ = ["SpanKind", "TokenSpan", "Trajectory", "TrajectoryStatus"]
 
