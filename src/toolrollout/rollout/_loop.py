@@ -101,7 +101,10 @@ async def _drive(
     prompt_len = len(state.transcript.prompt_ids)
     if context is not None and prompt_len >= context:
         # Checked here, before any request: a local budget, not an answer of the engine.
-        error = f"ContextBudget: prompt has {prompt_len} tokens; the context is {context}"
+        error = (
+            f"LocalContextBudget: prompt has {prompt_len} tokens; the context is {context} "
+            "(checked before sending, no engine request was made)"
+        )
         state.finish(TrajectoryStatus.FAILED, "overlong_prompt", error)
         return
     state.status = TrajectoryStatus.RUNNING
