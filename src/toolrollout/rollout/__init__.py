@@ -24,13 +24,13 @@ from ._output import done_samples as done_samples
 from ._output import read_rows as read_rows
 from ._output import read_shards as read_shards
 from ._output import write_trajectories as write_trajectories
+from ._parts import EnvStep as EnvStep
+from ._parts import ModelTurn as ModelTurn
+from ._parts import RolloutPrompt as RolloutPrompt
 from ._runner import RolloutBatch as RolloutBatch
 from ._runner import RolloutRunner as RolloutRunner
 from ._runner import as_prompt as as_prompt
 from ._runner import failed_trajectory as failed_trajectory
-from ._state import EnvStep as EnvStep
-from ._state import ModelTurn as ModelTurn
-from ._state import RolloutPrompt as RolloutPrompt
 from ._state import TrajectoryState as TrajectoryState
 from ._trajectory import SpanKind as SpanKind
 from ._trajectory import TokenSpan as TokenSpan

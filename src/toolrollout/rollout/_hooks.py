@@ -15,7 +15,8 @@ from toolrollout.rewards import evaluate_terms
 
 from ._environment import TrajectoryEnvironment
 from ._interactions import interaction_step
-from ._state import EnvStep, ModelTurn, TrajectoryState
+from ._parts import EnvStep, ModelTurn
+from ._state import TrajectoryState
 from ._trajectory import Trajectory
 from ._turns import tool_step
 

@@ -15,7 +15,8 @@ from toolrollout._exceptions import UserError
 from toolrollout.tools import row_kwargs
 
 from ._environment import TrajectoryEnvironment
-from ._state import EnvStep, ModelTurn, RolloutPrompt, TrajectoryState
+from ._parts import EnvStep, ModelTurn, RolloutPrompt
+from ._state import TrajectoryState
 from ._trajectory import TrajectoryStatus
 
 __all__ = ["interaction_step", "select_interaction"]

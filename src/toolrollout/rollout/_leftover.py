@@ -36,7 +36,7 @@ from typing import Any, Final, cast
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from toolrollout import _exceptions
+import toolrollout._exceptions as _exceptions
 from toolrollout._exceptions import ToolRolloutError, UserError
 from toolrollout._records import ResumeFormatError, ResumePoint
 from toolrollout._records._resume import from_json_value, to_json_value
@@ -46,14 +46,8 @@ from ._drift import DriftLedger
 from ._environment import EnvironmentLedger
 from ._images import TrajectoryImage
 from ._output import TRAJECTORY_SCHEMA, write_atomic
-from ._state import (
-    Counters,
-    RolloutPrompt,
-    Timing,
-    ToolLedger,
-    TrajectoryState,
-    Transcript,
-)
+from ._parts import Counters, RolloutPrompt, Timing, ToolLedger, Transcript
+from ._state import TrajectoryState
 from ._trajectory import TokenSpan, Trajectory, TrajectoryStatus
 from ._vision_turn import ImageLedger
 

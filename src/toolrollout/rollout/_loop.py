@@ -28,10 +28,11 @@ from toolrollout.engines._types import GenerateRequest, GenerateResult, Sampling
 from ._environment import TrajectoryEnvironment
 from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
 from ._interactions import select_interaction
-from ._state import RolloutPrompt, RolloutServices, StopControl, TrajectoryState
+from ._parts import RolloutPrompt, RolloutServices
+from ._state import TrajectoryState
 from ._trajectory import Trajectory, TrajectoryStatus
 
-__all__ = ["ResumePoint", "RolloutPrompt", "StopControl", "run_trajectory"]
+__all__ = ["run_trajectory"]
 
 _STOPPED = "stopped by straggler control: the batch target was met"
 

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from toolrollout._exceptions import EngineError, UserError
+from toolrollout._records import ResumePoint
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward, combine
@@ -30,8 +31,9 @@ from toolrollout.tools import Tool, ToolExecutor
 from ._config import RolloutConfig
 from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
-from ._loop import ResumePoint, run_trajectory
-from ._state import RolloutPrompt, RolloutServices, StopControl, resume_prompt
+from ._loop import run_trajectory
+from ._parts import RolloutPrompt, RolloutServices, StopControl
+from ._state import resume_prompt
 from ._trajectory import Trajectory, TrajectoryStatus
 
 __all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]

@@ -13,7 +13,8 @@ from typing import Any
 
 from toolrollout.tools import ToolCallRequest, ToolResult, ToolSession
 
-from ._state import EnvStep, ModelTurn, RolloutServices, TrajectoryState
+from ._parts import EnvStep, ModelTurn, RolloutServices
+from ._state import TrajectoryState
 from ._trajectory import TrajectoryStatus
 from ._vision_turn import attach_images
 
