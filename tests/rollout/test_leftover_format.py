@@ -27,7 +27,7 @@ from toolrollout.rollout import (
     write_leftover,
 )
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
-from toolrollout.tools import calculator_tool
+from toolrollout.tools import ToolContext, calculator_tool, function_tool
 
 FORMAT1 = Path(__file__).parent / "data" / "leftover_format1.parquet"
 """Written by toolrollout before format 2 (the pickled format), with the script of
@@ -203,3 +203,32 @@ def test_format_1_admits_no_other_toolrollout_class(tmp_path: Path) -> None:
     pq.write_table(table, tmp_path / "bad.parquet")
     with pytest.raises(UserError, match=r"_runner\.RolloutRunner is not allowed"):
         read_leftover(tmp_path / "bad.parquet")
+
+
+async def test_a_state_json_cannot_hold_is_not_resumable_and_says_so(
+    demo_tokenizer: Any, tmp_path: Path
+) -> None:
+    def remember(expression: str, context: ToolContext) -> str:
+        """Evaluate and remember."""
+        context.state["seen"] = object()  # no JSON form
+        return "5"
+
+    call = ids(demo_tokenizer, CALL.replace("calculator", "remember") + "<|im_end|>")
+    part = ids(demo_tokenizer, "The")
+    engine = ScriptedEngine(
+        [
+            ScriptedOutput(call, logprobs=[-0.5] * len(call)),
+            ScriptedOutput(
+                part,
+                logprobs=[-0.5] * len(part),
+                finish_reason=FinishReason(type="abort", message="Aborted"),
+            ),
+        ]
+    )
+    rollout = RolloutRunner(engine, demo_tokenizer, [function_tool(remember)])
+    [traj] = await rollout.run([PROMPT])
+    assert traj.status is TrajectoryStatus.ABORTED and traj.num_tool_calls == 1
+    assert not traj.resumable
+    assert traj.error is not None and "not resumable" in traj.error and "object" in traj.error
+    with pytest.raises(UserError, match="no resume point"):
+        write_leftover([traj], tmp_path / "left.parquet")

@@ -266,7 +266,12 @@ class TrajectoryState:
     def freeze(self) -> Trajectory:
         """The finished trajectory (with its resume point when aborted), without a reward."""
         t, c, env = self.transcript, self.counters, self.environment
-        resume = self.to_resume_point() if self.status is TrajectoryStatus.ABORTED else None
+        resume = None
+        if self.status is TrajectoryStatus.ABORTED:
+            try:
+                resume = self.to_resume_point()
+            except ToolRolloutError as exc:  # kept aborted, and says why it cannot go on
+                self.error = f"{self.error}; not resumable: {exc}"
         return Trajectory(
             uid=self.uid,
             group_id=self.group_id,
