@@ -44,17 +44,6 @@ KNOWN_CYCLES_TO_CUT: dict[str, frozenset[Edge]] = {
     "tools.mcp._manager <-> tools.mcp._tool": frozenset(
         {("toolrollout.tools.mcp._manager", "toolrollout.tools.mcp._tool")}
     ),
-    # C3, "loop" slice: the resume point moves into _records
-    "C3 _records <-> rollout._loop (ResumePoint)": frozenset(
-        {("toolrollout._records._trajectory", "toolrollout.rollout._loop")}
-    ),
-    # C4, "loop" slice: the trajectory state and services move out of _loop
-    "C4 rollout._drift, _interactions <-> _loop": frozenset(
-        {
-            ("toolrollout.rollout._drift", "toolrollout.rollout._loop"),
-            ("toolrollout.rollout._interactions", "toolrollout.rollout._loop"),
-        }
-    ),
 }
 
 # The core: what a trainer imports. ``toolrollout.engines`` means the package and every

@@ -13,12 +13,9 @@ import io
 import json
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    # the one edge left upward: the loop's resume point moves into _records with the loop's
-    # state redesign (issue 16, "loop" slice); until then only the type checker follows it
-    from toolrollout.rollout._loop import ResumePoint
+from ._resume import ResumePoint
 
 __all__ = ["SpanKind", "TokenSpan", "Trajectory", "TrajectoryImage", "TrajectoryStatus"]
 

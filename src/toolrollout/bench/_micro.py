@@ -9,7 +9,7 @@ process, one after the other.
 
 The rollout loop's drift check only records a checkpoint per turn and renders once at the
 end of the trajectory (``RolloutConfig.drift_check_every=None``); that per-turn part is
-what ``drift_s`` times, through the loop's own ``drift_checkpoint``. The full check after
+what ``drift_s`` times, through the loop's own ``TrajectoryState.checkpoint``. The full check after
 every turn (``drift_check_every=1``) is timed beside it as ``drift_every_turn_s``, and the
 one check at the end of an ``N``-turn trajectory as ``final_drift_check_s``.
 """
@@ -43,8 +43,7 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
 
     from toolrollout.chat import ChatFormat, check_drift, get_tool_parser
     from toolrollout.rollout import RolloutConfig, RolloutPrompt, TokenSpan
-    from toolrollout.rollout._drift import drift_checkpoint
-    from toolrollout.rollout._loop import _State
+    from toolrollout.rollout._state import TrajectoryState
 
     from ._tools import LookupClient
 
@@ -55,8 +54,11 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
     messages: list[dict[str, Any]] = [dict(m) for m in item.prompt()]
     transcript = chat.render_prompt(messages)
     services: Any = SimpleNamespace(config=RolloutConfig(), chat=chat, vision=None)
-    state = _State("micro-0", "micro", 0, 0, RolloutPrompt(tuple(messages)), messages)
-    state.prompt_ids = list(transcript)
+    state = TrajectoryState(
+        services, RolloutPrompt(tuple(messages)), prompt_index=0, sample_index=0, group_id="micro"
+    )
+    state.transcript.messages = messages  # the loop's list: appended to below
+    state.transcript.prompt_ids = list(transcript)
     model_texts: list[str] = []
     timings: dict[int, dict[str, float]] = {}
     for turn in range(1, turns + 1):
@@ -69,7 +71,7 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
 
         text, parsed = model_turn()
         transcript.extend(output)
-        state.spans.append(TokenSpan("model", tuple(output), (0.0,) * len(output)))
+        state.transcript.spans.append(TokenSpan("model", tuple(output), (0.0,) * len(output)))
         model_texts.append(text)
         call = parsed.tool_calls[0]
         assistant = {
@@ -102,12 +104,12 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
             return check_drift(full, after, chat_format=chat, model_texts=model_texts)
 
         def checkpoint() -> None:
-            drift_checkpoint(services, state)
-            state.drift_checkpoints.pop()  # time one record, keep one per turn
+            state.checkpoint()
+            state.drift.checkpoints.pop()  # time one record, keep one per turn
 
         messages.append(tool)
-        state.spans.append(TokenSpan("tool", tuple(ids), (0.0,) * len(ids)))
-        state.model_texts.append(text)
+        state.transcript.spans.append(TokenSpan("tool", tuple(ids), (0.0,) * len(ids)))
+        state.transcript.model_texts.append(text)
         if turn in (1, turns):
             messages.pop()  # time the delta and the check on the turn as it was
             timings[turn] = {
@@ -117,7 +119,7 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
                 "drift_every_turn_s": _median_seconds(drift, repeats),
             }
             messages.append(tool)
-        drift_checkpoint(services, state)
+        state.checkpoint()
         transcript.extend(ids)
     first, last = timings[1], timings[turns]
 

@@ -458,13 +458,14 @@ def _prompts(
     from toolrollout._exceptions import UserError
     from toolrollout.data import load_prompts
     from toolrollout.demo import demo_prompts_for_tools
+    from toolrollout.rollout import resume_prompt
     from toolrollout.spec import check_interactions
 
     if flags.resume_leftover is not None:
         resumable = [t for t in carried if t.resume_point is not None]
         check_interactions(
             parts.interactions,
-            [t.resume_point.prompt for t in resumable if t.resume_point is not None],
+            [resume_prompt(t.resume_point) for t in resumable if t.resume_point is not None],
             source=str(flags.resume_leftover),
             names=[f"trajectory {t.uid}" for t in resumable],
         )

@@ -4,6 +4,7 @@ Images from tools (vision-language models) are kept on the trajectory with their
 spans; ``verl_multi_modal_data``, ``trl_messages`` and ``swift_row`` hand them to trainers.
 """
 
+from toolrollout._records import ResumePoint as ResumePoint
 from toolrollout._records import SpanKind as SpanKind
 from toolrollout._records import TokenSpan as TokenSpan
 from toolrollout._records import Trajectory as Trajectory
@@ -11,31 +12,37 @@ from toolrollout._records import TrajectoryImage as TrajectoryImage
 from toolrollout._records import TrajectoryStatus as TrajectoryStatus
 
 from ._config import RolloutConfig as RolloutConfig
+from ._hooks import TrajectoryHooks as TrajectoryHooks
 from ._images import prepare_images as prepare_images
 from ._images import swift_row as swift_row
 from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
-from ._loop import ResumePoint as ResumePoint
-from ._loop import RolloutPrompt as RolloutPrompt
-from ._output import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
+from ._leftover import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
+from ._leftover import read_leftover as read_leftover
+from ._leftover import write_leftover as write_leftover
 from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
 from ._output import ShardWriter as ShardWriter
 from ._output import TrajectoryWriter as TrajectoryWriter
 from ._output import compact_shards as compact_shards
 from ._output import done_samples as done_samples
-from ._output import read_leftover as read_leftover
 from ._output import read_rows as read_rows
 from ._output import read_shards as read_shards
-from ._output import write_leftover as write_leftover
 from ._output import write_trajectories as write_trajectories
+from ._parts import EnvStep as EnvStep
+from ._parts import ModelTurn as ModelTurn
+from ._parts import RolloutPrompt as RolloutPrompt
 from ._runner import RolloutBatch as RolloutBatch
 from ._runner import RolloutRunner as RolloutRunner
 from ._runner import as_prompt as as_prompt
 from ._runner import failed_trajectory as failed_trajectory
+from ._state import TrajectoryState as TrajectoryState
+from ._state import resume_prompt as resume_prompt
 
 __all__ = [
     "LEFTOVER_SCHEMA",
     "TRAJECTORY_SCHEMA",
+    "EnvStep",
+    "ModelTurn",
     "ResumePoint",
     "RolloutBatch",
     "RolloutConfig",
@@ -45,7 +52,9 @@ __all__ = [
     "SpanKind",
     "TokenSpan",
     "Trajectory",
+    "TrajectoryHooks",
     "TrajectoryImage",
+    "TrajectoryState",
     "TrajectoryStatus",
     "TrajectoryWriter",
     "as_prompt",
@@ -56,6 +65,7 @@ __all__ = [
     "read_leftover",
     "read_rows",
     "read_shards",
+    "resume_prompt",
     "swift_row",
     "trl_messages",
     "verl_multi_modal_data",

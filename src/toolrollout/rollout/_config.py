@@ -42,8 +42,9 @@ class RolloutConfig:
     """Cap on in-flight engine requests across all trajectories."""
     seed: int | None = None
     """Base seed; each (prompt, sample, turn) derives its own engine seed from it."""
-    tool_parser: str = "qwen25"
-    """Tool-call text format of the model (see ``toolrollout.chat``)."""
+    tool_parser: str | None = None
+    """Tool-call text format of the model (see ``toolrollout.chat``); None: the parser of
+    the chat template's detected family (``TemplateFamily.tool_parser``)."""
     drift_check: bool = True
     """Compare the token transcript with a fresh render of the messages (docs/rollouts.md)."""
     drift_check_every: int | None = None

@@ -6,64 +6,85 @@ with the conversation. Instead each tool or interaction delta only records a che
 (plus every ``RolloutConfig.drift_check_every``-th checkpoint, if set). A transcript is
 append-only, so when a check finds drift, the checkpoints not yet checked are replayed and
 the reports come out exactly as a check after every turn would have written them.
+
+The ledger is part of the trajectory's state; it is handed what it compares (a
+:class:`DriftView`), so it needs nothing from the loop.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from toolrollout.chat import check_drift
+from toolrollout.chat import ChatFormat, VisionFormat, check_drift
 
-if TYPE_CHECKING:
-    from ._loop import RolloutServices, _State
-
-__all__ = ["drift_checkpoint", "final_drift_check"]
-
-
-def drift_checkpoint(services: RolloutServices, state: _State) -> None:
-    """Record the state after a tool or interaction delta; check it now if it is due."""
-    config = services.config
-    if not config.drift_check:
-        return
-    state.drift_checkpoints.append(
-        (len(state.prompt_ids) + state.response_len, len(state.messages), len(state.model_texts))
-    )
-    every = config.drift_check_every
-    number = len(state.drift_checkpoints)
-    if every is not None and number % every == 0:
-        if not _check(services, state, number - 1):
-            _replay(services, state)
+__all__ = ["DriftLedger", "DriftView"]
 
 
-def final_drift_check(services: RolloutServices, state: _State) -> None:
-    """At the end (or the abort) of a trajectory: check the last checkpoint, if unchecked."""
-    if not state.drift_checkpoints:
-        return
-    last = len(state.drift_checkpoints) - 1
-    if last not in state.drift_checked and not _check(services, state, last):
-        _replay(services, state)
+@dataclass(frozen=True, slots=True)
+class DriftView:
+    """The transcript as it is now, and how to render it."""
+
+    chat: ChatFormat
+    vision: VisionFormat | None
+    transcript: Sequence[int]
+    messages: Sequence[dict[str, Any]]
+    model_texts: Sequence[str]
 
 
-def _replay(services: RolloutServices, state: _State) -> None:
-    """Drift was found: check every checkpoint not checked yet, so no report is missing."""
-    for index in range(len(state.drift_checkpoints)):
-        if index not in state.drift_checked:
-            _check(services, state, index)
+@dataclass(slots=True)
+class DriftLedger:
+    """The checkpoints of one trajectory and what checking them found."""
 
+    checkpoints: list[tuple[int, int, int]] = field(default_factory=list)
+    """(transcript length, message count, model turns) after each environment delta."""
+    checked: set[int] = field(default_factory=set)
+    found: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """Report of each checked checkpoint that did not match, by checkpoint index."""
 
-def _check(services: RolloutServices, state: _State, index: int) -> bool:
-    """Compare the transcript with a fresh render as it was at checkpoint ``index``."""
-    transcript_len, messages_len, turns = state.drift_checkpoints[index]
-    transcript = state.transcript()[:transcript_len]
-    if services.vision is not None:  # compare with one placeholder per image, as rendered
-        transcript = services.vision.collapse(transcript)
-    report = check_drift(
-        transcript,
-        state.messages[:messages_len],
-        chat_format=services.chat,
-        model_texts=state.model_texts[:turns],
-    )
-    state.drift_checked.add(index)
-    if not report.matches:
-        state.drift_found[index] = report.to_dict()
-    return report.matches
+    def reports(self) -> list[dict[str, Any]]:
+        return [self.found[i] for i in sorted(self.found)]
+
+    def checkpoint(
+        self, lengths: tuple[int, int, int], every: int | None, view: Callable[[], DriftView]
+    ) -> None:
+        """Record ``lengths`` (transcript, messages, model turns) after an environment
+        delta, in O(1); render ``view()`` and check it now only if the check is due."""
+        self.checkpoints.append(lengths)
+        number = len(self.checkpoints)
+        if every is not None and number % every == 0:
+            now = view()
+            if not self._check(now, number - 1):
+                self._replay(now)
+
+    def final_check(self, view: DriftView) -> None:
+        """At the end (or the abort) of a trajectory: check the last checkpoint, if unchecked."""
+        if not self.checkpoints:
+            return
+        last = len(self.checkpoints) - 1
+        if last not in self.checked and not self._check(view, last):
+            self._replay(view)
+
+    def _replay(self, view: DriftView) -> None:
+        """Drift was found: check every checkpoint not checked yet, so no report is missing."""
+        for index in range(len(self.checkpoints)):
+            if index not in self.checked:
+                self._check(view, index)
+
+    def _check(self, view: DriftView, index: int) -> bool:
+        """Compare the transcript with a fresh render as it was at checkpoint ``index``."""
+        transcript_len, messages_len, turns = self.checkpoints[index]
+        transcript = list(view.transcript[:transcript_len])
+        if view.vision is not None:  # compare with one placeholder per image, as rendered
+            transcript = view.vision.collapse(transcript)
+        report = check_drift(
+            transcript,
+            list(view.messages[:messages_len]),
+            chat_format=view.chat,
+            model_texts=list(view.model_texts[:turns]),
+        )
+        self.checked.add(index)
+        if not report.matches:
+            self.found[index] = report.to_dict()
+        return report.matches

@@ -16,14 +16,10 @@ file without duplicates.
 from __future__ import annotations
 
 import base64
-import builtins
-import dataclasses
-import io
 import json
 import os
-import pickle
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -31,20 +27,16 @@ from typing import Any, Self
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from toolrollout._exceptions import UserError
-from toolrollout._records import Trajectory, TrajectoryStatus
+from toolrollout._records import Trajectory
 
 __all__ = [
-    "LEFTOVER_SCHEMA",
     "TRAJECTORY_SCHEMA",
     "ShardWriter",
     "TrajectoryWriter",
     "compact_shards",
     "done_samples",
-    "read_leftover",
     "read_rows",
     "read_shards",
-    "write_leftover",
     "write_trajectories",
 ]
 
@@ -185,7 +177,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(table: pa.Table, path: Path, *, jsonl: bool = False) -> None:
+def write_atomic(table: pa.Table, path: Path, *, jsonl: bool = False) -> None:
     """Write ``table`` to ``path`` so that ``path`` is either absent or complete."""
     tmp = path.with_name(f".{path.name}.tmp")
     if jsonl:
@@ -247,7 +239,7 @@ class ShardWriter:
         if not self._pending:
             return
         table = pa.Table.from_pylist(self._pending, schema=TRAJECTORY_SCHEMA)
-        _write_atomic(table, self.directory / f"part-{self._next:06d}.parquet")
+        write_atomic(table, self.directory / f"part-{self._next:06d}.parquet")
         self._next += 1
         self.shards_written += 1
         self.rows_written += len(self._pending)
@@ -314,144 +306,5 @@ def compact_shards(directory: str | Path, out: str | Path) -> int:
     out = Path(out)
     table = _dedupe_sorted(read_shards(directory))
     out.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(table, out, jsonl=out.suffix in {".jsonl", ".json"})
+    write_atomic(table, out, jsonl=out.suffix in {".jsonl", ".json"})
     return int(table.num_rows)
-
-
-# --- leftover files ------------------------------------------------------------------------
-#
-# A batch run (straggler control) ends with trajectories that are not in the batch: aborted
-# ones with their resume points, and their finished siblings. A leftover file keeps them
-# across processes. Each row has the ordinary output columns (so pandas or polars can look
-# at it) plus ``state``: the whole Trajectory, resume point included, pickled. The loop's
-# resume state (open turn, raw model text, drift checkpoints, interaction rewards so far)
-# has no column form, and the columns round float64 logprobs to float32, so only the
-# pickle is lossless. It is read back with an unpickler that builds nothing but plain
-# Python values and toolrollout's own record classes.
-
-LEFTOVER_FORMAT = 1
-_LEFTOVER_KEY = b"toolrollout.leftover"
-
-LEFTOVER_SCHEMA = TRAJECTORY_SCHEMA.append(pa.field("state", pa.binary(), nullable=False))
-"""The output columns plus ``state``, the pickled :class:`Trajectory` (resume point too)."""
-
-_SAFE_BUILTINS = frozenset(
-    {"bytearray", "bytes", "complex", "dict", "float", "frozenset", "int", "list", "object"}
-    | {"set", "slice", "str", "tuple", "bool", "range"}
-)
-_SAFE_GLOBALS = frozenset(
-    {
-        ("copyreg", "_reconstructor"),
-        ("collections", "OrderedDict"),
-        ("collections", "defaultdict"),
-        ("collections", "deque"),
-        ("datetime", "date"),
-        ("datetime", "datetime"),
-        ("datetime", "timedelta"),
-        ("decimal", "Decimal"),
-        ("numpy", "dtype"),
-        ("numpy", "ndarray"),
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy.core.multiarray", "scalar"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "scalar"),
-        ("PIL.Image", "Image"),
-        ("PIL.Image", "_conv_type_shape"),
-    }
-)
-
-
-class _LeftoverUnpickler(pickle.Unpickler):
-    """Builds plain values and toolrollout classes only: no functions, no other imports."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "builtins" and name in _SAFE_BUILTINS:
-            return getattr(builtins, name)
-        if (module, name) in _SAFE_GLOBALS:
-            return super().find_class(module, name)
-        if module == "toolrollout" or module.startswith("toolrollout."):
-            found = super().find_class(module, name)
-            if isinstance(found, type):  # a record or exception class, never a function
-                return found
-        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a leftover file")
-
-
-def _rebase_clock(trajectory: Trajectory) -> Trajectory:
-    """Make a loaded resume point count its earlier wall time from now, in this process.
-
-    The loop times a trajectory with ``time.perf_counter``, whose zero is per process; the
-    time spent before the save (``metrics['total_seconds']``) becomes ``prior_seconds``.
-    """
-    point = trajectory.resume_point
-    if point is None:
-        return trajectory
-    state = point._state
-    spent = float(trajectory.metrics.get("total_seconds", 0.0))
-    state = dataclasses.replace(state, prior_seconds=spent, started=time.perf_counter())
-    point = dataclasses.replace(point, _state=state)
-    return dataclasses.replace(trajectory, resume_point=point)
-
-
-def write_leftover(
-    trajectories: Iterable[Trajectory], path: str | Path, *, info: Mapping[str, Any] | None = None
-) -> Path:
-    """Save a batch's leftover (see :class:`~toolrollout.rollout.RolloutBatch`) losslessly.
-
-    ``info`` (JSON values) goes into the file's metadata, for the reader to check that the
-    run continuing the trajectories uses the same model, tools and ``n``. Parquet only;
-    the file appears atomically.
-    """
-    path = Path(path)
-    if path.suffix != ".parquet":
-        raise UserError(f"a leftover file is parquet: {path} must end in .parquet")
-    rows = []
-    for trajectory in trajectories:
-        if trajectory.status is TrajectoryStatus.ABORTED and trajectory.resume_point is None:
-            raise UserError(f"trajectory {trajectory.uid} is aborted but has no resume point")
-        state = pickle.dumps(trajectory, protocol=pickle.HIGHEST_PROTOCOL)
-        rows.append({**trajectory.to_row(), "state": state})
-    meta = {"format": LEFTOVER_FORMAT, **dict(info or {})}
-    schema = LEFTOVER_SCHEMA.with_metadata({_LEFTOVER_KEY: json.dumps(meta).encode()})
-    table = pa.Table.from_pylist(rows, schema=schema)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(table, path)
-    return path
-
-
-def read_leftover(path: str | Path) -> tuple[list[Trajectory], dict[str, Any]]:
-    """The trajectories of a leftover file, equal to those written, and its ``info``.
-
-    Aborted ones carry their resume point again, ready for
-    :meth:`~toolrollout.rollout.RolloutRunner.resume`. A missing file, or one that is not
-    a leftover file of this format, is a one-line :class:`UserError`.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"leftover file not found: {path}")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise UserError(f"{path} is not a leftover file (unreadable as parquet: {exc})") from None
-    raw = (table.schema.metadata or {}).get(_LEFTOVER_KEY)
-    if raw is None or "state" not in table.column_names:
-        raise UserError(
-            f"{path} is not a leftover file (written by a --target-groups run of "
-            "`toolrollout generate` or write_leftover)"
-        )
-    info = json.loads(raw)
-    if info.get("format") != LEFTOVER_FORMAT:
-        raise UserError(
-            f"{path} is a leftover file of format {info.get('format')!r}; this toolrollout "
-            f"reads format {LEFTOVER_FORMAT}"
-        )
-    trajectories = []
-    for index, blob in enumerate(table.column("state").to_pylist()):
-        try:
-            trajectory = _LeftoverUnpickler(io.BytesIO(blob)).load()
-        except Exception as exc:  # any unpickling failure means the same: a bad file
-            raise UserError(f"{path} row {index}: unreadable trajectory state ({exc})") from None
-        if not isinstance(trajectory, Trajectory):
-            raise UserError(f"{path} row {index}: the state is not a trajectory")
-        trajectories.append(_rebase_clock(trajectory))
-    info.pop("format")
-    return trajectories, info

@@ -22,15 +22,18 @@ from typing import Any
 import anyio
 
 from toolrollout._exceptions import EngineError, UserError
-from toolrollout._records import Trajectory, TrajectoryStatus
+from toolrollout._records import ResumePoint, Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor
 
 from ._config import RolloutConfig
+from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
-from ._loop import ResumePoint, RolloutPrompt, RolloutServices, StopControl, run_trajectory
+from ._loop import run_trajectory
+from ._parts import RolloutPrompt, RolloutServices, StopControl
+from ._state import resume_prompt
 
 __all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
 
@@ -152,16 +155,19 @@ class RolloutRunner:
         context_length: int | None = None,
         interactions: Mapping[str, Any] | None = None,
         vision: VisionFormat | None = None,
+        hooks: TrajectoryHooks | None = None,
     ) -> None:
         self.engine = engine
         self.config = config or RolloutConfig()
         self.tools = tools if isinstance(tools, ToolExecutor) else ToolExecutor(list(tools))
         self.chat = ChatFormat(tokenizer, tools=self.tools.schemas())
-        self.parser = get_tool_parser(self.config.tool_parser)
+        # None: the parser of the chat template's family (Llama-3 JSON calls, Qwen tags...).
+        self.parser = get_tool_parser(self.config.tool_parser or self.chat.family.tool_parser)
         self.rewards = combine(*rewards)
         self.context_length = self.config.context_length or context_length
         self.interactions: dict[str, Any] = dict(interactions or {})
         self.vision = vision
+        self.hooks = hooks or TrajectoryHooks()
 
     def _check_rows(
         self,
@@ -258,6 +264,7 @@ class RolloutRunner:
                     sample_index=sample_index,
                     group_id=group_id,
                     resume=resume,
+                    hooks=self.hooks,
                 )
         except Exception as exc:  # a bug in one trajectory must not end the batch
             reason, error = "error", f"{type(exc).__name__}: {exc}"
@@ -353,7 +360,7 @@ class RolloutRunner:
                 job.run = functools.partial(
                     self._run_one,
                     services,
-                    point.prompt,
+                    resume_prompt(point),
                     trajectory.prompt_index,
                     trajectory.sample_index,
                     trajectory.group_id,

@@ -1,0 +1,158 @@
+"""The values a trajectory's state is made of, and what all trajectories of a run share.
+
+Plain records, kept apart from :class:`~toolrollout.rollout._state.TrajectoryState` (the
+rules that change them) so environment code can import them without the state's logic.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+from toolrollout._records import TokenSpan
+from toolrollout.chat import ChatFormat, ParsedTurn, PreparedImage, ToolCallParser, VisionFormat
+from toolrollout.engines._base import Engine
+from toolrollout.rewards import WeightedReward
+from toolrollout.tools import ToolExecutor, ToolResult
+
+from ._config import RolloutConfig
+
+__all__ = [
+    "Counters",
+    "EnvStep",
+    "ModelTurn",
+    "RolloutPrompt",
+    "RolloutServices",
+    "StopControl",
+    "Timing",
+    "ToolLedger",
+    "Transcript",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPrompt:
+    """One dataset row: the opening messages and, optionally, the ground truth."""
+
+    messages: tuple[dict[str, Any], ...]
+    ground_truth: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StopControl:
+    """Straggler control shared by one run's trajectories.
+
+    Once ``stopping`` is set no trajectory sends another engine request (it ends
+    ``aborted`` where it is), and the runner aborts the requests in ``inflight`` by rid.
+    """
+
+    stopping: bool = False
+    inflight: dict[str, str] = field(default_factory=dict)
+    """rid -> trajectory uid of every engine request being answered now."""
+
+
+@dataclass(slots=True)
+class RolloutServices:
+    """What a trajectory needs from its surroundings, shared by all trajectories of a run."""
+
+    engine: Engine
+    chat: ChatFormat
+    parser: ToolCallParser
+    tools: ToolExecutor
+    config: RolloutConfig
+    rewards: Sequence[WeightedReward]
+    engine_limiter: anyio.CapacityLimiter
+    context_length: int | None
+    interactions: Mapping[str, Any] = field(default_factory=dict)
+    """Interaction objects by name; each row picks one by ``interaction_kwargs.name``."""
+    vision: VisionFormat | None = None
+    """Placeholder expansion for a vision-language model; None for text models."""
+    stop: StopControl | None = None
+    """Set by a run with a batch target (straggler control); None: run everything out."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTurn:
+    """One model turn as appended: its text, its ids, the parse, how the engine ended it."""
+
+    text: str
+    ids: tuple[int, ...]
+    parsed: ParsedTurn
+    finish: str
+    """The engine's ``finish_reason`` type (``stop``, ``length``, ``abort``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvStep:
+    """What the environment answers a model turn with: messages to append, as one delta.
+
+    ``kind`` names the span (``tool``: tool results, loss mask 0; ``interaction``: a user
+    or environment message, loss mask 0). ``images`` are the prepared images the messages
+    place, in order (vision-language models).
+    """
+
+    kind: Literal["tool", "interaction"]
+    messages: tuple[dict[str, Any], ...]
+    images: tuple[PreparedImage, ...] = ()
+
+
+@dataclass(slots=True)
+class Transcript:
+    """The conversation and its tokens: only ever appended to (an open turn is extended)."""
+
+    messages: list[dict[str, Any]]
+    prompt_ids: list[int] = field(default_factory=list)
+    spans: list[TokenSpan] = field(default_factory=list)
+    model_texts: list[str] = field(default_factory=list)
+    open_turn: bool = False
+    """The last model turn was cut by an abort mid-generation; the next request continues it."""
+    segments: list[tuple[int, int, str | None]] = field(default_factory=list)
+    """(start, end, weight_version) of each engine answer within the response tokens."""
+
+    @property
+    def response_len(self) -> int:
+        return sum(len(s.ids) for s in self.spans)
+
+    def ids(self) -> list[int]:
+        out = list(self.prompt_ids)
+        for span in self.spans:
+            out.extend(span.ids)
+        return out
+
+
+@dataclass(slots=True)
+class Counters:
+    num_turns: int = 0
+    num_tool_calls: int = 0
+    tool_errors: int = 0
+    parse_errors: int = 0
+    resumes: int = 0
+    model_tokens: int = 0
+    tool_tokens: int = 0
+    cached_tokens: int = 0
+    weight_version: str | None = None
+
+
+@dataclass(slots=True)
+class Timing:
+    prior_seconds: float = 0.0
+    """Wall time spent in earlier legs (before the last resume)."""
+    started: float = field(default_factory=time.perf_counter)
+    generation_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    tool_latency: dict[str, list[float]] = field(default_factory=dict)
+
+    def total(self) -> float:
+        return self.prior_seconds + time.perf_counter() - self.started
+
+
+@dataclass(slots=True)
+class ToolLedger:
+    state: dict[str, Any] = field(default_factory=dict)
+    """``ToolContext.state``: what the row's tools keep between calls."""
+    records: list[tuple[str, ToolResult]] = field(default_factory=list)

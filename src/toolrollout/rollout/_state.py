@@ -1,0 +1,576 @@
+"""The state of one running trajectory: its rules, its freezing, its resume point.
+
+:class:`TrajectoryState` is the only thing the loop, the environment steps and the drift
+check change while a trajectory runs. Its fields are grouped in small records
+(transcript, counters, timing, tools, drift, images, environment); its methods are the
+rules that touch several of them at once: the one budget rule
+(:meth:`~TrajectoryState.remaining_budget`), appending a model turn, appending an
+environment turn (tool results and interaction messages alike), ending, and freezing into
+a :class:`~toolrollout.rollout.Trajectory`, once. An aborted trajectory's state is saved as
+a JSON :class:`ResumePoint` (:meth:`~TrajectoryState.to_resume_point`) and rebuilt from it
+(:meth:`~TrajectoryState.resumed_from`); the schema of that payload lives here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from functools import cache
+from typing import Any
+
+import toolrollout._exceptions as _exceptions
+from toolrollout._exceptions import EngineError, ToolRolloutError
+from toolrollout._records import (
+    RESUME_FORMAT_VERSION,
+    ResumeFormatError,
+    ResumePoint,
+    TokenSpan,
+    Trajectory,
+    TrajectoryImage,
+    TrajectoryStatus,
+)
+from toolrollout._records._resume import from_json_value, to_json_value
+from toolrollout.chat import (
+    ImageRun,
+    ParsedTurn,
+)
+from toolrollout.engines._types import GenerateResult
+from toolrollout.tools import (
+    ToolContext,
+    ToolResult,
+    ToolSession,
+    summarize_tool_calls,
+)
+
+from ._drift import DriftLedger, DriftView
+from ._environment import EnvironmentLedger
+from ._parts import (
+    Counters,
+    EnvStep,
+    ModelTurn,
+    RolloutPrompt,
+    RolloutServices,
+    Timing,
+    ToolLedger,
+    Transcript,
+)
+from ._vision_turn import ImageLedger, record_images
+
+__all__ = ["TrajectoryState", "resume_prompt"]
+
+
+_SCORED = (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
+
+
+class TrajectoryState:
+    """One running trajectory. Mutated by its own task only; frozen once at the end."""
+
+    __slots__ = (
+        "counters",
+        "drift",
+        "environment",
+        "error",
+        "finish_reason",
+        "group_id",
+        "prompt",
+        "prompt_index",
+        "sample_index",
+        "services",
+        "status",
+        "timing",
+        "tools",
+        "transcript",
+        "uid",
+        "vision",
+    )
+
+    def __init__(
+        self,
+        services: RolloutServices,
+        prompt: RolloutPrompt,
+        *,
+        prompt_index: int,
+        sample_index: int,
+        group_id: str,
+        uid: str | None = None,
+    ) -> None:
+        self.services = services
+        self.prompt = prompt
+        self.prompt_index = prompt_index
+        self.sample_index = sample_index
+        self.group_id = group_id
+        self.uid = f"{group_id}-{sample_index}" if uid is None else uid
+        self.status = TrajectoryStatus.PENDING
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.transcript = Transcript([dict(m) for m in prompt.messages])
+        self.counters = Counters()
+        self.timing = Timing()
+        self.tools = ToolLedger()
+        self.drift = DriftLedger()
+        self.vision = ImageLedger()
+        self.environment = EnvironmentLedger()
+
+    # --- reading -----------------------------------------------------------------------
+
+    @property
+    def num_turns(self) -> int:
+        return self.counters.num_turns
+
+    @property
+    def finished(self) -> bool:
+        return self.status.is_terminal
+
+    @property
+    def scored(self) -> bool:
+        """Completed or truncated: its reward functions and tool rewards run."""
+        return self.status in _SCORED
+
+    def remaining_budget(self) -> int:
+        """Response tokens still allowed: ``max_response_tokens`` and the context, the one
+        budget rule for model turns and environment deltas alike."""
+        used = self.transcript.response_len
+        remaining = self.services.config.max_response_tokens - used
+        context = self.services.context_length
+        if context is not None:
+            remaining = min(remaining, context - len(self.transcript.prompt_ids) - used)
+        return remaining
+
+    def tool_context(self, session: ToolSession | None) -> ToolContext:
+        return ToolContext(
+            trajectory_id=self.uid,
+            sample_index=self.sample_index,
+            metadata=self.prompt.metadata,
+            ground_truth=self.prompt.ground_truth,
+            state=self.tools.state,
+            session=session,
+        )
+
+    # --- changing ----------------------------------------------------------------------
+
+    def finish(self, status: TrajectoryStatus, reason: str, error: str | None = None) -> None:
+        """End the trajectory (the last word wins: a reward error fails a completed one)."""
+        self.status = status
+        self.finish_reason = reason
+        if error is not None:
+            self.error = error
+
+    def append_model_turn(self, result: GenerateResult) -> ModelTurn:
+        """Append the engine's ids verbatim (loss mask 1, its logprobs) and the assistant
+        message parsed from them; end the trajectory if the engine cut the turn.
+
+        An open turn (cut by an abort, now resumed) is extended in place: its first leg's
+        ids and logprobs stay as they were and the continuation follows in the same span.
+        """
+        ids = tuple(result.output_ids)
+        logprobs = result.output_logprobs
+        if logprobs is None:
+            raise EngineError("the engine returned no logprobs; token-exact rollouts need them")
+        t, c = self.transcript, self.counters
+        start = t.response_len
+        continuing = t.open_turn
+        span = TokenSpan("model", ids, tuple(float(x) for x in logprobs))
+        if continuing:
+            first = t.spans.pop()
+            span = TokenSpan("model", first.ids + span.ids, first.logprobs + span.logprobs)
+            t.model_texts.pop()
+        else:
+            c.num_turns += 1
+        t.open_turn = False
+        t.spans.append(span)
+        c.model_tokens += len(ids)
+        c.cached_tokens += result.cached_tokens
+        c.weight_version = result.weight_version
+        t.segments.append((start, start + len(ids), result.weight_version))
+        text = self.services.chat.model_text(span.ids)
+        t.model_texts.append(text)
+        parsed = self.services.parser.parse(text)
+        message = _assistant_message(text, parsed)
+        if continuing:
+            t.messages[-1] = message  # the open turn's message, now with all its text
+        else:
+            t.messages.append(message)
+        finish = result.finish_reason.type
+        if finish == "abort":
+            t.open_turn = True
+            self.finish(TrajectoryStatus.ABORTED, "abort", result.finish_reason.message)
+        elif finish == "length":
+            # A cut-off turn is never followed by another one (no "ghost turns").
+            self.finish(TrajectoryStatus.TRUNCATED, "length")
+        else:
+            c.parse_errors += len(parsed.errors)
+        return ModelTurn(text, span.ids, parsed, finish)
+
+    def out_of_turns(self) -> bool:
+        """True (and truncated) when no model turn is left to read an environment answer."""
+        if self.counters.num_turns >= self.services.config.max_turns:
+            self.finish(TrajectoryStatus.TRUNCATED, "max_turns")
+            return True
+        return False
+
+    def off_boundary(self, turn: ModelTurn) -> bool:
+        """True (and truncated) when the turn ended on a stop string, not the template's
+        stop token: there is no template boundary to append an environment delta at."""
+        if not self.services.chat.ends_with_stop(turn.ids):
+            self.finish(TrajectoryStatus.TRUNCATED, "stop_string")
+            return True
+        return False
+
+    def record_tool_results(self, names: Sequence[str], results: Sequence[ToolResult]) -> None:
+        self.environment.record_tool_results(self.counters.num_turns, results)
+        for name, result in zip(names, results, strict=True):
+            self.timing.tool_latency.setdefault(name, []).append(result.seconds)
+            self.tools.records.append((name, result))
+            if result.is_error:
+                self.counters.tool_errors += 1
+
+    def append_env_turn(self, step: EnvStep) -> bool:
+        """Append an environment answer: the chat template's token delta for its messages
+        plus the next generation prompt (loss mask 0, logprob 0.0), drift-checkpointed.
+
+        The one routine for tool results and interaction messages. False (and truncated)
+        when the delta does not fit :meth:`remaining_budget`; nothing is appended then.
+        """
+        services, t = self.services, self.transcript
+        messages = list(step.messages)
+        delta = services.chat.tool_turn_delta(t.messages, messages)
+        runs: list[ImageRun] = []
+        if services.vision is not None:
+            delta, runs = services.vision.expand(delta, [image.num_tokens for image in step.images])
+        if len(delta) >= self.remaining_budget():
+            self.finish(TrajectoryStatus.TRUNCATED, "max_response_tokens")
+            return False
+        t.messages.extend(messages)
+        record_images(self.vision, step.images, runs, len(t.prompt_ids) + t.response_len)
+        t.spans.append(TokenSpan(step.kind, tuple(delta), (0.0,) * len(delta)))
+        if step.kind == "tool":
+            self.counters.tool_tokens += len(delta)
+        else:
+            self.environment.interaction_tokens += len(delta)
+            self.environment.appended_turns += 1
+        self.checkpoint()
+        return True
+
+    def checkpoint(self) -> None:
+        """Record a drift checkpoint after an environment delta (O(1); the render and the
+        comparison run at the end, or now every ``drift_check_every``-th checkpoint)."""
+        config, t = self.services.config, self.transcript
+        if config.drift_check:
+            lengths = (len(t.prompt_ids) + t.response_len, len(t.messages), len(t.model_texts))
+            self.drift.checkpoint(lengths, config.drift_check_every, self.drift_view)
+
+    def drift_view(self) -> DriftView:
+        """The transcript as it is now, for the drift check."""
+        t = self.transcript
+        return DriftView(
+            self.services.chat, self.services.vision, t.ids(), t.messages, t.model_texts
+        )
+
+    # --- freezing and resuming ---------------------------------------------------------
+
+    def freeze(self) -> Trajectory:
+        """The finished trajectory (with its resume point when aborted), without a reward."""
+        t, c, env = self.transcript, self.counters, self.environment
+        resume = None
+        if self.status is TrajectoryStatus.ABORTED:
+            try:
+                resume = self.to_resume_point()
+            except ToolRolloutError as exc:  # kept aborted, and says why it cannot go on
+                self.error = f"{self.error}; not resumable: {exc}"
+        return Trajectory(
+            uid=self.uid,
+            group_id=self.group_id,
+            prompt_index=self.prompt_index,
+            sample_index=self.sample_index,
+            prompt_ids=tuple(t.prompt_ids),
+            spans=tuple(t.spans),
+            messages=_public_messages(t.messages),
+            status=self.status,
+            finish_reason=self.finish_reason,
+            error=self.error,
+            num_turns=c.num_turns,
+            num_tool_calls=c.num_tool_calls,
+            tool_errors=c.tool_errors,
+            parse_errors=c.parse_errors,
+            weight_version=c.weight_version,
+            metrics=self._metrics(),
+            ground_truth=self.prompt.ground_truth,
+            turn_rewards=env.per_turn(env.turn_rewards, c.num_turns),
+            tool_rewards=env.per_turn(env.tool_rewards, c.num_turns),
+            tool_final_rewards=dict(env.tool_final_rewards),
+            images=tuple(self.vision.images),
+            data_source=_data_source(self.prompt.metadata),
+            resume_point=resume,
+        )
+
+    def _metrics(self) -> dict[str, Any]:
+        c, timing = self.counters, self.timing
+        metrics: dict[str, Any] = {
+            "generation_seconds": round(timing.generation_seconds, 6),
+            "tool_seconds": round(timing.tool_seconds, 6),
+            "total_seconds": round(timing.total(), 6),
+            "tool_latency": {k: [round(x, 6) for x in v] for k, v in timing.tool_latency.items()},
+            "drift_mismatches": len(self.drift.found),
+            "model_tokens": c.model_tokens,
+            "tool_tokens": c.tool_tokens,
+            "cached_tokens": c.cached_tokens,
+        }
+        if self.vision.images or self.vision.dropped:
+            metrics["images"] = len(self.vision.images)
+            metrics["image_tokens"] = self.vision.tokens
+            metrics["images_dropped"] = self.vision.dropped
+        if self.tools.records:
+            metrics["tool_stats"] = {
+                name: summary.to_dict()
+                for name, summary in summarize_tool_calls(self.tools.records).items()
+            }
+        if self.drift.found:
+            metrics["drift_reports"] = self.drift.reports()
+        if c.resumes:
+            # Which weights sampled which tokens: [start, end, version] per engine answer,
+            # positions in the response tokens (a resume may cross a weight update).
+            metrics["resumes"] = c.resumes
+            metrics["weight_versions"] = [list(segment) for segment in self.transcript.segments]
+        metrics.update(self.environment.metrics())
+        return metrics
+
+    def to_resume_point(self) -> ResumePoint:
+        """The state as a JSON resume point (what a later leg needs, not the live objects)."""
+        try:
+            text = json.dumps(self._payload(), ensure_ascii=False)
+        except TypeError as exc:  # a row or tool state holding a value JSON has no form for
+            raise ToolRolloutError(f"trajectory {self.uid} cannot be saved: {exc}") from None
+        return ResumePoint(text, RESUME_FORMAT_VERSION)
+
+    def _payload(self) -> dict[str, Any]:
+        t, env = self.transcript, self.environment
+        return {
+            "identity": {
+                "uid": self.uid,
+                "group_id": self.group_id,
+                "prompt_index": self.prompt_index,
+                "sample_index": self.sample_index,
+            },
+            "prompt": {
+                "messages": to_json_value(list(self.prompt.messages)),
+                "ground_truth": to_json_value(self.prompt.ground_truth),
+                "metadata": to_json_value(self.prompt.metadata),
+            },
+            "transcript": {
+                "messages": to_json_value(t.messages),
+                "prompt_ids": t.prompt_ids,
+                "spans": [[s.kind, s.ids, s.logprobs] for s in t.spans],
+                "model_texts": t.model_texts,
+                "open_turn": t.open_turn,
+                "segments": t.segments,
+            },
+            "counters": asdict(self.counters),
+            "timing": {
+                "spent_seconds": self.timing.total(),
+                "generation_seconds": self.timing.generation_seconds,
+                "tool_seconds": self.timing.tool_seconds,
+                "tool_latency": self.timing.tool_latency,
+            },
+            "tools": {
+                "state": to_json_value(self.tools.state),
+                "records": [_call_record(name, result) for name, result in self.tools.records],
+            },
+            "drift": {
+                "checkpoints": self.drift.checkpoints,
+                "checked": sorted(self.drift.checked),
+                "found": [[i, to_json_value(r)] for i, r in sorted(self.drift.found.items())],
+            },
+            "vision": {
+                "images": [_image_record(image) for image in self.vision.images],
+                "urls": self.vision.urls,
+                "dropped": self.vision.dropped,
+            },
+            "environment": {
+                "turn_rewards": sorted(env.turn_rewards.items()),
+                "tool_rewards": sorted(env.tool_rewards.items()),
+                "interaction_turns": env.interaction_turns,
+                "appended_turns": env.appended_turns,
+                "interaction_tokens": env.interaction_tokens,
+                "interaction_metrics": to_json_value(env.interaction_metrics),
+                "errors": env.errors,
+            },
+        }
+
+    @classmethod
+    def resumed_from(cls, services: RolloutServices, point: ResumePoint) -> TrajectoryState:
+        """A fresh running state continuing ``point`` (which stays usable for another try).
+
+        Missing optional keys take their defaults and unknown keys are ignored, so a point
+        saved by a version with one more or one less field still loads.
+        """
+        if point.version > RESUME_FORMAT_VERSION:
+            raise ResumeFormatError(
+                f"resume point version {point.version} is newer than this toolrollout reads"
+            )
+        data = json.loads(point.state)
+        ident = data["identity"]
+        state = cls(
+            services,
+            resume_prompt(point),
+            prompt_index=ident["prompt_index"],
+            sample_index=ident["sample_index"],
+            group_id=ident["group_id"],
+            uid=ident["uid"],
+        )
+        state.status = TrajectoryStatus.RUNNING
+        t = data.get("transcript", {})
+        state.transcript = Transcript(
+            messages=from_json_value(t["messages"]),
+            prompt_ids=list(t["prompt_ids"]),
+            spans=[TokenSpan(k, tuple(i), tuple(float(x) for x in lp)) for k, i, lp in t["spans"]],
+            model_texts=list(t.get("model_texts", [])),
+            open_turn=bool(t.get("open_turn", False)),
+            segments=[(s, e, v) for s, e, v in t.get("segments", [])],
+        )
+        known = set(Counters.__dataclass_fields__)
+        state.counters = Counters(
+            **{k: v for k, v in data.get("counters", {}).items() if k in known}
+        )
+        state.counters.resumes += 1
+        timing = data.get("timing", {})
+        state.timing = Timing(
+            prior_seconds=float(timing.get("spent_seconds", 0.0)),
+            generation_seconds=float(timing.get("generation_seconds", 0.0)),
+            tool_seconds=float(timing.get("tool_seconds", 0.0)),
+            tool_latency={k: list(v) for k, v in timing.get("tool_latency", {}).items()},
+        )
+        tools = data.get("tools", {})
+        state.tools = ToolLedger(
+            state=from_json_value(tools.get("state", {})),
+            records=[_call_result(r) for r in tools.get("records", [])],
+        )
+        drift = data.get("drift", {})
+        state.drift = DriftLedger(
+            checkpoints=[(a, b, c) for a, b, c in drift.get("checkpoints", [])],
+            checked=set(drift.get("checked", [])),
+            found={i: from_json_value(r) for i, r in drift.get("found", [])},
+        )
+        vision = data.get("vision", {})
+        state.vision = ImageLedger(
+            images=[_image_of(r) for r in vision.get("images", [])],
+            urls=list(vision.get("urls", [])),
+            dropped=int(vision.get("dropped", 0)),
+        )
+        env = data.get("environment", {})
+        state.environment = EnvironmentLedger(
+            turn_rewards={int(k): float(v) for k, v in env.get("turn_rewards", [])},
+            tool_rewards={int(k): float(v) for k, v in env.get("tool_rewards", [])},
+            interaction_turns=int(env.get("interaction_turns", 0)),
+            appended_turns=int(env.get("appended_turns", 0)),
+            interaction_tokens=int(env.get("interaction_tokens", 0)),
+            interaction_metrics=from_json_value(env.get("interaction_metrics", [])),
+            errors=list(env.get("errors", [])),
+        )
+        return state
+
+
+def resume_prompt(point: ResumePoint) -> RolloutPrompt:
+    """The dataset row a resume point was started from."""
+    prompt = point.prompt
+    return RolloutPrompt(
+        messages=tuple(from_json_value(prompt["messages"])),
+        ground_truth=from_json_value(prompt.get("ground_truth")),
+        metadata=from_json_value(prompt.get("metadata", {})),
+    )
+
+
+def _public_messages(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    """The messages as trainers see them: no raw model text, arguments as JSON strings."""
+    out = []
+    for message in messages:
+        clean = {k: v for k, v in message.items() if k != "raw_content"}
+        if "tool_calls" in clean:
+            clean["tool_calls"] = [
+                {
+                    **call,
+                    "function": {
+                        "name": call["function"]["name"],
+                        "arguments": json.dumps(call["function"]["arguments"], ensure_ascii=False),
+                    },
+                }
+                for call in clean["tool_calls"]
+            ]
+        out.append(clean)
+    return tuple(out)
+
+
+def _data_source(metadata: dict[str, Any]) -> str | None:
+    source = metadata.get("data_source")
+    return None if source is None else str(source)
+
+
+def _assistant_message(text: str, parsed: ParsedTurn) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.errors:
+        # A malformed call cannot be rendered from structured tool_calls: keep what the
+        # model wrote, so the messages still render to the tokens it was trained on.
+        message["content"] = text
+    elif parsed.tool_calls:
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in parsed.tool_calls
+        ]
+    message["raw_content"] = text
+    return message
+
+
+def _call_record(name: str, result: ToolResult) -> dict[str, Any]:
+    """What the per-tool summary of a trajectory needs of one call (not its output)."""
+    return {
+        "name": name,
+        "seconds": result.seconds,
+        "attempts": result.attempts,
+        "is_error": result.is_error,
+        "error_kind": result.error_kind,
+    }
+
+
+def _call_result(record: Mapping[str, Any]) -> tuple[str, ToolResult]:
+    kind = record.get("error_kind")
+    error = None if kind is None else _error_class(str(kind))("(before the resume)")
+    result = ToolResult(
+        text="",
+        is_error=bool(record.get("is_error", False)),
+        seconds=float(record.get("seconds", 0.0)),
+        attempts=int(record.get("attempts", 0)),
+        error=error,
+    )
+    return str(record["name"]), result
+
+
+@cache
+def _error_class(kind: str) -> type[ToolRolloutError]:
+    """The error class named ``kind`` (toolrollout's own, or a stand-in of that name)."""
+    found = getattr(_exceptions, kind, None)
+    if isinstance(found, type) and issubclass(found, ToolRolloutError):
+        return found
+    return type(kind, (ToolRolloutError,), {})
+
+
+def _image_record(image: TrajectoryImage) -> dict[str, Any]:
+    return {
+        "png": to_json_value(image.png),
+        "start": image.start,
+        "end": image.end,
+        "grid_thw": list(image.grid_thw),
+    }
+
+
+def _image_of(record: Mapping[str, Any]) -> TrajectoryImage:
+    t, h, w = record["grid_thw"]
+    return TrajectoryImage(
+        png=from_json_value(record["png"]),
+        start=record["start"],
+        end=record["end"],
+        grid_thw=(t, h, w),
+    )

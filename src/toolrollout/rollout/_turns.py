@@ -1,0 +1,100 @@
+"""The tool turn: run a model turn's tool calls and build the messages that answer it.
+
+The limits (per turn, per trajectory) and the parse errors become error messages the model
+reads; images in the results become multimodal content. Appending the answer is the state's
+one environment-turn routine (:meth:`TrajectoryState.append_env_turn`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from toolrollout._records import TrajectoryStatus
+from toolrollout.tools import ToolCallRequest, ToolResult, ToolSession
+
+from ._parts import EnvStep, ModelTurn, RolloutServices
+from ._state import TrajectoryState
+from ._vision_turn import attach_images
+
+__all__ = ["tool_step"]
+
+
+async def tool_step(
+    state: TrajectoryState, turn: ModelTurn, session: ToolSession | None
+) -> EnvStep | None:
+    """Run the turn's tool calls (within the limits); None when the trajectory ends first."""
+    if state.out_of_turns() or state.off_boundary(turn):
+        return None
+    services, config = state.services, state.services.config
+    requests = [
+        ToolCallRequest(id=c.id, name=c.name, arguments=c.arguments) for c in turn.parsed.tool_calls
+    ]
+    over_turn = requests[config.max_tool_calls_per_turn :]
+    requests = requests[: config.max_tool_calls_per_turn]
+    room = max(config.max_tool_calls - state.counters.num_tool_calls, 0)
+    over_total = requests[room:]
+    requests = requests[:room]
+    results = await _run_tools(state, requests, session)
+    state.counters.num_tool_calls += len(requests)
+    messages = [
+        _tool_message(services, request.id, request.name, result.text)
+        for request, result in zip(requests, results, strict=True)
+    ]
+    for request in [*over_turn, *over_total]:
+        state.counters.tool_errors += 1
+        refused = f"Error: tool call limit reached; '{request.name}' was not run."
+        messages.append(_tool_message(services, request.id, request.name, refused))
+    messages.extend(
+        _tool_message(services, None, None, f"Error: could not parse tool call: {e.message}")
+        for e in turn.parsed.errors
+    )
+    images, image_errors = await attach_images(
+        services.vision, config, state.vision, results, messages
+    )
+    state.counters.tool_errors += image_errors
+    return EnvStep("tool", tuple(messages), tuple(images))
+
+
+async def _run_tools(
+    state: TrajectoryState, calls: Sequence[ToolCallRequest], session: ToolSession | None
+) -> list[ToolResult]:
+    """The turn's tool calls, concurrently, results in call order."""
+    state.status = TrajectoryStatus.TOOL_CALLING
+    started = time.perf_counter()
+    results = await state.services.tools.run_calls(calls, state.tool_context(session))
+    state.timing.tool_seconds += time.perf_counter() - started
+    state.record_tool_results([call.name for call in calls], results)
+    return results
+
+
+def _cut_text(services: RolloutServices, text: str) -> str:
+    """Bound one tool result to ``max_tool_response_tokens`` on the configured side."""
+    config = services.config
+    limit = config.max_tool_response_tokens
+    ids = services.chat.encode(text)
+    if len(ids) <= limit:
+        return text
+    marker = "...(truncated)"
+    if config.tool_response_truncate_side == "left":
+        return marker + services.chat.decode(ids[-limit:])
+    if config.tool_response_truncate_side == "right":
+        return services.chat.decode(ids[:limit]) + marker
+    head = limit // 2
+    return (
+        services.chat.decode(ids[:head])
+        + marker
+        + services.chat.decode(ids[len(ids) - (limit - head) :])
+    )
+
+
+def _tool_message(
+    services: RolloutServices, call_id: str | None, name: str | None, text: str
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "tool", "content": _cut_text(services, text)}
+    if call_id is not None:
+        message["tool_call_id"] = call_id
+    if name is not None:
+        message["name"] = name
+    return message
