@@ -146,7 +146,7 @@ def test_search_yaml(tmp_path: Path) -> None:
     config, port = on_free_port(tmp_path, ["search.yaml"], 8000)
     assert listed(config) == ["search"]
     result = called(config, "search", {"query_list": ["What is the capital of Ostonia?"]})
-    assert result.stdout.startswith("Doc 1 (Title: Ostonia)\n"), result.stdout
+    assert result.stdout.startswith('Doc 1 (Title: "Ostonia")\n'), result.stdout
     assert "Its capital and largest city is Silverford." in result.stdout
     with socket.socket() as sock:  # the retriever the command started is gone again
         assert sock.connect_ex(("127.0.0.1", port)) != 0

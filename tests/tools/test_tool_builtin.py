@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from toolrollout._exceptions import UserError
-from toolrollout.demo.calculator import CALCULATOR_TOOL
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 from toolrollout.tools import (
     Gsm8kTool,
     ToolCallRequest,

@@ -37,7 +37,7 @@ from typing import Any, Final, cast
 
 import torch
 
-from toolrollout.demo.calculator import CALCULATOR_TOOL
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 from toolrollout.demo.dialogs import training_dialogs
 from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.demo_vl.build import build

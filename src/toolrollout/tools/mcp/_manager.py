@@ -552,7 +552,8 @@ class McpClientManager:
         if self._state != "open":
             hint = (
                 "open it with `async with manager:` (for tools from a config: "
-                "`async with toolrollout.tools.mcp.mcp_sessions(tools):`) around the calls"
+                "`async with toolrollout.tools.open_tools(tools):`, or "
+                "`toolrollout.tools.mcp.mcp_sessions(tools)`) around the calls"
                 if self._state == "new"
                 else "it is closed"
             )
