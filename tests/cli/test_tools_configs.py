@@ -4,7 +4,8 @@ The real CLI runs on each file of ``tool_configs/``: the command opens the tools
 itself (the MCP sessions, the local sandbox, the local retriever), so a call reaches the
 real backend and its answer is checked. Configs that name a fixed local port run from a
 copy on a free port (the rest of the file unchanged), so a busy port cannot make them
-talk to some other server.
+talk to some other server. The configs whose servers start per command (stdio MCP
+servers, the sandbox, the retriever) are ``slow``: each start imports toolrollout anew.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ def test_calculator_yaml() -> None:
     assert called(config, "calculator", CALCULATION).stdout == "27\n"
 
 
+@pytest.mark.slow
 def test_mcp_stdio_yaml() -> None:
     config = CONFIGS / "mcp_stdio.yaml"
     assert listed(config) == ["calculator"]
@@ -131,6 +133,7 @@ def require_bwrap() -> None:
         pytest.skip(message)
 
 
+@pytest.mark.slow
 def test_sandbox_yaml(tmp_path: Path) -> None:
     require_bwrap()
     config, port = on_free_port(tmp_path, ["sandbox.yaml"], 8080)
@@ -142,6 +145,7 @@ def test_sandbox_yaml(tmp_path: Path) -> None:
         assert sock.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.slow
 def test_search_yaml(tmp_path: Path) -> None:
     config, port = on_free_port(tmp_path, ["search.yaml"], 8000)
     assert listed(config) == ["search"]
@@ -167,6 +171,7 @@ def images_of(result: Result) -> int:
     return int(match.group(1))
 
 
+@pytest.mark.slow
 def test_video_yaml(clip: Path) -> None:
     config = CONFIGS / "video.yaml"
     assert listed(config) == ["crop_video", "crop_image"]
@@ -176,6 +181,7 @@ def test_video_yaml(clip: Path) -> None:
     assert images_of(called(config, "crop_image", crop)) == 1
 
 
+@pytest.mark.slow
 def test_video_demo_yaml(clip: Path) -> None:
     config = CONFIGS / "video_demo.yaml"
     assert listed(config) == ["crop_video"]
@@ -183,11 +189,14 @@ def test_video_demo_yaml(clip: Path) -> None:
     assert images_of(frames) >= 1
 
 
+@pytest.mark.slow
 def test_tools_call_from_the_installed_command_opens_the_services(tmp_path: Path) -> None:
     """The same through ``python -m toolrollout``, in a process of its own (stdio MCP)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "toolrollout", "tools", "call", "calculator", "--args"]
-        + [CALCULATION, "--tool-config", str(CONFIGS / "mcp_stdio.yaml")],
+        [
+            *(sys.executable, "-m", "toolrollout", "tools", "call", "calculator"),
+            *("--args", CALCULATION, "--tool-config", str(CONFIGS / "mcp_stdio.yaml")),
+        ],
         capture_output=True,
         text=True,
         timeout=120,

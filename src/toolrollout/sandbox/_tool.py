@@ -43,7 +43,6 @@ from toolrollout.tools import (
 )
 
 from ._background import LocalSandboxService
-
 from ._protocol import (
     LANGUAGES,
     CommandRunResult,

@@ -1,4 +1,5 @@
-"""Built-in tools: the safe calculator (:mod:`.calculator`) and a GSM8K answer checker (verl's ``Gsm8kTool``).
+"""Built-in tools: the safe calculator (:mod:`.calculator`) and a GSM8K answer checker
+(verl's ``Gsm8kTool``).
 
 Both can be named in a tool config (``class_name: toolrollout.tools.CalculatorTool``);
 verl's ``verl.tools.gsm8k_tool.Gsm8kTool`` is mapped to :class:`Gsm8kTool`, so verl's

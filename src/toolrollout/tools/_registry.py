@@ -112,7 +112,7 @@ def tool_type_builder(name: str) -> ToolBuilder:
             ) from exc
         if not callable(obj):
             raise ConfigError(f"tool type {name!r}: {builder!r} is not callable")
-        resolved: ToolBuilder = obj  # type: ignore[assignment]
+        resolved: ToolBuilder = obj
         _types[name] = resolved
         return resolved
     return builder

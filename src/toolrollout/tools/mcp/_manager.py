@@ -403,7 +403,7 @@ def _child_stderr() -> TextIO:
     try:
         sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
-        return sys.__stderr__ if sys.__stderr__ is not None else open(os.devnull, "w")  # noqa: SIM115
+        return sys.__stderr__ if sys.__stderr__ is not None else open(os.devnull, "w")
     return sys.stderr
 
 
