@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from toolrollout.cli import app
-from toolrollout.demo.calculator import CALCULATOR_TOOL
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 REPO = Path(__file__).resolve().parents[2]
 

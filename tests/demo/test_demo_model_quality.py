@@ -16,9 +16,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from toolrollout.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
-from toolrollout.demo.calculator import CalculatorError, evaluate
 from toolrollout.demo.dialogs import generate_problems, is_heldout
 from toolrollout.demo.train import parse_args
+from toolrollout.tools.calculator import CalculatorError, evaluate
 
 pytestmark = pytest.mark.slow
 

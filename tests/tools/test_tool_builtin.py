@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from toolrollout._exceptions import UserError
-from toolrollout.demo.calculator import CALCULATOR_TOOL
 from toolrollout.tools import (
     Gsm8kTool,
     ToolCallRequest,
@@ -18,6 +17,7 @@ from toolrollout.tools import (
     gsm8k_score,
     load_tool_config,
 )
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 CALCULATOR_YAML = Path(__file__).resolve().parents[2] / "tool_configs" / "calculator.yaml"
 

@@ -3,17 +3,19 @@
 ``tools list`` prints the schemas the model will see (and a table of each tool's limits);
 ``tools call`` runs one call through the same :class:`~toolrollout.tools.ToolExecutor` the
 rollout uses (argument check, circuit breaker, limits, timeout, retries) and prints the
-tool message text exactly as the model would receive it. Without ``--tool-config`` both use
-the built-in calculator. User mistakes exit with a one-line ``error: ...`` and code 2; a call
-that ends in an error result exits with code 1.
+tool message text exactly as the model would receive it. Both open what the tools need
+while they run (:func:`~toolrollout.tools.open_tools`: MCP sessions, the local sandbox or
+retriever a config asks for) and close it before they exit. Without ``--tool-config`` both
+use the built-in calculator. User mistakes exit with a one-line ``error: ...`` and code 2;
+a call that ends in an error result exits with code 1.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -58,6 +60,21 @@ def _load(tool_config: Path | None) -> list[Tool]:
         # A config error may list several problems, one per line: keep them all.
         raise fail(str(exc)) from None
     return tools
+
+
+@asynccontextmanager
+async def _opened(tools: list[Tool]) -> AsyncIterator[None]:
+    """The tools' services, open for the block; a service that cannot start is an
+    ``error:`` line (exit 2), e.g. the local sandbox without bubblewrap."""
+    from toolrollout._exceptions import ToolError, UserError
+    from toolrollout.tools import open_tools
+
+    async with AsyncExitStack() as stack:
+        try:
+            await stack.enter_async_context(open_tools(tools))
+        except (UserError, ToolError) as exc:
+            raise fail(f"cannot open the tools' services: {exc}") from None
+        yield
 
 
 @contextmanager
@@ -129,9 +146,19 @@ def list_tools(
 ) -> None:
     """Print the tool schemas the model will see, after a table of each tool's limits.
 
-    The JSON is the ``tools=[...]`` list passed to the chat template, in config order.
+    The JSON is the ``tools=[...]`` list passed to the chat template, in config order. The
+    services the tools need are opened and closed first, so a config whose local sandbox
+    or retriever cannot start fails here too.
     """
+    import anyio
+
     tools = _load(tool_config)
+
+    async def check() -> None:
+        async with _opened(tools):
+            pass
+
+    anyio.run(check)  # the services a run would open start (and stop) as they would then
     schemas = [tool.schema() for tool in tools]
     if not json_only:
         from rich.console import Console
@@ -218,8 +245,13 @@ def call(
         available = ", ".join(executor.tools) or "none"
         raise fail(f"unknown tool {name!r}; available: {available}")
     request = ToolCallRequest(name, arguments)
+
+    async def run() -> ToolResult:
+        async with _opened(tools):
+            return await executor.run_call(request, ToolContext(ground_truth=ground_truth))
+
     with _executor_logs(verbose):
-        result = anyio.run(executor.run_call, request, ToolContext(ground_truth=ground_truth))
+        result = anyio.run(run)
     typer.echo(result.text)
     _print_summary(name, result)
     if result.is_error:

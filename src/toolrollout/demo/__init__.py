@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from toolrollout.demo.calculator import CALCULATOR_TOOL, calculator
+from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
 
 __all__ = [
     "CALCULATOR_TOOL",

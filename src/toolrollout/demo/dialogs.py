@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from toolrollout.demo.calculator import CALCULATOR_TOOL, calculator
+from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
 
 if TYPE_CHECKING:
     from toolrollout.demo.code_tasks import CodeTask

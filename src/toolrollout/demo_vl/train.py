@@ -37,11 +37,11 @@ from typing import Any, Final, cast
 
 import torch
 
-from toolrollout.demo.calculator import CALCULATOR_TOOL
 from toolrollout.demo.dialogs import training_dialogs
 from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.demo_vl.build import build
 from toolrollout.demo_vl.video import COLOURS, Segment, make_video, plan_segments
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 __all__ = [
     "HELDOUT_SEED_BASE",

@@ -1,7 +1,7 @@
 """The demo task's calculator as an MCP server (one tool, ``calculator``).
 
 Run it with ``python -m toolrollout.mcp_servers.calculator [--transport ...] [--port ...]``.
-The arithmetic is :func:`toolrollout.demo.calculator.calculator`: parsed with :mod:`ast`,
+The arithmetic is :func:`toolrollout.tools.calculator.calculator`: parsed with :mod:`ast`,
 never ``eval``; bad input comes back as an ``"Error: ..."`` text, like the native tool.
 """
 
@@ -14,7 +14,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
-from toolrollout.demo.calculator import calculator as _calculate
+from toolrollout.tools.calculator import calculator as _calculate
 
 from ._cli import serve
 

@@ -15,9 +15,20 @@ from __future__ import annotations
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from types import TracebackType
+from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 import anyio
 
@@ -26,7 +37,7 @@ from toolrollout._records import ResumePoint, Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward, combine
-from toolrollout.tools import Tool, ToolExecutor
+from toolrollout.tools import Tool, ToolExecutor, open_tools
 
 from ._config import RolloutConfig
 from ._hooks import TrajectoryHooks
@@ -133,6 +144,23 @@ def failed_trajectory(
     )
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _opens_tools(
+    method: Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]],
+) -> Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]]:
+    """Run ``method`` with the runner's tool services open (see ``RolloutRunner.__aenter__``)."""
+
+    @functools.wraps(method)
+    async def opened(self: RolloutRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        async with self._tools_open():
+            return await method(self, *args, **kwargs)
+
+    return opened
+
+
 class RolloutRunner:
     """Runs multi-turn tool rollouts against one engine.
 
@@ -142,7 +170,17 @@ class RolloutRunner:
     answer final turns of the rows that name one in ``extra_info.interaction_kwargs.name``.
     ``vision`` (a :class:`~toolrollout.chat.VisionFormat`) turns on images in tool results
     for a vision-language model; without it, images are left out and the message says so.
+
+    The tools' services (MCP sessions, a local sandbox or retriever; see
+    :meth:`Tool.services <toolrollout.tools.Tool.services>`) are opened by ``async with
+    runner:`` once for every call inside it; a call on a runner not entered opens them for
+    its own length.
     """
+
+    _tools_held: AbstractAsyncContextManager[object] | None = None
+    """The open services while ``async with runner:`` holds them."""
+    _tools_opened_by_call: bool = False
+    """Whether a call (on a runner not entered) holds the services open right now."""
 
     def __init__(
         self,
@@ -205,6 +243,48 @@ class RolloutRunner:
             stop=stop,
         )
 
+    async def __aenter__(self) -> Self:
+        """Open the tools' services for every call until the block ends."""
+        if self._tools_held is not None:
+            raise UserError("this RolloutRunner is entered already")
+        held = open_tools(self.tools)
+        await held.__aenter__()
+        self._tools_held = held
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> None:
+        held, self._tools_held = self._tools_held, None
+        if held is not None:
+            await held.__aexit__(exc_type, exc_val, exc_tb)
+
+    @asynccontextmanager
+    async def _tools_open(self) -> AsyncIterator[None]:
+        """The services for one call: the entered runner's, or opened for this call."""
+        if self._tools_held is not None or not any(
+            tool.services() for tool in self.tools.tools.values()
+        ):
+            yield
+            return
+        if self._tools_opened_by_call:
+            # The first call would close them under this one: say how to share them.
+            raise UserError(
+                "calls overlap on a RolloutRunner whose tools need services (MCP sessions, "
+                "a local sandbox or retriever): open them once with `async with runner:` "
+                "around the calls"
+            )
+        self._tools_opened_by_call = True
+        try:
+            async with open_tools(self.tools):
+                yield
+        finally:
+            self._tools_opened_by_call = False
+
+    @_opens_tools
     async def run(
         self,
         prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
@@ -277,6 +357,7 @@ class RolloutRunner:
             error=error,
         )
 
+    @_opens_tools
     async def run_batch(
         self,
         prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
@@ -325,6 +406,7 @@ class RolloutRunner:
         ]
         return await self._gather(jobs, stop, target_groups, keep_groups_whole, on_result, until)
 
+    @_opens_tools
     async def resume(
         self,
         trajectories: Sequence[Trajectory],

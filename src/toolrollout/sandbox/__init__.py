@@ -2,12 +2,14 @@
 
 - :class:`SandboxTool` / :func:`sandbox_tool`: a tool that runs the model's code through
   Sandbox Fusion's ``POST /run_code`` (a real deployment, or the local server). Tool
-  configs build it with ``config: {type: sandbox, sandbox_fusion_url: ...}``.
+  configs build it with ``config: {type: sandbox, sandbox_fusion_url: ...}``
+  (:func:`build_sandbox_entry` is the ``sandbox`` tool type's builder).
 - ``toolrollout sandbox serve`` (:func:`run_sandbox_server`): the same API on one machine,
   running ``python`` and ``bash`` under bubblewrap with resource limits.
 - :func:`serve_sandbox_in_background`: that server as a child process for an ``async with``;
-  :func:`serve_local_sandboxes` starts one for each tool configured with
-  ``local_sandbox: true`` (what a rollout command calls before it runs).
+  a tool configured with ``local_sandbox: true`` asks for one (:class:`LocalSandboxService`)
+  in its ``services()``, which :func:`toolrollout.tools.open_tools` opens;
+  :func:`serve_local_sandboxes` starts them for a list of tools.
 - The wire models (:class:`RunCodeRequest`, :class:`RunCodeResponse`...) mirror Sandbox
   Fusion's field for field.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 from toolrollout._exceptions import SandboxIsolationError as SandboxIsolationError
 
+from ._background import LocalSandboxService as LocalSandboxService
 from ._background import free_port as free_port
 from ._background import serve_local_sandboxes as serve_local_sandboxes
 from ._background import serve_sandbox_in_background as serve_sandbox_in_background
@@ -37,6 +40,7 @@ from ._server import run_sandbox_server as run_sandbox_server
 from ._tool import DEFAULT_SANDBOX_URL as DEFAULT_SANDBOX_URL
 from ._tool import SandboxConfigModel as SandboxConfigModel
 from ._tool import SandboxTool as SandboxTool
+from ._tool import build_sandbox_entry as build_sandbox_entry
 from ._tool import format_run_code_response as format_run_code_response
 from ._tool import sandbox_tool as sandbox_tool
 
@@ -47,6 +51,7 @@ __all__ = [
     "CommandRunResult",
     "CommandRunStatus",
     "Language",
+    "LocalSandboxService",
     "RunCodeRequest",
     "RunCodeResponse",
     "RunStatus",
@@ -55,6 +60,7 @@ __all__ = [
     "SandboxRunner",
     "SandboxServerConfig",
     "SandboxTool",
+    "build_sandbox_entry",
     "create_sandbox_app",
     "format_run_code_response",
     "free_port",

@@ -8,8 +8,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Hashable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, replace
 
 import anyio
 import httpx
@@ -18,9 +19,12 @@ from toolrollout._exceptions import SandboxIsolationError, ToolUnavailable, User
 from toolrollout._net import is_listening, stop_process
 from toolrollout.tools import Tool
 
-from ._tool import SandboxTool
-
-__all__ = ["free_port", "serve_local_sandboxes", "serve_sandbox_in_background"]
+__all__ = [
+    "LocalSandboxService",
+    "free_port",
+    "serve_local_sandboxes",
+    "serve_sandbox_in_background",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +110,44 @@ async def serve_sandbox_in_background(
             await stop_process(process)
 
 
+@dataclass(frozen=True, slots=True)
+class LocalSandboxService:
+    """The local sandbox on one port: the :class:`~toolrollout.tools.ToolService` of a
+    sandbox tool with ``local_sandbox: true`` (sandbox tools on one port share it)."""
+
+    port: int
+    max_concurrency: int | None = None
+    """``--max-concurrency`` of the server started (None: its default)."""
+    startup_timeout: float = 60.0
+
+    @classmethod
+    def for_url(cls, url: str, *, tool: str) -> LocalSandboxService:
+        """The service for a tool's ``/run_code`` URL, which must be local."""
+        parsed = httpx.URL(url)
+        if parsed.host not in _LOCAL_HOSTS:
+            raise UserError(
+                f"tool {tool!r}: local_sandbox needs a local sandbox_fusion_url "
+                f"(127.0.0.1 or localhost), got {url}"
+            )
+        return cls(parsed.port or 80)
+
+    @property
+    def key(self) -> Hashable:
+        return ("toolrollout.sandbox", self.port)
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[str | None]:
+        """Start the sandbox unless something listens on the port; yield the URL started."""
+        if await is_listening("127.0.0.1", self.port):
+            logger.info("a server already listens on port %d; using it as the sandbox", self.port)
+            yield None
+            return
+        async with serve_sandbox_in_background(
+            self.port, max_concurrency=self.max_concurrency, startup_timeout=self.startup_timeout
+        ) as url:
+            yield url
+
+
 @asynccontextmanager
 async def serve_local_sandboxes(
     tools: Iterable[Tool],
@@ -115,36 +157,29 @@ async def serve_local_sandboxes(
 ) -> AsyncIterator[list[str]]:
     """Start the local sandbox for every :class:`SandboxTool` that asks for it.
 
+    :func:`toolrollout.tools.open_tools` does this too, with the other tools' services;
+    this one takes the server's ``max_concurrency`` and yields what it started.
+
     A tool asks with ``local_sandbox: true`` in its config; its ``sandbox_fusion_url`` must
     then be local (127.0.0.1 / localhost). Where something already listens on that port it
     is used as it is. Yields the ``/run_code`` URLs of the servers started (one per port),
     and stops them on exit. Raises :class:`~toolrollout.SandboxIsolationError` when
     bubblewrap is unavailable.
     """
-    ports: dict[int, str] = {}
+    services: dict[int, LocalSandboxService] = {}
     for tool in tools:
-        if not isinstance(tool, SandboxTool) or not tool.local_sandbox:
-            continue
-        url = httpx.URL(tool.url)
-        if url.host not in _LOCAL_HOSTS:
-            raise UserError(
-                f"tool {tool.name!r}: local_sandbox needs a local sandbox_fusion_url "
-                f"(127.0.0.1 or localhost), got {tool.url}"
-            )
-        ports.setdefault(url.port or 80, url.host)
+        for service in tool.services():
+            if isinstance(service, LocalSandboxService):
+                services.setdefault(
+                    service.port,
+                    replace(
+                        service, max_concurrency=max_concurrency, startup_timeout=startup_timeout
+                    ),
+                )
     async with AsyncExitStack() as stack:
         started: list[str] = []
-        for port in ports:
-            if await is_listening("127.0.0.1", port):
-                logger.info("a server already listens on port %d; using it as the sandbox", port)
-                continue
-            started.append(
-                await stack.enter_async_context(
-                    serve_sandbox_in_background(
-                        port,
-                        max_concurrency=max_concurrency,
-                        startup_timeout=startup_timeout,
-                    )
-                )
-            )
+        for service in services.values():
+            url = await stack.enter_async_context(service.open())
+            if url is not None:
+                started.append(url)
         yield started

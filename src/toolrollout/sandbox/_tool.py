@@ -8,7 +8,7 @@ verl's ``SandboxFusionTool`` keys are accepted as they are.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +23,26 @@ from tenacity import (
 )
 
 from toolrollout._exceptions import (
+    ConfigError,
     ToolArgumentError,
     ToolExecutionError,
     ToolTimeout,
     ToolUnavailable,
     UserError,
 )
-from toolrollout.tools import RetryPolicy, Tool, ToolContext, ToolLimits, ToolResult
+from toolrollout.tools import (
+    BuildContext,
+    RetryPolicy,
+    Tool,
+    ToolContext,
+    ToolEntryModel,
+    ToolLimits,
+    ToolResult,
+    ToolService,
+    build_native_entry,
+)
 
+from ._background import LocalSandboxService
 from ._protocol import (
     LANGUAGES,
     CommandRunResult,
@@ -40,7 +52,13 @@ from ._protocol import (
     RunStatus,
 )
 
-__all__ = ["DEFAULT_SANDBOX_URL", "SandboxTool", "format_run_code_response", "sandbox_tool"]
+__all__ = [
+    "DEFAULT_SANDBOX_URL",
+    "SandboxTool",
+    "build_sandbox_entry",
+    "format_run_code_response",
+    "sandbox_tool",
+]
 
 DEFAULT_SANDBOX_URL = "http://127.0.0.1:8080/run_code"
 """Where ``toolrollout sandbox serve`` and a default Sandbox Fusion container listen."""
@@ -172,9 +190,9 @@ class SandboxTool(Tool):
     headers: Mapping[str, str] = field(default_factory=dict)
     """Extra HTTP headers (e.g. authorization for a hosted deployment)."""
     local_sandbox: bool = False
-    """Whether a program should start ``toolrollout sandbox serve`` on :attr:`url`'s port
-    when nothing listens there (see :func:`serve_local_sandboxes`); the tool itself only
-    records the wish."""
+    """Whether ``toolrollout sandbox serve`` should run on :attr:`url`'s port while the
+    tool is used, unless something listens there: the tool's :meth:`services`, opened by
+    :func:`~toolrollout.tools.open_tools` (or :func:`serve_local_sandboxes`)."""
     transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False, repr=False)
     """httpx transport override (tests replay recorded answers with ``httpx.MockTransport``)."""
 
@@ -286,6 +304,12 @@ class SandboxTool(Tool):
             headers=parsed.headers,
             local_sandbox=parsed.local_sandbox,
         )
+
+    def services(self) -> Sequence[ToolService]:
+        """The local sandbox on :attr:`url`'s port when :attr:`local_sandbox` asks for it."""
+        if not self.local_sandbox:
+            return ()
+        return (LocalSandboxService.for_url(self.url, tool=self.name),)
 
     # --- arguments --------------------------------------------------------------------
 
@@ -425,3 +449,18 @@ def sandbox_tool(
     return SandboxTool.create(
         url, language=language, name=name, run_timeout=run_timeout, limits=limits, **options
     )
+
+
+def build_sandbox_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
+    """Build a ``type: sandbox`` entry (the builder of the ``sandbox`` tool type):
+    ``class_name`` must be a sandbox tool class (:class:`SandboxTool`, or verl's
+    ``SandboxFusionTool`` name for it)."""
+    tools = build_native_entry(entry, context)
+    for tool in tools:
+        if not isinstance(tool, SandboxTool):
+            raise ConfigError(
+                f"{context.where('class_name')}: type 'sandbox' needs "
+                "toolrollout.sandbox.SandboxTool "
+                f"(or verl.tools.sandbox_fusion_tools.SandboxFusionTool), got {entry.class_name!r}"
+            )
+    return tools

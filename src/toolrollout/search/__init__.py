@@ -5,8 +5,10 @@
   ``verl.tools.search_tool.SearchTool`` loads as from a tool config.
 - ``toolrollout retriever serve --corpus FILE`` serves a JSON Lines corpus with BM25
   (:class:`Bm25Retriever`; the app is :func:`toolrollout.search.retriever.create_retriever_app`).
-- :func:`serve_retriever_in_background` runs that server as a child process;
-  :func:`serve_local_retrievers` starts the ones a tool config asks for (``local_corpus``).
+- :func:`serve_retriever_in_background` runs that server as a child process; a tool with
+  ``local_corpus`` asks for one (:class:`LocalRetrieverService`) in its ``services()``,
+  which :func:`toolrollout.tools.open_tools` opens; :func:`serve_local_retrievers` starts
+  them for a list of tools. :func:`build_search_entry` is the ``search`` tool type's builder.
 - :mod:`toolrollout.search.demo_corpus`: a small synthetic corpus and questions about it.
 
 Importing this package imports neither bm25s nor FastAPI.
@@ -20,6 +22,7 @@ from ._client import RETRY_STATUSES as RETRY_STATUSES
 from ._client import ResultFormat as ResultFormat
 from ._client import SearchTool as SearchTool
 from ._client import VerlSearchTool as VerlSearchTool
+from ._client import build_search_entry as build_search_entry
 from ._corpus import Document as Document
 from ._corpus import documents_from_rows as documents_from_rows
 from ._corpus import load_corpus as load_corpus
@@ -28,6 +31,7 @@ from ._format import format_hits as format_hits
 from ._format import format_results as format_results
 from ._format import parse_response as parse_response
 from ._local import LocalRetriever as LocalRetriever
+from ._local import LocalRetrieverService as LocalRetrieverService
 from ._local import serve_local_retrievers as serve_local_retrievers
 from ._local import serve_retriever_in_background as serve_retriever_in_background
 from .demo_corpus import DEMO_CORPUS_PATH as DEMO_CORPUS_PATH
@@ -42,10 +46,12 @@ __all__ = [
     "Document",
     "Hit",
     "LocalRetriever",
+    "LocalRetrieverService",
     "ResultFormat",
     "RetrievedDocument",
     "SearchTool",
     "VerlSearchTool",
+    "build_search_entry",
     "documents_from_rows",
     "format_hits",
     "format_results",

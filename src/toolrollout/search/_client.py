@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,17 +35,36 @@ from tenacity import (
 )
 
 from toolrollout._exceptions import (
+    ConfigError,
     ToolArgumentError,
     ToolExecutionError,
     ToolUnavailable,
     UserError,
 )
-from toolrollout.tools import RetryPolicy, Tool, ToolContext, ToolLimits, ToolResult
+from toolrollout.tools import (
+    BuildContext,
+    RetryPolicy,
+    Tool,
+    ToolContext,
+    ToolEntryModel,
+    ToolLimits,
+    ToolResult,
+    ToolService,
+    build_native_entry,
+)
 from toolrollout.tools._models import ToolEntryConfigModel
 
 from ._format import RetrievedDocument, format_results, parse_response
+from ._local import LocalRetrieverService
 
-__all__ = ["DEFAULT_DESCRIPTION", "RETRY_STATUSES", "ResultFormat", "SearchTool", "VerlSearchTool"]
+__all__ = [
+    "DEFAULT_DESCRIPTION",
+    "RETRY_STATUSES",
+    "ResultFormat",
+    "SearchTool",
+    "VerlSearchTool",
+    "build_search_entry",
+]
 
 ResultFormat = Literal["text", "json"]
 """``text``: the formatted hits; ``json``: verl's ``{"result": "<formatted hits>"}``."""
@@ -161,8 +180,10 @@ class SearchTool(Tool):
     headers: Mapping[str, str] = field(default_factory=dict)
     """Extra HTTP headers (e.g. an ``Authorization`` for a hosted retriever)."""
     local_corpus: str | None = None
-    """When set (a corpus path, or ``demo``), :func:`~toolrollout.search.serve_local_retrievers`
-    starts toolrollout's BM25 retriever on this URL's port if nothing listens there."""
+    """When set (a corpus path, or ``demo``), toolrollout's BM25 retriever runs on this URL's
+    port while the tool is used, unless something listens there: the tool's
+    :meth:`services`, opened by :func:`~toolrollout.tools.open_tools` (or
+    :func:`~toolrollout.search.serve_local_retrievers`)."""
     transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False, repr=False)
     """An httpx transport to use instead of the network (tests: ``httpx.MockTransport``)."""
 
@@ -189,6 +210,16 @@ class SearchTool(Tool):
             raise UserError(f"result_format must be 'text' or 'json', got {self.result_format!r}")
         if self.max_queries is not None and self.max_queries < 1:
             raise UserError(f"max_queries must be >= 1, got {self.max_queries}")
+
+    def services(self) -> Sequence[ToolService]:
+        """The local retriever on this URL's port when :attr:`local_corpus` asks for it."""
+        if self.local_corpus is None:
+            return ()
+        return (
+            LocalRetrieverService.for_url(
+                self.retrieval_service_url, self.local_corpus, tool=self.name
+            ),
+        )
 
     @classmethod
     def from_config(
@@ -364,3 +395,16 @@ class VerlSearchTool(SearchTool):
     """
 
     result_format: ResultFormat = "json"
+
+
+def build_search_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
+    """Build a ``type: search`` entry (the builder of the ``search`` tool type):
+    ``class_name`` must be a search tool class (:class:`SearchTool`, or verl's name for it)."""
+    tools = build_native_entry(entry, context)
+    for tool in tools:
+        if not isinstance(tool, SearchTool):
+            raise ConfigError(
+                f"{context.where('class_name')}: type 'search' needs toolrollout.search.SearchTool "
+                f"(or verl.tools.search_tool.SearchTool), got {entry.class_name!r}"
+            )
+    return tools

@@ -8,9 +8,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Hashable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
 from typing import IO
@@ -23,11 +23,11 @@ from toolrollout._exceptions import ToolUnavailable, UserError
 from toolrollout._net import is_listening, stop_process
 from toolrollout.tools import Tool
 
-from ._client import SearchTool
 from .demo_corpus import DEMO_CORPUS_PATH
 
 __all__ = [
     "LocalRetriever",
+    "LocalRetrieverService",
     "free_port",
     "resolve_corpus",
     "serve_local_retrievers",
@@ -151,6 +151,52 @@ async def _wait_healthy(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class LocalRetrieverService:
+    """toolrollout's BM25 retriever on one host and port: the
+    :class:`~toolrollout.tools.ToolService` of a search tool with ``local_corpus``."""
+
+    host: str
+    port: int
+    corpus: Path
+    """The corpus served (resolved), so that two tools asking for one port agree."""
+    startup_timeout: float = 60.0
+
+    @classmethod
+    def for_url(cls, url: str, corpus: str | PathLike[str], *, tool: str) -> LocalRetrieverService:
+        """The service for a tool's ``retrieval_service_url``, which must be local."""
+        parsed = httpx.URL(url)
+        if parsed.host not in _LOCAL_HOSTS:
+            raise UserError(
+                f"tool {tool!r}: local_corpus needs a local retrieval_service_url "
+                f"(127.0.0.1 or localhost), got {url}"
+            )
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        return cls(parsed.host, port, resolve_corpus(corpus).resolve())
+
+    @property
+    def key(self) -> Hashable:
+        return ("toolrollout.search", self.host, self.port)
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[LocalRetriever | None]:
+        """Start the retriever unless something listens there; yield the one started."""
+        connect_host = {"localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
+            self.host, self.host
+        )
+        if await is_listening(connect_host, self.port):
+            logger.info(
+                "a server already listens on %s:%d; using it as the retriever", self.host, self.port
+            )
+            yield None
+            return
+        bind = "127.0.0.1" if self.host == "localhost" else self.host
+        async with serve_retriever_in_background(
+            self.corpus, host=bind, port=self.port, startup_timeout=self.startup_timeout
+        ) as retriever:
+            yield retriever
+
+
 @asynccontextmanager
 async def serve_local_retrievers(
     tools: Iterable[Tool], *, startup_timeout: float = 60.0
@@ -160,43 +206,24 @@ async def serve_local_retrievers(
     A tool's ``local_corpus`` asks for toolrollout's BM25 retriever on the host and port of
     its ``retrieval_service_url`` (which must be local). Where something already listens
     there it is used as it is. Yields the retrievers started, and stops them on exit.
+    :func:`toolrollout.tools.open_tools` does the same, with the other tools' services.
     """
-    wanted: dict[tuple[str, int], Path] = {}
+    wanted: dict[Hashable, LocalRetrieverService] = {}
     for tool in tools:
-        if not isinstance(tool, SearchTool) or tool.local_corpus is None:
-            continue
-        url = httpx.URL(tool.retrieval_service_url)
-        host = url.host
-        port = url.port or (443 if url.scheme == "https" else 80)
-        if host not in _LOCAL_HOSTS:
-            raise UserError(
-                f"tool {tool.name!r}: local_corpus needs a local retrieval_service_url "
-                f"(127.0.0.1 or localhost), got {tool.retrieval_service_url}"
-            )
-        corpus = resolve_corpus(tool.local_corpus)
-        previous = wanted.setdefault((host, port), corpus)
-        if previous.resolve() != corpus.resolve():
-            raise UserError(
-                f"tool {tool.name!r}: two different local corpora for port {port}: "
-                f"{previous} and {corpus}"
-            )
+        for service in tool.services():
+            if not isinstance(service, LocalRetrieverService):
+                continue
+            previous = wanted.setdefault(service.key, service)
+            if previous.corpus != service.corpus:
+                raise UserError(
+                    f"tool {tool.name!r}: two different local corpora for port {service.port}: "
+                    f"{previous.corpus} and {service.corpus}"
+                )
     async with AsyncExitStack() as stack:
         started: list[LocalRetriever] = []
-        for (host, port), corpus in wanted.items():
-            connect_host = {"localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
-                host, host
-            )
-            if await is_listening(connect_host, port):
-                logger.info(
-                    "a server already listens on %s:%d; using it as the retriever", host, port
-                )
-                continue
-            bind = "127.0.0.1" if host == "localhost" else host
-            started.append(
-                await stack.enter_async_context(
-                    serve_retriever_in_background(
-                        corpus, host=bind, port=port, startup_timeout=startup_timeout
-                    )
-                )
-            )
+        for service in wanted.values():
+            opened = replace(service, startup_timeout=startup_timeout)
+            retriever = await stack.enter_async_context(opened.open())
+            if retriever is not None:
+                started.append(retriever)
         yield started

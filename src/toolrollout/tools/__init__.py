@@ -6,16 +6,22 @@
   :class:`ToolResult` that still carries the exception (nothing is swallowed).
 - :class:`StatefulTool` / :class:`ToolSession`: per-trajectory instances with verl's
   ``create -> execute -> calc_reward -> release`` lifecycle.
-- :func:`load_tool_config` reads verl-layout tool-config YAML.
+- :func:`load_tool_config` reads verl-layout tool-config YAML; each entry's ``config.type``
+  names a builder registered with :func:`register_tool_type` (the shipped ``native``,
+  ``mcp``, ``sandbox`` and ``search`` types are imported on first use).
+- :func:`open_tools` opens what the tools need while a run uses them (their
+  :meth:`Tool.services`: MCP sessions, a local sandbox or retriever), once each.
 """
 
 from __future__ import annotations
 
 from ._base import Tool as Tool
+from ._base import ToolService as ToolService
 from ._builtin import CalculatorTool as CalculatorTool
 from ._builtin import Gsm8kTool as Gsm8kTool
 from ._builtin import calculator_tool as calculator_tool
 from ._builtin import gsm8k_score as gsm8k_score
+from ._config import build_native_entry as build_native_entry
 from ._config import load_tool_config as load_tool_config
 from ._config import tools_from_config as tools_from_config
 from ._docstrings import ParsedDocstring as ParsedDocstring
@@ -40,6 +46,12 @@ from ._limits import LatencyWindow as LatencyWindow
 from ._limits import LimiterStatistics as LimiterStatistics
 from ._limits import RateLimiter as RateLimiter
 from ._limits import RateLimiterStatistics as RateLimiterStatistics
+from ._models import ToolEntryModel as ToolEntryModel
+from ._registry import BuildContext as BuildContext
+from ._registry import ToolBuilder as ToolBuilder
+from ._registry import register_tool_type as register_tool_type
+from ._registry import tool_types as tool_types
+from ._services import open_tools as open_tools
 from ._services import tool_services as tool_services
 from ._types import CircuitBreakerPolicy as CircuitBreakerPolicy
 from ._types import RetryPolicy as RetryPolicy
@@ -50,6 +62,7 @@ from ._types import ToolResult as ToolResult
 from ._verl import VerlToolAdapter as VerlToolAdapter
 
 __all__ = [
+    "BuildContext",
     "CalculatorTool",
     "CircuitBreaker",
     "CircuitBreakerPolicy",
@@ -67,24 +80,31 @@ __all__ = [
     "RetryPolicy",
     "StatefulTool",
     "Tool",
+    "ToolBuilder",
     "ToolCallRequest",
     "ToolCallSummary",
     "ToolContext",
+    "ToolEntryModel",
     "ToolExecutor",
     "ToolLimits",
     "ToolResult",
+    "ToolService",
     "ToolSession",
     "ToolStatistics",
     "VerlToolAdapter",
+    "build_native_entry",
     "calculator_tool",
     "function_tool",
     "gsm8k_score",
     "load_tool_config",
+    "open_tools",
     "parse_docstring",
+    "register_tool_type",
     "row_kwargs",
     "summarize_tool_calls",
     "to_tool_result",
     "tool_kwargs",
     "tool_services",
+    "tool_types",
     "tools_from_config",
 ]

@@ -1,6 +1,10 @@
 """The :class:`Tool` seam: a tool is data (name, description, JSON schema, limits) plus one
-async ``call``. Function tools, built-ins, verl adapters and, later, MCP and sandbox tools
-all implement it, so the executor never needs to know where a tool comes from.
+async ``call``. Function tools, built-ins, verl adapters, MCP, sandbox and search tools all
+implement it, so the executor never needs to know where a tool comes from.
+
+A tool that needs something open while a run uses it (an MCP session, a local server)
+declares it with :meth:`Tool.services`; :func:`~toolrollout.tools.open_tools` opens each
+distinct :class:`ToolService` once.
 """
 
 from __future__ import annotations
@@ -8,15 +12,16 @@ from __future__ import annotations
 import copy
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
-from typing import Any, Self
+from typing import Any, Protocol, Self, runtime_checkable
 
 from toolrollout._exceptions import ToolArgumentError, UserError
 
 from ._types import ToolContext, ToolLimits, ToolResult
 
-__all__ = ["Tool", "normalize_function_schema"]
+__all__ = ["Tool", "ToolService", "normalize_function_schema"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """OpenAI's rule for function names; chat templates and parsers rely on it too."""
@@ -33,6 +38,30 @@ def normalize_function_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     if "name" in schema:
         return dict(schema)
     raise UserError("a tool schema needs a 'name' (or a 'function' object holding one)")
+
+
+@runtime_checkable
+class ToolService(Protocol):
+    """Something tools need open while a run calls them: a session, a local server.
+
+    Tools that need the same thing return services with the same :attr:`key` (e.g. every
+    tool of one MCP manager, or two sandbox tools on one port), and it is opened once. Two
+    services with one key must be equal, else :func:`~toolrollout.tools.open_tools`
+    reports the conflict. A frozen dataclass with a ``key`` property fits.
+    """
+
+    @property
+    def key(self) -> Hashable:
+        """Identifies the thing opened; equal keys are opened once."""
+        ...
+
+    def open(self) -> AbstractAsyncContextManager[object]:
+        """Open it for the ``async with`` body; close it on exit (also on error/cancel).
+
+        Something already running (a server on the port, a manager someone else opened)
+        is used as it is and left running.
+        """
+        ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,6 +133,15 @@ class Tool(ABC):
                 f"invalid arguments for tool {self.name!r}: missing required argument(s) "
                 + ", ".join(repr(key) for key in missing)
             )
+
+    def services(self) -> Sequence[ToolService]:
+        """What must be open while a run calls this tool (default: nothing).
+
+        :func:`~toolrollout.tools.open_tools` (and ``async with`` a runner) opens them
+        before the first call and closes them after the last. Raise
+        :class:`~toolrollout.UserError` for settings that cannot be served.
+        """
+        return ()
 
     @abstractmethod
     async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:

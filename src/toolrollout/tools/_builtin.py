@@ -1,4 +1,5 @@
-"""Built-in tools: the demo calculator and a GSM8K answer checker (verl's ``Gsm8kTool``).
+"""Built-in tools: the safe calculator (:mod:`.calculator`) and a GSM8K answer checker
+(verl's ``Gsm8kTool``).
 
 Both can be named in a tool config (``class_name: toolrollout.tools.CalculatorTool``);
 verl's ``verl.tools.gsm8k_tool.Gsm8kTool`` is mapped to :class:`Gsm8kTool`, so verl's
@@ -19,6 +20,7 @@ from ._base import Tool
 from ._function import FunctionTool
 from ._lifecycle import StatefulTool
 from ._types import ToolContext, ToolLimits, ToolResult
+from .calculator import CALCULATOR_TOOL, calculator
 
 __all__ = ["CalculatorTool", "Gsm8kTool", "calculator_tool", "gsm8k_score"]
 
@@ -29,10 +31,7 @@ async def _calculate(expression: str) -> ToolResult:
     Args:
         expression: Arithmetic with + - * / // % ** and parentheses.
     """
-    # Imported here: the demo package is optional at import time of the tools package.
     # The calculator is bounded (length, depth, magnitude), so it runs inline, no thread.
-    from toolrollout.demo.calculator import calculator
-
     text = calculator(expression)
     return ToolResult(text=text, is_error=text.startswith("Error:"))
 
@@ -48,8 +47,6 @@ class CalculatorTool(FunctionTool[[str], Coroutine[Any, Any, ToolResult]]):
     @classmethod
     def create(cls, *, limits: ToolLimits | None = None) -> CalculatorTool:
         """Build the tool with the demo's schema."""
-        from toolrollout.demo.calculator import CALCULATOR_TOOL
-
         tool = cls.from_function(_calculate, name="calculator", limits=limits)
         return tool.with_schema(CALCULATOR_TOOL)
 

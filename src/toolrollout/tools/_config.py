@@ -8,8 +8,7 @@ config error found hours into a run, or reported without its place, costs the mo
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from contextvars import ContextVar
+from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,11 @@ from toolrollout._exceptions import ConfigError, UserError
 from ._base import Tool
 from ._function import FunctionTool
 from ._models import ToolConfigFileModel, ToolEntryModel
+from ._registry import BuildContext, tool_type_builder, tool_types
 from ._types import ToolLimits
 from ._verl import VerlToolAdapter, is_verl_tool_class
 
-__all__ = ["VERL_EQUIVALENTS", "load_tool_config", "tools_from_config"]
+__all__ = ["VERL_EQUIVALENTS", "build_native_entry", "load_tool_config", "tools_from_config"]
 
 VERL_EQUIVALENTS: Mapping[str, str] = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "toolrollout.tools.Gsm8kTool",
@@ -39,8 +39,7 @@ _VERL_LATER: Mapping[str, str] = {
     "verl.tools.mcp_search_tool.MCPSearchTool": "mcp",
     "verl.tools.mcp_base_tool.MCPBaseTool": "mcp",
 }
-"""verl classes whose toolrollout equivalents arrive with the ``mcp``/``sandbox``/``search``
-tool types."""
+"""verl classes that load through another tool type (their entries must say so)."""
 
 _MESSAGES: Mapping[str, str] = {
     "missing": "is required",
@@ -110,14 +109,19 @@ def _limits(entry: ToolEntryModel, base: ToolLimits) -> ToolLimits:
     return entry.config.to_limits(base)
 
 
-def _native(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
-    """Build a ``type: native`` entry: resolve ``class_name`` to a tool."""
+def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
+    """Build a ``type: native`` entry: resolve ``class_name`` to a tool.
+
+    The ``sandbox`` and ``search`` types build their entries with it too, then check the
+    class they got.
+    """
+    where = context.where
     class_name = entry.class_name.strip()
     config = entry.config.model_dump(exclude_none=True)
     schema = None if entry.tool_schema is None else entry.tool_schema.model_dump(exclude_none=True)
     if class_name in _VERL_LATER:
         later = _VERL_LATER[class_name]
-        if later in _BUILDERS:
+        if later in tool_types():
             raise ConfigError(
                 f"{where('class_name')}: {class_name} maps to toolrollout's '{later}' tools: "
                 f"set config.type: {later}"
@@ -173,59 +177,6 @@ def _native(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
         raise ConfigError(f"{where('config')}: {exc}") from exc
 
 
-def _search(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
-    """Build a ``type: search`` entry: ``class_name`` must be a search tool class
-    (``toolrollout.search.SearchTool``, or verl's name for it)."""
-    from toolrollout.search import SearchTool
-
-    tools = _native(entry, where)
-    for tool in tools:
-        if not isinstance(tool, SearchTool):
-            raise ConfigError(
-                f"{where('class_name')}: type 'search' needs toolrollout.search.SearchTool "
-                f"(or verl.tools.search_tool.SearchTool), got {entry.class_name!r}"
-            )
-    return tools
-
-
-def _sandbox(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
-    """Build a ``type: sandbox`` entry: ``class_name`` must be a sandbox tool class
-    (``toolrollout.sandbox.SandboxTool``, or verl's ``SandboxFusionTool`` name for it)."""
-    from toolrollout.sandbox import SandboxTool
-
-    tools = _native(entry, where)
-    for tool in tools:
-        if not isinstance(tool, SandboxTool):
-            raise ConfigError(
-                f"{where('class_name')}: type 'sandbox' needs toolrollout.sandbox.SandboxTool "
-                f"(or verl.tools.sandbox_fusion_tools.SandboxFusionTool), got {entry.class_name!r}"
-            )
-    return tools
-
-
-def _mcp(entry: ToolEntryModel, where: Callable[[str], str]) -> list[Tool]:
-    """Build a ``type: mcp`` entry: every (selected) tool of the servers in ``mcp``'s
-    ``mcpServers`` file (see :mod:`toolrollout.tools.mcp`)."""
-    from toolrollout.tools.mcp import build_mcp_entry  # imports the MCP SDK only when used
-
-    return build_mcp_entry(entry, where, base_dir=_BASE_DIR.get())
-
-
-_BUILDERS: dict[str, Callable[[ToolEntryModel, Callable[[str], str]], list[Tool]]] = {
-    "mcp": _mcp,
-    "native": _native,
-    "sandbox": _sandbox,
-    "search": _search,
-}
-"""Entry builders by ``config.type``. One entry may yield several tools (an MCP server
-does); ``mcp``, ``sandbox`` and ``search`` plug in here."""
-
-
-_BASE_DIR: ContextVar[Path | None] = ContextVar("toolrollout_tool_config_dir", default=None)
-"""Folder that relative paths inside entries (e.g. ``mcp.mcp_servers_config_path``) are
-resolved against while a config is being built (None: the current directory)."""
-
-
 def tools_from_config(
     data: object,
     *,
@@ -235,16 +186,19 @@ def tools_from_config(
     """Build the tools of an already-parsed config (``{"tools": [...]}``).
 
     ``source`` names the config in error messages; ``base_dir`` is the folder relative
-    paths in entries are resolved against (default: the current directory).
+    paths in entries are resolved against (default: the current directory). Each entry is
+    built by the builder registered for its ``config.type`` (see
+    :func:`~toolrollout.tools.register_tool_type`), given a :class:`BuildContext`.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(
             f"{source}: expected a mapping with a 'tools' list, got {type(data).__name__}"
         )
     try:
-        parsed = ToolConfigFileModel.model_validate(data)
+        parsed = ToolConfigFileModel.model_validate(data, context={"tool_types": tool_types()})
     except ValidationError as exc:
         raise _validation_error(source, exc) from exc
+    folder = Path.cwd() if base_dir is None else Path(base_dir)
     tools: list[Tool] = []
     seen: dict[str, int] = {}
     for index, entry in enumerate(parsed.tools):
@@ -252,17 +206,11 @@ def tools_from_config(
         def where(key: str, index: int = index) -> str:
             return f"{source}: tools[{index}].{key}"
 
-        builder = _BUILDERS.get(entry.config.type)
-        if builder is None:
-            raise ConfigError(
-                f"{where('config.type')}: type {entry.config.type!r} is not available yet "
-                f"(available: {', '.join(sorted(_BUILDERS))})"
-            )
-        token = _BASE_DIR.set(None if base_dir is None else Path(base_dir))
         try:
-            built = builder(entry, where)
-        finally:
-            _BASE_DIR.reset(token)
+            builder = tool_type_builder(entry.config.type)
+        except ConfigError as exc:
+            raise ConfigError(f"{where('config.type')}: {exc}") from exc
+        built = builder(entry, BuildContext(source, folder, index))
         for tool in built:
             if tool.name in seen:
                 raise ConfigError(

@@ -22,6 +22,7 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -45,8 +46,6 @@ __all__ = [
     "ToolEntryModel",
     "ToolSchemaModel",
 ]
-
-ToolType = Literal["native", "mcp", "sandbox", "search"]
 
 
 class FunctionSchemaModel(BaseModel):
@@ -178,7 +177,10 @@ class ToolEntryConfigModel(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    type: ToolType = "native"
+    type: str = "native"
+    """The tool type whose builder makes the entry's tools (see
+    :func:`~toolrollout.tools.register_tool_type`); checked against the registered names
+    passed as the ``tool_types`` validation context."""
     timeout: PositiveFloat | None = None
     max_concurrency: PositiveInt | None = None
     num_workers: PositiveInt | None = None
@@ -189,6 +191,18 @@ class ToolEntryConfigModel(BaseModel):
     circuit_breaker: CircuitBreakerConfigModel | None = None
     """A mapping (or ``true`` for the defaults) adds a breaker; ``false`` removes one the tool
     has by default."""
+
+    @field_validator("type")
+    @classmethod
+    def _registered_type(cls, value: str, info: ValidationInfo) -> str:
+        known = (info.context or {}).get("tool_types")
+        if known is not None and value not in known:
+            names = [repr(name) for name in known]
+            expected = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+            raise PydanticCustomError(
+                "literal_error", "Input should be {expected}", {"expected": expected}
+            )
+        return value
 
     @field_validator("retries", mode="before")
     @classmethod

@@ -1,35 +1,64 @@
-"""Start and stop what a set of tools needs while a run uses them.
+"""Open what a set of tools needs while a run uses them, once each, and close it after.
 
-Some tools talk to services toolrollout can run itself: the local BM25 retriever for a
-search tool configured with ``local_corpus``, the bubblewrap sandbox for a sandbox tool
-with ``local_sandbox: true``. :func:`tool_services` starts those (unless something already
-listens on their port) and closes every session and child process on exit, so a run never
-leaves orphans behind. MCP tools get their shared sessions opened here too (the MCP SDK is
-only imported when a config loaded MCP tools).
+Every tool declares its needs with :meth:`~toolrollout.tools.Tool.services`: MCP tools
+their manager's sessions, a sandbox tool with ``local_sandbox: true`` the local sandbox, a
+search tool with ``local_corpus`` the local retriever. :func:`open_tools` opens each
+distinct service once, in order, and closes them in reverse order on exit, also when the
+body fails or is cancelled, so a run never leaves a session or child process behind.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Hashable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 
-from ._base import Tool
+from toolrollout._exceptions import UserError
 
-__all__ = ["tool_services"]
+from ._base import Tool, ToolService
+from ._executor import ToolExecutor
+
+__all__ = ["open_tools", "tool_services"]
+
+
+def _services_of(tools: Iterable[Tool] | ToolExecutor) -> list[ToolService]:
+    """The distinct services ``tools`` need, in first-seen order.
+
+    Raises :class:`~toolrollout.UserError` when two tools need different services under
+    one key (e.g. two corpora on one retriever port).
+    """
+    tool_list = list(tools.tools.values() if isinstance(tools, ToolExecutor) else tools)
+    found: dict[Hashable, tuple[ToolService, Tool]] = {}
+    for tool in tool_list:
+        for service in tool.services():
+            first = found.setdefault(service.key, (service, tool))
+            if first[0] != service:
+                raise UserError(
+                    f"tools {first[1].name!r} and {tool.name!r} need different services "
+                    f"under one key {service.key!r}: {first[0]!r} and {service!r}"
+                )
+    return [service for service, _ in found.values()]
 
 
 @asynccontextmanager
-async def tool_services(tools: Iterable[Tool]) -> AsyncIterator[None]:
-    """Run the local services ``tools`` ask for, for the duration of the block."""
-    from toolrollout.sandbox import serve_local_sandboxes
-    from toolrollout.search import serve_local_retrievers
+async def open_tools(tools: Iterable[Tool] | ToolExecutor) -> AsyncIterator[list[Tool]]:
+    """Open the services ``tools`` need for the ``async with`` body; yield the tools.
 
-    tool_list = list(tools)
+    ::
+
+        async with open_tools(load_tool_config("tool_configs/sandbox.yaml")) as tools:
+            executor = ToolExecutor(tools)
+            ...
+
+    Services are opened one after the other (each in this task, as anyio's structured
+    concurrency wants) and closed in reverse order. Tools without services cost nothing.
+    """
+    tool_list = list(tools.tools.values() if isinstance(tools, ToolExecutor) else tools)
+    services = _services_of(tool_list)
     async with AsyncExitStack() as stack:
-        await stack.enter_async_context(serve_local_retrievers(tool_list))
-        await stack.enter_async_context(serve_local_sandboxes(tool_list))
-        mcp = sys.modules.get("toolrollout.tools.mcp")
-        if mcp is not None:
-            await stack.enter_async_context(mcp.mcp_sessions(tool_list))
-        yield
+        for service in services:
+            await stack.enter_async_context(service.open())
+        yield tool_list
+
+
+tool_services = open_tools
+"""The former name of :func:`open_tools`, kept for its callers."""

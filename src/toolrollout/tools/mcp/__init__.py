@@ -6,8 +6,10 @@
   trajectory; it is opened with ``async with`` and connects each server lazily, on first
   call, reconnecting after a lost session.
 - :class:`McpTool` is one server tool as a :class:`~toolrollout.tools.Tool`;
-  ``load_tool_config`` builds them from ``config.type: mcp`` entries, and
-  :func:`mcp_sessions` opens (and closes) the managers behind a list of tools.
+  ``load_tool_config`` builds them from ``config.type: mcp`` entries (the ``mcp`` tool
+  type's builder is :func:`build_mcp_entry`). Each tool's :meth:`~McpTool.services` is its
+  manager (:class:`McpSessionService`), so :func:`toolrollout.tools.open_tools` opens each
+  manager once; :func:`mcp_sessions` does the same for MCP tools alone.
 
 See ``docs/mcp.md``.
 """
@@ -27,6 +29,7 @@ from ._servers import McpServerSpec as McpServerSpec
 from ._servers import StdioServer as StdioServer
 from ._servers import load_mcp_servers as load_mcp_servers
 from ._servers import parse_mcp_servers as parse_mcp_servers
+from ._tool import McpSessionService as McpSessionService
 from ._tool import McpTool as McpTool
 from ._tool import build_mcp_tools as build_mcp_tools
 from ._tool import mcp_managers as mcp_managers
@@ -38,6 +41,7 @@ __all__ = [
     "McpClientManager",
     "McpServerSpec",
     "McpServerStatistics",
+    "McpSessionService",
     "McpSettingsModel",
     "McpTool",
     "StdioServer",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 import anyio
 from mcp.types import Tool as McpToolInfo
@@ -19,7 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationErro
 from toolrollout._exceptions import ConfigError, ToolRolloutError, UserError
 
 from .._base import Tool
+from .._config import _import, _key_path, _limits, _message
 from .._models import ToolEntryModel
+from .._registry import BuildContext
 from ._manager import McpClientManager, _describe, _each
 from ._servers import McpServerSpec, load_mcp_servers
 from ._tool import McpTool, build_mcp_tools
@@ -81,8 +82,6 @@ def _tool_class(class_name: str, where: Callable[[str], str]) -> type[McpTool]:
         "toolrollout.tools.mcp:McpTool",
     ):
         return McpTool
-    from toolrollout.tools._config import _import
-
     try:
         obj = _import(name)
     except (ImportError, AttributeError) as exc:
@@ -95,15 +94,9 @@ def _tool_class(class_name: str, where: Callable[[str], str]) -> type[McpTool]:
     return obj
 
 
-def build_mcp_entry(
-    entry: ToolEntryModel,
-    where: Callable[[str], str],
-    *,
-    base_dir: Path | None = None,
-) -> list[Tool]:
-    """Build the tools of one ``type: mcp`` entry (called by the tool-config loader)."""
-    from toolrollout.tools._config import _key_path, _limits, _message
-
+def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
+    """Build the tools of one ``type: mcp`` entry (the builder of the ``mcp`` tool type)."""
+    where = context.where
     if entry.mcp is None:
         raise ConfigError(
             f"{where('mcp')}: is required for config.type 'mcp' "
@@ -128,9 +121,7 @@ def build_mcp_entry(
         )
     tool_class = _tool_class(entry.class_name, where)
 
-    path = Path(settings.mcp_servers_config_path).expanduser()
-    if not path.is_absolute():
-        path = (base_dir if base_dir is not None else Path.cwd()) / path
+    path = context.resolve(settings.mcp_servers_config_path)
     try:
         servers = load_mcp_servers(path)
     except ConfigError as exc:

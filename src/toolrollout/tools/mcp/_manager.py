@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
+import sys
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, cast
+from typing import TYPE_CHECKING, Any, Literal, Self, TextIO, cast
 
 import anyio
 import anyio.abc
@@ -252,7 +254,9 @@ class _Server:
                 env=dict(spec.env) or None,
                 cwd=spec.cwd,
             )
-            read, write = await stack.enter_async_context(stdio_client(params))
+            read, write = await stack.enter_async_context(
+                stdio_client(params, errlog=_child_stderr())
+            )
         elif spec.transport == "sse":
             read, write = await stack.enter_async_context(
                 sse_client(
@@ -390,6 +394,17 @@ class _Server:
             self._mark_lost(session)
             return ToolUnavailable(f"{where}: the connection failed: {_describe(exc)}")
         return ToolExecutionError(f"{where} failed: {_describe(exc)}")
+
+
+def _child_stderr() -> TextIO:
+    """Where a stdio server's stderr goes: ours, or the process's real one when ``sys.stderr``
+    is a stream without a file descriptor (a test runner's capture, some notebooks), which a
+    child process cannot write to."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return sys.__stderr__ if sys.__stderr__ is not None else open(os.devnull, "w")
+    return sys.stderr
 
 
 def _describe(exc: BaseException) -> str:
@@ -537,7 +552,8 @@ class McpClientManager:
         if self._state != "open":
             hint = (
                 "open it with `async with manager:` (for tools from a config: "
-                "`async with toolrollout.tools.mcp.mcp_sessions(tools):`) around the calls"
+                "`async with toolrollout.tools.open_tools(tools):`, or "
+                "`toolrollout.tools.mcp.mcp_sessions(tools)`) around the calls"
                 if self._state == "new"
                 else "it is closed"
             )

@@ -7,7 +7,7 @@ Each tool a server lists becomes one :class:`McpTool`: its schema is the server'
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,15 +20,38 @@ from mcp.types import Tool as McpToolInfo
 
 from toolrollout._exceptions import ToolArgumentError, UserError
 
-from .._base import Tool
+from .._base import Tool, ToolService
 from .._types import ToolContext, ToolLimits, ToolResult
 from ._manager import McpClientManager
 from ._results import mcp_result_to_tool_result
 
-__all__ = ["McpTool", "build_mcp_tools", "mcp_managers", "mcp_sessions"]
+__all__ = ["McpSessionService", "McpTool", "build_mcp_tools", "mcp_managers", "mcp_sessions"]
 
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _UNSET = object()
+
+
+@dataclass(frozen=True, slots=True)
+class McpSessionService:
+    """The :class:`~toolrollout.tools.ToolService` of MCP tools: their manager, opened.
+
+    Opening starts no server: each session connects on its server's first call. A manager
+    that is open already (its owner opened it) is used and left open.
+    """
+
+    manager: McpClientManager
+
+    @property
+    def key(self) -> Hashable:
+        return ("toolrollout.tools.mcp", id(self.manager))
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[McpClientManager]:
+        if self.manager.is_open:
+            yield self.manager
+            return
+        async with self.manager:
+            yield self.manager
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,6 +68,10 @@ class McpTool(Tool):
     """Name of the server (its key in ``mcpServers``)."""
     remote_name: str
     """The tool's name on the server (``name`` is what the model sees)."""
+
+    def services(self) -> Sequence[ToolService]:
+        """The manager's sessions: every tool of one manager shares them."""
+        return (McpSessionService(self.manager),)
 
     def check_arguments(self, arguments: Mapping[str, Any]) -> None:
         """Check the arguments against the server's input schema before calling.
@@ -163,6 +190,9 @@ def mcp_managers(tools: Iterable[Tool]) -> list[McpClientManager]:
 async def mcp_sessions(tools: Iterable[Tool]) -> AsyncIterator[list[McpClientManager]]:
     """Open the managers of the MCP tools among ``tools`` for the ``async with`` body.
 
+    :func:`toolrollout.tools.open_tools` does this too (with the other tools' services);
+    this one yields the managers.
+
     Sessions still connect lazily, on each server's first call; leaving the block closes
     them all and stops every child process (managers that were open already are left
     alone). With no MCP tool it does nothing, so a
@@ -176,6 +206,5 @@ async def mcp_sessions(tools: Iterable[Tool]) -> AsyncIterator[list[McpClientMan
     managers = mcp_managers(tools)
     async with AsyncExitStack() as stack:
         for manager in managers:
-            if not manager.is_open:  # one opened by the caller stays the caller's to close
-                await stack.enter_async_context(manager)
+            await stack.enter_async_context(McpSessionService(manager).open())
         yield managers

@@ -1,4 +1,8 @@
-"""A safe arithmetic calculator: the one tool of the demo task.
+"""A safe arithmetic calculator: the built-in ``calculator`` tool and the demo task's one tool.
+
+It lives in ``tools`` (not in the demo) because the public
+:func:`~toolrollout.tools.calculator_tool` and the MCP demo server are built on it; the demo
+imports it from here.
 
 The expression comes from a model, so it is untrusted input. It is parsed with :mod:`ast`
 and only a whitelist of node types is interpreted (numbers, ``+ - * / // % **``, unary

@@ -1,11 +1,11 @@
-"""The demo calculator: right answers, clear errors, and no way to run code."""
+"""The safe calculator (toolrollout.tools.calculator): right answers, clear errors, no code run."""
 
 from __future__ import annotations
 
 import pytest
 
 from toolrollout.demo import CALCULATOR_TOOL, calculator
-from toolrollout.demo.calculator import CalculatorError, evaluate
+from toolrollout.tools.calculator import CalculatorError, evaluate
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,125 @@
+"""Tool types by name: what a tool-config entry's ``config.type`` builds.
+
+``tools`` names its built-in types as ``"module:attribute"`` strings and imports a builder
+only when a config first uses its type, so this package imports none of the applications
+that implement them (the sandbox, the search client, the MCP SDK). A new backend plugs in
+with :func:`register_tool_type`; a config then names it in ``config.type``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from os import PathLike
+from pathlib import Path
+from typing import Protocol
+
+from toolrollout._exceptions import ConfigError, UserError
+
+from ._base import Tool
+from ._models import ToolEntryModel
+
+__all__ = ["BuildContext", "ToolBuilder", "register_tool_type", "tool_type_builder", "tool_types"]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildContext:
+    """Where the entry being built comes from, handed to every builder.
+
+    It replaces hidden state: a builder reads the config's folder from here to resolve a
+    relative path, and names the entry in its error messages with :meth:`where`.
+    """
+
+    source: str
+    """The config as named in messages: its path, or a label such as ``<tool config>``."""
+    base_dir: Path
+    """Folder that relative paths inside entries are resolved against (the YAML's folder)."""
+    index: int = 0
+    """Position of the entry in the config's ``tools`` list."""
+
+    def where(self, key: str) -> str:
+        """``<source>: tools[<index>].<key>``, the prefix of an error message about ``key``."""
+        return f"{self.source}: tools[{self.index}].{key}"
+
+    def resolve(self, path: str | PathLike[str]) -> Path:
+        """``path`` with ``~`` expanded, relative to :attr:`base_dir` unless absolute."""
+        resolved = Path(path).expanduser()
+        return resolved if resolved.is_absolute() else self.base_dir / resolved
+
+
+class ToolBuilder(Protocol):
+    """Builds the tools of one entry (an MCP entry yields one tool per server tool)."""
+
+    def __call__(self, entry: ToolEntryModel, context: BuildContext) -> Sequence[Tool]: ...
+
+
+_BUILTIN_TYPES: Mapping[str, str] = {
+    "native": "toolrollout.tools._config:build_native_entry",
+    "mcp": "toolrollout.tools.mcp:build_mcp_entry",
+    "sandbox": "toolrollout.sandbox:build_sandbox_entry",
+    "search": "toolrollout.search:build_search_entry",
+}
+"""The shipped types; each string is imported on first use."""
+
+_types: dict[str, ToolBuilder | str] = dict(_BUILTIN_TYPES)
+
+
+def register_tool_type(name: str, builder: ToolBuilder | str, *, replace: bool = False) -> None:
+    """Make ``config.type: <name>`` build its entries with ``builder``.
+
+    ``builder`` is a callable ``(entry, context) -> [Tool, ...]`` or a ``"module:attribute"``
+    string naming one, imported when a config first uses the type. Registering a taken
+    name is an error unless ``replace`` is true.
+    """
+    if not name or not name.replace("_", "").replace("-", "").isalnum():
+        raise UserError(f"tool type {name!r} is invalid: use letters, digits, '_' or '-'")
+    if isinstance(builder, str):
+        _split(builder)
+    elif not callable(builder):
+        raise UserError(f"the builder of tool type {name!r} must be callable or 'module:attr'")
+    if name in _types and not replace:
+        raise UserError(f"tool type {name!r} is already registered (pass replace=True)")
+    _types[name] = builder
+
+
+def tool_types() -> tuple[str, ...]:
+    """The registered type names, built-in ones first."""
+    return tuple(_types)
+
+
+def tool_type_builder(name: str) -> ToolBuilder:
+    """The builder of ``name``, imported now if it was registered by its name.
+
+    Raises :class:`~toolrollout.ConfigError` for an unknown type or a builder that cannot
+    be imported.
+    """
+    try:
+        builder = _types[name]
+    except KeyError:
+        raise ConfigError(
+            f"unknown tool type {name!r} (registered: {', '.join(tool_types())})"
+        ) from None
+    if isinstance(builder, str):
+        module_name, attr_path = _split(builder)
+        try:
+            obj: object = importlib.import_module(module_name)
+            for attr in attr_path.split("."):
+                obj = getattr(obj, attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(
+                f"tool type {name!r}: cannot import its builder {builder!r}: {exc}"
+            ) from exc
+        if not callable(obj):
+            raise ConfigError(f"tool type {name!r}: {builder!r} is not callable")
+        resolved: ToolBuilder = obj
+        _types[name] = resolved
+        return resolved
+    return builder
+
+
+def _split(target: str) -> tuple[str, str]:
+    module_name, _, attr_path = target.partition(":")
+    if not module_name or not attr_path:
+        raise UserError(f"{target!r} is not of the form 'package.module:attribute'")
+    return module_name, attr_path
