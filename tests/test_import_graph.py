@@ -29,22 +29,7 @@ Edge = tuple[str, str]
 # Import edges that other slices of issue 16 are cutting concurrently, by cycle. The graph
 # without these edges must be acyclic. The lead empties this after merging those slices;
 # an edge may be added here only with the name of the change that removes it.
-KNOWN_CYCLES_TO_CUT: dict[str, frozenset[Edge]] = {
-    # C1, "tools" slice: tools/ finds its backends through a registry by name
-    "C1 tools <-> sandbox, search, mcp": frozenset(
-        {
-            ("toolrollout.tools._config", "toolrollout.sandbox"),
-            ("toolrollout.tools._config", "toolrollout.search"),
-            ("toolrollout.tools._config", "toolrollout.tools.mcp"),
-            ("toolrollout.tools._services", "toolrollout.sandbox"),
-            ("toolrollout.tools._services", "toolrollout.search"),
-        }
-    ),
-    # inside tools/mcp: the manager builds McpTool objects lazily, McpTool imports the manager
-    "tools.mcp._manager <-> tools.mcp._tool": frozenset(
-        {("toolrollout.tools.mcp._manager", "toolrollout.tools.mcp._tool")}
-    ),
-}
+KNOWN_CYCLES_TO_CUT: dict[str, frozenset[Edge]] = {}
 
 # The core: what a trainer imports. ``toolrollout.engines`` means the package and every
 # module under it, less the prefixes in CORE_EXCLUDED.
@@ -93,13 +78,6 @@ KNOWN_CORE_TO_APP: dict[Edge, str] = {
         "EmbeddedEngine is a lazy attribute of the engines package (torch loads on access "
         "only); the engine factory of the 'engines' slice may take its place"
     ),
-    ("toolrollout.tools._builtin", "toolrollout.demo.calculator"): (
-        "C7: the public calculator tool's evaluator lives in demo/ until it moves into tools/"
-    ),
-    ("toolrollout.tools._config", "toolrollout.sandbox"): "C1, 'tools' slice (registry)",
-    ("toolrollout.tools._config", "toolrollout.search"): "C1, 'tools' slice (registry)",
-    ("toolrollout.tools._services", "toolrollout.sandbox"): "C1, 'tools' slice (lifespans)",
-    ("toolrollout.tools._services", "toolrollout.search"): "C1, 'tools' slice (lifespans)",
 }
 
 

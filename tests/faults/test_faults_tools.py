@@ -32,7 +32,7 @@ from toolrollout.tools import (
     ToolLimits,
     function_tool,
 )
-from toolrollout.tools.mcp import McpClientManager, StdioServer
+from toolrollout.tools.mcp import McpClientManager, StdioServer, list_mcp_tools
 
 CONFIG = RolloutConfig(n=2, max_turns=3, drift_check=False)
 PROMPTS = [{"messages": [{"role": "user", "content": f"Task {i}"}]} for i in range(4)]
@@ -90,7 +90,7 @@ def test_mcp_server_in_a_crash_loop(demo_tokenizer: Any, tmp_path: Path) -> None
 
     async def main() -> tuple[list[Trajectory], dict[str, Any]]:
         async with McpClientManager([spec]) as manager:
-            tools = await manager.tools(selected=["crash"], limits=limits)
+            tools = await list_mcp_tools(manager, selected=["crash"], limits=limits)
             results = await run(demo_tokenizer, list(tools), "crash", {"exit_code": 3})
             counters = manager.statistics()["testkit"]
             return results, {"lost": counters.sessions_lost, "opened": counters.sessions_opened}

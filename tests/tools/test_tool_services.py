@@ -28,7 +28,6 @@ from toolrollout.tools import (
     calculator_tool,
     open_tools,
     register_tool_type,
-    tool_services,
     tool_types,
     tools_from_config,
 )
@@ -94,7 +93,6 @@ async def test_open_tools_opens_each_key_once_and_closes_in_reverse() -> None:
         result = await ToolExecutor(opened).run_call(_request("one"), ToolContext())
         assert result.text == "open"
     assert log == ["open a", "open b", "close b", "close a"]
-    assert tool_services is open_tools  # the former name, for its callers
 
 
 async def test_services_close_when_the_body_fails_or_is_cancelled() -> None:

@@ -29,8 +29,8 @@ from toolrollout.engines._base import Engine
 from toolrollout.metrics import rollout_metrics
 from toolrollout.rewards import WeightedReward
 from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory, as_prompt
-from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts, open_services
-from toolrollout.tools import Tool, ToolExecutor
+from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts
+from toolrollout.tools import Tool, ToolExecutor, open_tools
 
 from ._metrics import trajectory_extras
 
@@ -100,7 +100,9 @@ class TRLRolloutFunc:
                 raise
             stack.callback(portal.call, self.engine.aclose)
             try:
-                stack.enter_context(portal.wrap_async_context_manager(open_services(self._parts)))
+                stack.enter_context(
+                    portal.wrap_async_context_manager(open_tools(self._parts.tools))
+                )
             except BaseException:
                 stack.close()
                 raise

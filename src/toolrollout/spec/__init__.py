@@ -22,7 +22,6 @@ from ._open import build_runner as build_runner
 from ._open import check_interactions as check_interactions
 from ._open import load_parts as load_parts
 from ._open import open_run as open_run
-from ._open import open_services as open_services
 from ._policy import default_rewards as default_rewards
 from ._policy import detect_vision as detect_vision
 from ._policy import is_number as is_number
@@ -50,6 +49,5 @@ __all__ = [
     "load_parts",
     "load_tokenizer",
     "open_run",
-    "open_services",
     "tokenizer_fingerprint",
 ]

@@ -34,7 +34,6 @@ __all__ = [
     "check_interactions",
     "load_parts",
     "open_run",
-    "open_services",
 ]
 
 
@@ -145,16 +144,6 @@ class OpenRun:
 
 
 @asynccontextmanager
-async def open_services(parts: RunParts) -> AsyncIterator[None]:
-    """Open what the run's tools need (MCP sessions, a local sandbox or retriever) for the
-    block: the one place every entry point opens tool services."""
-    from toolrollout.tools import tool_services
-
-    async with tool_services(parts.tools):
-        yield
-
-
-@asynccontextmanager
 async def open_run(
     spec: RunSpec,
     *,
@@ -175,9 +164,10 @@ async def open_run(
         health_timeout=spec.health_timeout,
         **spec.client_options(),
     )
-    async with engine, open_services(parts):
+    async with engine:
         context_length = await discover_context_length(engine)
         runner = build_runner(
             spec, engine, parts=parts, ground_truths=ground_truths, context_length=context_length
         )
-        yield OpenRun(spec, parts, engine, context_length, runner)
+        async with runner:  # the tools' services (MCP sessions, local sandbox...) open here
+            yield OpenRun(spec, parts, engine, context_length, runner)

@@ -52,7 +52,6 @@ from ._registry import ToolBuilder as ToolBuilder
 from ._registry import register_tool_type as register_tool_type
 from ._registry import tool_types as tool_types
 from ._services import open_tools as open_tools
-from ._services import tool_services as tool_services
 from ._types import CircuitBreakerPolicy as CircuitBreakerPolicy
 from ._types import RetryPolicy as RetryPolicy
 from ._types import ToolCallRequest as ToolCallRequest
@@ -104,7 +103,6 @@ __all__ = [
     "summarize_tool_calls",
     "to_tool_result",
     "tool_kwargs",
-    "tool_services",
     "tool_types",
     "tools_from_config",
 ]

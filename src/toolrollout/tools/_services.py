@@ -17,7 +17,7 @@ from toolrollout._exceptions import UserError
 from ._base import Tool, ToolService
 from ._executor import ToolExecutor
 
-__all__ = ["open_tools", "tool_services"]
+__all__ = ["open_tools"]
 
 
 def _services_of(tools: Iterable[Tool] | ToolExecutor) -> list[ToolService]:
@@ -58,7 +58,3 @@ async def open_tools(tools: Iterable[Tool] | ToolExecutor) -> AsyncIterator[list
         for service in services:
             await stack.enter_async_context(service.open())
         yield tool_list
-
-
-tool_services = open_tools
-"""The former name of :func:`open_tools`, kept for its callers."""

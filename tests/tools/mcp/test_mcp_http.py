@@ -21,6 +21,7 @@ from toolrollout.tools.mcp import (
     HttpServer,
     McpClientManager,
     McpTool,
+    list_mcp_tools,
     mcp_sessions,
     parse_mcp_servers,
 )
@@ -34,7 +35,7 @@ async def test_streamable_http_session_is_shared_and_survives_a_restart(tmp_path
     with http_server("testkit", port=port, **{LOG_ENV: log}) as server:
         manager = McpClientManager([HttpServer(name="kit", url=f"http://127.0.0.1:{port}/mcp")])
         async with manager:
-            tools = {t.name: t for t in await manager.tools(limits=NO_RETRY)}
+            tools = {t.name: t for t in await list_mcp_tools(manager, limits=NO_RETRY)}
             hang = tools["hang"].with_limits(replace(NO_RETRY, timeout=0.5))
             executor = ToolExecutor([tools["echo"], tools["stats"], hang])
 
@@ -76,7 +77,7 @@ async def test_sse_transport_is_inferred_and_works(tmp_path: Path) -> None:
         )
         assert isinstance(servers["kit"], HttpServer) and servers["kit"].transport == "sse"
         async with McpClientManager(servers) as manager:
-            tools = {t.name: t for t in await manager.tools(limits=NO_RETRY)}
+            tools = {t.name: t for t in await list_mcp_tools(manager, limits=NO_RETRY)}
             hang = tools["hang"].with_limits(replace(NO_RETRY, timeout=0.5))
             executor = ToolExecutor([tools["echo"], tools["image"], hang])
             results = await executor.run_calls(

@@ -22,7 +22,7 @@ import pytest_asyncio
 from mcp_helpers import child_pids, kit_stdio, pid_alive, read_log, wait_for
 
 from toolrollout.tools import RetryPolicy, ToolCallRequest, ToolExecutor, ToolLimits, ToolResult
-from toolrollout.tools.mcp import McpClientManager, McpTool
+from toolrollout.tools.mcp import McpClientManager, McpTool, list_mcp_tools
 
 NO_RETRY = ToolLimits(timeout=20.0, retry=RetryPolicy(max_attempts=1))
 shared = pytest.mark.asyncio(loop_scope="module")
@@ -58,7 +58,7 @@ async def kit(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Kit]:
 
     host_task = asyncio.create_task(host())
     await asyncio.wait_for(opened.wait(), 60)
-    tools = {t.name: t for t in await manager.tools(limits=NO_RETRY)}
+    tools = {t.name: t for t in await list_mcp_tools(manager, limits=NO_RETRY)}
     pid = (await server_stats(manager))["pid"]
     yield Kit(manager, tools, log_dir, pid)
     done.set()
@@ -171,7 +171,7 @@ async def test_timeout_cancels_the_call_on_the_server(kit: Kit) -> None:
 @shared
 async def test_rate_limited_server_errors_are_recorded_and_retried(kit: Kit) -> None:
     manager = kit.manager
-    (limited,) = await manager.tools(selected=["limited"], limits=NO_RETRY)
+    (limited,) = await list_mcp_tools(manager, selected=["limited"], limits=NO_RETRY)
     failed_before = manager.statistics()["testkit"].failed_calls
     calls = [ToolCallRequest("limited", {})] * 6
 
@@ -201,7 +201,7 @@ async def test_rate_limited_server_errors_are_recorded_and_retried(kit: Kit) -> 
 @pytest.mark.usefixtures("no_orphans")
 async def test_dead_server_errors_that_call_and_the_next_call_reconnects(tmp_path: Path) -> None:
     async with McpClientManager([kit_stdio(tmp_path)]) as manager:
-        tools = {t.name: t for t in await manager.tools(limits=NO_RETRY)}
+        tools = {t.name: t for t in await list_mcp_tools(manager, limits=NO_RETRY)}
         executor = ToolExecutor(tools.values())
         first_pid = (await server_stats(manager))["pid"]
 

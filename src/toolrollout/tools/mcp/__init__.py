@@ -32,6 +32,7 @@ from ._servers import parse_mcp_servers as parse_mcp_servers
 from ._tool import McpSessionService as McpSessionService
 from ._tool import McpTool as McpTool
 from ._tool import build_mcp_tools as build_mcp_tools
+from ._tool import list_mcp_tools as list_mcp_tools
 from ._tool import mcp_managers as mcp_managers
 from ._tool import mcp_sessions as mcp_sessions
 
@@ -49,6 +50,7 @@ __all__ = [
     "build_mcp_tools",
     "decode_image",
     "discover_tools",
+    "list_mcp_tools",
     "load_mcp_servers",
     "mcp_managers",
     "mcp_result_to_tool_result",

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self, TextIO, cast
+from typing import Any, Literal, Self, TextIO, cast
 
 import anyio
 import anyio.abc
@@ -53,10 +53,6 @@ from toolrollout._exceptions import (
 from toolrollout._version import __version__
 
 from ._servers import McpServerSpec, StdioServer
-
-if TYPE_CHECKING:
-    from .._types import ToolLimits
-    from ._tool import McpTool
 
 __all__ = ["McpClientManager", "McpServerStatistics"]
 
@@ -611,31 +607,19 @@ class McpClientManager:
         """
         return await self._server(server).call(name, arguments or {}, meta)
 
-    async def tools(
-        self,
-        *,
-        selected: Iterable[str] | None = None,
-        name_prefix: str = "",
-        limits: ToolLimits | None = None,
-    ) -> list[McpTool]:
-        """Connect to every server and wrap its tools as :class:`McpTool` objects.
+    async def listings(self) -> dict[str, Sequence[McpToolInfo]]:
+        """Connect to every server and list its tools, by server name in config order.
 
-        ``selected`` is an allow-list of tool names as the servers spell them;
-        ``name_prefix`` is put before each name shown to the model (``{server}`` in it is
-        replaced by the server's name).
+        :func:`toolrollout.tools.mcp.list_mcp_tools` wraps these as tools; the manager
+        itself knows nothing of the tool class, so the two modules import one way only.
         """
-        from ._tool import build_mcp_tools
-
         listings: dict[str, Sequence[McpToolInfo]] = {}
 
         async def fetch(name: str) -> None:
             listings[name] = await self.list_tools(name)
 
         await _each(self._servers, fetch)
-        ordered = {name: listings[name] for name in self._servers}
-        return build_mcp_tools(
-            self, ordered, selected=selected, name_prefix=name_prefix, limits=limits
-        )
+        return {name: listings[name] for name in self._servers}
 
     def statistics(self) -> Mapping[str, McpServerStatistics]:
         """A snapshot of every server's counters, by server name."""

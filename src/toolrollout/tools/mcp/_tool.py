@@ -25,7 +25,14 @@ from .._types import ToolContext, ToolLimits, ToolResult
 from ._manager import McpClientManager
 from ._results import mcp_result_to_tool_result
 
-__all__ = ["McpSessionService", "McpTool", "build_mcp_tools", "mcp_managers", "mcp_sessions"]
+__all__ = [
+    "McpSessionService",
+    "McpTool",
+    "build_mcp_tools",
+    "list_mcp_tools",
+    "mcp_managers",
+    "mcp_sessions",
+]
 
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
 _UNSET = object()
@@ -175,6 +182,25 @@ def build_mcp_tools(
                 f"available: {', '.join(available) or 'none'}"
             )
     return tools
+
+
+async def list_mcp_tools(
+    manager: McpClientManager,
+    *,
+    selected: Iterable[str] | None = None,
+    name_prefix: str = "",
+    limits: ToolLimits | None = None,
+) -> list[McpTool]:
+    """Connect to every server of ``manager`` and wrap its tools as :class:`McpTool` objects.
+
+    ``selected`` is an allow-list of tool names as the servers spell them; ``name_prefix``
+    is put before each name shown to the model (``{server}`` in it is replaced by the
+    server's name).
+    """
+    listings = await manager.listings()
+    return build_mcp_tools(
+        manager, listings, selected=selected, name_prefix=name_prefix, limits=limits
+    )
 
 
 def mcp_managers(tools: Iterable[Tool]) -> list[McpClientManager]:
