@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import pytest
+import anyio.lowlevel
 
-from toolrollout._exceptions import UserError
 from toolrollout.rollout import RolloutRunner, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import Tool, ToolContext, ToolResult, ToolService
@@ -98,24 +97,55 @@ async def test_a_call_on_a_runner_not_entered_opens_them_for_its_length(
     assert tool_answer(first) == tool_answer(second) == "open"
 
 
-async def test_overlapping_calls_on_a_runner_not_entered_are_told_to_enter_it(
+@dataclass(frozen=True, kw_only=True)
+class GatedProbe(Probe):
+    """Its n-th call waits for ``gates[n]``, so a test decides which call ends first."""
+
+    gates: tuple[anyio.Event, ...] = ()
+    calls: list[int] = field(default_factory=list, compare=False)
+
+    async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
+        index = len(self.calls)
+        self.calls.append(index)
+        await self.gates[index].wait()
+        return ToolResult(text="open" if self.service.is_open else "closed")
+
+
+async def test_overlapping_calls_on_a_runner_not_entered_share_the_services(
     demo_tokenizer: Any,
 ) -> None:
-    probe = Probe(service=Recorder(release=anyio.Event()))
-    runner = RolloutRunner(engine(demo_tokenizer, 1), demo_tokenizer, [probe])
-    results: list[Any] = []
+    gates = (anyio.Event(), anyio.Event())
+    probe = GatedProbe(gates=gates)
+    steps = []
+    for text in (CALL, CALL, "Done.<|im_end|>", "Done.<|im_end|>"):  # the calls interleave
+        out = list(demo_tokenizer.encode(text, add_special_tokens=False))
+        steps.append(ScriptedOutput(out, logprobs=[-0.5] * len(out)))
+    runner = RolloutRunner(ScriptedEngine(steps), demo_tokenizer, [probe])
+    first_finished = anyio.Event()
+    returned: list[str] = []
+    answers: dict[str, str] = {}
 
-    async def first() -> None:
-        results.extend(await runner.run([PROMPT]))
+    async def call(name: str, on_result: Any = None) -> None:
+        [trajectory] = await runner.run([PROMPT], on_result=on_result)
+        answers[name] = tool_answer(trajectory)
+        returned.append(name)
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(first)
+        tg.start_soon(call, "first", lambda _t: first_finished.set())
         await probe.service.entered.wait()
-        with pytest.raises(UserError, match="async with runner:"):
-            await runner.run([PROMPT])
-        assert probe.service.release is not None
-        probe.service.release.set()
-    assert [tool_answer(t) for t in results] == ["open"]
+        tg.start_soon(call, "second")
+        while len(probe.calls) < 2:  # both calls are inside their tool call
+            await anyio.lowlevel.checkpoint()
+        gates[0].set()
+        await first_finished.wait()
+        # The first call's trajectory is done, but the second still uses the services:
+        # they stay open, and the first call returns only once the second is done.
+        for _ in range(20):
+            await anyio.lowlevel.checkpoint()
+        assert returned == [] and probe.service.is_open
+        gates[1].set()
+    assert sorted(returned) == ["first", "second"]
+    assert answers == {"first": "open", "second": "open"}
     assert probe.service.log == ["open", "close"]
 
 

@@ -173,14 +173,18 @@ class RolloutRunner:
 
     The tools' services (MCP sessions, a local sandbox or retriever; see
     :meth:`Tool.services <toolrollout.tools.Tool.services>`) are opened by ``async with
-    runner:`` once for every call inside it; a call on a runner not entered opens them for
-    its own length.
+    runner:`` once for every call inside it; on a runner not entered, a call opens them and
+    the calls that overlap it share them.
     """
 
     _tools_held: AbstractAsyncContextManager[object] | None = None
     """The open services while ``async with runner:`` holds them."""
-    _tools_opened_by_call: bool = False
-    """Whether a call (on a runner not entered) holds the services open right now."""
+    _tools_users: int = 0
+    """Calls (on a runner not entered) using the services a first call opened."""
+    _tools_idle: anyio.Event | None = None
+    """Set when the calls that shared the first call's services have all finished."""
+    _tools_closing: anyio.Event | None = None
+    """Set once the first call has closed the services; later calls wait for it."""
 
     def __init__(
         self,
@@ -264,25 +268,45 @@ class RolloutRunner:
 
     @asynccontextmanager
     async def _tools_open(self) -> AsyncIterator[None]:
-        """The services for one call: the entered runner's, or opened for this call."""
+        """The services for one call: the entered runner's, or opened for the calls.
+
+        On a runner not entered, the first call opens the services and the calls that start
+        while it runs share them. Services must close in the task that opened them, so the
+        first call returns only once the calls sharing them have finished (a trainer that
+        sends one batch at a time, as ms-swift's scheduler does, never notices).
+        """
         if self._tools_held is not None or not any(
             tool.services() for tool in self.tools.tools.values()
         ):
             yield
             return
-        if self._tools_opened_by_call:
-            # The first call would close them under this one: say how to share them.
-            raise UserError(
-                "calls overlap on a RolloutRunner whose tools need services (MCP sessions, "
-                "a local sandbox or retriever): open them once with `async with runner:` "
-                "around the calls"
-            )
-        self._tools_opened_by_call = True
+        while self._tools_closing is not None:  # the last opener is closing them: wait
+            await self._tools_closing.wait()
+        if self._tools_users:  # an earlier call holds them open: share them
+            self._tools_users += 1
+            try:
+                yield
+            finally:
+                self._tools_users -= 1
+                if not self._tools_users and self._tools_idle is not None:
+                    self._tools_idle.set()
+            return
+        self._tools_users = 1
         try:
             async with open_tools(self.tools):
-                yield
+                try:
+                    yield
+                finally:
+                    self._tools_users -= 1
+                    while self._tools_users:  # calls that joined still use them
+                        self._tools_idle = anyio.Event()
+                        await self._tools_idle.wait()
+                    self._tools_closing = anyio.Event()
         finally:
-            self._tools_opened_by_call = False
+            closing, self._tools_closing = self._tools_closing, None
+            self._tools_users, self._tools_idle = 0, None
+            if closing is not None:
+                closing.set()
 
     @_opens_tools
     async def run(
