@@ -227,6 +227,11 @@ class ScriptedEngine(Engine):
         """Whether :meth:`pause_generation` is in effect."""
         return self._paused
 
+    @property
+    def in_flight(self) -> frozenset[str]:
+        """The rids of the ``generate`` calls running now (past any pause)."""
+        return frozenset(self._inflight)
+
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """New requests wait; ``abort`` also aborts the requests in flight.
 

@@ -256,7 +256,7 @@ def test_pause_mode_is_checked_before_sending() -> None:
     async def main() -> None:
         async with SGLangClient("http://127.0.0.1:9") as client:
             with pytest.raises(UserError, match="pause mode"):
-                await client.pause_generation(mode="sleep")
+                await client.pause_generation(mode="sleep")  # type: ignore[arg-type]
 
     anyio.run(main)
 

@@ -72,7 +72,6 @@ class RetryPolicy:
             raise UserError("RetryPolicy backoff and jitter must not be negative")
 
 
-
 def _is_connect_failure(exc: BaseException) -> bool:
     return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
 
@@ -95,7 +94,6 @@ async def _read_body(response: httpx.Response) -> bytes:
         return await response.aread()
     except httpx.HTTPError:
         return b""
-
 
 
 class _Transport:
