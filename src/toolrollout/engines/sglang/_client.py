@@ -58,7 +58,7 @@ from .._routing import Router, ServerStats
 from .._types import FinishReason, GenerateRequest, GenerateResult
 from .._wire import StreamChunk
 from ._control import _ControlPlane
-from ._retry import RetryPolicy, _translate
+from ._retry import RetryPolicy, _normalize_urls, _translate
 
 __all__ = ["DEFAULT_LIMITS", "DEFAULT_TIMEOUT", "ClientStats", "SGLangClient"]
 
@@ -109,25 +109,6 @@ class _InFlight:
 
 class _AbortedBeforeSend(EngineError):
     """The request was aborted before it reached a server (internal, never escapes)."""
-
-
-def _normalize_urls(base_urls: str | Sequence[str]) -> list[str]:
-    raw = [base_urls] if isinstance(base_urls, str) else list(base_urls)
-    if not raw:
-        raise UserError("SGLangClient needs at least one base URL")
-    urls: list[str] = []
-    for item in raw:
-        url = str(item).strip().rstrip("/")
-        try:
-            parsed = httpx.URL(url)
-        except httpx.InvalidURL as exc:
-            raise UserError(f"invalid SGLang base URL {item!r}: {exc}") from exc
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise UserError(f"invalid SGLang base URL {item!r}: expected http(s)://host:port")
-        if url in urls:
-            raise UserError(f"duplicate SGLang base URL {url!r}")
-        urls.append(url)
-    return urls
 
 
 class SGLangClient(_ControlPlane, Engine):

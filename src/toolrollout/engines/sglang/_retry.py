@@ -1,8 +1,8 @@
 """Retry and transport plumbing of :class:`~toolrollout.engines.SGLangClient`.
 
-One HTTP exchange (:meth:`_Transport._request_once`: load accounting, httpx errors
-translated into the toolrollout tree) and the retry loop around it
-(:meth:`_Transport._retrying`, bounded by :class:`RetryPolicy`). Both the data plane
+Base URL validation, one HTTP exchange (:meth:`_Transport._request_once`: load
+accounting, httpx errors translated into the toolrollout tree) and the retry loop around
+it (:meth:`_Transport._retrying`, bounded by :class:`RetryPolicy`). Both the data plane
 (``_client``) and the control plane (``_control``) send through here.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -70,6 +70,25 @@ class RetryPolicy:
             raise UserError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
         if min(self.initial_backoff, self.max_backoff, self.jitter) < 0:
             raise UserError("RetryPolicy backoff and jitter must not be negative")
+
+
+def _normalize_urls(base_urls: str | Sequence[str]) -> list[str]:
+    raw = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+    if not raw:
+        raise UserError("SGLangClient needs at least one base URL")
+    urls: list[str] = []
+    for item in raw:
+        url = str(item).strip().rstrip("/")
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise UserError(f"invalid SGLang base URL {item!r}: {exc}") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise UserError(f"invalid SGLang base URL {item!r}: expected http(s)://host:port")
+        if url in urls:
+            raise UserError(f"duplicate SGLang base URL {url!r}")
+        urls.append(url)
+    return urls
 
 
 def _is_connect_failure(exc: BaseException) -> bool:
