@@ -18,6 +18,7 @@ import anyio
 import pytest
 from tests._serve_thread import serve_in_thread
 
+from toolrollout._exceptions import UserError
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import (
     Engine,
@@ -200,3 +201,20 @@ async def test_flush_cache_answers_whether_it_flushed(harness: Harness) -> None:
         await wait_running(harness)
         assert await engine.flush_cache() is False  # busy: refused, as SGLang does
         await engine.abort_all()
+
+
+async def test_an_engine_whose_weights_live_elsewhere_refuses_weight_control() -> None:
+    from toolrollout.integrations import VerlServerEngine
+
+    engine = VerlServerEngine(object(), context_length=2048, vision=True)
+    info = await engine.info()
+    assert (info.context_length, info.vision, info.weight_version) == (2048, True, None)
+    await engine.abort_all()  # a no-op: verl aborts whole replicas
+    with pytest.raises(UserError, match="VerlServerEngine does not support pause_generation"):
+        await engine.pause_generation()
+    with pytest.raises(UserError, match="update_weights_from_disk"):
+        await engine.update_weights_from_disk("/ckpt")
+    with pytest.raises(UserError, match="flush_cache"):
+        await engine.flush_cache()
+    with pytest.raises(UserError, match="continue_generation"):
+        await engine.continue_generation()
