@@ -25,6 +25,16 @@ def demo_server_in_thread() -> Iterator[str]:
     """Serve the demo model one sequence at a time; yields the base URL."""
     engine = EmbeddedEngine(DEMO_MODEL_PATH, max_batch_size=1, num_threads=1)
     asyncio.run(engine.start())
+    try:
+        with serve_in_thread(engine) as url:
+            yield url
+    finally:
+        asyncio.run(engine.aclose())
+
+
+@contextmanager
+def serve_in_thread(engine: EmbeddedEngine) -> Iterator[str]:
+    """Serve a started ``engine`` (left to the caller to close); yields the base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -42,4 +52,3 @@ def demo_server_in_thread() -> Iterator[str]:
         uv.should_exit = True
         thread.join(10)
         sock.close()
-        asyncio.run(engine.aclose())

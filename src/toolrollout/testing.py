@@ -3,8 +3,13 @@
 This module is the supported test seam for rollout code: :class:`ScriptedEngine` answers
 each ``generate`` call with the next scripted output (or whatever a callable returns),
 records every request it receives, and honours ``abort`` like SGLang does (the pending
-call returns the tokens produced so far with an ``abort`` finish reason). No server, GPU
-or tokenizer is involved, so an agent loop can be unit-tested in milliseconds.
+call returns the tokens produced so far with an ``abort`` finish reason). It implements
+the whole control plane too: ``info()`` reports what its constructor was given,
+``pause_generation`` holds new requests until ``continue_generation``,
+``update_weights_from_disk`` records the path and bumps the weight version of later
+results, and ``abort_all`` aborts every request in flight. No server, GPU or tokenizer is
+involved, so an agent loop (or a trainer's weight-sync code) can be unit-tested in
+milliseconds.
 
 To test HTTP-level behaviour of the SGLang client instead, pass an
 ``httpx.MockTransport`` as ``SGLangClient(..., transport=...)``.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import os
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +36,14 @@ import anyio
 
 from ._exceptions import UserError
 from .engines._base import Engine
+from .engines._control import (
+    PAUSE_MODES,
+    EngineInfo,
+    PauseMode,
+    ServerInfo,
+    ServerWeightUpdate,
+    WeightUpdate,
+)
 from .engines._types import FinishReason, GenerateRequest, GenerateResult
 
 __all__ = ["Script", "ScriptStep", "ScriptedEngine", "ScriptedOutput"]
@@ -49,7 +63,8 @@ class ScriptedOutput:
     finish_reason: FinishReason | None = None
     text: str | None = None
     cached_tokens: int = 0
-    weight_version: str = "default"
+    weight_version: str | None = None
+    """The result's weight version; None reports the engine's current one."""
     delay: float = 0.0
     """Seconds to wait before answering, which gives a test time to call ``abort``."""
     abort_after: int = 0
@@ -78,10 +93,25 @@ class _Pending:
     cancel: anyio.Event = field(default_factory=anyio.Event)
 
 
-class ScriptedEngine(Engine):
-    """An :class:`Engine` that replays scripted outputs and records what it was asked."""
+SCRIPTED_URL = "scripted://"
 
-    def __init__(self, script: Script) -> None:
+
+class ScriptedEngine(Engine):
+    """An :class:`Engine` that replays scripted outputs and records what it was asked.
+
+    ``context_length``, ``vision`` and ``model_path`` are what :meth:`info` reports;
+    ``weight_version`` labels results until :meth:`update_weights_from_disk` changes it.
+    """
+
+    def __init__(
+        self,
+        script: Script,
+        *,
+        context_length: int | None = None,
+        vision: bool = False,
+        model_path: str | None = None,
+        weight_version: str = "default",
+    ) -> None:
         self._function: Callable[[GenerateRequest], object] | None = None
         self._steps: Iterator[ScriptStep] | None = None
         if callable(script):
@@ -95,13 +125,37 @@ class ScriptedEngine(Engine):
         self._pending: dict[str, _Pending] = {}
         self._counter = itertools.count()
         self.closed = False
+        self.context_length = context_length
+        self.vision = vision
+        self.model_path = model_path
+        self.weight_version = weight_version
+        """Reported by :meth:`info` and in results whose script step names none."""
+        self.weight_updates: list[WeightUpdate] = []
+        """Every successful :meth:`update_weights_from_disk`, in call order."""
+        self._inflight: set[str] = set()
+        self._changed = anyio.Event()
+        """Set (and replaced) whenever a request ends; weight updates wait on it."""
+        self._paused = False
+        self._gate: anyio.Event | None = None
+        """Not None while new requests must wait (paused, or a weight update running)."""
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Answer with the next scripted output (truncated to ``max_new_tokens``)."""
         if request.sampling.n != 1:
             raise UserError(f"generate() needs sampling.n == 1, got {request.sampling.n}")
+        while (gate := self._gate) is not None:
+            await gate.wait()
         self.requests.append(request)
         rid = request.rid or f"scripted-{next(self._counter)}"
+        self._inflight.add(rid)
+        try:
+            return await self._answer(request, rid)
+        finally:
+            self._inflight.discard(rid)
+            self._changed.set()
+            self._changed = anyio.Event()
+
+    async def _answer(self, request: GenerateRequest, rid: str) -> GenerateResult:
         output = await self._next_output(request)
         ids = list(output.output_ids)
         logprobs = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
@@ -125,6 +179,10 @@ class ScriptedEngine(Engine):
                 keep = min(output.abort_after, len(ids))
                 ids, logprobs = ids[:keep], logprobs[:keep]
                 finish = FinishReason(type="abort", message="Aborted")
+            elif self._paused:
+                # retract / in_place: the request is kept and finishes after the pause.
+                while (gate := self._gate) is not None:
+                    await gate.wait()
 
         return GenerateResult(
             rid=rid,
@@ -134,9 +192,11 @@ class ScriptedEngine(Engine):
             prompt_tokens=len(request.input_ids),
             completion_tokens=len(ids),
             cached_tokens=output.cached_tokens,
-            weight_version=output.weight_version,
+            weight_version=(
+                output.weight_version if output.weight_version is not None else self.weight_version
+            ),
             text=output.text,
-            server_url="scripted://",
+            server_url=SCRIPTED_URL,
         )
 
     async def abort(self, rid: str) -> None:
@@ -145,6 +205,105 @@ class ScriptedEngine(Engine):
         pending = self._pending.get(rid)
         if pending is not None:
             pending.cancel.set()
+
+    async def abort_all(self) -> None:
+        """Abort every request in flight (each rid is recorded in :attr:`aborted`)."""
+        for rid in sorted(self._inflight):
+            await self.abort(rid)
+
+    async def info(self) -> EngineInfo:
+        """What the constructor was given, with the current weight version."""
+        server = ServerInfo(
+            url=SCRIPTED_URL,
+            model_path=self.model_path,
+            weight_version=self.weight_version,
+            context_length=self.context_length,
+            vision=self.vision,
+        )
+        return EngineInfo.merge((server,))
+
+    @property
+    def paused(self) -> bool:
+        """Whether :meth:`pause_generation` is in effect."""
+        return self._paused
+
+    @property
+    def in_flight(self) -> frozenset[str]:
+        """The rids of the ``generate`` calls running now (past any pause)."""
+        return frozenset(self._inflight)
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
+        """New requests wait; ``abort`` also aborts the requests in flight.
+
+        With ``retract`` / ``in_place`` a request in flight keeps its place and returns
+        its full output once :meth:`continue_generation` is called.
+        """
+        if mode not in PAUSE_MODES:
+            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        self._paused = True
+        if self._gate is None:
+            self._gate = anyio.Event()
+        if mode == "abort":
+            for rid in sorted(self._inflight):
+                pending = self._pending.get(rid)
+                if pending is not None:
+                    pending.cancel.set()
+
+    async def continue_generation(self) -> None:
+        """Undo :meth:`pause_generation`: kept and waiting requests go on."""
+        self._paused = False
+        self._open_gate()
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        weight_version: str | None = None,
+        abort_all_requests: bool = False,
+    ) -> WeightUpdate:
+        """Record the update; later results carry ``weight_version`` (when given).
+
+        Like a real engine, new requests wait meanwhile and requests in flight finish
+        first (unless ``abort_all_requests``, or the engine is paused: those count as
+        paused requests and finish after the update).
+        """
+        path = os.fspath(model_path)
+        if not path:
+            raise UserError("update_weights_from_disk needs a model path")
+        if self._gate is None:
+            self._gate = anyio.Event()
+        try:
+            if abort_all_requests:
+                for rid in sorted(self._inflight):
+                    pending = self._pending.get(rid)
+                    if pending is not None:
+                        pending.cancel.set()
+            paused = len(self._inflight) if self._paused else 0
+            while self._inflight and not self._paused:
+                await self._changed.wait()
+            self.model_path = path
+            if weight_version is not None:
+                self.weight_version = weight_version
+        finally:
+            if not self._paused:
+                self._open_gate()
+        answer = ServerWeightUpdate(
+            url=SCRIPTED_URL,
+            message="Succeeded to update model weights.",
+            num_paused_requests=paused,
+        )
+        update = WeightUpdate(model_path=path, weight_version=weight_version, servers=(answer,))
+        self.weight_updates.append(update)
+        return update
+
+    async def flush_cache(self) -> bool:
+        """True when idle; False (nothing flushed) while requests are in flight."""
+        return not self._inflight
+
+    def _open_gate(self) -> None:
+        gate, self._gate = self._gate, None
+        if gate is not None:
+            gate.set()
 
     async def aclose(self) -> None:
         self.closed = True

@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 import torch
+from tests._serve_thread import serve_in_thread
 
 from toolrollout._exceptions import EngineRequestRejected
 from toolrollout.chat import VisionFormat, load_image
 from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
+from toolrollout.engines import SGLangClient
 from toolrollout.engines._types import GenerateRequest, SamplingParams
 from toolrollout.engines.embedded import EmbeddedEngine
 
@@ -158,3 +160,12 @@ async def test_bad_image_requests_are_rejected(engine: EmbeddedEngine) -> None:
     with pytest.raises(EngineRequestRejected, match="0 image placeholder run"):
         await engine.generate(_greedy(text_only, (_png("red"),)))
     assert engine.num_active == 0
+
+
+async def test_info_says_the_model_takes_images(engine: EmbeddedEngine) -> None:
+    assert (await engine.info()).vision is True
+    with serve_in_thread(engine) as url:
+        async with SGLangClient(url) as client:  # /model_info's has_image_understanding
+            info = await client.info()
+    assert info.vision is True
+    assert info.model_path == str(DEMO_VL_MODEL_PATH)

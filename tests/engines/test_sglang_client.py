@@ -481,9 +481,7 @@ async def test_flush_cache_hits_every_server_and_reports_refusal() -> None:
         return httpx.Response(200, text="Cache flushed.")
 
     async with make(handler, urls=(S0, S1)) as client:
-        with pytest.raises(EngineRequestRejected, match="Cache flushed") as info:
-            await client.flush_cache()
-    assert info.value.status_code == 400
+        assert await client.flush_cache() is False  # S1 refused with HTTP 400
     assert flushed == [f"POST {S0}/flush_cache", f"POST {S1}/flush_cache"]
 
 

@@ -36,6 +36,7 @@ import typer
 from toolrollout.cli._common import EngineUrlsOption, ModelOption, fail
 
 if TYPE_CHECKING:
+    from toolrollout.engines import Engine
     from toolrollout.rollout import RolloutPrompt, Trajectory
     from toolrollout.spec import RunParts, RunSpec
 
@@ -681,17 +682,15 @@ def _open_run_folder(parts: Path, *, dataset: Path, num_prompts: int, n: int, re
     return run_id
 
 
-async def _watch_signals(engine: Any, interrupted: list[str], scope: Any) -> None:
+async def _watch_signals(engine: Engine, interrupted: list[str], scope: Any) -> None:
     """On SIGINT/SIGTERM: stop taking rows, abort in-flight requests, cancel the run."""
     import anyio
-
-    from toolrollout.spec import abort_all_requests
 
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             interrupted.append(signal.Signals(signum).name)
             with anyio.move_on_after(5.0):
-                await abort_all_requests(engine)
+                await engine.abort_all()
             scope.cancel()
             return
 

@@ -3,7 +3,11 @@
 ``SGLangClient`` talks HTTP to SGLang-compatible servers (real SGLang, sglang-router,
 ``toolrollout serve``); ``EmbeddedEngine`` runs a Hugging Face model in-process on a CPU
 (imported lazily, because it needs torch); ``toolrollout.testing.ScriptedEngine`` replays
-scripted outputs for tests. All three implement :class:`Engine`.
+scripted outputs for tests. All three implement :class:`Engine`: the data plane
+(``generate``, ``abort``) and one control plane with the same names and return types
+(``info`` -> :class:`EngineInfo`, ``pause_generation``, ``continue_generation``,
+``update_weights_from_disk`` -> :class:`WeightUpdate`, ``flush_cache`` -> bool,
+``abort_all``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._base import Engine as Engine
+from ._control import EngineInfo as EngineInfo
+from ._control import EngineServersFailed as EngineServersFailed
+from ._control import PauseMode as PauseMode
+from ._control import ServerInfo as ServerInfo
+from ._control import ServerWeightUpdate as ServerWeightUpdate
+from ._control import WeightUpdate as WeightUpdate
 from ._types import FinishReason as FinishReason
 from ._types import GenerateRequest as GenerateRequest
 from ._types import GenerateResult as GenerateResult
@@ -28,14 +38,20 @@ __all__ = [
     "ClientStats",
     "EmbeddedEngine",
     "Engine",
+    "EngineInfo",
+    "EngineServersFailed",
     "FinishReason",
     "GenerateRequest",
     "GenerateResult",
+    "PauseMode",
     "RetryPolicy",
     "SGLangClient",
     "SamplingParams",
+    "ServerInfo",
     "ServerStats",
+    "ServerWeightUpdate",
     "StreamChunk",
+    "WeightUpdate",
 ]
 
 

@@ -2,9 +2,9 @@
 
 ``connect`` is the engine factory every entry point shares: engine URLs give a
 :class:`~toolrollout.engines.SGLangClient` (once its servers are healthy), a model folder
-gives the embedded CPU engine. The small questions a run asks an engine (its context
-length, aborting everything on shutdown) are functions here so that callers never probe
-the two engine classes themselves.
+gives the embedded CPU engine. What a run then asks an engine (its context length, whether
+it takes images, aborting everything on shutdown) goes through the one control interface
+every engine implements (:meth:`Engine.info`, :meth:`Engine.abort_all`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._base import Engine
 
-__all__ = ["abort_all_requests", "connect", "discover_context_length"]
+__all__ = ["connect"]
 
 
 async def connect(
@@ -51,24 +51,3 @@ async def connect(
     embedded = EmbeddedEngine(Path(model_path), num_threads=threads)
     await embedded.start()
     return embedded
-
-
-async def discover_context_length(engine: Engine) -> int | None:
-    """The engine's context length in tokens, or ``None`` when it does not report one."""
-    server_info = getattr(engine, "server_info", None)
-    if server_info is not None:  # SGLang-compatible servers
-        raw = (await server_info()).get("context_length")
-        return int(raw) if isinstance(raw, int) else None
-    length = getattr(engine, "context_length", None)  # the embedded engine
-    return int(length) if isinstance(length, int) else None
-
-
-async def abort_all_requests(engine: Engine) -> None:
-    """Abort every in-flight request of ``engine`` (shutdown on a signal)."""
-    abort_all = getattr(engine, "abort_all", None)
-    if abort_all is not None:
-        await abort_all()
-        return
-    abort_nowait = getattr(engine, "abort_nowait", None)
-    if abort_nowait is not None:  # the embedded engine
-        abort_nowait(abort_all=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 from toolrollout._exceptions import EngineError
 from toolrollout.engines._base import Engine
+from toolrollout.engines._control import EngineInfo, ServerInfo
 from toolrollout.engines._types import FinishReason, GenerateRequest, GenerateResult
 
 __all__ = ["VerlServerEngine"]
@@ -38,13 +39,25 @@ class VerlServerEngine(Engine):
     token-exact rollouts need them), ``max_tokens``, and ``stop`` / ``stop_token_ids`` when
     set. Per-request seeds are not sent (the backends spell them differently).
     ``session_id`` (the trajectory id) is the verl ``request_id``, so all turns of one
-    trajectory stay on one replica. :meth:`abort` is a no-op: verl aborts whole replicas
-    between steps, not single requests.
+    trajectory stay on one replica. :meth:`abort` and :meth:`abort_all` are no-ops: verl
+    aborts whole replicas between steps, not single requests. verl's trainer owns the
+    weights, so the weight-sync calls (pause, continue, update, flush) raise
+    :class:`~toolrollout.UserError`; :meth:`info` reports ``context_length`` and
+    ``vision`` as given here (verl's agent loop knows them, the server manager does not).
     """
 
-    def __init__(self, server_manager: Any, *, eos_token_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        server_manager: Any,
+        *,
+        eos_token_ids: Sequence[int] = (),
+        context_length: int | None = None,
+        vision: bool = False,
+    ) -> None:
         self.server_manager = server_manager
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+        self.context_length = context_length
+        self.vision = vision
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         sampling = request.sampling
@@ -108,3 +121,17 @@ class VerlServerEngine(Engine):
 
     async def abort(self, rid: str) -> None:
         return None
+
+    async def abort_all(self) -> None:
+        return None
+
+    async def info(self) -> EngineInfo:
+        """The context length and vision given at construction; no weight version."""
+        server = ServerInfo(
+            url="verl://",
+            model_path=None,
+            weight_version=None,
+            context_length=self.context_length,
+            vision=self.vision,
+        )
+        return EngineInfo.merge((server,))

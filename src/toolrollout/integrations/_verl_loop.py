@@ -148,7 +148,11 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
         )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        engine = VerlServerEngine(self.server_manager, eos_token_ids=_eos_ids(self.tokenizer))
+        engine = VerlServerEngine(
+            self.server_manager,
+            eos_token_ids=_eos_ids(self.tokenizer),
+            context_length=self.prompt_length + self.response_length,
+        )
         rewards: list[WeightedReward | Any] = [self._reward] if self._reward else []
         spec = RunSpec(
             tools=tuple(self._tools),

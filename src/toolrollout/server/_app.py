@@ -255,7 +255,7 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
         if not isinstance(new_version, str):
             return validation_error_response("new_version: Field required (a string)")
         if body.get("abort_all_requests", True):
-            engine.abort_nowait(abort_all=True)
+            await engine.abort_all()
         engine.weight_version = new_version
         return _json(
             {
@@ -303,7 +303,7 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
         if version is not None and not isinstance(version, str):
             return validation_error_response("weight_version must be a string")
         try:
-            paused = await engine.update_weights_from_disk(
+            update = await engine.update_weights_from_disk(
                 body["model_path"],
                 weight_version=version,
                 abort_all_requests=bool(body.get("abort_all_requests", False)),
@@ -311,8 +311,14 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
         except UserError as exc:
             failure = {"success": False, "message": str(exc), "num_paused_requests": 0}
             return _json(failure, HTTPStatus.BAD_REQUEST)
-        message = "Succeeded to update model weights."
-        return _json({"success": True, "message": message, "num_paused_requests": paused})
+        (answer,) = update.servers
+        return _json(
+            {
+                "success": True,
+                "message": answer.message,
+                "num_paused_requests": answer.num_paused_requests,
+            }
+        )
 
     # ------------------------------------------------------------------ control
     @app.api_route("/flush_cache", methods=["GET", "POST"])
@@ -336,7 +342,10 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
         rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
         if not isinstance(rid, str) or not isinstance(abort_all, bool):
             return validation_error_response("rid must be a string and abort_all a boolean")
-        engine.abort_nowait(rid, abort_all=abort_all)
+        if abort_all:
+            await engine.abort_all()
+        else:
+            await engine.abort(rid)
         return Response(status_code=200)
 
     # ------------------------------------------------------------------ generate

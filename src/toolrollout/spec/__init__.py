@@ -5,13 +5,11 @@
 runner on an engine the caller holds. The CLI, the Ray worker, eval, bench and the trainer
 adapters all go through them, so a Python caller gets the same defaults: the reward chosen
 from the ground truths (:func:`default_rewards`), vision detected from the model folder
-(:func:`detect_vision`), the engine's context length (:func:`discover_context_length`),
+(:func:`detect_vision`), the engine's context length (``Engine.info()``),
 and the checks that a leftover file suits the run (:func:`check_leftover_matches`).
 """
 
-from toolrollout.engines._factory import abort_all_requests as abort_all_requests
 from toolrollout.engines._factory import connect as connect
-from toolrollout.engines._factory import discover_context_length as discover_context_length
 from toolrollout.rollout._compat import check_leftover_matches as check_leftover_matches
 from toolrollout.rollout._compat import leftover_info as leftover_info
 from toolrollout.rollout._compat import tokenizer_fingerprint as tokenizer_fingerprint
@@ -35,7 +33,6 @@ __all__ = [
     "RunParts",
     "RunSpec",
     "VisionMode",
-    "abort_all_requests",
     "build_runner",
     "check_interactions",
     "check_leftover_matches",
@@ -43,7 +40,6 @@ __all__ = [
     "connect",
     "default_rewards",
     "detect_vision",
-    "discover_context_length",
     "is_number",
     "leftover_info",
     "load_parts",

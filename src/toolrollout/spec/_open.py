@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from toolrollout.engines._factory import connect, discover_context_length
+from toolrollout.engines._factory import connect
 from toolrollout.rollout import RolloutPrompt, RolloutRunner
 
 from ._policy import detect_vision, load_tokenizer
@@ -165,7 +165,7 @@ async def open_run(
         **spec.client_options(),
     )
     async with engine:
-        context_length = await discover_context_length(engine)
+        context_length = (await engine.info()).context_length
         runner = build_runner(
             spec, engine, parts=parts, ground_truths=ground_truths, context_length=context_length
         )

@@ -32,6 +32,14 @@ from toolrollout._exceptions import (
     UserError,
 )
 from toolrollout.engines._base import Engine
+from toolrollout.engines._control import (
+    PAUSE_MODES,
+    EngineInfo,
+    PauseMode,
+    ServerInfo,
+    ServerWeightUpdate,
+    WeightUpdate,
+)
 from toolrollout.engines._types import GenerateRequest, GenerateResult
 from toolrollout.engines.embedded._model import LoadedModel, ModelMeta, load_meta, load_model
 from toolrollout.engines.embedded._output import EmbeddedOutput
@@ -40,6 +48,9 @@ from toolrollout.engines.embedded._scheduler import Event, Scheduler, Sequence, 
 from toolrollout.engines.embedded._vision import VisionInputs, VisionProcessor
 
 __all__ = ["EmbeddedEngine"]
+
+EMBEDDED_URL = "embedded://"
+"""The ``url`` of the embedded engine's one :class:`ServerInfo`."""
 
 
 class EmbeddedEngine(Engine):
@@ -456,8 +467,16 @@ class EmbeddedEngine(Engine):
         """Abort every request whose rid starts with ``rid`` (SGLang's prefix match)."""
         self.abort_nowait(rid)
 
+    async def abort_all(self) -> None:
+        """Abort every request of this engine (they all belong to its owner).
+
+        Running requests end with their partial output and ``finish_reason.type ==
+        "abort"``; waiting ones with SGLang's ``"Abort in waiting queue"``.
+        """
+        self.abort_nowait(abort_all=True)
+
     def abort_nowait(self, rid: str = "", *, abort_all: bool = False) -> None:
-        """Queue an abort without awaiting; usable from ``finally`` blocks.
+        """Queue an abort without awaiting; usable from ``finally`` blocks and the server.
 
         Running requests end with their partial output and ``finish_reason.type ==
         "abort"``; waiting ones with SGLang's ``"Abort in waiting queue"``. An empty
@@ -480,6 +499,17 @@ class EmbeddedEngine(Engine):
         with self._active_lock:
             self._active.discard(rid)
             self._active_lock.notify_all()
+
+    async def info(self) -> EngineInfo:
+        """The model folder, context length, vision and weight version served."""
+        server = ServerInfo(
+            url=EMBEDDED_URL,
+            model_path=self.model_path,
+            weight_version=self.weight_version,
+            context_length=self.context_length,
+            vision=self.has_vision,
+        )
+        return EngineInfo.merge((server,))
 
     async def flush_cache(self) -> bool:
         """Succeed when idle, like SGLang's ``/flush_cache``.
@@ -509,14 +539,14 @@ class EmbeddedEngine(Engine):
         if gate is not None:
             gate.set()
 
-    async def pause_generation(self, mode: str = "abort") -> None:
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """Stop generating until :meth:`continue_generation` (SGLang's three modes).
 
         ``abort`` ends every running and waiting request with its partial output;
         ``retract`` and ``in_place`` keep them, frozen, and resume them afterwards (there
         is no paged KV pool here, so the two behave the same). New requests wait.
         """
-        if mode not in ("abort", "retract", "in_place"):
+        if mode not in PAUSE_MODES:
             raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
         scheduler = self._require_scheduler()
         self._paused = True
@@ -539,14 +569,14 @@ class EmbeddedEngine(Engine):
         *,
         weight_version: str | None = None,
         abort_all_requests: bool = False,
-    ) -> int:
+    ) -> WeightUpdate:
         """Load new weights from a model folder and swap them in between two steps.
 
         The folder must hold the same architecture and vocabulary (the tokenizer stays).
         New requests wait meanwhile; running ones finish on the old weights first unless
         ``abort_all_requests`` (or a paused engine, whose frozen requests then continue
         on the new weights, as in SGLang). Raises :class:`UserError` for a folder that
-        cannot be loaded; the old weights then stay. Returns how many requests were
+        cannot be loaded; the old weights then stay. The answer counts the requests
         paused across the swap.
         """
         scheduler = self._require_scheduler()
@@ -587,7 +617,12 @@ class EmbeddedEngine(Engine):
                     self._open_gate()
         del current
         gc.collect()
-        return paused_requests
+        answer = ServerWeightUpdate(
+            url=EMBEDDED_URL,
+            message="Succeeded to update model weights.",
+            num_paused_requests=paused_requests,
+        )
+        return WeightUpdate(model_path=path, weight_version=weight_version, servers=(answer,))
 
     def _wait_idle(self, scheduler: Scheduler) -> None:
         """Block until no request is in flight (a pause ends the wait: they are frozen)."""

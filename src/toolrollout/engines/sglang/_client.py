@@ -38,50 +38,31 @@ import contextlib
 import functools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import httpx
-from tenacity import (
-    AsyncRetrying,
-    RetryCallState,
-    RetryError,
-    retry_if_exception,
-    stop_after_attempt,
-)
 
-from .._exceptions import (
+from ..._exceptions import (
     EngineConnectionError,
     EngineError,
-    EngineHTTPError,
     EngineRequestRejected,
-    EngineTimeout,
-    EngineUnavailable,
     UserError,
 )
-from .._http import fast_transport
-from .._retry import RetryPolicy
-from . import _wire
-from ._base import Engine
-from ._routing import Router, ServerStats
-from ._types import FinishReason, GenerateRequest, GenerateResult
-from ._wire import StreamChunk
+from ..._http import fast_transport
+from .. import _wire
+from .._base import Engine
+from .._routing import Router, ServerStats
+from .._types import FinishReason, GenerateRequest, GenerateResult
+from .._wire import StreamChunk
+from ._control import _ControlPlane
+from ._retry import RetryPolicy, _normalize_urls, _translate
 
-__all__ = [
-    "DEFAULT_LIMITS",
-    "DEFAULT_TIMEOUT",
-    "ClientStats",
-    "RetryPolicy",
-    "SGLangClient",
-    "ServerStats",
-    "StreamChunk",
-]
+__all__ = ["DEFAULT_LIMITS", "DEFAULT_TIMEOUT", "ClientStats", "SGLangClient"]
 
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
+logger = logging.getLogger("toolrollout.engines.sglang")
 
 DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 """10 s to connect; 600 s to read, since one long generation is silent until it ends."""
@@ -130,50 +111,7 @@ class _AbortedBeforeSend(EngineError):
     """The request was aborted before it reached a server (internal, never escapes)."""
 
 
-def _normalize_urls(base_urls: str | Sequence[str]) -> list[str]:
-    raw = [base_urls] if isinstance(base_urls, str) else list(base_urls)
-    if not raw:
-        raise UserError("SGLangClient needs at least one base URL")
-    urls: list[str] = []
-    for item in raw:
-        url = str(item).strip().rstrip("/")
-        try:
-            parsed = httpx.URL(url)
-        except httpx.InvalidURL as exc:
-            raise UserError(f"invalid SGLang base URL {item!r}: {exc}") from exc
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise UserError(f"invalid SGLang base URL {item!r}: expected http(s)://host:port")
-        if url in urls:
-            raise UserError(f"duplicate SGLang base URL {url!r}")
-        urls.append(url)
-    return urls
-
-
-def _is_connect_failure(exc: BaseException) -> bool:
-    return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-
-
-def _translate(exc: Exception, *, url: str) -> EngineError:
-    """Map an httpx exception onto the toolrollout tree (most specific first)."""
-    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    if _is_connect_failure(exc):
-        return EngineConnectionError(f"could not connect to {url} ({detail})")
-    if isinstance(exc, httpx.TimeoutException):
-        return EngineTimeout(f"no answer from {url} within the timeout ({detail})")
-    if isinstance(exc, httpx.TransportError):
-        return EngineConnectionError(f"the connection to {url} failed ({detail})")
-    return EngineError(f"the request to {url} failed ({detail})")
-
-
-async def _read_body(response: httpx.Response) -> bytes:
-    """The body of an error response, even when it was opened as a stream."""
-    try:
-        return await response.aread()
-    except httpx.HTTPError:
-        return b""
-
-
-class SGLangClient(Engine):
+class SGLangClient(_ControlPlane, Engine):
     """Engine backed by one or several SGLang servers over HTTP.
 
     Example::
@@ -383,8 +321,8 @@ class SGLangClient(Engine):
         )
         await self._retrying(f"abort rid={rid}", send)
 
-    async def abort_all(self) -> int:
-        """Abort every request this client has in flight; returns how many it asked to stop.
+    async def abort_all(self) -> None:
+        """Abort every request this client has in flight, each by its own ``rid``.
 
         Only this client's own requests are named (by ``rid``), never SGLang's
         ``abort_all``, which would also stop other clients sharing the server. Used on
@@ -402,7 +340,6 @@ class SGLangClient(Engine):
         async with anyio.create_task_group() as tg:
             for rid in rids:
                 tg.start_soon(one, rid)
-        return len(rids)
 
     async def _abort_on(self, url: str, wire_rid: str, rid: str) -> None:
         send = functools.partial(
@@ -418,159 +355,6 @@ class SGLangClient(Engine):
     def release_session(self, session_id: str) -> bool:
         """Unpin a finished trajectory's session; returns whether it was pinned."""
         return self._router.unbind(session_id)
-
-    async def wait_healthy(
-        self,
-        timeout: float = 300.0,  # noqa: ASYNC109 - one deadline shared by all servers' polls
-        *,
-        interval: float = 1.0,
-        path: str = "/health",
-    ) -> None:
-        """Poll ``GET /health`` on every server until all answer 200.
-
-        SGLang answers 503 while starting; its ``/health`` runs a one-token generation,
-        so a 200 means the whole pipeline works. Raises :class:`EngineUnavailable`,
-        naming the servers that are not healthy and why, when ``timeout`` seconds pass.
-        """
-        self._check_open()
-        pending = dict.fromkeys(self._router.urls, "not probed yet")
-        deadline = anyio.current_time() + timeout
-
-        async def probe(url: str) -> None:
-            remaining = max(deadline - anyio.current_time(), 0.001)
-            try:
-                response = await self._http.get(url + path, timeout=remaining)
-            except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                pending[url] = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                return
-            if response.status_code == 200:
-                pending.pop(url, None)
-            else:
-                pending[url] = f"HTTP {response.status_code}"
-
-        with anyio.move_on_after(timeout):
-            while pending:
-                async with anyio.create_task_group() as group:
-                    for url in list(pending):
-                        group.start_soon(probe, url)
-                if pending:
-                    await anyio.sleep(interval)
-        if pending:
-            reasons = "; ".join(f"{url} ({why})" for url, why in pending.items())
-            raise EngineUnavailable(f"SGLang not healthy after {timeout:g} s: {reasons}")
-
-    async def model_info(self, url: str | None = None) -> dict[str, Any]:
-        """``GET /model_info`` (``/get_model_info`` on servers older than 2025-11)."""
-        return await self._get_info(url, ("/model_info", "/get_model_info"))
-
-    async def server_info(self, url: str | None = None) -> dict[str, Any]:
-        """``GET /server_info`` (``/get_server_info`` on older servers): args and limits."""
-        return await self._get_info(url, ("/server_info", "/get_server_info"))
-
-    async def flush_cache(self) -> None:
-        """Flush the prefix cache on every server (after a weight update).
-
-        SGLang refuses (HTTP 400, raised as :class:`EngineRequestRejected`) while
-        requests are running or waiting.
-        """
-        self._check_open()
-        for url in self._router.urls:
-            send = functools.partial(self._request_once, url, "POST", "/flush_cache")
-            await self._retrying(f"flush_cache on {url}", send)
-
-    # ------------------------------------------------------------------ weight sync
-
-    async def pause_generation(self, mode: str = "abort") -> None:
-        """``POST /pause_generation`` on every server, before a trainer swaps weights.
-
-        ``abort`` makes running requests return their partial output (``finish_reason``
-        ``abort``); ``retract`` and ``in_place`` keep them for :meth:`continue_generation`.
-        New generate calls wait on the server until then.
-        """
-        if mode not in ("abort", "retract", "in_place"):
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
-        await self._on_every_server("POST", "/pause_generation", {"mode": mode})
-
-    async def continue_generation(self, *, torch_empty_cache: bool = False) -> None:
-        """``POST /continue_generation`` on every server: paused and waiting work resumes."""
-        body = {"torch_empty_cache": True} if torch_empty_cache else {}
-        await self._on_every_server("POST", "/continue_generation", body)
-
-    async def update_weights_from_disk(
-        self,
-        model_path: str,
-        *,
-        weight_version: str | None = None,
-        abort_all_requests: bool = False,
-        flush_cache: bool = True,
-        load_format: str | None = None,
-    ) -> dict[str, dict[str, Any]]:
-        """Make every server load the weights in ``model_path`` (a path *on the server*).
-
-        Returns each server's answer (``success``, ``message``, ``num_paused_requests``)
-        by URL. A server that refuses (bad path, other architecture) raises
-        :class:`EngineRequestRejected` with its message, after all servers answered.
-        """
-        body: dict[str, Any] = {
-            "model_path": model_path,
-            "abort_all_requests": abort_all_requests,
-            "flush_cache": flush_cache,
-        }
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        if load_format is not None:
-            body["load_format"] = load_format
-        responses = await self._on_every_server("POST", "/update_weights_from_disk", body)
-        answers: dict[str, dict[str, Any]] = {}
-        for url, response in responses.items():
-            data = _wire.parse_json(response.content, what=f"update_weights_from_disk on {url}")
-            if not isinstance(data, dict) or data.get("success") is not True:
-                message = data.get("message") if isinstance(data, dict) else data
-                raise EngineRequestRejected(
-                    f"{url} could not update its weights from {model_path!r}: {message}",
-                    status_code=response.status_code,
-                )
-            answers[url] = data
-        return answers
-
-    async def get_weight_version(self) -> dict[str, str]:
-        """``GET /get_weight_version`` of every server, by URL (they differ mid-update)."""
-        responses = await self._on_every_server("GET", "/get_weight_version", None)
-        versions: dict[str, str] = {}
-        for url, response in responses.items():
-            data = _wire.parse_json(response.content, what=f"get_weight_version on {url}")
-            if not isinstance(data, dict) or not isinstance(data.get("weight_version"), str):
-                raise EngineError(f"GET {url}/get_weight_version: unexpected answer {data!r}")
-            versions[url] = data["weight_version"]
-        return versions
-
-    async def _on_every_server(
-        self, method: str, path: str, body: Any
-    ) -> dict[str, httpx.Response]:
-        """One control call on all servers at once; the first failure is raised after all.
-
-        Every server is tried even when one fails, so that a pause or a weight update is
-        not left half-applied silently: the failure names its server.
-        """
-        self._check_open()
-        responses: dict[str, httpx.Response] = {}
-        errors: dict[str, EngineError] = {}
-
-        async def one(url: str) -> None:
-            send = functools.partial(self._request_once, url, method, path, json_body=body)
-            try:
-                responses[url] = await self._retrying(f"{method} {url}{path}", send)
-            except EngineError as exc:
-                errors[url] = exc
-
-        async with anyio.create_task_group() as tg:
-            for url in self._router.urls:
-                tg.start_soon(one, url)
-        if errors:
-            if len(errors) > 1:
-                logger.warning("%s failed on %d servers: %s", path, len(errors), errors)
-            raise next(iter(errors.values()))
-        return responses
 
     def stats(self) -> ClientStats:
         """A frozen snapshot of the counters, per server and overall."""
@@ -590,10 +374,6 @@ class SGLangClient(Engine):
             await self._http.aclose()
 
     # ------------------------------------------------------------------ internals
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise UserError("this SGLangClient is closed")
 
     @contextlib.contextmanager
     def _track(
@@ -623,145 +403,6 @@ class SGLangClient(Engine):
                 for entry in entries:
                     if self._inflight.get(entry.rid) is entry:
                         del self._inflight[entry.rid]
-
-    def _resolve(self, url: str | None) -> str:
-        if url is None:
-            return self._router.urls[0]
-        normalized = url.strip().rstrip("/")
-        if normalized not in self._router.urls:
-            raise UserError(f"{url!r} is not one of this client's servers {self._router.urls}")
-        return normalized
-
-    async def _get_info(self, url: str | None, paths: Sequence[str]) -> dict[str, Any]:
-        self._check_open()
-        target = self._resolve(url)
-        for i, path in enumerate(paths):
-            send = functools.partial(self._request_once, target, "GET", path)
-            try:
-                response = await self._retrying(f"GET {target}{path}", send)
-            except EngineRequestRejected as exc:
-                if exc.status_code == 404 and i + 1 < len(paths):
-                    continue  # an older server: try the legacy path
-                raise
-            data = _wire.parse_json(response.content, what=f"GET {target}{path}")
-            if not isinstance(data, dict):
-                raise EngineError(f"GET {target}{path}: expected a JSON object, got {data!r}")
-            return data
-        raise AssertionError("unreachable: the last path either returns or raises")
-
-    def _retryable(self, exc: BaseException) -> bool:
-        if isinstance(exc, EngineRequestRejected):
-            return False
-        if isinstance(exc, EngineHTTPError):
-            return exc.status_code == 429 or exc.status_code >= 500
-        if isinstance(exc, EngineTimeout):
-            if isinstance(exc.__cause__, httpx.ReadTimeout):
-                return self._retry.retry_timeouts
-            return True
-        if isinstance(exc, EngineConnectionError):
-            return not isinstance(exc.__cause__, httpx.UnsupportedProtocol)
-        return False
-
-    async def _sleep(self, seconds: float) -> None:
-        """The backoff sleep (an attribute so that tests can record the waits)."""
-        await anyio.sleep(seconds)
-
-    async def _retrying(
-        self,
-        what: str,
-        attempt: Callable[[], Awaitable[T]],
-        *,
-        give_up: Callable[[], bool] | None = None,
-    ) -> T:
-        """Run ``attempt`` under the retry policy; EngineUnavailable once it is spent."""
-        policy = self._retry
-
-        def should_retry(exc: BaseException) -> bool:
-            return not (give_up is not None and give_up()) and self._retryable(exc)
-
-        def before_sleep(state: RetryCallState) -> None:
-            self._retries += 1
-            exc = state.outcome.exception() if state.outcome is not None else None
-            wait = state.upcoming_sleep
-            logger.warning(
-                "%s: attempt %d/%d failed (%s); retrying in %.2f s",
-                what,
-                state.attempt_number,
-                policy.max_attempts,
-                exc,
-                wait,
-            )
-
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(policy.max_attempts),
-            wait=lambda state: policy.backoff(state.attempt_number),
-            retry=retry_if_exception(should_retry),
-            before_sleep=before_sleep,
-            sleep=self._sleep,
-            reraise=False,
-        )
-        try:
-            async for attempt_manager in retrying:
-                with attempt_manager:
-                    return await attempt()
-        except RetryError as err:
-            last = err.last_attempt.exception()
-            raise EngineUnavailable(
-                f"{what}: gave up after {policy.max_attempts} attempts; last error: {last}"
-            ) from last
-        raise AssertionError("unreachable: tenacity either returns or raises")
-
-    async def _request_once(
-        self,
-        url: str,
-        method: str,
-        path: str,
-        *,
-        json_body: Any = None,
-        stream: bool = False,
-        on_connect_failure: Callable[[str], None] | None = None,
-        account: bool = True,
-    ) -> httpx.Response:
-        """One HTTP exchange with load accounting and error translation.
-
-        A streamed response is returned open and still counted as outstanding; the
-        caller closes it and calls ``Router.release``. ``account=False`` is for URLs that
-        are not routing targets (the workers behind a router, for aborts).
-        """
-        if account:
-            self._router.acquire(url)
-        keep_open = False
-        failed = True
-        try:
-            try:
-                request = self._http.build_request(method, self._url(url, path), json=json_body)
-                response = await self._http.send(request, stream=stream)
-            except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                if on_connect_failure is not None and _is_connect_failure(exc):
-                    on_connect_failure(url)
-                raise _translate(exc, url=url + path) from exc
-            if not response.is_success:
-                content = await _read_body(response) if stream else response.content
-                if stream:
-                    await response.aclose()
-                message = _wire.error_message(content, response.status_code)
-                raise _wire.error_from_status(response.status_code, message, url=url + path)
-            failed = False
-            keep_open = stream
-            return response
-        finally:
-            if account and not keep_open:
-                self._router.release(url, failed=failed)
-
-    def _url(self, base: str, path: str) -> httpx.URL:
-        """``base + path`` parsed once (httpx parses a string URL on every request)."""
-        key = (base, path)
-        url = self._urls.get(key)
-        if url is None:
-            if len(self._urls) >= 4096:
-                self._urls.clear()
-            url = self._urls[key] = httpx.URL(base + path)
-        return url
 
     def _attempt_target(
         self, session_id: str | None, entries: Sequence[_InFlight], avoid: set[str], number: int

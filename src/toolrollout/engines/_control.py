@@ -1,0 +1,127 @@
+"""Values of the engine control plane: what an engine serves, and what a weight update did.
+
+Every engine answers the same control calls (:class:`~toolrollout.engines.Engine`'s
+``info``, ``pause_generation``, ``continue_generation``, ``update_weights_from_disk``,
+``flush_cache`` and ``abort_all``) with these frozen records, so a trainer written against
+``Engine`` does weight sync the same way on SGLang servers, the embedded engine and the
+scripted test engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal, Self
+
+from .._exceptions import EngineError
+
+__all__ = [
+    "EngineInfo",
+    "EngineServersFailed",
+    "PauseMode",
+    "ServerInfo",
+    "ServerWeightUpdate",
+    "WeightUpdate",
+]
+
+PauseMode = Literal["abort", "retract", "in_place"]
+"""SGLang's pause modes: ``abort`` ends running requests with their partial output;
+``retract`` and ``in_place`` keep them and resume them on ``continue_generation``."""
+
+PAUSE_MODES: tuple[PauseMode, ...] = ("abort", "retract", "in_place")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerInfo:
+    """What one server (or the one in-process model) reports about itself."""
+
+    url: str
+    """The server's base URL; ``embedded://`` / ``scripted://`` for in-process engines."""
+    model_path: str | None
+    weight_version: str | None
+    context_length: int | None
+    """Most tokens (prompt plus generated) one request may hold; None when not reported."""
+    vision: bool
+    """Whether the served model takes images (SGLang's ``has_image_understanding``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    """What the engine serves, merged over its servers.
+
+    A multi-server engine reports the strictest value: the smallest context length,
+    ``vision`` only when every server takes images, and a model path or weight version
+    only when all servers agree (``None`` while they differ, e.g. in the middle of a
+    weight update; ``servers`` then tells each one).
+    """
+
+    context_length: int | None
+    vision: bool
+    model_path: str | None
+    weight_version: str | None
+    servers: tuple[ServerInfo, ...] = ()
+
+    @classmethod
+    def merge(cls, servers: tuple[ServerInfo, ...]) -> Self:
+        """The engine-wide view of ``servers`` (see the class docstring)."""
+        lengths = [s.context_length for s in servers if s.context_length is not None]
+        paths = {s.model_path for s in servers}
+        versions = {s.weight_version for s in servers}
+        return cls(
+            context_length=min(lengths) if len(lengths) == len(servers) and lengths else None,
+            vision=bool(servers) and all(s.vision for s in servers),
+            model_path=paths.pop() if len(paths) == 1 else None,
+            weight_version=versions.pop() if len(versions) == 1 else None,
+            servers=servers,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerWeightUpdate:
+    """One server's answer to a weight update (SGLang's ``/update_weights_from_disk``)."""
+
+    url: str
+    message: str
+    num_paused_requests: int
+    """Requests that were paused across the swap and continue on the new weights."""
+
+
+@dataclass(frozen=True, slots=True)
+class WeightUpdate:
+    """The outcome of ``update_weights_from_disk``: every server now serves ``model_path``."""
+
+    model_path: str
+    weight_version: str | None
+    """The version label asked for; None when the call kept each server's current label."""
+    servers: tuple[ServerWeightUpdate, ...]
+
+    @property
+    def num_paused_requests(self) -> int:
+        """Paused requests over all servers."""
+        return sum(s.num_paused_requests for s in self.servers)
+
+
+class EngineServersFailed(ExceptionGroup[EngineError], EngineError):
+    """A control call failed on several servers; carries each server's error.
+
+    It is an :class:`EngineError` (``except EngineError`` catches it) and an
+    :class:`ExceptionGroup` (``except* EngineRequestRejected`` picks the refusals out).
+    ``errors`` maps each failed server's URL to its error. A call that failed on a single
+    server raises that server's error itself, not this group.
+    """
+
+    errors: Mapping[str, EngineError]
+
+    def __new__(cls, what: str, errors: Mapping[str, EngineError]) -> Self:
+        detail = "; ".join(f"{url}: {exc}" for url, exc in errors.items())
+        message = f"{what} failed on {len(errors)} servers: {detail}"
+        self = super().__new__(cls, message, list(errors.values()))
+        self.errors = dict(errors)
+        return self
+
+    def __init__(self, what: str, errors: Mapping[str, EngineError]) -> None:
+        super().__init__(self.message, list(self.errors.values()))
+
+    def derive(self, excs: object) -> ExceptionGroup[EngineError]:  # type: ignore[override]
+        """Sub-groups made by ``split``/``except*`` are plain groups (the URLs are lost)."""
+        return ExceptionGroup(self.message, list(excs))  # type: ignore[call-overload]

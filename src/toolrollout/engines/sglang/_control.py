@@ -1,0 +1,287 @@
+"""The control plane of :class:`~toolrollout.engines.SGLangClient`.
+
+Start-up (``wait_healthy``), what the servers serve (``info``, and the raw ``model_info``
+/ ``server_info``), and weight sync (pause, continue, update weights from disk, flush the
+cache). Every call but the raw info ones goes to all servers at once, and a call that
+fails on several servers raises :class:`~toolrollout.engines.EngineServersFailed` with
+each server's error, so that a pause or a weight update is never left half-applied
+silently. These are the same calls, with the same return types, as on every other
+:class:`~toolrollout.engines.Engine`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+
+from ..._exceptions import EngineError, EngineRequestRejected, EngineUnavailable, UserError
+from .. import _wire
+from .._control import (
+    PAUSE_MODES,
+    EngineInfo,
+    EngineServersFailed,
+    PauseMode,
+    ServerInfo,
+    ServerWeightUpdate,
+    WeightUpdate,
+)
+from ._retry import _Transport
+
+__all__: list[str] = []
+
+logger = logging.getLogger("toolrollout.engines.sglang")
+
+T = TypeVar("T")
+
+_MODEL_INFO = ("/model_info", "/get_model_info")
+_SERVER_INFO = ("/server_info", "/get_server_info")
+
+
+class _ControlPlane(_Transport):
+    """The control calls of the SGLang client (a mixin: the client holds the state)."""
+
+    async def wait_healthy(
+        self,
+        timeout: float = 300.0,  # noqa: ASYNC109 - one deadline shared by all servers' polls
+        *,
+        interval: float = 1.0,
+        path: str = "/health",
+    ) -> None:
+        """Poll ``GET /health`` on every server until all answer 200.
+
+        SGLang answers 503 while starting; its ``/health`` runs a one-token generation,
+        so a 200 means the whole pipeline works. Raises :class:`EngineUnavailable`,
+        naming the servers that are not healthy and why, when ``timeout`` seconds pass.
+        """
+        self._check_open()
+        pending = dict.fromkeys(self._router.urls, "not probed yet")
+        deadline = anyio.current_time() + timeout
+
+        async def probe(url: str) -> None:
+            remaining = max(deadline - anyio.current_time(), 0.001)
+            try:
+                response = await self._http.get(url + path, timeout=remaining)
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                pending[url] = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                return
+            if response.status_code == 200:
+                pending.pop(url, None)
+            else:
+                pending[url] = f"HTTP {response.status_code}"
+
+        with anyio.move_on_after(timeout):
+            while pending:
+                async with anyio.create_task_group() as group:
+                    for url in list(pending):
+                        group.start_soon(probe, url)
+                if pending:
+                    await anyio.sleep(interval)
+        if pending:
+            reasons = "; ".join(f"{url} ({why})" for url, why in pending.items())
+            raise EngineUnavailable(f"SGLang not healthy after {timeout:g} s: {reasons}")
+
+    async def model_info(self, url: str | None = None) -> dict[str, Any]:
+        """``GET /model_info`` (``/get_model_info`` on servers older than 2025-11)."""
+        return await self._get_info(url, ("/model_info", "/get_model_info"))
+
+    async def server_info(self, url: str | None = None) -> dict[str, Any]:
+        """``GET /server_info`` (``/get_server_info`` on older servers): args and limits."""
+        return await self._get_info(url, ("/server_info", "/get_server_info"))
+
+    async def info(self) -> EngineInfo:
+        """What every server serves (``/model_info`` and ``/server_info``), merged.
+
+        ``vision`` is SGLang's ``has_image_understanding`` (False on servers older than
+        2025-11, whose ``/get_model_info`` lacks it). ``context_length`` is the server's
+        ``context_length`` when it reports one (SGLang does when launched with
+        ``--context-length``; ``toolrollout serve`` always does); otherwise
+        ``max_req_input_len + 1``, which SGLang computes as the smaller of the model's
+        context length and the KV pool size.
+        """
+
+        async def one(url: str) -> ServerInfo:
+            model = await self._get_info(url, _MODEL_INFO)
+            server = await self._get_info(url, _SERVER_INFO)
+            return _server_info(url, model, server)
+
+        answers = await self._gather("info", one)
+        return EngineInfo.merge(tuple(answers[url] for url in self._router.urls))
+
+    async def flush_cache(self) -> bool:
+        """Flush the prefix cache on every server (after a weight update).
+
+        Returns False when a server refused (SGLang answers HTTP 400 while requests are
+        running or waiting); the other servers are still flushed. Other failures raise.
+        """
+        self._check_open()
+        flushed = True
+        for url in self._router.urls:
+            send = functools.partial(self._request_once, url, "POST", "/flush_cache")
+            try:
+                await self._retrying(f"flush_cache on {url}", send)
+            except EngineRequestRejected as exc:
+                if exc.status_code != 400:
+                    raise
+                logger.warning("flush_cache refused by %s: %s", url, exc)
+                flushed = False
+        return flushed
+
+    # ------------------------------------------------------------------ weight sync
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> None:
+        """``POST /pause_generation`` on every server, before a trainer swaps weights.
+
+        ``abort`` makes running requests return their partial output (``finish_reason``
+        ``abort``); ``retract`` and ``in_place`` keep them for :meth:`continue_generation`.
+        New generate calls wait on the server until then.
+        """
+        if mode not in PAUSE_MODES:
+            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        await self._on_every_server("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self, *, torch_empty_cache: bool = False) -> None:
+        """``POST /continue_generation`` on every server: paused and waiting work resumes."""
+        body = {"torch_empty_cache": True} if torch_empty_cache else {}
+        await self._on_every_server("POST", "/continue_generation", body)
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str | os.PathLike[str],
+        *,
+        weight_version: str | None = None,
+        abort_all_requests: bool = False,
+        flush_cache: bool = True,
+        load_format: str | None = None,
+    ) -> WeightUpdate:
+        """Make every server load the weights in ``model_path`` (a path *on the server*).
+
+        Returns each server's answer (``message``, ``num_paused_requests``). A server
+        that refuses (bad path, other architecture) raises
+        :class:`~toolrollout.EngineRequestRejected` with its message, after all servers
+        answered (:class:`~toolrollout.engines.EngineServersFailed` when several failed).
+        """
+        path = os.fspath(model_path)
+        body: dict[str, Any] = {
+            "model_path": path,
+            "abort_all_requests": abort_all_requests,
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        if load_format is not None:
+            body["load_format"] = load_format
+        responses = await self._on_every_server("POST", "/update_weights_from_disk", body)
+        answers: list[ServerWeightUpdate] = []
+        for url in self._router.urls:
+            response = responses[url]
+            data = _wire.parse_json(response.content, what=f"update_weights_from_disk on {url}")
+            if not isinstance(data, dict) or data.get("success") is not True:
+                message = data.get("message") if isinstance(data, dict) else data
+                raise EngineRequestRejected(
+                    f"{url} could not update its weights from {path!r}: {message}",
+                    status_code=response.status_code,
+                )
+            paused = data.get("num_paused_requests")
+            answers.append(
+                ServerWeightUpdate(
+                    url=url,
+                    message=str(data.get("message") or ""),
+                    num_paused_requests=paused if isinstance(paused, int) else 0,
+                )
+            )
+        return WeightUpdate(model_path=path, weight_version=weight_version, servers=tuple(answers))
+
+    async def _on_every_server(
+        self, method: str, path: str, body: Any
+    ) -> dict[str, httpx.Response]:
+        """One control call on all servers at once; failures are raised after all answered."""
+
+        async def one(url: str) -> httpx.Response:
+            send = functools.partial(self._request_once, url, method, path, json_body=body)
+            return await self._retrying(f"{method} {url}{path}", send)
+
+        return await self._gather(path, one)
+
+    async def _gather(self, what: str, call: Callable[[str], Awaitable[T]]) -> dict[str, T]:
+        """``call`` on every server at once, by URL.
+
+        Every server is tried even when one fails. One failure is raised as it is;
+        several raise :class:`EngineServersFailed`, which names each server and error.
+        """
+        self._check_open()
+        results: dict[str, T] = {}
+        errors: dict[str, EngineError] = {}
+
+        async def one(url: str) -> None:
+            try:
+                results[url] = await call(url)
+            except EngineError as exc:
+                errors[url] = exc
+
+        async with anyio.create_task_group() as tg:
+            for url in self._router.urls:
+                tg.start_soon(one, url)
+        if len(errors) == 1:
+            raise next(iter(errors.values()))
+        if errors:
+            ordered = {url: errors[url] for url in self._router.urls if url in errors}
+            raise EngineServersFailed(what, ordered)
+        return results
+
+    def _resolve(self, url: str | None) -> str:
+        if url is None:
+            return self._router.urls[0]
+        normalized = url.strip().rstrip("/")
+        if normalized not in self._router.urls:
+            raise UserError(f"{url!r} is not one of this client's servers {self._router.urls}")
+        return normalized
+
+    async def _get_info(self, url: str | None, paths: Sequence[str]) -> dict[str, Any]:
+        self._check_open()
+        target = self._resolve(url)
+        for i, path in enumerate(paths):
+            send = functools.partial(self._request_once, target, "GET", path)
+            try:
+                response = await self._retrying(f"GET {target}{path}", send)
+            except EngineRequestRejected as exc:
+                if exc.status_code == 404 and i + 1 < len(paths):
+                    continue  # an older server: try the legacy path
+                raise
+            data = _wire.parse_json(response.content, what=f"GET {target}{path}")
+            if not isinstance(data, dict):
+                raise EngineError(f"GET {target}{path}: expected a JSON object, got {data!r}")
+            return data
+        raise AssertionError("unreachable: the last path either returns or raises")
+
+
+def _as_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> ServerInfo:
+    """One server's :class:`ServerInfo` from its ``/model_info`` and ``/server_info``."""
+
+    def text(key: str) -> str | None:
+        for source in (model, server):
+            value = source.get(key)
+            if isinstance(value, str):
+                return value
+        return None
+
+    length = _as_int(server.get("context_length"))
+    if length is None:
+        longest_input = _as_int(server.get("max_req_input_len"))
+        length = longest_input + 1 if longest_input is not None else None
+    return ServerInfo(
+        url=url,
+        model_path=text("model_path"),
+        weight_version=text("weight_version"),
+        context_length=length,
+        vision=model.get("has_image_understanding") is True,
+    )

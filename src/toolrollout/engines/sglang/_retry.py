@@ -1,0 +1,214 @@
+"""Retry and transport plumbing of :class:`~toolrollout.engines.SGLangClient`.
+
+Base URL validation, one HTTP exchange (:meth:`_Transport._request_once`: load
+accounting, httpx errors translated into the toolrollout tree) and the retry loop around
+it (:meth:`_Transport._retrying`, bounded by :class:`RetryPolicy`). Both the data plane
+(``_client``) and the control plane (``_control``) send through here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    RetryError,
+    retry_if_exception,
+    stop_after_attempt,
+)
+
+from ..._exceptions import (
+    EngineConnectionError,
+    EngineError,
+    EngineHTTPError,
+    EngineRequestRejected,
+    EngineTimeout,
+    EngineUnavailable,
+    UserError,
+)
+from ..._retry import RetryPolicy
+from .. import _wire
+from .._routing import Router
+
+__all__ = ["RetryPolicy"]
+
+logger = logging.getLogger("toolrollout.engines.sglang")
+
+T = TypeVar("T")
+
+
+def _normalize_urls(base_urls: str | Sequence[str]) -> list[str]:
+    raw = [base_urls] if isinstance(base_urls, str) else list(base_urls)
+    if not raw:
+        raise UserError("SGLangClient needs at least one base URL")
+    urls: list[str] = []
+    for item in raw:
+        url = str(item).strip().rstrip("/")
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as exc:
+            raise UserError(f"invalid SGLang base URL {item!r}: {exc}") from exc
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise UserError(f"invalid SGLang base URL {item!r}: expected http(s)://host:port")
+        if url in urls:
+            raise UserError(f"duplicate SGLang base URL {url!r}")
+        urls.append(url)
+    return urls
+
+
+def _is_connect_failure(exc: BaseException) -> bool:
+    return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+def _translate(exc: Exception, *, url: str) -> EngineError:
+    """Map an httpx exception onto the toolrollout tree (most specific first)."""
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if _is_connect_failure(exc):
+        return EngineConnectionError(f"could not connect to {url} ({detail})")
+    if isinstance(exc, httpx.TimeoutException):
+        return EngineTimeout(f"no answer from {url} within the timeout ({detail})")
+    if isinstance(exc, httpx.TransportError):
+        return EngineConnectionError(f"the connection to {url} failed ({detail})")
+    return EngineError(f"the request to {url} failed ({detail})")
+
+
+async def _read_body(response: httpx.Response) -> bytes:
+    """The body of an error response, even when it was opened as a stream."""
+    try:
+        return await response.aread()
+    except httpx.HTTPError:
+        return b""
+
+
+class _Transport:
+    """Sending with load accounting, error translation and retries (a mixin of the client)."""
+
+    _router: Router
+    _http: httpx.AsyncClient
+    _retry: RetryPolicy
+    _urls: dict[tuple[str, str], httpx.URL]
+    _retries: int
+    _closed: bool
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UserError("this SGLangClient is closed")
+
+    def _retryable(self, exc: BaseException) -> bool:
+        if isinstance(exc, EngineRequestRejected):
+            return False
+        if isinstance(exc, EngineHTTPError):
+            return exc.status_code == 429 or exc.status_code >= 500
+        if isinstance(exc, EngineTimeout):
+            if isinstance(exc.__cause__, httpx.ReadTimeout):
+                return self._retry.retry_timeouts
+            return True
+        if isinstance(exc, EngineConnectionError):
+            return not isinstance(exc.__cause__, httpx.UnsupportedProtocol)
+        return False
+
+    async def _sleep(self, seconds: float) -> None:
+        """The backoff sleep (an attribute so that tests can record the waits)."""
+        await anyio.sleep(seconds)
+
+    async def _retrying(
+        self,
+        what: str,
+        attempt: Callable[[], Awaitable[T]],
+        *,
+        give_up: Callable[[], bool] | None = None,
+    ) -> T:
+        """Run ``attempt`` under the retry policy; EngineUnavailable once it is spent."""
+        policy = self._retry
+
+        def should_retry(exc: BaseException) -> bool:
+            return not (give_up is not None and give_up()) and self._retryable(exc)
+
+        def before_sleep(state: RetryCallState) -> None:
+            self._retries += 1
+            exc = state.outcome.exception() if state.outcome is not None else None
+            wait = state.upcoming_sleep
+            logger.warning(
+                "%s: attempt %d/%d failed (%s); retrying in %.2f s",
+                what,
+                state.attempt_number,
+                policy.max_attempts,
+                exc,
+                wait,
+            )
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(policy.max_attempts),
+            wait=lambda state: policy.backoff(state.attempt_number),
+            retry=retry_if_exception(should_retry),
+            before_sleep=before_sleep,
+            sleep=self._sleep,
+            reraise=False,
+        )
+        try:
+            async for attempt_manager in retrying:
+                with attempt_manager:
+                    return await attempt()
+        except RetryError as err:
+            last = err.last_attempt.exception()
+            raise EngineUnavailable(
+                f"{what}: gave up after {policy.max_attempts} attempts; last error: {last}"
+            ) from last
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    async def _request_once(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        stream: bool = False,
+        on_connect_failure: Callable[[str], None] | None = None,
+        account: bool = True,
+    ) -> httpx.Response:
+        """One HTTP exchange with load accounting and error translation.
+
+        A streamed response is returned open and still counted as outstanding; the
+        caller closes it and calls ``Router.release``. ``account=False`` is for URLs that
+        are not routing targets (the workers behind a router, for aborts).
+        """
+        if account:
+            self._router.acquire(url)
+        keep_open = False
+        failed = True
+        try:
+            try:
+                request = self._http.build_request(method, self._url(url, path), json=json_body)
+                response = await self._http.send(request, stream=stream)
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                if on_connect_failure is not None and _is_connect_failure(exc):
+                    on_connect_failure(url)
+                raise _translate(exc, url=url + path) from exc
+            if not response.is_success:
+                content = await _read_body(response) if stream else response.content
+                if stream:
+                    await response.aclose()
+                message = _wire.error_message(content, response.status_code)
+                raise _wire.error_from_status(response.status_code, message, url=url + path)
+            failed = False
+            keep_open = stream
+            return response
+        finally:
+            if account and not keep_open:
+                self._router.release(url, failed=failed)
+
+    def _url(self, base: str, path: str) -> httpx.URL:
+        """``base + path`` parsed once (httpx parses a string URL on every request)."""
+        key = (base, path)
+        url = self._urls.get(key)
+        if url is None:
+            if len(self._urls) >= 4096:
+                self._urls.clear()
+            url = self._urls[key] = httpx.URL(base + path)
+        return url
