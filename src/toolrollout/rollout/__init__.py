@@ -2,7 +2,16 @@
 
 Images from tools (vision-language models) are kept on the trajectory with their token
 spans; ``verl_multi_modal_data``, ``trl_messages`` and ``swift_row`` hand them to trainers.
+
+The output files (``TrajectoryWriter``, ``read_rows``, the leftover file...) need pyarrow
+(the ``parquet`` extra); they are loaded on first access so ``import toolrollout`` does not
+import it.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ._config import RolloutConfig as RolloutConfig
 from ._images import TrajectoryImage as TrajectoryImage
@@ -12,17 +21,6 @@ from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
 from ._loop import ResumePoint as ResumePoint
 from ._loop import RolloutPrompt as RolloutPrompt
-from ._output import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
-from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
-from ._output import ShardWriter as ShardWriter
-from ._output import TrajectoryWriter as TrajectoryWriter
-from ._output import compact_shards as compact_shards
-from ._output import done_samples as done_samples
-from ._output import read_leftover as read_leftover
-from ._output import read_rows as read_rows
-from ._output import read_shards as read_shards
-from ._output import write_leftover as write_leftover
-from ._output import write_trajectories as write_trajectories
 from ._runner import RolloutBatch as RolloutBatch
 from ._runner import RolloutRunner as RolloutRunner
 from ._runner import as_prompt as as_prompt
@@ -31,6 +29,19 @@ from ._trajectory import SpanKind as SpanKind
 from ._trajectory import TokenSpan as TokenSpan
 from ._trajectory import Trajectory as Trajectory
 from ._trajectory import TrajectoryStatus as TrajectoryStatus
+
+if TYPE_CHECKING:
+    from ._output import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
+    from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
+    from ._output import ShardWriter as ShardWriter
+    from ._output import TrajectoryWriter as TrajectoryWriter
+    from ._output import compact_shards as compact_shards
+    from ._output import done_samples as done_samples
+    from ._output import read_leftover as read_leftover
+    from ._output import read_rows as read_rows
+    from ._output import read_shards as read_shards
+    from ._output import write_leftover as write_leftover
+    from ._output import write_trajectories as write_trajectories
 
 __all__ = [
     "LEFTOVER_SCHEMA",
@@ -61,3 +72,32 @@ __all__ = [
     "write_leftover",
     "write_trajectories",
 ]
+
+_LAZY = {
+    name: "._output"
+    for name in (
+        "LEFTOVER_SCHEMA",
+        "TRAJECTORY_SCHEMA",
+        "ShardWriter",
+        "TrajectoryWriter",
+        "compact_shards",
+        "done_samples",
+        "read_leftover",
+        "read_rows",
+        "read_shards",
+        "write_leftover",
+        "write_trajectories",
+    )
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from toolrollout._extras import require_extra
+
+    require_extra("parquet", f"toolrollout.rollout.{name}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -113,7 +113,7 @@ class RetryPolicy:
     """When a failed call is tried again: only infrastructure errors, with backoff.
 
     A tool that raised because of its input would fail the same way again, so by default
-    only :class:`~toolrollout.ToolUnavailable` and :class:`ConnectionError` are retried.
+    only :class:`~toolrollout.exceptions.ToolUnavailable` and :class:`ConnectionError` are retried.
     """
 
     retries: int = 2
@@ -143,12 +143,12 @@ class RetryPolicy:
 class CircuitBreakerPolicy:
     """When a tool stops being called: after ``failure_threshold`` consecutive failed calls.
 
-    The breaker then fails every call fast (a :class:`~toolrollout.CircuitOpen` error result,
-    the tool is not called) for ``reset_timeout`` seconds, lets one trial call through
+    The breaker then fails every call fast (a :class:`~toolrollout.exceptions.CircuitOpen`
+    error result, the tool is not called) for ``reset_timeout`` seconds, lets one trial call through
     (half-open), and closes again if it succeeds or re-opens if it fails.
 
     A failed *call* counts once, after its retries. Only infrastructure failures count
-    (``trip_on``, by default every :class:`~toolrollout.ToolError`: the backend raised,
+    (``trip_on``, by default every :class:`~toolrollout.exceptions.ToolError`: the backend raised,
     timed out or was unreachable); the model's mistakes (unknown tool, invalid arguments)
     never do. A call that returns a result, even an ``is_error`` one the tool wrote itself,
     is a success: the backend answered.
