@@ -37,5 +37,20 @@ for _command in (_serve, _generate, _eval, _retriever, _tools, _sandbox, _bench)
 
 
 def main() -> None:
-    """Entry point of the ``toolrollout`` console script."""
-    app()
+    """Entry point of the ``toolrollout`` console script.
+
+    A command checks its extra before it starts; should one still reach an optional module
+    that is not installed, the error is one line naming the extra, not a traceback.
+    """
+    from toolrollout._extras import extra_for_module
+
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        extra = extra_for_module(exc.name or "")
+        if extra is None:
+            raise
+        typer.echo(
+            f"error: {exc.name} is not installed: pip install 'toolrollout[{extra}]'", err=True
+        )
+        raise SystemExit(2) from None

@@ -20,6 +20,7 @@ __all__ = [
     "fail",
     "is_number",
     "load_tokenizer",
+    "require_extra",
     "start_engine",
 ]
 
@@ -45,11 +46,24 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def require_extra(extra: str, command: str) -> None:
+    """Exit with one line naming ``pip install 'toolrollout[extra]'`` when it is missing."""
+    from toolrollout._exceptions import MissingExtraError
+    from toolrollout._extras import require_extra as check
+
+    try:
+        check(extra, command)
+    except MissingExtraError as exc:
+        raise fail(str(exc)) from None
+
+
 def load_tokenizer(path: Path) -> Any:
     """The tokenizer of a model folder, or a one-line :class:`UserError` saying why not."""
-    from transformers import AutoTokenizer
-
     from toolrollout._exceptions import UserError
+    from toolrollout._extras import require_extra as check
+
+    check("cli", "loading a tokenizer from a model folder")
+    from transformers import AutoTokenizer
 
     if not path.is_dir():
         raise UserError(f"model folder not found: {path}")
