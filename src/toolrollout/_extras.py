@@ -30,6 +30,7 @@ EXTRAS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         "serve": ("torch", "transformers", "safetensors", "fastapi", "uvicorn"),
         "video": ("av", "PIL", "mcp"),
         "eval": ("numpy", "matplotlib", "transformers", "pyarrow"),
+        "bench": ("torch", "transformers", "fastapi", "uvicorn"),
     }
 )
 """Extra name -> the top-level modules it installs that toolrollout imports (smallest first)."""

@@ -22,6 +22,7 @@ from toolrollout.cli._common import (
     fail,
     is_number,
     load_tokenizer,
+    require_extra,
     start_engine,
 )
 
@@ -114,6 +115,7 @@ def eval_command(
     ] = 1,
 ) -> None:
     """Evaluate: accuracy, pass@k, tool use, turns, latency; report with plots; tracking."""
+    require_extra("eval", "toolrollout eval")
     from toolrollout._exceptions import ToolRolloutError
 
     comparison: Comparison | None

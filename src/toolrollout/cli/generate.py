@@ -37,6 +37,7 @@ from toolrollout.cli._common import (
     fail,
     is_number,
     load_tokenizer,
+    require_extra,
     start_engine,
 )
 
@@ -180,6 +181,7 @@ def generate(
     ] = None,
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
+    require_extra("cli", "toolrollout generate")
     from toolrollout._exceptions import ToolRolloutError
 
     try:
