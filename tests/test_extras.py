@@ -147,6 +147,14 @@ def test_the_console_script_turns_a_missing_module_into_one_line(
     err = capsys.readouterr().err.strip()
     assert err == "error: pyarrow is not installed: pip install 'toolrollout[parquet]'"
 
+    def entry_point() -> None:
+        raise MissingExtraError("X needs the 'serve' extra", extra="serve", module="torch")
+
+    monkeypatch.setattr(cli, "app", entry_point)
+    with pytest.raises(SystemExit):
+        cli.main()
+    assert capsys.readouterr().err.strip() == "error: X needs the 'serve' extra"
+
     def broken() -> None:
         raise ModuleNotFoundError("No module named 'nonesuch'", name="nonesuch")
 

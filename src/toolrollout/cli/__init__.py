@@ -42,10 +42,14 @@ def main() -> None:
     A command checks its extra before it starts; should one still reach an optional module
     that is not installed, the error is one line naming the extra, not a traceback.
     """
+    from toolrollout._exceptions import MissingExtraError
     from toolrollout._extras import extra_for_module
 
     try:
         app()
+    except MissingExtraError as exc:  # an application entry point said which extra
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
     except ModuleNotFoundError as exc:
         extra = extra_for_module(exc.name or "")
         if extra is None:

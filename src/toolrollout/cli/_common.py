@@ -62,7 +62,7 @@ def load_tokenizer(path: Path) -> Any:
     from toolrollout._exceptions import UserError
     from toolrollout._extras import require_extra as check
 
-    check("cli", "loading a tokenizer from a model folder")
+    check("cli", "loading a tokenizer from a model folder", "transformers")
     from transformers import AutoTokenizer
 
     if not path.is_dir():
