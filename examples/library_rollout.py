@@ -19,10 +19,10 @@ from toolrollout import (
     RolloutRunner,
     SamplingParams,
     SGLangClient,
-    calculator_tool,
     numeric_match,
 )
 from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.tools import calculator_tool
 
 
 async def main(engine_url: str | None) -> None:

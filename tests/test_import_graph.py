@@ -35,6 +35,8 @@ KNOWN_CYCLES_TO_CUT: dict[str, frozenset[Edge]] = {}
 # module under it, less the prefixes in CORE_EXCLUDED.
 CORE = (
     "toolrollout._exceptions",
+    "toolrollout.exceptions",
+    "toolrollout._extras",
     "toolrollout._records",
     "toolrollout._retry",
     "toolrollout.engines",

@@ -6,6 +6,7 @@ branches tell apart who is at fault, because a trainer must react differently to
     ToolRolloutError
     ├── UserError                 you asked for something impossible (bad config, bad argument)
     │   ├── ConfigError           a config file or key is invalid (names the file and key)
+    │   ├── MissingExtraError     a feature's optional dependency is missing (names the extra)
     │   ├── SandboxIsolationError the code sandbox cannot isolate here (no working bubblewrap)
     │   └── ImageError            image data is unreadable or does not match its placeholders
     ├── ModelBehaviorError        the model's output is unusable (malformed call, unknown tool)
@@ -49,6 +50,7 @@ __all__ = [
     "EngineUnavailable",
     "ImageError",
     "InteractionError",
+    "MissingExtraError",
     "ModelBehaviorError",
     "OverlongPromptError",
     "SandboxIsolationError",
@@ -76,6 +78,20 @@ class UserError(ToolRolloutError):
 
 class ConfigError(UserError):
     """A configuration file or value is invalid."""
+
+
+class MissingExtraError(UserError, ModuleNotFoundError):
+    """A feature needs an optional dependency that is not installed.
+
+    The message names the ``pip install 'toolrollout[extra]'`` that fixes it. It is also a
+    :class:`ModuleNotFoundError` (``name`` is the missing module), so code that guards an
+    import with ``except ImportError`` keeps working.
+    """
+
+    def __init__(self, message: str, *, extra: str, module: str) -> None:
+        super().__init__(message)
+        self.name = module
+        self.extra = extra
 
 
 class SandboxIsolationError(UserError):

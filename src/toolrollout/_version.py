@@ -1,8 +1,8 @@
-"""The package version, read from the installed metadata."""
+"""The package version: the one place it is written (pyproject reads it through hatch).
 
-from importlib.metadata import PackageNotFoundError, version
+A literal rather than ``importlib.metadata.version``: reading the installed metadata costs
+a noticeable part of ``import toolrollout``, and a source tree that was never installed
+still reports its real version.
+"""
 
-try:
-    __version__ = version("toolrollout")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__version__ = "0.1.0"

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from toolrollout import ImageError
 from toolrollout.chat import ChatFormat, VisionFormat, load_image
 from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
+from toolrollout.exceptions import ImageError
 
 SIZES = [(90, 60), (56, 56), (200, 30), (20, 20), (300, 300), (113, 87)]
 
@@ -117,8 +117,8 @@ def test_load_image_forms_and_failures(tmp_path: Any) -> None:
 def test_a_text_tokenizer_is_refused() -> None:
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    from toolrollout import ConfigError
     from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.exceptions import ConfigError
 
     processor = AutoImageProcessor.from_pretrained(str(DEMO_VL_MODEL_PATH), backend="pil")
     with pytest.raises(ConfigError, match="not a Qwen2-VL model"):

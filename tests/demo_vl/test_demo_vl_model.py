@@ -63,3 +63,29 @@ def test_on_text_the_starting_point_computes_the_text_demos_logits(start: Path) 
         got = vl(input_ids=ids).logits[..., : expected.shape[-1]]
     assert torch.equal(got, expected) or float((got - expected).abs().max()) < 1e-5
     assert vl.config.image_token_id == tokenizer.convert_tokens_to_ids("<|image_pad|>")
+
+
+def test_the_build_takes_its_text_base_from_a_path(tmp_path: Path, start: Path) -> None:
+    """The text base is not in the wheel: any copy of it builds the same folder."""
+    import shutil
+
+    from toolrollout.demo_vl.build import main
+
+    copy = shutil.copytree(DEMO_VL_TEXT_BASE_PATH, tmp_path / "elsewhere")
+    main(["--out", str(tmp_path / "out"), "--text-base", str(copy)])
+    for name in SHIPPED:
+        assert (tmp_path / "out" / name).read_bytes() == (start / name).read_bytes(), name
+
+
+def test_a_missing_text_base_says_how_to_recreate_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from toolrollout.demo_vl.build import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--out", str(tmp_path / "out"), "--text-base", str(tmp_path / "missing")])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "git show 9ceb368:src/toolrollout/demo/model/" in err
+    assert "--text-base" in err
+    assert not (tmp_path / "out").exists()

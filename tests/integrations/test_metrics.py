@@ -6,10 +6,11 @@ import subprocess
 import sys
 from typing import Any
 
-from toolrollout import RolloutConfig, RolloutRunner, SamplingParams, calculator_tool
+from toolrollout import RolloutConfig, RolloutRunner, SamplingParams
 from toolrollout.integrations import trajectory_extras
 from toolrollout.metrics import rollout_metrics
 from toolrollout.testing import ScriptedEngine
+from toolrollout.tools import calculator_tool
 
 
 def test_importing_the_adapters_imports_no_trainer() -> None:

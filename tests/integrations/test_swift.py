@@ -30,9 +30,10 @@ from swift.rlhf_trainers.utils import (
 from swift.rollout.multi_turn import multi_turns
 from swift.utils import import_external_file
 
-from toolrollout import UserError, calculator_tool
+from toolrollout import UserError
 from toolrollout.integrations import SWIFT_PLUGIN_PATH, to_swift_rollout_output
 from toolrollout.testing import ScriptedEngine
+from toolrollout.tools import calculator_tool
 
 PROMPT = [
     {"role": "system", "content": "You are a helpful assistant."},

@@ -35,12 +35,13 @@ from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
-from toolrollout import RolloutConfig, RolloutRunner, SamplingParams, calculator_tool
+from toolrollout import RolloutConfig, RolloutRunner, SamplingParams
 from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import GenerateRequest
 from toolrollout.integrations import VerlServerEngine, to_verl_batch
 from toolrollout.rollout import Trajectory, write_trajectories
 from toolrollout.testing import ScriptedEngine
+from toolrollout.tools import calculator_tool
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT_LENGTH = 320

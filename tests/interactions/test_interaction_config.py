@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from toolrollout import ConfigError, InteractionError
+from toolrollout.exceptions import ConfigError, InteractionError
 from toolrollout.interactions import (
     GraderInteraction,
     Gsm8kInteraction,

@@ -11,8 +11,8 @@ from typing import Any
 import anyio
 import pytest
 
-from toolrollout import InteractionError, UserError
 from toolrollout.demo import CALCULATOR_TOOL
+from toolrollout.exceptions import InteractionError, UserError
 from toolrollout.interactions import GraderInteraction, Interaction, InteractionReply
 from toolrollout.rewards import RewardMix, numeric_match
 from toolrollout.rollout import (

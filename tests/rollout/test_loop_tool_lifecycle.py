@@ -13,8 +13,8 @@ from typing import Any
 import anyio
 import pytest
 
-from toolrollout import EngineConnectionError
 from toolrollout.engines import FinishReason, GenerateRequest
+from toolrollout.exceptions import EngineConnectionError
 from toolrollout.rewards import RewardMix
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput

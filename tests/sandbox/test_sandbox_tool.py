@@ -15,8 +15,13 @@ from typing import Any
 import httpx
 import pytest
 
-from toolrollout import ConfigError, ToolArgumentError, ToolExecutionError, ToolUnavailable
 from toolrollout._exceptions import ToolTimeout
+from toolrollout.exceptions import (
+    ConfigError,
+    ToolArgumentError,
+    ToolExecutionError,
+    ToolUnavailable,
+)
 from toolrollout.sandbox import (
     RunCodeRequest,
     RunCodeResponse,

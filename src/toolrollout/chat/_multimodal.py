@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import ConfigError, ImageError
+from .._extras import require_extra
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -73,9 +74,10 @@ class ImageRun:
 def load_image(data: Any) -> Any:
     """Turn a PIL image, encoded bytes, a base64 string, a data URL or a path into RGB PIL.
 
-    Raises :class:`~toolrollout.ImageError` with a one-line reason for anything that is not
-    a readable image.
+    Raises :class:`~toolrollout.exceptions.ImageError` with a one-line reason for anything
+    that is not a readable image.
     """
+    require_extra("vision", "images from tools", "PIL")
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(data, Image.Image):
@@ -168,6 +170,7 @@ class VisionFormat:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str]) -> VisionFormat:
         """Read the tokenizer and the Pillow image processor of a model folder."""
+        require_extra("vision", "a vision model's image processor")
         from transformers import AutoImageProcessor, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(path))

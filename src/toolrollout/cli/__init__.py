@@ -37,5 +37,24 @@ for _command in (_serve, _generate, _eval, _retriever, _tools, _sandbox, _bench)
 
 
 def main() -> None:
-    """Entry point of the ``toolrollout`` console script."""
-    app()
+    """Entry point of the ``toolrollout`` console script.
+
+    A command checks its extra before it starts; should one still reach an optional module
+    that is not installed, the error is one line naming the extra, not a traceback.
+    """
+    from toolrollout._exceptions import MissingExtraError
+    from toolrollout._extras import extra_for_module
+
+    try:
+        app()
+    except MissingExtraError as exc:  # an application entry point said which extra
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from None
+    except ModuleNotFoundError as exc:
+        extra = extra_for_module(exc.name or "")
+        if extra is None:
+            raise
+        typer.echo(
+            f"error: {exc.name} is not installed: pip install 'toolrollout[{extra}]'", err=True
+        )
+        raise SystemExit(2) from None

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["EngineUrlsOption", "ModelOption", "fail"]
+__all__ = ["EngineUrlsOption", "ModelOption", "fail", "require_extra"]
 
 EngineUrlsOption = Annotated[
     list[str] | None,
@@ -34,3 +34,14 @@ def fail(message: str) -> typer.Exit:
     """Print a one-line user error and return the exit (code 2) for the caller to raise."""
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code=2)
+
+
+def require_extra(extra: str, command: str) -> None:
+    """Exit with one line naming ``pip install 'toolrollout[extra]'`` when it is missing."""
+    from toolrollout._exceptions import MissingExtraError
+    from toolrollout._extras import require_extra as check
+
+    try:
+        check(extra, command)
+    except MissingExtraError as exc:
+        raise fail(str(exc)) from None

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from toolrollout.cli._common import fail
+from toolrollout.cli._common import fail, require_extra
 
 __all__ = ["bench", "register"]
 
@@ -70,6 +70,7 @@ def bench(
     The defaults are the published 1,024-trajectory workload (docs/benchmarks.md): a
     GPU-like server (256 slots, 20 ms per token) and heavy-tail tools (median 1 s).
     """
+    require_extra("bench", "toolrollout bench")
     import importlib.util
     import sys
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from toolrollout.cli._common import EngineUrlsOption, ModelOption, fail
+from toolrollout.cli._common import EngineUrlsOption, ModelOption, fail, require_extra
 
 if TYPE_CHECKING:
     from toolrollout.eval import Comparison, EvalSummary
@@ -107,6 +107,7 @@ def eval_command(
     ] = 1,
 ) -> None:
     """Evaluate: accuracy, pass@k, tool use, turns, latency; report with plots; tracking."""
+    require_extra("eval", "toolrollout eval")
     from toolrollout._exceptions import ToolRolloutError
 
     comparison: Comparison | None

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from toolrollout.cli._common import EngineUrlsOption, ModelOption, fail
+from toolrollout.cli._common import EngineUrlsOption, ModelOption, fail, require_extra
 
 if TYPE_CHECKING:
     from toolrollout.engines import Engine
@@ -209,6 +209,7 @@ def generate(
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
     flags = _Flags(**locals())  # every option by its name, as typer parsed it (first line)
+    require_extra("cli", "toolrollout generate")
     from toolrollout._exceptions import ToolRolloutError
 
     try:

@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from toolrollout.cli._common import require_extra
+
 __all__ = ["register", "retriever_app", "serve"]
 
 retriever_app = typer.Typer(
@@ -37,6 +39,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Index a corpus with BM25 (bm25s) and serve POST /retrieve and GET /health."""
+    require_extra("search", "toolrollout retriever serve")
     import uvicorn
 
     from toolrollout._exceptions import UserError

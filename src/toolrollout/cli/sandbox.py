@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from toolrollout.cli._common import require_extra
+
 __all__ = ["register", "serve"]
 
 sandbox_app = typer.Typer(
@@ -69,6 +71,7 @@ def serve(
     Also GET /v1/ping and GET /health. Refuses to start (exit status 2) without a working
     bwrap unless --unsafe-no-isolation is given.
     """
+    require_extra("sandbox", "toolrollout sandbox serve")
     from toolrollout._exceptions import UserError
     from toolrollout.sandbox import SandboxServerConfig, run_sandbox_server
 

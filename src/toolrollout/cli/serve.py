@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from toolrollout.cli._common import require_extra
+
 __all__ = ["register", "serve"]
 
 
@@ -45,6 +47,7 @@ def serve(
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
     """Serve a model with SGLang's native API (/generate, /health, /abort_request, ...)."""
+    require_extra("serve", "toolrollout serve")
     if model is None:
         from toolrollout.demo import DEMO_MODEL_PATH
 

@@ -1,16 +1,16 @@
 """Build the tiny vision-language demo's starting point from the text demo, deterministically.
 
-Run ``python -m toolrollout.demo_vl.build --out DIR`` (seconds). The shipped folder is this
-folder with weights fine-tuned by :mod:`toolrollout.demo_vl.train`, which calls :func:`build`
-first; every other file is written here.
+Run ``python -m toolrollout.demo_vl.build --out DIR [--text-base PATH]`` (seconds). The
+shipped folder is this folder with weights fine-tuned by :mod:`toolrollout.demo_vl.train`,
+which calls :func:`build` first; every other file is written here.
 
 The result is a standard Hugging Face ``Qwen2VLForConditionalGeneration`` folder with a
 tokenizer and a Pillow-only image processor (``Qwen2VLImageProcessorPil``: torchvision is
-not needed). Its language model is the calculator-only text demo kept in
-``demo_vl/text_base/`` (the text demo as it was when the VL demo was trained, before it also
-learnt the python and search tools; weights copied, so it calls tools the way that model
-does); the three Qwen2-VL vision tokens are appended to the text demo's vocabulary; the
-vision tower is a one-block ViT with seeded random weights.
+not needed). Its language model is the calculator-only text demo (``--text-base``; the
+text demo as it was when the VL demo was trained, before it also learnt the python and
+search tools; weights copied, so it calls tools the way that model does); the three
+Qwen2-VL vision tokens are appended to the text demo's vocabulary; the vision tower is a
+one-block ViT with seeded random weights.
 
 What this starting point is: the text demo inside the Qwen2-VL architecture, with an
 untrained vision tower. Training it to call ``crop_video`` and answer from the frames is
@@ -19,6 +19,14 @@ untrained vision tower. Training it to call ``crop_video`` and answer from the f
 Why a copied language model: with identical temporal/height/width positions, Qwen2-VL's
 multimodal RoPE is exactly the 1-D RoPE of Qwen2, so the text demo's weights compute the
 same logits inside the VL architecture (checked by ``tests/demo_vl``).
+
+The text base is ``src/toolrollout/demo_vl/text_base/`` in a source checkout; it is not in
+the wheel (only this maintainer step reads it). It is ``src/toolrollout/demo/model/`` as of
+commit ``9ceb368``, so git recreates it anywhere::
+
+    mkdir text_base && for f in chat_template.jinja config.json generation_config.json \
+        model.safetensors tokenizer.json tokenizer_config.json; do
+      git show "9ceb368:src/toolrollout/demo/model/$f" > "text_base/$f"; done
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from typing import Any, Final, cast
 
 import torch
 
+from toolrollout._exceptions import UserError
 from toolrollout.demo_vl import DEMO_VL_TEXT_BASE_PATH as TEXT_BASE
 
 __all__ = ["IMAGE_PAD", "VISION_END", "VISION_START", "build"]
@@ -47,11 +56,11 @@ MAX_PIXELS: Final = 112 * 112
 """Largest image area: at most (112/28)^2 = 16 placeholder tokens per image."""
 
 
-def _tokenizer_files(out: Path) -> dict[str, int]:
+def _tokenizer_files(out: Path, text_base: Path) -> dict[str, int]:
     """Write tokenizer.json/tokenizer_config.json with the vision tokens; return their ids."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(TEXT_BASE))
+    tokenizer = AutoTokenizer.from_pretrained(str(text_base))
     tokenizer.add_special_tokens(
         {"additional_special_tokens": [VISION_START, VISION_END, IMAGE_PAD]},
         replace_extra_special_tokens=False,
@@ -116,21 +125,27 @@ def _config(text: dict[str, Any], vocab: int, ids: dict[str, int]) -> Any:
     )
 
 
-def build(out: Path) -> Path:
-    """Write the VL demo folder to ``out`` and return it."""
+def build(out: Path, text_base: Path = TEXT_BASE) -> Path:
+    """Write the VL demo folder to ``out`` from the text model in ``text_base``; return it."""
     from safetensors.torch import load_file
     from transformers import Qwen2VLForConditionalGeneration, Qwen2VLImageProcessorPil
 
+    if not (text_base / "model.safetensors").is_file():
+        raise UserError(
+            f"text base not found: {text_base} (not in the wheel; recreate it with "
+            "`git show 9ceb368:src/toolrollout/demo/model/<file>`, see "
+            "toolrollout.demo_vl.build) and pass --text-base PATH"
+        )
     torch.manual_seed(_SEED)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    ids = _tokenizer_files(out)
-    text = json.loads((TEXT_BASE / "config.json").read_text(encoding="utf-8"))
+    ids = _tokenizer_files(out, text_base)
+    text = json.loads((text_base / "config.json").read_text(encoding="utf-8"))
     vocab = max(ids.values()) + 1
     model: Any = Qwen2VLForConditionalGeneration(_config(text, vocab, ids))
     model.eval()
-    weights = load_file(str(TEXT_BASE / "model.safetensors"))
+    weights = load_file(str(text_base / "model.safetensors"))
     language = model.model.language_model
     with torch.no_grad():
         for name, tensor in weights.items():
@@ -156,8 +171,18 @@ def build(out: Path) -> Path:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--text-base",
+        type=Path,
+        default=TEXT_BASE,
+        help="the calculator-only text demo (default: demo_vl/text_base/ of a source checkout)",
+    )
     args = parser.parse_args(argv)
-    sys.stdout.write(f"{build(args.out)}\n")
+    try:
+        out = build(args.out, args.text_base)
+    except UserError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    sys.stdout.write(f"{out}\n")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from typing import Any, Final, cast
 import torch
 
 from toolrollout.demo.dialogs import training_dialogs
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
+from toolrollout.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
 from toolrollout.demo_vl.build import build
 from toolrollout.demo_vl.video import COLOURS, Segment, make_video, plan_segments
 from toolrollout.tools.calculator import CALCULATOR_TOOL
@@ -312,7 +312,7 @@ def train(args: argparse.Namespace, workdir: Path) -> Any:
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
     t0 = time.perf_counter()
-    start = build(workdir / "start")
+    start = build(workdir / "start", args.text_base)
     tokenizer = AutoTokenizer.from_pretrained(str(start))
     fmt = VisionFormat.from_pretrained(start)
     auto: Any = AutoImageProcessor  # the embedded engine's processor (Pillow backend)
@@ -501,6 +501,12 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--out", type=Path, default=DEMO_VL_MODEL_PATH)
+    parser.add_argument(
+        "--text-base",
+        type=Path,
+        default=DEMO_VL_TEXT_BASE_PATH,
+        help="the text model to start from (see toolrollout.demo_vl.build)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clips", type=int, default=192)
     parser.add_argument("--calc-dialogs", type=int, default=2000)

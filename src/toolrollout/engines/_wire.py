@@ -2,7 +2,7 @@
 
 Pure functions and one small state machine, no I/O, so the exact shapes SGLang puts on the
 wire can be tested against fixtures derived from its source (``tests/engines/fixtures``).
-Everything here raises :class:`~toolrollout.EngineError` (never ``KeyError`` or
+Everything here raises :class:`~toolrollout.exceptions.EngineError` (never ``KeyError`` or
 ``TypeError``) when a body does not have the shape SGLang documents, because a silently
 misparsed token id would corrupt a training batch.
 

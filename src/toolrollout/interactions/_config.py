@@ -3,7 +3,7 @@
 Names follow verl's rule: ``name`` if given, else the class name without an
 ``Interaction`` suffix, lower-cased (``Gsm8kInteraction`` -> ``gsm8k``). The name is also
 put into the ``config`` the class receives. Problems are one-line
-:class:`~toolrollout.ConfigError` messages naming the file and key.
+:class:`~toolrollout.exceptions.ConfigError` messages naming the file and key.
 """
 
 from __future__ import annotations

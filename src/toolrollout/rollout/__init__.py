@@ -2,7 +2,16 @@
 
 Images from tools (vision-language models) are kept on the trajectory with their token
 spans; ``verl_multi_modal_data``, ``trl_messages`` and ``swift_row`` hand them to trainers.
+
+The output files (``TrajectoryWriter``, ``read_rows``, the leftover file...) need pyarrow
+(the ``parquet`` extra); they are loaded on first access so ``import toolrollout`` does not
+import it.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from toolrollout._records import ResumePoint as ResumePoint
 from toolrollout._records import SpanKind as SpanKind
@@ -17,17 +26,6 @@ from ._images import prepare_images as prepare_images
 from ._images import swift_row as swift_row
 from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
-from ._leftover import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
-from ._leftover import read_leftover as read_leftover
-from ._leftover import write_leftover as write_leftover
-from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
-from ._output import ShardWriter as ShardWriter
-from ._output import TrajectoryWriter as TrajectoryWriter
-from ._output import compact_shards as compact_shards
-from ._output import done_samples as done_samples
-from ._output import read_rows as read_rows
-from ._output import read_shards as read_shards
-from ._output import write_trajectories as write_trajectories
 from ._parts import EnvStep as EnvStep
 from ._parts import ModelTurn as ModelTurn
 from ._parts import RolloutPrompt as RolloutPrompt
@@ -37,6 +35,19 @@ from ._runner import as_prompt as as_prompt
 from ._runner import failed_trajectory as failed_trajectory
 from ._state import TrajectoryState as TrajectoryState
 from ._state import resume_prompt as resume_prompt
+
+if TYPE_CHECKING:
+    from ._leftover import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
+    from ._leftover import read_leftover as read_leftover
+    from ._leftover import write_leftover as write_leftover
+    from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
+    from ._output import ShardWriter as ShardWriter
+    from ._output import TrajectoryWriter as TrajectoryWriter
+    from ._output import compact_shards as compact_shards
+    from ._output import done_samples as done_samples
+    from ._output import read_rows as read_rows
+    from ._output import read_shards as read_shards
+    from ._output import write_trajectories as write_trajectories
 
 __all__ = [
     "LEFTOVER_SCHEMA",
@@ -72,3 +83,32 @@ __all__ = [
     "write_leftover",
     "write_trajectories",
 ]
+
+_LAZY = {
+    **dict.fromkeys(("LEFTOVER_SCHEMA", "read_leftover", "write_leftover"), "._leftover"),
+    **dict.fromkeys(
+        (
+            "TRAJECTORY_SCHEMA",
+            "ShardWriter",
+            "TrajectoryWriter",
+            "compact_shards",
+            "done_samples",
+            "read_rows",
+            "read_shards",
+            "write_trajectories",
+        ),
+        "._output",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from toolrollout._extras import require_extra
+
+    require_extra("parquet", f"toolrollout.rollout.{name}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

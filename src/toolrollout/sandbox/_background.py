@@ -163,7 +163,7 @@ async def serve_local_sandboxes(
     A tool asks with ``local_sandbox: true`` in its config; its ``sandbox_fusion_url`` must
     then be local (127.0.0.1 / localhost). Where something already listens on that port it
     is used as it is. Yields the ``/run_code`` URLs of the servers started (one per port),
-    and stops them on exit. Raises :class:`~toolrollout.SandboxIsolationError` when
+    and stops them on exit. Raises :class:`~toolrollout.exceptions.SandboxIsolationError` when
     bubblewrap is unavailable.
     """
     services: dict[int, LocalSandboxService] = {}

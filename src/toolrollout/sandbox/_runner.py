@@ -221,7 +221,7 @@ class SandboxRunner:
     """Runs ``/run_code`` requests under :class:`SandboxServerConfig`.
 
     Construction checks the isolation works (it runs one trivial sandboxed program) and
-    raises :class:`~toolrollout.SandboxIsolationError` when it does not.
+    raises :class:`~toolrollout.exceptions.SandboxIsolationError` when it does not.
     """
 
     def __init__(self, config: SandboxServerConfig | None = None) -> None:

@@ -60,7 +60,7 @@ def run_sandbox_server(
 ) -> None:
     """Check the isolation, then serve until interrupted (blocking).
 
-    Raises :class:`~toolrollout.SandboxIsolationError` before binding the port when
+    Raises :class:`~toolrollout.exceptions.SandboxIsolationError` before binding the port when
     bubblewrap is missing or does not work and ``config.isolation`` is ``"bwrap"``.
     """
     import uvicorn

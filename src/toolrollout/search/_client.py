@@ -148,9 +148,10 @@ class SearchTool(Tool):
 
     HTTP failures (connection errors, timeouts, 429/5xx answers) are retried
     :attr:`http_retries` times with exponential backoff, then raised as
-    :class:`~toolrollout.ToolUnavailable`; a 4xx answer or an unreadable body raises
-    :class:`~toolrollout.ToolExecutionError`; bad arguments raise
-    :class:`~toolrollout.ToolArgumentError`. The executor turns each into an error result.
+    :class:`~toolrollout.exceptions.ToolUnavailable`; a 4xx answer or an unreadable body raises
+    :class:`~toolrollout.exceptions.ToolExecutionError`; bad arguments raise
+    :class:`~toolrollout.exceptions.ToolArgumentError`. The executor turns each into an error
+    result.
     Result metrics: ``query_count``, ``total_results``, ``empty_queries``, ``attempts``.
     """
 

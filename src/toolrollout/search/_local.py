@@ -103,7 +103,7 @@ async def serve_retriever_in_background(
     ``corpus`` None or ``"demo"`` serves the bundled demo corpus; ``port`` 0 picks a free
     port. Returns once ``GET /health`` answers; the process is terminated (then killed)
     on exit, also when the block is cancelled. A process that exits or does not become
-    healthy within ``startup_timeout`` raises :class:`~toolrollout.ToolUnavailable`
+    healthy within ``startup_timeout`` raises :class:`~toolrollout.exceptions.ToolUnavailable`
     carrying the end of its output.
     """
     path = resolve_corpus(corpus)

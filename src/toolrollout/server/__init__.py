@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import os
 
-from toolrollout.server._app import create_app
+from toolrollout._extras import require_extra
+
+require_extra("serve", "toolrollout.server")
+
+from toolrollout.server._app import create_app  # noqa: E402
 
 __all__ = ["create_app", "run_server"]
 

@@ -83,6 +83,9 @@ def detect_vision(
 
 def load_tokenizer(path: str | Path) -> Any:
     """The tokenizer of a model folder, or a one-line :class:`UserError` saying why not."""
+    from toolrollout._extras import require_extra
+
+    require_extra("cli", "loading a tokenizer from a model folder", "transformers")
     from transformers import AutoTokenizer
 
     folder = Path(path)

@@ -1,6 +1,6 @@
 """Tool-config files in verl's layout: ``tools: [{class_name, config, tool_schema}]``.
 
-Every problem is reported as a :class:`~toolrollout.ConfigError` naming the file and the
+Every problem is reported as a :class:`~toolrollout.exceptions.ConfigError` naming the file and the
 key path (``tools/x.yaml: tools[0].config.timeout: must be a positive number``), because a
 config error found hours into a run, or reported without its place, costs the most.
 """

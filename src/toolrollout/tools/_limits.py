@@ -130,7 +130,7 @@ class CircuitState(enum.StrEnum):
     CLOSED = "closed"
     """Calls go through; consecutive failures are counted."""
     OPEN = "open"
-    """Calls fail fast with :class:`~toolrollout.CircuitOpen` until ``reset_timeout`` passes."""
+    """Calls fail fast (:class:`~toolrollout.exceptions.CircuitOpen`) for ``reset_timeout``."""
     HALF_OPEN = "half_open"
     """The next call (only one) is a trial: success closes the breaker, failure re-opens it."""
 
@@ -218,7 +218,7 @@ class CircuitBreaker:
         )
 
     def acquire(self) -> _Permit:
-        """Admit a call, or raise :class:`~toolrollout.CircuitOpen` to fail it fast."""
+        """Admit a call, or raise :class:`~toolrollout.exceptions.CircuitOpen` to fail it fast."""
         if self._state is CircuitState.CLOSED:
             return _Permit(self._epoch, trial=False)
         if self._state is CircuitState.OPEN and self._retry_after() <= 0:
@@ -229,7 +229,7 @@ class CircuitBreaker:
         raise self._reject()
 
     def check(self, permit: _Permit) -> None:
-        """Before a retry: raise :class:`~toolrollout.CircuitOpen` if the breaker opened
+        """Before a retry: raise :class:`~toolrollout.exceptions.CircuitOpen` if the breaker opened
         since the call was admitted (the trial call itself may retry)."""
         if permit.epoch != self._epoch and self._state is not CircuitState.CLOSED:
             raise self._reject()

@@ -91,7 +91,7 @@ def tool_types() -> tuple[str, ...]:
 def tool_type_builder(name: str) -> ToolBuilder:
     """The builder of ``name``, imported now if it was registered by its name.
 
-    Raises :class:`~toolrollout.ConfigError` for an unknown type or a builder that cannot
+    Raises :class:`~toolrollout.exceptions.ConfigError` for an unknown type or a builder that cannot
     be imported.
     """
     try:

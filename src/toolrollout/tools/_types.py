@@ -122,7 +122,7 @@ class ToolResult:
 
 DEFAULT_TOOL_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.1, max_backoff=2.0, jitter=0.1)
 """A tool's retry policy unless it sets its own: 2 retries after the first attempt, only on
-:class:`~toolrollout.ToolUnavailable` and :class:`ConnectionError` (a tool that raised
+:class:`~toolrollout.exceptions.ToolUnavailable` and :class:`ConnectionError` (a tool that raised
 because of its input would fail the same way again), never on a timeout."""
 
 
@@ -130,12 +130,12 @@ because of its input would fail the same way again), never on a timeout."""
 class CircuitBreakerPolicy:
     """When a tool stops being called: after ``failure_threshold`` consecutive failed calls.
 
-    The breaker then fails every call fast (a :class:`~toolrollout.CircuitOpen` error result,
-    the tool is not called) for ``reset_timeout`` seconds, lets one trial call through
+    The breaker then fails every call fast (a :class:`~toolrollout.exceptions.CircuitOpen`
+    error result, the tool is not called) for ``reset_timeout`` seconds, lets one trial call through
     (half-open), and closes again if it succeeds or re-opens if it fails.
 
     A failed *call* counts once, after its retries. Only infrastructure failures count
-    (``trip_on``, by default every :class:`~toolrollout.ToolError`: the backend raised,
+    (``trip_on``, by default every :class:`~toolrollout.exceptions.ToolError`: the backend raised,
     timed out or was unreachable); the model's mistakes (unknown tool, invalid arguments)
     never do. A call that returns a result, even an ``is_error`` one the tool wrote itself,
     is a success: the backend answered.

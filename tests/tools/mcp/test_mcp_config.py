@@ -12,7 +12,7 @@ import pytest
 from mcp.types import Tool as McpToolInfo
 from mcp_helpers import REPO, child_pids
 
-from toolrollout import ConfigError
+from toolrollout.exceptions import ConfigError
 from toolrollout.tools import ToolCallRequest, ToolExecutor, load_tool_config
 from toolrollout.tools.mcp import HttpServer, McpTool, StdioServer, mcp_sessions, parse_mcp_servers
 from toolrollout.tools.mcp import _config as mcp_config

@@ -19,7 +19,7 @@ from mcp.types import (
 from mcp.types import Tool as McpToolInfo
 from PIL import Image
 
-from toolrollout import ToolExecutionError, ToolUnavailable, UserError
+from toolrollout.exceptions import ToolExecutionError, ToolUnavailable, UserError
 from toolrollout.tools import ToolCallRequest, ToolExecutor, calculator_tool
 from toolrollout.tools.mcp import (
     McpClientManager,

@@ -4,8 +4,12 @@
 ...     result = await engine.generate(GenerateRequest(input_ids=(1, 2, 3)))
 """
 
-from toolrollout.engines.embedded._engine import EmbeddedEngine
-from toolrollout.engines.embedded._output import EmbeddedOutput, TopLogprobs
-from toolrollout.engines.embedded._sampling import GenerationOptions
+from toolrollout._extras import require_extra
+
+require_extra("serve", "the embedded engine (EmbeddedEngine)", "torch", "transformers")
+
+from toolrollout.engines.embedded._engine import EmbeddedEngine  # noqa: E402
+from toolrollout.engines.embedded._output import EmbeddedOutput, TopLogprobs  # noqa: E402
+from toolrollout.engines.embedded._sampling import GenerationOptions  # noqa: E402
 
 __all__ = ["EmbeddedEngine", "EmbeddedOutput", "GenerationOptions", "TopLogprobs"]

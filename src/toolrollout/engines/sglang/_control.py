@@ -163,7 +163,7 @@ class _ControlPlane(_Transport):
 
         Returns each server's answer (``message``, ``num_paused_requests``). A server
         that refuses (bad path, other architecture) raises
-        :class:`~toolrollout.EngineRequestRejected` with its message, after all servers
+        :class:`~toolrollout.exceptions.EngineRequestRejected` with its message, after all servers
         answered (:class:`~toolrollout.engines.EngineServersFailed` when several failed).
         """
         path = os.fspath(model_path)

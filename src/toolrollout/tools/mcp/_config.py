@@ -57,7 +57,7 @@ def discover_tools(
     Runs its own event loop on a worker thread, so it may be called from sync code and
     from inside a running event loop alike (which it then blocks while it runs). Every
     session and child process is closed before it returns. Raises
-    :class:`~toolrollout.ToolUnavailable` for a server that cannot be reached.
+    :class:`~toolrollout.exceptions.ToolUnavailable` for a server that cannot be reached.
     """
 
     async def run() -> dict[str, list[McpToolInfo]]:

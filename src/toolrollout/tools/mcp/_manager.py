@@ -452,7 +452,7 @@ class McpClientManager:
     connected by the first call that needs it. Closing closes every session and stops
     every child process. A lost session (process exited, connection dropped, server
     restarted) is replaced by the next call; the call that found it lost fails with
-    :class:`~toolrollout.ToolUnavailable`, which the executor's retry policy retries.
+    :class:`~toolrollout.exceptions.ToolUnavailable`, which the executor's retry policy retries.
 
     Use it from one event loop.
     """
@@ -516,7 +516,8 @@ class McpClientManager:
     async def aclose(self) -> None:
         """Close every session and stop every child process; waits until they are gone.
 
-        Calls still in flight fail with :class:`~toolrollout.ToolUnavailable`. Idempotent.
+        Calls still in flight fail with :class:`~toolrollout.exceptions.ToolUnavailable`.
+        Idempotent.
         """
         task_group = self._task_group
         if self._state != "open" or task_group is None:
@@ -570,7 +571,7 @@ class McpClientManager:
     async def connect(self, *servers: str) -> None:
         """Connect now (default: every server) instead of on first use; fail fast.
 
-        Raises :class:`~toolrollout.ToolUnavailable` for the first server that cannot be
+        Raises :class:`~toolrollout.exceptions.ToolUnavailable` for the first server that cannot be
         reached.
         """
         names = servers or tuple(self._servers)
@@ -598,10 +599,10 @@ class McpClientManager:
         """Call a tool on the server's shared session and return the raw MCP result.
 
         An ``isError`` result is returned, not raised. Raises, from the library's tree:
-        :class:`~toolrollout.ToolUnavailable` (cannot connect, session lost, rate
-        limited), :class:`~toolrollout.ToolArgumentError` (the server rejected the
-        arguments), :class:`~toolrollout.ToolTimeout` (a server-side timeout),
-        :class:`~toolrollout.ToolExecutionError` (other protocol errors, malformed
+        :class:`~toolrollout.exceptions.ToolUnavailable` (cannot connect, session lost, rate
+        limited), :class:`~toolrollout.exceptions.ToolArgumentError` (the server rejected the
+        arguments), :class:`~toolrollout.exceptions.ToolTimeout` (a server-side timeout),
+        :class:`~toolrollout.exceptions.ToolExecutionError` (other protocol errors, malformed
         results), :class:`~toolrollout.UserError` (the manager is not open). Cancelling
         the caller cancels the request on the server.
         """

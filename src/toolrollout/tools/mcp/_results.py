@@ -61,7 +61,8 @@ def mcp_result_to_tool_result(result: CallToolResult, *, tool_name: str) -> Tool
     """Convert one MCP tool result.
 
     An image that cannot be decoded makes the whole result malformed: it raises
-    :class:`~toolrollout.ToolExecutionError` (the executor turns it into an error result).
+    :class:`~toolrollout.exceptions.ToolExecutionError` (the executor turns it into an error
+    result).
     """
     texts: list[str] = []
     images: list[Any] = []

@@ -204,7 +204,7 @@ def parse_mcp_servers(
     Accepts ``{"mcpServers": {...}}``, VS Code's ``{"servers": {...}}`` and a bare mapping
     of server entries. Entries with ``"disabled": true`` are skipped. ``config_dir`` is
     where relative ``cwd`` values and ``${CONFIG_DIR}`` point (default: the current one).
-    Every problem is a :class:`~toolrollout.ConfigError` naming ``source`` and the key.
+    Every problem is a :class:`~toolrollout.exceptions.ConfigError` naming ``source`` and the key.
     """
     # Imported here: tools._config imports this package lazily, never the other way round.
     from toolrollout.tools._config import _key_path, _message

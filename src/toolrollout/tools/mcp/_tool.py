@@ -83,7 +83,7 @@ class McpTool(Tool):
     def check_arguments(self, arguments: Mapping[str, Any]) -> None:
         """Check the arguments against the server's input schema before calling.
 
-        A mismatch is the model's fault (:class:`~toolrollout.ToolArgumentError`, counted
+        A mismatch is the model's fault (:class:`~toolrollout.exceptions.ToolArgumentError`, counted
         as invalid arguments) rather than an ``isError`` answer from the server. A schema
         the validator cannot read is not checked here (the server still validates).
         """
