@@ -1,11 +1,12 @@
-"""The records every layer shares: trajectories, their token spans, statuses, images and
-resume points.
+"""The records every layer shares: prompts, trajectories, their token spans, statuses,
+images and resume points.
 
 A leaf: it imports nothing from the rest of toolrollout, so reward functions, metrics,
 writers and trainer adapters can use these types without importing the rollout loop. The
 public names are re-exported by :mod:`toolrollout.rollout`.
 """
 
+from ._prompt import RolloutPrompt as RolloutPrompt
 from ._resume import RESUME_FORMAT_VERSION as RESUME_FORMAT_VERSION
 from ._resume import ResumeFormatError as ResumeFormatError
 from ._resume import ResumePoint as ResumePoint
@@ -19,6 +20,7 @@ __all__ = [
     "RESUME_FORMAT_VERSION",
     "ResumeFormatError",
     "ResumePoint",
+    "RolloutPrompt",
     "SpanKind",
     "TokenSpan",
     "Trajectory",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrollout._exceptions import UserError
-from toolrollout.rollout import RolloutPrompt
+from toolrollout._records import RolloutPrompt
 
 __all__ = ["load_prompts"]
 

@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from toolrollout._records import ResumePoint as ResumePoint
+from toolrollout._records import RolloutPrompt as RolloutPrompt
 from toolrollout._records import SpanKind as SpanKind
 from toolrollout._records import TokenSpan as TokenSpan
 from toolrollout._records import Trajectory as Trajectory
@@ -28,7 +29,6 @@ from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
 from ._parts import EnvStep as EnvStep
 from ._parts import ModelTurn as ModelTurn
-from ._parts import RolloutPrompt as RolloutPrompt
 from ._runner import RolloutBatch as RolloutBatch
 from ._runner import RolloutRunner as RolloutRunner
 from ._runner import as_prompt as as_prompt

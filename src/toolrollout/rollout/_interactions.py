@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from toolrollout._exceptions import UserError
-from toolrollout._records import TrajectoryStatus
+from toolrollout._records import RolloutPrompt, TrajectoryStatus
 from toolrollout.tools import row_kwargs
 
 from ._environment import TrajectoryEnvironment
-from ._parts import EnvStep, ModelTurn, RolloutPrompt
+from ._parts import EnvStep, ModelTurn
 from ._state import TrajectoryState
 
 __all__ = ["interaction_step", "select_interaction"]

@@ -41,6 +41,7 @@ from toolrollout._exceptions import ToolRolloutError, UserError
 from toolrollout._records import (
     ResumeFormatError,
     ResumePoint,
+    RolloutPrompt,
     TokenSpan,
     Trajectory,
     TrajectoryImage,
@@ -52,7 +53,7 @@ from toolrollout.tools import ToolResult
 from ._drift import DriftLedger
 from ._environment import EnvironmentLedger
 from ._output import TRAJECTORY_SCHEMA, write_atomic
-from ._parts import Counters, RolloutPrompt, Timing, ToolLedger, Transcript
+from ._parts import Counters, Timing, ToolLedger, Transcript
 from ._state import TrajectoryState
 from ._vision_turn import ImageLedger
 

@@ -22,13 +22,13 @@ import uuid
 from dataclasses import replace
 
 from toolrollout._exceptions import OverlongPromptError, ToolRolloutError
-from toolrollout._records import ResumePoint, Trajectory, TrajectoryStatus
+from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
 from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams
 
 from ._environment import TrajectoryEnvironment
 from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
 from ._interactions import select_interaction
-from ._parts import RolloutPrompt, RolloutServices
+from ._parts import RolloutServices
 from ._state import TrajectoryState
 
 __all__ = ["run_trajectory"]

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import anyio
 
-from toolrollout._records import TokenSpan
+from toolrollout._records import RolloutPrompt, TokenSpan
 from toolrollout.chat import ChatFormat, ParsedTurn, PreparedImage, ToolCallParser, VisionFormat
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward
@@ -32,15 +32,6 @@ __all__ = [
     "ToolLedger",
     "Transcript",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutPrompt:
-    """One dataset row: the opening messages and, optionally, the ground truth."""
-
-    messages: tuple[dict[str, Any], ...]
-    ground_truth: Any = None
-    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

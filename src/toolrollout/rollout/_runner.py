@@ -33,7 +33,7 @@ from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 import anyio
 
 from toolrollout._exceptions import EngineError, UserError
-from toolrollout._records import ResumePoint, Trajectory, TrajectoryStatus
+from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward, combine
@@ -43,7 +43,7 @@ from ._config import RolloutConfig
 from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
 from ._loop import run_trajectory
-from ._parts import RolloutPrompt, RolloutServices, StopControl
+from ._parts import RolloutServices, StopControl
 from ._state import resume_prompt
 
 __all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
