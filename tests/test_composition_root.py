@@ -127,6 +127,19 @@ def test_build_runner_wires_the_spec(tokenizer: Any) -> None:
     assert runner.context_length == 99 and runner.config.max_turns == 3
 
 
+def test_build_runner_passes_the_spec_hooks(tokenizer: Any) -> None:
+    from toolrollout import TrajectoryHooks
+
+    class Quiet(TrajectoryHooks):
+        pass
+
+    hooks = Quiet()
+    runner = build_runner(RunSpec(hooks=hooks), ScriptedEngine([]), tokenizer=tokenizer)
+    assert runner.hooks is hooks
+    default = build_runner(RunSpec(), ScriptedEngine([]), tokenizer=tokenizer)
+    assert type(default.hooks) is TrajectoryHooks
+
+
 def test_leftover_compatibility_names_what_differs(tokenizer: Any) -> None:
     info = leftover_info(
         n=2, tool_names=["calculator"], tool_parser="qwen25", tokenizer=tokenizer, model="m"

@@ -98,7 +98,10 @@ def eval_command(
     concurrency: Annotated[int, typer.Option(min=1, help="In-flight engine requests.")] = 64,
     seed: Annotated[int, typer.Option(help="Sampling and bootstrap seed.")] = 0,
     limit: Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")] = None,
-    tool_parser: Annotated[str, typer.Option(help="Tool-call format of the model.")] = "qwen25",
+    tool_parser: Annotated[
+        str | None,
+        typer.Option(help="Tool-call format of the model. Default: its chat template family's."),
+    ] = None,
     health_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
     ] = 120.0,

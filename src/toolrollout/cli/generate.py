@@ -85,7 +85,10 @@ _TopP = Annotated[float, typer.Option(min=0.0, max=1.0)]
 _Concurrency = Annotated[int, typer.Option(min=1, help="In-flight engine requests.")]
 _Seed = Annotated[int | None, typer.Option(help="Base sampling seed.")]
 _Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")]
-_ToolParser = Annotated[str, typer.Option(help="Tool-call format of the model.")]
+_ToolParser = Annotated[
+    str | None,
+    typer.Option(help="Tool-call format of the model. Default: its chat template family's."),
+]
 _ToolErrorPenalty = Annotated[
     float, typer.Option(min=0.0, help="Reward penalty per failed or malformed tool call.")
 ]
@@ -186,7 +189,7 @@ def generate(
     concurrency: _Concurrency = 64,
     seed: _Seed = None,
     limit: _Limit = None,
-    tool_parser: _ToolParser = "qwen25",
+    tool_parser: _ToolParser = None,
     tool_error_penalty: _ToolErrorPenalty = 0.0,
     out: _Out = Path("trajectories.parquet"),
     health_timeout: _HealthTimeout = 120.0,
@@ -242,7 +245,7 @@ class _Flags:
     concurrency: int
     seed: int | None
     limit: int | None
-    tool_parser: str
+    tool_parser: str | None
     tool_error_penalty: float
     out: Path
     health_timeout: float
@@ -417,7 +420,12 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
 
 def _plan(flags: _Flags) -> _Plan:
     """Check the flags, load the tokenizer, tools, prompts or leftover: fail before writing."""
-    from toolrollout.spec import check_leftover_matches, leftover_info, load_parts
+    from toolrollout.spec import (
+        check_leftover_matches,
+        effective_tool_parser,
+        leftover_info,
+        load_parts,
+    )
 
     _check_flags(flags)
     carried, saved, n = _read_carried(flags)
@@ -428,7 +436,7 @@ def _plan(flags: _Flags) -> _Plan:
             flags.resume_leftover,
             saved,
             tool_names=parts.tool_names,
-            tool_parser=spec.config.tool_parser,
+            tool_parser=effective_tool_parser(spec.config.tool_parser, parts.tokenizer),
             tokenizer=parts.tokenizer,
             model=spec.model_path,
         )
@@ -438,7 +446,7 @@ def _plan(flags: _Flags) -> _Plan:
     info = leftover_info(
         n=n,
         tool_names=parts.tool_names,
-        tool_parser=spec.config.tool_parser,
+        tool_parser=effective_tool_parser(spec.config.tool_parser, parts.tokenizer),
         tokenizer=parts.tokenizer,
         model=spec.model_path,
     )

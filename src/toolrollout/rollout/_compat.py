@@ -17,7 +17,12 @@ from typing import Any
 
 from toolrollout._exceptions import UserError
 
-__all__ = ["check_leftover_matches", "leftover_info", "tokenizer_fingerprint"]
+__all__ = [
+    "check_leftover_matches",
+    "effective_tool_parser",
+    "leftover_info",
+    "tokenizer_fingerprint",
+]
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -26,6 +31,15 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     digest.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     digest.update(str(getattr(tokenizer, "chat_template", None) or "").encode())
     return digest.hexdigest()[:16]
+
+
+def effective_tool_parser(tool_parser: str | None, tokenizer: Any) -> str:
+    """The parser a run uses: the one named, else the chat template family's."""
+    if tool_parser is not None:
+        return tool_parser
+    from toolrollout.chat import ChatFormat
+
+    return ChatFormat(tokenizer).family.tool_parser
 
 
 def leftover_info(

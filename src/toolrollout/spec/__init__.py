@@ -11,6 +11,7 @@ and the checks that a leftover file suits the run (:func:`check_leftover_matches
 
 from toolrollout.engines._factory import connect as connect
 from toolrollout.rollout._compat import check_leftover_matches as check_leftover_matches
+from toolrollout.rollout._compat import effective_tool_parser as effective_tool_parser
 from toolrollout.rollout._compat import leftover_info as leftover_info
 from toolrollout.rollout._compat import tokenizer_fingerprint as tokenizer_fingerprint
 
@@ -40,6 +41,7 @@ __all__ = [
     "connect",
     "default_rewards",
     "detect_vision",
+    "effective_tool_parser",
     "is_number",
     "leftover_info",
     "load_parts",

@@ -125,6 +125,7 @@ def build_runner(
         context_length=context_length,
         interactions=parts.interactions,
         vision=parts.vision,
+        hooks=spec.hooks,
     )
 
 

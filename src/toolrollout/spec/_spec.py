@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
     from toolrollout.interactions import Interaction
     from toolrollout.rewards import WeightedReward
-    from toolrollout.rollout import Trajectory
+    from toolrollout.rollout import Trajectory, TrajectoryHooks
     from toolrollout.tools import Tool
 
     Reward = Callable[[Trajectory], Any] | WeightedReward
@@ -64,6 +64,9 @@ class RunSpec:
     tool_error_penalty: float = 0.0
     vision: VisionMode | VisionFormat = "auto"
     config: RolloutConfig = field(default_factory=RolloutConfig)
+    hooks: TrajectoryHooks | None = None
+    """A custom environment (:class:`~toolrollout.TrajectoryHooks` subclass); None: tools
+    and interactions as configured."""
     threads: int = 1
     health_timeout: float = 120.0
     request_timeout: float | None = None
