@@ -21,6 +21,7 @@ import anyio
 import httpx
 import pytest
 from tests._processes import free_port, stop, wait_http
+from tests._waiting import wait_until
 
 from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
 
@@ -193,9 +194,15 @@ async def test_client_and_abort_through_router(cluster: dict[str, Any]) -> None:
         async def run() -> None:
             outcome["result"] = await client.generate(long)
 
+        async def generating() -> bool:
+            """Whether a worker's running batch holds output tokens (KV beyond the prompt)."""
+            async with httpx.AsyncClient() as http:
+                loads = [(await http.get(f"{w}/get_load")).json()[0] for w in cluster["workers"]]
+            return sum(int(load["num_tokens"]) for load in loads) > len(long.input_ids)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
-            await anyio.sleep(1.0)
+            await wait_until(generating, what="the long request generating")
             await client.abort("router-abort-me")
         aborted = outcome["result"]
         assert aborted.finish_reason.type == "abort"
