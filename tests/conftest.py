@@ -7,12 +7,18 @@ a millisecond of compute, so tests exercise the real engine/server code paths ch
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests._network_guard import NetworkGuard
+
+# huggingface_hub phones home from a background thread (telemetry, its agent registry),
+# which the network guard refuses: offline and silent, here and in the servers tests start.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 TINY_SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
