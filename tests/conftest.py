@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random-weight Qwen2 model built once per test session.
+"""Shared fixtures: a tiny random-weight Qwen2 model built once per test session, and the
+network guard that fails any test reaching beyond this machine (tests/_network_guard.py).
 
 The model is small enough (two layers, hidden size 32) that a forward pass costs well under
 a millisecond of compute, so tests exercise the real engine/server code paths cheaply.
@@ -6,9 +7,18 @@ a millisecond of compute, so tests exercise the real engine/server code paths ch
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests._network_guard import NetworkGuard
+
+# huggingface_hub phones home from a background thread (telemetry, its agent registry),
+# which the network guard refuses: offline and silent, here and in the servers tests start.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 TINY_SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -43,7 +53,7 @@ def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
         show_progress=False,
     )
     core.train_from_iterator(TINY_SENTENCES * 4, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=core,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -67,7 +77,8 @@ def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(path)
-    GenerationConfig(eos_token_id=[tokenizer.eos_token_id]).save_pretrained(path)
+    generation = GenerationConfig(eos_token_id=[tokenizer.eos_token_id])  # type: ignore[no-untyped-call]
+    generation.save_pretrained(path)
     return path
 
 
@@ -75,3 +86,24 @@ def build_tiny_model(path: Path, *, seed: int = 0) -> Path:
 def tiny_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Qwen2 model folder (vocab ~320, eos ``<|im_end|>``, context 256)."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def network_guard() -> Iterator[NetworkGuard]:
+    """Installed before every other fixture of the session, removed after the last test."""
+    guard = NetworkGuard()
+    guard.install()
+    try:
+        yield guard
+    finally:
+        guard.uninstall()
+
+
+@pytest.fixture(autouse=True)
+def _no_network(network_guard: NetworkGuard) -> Iterator[None]:
+    """Fails the test at teardown too if it reached past loopback, even if code under test
+    caught the guard's failure."""
+    network_guard.violations.clear()
+    yield
+    if network_guard.violations:
+        pytest.fail("\n".join(network_guard.violations), pytrace=False)

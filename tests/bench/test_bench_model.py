@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import statistics
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_latency_model_service_time() -> None:
 
 
 def test_critical_paths_sum_each_trajectorys_generations_and_tools() -> None:
-    requests = [
+    requests: list[dict[str, Any]] = [
         {"key": "a", "slot_seconds": 1.0},
         {"key": "a", "slot_seconds": 2.0},
         {"key": "b", "slot_seconds": 0.5},

@@ -24,7 +24,10 @@ def tool_loop(family: str) -> list[tuple[Message, list[Message]]]:
             "type": "function",
             "function": {"name": "add", "arguments": {"a": i, "b": i + 1}},
         }
-        message = {"role": "assistant", "content": "" if family == "llama3" else f"step {i}"}
+        message: Message = {
+            "role": "assistant",
+            "content": "" if family == "llama3" else f"step {i}",
+        }
         message["tool_calls"] = [call]
         results = [{"role": "tool", "tool_call_id": f"call_{i}", "content": str(2 * i + 1)}]
         if family != "llama3" and i % 5 == 4:  # sometimes two results merge into one turn

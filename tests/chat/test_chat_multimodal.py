@@ -21,7 +21,9 @@ def parts() -> tuple[Any, Any, VisionFormat]:
     from transformers import AutoImageProcessor, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(DEMO_VL_MODEL_PATH))
-    processor = AutoImageProcessor.from_pretrained(str(DEMO_VL_MODEL_PATH), backend="pil")
+    processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
+        str(DEMO_VL_MODEL_PATH), backend="pil"
+    )
     return tokenizer, processor, VisionFormat(tokenizer, processor)
 
 
@@ -57,7 +59,7 @@ def test_expansion_matches_the_processors_text_expansion(
     tokenizer, processor, vision = parts
     chat = ChatFormat(tokenizer)
     images = [_image((90, 60)), _image((200, 30), "blue")]
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "look"}]},
         {"role": "assistant", "content": "ok"},
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "and this"}]},
@@ -120,6 +122,8 @@ def test_a_text_tokenizer_is_refused() -> None:
     from toolrollout.demo import DEMO_MODEL_PATH
     from toolrollout.exceptions import ConfigError
 
-    processor = AutoImageProcessor.from_pretrained(str(DEMO_VL_MODEL_PATH), backend="pil")
+    processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
+        str(DEMO_VL_MODEL_PATH), backend="pil"
+    )
     with pytest.raises(ConfigError, match="not a Qwen2-VL model"):
         VisionFormat(AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH)), processor)

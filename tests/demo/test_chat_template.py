@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -45,7 +46,10 @@ CALL_37 = (
     '<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 12"}}\n</tool_call>'
 )
 CALL_81 = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "81 - 9"}}\n</tool_call>'
-USER = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 37 * 12?"}]
+USER: list[dict[str, Any]] = [
+    {"role": "system", "content": SYSTEM},
+    {"role": "user", "content": "What is 37 * 12?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +60,7 @@ def tokenizer() -> PreTrainedTokenizerBase:
 def render(
     tokenizer: PreTrainedTokenizerBase,
     messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
+    tools: list[dict[Any, Any] | Callable[..., Any]] | None = None,
     add_generation_prompt: bool = False,
 ) -> str:
     text = tokenizer.apply_chat_template(

@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    BatchEncoding,
+    GenerationConfig,
+)
 
 from toolrollout.demo import (
     CALCULATOR_TOOL,
@@ -56,16 +62,19 @@ def test_loads_and_runs_on_cpu() -> None:
     assert type(model).__name__ == "Qwen2ForCausalLM"
     assert next(model.parameters()).dtype == torch.float32
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL_PATH)
-    ids = tokenizer.apply_chat_template(
+    encoded = tokenizer.apply_chat_template(
         load_demo_prompts()[0]["messages"],
         tools=[CALCULATOR_TOOL],
         add_generation_prompt=True,
         return_tensors="pt",
         return_dict=True,
-    )["input_ids"]
+    )
+    assert isinstance(encoded, BatchEncoding)
+    ids = encoded["input_ids"]
     with torch.no_grad():
         out = model.generate(ids, max_new_tokens=40, do_sample=False)
     text = tokenizer.decode(out[0, ids.shape[1] :])
+    assert isinstance(text, str)
     assert text.startswith("<tool_call>\n{")
 
 

@@ -51,11 +51,13 @@ def _sample(
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-    completions = []
+    completions: list[str] = []
     for row in out[:, batch["input_ids"].shape[1] :].tolist():
         if tokenizer.eos_token_id in row:
             row = row[: row.index(tokenizer.eos_token_id) + 1]
-        completions.append(tokenizer.decode(row, skip_special_tokens=False))
+        text = tokenizer.decode(row, skip_special_tokens=False)
+        assert isinstance(text, str)
+        completions.append(text)
     return completions
 
 
@@ -133,7 +135,7 @@ def measure(
 def model_and_tokenizer() -> tuple[Any, PreTrainedTokenizerBase]:
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL_PATH)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model, AutoTokenizer.from_pretrained(DEMO_MODEL_PATH)
 
 

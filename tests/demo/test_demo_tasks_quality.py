@@ -54,7 +54,9 @@ def sample(
     if not conversations:
         return []
     texts = [
-        tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=True, tokenize=False)
+        tokenizer.apply_chat_template(
+            c, tools=list(tools), add_generation_prompt=True, tokenize=False
+        )
         for c in conversations
     ]
     tokenizer.padding_side = "left"
@@ -70,11 +72,13 @@ def sample(
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-    completions = []
+    completions: list[str] = []
     for row in out[:, batch["input_ids"].shape[1] :].tolist():
         if tokenizer.eos_token_id in row:
             row = row[: row.index(tokenizer.eos_token_id) + 1]
-        completions.append(tokenizer.decode(row, skip_special_tokens=False))
+        text = tokenizer.decode(row, skip_special_tokens=False)
+        assert isinstance(text, str)
+        completions.append(text)
     return completions
 
 
@@ -189,7 +193,7 @@ def measure_search(
 def load(path: Path) -> tuple[Any, PreTrainedTokenizerBase]:
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(path)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model, AutoTokenizer.from_pretrained(path)
 
 

@@ -159,6 +159,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         head.wait_for_nodes()
         url = f"http://127.0.0.1:{port}"
         wait_http(f"{url}/health", 120, serve)
+        assert head.head_node is not None
         nodes = [str(node.node_id) for node in (head.head_node, second)]
         yield Setup(head.address, nodes, url)
     finally:
@@ -166,7 +167,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         log.close()
         if head is not None:
             ray.shutdown()
-            head.shutdown()
+            head.shutdown()  # type: ignore[no-untyped-call]
 
 
 def _check_rows(rows: list[dict[str, Any]], prompts: int) -> None:

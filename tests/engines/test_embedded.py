@@ -45,7 +45,8 @@ def engine(tiny_model_path: Path) -> Iterator[EmbeddedEngine]:
 def reference_model(tiny_model_path: Path) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    return model.eval()  # type: ignore[no-untyped-call]
 
 
 def ids_of(engine: EmbeddedEngine, text: str) -> tuple[int, ...]:
@@ -157,7 +158,7 @@ async def test_batched_greedy_equals_unbatched(engine: EmbeddedEngine) -> None:
 async def test_requests_finish_independently(engine: EmbeddedEngine) -> None:
     prompt = ids_of(engine, PROMPTS[3])
     long = asyncio.create_task(greedy(engine, prompt, 200))
-    await asyncio.sleep(0.05)
+    await until(lambda: engine.num_running == 1)  # the long one is decoding
     short = await greedy(engine, ids_of(engine, PROMPTS[0]), 3)
     assert short.completion_tokens == 3
     assert not long.done(), "the short request waited for the long one"
@@ -191,7 +192,7 @@ async def test_same_seed_same_output_and_seeds_differ(engine: EmbeddedEngine) ->
 
     first = await sample(11)
     again = await asyncio.gather(sample(11), sample(11))  # also inside one batch
-    assert again == [first, first]
+    assert list(again) == [first, first]
     others = {await sample(s) for s in range(5)}
     assert len(others) > 1
 
@@ -448,7 +449,7 @@ async def test_other_rejections(engine: EmbeddedEngine) -> None:
     with pytest.raises(UserError, match="one sample per call"):
         await engine.generate(request((1, 2), n=2))
     slow = asyncio.create_task(engine.generate(request((1, 2), rid="dup", max_new_tokens=100)))
-    await asyncio.sleep(0.02)
+    await until(lambda: engine.num_active == 1)  # rid "dup" is registered
     with pytest.raises(EngineRequestRejected, match="Duplicate request ID detected: dup"):
         await engine.generate(request((1, 2), rid="dup"))
     await slow
@@ -472,7 +473,7 @@ async def test_lifecycle_start_required_and_thread_joined(tiny_model_path: Path)
     pending = asyncio.create_task(
         eng.generate(request((1, 2), max_new_tokens=250, ignore_eos=True))
     )
-    await asyncio.sleep(0.05)
+    await until(lambda: eng.num_running == 1)  # in flight
     await eng.aclose()
     assert not thread.is_alive()
     closed = await pending  # in-flight requests end as aborted, nobody hangs
@@ -514,6 +515,6 @@ async def test_weight_version_and_flush_cache(engine: EmbeddedEngine) -> None:
     finally:
         engine.weight_version = "default"
     slow = asyncio.create_task(greedy(engine, (1, 2), 150))
-    await asyncio.sleep(0.02)
+    await until(lambda: engine.num_running == 1)
     assert not await engine.flush_cache()  # busy, like SGLang's /flush_cache
     await slow

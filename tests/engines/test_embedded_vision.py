@@ -49,8 +49,10 @@ def reference() -> Any:
 
     model = AutoModelForImageTextToText.from_pretrained(
         str(DEMO_VL_MODEL_PATH), dtype=torch.float32
-    ).eval()
-    processor = AutoImageProcessor.from_pretrained(str(DEMO_VL_MODEL_PATH), backend="pil")
+    ).eval()  # type: ignore[no-untyped-call]
+    processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
+        str(DEMO_VL_MODEL_PATH), backend="pil"
+    )
     return model, processor
 
 
@@ -104,7 +106,7 @@ def _reference_logprobs(
 async def test_logprobs_match_a_plain_forward_with_pixels(
     engine: EmbeddedEngine, vision: VisionFormat, reference: Any
 ) -> None:
-    two = [
+    two: list[dict[str, Any]] = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "a"}]},
         {"role": "assistant", "content": "b"},
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is 2+3?"}]},

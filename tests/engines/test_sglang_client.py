@@ -421,9 +421,10 @@ async def test_abort_during_backoff_returns_an_empty_aborted_result() -> None:
 
 
 async def test_duplicate_rid_in_flight_is_a_user_error() -> None:
-    release = anyio.Event()
+    arrived, release = anyio.Event(), anyio.Event()
 
     async def handler(request: httpx.Request) -> httpx.Response:
+        arrived.set()
         await release.wait()
         return answer(request)
 
@@ -431,7 +432,7 @@ async def test_duplicate_rid_in_flight_is_a_user_error() -> None:
         with anyio.fail_after(5):
             async with anyio.create_task_group() as group:
                 group.start_soon(client.generate, req("same"))
-                await anyio.sleep(0.01)
+                await arrived.wait()  # the first one is on the wire: in flight
                 with pytest.raises(UserError, match="already in flight"):
                     await client.generate(req("same"))
                 release.set()

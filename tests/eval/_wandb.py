@@ -26,7 +26,7 @@ def read_wandb_records(path: Path) -> list[Any]:
             continue
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
-            record = pb.Record()
+            record = pb.Record()  # type: ignore[attr-defined]  # a version-picked star import
             record.ParseFromString(pending)
             records.append(record)
             pending = b""

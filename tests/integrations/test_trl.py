@@ -128,7 +128,7 @@ def test_grpo_trainer_steps_on_toolrollout_rollouts_without_training_tool_tokens
 
     seen: list[tuple[Any, Any]] = []
 
-    class RecordingTrainer(trl.GRPOTrainer):  # type: ignore[misc]
+    class RecordingTrainer(trl.GRPOTrainer):  # type: ignore[misc, name-defined]
         def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Any:
             # The exact product TRL uses for the loss: completion_mask * tool_mask.
             mask = inputs["completion_mask"]

@@ -178,8 +178,12 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Any:
     torch.set_num_threads(1)
     config = _config(tmp_path_factory.mktemp("verl"))
     engine = EmbeddedEngine(DEMO_MODEL_PATH, num_threads=1, max_batch_size=8)
-    replicas = {"replica-0": EmbeddedReplica(engine), "replica-1": EmbeddedReplica(engine)}
-    balancer = InProcessActor(GlobalRequestLoadBalancer(servers=dict(replicas)))
+    # The fakes stand in for Ray actor handles, which verl's signatures name.
+    replicas: dict[str, Any] = {
+        "replica-0": EmbeddedReplica(engine),
+        "replica-1": EmbeddedReplica(engine),
+    }
+    balancer: Any = InProcessActor(GlobalRequestLoadBalancer(servers=dict(replicas)))
     client = LLMServerClient(config, load_balancer_handle=balancer)
     worker = AgentLoopWorker(config, llm_client=client)
     yield SimpleNamespace(worker=worker, engine=engine, replicas=replicas, balancer=balancer)

@@ -71,7 +71,7 @@ def model_and_tokenizer() -> tuple[Any, Any]:
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     return model, AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
 
 

@@ -235,8 +235,10 @@ async def test_image_preparation_does_not_stall_other_trajectories(
         [{"role": "user", "content": "slow one"}],
         [{"role": "user", "content": "quick one"}],
     ]
-    results = await runner.run(
-        prompts, on_result=lambda t: finished.setdefault(str(t.prompt_index), time.monotonic())
-    )
+
+    def record(t: Trajectory) -> None:
+        finished.setdefault(str(t.prompt_index), time.monotonic())
+
+    results = await runner.run(prompts, on_result=record)
     assert [len(t.images) for t in results] == [1, 0]
     assert finished["1"] < prepared_at[0] < finished["0"]

@@ -135,8 +135,10 @@ def test_logprobs_match_teacher_forcing_with_pixels(
 
     model = AutoModelForImageTextToText.from_pretrained(
         str(DEMO_VL_MODEL_PATH), dtype=torch.float32
-    ).eval()
-    processor = AutoImageProcessor.from_pretrained(str(DEMO_VL_MODEL_PATH), backend="pil")
+    ).eval()  # type: ignore[no-untyped-call]
+    processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
+        str(DEMO_VL_MODEL_PATH), backend="pil"
+    )
     checked = 0
     for t in [t for t in trajectories if t.images][:3]:
         ids = list(t.prompt_ids) + t.response_ids

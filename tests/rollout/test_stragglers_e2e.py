@@ -113,7 +113,7 @@ def test_partial_trajectories_resume_token_for_token(
     assert len(second.trajectories) == 4  # the two unfinished groups, now whole
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
-    model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
     before = {t.uid: t for t in first.leftover}
     checked = 0
     for t in second.trajectories:

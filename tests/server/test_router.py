@@ -15,11 +15,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
 import pytest
 from tests._processes import free_port, stop, wait_http
+from tests._waiting import wait_until
 
 from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
 
@@ -27,7 +29,9 @@ pytestmark = pytest.mark.router
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+def cluster(
+    tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     if shutil.which("sglang-router") is None and not _has_module("sglang_router"):
         pytest.fail("sglang-router is a test dependency: pip install -e '.[test]'")
     logs = tmp_path_factory.mktemp("router-logs")
@@ -112,7 +116,7 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def test_single_generate_with_logprobs_through_router(cluster: dict) -> None:
+def test_single_generate_with_logprobs_through_router(cluster: dict[str, Any]) -> None:
     body = {
         "input_ids": [5, 6, 7, 8],
         "sampling_params": {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True},
@@ -133,7 +137,7 @@ def test_single_generate_with_logprobs_through_router(cluster: dict) -> None:
     assert direct.json()["output_ids"] == out["output_ids"]
 
 
-def test_batch_through_router_keeps_input_order(cluster: dict) -> None:
+def test_batch_through_router_keeps_input_order(cluster: dict[str, Any]) -> None:
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13], [20]]
     body = {
         "input_ids": prompts,
@@ -146,14 +150,14 @@ def test_batch_through_router_keeps_input_order(cluster: dict) -> None:
     assert [o["meta_info"]["prompt_tokens"] for o in out] == [3, 5, 1]
 
 
-def test_streaming_through_router(cluster: dict) -> None:
+def test_streaming_through_router(cluster: dict[str, Any]) -> None:
     body = {
         "input_ids": [5, 6, 7],
         "sampling_params": {"max_new_tokens": 5, "temperature": 0.0, "ignore_eos": True},
         "stream": True,
         "return_logprob": True,
     }
-    chunks = []
+    chunks: list[str] = []
     with httpx.stream("POST", f"{cluster['router']}/generate", json=body, timeout=60) as r:
         assert r.status_code == 200
         chunks.extend(line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: "))
@@ -166,7 +170,7 @@ def test_streaming_through_router(cluster: dict) -> None:
     assert all(p["meta_info"]["finish_reason"] is None for p in payloads[:-1])
 
 
-async def test_client_and_abort_through_router(cluster: dict) -> None:
+async def test_client_and_abort_through_router(cluster: dict[str, Any]) -> None:
     """SGLangClient drives the router; abort goes to the workers (the router has no
     /abort_request) and the router hands back the partial output."""
     async with SGLangClient(cluster["router"], abort_urls=cluster["workers"]) as client:
@@ -185,14 +189,20 @@ async def test_client_and_abort_through_router(cluster: dict) -> None:
             sampling=SamplingParams(max_new_tokens=8000, ignore_eos=True),
             rid="router-abort-me",
         )
-        outcome: dict = {}
+        outcome: dict[str, Any] = {}
 
         async def run() -> None:
             outcome["result"] = await client.generate(long)
 
+        async def generating() -> bool:
+            """Whether a worker's running batch holds output tokens (KV beyond the prompt)."""
+            async with httpx.AsyncClient() as http:
+                loads = [(await http.get(f"{w}/get_load")).json()[0] for w in cluster["workers"]]
+            return sum(int(load["num_tokens"]) for load in loads) > len(long.input_ids)
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(run)
-            await anyio.sleep(1.0)
+            await wait_until(generating, what="the long request generating")
             await client.abort("router-abort-me")
         aborted = outcome["result"]
         assert aborted.finish_reason.type == "abort"
@@ -200,7 +210,7 @@ async def test_client_and_abort_through_router(cluster: dict) -> None:
         assert len(aborted.output_logprobs or ()) == len(aborted.output_ids)
 
 
-def test_router_reports_workers_healthy_and_bad_request_is_4xx(cluster: dict) -> None:
+def test_router_reports_workers_healthy_and_bad_request_is_4xx(cluster: dict[str, Any]) -> None:
     r = httpx.post(
         f"{cluster['router']}/generate",
         json={"input_ids": [1, 2], "sampling_params": {"temperature": -1}},

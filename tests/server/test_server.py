@@ -423,8 +423,8 @@ async def test_abort_request_returns_partial_output(
         "sampling_params": greedy(240, ignore_eos=True),
     }
     pending = asyncio.create_task(client.post("/generate", json=body))
-    await wait_until(lambda: engine.num_running == 1)
-    await asyncio.sleep(0.05)
+    # running, with output tokens beyond the 3-token prompt, so the abort returns some
+    await wait_until(lambda: engine.num_running == 1 and engine.num_tokens > 3)
     r = await client.post("/abort_request", json={"rid": "rollout-3", "abort_all": False})
     assert r.status_code == 200
     result = (await pending).json()

@@ -15,11 +15,13 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
 import pytest
 from tests._processes import free_port, stop, wait_http
+from tests._waiting import wait_until
 
 from toolrollout._exceptions import EngineRequestRejected, UserError
 from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
@@ -81,6 +83,33 @@ async def running_requests(url: str) -> int:
         return int((await http.get(f"{url}/get_load")).json()[0]["num_reqs"])
 
 
+async def generated_tokens(url: str) -> int:
+    async with httpx.AsyncClient() as http:
+        return int((await http.get(f"{url}/get_load")).json()[0]["num_tokens"])
+
+
+class SentWatcher(httpx.AsyncBaseTransport):
+    """An HTTP transport that sets :attr:`sent` once a /generate body is fully written
+    (httpcore's trace event), so a test knows the server has the request."""
+
+    def __init__(self) -> None:
+        self.sent = anyio.Event()
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/generate":
+
+            async def trace(name: str, info: dict[str, Any]) -> None:
+                if name == "http11.send_request_body.complete":
+                    self.sent.set()
+
+            request.extensions = {**request.extensions, "trace": trace}
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 async def wait_running(url: str) -> None:
     with anyio.fail_after(20):
         while await running_requests(url) == 0:  # noqa: ASYNC110 (polls the server)
@@ -89,17 +118,22 @@ async def wait_running(url: str) -> None:
 
 def test_paused_server_holds_new_requests_until_continue(server: str) -> None:
     async def main() -> None:
-        async with SGLangClient(server) as client:
+        watcher = SentWatcher()
+        async with SGLangClient(server, transport=watcher) as client:
             await client.pause_generation(mode="in_place")
             results: list[GenerateResult] = []
+            answered = anyio.Event()
 
             async def call() -> None:
                 request = GenerateRequest(input_ids=PROMPT, sampling=greedy(4))
                 results.append(await client.generate(request))
+                answered.set()
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(call)
-                await anyio.sleep(1.0)
+                await watcher.sent.wait()  # the server has the request
+                with anyio.move_on_after(1.0):  # ample time for 4 tokens on a running server
+                    await answered.wait()
                 assert results == []  # still waiting on the paused server
                 assert await running_requests(server) == 0  # not even queued
                 # The server stays responsive to control calls while paused.
@@ -124,7 +158,18 @@ def test_pause_in_place_freezes_a_running_request(server: str) -> None:
                 tg.start_soon(call)
                 await wait_running(server)
                 await client.pause_generation(mode="in_place")
-                await anyio.sleep(0.8)
+                # The pause reaches the scheduler between two steps, so a step may still land
+                # after it returns: wait for the count to stand, then it must stay put.
+                readings = [-1]
+
+                async def standing() -> bool:
+                    readings.append(await generated_tokens(server))
+                    return readings[-1] == readings[-2]
+
+                await wait_until(standing, interval=0.05, what="the paused request frozen")
+                frozen_at = readings[-1]
+                await anyio.sleep(0.5)  # a window for a wrong token to appear
+                assert await generated_tokens(server) == frozen_at, "generated while paused"
                 assert result == [] and await running_requests(server) == 1
                 await client.continue_generation(torch_empty_cache=True)
             assert result[0].finish_reason.type == "length"

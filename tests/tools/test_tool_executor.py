@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -326,14 +327,20 @@ def test_limits_are_validated() -> None:
 
 async def test_timeout_of_a_sync_tool_returns_on_time() -> None:
     # A thread cannot be interrupted: the executor stops waiting, the thread ends by itself.
+    # The thread is held until after the result is back, so "on time" needs no stopwatch.
+    release, finished = threading.Event(), threading.Event()
+
     @function_tool(limits=ToolLimits(timeout=0.05))
     def slow_sync() -> str:
-        time.sleep(0.5)
+        release.wait(60)
+        finished.set()
         return "late"
 
-    started = time.perf_counter()
-    [result] = await ToolExecutor([slow_sync]).run_calls([ToolCallRequest("slow_sync", {})])
-    assert time.perf_counter() - started < 0.4
+    try:
+        [result] = await ToolExecutor([slow_sync]).run_calls([ToolCallRequest("slow_sync", {})])
+        assert not finished.is_set(), "the result waited for the thread"
+    finally:
+        release.set()
     assert result.error_kind == "ToolTimeout"
     assert result.text == "Error: tool 'slow_sync' timed out after 0.05s"
 

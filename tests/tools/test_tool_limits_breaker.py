@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import anyio
@@ -165,12 +164,15 @@ RESET = 0.3
 
 
 class Backend:
-    """A tool backend that can be taken down and brought back."""
+    """A tool backend that can be taken down and brought back, and held mid-call."""
 
     def __init__(self) -> None:
         self.up = False
         self.calls = 0
-        self.delay = 0.0
+        self.entered = anyio.Event()
+        """Set when a call reaches the backend while :attr:`hold` is set."""
+        self.hold: anyio.Event | None = None
+        """While set, calls wait for it before answering."""
 
 
 def backend_tool(backend: Backend, **limits: Any) -> Any:
@@ -180,8 +182,9 @@ def backend_tool(backend: Backend, **limits: Any) -> Any:
     @function_tool(limits=ToolLimits(**(defaults | limits)))
     async def search(query: str) -> str:
         backend.calls += 1
-        if backend.delay:
-            await anyio.sleep(backend.delay)
+        if backend.hold is not None:
+            backend.entered.set()
+            await backend.hold.wait()
         if not backend.up:
             raise ConnectionRefusedError("connection refused")
         return f"results for {query}"
@@ -194,26 +197,26 @@ def call(query: Any = "q") -> ToolCallRequest:
 
 
 class TestExecutor:
+    """The executor's breakers read a fake clock: the reset timeout passes when told to."""
+
     async def test_opens_after_n_failures_and_fails_fast_without_calling_the_tool(
         self,
     ) -> None:
         backend = Backend()
-        executor = ToolExecutor([backend_tool(backend)])
+        executor = ToolExecutor([backend_tool(backend)], clock=FakeClock())
         for _ in range(3):
             result = await executor.run_call(call())
             assert result.error_kind == "ToolUnavailable" and result.attempts == 1
         assert backend.calls == 3
 
-        began = time.perf_counter()
         result = await executor.run_call(call())
-        assert time.perf_counter() - began < 0.1
         assert backend.calls == 3, "an open breaker must not call the tool"
         assert result.is_error and result.error_kind == "CircuitOpen" and result.attempts == 0
         assert isinstance(result.error, ToolUnavailable)  # CircuitOpen is a ToolUnavailable
         assert result.text.startswith(
             "Error: tool 'search' is unavailable: circuit breaker open after 3 consecutive "
             "failures (last: ToolUnavailable: tool 'search' is unavailable: "
-            "ConnectionRefusedError: connection refused); failing fast for another 0."
+            "ConnectionRefusedError: connection refused); failing fast for another 0.3s"
         )
         stats = executor.statistics().tools["search"]
         assert stats.circuit_breaker is not None
@@ -223,46 +226,58 @@ class TestExecutor:
         assert stats.latency.count == 3, "fail-fast calls are not latency samples"
 
     async def test_half_opens_after_reset_timeout_and_closes_on_success(self) -> None:
-        backend = Backend()
-        executor = ToolExecutor([backend_tool(backend)])
+        backend, clock = Backend(), FakeClock()
+        executor = ToolExecutor([backend_tool(backend)], clock=clock)
         for _ in range(3):
             await executor.run_call(call())
         backend.up = True
         assert (await executor.run_call(call())).error_kind == "CircuitOpen"
-        await anyio.sleep(RESET + 0.02)
+        clock.now += RESET
         assert executor.statistics().tools["search"].circuit_breaker.state == "half_open"  # type: ignore[union-attr]
 
-        backend.delay = 0.1  # the trial is in flight while a second call arrives
-        trial, rejected = await executor.run_calls([call("a"), call("b")])
+        backend.hold = anyio.Event()  # the trial is in flight while a second call arrives
+        results: dict[str, ToolResult] = {}
+
+        async def run(query: str) -> None:
+            results[query] = await executor.run_call(call(query))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "a")
+            await backend.entered.wait()
+            await run("b")
+            backend.hold.set()
+        trial, rejected = results["a"], results["b"]
         assert trial.text == "results for a" and not trial.is_error
         assert rejected.error_kind == "CircuitOpen" and "trial call is in flight" in rejected.text
         assert backend.calls == 4
         breaker_stats = executor.statistics().tools["search"].circuit_breaker
         assert breaker_stats is not None and breaker_stats.state is CircuitState.CLOSED
-        backend.delay = 0.0
+        backend.hold = None
         assert (await executor.run_call(call())).text == "results for q"
 
     async def test_a_failed_trial_opens_it_again(self) -> None:
-        backend = Backend()
-        executor = ToolExecutor([backend_tool(backend)])
+        backend, clock = Backend(), FakeClock()
+        executor = ToolExecutor([backend_tool(backend)], clock=clock)
         for _ in range(3):
             await executor.run_call(call())
-        await anyio.sleep(RESET + 0.02)
+        clock.now += RESET
         assert (await executor.run_call(call())).error_kind == "ToolUnavailable"  # the trial
         assert (await executor.run_call(call())).error_kind == "CircuitOpen"
         stats = executor.statistics().tools["search"].circuit_breaker
         assert stats is not None and stats.open_count == 2 and backend.calls == 4
 
     async def test_a_cancelled_trial_does_not_wedge_the_breaker_half_open(self) -> None:
-        backend = Backend()
-        executor = ToolExecutor([backend_tool(backend)])
+        backend, clock = Backend(), FakeClock()
+        executor = ToolExecutor([backend_tool(backend)], clock=clock)
         for _ in range(3):
             await executor.run_call(call())
-        await anyio.sleep(RESET + 0.02)
-        backend.up, backend.delay = True, 5.0
-        with anyio.move_on_after(0.05):
-            await executor.run_call(call())
-        backend.delay = 0.0
+        clock.now += RESET
+        backend.up, backend.hold = True, anyio.Event()  # never set: the trial hangs
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(executor.run_call, call())
+            await backend.entered.wait()
+            tg.cancel_scope.cancel()  # cancelled while in flight
+        backend.hold = None
         result = await executor.run_call(call())
         assert result.text == "results for q", result.text
 
@@ -309,7 +324,8 @@ class TestExecutor:
     async def test_fail_fast_is_never_retried(self) -> None:
         # CircuitOpen is a ToolUnavailable, which the retry policy retries: not this one.
         policy = CircuitBreakerPolicy(failure_threshold=2, reset_timeout=60)
-        retry = RetryPolicy(max_attempts=6, initial_backoff=0.5, max_backoff=2.0, jitter=0.5)
+        # a retry would hang
+        retry = RetryPolicy(max_attempts=6, initial_backoff=60, max_backoff=60, jitter=60)
         ran = 0
 
         @function_tool(limits=ToolLimits(retry=retry, circuit_breaker=policy))
@@ -321,32 +337,32 @@ class TestExecutor:
         executor = ToolExecutor([broken])
         for _ in range(2):
             assert (await executor.run_call(ToolCallRequest("broken", {}))).attempts == 1
-        began = time.perf_counter()
-        result = await executor.run_call(ToolCallRequest("broken", {}))
+        with anyio.fail_after(30):  # generous: only a 60 s backoff could reach it
+            result = await executor.run_call(ToolCallRequest("broken", {}))
         assert result.error_kind == "CircuitOpen" and result.attempts == 0 and ran == 2
-        assert time.perf_counter() - began < 0.2
         assert executor.statistics().tools["broken"].retries == 0
 
     async def test_a_retrying_call_stops_when_the_breaker_opens_meanwhile(self) -> None:
         policy = CircuitBreakerPolicy(failure_threshold=1, reset_timeout=60)
         retry = RetryPolicy(max_attempts=11, initial_backoff=0.05, max_backoff=0.05, jitter=0.05)
         attempts = {"crash": 0, "flaky": 0}
+        flaky_failed = anyio.Event()
 
         @function_tool(limits=ToolLimits(retry=retry, circuit_breaker=policy))
         async def backend(mode: str) -> str:
             attempts[mode] += 1
             if mode == "crash":
-                await anyio.sleep(0.1)
+                await flaky_failed.wait()
                 raise RuntimeError("backend crashed")  # not retried: opens the breaker
+            flaky_failed.set()
             raise ConnectionResetError("reset")  # retried with backoff
 
         executor = ToolExecutor([backend])
-        began = time.perf_counter()
         crash, flaky = await executor.run_calls(
             [ToolCallRequest("backend", {"mode": m}) for m in ("crash", "flaky")]
         )
-        # opened at 0.1 s; the flaky call's next retry (<= 0.1 s later) is cut short
-        assert time.perf_counter() - began < 0.4
+        # the breaker opened after the flaky call's first attempt; a retry that follows
+        # is cut short instead of running all ten
         assert crash.error_kind == "ToolExecutionError" and crash.attempts == 1
         assert flaky.error_kind == "CircuitOpen", flaky.text
         assert 1 <= flaky.attempts < 11 and attempts["flaky"] == flaky.attempts

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, cast
@@ -121,7 +121,7 @@ class ExecutorStatistics:
 class _Runtime:
     """Mutable per-tool state: the limiters and the counters behind :class:`ToolStatistics`."""
 
-    def __init__(self, tool: Tool, latency_window: int) -> None:
+    def __init__(self, tool: Tool, latency_window: int, clock: Callable[[], float]) -> None:
         self.tool = tool
         limits = tool.limits
         total = math.inf if limits.max_concurrency is None else limits.max_concurrency
@@ -129,12 +129,12 @@ class _Runtime:
         self.rate = (
             None
             if limits.rate_limit is None
-            else RateLimiter(limits.rate_limit, burst=limits.rate_burst)
+            else RateLimiter(limits.rate_limit, burst=limits.rate_burst, clock=clock)
         )
         self.breaker = (
             None
             if limits.circuit_breaker is None
-            else CircuitBreaker(tool.name, limits.circuit_breaker)
+            else CircuitBreaker(tool.name, limits.circuit_breaker, clock=clock)
         )
         self.latency = LatencyWindow(latency_window)
         self.calls = 0
@@ -235,9 +235,12 @@ class ToolExecutor:
         *,
         limits: Mapping[str, ToolLimits] | None = None,
         latency_window: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``limits`` overrides the limits carried by the named tools; ``latency_window``
-        is how many recent calls per tool the latency percentiles are computed over."""
+        is how many recent calls per tool the latency percentiles are computed over;
+        ``clock`` is what the circuit breakers and rate limiters read (tests pass a fake or
+        the event loop's virtual clock; see :class:`RateLimiter` for the constraint)."""
         if latency_window < 1:
             raise UserError(f"latency_window must be >= 1, got {latency_window}")
         runtimes: dict[str, _Runtime] = {}
@@ -246,11 +249,13 @@ class ToolExecutor:
                 raise UserError(f"expected a Tool, got {type(tool).__name__}: {tool!r}")
             if tool.name in runtimes:
                 raise UserError(f"two tools are named {tool.name!r}; tool names must be unique")
-            runtimes[tool.name] = _Runtime(tool, latency_window)
+            runtimes[tool.name] = _Runtime(tool, latency_window, clock)
         for name, override in (limits or {}).items():
             if name not in runtimes:
                 raise UserError(f"limits given for unknown tool {name!r}")
-            runtimes[name] = _Runtime(runtimes[name].tool.with_limits(override), latency_window)
+            runtimes[name] = _Runtime(
+                runtimes[name].tool.with_limits(override), latency_window, clock
+            )
         self._runtimes = runtimes
         self._unknown_calls = 0
 

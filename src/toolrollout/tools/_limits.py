@@ -80,9 +80,15 @@ class RateLimiter:
     The first ``burst`` acquisitions pass at once; after that they are spaced ``1 / rate``
     seconds apart. Waiters are served in arrival order; a waiter cancelled while waiting
     consumes nothing. Uses the asyncio event loop (aiolimiter is asyncio-only).
+
+    The waiting runs on the event loop's clock (aiolimiter reads ``loop.time()``); ``clock``
+    is the clock of :meth:`statistics` and must be that same clock: ``time.monotonic`` for
+    asyncio's default loop, ``loop.time`` for a loop with a virtual clock in tests.
     """
 
-    def __init__(self, rate: float, burst: int = 1) -> None:
+    def __init__(
+        self, rate: float, burst: int = 1, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if not (rate > 0 and math.isfinite(rate)):
             raise UserError(f"rate must be a positive number, got {rate}")
         if burst < 1:
@@ -92,8 +98,9 @@ class RateLimiter:
         self._limiter = AsyncLimiter(max_rate=burst, time_period=burst / self.rate)
         # A mirror of the bucket's fill level, for statistics only (aiolimiter keeps its
         # own level private); same formula and clock (asyncio's loop.time is monotonic).
+        self._clock = clock
         self._level = 0.0
-        self._updated = time.monotonic()
+        self._updated = clock()
         self._waiting = 0
         self._acquired = 0
 
@@ -107,14 +114,14 @@ class RateLimiter:
             await self._limiter.acquire()
         finally:
             self._waiting -= 1
-        now = time.monotonic()
+        now = self._clock()
         self._level = self._level_at(now) + 1
         self._updated = now
         self._acquired += 1
 
     def statistics(self) -> RateLimiterStatistics:
         """A snapshot of the bucket (drained up to now first)."""
-        level = self._level_at(time.monotonic())
+        level = self._level_at(self._clock())
         return RateLimiterStatistics(
             rate=self.rate,
             burst=self.burst,
