@@ -164,3 +164,41 @@ async def test_tools_without_services_cost_nothing(demo_tokenizer: Any) -> None:
         tg.start_soon(one)
         tg.start_soon(one)
     assert [t.status for t in done] == [TrajectoryStatus.COMPLETED] * 2
+
+
+async def test_two_runners_on_one_tool_set_share_one_opening(demo_tokenizer: Any) -> None:
+    # verl's agent loop builds a runner per sample on the worker's one tool set: the first
+    # sample's call must not close the services under the second.
+    gates = (anyio.Event(), anyio.Event(), anyio.Event())
+    gates[2].set()  # the later call needs no gate
+    probe = GatedProbe(gates=gates)
+
+    def runner() -> RolloutRunner:
+        steps = []
+        for text in (CALL, "Done.<|im_end|>"):
+            out = list(demo_tokenizer.encode(text, add_special_tokens=False))
+            steps.append(ScriptedOutput(out, logprobs=[-0.5] * len(out)))
+        return RolloutRunner(ScriptedEngine(steps), demo_tokenizer, [probe])
+
+    answers: list[str] = []
+
+    async def call(on_result: Any = None) -> None:
+        [trajectory] = await runner().run([PROMPT], on_result=on_result)
+        answers.append(tool_answer(trajectory))
+
+    first_finished = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, lambda _t: first_finished.set())
+        await probe.service.entered.wait()
+        tg.start_soon(call)
+        while len(probe.calls) < 2:
+            await anyio.lowlevel.checkpoint()
+        gates[0].set()
+        await first_finished.wait()
+        assert probe.service.is_open  # still needed by the second runner's call
+        gates[1].set()
+    assert answers == ["open", "open"]
+    assert probe.service.log == ["open", "close"]
+    [later] = await runner().run([PROMPT])  # a later call opens them anew
+    assert tool_answer(later) == "open"
+    assert probe.service.log == ["open", "close", "open", "close"]

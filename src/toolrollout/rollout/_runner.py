@@ -37,7 +37,7 @@ from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, Traject
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.rewards import WeightedReward, combine
-from toolrollout.tools import Tool, ToolExecutor, open_tools
+from toolrollout.tools import Tool, ToolExecutor, open_tools, share_tools
 
 from ._config import RolloutConfig
 from ._hooks import TrajectoryHooks
@@ -179,12 +179,6 @@ class RolloutRunner:
 
     _tools_held: AbstractAsyncContextManager[object] | None = None
     """The open services while ``async with runner:`` holds them."""
-    _tools_users: int = 0
-    """Calls (on a runner not entered) using the services a first call opened."""
-    _tools_idle: anyio.Event | None = None
-    """Set when the calls that shared the first call's services have all finished."""
-    _tools_closing: anyio.Event | None = None
-    """Set once the first call has closed the services; later calls wait for it."""
 
     def __init__(
         self,
@@ -268,45 +262,17 @@ class RolloutRunner:
 
     @asynccontextmanager
     async def _tools_open(self) -> AsyncIterator[None]:
-        """The services for one call: the entered runner's, or opened for the calls.
+        """The services for one call: the entered runner's, or a shared opening.
 
-        On a runner not entered, the first call opens the services and the calls that start
-        while it runs share them. Services must close in the task that opened them, so the
-        first call returns only once the calls sharing them have finished (a trainer that
-        sends one batch at a time, as ms-swift's scheduler does, never notices).
+        On a runner not entered, the first call opens the services and calls that overlap
+        it (on this runner, or on another built on the same tools) share them; see
+        :func:`~toolrollout.tools.share_tools`.
         """
-        if self._tools_held is not None or not any(
-            tool.services() for tool in self.tools.tools.values()
-        ):
+        if self._tools_held is not None:
             yield
             return
-        while self._tools_closing is not None:  # the last opener is closing them: wait
-            await self._tools_closing.wait()
-        if self._tools_users:  # an earlier call holds them open: share them
-            self._tools_users += 1
-            try:
-                yield
-            finally:
-                self._tools_users -= 1
-                if not self._tools_users and self._tools_idle is not None:
-                    self._tools_idle.set()
-            return
-        self._tools_users = 1
-        try:
-            async with open_tools(self.tools):
-                try:
-                    yield
-                finally:
-                    self._tools_users -= 1
-                    while self._tools_users:  # calls that joined still use them
-                        self._tools_idle = anyio.Event()
-                        await self._tools_idle.wait()
-                    self._tools_closing = anyio.Event()
-        finally:
-            closing, self._tools_closing = self._tools_closing, None
-            self._tools_users, self._tools_idle = 0, None
-            if closing is not None:
-                closing.set()
+        async with share_tools(self.tools):
+            yield
 
     @_opens_tools
     async def run(

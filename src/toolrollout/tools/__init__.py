@@ -52,6 +52,7 @@ from ._registry import ToolBuilder as ToolBuilder
 from ._registry import register_tool_type as register_tool_type
 from ._registry import tool_types as tool_types
 from ._services import open_tools as open_tools
+from ._services import share_tools as share_tools
 from ._types import CircuitBreakerPolicy as CircuitBreakerPolicy
 from ._types import RetryPolicy as RetryPolicy
 from ._types import ToolCallRequest as ToolCallRequest
@@ -100,6 +101,7 @@ __all__ = [
     "parse_docstring",
     "register_tool_type",
     "row_kwargs",
+    "share_tools",
     "summarize_tool_calls",
     "to_tool_result",
     "tool_kwargs",
