@@ -3,6 +3,9 @@ text demo; the training script (tests/demo_vl/test_demo_vl_train.py) makes its w
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +13,6 @@ import pytest
 import torch
 
 from toolrollout.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
-from toolrollout.demo_vl.build import build
 
 SHIPPED = (
     "chat_template.jinja",
@@ -23,9 +25,20 @@ SHIPPED = (
 )
 
 
+def build_in_child(*args: str) -> None:
+    """Run the build script in a child without the suite's HF_HUB_OFFLINE: offline mode is
+    recorded in tokenizer_config.json (local_files_only: true), and the bytes would differ
+    from the shipped folder's for a reason that has nothing to do with the build."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    code = "import sys; from toolrollout.demo_vl.build import main; main(sys.argv[1:])"
+    subprocess.run([sys.executable, "-c", code, *args], check=True, env=env, timeout=600)
+
+
 @pytest.fixture(scope="module")
 def start(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("vl") / "start")
+    out = tmp_path_factory.mktemp("vl") / "start"
+    build_in_child("--out", str(out))
+    return out
 
 
 def test_the_build_script_makes_every_shipped_file_but_the_weights(start: Path) -> None:
@@ -69,10 +82,8 @@ def test_the_build_takes_its_text_base_from_a_path(tmp_path: Path, start: Path) 
     """The text base is not in the wheel: any copy of it builds the same folder."""
     import shutil
 
-    from toolrollout.demo_vl.build import main
-
     copy = shutil.copytree(DEMO_VL_TEXT_BASE_PATH, tmp_path / "elsewhere")
-    main(["--out", str(tmp_path / "out"), "--text-base", str(copy)])
+    build_in_child("--out", str(tmp_path / "out"), "--text-base", str(copy))
     for name in SHIPPED:
         assert (tmp_path / "out" / name).read_bytes() == (start / name).read_bytes(), name
 
