@@ -19,6 +19,10 @@ from tests._network_guard import NetworkGuard
 # which the network guard refuses: offline and silent, here and in the servers tests start.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# wandb's OpenTelemetry reader probes its analytics server from a thread unless the process
+# is offline (seen as a name lookup the guard refused, in a test after the W&B ones).
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_ERROR_REPORTING", "false")
 
 TINY_SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
