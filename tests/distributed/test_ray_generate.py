@@ -8,6 +8,7 @@ and the real calculator.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -264,12 +265,20 @@ def test_a_killed_worker_is_reported_and_its_samples_kept(setup: Setup, tmp_path
         cwd=tmp_path,
     )
     try:
+        # The actor handle is taken while shard 0 starts and the folder is polled often, so
+        # the kill lands right after its first row (a 0.2 s poll plus the lookup let a fast
+        # shard finish all its samples first).
+        name = "toolrollout-seeded1-shard-0"
         deadline = time.monotonic() + 180
+        actor = None
         while not list((parts / "worker-000").glob("part-*.parquet")):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "shard 0 wrote no row in time"
-            time.sleep(0.2)
-        ray.kill(ray.get_actor("toolrollout-seeded1-shard-0", namespace="toolrollout"))
+            if actor is None:
+                with contextlib.suppress(ValueError):  # the actor is not started yet
+                    actor = ray.get_actor(name, namespace="toolrollout")
+            time.sleep(0.01)
+        ray.kill(actor if actor is not None else ray.get_actor(name, namespace="toolrollout"))
         stdout, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
