@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests._processes import stop
 from typer.testing import CliRunner, Result
 
 from toolrollout.cli import app
@@ -111,12 +112,7 @@ def mcp_http_server(tmp_path: Path) -> Iterator[Path]:
                 time.sleep(0.1)
         yield config
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
 
 
 def test_mcp_http_yaml(mcp_http_server: Path) -> None:
