@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from tests.chat.conftest import TOOLS, build_tokenizer
 from transformers import PreTrainedTokenizerBase
 
-from toolrollout.chat import ParsedTurn, ToolCall, get_tool_parser
+from toolrollout.chat import ChatFormat, ParsedTurn, ToolCall, get_template_family, get_tool_parser
+from toolrollout.chat._family import TemplateProbe
 from toolrollout.chat.families._gpt_oss import (
     detect_harmony,
     harmony_assistant_message,
@@ -203,15 +204,17 @@ FRAGMENTS = [
 def test_token_soup_never_raises(text: str) -> None:
     turn = parse(text)
     assert isinstance(turn.content, str)
-    family = _FakeFamily()
-    message = harmony_assistant_message(text, turn, family)  # type: ignore[arg-type]
+    message = message_of(text, turn)
     assert message["raw_content"] == text
     assert len(message.get("tool_calls", [])) == len(turn.tool_calls) + len(turn.errors)
     harmony_history(text)
 
 
-class _FakeFamily:
-    arguments_as = "object"
+FAMILY = get_template_family("gpt_oss")
+
+
+def message_of(text: str, turn: ParsedTurn) -> dict[str, Any]:
+    return harmony_assistant_message(text, turn, FAMILY, [c.id for c in turn.tool_calls])
 
 
 # -- messages and the history rule, against the official template --------------------------
@@ -222,7 +225,7 @@ def conversation(texts: list[str]) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": "What is 2 + 3?"}]
     for text in texts:
         stripped = text.removesuffix("<|call|>").removesuffix("<|return|>")
-        message = harmony_assistant_message(stripped, parse(stripped), _FakeFamily())  # type: ignore[arg-type]
+        message = message_of(stripped, parse(stripped))
         message.pop("raw_content")
         messages.append(message)
         if message.get("tool_calls"):
@@ -256,7 +259,9 @@ def test_history_rule_still_sees_real_differences(harmony: PreTrainedTokenizerBa
     as_string[1]["tool_calls"][0]["function"]["arguments"] = '{"a": 2, "b": 3}'
     wrong_answer = json.loads(json.dumps(messages))
     wrong_answer[3]["content"] = "It is 6."
-    for changed in (wrong_args, as_string, wrong_answer):
+    broken_string = json.loads(json.dumps(messages))
+    broken_string[1]["tool_calls"][0]["function"]["arguments"] = '{"a": 2, "b": 3'
+    for changed in (wrong_args, as_string, wrong_answer, broken_string):
         other = render(harmony, changed, gen=False)
         assert harmony_history(other) != harmony_history(fresh)
 
@@ -283,7 +288,7 @@ def test_malformed_call_keeps_a_call_so_its_error_answer_renders(
         + '<|message|>{"a": 2,'
     )
     turn = parse(bad)
-    message = harmony_assistant_message(bad, turn, _FakeFamily())  # type: ignore[arg-type]
+    message = message_of(bad, turn)
     assert turn.errors and message["tool_calls"][0]["function"] == {
         "name": "add",
         "arguments": '{"a": 2,',
@@ -295,11 +300,20 @@ def test_malformed_call_keeps_a_call_so_its_error_answer_renders(
 
 
 def test_detection_reads_the_render() -> None:
-    from toolrollout.chat._families import TemplateProbe
-
     template = TEMPLATE_FILE.read_text(encoding="utf-8")
     rendered = "<|start|>assistant to=functions.add<|channel|>commentary json<|message|>{}<|call|>"
     assert detect_harmony(TemplateProbe(template=template, rendered=rendered, error=None))
     assert detect_harmony(TemplateProbe(template=template, rendered=None, error="boom"))
     qwen = "<|im_start|>assistant\n<tool_call>\n{}\n</tool_call><|im_end|>"
     assert not detect_harmony(TemplateProbe(template="{{ x }}", rendered=qwen, error=None))
+
+
+def test_chat_format_detects_gpt_oss_and_no_other_template(
+    harmony: PreTrainedTokenizerBase,
+    qwen25_tokenizer: PreTrainedTokenizerBase,
+    qwen3_tokenizer: PreTrainedTokenizerBase,
+    llama3_tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    assert ChatFormat(harmony, tools=TOOLS).family.name == "gpt_oss"
+    for other in (qwen25_tokenizer, qwen3_tokenizer, llama3_tokenizer):
+        assert ChatFormat(other, tools=TOOLS).family.name != "gpt_oss"

@@ -9,21 +9,18 @@ comparison is ``tokenizer.apply_chat_template`` on the official template.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.chat.families.conftest import build_tokenizer, official_template
 from transformers import PreTrainedTokenizerBase
 
-from tests.chat.conftest import build_tokenizer
-from toolrollout.chat import ChatFormat
 from toolrollout.chat.families._gpt_oss import harmony_history
 from toolrollout.interactions import GraderInteraction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
-from toolrollout.tools import function_tool
+from toolrollout.tools import Tool, function_tool
 
-TEMPLATE = Path(__file__).parents[1] / "templates" / "official" / "openai-gpt-oss-120b.jinja"
 HARMONY_SPECIAL = [
     "<|endoftext|>",
     "<|start|>",
@@ -47,7 +44,7 @@ def get_weather(city: str) -> str:
     return f"{city}\nSunny\n21 C"
 
 
-TOOLS = [function_tool(add), function_tool(get_weather)]
+TOOLS: list[Tool] = [function_tool(add), function_tool(get_weather)]
 
 
 def analysis(text: str) -> str:
@@ -56,7 +53,9 @@ def analysis(text: str) -> str:
 
 def call(name: str, arguments: str) -> str:
     """A call as gpt-oss writes it (recipient on the channel, <|constrain|>json)."""
-    return f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{arguments}<|call|>"
+    return (
+        f"<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>{arguments}<|call|>"
+    )
 
 
 def final(text: str) -> str:
@@ -68,7 +67,7 @@ def harmony() -> PreTrainedTokenizerBase:
     return build_tokenizer(
         special=HARMONY_SPECIAL,
         added=[],
-        template=TEMPLATE.read_text(encoding="utf-8"),
+        template=official_template("openai-gpt-oss-120b.jinja"),
         eos="<|return|>",
     )
 
@@ -120,7 +119,9 @@ async def test_detection_tool_loop_and_history_rule(harmony: PreTrainedTokenizer
     assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
     assert trajectory.num_tool_calls == 2 and trajectory.tool_errors == 0
     assert trajectory.parse_errors == 0
+    # The model's call spelling differs from the template's: expected, not a mismatch.
     assert trajectory.metrics["drift_mismatches"] == 0
+    assert trajectory.metrics["drift_expected"] >= 1
     assert [span.kind for span in trajectory.spans] == ["model", "tool", "model", "tool", "model"]
     roles = [m["role"] for m in trajectory.messages]
     assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
@@ -138,7 +139,7 @@ async def test_detection_tool_loop_and_history_rule(harmony: PreTrainedTokenizer
     # The prompt is the official render, token for token, and each request continued the
     # exact transcript.
     prompt = harmony.apply_chat_template(
-        list(QUESTION), tools=list(runner.chat.tools), add_generation_prompt=True
+        list(QUESTION), tools=list(runner.chat.tools), add_generation_prompt=True, return_dict=False
     )
     assert list(trajectory.prompt_ids) == list(prompt)
     spans = trajectory.spans
@@ -159,24 +160,26 @@ async def test_canonical_spelling_is_token_exact(harmony: PreTrainedTokenizerBas
     """A model writing the template's own spelling gives a transcript equal to the render."""
 
     def canonical_call(name: str, arguments: str) -> str:
-        return (
-            f" to=functions.{name}<|channel|>commentary json<|message|>{arguments}<|call|>"
-        )
+        return f" to=functions.{name}<|channel|>commentary json<|message|>{arguments}<|call|>"
 
     turns = (
         "<|channel|>analysis<|message|>Sum.<|end|><|start|>assistant"
         + canonical_call("add", '{"a": 2, "b": 3}'),
         canonical_call("get_weather", '{"city": "Paris"}'),
+        canonical_call("add", '{"a": 5, "b": 21}'),
     )
-    runner, trajectory, _ = await run(harmony, *turns, config=RolloutConfig(max_turns=2))
+    # The third turn is the last one allowed, so its call is not run and no final answer
+    # exists: the template keeps every analysis.
+    runner, trajectory, _ = await run(harmony, *turns, config=RolloutConfig(max_turns=3))
     assert trajectory.num_tool_calls == 2 and trajectory.parse_errors == 0
-    assert trajectory.metrics["drift_mismatches"] == 0
+    assert trajectory.metrics["drift_mismatches"] == trajectory.metrics["drift_expected"] == 0
     ids = list(trajectory.prompt_ids) + trajectory.response_ids
     last_is_tool = trajectory.messages[-1]["role"] == "tool"
     reference = harmony.apply_chat_template(
         [dict(m) for m in trajectory.messages],
         tools=list(runner.chat.tools),
         add_generation_prompt=last_is_tool,
+        return_dict=False,
     )
     assert ids == list(reference)
 
@@ -200,7 +203,11 @@ async def test_follow_up_user_turn_after_a_final_answer(
     )
     assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
     assert [span.kind for span in trajectory.spans] == [
-        "model", "interaction", "model", "tool", "model"
+        "model",
+        "interaction",
+        "model",
+        "tool",
+        "model",
     ]
     assert trajectory.num_tool_calls == 1 and trajectory.parse_errors == 0
     assert trajectory.metrics["drift_mismatches"] == 0
@@ -217,9 +224,13 @@ async def test_malformed_call_is_a_counted_parse_error(harmony: PreTrainedTokeni
     )
     assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
     assert trajectory.parse_errors == 1 and trajectory.num_tool_calls == 1
+    assert trajectory.metrics["drift_mismatches"] == 0  # the raw arguments are kept
     error = trajectory.messages[2]
     assert error["role"] == "tool" and "could not parse tool call" in error["content"]
     bad = trajectory.messages[1]["tool_calls"][0]["function"]
     assert bad["name"] == "add"
+    assert bad["arguments"] == '{"a": 2,'
     # The messages still render with the official template (the error is the call's answer).
-    assert "<|start|>functions.add to=assistant" in fresh(runner, trajectory)
+    text, reference = transcript(runner, trajectory), fresh(runner, trajectory)
+    assert "<|start|>functions.add to=assistant" in reference
+    assert harmony_history(text) == harmony_history(reference)

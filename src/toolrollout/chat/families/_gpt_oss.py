@@ -21,7 +21,9 @@ this family does about it:
   ``<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>`` where the
   model writes ``<|start|>assistant<|channel|>commentary to=functions.NAME
   <|constrain|>json<|message|>``, and the arguments with ``tojson`` spacing; and the system
-  message carries ``strftime_now``'s date, which a later render may see change.
+  message carries ``strftime_now``'s date, which a later render may see change. A
+  malformed call's raw arguments, which the template can only write JSON-quoted, are read
+  back unquoted.
 - A tool result renders as ``<|start|>functions.NAME to=assistant<|channel|>commentary
   <|message|>"…"<|end|>`` (the text JSON-quoted), named after the latest call; an error
   answer to a malformed call therefore needs a call on the assistant turn, so a malformed
@@ -32,8 +34,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._family import TemplateFamily, TemplateProbe
 from ..parsers._gpt_oss import (
     CALL,
     CHANNEL,
@@ -50,10 +54,9 @@ from ..parsers._gpt_oss import (
 )
 
 if TYPE_CHECKING:
-    from .._families import TemplateFamily, TemplateProbe
     from ..parsers import ParsedTurn
 
-__all__ = ["detect_harmony", "harmony_assistant_message", "harmony_history"]
+__all__ = ["FAMILIES", "GPT_OSS", "detect_harmony", "harmony_assistant_message", "harmony_history"]
 
 _E = re.escape
 _ASSISTANT_HEADER = re.compile(
@@ -98,12 +101,27 @@ def _canonical_header(match: re.Match[str]) -> str:
 
 
 def _canonical_arguments(match: re.Match[str]) -> str:
-    """A call's JSON arguments in one spacing (unchanged when they are not JSON)."""
+    """A call's JSON arguments in one spacing (unchanged when they are not JSON).
+
+    A malformed call's raw arguments are kept on its message as a string, which the
+    template quotes with ``tojson``; a quoted string whose text is not JSON is therefore
+    read back as that text. (A double-encoded object stays quoted, so it still differs.)
+    """
     try:
         value = json.loads(match.group(2))
     except ValueError:
         return match.group(0)
+    if isinstance(value, str) and not _is_json(value):
+        return match.group(1) + value + CALL
     return match.group(1) + json.dumps(value, ensure_ascii=False) + CALL
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def harmony_history(text: str) -> str:
@@ -121,7 +139,7 @@ def harmony_history(text: str) -> str:
 
 
 def harmony_assistant_message(
-    text: str, parsed: ParsedTurn, family: TemplateFamily
+    text: str, parsed: ParsedTurn, family: TemplateFamily, call_ids: Sequence[str]
 ) -> dict[str, Any]:
     """The assistant message the official template re-renders a harmony turn from.
 
@@ -131,24 +149,26 @@ def harmony_assistant_message(
     string), so the error answer that follows renders as that call's result.
     """
     calls: list[dict[str, Any]] = []
-    valid = iter(parsed.tool_calls)
+    accepted = iter(zip(parsed.tool_calls, call_ids, strict=True))
     for message in split_harmony(text).messages:
         if not is_call(message):
             continue
-        if isinstance(read_call(message), tuple):
-            call = next(valid, None)
-            if call is None:  # the parser and this walk disagree: keep what the parser says
-                continue
-            arguments: Any = call.arguments
+        read = read_call(message)
+        if isinstance(read, tuple):
+            # Accepted unless the turn broke the family's call limit (then none runs).
+            call, call_id = next(accepted, (None, f"not_run_{len(calls)}"))
+            name, arguments = (call.name, call.arguments) if call is not None else read
+            rendered: Any = arguments
             if family.arguments_as == "json":
-                arguments = json.dumps(arguments, ensure_ascii=False)
-            calls.append(_call_entry(call.id, call.name, arguments))
+                rendered = json.dumps(arguments, ensure_ascii=False)
+            calls.append(_call_entry(call_id, name, rendered))
         else:
             name = tool_name(message.recipient or "")
             calls.append(_call_entry(f"malformed_{len(calls)}", name, message.body))
     message_out: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     if calls:
-        thinking = [part for part in (parsed.reasoning, parsed.content) if part]
+        thinking = [] if parsed.reasoning is None else [parsed.reasoning]
+        thinking += [parsed.content] if parsed.content else []
         message_out["content"] = ""
         if thinking:
             message_out["thinking"] = join_parts(thinking)
@@ -171,3 +191,27 @@ def detect_harmony(probe: TemplateProbe) -> bool:
     if probe.rendered is not None:
         return CALL in probe.rendered and f"{CHANNEL}commentary" in probe.rendered
     return CALL in probe.template and f"{CHANNEL}commentary" in probe.template
+
+
+GPT_OSS = TemplateFamily(
+    name="gpt_oss",
+    stop_tokens=(RETURN, CALL),
+    boundary="",
+    generation_prompt=f"{START}assistant",
+    tool_parser="gpt-oss",
+    rewrites_history=True,
+    history_normalizer=harmony_history,
+    description="gpt-oss (harmony): analysis/commentary/final channels, one call per turn "
+    "on the commentary channel to=functions.NAME, tool results from functions.NAME.",
+    detect=detect_harmony,
+    detect_priority=30,
+    delta_after_history=True,
+    max_calls_per_turn=1,
+    arguments_as="object",
+    reasoning_field="thinking",
+    assistant_message=harmony_assistant_message,
+    drift_from_raw_text=False,
+    parallel_calls=False,
+)
+
+FAMILIES: tuple[TemplateFamily, ...] = (GPT_OSS,)
