@@ -9,6 +9,8 @@ comparison is ``tokenizer.apply_chat_template`` on the official template.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from tests.chat.families.conftest import build_tokenizer, official_template
 from transformers import PreTrainedTokenizerBase
 
 from toolrollout.chat.families._gpt_oss import harmony_history
+from toolrollout.integrations import trl_rollout_func
 from toolrollout.interactions import GraderInteraction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
@@ -234,3 +237,46 @@ async def test_malformed_call_is_a_counted_parse_error(harmony: PreTrainedTokeni
     text, reference = transcript(runner, trajectory), fresh(runner, trajectory)
     assert "<|start|>functions.add to=assistant" in reference
     assert harmony_history(text) == harmony_history(reference)
+
+
+async def test_family_by_name_and_reasoning_effort(harmony: PreTrainedTokenizerBase) -> None:
+    """``family`` and ``chat_template_kwargs`` reach every render (harmony's effort level)."""
+    config = RolloutConfig(family="gpt_oss", chat_template_kwargs={"reasoning_effort": "high"})
+    runner, trajectory, _ = await run(harmony, TURNS[0], final("5"), config=config)
+    assert runner.chat.family.name == "gpt_oss"
+    assert trajectory.num_tool_calls == 1 and trajectory.metrics["drift_mismatches"] == 0
+    prompt = runner.chat.decode(list(trajectory.prompt_ids))
+    assert "Reasoning: high" in prompt and "Reasoning: medium" not in prompt
+    reference = fresh(runner, trajectory, reasoning_effort="high")
+    assert harmony_history(transcript(runner, trajectory)) == harmony_history(reference)
+
+
+async def test_two_calls_in_one_turn_are_one_parse_error(harmony: PreTrainedTokenizerBase) -> None:
+    """The template renders one call per turn; a turn with two (the stop was ignored) runs none."""
+    both = call("add", '{"a":1,"b":1}') + "<|start|>assistant" + call("add", '{"a":2,"b":2}')
+    runner, trajectory, _ = await run(harmony, analysis("Two at once.") + both, final("2"))
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert trajectory.parse_errors == 1 and trajectory.num_tool_calls == 0
+    assert "at most 1 tool call" in trajectory.messages[2]["content"]
+    assert "<|start|>functions.add to=assistant" in fresh(runner, trajectory)
+
+
+def test_trl_rollout_func_with_family(harmony: PreTrainedTokenizerBase) -> None:
+    """TRL's rollout_func adapter: family= reaches the run; only model tokens are trained."""
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(max_completion_length=None),
+        model=SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+    engine = scripted(harmony, TURNS[0], analysis("Done.") + final("5"))
+    with trl_rollout_func(engine, harmony, TOOLS, family="gpt_oss") as rollout:
+        out = rollout([QUESTION], trainer)
+        [trajectory] = rollout.last_trajectories
+    assert rollout.runner.chat.family.name == "gpt_oss"
+    assert out["num_tool_calls"] == [1] and trajectory.parse_errors == 0
+    ids, mask = out["completion_ids"][0], out["env_mask"][0]
+    tool_text = harmony.decode([t for t, m in zip(ids, mask, strict=True) if m == 0])
+    result = '<|start|>functions.add to=assistant<|channel|>commentary<|message|>"5"<|end|>'
+    assert tool_text == result + "<|start|>assistant"
+    model_text = harmony.decode([t for t, m in zip(ids, mask, strict=True) if m == 1])
+    assert model_text == TURNS[0] + analysis("Done.") + final("5")
