@@ -125,6 +125,7 @@ async def test_detection_tool_loop_and_history_rule(harmony: PreTrainedTokenizer
     # The model's call spelling differs from the template's: expected, not a mismatch.
     assert trajectory.metrics["drift_mismatches"] == 0
     assert trajectory.metrics["drift_expected"] >= 1
+    assert runner.chat.windowed_deltas  # each windowed delta equalled the full render's
     assert [span.kind for span in trajectory.spans] == ["model", "tool", "model", "tool", "model"]
     roles = [m["role"] for m in trajectory.messages]
     assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant"]

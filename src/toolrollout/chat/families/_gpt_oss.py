@@ -5,9 +5,12 @@ this family does about it:
 
 - The generation prompt is ``<|start|>assistant``; the model writes its messages, each
   closed by ``<|end|>``, and stops at ``<|call|>`` (after one tool call) or ``<|return|>``
-  (after the final answer). The template writes nothing after either (boundary ``""``), so
-  one model turn holds at most one call (``max_calls_per_turn=1``; the template renders
-  only ``tool_calls[0]``).
+  (after the final answer). The template writes nothing after either (boundary ``""``).
+  Stopping at ``<|call|>`` means one call per turn, and the template renders only
+  ``tool_calls[0]``, so a turn with more is one parse error (``max_calls_per_turn=1``).
+- A delta follows the conversation rendered as history (``delta_after_history``): once a
+  user turn follows a final answer, the template writes that answer with ``<|end|>`` and
+  without its analysis, so counting stop tokens would not find where the answer ends.
 - Messages carry the turn in ``thinking`` (the analysis channel), ``content`` (the final
   channel) and ``tool_calls`` (one ``commentary`` call, arguments as an object: the
   template writes them with ``tojson``). A turn with a call keeps all its text in
