@@ -55,6 +55,7 @@ CASES = [
     Case("qwen3", TEMPLATES / "qwen3.jinja"),
     Case("qwen3", TEMPLATES / "qwen3.jinja", template_kwargs={"enable_thinking": False}),
     Case("llama3", TEMPLATES / "llama3.jinja", bos="<|begin_of_text|>"),
+    Case("gpt_oss", TEMPLATES / "official" / "openai-gpt-oss-120b.jinja"),
 ]
 
 PROMPT = [

@@ -6,7 +6,8 @@ Parsers never raise on model output and never evaluate it.
 
 Registered names: ``hermes``, ``qwen25`` and ``qwen3`` (``<tool_call>`` JSON), ``llama3``
 (``<|python_tag|>`` / bare JSON, ``;``-separated), ``mistral`` (``[TOOL_CALLS]``),
-``pythonic`` (``[f(a=1)]``), ``deepseekv3`` and ``deepseekv31``.
+``pythonic`` (``[f(a=1)]``), ``deepseekv3``, ``deepseekv31`` and ``gpt-oss`` (harmony
+channels).
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from ._formats import DeepSeekV31Parser as _DeepSeekV31Parser
 from ._formats import HermesParser as HermesParser
 from ._formats import Llama3JsonParser as Llama3JsonParser
 from ._formats import MistralParser as MistralParser
+from ._gpt_oss import GptOssParser as GptOssParser
 from ._pythonic import PythonicParser as PythonicParser
 
 __all__ = [
     "DeepSeekV3Parser",
+    "GptOssParser",
     "HermesParser",
     "Llama3JsonParser",
     "MalformedCall",
@@ -43,6 +46,7 @@ __all__ = [
 for _name, _cls in (
     ("deepseekv3", DeepSeekV3Parser),
     ("deepseekv31", _DeepSeekV31Parser),
+    ("gpt-oss", GptOssParser),
     ("hermes", HermesParser),
     ("llama3", Llama3JsonParser),
     ("mistral", MistralParser),
