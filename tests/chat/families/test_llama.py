@@ -8,27 +8,26 @@ turn's text is exactly what a Llama model writes: a bare ``{"name": ..., "parame
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from jinja2 import TemplateError
+from tests.chat.conftest import LLAMA_SPECIAL, build_tokenizer
+from tests.chat.families.conftest import official_template
 from transformers import PreTrainedTokenizerBase
 
-from tests.chat.conftest import LLAMA_SPECIAL, build_tokenizer
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.interactions import Interaction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
-from toolrollout.tools import function_tool
+from toolrollout.tools import Tool, function_tool
 
-OFFICIAL = Path(__file__).parents[1] / "templates" / "official"
 LLAMA31 = "meta-llama-Llama-3.1-8B-Instruct.jinja"
 LLAMA32 = "meta-llama-Llama-3.2-3B-Instruct.jinja"
+NAMES = (LLAMA31, LLAMA32)
 DATE = {"date_string": "26 Jul 2024"}
 
 
@@ -42,14 +41,14 @@ def get_weather(city: str) -> str:
     return f"{city}: sunny\n21 C\nwind 3 km/h"
 
 
-TOOLS = [function_tool(add), function_tool(get_weather)]
+TOOLS: list[Tool] = [function_tool(add), function_tool(get_weather)]
 
 
 def tokenizer_for(name: str) -> PreTrainedTokenizerBase:
     return build_tokenizer(
         special=LLAMA_SPECIAL,
         added=[],
-        template=(OFFICIAL / name).read_text(),
+        template=official_template(name),
         eos="<|eot_id|>",
         bos="<|begin_of_text|>",
     )
@@ -120,6 +119,18 @@ def fresh_ids(
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
+    text = tokenizer.decode(list(ids))
+    assert isinstance(text, str)
+    return text
+
+
+def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
+    found = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(found, int)
+    return found
+
+
 def transcript(trajectory: Trajectory) -> list[int]:
     return list(trajectory.prompt_ids) + [i for span in trajectory.spans for i in span.ids]
 
@@ -130,11 +141,8 @@ CALL_ROME = '{"name": "get_weather", "parameters": {"city": "Rome"}}<|eot_id|>'
 
 
 def test_official_templates_are_the_provenance_bytes() -> None:
-    provenance = (OFFICIAL / "PROVENANCE.md").read_text()
-    for name in (LLAMA31, LLAMA32):
-        line = next(line for line in provenance.splitlines() if line.startswith(f"- `{name}`"))
-        recorded = re.findall(r"sha256 ([0-9a-f]{64})", line)
-        assert recorded == [hashlib.sha256((OFFICIAL / name).read_bytes()).hexdigest()]
+    for name in NAMES:
+        assert official_template(name)  # checks the sha256 recorded in PROVENANCE.md
 
 
 def test_detected_without_a_family(llama: PreTrainedTokenizerBase) -> None:
@@ -146,7 +154,13 @@ def test_detected_without_a_family(llama: PreTrainedTokenizerBase) -> None:
 def test_multi_turn_run_is_token_exact(llama: PreTrainedTokenizerBase) -> None:
     _, trajectory = run(
         llama,
-        [CALL_ADD, CALL_WEATHER, "2 + 3 = 5; Paris is sunny.<|eot_id|>", CALL_ROME, "Sunny.<|eot_id|>"],
+        [
+            CALL_ADD,
+            CALL_WEATHER,
+            "2 + 3 = 5; Paris is sunny.<|eot_id|>",
+            CALL_ROME,
+            "Sunny.<|eot_id|>",
+        ],
         follow_up=True,
     )
     assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
@@ -162,14 +176,14 @@ def test_multi_turn_run_is_token_exact(llama: PreTrainedTokenizerBase) -> None:
     assert trajectory.metrics["drift_mismatches"] == 0
     assert transcript(trajectory) == fresh_ids(llama, trajectory, DATE)
     # The multi-line result is a JSON string in its ipython turn, as the template writes it.
-    assert '"Paris: sunny\\n21 C\\nwind 3 km/h"<|eot_id|>' in llama.decode(transcript(trajectory))
+    assert '"Paris: sunny\\n21 C\\nwind 3 km/h"<|eot_id|>' in decode(llama, transcript(trajectory))
 
 
 def test_llama32_date_follows_the_kwarg_or_today(llama32: PreTrainedTokenizerBase) -> None:
     _, dated = run(llama32, [CALL_ADD, "5.<|eot_id|>"])
-    assert "Today Date: 26 Jul 2024\n" in llama32.decode(list(dated.prompt_ids))
+    assert "Today Date: 26 Jul 2024\n" in decode(llama32, dated.prompt_ids)
     _, today = run(llama32, [CALL_ADD, "5.<|eot_id|>"], config=RolloutConfig())
-    text = llama32.decode(list(today.prompt_ids))
+    text = decode(llama32, today.prompt_ids)
     assert re.search(r"Today Date: \d\d [A-Z][a-z]{2} \d{4}\n", text)
     assert "26 Jul 2024" not in text
     assert today.metrics["drift_mismatches"] == 0 and today.num_tool_calls == 1
@@ -179,20 +193,13 @@ def test_llama32_date_follows_the_kwarg_or_today(llama32: PreTrainedTokenizerBas
 def test_two_calls_in_a_turn_are_one_counted_error(llama: PreTrainedTokenizerBase) -> None:
     two = '{"name": "add", "parameters": {"a": 2, "b": 3}}; ' + CALL_WEATHER
     # The official template refuses to render such a turn ...
+    call = {"type": "function", "function": {"name": "add", "arguments": {}}}
+    refused: list[dict[str, Any]] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [call, call]},
+    ]
     with pytest.raises(TemplateError, match="only supports single tool-calls at once"):
-        llama.apply_chat_template(
-            [
-                {"role": "user", "content": "hi"},
-                {
-                    "role": "assistant",
-                    "tool_calls": [
-                        {"type": "function", "function": {"name": "add", "arguments": {}}},
-                        {"type": "function", "function": {"name": "add", "arguments": {}}},
-                    ],
-                },
-            ],
-            tokenize=False,
-        )
+        llama.apply_chat_template(refused, tokenize=False)
     # ... so the rollout runs neither call, tells the model, and keeps the turn's text.
     _, trajectory = run(llama, [two, CALL_ADD, "5.<|eot_id|>"])
     assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
@@ -227,9 +234,7 @@ def _ids(trajectory: Trajectory) -> dict[str, str]:
         "<|python_tag|><|eom_id|>",
     ],
 )
-def test_malformed_call_is_a_counted_parse_error(
-    llama: PreTrainedTokenizerBase, text: str
-) -> None:
+def test_malformed_call_is_a_counted_parse_error(llama: PreTrainedTokenizerBase, text: str) -> None:
     _, trajectory = run(llama, [text, "Sorry.<|eot_id|>"])
     assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
     assert trajectory.parse_errors == 1 and trajectory.num_tool_calls == 0
@@ -245,7 +250,7 @@ def test_the_checks_fail_when_the_rules_break(llama: PreTrainedTokenizerBase) ->
     _, trajectory = run(llama, [CALL_ADD, "5.<|eot_id|>"])
     chat = ChatFormat(llama, tools=[tool.schema() for tool in TOOLS], template_kwargs=DATE)
     ids = transcript(trajectory)
-    eot = llama.convert_tokens_to_ids("<|eot_id|>")
+    eot = token_id(llama, "<|eot_id|>")
     at = ids.index(eot, len(trajectory.prompt_ids)) + 1
     broken = ids[:at] + llama.encode("\n", add_special_tokens=False) + ids[at:]
     report = check_drift(broken, [dict(m) for m in trajectory.messages], chat_format=chat)

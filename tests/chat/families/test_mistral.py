@@ -8,29 +8,27 @@ its template renders an assistant turn: Nemo ``[TOOL_CALLS][{..., "id": ...}]``,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from tests.chat.conftest import build_tokenizer
+from tests.chat.families.conftest import official_template
 from transformers import PreTrainedTokenizerBase
 
-from tests.chat.conftest import build_tokenizer
 from toolrollout.chat import ChatFormat, check_drift, get_tool_parser
 from toolrollout.interactions import Interaction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
-from toolrollout.tools import function_tool
+from toolrollout.tools import Tool, function_tool
 
-OFFICIAL = Path(__file__).parents[1] / "templates" / "official"
 NEMO = "mistralai-Mistral-Nemo-Instruct-2407.jinja"
 SMALL31 = "mistralai-Mistral-Small-3.1-24B-Instruct-2503.jinja"
 SMALL32 = "Mistral-Small-3.2-24B-Instruct-2506.jinja"
-TEMPLATES = (NEMO, SMALL31, SMALL32)
+TEMPLATES = NAMES = (NEMO, SMALL31, SMALL32)
 
 MISTRAL_SPECIAL = [
     "<unk>",
@@ -63,7 +61,7 @@ def get_weather(city: str) -> str:
     return f"{city}: sunny\n21 C\nwind 3 km/h"
 
 
-TOOLS = [function_tool(add), function_tool(get_weather)]
+TOOLS: list[Tool] = [function_tool(add), function_tool(get_weather)]
 SCHEMAS = [tool.schema() for tool in TOOLS]
 
 
@@ -71,7 +69,7 @@ def tokenizer_for(name: str) -> PreTrainedTokenizerBase:
     return build_tokenizer(
         special=MISTRAL_SPECIAL,
         added=[],
-        template=(OFFICIAL / name).read_text(),
+        template=official_template(name),
         eos="</s>",
         bos="<s>",
     )
@@ -89,10 +87,15 @@ Call = tuple[str, dict[str, Any], str | None]
 def calls_text(template: str, calls: Sequence[Call]) -> str:
     """A model turn holding ``calls``, in the form ``template`` renders assistant calls."""
     if template == SMALL32:
-        return "".join(
-            f"[TOOL_CALLS]{name}" + (f"[CALL_ID]{cid}" if cid else "") + f"[ARGS]{json.dumps(args)}"
-            for name, args, cid in calls
-        ) + "</s>"
+        return (
+            "".join(
+                f"[TOOL_CALLS]{name}"
+                + (f"[CALL_ID]{cid}" if cid else "")
+                + f"[ARGS]{json.dumps(args)}"
+                for name, args, cid in calls
+            )
+            + "</s>"
+        )
     objects = ", ".join(
         json.dumps({"name": name, "arguments": args})[:-1] + (f', "id": "{cid}"}}' if cid else "}")
         for name, args, cid in calls
@@ -129,7 +132,9 @@ def run(
         config=config,
         interactions={"follow": FollowUp()} if follow_up else None,
     )
-    messages = [{"role": "user", "content": "What is 2 + 3? And the weather in Paris?"}]
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "What is 2 + 3? And the weather in Paris?"}
+    ]
     if system:
         messages.insert(0, {"role": "system", "content": "You are a careful assistant."})
     row: dict[str, Any] = {"messages": messages}
@@ -142,12 +147,24 @@ def run(
 def fresh_text(tokenizer: PreTrainedTokenizerBase, trajectory: Trajectory) -> str:
     text = tokenizer.apply_chat_template(
         [dict(m) for m in trajectory.messages],
-        tools=SCHEMAS,
+        tools=[dict(schema) for schema in SCHEMAS],
         tokenize=False,
         add_generation_prompt=trajectory.messages[-1]["role"] != "assistant",
     )
     assert isinstance(text, str)
     return text
+
+
+def decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
+    text = tokenizer.decode(list(ids))
+    assert isinstance(text, str)
+    return text
+
+
+def token_id(tokenizer: PreTrainedTokenizerBase, token: str) -> int:
+    found = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(found, int)
+    return found
 
 
 def transcript(trajectory: Trajectory) -> list[int]:
@@ -165,11 +182,8 @@ def parallel(template: str, *, ids: bool) -> str:
 
 
 def test_official_templates_are_the_provenance_bytes() -> None:
-    provenance = (OFFICIAL / "PROVENANCE.md").read_text()
-    for name in TEMPLATES:
-        line = next(line for line in provenance.splitlines() if line.startswith(f"- `{name}`"))
-        recorded = re.findall(r"sha256 ([0-9a-f]{64})", line)
-        assert recorded == [hashlib.sha256((OFFICIAL / name).read_bytes()).hexdigest()]
+    for name in NAMES:
+        assert official_template(name)  # checks the sha256 recorded in PROVENANCE.md
 
 
 def test_detected_without_a_family(mistral: tuple[str, PreTrainedTokenizerBase]) -> None:
@@ -183,7 +197,7 @@ def test_parser_reads_what_the_official_template_writes(
     mistral: tuple[str, PreTrainedTokenizerBase],
 ) -> None:
     template, tokenizer = mistral
-    message = {
+    message: dict[str, Any] = {
         "role": "assistant",
         "tool_calls": [
             {"id": "aB3dE5gH7", "type": "function",
@@ -193,7 +207,9 @@ def test_parser_reads_what_the_official_template_writes(
         ],
     }  # fmt: skip
     text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}, message], tools=SCHEMAS, tokenize=False
+        [{"role": "user", "content": "hi"}, message],
+        tools=[dict(schema) for schema in SCHEMAS],
+        tokenize=False,
     )
     assert isinstance(text, str)
     turn = text.split("[/INST]", 1)[1]
@@ -216,7 +232,9 @@ def test_parallel_calls_with_model_ids_are_token_exact(
     assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
     assert trajectory.num_tool_calls == 2 and trajectory.parse_errors == 0
     assert trajectory.tool_errors == 0
-    results = [(m["tool_call_id"], m["content"]) for m in trajectory.messages if m["role"] == "tool"]
+    results = [
+        (m["tool_call_id"], m["content"]) for m in trajectory.messages if m["role"] == "tool"
+    ]
     assert results == [("aB3dE5gH7", "5"), ("Xy9Zw8Vu7", "Paris: sunny\n21 C\nwind 3 km/h")]
     assert trajectory.metrics["drift_mismatches"] == 0
     expected = tokenizer.encode(fresh_text(tokenizer, trajectory), add_special_tokens=False)
@@ -250,7 +268,7 @@ def test_ids_alternation_and_tool_placement_over_turns(
     assert trajectory.metrics["drift_expected"] >= 1
     family = ChatFormat(tokenizer).family
     assert family.history_normalizer is not None
-    text = tokenizer.decode(transcript(trajectory))
+    text = decode(tokenizer, transcript(trajectory))
     fresh = fresh_text(tokenizer, trajectory)
     assert text != fresh
     assert family.history_normalizer(text) == family.history_normalizer(fresh)
@@ -286,14 +304,16 @@ def test_the_checks_fail_when_the_rules_break(
     template, tokenizer = mistral
     # Parser off: the calls are plain text, nothing runs.
     plain = run(
-        tokenizer, [parallel(template, ids=True), "5.</s>"], config=RolloutConfig(tool_parser="hermes")
+        tokenizer,
+        [parallel(template, ids=True), "5.</s>"],
+        config=RolloutConfig(tool_parser="hermes"),
     )
     assert plain.num_tool_calls == 0
     # A boundary the template does not write is drift the check reports.
     trajectory = run(tokenizer, [parallel(template, ids=True), "5.</s>"], system=False)
     chat = ChatFormat(tokenizer, tools=SCHEMAS)
     ids = transcript(trajectory)
-    eos = tokenizer.convert_tokens_to_ids("</s>")
+    eos = token_id(tokenizer, "</s>")
     at = ids.index(eos, len(trajectory.prompt_ids)) + 1
     broken = ids[:at] + tokenizer.encode("\n", add_special_tokens=False) + ids[at:]
     messages = [dict(m) for m in trajectory.messages]
