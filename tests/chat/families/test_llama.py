@@ -256,3 +256,14 @@ def test_the_checks_fail_when_the_rules_break(llama: PreTrainedTokenizerBase) ->
     report = check_drift(broken, [dict(m) for m in trajectory.messages], chat_format=chat)
     assert report.kind == "text"
     assert check_drift(ids, [dict(m) for m in trajectory.messages], chat_format=chat).matches
+
+
+def test_python_tag_call_ended_by_eom_is_run(llama: PreTrainedTokenizerBase) -> None:
+    """Llama may open a call with ``<|python_tag|>`` and end it with ``<|eom_id|>``; the
+    template re-renders that end as ``<|eot_id|>``, a documented rewrite, not a mismatch."""
+    tagged = '<|python_tag|>{"name": "add", "parameters": {"a": 2, "b": 3}}<|eom_id|>'
+    _, trajectory = run(llama, [tagged, "5.<|eot_id|>"])
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert trajectory.num_tool_calls == 1 and trajectory.parse_errors == 0
+    assert trajectory.metrics["drift_mismatches"] == 0
+    assert trajectory.metrics["drift_expected"] == 1

@@ -337,3 +337,15 @@ def test_parser_keeps_model_ids_and_refuses_ids_the_templates_refuse() -> None:
         turn = parser.parse(text)
         assert turn.tool_calls == () and len(turn.errors) == 1, text
         assert "9 letters or digits" in turn.errors[0].message
+
+
+def test_text_before_the_calls_is_a_documented_rewrite(
+    mistral: tuple[str, PreTrainedTokenizerBase],
+) -> None:
+    """The templates render only the calls of a turn that has calls."""
+    template, tokenizer = mistral
+    trajectory = run(tokenizer, ["Let me check. " + parallel(template, ids=True), "5.</s>"])
+    assert trajectory.num_tool_calls == 2 and trajectory.parse_errors == 0
+    assert trajectory.messages[2]["content"] == "Let me check."
+    assert trajectory.metrics["drift_mismatches"] == 0
+    assert trajectory.metrics["drift_expected"] == 1
