@@ -20,6 +20,7 @@ from tests.chat.families.conftest import official_template
 from transformers import PreTrainedTokenizerBase
 
 from toolrollout.chat import ChatFormat, check_drift
+from toolrollout.integrations import trl_rollout_func
 from toolrollout.interactions import Interaction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
@@ -267,3 +268,22 @@ def test_python_tag_call_ended_by_eom_is_run(llama: PreTrainedTokenizerBase) -> 
     assert trajectory.num_tool_calls == 1 and trajectory.parse_errors == 0
     assert trajectory.metrics["drift_mismatches"] == 0
     assert trajectory.metrics["drift_expected"] == 1
+
+
+def test_trl_adapter_detects_the_family(llama: PreTrainedTokenizerBase) -> None:
+    engine = ScriptedEngine(
+        [list(llama.encode(t, add_special_tokens=False)) for t in (CALL_ADD, "5.<|eot_id|>")]
+    )
+    prompt = [{"role": "user", "content": "What is 2 + 3?"}]
+    with trl_rollout_func(engine, llama, TOOLS, chat_template_kwargs=DATE) as rollout:
+        out = rollout([prompt])
+        [trajectory] = rollout.last_trajectories
+    assert rollout.runner.chat.family.name == "llama3"
+    assert out["num_tool_calls"] == [1] and trajectory.parse_errors == 0
+    masked = [t for t, m in zip(out["completion_ids"][0], out["env_mask"][0], strict=True) if not m]
+    expected = (
+        '<|start_header_id|>ipython<|end_header_id|>\n\n"5"<|eot_id|>'
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert decode(llama, masked) == expected
+    assert trajectory.metrics["drift_mismatches"] == 0

@@ -20,6 +20,7 @@ from tests.chat.families.conftest import official_template
 from transformers import PreTrainedTokenizerBase
 
 from toolrollout.chat import ChatFormat, check_drift, get_tool_parser
+from toolrollout.integrations import trl_rollout_func
 from toolrollout.interactions import Interaction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
@@ -349,3 +350,18 @@ def test_text_before_the_calls_is_a_documented_rewrite(
     assert trajectory.messages[2]["content"] == "Let me check."
     assert trajectory.metrics["drift_mismatches"] == 0
     assert trajectory.metrics["drift_expected"] == 1
+
+
+def test_trl_adapter_with_the_family_named(mistral: tuple[str, PreTrainedTokenizerBase]) -> None:
+    template, tokenizer = mistral
+    texts = [parallel(template, ids=True), "5; sunny.</s>"]
+    engine = ScriptedEngine([list(tokenizer.encode(t, add_special_tokens=False)) for t in texts])
+    prompt = [{"role": "user", "content": "What is 2 + 3? And the weather in Paris?"}]
+    with trl_rollout_func(engine, tokenizer, TOOLS, family="mistral") as rollout:
+        out = rollout([prompt])
+        [trajectory] = rollout.last_trajectories
+    assert rollout.runner.chat.family.name == "mistral"
+    assert out["num_tool_calls"] == [2] and trajectory.parse_errors == 0
+    masked = [t for t, m in zip(out["completion_ids"][0], out["env_mask"][0], strict=True) if not m]
+    assert decode(tokenizer, masked).startswith("[TOOL_RESULTS]")
+    assert trajectory.metrics["drift_mismatches"] == 0
