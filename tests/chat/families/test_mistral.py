@@ -311,7 +311,7 @@ def test_the_checks_fail_when_the_rules_break(
     )
     assert plain.num_tool_calls == 0
     # A boundary the template does not write is drift the check reports.
-    trajectory = run(tokenizer, [parallel(template, ids=True), "5.</s>"], system=False)
+    trajectory = run(tokenizer, [parallel(template, ids=True), "5.</s>"], system=template != NEMO)
     chat = ChatFormat(tokenizer, tools=SCHEMAS)
     ids = transcript(trajectory)
     eos = token_id(tokenizer, "</s>")
