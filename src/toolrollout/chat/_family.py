@@ -140,6 +140,11 @@ class TemplateFamily:
     """A vision-language family (image placeholders in user and tool turns)."""
     parallel_calls: bool = True
     """Whether the format allows several calls in one assistant turn (documentation)."""
+    feedback_role: Literal["tool", "user"] = "tool"
+    """The role of the message that tells the model a call was malformed. ``"user"``
+    (Mistral, whose templates need a call id on every tool message and strictly alternating
+    user/assistant turns): a turn with a malformed call then runs none of its calls, and
+    one user message lists the errors."""
 
     def make_call_ids(self, parsed: ParsedTurn, call_number: int) -> list[str]:
         """The ids of a turn's calls, by :attr:`call_id` where the family has a rule."""
