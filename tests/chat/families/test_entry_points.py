@@ -43,6 +43,13 @@ class Case:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     detected: bool = True
     """Whether the template is recognised without ``--family``."""
+    system: bool = True
+    """Whether the prompt has a system message (Nemo moves it into the last user turn,
+    a documented rewrite its own test covers; here the prompt has none)."""
+
+    @property
+    def prompt(self) -> list[dict[str, Any]]:
+        return PROMPT if self.system else PROMPT[1:]
 
     @property
     def id(self) -> str:
@@ -50,12 +57,23 @@ class Case:
         return f"{self.family}-{self.template.stem}" + (f"-{kwargs}" if kwargs else "")
 
 
+OFFICIAL = TEMPLATES / "official"
+
 CASES = [
     Case("qwen25", TEMPLATES / "qwen25.jinja"),
     Case("qwen3", TEMPLATES / "qwen3.jinja"),
     Case("qwen3", TEMPLATES / "qwen3.jinja", template_kwargs={"enable_thinking": False}),
     Case("llama3", TEMPLATES / "llama3.jinja", bos="<|begin_of_text|>"),
-    Case("gpt_oss", TEMPLATES / "official" / "openai-gpt-oss-120b.jinja"),
+    Case("gpt_oss", OFFICIAL / "openai-gpt-oss-120b.jinja"),
+    Case("llama3", OFFICIAL / "meta-llama-Llama-3.1-8B-Instruct.jinja", bos="<|begin_of_text|>"),
+    Case(
+        "llama3",
+        OFFICIAL / "meta-llama-Llama-3.2-3B-Instruct.jinja",
+        bos="<|begin_of_text|>",
+        template_kwargs={"date_string": "26 Jul 2024"},
+    ),
+    Case("mistral", OFFICIAL / "mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>", system=False),
+    Case("mistral", OFFICIAL / "Mistral-Small-3.2-24B-Instruct-2506.jinja", bos="<s>"),
 ]
 
 PROMPT = [
@@ -95,7 +113,7 @@ def _format(tokenizer: Any, case: Case) -> ChatFormat:
     )
 
 
-def _model_texts(chat: ChatFormat) -> list[str]:
+def _model_texts(chat: ChatFormat, prompt: list[dict[str, Any]]) -> list[str]:
     """The two turns, as the template writes them: a calculator call, then the answer."""
     family = chat.family
     call: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [CALL]}
@@ -104,8 +122,8 @@ def _model_texts(chat: ChatFormat) -> list[str]:
     answer: dict[str, Any] = {"role": "assistant", "content": "The answer is 5."}
     texts = []
     steps: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
-        ([*PROMPT], call),
-        ([*PROMPT, call, result], answer),
+        ([*prompt], call),
+        ([*prompt, call, result], answer),
     ]
     for before, turn in steps:
         prefix = chat.render_text(before, add_generation_prompt=True)
@@ -150,16 +168,16 @@ def _check_trajectory(trajectory: Trajectory, chat: ChatFormat) -> None:
 def test_runner_detects_the_family_and_runs_its_calls(case: Case) -> None:
     tokenizer = _tokenizer(case)
     chat = _format(tokenizer, case)
-    turns = [chat.encode(text) for text in _model_texts(chat)]
+    turns = [chat.encode(text) for text in _model_texts(chat, case.prompt)]
     engine = ScriptedEngine([ScriptedOutput(ids, [-0.5] * len(ids)) for ids in turns])
     runner = RolloutRunner(
         engine, tokenizer, [calculator_tool()], config=_config(case, named=False)
     )
     assert runner.chat.family.name == case.family
-    [trajectory] = anyio.run(runner.run, [PROMPT])
+    [trajectory] = anyio.run(runner.run, [case.prompt])
     _check_trajectory(trajectory, runner.chat)
     ids = [*trajectory.prompt_ids, *trajectory.response_ids]
-    assert ids[: len(trajectory.prompt_ids)] == chat.render_prompt(PROMPT)
+    assert ids[: len(trajectory.prompt_ids)] == chat.render_prompt(case.prompt)
     assert trajectory.response_ids[: len(turns[0])] == turns[0]
 
 
@@ -171,9 +189,11 @@ def test_generate_cli_with_family(case: Case, tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     tokenizer.save_pretrained(model_dir)
     chat = _format(tokenizer, case)
-    turns = [chat.encode(text) for text in _model_texts(chat)]
+    turns = [chat.encode(text) for text in _model_texts(chat, case.prompt)]
     dataset = tmp_path / "prompts.jsonl"
-    dataset.write_text(json.dumps({"messages": PROMPT, "answer": "5"}) + "\n", encoding="utf-8")
+    dataset.write_text(
+        json.dumps({"messages": case.prompt, "answer": "5"}) + "\n", encoding="utf-8"
+    )
     out = tmp_path / "out.jsonl"
     args = ["generate", "--model", str(model_dir), "--dataset", str(dataset), "--n", "1"]
     args += ["--out", str(out), "--family", case.family, "--max-turns", "4"]
@@ -186,14 +206,14 @@ def test_generate_cli_with_family(case: Case, tmp_path: Path) -> None:
     assert row["status"] == "completed" and row["num_tool_calls"] == 1
     assert row["parse_errors"] == 0 and row["reward"] == 1.0
     assert json.loads(row["metrics"])["drift_mismatches"] == 0
-    assert log[0]["input_ids"] == chat.render_prompt(PROMPT)  # the family's prompt was sent
+    assert log[0]["input_ids"] == chat.render_prompt(case.prompt)  # the family's prompt was sent
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_trl_adapter_with_family(case: Case) -> None:
     tokenizer = _tokenizer(case)
     chat = _format(tokenizer, case)
-    turns = [chat.encode(text) for text in _model_texts(chat)]
+    turns = [chat.encode(text) for text in _model_texts(chat, case.prompt)]
     engine = ScriptedEngine([ScriptedOutput(ids, [-0.5] * len(ids)) for ids in turns])
     trainer = SimpleNamespace(
         args=SimpleNamespace(max_completion_length=None),
@@ -208,7 +228,7 @@ def test_trl_adapter_with_family(case: Case) -> None:
         chat_template_kwargs=case.template_kwargs,
     )
     with rollout:
-        out = rollout([PROMPT], trainer)
+        out = rollout([case.prompt], trainer)
         [trajectory] = rollout.last_trajectories
     _check_trajectory(trajectory, rollout.runner.chat)
     ids, mask = out["completion_ids"][0], out["env_mask"][0]
