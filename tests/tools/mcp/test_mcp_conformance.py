@@ -18,11 +18,13 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -30,19 +32,23 @@ import pytest
 import pytest_asyncio
 from mcp.client.session import ClientRequestContext
 from mcp.types import CreateMessageRequestParams, CreateMessageResult, TextContent
-from mcp_helpers import REPO, free_port
+from mcp_helpers import REPO, child_pids, free_port, wait_for
 from PIL import Image
 
 from toolrollout.tools import (
+    CircuitBreakerPolicy,
     RetryPolicy,
     ToolCallRequest,
     ToolExecutor,
     ToolLimits,
+    load_tool_config,
+    open_tools,
 )
 from toolrollout.tools.mcp import (
     HttpServer,
     McpClientManager,
     McpRoot,
+    McpServerSpec,
     McpTool,
     StdioServer,
     list_mcp_tools,
@@ -349,3 +355,212 @@ async def test_progress_keeps_a_long_call_alive_within_its_timeout(
     )
     assert bounded.error_kind == "ToolTimeout"
     assert 1.4 < time.monotonic() - started < 3.0
+
+
+def restart_limits() -> ToolLimits:
+    """The default retries, and a breaker that opens on the first failed call."""
+    return ToolLimits(
+        timeout=20.0, circuit_breaker=CircuitBreakerPolicy(failure_threshold=1, reset_timeout=60)
+    )
+
+
+@contextlib.contextmanager
+def node_server(transport: str) -> Iterator[NodeServer]:
+    server = NodeServer(transport)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def stdio_child(before: set[int]) -> int:
+    [pid] = child_pids() - before
+    return pid
+
+
+@needs_node
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_server_restart_between_calls_is_survived(installed: None, transport: str) -> None:
+    """Restart the server between two calls of one executor: the later calls succeed on a
+    new session, the breaker (threshold 1) stays closed, nothing is reported as a tool
+    error."""
+    with contextlib.ExitStack() as stack:
+        if transport == "stdio":
+            spec: McpServerSpec = stdio_everything()
+            server = None
+        else:
+            server = stack.enter_context(
+                node_server("sse" if transport == "sse" else "streamableHttp")
+            )
+            spec = server.spec
+        before = child_pids()
+        async with McpClientManager([spec]) as manager:
+            [tool] = [
+                t.with_limits(restart_limits())
+                for t in await list_mcp_tools(manager, selected=["echo"])
+            ]
+            executor = ToolExecutor([tool])
+            first = await executor.run_call(ToolCallRequest("echo", {"message": "one"}))
+            assert first.text == "Echo: one"
+            started = time.monotonic()
+            if server is None:  # stdio: the process dies; the manager starts a new one
+                os.kill(stdio_child(before), signal.SIGKILL)
+                await wait_for(lambda: not manager.statistics()[transport].connected)
+            else:
+                server.kill()
+                server.start()  # same port, no memory of the old session
+            later = await executor.run_calls(
+                [ToolCallRequest("echo", {"message": f"after {i}"}) for i in range(5)]
+            )
+            elapsed = time.monotonic() - started
+            assert [r.text for r in later] == [f"Echo: after {i}" for i in range(5)]
+            assert not any(r.is_error for r in later)
+            stats = executor.statistics().tools["echo"]
+            assert stats.errors == 0
+            assert stats.circuit_breaker is not None
+            assert stats.circuit_breaker.state.value == "closed"
+            assert stats.circuit_breaker.open_count == 0
+            connection = manager.statistics()[transport]
+            assert connection.sessions_lost == 1 and connection.sessions_opened == 2
+            assert elapsed < 10, f"re-established in {elapsed:.1f}s"
+
+
+@needs_node
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_in_flight_call_whose_server_died_is_unavailable(
+    installed: None, transport: str
+) -> None:
+    """The server dies during a 10 s call with a 20 s timeout: the call fails fast as
+    ToolUnavailable, not as a timeout, and a restarted server serves the next call."""
+    with contextlib.ExitStack() as stack:
+        if transport == "stdio":
+            spec: McpServerSpec = stdio_everything()
+            server = None
+        else:
+            server = stack.enter_context(
+                node_server("sse" if transport == "sse" else "streamableHttp")
+            )
+            spec = server.spec
+        before = child_pids()
+        async with McpClientManager([spec], heartbeat_interval=0.5) as manager:
+            [tool] = [
+                t.with_limits(ToolLimits(timeout=20.0, retry=RetryPolicy(max_attempts=1)))
+                for t in await list_mcp_tools(manager, selected=["trigger-long-running-operation"])
+            ]
+            executor = ToolExecutor([tool])
+
+            async def kill_soon() -> None:
+                await anyio.sleep(1.0)
+                if server is None:
+                    os.kill(stdio_child(before), signal.SIGKILL)
+                else:
+                    server.kill()
+
+            started = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(kill_soon)
+                result = await executor.run_call(
+                    ToolCallRequest("trigger-long-running-operation", {"duration": 10, "steps": 10})
+                )
+            elapsed = time.monotonic() - started
+            assert result.error_kind == "ToolUnavailable", result.text
+            assert elapsed < 5, f"reported after {elapsed:.1f}s"
+            if server is not None:
+                server.start()
+            again = await executor.run_call(
+                ToolCallRequest("trigger-long-running-operation", {"duration": 0.2, "steps": 1})
+            )
+            assert not again.is_error, again.text
+
+
+def make_repo(path: Path) -> Path:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+    path.mkdir()
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True, env=env)
+    (path / "notes.txt").write_text("first line\n", encoding="utf-8")
+    subprocess.run(["git", "-C", str(path), "add", "notes.txt"], check=True, env=env)
+    subprocess.run(["git", "-C", str(path), "commit", "-q", "-m", "Add notes"], check=True, env=env)
+    (path / "notes.txt").write_text("first line\nsecond line\n", encoding="utf-8")
+    return path
+
+
+async def test_mcp_server_git_from_its_own_venv_via_config_files(
+    installed: None, tmp_path: Path
+) -> None:
+    """mcp-server-git (the MCP project's git server, PyPI) in its own virtualenv, on a
+    temporary repository, loaded from a tool config and an mcpServers file."""
+    repo = make_repo(tmp_path / "repo")
+    servers = {
+        "mcpServers": {
+            "git": {
+                "command": str(VENVS / "git/bin/mcp-server-git"),
+                "args": ["--repository", str(repo)],
+            }
+        }
+    }
+    (tmp_path / "servers.json").write_text(json.dumps(servers), encoding="utf-8")
+    (tmp_path / "tools.yaml").write_text(
+        "tools:\n"
+        "  - class_name: toolrollout.tools.mcp.McpTool\n"
+        "    config: {type: mcp, timeout: 30}\n"
+        "    mcp:\n"
+        "      mcp_servers_config_path: servers.json\n"
+        "      tool_selected_list: [git_status, git_log, git_diff_unstaged, git_show]\n"
+        "      roots: [repo]\n",
+        encoding="utf-8",
+    )
+    tools = load_tool_config(tmp_path / "tools.yaml")
+    assert [t.name for t in tools] == ["git_status", "git_diff_unstaged", "git_log", "git_show"]
+    assert all(isinstance(t, McpTool) and t.manager.roots[0].uri == repo.as_uri() for t in tools)
+    async with open_tools(tools):
+        executor = ToolExecutor(tools)
+        status, diff, log, outside, bogus = await executor.run_calls(
+            [
+                ToolCallRequest("git_status", {"repo_path": str(repo)}),
+                ToolCallRequest("git_diff_unstaged", {"repo_path": str(repo)}),
+                ToolCallRequest("git_log", {"repo_path": str(repo), "max_count": 5}),
+                ToolCallRequest("git_status", {"repo_path": str(tmp_path)}),
+                ToolCallRequest("git_show", {"repo_path": str(repo), "revision": "nope"}),
+            ]
+        )
+    assert not status.is_error and "modified:   notes.txt" in status.text
+    assert "+second line" in diff.text
+    assert "Add notes" in log.text
+    # The server's own refusals are answers (isError), not infrastructure failures.
+    assert outside.is_error and outside.error_kind == "ToolExecutionError"
+    assert "outside the allowed repository" in outside.text
+    assert bogus.is_error and bogus.error_kind == "ToolExecutionError"
+
+
+async def test_mcp_server_time_from_its_own_venv_survives_a_crash(installed: None) -> None:
+    """mcp-server-time in its own virtualenv: calls, then the process is killed between
+    two calls and the next call runs on a new process."""
+    spec = StdioServer(
+        name="time",
+        command=str(VENVS / "time/bin/mcp-server-time"),
+        args=("--local-timezone", "UTC"),
+    )
+    before = child_pids()
+    async with McpClientManager([spec]) as manager:
+        tools = await list_mcp_tools(manager, limits=restart_limits())
+        executor = ToolExecutor(tools)
+        assert {t.name for t in tools} == {"get_current_time", "convert_time"}
+        [paris] = await executor.run_calls(
+            [ToolCallRequest("get_current_time", {"timezone": "Europe/Paris"})]
+        )
+        assert paris.structured is not None and paris.structured["timezone"] == "Europe/Paris"
+        os.kill(stdio_child(before), signal.SIGKILL)
+        await wait_for(lambda: not manager.statistics()["time"].connected)
+        [tokyo] = await executor.run_calls(
+            [ToolCallRequest("get_current_time", {"timezone": "Asia/Tokyo"})]
+        )
+        assert not tokyo.is_error and tokyo.structured is not None
+        assert manager.statistics()["time"].sessions_opened == 2

@@ -10,11 +10,19 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import anyio
 from mcp.types import Tool as McpToolInfo
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from toolrollout._exceptions import ConfigError, ToolRolloutError, UserError
 
@@ -36,10 +44,19 @@ VERL_MCP_CLASSES = (
 
 
 class _RootModel(BaseModel):
+    """One root: a ``path`` (a plain string in the YAML) or a ``uri``, and a name."""
+
     model_config = ConfigDict(extra="forbid")
 
-    uri: str = Field(min_length=1)
+    path: str | None = Field(default=None, min_length=1)
+    uri: str | None = Field(default=None, min_length=1)
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Self:
+        if (self.path is None) == (self.uri is None):
+            raise ValueError("give either 'path' or 'uri'")
+        return self
 
 
 class McpSettingsModel(BaseModel):
@@ -61,7 +78,7 @@ class McpSettingsModel(BaseModel):
     heartbeat_interval: PositiveFloat | None = 10.0
     """Seconds between pings of an HTTP session while calls are in flight (null: never);
     a failed ping fails them as unavailable instead of letting them run into the timeout."""
-    roots: list[str | _RootModel] = []
+    roots: list[_RootModel] = []
     """Roots offered to servers (``roots/list``): paths (relative to the YAML file's folder)
     or ``{uri, name}`` mappings."""
     sampling_callback: str | None = None
@@ -70,6 +87,13 @@ class McpSettingsModel(BaseModel):
     """``module:function`` answering ``elicitation/create`` (default: declined)."""
     callback_timeout: PositiveFloat = 60.0
     """Seconds a sampling or elicitation callback may take before the request is refused."""
+
+    @field_validator("roots", mode="before")
+    @classmethod
+    def _paths(cls, value: object) -> object:
+        if isinstance(value, list):
+            return [{"path": item} if isinstance(item, str) else item for item in value]
+        return value
 
 
 def discover_tools(
@@ -122,10 +146,11 @@ def _callback(name: str | None, key: str, where: Callable[[str], str]) -> Any:
 def _roots(settings: McpSettingsModel, context: BuildContext) -> list[McpRoot]:
     roots = []
     for item in settings.roots:
-        if isinstance(item, str):
-            path = context.resolve(item).resolve()
-            roots.append(McpRoot(uri=path.as_uri(), name=path.name or str(path)))
+        if item.path is not None:
+            path = context.resolve(item.path).resolve()
+            roots.append(McpRoot(uri=path.as_uri(), name=item.name or path.name or str(path)))
         else:
+            assert item.uri is not None
             roots.append(McpRoot(uri=item.uri, name=item.name))
     return roots
 
