@@ -376,7 +376,7 @@ def node_server(transport: str) -> Iterator[NodeServer]:
 
 def stdio_child(before: set[int]) -> int:
     [pid] = child_pids() - before
-    return pid
+    return int(pid)
 
 
 @needs_node
