@@ -343,8 +343,9 @@ async def test_progress_keeps_a_long_call_alive_within_its_timeout(
     silent = await call(
         everything, transport, "trigger-long-running-operation", duration=4, steps=1
     )
-    assert silent.error_kind == "ToolTimeout" and "progress_idle_timeout" in silent.text
-    assert time.monotonic() - started < 3.5
+    # (The per-call timeout is 30 s: only the idle timeout can end it this way.)
+    assert silent.error_kind == "ToolTimeout" and "sent no progress for 2s" in silent.text
+    assert time.monotonic() - started < 4.0
 
     # With progress flowing, the executor's per-call timeout still ends the call.
     name = f"{transport}_trigger-long-running-operation"
@@ -353,8 +354,8 @@ async def test_progress_keeps_a_long_call_alive_within_its_timeout(
     [bounded] = await ToolExecutor([tool]).run_calls(
         [ToolCallRequest(name, {"duration": 10, "steps": 20})]
     )
-    assert bounded.error_kind == "ToolTimeout"
-    assert 1.4 < time.monotonic() - started < 3.0
+    assert bounded.error_kind == "ToolTimeout" and "timed out after 1.5s" in bounded.text
+    assert 1.4 < time.monotonic() - started < 8.0
 
 
 def restart_limits() -> ToolLimits:
@@ -466,7 +467,7 @@ async def test_in_flight_call_whose_server_died_is_unavailable(
                 )
             elapsed = time.monotonic() - started
             assert result.error_kind == "ToolUnavailable", result.text
-            assert elapsed < 5, f"reported after {elapsed:.1f}s"
+            assert elapsed < 8, f"reported after {elapsed:.1f}s (the call takes 10 s)"
             if server is not None:
                 server.start()
             again = await executor.run_call(
@@ -492,6 +493,7 @@ def make_repo(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 async def test_mcp_server_git_from_its_own_venv_via_config_files(
     installed: None, tmp_path: Path
 ) -> None:
@@ -540,6 +542,7 @@ async def test_mcp_server_git_from_its_own_venv_via_config_files(
     assert bogus.is_error and bogus.error_kind == "ToolExecutionError"
 
 
+@pytest.mark.slow
 async def test_mcp_server_time_from_its_own_venv_survives_a_crash(installed: None) -> None:
     """mcp-server-time in its own virtualenv: calls, then the process is killed between
     two calls and the next call runs on a new process."""

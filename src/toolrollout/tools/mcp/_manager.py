@@ -448,11 +448,11 @@ class _Server:
                 except Exception as exc:  # kept out of the task group's exception group
                     raised = exc
                 tg.cancel_scope.cancel()
-            if verdict is not None:
-                raise verdict
+            if raised is None and result is None and verdict is not None:
+                raise verdict  # an answer that came as the watchdog fired still counts
             if raised is not None:
                 raise await self._translate(session, raised, name) from raised
-        except BaseException:
+        except Exception:
             self.failed_calls += 1
             raise
         finally:
