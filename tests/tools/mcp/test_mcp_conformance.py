@@ -31,7 +31,13 @@ import anyio
 import pytest
 import pytest_asyncio
 from mcp.client.session import ClientRequestContext
-from mcp.types import CreateMessageRequestParams, CreateMessageResult, TextContent
+from mcp.types import (
+    CreateMessageRequestParams,
+    CreateMessageResult,
+    ElicitRequestParams,
+    ElicitResult,
+    TextContent,
+)
 from mcp_helpers import REPO, child_pids, free_port, wait_for
 from PIL import Image
 
@@ -321,6 +327,21 @@ async def test_sampling_is_routed_to_a_configured_callback(installed: None) -> N
     assert seen == ["Resource trigger-sampling-request context: six times seven"]
     text = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
     assert '"text": "sampled: 42"' in text and '"model": "policy"' in text
+
+
+@needs_node
+async def test_elicitation_is_routed_to_a_configured_callback(installed: None) -> None:
+    asked: list[str] = []
+
+    async def form(context: ClientRequestContext, params: ElicitRequestParams) -> ElicitResult:
+        asked.append(params.message)
+        return ElicitResult(action="accept", content={"name": "Ada Lovelace"})
+
+    async with McpClientManager([stdio_everything()], elicitation_callback=form) as manager:
+        result = await manager.call_tool("stdio", "trigger-elicitation-request")
+    assert asked == ["Please provide inputs for the following fields:"]
+    text = "\n".join(block.text for block in result.content if isinstance(block, TextContent))
+    assert "User provided the requested information" in text and "Ada Lovelace" in text
 
 
 @needs_node
