@@ -134,6 +134,31 @@ def entry(mcp: str = "{mcp_servers_config_path: servers.json}", extra: str = "")
             GOOD_SERVERS,
             "tools[0].mcp.connect_timeout: must be a positive number (got -1)",
         ),
+        (
+            entry("{mcp_servers_config_path: servers.json, progress_idle_timeout: 0}"),
+            GOOD_SERVERS,
+            "tools[0].mcp.progress_idle_timeout: must be a positive number (got 0)",
+        ),
+        (
+            entry("{mcp_servers_config_path: servers.json, heartbeat_interval: fast}"),
+            GOOD_SERVERS,
+            "tools[0].mcp.heartbeat_interval: ",
+        ),
+        (
+            entry("{mcp_servers_config_path: servers.json, roots: [{name: x}]}"),
+            GOOD_SERVERS,
+            "tools[0].mcp.roots[0]: Value error, give either 'path' or 'uri'",
+        ),
+        (
+            entry("{mcp_servers_config_path: servers.json, sampling_callback: 'no_such_mod:f'}"),
+            GOOD_SERVERS,
+            "tools[0].mcp.sampling_callback: cannot import 'no_such_mod:f'",
+        ),
+        (
+            entry("{mcp_servers_config_path: servers.json, elicitation_callback: 'json:__doc__'}"),
+            GOOD_SERVERS,
+            "tools[0].mcp.elicitation_callback: 'json:__doc__' is not callable",
+        ),
         (entry(extra=", url: x"), GOOD_SERVERS, "tools[0].config.url: unknown key"),
         (
             entry().replace("toolrollout.tools.mcp.McpTool", "toolrollout.tools.CalculatorTool"),

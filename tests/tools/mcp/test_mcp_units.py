@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
+import struct
 import sys
+import zlib
 from typing import Any
 
 import pytest
@@ -26,6 +29,7 @@ from toolrollout.tools.mcp import (
     McpTool,
     StdioServer,
     build_mcp_tools,
+    decode_image,
     mcp_managers,
     mcp_result_to_tool_result,
     mcp_sessions,
@@ -82,11 +86,61 @@ class TestResultConversion:
         empty = mcp_result_to_tool_result(CallToolResult(content=[], is_error=True), tool_name="w")
         assert empty.is_error and empty.text.startswith("Error: ")
 
-    def test_undecodable_image_is_a_malformed_result(self) -> None:
+    def test_undecodable_image_is_dropped_with_a_note_and_the_rest_kept(self) -> None:
         garbage = base64.b64encode(b"not an image").decode()
-        result = CallToolResult(content=[ImageContent(data=garbage, mime_type="image/png")])
-        with pytest.raises(ToolExecutionError, match=r"'t' returned a malformed result: content"):
-            mcp_result_to_tool_result(result, tool_name="t")
+        result = CallToolResult(
+            content=[
+                TextContent(text="before"),
+                ImageContent(data=garbage, mime_type="image/png"),
+                ImageContent(data=png("red"), mime_type="image/png"),
+                TextContent(text="after"),
+            ]
+        )
+        converted = mcp_result_to_tool_result(result, tool_name="t")
+        assert not converted.is_error
+        assert converted.text == (
+            "before\n[image dropped: image/png data (12 bytes) is not a readable image]\nafter"
+        )
+        assert [image.size for image in converted.images] == [(2, 3)]
+
+    def test_png_with_a_bad_ancillary_chunk_crc_is_an_image(self) -> None:
+        # A valid PNG with a tEXt chunk whose CRC is wrong: libpng and browsers skip the
+        # chunk; Pillow refuses the file unless the chunk is dropped first.
+        raw = base64.b64decode(png("blue", (4, 4)))
+        body = b"tEXtComment\x00hello"
+        chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body) ^ 1)
+        broken = raw[:33] + chunk + raw[33:]  # after the signature and IHDR
+        with pytest.raises(OSError, match="cannot identify"):  # strict Pillow
+            Image.open(io.BytesIO(broken)).load()
+        image = decode_image(base64.b64encode(broken).decode())
+        assert image.size == (4, 4) and image.convert("RGB").getpixel((1, 1)) == (0, 0, 255)
+        # A bad CRC in a critical chunk (IHDR, bytes 29-32) is still an error.
+        bad_header = raw[:29] + bytes([raw[29] ^ 1]) + raw[30:]
+        with pytest.raises(ValueError, match="not a readable image"):
+            decode_image(base64.b64encode(bad_header).decode())
+
+    def test_textual_blob_resource_shows_its_text(self) -> None:
+        def blob(mime: str, data: bytes) -> EmbeddedResource:
+            contents = BlobResourceContents(
+                uri="demo://r", mime_type=mime, blob=base64.b64encode(data).decode()
+            )
+            return EmbeddedResource(type="resource", resource=contents)
+
+        result = CallToolResult(
+            content=[
+                blob("text/plain", "Resource 1: café".encode()),
+                blob("application/json", b'{"a": 1}'),
+                blob("application/octet-stream", b"\x00\x01"),
+                blob("text/plain", b"\xff\xfe not utf-8"),
+            ]
+        )
+        converted = mcp_result_to_tool_result(result, tool_name="t")
+        assert converted.text.splitlines() == [
+            "Resource 1: café",
+            '{"a": 1}',
+            "[resource demo://r (application/octet-stream): 2 bytes]",
+            "[resource demo://r (text/plain): 12 bytes]",
+        ]
 
 
 class TestBuildTools:
@@ -117,6 +171,40 @@ class TestBuildTools:
         assert [t.name for t in prefixed] == ["web__fetch"]
         with pytest.raises(UserError, match=r"'nope'.*available: fetch, list, read\.file"):
             build_mcp_tools(owner, listings, selected=["fetch", "nope"])
+
+    def test_task_required_tools_are_left_out_with_a_reason(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        listed = [
+            McpToolInfo.model_validate(
+                {
+                    "name": "research",
+                    "inputSchema": {"type": "object"},
+                    "execution": {"taskSupport": "required"},
+                }
+            ),
+            McpToolInfo.model_validate(
+                {
+                    "name": "maybe",
+                    "inputSchema": {"type": "object"},
+                    "execution": {"taskSupport": "optional"},
+                    "annotations": {"readOnlyHint": True},
+                    "outputSchema": {"type": "object", "properties": {"n": {"type": "number"}}},
+                    "title": "Maybe",
+                }
+            ),
+        ]
+        owner = manager()
+        with caplog.at_level(logging.WARNING, logger="toolrollout.tools.mcp"):
+            tools = build_mcp_tools(owner, {"s": listed})
+        assert [t.name for t in tools] == ["maybe"]
+        assert "'research' of server 's' left out" in caplog.text
+        assert "taskSupport: required" in caplog.text
+        assert tools[0].annotations == {"readOnlyHint": True}
+        assert tools[0].output_schema == {"type": "object", "properties": {"n": {"type": "number"}}}
+        assert tools[0].title == "Maybe"
+        with pytest.raises(UserError, match="'research' of server 's': it requires MCP task"):
+            build_mcp_tools(owner, {"s": listed}, selected=["research"])
 
     def test_same_name_on_two_servers_needs_a_prefix(self) -> None:
         owner = manager("a", "b")

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Self
 
 import anyio
 from mcp.types import Tool as McpToolInfo
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from toolrollout._exceptions import ConfigError, ToolRolloutError, UserError
 
@@ -21,7 +30,7 @@ from .._base import Tool
 from .._config import _import, _key_path, _limits, _message
 from .._models import ToolEntryModel
 from .._registry import BuildContext
-from ._manager import McpClientManager, _describe, _each
+from ._manager import McpClientManager, McpRoot, _describe, _each
 from ._servers import McpServerSpec, load_mcp_servers
 from ._tool import McpTool, build_mcp_tools
 
@@ -32,6 +41,22 @@ VERL_MCP_CLASSES = (
     "verl.tools.mcp_search_tool.MCPSearchTool",
 )
 """verl (<= 0.7.1) MCP tool classes; an entry naming one loads as :class:`McpTool`."""
+
+
+class _RootModel(BaseModel):
+    """One root: a ``path`` (a plain string in the YAML) or a ``uri``, and a name."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = Field(default=None, min_length=1)
+    uri: str | None = Field(default=None, min_length=1)
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _one_of(self) -> Self:
+        if (self.path is None) == (self.uri is None):
+            raise ValueError("give either 'path' or 'uri'")
+        return self
 
 
 class McpSettingsModel(BaseModel):
@@ -47,10 +72,35 @@ class McpSettingsModel(BaseModel):
     """Put before each name shown to the model; ``{server}`` is replaced by the server."""
     connect_timeout: PositiveFloat = 30.0
     """Seconds to start/connect a server, initialize and list its tools."""
+    progress_idle_timeout: PositiveFloat | None = None
+    """Fail a call whose server sent no progress notification for this many seconds
+    (default: off); the entry's ``config.timeout`` still bounds every call."""
+    heartbeat_interval: PositiveFloat | None = 10.0
+    """Seconds between pings of an HTTP session while calls are in flight (null: never);
+    a failed ping fails them as unavailable instead of letting them run into the timeout."""
+    roots: list[_RootModel] = []
+    """Roots offered to servers (``roots/list``): paths (relative to the YAML file's folder)
+    or ``{uri, name}`` mappings."""
+    sampling_callback: str | None = None
+    """``module:function`` answering ``sampling/createMessage`` (default: refused)."""
+    elicitation_callback: str | None = None
+    """``module:function`` answering ``elicitation/create`` (default: declined)."""
+    callback_timeout: PositiveFloat = 60.0
+    """Seconds a sampling or elicitation callback may take before the request is refused."""
+
+    @field_validator("roots", mode="before")
+    @classmethod
+    def _paths(cls, value: object) -> object:
+        if isinstance(value, list):
+            return [{"path": item} if isinstance(item, str) else item for item in value]
+        return value
 
 
 def discover_tools(
-    servers: Mapping[str, McpServerSpec], *, connect_timeout: float = 30.0
+    servers: Mapping[str, McpServerSpec],
+    *,
+    connect_timeout: float = 30.0,
+    manager_options: Mapping[str, Any] | None = None,
 ) -> dict[str, list[McpToolInfo]]:
     """List every server's tools over a short-lived session each (blocking).
 
@@ -58,10 +108,14 @@ def discover_tools(
     from inside a running event loop alike (which it then blocks while it runs). Every
     session and child process is closed before it returns. Raises
     :class:`~toolrollout.exceptions.ToolUnavailable` for a server that cannot be reached.
+    ``manager_options`` are further :class:`McpClientManager` arguments (the roots and
+    callbacks the real sessions will declare: some servers list tools by capability).
     """
 
     async def run() -> dict[str, list[McpToolInfo]]:
-        manager = McpClientManager(servers, connect_timeout=connect_timeout)
+        manager = McpClientManager(
+            servers, connect_timeout=connect_timeout, **dict(manager_options or {})
+        )
         listings: dict[str, list[McpToolInfo]] = {}
 
         async def fetch(name: str) -> None:
@@ -73,6 +127,32 @@ def discover_tools(
 
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mcp-discovery") as pool:
         return pool.submit(anyio.run, run).result()
+
+
+def _callback(name: str | None, key: str, where: Callable[[str], str]) -> Any:
+    if name is None:
+        return None
+    try:
+        obj = _import(name.strip())
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"{where(key)}: cannot import {name!r}: {exc}") from exc
+    if not callable(obj):
+        raise ConfigError(
+            f"{where(key)}: {name!r} is not callable; expected async (context, params) -> result"
+        )
+    return obj
+
+
+def _roots(settings: McpSettingsModel, context: BuildContext) -> list[McpRoot]:
+    roots = []
+    for item in settings.roots:
+        if item.path is not None:
+            path = context.resolve(item.path).resolve()
+            roots.append(McpRoot(uri=path.as_uri(), name=item.name or path.name or str(path)))
+        else:
+            assert item.uri is not None
+            roots.append(McpRoot(uri=item.uri, name=item.name))
+    return roots
 
 
 def _tool_class(class_name: str, where: Callable[[str], str]) -> type[McpTool]:
@@ -127,10 +207,22 @@ def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
     except ConfigError as exc:
         raise ConfigError(f"{where('mcp.mcp_servers_config_path')}: {exc}") from exc
 
-    manager = McpClientManager(servers, connect_timeout=settings.connect_timeout, source=str(path))
+    options: dict[str, Any] = {
+        "roots": _roots(settings, context),
+        "sampling_callback": _callback(settings.sampling_callback, "mcp.sampling_callback", where),
+        "elicitation_callback": _callback(
+            settings.elicitation_callback, "mcp.elicitation_callback", where
+        ),
+        "callback_timeout": settings.callback_timeout,
+        "progress_idle_timeout": settings.progress_idle_timeout,
+        "heartbeat_interval": settings.heartbeat_interval,
+    }
+    manager = McpClientManager(
+        servers, connect_timeout=settings.connect_timeout, source=str(path), **options
+    )
     try:
         listings: Mapping[str, Sequence[McpToolInfo]] = discover_tools(
-            servers, connect_timeout=settings.connect_timeout
+            servers, connect_timeout=settings.connect_timeout, manager_options=options
         )
     except UserError:
         raise

@@ -6,6 +6,13 @@ replaced, again by the next call, when it is found dead. Calls run in the caller
 tasks on the shared session, so a caller's cancellation (e.g. the executor's per-call
 timeout) cancels the request, and the SDK then sends ``notifications/cancelled`` to the
 server. Errors are translated into the library's tree at this boundary.
+
+The client declares the roots, sampling and elicitation capabilities and answers each
+request at once: roots from the configuration, sampling refused (or routed to a configured
+callback), elicitation declined (or routed to a callback). Each call asks for progress
+notifications; a watchdog next to the call fails it as unavailable when its session is
+found dead (a failed heartbeat ping on HTTP, end of stream on stdio) and, if configured,
+as timed out when the server sends no progress for ``progress_idle_timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -19,12 +26,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
-from typing import Any, Literal, Self, TextIO, cast
+from typing import Any, Literal, Self, TextIO, TypeVar, cast
 
 import anyio
 import anyio.abc
 import httpx2
 from mcp import ClientSession, StdioServerParameters
+from mcp.client.session import ClientRequestContext, ElicitationFnT, SamplingFnT
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -32,12 +40,22 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from mcp.types import (
     CONNECTION_CLOSED,
+    INTERNAL_ERROR,
     INVALID_PARAMS,
+    INVALID_REQUEST,
     REQUEST_TIMEOUT,
     CallToolResult,
+    CreateMessageRequestParams,
+    CreateMessageResult,
+    CreateMessageResultWithTools,
+    ElicitRequestParams,
+    ElicitResult,
+    ErrorData,
     Implementation,
+    ListRootsResult,
     PaginatedRequestParams,
     RequestParamsMeta,
+    Root,
 )
 from mcp.types import Tool as McpToolInfo
 from pydantic import ValidationError
@@ -54,15 +72,41 @@ from toolrollout._version import __version__
 
 from ._servers import McpServerSpec, StdioServer
 
-__all__ = ["McpClientManager", "McpServerStatistics"]
+__all__ = [
+    "ElicitationCallback",
+    "McpClientManager",
+    "McpRoot",
+    "McpServerStatistics",
+    "SamplingCallback",
+]
+
+SamplingCallback = SamplingFnT
+"""``async (context, CreateMessageRequestParams) -> CreateMessageResult | ErrorData``: answers
+a server's ``sampling/createMessage`` (the SDK's callback type)."""
+ElicitationCallback = ElicitationFnT
+"""``async (context, ElicitRequestParams) -> ElicitResult | ErrorData``: answers a server's
+``elicitation/create`` (the SDK's callback type)."""
 
 logger = logging.getLogger(__name__)
+
+_A = TypeVar("_A")
 
 _SESSION_LOST = ("session not found", "session terminated")
 """Streamable HTTP answers (lower-cased) for a session id the server no longer knows,
 e.g. after it restarted."""
+_STALE_SESSION = re.compile(r"no valid session|session (id )?(not found|expired|unknown)", re.I)
+_PROBED_CODES = (CONNECTION_CLOSED, INTERNAL_ERROR)
+"""JSON-RPC codes after which the session itself is asked (a ping) whether it lives: the
+SDK's code for a closed connection, and the one it reports for an HTTP error status
+without a JSON-RPC body (a restarted server answering a stale session id with 400)."""
 _RATE_LIMITED = re.compile(r"rate.?limit|too many requests", re.IGNORECASE)
 _PING_TIMEOUT = 5.0
+_WATCH_STEP = 1.0
+"""Seconds between a call's checks of its session when no shorter interval is set."""
+_SAMPLING_REFUSED = (
+    "sampling is not enabled in this client (toolrollout refuses sampling/createMessage "
+    "unless mcp.sampling_callback is configured)"
+)
 _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     anyio.ClosedResourceError,
     anyio.BrokenResourceError,
@@ -92,6 +136,16 @@ class McpServerStatistics:
     are answers, not failures, and are not counted here."""
     in_flight: int
     """Calls waiting for their answer now."""
+    progress_notifications: int = 0
+    """Progress notifications received for calls."""
+
+
+@dataclass(frozen=True, slots=True)
+class McpRoot:
+    """A root the client offers servers (``roots/list``): a ``file://`` URI and a name."""
+
+    uri: str
+    name: str | None = None
 
 
 class _WatchedReadStream:
@@ -160,6 +214,11 @@ class _Session:
         self.error: BaseException | None = None
         self.tools: list[McpToolInfo] = []
         self.lost = False
+        self.alive_at = -math.inf
+        """When a heartbeat ping last succeeded (anyio clock)."""
+        self.probe: anyio.Event | None = None
+        """Set when the heartbeat ping in progress has finished (None: none running)."""
+        self.probe_failed = False
 
     @property
     def replaceable(self) -> bool:
@@ -187,6 +246,7 @@ class _Server:
         self.calls = 0
         self.failed_calls = 0
         self.in_flight = 0
+        self.progress_notifications = 0
 
     @property
     def name(self) -> str:
@@ -205,6 +265,7 @@ class _Server:
             calls=self.calls,
             failed_calls=self.failed_calls,
             in_flight=self.in_flight,
+            progress_notifications=self.progress_notifications,
         )
 
     def _mark_lost(self, session: _Session) -> None:
@@ -281,10 +342,14 @@ class _Server:
             if session.client is not None:
                 self._mark_lost(session)
 
+        manager = self.manager
         client = ClientSession(
             _WatchedReadStream(read, on_end),
             write,
-            client_info=Implementation(name=self.manager.client_name, version=__version__),
+            client_info=Implementation(name=manager.client_name, version=__version__),
+            list_roots_callback=manager._list_roots,
+            sampling_callback=manager._sample,
+            elicitation_callback=manager._elicit,
         )
         return await stack.enter_async_context(client)
 
@@ -328,18 +393,68 @@ class _Server:
         self, name: str, arguments: Mapping[str, Any], meta: Mapping[str, Any] | None
     ) -> CallToolResult:
         session = await self.acquire()
-        assert session.client is not None
+        client = session.client
+        assert client is not None
+        manager = self.manager
+        idle_timeout = manager.progress_idle_timeout
+        heartbeat = None if isinstance(self.spec, StdioServer) else manager.heartbeat_interval
+        last_sign = anyio.current_time()
+        verdict: ToolRolloutError | None = None
+        raised: Exception | None = None
+        result: Any = None
+        where = f"MCP tool {name!r} on server {self.name!r}"
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            nonlocal last_sign
+            last_sign = anyio.current_time()
+            self.progress_notifications += 1
+
+        async def watch(scope: anyio.CancelScope) -> None:
+            # Stdio needs no ping: a dead process ends the stream, which retires the session.
+            nonlocal verdict
+            steps = [x for x in (heartbeat, idle_timeout, _WATCH_STEP) if x is not None]
+            step = min(steps)
+            while True:
+                await anyio.sleep(step)
+                if session.replaceable:
+                    verdict = ToolUnavailable(f"{where}: the session was lost during the call")
+                elif idle_timeout is not None and anyio.current_time() - last_sign > idle_timeout:
+                    verdict = ToolTimeout(
+                        f"{where} sent no progress for {idle_timeout:g}s "
+                        "(mcp.progress_idle_timeout)"
+                    )
+                elif heartbeat is not None and not await self._heartbeat(session, heartbeat):
+                    self._mark_lost(session)
+                    verdict = ToolUnavailable(
+                        f"{where}: the server stopped answering on this session during the "
+                        "call (heartbeat ping failed); the next call reconnects"
+                    )
+                if verdict is not None:
+                    scope.cancel()
+                    return
+
         self.calls += 1
         self.in_flight += 1
         try:
-            result = await session.client.call_tool(
-                name,
-                dict(arguments),
-                meta=None if meta is None else cast(RequestParamsMeta, dict(meta)),
-            )
-        except Exception as exc:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch, tg.cancel_scope)
+                try:
+                    result = await client.call_tool(
+                        name,
+                        dict(arguments),
+                        progress_callback=on_progress,
+                        meta=None if meta is None else cast(RequestParamsMeta, dict(meta)),
+                    )
+                except Exception as exc:  # kept out of the task group's exception group
+                    raised = exc
+                tg.cancel_scope.cancel()
+            if raised is None and result is None and verdict is not None:
+                raise verdict  # an answer that came as the watchdog fired still counts
+            if raised is not None:
+                raise await self._translate(session, raised, name) from raised
+        except Exception:
             self.failed_calls += 1
-            raise await self._translate(session, exc, name) from exc
+            raise
         finally:
             self.in_flight -= 1
         if not isinstance(result, CallToolResult):  # only with allow_* flags, never set here
@@ -348,6 +463,33 @@ class _Server:
                 f"{type(result).__name__}, not a tool result"
             )
         return result
+
+    async def _heartbeat(self, session: _Session, interval: float) -> bool:
+        """False when a ping on the session *fails* (not when it is slow: a busy server is
+        alive); one ping at a time per session, and none within ``interval`` of the last
+        success, however many calls are in flight."""
+        if session.replaceable or session.client is None:
+            return False
+        if anyio.current_time() - session.alive_at < interval:
+            return True
+        probe = session.probe
+        if probe is not None:
+            await probe.wait()
+            return not session.probe_failed
+        probe = session.probe = anyio.Event()
+        failed = False
+        try:
+            with anyio.move_on_after(_PING_TIMEOUT):
+                await session.client.send_ping()
+                session.alive_at = anyio.current_time()
+        except Exception as exc:
+            failed = True
+            logger.debug("MCP server %r: heartbeat ping failed: %s", self.name, _describe(exc))
+        finally:
+            session.probe_failed = failed
+            session.probe = None
+            probe.set()
+        return not failed
 
     async def _alive(self, session: _Session) -> bool:
         if session.replaceable or session.client is None:
@@ -364,9 +506,9 @@ class _Server:
         where = f"MCP tool {name!r} on server {self.name!r}"
         if isinstance(exc, MCPError):
             code, message = exc.error.code, exc.error.message
-            lost = message.strip().lower() in _SESSION_LOST
-            if code == CONNECTION_CLOSED and not lost:
-                # Also the generic "server error" code: ask the session whether it lives.
+            lost = message.strip().lower() in _SESSION_LOST or bool(_STALE_SESSION.search(message))
+            if code in _PROBED_CODES and not lost:
+                # Also codes a tool's own failure may use: ask the session whether it lives.
                 lost = not await self._alive(session)
             if lost:
                 self._mark_lost(session)
@@ -464,13 +606,36 @@ class McpClientManager:
         connect_timeout: float = 30.0,
         client_name: str = "toolrollout",
         source: str | None = None,
+        roots: Iterable[McpRoot] = (),
+        sampling_callback: SamplingCallback | None = None,
+        elicitation_callback: ElicitationCallback | None = None,
+        callback_timeout: float = 60.0,
+        progress_idle_timeout: float | None = None,
+        heartbeat_interval: float | None = 10.0,
     ) -> None:
-        """``source`` names where the servers came from (a file), for messages."""
+        """``source`` names where the servers came from (a file), for messages.
+
+        ``roots`` answer ``roots/list``; ``sampling_callback`` answers
+        ``sampling/createMessage`` (default: refused with an error) and
+        ``elicitation_callback`` answers ``elicitation/create`` (default: declined), each
+        within ``callback_timeout`` seconds or refused. ``progress_idle_timeout`` fails a
+        call as :class:`~toolrollout.exceptions.ToolTimeout` when its server sends no
+        progress notification for that long (None: off; the executor's per-call timeout
+        bounds every call either way). ``heartbeat_interval`` is how often an HTTP session
+        with calls in flight is pinged (None: never); a failed ping fails those calls as
+        :class:`~toolrollout.exceptions.ToolUnavailable`.
+        """
         specs = list(servers.values()) if isinstance(servers, Mapping) else list(servers)
         if not specs:
             raise UserError("an McpClientManager needs at least one server")
-        if not connect_timeout > 0:
-            raise UserError(f"connect_timeout must be > 0, got {connect_timeout}")
+        for label, value in (
+            ("connect_timeout", connect_timeout),
+            ("callback_timeout", callback_timeout),
+            ("progress_idle_timeout", progress_idle_timeout),
+            ("heartbeat_interval", heartbeat_interval),
+        ):
+            if value is not None and not value > 0:
+                raise UserError(f"{label} must be > 0, got {value}")
         self._servers: dict[str, _Server] = {}
         for spec in specs:
             if spec.name in self._servers:
@@ -481,6 +646,13 @@ class McpClientManager:
         self.client_name = client_name
         """Client name sent to servers in ``initialize``."""
         self.source = source
+        self.roots: tuple[McpRoot, ...] = tuple(roots)
+        """Answered to every server's ``roots/list``."""
+        self.sampling_callback = sampling_callback
+        self.elicitation_callback = elicitation_callback
+        self.callback_timeout = callback_timeout
+        self.progress_idle_timeout = progress_idle_timeout
+        self.heartbeat_interval = heartbeat_interval
         self._task_group: anyio.abc.TaskGroup | None = None
         self._state: Literal["new", "open", "closing", "closed"] = "new"
 
@@ -544,6 +716,41 @@ class McpClientManager:
         exc_tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+    async def _list_roots(self, context: ClientRequestContext) -> ListRootsResult:
+        roots = [Root.model_validate({"uri": r.uri, "name": r.name}) for r in self.roots]
+        return ListRootsResult(roots=roots)
+
+    async def _sample(
+        self, context: ClientRequestContext, params: CreateMessageRequestParams
+    ) -> CreateMessageResult | CreateMessageResultWithTools | ErrorData:
+        callback = self.sampling_callback
+        if callback is None:
+            logger.info("MCP sampling/createMessage refused: no sampling_callback configured")
+            return ErrorData(code=INVALID_REQUEST, message=_SAMPLING_REFUSED)
+        return await self._answer("sampling", callback(context, params))
+
+    async def _elicit(
+        self, context: ClientRequestContext, params: ElicitRequestParams
+    ) -> ElicitResult | ErrorData:
+        callback = self.elicitation_callback
+        if callback is None:
+            logger.info("MCP elicitation/create declined: no elicitation_callback configured")
+            return ElicitResult(action="decline")
+        return await self._answer("elicitation", callback(context, params))
+
+    async def _answer(self, what: str, answer: Awaitable[_A]) -> _A | ErrorData:
+        """A callback's answer, or an error answer if it fails or takes too long: a server
+        waiting on it must never hang."""
+        try:
+            with anyio.fail_after(self.callback_timeout):
+                return await answer
+        except Exception as exc:
+            logger.warning("MCP %s callback failed: %s", what, _describe(exc))
+            return ErrorData(
+                code=INTERNAL_ERROR,
+                message=f"the client's {what} callback failed: {_describe(exc)}",
+            )
 
     def _check_open(self) -> None:
         if self._state != "open":

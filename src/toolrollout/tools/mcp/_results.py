@@ -4,6 +4,10 @@ Text blocks become the message text (joined by newlines); images are decoded int
 images on ``ToolResult.images``; embedded resources, resource links and audio are rendered
 as text the model can read; ``structuredContent`` is kept on ``ToolResult.structured``;
 ``isError`` makes an error result that keeps the server's text as it is.
+
+Images are decoded as leniently as browsers and libpng do: a PNG whose *ancillary* chunk
+(metadata such as ``iCCP`` or ``eXIf``) has a bad checksum is read without that chunk. An
+image nothing can read is left out with a note in the text; the rest of the result stays.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import logging
+import struct
+import zlib
 from typing import Any
 
 from mcp.types import (
@@ -30,11 +37,50 @@ from .._types import ToolResult
 
 __all__ = ["decode_image", "mcp_result_to_tool_result"]
 
+logger = logging.getLogger(__name__)
+
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _drop_bad_ancillary_chunks(raw: bytes) -> bytes | None:
+    """The PNG without its ancillary chunks whose CRC is wrong, or None when there are
+    none (or the data is not a PNG whose chunk layout can be walked).
+
+    libpng treats a bad CRC in an ancillary chunk (lower-case first letter) as a benign
+    error and skips the chunk; browsers and ``file`` read such images. Pillow refuses them
+    unless the process-wide ``LOAD_TRUNCATED_IMAGES`` is set, which would change decoding
+    for every other caller too, so the chunks are removed here instead.
+    """
+    if not raw.startswith(_PNG_SIGNATURE):
+        return None
+    kept = [_PNG_SIGNATURE]
+    dropped = False
+    offset = len(_PNG_SIGNATURE)
+    while offset + 12 <= len(raw):
+        (length,) = struct.unpack(">I", raw[offset : offset + 4])
+        end = offset + 12 + length
+        if end > len(raw):
+            return None
+        kind = raw[offset + 4 : offset + 8]
+        body = raw[offset + 8 : offset + 8 + length]
+        (crc,) = struct.unpack(">I", raw[offset + 8 + length : end])
+        ancillary = bool(kind[0] & 0x20)
+        if ancillary and zlib.crc32(kind + body) != crc:
+            dropped = True
+        else:
+            kept.append(raw[offset:end])
+        offset = end
+        if kind == b"IEND":
+            break
+    return b"".join(kept) if dropped else None
+
 
 def decode_image(data: str, mime_type: str = "image/png") -> Any:
     """Decode base64 image data into a loaded PIL image.
 
-    Raises :class:`ValueError` when the data is not base64 or not an image Pillow reads.
+    A PNG whose only fault is a bad checksum in an ancillary (metadata) chunk is decoded
+    without that chunk, as libpng and browsers do. Raises :class:`ValueError` when the data
+    is not base64 or not an image Pillow reads even so.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -42,12 +88,25 @@ def decode_image(data: str, mime_type: str = "image/png") -> Any:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise ValueError(f"{mime_type} data is not valid base64") from exc
+    errors = (UnidentifiedImageError, OSError, ValueError, SyntaxError)
     try:
         image = Image.open(io.BytesIO(raw))
         image.load()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise ValueError(f"{mime_type} data ({len(raw)} bytes) is not a readable image") from exc
-    return image
+        return image
+    except Image.DecompressionBombError as exc:
+        raise ValueError(f"{mime_type} data ({len(raw)} bytes): {exc}") from exc
+    except errors as exc:
+        first: Exception = exc
+    repaired = _drop_bad_ancillary_chunks(raw)
+    if repaired is not None:
+        try:
+            image = Image.open(io.BytesIO(repaired))
+            image.load()
+            logger.debug("decoded a PNG after dropping ancillary chunks with bad CRCs")
+            return image
+        except (*errors, Image.DecompressionBombError):
+            pass
+    raise ValueError(f"{mime_type} data ({len(raw)} bytes) is not a readable image") from first
 
 
 def _blob_size(blob: str) -> int:
@@ -57,12 +116,26 @@ def _blob_size(blob: str) -> int:
         return len(blob)
 
 
+_TEXT_MIME_TYPES = ("application/json", "application/xml", "application/yaml")
+
+
+def _blob_text(blob: str, mime: str) -> str | None:
+    """A blob resource of a textual type (``text/*``, JSON, XML, YAML) as text, if it is
+    UTF-8: servers send plain text as a blob too, and the model should read it."""
+    base = mime.split(";", 1)[0].strip().lower()
+    if not (base.startswith("text/") or base in _TEXT_MIME_TYPES or base.endswith("+json")):
+        return None
+    try:
+        return base64.b64decode(blob, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+
+
 def mcp_result_to_tool_result(result: CallToolResult, *, tool_name: str) -> ToolResult:
     """Convert one MCP tool result.
 
-    An image that cannot be decoded makes the whole result malformed: it raises
-    :class:`~toolrollout.exceptions.ToolExecutionError` (the executor turns it into an error
-    result).
+    An image that cannot be decoded is left out; a note in its place in the text says so
+    (``[image dropped: ...]``), and the other blocks are kept.
     """
     texts: list[str] = []
     images: list[Any] = []
@@ -73,9 +146,8 @@ def mcp_result_to_tool_result(result: CallToolResult, *, tool_name: str) -> Tool
             try:
                 images.append(decode_image(block.data, block.mime_type))
             except ValueError as exc:
-                raise ToolExecutionError(
-                    f"MCP tool {tool_name!r} returned a malformed result: content[{index}]: {exc}"
-                ) from exc
+                logger.warning("MCP tool %r: content[%d] dropped: %s", tool_name, index, exc)
+                texts.append(f"[image dropped: {exc}]")
         elif isinstance(block, AudioContent):
             texts.append(f"[audio: {block.mime_type}, {_blob_size(block.data)} bytes]")
         elif isinstance(block, EmbeddedResource):
@@ -90,6 +162,10 @@ def mcp_result_to_tool_result(result: CallToolResult, *, tool_name: str) -> Tool
                         continue
                     except ValueError:
                         pass  # shown as an opaque resource below
+                decoded = _blob_text(resource.blob, mime)
+                if decoded is not None:
+                    texts.append(decoded)
+                    continue
                 texts.append(
                     f"[resource {resource.uri} ({mime}): {_blob_size(resource.blob)} bytes]"
                 )

@@ -6,6 +6,7 @@ Each tool a server lists becomes one :class:`McpTool`: its schema is the server'
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -32,9 +33,17 @@ __all__ = [
     "list_mcp_tools",
     "mcp_managers",
     "mcp_sessions",
+    "requires_tasks",
 ]
 
+logger = logging.getLogger(__name__)
+
 _INVALID_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
+_TASKS_UNSUPPORTED = (
+    "it requires MCP task augmentation (execution.taskSupport: required), which this "
+    "client cannot use: the mcp SDK validates a tools/call answer as a CallToolResult, "
+    "so a task handle (CreateTaskResult) cannot be received"
+)
 _UNSET = object()
 
 
@@ -75,6 +84,13 @@ class McpTool(Tool):
     """Name of the server (its key in ``mcpServers``)."""
     remote_name: str
     """The tool's name on the server (``name`` is what the model sees)."""
+    title: str | None = None
+    """The server's display title of the tool, if any."""
+    annotations: Mapping[str, Any] | None = None
+    """The server's tool annotations (``readOnlyHint``, ``destructiveHint``,
+    ``idempotentHint``, ``openWorldHint``, ``title``), as listed, camelCase keys."""
+    output_schema: Mapping[str, Any] | None = None
+    """JSON schema of the tool's ``structuredContent`` (its ``outputSchema``), if listed."""
 
     def services(self) -> Sequence[ToolService]:
         """The manager's sessions: every tool of one manager shares them."""
@@ -125,6 +141,12 @@ def _model_name(prefix: str, server: str, remote: str) -> str:
     return name[:64]
 
 
+def requires_tasks(info: McpToolInfo) -> bool:
+    """Whether the tool may only be called as an MCP task (``taskSupport: required``)."""
+    execution = info.execution
+    return execution is not None and execution.task_support == "required"
+
+
 def _parameters(info: McpToolInfo) -> dict[str, Any]:
     schema = dict(info.input_schema or {})
     schema.setdefault("type", "object")
@@ -146,6 +168,10 @@ def build_mcp_tools(
     ``selected`` keeps only the tools of those (server-side) names, in the servers'
     order; a name no server lists is a :class:`~toolrollout.UserError`, and so are two
     tools that end up with the same model-facing name.
+
+    A tool that requires MCP tasks is left out with a warning saying why (selecting it
+    by name is a :class:`~toolrollout.UserError`): the model would see a tool that fails
+    on every call.
     """
     wanted = None if selected is None else list(dict.fromkeys(selected))
     found: set[str] = set()
@@ -156,6 +182,18 @@ def build_mcp_tools(
             if wanted is not None and info.name not in wanted:
                 continue
             found.add(info.name)
+            if requires_tasks(info):
+                if wanted is not None:
+                    raise UserError(
+                        f"MCP tool {info.name!r} of server {server!r}: {_TASKS_UNSUPPORTED}"
+                    )
+                logger.warning(
+                    "MCP tool %r of server %r left out of the tool list: %s",
+                    info.name,
+                    server,
+                    _TASKS_UNSUPPORTED,
+                )
+                continue
             name = _model_name(name_prefix, server, info.name)
             if name in owners:
                 raise UserError(
@@ -171,6 +209,11 @@ def build_mcp_tools(
                 manager=manager,
                 server=server,
                 remote_name=info.name,
+                title=info.title,
+                annotations=None
+                if info.annotations is None
+                else info.annotations.model_dump(by_alias=True, exclude_none=True),
+                output_schema=None if info.output_schema is None else dict(info.output_schema),
             )
             tools.append(tool if limits is None else tool.with_limits(limits))
     if wanted is not None:
