@@ -6,7 +6,8 @@ Parsers never raise on model output and never evaluate it.
 
 Registered names: ``hermes``, ``qwen25`` and ``qwen3`` (``<tool_call>`` JSON), ``llama3``
 (``<|python_tag|>`` / bare JSON, ``;``-separated), ``mistral`` (``[TOOL_CALLS]``),
-``pythonic`` (``[f(a=1)]``), ``deepseekv3`` and ``deepseekv31``.
+``pythonic`` (``[f(a=1)]``), ``deepseekv3`` and ``deepseekv31``, ``qwen3_coder``
+(``<tool_call><function=name><parameter=key>``, values typed by the tool schema).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ._formats import HermesParser as HermesParser
 from ._formats import Llama3JsonParser as Llama3JsonParser
 from ._formats import MistralParser as MistralParser
 from ._pythonic import PythonicParser as PythonicParser
+from ._qwen3_coder import Qwen3CoderParser as Qwen3CoderParser
 
 __all__ = [
     "DeepSeekV3Parser",
@@ -33,6 +35,7 @@ __all__ = [
     "MistralParser",
     "ParsedTurn",
     "PythonicParser",
+    "Qwen3CoderParser",
     "ToolCall",
     "ToolCallParser",
     "get_tool_parser",
@@ -49,6 +52,7 @@ for _name, _cls in (
     ("pythonic", PythonicParser),
     ("qwen25", HermesParser),
     ("qwen3", HermesParser),
+    ("qwen3_coder", Qwen3CoderParser),
 ):
     register_tool_parser(_name, _cls)
 del _name, _cls

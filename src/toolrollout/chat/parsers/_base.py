@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, final
 
@@ -126,14 +126,18 @@ class ToolCallParser(ABC):
         *,
         known_tools: Collection[str] | None = None,
         id_factory: Callable[[int], str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """Args:
         known_tools: tool names to flag unknown calls against (flag only, not reject).
         id_factory: makes a call id from the call's index in the turn; random by default.
             Pass a deterministic one for reproducible trajectories.
+        tools: the OpenAI-style tool schemas of the run. Formats whose arguments are
+            untyped text (Qwen3-Coder's XML parameters) convert each value by its schema.
         """
         self._known_tools = frozenset(known_tools) if known_tools is not None else None
         self._id_factory = id_factory or _random_call_id
+        self._tools: tuple[Mapping[str, Any], ...] = tuple(tools or ())
 
     @final
     def parse(self, text: str) -> ParsedTurn:
@@ -314,14 +318,20 @@ def get_tool_parser(
     *,
     known_tools: Collection[str] | None = None,
     id_factory: Callable[[int], str] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> ToolCallParser:
-    """Build the parser registered as ``name``; raise :class:`UserError` if unknown."""
+    """Build the parser registered as ``name``; raise :class:`UserError` if unknown.
+
+    ``tools`` are the run's tool schemas, for formats that type arguments by schema.
+    """
     try:
         parser_cls = _REGISTRY[name]
     except KeyError:
         known = ", ".join(tool_parser_names())
         raise UserError(f"unknown tool parser {name!r}; known: {known}") from None
-    return parser_cls(known_tools=known_tools, id_factory=id_factory)
+    if tools is None:  # parsers registered before ``tools`` existed keep working
+        return parser_cls(known_tools=known_tools, id_factory=id_factory)
+    return parser_cls(known_tools=known_tools, id_factory=id_factory, tools=tools)
 
 
 def tool_parser_names() -> tuple[str, ...]:
