@@ -177,16 +177,8 @@ class Qwen3CoderParser(ToolCallParser):
 
     def _properties(self, name: str) -> Mapping[str, Any]:
         """The ``properties`` of tool ``name``'s parameter schema (empty when unknown)."""
-        for tool in self._tools:
-            function = tool.get("function", tool)
-            if isinstance(function, Mapping) and function.get("name") == name:
-                parameters = function.get("parameters")
-                if isinstance(parameters, Mapping):
-                    properties = parameters.get("properties")
-                    if isinstance(properties, Mapping):
-                        return properties
-                return {}
-        return {}
+        properties = self.tool_schemas.get(name, {}).get("properties")
+        return properties if isinstance(properties, Mapping) else {}
 
 
 def _schema_type(schema: Any) -> str:
