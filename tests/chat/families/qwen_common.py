@@ -10,13 +10,19 @@ not special, exactly as the released tokenizers have them. Qwen2.5 (and Qwen2.5-
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any
 
+import anyio
 from tests.chat.families.conftest import build_tokenizer, official_template
 from transformers import PreTrainedTokenizerBase
 
-from toolrollout.rollout import Trajectory
+from toolrollout.chat import ChatFormat, TemplateFamily, VisionFormat
+from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
+from toolrollout.rollout import RolloutRunner, Trajectory
+from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import Tool, ToolResult, function_tool
 
 QWEN_SPECIAL = [
@@ -104,3 +110,32 @@ def fresh_official_ids(
 def transcript(trajectory: Trajectory) -> list[int]:
     """Prompt and response ids, in order."""
     return list(trajectory.prompt_ids) + trajectory.response_ids
+
+
+def vision_format(tokenizer: PreTrainedTokenizerBase) -> VisionFormat:
+    """The placeholder rules of this tokenizer with Qwen2-VL image-processor settings.
+
+    The settings are the VL demo model's ``preprocessor_config.json``
+    (``Qwen2VLImageProcessor``: 14-pixel patches merged 2 x 2, the class Qwen2.5-VL uses);
+    :class:`VisionFormat` reads only them, so the processor itself (and torch) is not loaded.
+    """
+    config = json.loads((DEMO_VL_MODEL_PATH / "preprocessor_config.json").read_text())
+    return VisionFormat(tokenizer, SimpleNamespace(**config))
+
+
+def run_vision(
+    tokenizer: PreTrainedTokenizerBase,
+    vision: VisionFormat,
+    model_turns: Sequence[str],
+    prompt: Sequence[dict[str, Any]],
+    *,
+    family: TemplateFamily | None = None,
+) -> tuple[RolloutRunner, Trajectory, ScriptedEngine]:
+    """Like ``run_family``, with images from tools turned on (and ``family`` forced)."""
+    outputs = [ScriptedOutput(tokenizer.encode(t, add_special_tokens=False)) for t in model_turns]
+    engine = ScriptedEngine(outputs)
+    runner = RolloutRunner(engine, tokenizer, VISION_TOOLS, vision=vision)
+    if family is not None:
+        runner.chat = ChatFormat(tokenizer, tools=runner.chat.tools, family=family)
+    [trajectory] = anyio.run(runner.run, [list(prompt)])
+    return runner, trajectory, engine
