@@ -19,14 +19,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import defaultdict
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from tests.chat.families._scripted_server import scripted_sglang_server
 from tests.chat.families.qwen_common import qwen_tokenizer, run_vision, transcript, vision_format
 from transformers import PreTrainedTokenizerBase
+from typer.testing import CliRunner
 
 from toolrollout.chat import ChatFormat, VisionFormat, get_template_family
+from toolrollout.integrations import trl_rollout_func
 from toolrollout.rollout import TrajectoryStatus
+from toolrollout.testing import ScriptedEngine, ScriptedOutput
+from toolrollout.tools import calculator_tool
 
 PROMPT = [
     {"role": "system", "content": "You are a careful assistant."},
@@ -143,3 +151,52 @@ def test_structured_messages_would_not_re_render(
     assert trajectory.messages[2]["content"] == "Let me look."
     fresh = plain_render_ids(tokenizer, list(trajectory.messages))
     assert vision.collapse(transcript(trajectory)) != fresh
+
+
+CALCULATOR_TURNS = [
+    hermes("calculator", expression="2 + 3") + "<|im_end|>",
+    "The answer is 5.<|im_end|>",
+]
+CALCULATOR_PROMPT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is 2 + 3?"},
+]
+
+
+def test_generate_cli_and_trl_adapter(tokenizer: PreTrainedTokenizerBase, tmp_path: Path) -> None:
+    # The template is detected and run by `toolrollout generate` and the TRL adapter too
+    # (here with the calculator and no images; the entry-point test renders each family's
+    # turns from its template, which for this one holds no calls).
+    from toolrollout.cli import app
+
+    turns = [tokenizer.encode(t, add_special_tokens=False) for t in CALCULATOR_TURNS]
+    model_dir = tmp_path / "model"
+    tokenizer.save_pretrained(model_dir)
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text(json.dumps({"messages": CALCULATOR_PROMPT, "answer": "5"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = ["generate", "--model", str(model_dir), "--dataset", str(dataset), "--n", "1"]
+    args += ["--out", str(out), "--max-turns", "4"]
+    stop = ChatFormat(tokenizer).stop_token_ids
+    with scripted_sglang_server(turns, stop) as (url, log):
+        result = CliRunner().invoke(app, [*args, "--engine-url", url])
+    assert result.exit_code == 0, result.output
+    [row] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["status"] == "completed" and row["num_tool_calls"] == 1
+    assert row["parse_errors"] == 0 and row["reward"] == 1.0
+    assert "# Tools" in tokenizer.decode(log[0]["input_ids"])
+
+    engine = ScriptedEngine([ScriptedOutput(ids) for ids in turns])
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(max_completion_length=None),
+        model=SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+    rollout = trl_rollout_func(engine, tokenizer, [calculator_tool()], family="qwen25_vl")
+    with rollout:
+        batch = rollout([CALCULATOR_PROMPT], trainer)
+        [trajectory] = rollout.last_trajectories
+    assert trajectory.num_tool_calls == 1 and trajectory.parse_errors == 0
+    assert trajectory.metrics["drift_mismatches"] == 0
+    assert batch["completion_ids"][0] == list(trajectory.response_ids)
+    assert transcript(trajectory) == plain_render_ids(tokenizer, list(trajectory.messages))
