@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerBase
 
 from toolrollout.chat import ChatFormat, TemplateFamily, VisionFormat
 from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
-from toolrollout.rollout import RolloutRunner, Trajectory
+from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import Tool, ToolResult, function_tool
 
@@ -130,12 +130,16 @@ def run_vision(
     prompt: Sequence[dict[str, Any]],
     *,
     family: TemplateFamily | None = None,
+    config: RolloutConfig | None = None,
 ) -> tuple[RolloutRunner, Trajectory, ScriptedEngine]:
     """Like ``run_family``, with images from tools turned on (and ``family`` forced)."""
     outputs = [ScriptedOutput(tokenizer.encode(t, add_special_tokens=False)) for t in model_turns]
     engine = ScriptedEngine(outputs)
-    runner = RolloutRunner(engine, tokenizer, VISION_TOOLS, vision=vision)
+    runner = RolloutRunner(engine, tokenizer, VISION_TOOLS, vision=vision, config=config)
     if family is not None:
-        runner.chat = ChatFormat(tokenizer, tools=runner.chat.tools, family=family)
+        kwargs = runner.config.chat_template_kwargs
+        runner.chat = ChatFormat(
+            tokenizer, tools=runner.chat.tools, family=family, template_kwargs=kwargs
+        )
     [trajectory] = anyio.run(runner.run, [list(prompt)])
     return runner, trajectory, engine

@@ -61,6 +61,8 @@ CASES = [
     Case("qwen3", OFFICIAL / "trl-qwen3.jinja", template_kwargs={"enable_thinking": False}),
     Case("qwen3_coder", OFFICIAL / "Qwen3-Coder.jinja"),
     Case("qwen3_vl", OFFICIAL / "trl-qwen3_vl.jinja"),
+    Case("qwen35", OFFICIAL / "trl-qwen3_5_think.jinja"),
+    Case("qwen35", OFFICIAL / "trl-qwen3_6.jinja", template_kwargs={"enable_thinking": False}),
 ]
 
 PROMPT = [

@@ -1,6 +1,6 @@
-r"""The Qwen families: Qwen2.5, Qwen3, Qwen3-Coder, Qwen2.5-VL and Qwen3-VL.
+r"""The Qwen families: Qwen2.5, Qwen3, Qwen3-Coder, Qwen3.5/3.6, Qwen2.5-VL and Qwen3-VL.
 
-All five are ChatML: a turn is ``<|im_start|>ROLE\n … <|im_end|>``, the model stops at
+All six are ChatML: a turn is ``<|im_start|>ROLE\n … <|im_end|>``, the model stops at
 ``<|im_end|>``, the template then writes ``\n`` (the boundary) and the next turn starts
 with ``<|im_start|>``. Tool results are one ``user`` turn of ``<tool_response>`` blocks
 (consecutive tool messages share it), except in Qwen2.5-VL, whose template knows no tools
@@ -17,6 +17,10 @@ and writes a ``tool`` turn per result. What differs is the call format and the h
 - ``qwen3_coder``: XML calls, ``<tool_call>\n<function=NAME>\n<parameter=KEY>\nvalue\n
   </parameter>\n</function>\n</tool_call>``, parsed by ``qwen3_coder`` with values typed
   by the tool schema.
+- ``qwen35`` (Qwen3.5, Qwen3.6): the XML calls of Qwen3-Coder with Qwen3's reasoning. The
+  generation prompt opens ``<think>\n`` itself (or holds the empty block when
+  ``enable_thinking=False``); turns after the last user query always re-render with a
+  think block, earlier ones without (the documented rewrite). Images as in Qwen3-VL.
 - ``qwen25_vl``: the Qwen2.5-VL template renders no tool schemas and no ``tool_calls``,
   so toolrollout writes the hermes tool block into the system message
   (``tools_fallback``) and keeps each model turn's raw text, calls included, as its
@@ -37,7 +41,7 @@ from .._family import TemplateFamily, TemplateProbe, default_assistant_message
 if TYPE_CHECKING:
     from ..parsers import ParsedTurn
 
-__all__ = ["FAMILIES", "QWEN3", "QWEN3_CODER", "QWEN3_VL", "QWEN25", "QWEN25_VL"]
+__all__ = ["FAMILIES", "QWEN3", "QWEN3_CODER", "QWEN3_VL", "QWEN25", "QWEN25_VL", "QWEN35"]
 
 _IM_END = "<|im_end|>"
 _GENERATION_PROMPT = "<|im_start|>assistant\n"
@@ -89,6 +93,10 @@ def _detect_qwen3_coder(probe: TemplateProbe) -> bool:
         probe.renders("<tool_call>\n<function=probe_tool>\n<parameter=x>")
         or probe.mentions("<function=", "<parameter=")
     )
+
+
+def _detect_qwen35(probe: TemplateProbe) -> bool:
+    return _detect_qwen3_coder(probe) and probe.mentions("<think>")
 
 
 def _detect_qwen25_vl(probe: TemplateProbe) -> bool:
@@ -181,6 +189,24 @@ QWEN3_CODER = TemplateFamily(
     arguments_as="object",
 )
 
+QWEN35 = TemplateFamily(
+    name="qwen35",
+    stop_tokens=(_IM_END,),
+    boundary="\n",
+    generation_prompt=_GENERATION_PROMPT + "<think>\n",
+    tool_parser="qwen3_coder",
+    rewrites_history=True,
+    history_normalizer=_drop_think_blocks,
+    description="Qwen3.5/3.6 ChatML: Qwen3-Coder XML calls, <think> reasoning in "
+    "reasoning_content (dropped before the last user query on re-render), images.",
+    detect=_detect_qwen35,
+    detect_priority=25,
+    arguments_as="object",
+    think_tags=_THINK,
+    reasoning_field="reasoning_content",
+    vision=True,
+)
+
 QWEN25_VL = TemplateFamily(
     name="qwen25_vl",
     stop_tokens=(_IM_END,),
@@ -210,4 +236,11 @@ QWEN3_VL = TemplateFamily(
     vision=True,
 )
 
-FAMILIES: tuple[TemplateFamily, ...] = (QWEN25, QWEN3, QWEN3_CODER, QWEN25_VL, QWEN3_VL)
+FAMILIES: tuple[TemplateFamily, ...] = (
+    QWEN25,
+    QWEN3,
+    QWEN3_CODER,
+    QWEN35,
+    QWEN25_VL,
+    QWEN3_VL,
+)
