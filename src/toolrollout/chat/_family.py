@@ -108,6 +108,11 @@ class TemplateFamily:
     """The model stops at a token the template writes as the *start* of the next turn
     (GLM-4.5's ``<|observation|>``): the render of a conversation that ends with an
     assistant turn does not contain it, and the delta starts right after it."""
+    delta_after_history: bool = False
+    """The delta follows the conversation rendered *as history* (with the generation prompt,
+    which is then cut off) instead of the last stop token: for templates that end the last
+    assistant turn one way while it ends the conversation and another once a turn follows
+    (gpt-oss: ``<|return|>`` and the analysis, then ``<|end|>`` without it)."""
     max_calls_per_turn: int | None = None
     """Most calls the official template renders in one assistant turn (Llama 3.1/3.2: 1).
     A turn with more is a counted parse error; nothing runs and the model is told."""
@@ -135,6 +140,11 @@ class TemplateFamily:
     """A vision-language family (image placeholders in user and tool turns)."""
     parallel_calls: bool = True
     """Whether the format allows several calls in one assistant turn (documentation)."""
+    feedback_role: Literal["tool", "user"] = "tool"
+    """The role of the message that tells the model a call was malformed. ``"user"``
+    (Mistral, whose templates need a call id on every tool message and strictly alternating
+    user/assistant turns): a turn with a malformed call then runs none of its calls, and
+    one user message lists the errors."""
 
     def make_call_ids(self, parsed: ParsedTurn, call_number: int) -> list[str]:
         """The ids of a turn's calls, by :attr:`call_id` where the family has a rule."""

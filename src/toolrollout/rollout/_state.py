@@ -186,7 +186,9 @@ class TrajectoryState:
         family = self.services.chat.family
         parsed = _with_family_ids(
             family,
-            _within_call_limit(family, self.services.parser.parse(text), text),
+            _runs_nothing_if_malformed(
+                family, _within_call_limit(family, self.services.parser.parse(text), text)
+            ),
             c.num_tool_calls,
         )
         message = family.build_assistant_message(
@@ -517,6 +519,13 @@ def _within_call_limit(family: TemplateFamily, parsed: ParsedTurn, text: str) ->
         raw=text[:200],
     )
     return dataclasses.replace(parsed, tool_calls=(), errors=(error,))
+
+
+def _runs_nothing_if_malformed(family: TemplateFamily, parsed: ParsedTurn) -> ParsedTurn:
+    """Mistral: a turn with a malformed call runs none of its calls (see feedback_role)."""
+    if family.feedback_role != "user" or not parsed.errors or not parsed.tool_calls:
+        return parsed
+    return dataclasses.replace(parsed, tool_calls=())
 
 
 def _with_family_ids(family: TemplateFamily, parsed: ParsedTurn, call_number: int) -> ParsedTurn:

@@ -46,10 +46,11 @@ async def tool_step(
         state.counters.tool_errors += 1
         refused = f"Error: tool call limit reached; '{request.name}' was not run."
         messages.append(_tool_message(services, request.id, request.name, refused))
-    messages.extend(
-        _tool_message(services, None, None, f"Error: could not parse tool call: {e.message}")
-        for e in turn.parsed.errors
-    )
+    errors = [f"Error: could not parse tool call: {e.message}" for e in turn.parsed.errors]
+    if errors and services.chat.family.feedback_role == "user":
+        messages.append({"role": "user", "content": _cut_text(services, "\n".join(errors))})
+    else:
+        messages.extend(_tool_message(services, None, None, error) for error in errors)
     images, image_errors = await attach_images(
         services.vision, config, state.vision, results, messages
     )

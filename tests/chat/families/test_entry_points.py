@@ -63,6 +63,7 @@ CASES = [
     Case("qwen3_vl", OFFICIAL / "trl-qwen3_vl.jinja"),
     Case("qwen35", OFFICIAL / "trl-qwen3_5_think.jinja"),
     Case("qwen35", OFFICIAL / "trl-qwen3_6.jinja", template_kwargs={"enable_thinking": False}),
+    Case("gpt_oss", TEMPLATES / "official" / "openai-gpt-oss-120b.jinja"),
 ]
 
 PROMPT = [
@@ -105,11 +106,16 @@ def _format(tokenizer: Any, case: Case) -> ChatFormat:
 def _model_texts(chat: ChatFormat) -> list[str]:
     """The two turns, as the template writes them: a calculator call, then the answer."""
     family = chat.family
-    call = {"role": "assistant", "content": "", "tool_calls": [CALL]}
-    result = {"role": "tool", "tool_call_id": CALL["id"], "name": "calculator", "content": "5"}
-    answer = {"role": "assistant", "content": "The answer is 5."}
+    call: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    result: dict[str, Any] = {"role": "tool", "tool_call_id": CALL["id"], "content": "5"}
+    result["name"] = "calculator"
+    answer: dict[str, Any] = {"role": "assistant", "content": "The answer is 5."}
     texts = []
-    for before, turn in (([*PROMPT], call), ([*PROMPT, call, result], answer)):
+    steps: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
+        ([*PROMPT], call),
+        ([*PROMPT, call, result], answer),
+    ]
+    for before, turn in steps:
         prefix = chat.render_text(before, add_generation_prompt=True)
         full = chat.render_text([*before, turn], add_generation_prompt=False)
         assert full.startswith(prefix), "the template does not extend its own generation prompt"

@@ -10,13 +10,15 @@ from __future__ import annotations
 from types import ModuleType
 
 from .._family import TemplateFamily
-from . import _llama, _qwen
+from . import _gpt_oss, _llama, _mistral, _qwen
 
 __all__ = ["builtin_families"]
 
 _FAMILY_MODULES: tuple[ModuleType, ...] = (
     _qwen,
     _llama,
+    _mistral,
+    _gpt_oss,
 )
 
 

@@ -6,8 +6,9 @@ Parsers never raise on model output and never evaluate it.
 
 Registered names: ``hermes``, ``qwen25`` and ``qwen3`` (``<tool_call>`` JSON), ``llama3``
 (``<|python_tag|>`` / bare JSON, ``;``-separated), ``mistral`` (``[TOOL_CALLS]``),
-``pythonic`` (``[f(a=1)]``), ``deepseekv3`` and ``deepseekv31``, ``qwen3_coder``
-(``<tool_call><function=name><parameter=key>``, values typed by the tool schema).
+``pythonic`` (``[f(a=1)]``), ``deepseekv3``, ``deepseekv31``, ``gpt-oss`` (harmony
+channels) and ``qwen3_coder`` (``<tool_call><function=name><parameter=key>``, values typed
+by the tool schema).
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from ._formats import DeepSeekV31Parser as _DeepSeekV31Parser
 from ._formats import HermesParser as HermesParser
 from ._formats import Llama3JsonParser as Llama3JsonParser
 from ._formats import MistralParser as MistralParser
+from ._gpt_oss import GptOssParser as GptOssParser
 from ._pythonic import PythonicParser as PythonicParser
 from ._qwen3_coder import Qwen3CoderParser as Qwen3CoderParser
 
 __all__ = [
     "DeepSeekV3Parser",
+    "GptOssParser",
     "HermesParser",
     "Llama3JsonParser",
     "MalformedCall",
@@ -46,6 +49,7 @@ __all__ = [
 for _name, _cls in (
     ("deepseekv3", DeepSeekV3Parser),
     ("deepseekv31", _DeepSeekV31Parser),
+    ("gpt-oss", GptOssParser),
     ("hermes", HermesParser),
     ("llama3", Llama3JsonParser),
     ("mistral", MistralParser),

@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import re
 
-from ._base import CallCollector, ParsedTurn, ToolCallParser, join_content, loads, raw_decode
+from ._base import (
+    CallCollector,
+    ParsedTurn,
+    ToolCallParser,
+    call_from_object,
+    join_content,
+    loads,
+    raw_decode,
+)
 
 __all__ = [
     "DeepSeekV3Parser",
@@ -131,8 +139,11 @@ def _looks_like_call(value: object) -> bool:
 class MistralParser(ToolCallParser):
     """Mistral: ``[TOOL_CALLS] [{...}, ...]`` or compact ``[TOOL_CALLS]name[ARGS]{...}``.
 
-    The compact form may repeat (one ``[TOOL_CALLS]`` per call) and may carry the
-    model's call id as ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``.
+    The JSON form is what Mistral Nemo 2407 and Small 3.1 write (their templates render
+    each call as ``{"name": ..., "arguments": {...}, "id": ...}``); the compact form is
+    Small 3.2's, may repeat (one ``[TOOL_CALLS]`` per call) and may carry the call id as
+    ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``. A call id the model wrote is kept; it must
+    be nine letters or digits, because the official templates refuse to render any other.
     """
 
     name = "mistral"
@@ -166,8 +177,21 @@ class MistralParser(ToolCallParser):
         if error is not None:
             collector.error(f"{error} after {self.marker}", text[index:])
             return None
-        collector.add_object(value, text[index:end])
+        raw = text[index:end]
+        if isinstance(value, list) and value:
+            for element in value:
+                self._add_json_call(element, raw, collector)
+        else:
+            collector.add_object(value, raw)
         return end
+
+    def _add_json_call(self, obj: object, raw: str, collector: CallCollector) -> None:
+        """One element of the JSON list, keeping the ``"id"`` the model wrote."""
+        model_id = obj.get("id", "") if isinstance(obj, dict) else ""
+        if model_id and _bad_call_id(model_id):
+            collector.error(_call_id_message(model_id), raw)
+            return
+        collector.add(call_from_object(obj, raw), model_id if isinstance(model_id, str) else "")
 
     def _parse_compact_section(self, text: str, index: int, collector: CallCollector) -> int | None:
         args_at = text.find(self.args_marker, index)
@@ -183,6 +207,10 @@ class MistralParser(ToolCallParser):
         if self.id_marker in head:
             head, call_id = head.split(self.id_marker, 1)
             call_id = call_id.strip()
+            if _bad_call_id(call_id):
+                json_at = _skip_ws(text, args_at + len(self.args_marker))
+                collector.error(_call_id_message(call_id), text[index:json_at])
+                return None
         name = head.strip()
         json_at = _skip_ws(text, args_at + len(self.args_marker))
         if not name or any(ch in _WS for ch in name):
@@ -203,6 +231,17 @@ class MistralParser(ToolCallParser):
             return end
         collector.add((name, value), call_id)
         return end
+
+
+_MISTRAL_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
+
+
+def _bad_call_id(call_id: object) -> bool:
+    return not (isinstance(call_id, str) and _MISTRAL_CALL_ID.fullmatch(call_id))
+
+
+def _call_id_message(call_id: object) -> str:
+    return f"the call id {call_id!r} must be exactly 9 letters or digits"
 
 
 class DeepSeekV3Parser(ToolCallParser):
