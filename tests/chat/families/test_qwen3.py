@@ -8,7 +8,9 @@ Rules under test:
   prompt holds an empty ``<think>\\n\\n</think>\\n\\n`` that a later render keeps only for
   the final turn. That is the family's documented rewrite: ``drift_expected`` counts it,
   ``drift_mismatches`` stays 0, and the transcript equals a fresh render once think blocks
-  are dropped from both (the family's history normalizer).
+  are dropped from both (the family's history normalizer);
+- thinking on, a second user query (an interaction): the turns before it lose their think
+  blocks on re-render, the same documented rewrite.
 
 Both the template Qwen3 shipped with and its later revision (list content tolerated) run.
 """
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import anyio
 import pytest
@@ -25,6 +29,7 @@ from tests.chat.families.qwen_common import TOOLS, fresh_official_ids, qwen_toke
 from transformers import PreTrainedTokenizerBase
 
 from toolrollout.chat import ChatFormat, get_template_family
+from toolrollout.interactions import Interaction, InteractionReply
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 
@@ -148,3 +153,41 @@ def test_dropping_the_normalizer_turns_thinking_off_into_mismatches(
     [trajectory] = anyio.run(runner.run, [PROMPT])
     assert trajectory.num_tool_calls == 3
     assert trajectory.metrics["drift_mismatches"] >= 1
+
+
+class FollowUp(Interaction):
+    """A user who asks one more question, then is satisfied."""
+
+    async def generate_response(
+        self, instance_id: str, messages: Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> InteractionReply:
+        asked = sum(1 for m in messages if m["role"] == "user")
+        return InteractionReply(done=asked > 1, message="And in Rome?")
+
+
+def test_a_second_user_query_drops_earlier_reasoning_as_documented(
+    tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    turns = [
+        "<think>\nLook it up.\n</think>\n\n" + hermes("get_weather", city="Paris") + "<|im_end|>",
+        "<think>\nSunny.\n</think>\n\nParis is sunny.<|im_end|>",
+        "<think>\nNow Rome.\n</think>\n\n" + hermes("get_weather", city="Rome") + "<|im_end|>",
+        "<think>\nSunny too.\n</think>\n\nRome is sunny too.<|im_end|>",
+    ]
+    engine = ScriptedEngine(
+        [ScriptedOutput(tokenizer.encode(t, add_special_tokens=False)) for t in turns]
+    )
+    runner = RolloutRunner(engine, tokenizer, TOOLS, interactions={"followup": FollowUp()})
+    row = {"messages": PROMPT, "extra_info": {"interaction_kwargs": {"name": "followup"}}}
+    [trajectory] = anyio.run(runner.run, [row])
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert trajectory.num_tool_calls == 2 and trajectory.parse_errors == 0
+    assert [m["role"] for m in trajectory.messages].count("user") == 2
+    # The template keeps reasoning only after the last query: the Paris turns lose theirs.
+    assert trajectory.metrics["drift_mismatches"] == 0
+    assert trajectory.metrics["drift_expected"] >= 1
+    sampled = str(tokenizer.decode(transcript(trajectory)))
+    fresh = tokenizer.decode(fresh_official_ids(tokenizer, trajectory, runner.chat.tools))
+    assert "Look it up." in sampled and "Look it up." not in fresh
+    normalize = runner.chat.family.history_normalizer
+    assert normalize is not None and normalize(sampled) == normalize(str(fresh))
