@@ -45,7 +45,6 @@ __all__ = ["FAMILIES", "QWEN3", "QWEN3_CODER", "QWEN3_VL", "QWEN25", "QWEN25_VL"
 
 _IM_END = "<|im_end|>"
 _GENERATION_PROMPT = "<|im_start|>assistant\n"
-_IMAGE = "<|vision_start|><|image_pad|><|vision_end|>"
 _THINK = ("<think>", "</think>")
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
