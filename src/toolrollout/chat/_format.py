@@ -176,6 +176,16 @@ class ChatFormat:
             return TemplateProbe(self._template, None, "the template rendered no text")
         return TemplateProbe(self._template, rendered)
 
+    def presented_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
+        """``messages`` as the template must see them: for a family whose template ignores
+        ``tools`` (:attr:`TemplateFamily.tools_fallback`), with the tool schemas in the
+        system message. Idempotent, so messages that already hold them are left alone."""
+        conversation = [dict(message) for message in messages]
+        fallback = self._family.tools_fallback
+        if fallback is not None and self._tools:
+            conversation = _with_tools_in_system(conversation, fallback(self._tools))
+        return conversation
+
     def render_text(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
         """Render ``messages`` as text with the chat template (tools and kwargs included).
 
@@ -184,11 +194,9 @@ class ChatFormat:
         """
         if not messages:
             raise UserError("cannot render an empty conversation")
-        conversation = [dict(message) for message in messages]
+        conversation = self.presented_messages(messages)
         tools: list[dict[Any, Any] | Callable[..., Any]] | None = list(self._tools) or None
-        fallback = self._family.tools_fallback
-        if fallback is not None and self._tools:
-            conversation = _with_tools_in_system(conversation, fallback(self._tools))
+        if self._family.tools_fallback is not None:
             tools = None
         try:
             rendered = self._tokenizer.apply_chat_template(
@@ -430,10 +438,19 @@ def _tokenizer_name(tokenizer: Any) -> str:
 def _with_tools_in_system(
     conversation: list[dict[str, Any]], tools_text: str
 ) -> list[dict[str, Any]]:
-    """Append ``tools_text`` to the system message (adding one if there is none)."""
+    """Append ``tools_text`` to the system message (adding one if there is none).
+
+    A system message that already ends with ``tools_text`` (messages of a finished
+    trajectory, which hold it) is left as it is.
+    """
     if conversation and conversation[0].get("role") == "system":
         system = dict(conversation[0])
         content = system.get("content")
+        last = content[-1] if isinstance(content, list) and content else None
+        if (isinstance(content, str) and content.endswith(tools_text)) or (
+            isinstance(last, Mapping) and str(last.get("text", "")).endswith(tools_text)
+        ):
+            return conversation
         if isinstance(content, str):
             system["content"] = f"{content}\n\n{tools_text}" if content else tools_text
         elif isinstance(content, list):

@@ -292,7 +292,7 @@ class TrajectoryState:
             sample_index=self.sample_index,
             prompt_ids=tuple(t.prompt_ids),
             spans=tuple(t.spans),
-            messages=_public_messages(t.messages),
+            messages=_public_messages(self.services.chat.presented_messages(t.messages)),
             status=self.status,
             finish_reason=self.finish_reason,
             error=self.error,

@@ -24,6 +24,7 @@ import anyio
 import pytest
 from tests.chat.conftest import TEMPLATES, build_tokenizer
 from tests.chat.families._scripted_server import scripted_sglang_server
+from tests.chat.families.conftest import OFFICIAL
 from typer.testing import CliRunner
 
 from toolrollout.chat import ChatFormat, get_template_family
@@ -74,6 +75,13 @@ CASES = [
     ),
     Case("mistral", OFFICIAL / "mistralai-Mistral-Nemo-Instruct-2407.jinja", "<s>", system=False),
     Case("mistral", OFFICIAL / "Mistral-Small-3.2-24B-Instruct-2506.jinja", bos="<s>"),
+    Case("qwen25", OFFICIAL / "Qwen-Qwen2.5-7B-Instruct.jinja"),
+    Case("qwen3", OFFICIAL / "Qwen-Qwen3-0.6B.jinja"),
+    Case("qwen3", OFFICIAL / "trl-qwen3.jinja", template_kwargs={"enable_thinking": False}),
+    Case("qwen3_coder", OFFICIAL / "Qwen3-Coder.jinja"),
+    Case("qwen3_vl", OFFICIAL / "trl-qwen3_vl.jinja"),
+    Case("qwen35", OFFICIAL / "trl-qwen3_5_think.jinja"),
+    Case("qwen35", OFFICIAL / "trl-qwen3_6.jinja", template_kwargs={"enable_thinking": False}),
 ]
 
 PROMPT = [

@@ -1,65 +1,245 @@
-r"""Qwen families: ChatML turns (``<|im_start|>`` … ``<|im_end|>``) and ``<tool_call>`` JSON.
+r"""The Qwen families: Qwen2.5, Qwen3, Qwen3-Coder, Qwen3.5/3.6, Qwen2.5-VL and Qwen3-VL.
 
-- ``qwen25`` (Qwen2.5): the model stops at ``<|im_end|>``; the template then writes ``\n``
-  (boundary), and the next turn starts with ``<|im_start|>``. Tool results are a ``user``
-  turn of ``<tool_response>`` blocks; consecutive tool messages share one turn.
-- ``qwen3`` (Qwen3): same stop token and boundary. The generation prompt gains
-  ``<think>\n\n</think>\n\n`` when ``enable_thinking=False``. Re-rendering drops the
-  ``<think>`` block of every assistant turn before the last real user query.
+All six are ChatML: a turn is ``<|im_start|>ROLE\n … <|im_end|>``, the model stops at
+``<|im_end|>``, the template then writes ``\n`` (the boundary) and the next turn starts
+with ``<|im_start|>``. Tool results are one ``user`` turn of ``<tool_response>`` blocks
+(consecutive tool messages share it), except in Qwen2.5-VL, whose template knows no tools
+and writes a ``tool`` turn per result. What differs is the call format and the history:
+
+- ``qwen25``: ``<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`` (hermes). The
+  template renders ``arguments`` with ``tojson`` even when it is a string, so a JSON string
+  would be encoded twice: messages carry arguments as objects.
+- ``qwen3``: the same calls, plus ``<think>…</think>`` reasoning. The template renders the
+  reasoning of the assistant turns after the last real user query (from
+  ``reasoning_content``) and drops it from earlier turns; with
+  ``enable_thinking=False`` the generation prompt holds an empty think block, which a later
+  render drops too. Both are the family's documented history rewrite.
+- ``qwen3_coder``: XML calls, ``<tool_call>\n<function=NAME>\n<parameter=KEY>\nvalue\n
+  </parameter>\n</function>\n</tool_call>``, parsed by ``qwen3_coder`` with values typed
+  by the tool schema.
+- ``qwen35`` (Qwen3.5, Qwen3.6): the XML calls of Qwen3-Coder with Qwen3's reasoning. The
+  generation prompt opens ``<think>\n`` itself (or holds the empty block when
+  ``enable_thinking=False``); turns after the last user query always re-render with a
+  think block, earlier ones without (the documented rewrite). Images as in Qwen3-VL.
+- ``qwen25_vl``: the Qwen2.5-VL template renders no tool schemas and no ``tool_calls``,
+  so toolrollout writes the hermes tool block into the system message
+  (``tools_fallback``) and keeps each model turn's raw text, calls included, as its
+  content. Images are ``<|vision_start|><|image_pad|><|vision_end|>`` in any turn.
+- ``qwen3_vl``: Qwen3-VL Instruct; hermes calls in a template that renders tools, images
+  in user turns and in tool results.
 """
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from .._family import TemplateFamily, TemplateProbe
+from .._family import TemplateFamily, TemplateProbe, default_assistant_message
 
-__all__ = ["FAMILIES", "QWEN3", "QWEN25"]
+if TYPE_CHECKING:
+    from ..parsers import ParsedTurn
+
+__all__ = ["FAMILIES", "QWEN3", "QWEN3_CODER", "QWEN3_VL", "QWEN25", "QWEN25_VL", "QWEN35"]
+
+_IM_END = "<|im_end|>"
+_GENERATION_PROMPT = "<|im_start|>assistant\n"
+_THINK = ("<think>", "</think>")
 
 _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 
 def _drop_think_blocks(text: str) -> str:
-    """Remove every ``<think>…</think>`` block (and the whitespace after it)."""
+    """Remove every ``<think>…</think>`` block and the whitespace after it.
+
+    Qwen3 keeps reasoning only in the turns after the last user query and never in the
+    empty block of ``enable_thinking=False``; with the blocks gone, a transcript and a
+    later render of the same conversation agree.
+    """
     return _THINK_BLOCK.sub("", text)
 
 
-def _is_chatml_with_tool_call(probe: TemplateProbe) -> bool:
-    return probe.mentions("<|im_start|>", "<|im_end|>") and (
-        probe.renders("<tool_call>") or probe.mentions("<tool_call>")
+def _chatml(probe: TemplateProbe) -> bool:
+    return probe.mentions("<|im_start|>", _IM_END)
+
+
+def _hermes(probe: TemplateProbe) -> bool:
+    """The probe's call renders as hermes JSON and its result as ``<tool_response>``.
+
+    When the probe did not render at all, the template text has to do.
+    """
+    if probe.rendered is None:
+        return probe.mentions("<tool_call>")
+    return probe.renders('<tool_call>\n{"name": "probe_tool"', "<tool_response>")
+
+
+def _vision(probe: TemplateProbe) -> bool:
+    return probe.mentions("<|image_pad|>")
+
+
+def _detect_qwen25(probe: TemplateProbe) -> bool:
+    return _chatml(probe) and _hermes(probe) and not _vision(probe)
+
+
+def _detect_qwen3(probe: TemplateProbe) -> bool:
+    thinks = probe.mentions("<think>") or probe.mentions("reasoning_content")
+    return _detect_qwen25(probe) and thinks
+
+
+def _detect_qwen3_coder(probe: TemplateProbe) -> bool:
+    return _chatml(probe) and (
+        probe.renders("<tool_call>\n<function=probe_tool>\n<parameter=x>")
+        or probe.mentions("<function=", "<parameter=")
     )
 
 
-def _is_qwen3(probe: TemplateProbe) -> bool:
-    return _is_chatml_with_tool_call(probe) and (
-        probe.mentions("<think>") or probe.mentions("reasoning_content")
+def _detect_qwen35(probe: TemplateProbe) -> bool:
+    return _detect_qwen3_coder(probe) and probe.mentions("<think>")
+
+
+def _detect_qwen25_vl(probe: TemplateProbe) -> bool:
+    # A ChatML vision template that drops the call (no <tool_call> in the render) and
+    # writes the tool result as a plain ``tool`` turn.
+    return (
+        _chatml(probe)
+        and _vision(probe)
+        and probe.renders("<|im_start|>tool\nprobe result")
+        and not probe.renders("<tool_call>")
     )
+
+
+def _detect_qwen3_vl(probe: TemplateProbe) -> bool:
+    return _chatml(probe) and _vision(probe) and _hermes(probe)
+
+
+def hermes_tool_block(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The tool block Qwen2.5's own template writes into the system turn.
+
+    Qwen2.5-VL is a Qwen2.5 language model, so it is shown its tools the way Qwen2.5 is:
+    the same words, one ``tojson`` schema per line (``ensure_ascii=False``, like the
+    ``tojson`` filter of Hugging Face chat templates).
+    """
+    lines = "".join("\n" + json.dumps(dict(tool), ensure_ascii=False) for tool in tools)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>{lines}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+def _raw_text_message(
+    text: str, parsed: ParsedTurn, family: TemplateFamily, call_ids: Sequence[str]
+) -> dict[str, Any]:
+    """Qwen2.5-VL: the template renders only ``content``, so content is the raw text.
+
+    The calls are listed in ``tool_calls`` too (the template ignores them), so readers of
+    ``Trajectory.messages`` find them with their ids; reasoning has no field of its own.
+    """
+    message = default_assistant_message(text, parsed, family, call_ids)
+    message["content"] = text
+    return message
 
 
 QWEN25 = TemplateFamily(
     name="qwen25",
-    stop_tokens=("<|im_end|>",),
+    stop_tokens=(_IM_END,),
     boundary="\n",
-    generation_prompt="<|im_start|>assistant\n",
+    generation_prompt=_GENERATION_PROMPT,
     tool_parser="qwen25",
     description="Qwen2.5 ChatML: tools in the system turn, <tool_call> JSON, "
     "<tool_response> inside a user turn.",
-    detect=_is_chatml_with_tool_call,
+    detect=_detect_qwen25,
+    detect_priority=0,
+    arguments_as="object",
 )
 
 QWEN3 = TemplateFamily(
     name="qwen3",
-    stop_tokens=("<|im_end|>",),
+    stop_tokens=(_IM_END,),
     boundary="\n",
-    generation_prompt="<|im_start|>assistant\n",
+    generation_prompt=_GENERATION_PROMPT,
     tool_parser="qwen3",
     rewrites_history=True,
     history_normalizer=_drop_think_blocks,
-    description="Qwen3 ChatML: like qwen25, but earlier <think> blocks are dropped on re-render.",
-    detect=_is_qwen3,
+    description="Qwen3 ChatML: like qwen25, with <think> reasoning in reasoning_content; "
+    "earlier think blocks (and the empty one of enable_thinking=False) are dropped on "
+    "re-render.",
+    detect=_detect_qwen3,
     detect_priority=10,
-    think_tags=("<think>", "</think>"),
+    arguments_as="object",
+    think_tags=_THINK,
     reasoning_field="reasoning_content",
 )
 
-FAMILIES: tuple[TemplateFamily, ...] = (QWEN25, QWEN3)
+QWEN3_CODER = TemplateFamily(
+    name="qwen3_coder",
+    stop_tokens=(_IM_END,),
+    boundary="\n",
+    generation_prompt=_GENERATION_PROMPT,
+    tool_parser="qwen3_coder",
+    description="Qwen3-Coder ChatML: XML calls <tool_call><function=NAME><parameter=KEY>, "
+    "values typed by the tool schema.",
+    detect=_detect_qwen3_coder,
+    detect_priority=20,
+    arguments_as="object",
+)
+
+QWEN35 = TemplateFamily(
+    name="qwen35",
+    stop_tokens=(_IM_END,),
+    boundary="\n",
+    generation_prompt=_GENERATION_PROMPT + "<think>\n",
+    tool_parser="qwen3_coder",
+    rewrites_history=True,
+    history_normalizer=_drop_think_blocks,
+    description="Qwen3.5/3.6 ChatML: Qwen3-Coder XML calls, <think> reasoning in "
+    "reasoning_content (dropped before the last user query on re-render), images.",
+    detect=_detect_qwen35,
+    detect_priority=25,
+    arguments_as="object",
+    think_tags=_THINK,
+    reasoning_field="reasoning_content",
+    vision=True,
+)
+
+QWEN25_VL = TemplateFamily(
+    name="qwen25_vl",
+    stop_tokens=(_IM_END,),
+    boundary="\n",
+    generation_prompt=_GENERATION_PROMPT,
+    tool_parser="qwen25",
+    description="Qwen2.5-VL ChatML: the template has no tools, so the hermes tool block goes "
+    "into the system message; model turns keep their raw text; image placeholders.",
+    detect=_detect_qwen25_vl,
+    detect_priority=20,
+    arguments_as="object",
+    assistant_message=_raw_text_message,
+    tools_fallback=hermes_tool_block,
+    vision=True,
+)
+
+QWEN3_VL = TemplateFamily(
+    name="qwen3_vl",
+    stop_tokens=(_IM_END,),
+    boundary="\n",
+    generation_prompt=_GENERATION_PROMPT,
+    tool_parser="qwen25",
+    description="Qwen3-VL Instruct ChatML: hermes calls, images in user turns and tool results.",
+    detect=_detect_qwen3_vl,
+    detect_priority=20,
+    arguments_as="object",
+    vision=True,
+)
+
+FAMILIES: tuple[TemplateFamily, ...] = (
+    QWEN25,
+    QWEN3,
+    QWEN3_CODER,
+    QWEN35,
+    QWEN25_VL,
+    QWEN3_VL,
+)

@@ -6,8 +6,9 @@ Parsers never raise on model output and never evaluate it.
 
 Registered names: ``hermes``, ``qwen25`` and ``qwen3`` (``<tool_call>`` JSON), ``llama3``
 (``<|python_tag|>`` / bare JSON, ``;``-separated), ``mistral`` (``[TOOL_CALLS]``),
-``pythonic`` (``[f(a=1)]``), ``deepseekv3``, ``deepseekv31`` and ``gpt-oss`` (harmony
-channels).
+``pythonic`` (``[f(a=1)]``), ``deepseekv3``, ``deepseekv31``, ``gpt-oss`` (harmony
+channels) and ``qwen3_coder`` (``<tool_call><function=name><parameter=key>``, values typed
+by the tool schema).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ._formats import Llama3JsonParser as Llama3JsonParser
 from ._formats import MistralParser as MistralParser
 from ._gpt_oss import GptOssParser as GptOssParser
 from ._pythonic import PythonicParser as PythonicParser
+from ._qwen3_coder import Qwen3CoderParser as Qwen3CoderParser
 
 __all__ = [
     "DeepSeekV3Parser",
@@ -36,6 +38,7 @@ __all__ = [
     "MistralParser",
     "ParsedTurn",
     "PythonicParser",
+    "Qwen3CoderParser",
     "ToolCall",
     "ToolCallParser",
     "get_tool_parser",
@@ -53,6 +56,7 @@ for _name, _cls in (
     ("pythonic", PythonicParser),
     ("qwen25", HermesParser),
     ("qwen3", HermesParser),
+    ("qwen3_coder", Qwen3CoderParser),
 ):
     register_tool_parser(_name, _cls)
 del _name, _cls

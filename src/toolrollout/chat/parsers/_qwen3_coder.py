@@ -1,0 +1,218 @@
+"""Qwen3-Coder's XML tool calls, with arguments typed by the tool's JSON schema.
+
+The format, as the official template writes it and SGLang's ``qwen3_coder`` detector
+(``python/sglang/srt/function_call/qwen3_coder_detector.py``) reads it::
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    </function>
+    </tool_call>
+
+A parameter value is raw text, not JSON: one newline after ``<parameter=NAME>`` and one
+before ``</parameter>`` belong to the markup, everything between is the value (it may span
+lines). The text carries no type, so each value is converted by the type its tool declares
+for it, the way SGLang does: strings stay text, integers and numbers become numbers,
+booleans ``true``/``false``, objects and arrays are decoded as JSON, ``null`` is ``None``
+for any type. A value that does not convert stays a string (as in SGLang), so the tool's
+own argument check reports it to the model.
+
+Where this parser is stricter than SGLang, on purpose (an RL reward should not depend on
+lenient parsing): an unterminated ``<tool_call>``, ``<function=...>`` or ``<parameter=...>``
+is a malformed call, not a call; so is text inside ``<tool_call>`` that is not a function
+block, and a ``<function=...>`` block outside ``<tool_call>``. A boolean that is neither
+``true`` nor ``false`` stays a string instead of becoming ``False``, and values are never
+evaluated as Python literals.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ._base import (
+    CallCollector,
+    MalformedCall,
+    ParsedTurn,
+    ToolCallParser,
+    clip,
+    join_content,
+    loads,
+)
+
+__all__ = ["Qwen3CoderParser"]
+
+_CALL_OPEN = "<tool_call>"
+_CALL_CLOSE = "</tool_call>"
+_FUNCTION_CLOSE = "</function>"
+_PARAMETER_CLOSE = "</parameter>"
+_FUNCTION_OPEN = re.compile(r"<function=([^>\n]*)>")
+_PARAMETER_OPEN = re.compile(r"<parameter=([^>\n]*)>")
+_INTEGER = re.compile(r"[-+]?\d+")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+_STRING_TYPES = frozenset({"string", "str", "text", "varchar", "char", "enum"})
+_INTEGER_PREFIXES = ("int", "uint", "long", "short", "unsigned")
+_NUMBER_PREFIXES = ("num", "float")
+_BOOLEAN_TYPES = frozenset({"boolean", "bool", "binary"})
+
+
+class Qwen3CoderParser(ToolCallParser):
+    """``<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>``.
+
+    Several ``<tool_call>`` blocks make parallel calls; a block may also hold several
+    function blocks (SGLang reads them all). Text outside the blocks is content.
+    """
+
+    name = "qwen3_coder"
+
+    def parse_body(self, text: str) -> ParsedTurn:
+        """Collect every call block; text outside them is content."""
+        collector = CallCollector(self)
+        segments: list[str] = []
+        position = 0
+        while True:
+            start = text.find(_CALL_OPEN, position)
+            if start == -1:
+                segments.append(self._outside(text[position:], collector))
+                break
+            segments.append(self._outside(text[position:start], collector))
+            body_start = start + len(_CALL_OPEN)
+            end = text.find(_CALL_CLOSE, body_start)
+            if end == -1:
+                collector.error(
+                    f"unterminated {_CALL_OPEN}: the call must end with {_CALL_CLOSE}",
+                    text[start:],
+                )
+                break
+            self._parse_block(text[body_start:end], collector)
+            position = end + len(_CALL_CLOSE)
+        return collector.turn(join_content(segments))
+
+    def _outside(self, segment: str, collector: CallCollector) -> str:
+        """Content between blocks; a function block there is a call without its wrapper."""
+        if _FUNCTION_OPEN.search(segment):
+            collector.error(
+                f"a <function=...> block must be inside {_CALL_OPEN}{_CALL_CLOSE}", segment
+            )
+            return ""
+        return segment
+
+    def _parse_block(self, block: str, collector: CallCollector) -> None:
+        """One ``<tool_call>`` body: one or more function blocks and whitespace."""
+        position = 0
+        found = False
+        while True:
+            match = _FUNCTION_OPEN.search(block, position)
+            if match is None:
+                rest = block[position:]
+                if rest.strip() or not found:
+                    collector.error(
+                        f"expected <function=NAME>...{_FUNCTION_CLOSE} inside {_CALL_OPEN}",
+                        block,
+                    )
+                return
+            if block[position : match.start()].strip():
+                collector.error(f"unexpected text before <function=...> inside {_CALL_OPEN}", block)
+                return
+            end = block.find(_FUNCTION_CLOSE, match.end())
+            if end == -1:
+                collector.error(
+                    f"unterminated <function={match.group(1)}>: it must end with {_FUNCTION_CLOSE}",
+                    block[match.start() :],
+                )
+                return
+            collector.add(self._parse_function(match.group(1), block[match.end() : end]))
+            found = True
+            position = end + len(_FUNCTION_CLOSE)
+
+    def _parse_function(
+        self, raw_name: str, body: str
+    ) -> tuple[str, dict[str, Any]] | MalformedCall:
+        """Name and typed arguments of one function block, or a MalformedCall."""
+        name = raw_name.strip()
+        raw = f"<function={raw_name}>{body}{_FUNCTION_CLOSE}"
+        if not name:
+            return MalformedCall("the <function=...> tag has no tool name", clip(raw))
+        schema = self._properties(name)
+        arguments: dict[str, Any] = {}
+        position = 0
+        while True:
+            match = _PARAMETER_OPEN.search(body, position)
+            if match is None:
+                if body[position:].strip():
+                    return MalformedCall(
+                        f"unexpected text in the call to {name!r}: only "
+                        f"<parameter=KEY>...{_PARAMETER_CLOSE} blocks may appear there",
+                        clip(raw),
+                    )
+                return name, arguments
+            if body[position : match.start()].strip():
+                return MalformedCall(
+                    f"unexpected text before a parameter of the call to {name!r}", clip(raw)
+                )
+            key = match.group(1).strip()
+            end = body.find(_PARAMETER_CLOSE, match.end())
+            if end == -1:
+                return MalformedCall(
+                    f"parameter {key!r} of the call to {name!r} is not closed with "
+                    f"{_PARAMETER_CLOSE}",
+                    clip(raw),
+                )
+            if not key:
+                return MalformedCall(
+                    f"a <parameter=...> tag of the call to {name!r} has no name", clip(raw)
+                )
+            if key in arguments:
+                return MalformedCall(
+                    f"parameter {key!r} appears twice in the call to {name!r}", clip(raw)
+                )
+            value = body[match.end() : end]
+            value = value.removeprefix("\n").removesuffix("\n")
+            arguments[key] = _convert(value, schema.get(key))
+            position = end + len(_PARAMETER_CLOSE)
+
+    def _properties(self, name: str) -> Mapping[str, Any]:
+        """The ``properties`` of tool ``name``'s parameter schema (empty when unknown)."""
+        properties = self.tool_schemas.get(name, {}).get("properties")
+        return properties if isinstance(properties, Mapping) else {}
+
+
+def _schema_type(schema: Any) -> str:
+    """The declared type of one property, lower-cased; ``string`` when none is given."""
+    if not isinstance(schema, Mapping) or "type" not in schema:
+        return "string"
+    declared = schema["type"]
+    if isinstance(declared, list):  # ["integer", "null"]: the non-null member decides
+        members = [str(member).lower() for member in declared if member != "null"]
+        return members[0] if members else "null"
+    return str(declared).strip().lower()
+
+
+def _convert(value: str, schema: Any) -> Any:
+    """Parameter text to the value its schema declares; the text itself when it does not fit."""
+    if value.lower() == "null":
+        return None
+    if schema is None:
+        return value
+    kind = _schema_type(schema)
+    if kind in _STRING_TYPES:
+        return value
+    if kind.startswith(_INTEGER_PREFIXES):
+        text = value.strip()
+        return int(text) if _INTEGER.fullmatch(text) else value
+    if kind.startswith(_NUMBER_PREFIXES):
+        text = value.strip()
+        if not _NUMBER.fullmatch(text):
+            return value
+        if "." not in text and "e" not in text.lower():
+            return int(text)  # "3" for a number is 3, as in SGLang (no float rounding)
+        return float(text)
+    if kind in _BOOLEAN_TYPES:
+        lowered = value.strip().lower()
+        return {"true": True, "false": False}.get(lowered, value)
+    decoded, error = loads(value)
+    return value if error is not None else decoded
