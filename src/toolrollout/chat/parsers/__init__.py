@@ -6,7 +6,8 @@ Parsers never raise on model output and never evaluate it.
 
 Registered names: ``hermes``, ``qwen25`` and ``qwen3`` (``<tool_call>`` JSON), ``llama3``
 (``<|python_tag|>`` / bare JSON, ``;``-separated), ``mistral`` (``[TOOL_CALLS]``),
-``pythonic`` (``[f(a=1)]``), ``deepseekv3`` and ``deepseekv31``.
+``pythonic`` (``[f(a=1)]``), ``deepseekv3`` and ``deepseekv31``, ``kimi_k2``
+(``<|tool_calls_section_begin|>``) and ``glm45`` (``<arg_key>``/``<arg_value>``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,15 @@ from ._formats import DeepSeekV31Parser as _DeepSeekV31Parser
 from ._formats import HermesParser as HermesParser
 from ._formats import Llama3JsonParser as Llama3JsonParser
 from ._formats import MistralParser as MistralParser
+from ._glm45 import Glm45Parser as Glm45Parser
+from ._kimi_k2 import KimiK2Parser as KimiK2Parser
 from ._pythonic import PythonicParser as PythonicParser
 
 __all__ = [
     "DeepSeekV3Parser",
+    "Glm45Parser",
     "HermesParser",
+    "KimiK2Parser",
     "Llama3JsonParser",
     "MalformedCall",
     "MistralParser",
@@ -43,6 +48,8 @@ __all__ = [
 for _name, _cls in (
     ("deepseekv3", DeepSeekV3Parser),
     ("deepseekv31", _DeepSeekV31Parser),
+    ("glm45", Glm45Parser),
+    ("kimi_k2", KimiK2Parser),
     ("hermes", HermesParser),
     ("llama3", Llama3JsonParser),
     ("mistral", MistralParser),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, final
 
@@ -126,14 +126,23 @@ class ToolCallParser(ABC):
         *,
         known_tools: Collection[str] | None = None,
         id_factory: Callable[[int], str] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """Args:
         known_tools: tool names to flag unknown calls against (flag only, not reject).
         id_factory: makes a call id from the call's index in the turn; random by default.
             Pass a deterministic one for reproducible trajectories.
+        tools: OpenAI-style tool schemas, for formats whose values carry no type of their
+            own (GLM-4.5 writes every argument as text; the schema says which are strings).
         """
         self._known_tools = frozenset(known_tools) if known_tools is not None else None
         self._id_factory = id_factory or _random_call_id
+        self._tool_schemas = _parameters_by_name(tools or ())
+
+    @property
+    def tool_schemas(self) -> Mapping[str, Mapping[str, Any]]:
+        """The ``parameters`` schema of each tool given at construction, by name."""
+        return self._tool_schemas
 
     @final
     def parse(self, text: str) -> ParsedTurn:
@@ -155,6 +164,20 @@ class ToolCallParser(ABC):
     def make_id(self, index: int) -> str:
         """Call id for the ``index``-th call of a turn."""
         return self._id_factory(index)
+
+
+def _parameters_by_name(
+    tools: Sequence[Mapping[str, Any]],
+) -> Mapping[str, Mapping[str, Any]]:
+    schemas: dict[str, Mapping[str, Any]] = {}
+    for tool in tools:
+        function = tool.get("function", tool)
+        if not isinstance(function, Mapping):
+            continue
+        name, parameters = function.get("name"), function.get("parameters")
+        if isinstance(name, str) and isinstance(parameters, Mapping):
+            schemas[name] = parameters
+    return schemas
 
 
 def _strip_stop(text: str) -> str:
@@ -314,14 +337,19 @@ def get_tool_parser(
     *,
     known_tools: Collection[str] | None = None,
     id_factory: Callable[[int], str] | None = None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> ToolCallParser:
-    """Build the parser registered as ``name``; raise :class:`UserError` if unknown."""
+    """Build the parser registered as ``name``; raise :class:`UserError` if unknown.
+
+    ``tools`` (OpenAI-style schemas) lets schema-typed formats such as ``glm45`` type the
+    argument values.
+    """
     try:
         parser_cls = _REGISTRY[name]
     except KeyError:
         known = ", ".join(tool_parser_names())
         raise UserError(f"unknown tool parser {name!r}; known: {known}") from None
-    return parser_cls(known_tools=known_tools, id_factory=id_factory)
+    return parser_cls(known_tools=known_tools, id_factory=id_factory, tools=tools)
 
 
 def tool_parser_names() -> tuple[str, ...]:
