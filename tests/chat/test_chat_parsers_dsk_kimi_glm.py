@@ -94,7 +94,7 @@ def test_kimi_reads_the_official_template() -> None:
     assert turn.reasoning == "" and turn.content == "Checking."
 
 
-@pytest.mark.parametrize("template", ["GLM-4.6.jinja", "glm_4_5.jinja"])
+@pytest.mark.parametrize("template", ["trl-glm4moe.jinja", "GLM-4.6.jinja", "glm_4_5.jinja"])
 def test_glm_reads_the_official_template(template: str) -> None:
     rendered = render_assistant((OFFICIAL / template).read_text(), CALLS)
     turn_text = rendered.split("<|assistant|>", 1)[1]
@@ -108,6 +108,15 @@ def test_deepseekv31_reads_the_official_template() -> None:
     )
     turn_text = rendered.split("<｜Assistant｜></think>", 1)[1]
     turn = parse("deepseekv31", turn_text)
+    assert turn.ok and pairs(turn) == CALLS and turn.content == "Checking."
+
+
+def test_deepseekv3_reads_the_official_template() -> None:
+    rendered = render_assistant(
+        (OFFICIAL / "trl-deepseekv3.jinja").read_text(), CALLS, encode=json.dumps
+    )
+    turn_text = rendered.split("<｜Assistant｜>", 1)[1]
+    turn = parse("deepseekv3", turn_text)
     assert turn.ok and pairs(turn) == CALLS and turn.content == "Checking."
 
 
