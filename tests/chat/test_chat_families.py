@@ -43,7 +43,7 @@ def test_family_registry_documents_boundaries() -> None:
     assert families["qwen3"].rewrites_history and not families["qwen25"].rewrites_history
     for family in families.values():
         get_tool_parser(family.tool_parser)  # every default parser is registered
-    with pytest.raises(UserError, match="unknown chat-template family"):
+    with pytest.raises(UserError, match="unknown model family"):
         get_template_family("nope")
 
 

@@ -7,7 +7,6 @@ are the real ones. The same features against the real server: ``test_stragglers_
 
 from __future__ import annotations
 
-import json
 import pickle
 from typing import Any
 
@@ -161,9 +160,7 @@ async def test_resumed_open_turn_is_token_exact(demo_tokenizer: Any) -> None:
     assert done.response_ids[: len(call)] == call
     assert len(done.loss_mask) == len(done.response_ids) == len(done.rollout_logprobs)
     assert [m["role"] for m in done.messages][2:] == ["assistant", "tool", "assistant"]
-    assert json.loads(done.messages[2]["tool_calls"][0]["function"]["arguments"]) == {
-        "expression": "2 + 3"
-    }
+    assert done.messages[2]["tool_calls"][0]["function"]["arguments"] == {"expression": "2 + 3"}
     assert done.messages[3]["content"] == "5"  # the real tool ran on the completed call
     second = engine2.requests[1]
     assert (

@@ -6,8 +6,9 @@
   difference, without touching the tokens.
 * :func:`get_tool_parser` returns the tool-call parser of a model family.
 
-Turn-boundary rules per template family are documented in
-:mod:`toolrollout.chat._families` and available from :func:`template_families`.
+Each model family (stop tokens, boundary, parser, message form, documented rewrites) is a
+:class:`TemplateFamily`; the built-in ones are in :mod:`toolrollout.chat.families` and
+available from :func:`template_families`.
 Concrete parser classes live in :mod:`toolrollout.chat.parsers`.
 """
 
@@ -16,7 +17,9 @@ from __future__ import annotations
 from ._drift import DriftKind as DriftKind
 from ._drift import DriftReport as DriftReport
 from ._drift import check_drift as check_drift
+from ._families import CallIdRequest as CallIdRequest
 from ._families import TemplateFamily as TemplateFamily
+from ._families import TemplateProbe as TemplateProbe
 from ._families import detect_template_family as detect_template_family
 from ._families import get_template_family as get_template_family
 from ._families import template_families as template_families
@@ -35,6 +38,7 @@ from .parsers import register_tool_parser as register_tool_parser
 from .parsers import tool_parser_names as tool_parser_names
 
 __all__ = [
+    "CallIdRequest",
     "ChatFormat",
     "DriftKind",
     "DriftReport",
@@ -44,6 +48,7 @@ __all__ = [
     "ParsedTurn",
     "PreparedImage",
     "TemplateFamily",
+    "TemplateProbe",
     "ToolCall",
     "ToolCallParser",
     "VisionFormat",

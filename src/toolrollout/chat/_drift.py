@@ -106,9 +106,11 @@ def check_drift(
     template's boundary) when it is.
     """
     transcript = list(transcript_ids)
+    if not chat_format.family.drift_from_raw_text:
+        model_texts = None  # raw text is not valid content for this format (harmony)
     reference_messages = _with_model_texts(messages, model_texts, chat_format)
     try:
-        reference_text = _reference_text(reference_messages, chat_format)
+        reference_text = _reference_text(reference_messages, chat_format, transcript)
     except TokenizationError as exc:
         return DriftReport(
             matches=False,
@@ -204,11 +206,18 @@ def _with_model_texts(
     return copies
 
 
-def _reference_text(messages: Sequence[Message], chat_format: ChatFormat) -> str:
+def _reference_text(
+    messages: Sequence[Message], chat_format: ChatFormat, transcript: Sequence[int]
+) -> str:
     """Fresh render, cut to end where a transcript of these messages ends."""
     if messages and messages[-1].get("role") == "assistant":
         text = chat_format.render_text(messages, add_generation_prompt=False)
-        boundary = chat_format.family.boundary
+        family = chat_format.family
+        if family.stop_opens_next_turn and chat_format.ends_with_stop(transcript):
+            # The template writes this token only as the next turn's opener; the model
+            # sampled it, so the transcript ends with it.
+            return text + chat_format.decode(transcript[-1:])
+        boundary = family.boundary
         if boundary and text.endswith(boundary):
             text = text[: -len(boundary)]
         return text

@@ -8,127 +8,59 @@ writes after the model's stop token but that the model itself never emits (it st
 the stop token). Forgetting it is the classic multi-turn bug (verl #3720, verl PR #6921):
 the trained sequence then differs from what a fresh render would give the model.
 
-Boundary rules
---------------
+The registry
+------------
 
-- ``qwen25`` (Qwen2.5): the model stops at ``<|im_end|>``; the template then writes
-  ``\n`` (boundary), and the next turn starts with ``<|im_start|>``. Tool results are a
-  ``user`` turn of ``<tool_response>`` blocks; consecutive tool messages share one turn.
-  Generation prompt: ``<|im_start|>assistant\n``.
-- ``qwen3`` (Qwen3): same stop token and boundary (``\n``). Generation prompt:
-  ``<|im_start|>assistant\n``, plus ``<think>\n\n</think>\n\n`` when
-  ``enable_thinking=False``.
-- ``llama3`` (Llama 3.1 / 3.2): the model stops at ``<|eot_id|>`` (``<|eom_id|>`` after
-  a ``<|python_tag|>`` built-in tool call); the template writes **nothing** after it, the
-  next turn starts directly with ``<|start_header_id|>``. Tool results are an ``ipython``
-  turn each. Generation prompt: ``<|start_header_id|>assistant<|end_header_id|>\n\n``.
+Each family (:class:`TemplateFamily`, defined in :mod:`toolrollout.chat._family`) states
+its stop tokens, its boundary, its parser and its documented rewrites; the built-in ones
+are in :mod:`toolrollout.chat.families`, one module per model maker, with their rules in
+the module docstrings. :func:`detect_template_family` picks the family whose format a
+template renders (most specific first); :func:`get_template_family` looks one up by the
+name ``--family`` takes.
 
 The boundary tokens belong to the **tool delta**, with loss mask 0: the model never
 sampled them, so it must not be trained on them, yet the next turn must see them because
-a fresh render of the conversation contains them. For reference, other families that are
-not built in follow the same rule: Mistral (``</s>``, then ``[INST]`` with no boundary),
-DeepSeek-V3 (``<｜end▁of▁sentence｜>``, no boundary), GLM-4 (the model stops at
-``<|observation|>``, which the template itself writes as the start of the tool turn, so
-the delta must *start after* it).
+a fresh render of the conversation contains them. Some templates write the model's stop
+token themselves as the start of the next turn (GLM-4.5's ``<|observation|>``); for them
+the delta starts right after it (:attr:`TemplateFamily.stop_opens_next_turn`).
 
 History rewrites
 ----------------
 
-``qwen3`` templates drop the ``<think>…</think>`` block of every assistant turn that comes
-before the last real user query, and normalise the whitespace around it. A fresh render is
-therefore not a prefix of a later render, which is why the transcript is kept in tokens
-and never re-rendered. :func:`~toolrollout.chat.check_drift` reports that difference as
-``history_rewrite`` instead of as an error. The same holds for Llama 3 turns that the model
-ended with ``<|eom_id|>``: the template re-renders them with ``<|eot_id|>``.
+Some templates re-render earlier turns differently (Qwen3 drops the ``<think>`` block of
+assistant turns before the last real user query; Llama re-renders ``<|eom_id|>`` as
+``<|eot_id|>``). A fresh render is then not a prefix of a later render, which is why the
+transcript is kept in tokens and never re-rendered. The family's ``history_normalizer``
+states the rewrite, and :func:`~toolrollout.chat.check_drift` reports it as
+``history_rewrite``, an expected kind that is not counted as a mismatch.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from .._exceptions import UserError
+from ._family import CallIdRequest, TemplateFamily, TemplateProbe
+from .families import builtin_families
 
 __all__ = [
+    "CallIdRequest",
     "TemplateFamily",
+    "TemplateProbe",
     "detect_template_family",
     "get_template_family",
     "template_families",
 ]
 
-
-@dataclass(frozen=True, slots=True)
-class TemplateFamily:
-    """The facts about one chat-template family that token deltas depend on."""
-
-    name: str
-    """Registry name, e.g. ``"qwen25"``."""
-    stop_tokens: tuple[str, ...]
-    """End-of-turn tokens the model emits, primary first. Each must be a single token."""
-    boundary: str
-    """Text the template writes right after the stop token that the model never emits."""
-    generation_prompt: str
-    """What ``add_generation_prompt=True`` appends (documentation and sanity checks)."""
-    tool_parser: str
-    """Name of the default tool-call parser for this family (see ``get_tool_parser``)."""
-    rewrites_history: bool = False
-    """True when re-rendering changes earlier turns (so a fresh render is not prefix-stable)."""
-    history_normalizer: Callable[[str], str] | None = None
-    """Maps a rendered text to a form in which the family's known, benign re-render
-    differences vanish (Qwen3 think stripping; Llama's ``<|eom_id|>`` becoming
-    ``<|eot_id|>``), so ``check_drift`` can report them as ``history_rewrite``."""
-    description: str = ""
-    """One line for docs and error messages."""
-
-
-_THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
-
-
-def _drop_think_blocks(text: str) -> str:
-    """Remove every ``<think>…</think>`` block (and the whitespace after it)."""
-    return _THINK_BLOCK.sub("", text)
-
-
-def _eom_as_eot(text: str) -> str:
-    """Llama templates re-render a ``<|eom_id|>`` turn end as ``<|eot_id|>`` for JSON tools."""
-    return text.replace("<|eom_id|>", "<|eot_id|>")
-
-
-QWEN25 = TemplateFamily(
-    name="qwen25",
-    stop_tokens=("<|im_end|>",),
-    boundary="\n",
-    generation_prompt="<|im_start|>assistant\n",
-    tool_parser="qwen25",
-    description="Qwen2.5 ChatML: tools in the system turn, <tool_call> JSON, "
-    "<tool_response> inside a user turn.",
-)
-
-QWEN3 = TemplateFamily(
-    name="qwen3",
-    stop_tokens=("<|im_end|>",),
-    boundary="\n",
-    generation_prompt="<|im_start|>assistant\n",
-    tool_parser="qwen3",
-    rewrites_history=True,
-    history_normalizer=_drop_think_blocks,
-    description="Qwen3 ChatML: like qwen25, but earlier <think> blocks are dropped on re-render.",
-)
-
-LLAMA3 = TemplateFamily(
-    name="llama3",
-    stop_tokens=("<|eot_id|>", "<|eom_id|>"),
-    boundary="",
-    generation_prompt="<|start_header_id|>assistant<|end_header_id|>\n\n",
-    tool_parser="llama3",
-    history_normalizer=_eom_as_eot,
-    description="Llama 3.1/3.2: header tokens, JSON calls with 'parameters', ipython tool role.",
-)
-
 _FAMILIES: Mapping[str, TemplateFamily] = MappingProxyType(
-    {family.name: family for family in (LLAMA3, QWEN25, QWEN3)}
+    {family.name: family for family in builtin_families()}
+)
+_DETECTION_ORDER: tuple[TemplateFamily, ...] = tuple(
+    sorted(
+        (family for family in _FAMILIES.values() if family.detect is not None),
+        key=lambda family: -family.detect_priority,
+    )
 )
 
 
@@ -143,25 +75,31 @@ def get_template_family(name: str) -> TemplateFamily:
         return _FAMILIES[name]
     except KeyError:
         known = ", ".join(sorted(_FAMILIES))
-        raise UserError(f"unknown chat-template family {name!r}; known: {known}") from None
+        raise UserError(f"unknown model family {name!r}; known: {known}") from None
 
 
-def detect_template_family(chat_template: str) -> TemplateFamily:
-    """Guess the family from the template text, by the control tokens it writes.
+def detect_template_family(
+    chat_template: str | TemplateProbe, *, source: str = "this chat template"
+) -> TemplateFamily:
+    """The family whose format a template renders, most specific first.
 
-    Detection is deliberately conservative: a template that matches no rule raises
-    :class:`UserError` asking for an explicit ``family=`` instead of guessing, because a
-    wrong guess would put the turn boundary in the wrong place.
+    ``chat_template`` is the template text or a :class:`TemplateProbe` holding what it
+    rendered for the probe conversation (:meth:`ChatFormat <toolrollout.chat.ChatFormat>`
+    builds one). Detection is conservative: a template that matches no rule raises
+    :class:`UserError` naming the option to set, because a wrong guess would put the turn
+    boundary in the wrong place.
     """
-    if "<|start_header_id|>" in chat_template and "<|eot_id|>" in chat_template:
-        return LLAMA3
-    if "<|im_start|>" in chat_template and "<|im_end|>" in chat_template:
-        if "<think>" in chat_template or "reasoning_content" in chat_template:
-            return QWEN3
-        if "<tool_call>" in chat_template:
-            return QWEN25
+    probe = (
+        chat_template
+        if isinstance(chat_template, TemplateProbe)
+        else TemplateProbe(template=chat_template, rendered=None, error="not rendered")
+    )
+    for family in _DETECTION_ORDER:
+        assert family.detect is not None
+        if family.detect(probe):
+            return family
     known = ", ".join(sorted(_FAMILIES))
     raise UserError(
-        "cannot detect the chat-template family from the template text; "
-        f"pass family= explicitly (one of: {known})"
+        f"cannot detect the model family of {source}; set RolloutConfig.family "
+        f"(--family on the command line, family= in the trainer adapters) to one of: {known}"
     )

@@ -27,7 +27,7 @@ on earlier messages (call ids, merged tool turns) are honoured.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from jinja2 import TemplateError
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # transformers is heavy; only its type is needed here
 
 from .._exceptions import TokenizationError, UserError
 from ._families import TemplateFamily, detect_template_family, get_template_family
+from ._family import PROBE_MESSAGES, PROBE_TOOLS, TemplateProbe
 
 __all__ = ["ChatFormat", "Message"]
 
@@ -83,7 +84,7 @@ class ChatFormat:
             tokenizer: a Hugging Face tokenizer with a chat template (or pass one).
             tools: OpenAI-style tool schemas, rendered into every prompt.
             family: family name, a :class:`TemplateFamily`, or ``None`` to detect it from
-                the template text.
+                what the template renders for a probe conversation.
             chat_template: overrides the tokenizer's own template.
             template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``;
                 they are passed to every render so deltas and prompts agree.
@@ -107,7 +108,9 @@ class ChatFormat:
         elif isinstance(family, str):
             self._family = get_template_family(family)
         else:
-            self._family = detect_template_family(self._template)
+            self._family = detect_template_family(
+                self.probe(), source=f"the chat template of {_tokenizer_name(tokenizer)}"
+            )
         self._stop_token_ids = self._check_stop_tokens()
         self._stop_pattern = re.compile(
             "|".join(re.escape(token) for token in self._family.stop_tokens)
@@ -140,6 +143,11 @@ class ChatFormat:
         return self._tools
 
     @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """Extra template variables passed to every render (a copy)."""
+        return dict(self._template_kwargs)
+
+    @property
     def chat_template(self) -> str:
         """The template text in use."""
         return self._template
@@ -151,14 +159,41 @@ class ChatFormat:
 
     # -- rendering ----------------------------------------------------------------------
 
-    def render_text(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
-        """Render ``messages`` as text with the chat template (tools and kwargs included)."""
-        if not messages:
-            raise UserError("cannot render an empty conversation")
+    def probe(self) -> TemplateProbe:
+        """What the template renders for the detection probe (see :class:`TemplateProbe`)."""
         try:
             rendered = self._tokenizer.apply_chat_template(
-                [dict(message) for message in messages],
-                tools=list(self._tools) or None,
+                [dict(message) for message in PROBE_MESSAGES],
+                tools=[dict(tool) for tool in PROBE_TOOLS],
+                chat_template=self._template,
+                add_generation_prompt=True,
+                tokenize=False,
+                **self._template_kwargs,
+            )
+        except Exception as exc:  # any failure only means the probe says nothing
+            return TemplateProbe(self._template, None, f"{type(exc).__name__}: {exc}")
+        if not isinstance(rendered, str):
+            return TemplateProbe(self._template, None, "the template rendered no text")
+        return TemplateProbe(self._template, rendered)
+
+    def render_text(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
+        """Render ``messages`` as text with the chat template (tools and kwargs included).
+
+        For a family whose template ignores ``tools`` (:attr:`TemplateFamily.tools_fallback`),
+        the tool schemas are presented in the system message instead (after its text).
+        """
+        if not messages:
+            raise UserError("cannot render an empty conversation")
+        conversation = [dict(message) for message in messages]
+        tools: list[dict[Any, Any] | Callable[..., Any]] | None = list(self._tools) or None
+        fallback = self._family.tools_fallback
+        if fallback is not None and self._tools:
+            conversation = _with_tools_in_system(conversation, fallback(self._tools))
+            tools = None
+        try:
+            rendered = self._tokenizer.apply_chat_template(
+                conversation,
+                tools=tools,
                 chat_template=self._template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
@@ -256,6 +291,8 @@ class ChatFormat:
         """The delta text after ``messages_before``'s last stop token, checked for shape."""
         without = self.render_text(messages_before, add_generation_prompt=False)
         with_new = self.render_text([*messages_before, *tool_messages], add_generation_prompt=True)
+        if self._family.stop_opens_next_turn:
+            return self._delta_after_opener(without, with_new)
         stops = list(self._stop_pattern.finditer(without))
         if not stops:
             raise TokenizationError(
@@ -283,6 +320,23 @@ class ChatFormat:
                 f"{suffix[:80]!r}"
             )
         return suffix
+
+    def _delta_after_opener(self, without: str, with_new: str) -> str:
+        """The delta of a family whose stop token opens the next turn (GLM-4.5).
+
+        The model's ids end with that token; the render of the conversation so far does not
+        hold it, the render with the new messages writes it right where the conversation
+        ended. The delta is what follows it.
+        """
+        opener = self._stop_pattern.match(with_new, len(without))
+        if not with_new.startswith(without) or opener is None:
+            raise TokenizationError(
+                f"family {self._family.name!r} expects the new turn to start with one of "
+                f"{', '.join(self._family.stop_tokens)} right where the conversation ended, "
+                f"but the template wrote {with_new[len(without) : len(without) + 40]!r}; "
+                "configure the right family for this template"
+            )
+        return with_new[opener.end() :]
 
     # -- model output helpers -------------------------------------------------------------
 
@@ -343,6 +397,28 @@ class ChatFormat:
 
 _WINDOW_CHECKS = 4
 """Windowed deltas compared with full renders before the window is trusted alone."""
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+    name = getattr(tokenizer, "name_or_path", "") or ""
+    return repr(name) if name else "this tokenizer"
+
+
+def _with_tools_in_system(
+    conversation: list[dict[str, Any]], tools_text: str
+) -> list[dict[str, Any]]:
+    """Append ``tools_text`` to the system message (adding one if there is none)."""
+    if conversation and conversation[0].get("role") == "system":
+        system = dict(conversation[0])
+        content = system.get("content")
+        if isinstance(content, str):
+            system["content"] = f"{content}\n\n{tools_text}" if content else tools_text
+        elif isinstance(content, list):
+            system["content"] = [*content, {"type": "text", "text": f"\n\n{tools_text}"}]
+        else:
+            system["content"] = tools_text
+        return [system, *conversation[1:]]
+    return [{"role": "system", "content": tools_text}, *conversation]
 
 
 def _nth_match_end(pattern: re.Pattern[str], text: str, n: int) -> int | None:

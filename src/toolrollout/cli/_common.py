@@ -7,12 +7,21 @@ tokenizer loader, the reward choice) is library code in :mod:`toolrollout.spec`.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-__all__ = ["EngineUrlsOption", "ModelOption", "fail", "require_extra"]
+__all__ = [
+    "ChatTemplateKwargsOption",
+    "EngineUrlsOption",
+    "FamilyOption",
+    "ModelOption",
+    "fail",
+    "parse_template_kwargs",
+    "require_extra",
+]
 
 EngineUrlsOption = Annotated[
     list[str] | None,
@@ -28,6 +37,35 @@ ModelOption = Annotated[
         "Default: the bundled demo model."
     ),
 ]
+
+FamilyOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Model family (qwen3, llama3, mistral, glm45, gpt_oss, ...; `toolrollout.chat."
+        "template_families()`). Default: detected from the chat template."
+    ),
+]
+ChatTemplateKwargsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Extra chat-template variables as a JSON object, e.g. '{\"enable_thinking\": false}'."
+    ),
+]
+
+
+def parse_template_kwargs(text: str | None) -> dict[str, Any]:
+    """``--chat-template-kwargs``: a JSON object, or a one-line :class:`UserError`."""
+    from toolrollout._exceptions import UserError
+
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--chat-template-kwargs is not JSON: {exc.msg} ({text!r})") from None
+    if not isinstance(value, dict):
+        raise UserError(f"--chat-template-kwargs must be a JSON object, got {text!r}")
+    return value
 
 
 def fail(message: str) -> typer.Exit:

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from toolrollout.cli._common import EngineUrlsOption, ModelOption, fail, require_extra
+from toolrollout.cli._common import (
+    ChatTemplateKwargsOption,
+    EngineUrlsOption,
+    FamilyOption,
+    ModelOption,
+    fail,
+    parse_template_kwargs,
+    require_extra,
+)
 
 if TYPE_CHECKING:
     from toolrollout.eval import Comparison, EvalSummary
@@ -100,8 +108,10 @@ def eval_command(
     limit: Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")] = None,
     tool_parser: Annotated[
         str | None,
-        typer.Option(help="Tool-call format of the model. Default: its chat template family's."),
+        typer.Option(help="Tool-call format of the model. Default: its model family's."),
     ] = None,
+    family: FamilyOption = None,
+    chat_template_kwargs: ChatTemplateKwargsOption = None,
     health_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
     ] = 120.0,
@@ -141,6 +151,8 @@ def eval_command(
                 "seed": seed,
                 "limit": limit,
                 "tool_parser": tool_parser,
+                "family": family,
+                "chat_template_kwargs": parse_template_kwargs(chat_template_kwargs),
                 "baseline": str(baseline),
                 "success_threshold": success_threshold,
             }
@@ -255,6 +267,8 @@ def _run_model(
         concurrency=concurrency,
         seed=config["seed"],
         tool_parser=config["tool_parser"],
+        family=config.get("family"),
+        chat_template_kwargs=config.get("chat_template_kwargs") or {},
     )
     spec = RunSpec(
         engine_urls=tuple(engine_urls),

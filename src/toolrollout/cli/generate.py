@@ -33,7 +33,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from toolrollout.cli._common import EngineUrlsOption, ModelOption, fail, require_extra
+from toolrollout.cli._common import (
+    ChatTemplateKwargsOption,
+    EngineUrlsOption,
+    FamilyOption,
+    ModelOption,
+    fail,
+    parse_template_kwargs,
+    require_extra,
+)
 
 if TYPE_CHECKING:
     from toolrollout.engines import Engine
@@ -87,7 +95,7 @@ _Seed = Annotated[int | None, typer.Option(help="Base sampling seed.")]
 _Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")]
 _ToolParser = Annotated[
     str | None,
-    typer.Option(help="Tool-call format of the model. Default: its chat template family's."),
+    typer.Option(help="Tool-call format of the model. Default: its model family's."),
 ]
 _ToolErrorPenalty = Annotated[
     float, typer.Option(min=0.0, help="Reward penalty per failed or malformed tool call.")
@@ -190,6 +198,8 @@ def generate(
     seed: _Seed = None,
     limit: _Limit = None,
     tool_parser: _ToolParser = None,
+    family: FamilyOption = None,
+    chat_template_kwargs: ChatTemplateKwargsOption = None,
     tool_error_penalty: _ToolErrorPenalty = 0.0,
     out: _Out = Path("trajectories.parquet"),
     health_timeout: _HealthTimeout = 120.0,
@@ -246,6 +256,8 @@ class _Flags:
     seed: int | None
     limit: int | None
     tool_parser: str | None
+    family: str | None
+    chat_template_kwargs: str | None
     tool_error_penalty: float
     out: Path
     health_timeout: float
@@ -392,6 +404,8 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
         concurrency=flags.concurrency,
         seed=flags.seed,
         tool_parser=flags.tool_parser,
+        family=flags.family,
+        chat_template_kwargs=parse_template_kwargs(flags.chat_template_kwargs),
         max_interaction_turns=flags.max_interaction_turns,
         reward_mix=RewardMix(
             turn_weight=flags.turn_reward_weight, tool_weight=flags.tool_reward_weight
@@ -436,7 +450,7 @@ def _plan(flags: _Flags) -> _Plan:
             flags.resume_leftover,
             saved,
             tool_names=parts.tool_names,
-            tool_parser=effective_tool_parser(spec.config.tool_parser, parts.tokenizer),
+            tool_parser=effective_tool_parser(spec.config, parts.tokenizer),
             tokenizer=parts.tokenizer,
             model=spec.model_path,
         )
@@ -446,7 +460,7 @@ def _plan(flags: _Flags) -> _Plan:
     info = leftover_info(
         n=n,
         tool_names=parts.tool_names,
-        tool_parser=effective_tool_parser(spec.config.tool_parser, parts.tokenizer),
+        tool_parser=effective_tool_parser(spec.config, parts.tokenizer),
         tokenizer=parts.tokenizer,
         model=spec.model_path,
     )

@@ -19,6 +19,7 @@ Importing this module imports ms-swift; ``import toolrollout`` never does.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,6 +57,23 @@ SCHEDULER_NAME = "toolrollout"
 ENGINE_URL_ENV = "TOOLROLLOUT_ENGINE_URL"
 TOOL_CONFIG_ENV = "TOOLROLLOUT_TOOL_CONFIG"
 TOOL_PARSER_ENV = "TOOLROLLOUT_TOOL_PARSER"
+FAMILY_ENV = "TOOLROLLOUT_FAMILY"
+TEMPLATE_KWARGS_ENV = "TOOLROLLOUT_CHAT_TEMPLATE_KWARGS"
+
+
+def _env_template_kwargs(text: str | None) -> Mapping[str, Any]:
+    """``TOOLROLLOUT_CHAT_TEMPLATE_KWARGS``: a JSON object, or a one-line error."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{TEMPLATE_KWARGS_ENV} is not JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{TEMPLATE_KWARGS_ENV} must be a JSON object, got {text!r}")
+    return value
+
+
 _TRUTH_KEYS = ("ground_truth", "answer", "solution")
 
 
@@ -121,7 +139,9 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
     * ``engine``: a toolrollout :class:`~toolrollout.Engine`; else ``TOOLROLLOUT_ENGINE_URL``
       names a SGLang-compatible server (``toolrollout serve``, SGLang, sglang-router).
     * ``tools``: toolrollout tools; else ``TOOLROLLOUT_TOOL_CONFIG`` is a tool YAML.
-    * ``tool_parser``: else ``TOOLROLLOUT_TOOL_PARSER``, default ``qwen25``.
+    * ``tool_parser``: else ``TOOLROLLOUT_TOOL_PARSER``; default: the model family's parser.
+    * ``family``: else ``TOOLROLLOUT_FAMILY``; default: detected from the chat template.
+    * ``chat_template_kwargs``: else ``TOOLROLLOUT_CHAT_TEMPLATE_KWARGS`` (a JSON object).
 
     ``max_turns`` (``--max_turns``) caps assistant turns; ``request_config.max_tokens`` caps
     both each turn and the whole response; temperature/top_p/top_k come from the request.
@@ -135,12 +155,20 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
         engine: Engine | None = None,
         tools: Sequence[Tool] | None = None,
         tool_parser: str | None = None,
+        family: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(infer_engine, max_turns, *args, **kwargs)
         self._engine = engine
         self._tools = list(tools) if tools is not None else None
-        self._tool_parser = tool_parser or os.environ.get(TOOL_PARSER_ENV, "qwen25")
+        self._tool_parser = tool_parser or os.environ.get(TOOL_PARSER_ENV) or None
+        self._family = family or os.environ.get(FAMILY_ENV) or None
+        self._template_kwargs = dict(
+            chat_template_kwargs
+            if chat_template_kwargs is not None
+            else _env_template_kwargs(os.environ.get(TEMPLATE_KWARGS_ENV))
+        )
         self._runners: dict[tuple[Any, ...], RolloutRunner] = {}
 
     def _resolve_engine(self) -> Engine:
@@ -188,6 +216,8 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
                 max_turns=self.max_turns or 8,
                 max_response_tokens=max_tokens,
                 tool_parser=self._tool_parser,
+                family=self._family,
+                chat_template_kwargs=self._template_kwargs,
             )
             spec = RunSpec(
                 tools=tuple(self._resolve_tools()), config=config, rewards=(), vision="off"

@@ -16,6 +16,7 @@ built by :func:`toolrollout.spec.build_runner`, like every other entry point's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -72,8 +73,10 @@ class TRLRolloutFunc:
         vision: VisionFormat | VisionMode | None = None,
         model: str | os.PathLike[str] | None = None,
         log_metrics: bool = True,
+        family: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        config = config or RolloutConfig()
+        config = _with_family(config or RolloutConfig(), family, chat_template_kwargs)
         if config.n != 1:
             raise UserError(
                 "TRL repeats each prompt num_generations times itself; "
@@ -169,6 +172,8 @@ def trl_rollout_func(
     vision: VisionFormat | VisionMode | None = None,
     model: str | os.PathLike[str] | None = None,
     log_metrics: bool = True,
+    family: str | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> TRLRolloutFunc:
     """Build the ``rollout_func`` to pass to ``GRPOTrainer(..., rollout_func=...)``.
 
@@ -176,7 +181,9 @@ def trl_rollout_func(
     (``toolrollout serve``, SGLang, sglang-router). ``tokenizer`` is the served model's
     Hugging Face tokenizer; do not also pass ``tools=`` to the trainer (TRL then ignores
     ``env_mask`` and runs its own tool loop). ``interactions``, ``vision`` and ``model``
-    are :class:`TRLRolloutFunc`'s.
+    are :class:`TRLRolloutFunc`'s. ``family`` names the model family when its chat
+    template is not detected (``RolloutConfig.family``); ``chat_template_kwargs`` are
+    template variables such as ``{"enable_thinking": False}``.
     """
     if isinstance(engine, str):
         from toolrollout.engines import SGLangClient
@@ -193,7 +200,21 @@ def trl_rollout_func(
         vision=vision,
         model=model,
         log_metrics=log_metrics,
+        family=family,
+        chat_template_kwargs=chat_template_kwargs,
     )
+
+
+def _with_family(
+    config: RolloutConfig, family: str | None, template_kwargs: Mapping[str, Any] | None
+) -> RolloutConfig:
+    """``config`` with the adapter's ``family=`` / ``chat_template_kwargs=``, where given."""
+    changes: dict[str, Any] = {}
+    if family is not None:
+        changes["family"] = family
+    if template_kwargs is not None:
+        changes["chat_template_kwargs"] = dict(template_kwargs)
+    return dataclasses.replace(config, **changes) if changes else config
 
 
 def _spec(

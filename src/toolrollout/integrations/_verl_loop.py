@@ -93,8 +93,12 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
     * ``tool_config_path``: a toolrollout/verl-layout tool YAML loaded with
       :func:`toolrollout.load_tool_config`; without it, the tools verl loaded from
       ``multi_turn.tool_config_path`` / ``function_tool_path`` are used as they are.
-    * ``tool_parser``: toolrollout parser name; defaults to ``multi_turn.format``
-      (``hermes`` is Qwen2.5/Qwen3's format).
+    * ``tool_parser``: toolrollout parser name; defaults to ``multi_turn.format`` when it
+      is set to something other than verl's default ``hermes``, else the model family's
+      parser (so a Llama or GLM model is not read with Qwen's format).
+    * ``family`` / ``chat_template_kwargs``: the model family, when its chat template is
+      not detected, and template variables (default: verl's
+      ``data.apply_chat_template_kwargs`` when the config has it).
     * ``reward``: dotted path of a toolrollout reward function; when set, its value becomes
       ``reward_score`` and verl's reward loop is skipped for the sample.
 
@@ -111,6 +115,8 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
         tool_config_path: str | None = None,
         tool_parser: str | None = None,
         reward: str | None = None,
+        family: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
@@ -120,7 +126,12 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
             if tool_config_path
             else _wrap_verl_tools(tools)
         )
-        self._tool_parser = tool_parser or str(multi_turn.get("format") or "hermes")
+        verl_format = multi_turn.get("format")
+        self._tool_parser = tool_parser or (
+            str(verl_format) if verl_format and verl_format != "hermes" else None
+        )
+        self._family = family
+        self._template_kwargs = dict(chat_template_kwargs or _verl_template_kwargs(self))
         self._reward = _load_reward(reward) if reward else None
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
@@ -144,6 +155,8 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
             max_tool_response_tokens=self._max_tool_tokens,
             tool_response_truncate_side=self._truncate_side,  # type: ignore[arg-type]
             tool_parser=self._tool_parser,
+            family=self._family,
+            chat_template_kwargs=self._template_kwargs,
             drift_check=False,
         )
 
@@ -225,3 +238,12 @@ def _load_reward(path: str) -> Any:
 
     module, _, name = path.replace(":", ".").rpartition(".")
     return getattr(importlib.import_module(module), name)
+
+
+def _verl_template_kwargs(loop: Any) -> Mapping[str, Any]:
+    """verl's ``data.apply_chat_template_kwargs`` (e.g. ``enable_thinking``), if configured."""
+    config = getattr(loop, "config", None)
+    data = getattr(config, "data", None) if config is not None else None
+    getter = getattr(data, "get", None)
+    kwargs = getter("apply_chat_template_kwargs") if callable(getter) else None
+    return dict(kwargs) if kwargs else {}

@@ -17,6 +17,8 @@ from typing import Any
 
 from toolrollout._exceptions import UserError
 
+from ._config import RolloutConfig
+
 __all__ = [
     "check_leftover_matches",
     "effective_tool_parser",
@@ -33,13 +35,20 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     return digest.hexdigest()[:16]
 
 
-def effective_tool_parser(tool_parser: str | None, tokenizer: Any) -> str:
-    """The parser a run uses: the one named, else the chat template family's."""
-    if tool_parser is not None:
-        return tool_parser
+def effective_tool_parser(config: RolloutConfig | str | None, tokenizer: Any) -> str:
+    """The parser a run uses: the one named, else its model family's.
+
+    ``config`` is the run's :class:`RolloutConfig` (its ``tool_parser``, ``family`` and
+    template kwargs), or just a parser name (None: detect the family).
+    """
+    if not isinstance(config, RolloutConfig):
+        config = RolloutConfig(tool_parser=config)
+    if config.tool_parser is not None:
+        return config.tool_parser
     from toolrollout.chat import ChatFormat
 
-    return ChatFormat(tokenizer).family.tool_parser
+    chat = ChatFormat(tokenizer, family=config.family, template_kwargs=config.chat_template_kwargs)
+    return chat.family.tool_parser
 
 
 def leftover_info(

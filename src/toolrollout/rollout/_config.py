@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from toolrollout._exceptions import UserError
+from toolrollout.chat import TemplateFamily, get_template_family
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import RewardMix
 
@@ -44,7 +46,14 @@ class RolloutConfig:
     """Base seed; each (prompt, sample, turn) derives its own engine seed from it."""
     tool_parser: str | None = None
     """Tool-call text format of the model (see ``toolrollout.chat``); None: the parser of
-    the chat template's detected family (``TemplateFamily.tool_parser``)."""
+    the model family (``TemplateFamily.tool_parser``)."""
+    family: str | TemplateFamily | None = None
+    """Model family: a name from ``toolrollout.chat.template_families()`` (e.g.
+    ``"mistral"``) or a :class:`~toolrollout.chat.TemplateFamily` of your own; None:
+    detected from what the tokenizer's chat template renders."""
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Extra chat-template variables for every render, e.g. ``{"enable_thinking": False}``
+    for Qwen3 (``--chat-template-kwargs`` on the command line)."""
     drift_check: bool = True
     """Compare the token transcript with a fresh render of the messages (docs/rollouts.md)."""
     drift_check_every: int | None = None
@@ -93,6 +102,15 @@ class RolloutConfig:
                 raise UserError(f"{name} must be >= 0 or None, got {limit}")
         if self.sampling.n != 1:
             raise UserError("set RolloutConfig.n for several samples, not sampling.n")
+        if isinstance(self.family, str):
+            get_template_family(self.family)  # a one-line error naming the known families
+        if not isinstance(self.chat_template_kwargs, Mapping) or not all(
+            isinstance(key, str) for key in self.chat_template_kwargs
+        ):
+            raise UserError(
+                "chat_template_kwargs must map variable names to values, e.g. "
+                '{"enable_thinking": false}'
+            )
         if self.max_interaction_turns is not None and self.max_interaction_turns < 0:
             raise UserError(f"max_interaction_turns must be >= 0, got {self.max_interaction_turns}")
         if self.interaction_timeout is not None and not self.interaction_timeout > 0:

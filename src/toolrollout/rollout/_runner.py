@@ -196,8 +196,13 @@ class RolloutRunner:
         self.engine = engine
         self.config = config or RolloutConfig()
         self.tools = tools if isinstance(tools, ToolExecutor) else ToolExecutor(list(tools))
-        self.chat = ChatFormat(tokenizer, tools=self.tools.schemas())
-        # None: the parser of the chat template's family (Llama-3 JSON calls, Qwen tags...).
+        self.chat = ChatFormat(
+            tokenizer,
+            tools=self.tools.schemas(),
+            family=self.config.family,
+            template_kwargs=self.config.chat_template_kwargs,
+        )
+        # None: the parser of the model family (Llama-3 JSON calls, Qwen tags...).
         self.parser = get_tool_parser(self.config.tool_parser or self.chat.family.tool_parser)
         self.rewards = combine(*rewards)
         self.context_length = self.config.context_length or context_length

@@ -13,6 +13,7 @@ a JSON :class:`ResumePoint` (:meth:`~TrajectoryState.to_resume_point`) and rebui
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -31,10 +32,7 @@ from toolrollout._records import (
     TrajectoryStatus,
 )
 from toolrollout._records._resume import from_json_value, to_json_value
-from toolrollout.chat import (
-    ImageRun,
-    ParsedTurn,
-)
+from toolrollout.chat import ImageRun, MalformedCall, ParsedTurn, TemplateFamily
 from toolrollout.engines._types import GenerateResult
 from toolrollout.tools import (
     ToolContext,
@@ -185,8 +183,15 @@ class TrajectoryState:
         t.segments.append((start, start + len(ids), result.weight_version))
         text = self.services.chat.model_text(span.ids)
         t.model_texts.append(text)
-        parsed = self.services.parser.parse(text)
-        message = _assistant_message(text, parsed)
+        family = self.services.chat.family
+        parsed = _with_family_ids(
+            family,
+            _within_call_limit(family, self.services.parser.parse(text), text),
+            c.num_tool_calls,
+        )
+        message = family.build_assistant_message(
+            text, parsed, [call.id for call in parsed.tool_calls]
+        )
         if continuing:
             t.messages[-1] = message  # the open turn's message, now with all its text
         else:
@@ -311,7 +316,8 @@ class TrajectoryState:
             "tool_seconds": round(timing.tool_seconds, 6),
             "total_seconds": round(timing.total(), 6),
             "tool_latency": {k: [round(x, 6) for x in v] for k, v in timing.tool_latency.items()},
-            "drift_mismatches": len(self.drift.found),
+            "drift_mismatches": self.drift.mismatches(),
+            "drift_expected": self.drift.expected(),
             "model_tokens": c.model_tokens,
             "tool_tokens": c.tool_tokens,
             "cached_tokens": c.cached_tokens,
@@ -481,23 +487,9 @@ def resume_prompt(point: ResumePoint) -> RolloutPrompt:
 
 
 def _public_messages(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
-    """The messages as trainers see them: no raw model text, arguments as JSON strings."""
-    out = []
-    for message in messages:
-        clean = {k: v for k, v in message.items() if k != "raw_content"}
-        if "tool_calls" in clean:
-            clean["tool_calls"] = [
-                {
-                    **call,
-                    "function": {
-                        "name": call["function"]["name"],
-                        "arguments": json.dumps(call["function"]["arguments"], ensure_ascii=False),
-                    },
-                }
-                for call in clean["tool_calls"]
-            ]
-        out.append(clean)
-    return tuple(out)
+    """The messages as trainers see them: no raw model text, otherwise as rendered, so they
+    re-render with the official template (arguments and reasoning in the family's form)."""
+    return tuple({k: v for k, v in m.items() if k != "raw_content"} for m in messages)
 
 
 def _data_source(metadata: dict[str, Any]) -> str | None:
@@ -505,23 +497,38 @@ def _data_source(metadata: dict[str, Any]) -> str | None:
     return None if source is None else str(source)
 
 
-def _assistant_message(text: str, parsed: ParsedTurn) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-    if parsed.errors:
-        # A malformed call cannot be rendered from structured tool_calls: keep what the
-        # model wrote, so the messages still render to the tokens it was trained on.
-        message["content"] = text
-    elif parsed.tool_calls:
-        message["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in parsed.tool_calls
-        ]
-    message["raw_content"] = text
-    return message
+def _within_call_limit(family: TemplateFamily, parsed: ParsedTurn, text: str) -> ParsedTurn:
+    """A turn with more calls than the family's template renders becomes one parse error.
+
+    Llama 3.1/3.2 templates raise on a second call in a turn; running the first call only
+    would leave tokens that no message renders to. So nothing runs, the model is told, and
+    the turn keeps its raw text as content (which the template renders as it was sampled).
+    """
+    limit = family.max_calls_per_turn
+    if limit is None or len(parsed.tool_calls) <= limit or parsed.errors:
+        return parsed
+    written = len(parsed.tool_calls)
+    plural = "call" if limit == 1 else "calls"
+    error = MalformedCall(
+        message=(
+            f"this model's chat template takes at most {limit} tool {plural} per turn; "
+            f"{written} were written and none was run"
+        ),
+        raw=text[:200],
+    )
+    return dataclasses.replace(parsed, tool_calls=(), errors=(error,))
+
+
+def _with_family_ids(family: TemplateFamily, parsed: ParsedTurn, call_number: int) -> ParsedTurn:
+    """The turn's calls with the ids the family's template needs (Mistral, Kimi-K2)."""
+    if family.call_id is None or not parsed.tool_calls:
+        return parsed
+    ids = family.make_call_ids(parsed, call_number)
+    calls = tuple(
+        dataclasses.replace(call, id=call_id)
+        for call, call_id in zip(parsed.tool_calls, ids, strict=True)
+    )
+    return dataclasses.replace(parsed, tool_calls=calls)
 
 
 def _call_record(name: str, result: ToolResult) -> dict[str, Any]:

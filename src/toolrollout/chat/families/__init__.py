@@ -1,0 +1,25 @@
+"""The built-in model families, one module per model maker.
+
+Each module defines ``FAMILIES``, a tuple of :class:`~toolrollout.chat.TemplateFamily`;
+:func:`builtin_families` gathers them in the order of :data:`_FAMILY_MODULES`. The registry
+(:mod:`toolrollout.chat._families`) detects and looks families up from this list.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from .._family import TemplateFamily
+from . import _llama, _qwen
+
+__all__ = ["builtin_families"]
+
+_FAMILY_MODULES: tuple[ModuleType, ...] = (
+    _qwen,
+    _llama,
+)
+
+
+def builtin_families() -> tuple[TemplateFamily, ...]:
+    """Every built-in family, module by module."""
+    return tuple(family for module in _FAMILY_MODULES for family in module.FAMILIES)

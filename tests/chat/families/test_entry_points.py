@@ -1,0 +1,211 @@
+"""Every family through every way a run is configured: the runner, the CLI, the TRL adapter.
+
+Each family's own test checks its format in depth. This one checks that nothing between
+the user and the family drops it: with only the tokenizer (its template) and, where given,
+``--family`` / ``family=``, the calculator call the model writes is parsed and executed,
+the transcript is token-exact, and the output rows say so.
+
+The model's turns are what the family's template itself renders for the assistant message
+(so no format is written here by hand), tokenized with a tokenizer trained in the test on
+the template's own control tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import anyio
+import pytest
+from tests.chat.conftest import TEMPLATES, build_tokenizer
+from tests.chat.families._scripted_server import scripted_sglang_server
+from typer.testing import CliRunner
+
+from toolrollout.chat import ChatFormat, get_template_family
+from toolrollout.integrations import trl_rollout_func
+from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
+from toolrollout.testing import ScriptedEngine, ScriptedOutput
+from toolrollout.tools import ToolExecutor, calculator_tool
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family with one template (official where vendored)."""
+
+    family: str
+    template: Path
+    bos: str | None = None
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    detected: bool = True
+    """Whether the template is recognised without ``--family``."""
+
+    @property
+    def id(self) -> str:
+        kwargs = "-".join(f"{k}={v}" for k, v in self.template_kwargs.items())
+        return f"{self.family}-{self.template.stem}" + (f"-{kwargs}" if kwargs else "")
+
+
+CASES = [
+    Case("qwen25", TEMPLATES / "qwen25.jinja"),
+    Case("qwen3", TEMPLATES / "qwen3.jinja"),
+    Case("qwen3", TEMPLATES / "qwen3.jinja", template_kwargs={"enable_thinking": False}),
+    Case("llama3", TEMPLATES / "llama3.jinja", bos="<|begin_of_text|>"),
+]
+
+PROMPT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is 2 + 3?"},
+]
+CALL = {
+    "id": "aBc123XyZ",
+    "type": "function",
+    "function": {"name": "calculator", "arguments": {"expression": "2 + 3"}},
+}
+
+_SPECIAL = (r"<\|[^|<>\s]+\|>", r"<｜[^｜]+｜>", r"\[/?[A-Z_]{3,}\]")
+_ADDED = r"</?[a-z_]+>"
+
+
+def _tokenizer(case: Case) -> Any:
+    text = case.template.read_text(encoding="utf-8")
+    family = get_template_family(case.family)
+    special = {m for pattern in _SPECIAL for m in re.findall(pattern, text)}
+    special |= set(family.stop_tokens) | ({case.bos} if case.bos else set())
+    added = set(re.findall(_ADDED, text)) - special
+    return build_tokenizer(
+        special=sorted(special),
+        added=sorted(added),
+        template=text,
+        eos=family.stop_tokens[0],
+        bos=case.bos,
+    )
+
+
+def _format(tokenizer: Any, case: Case) -> ChatFormat:
+    """The format a run with the calculator renders (tool schemas in the prompt)."""
+    tools = ToolExecutor([calculator_tool()]).schemas()
+    return ChatFormat(
+        tokenizer, tools=tools, family=case.family, template_kwargs=case.template_kwargs
+    )
+
+
+def _model_texts(chat: ChatFormat) -> list[str]:
+    """The two turns, as the template writes them: a calculator call, then the answer."""
+    family = chat.family
+    call = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    result = {"role": "tool", "tool_call_id": CALL["id"], "name": "calculator", "content": "5"}
+    answer = {"role": "assistant", "content": "The answer is 5."}
+    texts = []
+    for before, turn in (([*PROMPT], call), ([*PROMPT, call, result], answer)):
+        prefix = chat.render_text(before, add_generation_prompt=True)
+        full = chat.render_text([*before, turn], add_generation_prompt=False)
+        assert full.startswith(prefix), "the template does not extend its own generation prompt"
+        text = full[len(prefix) :]
+        if family.stop_opens_next_turn:
+            text += family.stop_tokens[0] if turn is call else family.stop_tokens[-1]
+        elif family.boundary and text.endswith(family.boundary):
+            text = text[: -len(family.boundary)]
+        texts.append(text)
+    return texts
+
+
+def _config(case: Case, *, named: bool) -> RolloutConfig:
+    return RolloutConfig(
+        family=case.family if named or not case.detected else None,
+        chat_template_kwargs=case.template_kwargs,
+        max_turns=4,
+    )
+
+
+def _check_trajectory(trajectory: Trajectory, chat: ChatFormat) -> None:
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert trajectory.num_tool_calls == 1 and trajectory.parse_errors == 0
+    assert trajectory.tool_errors == 0
+    tool_messages = [m for m in trajectory.messages if m["role"] in ("tool", "ipython")]
+    assert [m["content"] for m in tool_messages] == ["5"]  # the real calculator ran
+    assert trajectory.metrics["drift_mismatches"] == 0
+    messages = list(trajectory.messages)
+    text = chat.render_text(messages, add_generation_prompt=False)
+    if chat.family.boundary and text.endswith(chat.family.boundary):
+        text = text[: -len(chat.family.boundary)]
+    transcript = chat.decode([*trajectory.prompt_ids, *trajectory.response_ids])
+    normal = chat.family.history_normalizer or (lambda t: t)
+    if chat.family.stop_opens_next_turn:
+        text += chat.decode(trajectory.response_ids[-1:])
+    assert normal(transcript) == normal(text)  # Trajectory.messages re-render the transcript
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_runner_detects_the_family_and_runs_its_calls(case: Case) -> None:
+    tokenizer = _tokenizer(case)
+    chat = _format(tokenizer, case)
+    turns = [chat.encode(text) for text in _model_texts(chat)]
+    engine = ScriptedEngine([ScriptedOutput(ids, [-0.5] * len(ids)) for ids in turns])
+    runner = RolloutRunner(
+        engine, tokenizer, [calculator_tool()], config=_config(case, named=False)
+    )
+    assert runner.chat.family.name == case.family
+    [trajectory] = anyio.run(runner.run, [PROMPT])
+    _check_trajectory(trajectory, runner.chat)
+    ids = [*trajectory.prompt_ids, *trajectory.response_ids]
+    assert ids[: len(trajectory.prompt_ids)] == chat.render_prompt(PROMPT)
+    assert trajectory.response_ids[: len(turns[0])] == turns[0]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_generate_cli_with_family(case: Case, tmp_path: Path) -> None:
+    from toolrollout.cli import app
+
+    tokenizer = _tokenizer(case)
+    model_dir = tmp_path / "model"
+    tokenizer.save_pretrained(model_dir)
+    chat = _format(tokenizer, case)
+    turns = [chat.encode(text) for text in _model_texts(chat)]
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text(json.dumps({"messages": PROMPT, "answer": "5"}) + "\n", encoding="utf-8")
+    out = tmp_path / "out.jsonl"
+    args = ["generate", "--model", str(model_dir), "--dataset", str(dataset), "--n", "1"]
+    args += ["--out", str(out), "--family", case.family, "--max-turns", "4"]
+    if case.template_kwargs:
+        args += ["--chat-template-kwargs", json.dumps(case.template_kwargs)]
+    with scripted_sglang_server(turns, chat.stop_token_ids) as (url, log):
+        result = CliRunner().invoke(app, [*args, "--engine-url", url])
+    assert result.exit_code == 0, result.output
+    [row] = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert row["status"] == "completed" and row["num_tool_calls"] == 1
+    assert row["parse_errors"] == 0 and row["reward"] == 1.0
+    assert json.loads(row["metrics"])["drift_mismatches"] == 0
+    assert log[0]["input_ids"] == chat.render_prompt(PROMPT)  # the family's prompt was sent
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_trl_adapter_with_family(case: Case) -> None:
+    tokenizer = _tokenizer(case)
+    chat = _format(tokenizer, case)
+    turns = [chat.encode(text) for text in _model_texts(chat)]
+    engine = ScriptedEngine([ScriptedOutput(ids, [-0.5] * len(ids)) for ids in turns])
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(max_completion_length=None),
+        model=SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+    rollout = trl_rollout_func(
+        engine,
+        tokenizer,
+        [calculator_tool()],
+        family=case.family,
+        chat_template_kwargs=case.template_kwargs,
+    )
+    with rollout:
+        out = rollout([PROMPT], trainer)
+        [trajectory] = rollout.last_trajectories
+    _check_trajectory(trajectory, rollout.runner.chat)
+    ids, mask = out["completion_ids"][0], out["env_mask"][0]
+    assert ids == list(trajectory.response_ids)
+    assert [t for t, m in zip(ids, mask, strict=True) if m == 1] == [*turns[0], *turns[1]]
+    assert out["num_tool_calls"] == [1]
