@@ -203,7 +203,10 @@ class RolloutRunner:
             template_kwargs=self.config.chat_template_kwargs,
         )
         # None: the parser of the model family (Llama-3 JSON calls, Qwen tags...).
-        self.parser = get_tool_parser(self.config.tool_parser or self.chat.family.tool_parser)
+        # The schemas let formats without value types (GLM-4.5) type arguments.
+        self.parser = get_tool_parser(
+            self.config.tool_parser or self.chat.family.tool_parser, tools=self.chat.tools
+        )
         self.rewards = combine(*rewards)
         self.context_length = self.config.context_length or context_length
         self.interactions: dict[str, Any] = dict(interactions or {})

@@ -10,13 +10,16 @@ from __future__ import annotations
 from types import ModuleType
 
 from .._family import TemplateFamily
-from . import _llama, _qwen
+from . import _deepseek, _glm, _kimi, _llama, _qwen
 
 __all__ = ["builtin_families"]
 
 _FAMILY_MODULES: tuple[ModuleType, ...] = (
     _qwen,
     _llama,
+    _deepseek,
+    _kimi,
+    _glm,
 )
 
 
