@@ -48,30 +48,32 @@ SCHEMAS: list[dict[str, Any]] = [
     },
 ]
 
-CALLS = [
+CALLS: list[tuple[str, dict[str, Any]]] = [
     ("add", {"a": 2, "b": 3}),
     ("note", {"text": "line one\nline <two> 5", "tags": ["x", {"y": None}]}),
 ]
 
 
-def render_assistant(template: str, calls: list[tuple[str, dict[str, Any]]], **kw: Any) -> str:
+def render_assistant(
+    template: str, calls: list[tuple[str, dict[str, Any]]], *, as_json: bool = False
+) -> str:
     """Render one assistant turn with the official template, by transformers' renderer."""
     tool_calls = [
         {
             "id": f"functions.{name}:{index}",
             "type": "function",
-            "function": {"name": name, "arguments": kw.get("encode", lambda a: a)(args)},
+            "function": {"name": name, "arguments": json.dumps(args) if as_json else args},
         }
         for index, (name, args) in enumerate(calls)
     ]
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "Checking.", "tool_calls": tool_calls},
     ]
-    rendered, _ = render_jinja_template(
+    result: Any = render_jinja_template(
         conversations=[messages], chat_template=template, bos_token="", add_generation_prompt=False
     )
-    return rendered[0]
+    return str(result[0][0])
 
 
 def parse(name: str, text: str) -> ParsedTurn:
@@ -104,7 +106,7 @@ def test_glm_reads_the_official_template(template: str) -> None:
 
 def test_deepseekv31_reads_the_official_template() -> None:
     rendered = render_assistant(
-        (OFFICIAL / "deepseek-ai-DeepSeek-V3.1.jinja").read_text(), CALLS, encode=json.dumps
+        (OFFICIAL / "deepseek-ai-DeepSeek-V3.1.jinja").read_text(), CALLS, as_json=True
     )
     turn_text = rendered.split("<｜Assistant｜></think>", 1)[1]
     turn = parse("deepseekv31", turn_text)
@@ -113,7 +115,7 @@ def test_deepseekv31_reads_the_official_template() -> None:
 
 def test_deepseekv3_reads_the_official_template() -> None:
     rendered = render_assistant(
-        (OFFICIAL / "trl-deepseekv3.jinja").read_text(), CALLS, encode=json.dumps
+        (OFFICIAL / "trl-deepseekv3.jinja").read_text(), CALLS, as_json=True
     )
     turn_text = rendered.split("<｜Assistant｜>", 1)[1]
     turn = parse("deepseekv3", turn_text)

@@ -43,6 +43,8 @@ class Case:
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     detected: bool = True
     """Whether the template is recognised without ``--family``."""
+    call_id: str = "aBc123XyZ"
+    """The id of the scripted call (Kimi-K2 reads the tool name out of its ids)."""
 
     @property
     def id(self) -> str:
@@ -55,6 +57,18 @@ CASES = [
     Case("qwen3", TEMPLATES / "qwen3.jinja"),
     Case("qwen3", TEMPLATES / "qwen3.jinja", template_kwargs={"enable_thinking": False}),
     Case("llama3", TEMPLATES / "llama3.jinja", bos="<|begin_of_text|>"),
+    Case(
+        "deepseekv31",
+        TEMPLATES / "official" / "deepseek-ai-DeepSeek-V3.1.jinja",
+        bos="<｜begin▁of▁sentence｜>",
+    ),
+    Case(
+        "kimi_k2",
+        TEMPLATES / "official" / "moonshotai-Kimi-K2-Thinking.jinja",
+        call_id="functions.calculator:0",
+    ),
+    Case("glm45", TEMPLATES / "official" / "trl-glm4moe.jinja"),
+    Case("glm45", TEMPLATES / "official" / "GLM-4.6.jinja"),
 ]
 
 PROMPT = [
@@ -94,12 +108,20 @@ def _format(tokenizer: Any, case: Case) -> ChatFormat:
     )
 
 
-def _model_texts(chat: ChatFormat) -> list[str]:
+def _model_texts(chat: ChatFormat, case: Case) -> list[str]:
     """The two turns, as the template writes them: a calculator call, then the answer."""
     family = chat.family
-    call = {"role": "assistant", "content": "", "tool_calls": [CALL]}
-    result = {"role": "tool", "tool_call_id": CALL["id"], "name": "calculator", "content": "5"}
-    answer = {"role": "assistant", "content": "The answer is 5."}
+    arguments: Any = {"expression": "2 + 3"}
+    if family.arguments_as == "json":  # DeepSeek templates print the JSON string as given
+        arguments = json.dumps(arguments)
+    tool_call = {
+        **CALL,
+        "id": case.call_id,
+        "function": {"name": "calculator", "arguments": arguments},
+    }
+    call: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [tool_call]}
+    result = {"role": "tool", "tool_call_id": case.call_id, "name": "calculator", "content": "5"}
+    answer: dict[str, Any] = {"role": "assistant", "content": "The answer is 5."}
     texts = []
     for before, turn in (([*PROMPT], call), ([*PROMPT, call, result], answer)):
         prefix = chat.render_text(before, add_generation_prompt=True)
@@ -144,7 +166,7 @@ def _check_trajectory(trajectory: Trajectory, chat: ChatFormat) -> None:
 def test_runner_detects_the_family_and_runs_its_calls(case: Case) -> None:
     tokenizer = _tokenizer(case)
     chat = _format(tokenizer, case)
-    turns = [chat.encode(text) for text in _model_texts(chat)]
+    turns = [chat.encode(text) for text in _model_texts(chat, case)]
     engine = ScriptedEngine([ScriptedOutput(ids, [-0.5] * len(ids)) for ids in turns])
     runner = RolloutRunner(
         engine, tokenizer, [calculator_tool()], config=_config(case, named=False)
@@ -165,7 +187,7 @@ def test_generate_cli_with_family(case: Case, tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     tokenizer.save_pretrained(model_dir)
     chat = _format(tokenizer, case)
-    turns = [chat.encode(text) for text in _model_texts(chat)]
+    turns = [chat.encode(text) for text in _model_texts(chat, case)]
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text(json.dumps({"messages": PROMPT, "answer": "5"}) + "\n", encoding="utf-8")
     out = tmp_path / "out.jsonl"
@@ -187,7 +209,7 @@ def test_generate_cli_with_family(case: Case, tmp_path: Path) -> None:
 def test_trl_adapter_with_family(case: Case) -> None:
     tokenizer = _tokenizer(case)
     chat = _format(tokenizer, case)
-    turns = [chat.encode(text) for text in _model_texts(chat)]
+    turns = [chat.encode(text) for text in _model_texts(chat, case)]
     engine = ScriptedEngine([ScriptedOutput(ids, [-0.5] * len(ids)) for ids in turns])
     trainer = SimpleNamespace(
         args=SimpleNamespace(max_completion_length=None),

@@ -23,7 +23,7 @@ from tests.chat.families.conftest import (
 
 from toolrollout.chat import ChatFormat, get_template_family
 from toolrollout.rollout import RolloutConfig, TrajectoryStatus
-from toolrollout.tools import function_tool
+from toolrollout.tools import Tool, function_tool
 
 TEMPLATES = ["trl-glm4moe.jinja", "GLM-4.6.jinja"]
 SPECIAL = [
@@ -62,7 +62,7 @@ def note(text: str, tags: list[str]) -> str:
     return f"stored {text!r}\ntags: {', '.join(tags)}\nok"
 
 
-TOOLS = [function_tool(add), function_tool(note)]
+TOOLS: list[Tool] = [function_tool(add), function_tool(note)]
 PROMPT: list[dict[str, Any]] = [
     {"role": "system", "content": "You are careful."},
     {"role": "user", "content": "Add 2 and 3, then note the sum."},

@@ -23,7 +23,7 @@ from tests.chat.families.conftest import (
 from toolrollout._exceptions import TokenizationError
 from toolrollout.chat import ChatFormat, get_template_family
 from toolrollout.rollout import RolloutConfig, TrajectoryStatus
-from toolrollout.tools import function_tool
+from toolrollout.tools import Tool, function_tool
 
 TEMPLATE = "moonshotai-Kimi-K2-Thinking.jinja"
 SPECIAL = [
@@ -61,7 +61,7 @@ def get_weather(city: str) -> str:
     return f"{city}: sunny\n21 C\nwind 3 km/h"
 
 
-TOOLS = [function_tool(add), function_tool(get_weather)]
+TOOLS: list[Tool] = [function_tool(add), function_tool(get_weather)]
 PROMPT: list[dict[str, Any]] = [
     {"role": "system", "content": "You are careful."},
     {"role": "user", "content": "What is 2 + 3, and the weather in Paris?"},

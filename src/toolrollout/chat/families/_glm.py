@@ -39,7 +39,7 @@ def _empty_think_blocks(text: str) -> str:
 
 GLM45 = TemplateFamily(
     name="glm45",
-    stop_tokens=("<|observation|>", "<|user|>", "<|endoftext|>"),
+    stop_tokens=("<|observation|>", "<|endoftext|>", "<|user|>"),
     boundary="",
     generation_prompt="<|assistant|>",
     tool_parser="glm45",
