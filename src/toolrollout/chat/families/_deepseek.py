@@ -11,7 +11,10 @@ the text as given, so arguments are JSON strings (``arguments_as="json"``).
   several separated by ``\n``, inside ``<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>``; tool
   results are merged into one ``<｜tool▁outputs▁begin｜>…<｜tool▁outputs▁end｜>`` block. The
   generation prompt opens a think block (``<｜Assistant｜><think>\n``) and the template drops
-  every think block when it re-renders history.
+  every think block when it re-renders history. It never resets its first-call flag, so
+  a second tool-call turn re-renders without its section opener; both are the family's
+  documented rewrite. The template ignores ``tools``; the schemas go into the system
+  prompt in the V3.1 card's layout with V3's call format.
 - ``deepseekv31`` (DeepSeek-V3.1): calls are ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}``
   chained without separators. The ``thinking`` template kwarg picks the generation prompt
   (``<｜Assistant｜></think>`` by default, ``<｜Assistant｜><think>`` with ``thinking=True``);
