@@ -201,3 +201,27 @@ def test_documented_drift_is_not_a_mismatch() -> None:
     ledger.found[3] = {"kind": "render_error"}
     ledger.found[4] = {"kind": "retokenization"}  # other ids than a re-render would train
     assert (ledger.mismatches(), ledger.expected()) == (3, 2)
+
+
+def test_a_leftover_resumes_only_with_the_same_family(
+    qwen3_tokenizer: PreTrainedTokenizerBase,
+) -> None:
+    from toolrollout.spec import chat_setup, check_leftover_matches, leftover_info
+
+    thinking_off = RolloutConfig(chat_template_kwargs={"enable_thinking": False})
+    saved = leftover_info(
+        n=1,
+        tool_names=["add"],
+        tool_parser="qwen3",
+        tokenizer=qwen3_tokenizer,
+        model="m",
+        chat=chat_setup(thinking_off, qwen3_tokenizer),
+    )
+    assert saved["chat"] == {"family": "qwen3", "chat_template_kwargs": {"enable_thinking": False}}
+    same = chat_setup(thinking_off, qwen3_tokenizer)
+    check_leftover_matches("left.pkl", saved, tool_names=["add"], tool_parser="qwen3", chat=same)
+    other = chat_setup(RolloutConfig(family="qwen25"), qwen3_tokenizer)
+    with pytest.raises(UserError, match="pass the same --family / --chat-template-kwargs"):
+        check_leftover_matches(
+            "left.pkl", saved, tool_names=["add"], tool_parser="qwen3", chat=other
+        )

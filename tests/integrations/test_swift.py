@@ -147,3 +147,18 @@ def test_missing_engine_is_a_clear_error(
     request = RolloutInferRequest(messages=copy.deepcopy(PROMPT))
     with pytest.raises(UserError, match="TOOLROLLOUT_ENGINE_URL"):
         anyio.run(scheduler.run, request, RequestConfig(max_tokens=32))
+
+
+def test_family_and_template_kwargs_from_the_environment(
+    scripted_engine: ScriptedEngine, demo_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # swift rollout's CLI cannot pass keyword arguments: the environment names the family.
+    monkeypatch.setenv("TOOLROLLOUT_FAMILY", "qwen3")
+    monkeypatch.setenv("TOOLROLLOUT_CHAT_TEMPLATE_KWARGS", '{"enable_thinking": false}')
+    runner = _scheduler(scripted_engine, demo_tokenizer)._runner(RequestConfig(max_tokens=32))
+    assert runner.chat.family.name == "qwen3"  # named, though the demo template is qwen25
+    assert runner.chat.template_kwargs == {"enable_thinking": False}
+    assert runner.parser is not None
+    monkeypatch.setenv("TOOLROLLOUT_CHAT_TEMPLATE_KWARGS", "[1]")
+    with pytest.raises(UserError, match="TOOLROLLOUT_CHAT_TEMPLATE_KWARGS must be a JSON object"):
+        _scheduler(scripted_engine, demo_tokenizer)

@@ -108,6 +108,11 @@ class TemplateFamily:
     """The model stops at a token the template writes as the *start* of the next turn
     (GLM-4.5's ``<|observation|>``): the render of a conversation that ends with an
     assistant turn does not contain it, and the delta starts right after it."""
+    delta_after_history: bool = False
+    """The delta follows the conversation rendered *as history* (with the generation prompt,
+    which is then cut off) instead of the last stop token: for templates that end the last
+    assistant turn one way while it ends the conversation and another once a turn follows
+    (gpt-oss: ``<|return|>`` and the analysis, then ``<|end|>`` without it)."""
     max_calls_per_turn: int | None = None
     """Most calls the official template renders in one assistant turn (Llama 3.1/3.2: 1).
     A turn with more is a counted parse error; nothing runs and the model is told."""

@@ -289,6 +289,8 @@ class ChatFormat:
         self, messages_before: Sequence[Message], tool_messages: Sequence[Message]
     ) -> str:
         """The delta text after ``messages_before``'s last stop token, checked for shape."""
+        if self._family.delta_after_history:
+            return self._delta_after_history(messages_before, tool_messages)
         without = self.render_text(messages_before, add_generation_prompt=False)
         with_new = self.render_text([*messages_before, *tool_messages], add_generation_prompt=True)
         if self._family.stop_opens_next_turn:
@@ -320,6 +322,27 @@ class ChatFormat:
                 f"{suffix[:80]!r}"
             )
         return suffix
+
+    def _delta_after_history(
+        self, messages_before: Sequence[Message], tool_messages: Sequence[Message]
+    ) -> str:
+        """The delta after the conversation as the template renders it once a turn follows.
+
+        That render is the one with the generation prompt, less the prompt; the render with
+        the new messages must extend it. The model's own turn end (gpt-oss's ``<|return|>``
+        where history has ``<|end|>``) stays in the transcript: a documented rewrite.
+        """
+        history = self.render_text(messages_before, add_generation_prompt=True)
+        prompt = self._family.generation_prompt
+        with_new = self.render_text([*messages_before, *tool_messages], add_generation_prompt=True)
+        prefix = history.removesuffix(prompt)
+        if prefix == history or not with_new.startswith(prefix):
+            raise TokenizationError(
+                f"family {self._family.name!r} expects the render with the new messages to "
+                f"extend the conversation rendered as history (ending {prompt!r}), but it "
+                "does not; configure the right family for this template"
+            )
+        return with_new[len(prefix) :]
 
     def _delta_after_opener(self, without: str, with_new: str) -> str:
         """The delta of a family whose stop token opens the next turn (GLM-4.5).

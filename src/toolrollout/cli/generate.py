@@ -435,6 +435,7 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
 def _plan(flags: _Flags) -> _Plan:
     """Check the flags, load the tokenizer, tools, prompts or leftover: fail before writing."""
     from toolrollout.spec import (
+        chat_setup,
         check_leftover_matches,
         effective_tool_parser,
         leftover_info,
@@ -453,6 +454,7 @@ def _plan(flags: _Flags) -> _Plan:
             tool_parser=effective_tool_parser(spec.config, parts.tokenizer),
             tokenizer=parts.tokenizer,
             model=spec.model_path,
+            chat=chat_setup(spec.config, parts.tokenizer),
         )
     prompts, prompts_path = _prompts(flags, parts, carried)
     truths = [p.ground_truth for p in prompts] + [t.ground_truth for t in carried]
@@ -463,6 +465,7 @@ def _plan(flags: _Flags) -> _Plan:
         tool_parser=effective_tool_parser(spec.config, parts.tokenizer),
         tokenizer=parts.tokenizer,
         model=spec.model_path,
+        chat=chat_setup(spec.config, parts.tokenizer),
     )
     return _Plan(
         spec,

@@ -20,6 +20,7 @@ from toolrollout._exceptions import UserError
 from ._config import RolloutConfig
 
 __all__ = [
+    "chat_setup",
     "check_leftover_matches",
     "effective_tool_parser",
     "leftover_info",
@@ -51,17 +52,38 @@ def effective_tool_parser(config: RolloutConfig | str | None, tokenizer: Any) ->
     return chat.family.tool_parser
 
 
+def chat_setup(config: RolloutConfig, tokenizer: Any) -> dict[str, Any]:
+    """The model family and template variables a run renders with (for a leftover's info)."""
+    from toolrollout.chat import ChatFormat
+
+    chat = ChatFormat(tokenizer, family=config.family, template_kwargs=config.chat_template_kwargs)
+    return {"family": chat.family.name, "chat_template_kwargs": chat.template_kwargs}
+
+
 def leftover_info(
-    *, n: int, tool_names: Sequence[str], tool_parser: str, tokenizer: Any, model: str | Path
+    *,
+    n: int,
+    tool_names: Sequence[str],
+    tool_parser: str,
+    tokenizer: Any,
+    model: str | Path,
+    chat: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The metadata a leftover file carries so that a later run can check it can resume it."""
-    return {
+    """The metadata a leftover file carries so that a later run can check it can resume it.
+
+    ``chat`` is :func:`chat_setup`'s answer: the family and template variables change how
+    every delta renders, so a resuming run must use the same.
+    """
+    info: dict[str, Any] = {
         "n": n,
         "tools": sorted(tool_names),
         "tool_parser": tool_parser,
         "tokenizer": tokenizer_fingerprint(tokenizer),
         "model": str(model),
     }
+    if chat is not None:
+        info["chat"] = dict(chat)
+    return info
 
 
 def check_leftover_matches(
@@ -72,10 +94,12 @@ def check_leftover_matches(
     tool_parser: str,
     tokenizer: Any = None,
     model: str | Path | None = None,
+    chat: Mapping[str, Any] | None = None,
 ) -> None:
     """A one-line :class:`UserError` when ``saved`` (a leftover's info) does not suit this run.
 
-    The tools and tool-call format are checked first; the tokenizer only when one is given.
+    The tools and tool-call format are checked first; the tokenizer only when one is given;
+    the family and template variables when both sides recorded them.
     """
     names = sorted(tool_names)
     if saved.get("tools") != names:
@@ -92,4 +116,11 @@ def check_leftover_matches(
         raise UserError(
             f"{path} was rolled out with another tokenizer than {model} "
             f"(model {saved.get('model')!r}): its token ids would mean something else"
+        )
+    recorded = saved.get("chat")
+    if chat is not None and recorded is not None and dict(recorded) != dict(chat):
+        raise UserError(
+            f"{path} was rolled out with family {recorded.get('family')!r} and chat-template "
+            f"kwargs {recorded.get('chat_template_kwargs')}, not {chat.get('family')!r} and "
+            f"{chat.get('chat_template_kwargs')}: pass the same --family / --chat-template-kwargs"
         )

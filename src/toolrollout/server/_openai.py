@@ -169,7 +169,7 @@ def add_chat_completions(
     tokenizer: Any,
     generate: Callable[[GenerateRequest], Any],
     model_name: str,
-    tool_parser: str = "qwen25",
+    tool_parser: str | None = None,
     error_response: Callable[[str, int], Any],
     json_response: Callable[[Any], Any],
 ) -> None:
@@ -177,9 +177,9 @@ def add_chat_completions(
 
     ``generate`` is the engine's coroutine function (token-in/token-out); the route renders
     the chat template on the server side, as SGLang does, and parses tool calls with
-    ``tool_parser`` (SGLang's ``--tool-call-parser``).
+    ``tool_parser`` (SGLang's ``--tool-call-parser``; None: the model family's parser).
     """
-    parser = get_tool_parser(tool_parser)
+    named_parser = get_tool_parser(tool_parser) if tool_parser else None
     formats: dict[str, ChatFormat] = {}
 
     def chat_format(tools: list[dict[str, Any]] | None) -> ChatFormat:
@@ -215,7 +215,7 @@ def add_chat_completions(
         calls: list[dict[str, Any]] = []
         content: str | None = text
         if parsed.tools_enabled():
-            turn = parser.parse(text)
+            turn = (named_parser or get_tool_parser(fmt.family.tool_parser)).parse(text)
             if turn.tool_calls:
                 calls = tool_calls_json(turn.tool_calls)
                 content = turn.content

@@ -10,6 +10,7 @@ and the checks that a leftover file suits the run (:func:`check_leftover_matches
 """
 
 from toolrollout.engines._factory import connect as connect
+from toolrollout.rollout._compat import chat_setup as chat_setup
 from toolrollout.rollout._compat import check_leftover_matches as check_leftover_matches
 from toolrollout.rollout._compat import effective_tool_parser as effective_tool_parser
 from toolrollout.rollout._compat import leftover_info as leftover_info
@@ -35,6 +36,7 @@ __all__ = [
     "RunSpec",
     "VisionMode",
     "build_runner",
+    "chat_setup",
     "check_interactions",
     "check_leftover_matches",
     "check_target_groups",

@@ -69,6 +69,7 @@ CASES = [
     ),
     Case("glm45", TEMPLATES / "official" / "trl-glm4moe.jinja"),
     Case("glm45", TEMPLATES / "official" / "GLM-4.6.jinja"),
+    Case("gpt_oss", TEMPLATES / "official" / "openai-gpt-oss-120b.jinja"),
 ]
 
 PROMPT = [
@@ -120,10 +121,15 @@ def _model_texts(chat: ChatFormat, case: Case) -> list[str]:
         "function": {"name": "calculator", "arguments": arguments},
     }
     call: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [tool_call]}
-    result = {"role": "tool", "tool_call_id": case.call_id, "name": "calculator", "content": "5"}
+    result: dict[str, Any] = {"role": "tool", "tool_call_id": case.call_id, "content": "5"}
+    result["name"] = "calculator"
     answer: dict[str, Any] = {"role": "assistant", "content": "The answer is 5."}
     texts = []
-    for before, turn in (([*PROMPT], call), ([*PROMPT, call, result], answer)):
+    steps: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
+        ([*PROMPT], call),
+        ([*PROMPT, call, result], answer),
+    ]
+    for before, turn in steps:
         prefix = chat.render_text(before, add_generation_prompt=True)
         full = chat.render_text([*before, turn], add_generation_prompt=False)
         assert full.startswith(prefix), "the template does not extend its own generation prompt"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from .._family import TemplateFamily
-from . import _deepseek, _glm, _kimi, _llama, _qwen
+from . import _deepseek, _glm, _gpt_oss, _kimi, _llama, _qwen
 
 __all__ = ["builtin_families"]
 
@@ -20,6 +20,7 @@ _FAMILY_MODULES: tuple[ModuleType, ...] = (
     _deepseek,
     _kimi,
     _glm,
+    _gpt_oss,
 )
 
 

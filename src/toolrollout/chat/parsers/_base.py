@@ -120,6 +120,10 @@ class ToolCallParser(ABC):
 
     name: ClassVar[str] = ""
     """Registry name of the format."""
+    splits_think_tags: ClassVar[bool] = True
+    """Whether :meth:`parse` splits off a ``<think>`` block as the reasoning. False for
+    formats that mark reasoning themselves (harmony's analysis channel): their
+    :meth:`parse_body` sets :attr:`ParsedTurn.reasoning`."""
 
     def __init__(
         self,
@@ -148,8 +152,12 @@ class ToolCallParser(ABC):
     def parse(self, text: str) -> ParsedTurn:
         """Parse one model turn's text. Never raises on model output, never evaluates it."""
         body = _strip_stop(text)
-        reasoning, body = _split_reasoning(body)
+        reasoning: str | None = None
+        if self.splits_think_tags:
+            reasoning, body = _split_reasoning(body)
         parsed = self.parse_body(body)
+        if not self.splits_think_tags:
+            reasoning = parsed.reasoning
         unknown: tuple[str, ...] = ()
         if self._known_tools is not None:
             unknown = tuple(

@@ -1,0 +1,220 @@
+r"""gpt-oss: the harmony format (channels analysis / commentary / final).
+
+What the official template (``openai/gpt-oss-*`` ``chat_template.jinja``) does, and what
+this family does about it:
+
+- The generation prompt is ``<|start|>assistant``; the model writes its messages, each
+  closed by ``<|end|>``, and stops at ``<|call|>`` (after one tool call) or ``<|return|>``
+  (after the final answer). The template writes nothing after either (boundary ``""``).
+  Stopping at ``<|call|>`` means one call per turn, and the template renders only
+  ``tool_calls[0]``, so a turn with more is one parse error (``max_calls_per_turn=1``).
+- A delta follows the conversation rendered as history (``delta_after_history``): once a
+  user turn follows a final answer, the template writes that answer with ``<|end|>`` and
+  without its analysis, so counting stop tokens would not find where the answer ends.
+- Messages carry the turn in ``thinking`` (the analysis channel), ``content`` (the final
+  channel) and ``tool_calls`` (one ``commentary`` call, arguments as an object: the
+  template writes them with ``tojson``). A turn with a call keeps all its text in
+  ``thinking`` with ``content`` empty, because the template refuses both on a call turn.
+  The raw text cannot be a message's content (the template refuses channel markup there),
+  so the drift check renders the structured message (``drift_from_raw_text=False``).
+- History rewrites (:func:`harmony_history`), all expected: the template drops the
+  analysis of every turn once a later final answer exists, and of every final answer that
+  is not the conversation's last message; it writes a final answer that is history with
+  ``<|end|>`` where the model wrote ``<|return|>``; it renders a call's header as
+  ``<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>`` where the
+  model writes ``<|start|>assistant<|channel|>commentary to=functions.NAME
+  <|constrain|>json<|message|>``, and the arguments with ``tojson`` spacing; and the system
+  message carries ``strftime_now``'s date, which a later render may see change. A
+  malformed call's raw arguments, which the template can only write JSON-quoted, are read
+  back unquoted.
+- A tool result renders as ``<|start|>functions.NAME to=assistant<|channel|>commentary
+  <|message|>"…"<|end|>`` (the text JSON-quoted), named after the latest call; an error
+  answer to a malformed call therefore needs a call on the assistant turn, so a malformed
+  call is kept there with its recipient's name and its raw arguments as a string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._family import TemplateFamily, TemplateProbe
+from ..parsers._gpt_oss import (
+    CALL,
+    CHANNEL,
+    CONSTRAIN,
+    END,
+    MESSAGE,
+    RETURN,
+    START,
+    is_call,
+    join_parts,
+    read_call,
+    split_harmony,
+    tool_name,
+)
+
+if TYPE_CHECKING:
+    from ..parsers import ParsedTurn
+
+__all__ = ["FAMILIES", "GPT_OSS", "detect_harmony", "harmony_assistant_message", "harmony_history"]
+
+_E = re.escape
+_ASSISTANT_HEADER = re.compile(
+    _E(START)
+    + "assistant([^<]*)"
+    + _E(CHANNEL)
+    + "([^<]*)(?:"
+    + _E(CONSTRAIN)
+    + "([^<]*))?"
+    + _E(MESSAGE)
+)
+_ANALYSIS = re.compile(
+    _E(START + "assistant" + CHANNEL + "analysis" + MESSAGE)
+    + "(?:(?!"
+    + _E(START)
+    + "|"
+    + _E(END)
+    + ").)*"
+    + _E(END),
+    re.DOTALL,
+)
+_CALL_BODY = re.compile(
+    "(" + _E(START) + "assistant to=[^<]*" + _E(CHANNEL) + "[^<]*" + _E(MESSAGE) + ")"
+    "((?:(?!" + _E(START) + ").)*?)" + _E(CALL),
+    re.DOTALL,
+)
+_DATE = re.compile(r"(Current date: )\d{4}-\d{2}-\d{2}")
+_RECIPIENT = re.compile(r"\bto=(\S*)")
+
+
+def _canonical_header(match: re.Match[str]) -> str:
+    """One spelling of an assistant header: the recipient in the role part, ``json``."""
+    role_part, channel_part, constrain = match.group(1), match.group(2), match.group(3)
+    recipient_match = _RECIPIENT.search(channel_part) or _RECIPIENT.search(role_part)
+    words = _RECIPIENT.sub(" ", channel_part).split()
+    channel = words[0] if words else ""
+    if recipient_match is None:
+        return f"{START}assistant{CHANNEL}{channel}{MESSAGE}"
+    content_type = (constrain or "").strip() or (words[1] if len(words) > 1 else "json")
+    recipient = recipient_match.group(1)
+    return f"{START}assistant to={recipient}{CHANNEL}{channel} {content_type}{MESSAGE}"
+
+
+def _canonical_arguments(match: re.Match[str]) -> str:
+    """A call's JSON arguments in one spacing (unchanged when they are not JSON).
+
+    A malformed call's raw arguments are kept on its message as a string, which the
+    template quotes with ``tojson``; a quoted string whose text is not JSON is therefore
+    read back as that text. (A double-encoded object stays quoted, so it still differs.)
+    """
+    try:
+        value = json.loads(match.group(2))
+    except ValueError:
+        return match.group(0)
+    if isinstance(value, str) and not _is_json(value):
+        return match.group(1) + value + CALL
+    return match.group(1) + json.dumps(value, ensure_ascii=False) + CALL
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def harmony_history(text: str) -> str:
+    """Map a rendered or sampled harmony text to the form in which re-render rewrites vanish.
+
+    ``<|return|>`` becomes ``<|end|>``, analysis messages go, call headers and call
+    arguments get one spelling, and the system message's date is masked (see the module
+    docstring for why each is expected).
+    """
+    text = text.replace(RETURN, END)
+    text = _ASSISTANT_HEADER.sub(_canonical_header, text)
+    text = _ANALYSIS.sub("", text)
+    text = _CALL_BODY.sub(_canonical_arguments, text)
+    return _DATE.sub(r"\g<1>YYYY-MM-DD", text)
+
+
+def harmony_assistant_message(
+    text: str, parsed: ParsedTurn, family: TemplateFamily, call_ids: Sequence[str]
+) -> dict[str, Any]:
+    """The assistant message the official template re-renders a harmony turn from.
+
+    ``thinking`` holds the analysis, ``content`` the final answer; on a call turn all of
+    the turn's text goes to ``thinking`` (the template allows only one of the two there).
+    A malformed call stays on the turn (name from its recipient, raw arguments as a
+    string), so the error answer that follows renders as that call's result.
+    """
+    calls: list[dict[str, Any]] = []
+    accepted = iter(zip(parsed.tool_calls, call_ids, strict=True))
+    for message in split_harmony(text).messages:
+        if not is_call(message):
+            continue
+        read = read_call(message)
+        if isinstance(read, tuple):
+            # Accepted unless the turn broke the family's call limit (then none runs).
+            call, call_id = next(accepted, (None, f"not_run_{len(calls)}"))
+            name, arguments = (call.name, call.arguments) if call is not None else read
+            rendered: Any = arguments
+            if family.arguments_as == "json":
+                rendered = json.dumps(arguments, ensure_ascii=False)
+            calls.append(_call_entry(call_id, name, rendered))
+        else:
+            name = tool_name(message.recipient or "")
+            calls.append(_call_entry(f"malformed_{len(calls)}", name, message.body))
+    message_out: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if calls:
+        thinking = [] if parsed.reasoning is None else [parsed.reasoning]
+        thinking += [parsed.content] if parsed.content else []
+        message_out["content"] = ""
+        if thinking:
+            message_out["thinking"] = join_parts(thinking)
+        message_out["tool_calls"] = calls
+    elif parsed.reasoning is not None:
+        message_out["thinking"] = parsed.reasoning
+    message_out["raw_content"] = text
+    return message_out
+
+
+def _call_entry(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def detect_harmony(probe: TemplateProbe) -> bool:
+    """A harmony template: the probe's call renders on the commentary channel, ending ``<|call|>``.
+
+    Without a render (the probe failed), the template text must write the same markers.
+    """
+    if probe.rendered is not None:
+        return CALL in probe.rendered and f"{CHANNEL}commentary" in probe.rendered
+    return CALL in probe.template and f"{CHANNEL}commentary" in probe.template
+
+
+GPT_OSS = TemplateFamily(
+    name="gpt_oss",
+    stop_tokens=(RETURN, CALL),
+    boundary="",
+    generation_prompt=f"{START}assistant",
+    tool_parser="gpt-oss",
+    rewrites_history=True,
+    history_normalizer=harmony_history,
+    description="gpt-oss (harmony): analysis/commentary/final channels, one call per turn "
+    "on the commentary channel to=functions.NAME, tool results from functions.NAME.",
+    detect=detect_harmony,
+    detect_priority=30,
+    delta_after_history=True,
+    max_calls_per_turn=1,
+    arguments_as="object",
+    reasoning_field="thinking",
+    assistant_message=harmony_assistant_message,
+    drift_from_raw_text=False,
+    parallel_calls=False,
+)
+
+FAMILIES: tuple[TemplateFamily, ...] = (GPT_OSS,)
