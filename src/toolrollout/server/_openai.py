@@ -179,7 +179,8 @@ def add_chat_completions(
     the chat template on the server side, as SGLang does, and parses tool calls with
     ``tool_parser`` (SGLang's ``--tool-call-parser``; None: the model family's parser).
     """
-    named_parser = get_tool_parser(tool_parser) if tool_parser else None
+    if tool_parser:
+        get_tool_parser(tool_parser)  # an unknown name fails here, not on the first request
     formats: dict[str, ChatFormat] = {}
 
     def chat_format(tools: list[dict[str, Any]] | None) -> ChatFormat:
@@ -215,7 +216,9 @@ def add_chat_completions(
         calls: list[dict[str, Any]] = []
         content: str | None = text
         if parsed.tools_enabled():
-            turn = (named_parser or get_tool_parser(fmt.family.tool_parser)).parse(text)
+            # Built per request with its tool schemas (GLM-4.5 types argument values by them).
+            parser = get_tool_parser(tool_parser or fmt.family.tool_parser, tools=fmt.tools)
+            turn = parser.parse(text)
             if turn.tool_calls:
                 calls = tool_calls_json(turn.tool_calls)
                 content = turn.content
