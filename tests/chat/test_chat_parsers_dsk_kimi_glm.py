@@ -208,6 +208,9 @@ def test_glm_no_arguments() -> None:
             "twice",
         ),
         ("<tool_call>add\n<arg_key>a</arg_key><arg_value>1</tool_call>", "without"),
+        # SGLang also reads a literal backslash-n as the separator; that is not what the
+        # template writes, so it is an error here rather than a call that re-renders differently.
+        ("<tool_call>add\\n<arg_key>a</arg_key>\\n<arg_value>1</arg_value></tool_call>", "name"),
     ],
 )
 def test_glm_malformed(text: str, message: str) -> None:

@@ -16,7 +16,8 @@ is not JSON (as SGLang does). SGLang also unquotes a string value written as a J
 literal; this parser does not, because the template would never write those quotes.
 
 Unlike SGLang, a call it cannot read (no closing tag, a key without a value, stray text
-between pairs, a repeated key) is a reported error, not silently skipped.
+between pairs, a repeated key, a literal ``\\n`` where the template writes a newline) is a
+reported error, not silently skipped or read loosely.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Glm45Parser(ToolCallParser):
         first_key = inner.find(self.key_open)
         head = inner if first_key == -1 else inner[:first_key]
         name = head.strip()
-        if not name or any(ch in _WS or ch == "<" for ch in name):
+        if not name or any(ch in _WS or ch in "<\\" for ch in name):
             collector.error(f"invalid tool name {name!r} after {self.open_tag}", inner)
             return
         arguments: dict[str, Any] = {}
