@@ -39,6 +39,9 @@ def test_family_registry_documents_boundaries() -> None:
     families = template_families()
     assert {"llama3", "mistral", "qwen25", "qwen3"} <= set(families)
     assert {"qwen3_coder", "qwen35", "qwen25_vl", "qwen3_vl"} <= set(families)
+    assert {"llama3", "qwen25", "qwen3", "deepseekv3", "deepseekv31", "kimi_k2", "glm45"} <= set(
+        families
+    )
     assert families["qwen25"].boundary == "\n" == families["qwen3"].boundary
     assert families["llama3"].boundary == ""
     assert families["qwen3"].rewrites_history and not families["qwen25"].rewrites_history

@@ -203,6 +203,8 @@ class RolloutRunner:
             template_kwargs=self.config.chat_template_kwargs,
         )
         # None: the parser of the model family (Llama-3 JSON calls, Qwen tags...).
+        # The schemas let formats that carry no value types (GLM-4.5, Qwen3-Coder) type
+        # the arguments.
         self.parser = get_tool_parser(
             self.config.tool_parser or self.chat.family.tool_parser, tools=self.chat.tools
         )

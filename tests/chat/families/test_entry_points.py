@@ -48,6 +48,9 @@ class Case:
     """Whether the prompt has a system message (Nemo moves it into the last user turn,
     a documented rewrite its own test covers; here the prompt has none)."""
 
+    call_id: str = "aBc123XyZ"
+    """The id of the scripted call (Kimi-K2 reads the tool name out of its ids)."""
+
     @property
     def prompt(self) -> list[dict[str, Any]]:
         return PROMPT if self.system else PROMPT[1:]
@@ -57,8 +60,6 @@ class Case:
         kwargs = "-".join(f"{k}={v}" for k, v in self.template_kwargs.items())
         return f"{self.family}-{self.template.stem}" + (f"-{kwargs}" if kwargs else "")
 
-
-OFFICIAL = TEMPLATES / "official"
 
 CASES = [
     Case("qwen25", TEMPLATES / "qwen25.jinja"),
@@ -82,6 +83,18 @@ CASES = [
     Case("qwen3_vl", OFFICIAL / "trl-qwen3_vl.jinja"),
     Case("qwen35", OFFICIAL / "trl-qwen3_5_think.jinja"),
     Case("qwen35", OFFICIAL / "trl-qwen3_6.jinja", template_kwargs={"enable_thinking": False}),
+    Case(
+        "deepseekv31",
+        OFFICIAL / "deepseek-ai-DeepSeek-V3.1.jinja",
+        bos="<｜begin▁of▁sentence｜>",
+    ),
+    Case(
+        "kimi_k2",
+        OFFICIAL / "moonshotai-Kimi-K2-Thinking.jinja",
+        call_id="functions.calculator:0",
+    ),
+    Case("glm45", OFFICIAL / "trl-glm4moe.jinja"),
+    Case("glm45", OFFICIAL / "GLM-4.6.jinja"),
 ]
 
 PROMPT = [
@@ -121,17 +134,25 @@ def _format(tokenizer: Any, case: Case) -> ChatFormat:
     )
 
 
-def _model_texts(chat: ChatFormat, prompt: list[dict[str, Any]]) -> list[str]:
+def _model_texts(chat: ChatFormat, case: Case) -> list[str]:
     """The two turns, as the template writes them: a calculator call, then the answer."""
     family = chat.family
-    call: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [CALL]}
-    result: dict[str, Any] = {"role": "tool", "tool_call_id": CALL["id"], "content": "5"}
+    arguments: Any = {"expression": "2 + 3"}
+    if family.arguments_as == "json":  # DeepSeek templates print the JSON string as given
+        arguments = json.dumps(arguments)
+    tool_call = {
+        **CALL,
+        "id": case.call_id,
+        "function": {"name": "calculator", "arguments": arguments},
+    }
+    call: dict[str, Any] = {"role": "assistant", "content": "", "tool_calls": [tool_call]}
+    result: dict[str, Any] = {"role": "tool", "tool_call_id": case.call_id, "content": "5"}
     result["name"] = "calculator"
     answer: dict[str, Any] = {"role": "assistant", "content": "The answer is 5."}
     texts = []
     steps: list[tuple[list[dict[str, Any]], dict[str, Any]]] = [
-        ([*prompt], call),
-        ([*prompt, call, result], answer),
+        ([*case.prompt], call),
+        ([*case.prompt, call, result], answer),
     ]
     for before, turn in steps:
         prefix = chat.render_text(before, add_generation_prompt=True)
@@ -176,7 +197,7 @@ def _check_trajectory(trajectory: Trajectory, chat: ChatFormat) -> None:
 def test_runner_detects_the_family_and_runs_its_calls(case: Case) -> None:
     tokenizer = _tokenizer(case)
     chat = _format(tokenizer, case)
-    turns = [chat.encode(text) for text in _model_texts(chat, case.prompt)]
+    turns = [chat.encode(text) for text in _model_texts(chat, case)]
     engine = ScriptedEngine([ScriptedOutput(ids, [-0.5] * len(ids)) for ids in turns])
     runner = RolloutRunner(
         engine, tokenizer, [calculator_tool()], config=_config(case, named=False)
@@ -197,7 +218,7 @@ def test_generate_cli_with_family(case: Case, tmp_path: Path) -> None:
     model_dir = tmp_path / "model"
     tokenizer.save_pretrained(model_dir)
     chat = _format(tokenizer, case)
-    turns = [chat.encode(text) for text in _model_texts(chat, case.prompt)]
+    turns = [chat.encode(text) for text in _model_texts(chat, case)]
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text(
         json.dumps({"messages": case.prompt, "answer": "5"}) + "\n", encoding="utf-8"
@@ -221,7 +242,7 @@ def test_generate_cli_with_family(case: Case, tmp_path: Path) -> None:
 def test_trl_adapter_with_family(case: Case) -> None:
     tokenizer = _tokenizer(case)
     chat = _format(tokenizer, case)
-    turns = [chat.encode(text) for text in _model_texts(chat, case.prompt)]
+    turns = [chat.encode(text) for text in _model_texts(chat, case)]
     engine = ScriptedEngine([ScriptedOutput(ids, [-0.5] * len(ids)) for ids in turns])
     trainer = SimpleNamespace(
         args=SimpleNamespace(max_completion_length=None),

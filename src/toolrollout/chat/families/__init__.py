@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from .._family import TemplateFamily
-from . import _gpt_oss, _llama, _mistral, _qwen
+from . import _deepseek, _glm, _gpt_oss, _kimi, _llama, _mistral, _qwen
 
 __all__ = ["builtin_families"]
 
@@ -18,6 +18,9 @@ _FAMILY_MODULES: tuple[ModuleType, ...] = (
     _qwen,
     _llama,
     _mistral,
+    _deepseek,
+    _kimi,
+    _glm,
     _gpt_oss,
 )
 

@@ -7,8 +7,9 @@ Parsers never raise on model output and never evaluate it.
 Registered names: ``hermes``, ``qwen25`` and ``qwen3`` (``<tool_call>`` JSON), ``llama3``
 (``<|python_tag|>`` / bare JSON, ``;``-separated), ``mistral`` (``[TOOL_CALLS]``),
 ``pythonic`` (``[f(a=1)]``), ``deepseekv3``, ``deepseekv31``, ``gpt-oss`` (harmony
-channels) and ``qwen3_coder`` (``<tool_call><function=name><parameter=key>``, values typed
-by the tool schema).
+channels), ``qwen3_coder`` (``<tool_call><function=name><parameter=key>``, values typed
+by the tool schema), ``kimi_k2`` (``<|tool_calls_section_begin|>``) and ``glm45``
+(``<arg_key>``/``<arg_value>``).
 """
 
 from __future__ import annotations
@@ -25,14 +26,18 @@ from ._formats import DeepSeekV31Parser as _DeepSeekV31Parser
 from ._formats import HermesParser as HermesParser
 from ._formats import Llama3JsonParser as Llama3JsonParser
 from ._formats import MistralParser as MistralParser
+from ._glm45 import Glm45Parser as Glm45Parser
 from ._gpt_oss import GptOssParser as GptOssParser
+from ._kimi_k2 import KimiK2Parser as KimiK2Parser
 from ._pythonic import PythonicParser as PythonicParser
 from ._qwen3_coder import Qwen3CoderParser as Qwen3CoderParser
 
 __all__ = [
     "DeepSeekV3Parser",
+    "Glm45Parser",
     "GptOssParser",
     "HermesParser",
+    "KimiK2Parser",
     "Llama3JsonParser",
     "MalformedCall",
     "MistralParser",
@@ -49,7 +54,9 @@ __all__ = [
 for _name, _cls in (
     ("deepseekv3", DeepSeekV3Parser),
     ("deepseekv31", _DeepSeekV31Parser),
+    ("glm45", Glm45Parser),
     ("gpt-oss", GptOssParser),
+    ("kimi_k2", KimiK2Parser),
     ("hermes", HermesParser),
     ("llama3", Llama3JsonParser),
     ("mistral", MistralParser),

@@ -1,0 +1,193 @@
+r"""DeepSeek-V3 and DeepSeek-V3.1 chat-template families.
+
+Both end every assistant turn with ``<｜end▁of▁sentence｜>`` and write nothing after it
+(boundary ``""``): tool results follow directly as ``<｜tool▁output▁begin｜>…`` blocks, and
+the templates add **no** generation prompt after tool results, so the model's next turn
+starts right after them. Both templates concatenate ``tool_call.function.arguments`` into
+the text as given, so arguments are JSON strings (``arguments_as="json"``).
+
+- ``deepseekv3`` (DeepSeek-V3 / R1 style): calls are
+  ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{…}\n```<｜tool▁call▁end｜>``,
+  several separated by ``\n``, inside ``<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>``; tool
+  results are merged into one ``<｜tool▁outputs▁begin｜>…<｜tool▁outputs▁end｜>`` block. The
+  generation prompt opens a think block (``<｜Assistant｜><think>\n``) and the template drops
+  every think block when it re-renders history. It never resets its first-call flag, so
+  a second tool-call turn re-renders without its section opener; both are the family's
+  documented rewrite. The template ignores ``tools``; the schemas go into the system
+  prompt in the V3.1 card's layout with V3's call format.
+- ``deepseekv31`` (DeepSeek-V3.1): calls are ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}``
+  chained without separators. The ``thinking`` template kwarg picks the generation prompt
+  (``<｜Assistant｜></think>`` by default, ``<｜Assistant｜><think>`` with ``thinking=True``);
+  a re-rendered assistant turn always reads ``<｜Assistant｜></think>`` plus the text after
+  the model's ``</think>``. The template ignores ``tools``, so the tool schemas are written
+  into the system prompt in the format of the DeepSeek-V3.1 model card.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._family import TemplateFamily, TemplateProbe
+
+__all__ = [
+    "DEEPSEEKV3",
+    "DEEPSEEKV31",
+    "FAMILIES",
+    "deepseek_v3_tool_prompt",
+    "deepseek_v31_tool_prompt",
+]
+
+_EOS = "<｜end▁of▁sentence｜>"
+_ASSISTANT = "<｜Assistant｜>"
+_CALL_OPEN = "<｜tool▁call▁begin｜>"
+_SEP = "<｜tool▁sep｜>"
+
+# The V3 template writes ``… + '<｜tool▁sep｜>' + tool['function']['name'] + …`` (the call
+# type comes first); V3.1 writes the name first: ``… + tool['function']['name'] +
+# '<｜tool▁sep｜>' + tool['function']['arguments'] …``.
+_V3_TEXT = re.compile(r"'<｜tool▁sep｜>'\s*\+\s*tool\['function'\]\['name'\]")
+_V31_TEXT = re.compile(r"tool\['function'\]\['name'\]\s*\+\s*'<｜tool▁sep｜>'")
+
+
+def _rendered_v3(rendered: str) -> bool:
+    return (
+        f"{_SEP}" in rendered
+        and re.search(r"<｜tool▁sep｜>[^\n<]*\n```json\n", rendered) is not None
+    )
+
+
+def _rendered_v31(rendered: str) -> bool:
+    return re.search(r"<｜tool▁call▁begin｜>[^<\n]+<｜tool▁sep｜>\s*\{", rendered) is not None
+
+
+def _detect_v3(probe: TemplateProbe) -> bool:
+    if probe.rendered is not None and _CALL_OPEN in probe.rendered:
+        return _rendered_v3(probe.rendered)
+    return _V3_TEXT.search(probe.template) is not None
+
+
+def _detect_v31(probe: TemplateProbe) -> bool:
+    if probe.rendered is not None and _CALL_OPEN in probe.rendered:
+        return _rendered_v31(probe.rendered)
+    return _V31_TEXT.search(probe.template) is not None
+
+
+_V3_THINK = re.compile(r"(<｜Assistant｜>)(?:<think>.*?</think>)?\s*", re.DOTALL)
+
+
+def _v3_history(text: str) -> str:
+    """The V3 template's re-render differences, undone.
+
+    It drops each think block (and the blank after it). It also never resets its
+    first-call flag, so a later tool-call turn re-renders as ``\n<｜tool▁call▁begin｜>…``
+    right after the previous tool outputs, without closing them and without its own
+    ``<｜tool▁calls▁begin｜>``: the transcript's ``<｜tool▁outputs▁end｜><｜tool▁calls▁begin｜>``
+    becomes ``\n``.
+    """
+    text = _V3_THINK.sub(r"\1", text)
+    return text.replace("<｜tool▁outputs▁end｜><｜tool▁calls▁begin｜>", "\n")
+
+
+_V31_THINK = re.compile(r"<｜Assistant｜>(?:<think>.*?)?</think>", re.DOTALL)
+
+
+def _v31_history(text: str) -> str:
+    """V3.1 re-renders ``<｜Assistant｜><think>…</think>`` as ``<｜Assistant｜></think>``."""
+    return _V31_THINK.sub("<｜Assistant｜></think>", text)
+
+
+_V31_FORMAT = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>"
+    "tool_call_arguments<｜tool▁call▁end｜>{{additional_tool_calls}}<｜tool▁calls▁end｜>"
+)
+_V3_FORMAT = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>tool_call_name\n"
+    "```json\ntool_call_arguments\n```<｜tool▁call▁end｜>{{additional_tool_calls}}"
+    "<｜tool▁calls▁end｜>"
+)
+
+
+def _tool_prompt(tools: Sequence[Mapping[str, Any]], call_format: str, chaining: str) -> str:
+    sections = []
+    for tool in tools:
+        function = tool.get("function", tool)
+        sections.append(
+            f"### {function.get('name', '')}\n"
+            f"Description: {function.get('description', '')}\n\n"
+            f"Parameters: {json.dumps(function.get('parameters', {}), ensure_ascii=False)}\n"
+        )
+    return (
+        "## Tools\nYou have access to the following tools:\n\n"
+        + "\n".join(sections)
+        + f"\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n{call_format}\n\n"
+        "Where:\n\n"
+        "- `tool_call_name` must be an exact match to one of the available tools\n"
+        "- `tool_call_arguments` must be valid JSON that strictly follows the tool's "
+        "Parameters Schema\n"
+        f"- {chaining}\n"
+    )
+
+
+def deepseek_v31_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The tool description the DeepSeek-V3.1 model card puts after the system prompt.
+
+    The official V3.1 template never reads ``tools``; the model card asks for this text
+    (one ``### name`` section per tool, then the call-format reminder). It is written here
+    from the card's description of the format.
+    """
+    return _tool_prompt(
+        tools,
+        _V31_FORMAT,
+        "For multiple tool calls, chain them directly without separators or spaces",
+    )
+
+
+def deepseek_v3_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    """The same description with DeepSeek-V3's fenced call format.
+
+    The original V3 template ignores ``tools`` too and no model card states a tool prompt
+    for it; this mirrors the V3.1 card's layout with the call format the V3 template renders.
+    """
+    return _tool_prompt(tools, _V3_FORMAT, "For multiple tool calls, put each on its own line")
+
+
+DEEPSEEKV3 = TemplateFamily(
+    name="deepseekv3",
+    stop_tokens=(_EOS,),
+    boundary="",
+    generation_prompt=f"{_ASSISTANT}<think>\n",
+    tool_parser="deepseekv3",
+    rewrites_history=True,
+    history_normalizer=_v3_history,
+    description="DeepSeek-V3 / R1: fenced ```json calls after function<｜tool▁sep｜>NAME, "
+    "tool outputs merged in <｜tool▁outputs▁begin｜>, think blocks dropped on re-render.",
+    detect=_detect_v3,
+    detect_priority=20,
+    arguments_as="json",
+    think_tags=("<think>", "</think>"),
+    reasoning_field="reasoning_content",
+    tools_fallback=deepseek_v3_tool_prompt,
+)
+
+DEEPSEEKV31 = TemplateFamily(
+    name="deepseekv31",
+    stop_tokens=(_EOS,),
+    boundary="",
+    generation_prompt=f"{_ASSISTANT}</think>",
+    tool_parser="deepseekv31",
+    rewrites_history=True,
+    history_normalizer=_v31_history,
+    description="DeepSeek-V3.1: NAME<｜tool▁sep｜>{json} calls, 'thinking' kwarg, tool "
+    "schemas in the system prompt (the template ignores tools).",
+    detect=_detect_v31,
+    detect_priority=20,
+    arguments_as="json",
+    think_tags=("<think>", "</think>"),
+    reasoning_field="reasoning_content",
+    tools_fallback=deepseek_v31_tool_prompt,
+)
+
+FAMILIES: tuple[TemplateFamily, ...] = (DEEPSEEKV3, DEEPSEEKV31)

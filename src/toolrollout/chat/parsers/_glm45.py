@@ -1,0 +1,148 @@
+"""GLM-4.5 / GLM-4.6 tool calls: ``<tool_call>NAME`` with ``<arg_key>``/``<arg_value>`` pairs.
+
+A call reads (with real newlines)::
+
+    <tool_call>get_weather
+    <arg_key>city</arg_key>
+    <arg_value>Paris</arg_value>
+    </tool_call>
+
+The syntax follows SGLang's ``glm45`` detector (``glm4_moe_detector.py``). Values carry no
+type of their own, so the tool's JSON schema decides: the official template writes a string
+argument as its raw text and every other value as JSON (``v | tojson if v is not string
+else v``), and this parser inverts exactly that. A parameter the schema types as
+``string`` keeps its raw text; any other value is decoded as JSON, and kept as text when it
+is not JSON (as SGLang does). SGLang also unquotes a string value written as a JSON string
+literal; this parser does not, because the template would never write those quotes.
+
+Unlike SGLang, a call it cannot read (no closing tag, a key without a value, stray text
+between pairs, a repeated key, a literal ``\\n`` where the template writes a newline) is a
+reported error, not silently skipped or read loosely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ._base import CallCollector, ParsedTurn, ToolCallParser, join_content, loads
+
+__all__ = ["Glm45Parser"]
+
+_STOPS = ("<|observation|>", "<|user|>", "<|endoftext|>")
+_WS = " \t\r\n"
+
+
+class Glm45Parser(ToolCallParser):
+    """``<tool_call>NAME\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>\\n</tool_call>``."""
+
+    name = "glm45"
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+    key_open, key_close = "<arg_key>", "</arg_key>"
+    value_open, value_close = "<arg_value>", "</arg_value>"
+
+    def parse_body(self, text: str) -> ParsedTurn:
+        """Collect every ``<tool_call>`` block; text outside them is content."""
+        for stop in _STOPS:  # GLM stops at the token that opens the next turn
+            if text.endswith(stop):
+                text = text[: -len(stop)]
+                break
+        collector = CallCollector(self)
+        segments: list[str] = []
+        position = 0
+        while True:
+            start = text.find(self.open_tag, position)
+            if start == -1:
+                segments.append(text[position:])
+                break
+            segments.append(text[position:start])
+            body_start = start + len(self.open_tag)
+            end = text.find(self.close_tag, body_start)
+            if end == -1:
+                collector.error(
+                    f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
+                    text[start:],
+                )
+                break
+            self._parse_call(text[body_start:end], collector)
+            position = end + len(self.close_tag)
+        return collector.turn(join_content(segments))
+
+    def _parse_call(self, inner: str, collector: CallCollector) -> None:
+        first_key = inner.find(self.key_open)
+        head = inner if first_key == -1 else inner[:first_key]
+        name = head.strip()
+        if not name or any(ch in _WS or ch in "<\\" for ch in name):
+            collector.error(f"invalid tool name {name!r} after {self.open_tag}", inner)
+            return
+        arguments: dict[str, Any] = {}
+        position = len(head)
+        while True:
+            position = _skip_ws(inner, position)
+            if position >= len(inner):
+                break
+            pair = self._read_pair(inner, position)
+            if isinstance(pair, str):
+                collector.error(f"{pair} in the call to {name!r}", inner)
+                return
+            key, raw, position = pair
+            if key in arguments:
+                collector.error(f"argument {key!r} is given twice in the call to {name!r}", inner)
+                return
+            arguments[key] = self._value(name, key, raw)
+        collector.add((name, arguments))
+
+    def _read_pair(self, inner: str, position: int) -> tuple[str, str, int] | str:
+        """Read ``<arg_key>k</arg_key> <arg_value>v</arg_value>`` at ``position``."""
+        if not inner.startswith(self.key_open, position):
+            return f"expected {self.key_open}, found {inner[position : position + 20]!r}"
+        key_start = position + len(self.key_open)
+        key_end = inner.find(self.key_close, key_start)
+        if key_end == -1:
+            return f"{self.key_open} without {self.key_close}"
+        key = inner[key_start:key_end].strip()
+        if not key:
+            return "an empty argument name"
+        value_at = _skip_ws(inner, key_end + len(self.key_close))
+        if not inner.startswith(self.value_open, value_at):
+            return f"argument {key!r} has no {self.value_open}"
+        value_start = value_at + len(self.value_open)
+        value_end = inner.find(self.value_close, value_start)
+        if value_end == -1:
+            return f"{self.value_open} without {self.value_close} for argument {key!r}"
+        return key, inner[value_start:value_end], value_end + len(self.value_close)
+
+    def _value(self, tool: str, key: str, raw: str) -> Any:
+        """The typed value: raw text for string parameters, else JSON when it decodes."""
+        if _schema_type(self.tool_schemas.get(tool), key) == "string":
+            return raw
+        value, error = loads(raw)
+        return raw if error is not None else value
+
+
+def _skip_ws(text: str, index: int) -> int:
+    while index < len(text) and text[index] in _WS:
+        index += 1
+    return index
+
+
+def _schema_type(parameters: Mapping[str, Any] | None, key: str) -> str | None:
+    """The JSON-schema ``type`` of property ``key`` when it is a single plain type."""
+    if not isinstance(parameters, Mapping):
+        return None
+    properties = parameters.get("properties")
+    if not isinstance(properties, Mapping):
+        return None
+    schema = properties.get(key)
+    if not isinstance(schema, Mapping):
+        return None
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        kind = kinds[0] if len(kinds) == 1 else None
+    if kind is None and "enum" in schema:
+        values = schema["enum"]
+        if isinstance(values, list) and values and all(isinstance(v, str) for v in values):
+            return "string"
+    return kind if isinstance(kind, str) else None

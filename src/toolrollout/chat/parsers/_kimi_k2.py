@@ -1,0 +1,102 @@
+"""Kimi-K2 tool calls: a section of ``<|tool_call_begin|>ID<|tool_call_argument_begin|>{...}``.
+
+A turn with calls reads::
+
+    content<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
+    <|tool_call_argument_begin|>{json}<|tool_call_end|>...<|tool_calls_section_end|>
+
+The syntax follows SGLang's ``kimi_k2`` detector (``kimik2_detector.py``): the id is
+``functions.NAME:IDX`` (a bare ``NAME:IDX`` is accepted, as there), the name is read from
+it, and the id is kept verbatim as the call id because Kimi's chat template writes it back
+(``<|tool_call_begin|>{{ id }}`` and ``## Return of {{ tool_call_id }}``). Unlike SGLang,
+a call this parser cannot read is reported, not dropped, and an unterminated call or section
+is an error.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ._base import CallCollector, ParsedTurn, ToolCallParser, join_content, loads
+
+__all__ = ["KimiK2Parser"]
+
+_ID = re.compile(r"(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)")
+
+
+class KimiK2Parser(ToolCallParser):
+    """``<|tool_calls_section_begin|>`` … ``<|tool_calls_section_end|>`` with JSON arguments."""
+
+    name = "kimi_k2"
+    section_open = "<|tool_calls_section_begin|>"
+    section_close = "<|tool_calls_section_end|>"
+    call_open = "<|tool_call_begin|>"
+    call_close = "<|tool_call_end|>"
+    argument_open = "<|tool_call_argument_begin|>"
+
+    def parse_body(self, text: str) -> ParsedTurn:
+        """Parse the call section; text before and after it is content."""
+        collector = CallCollector(self)
+        start = text.find(self.section_open)
+        if start == -1:
+            stray = text.find(self.call_open)
+            if stray == -1:
+                return collector.turn(text.strip())
+            collector.error(f"a tool call outside {self.section_open}", text[stray:])
+            return collector.turn(text[:stray].strip())
+        body_start = start + len(self.section_open)
+        end = text.find(self.section_close, body_start)
+        if end == -1:
+            collector.error(
+                f"unterminated tool-call section: missing {self.section_close}", text[start:]
+            )
+            return collector.turn(text[:start].strip())
+        body = text[body_start:end]
+        position = 0
+        while True:
+            call_start = body.find(self.call_open, position)
+            if call_start == -1:
+                if body[position:].strip():
+                    collector.error("text between tool calls", body[position:])
+                break
+            if body[position:call_start].strip():
+                collector.error("text between tool calls", body[position:call_start])
+            inner_start = call_start + len(self.call_open)
+            call_end = body.find(self.call_close, inner_start)
+            if call_end == -1:
+                collector.error(
+                    f"unterminated tool call: missing {self.call_close}", body[call_start:]
+                )
+                break
+            self._parse_call(body[inner_start:call_end], collector)
+            position = call_end + len(self.call_close)
+        if not collector.calls and not collector.errors:
+            collector.error("the tool-call section contains no call", body)
+        trailing = text[end + len(self.section_close) :]
+        return collector.turn(join_content([text[:start], trailing]))
+
+    def _parse_call(self, inner: str, collector: CallCollector) -> None:
+        if self.argument_open not in inner:
+            collector.error(f"the tool call has no {self.argument_open}", inner)
+            return
+        head, payload = inner.split(self.argument_open, 1)
+        call_id = head.strip()
+        match = _ID.fullmatch(call_id)
+        if match is None:
+            collector.error(
+                f"the tool-call id {call_id!r} is not of the form functions.NAME:INDEX", inner
+            )
+            return
+        name = match.group("name")
+        value, error = loads(payload.strip())
+        if error is not None:
+            collector.error(f"{error} in the arguments of the call to {name!r}", inner)
+            return
+        if not isinstance(value, dict):
+            collector.error(
+                f"the arguments of the call to {name!r} must be a JSON object, "
+                f"got {type(value).__name__}",
+                inner,
+            )
+            return
+        collector.add((name, value), call_id)
