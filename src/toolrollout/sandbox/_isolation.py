@@ -160,7 +160,8 @@ def interpreter_prefixes(python: str) -> tuple[str, ...]:
     base prefix and the folder of its executable, each resolved, outside ``/usr``."""
     try:
         out = subprocess.run(
-            [python, "-I", "-S", "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
+            # Without -S: a virtualenv's prefix is set by the site module.
+            [python, "-I", "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
             capture_output=True,
             text=True,
             timeout=30,

@@ -51,6 +51,12 @@ class Toolchain:
     """Extra environment of the compile step only."""
 
 
+# numpy/scipy's BLAS start a thread (with its own buffers) per host core, which neither the
+# memory limit nor RLIMIT_NPROC of a sandbox would let through on a many-core host.
+_ONE_THREAD = MappingProxyType(
+    {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+)
+
 # The JVM sizes its thread pools by the machine's cores; these keep a run's threads well
 # under the sandbox's RLIMIT_NPROC on a many-core host.
 # ``{heap_mb}``: half the step's memory limit; the JVM's default heap (a quarter of the
@@ -61,7 +67,13 @@ TOOLCHAINS: Mapping[str, Toolchain] = MappingProxyType(
     {
         tc.language: tc
         for tc in (
-            Toolchain("python", "main.py", ("{python}", "{source}"), address_space_limit=True),
+            Toolchain(
+                "python",
+                "main.py",
+                ("{python}", "{source}"),
+                address_space_limit=True,
+                env=_ONE_THREAD,
+            ),
             Toolchain("bash", "main.sh", ("{bash}", "{source}"), address_space_limit=True),
             Toolchain(
                 "c",
