@@ -288,3 +288,25 @@ def test_verls_sandbox_fusion_tool_text(sandbox_url: str) -> None:
     )
     assert meta["run_status"] == "Finished"
     assert meta["stdout"] + meta["stderr"] == "out\nerr\n"
+
+
+def test_verl_071s_sandbox_fusion_tool_runs_this_scorer() -> None:
+    """verl 0.9 dropped ``SandboxFusionTool``; its last release (0.7.1) runs code through
+    ``_process_single_case`` of a scorer module byte-identical to the installed one tested
+    above (read from the wheel .ci/run downloads: requirements/reference-wheels.txt)."""
+    import zipfile
+    from pathlib import Path
+
+    import verl.utils.reward_score.sandbox_fusion.utils as scorer
+
+    from conftest import REPO, skip_or_fail
+
+    wheel = REPO / ".reference-wheels" / "verl-0.7.1-py3-none-any.whl"
+    if not wheel.exists():
+        skip_or_fail(f"verl 0.7.1's wheel is not at {wheel} (requirements/reference-wheels.txt)")
+    with zipfile.ZipFile(wheel) as archive:
+        tool = archive.read("verl/tools/sandbox_fusion_tools.py").decode()
+        old_scorer = archive.read("verl/utils/reward_score/sandbox_fusion/utils.py")
+    assert "from verl.utils.reward_score.sandbox_fusion.utils import _process_single_case" in tool
+    assert 'actual_output = metadata["stdout"] + metadata["stderr"]' in tool
+    assert old_scorer == Path(scorer.__file__).read_bytes()
