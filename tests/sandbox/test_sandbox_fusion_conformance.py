@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import sandbox_fusion as sf
-
-from conftest import require_language, require_runtime_python
+from tests.sandbox._support import require_language, require_runtime_python
 
 HELLO = {
     # language: (program doubling the number on stdin, what it prints for 21)
@@ -254,6 +253,7 @@ def test_python_runtime_packages(sandbox_url: str) -> None:
 # --- verl's reward scorer -------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_verls_reward_scorer(sandbox_url: str) -> None:
     from verl.utils.reward_score.sandbox_fusion.utils import check_correctness
 
@@ -298,8 +298,7 @@ def test_verl_071s_sandbox_fusion_tool_runs_this_scorer() -> None:
     from pathlib import Path
 
     import verl.utils.reward_score.sandbox_fusion.utils as scorer
-
-    from conftest import REPO, skip_or_fail
+    from tests.sandbox._support import REPO, skip_or_fail
 
     wheel = REPO / ".reference-wheels" / "verl-0.7.1-py3-none-any.whl"
     if not wheel.exists():

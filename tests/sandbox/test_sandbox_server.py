@@ -17,8 +17,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from tests.sandbox._support import SERVER_MAX_OUTPUT, SERVER_MAX_PROCESSES
 
-from conftest import SERVER_MAX_OUTPUT, SERVER_MAX_PROCESSES
 from toolrollout.sandbox import SUPPORTED_LANGUAGES
 
 REPO = Path(__file__).resolve().parents[2]
