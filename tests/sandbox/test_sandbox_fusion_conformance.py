@@ -57,17 +57,26 @@ HELLO = {
         "rust 42\n",
     ),
     "perl": ('my $x = <STDIN>; print "perl ", 2 * $x, "\\n";', "perl 42\n"),
+    "ruby": ('puts "ruby #{2 * gets.to_i}"', "ruby 42\n"),
+    "lua": ('local x = io.read("n"); print("lua " .. 2 * x)', "lua 42\n"),
 }
 COMPILED = {"c", "cpp", "go", "java", "rust"}
 
 
+# Unless a test sets them: generous timeouts, as compilers on a loaded CI machine (rustc,
+# javac, tsx's start) can take many seconds.
+SLOW_OK = {"compile_timeout": 60, "run_timeout": 60}
+
+
 def client_run(url: str, **fields: Any) -> sf.RunCodeResponse:
     """The official client's ``run_code`` (one attempt: a SandboxError raises at once)."""
+    fields = {**SLOW_OK, **fields}
     return sf.run_code(sf.RunCodeRequest(**fields), endpoint=url, max_attempts=1)
 
 
 def raw(url: str, **fields: Any) -> sf.RunCodeResponse:
     """POST /run_code as JSON and read the answer with the client's model (any status)."""
+    fields = {**SLOW_OK, **fields}
     answer = httpx.post(f"{url}/run_code", json=fields, timeout=120)
     assert answer.status_code == 200, answer.text
     body = answer.json()
@@ -271,9 +280,10 @@ def test_verls_reward_scorer(sandbox_url: str) -> None:
 
     if "cpp" in httpx.get(f"{sandbox_url}/health").json()["languages"]:
         cpp = "#include <iostream>\nint main(){long a,b; std::cin>>a>>b; std::cout<<a+b<<'\\n';}"
-        results, meta = check_correctness(url, cases, cpp, language="cpp")
+        results, meta = check_correctness(url, cases, cpp, timeout=60, language="cpp")
         assert results == [True, True], meta
-        results, meta = check_correctness(url, cases, "int main() { x }", language="cpp")
+        broken = "int main() { x }"
+        results, meta = check_correctness(url, cases, broken, timeout=60, language="cpp")
         assert results[0] == -4 and meta[0]["status"] == "compile_error"
 
 
