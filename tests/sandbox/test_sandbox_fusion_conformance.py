@@ -319,3 +319,32 @@ def test_verl_071s_sandbox_fusion_tool_runs_this_scorer() -> None:
     assert "from verl.utils.reward_score.sandbox_fusion.utils import _process_single_case" in tool
     assert 'actual_output = metadata["stdout"] + metadata["stderr"]' in tool
     assert old_scorer == Path(scorer.__file__).read_bytes()
+
+
+async def test_a_missing_compiler_answers_in_compile_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sandbox Fusion runs ``g++ ...`` in a shell: without g++ the compile step exits 127
+    and no run follows. The local runner answers the same, without starting anything."""
+    from toolrollout._exceptions import UserError
+    from toolrollout.sandbox import RunCodeRequest, SandboxRunner, SandboxServerConfig, _runner
+
+    real = _runner.resolve_program
+    monkeypatch.setattr(
+        _runner, "resolve_program", lambda name, conf: None if name == "g++" else real(name, conf)
+    )
+    runner = SandboxRunner(SandboxServerConfig(isolation="none", max_concurrency=1))
+    assert "cpp" not in runner.languages
+    assert "cpp" in runner.describe()["not_installed"]
+    response = await runner.run(RunCodeRequest(code="int main() {}", language="cpp"))
+    parsed = sf.RunCodeResponse.parse_obj(response.model_dump())
+    assert parsed.status == sf.RunStatus.Failed
+    assert parsed.run_result is None
+    assert parsed.compile_result is not None and parsed.compile_result.return_code == 127
+    assert "the cpp toolchain (g++) is not installed" in (parsed.compile_result.stderr or "")
+    assert sf.summary_run_code_result(parsed, MAPPING) == "compile-failed"
+
+    with pytest.raises(UserError, match="unknown sandbox program"):
+        SandboxRunner(SandboxServerConfig(isolation="none", programs={"gpp": "/usr/bin/g++"}))
+    with pytest.raises(UserError, match="tsx=/nonexistent/tsx is not an executable"):
+        SandboxRunner(SandboxServerConfig(isolation="none", programs={"tsx": "/nonexistent/tsx"}))
