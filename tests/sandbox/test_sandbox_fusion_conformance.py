@@ -329,9 +329,10 @@ async def test_a_missing_compiler_answers_in_compile_result(
     from toolrollout._exceptions import UserError
     from toolrollout.sandbox import RunCodeRequest, SandboxRunner, SandboxServerConfig, _runner
 
-    real = _runner.resolve_program
+    real = _languages.resolve_program
     monkeypatch.setattr(
-        _runner, "resolve_program", lambda name, conf: None if name == "g++" else real(name, conf)
+        "toolrollout.sandbox._runner.resolve_program",
+        lambda name, conf: None if name == "g++" else real(name, conf),
     )
     runner = SandboxRunner(SandboxServerConfig(isolation="none", max_concurrency=1))
     assert "cpp" not in runner.languages
