@@ -1,13 +1,13 @@
 """The local sandbox server, started once for the sandbox tests as a real subprocess.
 
 Tests that need bubblewrap skip with a clear reason when ``bwrap`` is not installed, except
-on CI (``CI`` set), where its absence is a failure: .ci/run installs it.
+on CI (``CI`` set), where its absence is a failure: .ci/run installs it. The same holds for
+the sandbox runtime (``.sandbox-runtime/``: the python packages' virtualenv and tsx) and the
+toolchains of the languages beyond python and bash (:func:`require_language`).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,23 +16,16 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from tests.sandbox._support import (
+    RUNTIME_PYTHON,
+    SERVER_MAX_OUTPUT,
+    SERVER_MAX_PROCESSES,
+    SERVER_MEMORY_MB,
+    TSX,
+    require_bwrap,
+)
 
 from toolrollout.sandbox import free_port
-
-SERVER_MEMORY_MB = 256
-SERVER_MAX_PROCESSES = 32
-SERVER_MAX_OUTPUT = 16 * 1024
-
-
-def require_bwrap() -> str:
-    """The bwrap path; skips the test without it (fails it on CI)."""
-    path = shutil.which("bwrap")
-    if path is None:
-        message = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI is set, so this is an error, not a skip)")
-        pytest.skip(message)
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -45,6 +38,10 @@ def sandbox_url() -> Iterator[str]:
     argv += ["--max-concurrency", "2", "--memory-limit-mb", str(SERVER_MEMORY_MB)]
     argv += ["--max-processes", str(SERVER_MAX_PROCESSES)]
     argv += ["--max-output-bytes", str(SERVER_MAX_OUTPUT), "--log-level", "warning"]
+    if RUNTIME_PYTHON.exists():  # python code gets numpy, pandas, scipy, sympy
+        argv += ["--python", str(RUNTIME_PYTHON)]
+    if TSX.exists():
+        argv += ["--program", f"tsx={TSX}"]
     process = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -17,8 +17,9 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from tests.sandbox._support import SERVER_MAX_OUTPUT, SERVER_MAX_PROCESSES
 
-from conftest import SERVER_MAX_OUTPUT, SERVER_MAX_PROCESSES
+from toolrollout.sandbox import SUPPORTED_LANGUAGES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -86,7 +87,8 @@ def test_ping_and_health(sandbox_url: str) -> None:
     health = httpx.get(f"{sandbox_url}/health").json()
     assert health["status"] == "ok"
     assert health["isolation"] == "bwrap"
-    assert health["languages"] == ["python", "bash"]
+    assert health["languages"][:2] == ["python", "bash"]
+    assert set(health["languages"]) | set(health["not_installed"]) == set(SUPPORTED_LANGUAGES)
 
 
 def test_failures_follow_sandbox_fusions_status_rule(sandbox_url: str) -> None:
@@ -125,10 +127,12 @@ def test_bash_stdin_and_files(sandbox_url: str) -> None:
 
 
 def test_unsupported_languages(sandbox_url: str) -> None:
-    body = run(sandbox_url, "int main() {}", "cpp")
-    assert body["status"] == "SandboxError"
-    assert "not supported" in body["message"]
-    assert body["run_result"] is None
+    # A Sandbox Fusion language without a toolchain here: its shell's "not found", as there.
+    body = run(sandbox_url, "select 1;", "sql")
+    assert body["status"] == "Failed"
+    assert body["compile_result"] is None
+    assert body["run_result"]["return_code"] == 127
+    assert "'sql' is not supported by this sandbox" in body["run_result"]["stderr"]
     # Not a Sandbox Fusion language at all: a validation error, as there.
     answer = httpx.post(f"{sandbox_url}/run_code", json={"code": "", "language": "klingon"})
     assert answer.status_code == 422
@@ -163,6 +167,8 @@ for host, port in [("127.0.0.1", {port}), ("1.1.1.1", 53), ("10.0.2.2", 80)]:
 
 
 def test_writes_outside_the_sandbox_are_refused(sandbox_url: str) -> None:
+    # The repository's files are hidden (its folder itself may exist, empty, as the parent
+    # of the sandbox runtime under .sandbox-runtime/, which is bound read-only).
     marker = f"sandbox-escape-{uuid.uuid4().hex}"
     targets = ["/usr", "/etc", "/", "/bin", "/root", str(REPO), str(REPO / "src")]
     code = f"""
@@ -173,7 +179,7 @@ for d in {targets!r}:
         print(d, "WROTE")
     except OSError as e:
         print(d, type(e).__name__)
-print("repo visible", os.path.exists({str(REPO)!r}))
+print("repo visible", os.path.exists({str(REPO / "pyproject.toml")!r}))
 for d in ["/tmp", "/sandbox", "/dev/shm"]:
     open(os.path.join(d, "ok"), "w").write("x")
     print(d, "ok")
@@ -255,7 +261,7 @@ def test_memory_bomb_is_stopped(sandbox_url: str) -> None:
     assert body["run_result"]["status"] == "Finished"
     assert "MemoryError" in body["run_result"]["stderr"]
 
-    # A request may ask for less than the server's cap (256 MB in these tests).
+    # A request may ask for less than the server's cap (SERVER_MEMORY_MB in these tests).
     small = run(sandbox_url, "x = bytearray(100 * 1024 * 1024)\nprint('ok')", memory_limit_MB=64)
     assert "MemoryError" in small["run_result"]["stderr"]
     fits = run(sandbox_url, "x = bytearray(100 * 1024 * 1024)\nprint('ok')")
@@ -337,6 +343,11 @@ def test_fetch_files_does_not_follow_symlinks_out(sandbox_url: str) -> None:
     )
     assert body["status"] == "Success", body
     assert set(body["files"]) == {"real"}
+    # Nothing left out silently: each refusal is named in the message.
+    assert "'leak' cannot be read (a symlink)" in body["message"]
+    assert "'etc/passwd' is reached through a symlink" in body["message"]
+    assert "'../../etc/passwd' must stay inside" in body["message"]
+    assert "'/etc/passwd' must be relative, or under /sandbox or /tmp" in body["message"]
 
 
 def test_runs_in_parallel_up_to_the_limit(sandbox_url: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.sandbox._support import require_language
 
 from toolrollout._exceptions import ToolTimeout
 from toolrollout.exceptions import (
@@ -372,6 +373,18 @@ async def test_tool_against_the_local_server(sandbox_url: str) -> None:
     assert failed.text.endswith("ZeroDivisionError: division by zero\n[exit status 1]")
     assert slow.text == "[timed out after 1 s: the program was killed]"
     assert shell.text == "42\n[exit status 4]"
+
+
+async def test_compiled_language_tool_against_the_local_server(sandbox_url: str) -> None:
+    require_language(sandbox_url, "cpp")
+    tool = sandbox_tool(f"{sandbox_url}/run_code", language="cpp")
+    assert tool.name == "code_interpreter" and "C++17" in tool.description
+    ok = await tool.call({"code": '#include <cstdio>\nint main(){puts("42");}'}, ToolContext())
+    assert ok.text == "42" and not ok.is_error
+    broken = await tool.call({"code": "int main() { return x; }"}, ToolContext())
+    assert not broken.is_error  # the program's fault: a normal result
+    assert "was not declared in this scope" in broken.text
+    assert broken.text.endswith("[compilation failed with exit status 1]")
 
 
 async def test_run_code_returns_the_parsed_response(sandbox_url: str) -> None:

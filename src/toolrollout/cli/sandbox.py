@@ -36,8 +36,16 @@ def serve(
         ),
     ] = False,
     memory_limit_mb: Annotated[
-        int, typer.Option(min=1, help="Address-space limit per process, and the cap of requests.")
+        int,
+        typer.Option(
+            min=1,
+            help="Memory limit per process (address space for python and bash, data for the "
+            "other languages), and the cap of requests.",
+        ),
     ] = 1024,
+    compile_memory_limit_mb: Annotated[
+        int, typer.Option(min=1, help="Memory limit (RLIMIT_DATA) of a compile step.")
+    ] = 2048,
     max_processes: Annotated[
         int, typer.Option(min=1, help="Processes and threads per run (RLIMIT_NPROC).")
     ] = 64,
@@ -58,6 +66,15 @@ def serve(
             dir_okay=False,
         ),
     ] = None,
+    program: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--program",
+            help="NAME=PATH: the program a language runs with, e.g. "
+            "tsx=.sandbox-runtime/node/node_modules/.bin/tsx (repeatable; default: NAME on "
+            "/usr/local/bin:/usr/bin:/bin).",
+        ),
+    ] = None,
     read_only: Annotated[
         list[Path] | None,
         typer.Option(
@@ -66,7 +83,10 @@ def serve(
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
 ) -> None:
-    """Serve Sandbox Fusion's POST /run_code (python, bash) isolated with bubblewrap.
+    """Serve Sandbox Fusion's POST /run_code isolated with bubblewrap.
+
+    Runs python and bash, and c, cpp, go, java, nodejs, typescript, rust, perl, ruby and lua
+    where their toolchain is installed (GET /health lists them).
 
     Also GET /v1/ping and GET /health. Refuses to start (exit status 2) without a working
     bwrap unless --unsafe-no-isolation is given.
@@ -80,10 +100,19 @@ def serve(
         options["max_concurrency"] = max_concurrency
     if python is not None:
         options["python"] = str(python.absolute())
+    programs: dict[str, str] = {}
+    for item in program or ():
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            typer.echo(f"error: --program wants NAME=PATH, got {item!r}", err=True)
+            raise typer.Exit(code=2)
+        programs[name] = str(Path(path).absolute()) if "/" in path else path
     try:
         config = SandboxServerConfig(
             isolation="none" if unsafe_no_isolation else "bwrap",
             memory_limit_mb=memory_limit_mb,
+            compile_memory_limit_mb=compile_memory_limit_mb,
+            programs=programs,
             max_processes=max_processes,
             max_file_size_mb=max_file_size_mb,
             max_output_bytes=max_output_bytes,

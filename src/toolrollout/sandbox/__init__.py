@@ -5,7 +5,9 @@
   configs build it with ``config: {type: sandbox, sandbox_fusion_url: ...}``
   (:func:`build_sandbox_entry` is the ``sandbox`` tool type's builder).
 - ``toolrollout sandbox serve`` (:func:`run_sandbox_server`): the same API on one machine,
-  running ``python`` and ``bash`` under bubblewrap with resource limits.
+  running ``python``, ``bash`` and, where their toolchain is installed, ``c``, ``cpp``,
+  ``go``, ``java``, ``nodejs``, ``typescript``, ``rust``, ``perl``, ``ruby`` and ``lua``
+  (:data:`SUPPORTED_LANGUAGES`) under bubblewrap with resource limits.
 - :func:`serve_sandbox_in_background`: that server as a child process for an ``async with``;
   a tool configured with ``local_sandbox: true`` asks for one (:class:`LocalSandboxService`)
   in its ``services()``, which :func:`toolrollout.tools.open_tools` opens;

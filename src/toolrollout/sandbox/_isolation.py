@@ -53,22 +53,26 @@ _ETC_FILES = (
     "/etc/ld.so.conf.d",
     "/etc/alternatives",
     "/etc/localtime",
+    "/etc/ssl/openssl.cnf",
 )
 """The only parts of ``/etc`` a program sees: the dynamic linker's configuration (needed on
 multiarch systems to find libraries), the ``/usr/bin`` alternatives symlinks point into,
-and the time zone. No passwd, no hosts, no ssl: there is no network to use them with."""
+the time zone and OpenSSL's configuration (Node.js refuses to start when it is unreadable).
+No passwd, no hosts, no certificates: there is no network to use them with."""
 
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 # Runs inside the sandbox with ``python -I -S``: set the limits, drop to the slot uid if
-# asked (as root), then become the program. argv: AS CPU NPROC FSIZE NOFILE UID -- CMD...
+# asked (as root), then become the program.
+# argv: AS DATA CPU NPROC FSIZE NOFILE UID -- CMD...
 _LAUNCHER = """\
 import os, resource, sys
 a = sys.argv[1:]
-mem, cpu, nproc, fsize, nofile, uid = (int(x) for x in a[:6])
-cmd = a[7:]
+mem, data, cpu, nproc, fsize, nofile, uid = (int(x) for x in a[:7])
+cmd = a[8:]
 inf = resource.RLIM_INFINITY
 resource.setrlimit(resource.RLIMIT_AS, (mem, mem) if mem > 0 else (inf, inf))
+resource.setrlimit(resource.RLIMIT_DATA, (data, data) if data > 0 else (inf, inf))
 resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -87,12 +91,16 @@ except OSError as e:
 """
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
     """The resource limits of one run, as the launcher applies them."""
 
     memory_bytes: int
     """RLIMIT_AS (address space); <= 0: unlimited."""
+    data_bytes: int = 0
+    """RLIMIT_DATA (writable private memory: heap and anonymous mappings); <= 0:
+    unlimited. The memory limit of runtimes that reserve more address space than they use
+    (see ``_languages.Toolchain.address_space_limit``)."""
     cpu_seconds: int
     """RLIMIT_CPU soft limit (SIGXCPU), the hard limit one second later (SIGKILL)."""
     processes: int
@@ -152,7 +160,8 @@ def interpreter_prefixes(python: str) -> tuple[str, ...]:
     base prefix and the folder of its executable, each resolved, outside ``/usr``."""
     try:
         out = subprocess.run(
-            [python, "-I", "-S", "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
+            # Without -S: a virtualenv's prefix is set by the site module.
+            [python, "-I", "-c", "import sys; print(sys.prefix); print(sys.base_prefix)"],
             capture_output=True,
             text=True,
             timeout=30,
@@ -184,6 +193,7 @@ def launcher_argv(python: str, limits: Limits, uid: int, command: Sequence[str])
         "-c",
         _LAUNCHER,
         str(limits.memory_bytes),
+        str(limits.data_bytes),
         str(limits.cpu_seconds),
         str(limits.processes),
         str(limits.file_size_bytes),
@@ -202,9 +212,14 @@ def bwrap_argv(
     tmp_size_bytes: int,
     command: Sequence[str],
     seccomp_fd: int | None = None,
+    tmp_dir: str | None = None,
 ) -> list[str]:
     """The bubblewrap command line running ``command`` with ``workdir`` as ``/sandbox``
-    (and the seccomp filter readable from ``seccomp_fd``, if given)."""
+    (and the seccomp filter readable from ``seccomp_fd``, if given).
+
+    ``tmp_dir``: a per-run host directory bound as ``/tmp`` (so request files can be put
+    there and fetched back after the run, as Sandbox Fusion allows); None: a tmpfs of
+    ``tmp_size_bytes``. ``/dev/shm`` is always such a tmpfs."""
     argv = [
         info.path,
         "--unshare-pid",
@@ -231,6 +246,13 @@ def bwrap_argv(
             argv += ["--symlink", os.readlink(link), link]
         elif os.path.isdir(link):
             argv += ["--ro-bind", link, link]
+    # /etc is made by bwrap (mode 0700 when it runs as root): open it to the program's uid,
+    # which follows the alternatives symlinks of /usr/bin (javac, cc) through it.
+    for folder in ("/etc", "/etc/ssl"):
+        if info.supports_perms:
+            argv += ["--perms", "0755", "--dir", folder]
+        else:
+            argv += ["--dir", folder, "--chmod", "0755", folder]
     for path in _ETC_FILES:
         argv += ["--ro-bind-try", path, path]
     made: set[str] = set()
@@ -248,7 +270,9 @@ def bwrap_argv(
                 argv += ["--dir", ancestor, "--chmod", "0755", ancestor]
         argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
-    for mount in ("/tmp", "/dev/shm"):
+    if tmp_dir is not None:
+        argv += ["--bind", tmp_dir, "/tmp"]
+    for mount in ("/dev/shm",) if tmp_dir is not None else ("/tmp", "/dev/shm"):
         if info.supports_perms:
             argv += ["--perms", "1777"]
         if info.supports_size:

@@ -54,8 +54,15 @@ Language = Literal[
     "lean",
     "swift",
     "racket",
+    # Sent by the official client (its models' Language), unknown to the server's.
+    "python2",
+    "gtest",
+    "react",
+    # toolrollout's own: C (Sandbox Fusion has no key for it).
+    "c",
 ]
-"""Every ``language`` Sandbox Fusion accepts; anything else is a 422 there (and here)."""
+"""Every ``language`` Sandbox Fusion's server or official client knows, plus ``c``; anything
+else is a 422, as there."""
 
 LANGUAGES: tuple[str, ...] = get_args(Language)
 """:data:`Language` as a tuple, for membership checks."""

@@ -1,6 +1,11 @@
-"""Runs one ``/run_code`` request on this machine: python or bash, isolated, bounded.
+"""Runs one ``/run_code`` request on this machine: compiled (when the language is) and run,
+isolated, bounded.
 
-Everything blocking happens off the event loop: the program runs under
+Each run gets a fresh host directory holding its working directory (``/sandbox`` inside)
+and its ``/tmp``, so request ``files`` and ``fetch_files`` may name paths in either, as
+with Sandbox Fusion. The compile step (``compile_result``) and the run step (``run_result``)
+are two sandboxed processes over the same two directories; a failed or timed-out compile
+skips the run, as there. Everything blocking happens off the event loop: the program runs under
 :func:`anyio.open_process` and file work runs in worker threads. Every run gets a fresh
 working directory, is killed as a whole process group (and, under bubblewrap, as a whole
 PID namespace) when its wall-clock timeout passes, and keeps at most ``max_output_bytes``
@@ -43,6 +48,7 @@ from ._isolation import (
     launcher_argv,
     probe_bwrap,
 )
+from ._languages import SEARCH_PATH, TOOLCHAINS, Toolchain, resolve_program, support_paths
 from ._protocol import (
     CommandRunResult,
     CommandRunStatus,
@@ -57,8 +63,13 @@ __all__ = ["SUPPORTED_LANGUAGES", "SandboxRunner", "SandboxServerConfig"]
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_LANGUAGES: tuple[str, ...] = ("python", "bash")
-"""The languages the local sandbox runs (Sandbox Fusion itself runs many more)."""
+SUPPORTED_LANGUAGES: tuple[str, ...] = tuple(TOOLCHAINS)
+"""The languages the local sandbox runs when their toolchain is installed
+(:attr:`SandboxRunner.languages`: those installed here)."""
+
+NOT_INSTALLED_EXIT = 127
+"""Return code of a language whose toolchain is not installed (a shell's "command not
+found", which is what Sandbox Fusion answers then)."""
 
 _MB = 1024 * 1024
 _DRAIN_GRACE = 1.0
@@ -82,8 +93,12 @@ class SandboxServerConfig:
     bash: str = "/bin/bash"
     """Shell that runs ``bash`` code."""
     memory_limit_mb: int = 1024
-    """Address-space limit per process (RLIMIT_AS); also the cap of a request's
-    ``memory_limit_MB`` (a request's -1, "unlimited" in Sandbox Fusion, gets this)."""
+    """Memory limit per process; also the cap of a request's ``memory_limit_MB`` (a
+    request's -1, "unlimited" in Sandbox Fusion, gets this). Python and bash get it as an
+    address-space limit (RLIMIT_AS), the other languages as RLIMIT_DATA (see
+    ``_languages.Toolchain.address_space_limit``)."""
+    compile_memory_limit_mb: int = 2048
+    """RLIMIT_DATA of a compile step (compilers are not the program under test)."""
     max_run_timeout: float = 300.0
     """Cap on a request's ``run_timeout`` (seconds)."""
     max_processes: int = 64
@@ -103,13 +118,22 @@ class SandboxServerConfig:
     """Where per-run working directories are made (default: the system temp dir)."""
     read_only_paths: tuple[str, ...] = ()
     """Extra host paths made visible read-only (e.g. a data set, an interpreter's libs)."""
+    programs: Mapping[str, str] = field(default_factory=dict)
+    """Toolchain programs by name (``tsx``, ``go``, ``java``...): a path or a name looked
+    up on ``/usr/local/bin:/usr/bin:/bin``. Unnamed ones are looked up there."""
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
             raise UserError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.isolation not in ("bwrap", "none"):
             raise UserError(f"isolation must be 'bwrap' or 'none', got {self.isolation!r}")
-        for name in ("memory_limit_mb", "max_processes", "max_file_size_mb", "tmp_size_mb"):
+        for name in (
+            "memory_limit_mb",
+            "compile_memory_limit_mb",
+            "max_processes",
+            "max_file_size_mb",
+            "tmp_size_mb",
+        ):
             if getattr(self, name) < 1:
                 raise UserError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_output_bytes < 0 or self.max_fetch_bytes < 0:
@@ -217,11 +241,30 @@ def _rmtree(path: str) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
+@dataclass(frozen=True, slots=True)
+class _Installed:
+    """A language whose programs were found: its commands with the programs filled in."""
+
+    toolchain: Toolchain
+    programs: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _RunDirs:
+    """One run's host directories: ``root`` holds ``work`` (``/sandbox``) and ``tmp``
+    (``/tmp`` under bubblewrap)."""
+
+    root: str
+    work: str
+    tmp: str
+
+
 class SandboxRunner:
     """Runs ``/run_code`` requests under :class:`SandboxServerConfig`.
 
-    Construction checks the isolation works (it runs one trivial sandboxed program) and
-    raises :class:`~toolrollout.exceptions.SandboxIsolationError` when it does not.
+    Construction finds the installed toolchains and checks the isolation works (it runs one
+    trivial sandboxed program); it raises
+    :class:`~toolrollout.exceptions.SandboxIsolationError` when it does not.
     """
 
     def __init__(self, config: SandboxServerConfig | None = None) -> None:
@@ -229,6 +272,7 @@ class SandboxRunner:
         self._bwrap: BwrapInfo | None = None
         self._read_only: tuple[str, ...] = ()
         self._seccomp: bytes | None = None
+        self._installed = self._find_toolchains()
         if self.config.isolation == "bwrap":
             self._bwrap = self._find_bwrap()
             self._read_only = self._visible_paths()
@@ -259,12 +303,19 @@ class SandboxRunner:
         """Programs running now."""
         return int(self._limiter.borrowed_tokens)
 
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """The languages whose toolchain is installed here (python and bash always)."""
+        return tuple(self._installed)
+
     def describe(self) -> dict[str, Any]:
         """What ``GET /health`` reports."""
         info: dict[str, Any] = {
             "status": "ok",
             "isolation": self.isolation,
-            "languages": list(SUPPORTED_LANGUAGES),
+            "languages": list(self.languages),
+            "not_installed": [name for name in TOOLCHAINS if name not in self._installed],
+            "python": self.config.python,
             "max_concurrency": self.config.max_concurrency,
             "running": self.running,
             "runs": self.runs,
@@ -274,6 +325,31 @@ class SandboxRunner:
             info["privileged"] = self._bwrap.privileged
             info["seccomp"] = self._seccomp is not None
         return info
+
+    def _find_toolchains(self) -> dict[str, _Installed]:
+        configured = {"python": self.config.python, "bash": self.config.bash}
+        configured.update(self.config.programs)
+        unknown = set(self.config.programs) - {p for t in TOOLCHAINS.values() for p in t.programs}
+        if unknown:
+            raise UserError(f"unknown sandbox program(s): {', '.join(sorted(unknown))}")
+        installed: dict[str, _Installed] = {}
+        for name, toolchain in TOOLCHAINS.items():
+            wanted = ("python", "bash") if name in ("python", "bash") else toolchain.programs
+            found = {program: resolve_program(program, configured) for program in wanted}
+            missing = [program for program, path in found.items() if path is None]
+            if missing:
+                if name in ("python", "bash"):
+                    raise UserError(f"the sandbox's {name} ({configured[name]}) is not executable")
+                named = [p for p in missing if p in self.config.programs]
+                if named:  # asked for by name: a typo must not pass as "not installed"
+                    raise UserError(
+                        f"sandbox program {named[0]}={self.config.programs[named[0]]} is not "
+                        "an executable"
+                    )
+                logger.info("sandbox: %s not installed (no %s)", name, ", ".join(missing))
+                continue
+            installed[name] = _Installed(toolchain, {k: v for k, v in found.items() if v})
+        return installed
 
     def _find_bwrap(self) -> BwrapInfo:
         wanted = self.config.bwrap
@@ -288,6 +364,11 @@ class SandboxRunner:
 
     def _visible_paths(self) -> tuple[str, ...]:
         paths = list(interpreter_prefixes(self.config.python))
+        for name, installed in self._installed.items():
+            if name == "python":
+                continue
+            for program in installed.programs.values():
+                paths.extend(support_paths(program))
         for extra in self.config.read_only_paths:
             resolved = os.path.realpath(extra)
             if not os.path.exists(resolved):
@@ -295,24 +376,40 @@ class SandboxRunner:
             paths.append(resolved)
         return tuple(dict.fromkeys(paths))
 
-    def _limits(self, run_timeout: float, memory_mb: int) -> Limits:
+    def _limits(self, seconds: float, memory_mb: int, toolchain: Toolchain) -> Limits:
+        memory = memory_mb * _MB
         return Limits(
-            memory_bytes=memory_mb * _MB,
-            cpu_seconds=max(1, math.ceil(run_timeout)) + 1,
+            memory_bytes=memory if toolchain.address_space_limit else 0,
+            data_bytes=0 if toolchain.address_space_limit else memory,
+            cpu_seconds=max(1, math.ceil(seconds)) + 1,
             processes=self.config.max_processes,
             file_size_bytes=self.config.max_file_size_mb * _MB,
         )
 
+    def _command(
+        self,
+        installed: _Installed,
+        template: tuple[str, ...],
+        files: Mapping[str, str | None],
+        memory_mb: int,
+    ) -> list[str]:
+        jars = [name for name in files if name.endswith(".jar")]
+        values = {
+            "source": installed.toolchain.source,
+            "classpath": ":".join([".", *jars]),
+            "heap_mb": str(max(16, memory_mb // 2)),
+            **installed.programs,
+        }
+        return [part.format_map(values) for part in template]
+
     def _argv(
-        self, workdir: str, script: str, language: str, limits: Limits, uid: int
+        self, dirs: _RunDirs, command: list[str], limits: Limits, uid: int
     ) -> tuple[list[str], int | None]:
         """The command line, and the file descriptor it needs passed (the seccomp filter;
         the caller closes it once the process started)."""
-        inner_dir = SANDBOX_WORKDIR if self._bwrap is not None else workdir
-        program = self.config.python if language == "python" else self.config.bash
-        command = launcher_argv(self.config.python, limits, uid, [program, f"{inner_dir}/{script}"])
+        launched = launcher_argv(self.config.python, limits, uid, command)
         if self._bwrap is None:
-            return command, None
+            return launched, None
         seccomp_fd = None
         if self._seccomp is not None:
             seccomp_fd = os.memfd_create("toolrollout-seccomp", os.MFD_CLOEXEC)
@@ -320,40 +417,48 @@ class SandboxRunner:
             os.lseek(seccomp_fd, 0, os.SEEK_SET)
         argv = bwrap_argv(
             self._bwrap,
-            workdir=workdir,
+            workdir=dirs.work,
             read_only=self._read_only,
             tmp_size_bytes=self.config.tmp_size_mb * _MB,
-            command=command,
+            command=launched,
             seccomp_fd=seccomp_fd,
+            tmp_dir=dirs.tmp,
         )
         return argv, seccomp_fd
 
-    def _env(self, workdir: str) -> dict[str, str]:
-        inner_dir = SANDBOX_WORKDIR if self._bwrap is not None else workdir
+    def _env(self, dirs: _RunDirs, extra: Mapping[str, str]) -> dict[str, str]:
+        isolated = self._bwrap is not None
+        inner_dir = SANDBOX_WORKDIR if isolated else dirs.work
+        inner_tmp = "/tmp" if isolated else dirs.tmp
         python_bin = os.path.dirname(self.config.python)
-        return {
-            "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
+        env = {
+            "PATH": f"{python_bin}:{SEARCH_PATH}",
             "HOME": inner_dir,
-            "TMPDIR": "/tmp" if self._bwrap is not None else workdir,
+            "TMPDIR": inner_tmp,
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
             "PYTHONDONTWRITEBYTECODE": "1",
         }
+        for key, value in extra.items():
+            env[key] = value if isolated else value.replace("/tmp", inner_tmp, 1)
+        return env
 
     def _check(self) -> None:
         """Run ``print(1+1)`` once, synchronously, to prove the setup works."""
         uid = self._free_uids[0] if self._free_uids else -1
-        workdir = self._prepare(RunCodeRequest(code="print(1 + 1)", language="python"), uid)
+        python = self._installed["python"]
+        dirs = self._prepare(RunCodeRequest(code="print(1 + 1)", language="python"), uid)
         try:
-            argv, fd = self._argv(workdir, "main.py", "python", self._limits(30, 256), uid)
+            command = self._command(python, python.toolchain.run, {}, 256)
+            argv, fd = self._argv(dirs, command, self._limits(30, 256, python.toolchain), uid)
             try:
                 done = subprocess.run(
                     argv,
                     capture_output=True,
                     text=True,
                     timeout=60,
-                    cwd=workdir,
-                    env=self._env(workdir),
+                    cwd=dirs.work,
+                    env=self._env(dirs, {}),
                     start_new_session=True,
                     pass_fds=() if fd is None else (fd,),
                     check=False,
@@ -374,60 +479,118 @@ class SandboxRunner:
                     )
                 raise SandboxIsolationError(f"the sandbox cannot run python here: {why}{hint}")
         finally:
-            _rmtree(workdir)
+            _rmtree(dirs.root)
 
     # --- per run ----------------------------------------------------------------------
 
     async def run(self, request: RunCodeRequest) -> RunCodeResponse:
         """Run one request; sandbox-side failures come back as ``SandboxError``."""
-        if request.language not in SUPPORTED_LANGUAGES:
-            return RunCodeResponse(
-                status=RunStatus.SandboxError,
-                message=(
-                    f"language {request.language!r} is not supported by this sandbox "
-                    f"(supported: {', '.join(SUPPORTED_LANGUAGES)}); use a Sandbox Fusion "
-                    "deployment for other languages"
-                ),
-            )
+        installed = self._installed.get(request.language)
+        if installed is None:
+            return self._not_installed(request.language)
         async with self._limiter:
             uid = self._free_uids.popleft() if self._drop_uid else -1
             try:
                 self.runs += 1
-                return await self._run_in_slot(request, uid)
+                return await self._run_in_slot(request, installed, uid)
             finally:
                 if self._drop_uid:
                     with anyio.CancelScope(shield=True):
                         await anyio.to_thread.run_sync(_wait_uid_gone, uid, 2.0)
                     self._free_uids.append(uid)
 
-    async def _run_in_slot(self, request: RunCodeRequest, uid: int) -> RunCodeResponse:
+    def _not_installed(self, language: str) -> RunCodeResponse:
+        """What Sandbox Fusion answers when a language's toolchain is missing there: the
+        command's "not found" exit (127), status Failed (a SandboxError would make its
+        client retry for seconds)."""
+        toolchain = TOOLCHAINS.get(language)
+        if toolchain is None:
+            why = f"language {language!r} is not supported by this sandbox"
+        else:
+            why = f"the {language} toolchain ({', '.join(toolchain.programs)}) is not installed"
+        stderr = (
+            f"sandbox: {why}; installed here: {', '.join(self.languages)} "
+            "(docs/sandbox.md lists the packages)\n"
+        )
+        result = CommandRunResult(
+            status=CommandRunStatus.Finished,
+            execution_time=0.0,
+            return_code=NOT_INSTALLED_EXIT,
+            stdout="",
+            stderr=stderr,
+        )
+        compiled = toolchain is not None and toolchain.compile is not None
+        return RunCodeResponse(
+            status=RunStatus.Failed,
+            message="",
+            compile_result=result if compiled else None,
+            run_result=None if compiled else result,
+        )
+
+    async def _run_in_slot(
+        self, request: RunCodeRequest, installed: _Installed, uid: int
+    ) -> RunCodeResponse:
         try:
-            workdir = await anyio.to_thread.run_sync(self._prepare, request, uid)
+            dirs = await anyio.to_thread.run_sync(self._prepare, request, uid)
         except _RequestError as exc:
             return RunCodeResponse(status=RunStatus.SandboxError, message=str(exc))
+        toolchain = installed.toolchain
+        compile_result: CommandRunResult | None = None
+        run_result: CommandRunResult | None = None
+        files: dict[str, str] = {}
+        notes: list[str] = []
         try:
-            timeout = min(max(request.run_timeout, 0.0), self.config.max_run_timeout)
+            cap = self.config.max_run_timeout
             memory = self.config.memory_limit_mb
             if request.memory_limit_MB > 0:
                 memory = min(memory, request.memory_limit_MB)
-            script = "main.py" if request.language == "python" else "main.sh"
-            limits = self._limits(timeout, memory)
-            argv, fd = self._argv(workdir, script, request.language, limits, uid)
-            result = await self._execute(argv, fd, workdir, request.stdin, timeout)
-            files: dict[str, str] = {}
+            if toolchain.compile is not None:
+                seconds = min(max(request.compile_timeout, 0.0), cap)
+                limits = self._limits(seconds, self.config.compile_memory_limit_mb, toolchain)
+                command = self._command(
+                    installed, toolchain.compile, request.files, self.config.compile_memory_limit_mb
+                )
+                env = {**toolchain.env, **toolchain.compile_env}
+                argv, fd = self._argv(dirs, command, limits, uid)
+                compile_result = await self._execute(argv, fd, dirs, env, None, seconds)
+            compiled = compile_result is None or (
+                compile_result.status == CommandRunStatus.Finished
+                and compile_result.return_code == 0
+            )
+            if compiled:
+                seconds = min(max(request.run_timeout, 0.0), cap)
+                limits = self._limits(seconds, memory, toolchain)
+                command = self._command(installed, toolchain.run, request.files, memory)
+                argv, fd = self._argv(dirs, command, limits, uid)
+                run_result = await self._execute(
+                    argv, fd, dirs, toolchain.env, request.stdin, seconds
+                )
             if request.fetch_files:
-                files = await anyio.to_thread.run_sync(self._fetch, workdir, request.fetch_files)
+                files, notes = await anyio.to_thread.run_sync(
+                    self._fetch, dirs, request.fetch_files
+                )
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_rmtree, workdir)
-        status, message = parse_run_status(None, result)
-        return RunCodeResponse(status=status, message=message, run_result=result, files=files)
+                await anyio.to_thread.run_sync(_rmtree, dirs.root)
+        status, message = parse_run_status(compile_result, run_result)
+        if notes:
+            for note in notes:
+                logger.warning("sandbox: %s", note)
+            message = "; ".join(filter(None, [message, *notes]))
+        return RunCodeResponse(
+            status=status,
+            message=message,
+            compile_result=compile_result,
+            run_result=run_result,
+            files=files,
+        )
 
     async def _execute(
         self,
         argv: list[str],
         pass_fd: int | None,
-        workdir: str,
+        dirs: _RunDirs,
+        extra_env: Mapping[str, str],
         stdin: str | None,
         run_timeout: float,
     ) -> CommandRunResult:
@@ -440,8 +603,8 @@ class SandboxRunner:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                cwd=workdir,
-                env=self._env(workdir),
+                cwd=dirs.work,
+                env=self._env(dirs, extra_env),
                 start_new_session=True,
                 pass_fds=() if pass_fd is None else (pass_fd,),
             )
@@ -499,76 +662,104 @@ class SandboxRunner:
 
     # --- files (worker threads) ---------------------------------------------------------
 
-    def _inside(self, workdir: str, name: str) -> Path:
-        """The host path of ``name`` (relative, or absolute under /sandbox) in ``workdir``."""
+    def _inside(self, dirs: _RunDirs, name: str) -> tuple[Path, str]:
+        """The host path of ``name`` and the run directory it lies in: relative names and
+        names under ``/sandbox`` are in the working directory, names under ``/tmp`` in the
+        run's ``/tmp``; ``..`` and other absolute paths are refused."""
         path = PurePosixPath(name)
+        base = dirs.work
         if path.is_absolute():
-            try:
-                path = path.relative_to(SANDBOX_WORKDIR)
-            except ValueError:
+            for inner, host in ((SANDBOX_WORKDIR, dirs.work), ("/tmp", dirs.tmp)):
+                try:
+                    path = path.relative_to(inner)
+                except ValueError:
+                    continue
+                base = host
+                break
+            else:
                 raise _RequestError(
-                    f"file path {name!r} must be relative (or under {SANDBOX_WORKDIR})"
-                ) from None
+                    f"file path {name!r} must be relative, or under {SANDBOX_WORKDIR} or /tmp"
+                )
         if ".." in path.parts or not path.parts:
-            raise _RequestError(f"file path {name!r} must stay inside the working directory")
-        return Path(workdir, *path.parts)
+            raise _RequestError(f"file path {name!r} must stay inside the sandbox's directories")
+        return Path(base, *path.parts), base
 
-    def _prepare(self, request: RunCodeRequest, uid: int) -> str:
-        base = self.config.work_root
-        workdir = tempfile.mkdtemp(prefix="toolrollout-sandbox-", dir=base)
+    def _prepare(self, request: RunCodeRequest, uid: int) -> _RunDirs:
+        root = tempfile.mkdtemp(prefix="toolrollout-sandbox-", dir=self.config.work_root)
+        dirs = _RunDirs(root=root, work=os.path.join(root, "work"), tmp=os.path.join(root, "tmp"))
         try:
-            self._write_files(workdir, request.code, request.language, request.files)
+            os.mkdir(dirs.work, 0o700)
+            os.mkdir(dirs.tmp, 0o700)
+            self._write_files(dirs, request.code, request.language, request.files)
             if uid >= 0:
-                # bwrap enters it as a capability-less root before the launcher switches
+                # bwrap enters them as a capability-less root before the launcher switches
                 # to the slot uid: it needs the search bit.
-                os.chmod(workdir, 0o711)
-                for parent, dirs, names in os.walk(workdir):
-                    os.chown(parent, uid, uid)
-                    for entry in (*dirs, *names):
-                        os.chown(os.path.join(parent, entry), uid, uid, follow_symlinks=False)
+                for top in (root, dirs.work, dirs.tmp):
+                    os.chmod(top, 0o711)
+                for top in (dirs.work, dirs.tmp):
+                    for parent, subdirs, names in os.walk(top):
+                        os.chown(parent, uid, uid)
+                        for entry in (*subdirs, *names):
+                            os.chown(os.path.join(parent, entry), uid, uid, follow_symlinks=False)
         except BaseException:
-            _rmtree(workdir)
+            _rmtree(root)
             raise
-        return workdir
+        return dirs
 
     def _write_files(
-        self, workdir: str, code: str, language: str, files: Mapping[str, str | None]
+        self, dirs: _RunDirs, code: str, language: str, files: Mapping[str, str | None]
     ) -> None:
         for name, content in files.items():
             if not isinstance(content, str):
                 continue  # Sandbox Fusion skips null contents too
-            target = self._inside(workdir, name)
+            target, _ = self._inside(dirs, name)
             try:
                 data = base64.b64decode(content, validate=True)
             except (binascii.Error, ValueError):
                 raise _RequestError(f"file {name!r}: content is not valid base64") from None
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        script = "main.py" if language == "python" else "main.sh"
-        Path(workdir, script).write_text(code, encoding="utf-8")
+        source = TOOLCHAINS[language].source
+        Path(dirs.work, source).write_text(code, encoding="utf-8")
 
-    def _fetch(self, workdir: str, names: list[str]) -> dict[str, str]:
+    def _fetch(self, dirs: _RunDirs, names: list[str]) -> tuple[dict[str, str], list[str]]:
+        """The files asked for, base64-encoded, and a note for each one left out for a
+        reason other than not existing (Sandbox Fusion leaves missing ones out silently)."""
         files: dict[str, str] = {}
-        root = os.path.realpath(workdir)
+        notes: list[str] = []
+        limit = self.config.max_fetch_bytes
         for name in names:
             try:
-                target = self._inside(workdir, name)
-            except _RequestError:
+                target, base = self._inside(dirs, name)
+            except _RequestError as exc:
+                notes.append(f"fetch_files: {exc}")
                 continue
             # The program controls the directory: refuse symlinks out of it (the server may
             # be root and would otherwise read any host file for it).
+            root = os.path.realpath(base)
             parent = os.path.realpath(target.parent)
             if parent != root and not parent.startswith(root + os.sep):
+                notes.append(f"fetch_files: {name!r} is reached through a symlink: left out")
                 continue
             try:
                 fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except OSError:
+            except FileNotFoundError:
                 continue  # missing: left out, as Sandbox Fusion does
+            except OSError as exc:
+                kind = "a symlink" if os.path.islink(target) else exc.strerror
+                notes.append(f"fetch_files: {name!r} cannot be read ({kind}): left out")
+                continue
             with os.fdopen(fd, "rb") as handle:
                 info = os.fstat(handle.fileno())
-                if not stat.S_ISREG(info.st_mode) or info.st_size > self.config.max_fetch_bytes:
+                if not stat.S_ISREG(info.st_mode):
+                    notes.append(f"fetch_files: {name!r} is not a regular file: left out")
                     continue
-                data = handle.read(self.config.max_fetch_bytes + 1)
-            if len(data) <= self.config.max_fetch_bytes:
-                files[name] = base64.b64encode(data).decode("ascii")
-        return files
+                data = handle.read(limit + 1) if info.st_size <= limit else b""
+            if info.st_size > limit or len(data) > limit:
+                notes.append(
+                    f"fetch_files: {name!r} is over the {limit} byte limit "
+                    "(max_fetch_bytes): left out"
+                )
+                continue
+            files[name] = base64.b64encode(data).decode("ascii")
+        return files, notes

@@ -26,8 +26,8 @@ def create_sandbox_app(runner: SandboxRunner) -> FastAPI:
     app = FastAPI(
         title="toolrollout sandbox",
         version=__version__,
-        description="Sandbox Fusion-compatible /run_code for python and bash, isolated with "
-        "bubblewrap.",
+        description="Sandbox Fusion-compatible /run_code (python, bash and the compiled and "
+        "scripting languages whose toolchain is installed), isolated with bubblewrap.",
     )
 
     @app.post("/run_code", response_model=RunCodeResponse, tags=["sandbox"])

@@ -66,7 +66,17 @@ DEFAULT_SANDBOX_URL = "http://127.0.0.1:8080/run_code"
 _RETRY_STATUS = frozenset({429, 502, 503, 504})
 """HTTP statuses of an overloaded or restarting service: retried."""
 
-_LANGUAGE_NAMES = {"python": "Python 3", "bash": "bash", "cpp": "C++17", "nodejs": "Node.js"}
+_LANGUAGE_NAMES = {
+    "python": "Python 3",
+    "bash": "bash",
+    "c": "C",
+    "cpp": "C++17",
+    "go": "Go",
+    "java": "Java (class Main)",
+    "nodejs": "Node.js",
+    "typescript": "TypeScript",
+    "rust": "Rust",
+}
 
 _GENERIC_KEYS = frozenset(
     {"type", "timeout", "max_concurrency", "num_workers", "rate_limit", "rate_burst", "retries"}

@@ -1,8 +1,10 @@
 """Reading a ``/retrieve`` answer and formatting it for the model, as verl's search tool does.
 
 Each query's hits become ``Doc {i} (Title: {first line of contents})\\n{rest}`` blocks
-separated by blank lines; queries are joined with ``\\n---\\n``
-(``verl/tools/utils/search_r1_like_utils.py``).
+separated by blank lines, the whole stripped; a query without hits is the empty string;
+queries are joined with ``\\n---\\n`` (``_passages2string`` and
+``perform_single_search_batch`` of ``verl/tools/utils/search_r1_like_utils.py``, which
+tests/search/test_search_verl_text.py runs against the same answers).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ __all__ = [
 
 QUERY_SEPARATOR = "\n---\n"
 """Between the results of two queries (verl's)."""
-NO_RESULTS = "No results found."
-"""The text for a query without hits."""
+NO_RESULTS = ""
+"""The text for a query without hits: empty, as verl's (so a multi-query answer keeps one
+block per query, ``...\\n---\\n`` for an empty one)."""
 
 
 @dataclass(frozen=True, slots=True)
