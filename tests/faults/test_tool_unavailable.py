@@ -65,3 +65,26 @@ def test_the_policy_is_checked() -> None:
 
     with pytest.raises(UserError, match="tool_unavailable must be 'fail' or 'show'"):
         RolloutConfig(tool_unavailable="retry")  # type: ignore[arg-type]
+
+
+def test_trainer_adapter_trains_nothing_of_a_failed_row(demo_tokenizer: Any) -> None:
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from toolrollout.integrations import trl_rollout_func
+
+    ids = demo_tokenizer.encode(CALL, add_special_tokens=False)
+    limits = ToolLimits(timeout=5.0, retry=RetryPolicy(max_attempts=1))
+    tool = sandbox_tool(f"http://127.0.0.1:{free_port()}", limits=limits)
+    engine = ScriptedEngine([ScriptedOutput(ids, [-0.5] * len(ids))])
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(max_completion_length=None),
+        model=SimpleNamespace(training=True),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+    with trl_rollout_func(engine, demo_tokenizer, [tool]) as rollout:
+        out = rollout([PROMPT["messages"]], trainer)
+    assert out["completion_ids"][0] == ids  # the model's turn is there...
+    assert set(out["env_mask"][0]) == {0}  # ...but not one token of it is trained
+    assert out["status"] == ["failed"]
+    assert trainer._metrics["train"]["rollout/failure/tool_unavailable"] == [1.0]
