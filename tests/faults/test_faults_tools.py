@@ -34,7 +34,9 @@ from toolrollout.tools import (
 )
 from toolrollout.tools.mcp import McpClientManager, StdioServer, list_mcp_tools
 
-CONFIG = RolloutConfig(n=2, max_turns=3, drift_check=False)
+# "show": these runs check that the faults reach the rows as tool errors the model reads;
+# the default ("fail": the row fails unscored) is checked by test_default_policy_fails_rows.
+CONFIG = RolloutConfig(n=2, max_turns=3, drift_check=False, tool_unavailable="show")
 PROMPTS = [{"messages": [{"role": "user", "content": f"Task {i}"}]} for i in range(4)]
 
 
@@ -71,9 +73,15 @@ def check_marked(results: list[Trajectory], error_text: str) -> list[str]:
     return errors
 
 
-async def run(tokenizer: Any, tools: Sequence[Tool], name: str, args: dict[str, Any]) -> Any:
+async def run(
+    tokenizer: Any,
+    tools: Sequence[Tool],
+    name: str,
+    args: dict[str, Any],
+    config: RolloutConfig = CONFIG,
+) -> Any:
     engine = calling_engine(tokenizer, name, args)
-    runner = RolloutRunner(engine, tokenizer, tools, config=CONFIG)
+    runner = RolloutRunner(engine, tokenizer, tools, config=config)
     return await runner.run(PROMPTS)
 
 
@@ -103,6 +111,24 @@ def test_mcp_server_in_a_crash_loop(demo_tokenizer: Any, tmp_path: Path) -> None
     assert any("circuit" in e.lower() for e in errors)
     assert 1 <= counters["lost"] <= 6 and counters["opened"] <= 7
     assert child_pids() <= before  # every crashed server was reaped
+
+
+def test_default_policy_fails_rows(demo_tokenizer: Any) -> None:
+    """By default an unavailable sandbox fails every row, unscored, with its cause."""
+    with FaultProxy(None, lambda k: "503", fault_path=b"/run_code") as proxy:
+        tool = sandbox_tool(
+            f"{proxy.url}/run_code",
+            http_retries=2,
+            retry_backoff=0.01,
+            limits=ToolLimits(timeout=10.0, retry=RetryPolicy(max_attempts=1)),
+        )
+        config = RolloutConfig(n=2, max_turns=3, drift_check=False)
+        results = anyio.run(run, demo_tokenizer, [tool], tool.name, {"code": "print(1)"}, config)
+    assert len(results) == 8
+    for t in results:
+        assert t.status == "failed" and t.finish_reason == "tool_unavailable", t.error
+        assert t.reward is None and t.num_turns == 1
+        assert t.error is not None and f"tool {tool.name!r} unavailable" in t.error
 
 
 def test_overloaded_sandbox(demo_tokenizer: Any) -> None:

@@ -722,6 +722,8 @@ async def _watch_signals(engine: Engine, interrupted: list[str], scope: Any) -> 
 
 
 def _summarise(trajectories: list[Any], elapsed: float) -> dict[str, Any]:
+    from toolrollout.rollout import TrajectoryStatus
+
     rewards = [t.reward for t in trajectories if t.reward is not None]
     count = max(len(trajectories), 1)
     return {
@@ -734,6 +736,13 @@ def _summarise(trajectories: list[Any], elapsed: float) -> dict[str, Any]:
         "parse_errors": sum(t.parse_errors for t in trajectories),
         "drift": sum(int(t.metrics.get("drift_mismatches", 0)) for t in trajectories),
         "statuses": dict(Counter(str(t.status) for t in trajectories)),
+        "failures": dict(
+            Counter(
+                t.finish_reason or "unknown"
+                for t in trajectories
+                if t.status is TrajectoryStatus.FAILED
+            )
+        ),
         "model_tokens": sum(int(t.metrics.get("model_tokens", 0)) for t in trajectories),
     }
 
@@ -748,6 +757,10 @@ def _print_summary(summary: dict[str, Any], out: Path, *, err: bool = False) -> 
     mean_reward = summary["mean_reward"]
     rows = [
         ("trajectories", str(summary["trajectories"])),
+        *(
+            (f"failed: {cause}" + (" (not scored)" if cause == "tool_unavailable" else ""), str(n))
+            for cause, n in sorted(summary.get("failures", {}).items())
+        ),
         ("mean reward", "-" if mean_reward is None else f"{mean_reward:.3f}"),
         ("mean turns", f"{summary['mean_turns']:.2f}"),
         ("tool calls", str(summary["tool_calls"])),

@@ -33,6 +33,7 @@ _HEADLINE = (
     ("timing/generation_s/mean", "generation s / trajectory"),
     ("timing/tools_s/mean", "tool s / trajectory"),
     ("rollout/status/failed", "failed fraction"),
+    ("rollout/failure/tool_unavailable", "failed: tool unavailable (not scored)"),
 )
 
 

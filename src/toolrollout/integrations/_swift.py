@@ -82,7 +82,8 @@ def to_swift_rollout_output(
 ) -> RolloutOutput:
     """One trajectory as ms-swift's ``RolloutOutput`` (validated by ms-swift's model)."""
     ids = trajectory.response_ids
-    mask = trajectory.loss_mask
+    # A failed trajectory (a tool down, an engine error) is never trained.
+    mask = [0] * len(ids) if trajectory.failed else trajectory.loss_mask
     logprobs = trajectory.rollout_logprobs
     text = tokenizer.decode(ids, skip_special_tokens=False) if ids else ""
     prompt = [m for m in trajectory.messages[: _prompt_len(trajectory)]]

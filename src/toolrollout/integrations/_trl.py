@@ -136,6 +136,10 @@ class TRLRolloutFunc:
                 # A failed trajectory has no response; TRL indexes ids[-1], so it gets one
                 # untrained EOS (mask 0) and no reward.
                 ids, mask, logprobs = [eos], [0], [0.0]
+            elif trajectory.failed:
+                # Failed (a tool down, an engine error): none of it is trained, whatever a
+                # reward function makes of it.
+                mask = [0] * len(ids)
             out["prompt_ids"].append(list(trajectory.prompt_ids))
             out["completion_ids"].append(ids)
             out["logprobs"].append(logprobs)

@@ -185,6 +185,8 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
         if not ids:
             # A failed trajectory has no response: one untrained EOS keeps verl's shapes.
             ids, mask, logprobs = [_eos_ids(self.tokenizer)[0]], [0], [0.0]
+        elif trajectory.failed:
+            mask = [0] * len(ids)  # a tool down or an engine error: nothing of it is trained
         extras = trajectory_extras(trajectory)
         extra_fields: dict[str, Any] = {
             "toolrollout": extras,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,8 @@ class SampleStats:
     total_seconds: float | None
     data_source: str | None = None
     tools: Mapping[str, ToolUse] = field(default_factory=dict)
+    finish_reason: str | None = None
+    """Why it ended; for a failed row, the cause (``tool_unavailable``, ``error``...)."""
 
 
 def _tools_from_metrics(metrics: Mapping[str, Any]) -> dict[str, ToolUse]:
@@ -123,6 +126,7 @@ def sample_stats(item: Trajectory | Mapping[str, Any] | SampleStats) -> SampleSt
             total_seconds=None if total is None else float(total),
             data_source=item.get("data_source"),
             tools=_tools_from_metrics(metrics),
+            finish_reason=item.get("finish_reason"),
         )
     metrics = item.metrics
     total = metrics.get("total_seconds")
@@ -142,6 +146,7 @@ def sample_stats(item: Trajectory | Mapping[str, Any] | SampleStats) -> SampleSt
         total_seconds=None if total is None else float(total),
         data_source=item.data_source,
         tools=_tools_from_metrics(metrics),
+        finish_reason=item.finish_reason,
     )
 
 
@@ -182,6 +187,11 @@ def rollout_metrics(
         out[metric_key("rollout", "status", status)] = _ratio(
             sum(s.status == status for s in samples), count
         )
+    # Failed rows by cause: an infrastructure failure (tool_unavailable) is not the model's.
+    causes = Counter(s.finish_reason or "unknown" for s in samples if s.status == "failed")
+    out["rollout/failure/tool_unavailable"] = _ratio(causes.pop("tool_unavailable", 0), count)
+    for cause, number in sorted(causes.items()):
+        out[metric_key("rollout", "failure", cause)] = _ratio(number, count)
     turns = [float(s.num_turns) for s in samples]
     out["rollout/num_turns/mean"] = _mean(turns)
     out["rollout/num_turns/min"] = min(turns) if turns else math.nan

@@ -11,9 +11,10 @@ from toolrollout.chat import TemplateFamily, get_template_family
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import RewardMix
 
-__all__ = ["RolloutConfig"]
+__all__ = ["RolloutConfig", "ToolUnavailablePolicy"]
 
 TruncateSide = Literal["left", "right", "middle"]
+ToolUnavailablePolicy = Literal["fail", "show"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,13 @@ class RolloutConfig:
     out whole, and the tool message says so."""
     max_image_tokens: int | None = None
     """Most image placeholder tokens per trajectory (None: no limit); same rule."""
+    tool_unavailable: ToolUnavailablePolicy = "fail"
+    """What a tool call that ends *unavailable* (its service down after the retries, or its
+    circuit breaker open) does to the trajectory. ``"fail"`` (default): the trajectory ends
+    ``failed`` (``finish_reason="tool_unavailable"``, the tool and the error in ``error``)
+    and is not scored, because the model did nothing wrong and a reward of 0 would teach
+    it so. ``"show"``: the model reads the error as the tool's result and the run goes on
+    (for training on tool faults)."""
     trajectory_timeout: float | None = None
     """Wall-clock seconds one trajectory may take; past it the row is ``failed`` (``timeout``)
     and its in-flight engine request and tool calls are cancelled. None: no deadline."""
@@ -116,6 +124,10 @@ class RolloutConfig:
         if self.interaction_timeout is not None and not self.interaction_timeout > 0:
             raise UserError(
                 f"interaction_timeout must be positive seconds, got {self.interaction_timeout}"
+            )
+        if self.tool_unavailable not in ("fail", "show"):
+            raise UserError(
+                f"tool_unavailable must be 'fail' or 'show', got {self.tool_unavailable!r}"
             )
         if self.tool_response_truncate_side not in ("left", "right", "middle"):
             raise UserError(

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from toolrollout._exceptions import ToolUnavailable
 from toolrollout._records import TrajectoryStatus
 from toolrollout.tools import ToolCallRequest, ToolResult, ToolSession
 
@@ -38,6 +39,8 @@ async def tool_step(
     requests = requests[:room]
     results = await _run_tools(state, requests, session)
     state.counters.num_tool_calls += len(requests)
+    if config.tool_unavailable == "fail" and _ended_on_infrastructure(state, requests, results):
+        return None
     messages = [
         _tool_message(services, request.id, request.name, result.text)
         for request, result in zip(requests, results, strict=True)
@@ -68,6 +71,22 @@ async def _run_tools(
     state.timing.tool_seconds += time.perf_counter() - started
     state.record_tool_results([call.name for call in calls], results)
     return results
+
+
+def _ended_on_infrastructure(
+    state: TrajectoryState, requests: Sequence[ToolCallRequest], results: Sequence[ToolResult]
+) -> bool:
+    """Fail the trajectory (not scored) when a call ended unavailable: not the model's fault."""
+    for request, result in zip(requests, results, strict=True):
+        if isinstance(result.error, ToolUnavailable):
+            kind = type(result.error).__name__
+            state.finish(
+                TrajectoryStatus.FAILED,
+                "tool_unavailable",
+                f"tool {request.name!r} unavailable ({kind}): {result.error}",
+            )
+            return True
+    return False
 
 
 def _cut_text(services: RolloutServices, text: str) -> str:
