@@ -25,6 +25,11 @@ import pytest
 from tests.chat.conftest import TEMPLATES, build_tokenizer
 from tests.chat.families._scripted_server import scripted_sglang_server
 from tests.chat.families.conftest import OFFICIAL
+from tests.chat.families.test_deepseek import BOS as DSK_BOS
+from tests.chat.families.test_deepseek import EOS as DSK_EOS
+from tests.chat.families.test_deepseek import B as DSK_B
+from tests.chat.families.test_deepseek import E as DSK_E
+from tests.chat.families.test_deepseek import v3_call
 from typer.testing import CliRunner
 
 from toolrollout.chat import ChatFormat, get_template_family
@@ -48,6 +53,9 @@ class Case:
     """Whether the prompt has a system message (Nemo moves it into the last user turn,
     a documented rewrite its own test covers; here the prompt has none)."""
 
+    turns: tuple[str, ...] = ()
+    """The model's turns as text, where the template's own render cannot give them
+    (DeepSeek-V3's generation prompt opens a think block that its re-render drops)."""
     call_id: str = "aBc123XyZ"
     """The id of the scripted call (Kimi-K2 reads the tool name out of its ids)."""
 
@@ -83,6 +91,16 @@ CASES = [
     Case("qwen3_vl", OFFICIAL / "trl-qwen3_vl.jinja"),
     Case("qwen35", OFFICIAL / "trl-qwen3_5_think.jinja"),
     Case("qwen35", OFFICIAL / "trl-qwen3_6.jinja", template_kwargs={"enable_thinking": False}),
+    Case(
+        "deepseekv3",
+        OFFICIAL / "trl-deepseekv3.jinja",
+        bos=DSK_BOS,
+        turns=(
+            f"Use the calculator.</think>\n\n{DSK_B}"
+            f"{v3_call('calculator', {'expression': '2 + 3'})}{DSK_E}{DSK_EOS}",
+            f"The answer is 5.{DSK_EOS}",
+        ),
+    ),
     Case(
         "deepseekv31",
         OFFICIAL / "deepseek-ai-DeepSeek-V3.1.jinja",
@@ -136,6 +154,8 @@ def _format(tokenizer: Any, case: Case) -> ChatFormat:
 
 def _model_texts(chat: ChatFormat, case: Case) -> list[str]:
     """The two turns, as the template writes them: a calculator call, then the answer."""
+    if case.turns:
+        return list(case.turns)
     family = chat.family
     arguments: Any = {"expression": "2 + 3"}
     if family.arguments_as == "json":  # DeepSeek templates print the JSON string as given
