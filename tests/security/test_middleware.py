@@ -270,7 +270,7 @@ def test_non_loopback_hosts(host: str) -> None:
 
 def test_bind_refused_without_a_key_unless_insecure(caplog: pytest.LogCaptureFixture) -> None:
     open_ = ServerSecurity()
-    with pytest.raises(UserError, match="refusing to serve the sandbox on 0.0.0.0"):
+    with pytest.raises(UserError, match=r"refusing to serve the sandbox on 0\.0\.0\.0"):
         check_bind("0.0.0.0", open_, insecure=False, server="the sandbox")
     # an admin key alone leaves ordinary endpoints open: still refused
     with pytest.raises(UserError):
