@@ -29,6 +29,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +43,9 @@ __all__ = [
     "OPEN_PATH_PREFIXES",
     "SecurityMiddleware",
     "ServerSecurity",
+    "bearer_headers",
     "check_bind",
+    "expand_env",
     "is_loopback",
     "resolve_key",
 ]
@@ -72,6 +75,30 @@ def resolve_key(value: str | None, env: str) -> str | None:
     """``value`` if given, else the environment variable ``env``; empty means none."""
     key = value if value is not None else os.environ.get(env)
     return key if key else None
+
+
+_ENV_REFERENCE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_env(value: str, *, where: str) -> str:
+    """``value`` with each ``${NAME}`` (or ``${env:NAME}``, the MCP configs' spelling)
+    replaced by that environment variable, so a tool config can name a key without
+    holding it. An unset variable is a
+    :class:`~toolrollout.exceptions.UserError` naming it (and ``where``), never the value.
+    """
+
+    def lookup(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in os.environ:
+            raise UserError(f"{where}: environment variable {name} is not set")
+        return os.environ[name]
+
+    return _ENV_REFERENCE.sub(lookup, value)
+
+
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """``{"Authorization": "Bearer <key>"}``, or nothing without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 @dataclass(frozen=True, kw_only=True)
