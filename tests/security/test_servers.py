@@ -124,7 +124,7 @@ async def test_weights_only_from_the_allowed_folders(
     assert engine.weight_version == version
 
 
-async def test_sglang_client_sends_its_key(engine: EmbeddedEngine, serve: httpx.AsyncClient) -> None:
+async def test_sglang_client_sends_its_key(engine: EmbeddedEngine) -> None:
     spec = RunSpec(engine_urls=("http://t",), engine_api_key=KEY)
     assert KEY not in repr(spec)
     app = create_app(engine, security=default_security(api_key=KEY))
@@ -181,9 +181,7 @@ async def test_server_info_and_logs_hold_no_key(
 @pytest.fixture
 def sandbox_app() -> Any:
     runner = SandboxRunner(SandboxServerConfig(isolation="none", max_concurrency=1))
-    return create_sandbox_app(
-        runner, security=sandbox_security(api_key=KEY, max_body_bytes=LIMIT)
-    )
+    return create_sandbox_app(runner, security=sandbox_security(api_key=KEY, max_body_bytes=LIMIT))
 
 
 async def test_sandbox_needs_the_key(sandbox_app: Any, monkeypatch: pytest.MonkeyPatch) -> None:

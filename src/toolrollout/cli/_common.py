@@ -81,9 +81,7 @@ InsecureOption = Annotated[
 ]
 MaxBodyMbOption = Annotated[
     float,
-    typer.Option(
-        "--max-body-mb", min=0.0, help="Largest request body (MiB); larger ones get 413."
-    ),
+    typer.Option("--max-body-mb", min=0.0, help="Largest request body (MiB); larger ones get 413."),
 ]
 MaxRequestsOption = Annotated[
     int,

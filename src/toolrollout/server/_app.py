@@ -87,8 +87,10 @@ def default_security(**changes: Any) -> ServerSecurity:
     return dataclasses.replace(base, **changes)
 
 
-def _within(path: Path, folders: Sequence[Path]) -> bool:
-    return any(path == folder or path.is_relative_to(folder) for folder in folders)
+def _within(path: str, folders: Sequence[Path]) -> bool:
+    """Whether ``path``, symlinks resolved, is one of ``folders`` or inside one."""
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(folder) for folder in folders)
 
 
 def _version() -> str:
@@ -157,9 +159,7 @@ def create_app(
     inside ``weights_dirs``: a folder's code and weights are trusted by loading them.
     """
     model_name = served_model_name or engine.model_path
-    allowed_weights = tuple(
-        Path(p).resolve() for p in (engine.model_path, *weights_dirs)
-    )
+    allowed_weights = tuple(Path(p).resolve() for p in (engine.model_path, *weights_dirs))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -359,7 +359,7 @@ def create_app(
         version = body.get("weight_version")
         if version is not None and not isinstance(version, str):
             return validation_error_response("weight_version must be a string")
-        if not _within(Path(body["model_path"]).resolve(), allowed_weights):
+        if not await asyncio.to_thread(_within, body["model_path"], allowed_weights):
             message = (
                 f"model_path {body['model_path']!r} is outside the folders this server "
                 "loads weights from (its model folder and --weights-dir)"
