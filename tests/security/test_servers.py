@@ -308,3 +308,20 @@ def test_serve_with_a_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
     assert (security.api_key, security.admin_api_key) == (KEY, ADMIN)
     assert call["weights_dirs"] == (Path("/tmp"),)
     assert KEY not in result.output
+
+
+def test_an_mcp_http_server_takes_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolrollout.tools.mcp import HttpServer, parse_mcp_servers
+
+    monkeypatch.setenv("TEST_MCP_KEY", KEY)
+    servers = parse_mcp_servers(
+        {
+            "mcpServers": {
+                "remote": {"url": "http://127.0.0.1:1/mcp", "api_key": "${env:TEST_MCP_KEY}"}
+            }
+        }
+    )
+    remote = servers["remote"]
+    assert isinstance(remote, HttpServer)
+    assert remote.headers == {"Authorization": f"Bearer {KEY}"}
+    assert KEY not in repr(remote)
