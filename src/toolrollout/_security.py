@@ -47,6 +47,7 @@ __all__ = [
     "check_bind",
     "expand_env",
     "is_loopback",
+    "keyless_environ",
     "resolve_key",
 ]
 
@@ -94,6 +95,13 @@ def expand_env(value: str, *, where: str) -> str:
         return os.environ[name]
 
     return _ENV_REFERENCE.sub(lookup, value)
+
+
+def keyless_environ() -> dict[str, str]:
+    """This process's environment less the server-key variables: for a loopback server a
+    tool starts itself (``local_sandbox``, ``local_corpus``), which must not demand a key
+    that its tool was never given."""
+    return {k: v for k, v in os.environ.items() if k not in (API_KEY_ENV, ADMIN_API_KEY_ENV)}
 
 
 def bearer_headers(api_key: str | None) -> dict[str, str]:

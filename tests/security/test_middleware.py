@@ -281,3 +281,13 @@ def test_bind_refused_without_a_key_unless_insecure(caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.WARNING, logger="toolrollout._security"):
         check_bind("0.0.0.0", open_, insecure=True, server="the sandbox")
     assert "WITHOUT an API key (--insecure)" in caplog.text
+
+
+def test_servers_a_tool_starts_itself_get_no_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolrollout._security import keyless_environ
+
+    monkeypatch.setenv("TOOLROLLOUT_API_KEY", KEY)
+    monkeypatch.setenv("TOOLROLLOUT_ADMIN_API_KEY", ADMIN)
+    env = keyless_environ()
+    assert "TOOLROLLOUT_API_KEY" not in env and "TOOLROLLOUT_ADMIN_API_KEY" not in env
+    assert env["PATH"] == __import__("os").environ["PATH"]
