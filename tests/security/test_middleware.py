@@ -83,9 +83,9 @@ async def _call(
         body = pending.pop(0)
         return {"type": "http.request", "body": body, "more_body": bool(pending)}
 
-    sent: list[dict[str, Any]] = []
+    sent: list[Any] = []
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Any) -> None:
         sent.append(message)
 
     await middleware(_scope(path, headers or {}, method), receive, send)

@@ -64,7 +64,7 @@ def create_sandbox_app(runner: SandboxRunner, *, security: ServerSecurity | None
         "bubblewrap.",
     )
     app.add_middleware(
-        SecurityMiddleware,  # type: ignore[arg-type]
+        SecurityMiddleware,
         security=security if security is not None else sandbox_security(),
     )
 

@@ -81,7 +81,7 @@ def create_retriever_app(
     ``security`` (default: :func:`retriever_security`, no key)."""
     app = FastAPI(title="toolrollout retriever", docs_url=None, redoc_url=None)
     app.add_middleware(
-        SecurityMiddleware,  # type: ignore[arg-type]
+        SecurityMiddleware,
         security=security if security is not None else retriever_security(),
     )
 

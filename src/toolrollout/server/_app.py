@@ -174,7 +174,7 @@ def create_app(
 
     app = FastAPI(title="toolrollout embedded server", version=_version(), lifespan=lifespan)
     app.add_middleware(
-        SecurityMiddleware,  # type: ignore[arg-type]
+        SecurityMiddleware,
         security=security if security is not None else default_security(),
     )
 
