@@ -84,10 +84,11 @@ def serve(
         max_body_bytes=int(max_body_mb * 1024 * 1024),
         max_concurrent_requests=max_requests,
     )
-    try:
-        check_bind(host, security, insecure=insecure, server="toolrollout serve")
-    except UserError as exc:
-        raise fail(str(exc)) from None
+    if not insecure:  # refuse before torch loads; run_server logs the --insecure warning
+        try:
+            check_bind(host, security, insecure=False, server="toolrollout serve")
+        except UserError as exc:
+            raise fail(str(exc)) from None
     if model is None:
         from toolrollout.demo import DEMO_MODEL_PATH
 
