@@ -325,3 +325,31 @@ def test_an_mcp_http_server_takes_an_api_key(monkeypatch: pytest.MonkeyPatch) ->
     assert isinstance(remote, HttpServer)
     assert remote.headers == {"Authorization": f"Bearer {KEY}"}
     assert KEY not in repr(remote)
+
+
+async def test_sandbox_caps_hold_whatever_the_request_asks() -> None:
+    """A request asking for more time, memory or output than the server's options gets
+    the server's caps (the server's options are the ceiling; a request can only lower
+    them)."""
+    config = SandboxServerConfig(
+        isolation="none", max_concurrency=1, max_run_timeout=1.0, memory_limit_mb=256,
+        max_output_bytes=1000,
+    )  # fmt: skip
+    app = create_sandbox_app(SandboxRunner(config), security=sandbox_security(api_key=KEY))
+    greedy = {"language": "python", "run_timeout": 1000, "memory_limit_MB": 100_000}
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://s", timeout=60) as http:
+
+        async def run(code: str) -> dict[str, Any]:
+            answer = await http.post("/run_code", json={**greedy, "code": code}, headers=auth(KEY))
+            assert answer.status_code == 200
+            return dict(answer.json()["run_result"])
+
+        slow = await run("import time\ntime.sleep(30)")
+        assert slow["status"] == "TimeLimitExceeded"
+        assert slow["execution_time"] < 10
+        big = await run("x = bytearray(512 * 1024 * 1024)\nprint('allocated')")
+        assert "MemoryError" in big["stderr"]
+        loud = await run("print('y' * 100_000)")
+        kept, _, note = loud["stdout"].partition("\n[truncated:")
+        assert len(kept.encode()) <= 1000 and "more bytes not shown" in note
