@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import uvicorn
 
+from toolrollout._security import ServerSecurity
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines.embedded import EmbeddedEngine
 from toolrollout.server import create_app
@@ -33,12 +34,14 @@ def demo_server_in_thread() -> Iterator[str]:
 
 
 @contextmanager
-def serve_in_thread(engine: EmbeddedEngine) -> Iterator[str]:
+def serve_in_thread(
+    engine: EmbeddedEngine, *, security: ServerSecurity | None = None
+) -> Iterator[str]:
     """Serve a started ``engine`` (left to the caller to close); yields the base URL."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
+    uv = uvicorn.Server(uvicorn.Config(create_app(engine, security=security), log_level="warning"))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

@@ -362,6 +362,7 @@ def test_every_module_is_core_or_application_or_a_leaf() -> None:
         "toolrollout.__main__",
         "toolrollout._http",
         "toolrollout._net",
+        "toolrollout._security",
         "toolrollout._version",
         "toolrollout.testing",
     }

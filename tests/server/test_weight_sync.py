@@ -55,6 +55,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = (tmp_path_factory.mktemp("serve") / "serve.log").open("wb")
     argv = [sys.executable, "-m", "toolrollout", "serve", "--port", str(port), "--threads", "1"]
+    # the perturbed model and the missing folders all live under the session's temp root
+    argv += ["--weights-dir", str(tmp_path_factory.getbasetemp())]
     proc = subprocess.Popen(
         [*argv, "--log-level", "warning"],
         stdout=log,
@@ -293,6 +295,18 @@ def test_update_weights_from_a_bad_path_is_a_clear_error(server: str, tmp_path: 
             assert await versions(client) == {server: version}
             result = await client.generate(GenerateRequest(input_ids=PROMPT, sampling=greedy(2)))
             assert result.weight_version == version
+
+    anyio.run(main)
+
+
+def test_update_weights_refuses_a_folder_outside_weights_dir(server: str) -> None:
+    async def main() -> None:
+        async with SGLangClient(server) as client:
+            version = (await versions(client))[server]
+            with pytest.raises(EngineRequestRejected, match="outside the folders") as info:
+                await client.update_weights_from_disk("/usr", weight_version="evil")
+            assert info.value.status_code == 400
+            assert await versions(client) == {server: version}
 
     anyio.run(main)
 

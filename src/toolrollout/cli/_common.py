@@ -13,10 +13,18 @@ from typing import Annotated, Any
 
 import typer
 
+from toolrollout._security import ADMIN_API_KEY_ENV, API_KEY_ENV, ENGINE_API_KEY_ENV
+
 __all__ = [
+    "AdminApiKeyOption",
+    "ApiKeyOption",
     "ChatTemplateKwargsOption",
+    "EngineApiKeyOption",
     "EngineUrlsOption",
     "FamilyOption",
+    "InsecureOption",
+    "MaxBodyMbOption",
+    "MaxRequestsOption",
     "ModelOption",
     "fail",
     "parse_template_kwargs",
@@ -28,6 +36,59 @@ EngineUrlsOption = Annotated[
     typer.Option(
         "--engine-url",
         help="SGLang-compatible server (repeatable). Default: the embedded engine.",
+    ),
+]
+EngineApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--engine-api-key",
+        envvar=ENGINE_API_KEY_ENV,
+        show_envvar=True,
+        show_default=False,
+        help="API key sent as 'Authorization: Bearer' to the --engine-url servers. Prefer "
+        "the environment variable: a flag shows in the process list.",
+    ),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key",
+        envvar=API_KEY_ENV,
+        show_envvar=True,
+        show_default=False,
+        help="Require 'Authorization: Bearer <key>' on every endpoint but health (SGLang's "
+        "--api-key). Prefer the environment variable: a flag shows in the process list.",
+    ),
+]
+AdminApiKeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--admin-api-key",
+        envvar=ADMIN_API_KEY_ENV,
+        show_envvar=True,
+        show_default=False,
+        help="Key for the control endpoints (weight updates, pause/continue, flush, abort), "
+        "as SGLang's --admin-api-key; the --api-key then no longer opens them.",
+    ),
+]
+InsecureOption = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Serve a non-loopback --host without an API key (anyone who can reach it may "
+        "use it). Without a key such a --host is refused.",
+    ),
+]
+MaxBodyMbOption = Annotated[
+    float,
+    typer.Option("--max-body-mb", min=0.0, help="Largest request body (MiB); larger ones get 413."),
+]
+MaxRequestsOption = Annotated[
+    int,
+    typer.Option(
+        "--max-requests",
+        min=1,
+        help="Requests served at once; more get 429 with Retry-After (health not counted).",
     ),
 ]
 ModelOption = Annotated[

@@ -18,6 +18,7 @@ import typer
 
 from toolrollout.cli._common import (
     ChatTemplateKwargsOption,
+    EngineApiKeyOption,
     EngineUrlsOption,
     FamilyOption,
     ModelOption,
@@ -49,6 +50,7 @@ class ReportTo(StrEnum):
 
 def eval_command(
     engine_url: EngineUrlsOption = None,
+    engine_api_key: EngineApiKeyOption = None,
     model: ModelOption = None,
     dataset: Annotated[
         Path | None,
@@ -158,6 +160,7 @@ def eval_command(
             }
             runs, comparison, artifacts = _run_model(
                 engine_urls=engine_url or [],
+                engine_api_key=engine_api_key or None,
                 model=model,
                 dataset=dataset,
                 tool_config=tool_config,
@@ -234,6 +237,7 @@ def _compare_files(
 def _run_model(
     *,
     engine_urls: list[str],
+    engine_api_key: str | None,
     model: Path | None,
     dataset: Path | None,
     tool_config: Path | None,
@@ -272,6 +276,7 @@ def _run_model(
     )
     spec = RunSpec(
         engine_urls=tuple(engine_urls),
+        engine_api_key=engine_api_key,
         model=model or DEMO_MODEL_PATH,
         tool_config=tool_config,
         config=rollout_config,

@@ -35,6 +35,7 @@ import typer
 
 from toolrollout.cli._common import (
     ChatTemplateKwargsOption,
+    EngineApiKeyOption,
     EngineUrlsOption,
     FamilyOption,
     ModelOption,
@@ -181,6 +182,7 @@ _RayAddress = Annotated[
 
 def generate(
     engine_url: EngineUrlsOption = None,
+    engine_api_key: EngineApiKeyOption = None,
     model: ModelOption = None,
     dataset: _Dataset = None,
     tool_config: _ToolConfig = None,
@@ -239,6 +241,7 @@ class _Flags:
     """The options of ``generate``, named as the command's parameters."""
 
     engine_url: list[str] | None
+    engine_api_key: str | None = field(repr=False)
     model: Path | None
     dataset: Path | None
     tool_config: Path | None
@@ -416,6 +419,7 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
     )
     return RunSpec(
         engine_urls=tuple(flags.engine_url or ()),
+        engine_api_key=flags.engine_api_key or None,
         model=flags.model or DEMO_MODEL_PATH,
         tool_config=flags.tool_config,
         interaction_config=flags.interaction_config,

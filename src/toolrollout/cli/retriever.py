@@ -7,7 +7,13 @@ from typing import Annotated
 
 import typer
 
-from toolrollout.cli._common import require_extra
+from toolrollout.cli._common import (
+    ApiKeyOption,
+    InsecureOption,
+    MaxBodyMbOption,
+    MaxRequestsOption,
+    require_extra,
+)
 
 __all__ = ["register", "retriever_app", "serve"]
 
@@ -37,18 +43,32 @@ def serve(
         bool, typer.Option("--stem/--no-stem", help="Stem English words (PyStemmer).")
     ] = True,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    api_key: ApiKeyOption = None,
+    insecure: InsecureOption = False,
+    max_body_mb: MaxBodyMbOption = 4.0,
+    max_requests: MaxRequestsOption = 256,
 ) -> None:
-    """Index a corpus with BM25 (bm25s) and serve POST /retrieve and GET /health."""
+    """Index a corpus with BM25 (bm25s) and serve POST /retrieve and GET /health.
+
+    A non-loopback --host needs --api-key / TOOLROLLOUT_API_KEY unless --insecure.
+    """
     require_extra("search", "toolrollout retriever serve")
     import uvicorn
 
     from toolrollout._exceptions import UserError
+    from toolrollout._security import check_bind
     from toolrollout.search import Bm25Retriever, load_corpus
     from toolrollout.search.demo_corpus import DEMO_CORPUS_PATH
-    from toolrollout.search.retriever import create_retriever_app
+    from toolrollout.search.retriever import create_retriever_app, retriever_security
 
     path = DEMO_CORPUS_PATH if corpus is None else corpus
+    security = retriever_security(
+        api_key=api_key or None,
+        max_body_bytes=int(max_body_mb * 1024 * 1024),
+        max_concurrent_requests=max_requests,
+    )
     try:
+        check_bind(host, security, insecure=insecure, server="the retriever")
         documents = load_corpus(path)
         retriever = Bm25Retriever(documents, stemming=stem)
     except UserError as exc:
@@ -61,7 +81,7 @@ def serve(
         err=True,
     )
     uvicorn.run(
-        create_retriever_app(retriever, default_topk=topk),
+        create_retriever_app(retriever, default_topk=topk, security=security),
         host=host,
         port=port,
         log_level=log_level,

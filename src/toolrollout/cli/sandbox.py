@@ -7,7 +7,13 @@ from typing import Annotated
 
 import typer
 
-from toolrollout.cli._common import require_extra
+from toolrollout.cli._common import (
+    ApiKeyOption,
+    InsecureOption,
+    MaxBodyMbOption,
+    MaxRequestsOption,
+    require_extra,
+)
 
 __all__ = ["register", "serve"]
 
@@ -82,18 +88,24 @@ def serve(
         ),
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    api_key: ApiKeyOption = None,
+    insecure: InsecureOption = False,
+    max_body_mb: MaxBodyMbOption = 16.0,
+    max_requests: MaxRequestsOption = 256,
 ) -> None:
     """Serve Sandbox Fusion's POST /run_code isolated with bubblewrap.
 
     Runs python and bash, and c, cpp, go, java, nodejs, typescript, rust, perl, ruby and lua
     where their toolchain is installed (GET /health lists them).
 
-    Also GET /v1/ping and GET /health. Refuses to start (exit status 2) without a working
-    bwrap unless --unsafe-no-isolation is given.
+    Also GET /v1/ping and GET /health (open without a key). Refuses to start (exit status 2)
+    without a working bwrap unless --unsafe-no-isolation is given, and on a non-loopback
+    --host without --api-key / TOOLROLLOUT_API_KEY unless --insecure (docs/security.md).
     """
     require_extra("sandbox", "toolrollout sandbox serve")
     from toolrollout._exceptions import UserError
     from toolrollout.sandbox import SandboxServerConfig, run_sandbox_server
+    from toolrollout.sandbox._server import sandbox_security
 
     options: dict[str, object] = {}
     if max_concurrency is not None:
@@ -127,7 +139,19 @@ def serve(
                 "files and network as this server)",
                 err=True,
             )
-        run_sandbox_server(config, host=host, port=port, log_level=log_level)
+        security = sandbox_security(
+            api_key=api_key or None,
+            max_body_bytes=int(max_body_mb * 1024 * 1024),
+            max_concurrent_requests=max_requests,
+        )
+        run_sandbox_server(
+            config,
+            host=host,
+            port=port,
+            log_level=log_level,
+            security=security,
+            insecure=insecure,
+        )
     except UserError as exc:  # SandboxIsolationError included: no working bubblewrap
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from None

@@ -7,7 +7,15 @@ from typing import Annotated
 
 import typer
 
-from toolrollout.cli._common import require_extra
+from toolrollout.cli._common import (
+    AdminApiKeyOption,
+    ApiKeyOption,
+    InsecureOption,
+    MaxBodyMbOption,
+    MaxRequestsOption,
+    fail,
+    require_extra,
+)
 
 __all__ = ["register", "serve"]
 
@@ -45,9 +53,42 @@ def serve(
         str | None, typer.Option(help="Name reported by /v1/models and /server_info.")
     ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    api_key: ApiKeyOption = None,
+    admin_api_key: AdminApiKeyOption = None,
+    insecure: InsecureOption = False,
+    weights_dir: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--weights-dir",
+            help="Folder whose model folders /update_weights_from_disk may load (repeatable). "
+            "Default: only the served --model folder.",
+            file_okay=False,
+        ),
+    ] = None,
+    max_body_mb: MaxBodyMbOption = 64.0,
+    max_requests: MaxRequestsOption = 4096,
 ) -> None:
-    """Serve a model with SGLang's native API (/generate, /health, /abort_request, ...)."""
+    """Serve a model with SGLang's native API (/generate, /health, /abort_request, ...).
+
+    Keys: --api-key / TOOLROLLOUT_API_KEY and --admin-api-key / TOOLROLLOUT_ADMIN_API_KEY
+    (docs/security.md); a non-loopback --host needs one unless --insecure.
+    """
     require_extra("serve", "toolrollout serve")
+    from toolrollout._exceptions import UserError
+    from toolrollout._security import check_bind
+    from toolrollout.server import default_security
+
+    security = default_security(
+        api_key=api_key or None,
+        admin_api_key=admin_api_key or None,
+        max_body_bytes=int(max_body_mb * 1024 * 1024),
+        max_concurrent_requests=max_requests,
+    )
+    if not insecure:  # refuse before torch loads; run_server logs the --insecure warning
+        try:
+            check_bind(host, security, insecure=False, server="toolrollout serve")
+        except UserError as exc:
+            raise fail(str(exc)) from None
     if model is None:
         from toolrollout.demo import DEMO_MODEL_PATH
 
@@ -74,6 +115,9 @@ def serve(
         num_threads=threads,
         served_model_name=served_model_name,
         log_level=log_level,
+        security=security,
+        insecure=insecure,
+        weights_dirs=tuple(weights_dir or ()),
     )
 
 

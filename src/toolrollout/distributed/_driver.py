@@ -12,12 +12,17 @@ writes the batch and hands back the rest as the run's leftover.
 
 Every actor talks to the same engine servers. Without ``engine_urls`` the driver starts one
 shared ``toolrollout serve`` on its own node for the whole run (never one engine per actor:
-a model copy per actor would multiply memory and split the batching).
+a model copy per actor would multiply memory and split the batching). That server requires
+a random API key made for the run (``secrets.token_urlsafe``), handed to the server in its
+environment (never on its command line) and to the workers in their
+:class:`~toolrollout.spec.RunSpec`: on a cluster it listens on every interface, and only
+the run's own workers can use it.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -31,6 +36,7 @@ from typing import Any
 
 from toolrollout._exceptions import DistributedError, UserError
 from toolrollout._net import stop_popen
+from toolrollout._security import ADMIN_API_KEY_ENV, API_KEY_ENV
 from toolrollout.rollout import (
     RolloutPrompt,
     ShardWriter,
@@ -142,7 +148,7 @@ def run_sharded(
             if owns_ray:  # a shared server started here loads its model meanwhile
                 _init_ray(ray, options)
             urls = engine.urls
-            shard_spec = spec.replace(engine_urls=tuple(urls))
+            shard_spec = spec.replace(engine_urls=tuple(urls), engine_api_key=engine.api_key)
             jobs = [
                 ShardJob(
                     shard=shard,
@@ -200,8 +206,16 @@ class _Engines:
     driver started, or the given ones: a wrong ``--engine-url`` is then one clear error,
     as without ``--ray``, instead of a failed row per sample)."""
 
-    def __init__(self, urls: list[str], timeout: float, proc: Any = None, log: Any = None):
+    def __init__(
+        self,
+        urls: list[str],
+        timeout: float,
+        proc: Any = None,
+        log: Any = None,
+        api_key: str | None = None,
+    ):
         self.urls, self._timeout, self._proc, self._log = urls, timeout, proc, log
+        self.api_key = api_key
 
     def ready(self) -> list[str]:
         if self._proc is not None:
@@ -212,7 +226,7 @@ class _Engines:
             from toolrollout.engines import SGLangClient
 
             async def check() -> None:
-                async with SGLangClient(self.urls) as client:
+                async with SGLangClient(self.urls, api_key=self.api_key) as client:
                     await client.wait_healthy(timeout=self._timeout)
 
             anyio.run(check)
@@ -233,7 +247,7 @@ def _engine(ray: Any, spec: RunSpec, options: RayOptions) -> Iterator[_Engines]:
     """The servers every actor uses: the given URLs, or one shared ``toolrollout serve``
     started here (one model copy for the whole cluster, never one per actor)."""
     if spec.engine_urls:
-        yield _Engines(list(spec.engine_urls), spec.health_timeout)
+        yield _Engines(list(spec.engine_urls), spec.health_timeout, api_key=spec.engine_api_key)
         return
     from toolrollout.sandbox import free_port
 
@@ -260,10 +274,15 @@ def _engine(ray: Any, spec: RunSpec, options: RayOptions) -> Iterator[_Engines]:
         "--log-level",
         "warning",
     ]
+    # One key for this run's server: in its environment, not its argv (the process list).
+    key = secrets.token_urlsafe(32)
+    env = {k: v for k, v in os.environ.items() if k != ADMIN_API_KEY_ENV}
+    env[API_KEY_ENV] = key  # the workers abort requests too: no separate admin key
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
         try:
-            yield _Engines([f"http://{advertise}:{port}"], spec.health_timeout, proc, log)
+            url = f"http://{advertise}:{port}"
+            yield _Engines([url], spec.health_timeout, proc, log, api_key=key)
         finally:
             stop_popen(proc)
 

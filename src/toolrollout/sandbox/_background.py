@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import httpx
 
 from toolrollout._exceptions import SandboxIsolationError, ToolUnavailable, UserError
 from toolrollout._net import is_listening, stop_process
+from toolrollout._security import keyless_environ
 from toolrollout.tools import Tool
 
 __all__ = [
@@ -76,7 +76,7 @@ async def serve_sandbox_in_background(
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
-            env=env if env is not None else dict(os.environ),
+            env=env if env is not None else keyless_environ(),
         )
 
         def output() -> str:

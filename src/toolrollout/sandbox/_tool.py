@@ -30,6 +30,7 @@ from toolrollout._exceptions import (
     ToolUnavailable,
     UserError,
 )
+from toolrollout._security import bearer_headers, expand_env
 from toolrollout.tools import (
     BuildContext,
     RetryPolicy,
@@ -106,6 +107,7 @@ class SandboxConfigModel(BaseModel):
     http_retries: int = Field(default=3, ge=0)
     http_timeout: PositiveFloat | None = None
     headers: dict[str, str] = Field(default_factory=dict)
+    api_key: str | None = Field(default=None, repr=False)
     local_sandbox: bool = False
 
 
@@ -199,6 +201,9 @@ class SandboxTool(Tool):
     """First wait (seconds) before an HTTP retry; doubled each time, plus jitter."""
     headers: Mapping[str, str] = field(default_factory=dict)
     """Extra HTTP headers (e.g. authorization for a hosted deployment)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Sent as ``Authorization: Bearer <key>`` (``toolrollout sandbox serve --api-key``);
+    a config's ``api_key: ${NAME}`` reads it from the environment."""
     local_sandbox: bool = False
     """Whether ``toolrollout sandbox serve`` should run on :attr:`url`'s port while the
     tool is used, unless something listens there: the tool's :meth:`services`, opened by
@@ -312,6 +317,11 @@ class SandboxTool(Tool):
             http_retries=parsed.http_retries,
             http_timeout=parsed.http_timeout,
             headers=parsed.headers,
+            api_key=(
+                expand_env(parsed.api_key, where="config.api_key")
+                if parsed.api_key is not None
+                else None
+            ),
             local_sandbox=parsed.local_sandbox,
         )
 
@@ -400,7 +410,9 @@ class SandboxTool(Tool):
         timeout = httpx.Timeout(seconds, connect=min(seconds, 10.0))
         body = request.model_dump(mode="json")
         async with httpx.AsyncClient(
-            timeout=timeout, headers=dict(self.headers), transport=self.transport
+            timeout=timeout,
+            headers={**self.headers, **bearer_headers(self.api_key)},
+            transport=self.transport,
         ) as client:
             try:
                 async for attempt in AsyncRetrying(

@@ -20,6 +20,7 @@ import httpx
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     NonNegativeFloat,
     NonNegativeInt,
     PositiveFloat,
@@ -41,6 +42,7 @@ from toolrollout._exceptions import (
     ToolUnavailable,
     UserError,
 )
+from toolrollout._security import bearer_headers, expand_env
 from toolrollout.tools import (
     BuildContext,
     RetryPolicy,
@@ -129,6 +131,7 @@ class _SearchConfigModel(BaseModel):
     result_format: ResultFormat = "text"
     max_queries: PositiveInt | None = None
     headers: dict[str, str] = {}
+    api_key: str | None = Field(default=None, repr=False)
     local_corpus: str | None = None
 
 
@@ -180,6 +183,9 @@ class SearchTool(Tool):
     """Most queries one call may carry (None: no limit); more is the model's error."""
     headers: Mapping[str, str] = field(default_factory=dict)
     """Extra HTTP headers (e.g. an ``Authorization`` for a hosted retriever)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Sent as ``Authorization: Bearer <key>`` (``toolrollout retriever serve --api-key``);
+    a config's ``api_key: ${NAME}`` reads it from the environment."""
     local_corpus: str | None = None
     """When set (a corpus path, or ``demo``), toolrollout's BM25 retriever runs on this URL's
     port while the tool is used, unless something listens there: the tool's
@@ -245,6 +251,8 @@ class SearchTool(Tool):
             raise UserError(problems) from exc
         # Only the keys given: unset ones keep the class's defaults (VerlSearchTool's differ).
         values = {k: v for k, v in parsed.model_dump(exclude_unset=True).items() if v is not None}
+        if values.get("api_key") is not None:
+            values["api_key"] = expand_env(values["api_key"], where="config.api_key")
         if "request_timeout" not in values and config.get("timeout") is not None:
             values["request_timeout"] = float(config["timeout"])
         return cls(**values)
@@ -288,7 +296,7 @@ class SearchTool(Tool):
         return httpx.AsyncClient(
             transport=self.transport,
             timeout=self.request_timeout,
-            headers={"Accept": "application/json", **self.headers},
+            headers={"Accept": "application/json", **self.headers, **bearer_headers(self.api_key)},
             verify=_ssl_context(),
         )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from anyio.abc import Process
 
 from toolrollout._exceptions import ToolUnavailable, UserError
 from toolrollout._net import is_listening, stop_process
+from toolrollout._security import keyless_environ
 from toolrollout.tools import Tool
 
 from .demo_corpus import DEMO_CORPUS_PATH
@@ -114,7 +114,7 @@ async def serve_retriever_in_background(
         "--corpus", str(path), "--host", host, "--port", str(port), "--topk", str(topk),
         "--log-level", log_level, "--stem" if stemming else "--no-stem",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**keyless_environ(), "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryFile() as log:
         process = await anyio.open_process(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env

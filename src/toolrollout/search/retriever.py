@@ -10,6 +10,7 @@ Imports FastAPI; bm25s is imported when an index is built.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from os import PathLike
 from typing import Any
@@ -17,16 +18,21 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
+from toolrollout._security import SecurityMiddleware, ServerSecurity, check_bind
+
 from ._bm25 import Bm25Retriever, Hit
 from ._corpus import load_corpus
 
 __all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONCURRENT_REQUESTS",
     "MAX_QUERIES",
     "MAX_TOPK",
     "Bm25Retriever",
     "Hit",
     "RetrieveRequest",
     "create_retriever_app",
+    "retriever_security",
     "run_retriever",
 ]
 
@@ -36,6 +42,19 @@ MAX_QUERIES = 4096
 """Most queries one request may carry (a bound on the work one request can ask for)."""
 MAX_TOPK = 1000
 """Largest ``topk`` a request may ask for."""
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+"""Largest ``/retrieve`` body by default (thousands of queries fit)."""
+DEFAULT_MAX_CONCURRENT_REQUESTS = 256
+"""Requests in flight at once by default; more get 429 (the search tool retries those)."""
+
+
+def retriever_security(**changes: Any) -> ServerSecurity:
+    """The retriever's :class:`ServerSecurity` with its default limits and no key."""
+    base = ServerSecurity(
+        max_body_bytes=DEFAULT_MAX_BODY_BYTES,
+        max_concurrent_requests=DEFAULT_MAX_CONCURRENT_REQUESTS,
+    )
+    return dataclasses.replace(base, **changes)
 
 
 class RetrieveRequest(BaseModel):
@@ -55,9 +74,16 @@ def _hit_json(hit: Hit, return_scores: bool) -> dict[str, Any]:
     return {"document": document, "score": hit.score} if return_scores else document
 
 
-def create_retriever_app(retriever: Bm25Retriever, *, default_topk: int = 3) -> FastAPI:
-    """The FastAPI app serving ``retriever`` (``/retrieve`` and ``/health``)."""
+def create_retriever_app(
+    retriever: Bm25Retriever, *, default_topk: int = 3, security: ServerSecurity | None = None
+) -> FastAPI:
+    """The FastAPI app serving ``retriever`` (``/retrieve`` and ``/health``), guarded by
+    ``security`` (default: :func:`retriever_security`, no key)."""
     app = FastAPI(title="toolrollout retriever", docs_url=None, redoc_url=None)
+    app.add_middleware(
+        SecurityMiddleware,
+        security=security if security is not None else retriever_security(),
+    )
 
     # A plain ``def``: FastAPI runs it in its thread pool, off the event loop.
     @app.post("/retrieve")
@@ -89,10 +115,17 @@ def run_retriever(
     topk: int = 3,
     stemming: bool = True,
     log_level: str = "info",
+    security: ServerSecurity | None = None,
+    insecure: bool = False,
 ) -> None:
-    """Load ``corpus``, index it, and serve it with uvicorn until interrupted."""
+    """Load ``corpus``, index it, and serve it with uvicorn until interrupted.
+
+    A non-loopback ``host`` needs ``security.api_key`` unless ``insecure``.
+    """
     import uvicorn
 
+    security = security if security is not None else retriever_security()
+    check_bind(host, security, insecure=insecure, server="the retriever")
     documents = load_corpus(corpus)
     retriever = Bm25Retriever(documents, stemming=stemming)
     logger.info(
@@ -102,5 +135,5 @@ def run_retriever(
         retriever.index_seconds,
         "on" if retriever.stemming else "off",
     )
-    app = create_retriever_app(retriever, default_topk=topk)
+    app = create_retriever_app(retriever, default_topk=topk, security=security)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -12,9 +12,10 @@ from toolrollout._extras import require_extra
 
 require_extra("serve", "toolrollout.server")
 
-from toolrollout.server._app import create_app  # noqa: E402
+from toolrollout._security import ServerSecurity, check_bind  # noqa: E402
+from toolrollout.server._app import create_app, default_security  # noqa: E402
 
-__all__ = ["create_app", "run_server"]
+__all__ = ["create_app", "default_security", "run_server"]
 
 
 def run_server(
@@ -30,9 +31,19 @@ def run_server(
     num_threads: int | None = None,
     served_model_name: str | None = None,
     log_level: str = "info",
+    security: ServerSecurity | None = None,
+    insecure: bool = False,
+    weights_dirs: tuple[str | os.PathLike[str], ...] = (),
 ) -> None:
-    """Serve ``model_path`` on ``host:port`` (blocking; Ctrl-C stops it cleanly)."""
+    """Serve ``model_path`` on ``host:port`` (blocking; Ctrl-C stops it cleanly).
+
+    A non-loopback ``host`` needs ``security.api_key`` unless ``insecure``
+    (:func:`~toolrollout._security.check_bind`), checked before the model loads.
+    """
     import uvicorn
+
+    security = security if security is not None else default_security()
+    check_bind(host, security, insecure=insecure, server="toolrollout serve")
 
     from toolrollout.engines.embedded import EmbeddedEngine
 
@@ -45,5 +56,7 @@ def run_server(
         weight_version=weight_version,
         num_threads=num_threads,
     )
-    app = create_app(engine, served_model_name=served_model_name)
+    app = create_app(
+        engine, served_model_name=served_model_name, security=security, weights_dirs=weights_dirs
+    )
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_keep_alive=5)

@@ -11,15 +11,18 @@ through SGLang's ``RequestValidationError`` handler, which answers OpenAI's flat
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
+import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from http import HTTPStatus
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 
 from toolrollout._exceptions import EngineError, EngineRequestRejected, ToolRolloutError, UserError
+from toolrollout._security import SecurityMiddleware, ServerSecurity
 from toolrollout.engines._types import GenerateRequest, SamplingParams
 from toolrollout.engines.embedded import EmbeddedEngine, EmbeddedOutput
 from toolrollout.engines.embedded._scheduler import Event
@@ -40,7 +44,13 @@ from toolrollout.server._protocol import (
     parse_generate,
 )
 
-__all__ = ["create_app"]
+__all__ = [
+    "ADMIN_PATHS",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONCURRENT_REQUESTS",
+    "create_app",
+    "default_security",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +58,39 @@ HEALTH_CHECK_TIMEOUT = 20.0
 """Seconds ``/health_generate`` waits for its one token (SGLang's default)."""
 _DISCONNECT_POLL = 1.0
 """How often a non-streaming request checks whether its client is still there."""
+
+ADMIN_PATHS = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/update_weight_version",
+        "/pause_generation",
+        "/continue_generation",
+        "/flush_cache",
+        "/abort_request",
+    }
+)
+"""The control endpoints the admin key guards (those SGLang marks ``ADMIN_OPTIONAL``)."""
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Largest request body by default: room for long prompts with images, far below the
+hundreds of megabytes a hostile ``input_ids`` list can reach."""
+DEFAULT_MAX_CONCURRENT_REQUESTS = 4096
+"""Requests in flight at once by default (a thousand trajectories with room to spare)."""
+
+
+def default_security(**changes: Any) -> ServerSecurity:
+    """This server's :class:`ServerSecurity`: its control endpoints and default limits."""
+    base = ServerSecurity(
+        admin_paths=ADMIN_PATHS,
+        max_body_bytes=DEFAULT_MAX_BODY_BYTES,
+        max_concurrent_requests=DEFAULT_MAX_CONCURRENT_REQUESTS,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _within(path: str, folders: Sequence[Path]) -> bool:
+    """Whether ``path``, symlinks resolved, is one of ``folders`` or inside one."""
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(folder) for folder in folders)
 
 
 def _version() -> str:
@@ -100,13 +143,23 @@ async def _json_body(request: Request) -> Any:
         raise MalformedRequest(f"JSON decode error: {exc}") from exc
 
 
-def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) -> FastAPI:
+def create_app(
+    engine: EmbeddedEngine,
+    *,
+    served_model_name: str | None = None,
+    security: ServerSecurity | None = None,
+    weights_dirs: Sequence[str | os.PathLike[str]] = (),
+) -> FastAPI:
     """Build the HTTP app for ``engine``.
 
     The app starts the engine on startup if it is not running yet, and then also closes it
-    on shutdown; an engine started by the caller is left to the caller.
+    on shutdown; an engine started by the caller is left to the caller. ``security``
+    (default: :func:`default_security`, no keys) guards every request.
+    ``/update_weights_from_disk`` loads only the engine's first model folder or folders
+    inside ``weights_dirs``: a folder's code and weights are trusted by loading them.
     """
     model_name = served_model_name or engine.model_path
+    allowed_weights = tuple(Path(p).resolve() for p in (engine.model_path, *weights_dirs))
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -120,6 +173,10 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
                 await engine.aclose()
 
     app = FastAPI(title="toolrollout embedded server", version=_version(), lifespan=lifespan)
+    app.add_middleware(
+        SecurityMiddleware,
+        security=security if security is not None else default_security(),
+    )
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation_error(_: Request, exc: RequestValidationError) -> Response:
@@ -302,6 +359,13 @@ def create_app(engine: EmbeddedEngine, *, served_model_name: str | None = None) 
         version = body.get("weight_version")
         if version is not None and not isinstance(version, str):
             return validation_error_response("weight_version must be a string")
+        if not await asyncio.to_thread(_within, body["model_path"], allowed_weights):
+            message = (
+                f"model_path {body['model_path']!r} is outside the folders this server "
+                "loads weights from (its model folder and --weights-dir)"
+            )
+            failure = {"success": False, "message": message, "num_paused_requests": 0}
+            return _json(failure, HTTPStatus.BAD_REQUEST)
         try:
             update = await engine.update_weights_from_disk(
                 body["model_path"],

@@ -55,6 +55,8 @@ class RunSpec:
     """
 
     engine_urls: tuple[str, ...] = ()
+    engine_api_key: str | None = field(default=None, repr=False)
+    """Sent as ``Authorization: Bearer`` to ``engine_urls`` (never in the repr)."""
     model: Path | None = None
     tool_config: Path | None = None
     tools: tuple[Tool, ...] | None = None
@@ -148,8 +150,11 @@ class RunSpec:
         return self.target_groups is not None
 
     def client_options(self) -> dict[str, Any]:
-        """Keyword arguments for :class:`~toolrollout.engines.SGLangClient` (timeouts, retry)."""
+        """Keyword arguments for :class:`~toolrollout.engines.SGLangClient` (key, timeouts,
+        retry)."""
         options: dict[str, Any] = {}
+        if self.engine_api_key:
+            options["api_key"] = self.engine_api_key
         if self.request_timeout is not None:
             import httpx
 

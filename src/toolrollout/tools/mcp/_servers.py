@@ -104,6 +104,8 @@ class _ServerModel(BaseModel):
     """VS Code's spelling of ``transport``."""
     auth_token: str | None = None
     """verl's key: sent as ``Authorization: Bearer <token>``."""
+    api_key: str | None = None
+    """The same, under the name toolrollout's other tool configs use."""
     timeout: PositiveFloat | None = None
     sse_read_timeout: PositiveFloat | None = None
     disabled: bool = False
@@ -181,8 +183,10 @@ def _server(name: str, model: _ServerModel, source: str, config_dir: Path) -> Mc
     else:
         resolved = "sse" if transport == "sse" else "streamable-http"
     headers = {k: expand(v, f"headers.{k}") for k, v in model.headers.items()}
-    if model.auth_token is not None:
-        headers.setdefault("Authorization", f"Bearer {expand(model.auth_token, 'auth_token')}")
+    for key in ("auth_token", "api_key"):
+        token = getattr(model, key)
+        if token is not None:
+            headers.setdefault("Authorization", f"Bearer {expand(token, key)}")
     return HttpServer(
         name=name,
         url=url,
