@@ -626,3 +626,61 @@ async def test_mcp_server_time_from_its_own_venv_survives_a_crash(installed: Non
         )
         assert not tokyo.is_error and tokyo.structured is not None
         assert manager.statistics()["time"].sessions_opened == 2
+
+
+@needs_node
+@pytest.mark.slow
+async def test_a_rollout_keeps_running_through_a_server_restart(installed: None) -> None:
+    """Whole rollouts (four trajectories, two calls each) against server-everything over
+    streamable HTTP, restarted between the first and the second call of every trajectory:
+    every trajectory completes, every call returns the server's answer, nothing is lost or
+    scored on an error (an unavailable call would fail the row: the default policy)."""
+    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.engines import GenerateRequest
+    from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
+    from toolrollout.spec import load_tokenizer
+    from toolrollout.testing import ScriptedEngine, ScriptedOutput
+
+    tokenizer = load_tokenizer(DEMO_MODEL_PATH)
+
+    def ids(text: str) -> list[int]:
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    def call(message: str) -> list[int]:
+        body = json.dumps({"name": "echo", "arguments": {"message": message}})
+        return ids(f"<tool_call>\n{body}\n</tool_call><|im_end|>")
+
+    with node_server("streamableHttp") as server:
+        restarted: list[float] = []
+
+        def respond(request: GenerateRequest) -> ScriptedOutput:
+            assert request.rid is not None
+            turn = int(request.rid.rsplit("-", 2)[1][1:])
+            if turn == 1 and not restarted:  # the first second turn: the server goes away
+                started = time.monotonic()
+                server.kill()
+                server.start()  # same port, no memory of the old sessions
+                restarted.append(time.monotonic() - started)
+            out = call(f"turn {turn}") if turn < 2 else ids("Done.<|im_end|>")
+            return ScriptedOutput(out, logprobs=[-0.1] * len(out))
+
+        async with McpClientManager([server.spec]) as manager:
+            tools = [
+                t.with_limits(restart_limits())
+                for t in await list_mcp_tools(manager, selected=["echo"])
+            ]
+            runner = RolloutRunner(
+                ScriptedEngine(respond), tokenizer, tools, config=RolloutConfig(n=2, max_turns=4)
+            )
+            prompts = [{"messages": [{"role": "user", "content": f"Echo {i}."}]} for i in range(2)]
+            trajectories = await runner.run(prompts)
+            lost = manager.statistics()["http"].sessions_lost
+    assert restarted, "the scripted restart never happened"
+    assert len(trajectories) == 4
+    for t in trajectories:
+        assert t.status is TrajectoryStatus.COMPLETED, t.error
+        assert t.num_tool_calls == 2 and t.tool_errors == 0
+        answers = [m["content"] for m in t.messages if m["role"] == "tool"]
+        assert answers == ["Echo: turn 0", "Echo: turn 1"]
+        assert t.metrics["drift_mismatches"] == 0
+    assert lost >= 1  # the restart was seen, and ridden out
