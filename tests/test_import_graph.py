@@ -37,6 +37,7 @@ CORE = (
     "toolrollout._exceptions",
     "toolrollout.exceptions",
     "toolrollout._extras",
+    "toolrollout._jsonarg",
     "toolrollout._records",
     "toolrollout._retry",
     "toolrollout.engines",

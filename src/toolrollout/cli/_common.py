@@ -7,7 +7,6 @@ tokenizer loader, the reward choice) is library code in :mod:`toolrollout.spec`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -116,17 +115,9 @@ ChatTemplateKwargsOption = Annotated[
 
 def parse_template_kwargs(text: str | None) -> dict[str, Any]:
     """``--chat-template-kwargs``: a JSON object, or a one-line :class:`UserError`."""
-    from toolrollout._exceptions import UserError
+    from toolrollout._jsonarg import json_object
 
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--chat-template-kwargs is not JSON: {exc.msg} ({text!r})") from None
-    if not isinstance(value, dict):
-        raise UserError(f"--chat-template-kwargs must be a JSON object, got {text!r}")
-    return value
+    return {} if text is None else json_object(text, "--chat-template-kwargs")
 
 
 def fail(message: str) -> typer.Exit:

@@ -176,13 +176,13 @@ def list_tools(
 
 
 def _parse_args(text: str) -> dict[str, Any]:
+    from toolrollout._exceptions import UserError
+    from toolrollout._jsonarg import json_object
+
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise fail(f"--args is not valid JSON: {exc.msg} at position {exc.pos}") from None
-    if not isinstance(value, dict):
-        raise fail(f"--args must be a JSON object, got {type(value).__name__}")
-    return value
+        return json_object(text, "--args")
+    except UserError as exc:
+        raise fail(str(exc)) from None
 
 
 def _print_summary(name: str, result: ToolResult) -> None:

@@ -19,7 +19,6 @@ Importing this module imports ms-swift; ``import toolrollout`` never does.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,6 +35,7 @@ from swift.infer_engine.protocol import (
 from swift.rollout.multi_turn import MultiTurnScheduler, multi_turns
 
 from toolrollout._exceptions import UserError
+from toolrollout._jsonarg import json_object
 from toolrollout.engines._base import Engine
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rollout import (
@@ -63,15 +63,7 @@ TEMPLATE_KWARGS_ENV = "TOOLROLLOUT_CHAT_TEMPLATE_KWARGS"
 
 def _env_template_kwargs(text: str | None) -> Mapping[str, Any]:
     """``TOOLROLLOUT_CHAT_TEMPLATE_KWARGS``: a JSON object, or a one-line error."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{TEMPLATE_KWARGS_ENV} is not JSON: {exc.msg}") from None
-    if not isinstance(value, dict):
-        raise UserError(f"{TEMPLATE_KWARGS_ENV} must be a JSON object, got {text!r}")
-    return value
+    return json_object(text, TEMPLATE_KWARGS_ENV) if text else {}
 
 
 _TRUTH_KEYS = ("ground_truth", "answer", "solution")
