@@ -11,9 +11,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-PAGES = ("README.md", "tool_configs/README.md", *sorted(
-    str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")
-))
+PAGES = (
+    "README.md",
+    "tool_configs/README.md",
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
+)
 """Every page the docs test reads, relative to the repository root."""
 
 _FENCE = re.compile(r"^(?P<indent>\s*)```(?P<lang>[\w+-]*)\s*$")

@@ -8,8 +8,9 @@ the files an earlier one wrote) that links the checkout's ``tool_configs``, ``sr
 ``scripts``, ``requirements`` and ``pyproject.toml``, holds copies of ``benchmarks`` and
 ``examples``, and has ``.venv`` pointing at the running virtualenv, whose ``bin`` also comes
 first on ``PATH`` (so ``toolrollout``, ``python`` and ``.venv/bin/toolrollout`` all are the
-checkout under test). Background jobs a bash block starts (``cmd &``) stay up for the page's later blocks, as
-in a reader's terminal, and are killed with their process group when the page ends.
+checkout under test). Background jobs a bash block starts (``cmd &``) stay up for the
+page's later blocks, as in a reader's terminal, and are killed with their process group
+when the page ends.
 A failure names the page and line of the block, with the end of its output.
 
 Conventions a page uses (Markdown comments on the lines right above a fence are invisible
@@ -47,13 +48,55 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
-import toolrollout
 from tests._processes import free_port, wait_http
 from tests.docs._blocks import ASYNCIO_REPL, PAGES, REPO, Block, read_blocks
 
-NOT_RUN: dict[tuple[str, str], str] = {}
-"""(page, first line of the block) -> the reason it is not run (the page's marker text)."""
+import toolrollout
+
+NOT_RUN: dict[tuple[str, str], str] = {
+    ("docs/benchmarks.md", "python benchmarks/bench_soak.p"): (
+        "10,000 trajectories at concurrency 512, minutes of CPU; the figures it wrote are in "
+        "benchmarks/results/soak.json"
+    ),
+    ("docs/benchmarks.md", "toolrollout bench --plot bench"): (
+        "the published workload, about 10 minutes of a 2-core machine"
+    ),
+    ("docs/engines.md", "class Engine(ABC):"): ("an outline of the abstract class, not a program"),
+    ("docs/engines.md", "python -m sglang.launch_server"): (
+        "needs a GPU, SGLang and a 7B model download"
+    ),
+    ("docs/fault-tolerance.md", "python benchmarks/bench_soak.p"): (
+        "10,000 trajectories at concurrency 512, minutes of CPU; the figures it wrote are in "
+        "benchmarks/results/soak.json"
+    ),
+    ("docs/multimodal.md", "python -m toolrollout.demo_vl."): (
+        "retrains the VL demo model (CPU training, far beyond the docs test's time)"
+    ),
+    ("docs/multimodal.md", "mkdir text_base && for f in ch"): (
+        "a maintainer step; reads commit 9ceb368 from git history (absent from a shallow clone)"
+        " and writes 192 clips"
+    ),
+    ("docs/quickstart.md", "bash scripts/train_demo.sh    "): (
+        "trains the demo model, about an hour on one core (stage 1 alone, a third of that)"
+    ),
+    ("docs/scale-out.md", "# inference: SGLang servers on"): (
+        "needs GPU nodes with SGLang and a multi-node Ray cluster; tests/distributed start a "
+        "local two-node cluster"
+    ),
+    ("docs/search.md", "python search_r1/search/retrie"): (
+        "needs a Search-R1 checkout, its FAISS index and the 2018 Wikipedia dump (tens of GB)"
+    ),
+    ("docs/trainers.md", "python -m verl.trainer.main_pp"): (
+        "starts verl's PPO trainer, which needs GPUs and its Ray cluster"
+    ),
+    ("docs/trainers.md", 'PLUGIN=$(python -c "import too'): (
+        "swift rollout serves the model with vLLM, which needs a GPU (and downloads the model)"
+    ),
+    ("docs/trainers.md", ".venv/bin/pip install -r requi"): (
+        "runs the trainer adapter tests (minutes); CI runs them with the whole suite"
+    ),
+}
+"""(page, start of the block's first line) -> why it is not run (the page's marker text)."""
 
 OPTIONS = frozenset({"serve", "continues"})
 BLOCK_TIMEOUT_S = 240.0
@@ -125,8 +168,11 @@ def install_problems(segment: str) -> list[str]:
             )
         elif word == "." or word.startswith(".["):
             named = re.findall(r"[\w-]+", word[2:-1]) if word.startswith(".[") else []
-            problems += [f"{word!r}: no extra {name!r} in pyproject.toml" for name in named
-                         if name not in extras]
+            problems += [
+                f"{word!r}: no extra {name!r} in pyproject.toml"
+                for name in named
+                if name not in extras
+            ]
         elif words[i - 1] == "-r" and i > 0 and not (REPO / word).is_file():
             problems.append(f"-r {word}: no such file in the checkout")
     return problems
@@ -189,8 +235,13 @@ def _run(
     log = cwd / ".block-output"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         jobs.append(process.pid)
         try:
@@ -228,8 +279,12 @@ class _Server:
         self.log = (cwd / f".serve-{self.port}.log").open("wb")
         self.process = subprocess.Popen(
             [str(VENV / "bin" / "toolrollout"), "serve", "--port", str(self.port)],
-            cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=self.log,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         wait_http(f"http://127.0.0.1:{self.port}/health", 120, self.process)
 
@@ -280,7 +335,7 @@ def test_markers_are_known_and_listed() -> None:
             assert option in OPTIONS, f"{block.where}: unknown marker 'docs-test: {option}'"
         if block.not_run is not None:
             assert block.not_run, f"{block.where}: a not-run marker needs its reason"
-            marked[(block.page, block.first_line)] = block.not_run
+            marked[(block.page, block.first_line[:30])] = block.not_run
     assert marked == NOT_RUN
 
 
