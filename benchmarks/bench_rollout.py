@@ -14,7 +14,8 @@ Writes bench_rollout.json and bench_rollout.png in the current folder by default
 published results (benchmarks/results/, docs/) change only when asked for by --out and
 --plot. The default workload is the one docs/benchmarks.md reports the issue's targets
 on: 64 prompts x 16 samples, 2 to 6 turns of 256 tokens, a server with 256 batching slots
-at 20 ms per token (about 12,800 tokens/s, one GPU serving a 7-8B model), tools lognormal with median 1 s.
+at 20 ms per token (about 12,800 tokens/s, one GPU serving a 7-8B model), tools lognormal
+with median 1 s.
 Everything runs on loopback: the latency-model server(s), the tool service, and one worker
 process per mode. The machine's load average is recorded in the JSON and on the plot.
 """
