@@ -20,7 +20,7 @@ when rendered; the visible text around such a block says the same in words):
   ``NOT_RUN`` below with its reason, so a new one is a deliberate change of this file.
 * ``<!-- docs-test: serve -->``: the block talks to an SGLang-compatible server on
   ``127.0.0.1:30000``; the test starts ``toolrollout serve`` (the demo model) on a free port
-  for it and writes that port for ``30000`` in the block.
+  (once per page, for every such block) and writes that port for ``30000`` in the block.
 * ``<!-- docs-test: continues -->``: a Python block that continues the page's previous
   Python block (it uses its names); both run as one script.
 * A Python block whose first line starts with ``# asyncio REPL`` is code for
@@ -294,35 +294,52 @@ class _Server:
         self.log.close()
 
 
-def run_block(block: Block, previous_python: list[str], cwd: Path, jobs: list[int]) -> str:
-    """Run one block in ``cwd``; return the Python it ran (what a ``continues`` extends)."""
-    env = _env()
+class _Page:
+    """What the blocks of one page share: the folder, background jobs, the demo server."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self.env = _env()
+        self.jobs: list[int] = []
+        self.python: list[str] = []
+        self.server: _Server | None = None
+
+    def port(self) -> int:
+        """The ``docs-test: serve`` server, started by the page's first block that asks."""
+        if self.server is None:
+            self.server = _Server(self.cwd, self.env)
+        return self.server.port
+
+    def close(self) -> None:
+        for pgid in self.jobs:
+            _kill_group(pgid)
+        if self.server is not None:
+            self.server.close()
+
+
+def run_block(block: Block, page: _Page) -> None:
+    """Run one block in the page's folder; fail naming its page and line."""
     code = block.code
     if block.kind == "python" and "continues" in block.options:
-        assert previous_python, f"{block.where}: 'continues' with no Python block before it"
-        code = previous_python[-1] + code
-    ran = code
-    server = _Server(cwd, env) if "serve" in block.options else None
-    try:
-        if server is not None:
-            code = code.replace("30000", str(server.port))
-        script = cwd / f".block-{block.line}"
-        if block.kind == "bash":
-            script.write_text("set -eo pipefail\n" + _runnable_shell(code))
-            argv = ["bash", str(script)]
-        elif code.lstrip().startswith(ASYNCIO_REPL):
-            script.write_text(code)
-            argv = [sys.executable, "-c", _REPL_RUNNER, str(script)]
-        else:
-            script.write_text(code)
-            argv = [sys.executable, str(script)]
-        rc, output = _run(argv, cwd, env, BLOCK_TIMEOUT_S, jobs)
-    finally:
-        if server is not None:
-            server.close()
+        assert page.python, f"{block.where}: 'continues' with no Python block before it"
+        code = page.python[-1] + code
+    if block.kind == "python":
+        page.python.append(code)
+    if "serve" in block.options:
+        code = code.replace("30000", str(page.port()))
+    script = page.cwd / f".block-{block.line}"
+    if block.kind == "bash":
+        script.write_text("set -eo pipefail\n" + _runnable_shell(code))
+        argv = ["bash", str(script)]
+    elif code.lstrip().startswith(ASYNCIO_REPL):
+        script.write_text(code)
+        argv = [sys.executable, "-c", _REPL_RUNNER, str(script)]
+    else:
+        script.write_text(code)
+        argv = [sys.executable, str(script)]
+    rc, output = _run(argv, page.cwd, page.env, BLOCK_TIMEOUT_S, page.jobs)
     if rc != 0:
         pytest.fail(f"{block.where}: the {block.lang} block exited {rc}:\n{output[-4000:]}")
-    return ran
 
 
 # ---- checks that need no run -------------------------------------------------------------
@@ -385,16 +402,11 @@ def test_install_check_catches_mistakes() -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("page", PAGES)
 def test_page_runs_as_written(page: str, tmp_path: Path) -> None:
-    cwd = _page_dir(tmp_path)
-    previous: list[str] = []
-    jobs: list[int] = []
+    shared = _Page(_page_dir(tmp_path))
     try:
         for block in read_blocks(page):
             if block.kind is None or block.not_run is not None:
                 continue
-            ran = run_block(block, previous, cwd, jobs)
-            if block.kind == "python":
-                previous.append(ran)
+            run_block(block, shared)
     finally:
-        for pgid in jobs:
-            _kill_group(pgid)
+        shared.close()
