@@ -1,6 +1,8 @@
 """Rollout orchestration benchmark: toolrollout vs lock-step vs verifiers vs bare POSTs.
 
     python benchmarks/bench_rollout.py      # the published 1,024-trajectory run
+    python benchmarks/bench_rollout.py --out benchmarks/results/rollout.json \
+        --plot docs/benchmarks_rollout.png   # the same, refreshing the published files
     python benchmarks/bench_rollout.py --tokens-per-turn 48 --decode-ms 2 --tool-median 0.2 \
         --out benchmarks/results/rollout_short_turns.json \
         --plot docs/benchmarks_rollout_short_turns.png   # short turns on a fast server
@@ -8,10 +10,12 @@
         --out benchmarks/results/rollout_oversample.json \
         --plot docs/benchmarks_rollout_oversample.png    # straggler control
 
-Writes benchmarks/results/rollout.json and docs/benchmarks_rollout.png by default. The
-default workload is the one docs/benchmarks.md reports the issue's targets on: 64 prompts x
-16 samples, 2 to 6 turns of 256 tokens, a server with 256 batching slots at 20 ms per token
-(about 12,800 tokens/s, one GPU serving a 7-8B model), tools lognormal with median 1 s.
+Writes bench_rollout.json and bench_rollout.png in the current folder by default: the
+published results (benchmarks/results/, docs/) change only when asked for by --out and
+--plot. The default workload is the one docs/benchmarks.md reports the issue's targets
+on: 64 prompts x 16 samples, 2 to 6 turns of 256 tokens, a server with 256 batching slots
+at 20 ms per token (about 12,800 tokens/s, one GPU serving a 7-8B model), tools lognormal
+with median 1 s.
 Everything runs on loopback: the latency-model server(s), the tool service, and one worker
 process per mode. The machine's load average is recorded in the JSON and on the plot.
 """
@@ -33,8 +37,6 @@ from toolrollout.bench import (
     write_json,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -53,8 +55,10 @@ def main() -> None:
     parser.add_argument("--batch-fraction", type=float, default=0.875, help="oversample target")
     parser.add_argument("--tool-median", type=float, default=1.0)
     parser.add_argument("--tool-sigma", type=float, default=1.0)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/rollout.json")
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs/benchmarks_rollout.png")
+    # Not the tracked files under benchmarks/results/ and docs/: a trial run must not
+    # overwrite the published figures silently.
+    parser.add_argument("--out", type=Path, default=Path("bench_rollout.json"))
+    parser.add_argument("--plot", type=Path, default=Path("bench_rollout.png"))
     args = parser.parse_args()
     modes = ["toolrollout", "lockstep", "httpx", "aiohttp"]
     if importlib.util.find_spec("verifiers") is not None:

@@ -167,8 +167,9 @@ _Ray = Annotated[
     bool,
     typer.Option(
         "--ray",
+        # "\\[" keeps rich's markup from reading "[ray]" as a style tag and dropping it.
         help="Shard the prompts over Ray actors sharing the engine servers "
-        "(pip install 'toolrollout[ray]'; docs/scale-out.md).",
+        "(the ray extra: pip install -e '.\\[ray]'; docs/scale-out.md).",
     ),
 ]
 _RayWorkers = Annotated[

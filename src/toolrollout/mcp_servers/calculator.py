@@ -3,17 +3,24 @@
 Run it with ``python -m toolrollout.mcp_servers.calculator [--transport ...] [--port ...]``.
 The arithmetic is :func:`toolrollout.tools.calculator.calculator`: parsed with :mod:`ast`,
 never ``eval``; bad input comes back as an ``"Error: ..."`` text, like the native tool.
+
+The server reports the native tool's schema (:data:`~toolrollout.tools.calculator.CALCULATOR_TOOL`)
+as its ``inputSchema``, byte for byte, rather than the one the SDK derives from the
+function's signature (which adds ``title`` keys and orders the keys differently). A
+client renders whatever schema a server reports into the prompt, and the demo model was
+trained on the native one: with the derived schema its mean reward halved.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
-from typing import Annotated
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import Field
+from mcp.server.mcpserver.tools import Tool
 
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 from toolrollout.tools.calculator import calculator as _calculate
 
 from ._cli import serve
@@ -21,30 +28,34 @@ from ._cli import serve
 __all__ = ["build_server", "main"]
 
 
+def calculator(expression: str) -> str:
+    """Evaluate an arithmetic expression and return the result."""
+    result = _calculate(expression)
+    if result.startswith("Error:"):
+        # An ``isError`` result (as the native CalculatorTool marks it); the SDK words
+        # the text as "Error executing tool calculator: <reason>".
+        raise ToolError(result.removeprefix("Error:").strip())
+    return result
+
+
 def build_server() -> MCPServer[object]:
-    """A fresh server exposing the ``calculator`` tool."""
-    server: MCPServer[object] = MCPServer(
+    """A fresh server exposing the ``calculator`` tool with the native tool's schema."""
+    function = CALCULATOR_TOOL["function"]
+    tool = Tool.from_function(
+        calculator,
+        name=function["name"],
+        description=function["description"],
+        structured_output=False,
+    )
+    # The SDK still validates calls against the signature's pydantic model; only the
+    # schema the server reports (and checks arguments against first) is replaced.
+    tool = tool.model_copy(update={"parameters": copy.deepcopy(function["parameters"])})
+    return MCPServer(
         "calculator",
         instructions="Evaluates arithmetic expressions safely (no eval).",
         log_level="WARNING",
+        tools=[tool],
     )
-
-    @server.tool(structured_output=False)
-    def calculator(
-        expression: Annotated[
-            str,
-            Field(description="Arithmetic with + - * / // % ** and parentheses, e.g. 3 * (4 + 5)"),
-        ],
-    ) -> str:
-        """Evaluate an arithmetic expression and return the result."""
-        result = _calculate(expression)
-        if result.startswith("Error:"):
-            # An ``isError`` result (as the native CalculatorTool marks it); the SDK words
-            # the text as "Error executing tool calculator: <reason>".
-            raise ToolError(result.removeprefix("Error:").strip())
-        return result
-
-    return server
 
 
 def main(argv: Sequence[str] | None = None) -> None:
