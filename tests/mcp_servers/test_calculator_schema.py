@@ -58,12 +58,6 @@ def test_mcp_calculator_reports_the_native_schema_content(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="the SDK's wire model for protocol 2025-11-25 sends an inputSchema's properties "
-    "and required before type, and the client renders keys in arrival order; the fix "
-    "(type, properties, required first) belongs in toolrollout/tools/mcp/_tool.py",
-)
 def test_mcp_calculator_renders_the_native_prompt(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 

@@ -148,10 +148,17 @@ def requires_tasks(info: McpToolInfo) -> bool:
 
 
 def _parameters(info: McpToolInfo) -> dict[str, Any]:
+    """The tool's input schema in the order JSON-schema authors write it.
+
+    The MCP SDK's wire model sends ``properties`` and ``required`` before ``type``; the chat
+    template renders the schema as given, so without this the model would read another
+    prompt than the one a native tool with the same schema gives it.
+    """
     schema = dict(info.input_schema or {})
     schema.setdefault("type", "object")
     schema.setdefault("properties", {})
-    return schema
+    head = {key: schema.pop(key) for key in ("type", "properties", "required") if key in schema}
+    return {**head, **schema}
 
 
 def build_mcp_tools(
