@@ -15,7 +15,18 @@ from hypothesis import strategies as st
 
 from toolrollout.chat import ParsedTurn, get_tool_parser
 
-PARSERS = ["hermes", "llama3", "mistral", "pythonic", "deepseekv3", "deepseekv31"]
+PARSERS = [
+    "hermes",
+    "llama3",
+    "mistral",
+    "pythonic",
+    "deepseekv3",
+    "deepseekv31",
+    "qwen3_coder",
+    "kimi_k2",
+    "glm45",
+    "gpt-oss",
+]
 
 FUZZ = settings(
     max_examples=150,
@@ -82,6 +93,13 @@ VALID = {
     '{"a": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
     "deepseekv31": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>add<｜tool▁sep｜>"
     '{"a": 2}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "qwen3_coder": "<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n"
+    "<parameter=b>\nx\ny\n</parameter>\n</function>\n</tool_call>",
+    "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.add:0"
+    '<|tool_call_argument_begin|>{"a": 2}<|tool_call_end|><|tool_calls_section_end|>',
+    "glm45": "<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+    "gpt-oss": "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant"
+    '<|channel|>commentary to=functions.add <|constrain|>json<|message|>{"a": 2}<|call|>',
 }
 
 SENTINEL = "_toolrollout_fuzz_pwned"
