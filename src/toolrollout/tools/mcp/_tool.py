@@ -157,7 +157,9 @@ def _parameters(info: McpToolInfo) -> dict[str, Any]:
     schema = dict(info.input_schema or {})
     schema.setdefault("type", "object")
     schema.setdefault("properties", {})
-    head = {key: schema.pop(key) for key in ("type", "properties", "required") if key in schema}
+    head: dict[str, Any] = {
+        key: schema.pop(key) for key in ("type", "properties", "required") if key in schema
+    }
     return {**head, **schema}
 
 
