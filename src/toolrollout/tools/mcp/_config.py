@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import anyio
 from mcp.types import Tool as McpToolInfo
@@ -70,6 +70,10 @@ class McpSettingsModel(BaseModel):
     """Allow-list of tool names as the servers spell them (default: every tool)."""
     tool_name_prefix: str = ""
     """Put before each name shown to the model; ``{server}`` is replaced by the server."""
+    schema_key_order: Literal["canonical", "as_sent"] = "canonical"
+    """``canonical``: each input schema is shown with ``type``, ``properties`` and
+    ``required`` first, as a hand-written (native) schema has them; ``as_sent``: in the order
+    the server's SDK sent it (for a model trained on that text)."""
     connect_timeout: PositiveFloat = 30.0
     """Seconds to start/connect a server, initialize and list its tools."""
     progress_idle_timeout: PositiveFloat | None = None
@@ -247,6 +251,7 @@ def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
             selected=settings.tool_selected_list,
             name_prefix=settings.tool_name_prefix,
             tool_class=tool_class,
+            schema_key_order=settings.schema_key_order,
         )
     except UserError as exc:
         raise ConfigError(f"{where('mcp')}: {exc}") from exc

@@ -11,7 +11,7 @@ import re
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError, best_match
@@ -147,16 +147,23 @@ def requires_tasks(info: McpToolInfo) -> bool:
     return execution is not None and execution.task_support == "required"
 
 
-def _parameters(info: McpToolInfo) -> dict[str, Any]:
-    """The tool's input schema in the order JSON-schema authors write it.
+SchemaKeyOrder = Literal["canonical", "as_sent"]
+"""How an MCP tool's input schema is ordered in the prompt (see :func:`_parameters`)."""
+
+
+def _parameters(info: McpToolInfo, order: SchemaKeyOrder = "canonical") -> dict[str, Any]:
+    """The tool's input schema, by default in the order JSON-schema authors write it.
 
     The MCP SDK's wire model sends ``properties`` and ``required`` before ``type``; the chat
-    template renders the schema as given, so without this the model would read another
-    prompt than the one a native tool with the same schema gives it.
+    template renders the schema as given, so without reordering the model would read another
+    prompt than the one a native tool with the same schema gives it. ``"as_sent"`` keeps the
+    server's order (for a model trained on it, as the bundled VL demo was).
     """
     schema = dict(info.input_schema or {})
     schema.setdefault("type", "object")
     schema.setdefault("properties", {})
+    if order == "as_sent":
+        return schema
     head: dict[str, Any] = {
         key: schema.pop(key) for key in ("type", "properties", "required") if key in schema
     }
@@ -171,6 +178,7 @@ def build_mcp_tools(
     name_prefix: str = "",
     limits: ToolLimits | None = None,
     tool_class: type[McpTool] = McpTool,
+    schema_key_order: SchemaKeyOrder = "canonical",
 ) -> list[McpTool]:
     """Wrap listed tools (``{server: [tool, ...]}``) as ``tool_class`` objects.
 
@@ -214,7 +222,7 @@ def build_mcp_tools(
             tool = tool_class(
                 name=name,
                 description=description,
-                parameters=_parameters(info),
+                parameters=_parameters(info, schema_key_order),
                 manager=manager,
                 server=server,
                 remote_name=info.name,
