@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -187,11 +186,11 @@ def rollout_metrics(
         out[metric_key("rollout", "status", status)] = _ratio(
             sum(s.status == status for s in samples), count
         )
-    # Failed rows by cause: an infrastructure failure (tool_unavailable) is not the model's.
-    causes = Counter(s.finish_reason or "unknown" for s in samples if s.status == "failed")
-    out["rollout/failure/tool_unavailable"] = _ratio(causes.pop("tool_unavailable", 0), count)
-    for cause, number in sorted(causes.items()):
-        out[metric_key("rollout", "failure", cause)] = _ratio(number, count)
+    # Failed because a tool was unavailable: an infrastructure failure, not the model's.
+    unavailable = sum(
+        s.status == "failed" and s.finish_reason == "tool_unavailable" for s in samples
+    )
+    out["rollout/failure/tool_unavailable"] = _ratio(unavailable, count)
     turns = [float(s.num_turns) for s in samples]
     out["rollout/num_turns/mean"] = _mean(turns)
     out["rollout/num_turns/min"] = min(turns) if turns else math.nan
