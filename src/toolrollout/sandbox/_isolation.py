@@ -255,20 +255,6 @@ def bwrap_argv(
             argv += ["--dir", folder, "--chmod", "0755", folder]
     for path in _ETC_FILES:
         argv += ["--ro-bind-try", path, path]
-    made: set[str] = set()
-    for path in read_only:
-        # Mount points' parents would be made mode 0700 (root's) and unreadable to the
-        # program's uid: make them 0755 first.
-        for parent in reversed(Path(path).parents[:-1]):
-            ancestor = str(parent)
-            if ancestor in made or ancestor in ("/usr", "/etc") or os.path.islink(ancestor):
-                continue
-            made.add(ancestor)
-            if info.supports_perms:
-                argv += ["--perms", "0755", "--dir", ancestor]
-            else:
-                argv += ["--dir", ancestor, "--chmod", "0755", ancestor]
-        argv += ["--ro-bind", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     if tmp_dir is not None:
         argv += ["--bind", tmp_dir, "/tmp"]
@@ -280,6 +266,22 @@ def bwrap_argv(
         argv += ["--tmpfs", mount]
         if not info.supports_perms:
             argv += ["--chmod", "1777", mount]
+    # After /tmp is mounted, so a read-only path under /tmp (a checkout or a runtime there)
+    # is bound over the private /tmp instead of hidden by it.
+    made: set[str] = set()
+    for path in read_only:
+        # Mount points' parents would be made mode 0700 (root's) and unreadable to the
+        # program's uid: make them 0755 first.
+        for parent in reversed(Path(path).parents[:-1]):
+            ancestor = str(parent)
+            if ancestor in made or ancestor in ("/usr", "/etc", "/tmp") or os.path.islink(ancestor):
+                continue
+            made.add(ancestor)
+            if info.supports_perms:
+                argv += ["--perms", "0755", "--dir", ancestor]
+            else:
+                argv += ["--dir", ancestor, "--chmod", "0755", ancestor]
+        argv += ["--ro-bind", path, path]
     argv += ["--bind", workdir, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
