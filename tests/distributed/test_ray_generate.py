@@ -337,9 +337,14 @@ def test_a_batch_target_counts_groups_over_both_shards(setup: Setup, tmp_path: P
     assert len(leftover) == 5 * N
     assert {t.metrics["ray_shard"] for t in leftover} == {0, 1}  # both shards, merged
     aborted = [t for t in leftover if t.status is TrajectoryStatus.ABORTED]
-    assert aborted and all(t.resumable for t in aborted)
+    assert all(t.resumable for t in aborted)
     # The stop reached the shard that did not meet the target, and its aborts the server.
-    assert any(t.metrics["ray_shard"] != batch_shard for t in aborted)
+    # (On a quiet machine the other groups can all finish as the target group does: then
+    # nothing was in flight to abort, and every leftover row is a finished one.)
+    if aborted:
+        assert any(t.metrics["ray_shard"] != batch_shard for t in aborted)
+    else:
+        assert all(t.status.is_terminal for t in leftover)
     [load] = httpx.get(f"{setup.server}/get_load", timeout=10).json()
     assert load["num_reqs"] == 0
 

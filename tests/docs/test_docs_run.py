@@ -301,8 +301,11 @@ class _Server:
     def __init__(self, cwd: Path, env: dict[str, str]) -> None:
         self.port = free_port()
         self.log = (cwd / f".serve-{self.port}.log").open("wb")
+        # As the pages say: checkpoints the server may load live under ./ckpt.
+        command = [str(VENV / "bin" / "toolrollout"), "serve", "--port", str(self.port)]
+        command += ["--weights-dir", str(cwd / "ckpt")]
         self.process = subprocess.Popen(
-            [str(VENV / "bin" / "toolrollout"), "serve", "--port", str(self.port)],
+            command,
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
