@@ -451,15 +451,18 @@ def _plan(flags: _Flags) -> _Plan:
     carried, saved, n = _read_carried(flags)
     spec = _spec(flags, n)
     parts = load_parts(spec)
+    # Each renders the template's probe once: done here, once, for the check and the info.
+    tool_parser = effective_tool_parser(spec.config, parts.tokenizer)
+    chat = chat_setup(spec.config, parts.tokenizer)
     if flags.resume_leftover is not None:
         check_leftover_matches(
             flags.resume_leftover,
             saved,
             tool_names=parts.tool_names,
-            tool_parser=effective_tool_parser(spec.config, parts.tokenizer),
+            tool_parser=tool_parser,
             tokenizer=parts.tokenizer,
             model=spec.model_path,
-            chat=chat_setup(spec.config, parts.tokenizer),
+            chat=chat,
         )
     prompts, prompts_path = _prompts(flags, parts, carried)
     truths = [p.ground_truth for p in prompts] + [t.ground_truth for t in carried]
@@ -467,10 +470,10 @@ def _plan(flags: _Flags) -> _Plan:
     info = leftover_info(
         n=n,
         tool_names=parts.tool_names,
-        tool_parser=effective_tool_parser(spec.config, parts.tokenizer),
+        tool_parser=tool_parser,
         tokenizer=parts.tokenizer,
         model=spec.model_path,
-        chat=chat_setup(spec.config, parts.tokenizer),
+        chat=chat,
     )
     return _Plan(
         spec,
