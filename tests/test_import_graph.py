@@ -56,6 +56,7 @@ CORE_EXCLUDED = ("toolrollout.engines.embedded",)
 APPLICATIONS = (
     "toolrollout.engines.embedded",
     "toolrollout.server",
+    "toolrollout.gateway",
     "toolrollout.cli",
     "toolrollout.bench",
     "toolrollout.demo",

@@ -1,0 +1,102 @@
+"""The gateway's canonical request and result: the seam between the HTTP APIs and the core.
+
+Every API the gateway speaks (OpenAI Chat Completions, OpenAI Responses, Anthropic Messages)
+is translated into one :class:`ChatRequest` in OpenAI chat-message form, served by
+``Gateway.complete``, and its :class:`ChatResult` is translated back into that API's shape.
+Keeping one canonical form means the session matching, the template deltas and the records
+are written once, whatever the harness speaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "ChatChoice",
+    "ChatRequest",
+    "ChatResult",
+    "GatewayError",
+    "GatewayErrorKind",
+    "ToolCallOut",
+]
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+GatewayErrorKind = Literal[
+    "invalid_request", "context_length_exceeded", "overloaded", "timeout", "engine_error"
+]
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One model call of a harness, in OpenAI chat form.
+
+    ``messages`` are OpenAI chat messages: ``role`` (system/developer/user/assistant/tool),
+    ``content`` (a string or a list of parts), an assistant's ``tool_calls``
+    (``[{"id", "type": "function", "function": {"name", "arguments": <JSON text>}}]``) and
+    ``reasoning_content`` where the harness sends it back, a tool message's
+    ``tool_call_id``. ``tools`` are OpenAI function tools
+    (``{"type": "function", "function": {"name", "description", "parameters"}}``).
+    ``session`` is the session key the HTTP layer resolved (header, API key or path).
+    """
+
+    session: str
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    n: int = 1
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stop: tuple[str, ...] = ()
+    model: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolCallOut:
+    """A parsed tool call of the model, ``arguments`` as JSON text (OpenAI's shape)."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ChatChoice:
+    """One sampled answer: its text, reasoning (when the family separates it) and calls."""
+
+    index: int
+    content: str
+    reasoning: str | None
+    tool_calls: tuple[ToolCallOut, ...]
+    finish_reason: FinishReason
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    """What ``Gateway.complete`` returns: ``n`` choices and token usage."""
+
+    id: str
+    model: str
+    created: int
+    choices: tuple[ChatChoice, ...]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+class GatewayError(Exception):
+    """A request the gateway answers with an error in the API's own shape.
+
+    ``kind`` is API-neutral; each API layer maps it to its status code and error body
+    (for OpenAI, ``context_length_exceeded`` is a 400 with that ``code``; for Anthropic an
+    ``invalid_request_error``; ``overloaded`` is 429/529, ``timeout`` 504 / 408).
+    """
+
+    def __init__(self, kind: GatewayErrorKind, message: str, *, status: int) -> None:
+        super().__init__(message)
+        self.kind: GatewayErrorKind = kind
+        self.message = message
+        self.status = status
