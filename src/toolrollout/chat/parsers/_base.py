@@ -248,6 +248,34 @@ def raw_decode(text: str, index: int) -> tuple[Any, int, str | None]:
     return value, end, None
 
 
+def decode_arguments(payload: str, name: str, raw: str) -> dict[str, Any] | MalformedCall:
+    """Decode the JSON text of a call's arguments, which must be an object.
+
+    One place for the two errors every JSON-arguments format can meet (text that is not
+    JSON, JSON that is not an object), so their messages read the same in every parser.
+    """
+    value, error = loads(payload)
+    if error is not None:
+        return MalformedCall(f"{error} in the arguments of the call to {name!r}", clip(raw))
+    if not isinstance(value, dict):
+        return MalformedCall(
+            f"the arguments of the call to {name!r} must be a JSON object, "
+            f"got {type(value).__name__}",
+            clip(raw),
+        )
+    return value
+
+
+WHITESPACE = " \t\r\n"
+
+
+def skip_whitespace(text: str, index: int) -> int:
+    """The first index at or after ``index`` that is not JSON whitespace."""
+    while index < len(text) and text[index] in WHITESPACE:
+        index += 1
+    return index
+
+
 def call_from_object(obj: Any, raw: str) -> tuple[str, dict[str, Any]] | MalformedCall:
     """Validate a decoded ``{"name": ..., "arguments"|"parameters": {...}}`` object."""
     if not isinstance(obj, dict):

@@ -11,13 +11,17 @@ from __future__ import annotations
 import re
 
 from ._base import (
+    WHITESPACE,
     CallCollector,
+    MalformedCall,
     ParsedTurn,
     ToolCallParser,
     call_from_object,
+    decode_arguments,
     join_content,
     loads,
     raw_decode,
+    skip_whitespace,
 )
 
 __all__ = [
@@ -26,14 +30,6 @@ __all__ = [
     "Llama3JsonParser",
     "MistralParser",
 ]
-
-_WS = " \t\r\n"
-
-
-def _skip_ws(text: str, index: int) -> int:
-    while index < len(text) and text[index] in _WS:
-        index += 1
-    return index
 
 
 class HermesParser(ToolCallParser):
@@ -96,7 +92,7 @@ class Llama3JsonParser(ToolCallParser):
             tagged = True
         else:
             before, action, tagged = "", text, False
-            start = _skip_ws(action, 0)
+            start = skip_whitespace(action, 0)
             if not action.startswith(("{", "["), start):
                 return collector.turn(text.strip())
             value, _, error = raw_decode(action, start)
@@ -110,7 +106,7 @@ class Llama3JsonParser(ToolCallParser):
 
     def _parse_sequence(self, action: str, collector: CallCollector, tagged: bool) -> str:
         """Decode ``obj ; obj ; ...``; return the text left after the last call."""
-        index = _skip_ws(action, 0)
+        index = skip_whitespace(action, 0)
         if tagged and index >= len(action):
             collector.error(f"{self.tag} is not followed by a tool call", action)
             return ""
@@ -120,9 +116,9 @@ class Llama3JsonParser(ToolCallParser):
                 collector.error(f"{error} in the tool call", action[index:])
                 return ""
             collector.add_object(value, action[index:end])
-            index = _skip_ws(action, end)
+            index = skip_whitespace(action, end)
             if action.startswith(self.separator, index):
-                index = _skip_ws(action, index + len(self.separator))
+                index = skip_whitespace(action, index + len(self.separator))
                 continue
             return action[index:]
         return ""
@@ -160,7 +156,7 @@ class MistralParser(ToolCallParser):
         segments = [text[:first]]
         position = first
         while position != -1:
-            index = _skip_ws(text, position + len(self.marker))
+            index = skip_whitespace(text, position + len(self.marker))
             if text.startswith(("[", "{"), index):
                 end = self._parse_json_section(text, index, collector)
             else:
@@ -208,12 +204,12 @@ class MistralParser(ToolCallParser):
             head, call_id = head.split(self.id_marker, 1)
             call_id = call_id.strip()
             if _bad_call_id(call_id):
-                json_at = _skip_ws(text, args_at + len(self.args_marker))
+                json_at = skip_whitespace(text, args_at + len(self.args_marker))
                 collector.error(_call_id_message(call_id), text[index:json_at])
                 return None
         name = head.strip()
-        json_at = _skip_ws(text, args_at + len(self.args_marker))
-        if not name or any(ch in _WS for ch in name):
+        json_at = skip_whitespace(text, args_at + len(self.args_marker))
+        if not name or any(ch in WHITESPACE for ch in name):
             collector.error(
                 f"invalid tool name {name!r} before {self.args_marker}", text[index:json_at]
             )
@@ -311,18 +307,8 @@ class DeepSeekV3Parser(ToolCallParser):
         if not name:
             collector.error("the tool call has no name", inner)
             return
-        value, error = loads(payload.strip())
-        if error is not None:
-            collector.error(f"{error} in the arguments of the call to {name!r}", inner)
-            return
-        if not isinstance(value, dict):
-            collector.error(
-                f"the arguments of the call to {name!r} must be a JSON object, "
-                f"got {type(value).__name__}",
-                inner,
-            )
-            return
-        collector.add((name, value))
+        decoded = decode_arguments(payload.strip(), name, inner)
+        collector.add(decoded if isinstance(decoded, MalformedCall) else (name, decoded))
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):

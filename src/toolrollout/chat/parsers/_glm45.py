@@ -25,12 +25,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import CallCollector, ParsedTurn, ToolCallParser, join_content, loads
+from ._base import (
+    WHITESPACE,
+    CallCollector,
+    ParsedTurn,
+    ToolCallParser,
+    join_content,
+    loads,
+    skip_whitespace,
+)
 
 __all__ = ["Glm45Parser"]
 
 _STOPS = ("<|observation|>", "<|user|>", "<|endoftext|>")
-_WS = " \t\r\n"
 
 
 class Glm45Parser(ToolCallParser):
@@ -73,13 +80,13 @@ class Glm45Parser(ToolCallParser):
         first_key = inner.find(self.key_open)
         head = inner if first_key == -1 else inner[:first_key]
         name = head.strip()
-        if not name or any(ch in _WS or ch in "<\\" for ch in name):
+        if not name or any(ch in WHITESPACE or ch in "<\\" for ch in name):
             collector.error(f"invalid tool name {name!r} after {self.open_tag}", inner)
             return
         arguments: dict[str, Any] = {}
         position = len(head)
         while True:
-            position = _skip_ws(inner, position)
+            position = skip_whitespace(inner, position)
             if position >= len(inner):
                 break
             pair = self._read_pair(inner, position)
@@ -104,7 +111,7 @@ class Glm45Parser(ToolCallParser):
         key = inner[key_start:key_end].strip()
         if not key:
             return "an empty argument name"
-        value_at = _skip_ws(inner, key_end + len(self.key_close))
+        value_at = skip_whitespace(inner, key_end + len(self.key_close))
         if not inner.startswith(self.value_open, value_at):
             return f"argument {key!r} has no {self.value_open}"
         value_start = value_at + len(self.value_open)
@@ -119,12 +126,6 @@ class Glm45Parser(ToolCallParser):
             return raw
         value, error = loads(raw)
         return raw if error is not None else value
-
-
-def _skip_ws(text: str, index: int) -> int:
-    while index < len(text) and text[index] in _WS:
-        index += 1
-    return index
 
 
 def _schema_type(parameters: Mapping[str, Any] | None, key: str) -> str | None:

@@ -26,7 +26,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ._base import CallCollector, MalformedCall, ParsedTurn, ToolCallParser, clip, loads
+from ._base import (
+    CallCollector,
+    MalformedCall,
+    ParsedTurn,
+    ToolCallParser,
+    clip,
+    decode_arguments,
+)
 
 __all__ = [
     "GptOssParser",
@@ -185,16 +192,8 @@ def read_call(message: HarmonyMessage) -> tuple[str, dict[str, Any]] | Malformed
     if problem is not None:
         return MalformedCall(problem, clip(message.raw))
     body = message.body.strip()
-    value, error = loads(body) if body else ({}, None)
-    if error is not None:
-        return MalformedCall(f"{error} in the arguments of the call to {name!r}", clip(body))
-    if not isinstance(value, dict):
-        return MalformedCall(
-            f"the arguments of the call to {name!r} must be a JSON object, "
-            f"got {type(value).__name__}",
-            clip(body),
-        )
-    return name, value
+    arguments = decode_arguments(body, name, body) if body else {}
+    return arguments if isinstance(arguments, MalformedCall) else (name, arguments)
 
 
 class GptOssParser(ToolCallParser):

@@ -17,7 +17,14 @@ from __future__ import annotations
 
 import re
 
-from ._base import CallCollector, ParsedTurn, ToolCallParser, join_content, loads
+from ._base import (
+    CallCollector,
+    MalformedCall,
+    ParsedTurn,
+    ToolCallParser,
+    decode_arguments,
+    join_content,
+)
 
 __all__ = ["KimiK2Parser"]
 
@@ -88,15 +95,7 @@ class KimiK2Parser(ToolCallParser):
             )
             return
         name = match.group("name")
-        value, error = loads(payload.strip())
-        if error is not None:
-            collector.error(f"{error} in the arguments of the call to {name!r}", inner)
-            return
-        if not isinstance(value, dict):
-            collector.error(
-                f"the arguments of the call to {name!r} must be a JSON object, "
-                f"got {type(value).__name__}",
-                inner,
-            )
-            return
-        collector.add((name, value), call_id)
+        arguments = decode_arguments(payload.strip(), name, inner)
+        collector.add(
+            arguments if isinstance(arguments, MalformedCall) else (name, arguments), call_id
+        )
