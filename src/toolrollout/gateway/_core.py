@@ -152,7 +152,7 @@ class Gateway:
         self._writer: ShardWriter | None = None
         self._reaper: asyncio.Task[None] | None = None
         self._entered = False
-        self.stats: dict[str, int] = {"requests": 0, "errors": 0, "rows_written": 0}
+        self.stats: dict[str, int] = {"sessions": 0, "requests": 0, "errors": 0, "rows_written": 0}
         # Built now so that a tokenizer without a template, or an unknown family, fails at
         # startup rather than on the first request.
         self.chat_format(())
@@ -344,6 +344,7 @@ class Gateway:
         group = metadata.get("group")
         session = Session(key=key, ordinal=self._ordinal, group_id=str(group) if group else key)
         self._ordinal += 1
+        self.stats["sessions"] += 1
         self._sessions[key] = session
         return session
 
