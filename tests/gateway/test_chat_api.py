@@ -212,7 +212,9 @@ async def test_a_client_disconnect_aborts_the_generation(demo_tokenizer: Any) ->
         server = uvicorn.Server(uvicorn.Config(build_app(gateway), log_level="warning"))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         try:
-            while not server.started:
+            for _ in range(1000):
+                if server.started:
+                    break
                 await asyncio.sleep(0.01)
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
                 with pytest.raises(httpx.ReadTimeout):
