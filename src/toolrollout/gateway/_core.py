@@ -211,6 +211,13 @@ class Gateway:
         if self.out is not None:
             from toolrollout.rollout import ShardWriter
 
+            if self.out.exists():
+                self._entered = False
+                raise UserError(
+                    f"{self.out} exists already; the gateway writes a new file (choose "
+                    "another --out, or move it away)"
+                )
+
             writer = ShardWriter(
                 self._parts_folder(),
                 rows_per_shard=self._flush_every,
