@@ -11,6 +11,7 @@ import typer
 
 from toolrollout.cli import bench as _bench
 from toolrollout.cli import eval as _eval
+from toolrollout.cli import gateway as _gateway
 from toolrollout.cli import generate as _generate
 from toolrollout.cli import retriever as _retriever
 from toolrollout.cli import sandbox as _sandbox
@@ -32,7 +33,7 @@ def _root() -> None:
     """Async multi-turn tool-calling rollouts for LLM RL against SGLang."""
 
 
-for _command in (_serve, _generate, _eval, _retriever, _tools, _sandbox, _bench):
+for _command in (_serve, _generate, _eval, _gateway, _retriever, _tools, _sandbox, _bench):
     _command.register(app)
 
 

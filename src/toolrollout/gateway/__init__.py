@@ -1,5 +1,25 @@
-"""Gateway mode: an OpenAI/Anthropic-compatible proxy that records token-exact sessions."""
+"""Gateway mode: an OpenAI/Anthropic-compatible proxy that records token-exact sessions.
 
+A harness (an agent written with the OpenAI or Anthropic SDK, an agent framework, a coding
+CLI) points its base URL at the gateway; the gateway renders its messages with the chat
+template, generates token-in/token-out, answers in the API's own shape and records every
+session as token-exact trajectory rows for the trainer. See docs/gateway.md.
+"""
+
+from ._app import build_app
+from ._core import Gateway, GatewayConfig
+from ._http import complete_or_abort, session_key
 from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, ToolCallOut
 
-__all__ = ["ChatChoice", "ChatRequest", "ChatResult", "GatewayError", "ToolCallOut"]
+__all__ = [
+    "ChatChoice",
+    "ChatRequest",
+    "ChatResult",
+    "Gateway",
+    "GatewayConfig",
+    "GatewayError",
+    "ToolCallOut",
+    "build_app",
+    "complete_or_abort",
+    "session_key",
+]

@@ -1,0 +1,734 @@
+"""The gateway core: one :class:`ChatRequest` in, one :class:`ChatResult` out, recorded.
+
+:class:`Gateway` holds the engine, the tokenizer's chat formats (one per tool set), the
+open sessions and the writer. Every API layer (Chat Completions, Responses, Messages)
+translates its request into a :class:`ChatRequest` and calls :meth:`Gateway.complete`;
+the session matching, the template deltas, the limits and the records live here once.
+
+Concurrency: one asyncio event loop serves every session. Matching a request to a segment
+and committing its answer are synchronous sections (no ``await`` in between the check and
+the change), so sessions need no lock; generation itself waits on a capacity limiter
+(``max_concurrency`` in flight) and a bounded waiting line (``max_waiting``), beyond which
+requests are answered ``overloaded`` at once instead of piling up on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import shutil
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import anyio
+
+from toolrollout._exceptions import (
+    EngineError,
+    OverlongPromptError,
+    TokenizationError,
+    ToolRolloutError,
+    UserError,
+)
+from toolrollout._records import Trajectory
+from toolrollout.chat import ChatFormat, ParsedTurn, ToolCallParser, get_tool_parser
+from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams
+
+from ._session import (
+    Candidate,
+    Segment,
+    Session,
+    freeze_segment,
+    returned_view,
+    tools_key,
+)
+from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, ToolCallOut
+
+if TYPE_CHECKING:
+    from toolrollout.engines import Engine
+    from toolrollout.rollout import ShardWriter
+    from toolrollout.spec import RunSpec
+
+__all__ = ["Gateway", "GatewayConfig"]
+
+_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    """Limits and model options of a gateway (every one has a CLI flag of the same name).
+
+    ``context_length`` None: the engine's. ``idle_timeout`` None: sessions close only when
+    told. ``max_segments`` bounds one session's memory (each segment holds at most a
+    context of ids); ``max_open_segments`` bounds the segments a request is matched against
+    (the least recently used one stops being extendable beyond it).
+    """
+
+    model_name: str = "toolrollout"
+    family: str | None = None
+    tool_parser: str | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    context_length: int | None = None
+    default_max_tokens: int = 1024
+    max_n: int = 16
+    max_concurrency: int = 64
+    max_waiting: int = 1024
+    request_timeout: float = 600.0
+    idle_timeout: float | None = 600.0
+    max_sessions: int = 4096
+    max_segments: int = 64
+    max_open_segments: int = 8
+    max_records: int = 10_000
+    """Closed sessions' rows kept in memory for :meth:`Gateway.records` (newest kept)."""
+    flush_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_n", "max_concurrency", "max_waiting", "max_sessions", "max_segments"):
+            if int(getattr(self, name)) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.max_open_segments < 1:
+            raise UserError("--max-open-segments must be at least 1")
+        if not self.request_timeout > 0:
+            raise UserError("--request-timeout must be positive")
+        if self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise UserError("--idle-timeout must be positive")
+        if self.tool_parser is not None:
+            get_tool_parser(self.tool_parser)  # an unknown name fails now, not per request
+
+
+@dataclass
+class _Plan:
+    """Where a request's answer goes: an existing segment (extended) or a new one."""
+
+    input_ids: list[int]
+    segment: Segment | None
+    taken: int
+    new_messages: list[dict[str, Any]]
+    delta: list[int]
+    reason: str = "new"
+    parent: int | None = None
+    common: int = 0
+
+
+class Gateway:
+    """Serve harness model calls through a toolrollout engine, recording token-exact sessions.
+
+    ``async with Gateway(engine, tokenizer, out=path) as gateway:`` then ``await
+    gateway.complete(request)``; closing the gateway closes every session and, with
+    ``out``, merges the crash-safe shards (``<out>.parts/``) into ``out``. The engine is
+    the caller's (opened and closed by it); :meth:`open` builds both from a
+    :class:`~toolrollout.spec.RunSpec` as ``generate`` does.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        *,
+        config: GatewayConfig | None = None,
+        out: str | Path | None = None,
+        context_length: int | None = None,
+        flush_every: int = 64,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.config = config or GatewayConfig()
+        self.context_length = self.config.context_length or context_length
+        self.out = None if out is None else Path(out)
+        self._flush_every = flush_every
+        self._formats: dict[str, ChatFormat] = {}
+        self._sessions: dict[str, Session] = {}
+        self._ordinal = 0
+        self._records: deque[Trajectory] = deque(maxlen=self.config.max_records)
+        self._limiter = anyio.CapacityLimiter(self.config.max_concurrency)
+        self._waiting = 0
+        self._writer: ShardWriter | None = None
+        self._reaper: asyncio.Task[None] | None = None
+        self._entered = False
+        self.stats: dict[str, int] = {"sessions": 0, "requests": 0, "errors": 0, "rows_written": 0}
+        # Built now so that a tokenizer without a template, or an unknown family, fails at
+        # startup rather than on the first request.
+        self.chat_format(())
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(
+        cls,
+        spec: RunSpec,
+        *,
+        config: GatewayConfig | None = None,
+        out: str | Path | None = None,
+    ) -> AsyncIterator[Gateway]:
+        """The gateway of ``spec``'s engine and model, as ``generate`` builds its run.
+
+        The engine (``spec.engine_urls``, or the embedded one on ``spec.model``) is
+        started, asked for its context length, and closed with the block. ``spec.config``
+        gives the family, the tool parser and the template kwargs when ``config`` does not.
+        """
+        from toolrollout.engines._factory import connect
+        from toolrollout.spec import load_parts
+
+        parts = load_parts(spec.replace(tools=()))
+        base = config or GatewayConfig()
+        chosen = dataclasses.replace(
+            base,
+            family=base.family or _family_name(spec.config.family),
+            tool_parser=base.tool_parser or spec.config.tool_parser,
+            template_kwargs=dict(base.template_kwargs) or dict(spec.config.chat_template_kwargs),
+        )
+        engine = await connect(
+            spec.engine_urls,
+            spec.model_path,
+            threads=spec.threads,
+            health_timeout=spec.health_timeout,
+            **spec.client_options(),
+        )
+        async with engine:
+            context = (await engine.info()).context_length
+            async with cls(
+                engine,
+                parts.tokenizer,
+                config=chosen,
+                out=out,
+                context_length=context,
+                flush_every=spec.flush_every,
+            ) as gateway:
+                yield gateway
+
+    async def __aenter__(self) -> Self:
+        if self._entered:
+            raise UserError("this Gateway is entered already")
+        self._entered = True
+        if self.out is not None:
+            from toolrollout.rollout import ShardWriter
+
+            writer = ShardWriter(
+                self._parts_folder(),
+                rows_per_shard=self._flush_every,
+                flush_seconds=self.config.flush_seconds,
+            )
+            writer.__enter__()
+            self._writer = writer
+            self._ordinal = _next_ordinal(self._parts_folder())
+        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+            self._reaper = None
+        for key in list(self._sessions):
+            self.close_session(key)
+        if self._writer is not None:
+            from toolrollout.rollout import compact_shards
+
+            self._writer.close()
+            self._writer = None
+            assert self.out is not None
+            folder = self._parts_folder()
+            if any(folder.glob("part-*.parquet")):
+                compact_shards(folder, self.out)
+            shutil.rmtree(folder, ignore_errors=True)
+        self._entered = False
+
+    def _parts_folder(self) -> Path:
+        assert self.out is not None
+        return self.out.with_name(f"{self.out.name}.parts")
+
+    # -- formats ------------------------------------------------------------------------
+
+    def chat_format(self, tools: Sequence[Mapping[str, Any]]) -> ChatFormat:
+        """The chat format for a tool set (built once per distinct set, at most 64 kept)."""
+        key = tools_key(tools)
+        found = self._formats.get(key)
+        if found is None:
+            found = ChatFormat(
+                self.tokenizer,
+                tools=list(tools) or None,
+                family=self.config.family,
+                template_kwargs=self.config.template_kwargs,
+            )
+            if len(self._formats) >= 64:
+                self._formats.pop(next(iter(self._formats)))
+            self._formats[key] = found
+        return found
+
+    def _parser(self, chat: ChatFormat) -> ToolCallParser:
+        return get_tool_parser(self.config.tool_parser or chat.family.tool_parser, tools=chat.tools)
+
+    # -- sessions -----------------------------------------------------------------------
+
+    def sessions(self) -> dict[str, dict[str, Any]]:
+        """The open sessions' metrics, by session key."""
+        return {key: session.metrics() for key, session in self._sessions.items()}
+
+    def session(self, key: str) -> Session | None:
+        """An open session (its live state; read it, do not change it)."""
+        return self._sessions.get(key)
+
+    def records(self, session: str | None = None) -> list[Trajectory]:
+        """Rows of closed sessions still held in memory (all, or one session's)."""
+        rows = list(self._records)
+        if session is None:
+            return rows
+        return [r for r in rows if r.metrics.get("gateway", {}).get("session") == session]
+
+    def attach_reward(self, session: str, reward: float, segment: int | None = None) -> None:
+        """Score an open session (every segment), or one of its segments; written at close.
+
+        Rows already written cannot change, so a closed session is refused: score before
+        closing, or pass ``reward`` to :meth:`close_session`.
+        """
+        found = self._sessions.get(session)
+        if found is None:
+            raise GatewayError(
+                "invalid_request",
+                f"no open session {session!r}: rewards attach before the session is closed",
+                status=404,
+            )
+        value = _reward_value(reward)
+        if segment is None:
+            found.reward = value
+            return
+        for item in found.segments:
+            if item.index == segment:
+                item.reward = value
+                return
+        raise GatewayError(
+            "invalid_request", f"session {session!r} has no segment {segment}", status=404
+        )
+
+    def close_session(self, session: str, reward: float | None = None) -> list[Trajectory]:
+        """End a session: its segments with a model turn become rows (written with ``out``)."""
+        found = self._sessions.pop(session, None)
+        if found is None:
+            raise GatewayError("invalid_request", f"no open session {session!r}", status=404)
+        if reward is not None:
+            found.reward = _reward_value(reward)
+        found.closed = True
+        rows = [
+            freeze_segment(found, segment, assumed_choice=bool(segment.pending))
+            for segment in found.segments
+            if segment.has_model_turn
+        ]
+        for row in rows:
+            self._records.append(row)
+            if self._writer is not None:
+                self._writer.write(row)
+                self.stats["rows_written"] += 1
+        return rows
+
+    def _open_session(self, key: str, metadata: Mapping[str, Any]) -> Session:
+        found = self._sessions.get(key)
+        if found is not None:
+            return found
+        if len(self._sessions) >= self.config.max_sessions:
+            idle = min(self._sessions.values(), key=lambda s: s.last_used)
+            self.close_session(idle.key)
+        group = metadata.get("group")
+        session = Session(key=key, ordinal=self._ordinal, group_id=str(group) if group else key)
+        self._ordinal += 1
+        self.stats["sessions"] += 1
+        self._sessions[key] = session
+        return session
+
+    async def _reap(self) -> None:
+        """Close idle sessions and flush the writer, every few seconds."""
+        period = min(self.config.flush_seconds, (self.config.idle_timeout or 60.0) / 4, 5.0)
+        while True:
+            await asyncio.sleep(max(period, 0.05))
+            timeout = self.config.idle_timeout
+            if timeout is not None:
+                now = time.monotonic()
+                for key, session in list(self._sessions.items()):
+                    busy = any(s.busy for s in session.segments)
+                    if not busy and now - session.last_used > timeout:
+                        self.close_session(key)
+            if self._writer is not None:
+                self._writer.flush()
+
+    # -- the one entry point ------------------------------------------------------------
+
+    async def complete(self, request: ChatRequest) -> ChatResult:
+        """Serve one model call of a harness; raises :class:`GatewayError` for the API."""
+        self.stats["requests"] += 1
+        session = self._open_session(request.session, request.metadata)
+        session.requests += 1
+        session.last_used = time.monotonic()
+        try:
+            return await self._complete(session, request)
+        except GatewayError as exc:
+            self.stats["errors"] += 1
+            session.errors[exc.kind] = session.errors.get(exc.kind, 0) + 1
+            raise
+
+    async def _complete(self, session: Session, request: ChatRequest) -> ChatResult:
+        messages = _checked_messages(request)
+        if not 1 <= request.n <= self.config.max_n:
+            raise GatewayError(
+                "invalid_request", f"n must be between 1 and {self.config.max_n}", status=400
+            )
+        chat = self.chat_format(request.tools)
+        try:
+            plan = self._plan(session, chat, messages)
+        except TokenizationError as exc:
+            raise GatewayError("invalid_request", str(exc), status=400) from None
+        context = self.context_length
+        if context is not None and len(plan.input_ids) >= context:
+            if plan.segment is not None:
+                plan.segment.finish_reason = "context_length_exceeded"
+                plan.segment.open = False
+            raise GatewayError(
+                "context_length_exceeded",
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"messages resulted in {len(plan.input_ids)} tokens. Please reduce the length "
+                "of the messages.",
+                status=400,
+            )
+        wanted = request.max_tokens or self.config.default_max_tokens
+        max_new = wanted if context is None else min(wanted, context - len(plan.input_ids))
+        if plan.segment is not None:
+            plan.segment.busy = True
+        started = time.perf_counter()
+        try:
+            results = await self._generate(request, plan.input_ids, max_new)
+        finally:
+            if plan.segment is not None:
+                plan.segment.busy = False
+        seconds = time.perf_counter() - started
+        enabled = bool(request.tools) and request.tool_choice != "none"
+        calls_so_far = plan.segment.num_tool_calls if plan.segment is not None else 0
+        choices, candidates = self._choices(chat, results, enabled, calls_so_far)
+        segment = self._commit(session, chat, plan, candidates, messages, request)
+        if segment is not None:
+            segment.requests += 1
+            segment.generation_seconds += seconds
+            segment.cached_tokens += sum(r.cached_tokens for r in results)
+            segment.last_used = time.monotonic()
+        return ChatResult(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            model=request.model or self.config.model_name,
+            created=int(time.time()),
+            choices=tuple(choices),
+            prompt_tokens=len(plan.input_ids),
+            completion_tokens=sum(len(r.output_ids) for r in results),
+            cached_tokens=max((r.cached_tokens for r in results), default=0),
+        )
+
+    def _plan(self, session: Session, chat: ChatFormat, messages: list[dict[str, Any]]) -> _Plan:
+        """Match ``messages`` against the session's open segments (sync: no await)."""
+        key = tools_key(chat.tools)
+        best: tuple[Segment, int, int] | None = None
+        nearest: tuple[int, Segment] | None = None
+        for segment in session.segments:
+            taken, common = segment.extension(messages)
+            if nearest is None or common > nearest[0]:
+                nearest = (common, segment)
+            if taken is None or segment.tools_key != key:
+                continue
+            if best is None or common > best[2]:
+                best = (segment, taken, common)
+        if best is not None:
+            segment, taken, common = best
+            before = list(segment.messages)
+            ids = segment.ids()
+            if taken >= 0:
+                chosen = segment.pending[taken]
+                before.append(chosen.message)
+                ids.extend(chosen.ids)
+            new = messages[common:]
+            try:
+                delta = chat.tool_turn_delta(before, new)
+            except TokenizationError:
+                delta = None  # this template cannot extend here: a new segment instead
+            if delta is not None:
+                return _Plan([*ids, *delta], segment, taken, new, delta)
+        reason = "new"
+        parent: int | None = None
+        common = 0
+        if nearest is not None:
+            common, near = nearest
+            parent = near.index
+            if near.tools_key != key:
+                reason = "tools_changed"
+            elif near.finish_reason == "context_length_exceeded":
+                reason = "after_overflow"
+            elif common >= len(near.messages) and not near.open:
+                reason = "after_length"
+            elif near.busy and common >= len(near.messages):
+                reason = "concurrent"
+            else:
+                reason = "history_rewritten"
+        if len(session.segments) >= self.config.max_segments:
+            raise GatewayError(
+                "invalid_request",
+                f"session {session.key!r} has {len(session.segments)} segments, the most "
+                "--max-segments allows; close it and start a new session",
+                status=400,
+            )
+        prompt = chat.render_prompt(messages)
+        return _Plan(prompt, None, -1, messages, [], reason, parent, common)
+
+    async def _generate(
+        self, request: ChatRequest, input_ids: list[int], max_new: int
+    ) -> list[GenerateResult]:
+        """The ``n`` samples, within the limits; aborted in the engine when cancelled."""
+        if self._waiting >= self.config.max_waiting:
+            raise GatewayError(
+                "overloaded",
+                f"the gateway has {self._waiting} requests waiting (--max-waiting); retry later",
+                status=429,
+            )
+        base = f"gw-{uuid.uuid4().hex[:16]}"
+        rids = [f"{base}-{i}" for i in range(request.n)]
+        sampling = SamplingParams(
+            max_new_tokens=max_new,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=-1 if request.top_k is None else request.top_k,
+            stop=tuple(request.stop),
+            seed=_seed(request.metadata),
+        )
+        ids = tuple(input_ids)
+
+        async def one(index: int, rid: str) -> GenerateResult:
+            seeded = sampling
+            if sampling.seed is not None:
+                seeded = dataclasses.replace(sampling, seed=sampling.seed + index)
+            return await self.engine.generate(
+                GenerateRequest(input_ids=ids, sampling=seeded, rid=rid, session_id=request.session)
+            )
+
+        self._waiting += 1
+        acquired = False
+        try:
+            with anyio.fail_after(self.config.request_timeout):
+                await self._limiter.acquire()
+                acquired = True
+                self._waiting -= 1
+                results = list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rids))))
+        except TimeoutError:
+            await self._abort(rids)
+            raise GatewayError(
+                "timeout",
+                f"the model did not answer within {self.config.request_timeout:g} s "
+                "(--request-timeout)",
+                status=504,
+            ) from None
+        except asyncio.CancelledError:
+            await self._abort(rids)  # the client went away: free the engine now
+            raise
+        except OverlongPromptError as exc:
+            raise GatewayError("context_length_exceeded", str(exc), status=400) from None
+        except UserError as exc:
+            raise GatewayError("invalid_request", str(exc), status=400) from None
+        except EngineError as exc:
+            raise GatewayError("engine_error", str(exc), status=503) from None
+        finally:
+            if acquired:
+                self._limiter.release()
+            else:
+                self._waiting -= 1
+        for result in results:
+            if result.finish_reason.type == "abort":
+                raise GatewayError(
+                    "engine_error",
+                    f"the engine aborted the generation: {result.finish_reason.message or ''}",
+                    status=503,
+                )
+            if result.output_logprobs is None:
+                raise GatewayError("engine_error", "the engine returned no logprobs", status=503)
+        return results
+
+    async def _abort(self, rids: Sequence[str]) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+            for rid in rids:
+                with contextlib.suppress(ToolRolloutError, OSError):
+                    await self.engine.abort(rid)
+
+    def _choices(
+        self,
+        chat: ChatFormat,
+        results: Sequence[GenerateResult],
+        tools_enabled: bool,
+        calls_so_far: int,
+    ) -> tuple[list[ChatChoice], list[Candidate]]:
+        family = chat.family
+        parser = self._parser(chat)
+        choices: list[ChatChoice] = []
+        candidates: list[Candidate] = []
+        for index, result in enumerate(results):
+            ids = tuple(result.output_ids)
+            text = chat.model_text(ids)
+            parsed = parser.parse(text)
+            if not tools_enabled and parsed.tool_calls:
+                parsed = ParsedTurn(content=text, reasoning=None)
+            parsed = _family_ids(family, parsed, calls_so_far)
+            call_ids = [call.id for call in parsed.tool_calls]
+            message = family.build_assistant_message(text, parsed, call_ids)
+            content = text if parsed.errors else parsed.content
+            calls = tuple(
+                ToolCallOut(call.id, call.name, json.dumps(call.arguments, ensure_ascii=False))
+                for call in parsed.tool_calls
+            )
+            finish = result.finish_reason.type
+            reason = "length" if finish == "length" else ("tool_calls" if calls else "stop")
+            choices.append(ChatChoice(index, content, parsed.reasoning, calls, reason))  # type: ignore[arg-type]
+            candidates.append(
+                Candidate(
+                    ids=ids,
+                    logprobs=tuple(float(x) for x in result.output_logprobs or ()),
+                    text=text,
+                    message=message,
+                    returned=returned_view(content, calls),
+                    finish=finish,
+                    weight_version=result.weight_version,
+                    tool_calls=len(calls),
+                    parse_errors=len(parsed.errors),
+                    extendable=finish == "stop" and chat.ends_with_stop(ids),
+                )
+            )
+        return choices, candidates
+
+    def _commit(
+        self,
+        session: Session,
+        chat: ChatFormat,
+        plan: _Plan,
+        candidates: list[Candidate],
+        messages: list[dict[str, Any]],
+        request: ChatRequest,
+    ) -> Segment | None:
+        """Put the answer into its segment (sync). A closed session records nothing."""
+        if session.closed:
+            return None
+        segment = plan.segment
+        if segment is not None and segment.busy is False and _still_extends(segment, plan):
+            if plan.taken >= 0:
+                segment.take(segment.pending[plan.taken])
+            segment.append_messages(plan.new_messages, plan.delta)
+        else:
+            if segment is not None:
+                # Another answer went into it while this one generated: fork. The ids the
+                # engine saw are a valid transcript prefix (as prompt, loss mask 0).
+                plan = dataclasses.replace(
+                    plan, reason="concurrent", parent=segment.index, common=len(segment.messages)
+                )
+            segment = Segment(
+                index=len(session.segments),
+                reason=plan.reason,
+                parent=plan.parent,
+                common_messages=plan.common,
+                chat=chat,
+                tools_key=tools_key(chat.tools),
+                messages=[dict(m) for m in messages],
+                prompt_ids=tuple(plan.input_ids),
+                returned=[None] * len(messages),
+            )
+            session.segments.append(segment)
+            self._limit_open(session)
+        if len(candidates) == 1:
+            segment.take(candidates[0])
+        else:
+            segment.pending = candidates
+        return segment
+
+    def _limit_open(self, session: Session) -> None:
+        open_segments = [s for s in session.segments if s.open and not s.busy]
+        while len(open_segments) > self.config.max_open_segments:
+            oldest = min(open_segments, key=lambda s: s.last_used)
+            oldest.open = False
+            open_segments.remove(oldest)
+
+
+def _still_extends(segment: Segment, plan: _Plan) -> bool:
+    """Whether the segment is still where the plan found it (no other answer went in)."""
+    expected = len(plan.input_ids) - len(plan.delta)
+    pending = segment.pending[plan.taken].ids if plan.taken >= 0 else ()
+    return segment.open and segment.num_tokens + len(pending) == expected
+
+
+def _checked_messages(request: ChatRequest) -> list[dict[str, Any]]:
+    """The request's messages without empty fields; a one-line error for a bad one."""
+    if not request.messages:
+        raise GatewayError("invalid_request", "messages must not be empty", status=400)
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(request.messages):
+        if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
+            raise GatewayError(
+                "invalid_request",
+                f"messages[{i}]: role must be one of {', '.join(sorted(_ROLES))}",
+                status=400,
+            )
+        cleaned = {k: v for k, v in message.items() if v is not None}
+        if cleaned["role"] == "developer":
+            cleaned["role"] = "system"
+        out.append(cleaned)
+    if out[-1]["role"] == "assistant":
+        raise GatewayError(
+            "invalid_request",
+            "the last message is an assistant turn; continuing a prefilled assistant "
+            "message is not supported",
+            status=400,
+        )
+    return out
+
+
+def _family_ids(family: Any, parsed: ParsedTurn, call_number: int) -> ParsedTurn:
+    """Call ids as the family's template needs them, else fresh OpenAI-style ones."""
+    if not parsed.tool_calls:
+        return parsed
+    if family.call_id is not None:
+        ids = family.make_call_ids(parsed, call_number)
+    else:
+        ids = [f"call_{uuid.uuid4().hex[:24]}" for _ in parsed.tool_calls]
+    calls = tuple(
+        dataclasses.replace(call, id=call_id)
+        for call, call_id in zip(parsed.tool_calls, ids, strict=True)
+    )
+    return dataclasses.replace(parsed, tool_calls=calls)
+
+
+def _seed(metadata: Mapping[str, Any]) -> int | None:
+    seed = metadata.get("seed")
+    return int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def _reward_value(reward: Any) -> float:
+    if isinstance(reward, bool) or not isinstance(reward, int | float):
+        raise GatewayError(
+            "invalid_request", f"reward must be a number, got {reward!r}", status=400
+        )
+    return float(reward)
+
+
+def _family_name(family: Any) -> str | None:
+    if family is None or isinstance(family, str):
+        return family
+    return str(family.name)
+
+
+def _next_ordinal(folder: Path) -> int:
+    """Sessions of an earlier gateway run on the same output keep their prompt indexes."""
+    from toolrollout.rollout import read_shards
+
+    if not folder.is_dir():
+        return 0
+    column = read_shards(folder).column("prompt_index").to_pylist()
+    return max(column, default=-1) + 1

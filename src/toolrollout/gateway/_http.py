@@ -1,0 +1,143 @@
+"""HTTP helpers every API layer of the gateway shares: the session key, disconnects, errors.
+
+A session is named, in this order, by the ``X-Toolrollout-Session`` header, by a path
+prefix ``/s/<session>/...`` (rewritten into that header by :class:`SessionPathMiddleware`,
+so every route gets it), or by the API key the harness sends (``Authorization: Bearer``
+or Anthropic's ``x-api-key``): an SDK that only lets you set a base URL or a key can still
+name its session. Requests with none of them share the session ``default``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from ._types import ChatRequest, ChatResult, GatewayError
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from ._core import Gateway
+
+__all__ = [
+    "DEFAULT_SESSION",
+    "GROUP_HEADER",
+    "SESSION_HEADER",
+    "SessionPathMiddleware",
+    "complete_or_abort",
+    "openai_error",
+    "openai_error_body",
+    "request_metadata",
+    "session_key",
+]
+
+SESSION_HEADER = "x-toolrollout-session"
+GROUP_HEADER = "x-toolrollout-group"
+DEFAULT_SESSION = "default"
+_PREFIX = re.compile(r"^/s/([^/]+)(/.*)$")
+_KEY_PREFIXES = ("Bearer ", "bearer ")
+
+
+def session_key(request: Request) -> str:
+    """The session a request belongs to (header, path prefix, API key, else ``default``)."""
+    header = request.headers.get(SESSION_HEADER)
+    if header:
+        return header.strip()
+    auth = request.headers.get("authorization", "")
+    for prefix in _KEY_PREFIXES:
+        if auth.startswith(prefix) and auth[len(prefix) :].strip():
+            return auth[len(prefix) :].strip()
+    key = request.headers.get("x-api-key", "").strip()
+    return key or DEFAULT_SESSION
+
+
+def request_metadata(request: Request) -> dict[str, Any]:
+    """Per-request options from headers: the GRPO group a session belongs to."""
+    group = request.headers.get(GROUP_HEADER)
+    return {"group": group.strip()} if group and group.strip() else {}
+
+
+class SessionPathMiddleware:
+    """``/s/<session>/v1/...`` is served as ``/v1/...`` with the session header set."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            match = _PREFIX.match(scope.get("path", ""))
+            if match is not None:
+                from urllib.parse import unquote
+
+                session, rest = unquote(match.group(1)), match.group(2)
+                headers = [
+                    (k, v) for k, v in scope.get("headers", []) if k != b"x-toolrollout-session"
+                ]
+                headers.append((b"x-toolrollout-session", session.encode()))
+                scope = {**scope, "path": rest, "raw_path": rest.encode(), "headers": headers}
+        await self.app(scope, receive, send)
+
+
+async def complete_or_abort(
+    gateway: Gateway, http_request: Request, chat_request: ChatRequest
+) -> ChatResult:
+    """``gateway.complete(chat_request)``, cancelled (and the engine request aborted) when
+    the client disconnects before the answer is ready.
+
+    The request body must have been read already: the next ASGI message is then the
+    disconnect, which this waits for beside the generation.
+    """
+    task = asyncio.ensure_future(gateway.complete(chat_request))
+
+    async def watch() -> None:
+        while True:
+            message = await http_request.receive()
+            if message.get("type") == "http.disconnect":
+                task.cancel()
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await task
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher
+
+
+_OPENAI_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "context_length_exceeded": "invalid_request_error",
+    "overloaded": "rate_limit_error",
+    "timeout": "timeout_error",
+    "engine_error": "server_error",
+}
+
+
+def openai_error_body(error: GatewayError, *, param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    code: str | None = None
+    if error.kind == "overloaded":
+        code = "rate_limit_exceeded"
+    if error.kind == "context_length_exceeded":
+        code = error.kind
+        param = param or "messages"
+    return {
+        "error": {
+            "message": error.message,
+            "type": _OPENAI_TYPES.get(error.kind, "server_error"),
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def openai_error(error: GatewayError) -> JSONResponse:
+    """The error as OpenAI's API answers it (status and body)."""
+    headers = {"retry-after": "1"} if error.kind == "overloaded" else None
+    return JSONResponse(openai_error_body(error), status_code=error.status, headers=headers)
