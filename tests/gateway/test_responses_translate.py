@@ -20,11 +20,11 @@ from pydantic import BaseModel
 
 from toolrollout.gateway import ChatChoice, ChatResult, GatewayError, ToolCallOut
 from toolrollout.gateway._responses import (
-    openai_error_body,
     output_items,
     parse_responses_request,
     response_events,
     response_object,
+    responses_error,
     responses_messages,
     responses_to_chat,
 )
@@ -263,16 +263,19 @@ def test_untranslatable_requests_are_refused_with_the_field(
 
 def test_errors_use_openais_envelope() -> None:
     exc = GatewayError("context_length_exceeded", "too long: 2000 > 1024", status=400)
-    body = openai_error_body(exc)
-    assert body == {
+    response = responses_error(exc)
+    assert response.status_code == 400
+    assert json.loads(bytes(response.body)) == {
         "error": {
             "message": "too long: 2000 > 1024",
             "type": "invalid_request_error",
-            "param": None,
+            "param": "input",
             "code": "context_length_exceeded",
         }
     }
-    json.dumps(body)
+    overloaded = responses_error(GatewayError("overloaded", "busy", status=429))
+    assert overloaded.status_code == 429 and overloaded.headers["retry-after"] == "1"
+    assert json.loads(bytes(overloaded.body))["error"]["code"] == "rate_limit_exceeded"
 
 
 def test_adjacent_model_turns_stay_two_messages() -> None:

@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
+from ._http import complete_or_abort, request_metadata, session_key
 from ._parts import chat_content, invalid, require_str
 from ._sse import sse_response
 from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError
@@ -74,8 +75,11 @@ def parse_messages_request(body: Any) -> MessagesRequest:
         raise invalid(f"{where}: {first['msg']}") from None
 
 
-def messages_to_chat(request: MessagesRequest, session: str) -> ChatRequest:
-    """The canonical request of a validated Messages request."""
+def messages_to_chat(
+    request: MessagesRequest, session: str, *, metadata: dict[str, Any] | None = None
+) -> ChatRequest:
+    """The canonical request of a validated Messages request (``metadata``: the
+    per-request options of the HTTP layer, such as the GRPO group)."""
     return ChatRequest(
         session=session,
         messages=tuple(anthropic_messages(request.system, request.messages)),
@@ -87,7 +91,7 @@ def messages_to_chat(request: MessagesRequest, session: str) -> ChatRequest:
         top_k=request.top_k,
         stop=tuple(request.stop_sequences),
         model=request.model,
-        metadata={"api": "anthropic"},
+        metadata={**(metadata or {}), "api": "anthropic"},
     )
 
 
@@ -349,7 +353,6 @@ def anthropic_error(exc: GatewayError) -> tuple[dict[str, Any], int]:
 
 def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
     """Register ``POST /v1/messages`` (streaming and not) on the gateway's ``app``."""
-    from ._http import complete_or_abort, session_key
 
     @app.post("/v1/messages")
     async def create_message(http_request: Request) -> Response:
@@ -359,7 +362,9 @@ def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
             except ValueError as exc:
                 raise invalid(f"the request body is not JSON: {exc}") from None
             request = parse_messages_request(body)
-            chat = messages_to_chat(request, session_key(http_request))
+            chat = messages_to_chat(
+                request, session_key(http_request), metadata=request_metadata(http_request)
+            )
             result = await complete_or_abort(gateway, http_request, chat)
         except GatewayError as exc:
             error, status = anthropic_error(exc)

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
+from ._http import complete_or_abort, openai_error_body, request_metadata, session_key
 from ._parts import chat_content, invalid, require_str
 from ._sse import sse_response
 from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError
@@ -36,10 +37,10 @@ if TYPE_CHECKING:
 __all__ = [
     "ResponsesRequest",
     "add_responses_routes",
-    "openai_error_body",
     "parse_responses_request",
     "response_events",
     "response_object",
+    "responses_error",
     "responses_to_chat",
 ]
 
@@ -83,8 +84,11 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     return request
 
 
-def responses_to_chat(request: ResponsesRequest, session: str) -> ChatRequest:
-    """The canonical request of a validated Responses request."""
+def responses_to_chat(
+    request: ResponsesRequest, session: str, *, metadata: dict[str, Any] | None = None
+) -> ChatRequest:
+    """The canonical request of a validated Responses request (``metadata``: the
+    per-request options of the HTTP layer, such as the GRPO group)."""
     return ChatRequest(
         session=session,
         messages=tuple(responses_messages(request.instructions, request.input)),
@@ -94,7 +98,7 @@ def responses_to_chat(request: ResponsesRequest, session: str) -> ChatRequest:
         temperature=request.temperature,
         top_p=request.top_p,
         model=request.model,
-        metadata={"api": "responses"},
+        metadata={**(metadata or {}), "api": "responses"},
     )
 
 
@@ -414,24 +418,18 @@ def _started(item: dict[str, Any]) -> dict[str, Any]:
 
 # --- errors and the route ---------------------------------------------------------------
 
-_OPENAI_ERROR_TYPES = {
-    "invalid_request": ("invalid_request_error", None),
-    "context_length_exceeded": ("invalid_request_error", "context_length_exceeded"),
-    "overloaded": ("rate_limit_error", "rate_limit_exceeded"),
-    "timeout": ("timeout_error", "timeout"),
-    "engine_error": ("server_error", "server_error"),
-}
 
-
-def openai_error_body(exc: GatewayError) -> dict[str, Any]:
-    """OpenAI's error envelope, ``{"error": {"message", "type", "param", "code"}}``."""
-    kind, code = _OPENAI_ERROR_TYPES[exc.kind]
-    return {"error": {"message": exc.message, "type": kind, "param": None, "code": code}}
+def responses_error(exc: GatewayError) -> JSONResponse:
+    """OpenAI's error envelope and status (the input is the parameter a context overflow
+    names; an overload asks the SDK to retry after a second)."""
+    param = "input" if exc.kind == "context_length_exceeded" else None
+    headers = {"retry-after": "1"} if exc.kind == "overloaded" else None
+    body = openai_error_body(exc, param=param)
+    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
     """Register ``POST /v1/responses`` (streaming and not) on the gateway's ``app``."""
-    from ._http import complete_or_abort, session_key
 
     @app.post("/v1/responses")
     async def create_response(http_request: Request) -> Response:
@@ -441,10 +439,12 @@ def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
             except ValueError as exc:
                 raise invalid(f"the request body is not JSON: {exc}") from None
             request = parse_responses_request(body)
-            chat = responses_to_chat(request, session_key(http_request))
+            chat = responses_to_chat(
+                request, session_key(http_request), metadata=request_metadata(http_request)
+            )
             result = await complete_or_abort(gateway, http_request, chat)
         except GatewayError as exc:
-            return JSONResponse(openai_error_body(exc), status_code=exc.status)
+            return responses_error(exc)
         response_id = _new_id("resp")
         if request.stream:
             return sse_response(response_events(result, request, response_id=response_id))
