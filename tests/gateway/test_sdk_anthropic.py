@@ -101,7 +101,7 @@ def test_messages_agent_is_recorded_token_exact(served: Served, stream: bool) ->
 
 
 async def test_parallel_streamed_sessions(served: Served) -> None:
-    sessions = [served.session() for _ in PROMPTS]
+    sessions = [served.session() for _ in PROMPTS[:2]]
 
     async def one(session: str, question: str) -> list[Any]:
         sdk = client(served, session)
@@ -109,8 +109,9 @@ async def test_parallel_streamed_sessions(served: Served) -> None:
             agent, sdk, [{"role": "user", "content": question}], stream=True
         )
 
-    done = await asyncio.gather(*(one(s, q) for s, q in zip(sessions, PROMPTS, strict=True)))
-    for session, question, messages in zip(sessions, PROMPTS, done, strict=True):
+    questions = PROMPTS[:2]
+    done = await asyncio.gather(*(one(s, q) for s, q in zip(sessions, questions, strict=True)))
+    for session, question, messages in zip(sessions, questions, done, strict=True):
         [row] = served.close(session)
         assert row.messages[1] == {"role": "user", "content": question}
         assert row.num_turns == len([m for m in messages if m["role"] == "assistant"])
@@ -129,6 +130,19 @@ def test_compacted_history_starts_a_new_segment(served: Served) -> None:
     assert [r.metrics["gateway"]["segment_reason"] for r in rows] == ["new", "history_rewritten"]
     assert rows[1].metrics["gateway"]["common_messages"] == 2  # system and first question
     assert [m["role"] for m in rows[1].messages[:4]] == ["system", "user", "assistant", "user"]
+
+
+def test_count_tokens_is_the_prompt_the_gateway_renders(served: Served) -> None:
+    """``/v1/messages/count_tokens`` (Claude Code calls it) counts what a new segment's
+    prompt is: the same number the answer's usage reports."""
+    sdk = client(served, served.session())
+    messages: list[Any] = [{"role": "user", "content": PROMPTS[3]}]
+    counted = sdk.messages.count_tokens(
+        model=MODEL, system=SYSTEM, messages=messages, tools=TOOLS
+    ).input_tokens
+    reply = step(sdk, messages, stream=False)
+    assert counted == reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
+    assert counted > 50  # the system prompt renders the tool's schema
 
 
 def test_errors_come_in_anthropics_envelope(served: Served) -> None:

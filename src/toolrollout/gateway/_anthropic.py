@@ -25,6 +25,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
+from toolrollout._exceptions import ToolRolloutError
+
 from ._http import complete_or_abort, request_metadata, session_key
 from ._parts import chat_content, invalid, require_str
 from ._sse import sse_response
@@ -63,10 +65,13 @@ class MessagesRequest(BaseModel):
     stream: bool = False
 
 
-def parse_messages_request(body: Any) -> MessagesRequest:
-    """Validate a request body; a 400 :class:`GatewayError` with one readable line."""
+def parse_messages_request(body: Any, *, count_only: bool = False) -> MessagesRequest:
+    """Validate a request body; a 400 :class:`GatewayError` with one readable line.
+    ``count_only``: a ``count_tokens`` body, which has no ``max_tokens``."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
+    if count_only:
+        body = {**body, "max_tokens": 1}
     try:
         return MessagesRequest.model_validate(body)
     except ValidationError as exc:
@@ -352,16 +357,13 @@ def anthropic_error(exc: GatewayError) -> tuple[dict[str, Any], int]:
 
 
 def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
-    """Register ``POST /v1/messages`` (streaming and not) on the gateway's ``app``."""
+    """Register ``POST /v1/messages`` (streaming and not) and ``/v1/messages/count_tokens``
+    on the gateway's ``app``."""
 
     @app.post("/v1/messages")
     async def create_message(http_request: Request) -> Response:
         try:
-            try:
-                body = json.loads(await http_request.body() or b"null")
-            except ValueError as exc:
-                raise invalid(f"the request body is not JSON: {exc}") from None
-            request = parse_messages_request(body)
+            request = parse_messages_request(await _body(http_request))
             chat = messages_to_chat(
                 request, session_key(http_request), metadata=request_metadata(http_request)
             )
@@ -373,3 +375,27 @@ def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
         if request.stream:
             return sse_response(message_events(result, request, message_id=message_id))
         return JSONResponse(message_object(result, request, message_id=message_id))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(http_request: Request) -> Response:
+        """The prompt's length as the gateway renders it for a new segment (Claude Code
+        asks before it compacts). Nothing is recorded."""
+        try:
+            request = parse_messages_request(await _body(http_request), count_only=True)
+            chat = messages_to_chat(request, session_key(http_request))
+            messages = [{k: v for k, v in m.items() if v is not None} for m in chat.messages]
+            try:
+                ids = gateway.chat_format(chat.tools).render_prompt(messages)
+            except ToolRolloutError as exc:
+                raise invalid(str(exc)) from None
+        except GatewayError as exc:
+            error, status = anthropic_error(exc)
+            return JSONResponse(error, status_code=status)
+        return JSONResponse({"input_tokens": len(ids)})
+
+
+async def _body(http_request: Request) -> Any:
+    try:
+        return json.loads(await http_request.body() or b"null")
+    except ValueError as exc:
+        raise invalid(f"the request body is not JSON: {exc}") from None
