@@ -32,6 +32,7 @@ PUBLIC_MODULES = [
     "toolrollout.mcp_servers",
     "toolrollout.bench",
     "toolrollout.distributed",
+    "toolrollout.gateway",
 ]
 
 

@@ -9,6 +9,7 @@ See docs/gateway.md.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -174,14 +175,32 @@ def _serve(
     spec: RunSpec, config: GatewayConfig, host: str, port: int, out: Path, log_level: str
 ) -> dict[str, Any]:
     import asyncio
+    import contextlib
+    import signal
 
     import uvicorn
 
     from toolrollout.gateway import Gateway, build_app
 
+    class Server(uvicorn.Server):
+        """uvicorn re-raises a captured SIGINT/SIGTERM once it has stopped, which would end
+        the process before the gateway writes its sessions; this one only stops."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            loop = asyncio.get_running_loop()
+            signals = (signal.SIGINT, signal.SIGTERM)
+            for sig in signals:
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in signals:
+                    loop.remove_signal_handler(sig)
+
     async def main() -> dict[str, Any]:
         async with Gateway.open(spec, config=config, out=out) as gw:
-            server = uvicorn.Server(
+            server = Server(
                 uvicorn.Config(build_app(gw), host=host, port=port, log_level=log_level)
             )
             typer.echo(

@@ -211,6 +211,13 @@ class Gateway:
         if self.out is not None:
             from toolrollout.rollout import ShardWriter
 
+            if self.out.exists():
+                self._entered = False
+                raise UserError(
+                    f"{self.out} exists already; the gateway writes a new file (choose "
+                    "another --out, or move it away)"
+                )
+
             writer = ShardWriter(
                 self._parts_folder(),
                 rows_per_shard=self._flush_every,
@@ -489,12 +496,6 @@ class Gateway:
         self, request: ChatRequest, input_ids: list[int], max_new: int
     ) -> list[GenerateResult]:
         """The ``n`` samples, within the limits; aborted in the engine when cancelled."""
-        if self._waiting >= self.config.max_waiting:
-            raise GatewayError(
-                "overloaded",
-                f"the gateway has {self._waiting} requests waiting (--max-waiting); retry later",
-                status=429,
-            )
         base = f"gw-{uuid.uuid4().hex[:16]}"
         rids = [f"{base}-{i}" for i in range(request.n)]
         sampling = SamplingParams(
@@ -515,13 +516,10 @@ class Gateway:
                 GenerateRequest(input_ids=ids, sampling=seeded, rid=rid, session_id=request.session)
             )
 
-        self._waiting += 1
         acquired = False
         try:
             with anyio.fail_after(self.config.request_timeout):
-                await self._limiter.acquire()
-                acquired = True
-                self._waiting -= 1
+                acquired = await self._acquire()
                 results = list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rids))))
         except TimeoutError:
             await self._abort(rids)
@@ -543,8 +541,6 @@ class Gateway:
         finally:
             if acquired:
                 self._limiter.release()
-            else:
-                self._waiting -= 1
         for result in results:
             if result.finish_reason.type == "abort":
                 raise GatewayError(
@@ -555,6 +551,25 @@ class Gateway:
             if result.output_logprobs is None:
                 raise GatewayError("engine_error", "the engine returned no logprobs", status=503)
         return results
+
+    async def _acquire(self) -> bool:
+        """A generation slot; waits in a bounded line, else ``overloaded`` at once."""
+        try:
+            self._limiter.acquire_nowait()
+        except anyio.WouldBlock:
+            if self._waiting >= self.config.max_waiting:
+                raise GatewayError(
+                    "overloaded",
+                    f"the gateway has {self._waiting} requests waiting (--max-waiting); "
+                    "retry later",
+                    status=429,
+                ) from None
+            self._waiting += 1
+            try:
+                await self._limiter.acquire()
+            finally:
+                self._waiting -= 1
+        return True
 
     async def _abort(self, rids: Sequence[str]) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):

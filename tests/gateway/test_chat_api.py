@@ -1,0 +1,235 @@
+"""OpenAI Chat Completions through the gateway, driven by the official ``openai`` SDK.
+
+The SDK talks to the app in-process (``httpx.ASGITransport``) except where a real socket
+is needed (a client disconnecting), where uvicorn serves it on a loopback port in the
+test's own event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from toolrollout.gateway import Gateway, GatewayConfig, build_app
+
+from .conftest import TOOLS, Model, assert_token_exact, call_text
+
+SYSTEM = {"role": "system", "content": "You are a careful calculator assistant."}
+
+
+def answers(request: Any, tokenizer: Any) -> str:
+    text = tokenizer.decode(list(request.input_ids))
+    if text.rstrip().endswith("</tool_response><|im_end|>\n<|im_start|>assistant"):
+        return "The result is 42."
+    return call_text("6*7")
+
+
+@asynccontextmanager
+async def sdk(
+    model: Model, *, config: GatewayConfig | None = None, api_key: str = "session-a"
+) -> AsyncIterator[tuple[openai.AsyncOpenAI, Gateway, httpx.AsyncClient]]:
+    async with Gateway(model.engine, model.tokenizer, config=config) as gateway:
+        transport = httpx.ASGITransport(app=build_app(gateway))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
+            client = openai.AsyncOpenAI(
+                base_url="http://gw/v1", api_key=api_key, http_client=http, max_retries=0
+            )
+            yield client, gateway, http
+
+
+async def test_an_sdk_agent_runs_and_is_recorded(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: answers(r, demo_tokenizer))
+    async with sdk(model) as (client, gateway, http):
+        messages: list[Any] = [SYSTEM, {"role": "user", "content": "What is 6*7?"}]
+        for _ in range(3):  # the usual agent loop: call tools until the model answers
+            reply = await client.chat.completions.create(
+                model="any", messages=messages, tools=list(TOOLS), tool_choice="auto"
+            )
+            message = reply.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                break
+            for call in message.tool_calls:
+                assert json.loads(call.function.arguments) == {"expression": "6*7"}
+                messages.append({"role": "tool", "tool_call_id": call.id, "content": "42"})
+        assert reply.choices[0].finish_reason == "stop"
+        assert message.content == "The result is 42."
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+        assert [m.id for m in (await client.models.list()).data] == ["toolrollout"]
+        assert (await http.post("/v1/sessions/session-a/reward", json={"reward": 1})).is_success
+        closed = (await http.post("/v1/sessions/session-a/close", json={})).json()
+        (row,) = gateway.records("session-a")
+        chat = gateway.chat_format(TOOLS)
+    assert closed["rows"] == [
+        {"uid": row.uid, "segment": 0, "segment_reason": "new", "num_turns": 2, "reward": 1.0}
+    ]
+    assert_token_exact(row, chat)
+
+
+async def test_streaming_sends_openai_chunks(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: answers(r, demo_tokenizer))
+    async with sdk(model) as (client, gateway, _):
+        messages: list[Any] = [SYSTEM, {"role": "user", "content": "What is 6*7?"}]
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=messages,
+            tools=list(TOOLS),
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        calls: dict[int, dict[str, str]] = {}
+        finish, usage = None, None
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                finish = choice.finish_reason or finish
+                for delta in choice.delta.tool_calls or ():
+                    slot = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                    slot["id"] += delta.id or ""
+                    slot["name"] += delta.function.name or "" if delta.function else ""
+                    slot["arguments"] += delta.function.arguments or "" if delta.function else ""
+        assert finish == "tool_calls" and usage is not None and usage.total_tokens > 0
+        (call,) = calls.values()
+        assert call["name"] == "calculator" and json.loads(call["arguments"])["expression"]
+        messages += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call["id"],
+                        "type": "function",
+                        "function": {"name": call["name"], "arguments": call["arguments"]},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call["id"], "content": "42"},
+        ]
+        final = await client.chat.completions.create(
+            model="m", messages=messages, tools=list(TOOLS), stream=True
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in final if c.choices])
+        assert text == "The result is 42."
+        (row,) = gateway.close_session("session-a")
+    assert row.num_turns == 2  # the streamed turn, sent back, extended the segment
+
+
+async def test_n_choices(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: "ok")
+    async with sdk(model) as (client, _, _):
+        reply = await client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], n=3
+        )
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    assert len(model.engine.requests) == 3
+
+
+async def test_context_overflow_is_openais_error(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: "ok")
+    config = GatewayConfig(context_length=64)
+    async with sdk(model, config=config) as (client, gateway, http):
+        long = [{"role": "user", "content": "nine " * 200}]
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(model="m", messages=long)
+        raw = await http.post(
+            "/v1/chat/completions",
+            json={"messages": long},
+            headers={"authorization": "Bearer session-a"},
+        )
+        assert gateway.sessions()["session-a"]["errors"] == {"context_length_exceeded": 2}
+    assert caught.value.code == "context_length_exceeded"
+    assert raw.status_code == 400
+    error = raw.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "messages"
+    assert error["message"].startswith("This model's maximum context length is 64 tokens")
+    assert not model.engine.requests
+
+
+async def test_sessions_are_named_by_header_path_or_key(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: "ok")
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    async with sdk(model) as (_, gateway, http):
+        await http.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer k1"})
+        await http.post("/v1/chat/completions", json=body, headers={"x-api-key": "k2"})
+        await http.post(
+            "/v1/chat/completions",
+            json=body,
+            headers={"x-toolrollout-session": "h1", "x-api-key": "k2"},
+        )
+        await http.post("/s/p%201/v1/chat/completions", json=body)
+        await http.post(
+            "/v1/chat/completions", json=body, headers={"x-toolrollout-group": "task-7"}
+        )
+        assert set(gateway.sessions()) == {"k1", "k2", "h1", "p 1", "default"}
+        (row,) = gateway.close_session("default")
+    assert row.group_id == "task-7"
+
+
+async def test_a_full_gateway_answers_429(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: "ok", delay=0.3)
+    config = GatewayConfig(max_concurrency=1, max_waiting=1)
+    async with sdk(model, config=config) as (client, _, _):
+        calls = [
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": str(i)}]
+            )
+            for i in range(3)
+        ]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, openai.RateLimitError)]
+    assert len(refused) == 1 and len(model.engine.requests) == 2
+
+
+async def test_a_slow_answer_times_out_and_is_aborted(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: "ok", delay=5.0)
+    config = GatewayConfig(request_timeout=0.2)
+    async with sdk(model, config=config) as (client, gateway, _):
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "x"}]
+            )
+        assert gateway.sessions()["session-a"]["model_turns"] == 0
+    assert caught.value.status_code == 504
+    assert model.engine.aborted == [model.engine.requests[0].rid]
+
+
+async def test_a_client_disconnect_aborts_the_generation(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: "ok", delay=10.0)
+    async with Gateway(model.engine, demo_tokenizer) as gateway:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(build_app(gateway), log_level="warning"))
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            for _ in range(1000):
+                if server.started:
+                    break
+                await asyncio.sleep(0.01)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                with pytest.raises(httpx.ReadTimeout):
+                    await http.post(
+                        "/v1/chat/completions",
+                        json={"messages": [{"role": "user", "content": "x"}]},
+                        timeout=0.3,
+                    )
+            for _ in range(200):
+                if model.engine.aborted:
+                    break
+                await asyncio.sleep(0.01)
+            assert model.engine.aborted == [model.engine.requests[0].rid]
+            assert gateway.sessions()["default"]["model_turns"] == 0
+        finally:
+            server.should_exit = True
+            await serving
+            sock.close()
