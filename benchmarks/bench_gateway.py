@@ -80,6 +80,36 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
+def core_cost(tokenizer: Any, sessions: int, turns: int) -> dict[str, float]:
+    """``Gateway.complete`` in process on a zero-latency scripted engine: the gateway's own
+    work per request (matching, delta, parsing, bookkeeping) without HTTP or a model."""
+    import asyncio
+
+    from toolrollout.gateway import ChatRequest, Gateway
+    from toolrollout.testing import ScriptedEngine
+
+    answer = tokenizer.encode("The answer is 87, as computed.<|im_end|>", add_special_tokens=False)
+    engine = ScriptedEngine(lambda request: answer)
+    seconds: list[float] = []
+
+    async def conversations() -> None:
+        async with Gateway(engine, tokenizer) as gateway:
+            for session in range(sessions):
+                messages: list[dict[str, Any]] = [
+                    {"role": "system", "content": "You are a careful calculator assistant."}
+                ]
+                for turn in range(turns):
+                    messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
+                    request = ChatRequest(session=f"core-{session}", messages=tuple(messages))
+                    started = time.perf_counter()
+                    result = await gateway.complete(request)
+                    seconds.append(time.perf_counter() - started)
+                    messages.append({"role": "assistant", "content": result.choices[0].content})
+
+    asyncio.run(conversations())
+    return _stats(seconds)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = load_tokenizer(DEMO_MODEL_PATH)
     chat = ChatFormat(tokenizer)
@@ -157,6 +187,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "through_gateway": _stats(through),
         "bare_generate": _stats(bare),
         "overhead": _stats(overhead),
+        "core_in_process": core_cost(tokenizer, args.sessions, args.turns),
         "machine": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
@@ -176,7 +207,7 @@ def main() -> None:
     table = Table(title=f"gateway overhead, {result['requests']} requests")
     for column in ("", "median ms", "p90 ms", "mean ms"):
         table.add_column(column, justify="right" if column else "left")
-    for name in ("through_gateway", "bare_generate", "overhead"):
+    for name in ("through_gateway", "bare_generate", "overhead", "core_in_process"):
         s = result[name]
         table.add_row(name, str(s["median_ms"]), str(s["p90_ms"]), str(s["mean_ms"]))
     Console().print(table)

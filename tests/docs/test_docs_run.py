@@ -78,6 +78,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "10,000 trajectories at concurrency 512, minutes of CPU; the figures it wrote are in "
         "benchmarks/results/soak.json"
     ),
+    ("docs/benchmarks.md", "python benchmarks/bench_gatewa"): (
+        "two servers and 96 requests, minutes of a busy 2-core machine; the figures it wrote "
+        "are in benchmarks/results/gateway.json"
+    ),
     ("docs/benchmarks.md", "toolrollout bench --plot bench"): (
         "the published workload, about 10 minutes of a 2-core machine"
     ),
