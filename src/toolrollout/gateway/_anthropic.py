@@ -1,16 +1,401 @@
-"""Anthropic Messages (``POST /v1/messages``) on the gateway (filled in by its own layer)."""
+"""Anthropic Messages API (``POST /v1/messages``) in front of the gateway's core.
+
+``system`` becomes a system message; a user message's ``text`` and ``image`` blocks
+become a user message and each ``tool_result`` block a ``tool`` message, in block order;
+an assistant message's ``thinking``, ``text`` and ``tool_use`` blocks fold into one
+assistant message (``reasoning_content``, ``content``, ``tool_calls`` with the input as
+JSON text). The answer's ``content`` lists a ``thinking`` block (when the family separates
+reasoning), a ``text`` block and one ``tool_use`` block per parsed call, so a harness that
+appends the answer as it came extends its session. ``stop_reason`` is ``tool_use`` for a
+turn with calls, ``max_tokens`` at the token cap and ``end_turn`` otherwise (the core does
+not report which stop sequence matched, so ``stop_sequence`` is always null).
+
+Errors carry Anthropic's envelope, ``{"type": "error", "error": {"type", "message"}}``,
+with its status codes (529 when overloaded, 504 on a timeout).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import uuid
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.responses import Response
+
+from toolrollout._exceptions import ToolRolloutError
+
+from ._http import complete_or_abort, request_metadata, session_key
+from ._parts import chat_content, invalid, require_str
+from ._sse import sse_response
+from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError
 
 if TYPE_CHECKING:
     from ._core import Gateway
 
-__all__ = ["add_anthropic_routes"]
+__all__ = [
+    "MessagesRequest",
+    "add_anthropic_routes",
+    "anthropic_error",
+    "anthropic_messages",
+    "message_events",
+    "message_object",
+    "messages_to_chat",
+    "parse_messages_request",
+]
+
+
+class MessagesRequest(BaseModel):
+    """The fields of a Messages request the gateway reads (others are accepted, unused)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = ""
+    max_tokens: int = Field(ge=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: dict[str, Any] | None = None
+    stop_sequences: list[str] = Field(default_factory=list)
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=1)
+    stream: bool = False
+
+
+def parse_messages_request(body: Any, *, count_only: bool = False) -> MessagesRequest:
+    """Validate a request body; a 400 :class:`GatewayError` with one readable line.
+    ``count_only``: a ``count_tokens`` body, which has no ``max_tokens``."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    if count_only:
+        body = {**body, "max_tokens": 1}
+    try:
+        return MessagesRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise invalid(f"{where}: {first['msg']}") from None
+
+
+def messages_to_chat(
+    request: MessagesRequest, session: str, *, metadata: dict[str, Any] | None = None
+) -> ChatRequest:
+    """The canonical request of a validated Messages request (``metadata``: the
+    per-request options of the HTTP layer, such as the GRPO group)."""
+    return ChatRequest(
+        session=session,
+        messages=tuple(anthropic_messages(request.system, request.messages)),
+        tools=tuple(_chat_tool(tool, i) for i, tool in enumerate(request.tools)),
+        tool_choice=_chat_tool_choice(request.tool_choice),
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        stop=tuple(request.stop_sequences),
+        model=request.model,
+        metadata={**(metadata or {}), "api": "anthropic"},
+    )
+
+
+def anthropic_messages(
+    system: str | list[dict[str, Any]] | None, messages: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """OpenAI chat messages of ``system`` and the Messages ``messages``."""
+    out: list[dict[str, Any]] = []
+    if isinstance(system, str):
+        if system:
+            out.append({"role": "system", "content": system})
+    elif system:
+        parts = [_text_part(block, f"system[{j}]") for j, block in enumerate(system)]
+        out.append({"role": "system", "content": chat_content(parts)})
+    call_names: dict[str, str] = {}
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        role, content = message.get("role"), message.get("content")
+        if isinstance(content, str):
+            if role not in ("user", "assistant"):
+                raise invalid(f"{where}.role: expected user or assistant")
+            out.append({"role": role, "content": content})
+        elif not isinstance(content, list):
+            raise invalid(f"{where}.content: expected a string or a list of blocks")
+        elif role == "user":
+            out.extend(_user_messages(content, where, call_names))
+        elif role == "assistant":
+            out.append(_assistant_message(content, where, call_names))
+        else:
+            raise invalid(f"{where}.role: expected user or assistant")
+    return out
+
+
+def _text_part(block: Any, where: str) -> dict[str, Any]:
+    if not isinstance(block, dict) or block.get("type") != "text":
+        raise invalid(f"{where}: expected a text block")
+    return {"type": "text", "text": require_str(block.get("text"), f"{where}.text")}
+
+
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    source = block.get("source") or {}
+    if source.get("type") == "base64":
+        url = f"data:{source.get('media_type')};base64,{source.get('data')}"
+    elif source.get("type") == "url":
+        url = require_str(source.get("url"), f"{where}.source.url")
+    else:
+        raise invalid(f"{where}.source: {source.get('type')!r} image sources are not supported")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _user_messages(
+    blocks: list[Any], where: str, call_names: dict[str, str]
+) -> list[dict[str, Any]]:
+    """One user message per run of text/image blocks, one tool message per result."""
+    out: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+
+    def flush() -> None:
+        if parts:
+            out.append({"role": "user", "content": chat_content(list(parts))})
+            parts.clear()
+
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            parts.append(_text_part(block, at))
+        elif kind == "image":
+            parts.append(_image_part(block, at))
+        elif kind == "tool_result":
+            flush()
+            call_id = require_str(block.get("tool_use_id"), f"{at}.tool_use_id")
+            message: dict[str, Any] = {
+                "role": "tool",
+                "tool_call_id": call_id,
+                "content": _tool_result_content(block.get("content"), at),
+            }
+            if call_id in call_names:
+                message["name"] = call_names[call_id]
+            out.append(message)
+        else:
+            raise invalid(f"{at}: {kind!r} blocks are not supported in a user message")
+    flush()
+    return out
+
+
+def _tool_result_content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise invalid(f"{where}.content: expected a string or a list of blocks")
+    parts = []
+    for j, block in enumerate(content):
+        at = f"{where}.content[{j}]"
+        is_image = isinstance(block, dict) and block.get("type") == "image"
+        parts.append(_image_part(block, at) if is_image else _text_part(block, at))
+    return chat_content(parts)
+
+
+def _assistant_message(blocks: list[Any], where: str, call_names: dict[str, str]) -> dict[str, Any]:
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, block in enumerate(blocks):
+        at = f"{where}.content[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            texts.append(require_str(block.get("text"), f"{at}.text"))
+        elif kind == "thinking":
+            thinking.append(require_str(block.get("thinking"), f"{at}.thinking"))
+        elif kind == "tool_use":
+            call_id = require_str(block.get("id"), f"{at}.id")
+            name = require_str(block.get("name"), f"{at}.name")
+            if not isinstance(block.get("input"), dict):
+                raise invalid(f"{at}.input: expected an object")
+            call_names[call_id] = name
+            arguments = json.dumps(block["input"], ensure_ascii=False)
+            function = {"name": name, "arguments": arguments}
+            calls.append({"id": call_id, "type": "function", "function": function})
+        else:
+            raise invalid(f"{at}: {kind!r} blocks are not supported in an assistant message")
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if thinking:
+        message["reasoning_content"] = "".join(thinking)
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    if tool.get("type") not in (None, "custom"):
+        raise invalid(
+            f"tools[{i}]: {tool.get('type')!r} tools are not supported; the gateway serves "
+            "custom tools, which the harness runs"
+        )
+    function: dict[str, Any] = {"name": require_str(tool.get("name"), f"tools[{i}].name")}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    function["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
+    if choice is None:
+        return None
+    kind = choice.get("type")
+    if kind in ("auto", "none"):
+        return str(kind)
+    if kind == "any":
+        return "required"
+    if kind == "tool":
+        name = require_str(choice.get("name"), "tool_choice.name")
+        return {"type": "function", "function": {"name": name}}
+    raise invalid(f"tool_choice.type: {kind!r} is not supported (auto, any, tool, none)")
+
+
+# --- the answer -------------------------------------------------------------------------
+
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def content_blocks(choice: ChatChoice) -> list[dict[str, Any]]:
+    """The answer's ``content``: thinking, text, then one ``tool_use`` per call."""
+    blocks: list[dict[str, Any]] = []
+    if choice.reasoning is not None:
+        blocks.append({"type": "thinking", "thinking": choice.reasoning, "signature": ""})
+    if choice.content or not choice.tool_calls:
+        blocks.append({"type": "text", "text": choice.content})
+    for call in choice.tool_calls:
+        arguments = json.loads(call.arguments)
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": arguments})
+    return blocks
+
+
+def _usage(result: ChatResult) -> dict[str, Any]:
+    return {
+        "input_tokens": result.prompt_tokens - result.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": result.cached_tokens,
+        "output_tokens": result.completion_tokens,
+    }
+
+
+def message_object(
+    result: ChatResult, request: MessagesRequest, *, message_id: str
+) -> dict[str, Any]:
+    """The ``message`` object of a finished turn."""
+    choice = result.choices[0]
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": result.model or request.model,
+        "content": content_blocks(choice),
+        "stop_reason": _STOP_REASONS[choice.finish_reason],
+        "stop_sequence": None,
+        "usage": _usage(result),
+    }
+
+
+def message_events(
+    result: ChatResult, request: MessagesRequest, *, message_id: str
+) -> list[dict[str, Any]]:
+    """The stream of one finished turn: ``message_start``, ``ping``, per block
+    ``content_block_start`` / ``_delta`` (``text_delta``, ``thinking_delta``,
+    ``input_json_delta``) / ``_stop``, then ``message_delta`` and ``message_stop``."""
+    final = message_object(result, request, message_id=message_id)
+    start_usage = dict(final["usage"], output_tokens=0)
+    events: list[dict[str, Any]] = [
+        {
+            "type": "message_start",
+            "message": dict(final, content=[], stop_reason=None, usage=start_usage),
+        },
+        {"type": "ping"},
+    ]
+    for index, block in enumerate(final["content"]):
+        if block["type"] == "text":
+            started, delta = dict(block, text=""), {"type": "text_delta", "text": block["text"]}
+        elif block["type"] == "thinking":
+            started = dict(block, thinking="")
+            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
+        else:
+            started = dict(block, input={})
+            delta = {
+                "type": "input_json_delta",
+                "partial_json": json.dumps(block["input"], ensure_ascii=False),
+            }
+        events.append({"type": "content_block_start", "index": index, "content_block": started})
+        events.append({"type": "content_block_delta", "index": index, "delta": delta})
+        events.append({"type": "content_block_stop", "index": index})
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": final["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": result.completion_tokens},
+        }
+    )
+    events.append({"type": "message_stop"})
+    return events
+
+
+# --- errors and the route ---------------------------------------------------------------
+
+_ERROR_TYPES = {
+    "invalid_request": ("invalid_request_error", None),
+    "context_length_exceeded": ("invalid_request_error", None),
+    "overloaded": ("overloaded_error", 529),
+    "timeout": ("timeout_error", 504),
+    "engine_error": ("api_error", None),
+}
+
+
+def anthropic_error(exc: GatewayError) -> tuple[dict[str, Any], int]:
+    """Anthropic's error body and status for a :class:`GatewayError`."""
+    kind, status = _ERROR_TYPES[exc.kind]
+    body = {"type": "error", "error": {"type": kind, "message": exc.message}}
+    return body, status or exc.status
 
 
 def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
-    """Register the Anthropic Messages routes on ``app``."""
+    """Register ``POST /v1/messages`` (streaming and not) and ``/v1/messages/count_tokens``
+    on the gateway's ``app``."""
+
+    @app.post("/v1/messages")
+    async def create_message(http_request: Request) -> Response:
+        try:
+            request = parse_messages_request(await _body(http_request))
+            chat = messages_to_chat(
+                request, session_key(http_request), metadata=request_metadata(http_request)
+            )
+            result = await complete_or_abort(gateway, http_request, chat)
+        except GatewayError as exc:
+            error, status = anthropic_error(exc)
+            return JSONResponse(error, status_code=status)
+        message_id = f"msg_{uuid.uuid4().hex}"
+        if request.stream:
+            return sse_response(message_events(result, request, message_id=message_id))
+        return JSONResponse(message_object(result, request, message_id=message_id))
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(http_request: Request) -> Response:
+        """The prompt's length as the gateway renders it for a new segment (Claude Code
+        asks before it compacts). Nothing is recorded."""
+        try:
+            request = parse_messages_request(await _body(http_request), count_only=True)
+            chat = messages_to_chat(request, session_key(http_request))
+            messages = [{k: v for k, v in m.items() if v is not None} for m in chat.messages]
+            try:
+                ids = gateway.chat_format(chat.tools).render_prompt(messages)
+            except ToolRolloutError as exc:
+                raise invalid(str(exc)) from None
+        except GatewayError as exc:
+            error, status = anthropic_error(exc)
+            return JSONResponse(error, status_code=status)
+        return JSONResponse({"input_tokens": len(ids)})
+
+
+async def _body(http_request: Request) -> Any:
+    try:
+        return json.loads(await http_request.body() or b"null")
+    except ValueError as exc:
+        raise invalid(f"the request body is not JSON: {exc}") from None
