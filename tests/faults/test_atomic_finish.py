@@ -116,14 +116,15 @@ def test_kill_at_each_finishing_step_then_resume(
 
     resumed = invoke(tmp_path, [*args(server), "--resume"])
     assert resumed.exit_code == 0, resumed.output + resumed.stderr
+    rows = read_rows(tmp_path / "o.parquet")
+    assert [(r["prompt_index"], r["sample_index"]) for r in rows] == KEYS  # each once
+    expected = read_rows_like(reference)
+    assert [r["uid"] for r in rows] == [r["uid"] for r in expected]  # nothing rerun
+    assert rows == expected  # row for row: same tokens, same everything
     if marked:
         assert "nothing to resume: the run had finished into o.parquet" in resumed.stdout
     else:
         assert "rows kept from before" in resumed.stdout
-    rows = read_rows(tmp_path / "o.parquet")
-    assert [(r["prompt_index"], r["sample_index"]) for r in rows] == KEYS  # each once
-    expected = read_rows_like(reference)
-    assert rows == expected  # row for row: same uid, same tokens, nothing rerun
     assert not parts.exists()
     assert not list(tmp_path.glob(".o.parquet*"))  # no temporary file left
 
