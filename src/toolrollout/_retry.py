@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from toolrollout._exceptions import ToolUnavailable, UserError
 
-__all__ = ["RetryPolicy"]
+__all__ = ["ENGINE_RETRY", "RetryPolicy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,9 +21,12 @@ class RetryPolicy:
     """How often, and how patiently, a failed call is tried again.
 
     The wait before retry ``k`` (1-based) is
-    ``min(initial_backoff * 2**(k-1) + uniform(0, jitter), max_backoff)`` seconds. The
-    defaults are the engine client's; a tool without its own policy gets 3 attempts with a
-    0.1 s first wait (``ToolLimits().retry``).
+    ``min(initial_backoff * 2**(k-1) + uniform(0, jitter), max_backoff)`` seconds. A call
+    gives up at ``max_attempts`` or, with ``budget_s``, once ``budget_s`` seconds have passed
+    since its first failed attempt, whichever comes first (the last wait is shortened to
+    end at the budget). The engine client's default is :data:`ENGINE_RETRY` (time-bounded:
+    it rides out a server or router restart of up to a minute); a tool without its own
+    policy gets 3 attempts with a 0.1 s first wait (``ToolLimits().retry``).
     """
 
     max_attempts: int = 5
@@ -38,6 +41,10 @@ class RetryPolicy:
     """Also retry an attempt that was sent but not answered in time (an engine's read
     timeout, a tool's per-call ``timeout``): off by default, since a slow call usually
     stays slow and a retry doubles the load."""
+    budget_s: float | None = None
+    """Seconds of retrying: no attempt starts later than this after the first failed
+    attempt ended (None: attempts only). Counted from the first failure, not the first
+    send, so a long generation that then fails still gets the whole budget."""
     retry_on: tuple[type[BaseException], ...] = (ToolUnavailable, ConnectionError)
     """Exception types a tool call is retried on (transient infrastructure errors; a tool
     that raised because of its input would fail the same way again). The engine client
@@ -48,6 +55,8 @@ class RetryPolicy:
             raise UserError(f"RetryPolicy.max_attempts must be >= 1, got {self.max_attempts}")
         if min(self.initial_backoff, self.max_backoff, self.jitter) < 0:
             raise UserError("RetryPolicy backoff and jitter must not be negative")
+        if self.budget_s is not None and not self.budget_s >= 0:
+            raise UserError(f"RetryPolicy.budget_s must be >= 0, got {self.budget_s}")
 
     @property
     def retries(self) -> int:
@@ -58,3 +67,10 @@ class RetryPolicy:
         """Seconds to wait before retry ``retry_number`` (1 for the first retry)."""
         exponential = self.initial_backoff * 2.0 ** (retry_number - 1)
         return min(exponential + random.uniform(0.0, self.jitter), self.max_backoff)
+
+
+ENGINE_RETRY = RetryPolicy(max_attempts=30, initial_backoff=0.5, max_backoff=4.0, budget_s=60.0)
+"""The engine client's default: up to 60 s of retrying (at most 30 attempts, waits capped at
+4 s so a server that is back is found within seconds). A worker or router restart of 30 s
+or more is ridden out; a server that stays down fails its requests after about a minute
+(or moves them to a healthy server first, see ``SGLangClient(failover_after=...)``)."""

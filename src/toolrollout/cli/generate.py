@@ -7,7 +7,9 @@ tools is used (``python`` tool: the python prompts, ``search`` tool: the search 
 anything else: the calculator prompts). User mistakes exit with a one-line message and code 2.
 
 Rows stream as crash-safe parquet shards into ``<out>.parts/`` while the run goes on; when
-every sample has its row the shards are merged into ``<out>`` and the folder is removed.
+every sample has its row the shards are merged into ``<out>``, the run is marked finished
+and the folder is removed, in that order (``finish_shards``), so a kill while finishing
+leaves a folder that ``--resume`` completes (or only cleans up) without a row changing.
 After a crash, ``--resume`` runs only the samples without a row. SIGINT/SIGTERM abort the
 in-flight engine requests, keep the finished rows, stop tool services and exit 130/143
 with a summary on stderr.
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import signal
 import time
 import uuid
@@ -124,7 +125,24 @@ _RequestTimeout = Annotated[
     float, typer.Option(min=0.1, help="Seconds to wait for one engine answer.")
 ]
 _Retries = Annotated[
-    int, typer.Option(min=1, help="Attempts per engine request (5xx, resets, timeouts).")
+    int,
+    typer.Option(min=1, help="Attempts per engine request at most (5xx, resets, timeouts)."),
+]
+_RetryBudget = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        help="Seconds an engine request keeps being retried after its first failure "
+        "(rides out a server or router restart).",
+    ),
+]
+_FailoverAfter = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="With several --engine-url: failed attempts in a row after which a server's "
+        "trajectories move to a healthy one (0: never move).",
+    ),
 ]
 _TrajectoryTimeout = Annotated[
     float | None, typer.Option(min=0.1, help="Seconds per trajectory before it is failed.")
@@ -212,7 +230,9 @@ def generate(
     resume: _Resume = False,
     flush_every: _FlushEvery = 64,
     request_timeout: _RequestTimeout = 600.0,
-    retries: _Retries = 5,
+    retries: _Retries = 30,
+    retry_budget: _RetryBudget = 60.0,
+    failover_after: _FailoverAfter = 3,
     trajectory_timeout: _TrajectoryTimeout = None,
     target_groups: _TargetGroups = None,
     oversample: _Oversample = 1.0,
@@ -229,6 +249,8 @@ def generate(
     from toolrollout._exceptions import ToolRolloutError
 
     try:
+        if _finish_earlier_run(flags):
+            return
         summary = _run(flags)
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
@@ -272,6 +294,8 @@ class _Flags:
     flush_every: int
     request_timeout: float
     retries: int
+    retry_budget: float
+    failover_after: int
     trajectory_timeout: float | None
     target_groups: int | None
     oversample: float
@@ -337,7 +361,7 @@ def _run(flags: _Flags) -> dict[str, Any]:
     """flags -> RunSpec -> rows on disk; returns the summary the command prints."""
     import anyio
 
-    from toolrollout.rollout import compact_shards
+    from toolrollout.rollout import finish_shards
 
     ray = _ray_options(flags)
     plan = _plan(flags)
@@ -346,9 +370,52 @@ def _run(flags: _Flags) -> dict[str, Any]:
         return _run_ray(plan, flags, ray)
     summary = anyio.run(_run_local, plan, flags)
     if summary["interrupted"] is None:
-        compact_shards(plan.folder, flags.out)
-        shutil.rmtree(plan.folder)
+        finish_shards(plan.folder, flags.out)
     return summary
+
+
+def _finish_earlier_run(flags: _Flags) -> bool:
+    """Complete the clean-up of a run killed while finishing; True when nothing is left.
+
+    The folder of a run whose merged file is written carries the ``finished`` mark (or,
+    at the very end, no manifest and no shard): its rows are all in ``--out``, so it is
+    only deleted. ``--resume`` then has nothing to do (exit 0); a fresh run goes on.
+    """
+    from toolrollout._exceptions import UserError
+    from toolrollout.rollout import clean_finished, finished_mark
+
+    if flags.batch_run:
+        return False
+    parts = flags.out.with_name(flags.out.name + ".parts")
+    if not parts.is_dir():
+        if flags.resume and flags.out.is_file():
+            typer.echo(f"nothing to resume: {flags.out} is complete (no {parts} left)")
+            return True
+        return False
+    mark = finished_mark(parts)
+    if mark is None:
+        bare = not (parts / _MANIFEST).exists() and not any(parts.glob("**/part-*.parquet"))
+        if not (bare and flags.out.is_file()):
+            return False  # an unfinished run (or an empty folder of a run never started)
+    elif not Path(str(mark.get("out"))).is_file():
+        raise UserError(
+            f"{parts} says its run finished into {mark.get('out')}, but that file is "
+            f"missing: delete {parts} and run again"
+        )
+    clean_finished(parts)
+    rows = f" ({mark['rows']} rows)" if mark is not None else ""
+    if flags.resume:
+        typer.echo(
+            f"nothing to resume: the run had finished into {flags.out}{rows}; "
+            f"removed what its interrupted clean-up left in {parts}"
+        )
+        return True
+    typer.echo(
+        f"note: removed {parts}, left by a finished run of {flags.out}{rows} whose "
+        "clean-up was cut short",
+        err=True,
+    )
+    return False
 
 
 def _check_flags(flags: _Flags) -> None:
@@ -430,6 +497,8 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
         health_timeout=flags.health_timeout,
         request_timeout=flags.request_timeout,
         retries=flags.retries,
+        retry_budget=flags.retry_budget,
+        failover_after=flags.failover_after,
         flush_every=flags.flush_every,
         resume=flags.resume,
         target_groups=flags.target_groups,
@@ -542,7 +611,7 @@ def _open_folder(plan: _Plan, flags: _Flags) -> None:
 def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
     """The run sharded over Ray actors (``--ray``), merged as a one-machine run would be."""
     from toolrollout.distributed import run_sharded
-    from toolrollout.rollout import compact_shards, write_leftover
+    from toolrollout.rollout import finish_shards, write_leftover
 
     report = run_sharded(
         plan.prompts,
@@ -570,8 +639,7 @@ def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
     if batch:
         summary.update(left_over=len(report.leftover), leftover_path=str(flags.leftover_path))
     if report.interrupted is None:
-        compact_shards(plan.folder, flags.out)
-        shutil.rmtree(plan.folder)
+        finish_shards(plan.folder, flags.out)
     return summary
 
 
@@ -678,7 +746,7 @@ def _ray_options(flags: _Flags) -> Any:
     return options
 
 
-_MANIFEST = "run.json"
+_MANIFEST = "run.json"  # toolrollout.rollout._output.MANIFEST
 
 
 def _open_run_folder(parts: Path, *, dataset: Path, num_prompts: int, n: int, resume: bool) -> str:
@@ -752,6 +820,7 @@ def _summarise(trajectories: list[Any], elapsed: float) -> dict[str, Any]:
             )
         ),
         "model_tokens": sum(int(t.metrics.get("model_tokens", 0)) for t in trajectories),
+        "engine_moves": sum(len(t.metrics.get("engine_moves", ())) for t in trajectories),
     }
 
 
@@ -778,6 +847,8 @@ def _print_summary(summary: dict[str, Any], out: Path, *, err: bool = False) -> 
         ("generated tokens/s", f"{summary['model_tokens'] / max(summary['seconds'], 1e-9):.1f}"),
         ("wall seconds", f"{summary['seconds']:.1f}"),
     ]
+    if summary.get("engine_moves"):
+        rows.append(("moved to another server (failover)", str(summary["engine_moves"])))
     if summary.get("resumed"):
         rows.append(("rows kept from before", str(summary["resumed"])))
     if summary.get("left_over") is not None:

@@ -25,6 +25,7 @@ from ._types import FinishReason as FinishReason
 from ._types import GenerateRequest as GenerateRequest
 from ._types import GenerateResult as GenerateResult
 from ._types import SamplingParams as SamplingParams
+from .sglang import ENGINE_RETRY as ENGINE_RETRY
 from .sglang import ClientStats as ClientStats
 from .sglang import RetryPolicy as RetryPolicy
 from .sglang import ServerStats as ServerStats
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from .embedded import EmbeddedEngine as EmbeddedEngine
 
 __all__ = [
+    "ENGINE_RETRY",
     "ClientStats",
     "EmbeddedEngine",
     "Engine",

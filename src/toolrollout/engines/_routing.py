@@ -6,17 +6,30 @@ with the fewest requests in flight from this client, then the fewest bound sessi
 are broken round-robin from a moving cursor, which is deterministic (no RNG) and still
 spreads a sequential stream of new sessions over all servers.
 
+**Failover.** A server whose last ``failover_after`` attempts in a row failed (connection
+refused or reset, timeout, 5xx) is *down* for ``cooldown`` seconds: new sessions avoid it,
+and a session pinned to it is moved to the least busy server that is up, on its next
+attempt. Every request carries the whole token sequence, so a move loses only the prefix
+cache, never a token; the trajectory records it (``metrics["engine_moves"]``). After the
+cooldown the server gets new sessions again; one more failure marks it down again, and a
+success clears its count.
+
 The router is plain synchronous state: the client mutates it only between ``await``
 points on one event loop, so it needs no lock (and is not thread-safe).
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import time
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Router", "ServerStats"]
+
+logger = logging.getLogger("toolrollout.engines.routing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +45,10 @@ class ServerStats:
     """Attempts on it that ended in an error (connection, timeout, HTTP error status)."""
     sessions: int
     """Sessions currently pinned to it."""
+    down: bool = False
+    """Whether failover considers it down right now (see the module docstring)."""
+    moved_away: int = 0
+    """Sessions moved off it to a healthy server."""
 
 
 @dataclass(slots=True)
@@ -41,16 +58,35 @@ class _Server:
     requests: int = 0
     failures: int = 0
     sessions: int = 0
+    faults: int = 0
+    """Server faults in a row (failover's count; a success resets it)."""
+    down_until: float = -math.inf
+    moved_away: int = 0
 
 
 class Router:
     """Session -> server map (bounded LRU) plus per-server load counters."""
 
-    def __init__(self, urls: Sequence[str], *, max_sessions: int) -> None:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        *,
+        max_sessions: int,
+        failover_after: int | None = None,
+        cooldown: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not urls:
             raise ValueError("at least one server URL is required")
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
+        if failover_after is not None and failover_after < 1:
+            raise ValueError("failover_after must be at least 1 (or None to disable failover)")
+        self._failover_after = failover_after
+        self._cooldown = cooldown
+        self._clock = clock
+        self.moves = 0
+        """Sessions moved to another server by failover."""
         self._servers = {url: _Server(url) for url in urls}
         self._order = list(urls)
         self._cursor = 0
@@ -72,13 +108,17 @@ class Router:
     def pick(self, session_id: str | None, *, avoid: Collection[str] = ()) -> str:
         """Return the server for the next request of ``session_id`` and pin the session.
 
-        A pinned session always gets its server back (``avoid`` is ignored: a sticky
-        session is retried on the same server). ``avoid`` steers a new choice away from
-        servers that just refused a connection, unless that would leave none.
+        A pinned session gets its server back (``avoid`` is ignored: a sticky session is
+        retried on the same server) unless failover finds that server down and another up.
+        ``avoid`` steers a new choice away from servers that just refused a connection,
+        unless that would leave none.
         """
         if session_id is not None:
             url = self._sessions.get(session_id)
             if url is not None:
+                moved = self._fail_over(session_id, url)
+                if moved is not None:
+                    return moved
                 self._sessions.move_to_end(session_id)
                 return url
         url = self._least_loaded(avoid)
@@ -122,6 +162,8 @@ class Router:
                 requests=s.requests,
                 failures=s.failures,
                 sessions=s.sessions,
+                down=self.is_down(s.url),
+                moved_away=s.moved_away,
             )
             for s in (self._servers[url] for url in self._order)
         )
@@ -135,6 +177,7 @@ class Router:
 
     def _least_loaded(self, avoid: Collection[str]) -> str:
         candidates = [url for url in self._order if url not in avoid] or self._order
+        candidates = self._up(candidates)
         n = len(self._order)
         # Rotate so that ties go to the first candidate at or after the cursor.
         start = self._cursor % n
@@ -149,3 +192,60 @@ class Router:
         choice = rotated[0]
         self._cursor = self._order.index(choice) + 1
         return choice
+
+    # --- failover (see the module docstring) -------------------------------------------
+
+    def note_fault(self, url: str) -> None:
+        """An attempt on ``url`` failed for a server reason (connection, timeout, 5xx)."""
+        server = self._servers[url]
+        server.faults += 1
+        if self._failover_after is None or server.faults < self._failover_after:
+            return
+        if not self.is_down(url):
+            logger.warning(
+                "%s failed %d times in a row: marked down for %g s; its sessions move to "
+                "a healthy server",
+                url,
+                server.faults,
+                self._cooldown,
+            )
+        server.down_until = self._clock() + self._cooldown
+
+    def note_ok(self, url: str) -> None:
+        """An attempt on ``url`` was answered (the server is up)."""
+        server = self._servers[url]
+        if server.faults >= (self._failover_after or math.inf):
+            logger.info("%s answers again: back in rotation", url)
+        server.faults = 0
+        server.down_until = -math.inf
+
+    def is_down(self, url: str) -> bool:
+        """Whether ``url`` is down for failover right now (always False when disabled)."""
+        server = self._servers[url]
+        return (
+            self._failover_after is not None
+            and server.faults >= self._failover_after
+            and self._clock() < server.down_until
+        )
+
+    def _up(self, candidates: list[str]) -> list[str]:
+        """The candidates that are not down, or all of them when every one is."""
+        if self._failover_after is None:
+            return candidates
+        return [url for url in candidates if not self.is_down(url)] or candidates
+
+    def _fail_over(self, session_id: str, url: str) -> str | None:
+        """Move a session off a down server; the new server, or None to stay."""
+        if not self.is_down(url):
+            return None
+        others = [u for u in self._order if u != url and not self.is_down(u)]
+        if not others:
+            return None  # nowhere better: keep retrying the pinned server
+        target = self._least_loaded(())
+        del self._sessions[session_id]
+        self._servers[url].sessions -= 1
+        self._servers[url].moved_away += 1
+        self.moves += 1
+        self._bind(session_id, target)
+        logger.info("session %s moved from %s to %s (failover)", session_id, url, target)
+        return target

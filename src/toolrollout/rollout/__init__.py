@@ -43,8 +43,11 @@ if TYPE_CHECKING:
     from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
     from ._output import ShardWriter as ShardWriter
     from ._output import TrajectoryWriter as TrajectoryWriter
+    from ._output import clean_finished as clean_finished
     from ._output import compact_shards as compact_shards
     from ._output import done_samples as done_samples
+    from ._output import finish_shards as finish_shards
+    from ._output import finished_mark as finished_mark
     from ._output import read_rows as read_rows
     from ._output import read_shards as read_shards
     from ._output import write_trajectories as write_trajectories
@@ -69,9 +72,12 @@ __all__ = [
     "TrajectoryStatus",
     "TrajectoryWriter",
     "as_prompt",
+    "clean_finished",
     "compact_shards",
     "done_samples",
     "failed_trajectory",
+    "finish_shards",
+    "finished_mark",
     "prepare_images",
     "read_leftover",
     "read_rows",
@@ -91,8 +97,11 @@ _LAZY = {
             "TRAJECTORY_SCHEMA",
             "ShardWriter",
             "TrajectoryWriter",
+            "clean_finished",
             "compact_shards",
             "done_samples",
+            "finish_shards",
+            "finished_mark",
             "read_rows",
             "read_shards",
             "write_trajectories",

@@ -11,6 +11,14 @@ flush is a complete, small parquet file (``part-000000.parquet``...) written to 
 name, fsynced and renamed into place, so a shard on disk is always whole. A directory of
 shards is a parquet dataset in its own right, and :func:`compact_shards` merges it into one
 file without duplicates.
+
+:func:`finish_shards` is the ordered end of a run: merge (temporary name, fsync, rename),
+then a ``finished`` mark in the folder's ``run.json`` (also replaced atomically), then the
+shards are deleted, ``run.json`` last, then the folder. A kill at any instant leaves either
+an unmerged folder (``--resume`` merges the very same rows) or a marked one
+(:func:`finished_mark` says so and :func:`clean_finished` only deletes). The environment
+variable ``TOOLROLLOUT_TEST_KILL_AT`` names a step (:data:`FINISH_STEPS`) at which the
+process SIGKILLs itself: the documented seam the tests use to kill it at every step.
 """
 
 from __future__ import annotations
@@ -18,8 +26,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
+import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -30,17 +40,50 @@ import pyarrow.parquet as pq
 from toolrollout._records import Trajectory
 
 __all__ = [
+    "FINISH_STEPS",
+    "KILL_AT_ENV",
+    "MANIFEST",
     "TRAJECTORY_SCHEMA",
     "ShardWriter",
     "TrajectoryWriter",
+    "clean_finished",
     "compact_shards",
     "done_samples",
+    "finish_shards",
+    "finished_mark",
     "read_rows",
     "read_shards",
     "write_trajectories",
 ]
 
 _SHARD_GLOB = "part-*.parquet"
+
+MANIFEST = "run.json"
+"""The run manifest in a shard folder (run id, dataset, counts; ``finished`` once merged)."""
+
+KILL_AT_ENV = "TOOLROLLOUT_TEST_KILL_AT"
+"""Test seam: the finishing step (one of :data:`FINISH_STEPS`) at which to SIGKILL."""
+
+FINISH_STEPS = (
+    "rows-written",
+    "merge-written",
+    "merged",
+    "marked",
+    "shard-deleted",
+    "shards-deleted",
+    "manifest-deleted",
+)
+"""The instants between the durable steps of finishing a run, in order: every row is in a
+shard; the merged file is written under its temporary name; it is renamed into place; the
+``finished`` mark is in ``run.json``; the first shard is deleted; every shard is deleted;
+``run.json`` is deleted (the empty folder is removed next)."""
+
+
+def kill_point(step: str) -> None:
+    """SIGKILL this process here when ``TOOLROLLOUT_TEST_KILL_AT`` names ``step``."""
+    if os.environ.get(KILL_AT_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
 
 TRAJECTORY_SCHEMA = pa.schema(
     [
@@ -177,7 +220,13 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(table: pa.Table, path: Path, *, jsonl: bool = False) -> None:
+def write_atomic(
+    table: pa.Table,
+    path: Path,
+    *,
+    jsonl: bool = False,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
     """Write ``table`` to ``path`` so that ``path`` is either absent or complete."""
     tmp = path.with_name(f".{path.name}.tmp")
     if jsonl:
@@ -193,6 +242,8 @@ def write_atomic(table: pa.Table, path: Path, *, jsonl: bool = False) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+    if before_rename is not None:
+        before_rename()
     os.replace(tmp, path)
     _fsync_dir(path.parent)
 
@@ -306,5 +357,84 @@ def compact_shards(directory: str | Path, out: str | Path) -> int:
     out = Path(out)
     table = _dedupe_sorted(read_shards(directory))
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(table, out, jsonl=out.suffix in {".jsonl", ".json"})
+    write_atomic(
+        table,
+        out,
+        jsonl=out.suffix in {".jsonl", ".json"},
+        before_rename=lambda: kill_point("merge-written"),
+    )
     return int(table.num_rows)
+
+
+def finish_shards(directory: str | Path, out: str | Path) -> int:
+    """Merge ``directory`` into ``out``, mark the run finished, then delete the folder.
+
+    Each step is durable (fsynced) before the next starts, so a kill at any instant leaves
+    a folder that either still holds every row (merge again) or carries the ``finished``
+    mark (only clean up): never a half-deleted folder without the mark. Returns the rows.
+    """
+    directory, out = Path(directory), Path(out)
+    kill_point("rows-written")
+    rows = compact_shards(directory, out)
+    kill_point("merged")
+    _mark_finished(directory, out, rows)
+    kill_point("marked")
+    clean_finished(directory)
+    return rows
+
+
+def finished_mark(directory: str | Path) -> dict[str, Any] | None:
+    """The ``finished`` mark of a shard folder (``out``, ``rows``), or None if unmarked."""
+    manifest = Path(directory) / MANIFEST
+    try:
+        saved = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    mark = saved.get("finished") if isinstance(saved, dict) else None
+    return mark if isinstance(mark, dict) else None
+
+
+def _mark_finished(directory: Path, out: Path, rows: int) -> None:
+    manifest = directory / MANIFEST
+    try:
+        saved = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        saved = {}
+    saved["finished"] = {"out": str(out.resolve()), "rows": rows}
+    tmp = directory / f".{MANIFEST}.tmp"
+    with tmp.open("w", encoding="utf-8") as fh:
+        fh.write(json.dumps(saved) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, manifest)
+    _fsync_dir(directory)
+
+
+def clean_finished(directory: str | Path) -> None:
+    """Delete a merged run's folder: shards first, ``run.json`` last, then the folder.
+
+    Only for a folder whose rows are in the merged file (marked, or already without its
+    manifest); deleting in this order keeps the mark until nothing but it is left.
+    """
+    directory = Path(directory)
+    if not directory.exists():
+        return
+    shards = [*_shard_paths(directory), *sorted(directory.glob(f"*/{_SHARD_GLOB}"))]
+    for i, shard in enumerate(shards):
+        shard.unlink()
+        if i == 0:
+            _fsync_dir(shard.parent)
+            kill_point("shard-deleted")
+    _fsync_dir(directory)
+    kill_point("shards-deleted")
+    for entry in directory.iterdir():  # worker folders, temporary files: no rows in them
+        if entry.name == MANIFEST:
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    (directory / MANIFEST).unlink(missing_ok=True)
+    _fsync_dir(directory)
+    kill_point("manifest-deleted")
+    directory.rmdir()

@@ -67,6 +67,7 @@ class TrajectoryState:
     __slots__ = (
         "counters",
         "drift",
+        "engine_moves",
         "environment",
         "error",
         "finish_reason",
@@ -74,6 +75,7 @@ class TrajectoryState:
         "prompt",
         "prompt_index",
         "sample_index",
+        "server",
         "services",
         "status",
         "timing",
@@ -109,6 +111,9 @@ class TrajectoryState:
         self.drift = DriftLedger()
         self.vision = ImageLedger()
         self.environment = EnvironmentLedger()
+        self.server: str | None = None
+        """The server that answered the last turn (failover moves are seen against it)."""
+        self.engine_moves: list[dict[str, Any]] = []
 
     # --- reading -----------------------------------------------------------------------
 
@@ -166,6 +171,7 @@ class TrajectoryState:
         if logprobs is None:
             raise EngineError("the engine returned no logprobs; token-exact rollouts need them")
         t, c = self.transcript, self.counters
+        self._note_server(result.server_url)
         start = t.response_len
         continuing = t.open_turn
         span = TokenSpan("model", ids, tuple(float(x) for x in logprobs))
@@ -208,6 +214,14 @@ class TrajectoryState:
         else:
             c.parse_errors += len(parsed.errors)
         return ModelTurn(text, span.ids, parsed, finish)
+
+    def _note_server(self, url: str | None) -> None:
+        """Record a move to another server (engine failover: the prefix cache is lost, the
+        tokens are not, since every request carries the whole sequence)."""
+        if url is not None and self.server is not None and url != self.server:
+            turn = self.counters.num_turns + (0 if self.transcript.open_turn else 1)
+            self.engine_moves.append({"turn": turn, "from": self.server, "to": url})
+        self.server = url or self.server
 
     def out_of_turns(self) -> bool:
         """True (and truncated) when no model turn is left to read an environment answer."""
@@ -335,6 +349,8 @@ class TrajectoryState:
             }
         if self.drift.found:
             metrics["drift_reports"] = self.drift.reports()
+        if self.engine_moves:
+            metrics["engine_moves"] = list(self.engine_moves)
         if c.resumes:
             # Which weights sampled which tokens: [start, end, version] per engine answer,
             # positions in the response tokens (a resume may cross a weight update).

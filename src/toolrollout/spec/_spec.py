@@ -40,10 +40,12 @@ class RunSpec:
     """A rollout run: engine, model, tools, rewards, interactions, vision and budgets.
 
     Engine: ``engine_urls`` (SGLang-compatible servers, waited on for ``health_timeout``
-    seconds; ``request_timeout`` and ``retries`` tune the client, ``None`` keeps its
-    defaults), or none for the embedded engine on ``model``. ``model`` is also the
-    tokenizer folder; ``None`` means the bundled demo model (or, for
-    :func:`~toolrollout.spec.build_runner` given a tokenizer, no folder at all).
+    seconds; ``request_timeout``, ``retries`` (attempts) and ``retry_budget`` (seconds of
+    retrying) tune the client, ``None`` keeps its defaults; ``failover_after`` failed
+    attempts in a row move a server's trajectories to a healthy one, 0 never), or none
+    for the embedded engine on ``model``. ``model`` is also the tokenizer folder; ``None``
+    means the bundled demo model (or, for :func:`~toolrollout.spec.build_runner` given a
+    tokenizer, no folder at all).
 
     Tools: ``tool_config`` (a verl-layout YAML), or ``tools`` (Tool objects); neither means
     the built-in calculator. Interactions: ``interaction_config`` or ``interactions`` (by
@@ -73,6 +75,8 @@ class RunSpec:
     health_timeout: float = 120.0
     request_timeout: float | None = None
     retries: int | None = None
+    retry_budget: float | None = None
+    failover_after: int = 3
     flush_every: int = 64
     resume: bool = False
     target_groups: int | None = None
@@ -126,6 +130,9 @@ class RunSpec:
             raise UserError(f"--request-timeout must be positive, got {self.request_timeout}")
         if self.retries is not None:
             _at_least("--retries", self.retries, 1)
+        if self.retry_budget is not None:
+            _at_least("--retry-budget", self.retry_budget, 0.0)
+        _at_least("--failover-after", self.failover_after, 0)
         if self.target_groups is not None:
             _at_least("--target-groups", self.target_groups, 1)
             if self.resume:
@@ -160,10 +167,17 @@ class RunSpec:
 
             seconds = self.request_timeout
             options["timeout"] = httpx.Timeout(seconds, connect=min(seconds, 10.0))
-        if self.retries is not None:
-            from toolrollout.engines import RetryPolicy
+        if self.retries is not None or self.retry_budget is not None:
+            from toolrollout.engines import ENGINE_RETRY
 
-            options["retry"] = RetryPolicy(max_attempts=self.retries, retry_timeouts=True)
+            options["retry"] = dataclasses.replace(
+                ENGINE_RETRY,
+                max_attempts=ENGINE_RETRY.max_attempts if self.retries is None else self.retries,
+                budget_s=ENGINE_RETRY.budget_s if self.retry_budget is None else self.retry_budget,
+                retry_timeouts=True,
+            )
+        if self.failover_after != 3:
+            options["failover_after"] = self.failover_after or None
         return options
 
     def rewards_for(self, ground_truths: Sequence[object] = ()) -> tuple[Reward, ...]:

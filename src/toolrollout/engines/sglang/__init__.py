@@ -14,11 +14,13 @@ from ._client import DEFAULT_LIMITS as DEFAULT_LIMITS
 from ._client import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from ._client import ClientStats as ClientStats
 from ._client import SGLangClient as SGLangClient
+from ._retry import ENGINE_RETRY as ENGINE_RETRY
 from ._retry import RetryPolicy as RetryPolicy
 
 __all__ = [
     "DEFAULT_LIMITS",
     "DEFAULT_TIMEOUT",
+    "ENGINE_RETRY",
     "ClientStats",
     "RetryPolicy",
     "SGLangClient",

@@ -17,8 +17,12 @@
 * **Routing.** All requests of one ``session_id`` go to the same server (its prefix cache
   holds the shared prompt); a new session goes to the least busy server (see
   :mod:`._routing`). A new session whose server refuses the connection moves to another
-  server; a pinned session is retried on its own server (call :meth:`release_session` to
-  move it). The session map is an LRU bounded by ``max_sessions``.
+  server; a pinned session is retried on its own server until that server has failed
+  ``failover_after`` attempts in a row, and then moves to a healthy one (failover; every
+  request carries its full ``input_ids``, so only the prefix cache is lost). The session
+  map is an LRU bounded by ``max_sessions``.
+* **Retry budget.** The default :data:`ENGINE_RETRY` retries for up to 60 s from the first
+  failure (at most 30 attempts), enough to ride out a worker or router restart.
 * **Abort.** :meth:`abort` posts ``/abort_request`` to the server holding the request; the
   pending :meth:`generate` then returns the partial output with ``finish_reason.type ==
   "abort"`` (SGLang answers HTTP 200). SGLang silently ignores an abort that arrives
@@ -37,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,7 +63,7 @@ from .._routing import Router, ServerStats
 from .._types import FinishReason, GenerateRequest, GenerateResult
 from .._wire import StreamChunk
 from ._control import _ControlPlane
-from ._retry import RetryPolicy, _normalize_urls, _translate
+from ._retry import ENGINE_RETRY, RetryPolicy, _normalize_urls, _translate
 
 __all__ = ["DEFAULT_LIMITS", "DEFAULT_TIMEOUT", "ClientStats", "SGLangClient"]
 
@@ -90,6 +95,8 @@ class ClientStats:
     """Calls that ended in an exception (after any retries)."""
     sessions: int
     """Sessions currently pinned to a server."""
+    moves: int = 0
+    """Sessions moved to another server by failover."""
 
     @property
     def outstanding(self) -> int:
@@ -133,14 +140,24 @@ class SGLangClient(_ControlPlane, Engine):
         headers: Mapping[str, str] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         abort_urls: Sequence[str] | None = None,
+        failover_after: int | None = 3,
+        failover_cooldown: float = 10.0,
     ) -> None:
         if max_sessions < 1:
             raise UserError(f"max_sessions must be >= 1, got {max_sessions}")
-        self._router = Router(_normalize_urls(base_urls), max_sessions=max_sessions)
+        if failover_after is not None and failover_after < 1:
+            raise UserError(f"failover_after must be >= 1 or None, got {failover_after}")
+        self._router = Router(
+            _normalize_urls(base_urls),
+            max_sessions=max_sessions,
+            failover_after=failover_after,
+            cooldown=failover_cooldown,
+            clock=_loop_clock,
+        )
         # sglang-router (0.3.x) answers 404 on /abort_request, so behind a router the
         # abort is sent to the workers themselves; each ignores rids it does not hold.
         self._abort_urls = _normalize_urls(abort_urls) if abort_urls else None
-        self._retry = retry if retry is not None else RetryPolicy()
+        self._retry = retry if retry is not None else ENGINE_RETRY
         all_headers = dict(headers or {})
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
@@ -365,6 +382,7 @@ class SGLangClient(_ControlPlane, Engine):
             retries=self._retries,
             failures=self._failures,
             sessions=self._router.session_count,
+            moves=self._router.moves,
         )
 
     async def aclose(self) -> None:
@@ -472,6 +490,14 @@ class SGLangClient(_ControlPlane, Engine):
         return await self._retrying(
             f"stream rid={entry.rid}", attempt, give_up=lambda: entry.aborted
         )
+
+
+def _loop_clock() -> float:
+    """The event loop's clock (virtual in tests), or the monotonic clock outside a loop."""
+    try:
+        return anyio.current_time()
+    except RuntimeError:  # sniffio: no async library running (a stats() call from sync code)
+        return time.monotonic()
 
 
 def _require_n(request: GenerateRequest, n: int, method: str) -> None:

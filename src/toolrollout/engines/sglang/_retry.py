@@ -19,7 +19,6 @@ from tenacity import (
     RetryCallState,
     RetryError,
     retry_if_exception,
-    stop_after_attempt,
 )
 
 from ..._exceptions import (
@@ -31,11 +30,11 @@ from ..._exceptions import (
     EngineUnavailable,
     UserError,
 )
-from ..._retry import RetryPolicy
+from ..._retry import ENGINE_RETRY, RetryPolicy
 from .. import _wire
 from .._routing import Router
 
-__all__ = ["RetryPolicy"]
+__all__ = ["ENGINE_RETRY", "RetryPolicy"]
 
 logger = logging.getLogger("toolrollout.engines.sglang")
 
@@ -83,6 +82,52 @@ async def _read_body(response: httpx.Response) -> bytes:
         return await response.aread()
     except httpx.HTTPError:
         return b""
+
+
+class _Budget:
+    """The stop and wait of one call: attempts, and seconds since its first failure.
+
+    Time is the event loop's clock (``anyio.current_time``), so a test on a virtual clock
+    sees the budget exactly. The wait before the last attempt is cut to end at the budget,
+    so that attempt still runs (a server back at second 59 of 60 is found).
+    """
+
+    __slots__ = ("_first_failure", "_policy")
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+        self._first_failure: float | None = None
+
+    def _elapsed(self) -> float:
+        now = anyio.current_time()
+        if self._first_failure is None:
+            self._first_failure = now
+        return now - self._first_failure
+
+    def spent(self, state: RetryCallState) -> bool:
+        elapsed = self._elapsed()  # the first call marks the first failure
+        if state.attempt_number >= self._policy.max_attempts:
+            return True
+        budget = self._policy.budget_s
+        return budget is not None and elapsed >= budget
+
+    def wait(self, state: RetryCallState) -> float:
+        wait = self._policy.backoff(state.attempt_number)
+        budget = self._policy.budget_s
+        if budget is None:
+            return wait
+        return max(0.0, min(wait, budget - self._elapsed()))
+
+    def left(self) -> str:
+        budget = self._policy.budget_s
+        if budget is None or self._first_failure is None:
+            return ""
+        return f" ({max(budget - self._elapsed(), 0.0):.1f} s of the {budget:g} s budget left)"
+
+    def describe(self) -> str:
+        if self._first_failure is None:
+            return ""
+        return f" in {self._elapsed():.1f} s"
 
 
 class _Transport:
@@ -134,17 +179,19 @@ class _Transport:
             exc = state.outcome.exception() if state.outcome is not None else None
             wait = state.upcoming_sleep
             logger.warning(
-                "%s: attempt %d/%d failed (%s); retrying in %.2f s",
+                "%s: attempt %d/%d failed (%s); retrying in %.2f s%s",
                 what,
                 state.attempt_number,
                 policy.max_attempts,
                 exc,
                 wait,
+                budget.left(),
             )
 
+        budget = _Budget(policy)
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(policy.max_attempts),
-            wait=lambda state: policy.backoff(state.attempt_number),
+            stop=budget.spent,
+            wait=budget.wait,
             retry=retry_if_exception(should_retry),
             before_sleep=before_sleep,
             sleep=self._sleep,
@@ -157,7 +204,8 @@ class _Transport:
         except RetryError as err:
             last = err.last_attempt.exception()
             raise EngineUnavailable(
-                f"{what}: gave up after {policy.max_attempts} attempts; last error: {last}"
+                f"{what}: gave up after {err.last_attempt.attempt_number} attempts"
+                f"{budget.describe()}; last error: {last}"
             ) from last
         raise AssertionError("unreachable: tenacity either returns or raises")
 
@@ -189,19 +237,33 @@ class _Transport:
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 if on_connect_failure is not None and _is_connect_failure(exc):
                     on_connect_failure(url)
+                if account and not isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
+                    self._router.note_fault(url)
                 raise _translate(exc, url=url + path) from exc
             if not response.is_success:
                 content = await _read_body(response) if stream else response.content
                 if stream:
                     await response.aclose()
+                if account:
+                    self._note_status(url, response.status_code)
                 message = _wire.error_message(content, response.status_code)
                 raise _wire.error_from_status(response.status_code, message, url=url + path)
+            if account:
+                self._router.note_ok(url)
             failed = False
             keep_open = stream
             return response
         finally:
             if account and not keep_open:
                 self._router.release(url, failed=failed)
+
+    def _note_status(self, url: str, status: int) -> None:
+        """Failover's view of an error status: 5xx is a server fault; 429 is a busy but
+        live server (neither); any other 4xx means it is up and answering."""
+        if status >= 500:
+            self._router.note_fault(url)
+        elif status != 429:
+            self._router.note_ok(url)
 
     def _url(self, base: str, path: str) -> httpx.URL:
         """``base + path`` parsed once (httpx parses a string URL on every request)."""
