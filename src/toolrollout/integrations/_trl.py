@@ -34,6 +34,7 @@ from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts
 from toolrollout.tools import Tool, ToolExecutor, open_tools
 
 from ._metrics import trajectory_extras
+from ._weight_sync import SYNC_SECONDS_METRIC, SyncResult, WeightSync, WeightSyncMode
 
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
@@ -75,6 +76,8 @@ class TRLRolloutFunc:
         log_metrics: bool = True,
         family: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        weight_sync: WeightSyncMode = "auto",
+        weights_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         config = _with_family(config or RolloutConfig(), family, chat_template_kwargs)
         if config.n != 1:
@@ -91,6 +94,15 @@ class TRLRolloutFunc:
         """The trajectories of the latest call, for inspection and logging."""
         self._stack: contextlib.ExitStack | None = None
         self._portal: BlockingPortal | None = None
+        self.weight_sync = WeightSync(
+            engine,
+            lambda fn: self._ensure_portal().call(fn),
+            mode=weight_sync,
+            weights_dir=weights_dir,
+        )
+        """Loads the trainer's weights into the engine after each optimizer step."""
+        self.last_sync: SyncResult | None = None
+        """The latest weight sync (None before the first)."""
 
     def _ensure_portal(self) -> BlockingPortal:
         if self._portal is None:
@@ -115,6 +127,11 @@ class TRLRolloutFunc:
     def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, Any]:
         rows = [_as_rollout_prompt(p) for p in prompts]
         portal = self._ensure_portal()
+        synced = self.weight_sync.maybe_sync(trainer, _global_step(trainer))
+        if synced is not None:
+            self.last_sync = synced
+            if self.log_metrics:
+                _log_to_trainer(trainer, {SYNC_SECONDS_METRIC: synced.seconds})
         trajectories: list[Trajectory] = portal.call(self.runner.run, rows)
         self.last_trajectories = trajectories
         limit = _max_completion_length(trainer)
@@ -178,6 +195,8 @@ def trl_rollout_func(
     log_metrics: bool = True,
     family: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    weight_sync: WeightSyncMode = "auto",
+    weights_dir: str | os.PathLike[str] | None = None,
 ) -> TRLRolloutFunc:
     """Build the ``rollout_func`` to pass to ``GRPOTrainer(..., rollout_func=...)``.
 
@@ -188,6 +207,15 @@ def trl_rollout_func(
     are :class:`TRLRolloutFunc`'s. ``family`` names the model family when its chat
     template is not detected (``RolloutConfig.family``); ``chat_template_kwargs`` are
     template variables such as ``{"enable_thinking": False}``.
+
+    ``weight_sync="auto"`` keeps the run on-policy with no user code: at the start of each
+    call whose ``trainer.state.global_step`` differs from the step the engine serves, the
+    trainer's weights go to the engine (in process for an ``EmbeddedEngine``; otherwise
+    saved under ``weights_dir``, default ``<output_dir>/weight-sync``, and loaded with
+    ``update_weights_from_disk`` between ``pause_generation`` and
+    ``continue_generation``), the served ``weight_version`` becomes ``str(global_step)``
+    and the seconds are logged as ``rollout/weight_sync/seconds``. ``"off"`` leaves the
+    engine alone (the user syncs another way, e.g. over NCCL).
     """
     if isinstance(engine, str):
         from toolrollout.engines import SGLangClient
@@ -206,6 +234,8 @@ def trl_rollout_func(
         log_metrics=log_metrics,
         family=family,
         chat_template_kwargs=chat_template_kwargs,
+        weight_sync=weight_sync,
+        weights_dir=weights_dir,
     )
 
 
@@ -259,6 +289,12 @@ def _as_rollout_prompt(prompt: Any) -> RolloutPrompt:
     raise UserError(
         f"a TRL prompt must be a list of chat messages or a string, got {type(prompt).__name__}"
     )
+
+
+def _global_step(trainer: Any) -> int | None:
+    """The optimizer steps the trainer has taken (``trainer.state.global_step``)."""
+    step = getattr(getattr(trainer, "state", None), "global_step", None)
+    return step if isinstance(step, int) else None
 
 
 def _max_completion_length(trainer: Any) -> int | None:
