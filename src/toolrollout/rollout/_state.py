@@ -308,6 +308,7 @@ class TrajectoryState:
             tool_final_rewards=dict(env.tool_final_rewards),
             images=tuple(self.vision.images),
             data_source=_data_source(self.prompt.metadata),
+            weight_segments=tuple(t.segments),
             resume_point=resume,
         )
 
@@ -335,11 +336,11 @@ class TrajectoryState:
             }
         if self.drift.found:
             metrics["drift_reports"] = self.drift.reports()
+        # Which weights sampled which tokens: [start, end, version] per engine answer,
+        # positions in the response tokens (a resume may cross a weight update).
+        metrics["weight_versions"] = [list(segment) for segment in self.transcript.segments]
         if c.resumes:
-            # Which weights sampled which tokens: [start, end, version] per engine answer,
-            # positions in the response tokens (a resume may cross a weight update).
             metrics["resumes"] = c.resumes
-            metrics["weight_versions"] = [list(segment) for segment in self.transcript.segments]
         metrics.update(self.environment.metrics())
         return metrics
 
