@@ -181,7 +181,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_http(url + "/health", 120, proc)
+        wait_http(url + "/health", 300, proc)  # torch imports slowly on a busy machine
         yield url, weights
     finally:
         stop(proc)
