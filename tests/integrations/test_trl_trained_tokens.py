@@ -146,3 +146,20 @@ def test_matching_sampling_passes_with_each_sides_way_of_saying_off(
     assert out["status"] == ["completed"]
     # One weight version per engine answer (the call turn and the answer turn).
     assert out["weight_versions"] == [[out["weight_version"][0]] * 2]
+
+
+def test_mask_truncated_completions_masks_every_truncated_rollout(
+    scripted_engine: ScriptedEngine, demo_tokenizer: Any
+) -> None:
+    """TRL's option sees only a last token that is not EOS; the adapter masks the rest."""
+    call_len = _spans(scripted_engine, demo_tokenizer)[0][1]
+    # The budget ends right after the call turn (its EOS kept): the tool result does not fit.
+    trainer = _trainer(call_len + 2, mask_truncated_completions=True)
+    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+        out = rollout([PROMPT], trainer)
+    assert out["status"] == ["truncated"]
+    assert out["completion_ids"][0][-1] == demo_tokenizer.eos_token_id  # TRL would train it
+    assert not any(out["env_mask"][0])
+    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+        out = rollout([PROMPT], _trainer(call_len + 2))
+    assert any(out["env_mask"][0])  # without the option, the model tokens are trained

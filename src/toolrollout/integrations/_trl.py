@@ -161,6 +161,8 @@ class TRLRolloutFunc:
         trajectories: list[Trajectory] = portal.call(runner.run, rows)
         self.last_trajectories = trajectories
         eos = _eos_id(runner.chat.tokenizer)
+        args = getattr(trainer, "args", None)
+        mask_truncated = bool(getattr(args, "mask_truncated_completions", False))
         out: dict[str, list[Any]] = {
             "prompt_ids": [],
             "completion_ids": [],
@@ -183,6 +185,10 @@ class TRLRolloutFunc:
             elif trajectory.failed:
                 # Failed (a tool down, an engine error): none of it is trained, whatever a
                 # reward function makes of it.
+                mask = [0] * len(ids)
+            elif mask_truncated and extra["status"] == "truncated":
+                # TRL's mask_truncated_completions only sees a last token that is not EOS;
+                # a rollout that stopped on a budget right after a model turn ends in EOS.
                 mask = [0] * len(ids)
             out["prompt_ids"].append(list(trajectory.prompt_ids))
             out["completion_ids"].append(ids)
