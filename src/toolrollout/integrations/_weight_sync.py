@@ -78,7 +78,9 @@ def policy_state_dict(trainer: Any) -> Iterator[dict[str, Any]]:
         model.merge_adapter()
     try:
         if accelerator is not None and _sharded(accelerator):
-            raw = accelerator.get_state_dict(getattr(trainer, "model", model))
+            # The engine-wrapped model (DeepSpeed's engine, FSDP's module) gathers shards.
+            wrapped = getattr(trainer, "model_wrapped", None) or getattr(trainer, "model", model)
+            raw = accelerator.get_state_dict(wrapped)
         else:
             raw = model.state_dict()
         yield _base_names(raw) if peft else dict(raw)
