@@ -24,7 +24,7 @@ PROMPT = [1, 2, 3, 4, 5]
 
 def _request() -> GenerateRequest:
     sampling = SamplingParams(max_new_tokens=6, temperature=0.8, seed=7)
-    return GenerateRequest(input_ids=PROMPT, sampling=sampling, return_logprob=True)
+    return GenerateRequest(input_ids=tuple(PROMPT), sampling=sampling, return_logprob=True)
 
 
 def _policy_logprobs(model: Any, ids: tuple[int, ...]) -> list[float]:
@@ -35,7 +35,7 @@ def _policy_logprobs(model: Any, ids: tuple[int, ...]) -> list[float]:
 
 
 def test_loaded_weights_are_the_ones_that_sample() -> None:
-    policy = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
+    policy: Any = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
     policy.eval()
     torch.manual_seed(0)
     with torch.no_grad():
@@ -69,7 +69,7 @@ def test_loaded_weights_are_the_ones_that_sample() -> None:
         engine_lp, torch.tensor(_policy_logprobs(policy, after.output_ids)), atol=1e-4
     )
     # ... and not those of the weights it served before.
-    old = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
+    old: Any = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
     old.eval()
     gap = (engine_lp - torch.tensor(_policy_logprobs(old, after.output_ids))).abs().max()
     assert gap > 1e-2
