@@ -135,10 +135,6 @@ class Trajectory:
     """Images the model saw, in order, each with its placeholder span (multimodal runs)."""
     data_source: str | None = None
     """The dataset row's ``data_source`` (verl's layout), so evaluation can split by source."""
-    weight_segments: tuple[tuple[int, int, str | None], ...] = ()
-    """``(start, end, weight_version)`` of every engine answer, as positions in the
-    response tokens: which weights sampled which tokens. A model turn resumed across a
-    weight update has two segments with different versions (see :attr:`weight_versions`)."""
     resume_point: ResumePoint | None = field(default=None, repr=False, compare=False)
     """Set on ``aborted`` trajectories: what :meth:`RolloutRunner.resume` continues from
     (prompt plus partial output, token for token). In memory only, not in the output files."""
@@ -158,6 +154,15 @@ class Trajectory:
     @property
     def rollout_logprobs(self) -> list[float]:
         return [lp for span in self.spans for lp in span.logprobs]
+
+    @property
+    def weight_segments(self) -> tuple[tuple[int, int, str | None], ...]:
+        """``(start, end, weight_version)`` of every engine answer, as positions in the
+        response tokens: which weights sampled which tokens. A model turn resumed across a
+        weight update has two segments with different versions. Kept in
+        ``metrics["weight_versions"]``, so output and leftover files carry it too."""
+        segments = self.metrics.get("weight_versions") or ()
+        return tuple((int(s[0]), int(s[1]), None if s[2] is None else str(s[2])) for s in segments)
 
     @property
     def weight_versions(self) -> tuple[str | None, ...]:

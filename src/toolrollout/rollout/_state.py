@@ -308,7 +308,6 @@ class TrajectoryState:
             tool_final_rewards=dict(env.tool_final_rewards),
             images=tuple(self.vision.images),
             data_source=_data_source(self.prompt.metadata),
-            weight_segments=tuple(t.segments),
             resume_point=resume,
         )
 
