@@ -116,6 +116,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/trainers.md", 'PLUGIN=$(python -c "import too'): (
         "swift rollout serves the model with vLLM, which needs a GPU (and downloads the model)"
     ),
+    ("docs/trainers.md", "TOOLROLLOUT_ENGINE_URL=http://"): (
+        "swift rlhf trains with vLLM rollouts, which need a GPU (and downloads the model)"
+    ),
     ("docs/trainers.md", ".venv/bin/pip install -r requi"): (
         "runs the trainer adapter tests (minutes); CI runs them with the whole suite"
     ),

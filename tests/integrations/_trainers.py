@@ -17,7 +17,7 @@ SKIP_ENV = "TOOLROLLOUT_SKIP_TRAINER_TESTS"
 # Import name -> the test modules that import it at module level.
 TRAINER_TEST_FILES: dict[str, tuple[str, ...]] = {
     "verl": ("test_verl.py",),
-    "swift": ("test_swift.py",),
+    "swift": ("test_swift.py", "test_swift_weight_sync.py"),
 }
 
 INSTALL_HINT = (

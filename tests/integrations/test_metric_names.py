@@ -39,13 +39,18 @@ def _expand(pattern: str, tool: str) -> set[str]:
     return {"".join(choice) for choice in product(*options)}
 
 
-def documented_names(tool: str) -> set[str]:
-    """The batch metric names of docs/eval.md's table (rollout/, tools/, timing/ rows)."""
+def documented_names(tool: str, *, adapters: bool = False) -> set[str]:
+    """The batch metric names of docs/eval.md's table (rollout/, tools/, timing/ rows).
+
+    Rows whose meaning starts with "trainer adapters only" are what an adapter adds to
+    ``rollout_metrics`` (the weight sync's cost); they are included with ``adapters``.
+    """
     names: set[str] = set()
     for line in (DOCS / "eval.md").read_text().splitlines():
-        match = re.match(r"^\| `([^`]+)`", line)
+        match = re.match(r"^\| `([^`]+)` \| (.*)", line)
         if match and match[1].startswith(SECTIONS):
-            names |= _expand(match[1], tool)
+            if adapters or not match[2].startswith("trainer adapters only"):
+                names |= _expand(match[1], tool)
     return names
 
 
@@ -68,7 +73,9 @@ def test_rollout_metrics_emits_exactly_the_documented_names(
 
 
 def test_trainers_page_names_only_documented_metrics() -> None:
-    documented = documented_names("<name>") | documented_names("calculator")
+    documented = documented_names("<name>", adapters=True) | documented_names(
+        "calculator", adapters=True
+    )
     text = (DOCS / "trainers.md").read_text()
     for name in re.findall(r"`((?:rollout|tools|timing)/[^`]*)`", text):
         name = name.replace("<status>", "{completed,truncated,aborted,failed}")
@@ -118,3 +125,26 @@ def test_trl_adapter_logs_the_documented_names(
     # No reward function ran, so the reward statistics have no data and are left out.
     reward = {f"rollout/reward/{s}" for s in ("mean", "std", "min", "max")}
     assert logged == documented_names("calculator") - reward
+
+
+def test_trl_weight_sync_logs_its_documented_name(
+    scripted_engine: ScriptedEngine, demo_tokenizer: Any
+) -> None:
+    """A trainer with a step and a model: the adapter syncs and logs what it cost."""
+    torch = pytest.importorskip("torch")
+    scripted_engine.load_weights = _accept_weights  # type: ignore[attr-defined]
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(max_completion_length=None),
+        state=SimpleNamespace(global_step=3),
+        model=torch.nn.Linear(2, 2),
+        _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+    )
+    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+        rollout([PROMPT], trainer)
+    added = set(trainer._metrics["train"]) - documented_names("calculator")
+    assert added == documented_names("calculator", adapters=True) - documented_names("calculator")
+    assert added == {"rollout/weight_sync/seconds"}
+
+
+async def _accept_weights(state_dict: Any, *, weight_version: str) -> None:
+    del state_dict, weight_version

@@ -142,6 +142,7 @@ def test_grpo_trainer_steps_on_toolrollout_rollouts_without_training_tool_tokens
         per_device_train_batch_size=4,
         num_generations=4,
         max_completion_length=96,
+        temperature=1.5,  # the rollout's; a mismatch is refused
         max_steps=2,
         learning_rate=1e-3,
         beta=0.0,

@@ -122,6 +122,7 @@ class Trajectory:
     tool_errors: int = 0
     parse_errors: int = 0
     weight_version: str | None = None
+    """The weight version of the last engine answer (see ``weight_segments`` for each)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     ground_truth: Any = None
     turn_rewards: tuple[float | None, ...] = ()
@@ -153,6 +154,25 @@ class Trajectory:
     @property
     def rollout_logprobs(self) -> list[float]:
         return [lp for span in self.spans for lp in span.logprobs]
+
+    @property
+    def weight_segments(self) -> tuple[tuple[int, int, str | None], ...]:
+        """``(start, end, weight_version)`` of every engine answer, as positions in the
+        response tokens: which weights sampled which tokens. A model turn resumed across a
+        weight update has two segments with different versions. Kept in
+        ``metrics["weight_versions"]``, so output and leftover files carry it too."""
+        segments = self.metrics.get("weight_versions") or ()
+        return tuple((int(s[0]), int(s[1]), None if s[2] is None else str(s[2])) for s in segments)
+
+    @property
+    def weight_versions(self) -> tuple[str | None, ...]:
+        """The distinct weight versions that sampled this trajectory, in order of use."""
+        return tuple(dict.fromkeys(v for _, _, v in self.weight_segments))
+
+    @property
+    def spans_weight_update(self) -> bool:
+        """Whether tokens of this trajectory were sampled by more than one weight version."""
+        return len(self.weight_versions) > 1
 
     @property
     def failed(self) -> bool:

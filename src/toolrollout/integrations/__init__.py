@@ -3,7 +3,8 @@
 Light names import nothing from the trainers. ``ToolRolloutAgentLoop`` (verl) and
 ``ToolRolloutScheduler`` / ``to_swift_rollout_output`` (ms-swift) are loaded on first access,
 which imports that trainer and registers the loop/scheduler by name (``toolrollout_agent``,
-``toolrollout``). Install the extras ``toolrollout[trl]``, ``[verl]`` or ``[swift]``.
+``toolrollout``); so is ``ToolRolloutWeightSync``, ms-swift's weight-sync callback (it
+imports transformers only). Install the extras ``toolrollout[trl]``, ``[verl]`` or ``[swift]``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "TRLRolloutFunc",
     "ToolRolloutAgentLoop",
     "ToolRolloutScheduler",
+    "ToolRolloutWeightSync",
     "VerlBatch",
     "VerlServerEngine",
     "to_swift_rollout_output",
@@ -38,6 +40,7 @@ SWIFT_PLUGIN_PATH: Final[Path] = Path(__file__).resolve().parent / "plugins" / "
 _LAZY = {
     "ToolRolloutAgentLoop": "._verl_loop",
     "ToolRolloutScheduler": "._swift",
+    "ToolRolloutWeightSync": "._swift_sync",
     "to_swift_rollout_output": "._swift",
 }
 

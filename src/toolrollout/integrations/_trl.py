@@ -21,7 +21,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
@@ -29,11 +29,19 @@ from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
 from toolrollout.metrics import rollout_metrics
 from toolrollout.rewards import WeightedReward
-from toolrollout.rollout import RolloutConfig, RolloutPrompt, Trajectory, as_prompt
+from toolrollout.rollout import (
+    RolloutConfig,
+    RolloutPrompt,
+    RolloutRunner,
+    Trajectory,
+    as_prompt,
+)
 from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts
 from toolrollout.tools import Tool, ToolExecutor, open_tools
 
-from ._metrics import trajectory_extras
+from ._metrics import cut_extras, trajectory_extras
+from ._sampling_check import check_sampling
+from ._weight_sync import SYNC_SECONDS_METRIC, SyncResult, WeightSync, WeightSyncMode
 
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
@@ -43,6 +51,10 @@ Interactions = Mapping[str, "Interaction"] | str | os.PathLike[str] | None
 """Interactions by name, or the path of a verl-layout interaction config YAML."""
 
 __all__ = ["TRLRolloutFunc", "trl_rollout_func"]
+
+ResponseBudget = Literal["trainer", "config"]
+"""``trainer``: ``max_response_tokens`` follows the trainer's ``max_completion_length``
+(the smaller wins); ``config``: the rollout config's budget, TRL cuts what is longer."""
 
 
 class TRLRolloutFunc:
@@ -75,7 +87,14 @@ class TRLRolloutFunc:
         log_metrics: bool = True,
         family: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        weight_sync: WeightSyncMode = "auto",
+        weights_dir: str | os.PathLike[str] | None = None,
+        response_budget: ResponseBudget = "trainer",
     ) -> None:
+        if response_budget not in ("trainer", "config"):
+            raise UserError(
+                f"response_budget must be 'trainer' or 'config', got {response_budget!r}"
+            )
         config = _with_family(config or RolloutConfig(), family, chat_template_kwargs)
         if config.n != 1:
             raise UserError(
@@ -84,13 +103,27 @@ class TRLRolloutFunc:
             )
         spec = _spec(tools, config, rewards, interactions, vision, model)
         self._parts = load_parts(spec, tokenizer=tokenizer)
+        self._spec, self._context_length = spec, context_length
         self.runner = build_runner(spec, engine, parts=self._parts, context_length=context_length)
+        """The runner of ``config``; see :meth:`runner_for` for the one a call uses."""
+        self._runners: dict[int, RolloutRunner] = {config.max_response_tokens: self.runner}
+        self.response_budget: ResponseBudget = response_budget
+        self._checked_trainer: int | None = None
         self.engine = engine
         self.log_metrics = log_metrics
         self.last_trajectories: list[Trajectory] = []
         """The trajectories of the latest call, for inspection and logging."""
         self._stack: contextlib.ExitStack | None = None
         self._portal: BlockingPortal | None = None
+        self.weight_sync = WeightSync(
+            engine,
+            lambda fn: self._ensure_portal().call(fn),
+            mode=weight_sync,
+            weights_dir=weights_dir,
+        )
+        """Loads the trainer's weights into the engine after each optimizer step."""
+        self.last_sync: SyncResult | None = None
+        """The latest weight sync (None before the first)."""
 
     def _ensure_portal(self) -> BlockingPortal:
         if self._portal is None:
@@ -115,10 +148,21 @@ class TRLRolloutFunc:
     def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, Any]:
         rows = [_as_rollout_prompt(p) for p in prompts]
         portal = self._ensure_portal()
-        trajectories: list[Trajectory] = portal.call(self.runner.run, rows)
-        self.last_trajectories = trajectories
+        if trainer is not None and id(trainer) != self._checked_trainer:
+            check_sampling(self.runner.config.sampling, getattr(trainer, "args", None))
+            self._checked_trainer = id(trainer)
+        synced = self.weight_sync.maybe_sync(trainer, _global_step(trainer))
+        if synced is not None:
+            self.last_sync = synced
+            if self.log_metrics:
+                _log_to_trainer(trainer, {SYNC_SECONDS_METRIC: synced.seconds})
         limit = _max_completion_length(trainer)
-        eos = _eos_id(self.runner.chat.tokenizer)
+        runner = self.runner_for(limit)
+        trajectories: list[Trajectory] = portal.call(runner.run, rows)
+        self.last_trajectories = trajectories
+        eos = _eos_id(runner.chat.tokenizer)
+        args = getattr(trainer, "args", None)
+        mask_truncated = bool(getattr(args, "mask_truncated_completions", False))
         out: dict[str, list[Any]] = {
             "prompt_ids": [],
             "completion_ids": [],
@@ -130,8 +174,10 @@ class TRLRolloutFunc:
             ids = trajectory.response_ids
             mask = trajectory.loss_mask
             logprobs = trajectory.rollout_logprobs
+            extra = trajectory_extras(trajectory)
             if limit is not None and len(ids) > limit:
                 ids, mask, logprobs = ids[:limit], mask[:limit], logprobs[:limit]
+                extra = cut_extras(trajectory, limit, runner.chat, runner.parser)
             if not ids:
                 # A failed trajectory has no response; TRL indexes ids[-1], so it gets one
                 # untrained EOS (mask 0) and no reward.
@@ -140,16 +186,41 @@ class TRLRolloutFunc:
                 # Failed (a tool down, an engine error): none of it is trained, whatever a
                 # reward function makes of it.
                 mask = [0] * len(ids)
+            elif mask_truncated and extra["status"] == "truncated":
+                # TRL's mask_truncated_completions only sees a last token that is not EOS;
+                # a rollout that stopped on a budget right after a model turn ends in EOS.
+                mask = [0] * len(ids)
             out["prompt_ids"].append(list(trajectory.prompt_ids))
             out["completion_ids"].append(ids)
             out["logprobs"].append(logprobs)
             out["env_mask"].append(mask)
-            extras.append(trajectory_extras(trajectory))
+            extras.append(extra)
         for key in extras[0] if extras else ():
             out[key] = [e[key] for e in extras]
         if self.log_metrics and trainer is not None:
             _log_to_trainer(trainer, rollout_metrics(trajectories))
         return out
+
+    def runner_for(self, limit: int | None) -> RolloutRunner:
+        """The runner whose response budget is the trainer's completion limit.
+
+        With ``response_budget="trainer"`` (the default) a rollout never outgrows
+        ``max_completion_length``: ``max_response_tokens`` becomes the smaller of the two,
+        so the loop itself truncates (status ``truncated``, rewards and extras on exactly
+        the tokens TRL trains) instead of TRL cutting a finished trajectory.
+        """
+        budget = self._spec.config.max_response_tokens
+        if self.response_budget == "trainer" and limit is not None:
+            budget = min(budget, limit)
+        runner = self._runners.get(budget)
+        if runner is None:
+            config = dataclasses.replace(self._spec.config, max_response_tokens=budget)
+            spec = dataclasses.replace(self._spec, config=config)
+            runner = build_runner(
+                spec, self.engine, parts=self._parts, context_length=self._context_length
+            )
+            self._runners[budget] = runner
+        return runner
 
     def close(self) -> None:
         """Close the tool services and the engine, and stop the event-loop thread."""
@@ -178,6 +249,9 @@ def trl_rollout_func(
     log_metrics: bool = True,
     family: str | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    weight_sync: WeightSyncMode = "auto",
+    weights_dir: str | os.PathLike[str] | None = None,
+    response_budget: ResponseBudget = "trainer",
 ) -> TRLRolloutFunc:
     """Build the ``rollout_func`` to pass to ``GRPOTrainer(..., rollout_func=...)``.
 
@@ -188,6 +262,15 @@ def trl_rollout_func(
     are :class:`TRLRolloutFunc`'s. ``family`` names the model family when its chat
     template is not detected (``RolloutConfig.family``); ``chat_template_kwargs`` are
     template variables such as ``{"enable_thinking": False}``.
+
+    ``weight_sync="auto"`` keeps the run on-policy with no user code: at the start of each
+    call whose ``trainer.state.global_step`` differs from the step the engine serves, the
+    trainer's weights go to the engine (in process for an ``EmbeddedEngine``; otherwise
+    saved under ``weights_dir``, default ``<output_dir>/weight-sync``, and loaded with
+    ``update_weights_from_disk`` between ``pause_generation`` and
+    ``continue_generation``), the served ``weight_version`` becomes ``str(global_step)``
+    and the seconds are logged as ``rollout/weight_sync/seconds``. ``"off"`` leaves the
+    engine alone (the user syncs another way, e.g. over NCCL).
     """
     if isinstance(engine, str):
         from toolrollout.engines import SGLangClient
@@ -206,6 +289,9 @@ def trl_rollout_func(
         log_metrics=log_metrics,
         family=family,
         chat_template_kwargs=chat_template_kwargs,
+        weight_sync=weight_sync,
+        weights_dir=weights_dir,
+        response_budget=response_budget,
     )
 
 
@@ -259,6 +345,12 @@ def _as_rollout_prompt(prompt: Any) -> RolloutPrompt:
     raise UserError(
         f"a TRL prompt must be a list of chat messages or a string, got {type(prompt).__name__}"
     )
+
+
+def _global_step(trainer: Any) -> int | None:
+    """The optimizer steps the trainer has taken (``trainer.state.global_step``)."""
+    step = getattr(getattr(trainer, "state", None), "global_step", None)
+    return step if isinstance(step, int) else None
 
 
 def _max_completion_length(trainer: Any) -> int | None:

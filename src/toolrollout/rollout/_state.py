@@ -351,11 +351,11 @@ class TrajectoryState:
             metrics["drift_reports"] = self.drift.reports()
         if self.engine_moves:
             metrics["engine_moves"] = list(self.engine_moves)
+        # Which weights sampled which tokens: [start, end, version] per engine answer,
+        # positions in the response tokens (a resume may cross a weight update).
+        metrics["weight_versions"] = [list(segment) for segment in self.transcript.segments]
         if c.resumes:
-            # Which weights sampled which tokens: [start, end, version] per engine answer,
-            # positions in the response tokens (a resume may cross a weight update).
             metrics["resumes"] = c.resumes
-            metrics["weight_versions"] = [list(segment) for segment in self.transcript.segments]
         metrics.update(self.environment.metrics())
         return metrics
 

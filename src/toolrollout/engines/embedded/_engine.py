@@ -15,7 +15,7 @@ import random
 import secrets
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -48,6 +48,9 @@ from toolrollout.engines.embedded._scheduler import Event, Scheduler, Sequence, 
 from toolrollout.engines.embedded._vision import VisionInputs, VisionProcessor
 
 __all__ = ["EmbeddedEngine"]
+
+_CopyPlan = list[tuple[torch.Tensor, torch.Tensor]]
+"""(served tensor, new value) pairs of an in-place weight load."""
 
 EMBEDDED_URL = "embedded://"
 """The ``url`` of the embedded engine's one :class:`ServerInfo`."""
@@ -624,6 +627,48 @@ class EmbeddedEngine(Engine):
         )
         return WeightUpdate(model_path=path, weight_version=weight_version, servers=(answer,))
 
+    async def load_weights(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        weight_version: str,
+        abort_all_requests: bool = False,
+    ) -> None:
+        """Copy a trainer's weights into the served model in place, between two steps.
+
+        The in-process counterpart of :meth:`update_weights_from_disk` for a policy that
+        lives in the same process: no checkpoint is written, and the tensors are copied
+        (cast to the engine's dtype and device) into the model the scheduler runs, so the
+        engine needs no second copy of the weights. ``state_dict`` uses the served model's
+        parameter names (``model.state_dict()`` of the same architecture; unwrap DDP /
+        accelerate first). A tied weight may be given under either of its names. Every
+        name and shape is checked before anything is copied, so a refused call
+        (:class:`UserError`) leaves the old weights. Waits like a disk update: new
+        requests wait, running ones finish first unless ``abort_all_requests`` (or a
+        paused engine, whose frozen requests continue on the new weights).
+        ``weight_version`` is then reported with every result.
+        """
+        scheduler = self._require_scheduler()
+        async with self._update_lock:
+            current = self._model
+            assert current is not None
+            plan = _copy_plan(current.model, state_dict)  # refuses before anything waits
+            self._close_gate()
+            try:
+                if abort_all_requests:
+                    scheduler.abort("", abort_all=True)
+                await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
+                future = scheduler.run_between_steps(functools.partial(_copy_weights, plan))
+                while not future.done():
+                    if not scheduler.alive:
+                        raise EngineUnavailable("the scheduler stopped during a weight load")
+                    await anyio.sleep(0.002)
+                future.result()
+                self.weight_version = weight_version
+            finally:
+                if not self._paused:
+                    self._open_gate()
+
     def _wait_idle(self, scheduler: Scheduler) -> None:
         """Block until no request is in flight (a pause ends the wait: they are frozen)."""
         with self._active_lock:
@@ -656,3 +701,55 @@ class EmbeddedEngine(Engine):
         if self._scheduler is None:
             raise UserError("EmbeddedEngine is not started")
         return self._scheduler
+
+
+def _copy_plan(model: Any, state_dict: Mapping[str, torch.Tensor]) -> _CopyPlan:
+    """Pair every served tensor with its new value; refuse unknown, missing or misshapen ones.
+
+    Tied weights (one storage under several names, e.g. ``lm_head.weight`` and the
+    embeddings) need only one of their names.
+    """
+    served: dict[str, torch.Tensor] = model.state_dict()
+    unknown = sorted(set(state_dict) - set(served))
+    by_storage: dict[int, list[str]] = {}
+    for name, tensor in served.items():
+        by_storage.setdefault(tensor.data_ptr(), []).append(name)
+    missing: list[str] = []
+    plan: _CopyPlan = []
+    for names in by_storage.values():
+        given = [n for n in names if n in state_dict]
+        if not given:
+            missing.extend(names)
+            continue
+        target, value = served[names[0]], state_dict[given[0]]
+        if tuple(value.shape) != tuple(target.shape):
+            raise UserError(
+                f"load_weights: {given[0]} has shape {tuple(value.shape)}, the served model's "
+                f"is {tuple(target.shape)}"
+            )
+        plan.append((target, value))
+    if unknown or missing:
+        parts = []
+        if unknown:
+            parts.append(f"unknown names {_few(unknown)}")
+        if missing:
+            parts.append(f"missing names {_few(missing)}")
+        raise UserError(
+            "load_weights: the state dict does not match the served model: "
+            + "; ".join(parts)
+            + " (pass the unwrapped model's state_dict(), without DDP/PEFT prefixes)"
+        )
+    return plan
+
+
+def _few(names: list[str], limit: int = 4) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _copy_weights(plan: _CopyPlan, model: LoadedModel) -> None:
+    """Runs on the scheduler thread between steps."""
+    del model  # the plan already holds the served tensors
+    with torch.no_grad():
+        for target, value in plan:
+            target.copy_(value.detach())

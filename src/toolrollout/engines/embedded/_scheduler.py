@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,7 +139,19 @@ class _SwapModel:
     done: threading.Event
 
 
-_Command = _Submit | _Abort | _Stop | _Hold | _SwapModel
+@dataclass(frozen=True, slots=True)
+class _Between:
+    """Run ``call`` on the worker thread between two steps (an in-place weight load).
+
+    The worker thread is the only one that runs forward passes, so a change made there
+    can never be seen half-done by a step.
+    """
+
+    call: Callable[[LoadedModel], None]
+    future: Future[None]
+
+
+_Command = _Submit | _Abort | _Stop | _Hold | _SwapModel | _Between
 
 
 class Scheduler:
@@ -203,6 +216,12 @@ class Scheduler:
         self._inbox.put(_SwapModel(model, done))
         return done
 
+    def run_between_steps(self, call: Callable[[LoadedModel], None]) -> Future[None]:
+        """Queue ``call(model)`` for the worker thread; the future holds its outcome."""
+        future: Future[None] = Future()
+        self._inbox.put(_Between(call, future))
+        return future
+
     @property
     def num_running(self) -> int:
         return len(self._rows)
@@ -254,6 +273,13 @@ class Scheduler:
                 # the KV cache computed by the old ones (what SGLang does in place).
                 self._model = command.model
                 command.done.set()
+            elif isinstance(command, _Between):
+                try:
+                    command.call(self._model)
+                except Exception as exc:  # handed to the caller, the thread goes on
+                    command.future.set_exception(exc)
+                else:
+                    command.future.set_result(None)
             else:
                 self._apply_abort(command)
 
@@ -277,6 +303,8 @@ class Scheduler:
                 break
             if isinstance(command, _Submit):
                 self._waiting.append(command.seq)
+            elif isinstance(command, _Between):
+                command.future.set_exception(RuntimeError("the scheduler stopped"))
         for seq in self._waiting:
             seq.aborted_in_waiting_queue = True
             seq.finish = FinishReason("abort", message=ENGINE_CLOSED_MESSAGE)

@@ -1,0 +1,122 @@
+"""ms-swift: a trainer callback that keeps the toolrollout engine on the trained policy.
+
+ms-swift syncs its own vLLM engine after each step (``_move_model_to_vllm``, NCCL to a
+``swift rollout`` server); the ``toolrollout`` scheduler generates with a toolrollout
+engine instead (``TOOLROLLOUT_ENGINE_URL``: ``toolrollout serve`` or SGLang), which those
+syncs never reach. This callback, registered in ms-swift's ``callbacks_map`` as
+``toolrollout_weight_sync`` by the plugin file (``--callbacks toolrollout_weight_sync``),
+runs in the trainer process: at the start of training and after every optimizer step it
+saves the policy and has the engine load it (:class:`~._weight_sync.WeightSync`, the
+same code as the TRL adapter's), with ``weight_version = str(global_step)``.
+
+ms-swift builds callbacks as ``callbacks_map[name](args, trainer)``, so the callback holds
+the trainer (its model, accelerator and step) from the start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+from transformers import TrainerCallback
+
+from toolrollout._exceptions import UserError
+from toolrollout.engines._base import Engine
+
+from ._weight_sync import SYNC_SECONDS_METRIC, SyncResult, WeightSync, WeightSyncMode
+
+__all__ = ["CALLBACK_NAME", "ToolRolloutWeightSync"]
+
+CALLBACK_NAME = "toolrollout_weight_sync"
+ENGINE_URL_ENV = "TOOLROLLOUT_ENGINE_URL"
+WEIGHTS_DIR_ENV = "TOOLROLLOUT_WEIGHTS_DIR"
+
+
+class ToolRolloutWeightSync(TrainerCallback):
+    """Load the trainer's weights into the toolrollout engine after every optimizer step.
+
+    ``engine``: an :class:`~toolrollout.Engine` or URL (default ``TOOLROLLOUT_ENGINE_URL``,
+    the scheduler's). ``weights_dir``: a folder the servers can read (default
+    ``TOOLROLLOUT_WEIGHTS_DIR``, else ``<output_dir>/weight-sync``); start
+    ``toolrollout serve`` with ``--weights-dir`` on it. ``weight_sync="off"`` disables it.
+    The seconds per sync go to the trainer's metrics as ``rollout/weight_sync/seconds``.
+    """
+
+    def __init__(
+        self,
+        args: Any,
+        trainer: Any,
+        *,
+        engine: Engine | str | None = None,
+        weights_dir: str | os.PathLike[str] | None = None,
+        weight_sync: WeightSyncMode = "auto",
+    ) -> None:
+        del args  # the trainer's own, read from the trainer when needed
+        target = engine if engine is not None else os.environ.get(ENGINE_URL_ENV)
+        if target is None:
+            raise UserError(
+                f"{CALLBACK_NAME} needs the engine: set {ENGINE_URL_ENV} (the scheduler's "
+                "toolrollout serve / SGLang URL)"
+            )
+        if isinstance(target, str):
+            from toolrollout.engines import SGLangClient
+
+            target = SGLangClient(target)
+        self.trainer = trainer
+        self.engine = target
+        self._stack: contextlib.ExitStack | None = None
+        self._portal: BlockingPortal | None = None
+        self.sync = WeightSync(
+            target,
+            lambda fn: self._ensure_portal().call(fn),
+            mode=weight_sync,
+            weights_dir=weights_dir or os.environ.get(WEIGHTS_DIR_ENV) or None,
+        )
+        self.last_sync: SyncResult | None = None
+
+    def _ensure_portal(self) -> BlockingPortal:
+        if self._portal is None:
+            stack = contextlib.ExitStack()
+            portal = stack.enter_context(start_blocking_portal())
+            try:
+                portal.call(self.engine.__aenter__)
+            except BaseException:
+                stack.close()
+                raise
+            stack.callback(portal.call, self.engine.aclose)
+            self._stack, self._portal = stack, portal
+        return self._portal
+
+    def _sync(self, state: Any) -> None:
+        step = getattr(state, "global_step", None)
+        synced = self.sync.maybe_sync(self.trainer, step if isinstance(step, int) else None)
+        if synced is None:
+            return
+        self.last_sync = synced
+        from ._trl import _log_to_trainer
+
+        _log_to_trainer(self.trainer, {SYNC_SECONDS_METRIC: synced.seconds})
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._sync(state)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._sync(state)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the engine client and the event-loop thread."""
+        stack, self._stack, self._portal = self._stack, None, None
+        if stack is not None:
+            stack.close()
+
+
+def register() -> None:
+    """Put the callback in ms-swift's ``callbacks_map`` (the plugin file calls this)."""
+    from swift.callbacks import callbacks_map
+
+    callbacks_map[CALLBACK_NAME] = ToolRolloutWeightSync

@@ -1,0 +1,202 @@
+"""On-policy TRL: after optimizer step k the engine samples with step k's weights.
+
+A real ``GRPOTrainer`` takes three optimizer steps on the demo model. Each rollout batch is
+teacher-forced through the trainer's policy *as it is when the batch is generated*
+(Hugging Face forward pass, logits / temperature, log-softmax): the engine's sampled-token
+logprobs must agree with it to ~1e-4, every trajectory must carry the trainer's step as
+its weight version, and the same tokens scored by the initial weights must be clearly
+different (so the check would catch an engine left on the initial weights). Run once with
+an in-process ``EmbeddedEngine`` and once against ``toolrollout serve`` in its own
+process, loading checkpoints from its ``--weights-dir``.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests._processes import free_port, stop, wait_http
+
+from toolrollout import RolloutConfig, SamplingParams
+from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.integrations import trl_rollout_func
+from toolrollout.tools import calculator_tool
+
+TEMPERATURE = 1.2
+STEPS = 3
+AGREE = 2e-4
+"""Engine vs teacher forcing on the same weights (float32; batched vs one-row forward)."""
+MOVED = 1e-2
+"""Least largest gap between the initial weights' logprobs and the served ones after a step."""
+
+
+def _tie_reward(completions: list[Any], completion_ids: list[list[int]], **_: Any) -> list[float]:
+    """Differs between any two distinct samples, so every group has a non-zero advantage."""
+    return [1e-2 * (sum(ids) % 97) for ids in completion_ids]
+
+
+def _teacher_forced_gap(model: Any, out: dict[str, Any], temperature: float) -> float:
+    """Largest |engine logprob - policy logprob| over the model tokens of a batch."""
+    import torch
+
+    worst = 0.0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for prompt, ids, mask, logprobs in zip(
+                out["prompt_ids"],
+                out["completion_ids"],
+                out["env_mask"],
+                out["logprobs"],
+                strict=True,
+            ):
+                full = torch.tensor([list(prompt) + list(ids)])
+                logits = model(input_ids=full).logits[0, len(prompt) - 1 : -1].float()
+                scored = torch.log_softmax(logits / temperature, dim=-1)
+                policy = scored.gather(1, torch.tensor(ids)[:, None])[:, 0]
+                engine = torch.tensor(logprobs, dtype=torch.float32)
+                trained = torch.tensor(mask, dtype=torch.bool)
+                if trained.any():
+                    worst = max(worst, float((policy - engine)[trained].abs().max()))
+    finally:
+        model.train(was_training)
+    return worst
+
+
+def _train(engine: Any, tokenizer: Any, tmp_path: Path, **adapter: Any) -> list[dict[str, Any]]:
+    """Three GRPO steps; per rollout batch: step, versions, gaps to the current/initial policy."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    datasets = pytest.importorskip("datasets")
+    trl = pytest.importorskip("trl")
+    torch.manual_seed(0)
+    rows = load_demo_prompts()[:STEPS]
+    dataset = datasets.Dataset.from_list(
+        [{"prompt": r["messages"], "answer": r["answer"]} for r in rows]
+    )
+    model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
+    initial = copy.deepcopy(model)
+    config = RolloutConfig(
+        sampling=SamplingParams(max_new_tokens=24, temperature=TEMPERATURE),
+        max_turns=2,
+        seed=0,
+    )
+    rollout = trl_rollout_func(engine, tokenizer, [calculator_tool()], config=config, **adapter)
+    batches: list[dict[str, Any]] = []
+
+    def recording(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        out = rollout(prompts, trainer)
+        batches.append(
+            {
+                "step": trainer.state.global_step,
+                "versions": set(out["weight_version"]),
+                "gap": _teacher_forced_gap(trainer.model, out, TEMPERATURE),
+                "gap_initial": _teacher_forced_gap(initial, out, TEMPERATURE),
+                "sync": rollout.last_sync,
+            }
+        )
+        return out
+
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=64,
+        temperature=TEMPERATURE,
+        max_steps=STEPS,
+        learning_rate=3e-3,
+        beta=0.0,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=[_tie_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=recording,
+    )
+    with rollout:
+        trainer.train()
+    assert trainer.state.global_step == STEPS
+    logged = [h for h in trainer.state.log_history if "rollout/weight_sync/seconds" in h]
+    assert len(logged) == STEPS, "the sync cost is not in the trainer's log every step"
+    assert all(h["rollout/weight_sync/seconds"] > 0 for h in logged)
+    return batches
+
+
+def _check_on_policy(batches: list[dict[str, Any]]) -> None:
+    assert [b["step"] for b in batches] == list(range(STEPS))
+    for b in batches:
+        assert b["versions"] == {str(b["step"])}, b
+        assert b["gap"] < AGREE, f"step {b['step']}: rollouts are off the trainer's policy"
+    # The weights really moved: the initial policy no longer explains the samples.
+    assert max(b["gap_initial"] for b in batches[1:]) > MOVED
+
+
+@pytest.fixture
+def trl_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("trl_env")
+def test_embedded_engine_serves_each_steps_weights(tmp_path: Path, demo_tokenizer: Any) -> None:
+    from toolrollout.engines.embedded import EmbeddedEngine
+
+    engine = EmbeddedEngine(DEMO_MODEL_PATH, num_threads=1, max_batch_size=8)
+    batches = _train(engine, demo_tokenizer, tmp_path)
+    _check_on_policy(batches)
+    assert all(b["sync"].path is None for b in batches)  # in process: nothing written
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``toolrollout serve`` in its own process, loading weights from ``tmp_path/ckpt``."""
+    weights = tmp_path / "ckpt"
+    weights.mkdir()
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolrollout", "serve", "--port", str(port), "--threads", "1",
+         "--max-batch-size", "8", "--log-level", "warning", "--weights-dir", str(weights)],
+        env=env,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", 300, proc)  # torch imports slowly on a busy machine
+        yield url, weights
+    finally:
+        stop(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("trl_env")
+def test_toolrollout_serve_loads_each_steps_checkpoint(
+    tmp_path: Path, demo_tokenizer: Any, served: tuple[str, Path]
+) -> None:
+    url, weights = served
+    batches = _train(url, demo_tokenizer, tmp_path, weights_dir=weights)
+    _check_on_policy(batches)
+    paths = [Path(b["sync"].path) for b in batches]
+    assert [p.name for p in paths] == [f"step-{k}" for k in range(STEPS)]
+    assert all(p.parent == weights.resolve() for p in paths)
+    # Only the newest checkpoint is kept.
+    assert sorted(p.name for p in weights.iterdir()) == [f"step-{STEPS - 1}"]
