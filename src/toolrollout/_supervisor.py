@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,7 +50,7 @@ __all__ = [
     "ServiceCommand",
     "SupervisedService",
     "claim_port",
-    "die_with_parent",
+    "dying_with_this_process",
     "record_path",
     "state_dir",
     "supervise",
@@ -58,7 +58,6 @@ __all__ = [
 
 logger = logging.getLogger("toolrollout.services")
 
-_PR_SET_PDEATHSIG = 1
 _LAUNCHER = (
     "import os,sys\n"
     "if sys.platform.startswith('linux'):\n"
@@ -71,13 +70,11 @@ _LAUNCHER = (
 signal, checks the parent did not die before that, then becomes the service (same pid)."""
 
 
-def die_with_parent() -> None:
-    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets SIGKILL when the
-    thread that started it dies (Linux; a no-op elsewhere)."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def dying_with_this_process(argv: Sequence[str]) -> list[str]:
+    """``argv`` behind the launcher: the program it starts gets SIGKILL when the thread
+    that started it dies (Linux; elsewhere it just runs). For ``subprocess.Popen`` callers
+    that are not supervised (a ``preexec_fn`` is unsafe in a threaded program)."""
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *argv]
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,7 +272,7 @@ class SupervisedService:
         if self._log is not None:
             self._log.close()
         self._log = tempfile.TemporaryFile()
-        argv = [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *command.argv]
+        argv = dying_with_this_process(command.argv)
         process = await anyio.open_process(
             argv,
             stdin=subprocess.DEVNULL,
