@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import anyio
+import httpx
 from anyio.abc import Process
 
 from toolrollout._exceptions import ToolUnavailable, UserError
@@ -103,8 +104,8 @@ class ServiceCommand:
     host: str
     """Where to connect to it (a loopback address)."""
     port: int
-    ready: Callable[[], Awaitable[bool]]
-    """True once it serves (e.g. its health endpoint answers 200)."""
+    ready: Callable[[httpx.AsyncClient], Awaitable[bool]]
+    """True once it serves (e.g. its health endpoint answers 200 to the client given)."""
     env: Mapping[str, str] | None = None
     cwd: str | None = None
     startup_timeout: float = 60.0
@@ -286,12 +287,13 @@ class SupervisedService:
         self.pids.append(process.pid)
         ready = False
         with anyio.move_on_after(command.startup_timeout):
-            while process.returncode is None:
-                with suppress(Exception):
-                    ready = await command.ready()
-                if ready:
-                    break
-                await anyio.sleep(0.05)
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                while process.returncode is None:
+                    with suppress(Exception):
+                        ready = await command.ready(client)
+                    if ready:
+                        break
+                    await anyio.sleep(0.05)
         if ready and process.returncode is None:
             _write_record(command, process.pid)
             return

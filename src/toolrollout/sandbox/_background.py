@@ -71,9 +71,8 @@ async def serve_sandbox_in_background(
     argv += list(extra_args)
     url = f"http://{host}:{port}"
 
-    async def ready() -> bool:
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            return (await client.get(f"{url}/v1/ping")).status_code == 200
+    async def ready(client: httpx.AsyncClient) -> bool:
+        return (await client.get(f"{url}/v1/ping")).status_code == 200
 
     def startup_error(status: int | None, text: str) -> Exception:
         if status is None:

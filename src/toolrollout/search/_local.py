@@ -109,9 +109,8 @@ async def serve_retriever_in_background(
     handle = LocalRetriever(host=host, port=port, pid=0, corpus=path)
     health = handle.url + "/health"
 
-    async def ready() -> bool:
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            return (await client.get(health)).status_code == 200
+    async def ready(client: httpx.AsyncClient) -> bool:
+        return (await client.get(health)).status_code == 200
 
     def startup_error(status: int | None, text: str) -> Exception:
         tail = text if len(text) <= 2000 else "..." + text[-2000:]

@@ -14,6 +14,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import httpx
+
 from toolrollout._net import is_listening
 from toolrollout._security import keyless_environ
 from toolrollout._supervisor import (
@@ -66,7 +68,7 @@ class LocalMcpHttpService:
             yield None
             return
 
-        async def ready() -> bool:
+        async def ready(client: httpx.AsyncClient) -> bool:
             return await is_listening(host, port)
 
         command = ServiceCommand(
