@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,8 @@ class Chaos:
     stderr: str
     pids: list[int]
     """The service's processes: the one killed, then the restarted one(s)."""
+    served: bool
+    """Whether the restarted service was seen serving a connection before the run ended."""
     restart_seconds: float
     """From the kill to the new process being ready (its record written)."""
     wall_seconds: float
@@ -137,21 +140,67 @@ def _wait(what: str, predicate: object, proc: subprocess.Popen[bytes], tmp: Path
         time.sleep(0.02)
 
 
+def _connected(port: int) -> bool:
+    """Whether a TCP connection to ``port`` on this machine is established (a call began)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with suppress(OSError), open(table, encoding="ascii") as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
+def _served(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds an established connection on its ``port``: it serves
+    a call right now."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with suppress(OSError), open(table, encoding="ascii") as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[3] == "01" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(fields[9])
+    with suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with suppress(OSError):
+                if os.readlink(fd).removeprefix("socket:[").removesuffix("]") in inodes:
+                    return True
+    return False
+
+
+def _calls_started(port: int) -> bool:
+    """The run's own service is up and tool calls reach it: a connection that lasts (the
+    MCP listing at load time runs its own short-lived server and connection)."""
+    pid = _record_pid(port)
+    if pid is None or not _connected(port):
+        return False
+    time.sleep(0.3)
+    return _record_pid(port) == pid and _connected(port) and _alive(pid)
+
+
 def _chaos(tmp: Path, config: Path, port: int, limit: int) -> Chaos:
     parts = tmp / "o.parquet.parts"
     started = time.monotonic()
     proc = _generate(tmp, config, "--limit", str(limit), "--concurrency", "8", "--flush-every", "2")
     try:
-        _wait("rows written", lambda: len(list(parts.glob("part-*.parquet"))) >= 1, proc, tmp)
+        # Every row starts at once and makes its first call after its first turn: kill the
+        # service once calls have begun, so later first calls meet the outage.
+        _wait("tool calls", lambda: _calls_started(port), proc, tmp)
         first = _record_pid(port)
         assert first is not None and _alive(first)
-        before = {(r["prompt_index"], r["sample_index"]) for r in read_shards(parts).to_pylist()}
+        done = read_shards(parts).to_pylist() if parts.exists() else []
+        before = {(r["prompt_index"], r["sample_index"]) for r in done}
         os.kill(first, signal.SIGKILL)
         killed = time.monotonic()
         _wait("restart", lambda: _record_pid(port) not in (None, first), proc, tmp)
         restart_seconds = time.monotonic() - killed
         second = _record_pid(port)
         assert second is not None
+        served = False  # the restarted service answers calls (seen from outside)
+        while proc.poll() is None and time.monotonic() - started < RUN_SECONDS:
+            served = served or _served(second, port)
+            time.sleep(0.02)
         proc.wait(RUN_SECONDS)
     finally:
         if proc.poll() is None:
@@ -164,6 +213,7 @@ def _chaos(tmp: Path, config: Path, port: int, limit: int) -> Chaos:
         before=before,
         stderr=(tmp / "stderr.log").read_text(errors="replace"),
         pids=[first, second],
+        served=served,
         restart_seconds=restart_seconds,
         wall_seconds=wall,
         returncode=proc.returncode,
@@ -194,7 +244,8 @@ def _check(chaos: Chaos, *, tool: str, port: int, limit: int) -> None:
         and r["status"] == "completed"
         and int(r["num_tool_calls"]) > int(r["tool_errors"])  # type: ignore[call-overload]
     ]
-    assert after, "no row written after the kill used the restarted service"
+    assert after, "no row written after the kill used its tool"
+    assert chaos.served, "no call reached the restarted service"
     # Nothing of the service is left once the run is over.
     deadline = time.monotonic() + 5
     while _in_groups(set(chaos.pids)) and time.monotonic() < deadline:
