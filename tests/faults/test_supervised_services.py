@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,8 +34,13 @@ from toolrollout._supervisor import (
     record_path,
     supervise,
 )
+from toolrollout.tools import RetryPolicy, ToolCallRequest, ToolExecutor, ToolLimits
+from toolrollout.tools.mcp import HttpServer, McpClientManager, list_mcp_tools, parse_mcp_servers
+from toolrollout.tools.mcp._launch import LocalMcpHttpService
 
 pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -235,3 +241,35 @@ async def test_a_foreign_process_on_the_port_is_a_one_line_error() -> None:
         f"port {port} on 127.0.0.1 is in use by a process this run did not start; stop it or "
         "choose another port"
     )
+
+
+EVERYTHING = REPO / ".ci/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif(NODE is None or not EVERYTHING.exists(), reason="needs server-everything")
+async def test_a_launched_mcp_http_server_comes_back_and_its_session_reconnects() -> None:
+    """The reference server (not ours), started by the run from its mcpServers entry."""
+    port = free_port()
+    entry = {"url": f"http://127.0.0.1:{port}/mcp", "command": NODE, "env": {"PORT": str(port)}}
+    entry["args"] = [str(EVERYTHING), "streamableHttp"]
+    spec = parse_mcp_servers({"mcpServers": {"everything": entry}})["everything"]
+    assert isinstance(spec, HttpServer) and spec.command == NODE
+    limits = ToolLimits(timeout=20.0, retry=RetryPolicy(max_attempts=1))
+    async with LocalMcpHttpService(spec).open() as service, McpClientManager([spec]) as manager:
+        assert service is not None
+        tools = {t.name: t for t in await list_mcp_tools(manager, limits=limits)}
+        echo = ToolExecutor([tools["echo"]])
+        call = ToolCallRequest("echo", {"message": "hi"})
+        assert "hi" in (await echo.run_call(call)).text
+        first = service.pid
+        os.kill(first, signal.SIGKILL)
+        await _until(lambda: len(service.restart_seconds) == 1)
+        results = [await echo.run_call(call) for _ in range(3)]
+        # The first call finds the session gone (unavailable, no retries here); the next
+        # ones run on a new session with the restarted server.
+        assert all(r.error_kind in (None, "ToolUnavailable") for r in results)
+        assert not results[-1].is_error and "hi" in results[-1].text
+        assert manager.statistics()["everything"].sessions_opened == 2
+        assert not _alive(first) and service.pid != first
+    assert not _alive(service.pid)
