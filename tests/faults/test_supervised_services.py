@@ -251,8 +251,8 @@ NODE = shutil.which("node")
 async def test_a_launched_mcp_http_server_comes_back_and_its_session_reconnects() -> None:
     """The reference server (not ours), started by the run from its mcpServers entry."""
     port = free_port()
-    entry = {"url": f"http://127.0.0.1:{port}/mcp", "command": NODE, "env": {"PORT": str(port)}}
-    entry["args"] = [str(EVERYTHING), "streamableHttp"]
+    entry: dict[str, object] = {"url": f"http://127.0.0.1:{port}/mcp", "command": NODE}
+    entry |= {"args": [str(EVERYTHING), "streamableHttp"], "env": {"PORT": str(port)}}
     spec = parse_mcp_servers({"mcpServers": {"everything": entry}})["everything"]
     assert isinstance(spec, HttpServer) and spec.command == NODE
     limits = ToolLimits(timeout=20.0, retry=RetryPolicy(max_attempts=1))
