@@ -188,13 +188,15 @@ def _kill_group(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-async def claim_port(kind: str, host: str, port: int) -> bool:
+async def claim_port(kind: str, host: str, port: int, argv: Sequence[str] | None = None) -> bool:
     """Make ``port`` ready for a new ``kind`` service of this run.
 
-    Returns True when this process's own ``kind`` service already serves there (the caller
-    uses it, as a nested opening does). A stale service (its run is gone) is killed and
-    False returned once the port is free. Raises :class:`~toolrollout.UserError` (one line)
-    for a service of another live run, and for any other process on the port.
+    Returns True when a live ``kind`` service of this process, or one of another live
+    toolrollout process started with the same ``argv`` (the workers of one ``--ray`` run
+    share one), already serves there: the caller uses it. A stale service (its run is
+    gone) is killed and False returned once the port is free. Raises
+    :class:`~toolrollout.UserError` (one line) for a service of another live run with
+    other settings, and for any other process on the port.
     """
     record = _read_record(port)
     known = record is not None and _same_process(record.get("pid"), record.get("pid_start"))
@@ -211,11 +213,22 @@ async def claim_port(kind: str, host: str, port: int) -> bool:
                 f"port {port}: this run already serves its {record.get('kind')} there; "
                 f"give the {kind} another port"
             )
+        same = record.get("kind") == kind and argv is not None and record.get("argv") == list(argv)
+        if owner_alive and same and listening:
+            logger.info(
+                "port %d: using the %s (pid %d) of toolrollout process %s, started with the "
+                "same settings",
+                port,
+                kind,
+                pid,
+                record.get("owner"),
+            )
+            return True
         if owner_alive:
             raise UserError(
                 f"port {port} on {host} is in use by the {record.get('kind')} of another "
-                f"running toolrollout process (pid {record.get('owner')}); give this run "
-                "another port"
+                f"running toolrollout process (pid {record.get('owner')}) with other "
+                "settings; give this run another port"
             )
         logger.warning(
             "port %d: replacing a stale %s (pid %d) left by an earlier run (pid %s, gone)",

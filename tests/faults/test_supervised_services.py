@@ -213,7 +213,7 @@ async def test_a_stale_service_of_an_earlier_run_is_replaced(
     )
 
 
-async def test_a_service_of_another_live_run_is_refused() -> None:
+async def test_a_service_of_another_live_run_is_refused_unless_its_settings_match() -> None:
     port = free_port()
     parent = os.getppid()
     orphan = _orphan(port, parent, _start_time(parent))  # its run is alive
@@ -222,9 +222,14 @@ async def test_a_service_of_another_live_run_is_refused() -> None:
             await claim_port("test", "127.0.0.1", port)
         assert str(caught.value) == (
             f"port {port} on 127.0.0.1 is in use by the test of another running toolrollout "
-            f"process (pid {parent}); give this run another port"
+            f"process (pid {parent}) with other settings; give this run another port"
         )
         assert orphan.poll() is None  # left alone
+        # Started with the same settings (the workers of one --ray run): shared.
+        argv = list(http_server(port).argv)
+        record = json.loads(record_path(port).read_text()) | {"argv": argv}
+        record_path(port).write_text(json.dumps(record))
+        assert await claim_port("test", "127.0.0.1", port, argv) is True
     finally:
         orphan.kill()
         orphan.wait()

@@ -36,6 +36,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def _sandbox_argv(
+    host: str,
+    port: int,
+    max_concurrency: int | None = None,
+    unsafe_no_isolation: bool = False,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    argv = [sys.executable, "-m", "toolrollout", "sandbox", "serve"]
+    argv += ["--host", host, "--port", str(port), "--log-level", "warning"]
+    if max_concurrency is not None:
+        argv += ["--max-concurrency", str(max_concurrency)]
+    if unsafe_no_isolation:
+        argv.append("--unsafe-no-isolation")
+    return argv + list(extra_args)
+
+
 @asynccontextmanager
 async def serve_sandbox_in_background(
     port: int = 0,
@@ -62,13 +78,7 @@ async def serve_sandbox_in_background(
             ``startup_timeout`` seconds.
     """
     port = port or free_port(host)
-    argv = [sys.executable, "-m", "toolrollout", "sandbox", "serve"]
-    argv += ["--host", host, "--port", str(port), "--log-level", "warning"]
-    if max_concurrency is not None:
-        argv += ["--max-concurrency", str(max_concurrency)]
-    if unsafe_no_isolation:
-        argv.append("--unsafe-no-isolation")
-    argv += list(extra_args)
+    argv = _sandbox_argv(host, port, max_concurrency, unsafe_no_isolation, extra_args)
     url = f"http://{host}:{port}"
 
     async def ready(client: httpx.AsyncClient) -> bool:
@@ -134,7 +144,8 @@ class LocalSandboxService:
         A stale sandbox of an earlier run on the port is replaced; anything else listening
         there is a :class:`~toolrollout.exceptions.UserError` naming the port.
         """
-        if await claim_port("sandbox", "127.0.0.1", self.port):
+        argv = _sandbox_argv("127.0.0.1", self.port, self.max_concurrency)
+        if await claim_port("sandbox", "127.0.0.1", self.port, argv):
             logger.info("port %d: using this run's sandbox, open already", self.port)
             yield None
             return

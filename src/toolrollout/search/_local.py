@@ -75,6 +75,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def _retriever_argv(
+    path: Path,
+    host: str,
+    port: int,
+    topk: int = 3,
+    log_level: str = "warning",
+    stemming: bool = True,
+) -> list[str]:
+    return [
+        sys.executable, "-m", "toolrollout", "retriever", "serve",
+        "--corpus", str(path), "--host", host, "--port", str(port), "--topk", str(topk),
+        "--log-level", log_level, "--stem" if stemming else "--no-stem",
+    ]  # fmt: skip
+
+
 @asynccontextmanager
 async def serve_retriever_in_background(
     corpus: str | PathLike[str] | None = None,
@@ -100,11 +115,7 @@ async def serve_retriever_in_background(
     path = resolve_corpus(corpus)
     if port == 0:
         port = free_port(host)
-    command = [
-        sys.executable, "-m", "toolrollout", "retriever", "serve",
-        "--corpus", str(path), "--host", host, "--port", str(port), "--topk", str(topk),
-        "--log-level", log_level, "--stem" if stemming else "--no-stem",
-    ]  # fmt: skip
+    command = _retriever_argv(path, host, port, topk, log_level, stemming)
     env = {**keyless_environ(), "PYTHONUNBUFFERED": "1"}
     handle = LocalRetriever(host=host, port=port, pid=0, corpus=path)
     health = handle.url + "/health"
@@ -178,11 +189,12 @@ class LocalRetrieverService:
         connect_host = {"localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
             self.host, self.host
         )
-        if await claim_port("retriever", connect_host, self.port):
+        bind = "127.0.0.1" if self.host == "localhost" else self.host
+        argv = _retriever_argv(self.corpus, bind, self.port)
+        if await claim_port("retriever", connect_host, self.port, argv):
             logger.info("port %d: using this run's retriever, open already", self.port)
             yield None
             return
-        bind = "127.0.0.1" if self.host == "localhost" else self.host
         async with serve_retriever_in_background(
             self.corpus,
             host=bind,

@@ -64,7 +64,7 @@ class LocalMcpHttpService:
         spec = self.spec
         assert spec.command is not None
         host, port = self.host, self.port
-        if await claim_port("mcp-http", host, port):
+        if await claim_port("mcp-http", host, port, (spec.command, *spec.args)):
             yield None
             return
 
