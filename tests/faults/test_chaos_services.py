@@ -170,6 +170,15 @@ def _served(pid: int, port: int) -> bool:
     return False
 
 
+def _bytes_read(pid: int) -> int:
+    """What ``pid`` has read so far (``rchar``: files and sockets); 0 once it is gone."""
+    with suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    return 0
+
+
 def _calls_started(port: int) -> bool:
     """The run's own service is up and tool calls reach it: a connection that lasts (the
     MCP listing at load time runs its own short-lived server and connection)."""
@@ -199,9 +208,11 @@ def _chaos(tmp: Path, config: Path, port: int, limit: int, n: int = 1) -> Chaos:
         restart_seconds = time.monotonic() - killed
         second = _record_pid(port)
         assert second is not None
-        served = False  # the restarted service answers calls (seen from outside)
+        # The restarted service answers calls, seen from outside: a connection it holds, or
+        # bytes it read (a call to the retriever can be over between two looks).
+        served, read_at_start = False, _bytes_read(second)
         while proc.poll() is None and time.monotonic() - started < RUN_SECONDS:
-            served = served or _served(second, port)
+            served = served or _served(second, port) or _bytes_read(second) > read_at_start
             time.sleep(0.02)
         proc.wait(RUN_SECONDS)
     finally:
