@@ -179,14 +179,21 @@ def _bytes_read(pid: int) -> int:
     return 0
 
 
+_first_read: dict[int, int] = {}
+
+
 def _calls_started(port: int) -> bool:
-    """The run's own service is up and tool calls reach it: a connection that lasts (the
-    MCP listing at load time runs its own short-lived server and connection)."""
+    """The run's own service is up and tool calls reach it: a connection to it, or bytes it
+    read, and its record still the same 0.3 s later (the MCP listing at load time runs a
+    short-lived server of its own)."""
     pid = _record_pid(port)
-    if pid is None or not _connected(port):
+    if pid is None:
+        return False
+    first = _first_read.setdefault(pid, _bytes_read(pid))
+    if not (_connected(port) or _bytes_read(pid) > first):
         return False
     time.sleep(0.3)
-    return _record_pid(port) == pid and _connected(port) and _alive(pid)
+    return _record_pid(port) == pid and _alive(pid)
 
 
 def _chaos(
