@@ -365,6 +365,7 @@ def test_every_module_is_core_or_application_or_a_leaf() -> None:
         "toolrollout._http",
         "toolrollout._net",
         "toolrollout._security",
+        "toolrollout._supervisor",
         "toolrollout._version",
         "toolrollout.testing",
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import os
+import socket
 import time
 
 import anyio
@@ -71,12 +72,22 @@ async def test_background_helper_refuses_then_runs_unisolated_when_told() -> Non
         assert result.text == "2"
 
 
-async def test_serve_local_sandboxes_uses_a_running_server(sandbox_url: str) -> None:
-    tool = sandbox_tool(f"{sandbox_url}/run_code", local_sandbox=True)
-    async with serve_local_sandboxes([tool]) as started:
-        assert started == []  # the port is taken: the server there is used as it is
-        result = await tool.call({"code": "print(1 + 1)"}, ToolContext())
-        assert result.text == "2"
+async def test_serve_local_sandboxes_refuses_a_server_it_did_not_start() -> None:
+    # A run never silently talks to a server it did not start (issue 23): the one-line
+    # error names the port. (It used to be used as it was, old settings and all.)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        tool = sandbox_tool(f"http://127.0.0.1:{port}/run_code", local_sandbox=True)
+        with pytest.raises(UserError) as caught:
+            async with serve_local_sandboxes([tool]):
+                pytest.fail("nothing may start")
+    message = str(caught.value)
+    assert message == (
+        f"port {port} on 127.0.0.1 is in use by a process this run did not start; stop it "
+        "or choose another port"
+    )
 
 
 async def test_serve_local_sandboxes_needs_a_local_url() -> None:

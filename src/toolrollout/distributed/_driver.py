@@ -37,6 +37,7 @@ from typing import Any
 from toolrollout._exceptions import DistributedError, UserError
 from toolrollout._net import stop_popen
 from toolrollout._security import ADMIN_API_KEY_ENV, API_KEY_ENV
+from toolrollout._supervisor import dying_with_this_process
 from toolrollout.rollout import (
     RolloutPrompt,
     ShardWriter,
@@ -279,7 +280,9 @@ def _engine(ray: Any, spec: RunSpec, options: RayOptions) -> Iterator[_Engines]:
     env = {k: v for k, v in os.environ.items() if k != ADMIN_API_KEY_ENV}
     env[API_KEY_ENV] = key  # the workers abort requests too: no separate admin key
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        # Behind the launcher: a SIGKILL of the driver takes the server with it.
+        argv = dying_with_this_process(command)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
         try:
             url = f"http://{advertise}:{port}"
             yield _Engines([url], spec.health_timeout, proc, log, api_key=key)

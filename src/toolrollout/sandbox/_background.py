@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import logging
 import socket
-import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Hashable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
 
-import anyio
 import httpx
 
 from toolrollout._exceptions import SandboxIsolationError, ToolUnavailable, UserError
-from toolrollout._net import is_listening, stop_process
 from toolrollout._security import keyless_environ
+from toolrollout._supervisor import RestartPolicy, ServiceCommand, claim_port, supervise
 from toolrollout.tools import Tool
 
 __all__ = [
@@ -39,6 +36,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def _sandbox_argv(
+    host: str,
+    port: int,
+    max_concurrency: int | None = None,
+    unsafe_no_isolation: bool = False,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    argv = [sys.executable, "-m", "toolrollout", "sandbox", "serve"]
+    argv += ["--host", host, "--port", str(port), "--log-level", "warning"]
+    if max_concurrency is not None:
+        argv += ["--max-concurrency", str(max_concurrency)]
+    if unsafe_no_isolation:
+        argv.append("--unsafe-no-isolation")
+    return argv + list(extra_args)
+
+
 @asynccontextmanager
 async def serve_sandbox_in_background(
     port: int = 0,
@@ -49,11 +62,14 @@ async def serve_sandbox_in_background(
     extra_args: Sequence[str] = (),
     startup_timeout: float = 60.0,
     env: dict[str, str] | None = None,
+    restart: RestartPolicy | None = None,
 ) -> AsyncIterator[str]:
     """Run ``toolrollout sandbox serve`` in a child process; yield its ``/run_code`` URL.
 
-    ``port=0`` picks a free port. Waits until ``GET /v1/ping`` answers; on leaving, the
-    server is terminated (then killed after 5 s), which also kills its running programs.
+    ``port=0`` picks a free port. Waits until ``GET /v1/ping`` answers. The server is
+    supervised (:mod:`toolrollout._supervisor`): restarted when it dies, within
+    ``restart`` (default :class:`RestartPolicy`), and killed if this process dies. On
+    leaving, it is terminated (then killed after 5 s), which also kills its running programs.
 
     Raises:
         SandboxIsolationError: the server refused to start because isolation is
@@ -62,52 +78,35 @@ async def serve_sandbox_in_background(
             ``startup_timeout`` seconds.
     """
     port = port or free_port(host)
-    argv = [sys.executable, "-m", "toolrollout", "sandbox", "serve"]
-    argv += ["--host", host, "--port", str(port), "--log-level", "warning"]
-    if max_concurrency is not None:
-        argv += ["--max-concurrency", str(max_concurrency)]
-    if unsafe_no_isolation:
-        argv.append("--unsafe-no-isolation")
-    argv += list(extra_args)
+    argv = _sandbox_argv(host, port, max_concurrency, unsafe_no_isolation, extra_args)
     url = f"http://{host}:{port}"
-    with tempfile.TemporaryFile() as log:
-        process = await anyio.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            env=env if env is not None else keyless_environ(),
-        )
 
-        def output() -> str:
-            log.seek(0)
-            return log.read().decode("utf-8", errors="replace").strip()
+    async def ready(client: httpx.AsyncClient) -> bool:
+        return (await client.get(f"{url}/v1/ping")).status_code == 200
 
-        try:
-            ready = False
-            async with httpx.AsyncClient(timeout=2.0) as client:
-                with anyio.move_on_after(startup_timeout):
-                    while process.returncode is None and not ready:
-                        try:
-                            ready = (await client.get(f"{url}/v1/ping")).status_code == 200
-                        except httpx.TransportError:
-                            pass
-                        if not ready:
-                            await anyio.sleep(0.1)
-            if not ready:
-                if process.returncode is None:
-                    raise ToolUnavailable(
-                        f"the local sandbox was not up within {startup_timeout:g} s: "
-                        + output()[-500:]
-                    )
-                text = output()
-                last = text.splitlines()[-1] if text else f"exit status {process.returncode}"
-                if process.returncode == 2 and ("bubblewrap" in last or "isolat" in last):
-                    raise SandboxIsolationError(last)
-                raise ToolUnavailable(f"the local sandbox exited at startup: {last}")
-            yield f"{url}/run_code"
-        finally:
-            await stop_process(process)
+    def startup_error(status: int | None, text: str) -> Exception:
+        if status is None:
+            return ToolUnavailable(
+                f"the local sandbox was not up within {startup_timeout:g} s: " + text[-500:]
+            )
+        last = text.splitlines()[-1] if text else f"exit status {status}"
+        if status == 2 and ("bubblewrap" in last or "isolat" in last):
+            return SandboxIsolationError(last)
+        return ToolUnavailable(f"the local sandbox exited at startup: {last}")
+
+    command = ServiceCommand(
+        kind="sandbox",
+        argv=tuple(argv),
+        host=host,
+        port=port,
+        ready=ready,
+        env=env if env is not None else keyless_environ(),
+        startup_timeout=startup_timeout,
+        startup_error=startup_error,
+    )
+    async with supervise(command, restart) as service:
+        logger.info("the local sandbox is up at %s (pid %d)", url, service.pid)
+        yield f"{url}/run_code"
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +118,8 @@ class LocalSandboxService:
     max_concurrency: int | None = None
     """``--max-concurrency`` of the server started (None: its default)."""
     startup_timeout: float = 60.0
+    restart: RestartPolicy | None = None
+    """How often it is restarted when it dies (None: :class:`RestartPolicy`'s defaults)."""
 
     @classmethod
     def for_url(cls, url: str, *, tool: str) -> LocalSandboxService:
@@ -137,13 +138,22 @@ class LocalSandboxService:
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[str | None]:
-        """Start the sandbox unless something listens on the port; yield the URL started."""
-        if await is_listening("127.0.0.1", self.port):
-            logger.info("a server already listens on port %d; using it as the sandbox", self.port)
+        """Start the sandbox, supervised; yield the URL started (None: this process serves
+        its sandbox there already, e.g. an opening inside another).
+
+        A stale sandbox of an earlier run on the port is replaced; anything else listening
+        there is a :class:`~toolrollout.exceptions.UserError` naming the port.
+        """
+        argv = _sandbox_argv("127.0.0.1", self.port, self.max_concurrency)
+        if await claim_port("sandbox", "127.0.0.1", self.port, argv):
+            logger.info("port %d: using this run's sandbox, open already", self.port)
             yield None
             return
         async with serve_sandbox_in_background(
-            self.port, max_concurrency=self.max_concurrency, startup_timeout=self.startup_timeout
+            self.port,
+            max_concurrency=self.max_concurrency,
+            startup_timeout=self.startup_timeout,
+            restart=self.restart,
         ) as url:
             yield url
 
@@ -161,10 +171,11 @@ async def serve_local_sandboxes(
     this one takes the server's ``max_concurrency`` and yields what it started.
 
     A tool asks with ``local_sandbox: true`` in its config; its ``sandbox_fusion_url`` must
-    then be local (127.0.0.1 / localhost). Where something already listens on that port it
-    is used as it is. Yields the ``/run_code`` URLs of the servers started (one per port),
-    and stops them on exit. Raises :class:`~toolrollout.exceptions.SandboxIsolationError` when
-    bubblewrap is unavailable.
+    then be local (127.0.0.1 / localhost). Each server is supervised (restarted when it
+    dies); a server on the port that this run did not start is replaced when it is a stale
+    one of an earlier run, an error otherwise. Yields the ``/run_code`` URLs of the servers
+    started (one per port), and stops them on exit. Raises
+    :class:`~toolrollout.exceptions.SandboxIsolationError` when bubblewrap is unavailable.
     """
     services: dict[int, LocalSandboxService] = {}
     for tool in tools:

@@ -4,23 +4,18 @@ from __future__ import annotations
 
 import logging
 import socket
-import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Hashable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
-from typing import IO
 
-import anyio
 import httpx
-from anyio.abc import Process
 
 from toolrollout._exceptions import ToolUnavailable, UserError
-from toolrollout._net import is_listening, stop_process
 from toolrollout._security import keyless_environ
+from toolrollout._supervisor import RestartPolicy, ServiceCommand, claim_port, supervise
 from toolrollout.tools import Tool
 
 from .demo_corpus import DEMO_CORPUS_PATH
@@ -80,11 +75,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-def _tail(log: IO[bytes], limit: int = 2000) -> str:
-    log.flush()
-    log.seek(0)
-    text = log.read().decode("utf-8", "replace").strip()
-    return text if len(text) <= limit else "..." + text[-limit:]
+def _retriever_argv(
+    path: Path,
+    host: str,
+    port: int,
+    topk: int = 3,
+    log_level: str = "warning",
+    stemming: bool = True,
+) -> list[str]:
+    return [
+        sys.executable, "-m", "toolrollout", "retriever", "serve",
+        "--corpus", str(path), "--host", host, "--port", str(port), "--topk", str(topk),
+        "--log-level", log_level, "--stem" if stemming else "--no-stem",
+    ]  # fmt: skip
 
 
 @asynccontextmanager
@@ -97,58 +100,53 @@ async def serve_retriever_in_background(
     stemming: bool = True,
     startup_timeout: float = 60.0,
     log_level: str = "warning",
+    restart: RestartPolicy | None = None,
 ) -> AsyncIterator[LocalRetriever]:
     """Run ``toolrollout retriever serve`` in a child process while the block runs.
 
     ``corpus`` None or ``"demo"`` serves the bundled demo corpus; ``port`` 0 picks a free
-    port. Returns once ``GET /health`` answers; the process is terminated (then killed)
-    on exit, also when the block is cancelled. A process that exits or does not become
-    healthy within ``startup_timeout`` raises :class:`~toolrollout.exceptions.ToolUnavailable`
-    carrying the end of its output.
+    port. Returns once ``GET /health`` answers. The process is supervised
+    (:mod:`toolrollout._supervisor`): restarted when it dies, within ``restart``, and killed
+    if this process dies; it is terminated (then killed) on exit, also when the block is
+    cancelled. ``pid`` is the first process's (a restart starts another). A process that
+    exits or does not become healthy within ``startup_timeout`` raises
+    :class:`~toolrollout.exceptions.ToolUnavailable` carrying the end of its output.
     """
     path = resolve_corpus(corpus)
     if port == 0:
         port = free_port(host)
-    command = [
-        sys.executable, "-m", "toolrollout", "retriever", "serve",
-        "--corpus", str(path), "--host", host, "--port", str(port), "--topk", str(topk),
-        "--log-level", log_level, "--stem" if stemming else "--no-stem",
-    ]  # fmt: skip
+    command = _retriever_argv(path, host, port, topk, log_level, stemming)
     env = {**keyless_environ(), "PYTHONUNBUFFERED": "1"}
-    with tempfile.TemporaryFile() as log:
-        process = await anyio.open_process(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env
-        )
-        handle = LocalRetriever(host=host, port=port, pid=process.pid, corpus=path)
-        try:
-            await _wait_healthy(handle, process, log, startup_timeout)
-            logger.info("retriever for %s is up at %s (pid %d)", path, handle.url, process.pid)
-            yield handle
-        finally:
-            await stop_process(process)
-
-
-async def _wait_healthy(
-    handle: LocalRetriever, process: Process, log: IO[bytes], startup_seconds: float
-) -> None:
+    handle = LocalRetriever(host=host, port=port, pid=0, corpus=path)
     health = handle.url + "/health"
-    with anyio.move_on_after(startup_seconds):
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while True:
-                if process.returncode is not None:
-                    raise ToolUnavailable(
-                        f"the retriever exited with code {process.returncode} before it "
-                        f"was ready:\n{_tail(log)}"
-                    )
-                try:
-                    if (await client.get(health)).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-                await anyio.sleep(0.1)
-    raise ToolUnavailable(
-        f"the retriever at {handle.url} was not ready after {startup_seconds:g}s:\n{_tail(log)}"
+
+    async def ready(client: httpx.AsyncClient) -> bool:
+        return (await client.get(health)).status_code == 200
+
+    def startup_error(status: int | None, text: str) -> Exception:
+        tail = text if len(text) <= 2000 else "..." + text[-2000:]
+        if status is None:
+            return ToolUnavailable(
+                f"the retriever at {handle.url} was not ready after {startup_timeout:g}s:\n{tail}"
+            )
+        return ToolUnavailable(
+            f"the retriever exited with code {status} before it was ready:\n{tail}"
+        )
+
+    service = ServiceCommand(
+        kind="retriever",
+        argv=tuple(command),
+        host={"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host),
+        port=port,
+        ready=ready,
+        env=env,
+        startup_timeout=startup_timeout,
+        startup_error=startup_error,
     )
+    async with supervise(service, restart) as running:
+        handle = replace(handle, pid=running.pid)
+        logger.info("retriever for %s is up at %s (pid %d)", path, handle.url, running.pid)
+        yield handle
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +159,8 @@ class LocalRetrieverService:
     corpus: Path
     """The corpus served (resolved), so that two tools asking for one port agree."""
     startup_timeout: float = 60.0
+    restart: RestartPolicy | None = None
+    """How often it is restarted when it dies (None: :class:`RestartPolicy`'s defaults)."""
 
     @classmethod
     def for_url(cls, url: str, corpus: str | PathLike[str], *, tool: str) -> LocalRetrieverService:
@@ -180,19 +180,27 @@ class LocalRetrieverService:
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[LocalRetriever | None]:
-        """Start the retriever unless something listens there; yield the one started."""
+        """Start the retriever, supervised; yield the one started (None: this process
+        serves its retriever there already, e.g. an opening inside another).
+
+        A stale retriever of an earlier run on the port is replaced; anything else
+        listening there is a :class:`~toolrollout.exceptions.UserError` naming the port.
+        """
         connect_host = {"localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
             self.host, self.host
         )
-        if await is_listening(connect_host, self.port):
-            logger.info(
-                "a server already listens on %s:%d; using it as the retriever", self.host, self.port
-            )
+        bind = "127.0.0.1" if self.host == "localhost" else self.host
+        argv = _retriever_argv(self.corpus, bind, self.port)
+        if await claim_port("retriever", connect_host, self.port, argv):
+            logger.info("port %d: using this run's retriever, open already", self.port)
             yield None
             return
-        bind = "127.0.0.1" if self.host == "localhost" else self.host
         async with serve_retriever_in_background(
-            self.corpus, host=bind, port=self.port, startup_timeout=self.startup_timeout
+            self.corpus,
+            host=bind,
+            port=self.port,
+            startup_timeout=self.startup_timeout,
+            restart=self.restart,
         ) as retriever:
             yield retriever
 
@@ -204,8 +212,10 @@ async def serve_local_retrievers(
     """Start a retriever for each search tool that asks for one (``local_corpus``).
 
     A tool's ``local_corpus`` asks for toolrollout's BM25 retriever on the host and port of
-    its ``retrieval_service_url`` (which must be local). Where something already listens
-    there it is used as it is. Yields the retrievers started, and stops them on exit.
+    its ``retrieval_service_url`` (which must be local). Each is supervised (restarted when
+    it dies); a server there that this run did not start is replaced when it is a stale
+    one of an earlier run, an error otherwise. Yields the retrievers started, and stops
+    them on exit.
     :func:`toolrollout.tools.open_tools` does the same, with the other tools' services.
     """
     wanted: dict[Hashable, LocalRetrieverService] = {}

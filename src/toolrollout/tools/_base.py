@@ -58,8 +58,8 @@ class ToolService(Protocol):
     def open(self) -> AbstractAsyncContextManager[object]:
         """Open it for the ``async with`` body; close it on exit (also on error/cancel).
 
-        Something already running (a server on the port, a manager someone else opened)
-        is used as it is and left running.
+        Something already running that this process opened (a manager its owner opened,
+        this run's own server) is used as it is and left running.
         """
         ...
 

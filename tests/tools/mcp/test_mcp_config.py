@@ -198,7 +198,14 @@ def entry(mcp: str = "{mcp_servers_config_path: servers.json}", extra: str = "")
         (
             entry(),
             '{"mcpServers": {"calc": {"command": "x", "url": "http://h/mcp"}}}',
-            "servers.json: mcpServers.calc: has both 'command' (stdio) and 'url' (HTTP)",
+            "servers.json: mcpServers.calc.url: a server with a 'command' is started on this "
+            "machine, so its url must be local (127.0.0.1 or localhost), got 'http://h/mcp'",
+        ),
+        (
+            entry(),
+            '{"mcpServers": {"calc": {"command": "x", "url": "http://127.0.0.1/mcp"}}}',
+            "servers.json: mcpServers.calc.url: a started server needs a port: "
+            "'http://127.0.0.1/mcp'",
         ),
         (
             entry(),

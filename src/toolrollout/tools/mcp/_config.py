@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AsyncExitStack
 from typing import Any, Literal, Self
 
 import anyio
@@ -30,8 +31,9 @@ from .._base import Tool
 from .._config import _import, _key_path, _limits, _message
 from .._models import ToolEntryModel
 from .._registry import BuildContext
+from ._launch import LocalMcpHttpService
 from ._manager import McpClientManager, McpRoot, _describe, _each
-from ._servers import McpServerSpec, load_mcp_servers
+from ._servers import HttpServer, McpServerSpec, load_mcp_servers
 from ._tool import McpTool, build_mcp_tools
 
 __all__ = ["VERL_MCP_CLASSES", "McpSettingsModel", "build_mcp_entry", "discover_tools"]
@@ -125,7 +127,13 @@ def discover_tools(
         async def fetch(name: str) -> None:
             listings[name] = await manager.list_tools(name)
 
-        async with manager:
+        async with AsyncExitStack() as stack:
+            for spec in servers.values():  # the HTTP servers the run starts: up for the listing
+                if isinstance(spec, HttpServer) and spec.command is not None:
+                    await stack.enter_async_context(
+                        LocalMcpHttpService(spec, startup_timeout=connect_timeout).open()
+                    )
+            await stack.enter_async_context(manager)
             await _each(servers, fetch)
         return {name: listings[name] for name in servers}
 

@@ -1,9 +1,11 @@
 """The ``mcpServers`` JSON file (Claude Desktop / Cursor convention) read into typed specs.
 
 An entry with ``command`` is a stdio server (``args``, ``env``, ``cwd``); an entry with
-``url`` is a remote server (``headers``, ``transport``). Without ``transport`` it is
-inferred from the URL as fastmcp does: a path matching ``/sse(/|?|&|$)`` is SSE, anything
-else streamable HTTP. Unknown keys are ignored, so files written for other hosts load.
+``url`` is a remote server (``headers``, ``transport``); one with both is an HTTP server
+the run starts itself on the URL's local port (supervised: ``toolrollout._supervisor``).
+Without ``transport`` it is inferred from the URL as fastmcp does: a path matching
+``/sse(/|?|&|$)`` is SSE, anything else streamable HTTP. Unknown keys are ignored, so
+files written for other hosts load.
 
 Placeholders in strings: ``${PYTHON}`` (the running interpreter, so a server written in
 Python starts in the same virtualenv), ``${CONFIG_DIR}`` (the JSON file's folder) and
@@ -74,6 +76,16 @@ class HttpServer:
     """Seconds for connecting and for each HTTP request."""
     sse_read_timeout: float = 300.0
     """Seconds an event stream may stay silent before it is dropped."""
+    command: str | None = None
+    """With a command, the run starts the server itself (on the URL's local port), keeps it
+    running (restarted when it dies) and stops it after: a *launched* HTTP server."""
+    args: tuple[str, ...] = ()
+    """The command's arguments."""
+    env: Mapping[str, str] = field(default_factory=dict, repr=False)
+    """Extra environment variables of the launched server (on top of ours, less the
+    server-key variables)."""
+    cwd: str | None = None
+    """Working directory of the launched server (None: ours)."""
 
     def describe(self) -> str:
         """Transport and URL, for messages (no headers: they may hold secrets)."""
@@ -86,6 +98,7 @@ McpServerSpec = StdioServer | HttpServer
 _Transport = Literal["stdio", "http", "streamable-http", "streamable_http", "sse"]
 _SSE_PATH = re.compile(r"/sse(/|\?|&|$)")
 _PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 class _ServerModel(BaseModel):
@@ -146,9 +159,7 @@ def _server(name: str, model: _ServerModel, source: str, config_dir: Path) -> Mc
     if model.transport is not None and model.type is not None and model.transport != model.type:
         raise ConfigError(f"{source}: {where}: 'transport' and 'type' disagree")
     transport = model.transport or model.type
-    if model.command is not None and model.url is not None:
-        raise ConfigError(f"{source}: {where}: has both 'command' (stdio) and 'url' (HTTP)")
-    if model.command is not None:
+    if model.command is not None and model.url is None:
         if transport not in (None, "stdio"):
             raise ConfigError(
                 f"{source}: {where}.transport: must be 'stdio' for a server with a 'command' "
@@ -174,7 +185,31 @@ def _server(name: str, model: _ServerModel, source: str, config_dir: Path) -> Mc
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"{source}: {where}.url: must be an http(s) URL (got {url!r})")
     if transport == "stdio":
-        raise ConfigError(f"{source}: {where}.transport: 'stdio' needs a 'command', not a 'url'")
+        raise ConfigError(
+            f"{source}: {where}.transport: 'stdio' needs a 'command' and no 'url' "
+            "(a 'command' with a 'url' is an HTTP server the run starts)"
+        )
+    launch: dict[str, Any] = {}
+    if model.command is not None:  # an HTTP server the run starts itself
+        if parts.hostname not in _LOCAL_HOSTS:
+            raise ConfigError(
+                f"{source}: {where}.url: a server with a 'command' is started on this "
+                f"machine, so its url must be local (127.0.0.1 or localhost), got {url!r}"
+            )
+        if parts.port is None:
+            raise ConfigError(f"{source}: {where}.url: a started server needs a port: {url!r}")
+        if not model.command.strip():
+            raise ConfigError(f"{source}: {where}.command: must not be empty")
+        cwd = None
+        if model.cwd is not None:
+            cwd_path = Path(expand(model.cwd, "cwd"))
+            cwd = str(cwd_path if cwd_path.is_absolute() else config_dir / cwd_path)
+        launch = {
+            "command": expand(model.command, "command"),
+            "args": tuple(expand(arg, f"args[{i}]") for i, arg in enumerate(model.args)),
+            "env": {k: expand(v, f"env.{k}") for k, v in model.env.items()},
+            "cwd": cwd,
+        }
     if transport is None:
         tail = parts.path + (f"?{parts.query}" if parts.query else "")
         resolved: Literal["streamable-http", "sse"] = (
@@ -194,6 +229,7 @@ def _server(name: str, model: _ServerModel, source: str, config_dir: Path) -> Mc
         headers=headers,
         timeout=model.timeout or 30.0,
         sse_read_timeout=model.sse_read_timeout or 300.0,
+        **launch,
     )
 
 

@@ -23,8 +23,10 @@ from toolrollout._exceptions import ToolArgumentError, UserError
 
 from .._base import Tool, ToolService
 from .._types import ToolContext, ToolLimits, ToolResult
+from ._launch import LocalMcpHttpService
 from ._manager import McpClientManager
 from ._results import mcp_result_to_tool_result
+from ._servers import HttpServer
 
 __all__ = [
     "McpSessionService",
@@ -93,7 +95,11 @@ class McpTool(Tool):
     """JSON schema of the tool's ``structuredContent`` (its ``outputSchema``), if listed."""
 
     def services(self) -> Sequence[ToolService]:
-        """The manager's sessions: every tool of one manager shares them."""
+        """The manager's sessions: every tool of one manager shares them; before them, the
+        tool's server when the run starts it (an HTTP entry with a ``command``)."""
+        spec = self.manager.servers.get(self.server)
+        if isinstance(spec, HttpServer) and spec.command is not None:
+            return (LocalMcpHttpService(spec), McpSessionService(self.manager))
         return (McpSessionService(self.manager),)
 
     def check_arguments(self, arguments: Mapping[str, Any]) -> None:
@@ -289,8 +295,16 @@ async def mcp_sessions(tools: Iterable[Tool]) -> AsyncIterator[list[McpClientMan
             executor = ToolExecutor(tools)
             ...
     """
+    tools = list(tools)
     managers = mcp_managers(tools)
+    launched: dict[Hashable, ToolService] = {}
+    for tool in tools:
+        if isinstance(tool, McpTool):
+            for service in tool.services()[:-1]:  # the servers the run starts, if any
+                launched.setdefault(service.key, service)
     async with AsyncExitStack() as stack:
+        for service in launched.values():
+            await stack.enter_async_context(service.open())
         for manager in managers:
             await stack.enter_async_context(McpSessionService(manager).open())
         yield managers

@@ -1,0 +1,425 @@
+"""Local services a run starts itself, supervised: restarted, tied to the run, never reused stale.
+
+The sandbox, the retriever and MCP servers over HTTP that a run starts (``local_sandbox``,
+``local_corpus``, an ``mcpServers`` entry with both ``command`` and ``url``) run under
+:func:`supervise`:
+
+- **Restarted when they die**, at most :attr:`RestartPolicy.max_restarts` times per
+  :attr:`RestartPolicy.window` seconds, with one log line per death and one per return.
+  Past that the service is declared down (an error line); its calls then fail as
+  unavailable, which fails their trajectories (``tool_unavailable``) instead of scoring them.
+- **Dying with the run**, even when the run is killed with SIGKILL: each service starts
+  through a tiny launcher that asks Linux for a parent-death signal (``PR_SET_PDEATHSIG``,
+  kept across ``execve``) and then replaces itself with the service. Each service leads
+  its own process group, which is what is stopped on the way out.
+- **Identified on its port**: a record (``<state dir>/<port>.json``: pid, start time, owner
+  pid) is written for each service started. A server found on the port when a run opens
+  the service is replaced when the record shows it is a service whose run is gone
+  (stale), refused when its run is still alive, and anything else there is a one-line
+  error naming the port: a run never silently talks to a server it did not start.
+
+The processes are anyio's (the same API the rest of the library uses for child processes);
+the parent-death signal needs ``prctl``, which anyio and the standard library do not offer
+for an async child, hence the launcher.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import anyio
+import httpx
+from anyio.abc import Process
+
+from toolrollout._exceptions import ToolUnavailable, UserError
+from toolrollout._net import is_listening
+
+__all__ = [
+    "RestartPolicy",
+    "ServiceCommand",
+    "SupervisedService",
+    "claim_port",
+    "dying_with_this_process",
+    "record_path",
+    "state_dir",
+    "supervise",
+]
+
+logger = logging.getLogger("toolrollout.services")
+
+_LAUNCHER = (
+    "import os,sys\n"
+    "if sys.platform.startswith('linux'):\n"
+    "    import ctypes\n"
+    "    ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG, SIGKILL
+    "    if os.getppid() != int(sys.argv[1]): os._exit(70)\n"  # the run died already
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+"""Runs as ``python -I -S -c _LAUNCHER <parent pid> <argv...>``: sets the parent-death
+signal, checks the parent did not die before that, then becomes the service (same pid)."""
+
+
+def dying_with_this_process(argv: Sequence[str]) -> list[str]:
+    """``argv`` behind the launcher: the program it starts gets SIGKILL when the thread
+    that started it dies (Linux; elsewhere it just runs). For ``subprocess.Popen`` callers
+    that are not supervised (a ``preexec_fn`` is unsafe in a threaded program)."""
+    return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *argv]
+
+
+@dataclass(frozen=True, slots=True)
+class RestartPolicy:
+    """How often a dead service is started again before it is declared down."""
+
+    max_restarts: int = 5
+    """Restarts allowed within :attr:`window` seconds; one more death and it is down."""
+    window: float = 300.0
+    """Seconds over which restarts are counted."""
+    backoff: float = 0.5
+    """Seconds before a restart after a failed one (doubled each time, at most 10 s)."""
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0 or self.window <= 0 or self.backoff < 0:
+            raise UserError(f"invalid RestartPolicy: {self}")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceCommand:
+    """What to run for a service, where it listens and how to tell it is ready."""
+
+    kind: str
+    """Short name for logs and records: ``sandbox``, ``retriever``, ``mcp-http``."""
+    argv: tuple[str, ...]
+    host: str
+    """Where to connect to it (a loopback address)."""
+    port: int
+    ready: Callable[[httpx.AsyncClient], Awaitable[bool]]
+    """True once it serves (e.g. its health endpoint answers 200 to the client given)."""
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    startup_timeout: float = 60.0
+    startup_error: Callable[[int | None, str], Exception] | None = None
+    """Builds the exception for a failed start from the exit status (None: it was still
+    running, not ready in time) and the output; default :class:`ToolUnavailable`."""
+
+    @property
+    def label(self) -> str:
+        return f"the {self.kind} on port {self.port}"
+
+
+def state_dir() -> Path:
+    """Where service records live (per user): ``$XDG_RUNTIME_DIR/toolrollout/services`` or
+    the temporary folder's ``toolrollout-<uid>/services``."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    root = (
+        Path(base) / "toolrollout"
+        if base
+        else Path(tempfile.gettempdir()) / (f"toolrollout-{os.getuid()}")
+    )
+    return root / "services"
+
+
+def record_path(port: int) -> Path:
+    """The record of the service started on ``port`` (it may not exist)."""
+    return state_dir() / f"{port}.json"
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (None: no such live process)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _same_process(pid: Any, start: Any) -> bool:
+    return isinstance(pid, int) and pid > 0 and start is not None and _start_time(pid) == start
+
+
+def _read_record(port: int) -> dict[str, Any] | None:
+    try:
+        data = json.loads(record_path(port).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_record(command: ServiceCommand, pid: int) -> None:
+    path = record_path(command.port)
+    record = {
+        "kind": command.kind,
+        "port": command.port,
+        "pid": pid,
+        "pid_start": _start_time(pid),
+        "owner": os.getpid(),
+        "owner_start": _start_time(os.getpid()),
+        "argv": list(command.argv),
+        "started": time.time(),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _drop_record(port: int, pid: int) -> None:
+    record = _read_record(port)
+    if record is not None and record.get("pid") == pid and record.get("owner") == os.getpid():
+        with suppress(OSError):
+            record_path(port).unlink()
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    with suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+async def claim_port(kind: str, host: str, port: int, argv: Sequence[str] | None = None) -> bool:
+    """Make ``port`` ready for a new ``kind`` service of this run.
+
+    Returns True when a live ``kind`` service of this process, or one of another live
+    toolrollout process started with the same ``argv`` (the workers of one ``--ray`` run
+    share one), already serves there: the caller uses it. A stale service (its run is
+    gone) is killed and False returned once the port is free. Raises
+    :class:`~toolrollout.UserError` (one line) for a service of another live run with
+    other settings, and for any other process on the port.
+    """
+    record = _read_record(port)
+    known = record is not None and _same_process(record.get("pid"), record.get("pid_start"))
+    listening = await is_listening(host, port)
+    if not listening and not known:
+        return False
+    if known and record is not None:
+        pid = int(record["pid"])
+        owner_alive = _same_process(record.get("owner"), record.get("owner_start"))
+        if owner_alive and record.get("owner") == os.getpid():
+            if record.get("kind") == kind and listening:
+                return True
+            raise UserError(
+                f"port {port}: this run already serves its {record.get('kind')} there; "
+                f"give the {kind} another port"
+            )
+        same = record.get("kind") == kind and argv is not None and record.get("argv") == list(argv)
+        if owner_alive and same and listening:
+            logger.info(
+                "port %d: using the %s (pid %d) of toolrollout process %s, started with the "
+                "same settings",
+                port,
+                kind,
+                pid,
+                record.get("owner"),
+            )
+            return True
+        if owner_alive:
+            raise UserError(
+                f"port {port} on {host} is in use by the {record.get('kind')} of another "
+                f"running toolrollout process (pid {record.get('owner')}) with other "
+                "settings; give this run another port"
+            )
+        logger.warning(
+            "port %d: replacing a stale %s (pid %d) left by an earlier run (pid %s, gone)",
+            port,
+            record.get("kind"),
+            pid,
+            record.get("owner"),
+        )
+        _kill_group(pid, signal.SIGKILL)
+        with anyio.move_on_after(10):
+            while _start_time(pid) is not None or await is_listening(host, port):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        with suppress(OSError):
+            record_path(port).unlink()
+        if not await is_listening(host, port):
+            return False
+    raise UserError(
+        f"port {port} on {host} is in use by a process this run did not start; stop it or "
+        "choose another port"
+    )
+
+
+@dataclass(eq=False)
+class SupervisedService:
+    """A running supervised service: its current process, and what happened to it."""
+
+    command: ServiceCommand
+    policy: RestartPolicy
+    pids: list[int] = field(default_factory=list)
+    """Every process started for it, in order (the last one is the current one)."""
+    restarts: int = 0
+    down: bool = False
+    """True once it died more often than the policy allows; it stays down."""
+    restart_seconds: list[float] = field(default_factory=list)
+    """Seconds from each death to the service being ready again."""
+    _process: Process | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        """The current process id."""
+        return self.pids[-1]
+
+    def output(self) -> str:
+        """What the current process printed so far."""
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read().decode("utf-8", errors="replace").strip()
+
+    async def _start(self) -> None:
+        """Start a process and wait until it is ready; on failure stop it and raise."""
+        command = self.command
+        if self._log is not None:
+            self._log.close()
+        self._log = tempfile.TemporaryFile()
+        argv = dying_with_this_process(command.argv)
+        process = await anyio.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=dict(command.env) if command.env is not None else None,
+            cwd=command.cwd,
+            start_new_session=True,
+        )
+        self._process = process
+        self.pids.append(process.pid)
+        ready = False
+        with anyio.move_on_after(command.startup_timeout):
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                while process.returncode is None:
+                    with suppress(Exception):
+                        ready = await command.ready(client)
+                    if ready:
+                        break
+                    await anyio.sleep(0.05)
+        if ready and process.returncode is None:
+            _write_record(command, process.pid)
+            return
+        status = process.returncode
+        await self._stop()
+        text = self.output()
+        if command.startup_error is not None:
+            raise command.startup_error(status, text)
+        if status is None:
+            raise ToolUnavailable(
+                f"{command.label} was not ready within {command.startup_timeout:g} s: "
+                + text[-500:]
+            )
+        last = text.splitlines()[-1] if text else f"exit status {status}"
+        raise ToolUnavailable(f"{command.label} exited at startup: {last}")
+
+    async def _stop(self) -> None:
+        """Stop the current process and its group: SIGTERM, SIGKILL after 5 s (shielded)."""
+        process = self._process
+        if process is None:
+            return
+        with anyio.CancelScope(shield=True):
+            if process.returncode is None:
+                _kill_group(process.pid, signal.SIGTERM)
+                with anyio.move_on_after(5.0):
+                    await process.wait()
+            _kill_group(process.pid, signal.SIGKILL)  # whatever is left of its group
+            if process.returncode is None:
+                await process.wait()
+            await process.aclose()
+            _drop_record(self.command.port, process.pid)
+
+    async def _watch(self) -> None:
+        """Restart the service each time it dies, within the policy; never raises."""
+        deaths: list[float] = []
+        label = self.command.label
+        while True:
+            process = self._process
+            assert process is not None
+            await process.wait()
+            died = time.monotonic()
+            _kill_group(process.pid, signal.SIGKILL)  # its group goes with it
+            await process.aclose()
+            _drop_record(self.command.port, process.pid)
+            self._process = None
+            deaths = [t for t in deaths if died - t < self.policy.window] + [died]
+            cause = f"pid {process.pid} died, exit status {process.returncode}"
+            failures = 0
+            while True:
+                if len(deaths) > self.policy.max_restarts:
+                    self.down = True
+                    logger.error(
+                        "%s: %s; it died %d times within %g s: declared down, its calls "
+                        "fail as unavailable for the rest of the run",
+                        label,
+                        cause,
+                        len(deaths),
+                        self.policy.window,
+                    )
+                    return
+                self.restarts += 1
+                logger.warning(
+                    "%s: %s; restarting it (restart %d, at most %d per %g s)",
+                    label,
+                    cause,
+                    self.restarts,
+                    self.policy.max_restarts,
+                    self.policy.window,
+                )
+                try:
+                    await self._start()
+                except Exception as exc:
+                    failures += 1
+                    cause = f"the restart failed: {exc}"
+                    deaths.append(time.monotonic())
+                    await anyio.sleep(min(self.policy.backoff * 2 ** (failures - 1), 10.0))
+                    continue
+                self.restart_seconds.append(time.monotonic() - died)
+                logger.warning(
+                    "%s is back (pid %d), %.2f s after it died",
+                    label,
+                    self.pid,
+                    self.restart_seconds[-1],
+                )
+                break
+
+
+@asynccontextmanager
+async def supervise(
+    command: ServiceCommand, policy: RestartPolicy | None = None
+) -> AsyncIterator[SupervisedService]:
+    """Run ``command`` as a supervised service for the ``async with`` body.
+
+    Starts it and waits until ready (raising the command's startup error otherwise), then
+    restarts it whenever it dies, within ``policy``. On leaving, the service and its
+    process group are stopped (also when the body fails or is cancelled). The caller
+    checks the port first (:func:`claim_port`).
+    """
+    service = SupervisedService(command, policy or RestartPolicy())
+    try:
+        await service._start()
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(service._watch)
+                try:
+                    yield service
+                finally:
+                    group.cancel_scope.cancel()
+        except BaseExceptionGroup as group_error:  # the body's error, as the body raised it
+            if len(group_error.exceptions) == 1:
+                raise group_error.exceptions[0] from None
+            raise
+    finally:
+        await service._stop()
+        if service._log is not None:
+            service._log.close()

@@ -1,0 +1,86 @@
+"""MCP servers over HTTP that the run starts itself (``command`` and ``url`` in one entry).
+
+The server runs supervised (:mod:`toolrollout._supervisor`): restarted when it dies, killed
+with the run, a stale one of an earlier run on its port replaced. The client side needs
+nothing more: a restarted server has forgotten its sessions, which the manager notices on
+the next call and reconnects (docs/mcp.md, "Failures").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Hashable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httpx
+
+from toolrollout._net import is_listening
+from toolrollout._security import keyless_environ
+from toolrollout._supervisor import (
+    RestartPolicy,
+    ServiceCommand,
+    SupervisedService,
+    claim_port,
+    supervise,
+)
+
+from ._servers import HttpServer
+
+__all__ = ["LocalMcpHttpService"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalMcpHttpService:
+    """A launched HTTP MCP server on its port: the :class:`~toolrollout.tools.ToolService`
+    that an MCP tool of that server needs before its sessions can connect."""
+
+    spec: HttpServer
+    startup_timeout: float = 60.0
+    restart: RestartPolicy | None = None
+
+    @property
+    def host(self) -> str:
+        host = urlsplit(self.spec.url).hostname or "127.0.0.1"
+        return "127.0.0.1" if host == "localhost" else host
+
+    @property
+    def port(self) -> int:
+        port = urlsplit(self.spec.url).port
+        assert port is not None  # checked when the entry was read
+        return port
+
+    @property
+    def key(self) -> Hashable:
+        return ("toolrollout.tools.mcp.http", self.port)
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[SupervisedService | None]:
+        """Start the server, supervised, until it listens; yield it (None: this process
+        serves it there already)."""
+        spec = self.spec
+        assert spec.command is not None
+        host, port = self.host, self.port
+        if await claim_port("mcp-http", host, port, (spec.command, *spec.args)):
+            yield None
+            return
+
+        async def ready(client: httpx.AsyncClient) -> bool:
+            return await is_listening(host, port)
+
+        command = ServiceCommand(
+            kind="mcp-http",
+            argv=(spec.command, *spec.args),
+            host=host,
+            port=port,
+            ready=ready,
+            env={**keyless_environ(), **spec.env},
+            cwd=spec.cwd,
+            startup_timeout=self.startup_timeout,
+        )
+        async with supervise(command, self.restart) as service:
+            logger.info("MCP server %r is up at %s (pid %d)", spec.name, spec.url, service.pid)
+            yield service

@@ -1,0 +1,280 @@
+"""The supervisor of a run's local services, on a real child process (Python's http.server).
+
+Each test kills or fakes what a fault would: SIGKILL of the service (restarted, within the
+restart budget, then declared down), SIGKILL of the run (the service goes with it), a stale
+service of an earlier run on the port (replaced), and a process the run did not start on
+the port (refused in one line).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+from tests._processes import free_port
+
+from toolrollout._exceptions import ToolUnavailable, UserError
+from toolrollout._supervisor import (
+    RestartPolicy,
+    ServiceCommand,
+    claim_port,
+    record_path,
+    supervise,
+)
+from toolrollout.tools import RetryPolicy, ToolCallRequest, ToolExecutor, ToolLimits
+from toolrollout.tools.mcp import HttpServer, McpClientManager, list_mcp_tools, parse_mcp_servers
+from toolrollout.tools.mcp._launch import LocalMcpHttpService
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _own_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    yield
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def http_server(port: int) -> ServiceCommand:
+    url = f"http://127.0.0.1:{port}/"
+
+    async def ready(client: httpx.AsyncClient) -> bool:
+        return (await client.get(url)).status_code == 200
+
+    argv = (sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1")
+    return ServiceCommand(kind="test", argv=argv, host="127.0.0.1", port=port, ready=ready)
+
+
+async def _until(predicate: object, within: float = 20.0) -> None:
+    with anyio.fail_after(within):
+        while not predicate():  # type: ignore[operator]  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+
+
+async def test_a_killed_service_is_restarted_with_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="toolrollout.services")
+    port = free_port()
+    async with supervise(http_server(port)) as service:
+        first = service.pid
+        assert json.loads(record_path(port).read_text())["pid"] == first
+        os.kill(first, signal.SIGKILL)
+        await _until(lambda: len(service.pids) == 2 and service.restart_seconds)
+        assert not _alive(first) and _alive(service.pid)
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"http://127.0.0.1:{port}/")).status_code == 200
+        assert json.loads(record_path(port).read_text())["pid"] == service.pid
+        assert service.restarts == 1 and not service.down
+        print(f"restart latency: {service.restart_seconds[0]:.2f} s")  # noqa: T201
+        assert service.restart_seconds[0] < 10
+    assert not _alive(service.pid) and not record_path(port).exists()
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(
+        f"the test on port {port}: pid {first} died, exit status -9; restarting it (restart 1" in m
+        for m in messages
+    ), messages
+    assert any("is back" in m for m in messages)
+
+
+async def test_past_the_restart_budget_the_service_is_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="toolrollout.services")
+    port = free_port()
+    async with supervise(http_server(port), RestartPolicy(max_restarts=2, window=60)) as service:
+        for round_ in range(3):
+            await _until(lambda n=round_: len(service.restart_seconds) == n)
+            os.kill(service.pid, signal.SIGKILL)
+        await _until(lambda: service.down)
+        await anyio.sleep(0.5)
+        assert len(service.pids) == 3  # no fourth start
+        with pytest.raises(httpx.ConnectError):
+            async with httpx.AsyncClient() as client:
+                await client.get(f"http://127.0.0.1:{port}/")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "died 3 times within 60 s: declared down" in errors[0]
+
+
+async def test_a_service_that_cannot_start_is_an_error_with_its_output() -> None:
+    port = free_port()
+    argv = (sys.executable, "-c", "import sys; print('no luck'); sys.exit(3)")
+    command = ServiceCommand("test", argv, "127.0.0.1", port, http_server(port).ready)
+    with pytest.raises(ToolUnavailable, match=r"the test on port \d+ exited at startup: no luck"):
+        async with supervise(command):
+            pytest.fail("it never started")
+
+
+RUN = textwrap.dedent(
+    """
+    import anyio, sys
+    from tests.faults.test_supervised_services import http_server
+    from toolrollout._supervisor import supervise
+
+    async def main():
+        async with supervise(http_server(int(sys.argv[1]))) as service:
+            print(service.pid, flush=True)
+            await anyio.sleep_forever()
+
+    anyio.run(main)
+    """
+)
+
+
+def test_the_service_dies_with_its_run_even_on_sigkill(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path / "run")}
+    run = subprocess.Popen(
+        [sys.executable, "-c", RUN, str(port)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    try:
+        assert run.stdout is not None
+        pid = int(run.stdout.readline())
+        assert _alive(pid)
+        run.send_signal(signal.SIGKILL)
+        run.wait(10)
+        deadline = time.monotonic() + 5
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(pid), "the service outlived its run"
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
+def _start_time(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def _orphan(port: int, owner: int, owner_start: int | None) -> subprocess.Popen[bytes]:
+    """A service left by an earlier run: running, recorded, its owner as given."""
+    command = http_server(port)
+    orphan = subprocess.Popen(command.argv, start_new_session=True, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    path = record_path(port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"kind": "test", "port": port, "pid": orphan.pid}
+    record |= {"pid_start": _start_time(orphan.pid), "owner": owner, "owner_start": owner_start}
+    path.write_text(json.dumps(record))
+    return orphan
+
+
+async def test_a_stale_service_of_an_earlier_run_is_replaced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="toolrollout.services")
+    port = free_port()
+    orphan = _orphan(port, 2**22 + 1, 1)  # its run is gone (no such pid)
+    try:
+        assert await claim_port("test", "127.0.0.1", port) is False
+        orphan.wait(5)  # killed, and the port is free
+        async with supervise(http_server(port)) as service:
+            assert service.pid != orphan.pid
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+    assert any(
+        f"port {port}: replacing a stale test (pid {orphan.pid}) left by an earlier run"
+        in r.getMessage()
+        for r in caplog.records
+    )
+
+
+async def test_a_service_of_another_live_run_is_refused_unless_its_settings_match() -> None:
+    port = free_port()
+    parent = os.getppid()
+    orphan = _orphan(port, parent, _start_time(parent))  # its run is alive
+    try:
+        with pytest.raises(UserError) as caught:
+            await claim_port("test", "127.0.0.1", port)
+        assert str(caught.value) == (
+            f"port {port} on 127.0.0.1 is in use by the test of another running toolrollout "
+            f"process (pid {parent}) with other settings; give this run another port"
+        )
+        assert orphan.poll() is None  # left alone
+        # Started with the same settings (the workers of one --ray run): shared.
+        argv = list(http_server(port).argv)
+        record = json.loads(record_path(port).read_text()) | {"argv": argv}
+        record_path(port).write_text(json.dumps(record))
+        assert await claim_port("test", "127.0.0.1", port, argv) is True
+    finally:
+        orphan.kill()
+        orphan.wait()
+
+
+async def test_a_foreign_process_on_the_port_is_a_one_line_error() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        with pytest.raises(UserError) as caught:
+            await claim_port("test", "127.0.0.1", port)
+    assert str(caught.value) == (
+        f"port {port} on 127.0.0.1 is in use by a process this run did not start; stop it or "
+        "choose another port"
+    )
+
+
+EVERYTHING = REPO / ".ci/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+NODE = shutil.which("node")
+
+
+@pytest.mark.skipif(NODE is None or not EVERYTHING.exists(), reason="needs server-everything")
+async def test_a_launched_mcp_http_server_comes_back_and_its_session_reconnects() -> None:
+    """The reference server (not ours), started by the run from its mcpServers entry."""
+    port = free_port()
+    entry: dict[str, object] = {"url": f"http://127.0.0.1:{port}/mcp", "command": NODE}
+    entry |= {"args": [str(EVERYTHING), "streamableHttp"], "env": {"PORT": str(port)}}
+    spec = parse_mcp_servers({"mcpServers": {"everything": entry}})["everything"]
+    assert isinstance(spec, HttpServer) and spec.command == NODE
+    limits = ToolLimits(timeout=20.0, retry=RetryPolicy(max_attempts=1))
+    async with LocalMcpHttpService(spec).open() as service, McpClientManager([spec]) as manager:
+        assert service is not None
+        tools = {t.name: t for t in await list_mcp_tools(manager, limits=limits)}
+        echo = ToolExecutor([tools["echo"]])
+        call = ToolCallRequest("echo", {"message": "hi"})
+        assert "hi" in (await echo.run_call(call)).text
+        first = service.pid
+        os.kill(first, signal.SIGKILL)
+        await _until(lambda: len(service.restart_seconds) == 1)
+        results = [await echo.run_call(call) for _ in range(3)]
+        # The first call finds the session gone (unavailable, no retries here); the next
+        # ones run on a new session with the restarted server.
+        assert all(r.error_kind in (None, "ToolUnavailable") for r in results)
+        assert not results[-1].is_error and "hi" in results[-1].text
+        assert manager.statistics()["everything"].sessions_opened == 2
+        assert not _alive(first) and service.pid != first
+    assert not _alive(service.pid)
