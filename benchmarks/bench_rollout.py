@@ -63,6 +63,7 @@ def main() -> None:
         action="store_true",
         help="start the servers with SGLang's --enable-priority-scheduling",
     )
+    parser.add_argument("--log-dir", default="", help="keep each mode's raw logs here")
     parser.add_argument("--tool-median", type=float, default=1.0)
     parser.add_argument("--tool-sigma", type=float, default=1.0)
     # Not the tracked files under benchmarks/results/ and docs/: a trial run must not
@@ -92,6 +93,7 @@ def main() -> None:
             kv_tokens=args.kv_tokens,
         ),
         scheduling=ServerScheduling(enabled=args.enable_priority_scheduling),
+        log_dir=args.log_dir,
         tool_latency=ToolLatency("lognormal", args.tool_median, args.tool_sigma, seed=0),
         modes=tuple(modes),
         servers=args.servers,

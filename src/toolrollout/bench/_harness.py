@@ -81,6 +81,8 @@ class BenchConfig:
     mode_timeout_s: float = 1800.0
     scheduling: ServerScheduling = field(default_factory=ServerScheduling)
     """The latency-model servers' priority-scheduling arguments (SGLang's flags)."""
+    log_dir: str = ""
+    """Where to keep each mode's raw server and tool logs (``<mode>.json``); "": nowhere."""
 
     def __post_init__(self) -> None:
         for mode in self.modes:
@@ -347,6 +349,11 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
             raw = _run_worker(spec, config.mode_timeout_s)
             services_cpu = _process_cpu_s(pids) - services_before
             requests, calls, counts = _logs(engines, tool_url)
+            if config.log_dir:
+                folder = Path(config.log_dir)
+                folder.mkdir(parents=True, exist_ok=True)
+                logged = {"requests": requests, "calls": calls, **counts}
+                (folder / f"{mode.replace(':', '_')}.json").write_text(json.dumps(logged))
             paths = critical_paths(requests, calls)
             total = sum(float(r["slot_seconds"]) for r in requests)
             ideal = ideal_makespan(paths, total, config.model.capacity * config.servers)

@@ -128,31 +128,35 @@ def replay(
         heapq.heappush(events, (at, seq, kind, trajectory))
         seq += 1
 
-    def start(trajectory: str, now: float) -> None:
+    def enqueue(trajectory: str, now: float) -> int:
         nonlocal seq
-        _, server, slot = steps[trajectory][position[trajectory]]
-        if free[server] > 0:
-            free[server] -= 1
-            push(now + slot, "done", trajectory)
-            return
+        _, server, _ = steps[trajectory][position[trajectory]]
         rank = now if order == "fifo" else -remaining[trajectory][position[trajectory]]
         heapq.heappush(queues[server], (rank, seq, trajectory))  # seq: arrival order
         seq += 1
+        return server
 
-    for trajectory in steps:
-        start(trajectory, 0.0)
+    def dispatch(server: int, now: float) -> None:
+        """Fill the server's free slots from its queue, best-ranked first."""
+        queue = queues[server]
+        while free[server] > 0 and queue:
+            _, _, waiting = heapq.heappop(queue)
+            free[server] -= 1
+            push(now + steps[waiting][position[waiting]][2], "done", waiting)
+
+    for trajectory in steps:  # everything arrives at 0 and is ranked before any is served
+        enqueue(trajectory, 0.0)
+    for server in list(queues):
+        dispatch(server, 0.0)
     ends: dict[str, float] = {}
     while events:
         now, _, kind, trajectory = heapq.heappop(events)
         if kind == "ready":
-            start(trajectory, now)
+            dispatch(enqueue(trajectory, now), now)
             continue
         turn, server, _ = steps[trajectory][position[trajectory]]
         free[server] += 1
-        if queues[server]:
-            _, _, waiting = heapq.heappop(queues[server])
-            free[server] -= 1
-            push(now + steps[waiting][position[waiting]][2], "done", waiting)
+        dispatch(server, now)
         position[trajectory] += 1
         if position[trajectory] < len(steps[trajectory]):
             push(now + tools.get((trajectory, turn), 0.0), "ready", trajectory)

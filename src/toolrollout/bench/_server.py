@@ -417,6 +417,7 @@ class LatencyServer:
         self._generated += len(req.output)
         if req.key is not None:
             self._remember(req.key, req.ids + req.output)
+            self._evict(0, now)  # the cache lives inside the KV pool, never beyond it
         if not req.done.done():
             req.done.set_result(None)
         self._schedule()

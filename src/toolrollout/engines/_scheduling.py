@@ -224,6 +224,22 @@ class Scheduler:
             response.raise_for_status()
             return response.json()
 
+    async def _server_info(self, url: str) -> dict[str, Any]:
+        method = getattr(self.engine, "server_info", None)
+        if method is not None and self._http is None:  # the engine's own transport
+            info = await method(url)
+        else:
+            info = await self._get_json(f"{url}/server_info")
+        return info if isinstance(info, dict) else {}
+
+    async def _loads(self, url: str) -> dict[str, Any]:
+        method = getattr(self.engine, "get_loads", None)
+        if method is not None and self._http is None:
+            body = await method(url)
+        else:
+            body = await self._get_json(f"{url}/v1/loads?include=core,queues")
+        return body if isinstance(body, dict) else {}
+
     async def server_priority(self) -> ServerPriority:
         """Priority scheduling as every server reports it (enabled only if all say so)."""
         if self._server_priority is not None:
@@ -235,10 +251,10 @@ class Scheduler:
                     reports = []
                     for url in self.urls:
                         try:
-                            info = await self._get_json(f"{url}/server_info")
+                            info = await self._server_info(url)
                         except Exception:  # no report: assume the feature is off
                             info = {}
-                        reports.append(ServerPriority.from_server_info(info or {}))
+                        reports.append(ServerPriority.from_server_info(info))
                     signs = {r.low_values_first for r in reports}
                     if all(r.enabled for r in reports) and len(signs) == 1:
                         found = reports[0]
@@ -257,7 +273,7 @@ class Scheduler:
             loads: list[dict[str, Any]] = []
             for url in self.urls:
                 try:
-                    body = await self._get_json(f"{url}/v1/loads?include=core,queues")
+                    body = await self._loads(url)
                 except Exception:  # a server without the route: keep the current limit
                     continue
                 loads.extend(body.get("loads") or [])
