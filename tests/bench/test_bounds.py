@@ -32,8 +32,25 @@ def test_fifo_serves_in_arrival_order_and_the_oracle_serves_the_longest_rest_fir
     assert oracle_makespan(REQUESTS, CALLS, 1) == 5.0
     # with a slot each nothing queues: both replays are the critical path
     assert oracle_makespan(REQUESTS, CALLS, 2) == fifo_makespan(REQUESTS, CALLS, 2) == 5.0
+    # turns done first: at 0 nobody has a turn done, so arrival order decides (as FIFO)
+    assert replay(REQUESTS, CALLS, 1, order="turns") == {"p0s0": 2.0, "p1s0": 7.0}
     with pytest.raises(ValueError, match="order"):
         replay(REQUESTS, CALLS, 1, order="lifo")
+
+
+def test_turns_order_serves_a_later_turn_before_a_first_one() -> None:
+    # A, B, C arrive at 0 (1 s each, one slot); A comes back at 1 for a second turn.
+    requests = [
+        {"key": "p0s0", "turn": 0, "slot_seconds": 1.0},
+        {"key": "p0s0", "turn": 1, "slot_seconds": 1.0},
+        {"key": "p1s0", "turn": 0, "slot_seconds": 1.0},
+        {"key": "p2s0", "turn": 0, "slot_seconds": 1.0},
+    ]
+    calls = [{"key": "p0s0.0", "seconds": 0.0}]
+    fifo = replay(requests, calls, 1)
+    turns = replay(requests, calls, 1, order="turns")
+    assert fifo["p0s0"] == 4.0 and turns["p0s0"] == 3.0  # its second turn jumps the queue
+    assert max(fifo.values()) == max(turns.values()) == 4.0
 
 
 def test_group_completion_counts_a_group_done_when_its_last_sample_is() -> None:

@@ -378,6 +378,9 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     services_cpu_s=services_cpu,
                     fifo_makespan_s=max(fifo_ends.values(), default=0.0),
                     oracle_makespan_s=max(oracle_ends.values(), default=0.0),
+                    turns_makespan_s=max(
+                        replay(requests, calls, capacity, order="turns").values(), default=0.0
+                    ),
                     groups_s=group_completion_times(measured_ends(requests)),
                     oracle_groups_s=group_completion_times(oracle_ends),
                     retractions=counts["retractions"],

@@ -81,15 +81,16 @@ def replay(
     (calls of one turn run concurrently), and each server runs ``capacity`` at a time.
     ``order`` is how a server picks from its queue: ``fifo`` in arrival order (SGLang's
     default), ``oracle`` the trajectory with the most remaining work first (its remaining
-    slot time plus tool time, known exactly here; ties in arrival order). No request is
-    preempted in either.
+    slot time plus tool time, known exactly here; ties in arrival order), ``turns`` the
+    trajectory with the most turns done first (what toolrollout's ``priority`` policy asks
+    of a priority-scheduling server; ties in arrival order). No request is preempted.
     """
     import heapq
 
     if capacity < 1:
         raise ValueError("capacity must be at least 1")
-    if order not in ("fifo", "oracle"):
-        raise ValueError(f"order must be fifo or oracle, got {order!r}")
+    if order not in ("fifo", "oracle", "turns"):
+        raise ValueError(f"order must be fifo, oracle or turns, got {order!r}")
     steps: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
     for request in requests:
         key = request.get("key")
@@ -131,7 +132,12 @@ def replay(
     def enqueue(trajectory: str, now: float) -> int:
         nonlocal seq
         _, server, _ = steps[trajectory][position[trajectory]]
-        rank = now if order == "fifo" else -remaining[trajectory][position[trajectory]]
+        if order == "fifo":
+            rank = now
+        elif order == "oracle":
+            rank = -remaining[trajectory][position[trajectory]]
+        else:
+            rank = -position[trajectory] + now * 1e-9  # more turns done first, then arrival
         heapq.heappush(queues[server], (rank, seq, trajectory))  # seq: arrival order
         seq += 1
         return server
@@ -268,6 +274,9 @@ class ModeResult:
     """Seconds to 50 / 90 / 100 % of the GRPO groups complete (keys "50", "90", "100")."""
     oracle_groups_s: dict[str, float] | None = None
     """The same in the oracle replay."""
+    turns_makespan_s: float = 0.0
+    """The turn-priority bound: the logged work replayed most-turns-done-first (what the
+    ``priority`` policy asks of the server) with a zero-cost client."""
     retractions: int = 0
     """Requests the servers retracted for KV (and priority preemptions, counted apart)."""
     preemptions: int = 0

@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import anyio
 
@@ -37,15 +37,13 @@ from toolrollout._exceptions import UserError
 
 from ._types import GenerateRequest
 
-if TYPE_CHECKING:
-    from toolrollout.rollout._state import TrajectoryState
-
 __all__ = [
     "AdmissionControl",
     "PriorityPolicy",
     "Scheduler",
     "SchedulingConfig",
     "ServerPriority",
+    "TrajectoryView",
 ]
 
 
@@ -182,8 +180,22 @@ class AdmissionControl:
         return self.limit
 
 
-class _Bindable(Protocol):
-    def bind_group(self, session_id: str, group: str) -> str: ...
+class _Prompt(Protocol):
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
+
+
+class TrajectoryView(Protocol):
+    """What the policies read of a trajectory (the rollout's ``TrajectoryState`` has it)."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def num_turns(self) -> int: ...
+    @property
+    def prompt(self) -> _Prompt: ...
 
 
 class Scheduler:
@@ -284,7 +296,7 @@ class Scheduler:
             self._polling = False
 
     # ------------------------------------------------------------------ per request
-    def group_of(self, state: TrajectoryState) -> str:
+    def group_of(self, state: TrajectoryView) -> str:
         """The GRPO group of a trajectory (see :attr:`SchedulingConfig.group_key`)."""
         key = self.config.group_key
         if key is not None:
@@ -294,7 +306,7 @@ class Scheduler:
         return state.group_id
 
     async def prepare(
-        self, request: GenerateRequest, state: TrajectoryState, limiter: anyio.CapacityLimiter
+        self, request: GenerateRequest, state: TrajectoryView, limiter: anyio.CapacityLimiter
     ) -> GenerateRequest:
         """The request as the policies want it sent (priority set, session bound)."""
         if self.config.affinity and state.num_turns == 0 and request.session_id is not None:
@@ -313,7 +325,7 @@ class Scheduler:
                 return replace(request, priority=-value if server.low_values_first else value)
         return request
 
-    def finished(self, state: TrajectoryState) -> None:
+    def finished(self, state: TrajectoryView) -> None:
         """A trajectory ended: its group is that much nearer completion."""
         if self.priority is not None:
             self.priority.finished(state.uid, self.group_of(state))
