@@ -49,7 +49,9 @@ def test_turns_order_serves_a_later_turn_before_a_first_one() -> None:
     calls = [{"key": "p0s0.0", "seconds": 0.0}]
     fifo = replay(requests, calls, 1)
     turns = replay(requests, calls, 1, order="turns")
+    fewest = replay(requests, calls, 1, order="fewest")
     assert fifo["p0s0"] == 4.0 and turns["p0s0"] == 3.0  # its second turn jumps the queue
+    assert fewest == fifo  # a first turn is always waiting ahead of A's second one
     assert max(fifo.values()) == max(turns.values()) == 4.0
 
 

@@ -120,7 +120,8 @@ def test_admission_backs_off_on_kv_pressure_and_grows_back() -> None:
 async def test_priority_is_sent_by_turn_only_to_a_priority_server(tokenizer: Any) -> None:
     workload = Workload(prompts=2, n=2, min_turns=3, max_turns=3, tokens_per_turn=24)
     server = _server(tokenizer, ServerScheduling(enabled=True))
-    trajectories = await _run(tokenizer, [server], SchedulingConfig(priority=True), workload)
+    config = SchedulingConfig(priority=True, turn_weight=1)
+    trajectories = await _run(tokenizer, [server], config, workload)
     assert all(str(t.status) == "completed" for t in trajectories)
     by_turn = {(e["key"], e["turn"]): e["priority"] for e in server.log}
     for item in workload.items:
@@ -139,7 +140,8 @@ async def test_low_values_first_server_gets_negated_priorities(tokenizer: Any) -
     workload = Workload(prompts=1, n=1, min_turns=3, max_turns=3, tokens_per_turn=24)
     server = _server(tokenizer, ServerScheduling(enabled=True, low_values_first=True))
     await _run(tokenizer, [server], SchedulingConfig(priority=True), workload)
-    assert [e["priority"] for e in sorted(server.log, key=lambda e: e["turn"])] == [0, -1, -2]
+    # the default turn_weight -1 gives 0, -1, -2; a low-values-first server gets 0, 1, 2
+    assert [e["priority"] for e in sorted(server.log, key=lambda e: e["turn"])] == [0, 1, 2]
 
 
 async def test_group_affinity_keeps_a_prompts_samples_on_one_server(tokenizer: Any) -> None:

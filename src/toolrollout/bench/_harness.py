@@ -381,6 +381,9 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     turns_makespan_s=max(
                         replay(requests, calls, capacity, order="turns").values(), default=0.0
                     ),
+                    fewest_makespan_s=max(
+                        replay(requests, calls, capacity, order="fewest").values(), default=0.0
+                    ),
                     groups_s=group_completion_times(measured_ends(requests)),
                     oracle_groups_s=group_completion_times(oracle_ends),
                     retractions=counts["retractions"],

@@ -82,15 +82,16 @@ def replay(
     ``order`` is how a server picks from its queue: ``fifo`` in arrival order (SGLang's
     default), ``oracle`` the trajectory with the most remaining work first (its remaining
     slot time plus tool time, known exactly here; ties in arrival order), ``turns`` the
-    trajectory with the most turns done first (what toolrollout's ``priority`` policy asks
-    of a priority-scheduling server; ties in arrival order). No request is preempted.
+    trajectory with the most turns done first, ``fewest`` the one with the fewest turns done
+    first (the two signs of toolrollout's ``priority`` policy, ``turn_weight`` 1 and -1;
+    ties in arrival order). No request is preempted.
     """
     import heapq
 
     if capacity < 1:
         raise ValueError("capacity must be at least 1")
-    if order not in ("fifo", "oracle", "turns"):
-        raise ValueError(f"order must be fifo, oracle or turns, got {order!r}")
+    if order not in ("fifo", "oracle", "turns", "fewest"):
+        raise ValueError(f"order must be fifo, oracle, turns or fewest, got {order!r}")
     steps: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
     for request in requests:
         key = request.get("key")
@@ -136,8 +137,10 @@ def replay(
             rank = now
         elif order == "oracle":
             rank = -remaining[trajectory][position[trajectory]]
-        else:
+        elif order == "turns":
             rank = -position[trajectory] + now * 1e-9  # more turns done first, then arrival
+        else:
+            rank = position[trajectory] + now * 1e-9  # fewer turns done first, then arrival
         heapq.heappush(queues[server], (rank, seq, trajectory))  # seq: arrival order
         seq += 1
         return server
@@ -275,8 +278,10 @@ class ModeResult:
     oracle_groups_s: dict[str, float] | None = None
     """The same in the oracle replay."""
     turns_makespan_s: float = 0.0
-    """The turn-priority bound: the logged work replayed most-turns-done-first (what the
-    ``priority`` policy asks of the server) with a zero-cost client."""
+    """The turn-priority bound: the logged work replayed most-turns-done-first (the
+    ``priority`` policy with ``turn_weight=1``) with a zero-cost client."""
+    fewest_makespan_s: float = 0.0
+    """The same, fewest turns done first (``turn_weight=-1``, the default)."""
     retractions: int = 0
     """Requests the servers retracted for KV (and priority preemptions, counted apart)."""
     preemptions: int = 0

@@ -56,8 +56,11 @@ class SchedulingConfig:
 
     priority: bool = False
     """Send a per-request priority (only to servers with priority scheduling enabled)."""
-    turn_weight: int = 1
-    """Priority per finished model turn (more turns done: served sooner)."""
+    turn_weight: int = -1
+    """Priority per finished model turn. -1 (default): fewer turns done, served sooner (a
+    trajectory early in its run has the most work left, on average); 1: the reverse, which
+    finishes started trajectories first but, replayed on the published workload, made the
+    makespan longer than first come, first served (docs/benchmarks.md)."""
     wait_weight_s: float = 0.0
     """One priority step per this many seconds since the trajectory started (0: off)."""
     group_weight: int = 0
