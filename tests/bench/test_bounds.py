@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from toolrollout._exceptions import BenchmarkError
@@ -62,7 +64,7 @@ def test_group_completion_counts_a_group_done_when_its_last_sample_is() -> None:
 
 
 def test_measured_ends_start_at_the_first_arrival() -> None:
-    log = [
+    log: list[dict[str, Any]] = [
         {"key": "p0s0", "arrived": 10.0, "ended": 11.0},
         {"key": "p0s0", "arrived": 12.0, "ended": 14.5},
         {"key": "p1s0", "arrived": 10.5, "ended": 12.0},
