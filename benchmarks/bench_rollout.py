@@ -29,6 +29,7 @@ from pathlib import Path
 from toolrollout.bench import (
     BenchConfig,
     LatencyModel,
+    ServerScheduling,
     ToolLatency,
     Workload,
     plot_report,
@@ -53,6 +54,16 @@ def main() -> None:
         help="comma-separated modes (default: all but oversample; verifiers if installed)",
     )
     parser.add_argument("--batch-fraction", type=float, default=0.875, help="oversample target")
+    parser.add_argument("--kv-tokens", type=int, default=0, help="KV budget per server; 0: none")
+    parser.add_argument(
+        "--shared-prompt-words", type=int, default=0, help="GRPO group's shared problem text"
+    )
+    parser.add_argument(
+        "--enable-priority-scheduling",
+        action="store_true",
+        help="start the servers with SGLang's --enable-priority-scheduling",
+    )
+    parser.add_argument("--log-dir", default="", help="keep each mode's raw logs here")
     parser.add_argument("--tool-median", type=float, default=1.0)
     parser.add_argument("--tool-sigma", type=float, default=1.0)
     # Not the tracked files under benchmarks/results/ and docs/: a trial run must not
@@ -67,13 +78,22 @@ def main() -> None:
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     config = BenchConfig(
         workload=Workload(
-            args.prompts, args.n, args.min_turns, args.max_turns, args.tokens_per_turn, seed=0
+            args.prompts,
+            args.n,
+            args.min_turns,
+            args.max_turns,
+            args.tokens_per_turn,
+            seed=0,
+            shared_prompt_words=args.shared_prompt_words,
         ),
         model=LatencyModel(
             capacity=args.capacity,
             prefill_per_token_s=20e-6,
             decode_per_token_s=args.decode_ms / 1e3,
+            kv_tokens=args.kv_tokens,
         ),
+        scheduling=ServerScheduling(enabled=args.enable_priority_scheduling),
+        log_dir=args.log_dir,
         tool_latency=ToolLatency("lognormal", args.tool_median, args.tool_sigma, seed=0),
         modes=tuple(modes),
         servers=args.servers,

@@ -24,6 +24,7 @@ from ._metrics import ideal_makespan as ideal_makespan
 from ._metrics import orchestration_efficiency as orchestration_efficiency
 from ._micro import tokenization_cost as tokenization_cost
 from ._model import LatencyModel as LatencyModel
+from ._model import ServerScheduling as ServerScheduling
 from ._model import ToolLatency as ToolLatency
 from ._model import Workload as Workload
 from ._model import WorkloadItem as WorkloadItem
@@ -44,6 +45,7 @@ __all__ = [
     "LatencyServer",
     "LookupClient",
     "ModeResult",
+    "ServerScheduling",
     "ToolLatency",
     "Workload",
     "WorkloadItem",

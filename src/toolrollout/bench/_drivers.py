@@ -51,18 +51,43 @@ def _tokens_limit(workload: Workload) -> int:
     return workload.tokens_per_turn * 2 + 32
 
 
+POLICIES = ("priority", "admission", "affinity")
+"""toolrollout's client-side scheduling policies a mode can name (``toolrollout:priority``)."""
+
+
 def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     """The RolloutConfig both toolrollout modes run with."""
     from toolrollout.engines import SamplingParams
+    from toolrollout.engines._scheduling import SchedulingConfig
     from toolrollout.rollout import RolloutConfig
 
+    policies = set(spec.policies)
+    scheduling = None
+    if policies:
+        scheduling = SchedulingConfig(
+            priority="priority" in policies,
+            admission="admission" in policies,
+            affinity="affinity" in policies,
+            group_key="group",
+        )
+    concurrency = spec.concurrency  # admission adapts below it (its ceiling)
     return RolloutConfig(
         sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),
         max_turns=workload.max_turns,
         max_response_tokens=1_000_000,
-        concurrency=spec.concurrency,
+        concurrency=concurrency,
         drift_check=spec.drift_check,
+        scheduling=scheduling,
     )
+
+
+def _rows(spec: DriverSpec, workload: Workload) -> list[dict[str, Any]]:
+    """Prompt rows; with a scheduling policy each row names its GRPO group (``group``)."""
+    rows = workload.rows()
+    if spec.policies:
+        for row, item in zip(rows, workload.items, strict=True):
+            row["group"] = item.group
+    return rows
 
 
 async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
@@ -74,12 +99,13 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
     async with SGLangClient(list(spec.engine_urls)) as client:
         run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
         runner = build_runner(run_spec, client, tokenizer=tokenizer)
-        rows = workload.rows()
+        rows = _rows(spec, workload)
         started = _clock()
         trajectories = await runner.run(rows)
         measured = _since(started)
     await lookup.aclose()
     drift = sum(int(t.metrics.get("drift_mismatches", 0)) for t in trajectories)
+    policies = "+".join(spec.policies) or "none"
     return {
         "trajectories": len(trajectories),
         "completed": sum(1 for t in trajectories if str(t.status) == "completed"),
@@ -87,7 +113,10 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
         "generated_tokens": sum(int(t.metrics["model_tokens"]) for t in trajectories),
         "cached_tokens": sum(int(t.metrics["cached_tokens"]) for t in trajectories),
         **measured,
-        "note": f"drift mismatches {drift}; errors " + str(sum(1 for t in trajectories if t.error)),
+        "note": (
+            f"policies {policies}; drift mismatches {drift}; errors "
+            + str(sum(1 for t in trajectories if t.error))
+        ),
     }
 
 
@@ -317,7 +346,7 @@ async def run_driver(spec: DriverSpec) -> dict[str, Any]:
     """Run one driver over the workload; its raw counts and wall-clock makespan."""
     from transformers import AutoTokenizer
 
-    driver = _DRIVERS.get(spec.mode)
+    driver = _DRIVERS.get(spec.mode.split(":", 1)[0])
     if driver is None:
         raise ValueError(f"unknown benchmark mode {spec.mode!r}; choose from {sorted(_DRIVERS)}")
     workload = Workload(**spec.workload)

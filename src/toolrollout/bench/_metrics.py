@@ -12,12 +12,14 @@ client reaches it: a long trajectory waits in the queue at every turn. The *FIFO
 replays the logged work (each request's slot time on the server that served it, each
 tool call's latency) through first-come-first-served servers with a client that costs
 nothing; *client efficiency* is that bound over the measured makespan, the part of the gap
-the client itself is responsible for.
+the client itself is responsible for. The *oracle bound* replays the same work with
+servers that serve the trajectory with the most remaining work first, as if every
+request's priority knew the future: what the best priority policy could reach.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -26,8 +28,13 @@ __all__ = [
     "ModeResult",
     "critical_paths",
     "fifo_makespan",
+    "group_completion_times",
+    "group_of",
     "ideal_makespan",
+    "measured_ends",
+    "oracle_makespan",
     "orchestration_efficiency",
+    "replay",
 ]
 
 
@@ -59,23 +66,32 @@ def ideal_makespan(paths: Mapping[str, float], total_slot_seconds: float, capaci
     return max(longest, total_slot_seconds / capacity)
 
 
-def fifo_makespan(
+def replay(
     requests: Iterable[Mapping[str, Any]],
     tool_calls: Iterable[Mapping[str, Any]],
     capacity: int,
-) -> float:
-    """The makespan of a zero-cost client on first-come-first-served servers.
+    *,
+    order: str = "fifo",
+) -> dict[str, float]:
+    """Each trajectory's finish time when its logged work is replayed by a zero-cost client.
 
     ``requests`` are the servers' log entries, each tagged with ``server`` (which server
     logged it) besides ``key``, ``turn`` and ``slot_seconds``; every trajectory submits its
     first request at time 0, each later one when its previous turn's tool calls are back
-    (calls of one turn run concurrently), and each server runs ``capacity`` at a time in
-    arrival order.
+    (calls of one turn run concurrently), and each server runs ``capacity`` at a time.
+    ``order`` is how a server picks from its queue: ``fifo`` in arrival order (SGLang's
+    default), ``oracle`` the trajectory with the most remaining work first (its remaining
+    slot time plus tool time, known exactly here; ties in arrival order), ``turns`` the
+    trajectory with the most turns done first, ``fewest`` the one with the fewest turns done
+    first (the two signs of toolrollout's ``priority`` policy, ``turn_weight`` 1 and -1;
+    ties in arrival order). No request is preempted.
     """
     import heapq
 
     if capacity < 1:
         raise ValueError("capacity must be at least 1")
+    if order not in ("fifo", "oracle", "turns", "fewest"):
+        raise ValueError(f"order must be fifo, oracle, turns or fewest, got {order!r}")
     steps: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
     for request in requests:
         key = request.get("key")
@@ -94,8 +110,17 @@ def fifo_makespan(
         tools[at] = max(tools.get(at, 0.0), float(call["seconds"]))
     for chain in steps.values():
         chain.sort(key=lambda step: step[0])
+    # remaining[t][i]: work left from step i on (slot time and the tool calls after it)
+    remaining: dict[str, list[float]] = {}
+    for trajectory, chain in steps.items():
+        left = [0.0] * (len(chain) + 1)
+        for i in range(len(chain) - 1, -1, -1):
+            turn, _, slot = chain[i]
+            after = tools.get((trajectory, turn), 0.0) if i < len(chain) - 1 else 0.0
+            left[i] = left[i + 1] + slot + after
+        remaining[trajectory] = left
     free: dict[int, int] = defaultdict(lambda: capacity)
-    queues: dict[int, deque[str]] = defaultdict(deque)
+    queues: dict[int, list[tuple[float, int, str]]] = defaultdict(list)
     position = dict.fromkeys(steps, 0)
     events: list[tuple[float, int, str, str]] = []  # (time, seq, kind, trajectory)
     seq = 0
@@ -105,34 +130,115 @@ def fifo_makespan(
         heapq.heappush(events, (at, seq, kind, trajectory))
         seq += 1
 
-    def start(trajectory: str, now: float) -> None:
-        _, server, slot = steps[trajectory][position[trajectory]]
-        if free[server] > 0:
-            free[server] -= 1
-            push(now + slot, "done", trajectory)
+    def enqueue(trajectory: str, now: float) -> int:
+        nonlocal seq
+        _, server, _ = steps[trajectory][position[trajectory]]
+        if order == "fifo":
+            rank = now
+        elif order == "oracle":
+            rank = -remaining[trajectory][position[trajectory]]
+        elif order == "turns":
+            rank = -position[trajectory] + now * 1e-9  # more turns done first, then arrival
         else:
-            queues[server].append(trajectory)
+            rank = position[trajectory] + now * 1e-9  # fewer turns done first, then arrival
+        heapq.heappush(queues[server], (rank, seq, trajectory))  # seq: arrival order
+        seq += 1
+        return server
 
-    for trajectory in steps:
-        start(trajectory, 0.0)
-    end = 0.0
+    def dispatch(server: int, now: float) -> None:
+        """Fill the server's free slots from its queue, best-ranked first."""
+        queue = queues[server]
+        while free[server] > 0 and queue:
+            _, _, waiting = heapq.heappop(queue)
+            free[server] -= 1
+            push(now + steps[waiting][position[waiting]][2], "done", waiting)
+
+    for trajectory in steps:  # everything arrives at 0 and is ranked before any is served
+        enqueue(trajectory, 0.0)
+    for server in list(queues):
+        dispatch(server, 0.0)
+    ends: dict[str, float] = {}
     while events:
         now, _, kind, trajectory = heapq.heappop(events)
         if kind == "ready":
-            start(trajectory, now)
+            dispatch(enqueue(trajectory, now), now)
             continue
         turn, server, _ = steps[trajectory][position[trajectory]]
         free[server] += 1
-        if queues[server]:
-            waiting = queues[server].popleft()
-            free[server] -= 1
-            push(now + steps[waiting][position[waiting]][2], "done", waiting)
+        dispatch(server, now)
         position[trajectory] += 1
         if position[trajectory] < len(steps[trajectory]):
             push(now + tools.get((trajectory, turn), 0.0), "ready", trajectory)
         else:
-            end = max(end, now)
-    return end
+            ends[trajectory] = now
+    return ends
+
+
+def fifo_makespan(
+    requests: Iterable[Mapping[str, Any]],
+    tool_calls: Iterable[Mapping[str, Any]],
+    capacity: int,
+) -> float:
+    """The makespan of a zero-cost client on first-come-first-served servers (see
+    :func:`replay`)."""
+    return max(replay(requests, tool_calls, capacity).values(), default=0.0)
+
+
+def oracle_makespan(
+    requests: Iterable[Mapping[str, Any]],
+    tool_calls: Iterable[Mapping[str, Any]],
+    capacity: int,
+) -> float:
+    """The makespan when servers serve the trajectory with the most remaining work first."""
+    ends = replay(requests, tool_calls, capacity, order="oracle")
+    return max(ends.values(), default=0.0)
+
+
+def group_of(trajectory: str) -> str:
+    """The GRPO group (prompt) of a benchmark trajectory key: ``p3`` for ``p3s7``."""
+    head, sep, _ = trajectory.rpartition("s")
+    return head if sep and head else trajectory
+
+
+def group_completion_times(
+    ends: Mapping[str, float], fractions: Iterable[float] = (0.5, 0.9, 1.0)
+) -> dict[str, float]:
+    """Seconds until ``fraction`` of the GRPO groups have every sample finished.
+
+    ``ends`` maps trajectory keys to finish times (from 0). Keys of the result are ``"50"``,
+    ``"90"``, ``"100"`` (percent).
+    """
+    import math
+
+    done: dict[str, float] = defaultdict(float)
+    for trajectory, end in ends.items():
+        group = group_of(trajectory)
+        done[group] = max(done[group], end)
+    times = sorted(done.values())
+    result: dict[str, float] = {}
+    for fraction in fractions:
+        label = f"{round(fraction * 100):d}"
+        if not times:
+            result[label] = 0.0
+            continue
+        index = min(max(math.ceil(fraction * len(times)) - 1, 0), len(times) - 1)
+        result[label] = times[index]
+    return result
+
+
+def measured_ends(requests: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Each trajectory's finish time in a run, from the servers' logs: its last request's
+    end, from the first request's arrival (all servers share the machine's monotonic
+    clock)."""
+    logged = [r for r in requests if r.get("key") is not None]
+    if not logged:
+        return {}
+    origin = min(float(r["arrived"]) for r in logged)
+    ends: dict[str, float] = defaultdict(float)
+    for r in logged:
+        key = str(r["key"])
+        ends[key] = max(ends[key], float(r["ended"]) - origin)
+    return dict(ends)
 
 
 def orchestration_efficiency(ideal: float, measured: float) -> float:
@@ -165,6 +271,20 @@ class ModeResult:
     services_cpu_s: float = 0.0
     """CPU the stand-in services (latency-model servers, tool service) used in this mode:
     on a small machine they share the cores with the client (0.0 where /proc is absent)."""
+    oracle_makespan_s: float = 0.0
+    """The oracle bound: the logged work replayed most-remaining-work-first."""
+    groups_s: dict[str, float] | None = None
+    """Seconds to 50 / 90 / 100 % of the GRPO groups complete (keys "50", "90", "100")."""
+    oracle_groups_s: dict[str, float] | None = None
+    """The same in the oracle replay."""
+    turns_makespan_s: float = 0.0
+    """The turn-priority bound: the logged work replayed most-turns-done-first (the
+    ``priority`` policy with ``turn_weight=1``) with a zero-cost client."""
+    fewest_makespan_s: float = 0.0
+    """The same, fewest turns done first (``turn_weight=-1``, the default)."""
+    retractions: int = 0
+    """Requests the servers retracted for KV (and priority preemptions, counted apart)."""
+    preemptions: int = 0
 
     @property
     def trajectories_per_s(self) -> float:
@@ -184,6 +304,11 @@ class ModeResult:
         return orchestration_efficiency(self.fifo_makespan_s, self.makespan_s)
 
     @property
+    def oracle_efficiency(self) -> float:
+        """Oracle bound / measured makespan: how close to the best known ordering."""
+        return orchestration_efficiency(self.oracle_makespan_s, self.makespan_s)
+
+    @property
     def cpu_per_turn_ms(self) -> float:
         return 1000.0 * self.client_cpu_s / self.turns if self.turns else 0.0
 
@@ -194,6 +319,7 @@ class ModeResult:
             tokens_per_s=self.tokens_per_s,
             efficiency=self.efficiency,
             client_efficiency=self.client_efficiency,
+            oracle_efficiency=self.oracle_efficiency,
             cpu_per_turn_ms=self.cpu_per_turn_ms,
         )
         return data

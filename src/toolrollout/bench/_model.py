@@ -22,6 +22,7 @@ __all__ = [
     "DIRECTIVE_RE",
     "DriverSpec",
     "LatencyModel",
+    "ServerScheduling",
     "ToolLatency",
     "Workload",
     "WorkloadItem",
@@ -47,12 +48,18 @@ class LatencyModel:
     capacity: int = 256
     prefill_per_token_s: float = 0.00002
     decode_per_token_s: float = 0.002
+    kv_tokens: int = 0
+    """KV-cache budget in tokens (SGLang's ``--max-total-tokens``); 0: unlimited. Running
+    requests' contexts and the prefix cache occupy it; past it the server evicts the cache,
+    then retracts running requests, which wait again and re-prefill."""
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
             raise UserError(f"capacity must be at least 1, got {self.capacity}")
         if self.prefill_per_token_s < 0 or self.decode_per_token_s < 0:
             raise UserError("prefill and decode costs must not be negative")
+        if self.kv_tokens < 0:
+            raise UserError(f"kv_tokens must not be negative, got {self.kv_tokens}")
 
     def service_seconds(self, uncached_prompt_tokens: int, output_tokens: int) -> float:
         """Slot time of one request."""
@@ -60,6 +67,43 @@ class LatencyModel:
             uncached_prompt_tokens * self.prefill_per_token_s
             + output_tokens * self.decode_per_token_s
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ServerScheduling:
+    """SGLang's priority-scheduling server arguments, with SGLang's defaults.
+
+    ``enabled`` is ``--enable-priority-scheduling``; ``low_values_first`` is
+    ``--schedule-low-priority-values-first``; ``preemption_threshold`` is
+    ``--priority-scheduling-preemption-threshold`` (a waiting request preempts a running
+    one only when their priorities differ by more than this); ``abort_when_disabled`` is
+    ``--abort-on-priority-when-disabled`` (a request that carries a priority to a server
+    without the feature is refused with 503 instead of served as if it had none);
+    ``default_priority`` is ``--default-priority-value`` (None: the lowest priority there is).
+    """
+
+    enabled: bool = False
+    low_values_first: bool = False
+    preemption_threshold: int = 10
+    abort_when_disabled: bool = False
+    default_priority: int | None = None
+    preemption: bool = True
+    """False is ``--disable-priority-preemption``: priorities order the queue only."""
+
+    def to_args(self) -> list[str]:
+        """Command-line options of the latency-model server for these settings."""
+        args = [f"--priority-scheduling-preemption-threshold={self.preemption_threshold}"]
+        if self.enabled:
+            args.append("--enable-priority-scheduling")
+        if self.low_values_first:
+            args.append("--schedule-low-priority-values-first")
+        if self.abort_when_disabled:
+            args.append("--abort-on-priority-when-disabled")
+        if self.default_priority is not None:
+            args.append(f"--default-priority-value={self.default_priority}")
+        if not self.preemption:
+            args.append("--disable-priority-preemption")
+        return args
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,9 +153,19 @@ class WorkloadItem:
     key: str
     turns: int
     tokens: int
+    shared: str = ""
+    """The GRPO group's shared problem text, written before the script (may be empty)."""
+
+    @property
+    def group(self) -> str:
+        """The prompt this sample belongs to (``p3`` for ``p3s7``)."""
+        head, sep, _ = self.key.rpartition("s")
+        return head if sep and head else self.key
 
     def prompt(self) -> list[dict[str, Any]]:
         text = f"bench-task {self.key} turns={self.turns} tokens={self.tokens}"
+        if self.shared:
+            text = f"{self.shared}\n\n{text}"
         return [{"role": "user", "content": text}]
 
     def tool_keys(self) -> list[str]:
@@ -132,6 +186,9 @@ class Workload:
     max_turns: int = 6
     tokens_per_turn: int = 48
     seed: int = 0
+    shared_prompt_words: int = 0
+    """Words of problem text shared by the ``n`` samples of a prompt (GRPO's shared prompt;
+    about 1.3 tokens a word); 0: the samples share only the system prompt."""
     items: tuple[WorkloadItem, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -141,12 +198,15 @@ class Workload:
             raise UserError("need 1 <= min_turns <= max_turns")
         if self.tokens_per_turn < 1:
             raise UserError("tokens_per_turn must be at least 1")
+        if self.shared_prompt_words < 0:
+            raise UserError("shared_prompt_words must not be negative")
         rng = random.Random(self.seed)
         items = []
         for p in range(self.prompts):
+            shared = _problem_text(p, self.shared_prompt_words)
             for s in range(self.n):
                 turns = rng.randint(self.min_turns, self.max_turns)
-                items.append(WorkloadItem(f"p{p}s{s}", turns, self.tokens_per_turn))
+                items.append(WorkloadItem(f"p{p}s{s}", turns, self.tokens_per_turn, shared))
         object.__setattr__(self, "items", tuple(items))
 
     @property
@@ -161,6 +221,16 @@ class Workload:
         data = asdict(self)
         data.pop("items", None)
         return data
+
+
+def _problem_text(prompt: int, words: int) -> str:
+    """Deterministic problem text of ``words`` words for prompt ``prompt`` ("" for 0)."""
+    if words <= 0:
+        return ""
+    rng = random.Random(f"problem-{prompt}")
+    vocabulary = ("record", "value", "table", "column", "sum", "index", "filter", "range")
+    body = " ".join(rng.choice(vocabulary) for _ in range(words))
+    return f"Problem {prompt}: {body}."
 
 
 def parse_directive(text: str) -> WorkloadItem | None:
@@ -184,3 +254,6 @@ class DriverSpec:
     drift_check: bool = True
     batch_fraction: float = 0.875
     """``oversample`` mode: the share of the trajectories the batch target asks for."""
+    policies: tuple[str, ...] = ()
+    """toolrollout's client-side scheduling policies for this mode (``priority``,
+    ``admission``, ``affinity``); see :mod:`toolrollout.engines._scheduling`."""

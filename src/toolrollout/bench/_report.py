@@ -28,12 +28,15 @@ def render_table(report: BenchReport, console: Any = None) -> None:
         "efficiency",
         "FIFO bound s",
         "client eff",
+        "oracle s",
+        "groups 50/90/100% s",
         "traj/s",
         "tok/s",
         "CPU ms/turn",
         "services CPU s",
         "peak MB",
         "cached tok",
+        "retracted",
     ):
         table.add_column(column, justify="left" if column == "mode" else "right")
     for r in report.results:
@@ -48,12 +51,15 @@ def render_table(report: BenchReport, console: Any = None) -> None:
             f"{r.efficiency:.3f}",
             f"{r.fifo_makespan_s:.2f}",
             f"{r.client_efficiency:.3f}",
+            f"{r.oracle_makespan_s:.2f}",
+            _groups(r.groups_s),
             f"{r.trajectories_per_s:.1f}",
             f"{r.tokens_per_s:.0f}",
             f"{r.cpu_per_turn_ms:.2f}",
             f"{r.services_cpu_s:.1f}",
             f"{r.peak_rss_mb:.0f}",
             str(r.cached_tokens),
+            f"{r.retractions}/{r.preemptions}",
         )
     console.print(table)
     targets = Table(title="targets")
@@ -69,8 +75,15 @@ def render_table(report: BenchReport, console: Any = None) -> None:
     )
 
 
+def _groups(groups: dict[str, float] | None) -> str:
+    if not groups:
+        return "-"
+    return "/".join(f"{groups.get(k, 0.0):.1f}" for k in ("50", "90", "100"))
+
+
 def plot_report(report: BenchReport, path: Path) -> Path:
-    """Save a two-panel figure: throughput and efficiency per mode, CPU per turn."""
+    """Save a three-panel figure: throughput and efficiency per mode, time to complete GRPO
+    groups (with the bounds), CPU per turn."""
     try:
         import matplotlib
     except ImportError as exc:
@@ -83,7 +96,7 @@ def plot_report(report: BenchReport, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     rollouts = [r for r in report.results if r.mode not in ("httpx", "aiohttp")]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4.5))
     names = [r.mode for r in rollouts]
     left.bar(names, [r.trajectories_per_s for r in rollouts], color="#4C72B0")
     left.set_ylabel("trajectories / s")
@@ -97,7 +110,22 @@ def plot_report(report: BenchReport, path: Path) -> Path:
             va="bottom",
             fontsize=9,
         )
+    left.tick_params(axis="x", labelrotation=20, labelsize=8)
+    for r in rollouts:
+        groups = r.groups_s or {}
+        xs = [groups.get(k, 0.0) for k in ("50", "90", "100")]
+        middle.plot(xs, [50, 90, 100], marker="o", label=r.mode)
+    ref = next((r for r in rollouts if r.oracle_groups_s), None)
+    if ref is not None and ref.oracle_groups_s is not None:
+        xs = [ref.oracle_groups_s.get(k, 0.0) for k in ("50", "90", "100")]
+        middle.plot(xs, [50, 90, 100], "k--", label=f"oracle bound ({ref.mode} work)")
+        middle.axvline(ref.ideal_makespan_s, color="grey", linestyle=":", label="ideal makespan")
+    middle.set_xlabel("seconds from the start")
+    middle.set_ylabel("% of GRPO groups complete")
+    middle.set_title("time to complete groups")
+    middle.legend(fontsize=7)
     cpu_modes = list(report.results)
+    right.tick_params(axis="x", labelrotation=20, labelsize=8)
     right.bar([r.mode for r in cpu_modes], [r.cpu_per_turn_ms for r in cpu_modes], color="#DD8452")
     right.set_ylabel("client CPU ms per turn")
     right.set_title("client CPU per turn (httpx, aiohttp: bare POSTs)")

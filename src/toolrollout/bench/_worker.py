@@ -25,6 +25,7 @@ def run_measured(spec_json: str) -> dict[str, Any]:
 
     raw = json.loads(spec_json)
     raw["engine_urls"] = tuple(raw["engine_urls"])
+    raw["policies"] = tuple(raw.get("policies") or ())
     spec = DriverSpec(**raw)
 
     async def main() -> dict[str, Any]:

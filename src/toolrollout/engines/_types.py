@@ -95,6 +95,9 @@ class GenerateRequest:
     return_logprob: bool = True
     image_data: tuple[Any, ...] | None = None
     """Images in a form SGLang accepts (base64 / data URL / path). Unused by text models."""
+    priority: int | None = None
+    """SGLang's per-request ``priority`` (None: not sent). Set by the client's scheduling
+    policy only for servers that report priority scheduling enabled."""
 
 
 @dataclass(frozen=True, slots=True)

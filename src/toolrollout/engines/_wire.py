@@ -83,6 +83,8 @@ def generate_body(request: GenerateRequest, rid: str, *, stream: bool = False) -
     if request.image_data:
         # A list for one request means "these images belong to this one prompt".
         body["image_data"] = list(request.image_data)
+    if request.priority is not None:  # issue 20: only ever set for priority-enabled servers
+        body["priority"] = request.priority
     return body
 
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from toolrollout._exceptions import UserError
 from toolrollout.chat import TemplateFamily, get_template_family
+from toolrollout.engines._scheduling import SchedulingConfig
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import RewardMix
 
@@ -83,6 +84,10 @@ class RolloutConfig:
     trajectory_timeout: float | None = None
     """Wall-clock seconds one trajectory may take; past it the row is ``failed`` (``timeout``)
     and its in-flight engine request and tool calls are cancelled. None: no deadline."""
+
+    scheduling: SchedulingConfig | None = None
+    """Client-side scheduling policies (request priority, adaptive admission, GRPO group
+    affinity; see docs/benchmarks.md). None (default): none, requests go out as they come."""
 
     def __post_init__(self) -> None:
         positive = {

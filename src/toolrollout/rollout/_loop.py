@@ -78,6 +78,8 @@ async def run_trajectory(
         state.finish(TrajectoryStatus.FAILED, "error", f"{type(exc).__name__}: {exc}")
     if services.config.drift_check:
         state.drift.final_check(state.drift_view())
+    if services.scheduler is not None:
+        services.scheduler.finished(state)
     trajectory = state.freeze()
     if not state.scored:
         return trajectory
@@ -160,6 +162,8 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
         session_id=state.uid,
         image_data=tuple(state.vision.urls) or None,
     )
+    if services.scheduler is not None:  # issue 20: client-side scheduling policies
+        request = await services.scheduler.prepare(request, state, services.engine_limiter)
     state.status = TrajectoryStatus.RUNNING
     started = time.perf_counter()
     stop = services.stop

@@ -16,6 +16,7 @@ import anyio
 from toolrollout._records import RolloutPrompt, TokenSpan
 from toolrollout.chat import ChatFormat, ParsedTurn, PreparedImage, ToolCallParser, VisionFormat
 from toolrollout.engines._base import Engine
+from toolrollout.engines._scheduling import Scheduler
 from toolrollout.rewards import WeightedReward
 from toolrollout.tools import ToolExecutor, ToolResult
 
@@ -65,6 +66,8 @@ class RolloutServices:
     """Placeholder expansion for a vision-language model; None for text models."""
     stop: StopControl | None = None
     """Set by a run with a batch target (straggler control); None: run everything out."""
+    scheduler: Scheduler | None = None
+    """Client-side scheduling policies of the run (issue 20); None: none configured."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from toolrollout._exceptions import EngineError, UserError
 from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
+from toolrollout.engines._scheduling import Scheduler
 from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor, open_tools, share_tools
 
@@ -248,6 +249,16 @@ class RolloutRunner:
             interactions=self.interactions,
             vision=self.vision,
             stop=stop,
+            scheduler=self._scheduler(),
+        )
+
+    def _scheduler(self) -> Scheduler | None:
+        """The run's client-side scheduling policies (issue 20), if any are configured."""
+        sched = self.config.scheduling
+        if sched is None or not sched.enabled:
+            return None
+        return Scheduler(
+            sched, self.engine, group_size=self.config.n, ceiling=self.config.concurrency
         )
 
     async def __aenter__(self) -> Self:

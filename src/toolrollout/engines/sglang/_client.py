@@ -369,6 +369,14 @@ class SGLangClient(_ControlPlane, Engine):
         )
         await self._retrying(f"abort rid={rid} on {url}", send)
 
+    # -- issue 20 (scheduling policies): GRPO group affinity ------------------------
+    def bind_group(self, session_id: str, group: str) -> str:
+        """Pin ``session_id`` to the server of ``group`` (least loaded at its first use)."""
+        url = self._router.pick(f"group:{group}")
+        self._router.bind(session_id, url)
+        return url
+
+    # -------------------------------------------------------------------------------
     def release_session(self, session_id: str) -> bool:
         """Unpin a finished trajectory's session; returns whether it was pinned."""
         return self._router.unbind(session_id)

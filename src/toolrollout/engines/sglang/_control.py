@@ -90,6 +90,13 @@ class _ControlPlane(_Transport):
         """``GET /model_info`` (``/get_model_info`` on servers older than 2025-11)."""
         return await self._get_info(url, ("/model_info", "/get_model_info"))
 
+    async def get_loads(
+        self, url: str | None = None, include: str = "core,queues"
+    ) -> dict[str, Any]:
+        """``GET /v1/loads`` (SGLang's load report: running and waiting requests, KV use,
+        per DP rank; ``entrypoints/v1_loads.py``), for adaptive admission."""
+        return await self._get_info(url, (f"/v1/loads?include={include}",))
+
     async def server_info(self, url: str | None = None) -> dict[str, Any]:
         """``GET /server_info`` (``/get_server_info`` on older servers): args and limits."""
         return await self._get_info(url, ("/server_info", "/get_server_info"))

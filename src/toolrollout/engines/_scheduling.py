@@ -1,0 +1,334 @@
+"""Client-side scheduling policies for a rollout against SGLang servers (off by default).
+
+Three policies, each switched on in :class:`SchedulingConfig` (``RolloutConfig.scheduling``):
+
+* **priority**: each request carries SGLang's ``priority``, computed from the trajectory's
+  state (turns done, seconds since it started, how much of its GRPO group has finished),
+  so that a server started with ``--enable-priority-scheduling`` serves a long trajectory
+  before the next wave of short ones instead of queueing it again at every turn. The
+  priority is sent only to servers whose ``/server_info`` reports
+  ``enable_priority_scheduling``; a server without it (where a priority is ignored, or, with
+  ``--abort-on-priority-when-disabled``, refused with 503) never sees one. The sign follows
+  ``schedule_low_priority_values_first``.
+* **admission**: the number of requests in flight (the run's engine limiter) follows the
+  servers' own load report, SGLang's ``GET /v1/loads``: it grows while the KV pool has room
+  and no request waits, and shrinks when the KV usage passes the target or requests are
+  retracted, instead of one fixed concurrency cap that either idles the server or thrashes
+  its KV (AIMD, as peers settled on).
+* **affinity**: the samples of one prompt go to one server, so that the group's shared prompt
+  is prefilled once there (its radix cache answers the rest; see ``cached_tokens``).
+
+Why in the client: the servers already implement the mechanisms (priority queue,
+preemption, load report, radix cache); what they cannot know is the trajectory's state.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import anyio
+
+from toolrollout._exceptions import UserError
+
+from ._types import GenerateRequest
+
+__all__ = [
+    "AdmissionControl",
+    "PriorityPolicy",
+    "Scheduler",
+    "SchedulingConfig",
+    "ServerPriority",
+    "TrajectoryView",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingConfig:
+    """Which client-side scheduling policies a rollout uses, and their knobs.
+
+    Every policy is off by default: each changes what a real server does.
+    """
+
+    priority: bool = False
+    """Send a per-request priority (only to servers with priority scheduling enabled)."""
+    turn_weight: int = -1
+    """Priority per finished model turn. -1 (default): fewer turns done, served sooner (a
+    trajectory early in its run has the most work left, on average); 1: the reverse, which
+    finishes started trajectories first but, replayed on the published workload, made the
+    makespan longer than first come, first served (docs/benchmarks.md)."""
+    wait_weight_s: float = 0.0
+    """One priority step per this many seconds since the trajectory started (0: off)."""
+    group_weight: int = 0
+    """Up to this much more priority as the trajectory's GRPO group nears completion."""
+    admission: bool = False
+    """Adapt the number of requests in flight to the servers' ``/v1/loads`` report."""
+    kv_target: float = 0.90
+    """Admission keeps the servers' KV usage (``token_usage``) under this share."""
+    admission_min: int = 16
+    """Admission never goes below this many requests in flight."""
+    admission_step: int = 32
+    """Additive increase per poll while there is room (decrease is multiplicative, x0.7)."""
+    poll_s: float = 0.25
+    """How often admission reads the load report (at most)."""
+    affinity: bool = False
+    """Send every sample of one prompt to the same server."""
+    group_key: str | None = None
+    """Row metadata key that names the GRPO group when a prompt's samples come as separate
+    rows (each its own ``group_id``); None: the run's ``group_id``."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.kv_target <= 1.0:
+            raise UserError(f"kv_target must be in (0, 1], got {self.kv_target}")
+        if self.admission_min < 1 or self.admission_step < 1:
+            raise UserError("admission_min and admission_step must be at least 1")
+        if self.poll_s <= 0 or self.wait_weight_s < 0:
+            raise UserError("poll_s must be positive and wait_weight_s not negative")
+
+    @property
+    def enabled(self) -> bool:
+        return self.priority or self.admission or self.affinity
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "priority": self.priority,
+            "turn_weight": self.turn_weight,
+            "wait_weight_s": self.wait_weight_s,
+            "group_weight": self.group_weight,
+            "admission": self.admission,
+            "kv_target": self.kv_target,
+            "admission_min": self.admission_min,
+            "admission_step": self.admission_step,
+            "poll_s": self.poll_s,
+            "affinity": self.affinity,
+            "group_key": self.group_key,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ServerPriority:
+    """What a server's ``/server_info`` says about priority scheduling."""
+
+    enabled: bool
+    low_values_first: bool = False
+
+    @classmethod
+    def from_server_info(cls, info: dict[str, Any]) -> ServerPriority:
+        """Read SGLang's server args; anything missing means the feature is off."""
+        return cls(
+            enabled=info.get("enable_priority_scheduling") is True,
+            low_values_first=info.get("schedule_low_priority_values_first") is True,
+        )
+
+
+class PriorityPolicy:
+    """Trajectory state -> SGLang priority (larger = sooner, before the server's sign)."""
+
+    def __init__(self, config: SchedulingConfig, *, clock: Callable[[], float] = time.monotonic):
+        self.config = config
+        self._clock = clock
+        self._started: dict[str, float] = {}
+        self._group_done: dict[str, int] = defaultdict(int)
+        self._members: dict[str, set[str]] = defaultdict(set)
+
+    def urgency(self, uid: str, group_id: str, turns_done: int, group_size: int = 1) -> int:
+        """How urgent the next request of a trajectory is (0 for a fresh one).
+
+        The group's size is the larger of ``group_size`` and the samples of ``group_id``
+        seen so far (rows of one prompt may be passed as separate rows with one group id).
+        """
+        now = self._clock()
+        started = self._started.setdefault(uid, now)
+        members = self._members[group_id]
+        members.add(uid)
+        group_size = max(group_size, len(members))
+        value = self.config.turn_weight * turns_done
+        if self.config.wait_weight_s > 0:
+            value += int((now - started) / self.config.wait_weight_s)
+        if self.config.group_weight and group_size > 1:
+            share = self._group_done[group_id] / group_size
+            value += math.floor(self.config.group_weight * share)
+        return int(value)
+
+    def finished(self, uid: str, group_id: str) -> None:
+        self._started.pop(uid, None)
+        self._group_done[group_id] += 1
+
+
+class AdmissionControl:
+    """AIMD on the number of requests in flight, driven by the servers' load report."""
+
+    def __init__(self, config: SchedulingConfig, ceiling: int) -> None:
+        self.config = config
+        self.ceiling = max(ceiling, config.admission_min)
+        self.limit = self.ceiling
+        self.history: list[tuple[float, int]] = []
+
+    def update(self, loads: Sequence[dict[str, Any]]) -> int:
+        """The new limit for one round of load reports (one per server, DP rank)."""
+        if not loads:
+            return self.limit
+        usage = max(float(load.get("token_usage") or 0.0) for load in loads)
+        waiting = sum(int(load.get("num_waiting_reqs") or 0) for load in loads)
+        retracted = sum(int((load.get("queues") or {}).get("retracted") or 0) for load in loads)
+        if usage > self.config.kv_target or retracted > 0:
+            self.limit = max(self.config.admission_min, int(self.limit * 0.7))
+        elif waiting == 0 or usage < self.config.kv_target * 0.8:
+            self.limit = min(self.ceiling, self.limit + self.config.admission_step)
+        self.history.append((time.monotonic(), self.limit))
+        return self.limit
+
+
+class _Prompt(Protocol):
+    @property
+    def metadata(self) -> Mapping[str, Any]: ...
+
+
+class TrajectoryView(Protocol):
+    """What the policies read of a trajectory (the rollout's ``TrajectoryState`` has it)."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def group_id(self) -> str: ...
+    @property
+    def num_turns(self) -> int: ...
+    @property
+    def prompt(self) -> _Prompt: ...
+
+
+class Scheduler:
+    """The policies of one rollout run, applied to each request before it is sent."""
+
+    def __init__(
+        self,
+        config: SchedulingConfig,
+        engine: Any,
+        *,
+        group_size: int = 1,
+        ceiling: int = 256,
+        http: Any = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.group_size = group_size
+        self.urls: tuple[str, ...] = tuple(getattr(engine, "base_urls", ()) or ())
+        self.priority = PriorityPolicy(config) if config.priority else None
+        self.admission = AdmissionControl(config, ceiling) if config.admission else None
+        self._http = http
+        self._server_priority: ServerPriority | None = None
+        self._probe_lock = anyio.Lock()
+        self._last_poll = -math.inf
+        self._polling = False
+        self.sent_priorities = 0
+
+    # ------------------------------------------------------------------ server facts
+    async def _get_json(self, url: str) -> Any:
+        if self._http is not None:
+            response = await self._http.get(url)
+            response.raise_for_status()
+            return response.json()
+        import httpx
+
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            response = await http.get(url)
+            response.raise_for_status()
+            return response.json()
+
+    async def _server_info(self, url: str) -> dict[str, Any]:
+        method = getattr(self.engine, "server_info", None)
+        if method is not None and self._http is None:  # the engine's own transport
+            info = await method(url)
+        else:
+            info = await self._get_json(f"{url}/server_info")
+        return info if isinstance(info, dict) else {}
+
+    async def _loads(self, url: str) -> dict[str, Any]:
+        method = getattr(self.engine, "get_loads", None)
+        if method is not None and self._http is None:
+            body = await method(url)
+        else:
+            body = await self._get_json(f"{url}/v1/loads?include=core,queues")
+        return body if isinstance(body, dict) else {}
+
+    async def server_priority(self) -> ServerPriority:
+        """Priority scheduling as every server reports it (enabled only if all say so)."""
+        if self._server_priority is not None:
+            return self._server_priority
+        async with self._probe_lock:
+            if self._server_priority is None:
+                found = ServerPriority(False)
+                if self.urls:
+                    reports = []
+                    for url in self.urls:
+                        try:
+                            info = await self._server_info(url)
+                        except Exception:  # no report: assume the feature is off
+                            info = {}
+                        reports.append(ServerPriority.from_server_info(info))
+                    signs = {r.low_values_first for r in reports}
+                    if all(r.enabled for r in reports) and len(signs) == 1:
+                        found = reports[0]
+                self._server_priority = found
+        return self._server_priority
+
+    async def _poll_loads(self, limiter: anyio.CapacityLimiter) -> None:
+        if self.admission is None or self._polling or not self.urls:
+            return
+        now = time.monotonic()
+        if now - self._last_poll < self.config.poll_s:
+            return
+        self._polling = True
+        self._last_poll = now
+        try:
+            loads: list[dict[str, Any]] = []
+            for url in self.urls:
+                try:
+                    body = await self._loads(url)
+                except Exception:  # a server without the route: keep the current limit
+                    continue
+                loads.extend(body.get("loads") or [])
+            limit = self.admission.update(loads)
+            if limit != limiter.total_tokens:
+                limiter.total_tokens = limit
+        finally:
+            self._polling = False
+
+    # ------------------------------------------------------------------ per request
+    def group_of(self, state: TrajectoryView) -> str:
+        """The GRPO group of a trajectory (see :attr:`SchedulingConfig.group_key`)."""
+        key = self.config.group_key
+        if key is not None:
+            value = state.prompt.metadata.get(key)
+            if value is not None:
+                return str(value)
+        return state.group_id
+
+    async def prepare(
+        self, request: GenerateRequest, state: TrajectoryView, limiter: anyio.CapacityLimiter
+    ) -> GenerateRequest:
+        """The request as the policies want it sent (priority set, session bound)."""
+        if self.config.affinity and state.num_turns == 0 and request.session_id is not None:
+            bind = getattr(self.engine, "bind_group", None)
+            if bind is not None:
+                bind(request.session_id, self.group_of(state))
+        if self.admission is not None:
+            await self._poll_loads(limiter)
+        if self.priority is not None:
+            server = await self.server_priority()
+            if server.enabled:
+                value = self.priority.urgency(
+                    state.uid, self.group_of(state), state.num_turns, self.group_size
+                )
+                self.sent_priorities += 1
+                return replace(request, priority=-value if server.low_values_first else value)
+        return request
+
+    def finished(self, state: TrajectoryView) -> None:
+        """A trajectory ended: its group is that much nearer completion."""
+        if self.priority is not None:
+            self.priority.finished(state.uid, self.group_of(state))

@@ -1,0 +1,92 @@
+"""The bounds a run is judged by: FIFO and oracle replays, GRPO group completion times."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from toolrollout._exceptions import BenchmarkError
+from toolrollout.bench._harness import mode_policies
+from toolrollout.bench._metrics import (
+    ModeResult,
+    fifo_makespan,
+    group_completion_times,
+    measured_ends,
+    oracle_makespan,
+    replay,
+)
+
+# A: one 2 s generation. B: 1 s, a 3 s tool call, 1 s. One slot; A arrives first.
+REQUESTS = [
+    {"key": "p0s0", "turn": 0, "slot_seconds": 2.0, "server": 0},
+    {"key": "p1s0", "turn": 0, "slot_seconds": 1.0, "server": 0},
+    {"key": "p1s0", "turn": 1, "slot_seconds": 1.0, "server": 0},
+]
+CALLS = [{"key": "p1s0.0", "seconds": 3.0}]
+
+
+def test_fifo_serves_in_arrival_order_and_the_oracle_serves_the_longest_rest_first() -> None:
+    # FIFO: A 0-2, B 2-3, tool to 6, B 6-7. Oracle: B (5 s left) 0-1, A 1-3, B 4-5.
+    assert replay(REQUESTS, CALLS, 1) == {"p0s0": 2.0, "p1s0": 7.0}
+    assert fifo_makespan(REQUESTS, CALLS, 1) == 7.0
+    assert replay(REQUESTS, CALLS, 1, order="oracle") == {"p1s0": 5.0, "p0s0": 3.0}
+    assert oracle_makespan(REQUESTS, CALLS, 1) == 5.0
+    # with a slot each nothing queues: both replays are the critical path
+    assert oracle_makespan(REQUESTS, CALLS, 2) == fifo_makespan(REQUESTS, CALLS, 2) == 5.0
+    # turns done first: at 0 nobody has a turn done, so arrival order decides (as FIFO)
+    assert replay(REQUESTS, CALLS, 1, order="turns") == {"p0s0": 2.0, "p1s0": 7.0}
+    with pytest.raises(ValueError, match="order"):
+        replay(REQUESTS, CALLS, 1, order="lifo")
+
+
+def test_turns_order_serves_a_later_turn_before_a_first_one() -> None:
+    # A, B, C arrive at 0 (1 s each, one slot); A comes back at 1 for a second turn.
+    requests = [
+        {"key": "p0s0", "turn": 0, "slot_seconds": 1.0},
+        {"key": "p0s0", "turn": 1, "slot_seconds": 1.0},
+        {"key": "p1s0", "turn": 0, "slot_seconds": 1.0},
+        {"key": "p2s0", "turn": 0, "slot_seconds": 1.0},
+    ]
+    calls = [{"key": "p0s0.0", "seconds": 0.0}]
+    fifo = replay(requests, calls, 1)
+    turns = replay(requests, calls, 1, order="turns")
+    fewest = replay(requests, calls, 1, order="fewest")
+    assert fifo["p0s0"] == 4.0 and turns["p0s0"] == 3.0  # its second turn jumps the queue
+    assert fewest == fifo  # a first turn is always waiting ahead of A's second one
+    assert max(fifo.values()) == max(turns.values()) == 4.0
+
+
+def test_group_completion_counts_a_group_done_when_its_last_sample_is() -> None:
+    ends = {"p0s0": 1.0, "p0s1": 3.0, "p1s0": 2.0, "p1s1": 2.0, "p2s0": 9.0}
+    assert group_completion_times(ends) == {"50": 3.0, "90": 9.0, "100": 9.0}
+    assert group_completion_times({}) == {"50": 0.0, "90": 0.0, "100": 0.0}
+
+
+def test_measured_ends_start_at_the_first_arrival() -> None:
+    log: list[dict[str, Any]] = [
+        {"key": "p0s0", "arrived": 10.0, "ended": 11.0},
+        {"key": "p0s0", "arrived": 12.0, "ended": 14.5},
+        {"key": "p1s0", "arrived": 10.5, "ended": 12.0},
+        {"key": None, "arrived": 0.0, "ended": 1.0},  # not a benchmark trajectory
+    ]
+    assert measured_ends(log) == {"p0s0": 4.5, "p1s0": 2.0}
+
+
+def test_mode_results_keep_the_new_bounds_through_json() -> None:
+    result = ModeResult(
+        "toolrollout:priority", 4, 4, 8, 100, 10.0, 8.0, 1.0, 100.0,
+        fifo_makespan_s=9.5, oracle_makespan_s=8.5, groups_s={"50": 5.0, "90": 9.0, "100": 10.0},
+    )  # fmt: skip
+    data = result.to_dict()
+    assert data["oracle_efficiency"] == pytest.approx(0.85)
+    assert ModeResult.from_dict(data) == result
+
+
+def test_modes_name_their_policies() -> None:
+    assert mode_policies("toolrollout") == ()
+    assert mode_policies("toolrollout:priority+affinity") == ("priority", "affinity")
+    with pytest.raises(BenchmarkError):
+        mode_policies("toolrollout:fastest")
+    with pytest.raises(BenchmarkError):
+        mode_policies("lockstep:priority")

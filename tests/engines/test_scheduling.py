@@ -1,0 +1,187 @@
+"""Client-side scheduling policies (issue 20): each one's effect in a small run.
+
+The server is the benchmark's latency model, in process over httpx's ASGI transport, whose
+scheduling follows SGLang's (tests/bench/test_scheduling_server.py checks that part).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from transformers import AutoTokenizer
+
+from toolrollout.bench import (
+    LatencyModel,
+    LatencyServer,
+    ServerScheduling,
+    Workload,
+    create_latency_app,
+)
+from toolrollout.bench._script import TOOL_NAME
+from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.engines import SamplingParams, SGLangClient
+from toolrollout.engines._scheduling import (
+    AdmissionControl,
+    PriorityPolicy,
+    SchedulingConfig,
+    ServerPriority,
+)
+from toolrollout.rollout import RolloutConfig, RolloutRunner
+from toolrollout.tools import function_tool
+
+
+@function_tool(name=TOOL_NAME)
+async def lookup(key: str) -> str:
+    """Look up a record.
+
+    Args:
+        key: the record key.
+    """
+    return f"record {key}"
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    return AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
+
+
+def _server(tokenizer: Any, scheduling: ServerScheduling, **model: Any) -> LatencyServer:
+    spec = {"capacity": 64, "prefill_per_token_s": 0.0, "decode_per_token_s": 0.0, **model}
+    return LatencyServer(
+        tokenizer, LatencyModel(**spec), model_name="latency-model", scheduling=scheduling
+    )
+
+
+async def _run(
+    tokenizer: Any,
+    servers: list[LatencyServer],
+    scheduling: SchedulingConfig | None,
+    workload: Workload,
+) -> list[Any]:
+    apps = {f"http://s{i}": create_latency_app(s) for i, s in enumerate(servers)}
+
+    class Mux(httpx.AsyncBaseTransport):
+        """One ASGI app per server name, as if they were separate hosts."""
+
+        def __init__(self) -> None:
+            self.transports = {url: httpx.ASGITransport(app=app) for url, app in apps.items()}
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            base = f"{request.url.scheme}://{request.url.host}"
+            return await self.transports[base].handle_async_request(request)
+
+    rows = workload.rows()
+    for row, item in zip(rows, workload.items, strict=True):
+        row["group"] = item.group
+    config = RolloutConfig(
+        sampling=SamplingParams(max_new_tokens=96), max_turns=8, scheduling=scheduling
+    )
+    async with SGLangClient(list(apps), transport=Mux()) as client:
+        runner = RolloutRunner(client, tokenizer, [lookup], config=config)
+        return await runner.run(rows)
+
+
+def test_server_priority_reads_sglangs_server_args() -> None:
+    assert ServerPriority.from_server_info({}) == ServerPriority(False)
+    info = {"enable_priority_scheduling": True, "schedule_low_priority_values_first": True}
+    assert ServerPriority.from_server_info(info) == ServerPriority(True, True)
+
+
+def test_priority_grows_with_turns_wait_and_group_completion() -> None:
+    now = [0.0]
+    config = SchedulingConfig(priority=True, turn_weight=2, wait_weight_s=1.0, group_weight=8)
+    policy = PriorityPolicy(config, clock=lambda: now[0])
+    assert policy.urgency("a", "g", 0, 4) == 0
+    now[0] = 3.0
+    assert policy.urgency("a", "g", 1, 4) == 2 + 3
+    policy.finished("b", "g")
+    policy.finished("c", "g")
+    assert policy.urgency("a", "g", 1, 4) == 2 + 3 + 4  # half the group done: + 8 * 2/4
+
+
+def test_admission_backs_off_on_kv_pressure_and_grows_back() -> None:
+    control = AdmissionControl(SchedulingConfig(admission=True, admission_step=10), ceiling=100)
+    assert control.limit == 100
+    hot = [{"token_usage": 0.97, "num_waiting_reqs": 5, "queues": {"retracted": 0}}]
+    assert control.update(hot) == 70
+    assert control.update(hot) == 49
+    retracting = [{"token_usage": 0.5, "num_waiting_reqs": 5, "queues": {"retracted": 2}}]
+    assert control.update(retracting) == 34
+    calm = [{"token_usage": 0.3, "num_waiting_reqs": 0, "queues": {"retracted": 0}}]
+    assert control.update(calm) == 44
+    for _ in range(10):
+        control.update(calm)
+    assert control.limit == 100  # never above the configured concurrency
+
+
+async def test_priority_is_sent_by_turn_only_to_a_priority_server(tokenizer: Any) -> None:
+    workload = Workload(prompts=2, n=2, min_turns=3, max_turns=3, tokens_per_turn=24)
+    server = _server(tokenizer, ServerScheduling(enabled=True))
+    config = SchedulingConfig(priority=True, turn_weight=1)
+    trajectories = await _run(tokenizer, [server], config, workload)
+    assert all(str(t.status) == "completed" for t in trajectories)
+    by_turn = {(e["key"], e["turn"]): e["priority"] for e in server.log}
+    for item in workload.items:
+        assert [by_turn[(item.key, t)] for t in range(3)] == [0, 1, 2]
+
+
+async def test_priority_is_never_sent_where_disabled_so_nothing_aborts(tokenizer: Any) -> None:
+    workload = Workload(prompts=2, n=2, min_turns=2, max_turns=2, tokens_per_turn=24)
+    server = _server(tokenizer, ServerScheduling(enabled=False, abort_when_disabled=True))
+    trajectories = await _run(tokenizer, [server], SchedulingConfig(priority=True), workload)
+    assert all(str(t.status) == "completed" for t in trajectories), trajectories[0].error
+    assert {e["priority"] for e in server.log} == {None}
+
+
+async def test_low_values_first_server_gets_negated_priorities(tokenizer: Any) -> None:
+    workload = Workload(prompts=1, n=1, min_turns=3, max_turns=3, tokens_per_turn=24)
+    server = _server(tokenizer, ServerScheduling(enabled=True, low_values_first=True))
+    await _run(tokenizer, [server], SchedulingConfig(priority=True), workload)
+    # the default turn_weight -1 gives 0, -1, -2; a low-values-first server gets 0, 1, 2
+    assert [e["priority"] for e in sorted(server.log, key=lambda e: e["turn"])] == [0, 1, 2]
+
+
+async def test_group_affinity_keeps_a_prompts_samples_on_one_server(tokenizer: Any) -> None:
+    workload = Workload(
+        prompts=4, n=4, min_turns=1, max_turns=2, tokens_per_turn=16, shared_prompt_words=150
+    )
+    cached: dict[bool, int] = {}
+    for affinity in (False, True):
+        servers = [_server(tokenizer, ServerScheduling()) for _ in range(4)]
+        scheduling = SchedulingConfig(affinity=True, group_key="group") if affinity else None
+        await _run(tokenizer, servers, scheduling, workload)
+        placed: dict[str, set[int]] = {}
+        for index, server in enumerate(servers):
+            for entry in server.log:
+                placed.setdefault(entry["key"].rpartition("s")[0], set()).add(index)
+        first_turns = [e for s in servers for e in s.log if e["turn"] == 0]
+        cached[affinity] = sum(e["cached_tokens"] for e in first_turns)
+        if affinity:
+            assert all(len(where) == 1 for where in placed.values())  # one server per group
+            assert len({next(iter(w)) for w in placed.values()}) == 4  # groups spread out
+        else:
+            assert any(len(where) > 1 for where in placed.values())
+    assert cached[True] > cached[False] * 1.2  # the shared prompt is prefilled once per group
+
+
+async def test_admission_follows_the_load_report_of_a_kv_limited_server(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workload = Workload(prompts=4, n=4, min_turns=2, max_turns=2, tokens_per_turn=48)
+    server = _server(tokenizer, ServerScheduling(), kv_tokens=6_000, decode_per_token_s=0.0005)
+    config = SchedulingConfig(admission=True, admission_min=2, admission_step=2, poll_s=0.01)
+    limits: list[int] = []
+    original = AdmissionControl.update
+
+    def spy(self: AdmissionControl, loads: Any) -> int:
+        limits.append(original(self, loads))
+        return limits[-1]
+
+    monkeypatch.setattr(AdmissionControl, "update", spy)
+    with anyio.fail_after(120):
+        trajectories = await _run(tokenizer, [server], config, workload)
+    assert all(str(t.status) == "completed" for t in trajectories)
+    assert limits and min(limits) < 256  # it backed off below the configured cap
