@@ -122,6 +122,7 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/trainers.md", ".venv/bin/pip install -r requi"): (
         "runs the trainer adapter tests (minutes); CI runs them with the whole suite"
     ),
+    ("docs/trainers.md", "python examples/grpo_python.py"): ("trains for many minutes"),
 }
 """(page, start of the block's first line) -> why it is not run (the page's marker text)."""
 
