@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from array import array
+from collections.abc import Sequence
 from dataclasses import replace
 
 from toolrollout._exceptions import OverlongPromptError, ToolRolloutError
@@ -97,7 +99,7 @@ async def _drive(
     """The turns: stop? -> generate -> model turn -> environment step -> its delta."""
     chat, context = state.services.chat, state.services.context_length
     if not resumed:
-        state.transcript.prompt_ids = chat.render_prompt(state.transcript.messages)
+        state.transcript.prompt_ids = array("i", chat.render_prompt(state.transcript.messages))
     prompt_len = len(state.transcript.prompt_ids)
     if context is not None and prompt_len >= context:
         # Checked here, before any request: a local budget, not an answer of the engine.
@@ -143,11 +145,11 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
     sampling = services.config.sampling
     per_turn = sampling.max_new_tokens
     if transcript.open_turn:
-        per_turn -= len(transcript.spans[-1].ids)  # the turn's first leg counts against its cap
+        per_turn -= transcript.spans[-1].num_tokens  # the turn's first leg counts against its cap
         if per_turn <= 0:
             state.finish(TrajectoryStatus.TRUNCATED, "length")
             return None
-    input_ids = transcript.ids()
+    input_ids: Sequence[int] = transcript.ids()
     if services.vision is not None and state.vision.urls:
         # One <|image_pad|> per image on the wire: every SGLang version expands that form
         # itself (see docs/multimodal.md); the transcript keeps the expanded ids.

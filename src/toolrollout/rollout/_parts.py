@@ -7,6 +7,7 @@ rules that change them) so environment code can import them without the state's 
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -97,7 +98,8 @@ class Transcript:
     """The conversation and its tokens: only ever appended to (an open turn is extended)."""
 
     messages: list[dict[str, Any]]
-    prompt_ids: list[int] = field(default_factory=list)
+    prompt_ids: Sequence[int] = field(default_factory=lambda: array("i"))
+    """The rendered prompt; the loop keeps it as ``array('i')`` (4 bytes a token)."""
     spans: list[TokenSpan] = field(default_factory=list)
     model_texts: list[str] = field(default_factory=list)
     open_turn: bool = False
@@ -107,12 +109,13 @@ class Transcript:
 
     @property
     def response_len(self) -> int:
-        return sum(len(s.ids) for s in self.spans)
+        return sum(s.num_tokens for s in self.spans)
 
-    def ids(self) -> list[int]:
-        out = list(self.prompt_ids)
+    def ids(self) -> array[int]:
+        """Prompt and response ids, one compact array (copied from the spans, no objects)."""
+        out = array("i", self.prompt_ids)
         for span in self.spans:
-            out.extend(span.ids)
+            out += span.id_array
         return out
 
 
