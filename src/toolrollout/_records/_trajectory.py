@@ -102,9 +102,7 @@ class TokenSpan:
         else:
             logprob_array = _logprob_array(logprobs)
             if len(id_array) != len(logprob_array):
-                raise ValueError(
-                    f"span has {len(id_array)} ids but {len(logprob_array)} logprobs"
-                )
+                raise ValueError(f"span has {len(id_array)} ids but {len(logprob_array)} logprobs")
             if kind != "model" and not any(logprob_array):
                 logprob_array = None  # an environment span's logprobs are all 0.0: keep none
         object.__setattr__(self, "kind", kind)

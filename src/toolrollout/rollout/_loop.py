@@ -20,7 +20,6 @@ from __future__ import annotations
 import time
 import uuid
 from array import array
-from collections.abc import Sequence
 from dataclasses import replace
 
 from toolrollout._exceptions import OverlongPromptError, ToolRolloutError
@@ -30,7 +29,7 @@ from toolrollout.engines._types import GenerateRequest, GenerateResult, Sampling
 from ._environment import TrajectoryEnvironment
 from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
 from ._interactions import select_interaction
-from ._parts import RolloutServices
+from ._parts import RolloutServices, id_tuple
 from ._state import TrajectoryState
 
 __all__ = ["run_trajectory"]
@@ -149,14 +148,14 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
         if per_turn <= 0:
             state.finish(TrajectoryStatus.TRUNCATED, "length")
             return None
-    input_ids: Sequence[int] = transcript.ids()
+    input_ids = transcript.ids()
     if services.vision is not None and state.vision.urls:
         # One <|image_pad|> per image on the wire: every SGLang version expands that form
         # itself (see docs/multimodal.md); the transcript keeps the expanded ids.
-        input_ids = services.vision.collapse(input_ids)
+        input_ids = array("i", services.vision.collapse(input_ids))
     rid = f"{state.uid}-t{state.num_turns}-{uuid.uuid4().hex[:8]}"
     request = GenerateRequest(
-        input_ids=tuple(input_ids),
+        input_ids=id_tuple(input_ids),
         sampling=_sampling(sampling, min(per_turn, remaining), _seed_for(state)),
         rid=rid,
         session_id=state.uid,

@@ -32,6 +32,7 @@ __all__ = [
     "Timing",
     "ToolLedger",
     "Transcript",
+    "id_tuple",
 ]
 
 
@@ -117,6 +118,27 @@ class Transcript:
         for span in self.spans:
             out += span.id_array
         return out
+
+
+_INTS: list[int] = []
+"""One int object per token id seen so far, shared by every request's id tuple."""
+
+
+def id_tuple(ids: array[int]) -> tuple[int, ...]:
+    """``tuple(ids)`` whose items are shared int objects, not fresh ones.
+
+    A request holds its whole conversation as a tuple while it waits for the engine; with
+    10,000 trajectories in flight, fresh ints (28 bytes each, beside the tuple's 8) would be
+    most of the client's memory. Ids index a table of ints built once per vocabulary.
+    """
+    if not ids:
+        return ()
+    top = max(ids)
+    if min(ids) < 0:  # not a token id; nothing to share
+        return tuple(ids)
+    if top >= len(_INTS):
+        _INTS.extend(range(len(_INTS), top + 1))
+    return tuple(map(_INTS.__getitem__, ids))
 
 
 @dataclass(slots=True)

@@ -48,6 +48,7 @@ def _body(json_body: Any) -> dict[str, Any]:
         return {}
     return {"content": _wire.encode_json(json_body), "headers": _JSON_HEADERS}
 
+
 T = TypeVar("T")
 
 
