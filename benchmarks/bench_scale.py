@@ -151,7 +151,9 @@ class SeamEngine(Engine):
         return None
 
     async def info(self) -> EngineInfo:
-        return EngineInfo(model_path=str(DEMO_MODEL_PATH))
+        return EngineInfo(
+            context_length=None, vision=False, model_path=str(DEMO_MODEL_PATH), weight_version=None
+        )
 
 
 def _lookup_tool(config: ScaleConfig) -> Any:
