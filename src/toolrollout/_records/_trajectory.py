@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import io
 import json
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
@@ -48,7 +50,26 @@ _TERMINAL = frozenset(
 SpanKind = Literal["model", "tool", "interaction"]
 
 
-@dataclass(frozen=True, slots=True)
+def _id_array(ids: Iterable[int]) -> array[int]:
+    """Token ids as 4-byte ints (every vocabulary fits int32; a larger id raises), copied."""
+    return array("i", ids)
+
+
+def _logprob_array(logprobs: Iterable[float]) -> array[float]:
+    """Logprobs as 4-byte floats when that keeps every value exact, else as 8-byte floats.
+
+    SGLang computes logprobs in float32 and writes them as JSON floats, so float32 holds
+    them exactly; a value that float32 would round (a hand-written 0.1, another engine's
+    float64) keeps all 8 bytes. What comes back out is always the value that went in.
+    """
+    if isinstance(logprobs, array) and logprobs.typecode in "fd":
+        return array(logprobs.typecode, logprobs)  # already decided (a span's own array)
+    wide = array("d", logprobs)
+    narrow = array("f", wide)
+    return narrow if narrow == wide else wide
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class TokenSpan:
     """A run of response tokens that came from one source.
 
@@ -56,19 +77,66 @@ class TokenSpan:
     engine's logprobs); ``tool`` spans are the chat-template delta for tool results plus the
     next generation prompt (not trained on, loss mask 0, logprob 0.0); ``interaction``
     spans are the same for an interaction's user/environment message.
+
+    The tokens are kept in compact arrays (4-byte ids; 4- or 8-byte logprobs, whichever is
+    exact; nothing for the all-zero logprobs of environment spans) instead of one Python
+    object per token: a rollout holds millions of them. ``ids``, ``logprobs`` and
+    ``loss_mask`` still read as tuples.
     """
 
     kind: SpanKind
-    ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
+    id_array: array[int]
+    """The ids, as ``array('i')`` (read-only by contract: a span is frozen)."""
+    logprob_array: array[float] | None
+    """The logprobs, as ``array('f')`` or ``array('d')``; None when every one is 0.0."""
 
-    def __post_init__(self) -> None:
-        if len(self.ids) != len(self.logprobs):
-            raise ValueError(f"span has {len(self.ids)} ids but {len(self.logprobs)} logprobs")
+    def __init__(
+        self, kind: SpanKind, ids: Iterable[int], logprobs: Iterable[float] | None
+    ) -> None:
+        """``logprobs=None`` means all 0.0 (an environment span's); a model span needs its own."""
+        id_array = _id_array(ids)
+        logprob_array: array[float] | None = None
+        if logprobs is None:
+            if kind == "model":
+                raise ValueError("a model span needs the engine's logprobs")
+        else:
+            logprob_array = _logprob_array(logprobs)
+            if len(id_array) != len(logprob_array):
+                raise ValueError(f"span has {len(id_array)} ids but {len(logprob_array)} logprobs")
+            if kind != "model" and not any(logprob_array):
+                logprob_array = None  # an environment span's logprobs are all 0.0: keep none
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "id_array", id_array)
+        object.__setattr__(self, "logprob_array", logprob_array)
+
+    def __getstate__(self) -> tuple[str, array[int], array[float] | None]:
+        return (self.kind, self.id_array, self.logprob_array)
+
+    def __setstate__(self, state: Sequence[Any]) -> None:
+        # Also reads spans pickled before the arrays (state: kind, ids tuple, logprobs tuple).
+        kind, ids, logprobs = state
+        TokenSpan.__init__(self, kind, ids, logprobs)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.id_array.tobytes(), self.logprobs))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.id_array)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(self.id_array)
+
+    @property
+    def logprobs(self) -> tuple[float, ...]:
+        if self.logprob_array is None:
+            return (0.0,) * len(self.id_array)
+        return tuple(self.logprob_array)
 
     @property
     def loss_mask(self) -> tuple[int, ...]:
-        return (1 if self.kind == "model" else 0,) * len(self.ids)
+        return (1 if self.kind == "model" else 0,) * len(self.id_array)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,15 +213,32 @@ class Trajectory:
 
     @property
     def response_ids(self) -> list[int]:
-        return [i for span in self.spans for i in span.ids]
+        out = array("i")
+        for span in self.spans:
+            out += span.id_array
+        return out.tolist()
 
     @property
     def loss_mask(self) -> list[int]:
-        return [m for span in self.spans for m in span.loss_mask]
+        out: list[int] = []
+        for span in self.spans:
+            out += [1 if span.kind == "model" else 0] * span.num_tokens
+        return out
 
     @property
     def rollout_logprobs(self) -> list[float]:
-        return [lp for span in self.spans for lp in span.logprobs]
+        out: list[float] = []
+        for span in self.spans:
+            if span.logprob_array is None:
+                out += [0.0] * span.num_tokens
+            else:
+                out += span.logprob_array.tolist()
+        return out
+
+    @property
+    def response_length(self) -> int:
+        """Number of response tokens (without building the id list)."""
+        return sum(span.num_tokens for span in self.spans)
 
     @property
     def weight_segments(self) -> tuple[tuple[int, int, str | None], ...]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from array import array
 from dataclasses import replace
 
 from toolrollout._exceptions import OverlongPromptError, ToolRolloutError
@@ -28,7 +29,7 @@ from toolrollout.engines._types import GenerateRequest, GenerateResult, Sampling
 from ._environment import TrajectoryEnvironment
 from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
 from ._interactions import select_interaction
-from ._parts import RolloutServices
+from ._parts import RolloutServices, id_tuple
 from ._state import TrajectoryState
 
 __all__ = ["run_trajectory"]
@@ -99,7 +100,7 @@ async def _drive(
     """The turns: stop? -> generate -> model turn -> environment step -> its delta."""
     chat, context = state.services.chat, state.services.context_length
     if not resumed:
-        state.transcript.prompt_ids = chat.render_prompt(state.transcript.messages)
+        state.transcript.prompt_ids = array("i", chat.render_prompt(state.transcript.messages))
     prompt_len = len(state.transcript.prompt_ids)
     if context is not None and prompt_len >= context:
         # Checked here, before any request: a local budget, not an answer of the engine.
@@ -145,7 +146,7 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
     sampling = services.config.sampling
     per_turn = sampling.max_new_tokens
     if transcript.open_turn:
-        per_turn -= len(transcript.spans[-1].ids)  # the turn's first leg counts against its cap
+        per_turn -= transcript.spans[-1].num_tokens  # the turn's first leg counts against its cap
         if per_turn <= 0:
             state.finish(TrajectoryStatus.TRUNCATED, "length")
             return None
@@ -153,10 +154,10 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
     if services.vision is not None and state.vision.urls:
         # One <|image_pad|> per image on the wire: every SGLang version expands that form
         # itself (see docs/multimodal.md); the transcript keeps the expanded ids.
-        input_ids = services.vision.collapse(input_ids)
+        input_ids = array("i", services.vision.collapse(input_ids))
     rid = f"{state.uid}-t{state.num_turns}-{uuid.uuid4().hex[:8]}"
     request = GenerateRequest(
-        input_ids=tuple(input_ids),
+        input_ids=id_tuple(input_ids),
         sampling=_sampling(sampling, min(per_turn, remaining), _seed_for(state)),
         rid=rid,
         session_id=state.uid,

@@ -7,6 +7,7 @@ rules that change them) so environment code can import them without the state's 
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,6 +33,7 @@ __all__ = [
     "Timing",
     "ToolLedger",
     "Transcript",
+    "id_tuple",
 ]
 
 
@@ -100,7 +102,8 @@ class Transcript:
     """The conversation and its tokens: only ever appended to (an open turn is extended)."""
 
     messages: list[dict[str, Any]]
-    prompt_ids: list[int] = field(default_factory=list)
+    prompt_ids: Sequence[int] = field(default_factory=lambda: array("i"))
+    """The rendered prompt; the loop keeps it as ``array('i')`` (4 bytes a token)."""
     spans: list[TokenSpan] = field(default_factory=list)
     model_texts: list[str] = field(default_factory=list)
     open_turn: bool = False
@@ -110,13 +113,35 @@ class Transcript:
 
     @property
     def response_len(self) -> int:
-        return sum(len(s.ids) for s in self.spans)
+        return sum(s.num_tokens for s in self.spans)
 
-    def ids(self) -> list[int]:
-        out = list(self.prompt_ids)
+    def ids(self) -> array[int]:
+        """Prompt and response ids, one compact array (copied from the spans, no objects)."""
+        out = array("i", self.prompt_ids)
         for span in self.spans:
-            out.extend(span.ids)
+            out += span.id_array
         return out
+
+
+_INTS: list[int] = []
+"""One int object per token id seen so far, shared by every request's id tuple."""
+
+
+def id_tuple(ids: array[int]) -> tuple[int, ...]:
+    """``tuple(ids)`` whose items are shared int objects, not fresh ones.
+
+    A request holds its whole conversation as a tuple while it waits for the engine; with
+    10,000 trajectories in flight, fresh ints (28 bytes each, beside the tuple's 8) would be
+    most of the client's memory. Ids index a table of ints built once per vocabulary.
+    """
+    if not ids:
+        return ()
+    top = max(ids)
+    if min(ids) < 0:  # not a token id; nothing to share
+        return tuple(ids)
+    if top >= len(_INTS):
+        _INTS.extend(range(len(_INTS), top + 1))
+    return tuple(map(_INTS.__getitem__, ids))
 
 
 @dataclass(slots=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from functools import cache
@@ -166,7 +167,7 @@ class TrajectoryState:
         An open turn (cut by an abort, now resumed) is extended in place: its first leg's
         ids and logprobs stay as they were and the continuation follows in the same span.
         """
-        ids = tuple(result.output_ids)
+        ids = result.output_ids
         logprobs = result.output_logprobs
         if logprobs is None:
             raise EngineError("the engine returned no logprobs; token-exact rollouts need them")
@@ -174,10 +175,10 @@ class TrajectoryState:
         self._note_server(result.server_url)
         start = t.response_len
         continuing = t.open_turn
-        span = TokenSpan("model", ids, tuple(float(x) for x in logprobs))
+        span = TokenSpan("model", ids, logprobs)
         if continuing:
             first = t.spans.pop()
-            span = TokenSpan("model", first.ids + span.ids, first.logprobs + span.logprobs)
+            span = _joined(first, span)
             t.model_texts.pop()
         else:
             c.num_turns += 1
@@ -187,7 +188,8 @@ class TrajectoryState:
         c.cached_tokens += result.cached_tokens
         c.weight_version = result.weight_version
         t.segments.append((start, start + len(ids), result.weight_version))
-        text = self.services.chat.model_text(span.ids)
+        turn_ids = span.ids if continuing else tuple(ids)
+        text = self.services.chat.model_text(turn_ids)
         t.model_texts.append(text)
         family = self.services.chat.family
         parsed = _with_family_ids(
@@ -213,7 +215,7 @@ class TrajectoryState:
             self.finish(TrajectoryStatus.TRUNCATED, "length")
         else:
             c.parse_errors += len(parsed.errors)
-        return ModelTurn(text, span.ids, parsed, finish)
+        return ModelTurn(text, turn_ids, parsed, finish)
 
     def _note_server(self, url: str | None) -> None:
         """Record a move to another server (engine failover: the prefix cache is lost, the
@@ -264,7 +266,7 @@ class TrajectoryState:
             return False
         t.messages.extend(messages)
         record_images(self.vision, step.images, runs, len(t.prompt_ids) + t.response_len)
-        t.spans.append(TokenSpan(step.kind, tuple(delta), (0.0,) * len(delta)))
+        t.spans.append(TokenSpan(step.kind, delta, None))
         if step.kind == "tool":
             self.counters.tool_tokens += len(delta)
         else:
@@ -383,8 +385,8 @@ class TrajectoryState:
             },
             "transcript": {
                 "messages": to_json_value(t.messages),
-                "prompt_ids": t.prompt_ids,
-                "spans": [[s.kind, s.ids, s.logprobs] for s in t.spans],
+                "prompt_ids": list(t.prompt_ids),
+                "spans": [[s.kind, s.id_array.tolist(), list(s.logprobs)] for s in t.spans],
                 "model_texts": t.model_texts,
                 "open_turn": t.open_turn,
                 "segments": t.segments,
@@ -446,8 +448,8 @@ class TrajectoryState:
         t = data.get("transcript", {})
         state.transcript = Transcript(
             messages=from_json_value(t["messages"]),
-            prompt_ids=list(t["prompt_ids"]),
-            spans=[TokenSpan(k, tuple(i), tuple(float(x) for x in lp)) for k, i, lp in t["spans"]],
+            prompt_ids=array("i", t["prompt_ids"]),
+            spans=[TokenSpan(k, i, [float(x) for x in lp]) for k, i, lp in t["spans"]],
             model_texts=list(t.get("model_texts", [])),
             open_turn=bool(t.get("open_turn", False)),
             segments=[(s, e, v) for s, e, v in t.get("segments", [])],
@@ -502,6 +504,16 @@ def resume_prompt(point: ResumePoint) -> RolloutPrompt:
         ground_truth=from_json_value(prompt.get("ground_truth")),
         metadata=from_json_value(prompt.get("metadata", {})),
     )
+
+
+def _joined(first: TokenSpan, more: TokenSpan) -> TokenSpan:
+    """An open model turn's first leg and its continuation, as one span (values exact)."""
+    assert first.logprob_array is not None and more.logprob_array is not None
+    if first.logprob_array.typecode == more.logprob_array.typecode:
+        logprobs = first.logprob_array + more.logprob_array
+    else:  # one leg needed 8 bytes a value: the whole span does
+        logprobs = array("d", first.logprob_array) + array("d", more.logprob_array)
+    return TokenSpan("model", first.id_array + more.id_array, logprobs)
 
 
 def _public_messages(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:

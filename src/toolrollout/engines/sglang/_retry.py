@@ -38,6 +38,16 @@ __all__ = ["ENGINE_RETRY", "RetryPolicy"]
 
 logger = logging.getLogger("toolrollout.engines.sglang")
 
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def _body(json_body: Any) -> dict[str, Any]:
+    """``build_request`` arguments for a JSON body written by orjson (none for ``None``)."""
+    if json_body is None:
+        return {}
+    return {"content": _wire.encode_json(json_body), "headers": _JSON_HEADERS}
+
+
 T = TypeVar("T")
 
 
@@ -232,7 +242,7 @@ class _Transport:
         failed = True
         try:
             try:
-                request = self._http.build_request(method, self._url(url, path), json=json_body)
+                request = self._http.build_request(method, self._url(url, path), **_body(json_body))
                 response = await self._http.send(request, stream=stream)
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 if on_connect_failure is not None and _is_connect_failure(exc):

@@ -1,0 +1,22 @@
+"""benchmarks/bench_scale.py at a tiny size: it runs, every trajectory completes, and the
+figures it reports are there and consistent (the 10,000-trajectory run is in the docs)."""
+
+from __future__ import annotations
+
+from benchmarks.bench_scale import ScaleConfig, run_scale
+
+
+def test_scale_benchmark_runs_small() -> None:
+    config = ScaleConfig(
+        trajectories=24, turns=3, tokens=32, turn_seconds=0.05, tool_seconds=0.01, sample_every=0.05
+    )
+    report = run_scale(config)  # the demo tokenizer
+    assert report["statuses"] == {"completed": 24}
+    assert report["turns"] == 24 * 3
+    storage = report["token_storage"]
+    assert storage["tokens"] > 24 * 3 * 32
+    # Arrays: a few bytes a token; the tuples of before: tens.
+    assert storage["live_bytes_per_token"] < storage["before_bytes_per_token"] / 3
+    assert report["lag_ms"]["samples"] > 0
+    assert report["lag_ms"]["p50"] <= report["lag_ms"]["p99"] <= report["lag_ms"]["max"]
+    assert report["ticks"] and report["peak_rss_mb"] > 0

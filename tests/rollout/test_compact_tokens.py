@@ -1,0 +1,116 @@
+"""Token spans in compact arrays: what goes in comes out exactly, at a fraction of the bytes.
+
+The logprobs an engine reports must reach the trainer exactly (its importance ratios and
+the teacher-forced agreement checks compare them with recomputed ones). SGLang computes
+them in float32 and writes them as JSON floats, so a span keeps them in 4 bytes when that
+is exact and in 8 otherwise; these tests feed both kinds of values.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+import sys
+from array import array
+
+import pytest
+
+from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
+from toolrollout.rollout._parts import Transcript, id_tuple
+
+
+def _float32_values(n: int, seed: int = 0) -> list[float]:
+    """Values as SGLang writes them: float32 logprobs, printed and parsed as JSON floats."""
+    rng = random.Random(seed)
+    values = array("f", [-rng.expovariate(3.0) for _ in range(n)]).tolist()
+    parsed: list[float] = json.loads(json.dumps(values))
+    return parsed
+
+
+def test_float32_logprobs_are_kept_in_four_bytes_and_come_back_exactly() -> None:
+    logprobs = _float32_values(256)
+    ids = [random.Random(1).randrange(151_000) for _ in range(256)]
+    span = TokenSpan("model", tuple(ids), tuple(logprobs))
+    assert span.logprob_array is not None and span.logprob_array.typecode == "f"
+    assert span.ids == tuple(ids)
+    assert span.logprobs == tuple(logprobs)  # the very float64 values that were parsed
+    assert span.loss_mask == (1,) * 256
+
+
+def test_values_float32_would_round_keep_eight_bytes() -> None:
+    logprobs = [-0.1, -1e-9, -(2.0**-40) * 3, -123.456789012345]
+    span = TokenSpan("model", (1, 2, 3, 4), logprobs)
+    assert span.logprob_array is not None and span.logprob_array.typecode == "d"
+    assert span.logprobs == tuple(logprobs)
+
+
+def test_environment_spans_store_no_logprobs() -> None:
+    span = TokenSpan("tool", [7, 8, 9], None)
+    assert span.logprob_array is None
+    assert span.logprobs == (0.0, 0.0, 0.0) and span.loss_mask == (0, 0, 0)
+    assert TokenSpan("interaction", [7, 8, 9], [0.0] * 3) == TokenSpan(
+        "interaction", [7, 8, 9], None
+    )
+    with pytest.raises(ValueError, match="logprobs"):
+        TokenSpan("model", [1], None)
+    with pytest.raises(ValueError, match="2 ids but 1 logprobs"):
+        TokenSpan("model", [1, 2], [-0.5])
+
+
+def test_spans_pickle_and_hash_like_values() -> None:
+    span = TokenSpan("model", (3, 4), _float32_values(2))
+    again = pickle.loads(pickle.dumps(span))
+    assert again == span and hash(again) == hash(span)
+    # Spans pickled before the arrays held (kind, ids tuple, logprobs tuple).
+    old = TokenSpan.__new__(TokenSpan)
+    old.__setstate__(("tool", (5, 6), (0.0, 0.0)))
+    assert old == TokenSpan("tool", (5, 6), None)
+
+
+def test_trajectory_columns_are_the_span_values_in_order() -> None:
+    model = [*_float32_values(5), -0.1]
+    spans = (
+        TokenSpan("model", range(10, 16), model),
+        TokenSpan("tool", [1, 2], None),
+        TokenSpan("model", [20], [-0.25]),
+    )
+    trajectory = Trajectory(
+        uid="g-0", group_id="g", prompt_index=0, sample_index=0, prompt_ids=(1, 2, 3),
+        spans=spans, messages=(), status=TrajectoryStatus.COMPLETED, finish_reason="stop",
+    )  # fmt: skip
+    assert trajectory.response_ids == [10, 11, 12, 13, 14, 15, 1, 2, 20]
+    assert trajectory.loss_mask == [1] * 6 + [0, 0, 1]
+    assert trajectory.rollout_logprobs == [*model, 0.0, 0.0, -0.25]
+    assert trajectory.response_length == 9
+    row = trajectory.to_row()
+    assert row["rollout_logprobs"] == trajectory.rollout_logprobs
+    assert all(type(x) is float for x in row["rollout_logprobs"])
+    assert all(type(x) is int for x in row["response_ids"])
+
+
+def test_transcript_ids_and_request_tuples() -> None:
+    transcript = Transcript(messages=[], prompt_ids=array("i", [1, 2, 300_000]))
+    transcript.spans.append(TokenSpan("model", [400_000, 5], [-0.5, -0.25]))
+    transcript.spans.append(TokenSpan("tool", [6], None))
+    ids = transcript.ids()
+    assert ids.tolist() == [1, 2, 300_000, 400_000, 5, 6] and transcript.response_len == 3
+    first, second = id_tuple(ids), id_tuple(ids)
+    assert first == (1, 2, 300_000, 400_000, 5, 6)
+    assert all(a is b for a, b in zip(first, second, strict=True))  # shared int objects
+    assert id_tuple(array("i", [-1, 2])) == (-1, 2) and id_tuple(array("i")) == ()
+
+
+def test_compact_spans_take_a_fraction_of_the_tuples_bytes() -> None:
+    logprobs = _float32_values(256)
+    ids = [100_000 + i for i in range(256)]
+    span = TokenSpan("model", ids, logprobs)
+    compact = sys.getsizeof(span.id_array) + sys.getsizeof(span.logprob_array)
+    as_tuples = (
+        sys.getsizeof(tuple(ids))
+        + sum(map(sys.getsizeof, ids))
+        + sys.getsizeof(tuple(logprobs))
+        + sum(map(sys.getsizeof, logprobs))
+    )
+    assert compact / 256 < 9  # 4 + 4 bytes a token, plus the two array headers
+    assert as_tuples / 256 > 60
