@@ -188,6 +188,56 @@ def _kill_group(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+# The command-line words of a service a user starts by hand (``toolrollout sandbox serve``,
+# ``toolrollout retriever serve``): such a server has no record, and is told apart from a
+# foreign process by what runs it.
+_HAND_STARTED = {"sandbox": ("sandbox", "serve"), "retriever": ("retriever", "serve")}
+
+
+def _listening_pid(port: int) -> int | None:
+    """The pid of the process listening on TCP ``port`` (Linux ``/proc``), if visible."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if (
+                    len(fields) > 9
+                    and fields[3] == "0A"
+                    and int(fields[1].rsplit(":", 1)[1], 16) == port
+                ):
+                    inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                with suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return int(entry.name)
+    return None
+
+
+def _hand_started(kind: str, port: int) -> tuple[int, str] | None:
+    """``(pid, command line)`` when a ``toolrollout`` server of ``kind`` that no run started
+    (so, one a user started by hand) listens on ``port``."""
+    words = _HAND_STARTED.get(kind)
+    pid = _listening_pid(port) if words is not None else None
+    if words is None or pid is None:
+        return None
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    names = [Path(a).name for a in argv]
+    if any(n.startswith("toolrollout") for n in names) or "toolrollout" in argv:
+        if all(word in argv for word in words):
+            return pid, " ".join(a for a in argv if a)
+    return None
+
+
 async def claim_port(kind: str, host: str, port: int, argv: Sequence[str] | None = None) -> bool:
     """Make ``port`` ready for a new ``kind`` service of this run.
 
@@ -245,6 +295,17 @@ async def claim_port(kind: str, host: str, port: int, argv: Sequence[str] | None
             record_path(port).unlink()
         if not await is_listening(host, port):
             return False
+    if not known:
+        hand = _hand_started(kind, port)
+        if hand is not None:
+            logger.warning(
+                "port %d: using the %s you started yourself (pid %d: %s); this run does not "
+                "supervise or restart it",
+                port,
+                kind,
+                *hand,
+            )
+            return True
     raise UserError(
         f"port {port} on {host} is in use by a process this run did not start; stop it or "
         "choose another port"

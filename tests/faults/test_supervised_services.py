@@ -248,6 +248,33 @@ async def test_a_foreign_process_on_the_port_is_a_one_line_error() -> None:
     )
 
 
+def test_a_server_the_user_started_by_hand_is_used_with_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A ``toolrollout retriever serve`` a user started (no run record) is used, and the
+    log says it is not supervised; for another kind of service the port stays refused.
+    The listener stands in for the real CLI: what tells it apart is its command line
+    (docs/search.md's page test runs the real one)."""
+    port = free_port()
+    listen = (
+        "import socket,sys,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, "
+        "socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(); "
+        "print('up', flush=True); time.sleep(60)"
+    )
+    argv = [sys.executable, "-c", listen, str(port), "toolrollout", "retriever", "serve"]
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "up"
+        with caplog.at_level(logging.WARNING, logger="toolrollout.services"):
+            assert anyio.run(claim_port, "retriever", "127.0.0.1", port) is True
+        assert f"using the retriever you started yourself (pid {process.pid}" in caplog.text
+        with pytest.raises(UserError, match="in use by a process this run did not start"):
+            anyio.run(claim_port, "sandbox", "127.0.0.1", port)
+    finally:
+        process.kill()
+        process.wait()
+
+
 EVERYTHING = REPO / ".ci/node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 NODE = shutil.which("node")
 

@@ -12,7 +12,7 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -36,12 +36,14 @@ def answers(request: Any, tokenizer: Any) -> str:
 @asynccontextmanager
 async def sdk(
     model: Model, *, config: GatewayConfig | None = None, api_key: str = "session-a"
-) -> AsyncIterator[tuple[openai.AsyncOpenAI, Gateway, httpx.AsyncClient]]:
+) -> AsyncIterator[tuple[Any, Gateway, httpx.AsyncClient]]:
+    # The SDK's client is yielded as Any: its overloads want TypedDict messages, and these
+    # tests build plain dicts (what a harness sends); openai 3.x types http_client as httpx2's.
     async with Gateway(model.engine, model.tokenizer, config=config) as gateway:
         transport = httpx.ASGITransport(app=build_app(gateway))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
             client = openai.AsyncOpenAI(
-                base_url="http://gw/v1", api_key=api_key, http_client=http, max_retries=0
+                base_url="http://gw/v1", api_key=api_key, http_client=cast(Any, http), max_retries=0
             )
             yield client, gateway, http
 

@@ -28,7 +28,8 @@ pytestmark = pytest.mark.slow
 SRC = Path(__file__).parents[2] / "src"
 
 
-def run_agent(client: openai.OpenAI, messages: list[Any]) -> list[Any]:
+def run_agent(client: Any, messages: list[Any]) -> list[Any]:
+    # client: openai.OpenAI, typed Any as its overloads want TypedDict messages
     for _ in range(4):
         reply = client.chat.completions.create(
             model="toolrollout",
@@ -98,9 +99,9 @@ def test_the_gateway_command_records_an_sdk_agent(tmp_path: Path, demo_tokenizer
         finish_reason="stop",
     )
     chat = ChatFormat(demo_tokenizer, tools=[CALCULATOR_TOOL])
-    ids = [*recorded["prompt_ids"], *recorded["response_ids"]]
-    assert ids == rebuilt(trajectory, chat)
-    assert check_drift(ids, recorded["messages"], chat_format=chat).expected
+    full_ids = [*recorded["prompt_ids"], *recorded["response_ids"]]
+    assert full_ids == rebuilt(trajectory, chat)
+    assert check_drift(full_ids, recorded["messages"], chat_format=chat).expected
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:

@@ -114,7 +114,7 @@ async def test_an_sdk_resending_an_equal_message_extends(demo_tokenizer: Any) ->
         back = sent_back(first.choices[0])
         back["tool_calls"][0]["function"]["arguments"] = '{ "expression" : "6*7" }'
         back["refusal"] = None
-        resent = [
+        resent: list[dict[str, Any]] = [
             SYSTEM,
             {"role": "user", "content": [{"type": "text", "text": "What is 6*7?"}]},
             back,
