@@ -19,12 +19,13 @@ import contextlib
 import os
 from typing import Any
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 from transformers import TrainerCallback
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
 
+from ._portal import open_engine_portal
 from ._weight_sync import SYNC_SECONDS_METRIC, SyncResult, WeightSync, WeightSyncMode
 
 __all__ = ["CALLBACK_NAME", "ToolRolloutWeightSync"]
@@ -78,15 +79,7 @@ class ToolRolloutWeightSync(TrainerCallback):
 
     def _ensure_portal(self) -> BlockingPortal:
         if self._portal is None:
-            stack = contextlib.ExitStack()
-            portal = stack.enter_context(start_blocking_portal())
-            try:
-                portal.call(self.engine.__aenter__)
-            except BaseException:
-                stack.close()
-                raise
-            stack.callback(portal.call, self.engine.aclose)
-            self._stack, self._portal = stack, portal
+            self._stack, self._portal = open_engine_portal(self.engine)
         return self._portal
 
     def _sync(self, state: Any) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal
+from anyio.from_thread import BlockingPortal
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
@@ -40,6 +40,7 @@ from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts
 from toolrollout.tools import Tool, ToolExecutor, open_tools
 
 from ._metrics import cut_extras, trajectory_extras
+from ._portal import open_engine_portal
 from ._sampling_check import check_sampling
 from ._weight_sync import SYNC_SECONDS_METRIC, SyncResult, WeightSync, WeightSyncMode
 
@@ -127,14 +128,7 @@ class TRLRolloutFunc:
 
     def _ensure_portal(self) -> BlockingPortal:
         if self._portal is None:
-            stack = contextlib.ExitStack()
-            portal = stack.enter_context(start_blocking_portal())
-            try:
-                portal.call(self.engine.__aenter__)
-            except BaseException:
-                stack.close()
-                raise
-            stack.callback(portal.call, self.engine.aclose)
+            stack, portal = open_engine_portal(self.engine)
             try:
                 stack.enter_context(
                     portal.wrap_async_context_manager(open_tools(self._parts.tools))
