@@ -147,7 +147,10 @@ def test_worker_killed_then_router_down_for_31_s(
         proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
              "--port", str(port), "--worker-urls", *workers, "--policy", "round_robin",
-             "--log-level", "warn"],
+             "--log-level", "warn",
+             # its metrics listener defaults to 0.0.0.0:29000: a free loopback port instead,
+             # so another router on the machine cannot make this one exit at start-up
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
             stdout=(tmp_path / "router.log").open("ab"), stderr=subprocess.STDOUT, env=ENV,
         )  # fmt: skip
         wait_http(f"{router_url}/health", 120, proc)

@@ -85,6 +85,12 @@ def cluster(
                 "round_robin",
                 "--log-level",
                 "warn",
+                # the metrics listener defaults to 0.0.0.0:29000; a free loopback port keeps
+                # another router on the machine from failing this one's start-up
+                "--prometheus-host",
+                "127.0.0.1",
+                "--prometheus-port",
+                str(free_port()),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
