@@ -11,7 +11,7 @@ import toolrollout.engines
 import toolrollout.tools
 from toolrollout._exceptions import EngineUnavailable, ToolUnavailable, UserError
 from toolrollout._retry import RetryPolicy
-from toolrollout.engines import SGLangClient
+from toolrollout.engines import ENGINE_RETRY, SGLangClient
 from toolrollout.engines._types import GenerateRequest
 from toolrollout.tools import (
     ToolCallRequest,
@@ -38,9 +38,12 @@ def test_max_attempts_counts_the_first_attempt() -> None:
 
 
 def test_the_defaults_of_each_caller_are_kept() -> None:
-    # the engine client's: 5 attempts, 0.5 s doubling, 30 s cap, read timeouts not retried
+    # the engine client's (issue 23): 60 s of retrying, at most 30 attempts, 0.5 s doubling,
+    # waits capped at 4 s, read timeouts not retried
     engine = SGLangClient("http://e:1")._retry
-    assert (engine.max_attempts, engine.initial_backoff, engine.max_backoff) == (5, 0.5, 30.0)
+    assert engine == ENGINE_RETRY
+    assert (engine.max_attempts, engine.initial_backoff, engine.max_backoff) == (30, 0.5, 4.0)
+    assert engine.budget_s == 60.0
     assert engine.jitter == 0.5 and not engine.retry_timeouts
     # a tool's: 2 retries of infrastructure errors only, 0.1 s doubling, 2 s cap
     assert ToolLimits().retry == DEFAULT_TOOL_RETRY

@@ -527,7 +527,7 @@ async def test_update_weight_version(client: httpx.AsyncClient) -> None:
 
 # ---------------------------------------------------------------------------- real sockets
 async def test_end_to_end_over_a_real_socket(
-    live_server: _ServerThread, engine: EmbeddedEngine
+    live_server: _ServerThread, engine: EmbeddedEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with httpx.AsyncClient(base_url=live_server.url, timeout=30) as c:
         assert (await c.get("/health")).status_code == 200
@@ -544,6 +544,17 @@ async def test_end_to_end_over_a_real_socket(
         assert chunks[-1] == "[DONE]"
         assert json.loads(chunks[-2])["output_ids"] == single["output_ids"]
 
+        # Slowed down, so that the abort lands before the 240 tokens are done even on a
+        # quiet machine (unslowed, the tiny model can finish them first: 'length').
+        model = engine._model
+        assert model is not None
+        original = model.forward
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.02)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(model, "forward", slow)
         body = {"input_ids": [5, 6], "rid": "live", "sampling_params": greedy(240, ignore_eos=True)}
         pending = asyncio.create_task(c.post("/generate", json=body))
         await wait_until(lambda: engine.num_running == 1)
