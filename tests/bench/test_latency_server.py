@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from tests._latency import lookup
 from transformers import AutoTokenizer
 
 from toolrollout.bench import LatencyModel, LatencyServer, Workload, create_latency_app
@@ -22,22 +23,11 @@ from toolrollout.chat import ChatFormat, get_tool_parser
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
 from toolrollout.rollout import RolloutConfig, RolloutRunner
-from toolrollout.tools import function_tool
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
-
-
-@function_tool(name=TOOL_NAME)
-async def lookup(key: str) -> str:
-    """Look up a record.
-
-    Args:
-        key: the record key.
-    """
-    return f"record {key}"
 
 
 def _server(tokenizer: Any, **kw: Any) -> LatencyServer:

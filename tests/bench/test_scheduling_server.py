@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from tests._latency import lookup
 from transformers import AutoTokenizer
 
 from toolrollout.bench import (
@@ -29,22 +30,10 @@ from toolrollout.bench import (
     Workload,
     create_latency_app,
 )
-from toolrollout.bench._script import TOOL_NAME
 from toolrollout.bench._server import PRIORITY_DISABLED_MESSAGE
 from toolrollout.chat import ChatFormat
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest, SamplingParams
-from toolrollout.tools import function_tool
-
-
-@function_tool(name=TOOL_NAME)
-async def lookup(key: str) -> str:
-    """Look up a record.
-
-    Args:
-        key: the record key.
-    """
-    return f"record {key}"
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from tests._latency import lookup
 from transformers import AutoTokenizer
 
 from toolrollout.bench import (
@@ -20,7 +21,6 @@ from toolrollout.bench import (
     Workload,
     create_latency_app,
 )
-from toolrollout.bench._script import TOOL_NAME
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.engines._scheduling import (
@@ -30,17 +30,6 @@ from toolrollout.engines._scheduling import (
     ServerPriority,
 )
 from toolrollout.rollout import RolloutConfig, RolloutRunner
-from toolrollout.tools import function_tool
-
-
-@function_tool(name=TOOL_NAME)
-async def lookup(key: str) -> str:
-    """Look up a record.
-
-    Args:
-        key: the record key.
-    """
-    return f"record {key}"
 
 
 @pytest.fixture(scope="module")
