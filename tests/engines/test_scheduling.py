@@ -160,7 +160,7 @@ async def test_admission_follows_the_load_report_of_a_kv_limited_server(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     workload = Workload(prompts=4, n=4, min_turns=2, max_turns=2, tokens_per_turn=48)
-    server = _server(tokenizer, ServerScheduling(), kv_tokens=6_000, decode_per_token_s=0.0005)
+    server = _server(tokenizer, ServerScheduling(), kv_tokens=3_000, decode_per_token_s=0.002)
     config = SchedulingConfig(admission=True, admission_min=2, admission_step=2, poll_s=0.01)
     limits: list[int] = []
     original = AdmissionControl.update
