@@ -29,7 +29,7 @@ from toolrollout.engines._types import GenerateRequest, GenerateResult, Sampling
 from ._environment import TrajectoryEnvironment
 from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
 from ._interactions import select_interaction
-from ._parts import RolloutServices, id_tuple
+from ._parts import RolloutServices, id_tuple, render_prompt
 from ._state import TrajectoryState
 
 __all__ = ["run_trajectory"]
@@ -98,9 +98,9 @@ async def _drive(
     state: TrajectoryState, hooks: TrajectoryHooks, env: TrajectoryEnvironment, *, resumed: bool
 ) -> None:
     """The turns: stop? -> generate -> model turn -> environment step -> its delta."""
-    chat, context = state.services.chat, state.services.context_length
+    context = state.services.context_length
     if not resumed:
-        state.transcript.prompt_ids = array("i", chat.render_prompt(state.transcript.messages))
+        state.transcript.prompt_ids = render_prompt(state.services, state.transcript.messages)
     prompt_len = len(state.transcript.prompt_ids)
     if context is not None and prompt_len >= context:
         # Checked here, before any request: a local budget, not an answer of the engine.

@@ -6,6 +6,7 @@ rules that change them) so environment code can import them without the state's 
 
 from __future__ import annotations
 
+import json
 import time
 from array import array
 from collections.abc import Mapping, Sequence
@@ -34,6 +35,7 @@ __all__ = [
     "ToolLedger",
     "Transcript",
     "id_tuple",
+    "render_prompt",
 ]
 
 
@@ -70,6 +72,34 @@ class RolloutServices:
     """Set by a run with a batch target (straggler control); None: run everything out."""
     scheduler: Scheduler | None = None
     """Client-side scheduling policies of the run (issue 20); None: none configured."""
+    rendered_prompts: dict[str, array[int]] = field(default_factory=dict)
+    """Prompt ids by the JSON of the messages they render: the ``n`` samples of a prompt
+    (and repeated prompts) render and tokenize it once per run (see :func:`render_prompt`)."""
+
+
+RENDER_CACHE_SIZE = 65_536
+"""Most distinct prompts one run keeps rendered; past it, new prompts are not cached."""
+
+
+def render_prompt(services: RolloutServices, messages: Sequence[Mapping[str, Any]]) -> array[int]:
+    """The prompt ids of ``messages``, rendered once per distinct conversation in a run.
+
+    Rendering is the chat template plus the tokenizer, a few milliseconds of CPU a prompt
+    that blocks the event loop; GRPO's ``n`` samples of one prompt share the result, the
+    same array (a transcript only reads its prompt ids, never changes them). The key is the
+    messages' JSON, so a conversation holding objects JSON cannot write (images) is rendered
+    every time.
+    """
+    try:
+        key = json.dumps(messages, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return array("i", services.chat.render_prompt(messages))
+    ids = services.rendered_prompts.get(key)
+    if ids is None:
+        ids = array("i", services.chat.render_prompt(messages))
+        if len(services.rendered_prompts) < RENDER_CACHE_SIZE:
+            services.rendered_prompts[key] = ids
+    return ids
 
 
 @dataclass(frozen=True, slots=True)

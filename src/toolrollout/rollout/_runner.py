@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 import anyio
+import anyio.lowlevel
 
 from toolrollout._exceptions import EngineError, UserError
 from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
@@ -51,6 +52,10 @@ __all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
 
 logger = logging.getLogger(__name__)
 
+START_BATCH = 64
+"""Trajectories started per turn of the event loop. Each renders its prompt before its
+first request, synchronously; started all at once, 10,000 of them blocked the loop for
+100 s (docs/benchmarks.md). In batches, the loop serves replies and timers between them."""
 ABORT_RESEND_SECONDS = 1.0
 """An abort that reaches SGLang before the request is registered there is dropped, so the
 runner names every rid still in flight again after this many seconds."""
@@ -326,10 +331,14 @@ class RolloutRunner:
                 on_result(trajectory)
 
         async with anyio.create_task_group() as tg:
+            started = 0
             for prompt_index in range(len(rows)):
                 for sample_index in range(n):
                     if (prompt_index, sample_index) not in done:
                         tg.start_soon(one, prompt_index, sample_index)
+                        started += 1
+                        if started % START_BATCH == 0:
+                            await anyio.lowlevel.checkpoint()
         return [t for t in results if t is not None]
 
     async def _run_one(
@@ -544,9 +553,13 @@ class RolloutRunner:
             tg.start_soon(self._abort_stragglers, stop, wake, all_ended)
             if until is not None and pending:
                 tg.start_soon(stop_from_outside, until)
+            started = 0
             for job in jobs:
                 if job.done is None:
                     tg.start_soon(one, job)
+                    started += 1
+                    if started % START_BATCH == 0:
+                        await anyio.lowlevel.checkpoint()
         chosen = set(batch)
         ordered = sorted(
             results.items(), key=lambda kv: (kv[1].prompt_index, kv[0][0], kv[1].sample_index)

@@ -1,0 +1,88 @@
+"""How a run starts its trajectories: each distinct prompt rendered once, in batches.
+
+Rendering (chat template + tokenizer) is synchronous CPU work that blocks the event loop;
+issue 20's scale run measured a 100 s stall when 10,000 trajectories rendered their
+prompts in one turn of the loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolrollout.chat import ChatFormat
+from toolrollout.engines._types import GenerateRequest, GenerateResult
+from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
+from toolrollout.rollout._runner import START_BATCH
+from toolrollout.testing import ScriptedEngine, ScriptedOutput
+
+
+def _answers(tokenizer: Any, count: int) -> list[ScriptedOutput]:
+    ids = list(tokenizer.encode("Done.<|im_end|>", add_special_tokens=False))
+    return [ScriptedOutput(ids, logprobs=[-0.5] * len(ids)) for _ in range(count)]
+
+
+def _prompts(count: int) -> list[list[dict[str, str]]]:
+    return [[{"role": "user", "content": f"Question number {i}?"}] for i in range(count)]
+
+
+class CountingEngine(ScriptedEngine):
+    """Records how many prompts had been rendered when the first request arrived."""
+
+    def __init__(self, outputs: list[ScriptedOutput], renders: list[int]) -> None:
+        super().__init__(outputs)
+        self.renders = renders
+        self.renders_at_first_request: int | None = None
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self.renders_at_first_request is None:
+            self.renders_at_first_request = len(self.renders)
+        return await super().generate(request)
+
+
+def _count_renders(monkeypatch: Any) -> list[int]:
+    renders: list[int] = []
+    original = ChatFormat.render_prompt
+
+    def counted(self: ChatFormat, messages: Any) -> list[int]:
+        renders.append(1)
+        return original(self, messages)
+
+    monkeypatch.setattr(ChatFormat, "render_prompt", counted)
+    return renders
+
+
+async def test_the_samples_of_a_prompt_share_one_render(
+    demo_tokenizer: Any, monkeypatch: Any
+) -> None:
+    renders = _count_renders(monkeypatch)
+    prompts, n = 3, 4
+    engine = ScriptedEngine(_answers(demo_tokenizer, prompts * n))
+    runner = RolloutRunner(engine, demo_tokenizer, [], config=RolloutConfig(n=n))
+    trajectories = await runner.run(_prompts(prompts))
+    assert [t.status for t in trajectories] == [TrajectoryStatus.COMPLETED] * prompts * n
+    assert len(renders) == prompts  # not prompts * n
+    for index in range(prompts):  # the shared ids are the prompt's own, for every sample
+        own = demo_tokenizer.apply_chat_template(
+            _prompts(prompts)[index], tokenize=False, add_generation_prompt=True
+        )
+        expected = tuple(demo_tokenizer.encode(own, add_special_tokens=False))
+        samples = [t for t in trajectories if t.prompt_index == index]
+        assert [t.prompt_ids for t in samples] == [expected] * n
+    assert [len(r.input_ids) for r in engine.requests] == [len(t.prompt_ids) for t in trajectories]
+
+
+async def test_a_large_run_sends_its_first_request_before_rendering_every_prompt(
+    demo_tokenizer: Any, monkeypatch: Any
+) -> None:
+    renders = _count_renders(monkeypatch)
+    prompts = 6 * START_BATCH
+    engine = CountingEngine(_answers(demo_tokenizer, prompts), renders)
+    config = RolloutConfig(concurrency=prompts)
+    trajectories = await RolloutRunner(engine, demo_tokenizer, [], config=config).run(
+        _prompts(prompts)
+    )
+    assert len(trajectories) == prompts and len(renders) == prompts
+    # All started in one turn of the loop, every prompt would be rendered before the first
+    # request goes out; in batches the first request leaves within the first two batches.
+    assert engine.renders_at_first_request is not None
+    assert engine.renders_at_first_request <= 2 * START_BATCH
