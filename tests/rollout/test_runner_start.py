@@ -86,3 +86,21 @@ async def test_a_large_run_sends_its_first_request_before_rendering_every_prompt
     # request goes out; in batches the first request leaves within the first two batches.
     assert engine.renders_at_first_request is not None
     assert engine.renders_at_first_request <= 2 * START_BATCH
+
+
+async def test_each_call_of_a_runner_draws_its_own_seeds(demo_tokenizer: Any) -> None:
+    """A trainer calls one runner every step: with ``seed`` set, step k must not replay the
+    random numbers of step 0 at every batch position (the same samples of a revisited
+    prompt), while a fresh runner's first call keeps the seeds it always had."""
+    config = RolloutConfig(n=2, seed=7)
+    engine = ScriptedEngine(_answers(demo_tokenizer, 3 * 4))
+    runner = RolloutRunner(engine, demo_tokenizer, [], config=config)
+    await runner.run(_prompts(2))
+    await runner.run(_prompts(2))
+    seeds = [r.sampling.seed for r in engine.requests]
+    first, second = seeds[:4], seeds[4:]
+    assert len(set(first)) == 4 and len(set(second)) == 4  # per (prompt, sample)
+    assert not set(first) & set(second)  # the second call draws anew
+    fresh = ScriptedEngine(_answers(demo_tokenizer, 4))
+    await RolloutRunner(fresh, demo_tokenizer, [], config=config).run(_prompts(2))
+    assert [r.sampling.seed for r in fresh.requests] == first  # reproducible per run

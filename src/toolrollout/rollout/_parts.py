@@ -72,6 +72,10 @@ class RolloutServices:
     """Set by a run with a batch target (straggler control); None: run everything out."""
     scheduler: Scheduler | None = None
     """Client-side scheduling policies of the run (issue 20); None: none configured."""
+    seed_round: int = 0
+    """Which call of its runner this run is (0 for the first): mixed into the per-sample
+    seeds, so a trainer that calls one runner every step draws fresh samples each time
+    instead of replaying step 0's random numbers at every batch position."""
     rendered_prompts: dict[str, array[int]] = field(default_factory=dict)
     """Prompt ids by the JSON of the messages they render: the ``n`` samples of a prompt
     (and repeated prompts) render and tokenize it once per run (see :func:`render_prompt`)."""

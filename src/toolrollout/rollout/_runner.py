@@ -219,6 +219,8 @@ class RolloutRunner:
         self.interactions: dict[str, Any] = dict(interactions or {})
         self.vision = vision
         self.hooks = hooks or TrajectoryHooks()
+        self._runs = 0
+        """Calls made so far (run, run_batch, resume): each draws its own seeds."""
 
     def _check_rows(
         self,
@@ -242,7 +244,9 @@ class RolloutRunner:
         return list(group_ids)
 
     def _services(self, stop: StopControl | None = None) -> RolloutServices:
+        seed_round, self._runs = self._runs, self._runs + 1
         return RolloutServices(
+            seed_round=seed_round,
             engine=self.engine,
             chat=self.chat,
             parser=self.parser,
