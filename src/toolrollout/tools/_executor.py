@@ -365,6 +365,10 @@ class ToolExecutor:
                 if isinstance(error, ToolArgumentError):
                     runtime.invalid_arguments += 1
                 logger.debug("%s", error)
+            elif isinstance(error, ToolUnavailable):
+                # An outage is expected infrastructure trouble: one line a call (a dead
+                # server fails every call until it is back); the traceback only for DEBUG.
+                logger.warning("%s", error, exc_info=logger.isEnabledFor(logging.DEBUG))
             else:
                 logger.warning("%s", error, exc_info=error)
             return ToolResult(text=f"Error: {error}", is_error=True, error=error)
