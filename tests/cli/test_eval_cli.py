@@ -226,3 +226,37 @@ def test_a_dataset_without_answers_is_refused(
         result.output.strip()
         == "error: eval needs a ground truth per prompt ('answer' or 'ground_truth')"
     )
+
+
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_engine_client_flags_reach_the_run_spec(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`eval` and `generate` build the engine client from the same flags (issue 23's retry
+    budget and failover), through one RunSpec."""
+    import toolrollout.spec as spec_module
+    from toolrollout._exceptions import UserError
+
+    seen: list[Any] = []
+
+    def capture(spec: Any, **_: Any) -> Any:
+        seen.append(spec)
+        raise UserError("stopped after the run spec was built")
+
+    monkeypatch.setattr(spec_module, "load_parts", capture)
+    flags = ["--request-timeout", "7", "--retries", "4", "--retry-budget", "9.5"]
+    flags += ["--failover-after", "0", "--engine-url", "http://127.0.0.1:9"]
+    flags += ["--out-dir" if command == "eval" else "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [command, *flags])
+    assert result.exit_code == 2, result.output
+    assert "stopped after the run spec was built" in result.output
+    [spec] = seen
+    assert (spec.request_timeout, spec.retries, spec.retry_budget, spec.failover_after) == (
+        7.0,
+        4,
+        9.5,
+        0,
+    )
+    options = spec.client_options()
+    assert options["retry"].max_attempts == 4 and options["retry"].budget_s == 9.5
+    assert options["failover_after"] is None  # 0: never move

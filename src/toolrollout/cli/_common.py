@@ -90,6 +90,30 @@ MaxRequestsOption = Annotated[
         help="Requests served at once; more get 429 with Retry-After (health not counted).",
     ),
 ]
+# Engine-client options of every command that runs rollouts (generate, eval).
+RequestTimeoutOption = Annotated[
+    float, typer.Option(min=0.1, help="Seconds to wait for one engine answer.")
+]
+RetriesOption = Annotated[
+    int,
+    typer.Option(min=1, help="Attempts per engine request at most (5xx, resets, timeouts)."),
+]
+RetryBudgetOption = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        help="Seconds an engine request keeps being retried after its first failure "
+        "(rides out a server or router restart).",
+    ),
+]
+FailoverAfterOption = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="With several --engine-url: failed attempts in a row after which a server's "
+        "trajectories move to a healthy one (0: never move).",
+    ),
+]
 ModelOption = Annotated[
     Path | None,
     typer.Option(

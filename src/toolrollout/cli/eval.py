@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
@@ -20,8 +20,12 @@ from toolrollout.cli._common import (
     ChatTemplateKwargsOption,
     EngineApiKeyOption,
     EngineUrlsOption,
+    FailoverAfterOption,
     FamilyOption,
     ModelOption,
+    RequestTimeoutOption,
+    RetriesOption,
+    RetryBudgetOption,
     fail,
     parse_template_kwargs,
     require_extra,
@@ -120,6 +124,10 @@ def eval_command(
     threads: Annotated[
         int, typer.Option(min=1, help="Torch threads of the embedded engine (1 suits tiny models).")
     ] = 1,
+    request_timeout: RequestTimeoutOption = 600.0,
+    retries: RetriesOption = 30,
+    retry_budget: RetryBudgetOption = 60.0,
+    failover_after: FailoverAfterOption = 3,
 ) -> None:
     """Evaluate: accuracy, pass@k, tool use, turns, latency; report with plots; tracking."""
     require_extra("eval", "toolrollout eval")
@@ -169,6 +177,7 @@ def eval_command(
                 health_timeout=health_timeout,
                 threads=threads,
                 out_dir=out_dir,
+                client=_ClientFlags(request_timeout, retries, retry_budget, failover_after),
             )
         from toolrollout.eval import write_report
 
@@ -194,6 +203,15 @@ def eval_command(
         raise fail(str(exc)) from None
     except OSError as exc:
         raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
+
+
+class _ClientFlags(NamedTuple):
+    """The engine client's flags, as `generate` has them (one RunSpec builds both)."""
+
+    request_timeout: float
+    retries: int
+    retry_budget: float
+    failover_after: int
 
 
 def _figures() -> tuple[str, ...]:
@@ -246,6 +264,7 @@ def _run_model(
     health_timeout: float,
     threads: int,
     out_dir: Path,
+    client: _ClientFlags,
 ) -> tuple[list[EvalSummary], Comparison | None, list[Path]]:
     import anyio
 
@@ -282,6 +301,10 @@ def _run_model(
         config=rollout_config,
         threads=threads,
         health_timeout=health_timeout,
+        request_timeout=client.request_timeout,
+        retries=client.retries,
+        retry_budget=client.retry_budget,
+        failover_after=client.failover_after,
     )
     parts = load_parts(spec)
     # Without --dataset, the demo prompt set that suits the tools (as `generate` picks it).

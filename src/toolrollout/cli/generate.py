@@ -38,8 +38,12 @@ from toolrollout.cli._common import (
     ChatTemplateKwargsOption,
     EngineApiKeyOption,
     EngineUrlsOption,
+    FailoverAfterOption,
     FamilyOption,
     ModelOption,
+    RequestTimeoutOption,
+    RetriesOption,
+    RetryBudgetOption,
     fail,
     parse_template_kwargs,
     require_extra,
@@ -120,29 +124,6 @@ _Resume = Annotated[
 ]
 _FlushEvery = Annotated[
     int, typer.Option(min=1, help="Rows per crash-safe shard (at most this many are lost).")
-]
-_RequestTimeout = Annotated[
-    float, typer.Option(min=0.1, help="Seconds to wait for one engine answer.")
-]
-_Retries = Annotated[
-    int,
-    typer.Option(min=1, help="Attempts per engine request at most (5xx, resets, timeouts)."),
-]
-_RetryBudget = Annotated[
-    float,
-    typer.Option(
-        min=0.0,
-        help="Seconds an engine request keeps being retried after its first failure "
-        "(rides out a server or router restart).",
-    ),
-]
-_FailoverAfter = Annotated[
-    int,
-    typer.Option(
-        min=0,
-        help="With several --engine-url: failed attempts in a row after which a server's "
-        "trajectories move to a healthy one (0: never move).",
-    ),
 ]
 _TrajectoryTimeout = Annotated[
     float | None, typer.Option(min=0.1, help="Seconds per trajectory before it is failed.")
@@ -229,10 +210,10 @@ def generate(
     max_image_tokens: _MaxImageTokens = None,
     resume: _Resume = False,
     flush_every: _FlushEvery = 64,
-    request_timeout: _RequestTimeout = 600.0,
-    retries: _Retries = 30,
-    retry_budget: _RetryBudget = 60.0,
-    failover_after: _FailoverAfter = 3,
+    request_timeout: RequestTimeoutOption = 600.0,
+    retries: RetriesOption = 30,
+    retry_budget: RetryBudgetOption = 60.0,
+    failover_after: FailoverAfterOption = 3,
     trajectory_timeout: _TrajectoryTimeout = None,
     target_groups: _TargetGroups = None,
     oversample: _Oversample = 1.0,
