@@ -52,6 +52,7 @@ from tests._processes import free_port, wait_http
 from tests.docs._blocks import ASYNCIO_REPL, PAGES, REPO, Block, read_blocks
 
 import toolrollout
+from toolrollout._supervisor import dying_with_this_process
 
 NOT_RUN: dict[tuple[str, str], str] = {
     (
@@ -312,8 +313,10 @@ class _Server:
         # As the pages say: checkpoints the server may load live under ./ckpt.
         command = [str(VENV / "bin" / "toolrollout"), "serve", "--port", str(self.port)]
         command += ["--weights-dir", str(cwd / "ckpt")]
+        # Behind the parent-death launcher: a test run that is killed (not ended) takes its
+        # server along instead of leaving it on its port.
         self.process = subprocess.Popen(
-            command,
+            dying_with_this_process(command),
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
