@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 
 from toolrollout._exceptions import EngineError, UserError
@@ -57,6 +58,21 @@ START_BATCH = 64
 first request, synchronously; started all at once, 10,000 of them blocked the loop for
 100 s (docs/benchmarks.md). In batches, the loop serves replies and timers between them."""
 ABORT_RESEND_SECONDS = 1.0
+
+
+async def _start_in_batches(
+    tg: anyio.abc.TaskGroup,
+    func: Callable[..., Coroutine[Any, Any, None]],
+    arguments: Sequence[tuple[Any, ...]],
+) -> None:
+    """``tg.start_soon(func, *args)`` for each entry, yielding to the loop every
+    :data:`START_BATCH` starts."""
+    for started, args in enumerate(arguments, start=1):
+        tg.start_soon(func, *args)
+        if started % START_BATCH == 0:
+            await anyio.lowlevel.checkpoint()
+
+
 """An abort that reaches SGLang before the request is registered there is dropped, so the
 runner names every rid still in flight again after this many seconds."""
 
@@ -334,15 +350,9 @@ class RolloutRunner:
             if on_result is not None:
                 on_result(trajectory)
 
+        keys = [(p, s) for p in range(len(rows)) for s in range(n) if (p, s) not in done]
         async with anyio.create_task_group() as tg:
-            started = 0
-            for prompt_index in range(len(rows)):
-                for sample_index in range(n):
-                    if (prompt_index, sample_index) not in done:
-                        tg.start_soon(one, prompt_index, sample_index)
-                        started += 1
-                        if started % START_BATCH == 0:
-                            await anyio.lowlevel.checkpoint()
+            await _start_in_batches(tg, one, keys)
         return [t for t in results if t is not None]
 
     async def _run_one(
@@ -557,13 +567,7 @@ class RolloutRunner:
             tg.start_soon(self._abort_stragglers, stop, wake, all_ended)
             if until is not None and pending:
                 tg.start_soon(stop_from_outside, until)
-            started = 0
-            for job in jobs:
-                if job.done is None:
-                    tg.start_soon(one, job)
-                    started += 1
-                    if started % START_BATCH == 0:
-                        await anyio.lowlevel.checkpoint()
+            await _start_in_batches(tg, one, [(job,) for job in jobs if job.done is None])
         chosen = set(batch)
         ordered = sorted(
             results.items(), key=lambda kv: (kv[1].prompt_index, kv[0][0], kv[1].sample_index)
