@@ -28,7 +28,10 @@ from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.tools import calculator_tool
 
-TEMPERATURE = 1.2
+TEMPERATURE = 1.6
+"""High enough that a group's samples differ from the first step on (at 1.2 the demo model
+often gave four identical samples, so no gradient, and the check below depended on which
+seeds a step drew)."""
 STEPS = 3
 AGREE = 2e-4
 """Engine vs teacher forcing on the same weights (float32; batched vs one-row forward)."""
@@ -100,6 +103,7 @@ def _train(engine: Any, tokenizer: Any, tmp_path: Path, **adapter: Any) -> list[
                 "versions": set(out["weight_version"]),
                 "gap": _teacher_forced_gap(trainer.model, out, TEMPERATURE),
                 "gap_initial": _teacher_forced_gap(initial, out, TEMPERATURE),
+                "distinct": len({tuple(ids) for ids in out["completion_ids"]}),
                 "sync": rollout.last_sync,
             }
         )
@@ -145,6 +149,8 @@ def _check_on_policy(batches: list[dict[str, Any]]) -> None:
     for b in batches:
         assert b["versions"] == {str(b["step"])}, b
         assert b["gap"] < AGREE, f"step {b['step']}: rollouts are off the trainer's policy"
+    # A group of identical samples has no advantage, so no step could move the weights.
+    assert batches[0]["distinct"] > 1, "the first group's samples are all the same"
     # The weights really moved: the initial policy no longer explains the samples.
     assert max(b["gap_initial"] for b in batches[1:]) > MOVED
 

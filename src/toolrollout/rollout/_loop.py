@@ -188,9 +188,12 @@ def _seed_for(state: TrajectoryState) -> int | None:
     if seed is None:
         return None
     # Distinct, reproducible per (run of the runner, prompt, sample, turn); fits SGLang's
-    # int seed. A runner's first run keeps the seeds it always had.
-    base = seed * 1_000_003 + 104_729 * state.services.seed_round + state.prompt_index
-    key = base * 1_009 + state.sample_index
+    # int seed. A runner's first run keeps the seeds it always had; a later run starts from
+    # a scrambled base seed (multiplicative hashing), so the runs' seeds do not line up
+    # position for position, whatever the number of prompts.
+    if state.services.seed_round:
+        seed = (seed * 2_654_435_761 + state.services.seed_round * 40_503) % (2**31 - 1)
+    key = (seed * 1_000_003 + state.prompt_index) * 1_009 + state.sample_index
     # A resumed turn draws fresh randomness instead of replaying its first leg's seed.
     return (key * 131 + state.num_turns + 7_919 * state.counters.resumes) % (2**31 - 1)
 
