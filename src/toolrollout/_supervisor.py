@@ -8,6 +8,16 @@ The sandbox, the retriever and MCP servers over HTTP that a run starts (``local_
   :attr:`RestartPolicy.window` seconds, with one log line per death and one per return.
   Past that the service is declared down (an error line); its calls then fail as
   unavailable, which fails their trajectories (``tool_unavailable``) instead of scoring them.
+- **Probed while it runs**: a service that stays alive but stops answering (SIGSTOP, a
+  deadlock, a blocked event loop) is found by a liveness probe (:attr:`ServiceCommand.live`,
+  a cheap HTTP request) every :attr:`RestartPolicy.probe_interval` seconds; after
+  :attr:`RestartPolicy.probe_misses` probes in a row without an answer within
+  :attr:`RestartPolicy.probe_timeout` seconds its process group is killed, and it is
+  restarted as if it had died (same budget, same log lines, the cause says it hung).
+- **Waited for while it restarts**: a call that arrives while its service is restarting
+  waits for it (:func:`until_serving`, at most :attr:`RestartPolicy.call_wait` seconds,
+  by default the service's start-up timeout) instead of failing at once; a call in flight
+  when the service died fails with its cause.
 - **Dying with the run**, even when the run is killed with SIGKILL: each service starts
   through a tiny launcher that asks Linux for a parent-death signal (``PR_SET_PDEATHSIG``,
   kept across ``execve``) and then replaces itself with the service. Each service leads
@@ -32,6 +42,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
@@ -55,6 +66,8 @@ __all__ = [
     "record_path",
     "state_dir",
     "supervise",
+    "supervised",
+    "until_serving",
 ]
 
 logger = logging.getLogger("toolrollout.services")
@@ -88,9 +101,27 @@ class RestartPolicy:
     """Seconds over which restarts are counted."""
     backoff: float = 0.5
     """Seconds before a restart after a failed one (doubled each time, at most 10 s)."""
+    probe_interval: float = 2.0
+    """Seconds between two liveness probes of a serving service (after each answer)."""
+    probe_timeout: float = 5.0
+    """Seconds a liveness probe waits for its answer before it counts as a miss."""
+    probe_misses: int = 3
+    """Probes in a row without an answer after which the service is taken as hung: its
+    process group is killed and it is restarted (0: no probing)."""
+    call_wait: float | None = None
+    """Seconds a call that arrives while the service restarts waits for it to be back
+    (None: the service's :attr:`ServiceCommand.startup_timeout`; 0: no waiting)."""
 
     def __post_init__(self) -> None:
-        if self.max_restarts < 0 or self.window <= 0 or self.backoff < 0:
+        if (
+            self.max_restarts < 0
+            or self.window <= 0
+            or self.backoff < 0
+            or self.probe_interval <= 0
+            or self.probe_timeout <= 0
+            or self.probe_misses < 0
+            or (self.call_wait is not None and self.call_wait < 0)
+        ):
             raise UserError(f"invalid RestartPolicy: {self}")
 
 
@@ -112,6 +143,10 @@ class ServiceCommand:
     startup_error: Callable[[int | None, str], Exception] | None = None
     """Builds the exception for a failed start from the exit status (None: it was still
     running, not ready in time) and the output; default :class:`ToolUnavailable`."""
+    live: Callable[[httpx.AsyncClient], Awaitable[bool]] | None = None
+    """The liveness probe: True when the service answers (None: :attr:`ready`). It must
+    need the service's own code to answer: a TCP connect does not, the kernel accepts
+    connections for a stopped process."""
 
     @property
     def label(self) -> str:
@@ -325,13 +360,74 @@ class SupervisedService:
     """True once it died more often than the policy allows; it stays down."""
     restart_seconds: list[float] = field(default_factory=list)
     """Seconds from each death to the service being ready again."""
+    hangs: int = 0
+    """Times it was found hung (no answer to its liveness probes) and killed."""
+    calls_waited: int = 0
+    """Calls that arrived while it was restarting and waited for it (:meth:`until_serving`)."""
     _process: Process | None = None
     _log: IO[bytes] | None = None
+    _serving: anyio.Event = field(default_factory=anyio.Event)
+    """Set while a process of it is ready and not known dead; a new one for each outage."""
+    _hung: str | None = None
+    """Why the probe killed the current process (None: it did not)."""
+    _faults: dict[int, str] = field(default_factory=dict)
+    """Why each process that is gone went, by :attr:`generation` (for calls' errors)."""
+    _waiting: int = 0
+    """Calls waiting for the current outage to end."""
+    _closed: bool = False
+    """Set when the run leaves it: no call waits for it any more."""
+    _thread: int = field(default_factory=threading.get_ident)
+    """The thread whose event loop supervises it (only its calls may wait on it)."""
 
     @property
     def pid(self) -> int:
         """The current process id."""
         return self.pids[-1]
+
+    @property
+    def generation(self) -> int:
+        """How many processes were started for it (1 until its first restart)."""
+        return len(self.pids)
+
+    @property
+    def serving(self) -> bool:
+        """Whether it is up now (ready, and not found dead or hung since)."""
+        return self._serving.is_set() and not self.down and not self._closed
+
+    @property
+    def call_wait(self) -> float:
+        """Seconds a call waits for a restart (:attr:`RestartPolicy.call_wait`)."""
+        wait = self.policy.call_wait
+        return self.command.startup_timeout if wait is None else wait
+
+    async def until_serving(self) -> bool:
+        """Wait while it is restarting, at most :attr:`call_wait` seconds; whether it is
+        serving now. Returns at once when it is serving or down."""
+        if self.serving or self.down or self._closed:
+            return self.serving
+        self.calls_waited += 1
+        self._waiting += 1
+        try:
+            with anyio.move_on_after(self.call_wait):
+                await self._serving.wait()
+        finally:
+            self._waiting -= 1
+        return self.serving
+
+    def fault(self, generation: int) -> str | None:
+        """What happened to the process of ``generation`` (a call's :attr:`generation`
+        when it was sent), as ``the sandbox on port N: pid P died...``; None while it
+        serves, or when its death is not noticed yet."""
+        cause = self._faults.get(generation)
+        return None if cause is None else f"{self.command.label}: {cause}"
+
+    def _now_serving(self) -> None:
+        self._serving.set()
+
+    def _outage(self) -> None:
+        """The current process is dead or hung: later calls wait for the next one."""
+        if self._serving.is_set():
+            self._serving = anyio.Event()
 
     def output(self) -> str:
         """What the current process printed so far."""
@@ -409,16 +505,22 @@ class SupervisedService:
             assert process is not None
             await process.wait()
             died = time.monotonic()
+            self._outage()
             _kill_group(process.pid, signal.SIGKILL)  # its group goes with it
             await process.aclose()
             _drop_record(self.command.port, process.pid)
             self._process = None
             deaths = [t for t in deaths if died - t < self.policy.window] + [died]
-            cause = f"pid {process.pid} died, exit status {process.returncode}"
+            if self._hung is not None:
+                cause, self._hung = self._hung, None
+            else:
+                cause = f"pid {process.pid} died, exit status {process.returncode}"
+            self._faults.setdefault(self.generation, cause)
             failures = 0
             while True:
                 if len(deaths) > self.policy.max_restarts:
                     self.down = True
+                    self._serving.set()  # wakes the calls waiting: they find it down
                     logger.error(
                         "%s: %s; it died %d times within %g s: declared down, its calls "
                         "fail as unavailable for the rest of the run",
@@ -446,13 +548,48 @@ class SupervisedService:
                     await anyio.sleep(min(self.policy.backoff * 2 ** (failures - 1), 10.0))
                     continue
                 self.restart_seconds.append(time.monotonic() - died)
+                waiting = self._waiting
+                self._now_serving()
                 logger.warning(
-                    "%s is back (pid %d), %.2f s after it died",
+                    "%s is back (pid %d), %.2f s after it died; %d call(s) were waiting for it",
                     label,
                     self.pid,
                     self.restart_seconds[-1],
+                    waiting,
                 )
                 break
+
+    async def _probe(self) -> None:
+        """Kill the current process when it stops answering its liveness probe; never
+        raises. The watcher then restarts it as after any death."""
+        policy = self.policy
+        if policy.probe_misses == 0:
+            return
+        live = self.command.live or self.command.ready
+        while True:
+            await anyio.sleep(policy.probe_interval)
+            process = self._process
+            if process is None or not self.serving:
+                continue
+            misses = 0
+            # One client per process: a pooled connection never outlives its server.
+            async with httpx.AsyncClient(timeout=policy.probe_timeout) as client:
+                while self._process is process and process.returncode is None:
+                    answered = False
+                    with anyio.move_on_after(policy.probe_timeout), suppress(Exception):
+                        answered = await live(client)
+                    misses = 0 if answered else misses + 1
+                    if misses >= policy.probe_misses and self._process is process:
+                        self.hangs += 1
+                        self._hung = (
+                            f"pid {process.pid} stopped answering ({misses} liveness probes in "
+                            f"a row got no answer within {policy.probe_timeout:g} s); killed it"
+                        )
+                        self._faults[self.generation] = self._hung
+                        self._outage()
+                        _kill_group(process.pid, signal.SIGKILL)
+                        break
+                    await anyio.sleep(policy.probe_interval)
 
 
 @asynccontextmanager
@@ -469,9 +606,12 @@ async def supervise(
     service = SupervisedService(command, policy or RestartPolicy())
     try:
         await service._start()
+        service._now_serving()
+        _running[command.port] = service
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(service._watch)
+                group.start_soon(service._probe)
                 try:
                     yield service
                 finally:
@@ -481,6 +621,37 @@ async def supervise(
                 raise group_error.exceptions[0] from None
             raise
     finally:
+        if _running.get(command.port) is service:
+            del _running[command.port]
+        service._closed = True  # calls waiting for it stop waiting
+        service._serving.set()
         await service._stop()
         if service._log is not None:
             service._log.close()
+
+
+_running: dict[int, SupervisedService] = {}
+"""The services this process supervises now, by port."""
+
+
+def supervised(port: int) -> SupervisedService | None:
+    """The service this process supervises on ``port`` (None: none), if it is supervised
+    from the calling thread's event loop."""
+    service = _running.get(port)
+    if service is None or service._thread != threading.get_ident():
+        return None
+    return service
+
+
+async def until_serving(port: int) -> SupervisedService | None:
+    """Before a call to a local service on ``port``: when this process supervises it and it
+    is restarting, wait until it is back (at most its :attr:`RestartPolicy.call_wait`).
+
+    Returns the service (None: not supervised here); the call goes ahead whether or not
+    it came back, and fails as it would have when it did not. Cheap when the service
+    serves: no waiting, no I/O.
+    """
+    service = supervised(port)
+    if service is not None:
+        await service.until_serving()
+    return service

@@ -33,6 +33,8 @@ from toolrollout._supervisor import (
     claim_port,
     record_path,
     supervise,
+    supervised,
+    until_serving,
 )
 from toolrollout.tools import RetryPolicy, ToolCallRequest, ToolExecutor, ToolLimits
 from toolrollout.tools.mcp import HttpServer, McpClientManager, list_mcp_tools, parse_mcp_servers
@@ -125,6 +127,84 @@ async def test_a_service_that_cannot_start_is_an_error_with_its_output() -> None
     with pytest.raises(ToolUnavailable, match=r"the test on port \d+ exited at startup: no luck"):
         async with supervise(command):
             pytest.fail("it never started")
+
+
+FAST_PROBE = RestartPolicy(probe_interval=0.2, probe_timeout=0.5, probe_misses=3)
+
+
+async def test_a_hung_service_is_killed_and_restarted_with_a_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SIGSTOP: alive, its port still accepts TCP connections, but nothing answers."""
+    caplog.set_level(logging.WARNING, logger="toolrollout.services")
+    port = free_port()
+    async with supervise(http_server(port), FAST_PROBE) as service:
+        first = service.pid
+        await anyio.sleep(1.0)  # probes answered meanwhile: a serving service is left alone
+        assert service.pids == [first] and service.hangs == 0
+        os.kill(first, signal.SIGSTOP)
+        stopped = time.monotonic()
+        await _until(lambda: service.restart_seconds)
+        detected = time.monotonic() - stopped
+        assert service.hangs == 1 and service.restarts == 1 and service.serving
+        assert not _alive(first)  # killed although stopped, its group with it
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"http://127.0.0.1:{port}/")).status_code == 200
+        print(f"hang found and restarted after {detected:.2f} s")  # noqa: T201
+        # Three misses of at most 0.5 s with 0.2 s between: well under 10 s.
+        assert detected < 10
+    assert not _alive(service.pid)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(
+        f"the test on port {port}: pid {first} stopped answering (3 liveness probes in a row "
+        "got no answer within 0.5 s); killed it; restarting it (restart 1" in m
+        for m in messages
+    ), messages
+
+
+async def test_calls_arriving_during_a_restart_wait_for_it() -> None:
+    port = free_port()
+    async with supervise(http_server(port)) as service:
+        assert supervised(port) is service and await until_serving(port) is service
+        first = service.pid
+        os.kill(first, signal.SIGKILL)
+        await _until(lambda: not service.serving)  # the outage is known (milliseconds)
+        started = time.monotonic()
+        assert await until_serving(port) is service and service.serving
+        waited = time.monotonic() - started
+        async with httpx.AsyncClient() as client:  # goes straight to the new process
+            assert (await client.get(f"http://127.0.0.1:{port}/")).status_code == 200
+        assert service.pid != first and service.calls_waited == 1
+        print(f"a call waited {waited:.2f} s for the restart")  # noqa: T201
+    assert supervised(port) is None and await until_serving(port) is None
+
+
+SLOW_SECOND_START = textwrap.dedent(
+    """
+    import os, sys, time, runpy
+    flag = sys.argv.pop(1)
+    if os.path.exists(flag):
+        time.sleep(30)
+    open(flag, "w").close()
+    sys.argv = ["http.server", *sys.argv[1:]]
+    runpy.run_module("http.server", run_name="__main__")
+    """
+)
+
+
+async def test_the_wait_for_a_restart_is_bounded(tmp_path: Path) -> None:
+    port = free_port()
+    plain = http_server(port)
+    argv = (sys.executable, "-c", SLOW_SECOND_START, str(tmp_path / "started"), *plain.argv[3:])
+    command = ServiceCommand("test", argv, "127.0.0.1", port, plain.ready)
+    async with supervise(command, RestartPolicy(call_wait=1.0)) as service:
+        os.kill(service.pid, signal.SIGKILL)
+        await _until(lambda: not service.serving)
+        started = time.monotonic()
+        assert await until_serving(port) is service
+        waited = time.monotonic() - started
+        assert not service.serving and 0.9 < waited < 5  # its restart takes 30 s
+    assert not _alive(service.pid)  # the one still starting is stopped with the run
 
 
 RUN = textwrap.dedent(

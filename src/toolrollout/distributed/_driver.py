@@ -24,20 +24,22 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import subprocess
 import sys
-import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
+
+import anyio
+import httpx
+from anyio.from_thread import start_blocking_portal
 
 from toolrollout._exceptions import DistributedError, UserError
-from toolrollout._net import stop_popen
 from toolrollout._security import ADMIN_API_KEY_ENV, API_KEY_ENV
-from toolrollout._supervisor import dying_with_this_process
+from toolrollout._supervisor import RestartPolicy, ServiceCommand, SupervisedService, supervise
 from toolrollout.rollout import (
     RolloutPrompt,
     ShardWriter,
@@ -211,16 +213,15 @@ class _Engines:
         self,
         urls: list[str],
         timeout: float,
-        proc: Any = None,
-        log: Any = None,
+        served: _ServedEngine | None = None,
         api_key: str | None = None,
     ):
-        self.urls, self._timeout, self._proc, self._log = urls, timeout, proc, log
+        self.urls, self._timeout, self._served = urls, timeout, served
         self.api_key = api_key
 
     def ready(self) -> list[str]:
-        if self._proc is not None:
-            _wait_healthy(self.urls[0], self._proc, self._log, self._timeout)
+        if self._served is not None:
+            self._served.wait_started()
         else:
             import anyio
 
@@ -232,6 +233,54 @@ class _Engines:
 
             anyio.run(check)
         return self.urls
+
+
+class _ServedEngine:
+    """The shared ``toolrollout serve``, supervised (:func:`~toolrollout._supervisor.supervise`)
+    on an event loop in a thread of its own, since the driver is synchronous: restarted
+    when it dies or stops answering ``/health``, within the default
+    :class:`~toolrollout._supervisor.RestartPolicy`, with the supervisor's log lines.
+
+    It starts loading its model on entry; :meth:`wait_started` waits for its first start.
+    """
+
+    def __init__(self, command: ServiceCommand, policy: RestartPolicy | None = None) -> None:
+        self._command, self._policy = command, policy
+        self._started = threading.Event()
+        self.service: SupervisedService | None = None
+
+    def __enter__(self) -> Self:
+        self._portal_context = start_blocking_portal()
+        self._portal = self._portal_context.__enter__()
+        try:
+            self._stop: anyio.Event = self._portal.call(anyio.Event)
+            self._held = self._portal.start_task_soon(self._hold)
+        except BaseException:
+            self._portal_context.__exit__(None, None, None)
+            raise
+        return self
+
+    async def _hold(self) -> None:
+        async with supervise(self._command, self._policy) as service:
+            self.service = service
+            self._started.set()
+            await self._stop.wait()
+
+    def wait_started(self) -> None:
+        """Return once it has started; raise its start-up error when it could not."""
+        while not self._started.wait(0.1):
+            if self._held.done():
+                self._held.result()  # raises the start-up error
+                raise DistributedError("the shared `toolrollout serve` for --ray stopped")
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            if not self._held.done():
+                self._portal.call(self._stop.set)
+            with suppress(Exception):  # a failed start was raised by wait_started already
+                self._held.result()
+        finally:
+            self._portal_context.__exit__(None, None, None)
 
 
 def _portable(spec: RunSpec) -> RunSpec:
@@ -279,40 +328,37 @@ def _engine(ray: Any, spec: RunSpec, options: RayOptions) -> Iterator[_Engines]:
     key = secrets.token_urlsafe(32)
     env = {k: v for k, v in os.environ.items() if k != ADMIN_API_KEY_ENV}
     env[API_KEY_ENV] = key  # the workers abort requests too: no separate admin key
-    with tempfile.TemporaryFile() as log:
-        # Behind the launcher: a SIGKILL of the driver takes the server with it.
-        argv = dying_with_this_process(command)
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env)
-        try:
-            url = f"http://{advertise}:{port}"
-            yield _Engines([url], spec.health_timeout, proc, log, api_key=key)
-        finally:
-            stop_popen(proc)
+    url = f"http://{advertise}:{port}"
+    local = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{port}"
 
+    async def healthy(client: httpx.AsyncClient) -> bool:
+        return (await client.get(f"{local}/health")).status_code == 200
 
-def _wait_healthy(url: str, proc: Any, log: Any, timeout: float) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            log.seek(0)
-            tail = log.read().decode(errors="replace").strip().splitlines()[-1:]
-            raise DistributedError(
-                f"the shared `toolrollout serve` for --ray exited with "
-                f"{proc.returncode}: {' '.join(tail)}"
-            )
-        try:
-            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise DistributedError(
+    def startup_error(status: int | None, output: str) -> Exception:
+        if status is None:
+            return DistributedError(
                 f"the shared `toolrollout serve` for --ray was not healthy at {url} "
-                f"after {timeout:.0f} s"
+                f"after {spec.health_timeout:.0f} s"
             )
-        time.sleep(0.3)
+        tail = output.strip().splitlines()[-1:]
+        return DistributedError(
+            f"the shared `toolrollout serve` for --ray exited with {status}: {' '.join(tail)}"
+        )
+
+    # Supervised: behind the parent-death launcher (a SIGKILL of the driver takes it along),
+    # restarted when it dies or hangs, stopped (with its process group) when the run ends.
+    service = ServiceCommand(
+        kind="engine server",
+        argv=tuple(command),
+        host="127.0.0.1" if bind == "0.0.0.0" else bind,
+        port=port,
+        ready=healthy,
+        env=env,
+        startup_timeout=spec.health_timeout,
+        startup_error=startup_error,
+    )
+    with _ServedEngine(service) as served:
+        yield _Engines([url], spec.health_timeout, served, api_key=key)
 
 
 @dataclass(frozen=True)
@@ -372,7 +418,7 @@ def _drive(
     writer = ShardWriter(parts)
     try:
         # The actors start up (imports, tokenizer) while a shared server loads its model;
-        # they wait for its health themselves, and a server that dies ends the run here.
+        # they wait for its health themselves (a started one is restarted if it dies).
         engine.ready()
         with writer:
             while pending:

@@ -31,6 +31,7 @@ from toolrollout._exceptions import (
     UserError,
 )
 from toolrollout._security import bearer_headers, expand_env
+from toolrollout._supervisor import until_serving
 from toolrollout.tools import (
     BuildContext,
     RetryPolicy,
@@ -423,13 +424,30 @@ class SandboxTool(Tool):
                     reraise=True,
                 ):
                     with attempt:
-                        return await self._post(client, body)
+                        return await self._post_to_local(client, body)
             except _Transient as exc:
                 raise ToolUnavailable(
                     f"sandbox at {self.url} unavailable after {self.http_retries + 1} "
                     f"attempt(s): {exc}"
                 ) from exc.__cause__
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _post_to_local(
+        self, client: httpx.AsyncClient, body: dict[str, Any]
+    ) -> RunCodeResponse:
+        """:meth:`_post`; to the run's own sandbox (``local_sandbox``), after waiting while
+        it restarts (bounded), and with what happened to it when the call failed on it."""
+        if not self.local_sandbox:
+            return await self._post(client, body)
+        service = await until_serving(httpx.URL(self.url).port or 80)
+        generation = 0 if service is None else service.generation
+        try:
+            return await self._post(client, body)
+        except _Transient as exc:
+            fault = None if service is None else service.fault(generation)
+            if fault is None:
+                raise
+            raise _Transient(f"{exc} ({fault})") from exc.__cause__
 
     async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> RunCodeResponse:
         try:
@@ -441,7 +459,7 @@ class SandboxTool(Tool):
                 f"the sandbox at {self.url} did not answer within {client.timeout.read:g} s"
             ) from exc
         except httpx.TransportError as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc or 'connection failed'}") from exc
+            raise _Transient(f"{type(exc).__name__}: {str(exc) or 'connection lost'}") from exc
         if answer.status_code in _RETRY_STATUS:
             raise _Transient(f"HTTP {answer.status_code}: {answer.text[:200]}")
         if answer.status_code != 200:

@@ -43,6 +43,7 @@ from toolrollout._exceptions import (
     UserError,
 )
 from toolrollout._security import bearer_headers, expand_env
+from toolrollout._supervisor import SupervisedService, until_serving
 from toolrollout.tools import (
     BuildContext,
     RetryPolicy,
@@ -313,10 +314,21 @@ class SearchTool(Tool):
             reraise=True,
         )
         client = self._client()
+        local: SupervisedService | None = None
+        generation = 0
+
+        def fault() -> str:
+            """What happened to the run's own retriever during the last attempt, if known."""
+            text = None if local is None else local.fault(generation)
+            return "" if text is None else f" ({text})"
+
         try:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
+                    if self.local_corpus is not None:  # restarting: wait for it (bounded)
+                        local = await until_serving(httpx.URL(url).port or 80)
+                        generation = 0 if local is None else local.generation
                     response = await client.post(url, json=payload)
                     if response.status_code in RETRY_STATUSES:
                         raise _RetryableStatus(response)
@@ -328,12 +340,12 @@ class SearchTool(Tool):
         except httpx.TimeoutException as exc:
             raise ToolUnavailable(
                 f"tool {self.name!r}: the retrieval service at {url} did not answer within "
-                f"{self.request_timeout:g}s ({attempts} attempts)"
+                f"{self.request_timeout:g}s ({attempts} attempts){fault()}"
             ) from exc
         except httpx.TransportError as exc:
             raise ToolUnavailable(
                 f"tool {self.name!r}: cannot reach the retrieval service at {url} "
-                f"({attempts} attempts): {type(exc).__name__}: {exc}"
+                f"({attempts} attempts): {type(exc).__name__}: {exc}{fault()}"
             ) from exc
         except httpx.HTTPError as exc:
             raise ToolExecutionError(

@@ -71,12 +71,21 @@ class LocalMcpHttpService:
         async def ready(client: httpx.AsyncClient) -> bool:
             return await is_listening(host, port)
 
+        origin = f"{urlsplit(spec.url).scheme}://{urlsplit(spec.url).netloc}/"
+
+        async def live(client: httpx.AsyncClient) -> bool:
+            # Any HTTP answer (a 404 included) needs the server's own code to run; a TCP
+            # connect does not (the kernel accepts for a stopped process too).
+            await client.get(origin)
+            return True
+
         command = ServiceCommand(
             kind="mcp-http",
             argv=(spec.command, *spec.args),
             host=host,
             port=port,
             ready=ready,
+            live=live,
             env={**keyless_environ(), **spec.env},
             cwd=spec.cwd,
             startup_timeout=self.startup_timeout,

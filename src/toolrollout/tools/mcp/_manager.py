@@ -27,6 +27,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any, Literal, Self, TextIO, TypeVar, cast
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -68,9 +69,10 @@ from toolrollout._exceptions import (
     ToolUnavailable,
     UserError,
 )
+from toolrollout._supervisor import until_serving
 from toolrollout._version import __version__
 
-from ._servers import McpServerSpec, StdioServer
+from ._servers import HttpServer, McpServerSpec, StdioServer
 
 __all__ = [
     "ElicitationCallback",
@@ -219,6 +221,9 @@ class _Session:
         self.probe: anyio.Event | None = None
         """Set when the heartbeat ping in progress has finished (None: none running)."""
         self.probe_failed = False
+        self.served_by: int | None = None
+        """For a server this process supervises: the generation of its process that this
+        session was opened on (a restarted server has forgotten the session)."""
 
     @property
     def replaceable(self) -> bool:
@@ -252,6 +257,15 @@ class _Server:
     def name(self) -> str:
         return self.spec.name
 
+    @property
+    def launched_port(self) -> int | None:
+        """The local port of a server the run starts itself (an HTTP entry with a
+        ``command``), which may be supervised by this process; None otherwise."""
+        spec = self.spec
+        if isinstance(spec, HttpServer) and spec.command is not None:
+            return urlsplit(spec.url).port
+        return None
+
     def snapshot(self) -> McpServerStatistics:
         session = self.session
         return McpServerStatistics(
@@ -282,15 +296,23 @@ class _Server:
     async def acquire(self) -> _Session:
         """The live session, connecting first (once, under the lock) if there is none."""
         self.manager._check_open()
+        # A launched server that is restarting is waited for (bounded); a session opened on
+        # an earlier process of it is replaced before a call is sent on it.
+        supervised = await until_serving(self.launched_port) if self.launched_port else None
+        served_by = None if supervised is None else supervised.generation
         if self.lock is None:
             self.lock = anyio.Lock()
         async with self.lock:
             session = self.session
-            if session is None or session.replaceable:
+            stale = session is not None and session.served_by != served_by
+            if session is None or session.replaceable or stale:
                 if session is not None:
+                    if stale and not session.replaceable:
+                        logger.info("MCP server %r was restarted; opening a new session", self.name)
                     session.retire()
                 self.generation += 1
                 session = _Session(self.generation)
+                session.served_by = served_by
                 self.session = session
                 self.manager._spawn(self._run, session, f"mcp:{self.name}")
         await session.ready.wait()
