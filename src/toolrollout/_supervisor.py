@@ -1,8 +1,8 @@
 """Local services a run starts itself, supervised: restarted, tied to the run, never reused stale.
 
 The sandbox, the retriever and MCP servers over HTTP that a run starts (``local_sandbox``,
-``local_corpus``, an ``mcpServers`` entry with both ``command`` and ``url``) run under
-:func:`supervise`:
+``local_corpus``, an ``mcpServers`` entry with both ``command`` and ``url``), and the shared
+``toolrollout serve`` of ``generate --ray``, run under :func:`supervise`:
 
 - **Restarted when they die**, at most :attr:`RestartPolicy.max_restarts` times per
   :attr:`RestartPolicy.window` seconds, with one log line per death and one per return.
@@ -402,7 +402,12 @@ class SupervisedService:
 
     async def until_serving(self) -> bool:
         """Wait while it is restarting, at most :attr:`call_wait` seconds; whether it is
-        serving now. Returns at once when it is serving or down."""
+        serving now. Returns at once when it is serving (its process alive: one read of
+        ``/proc``) or down."""
+        if self.serving and _start_time(self.pid) is None:
+            # Dead already, the supervisor has not noticed yet (milliseconds): wait for the
+            # restart all the same, nothing was sent to it.
+            return await self.until_replaced(self.generation)
         if self.serving or self.down or self._closed:
             return self.serving
         self.calls_waited += 1
@@ -413,6 +418,25 @@ class SupervisedService:
         finally:
             self._waiting -= 1
         return self.serving
+
+    async def until_replaced(self, generation: int) -> bool:
+        """After a call found the process of ``generation`` gone (its connection refused,
+        so nothing was sent): wait until a later process serves, at most :attr:`call_wait`
+        seconds; whether one does. The death may not be noticed yet when this starts."""
+        self.calls_waited += 1
+        self._waiting += 1
+        try:
+            with anyio.move_on_after(self.call_wait):
+                while not (self.down or self._closed):
+                    if self.generation > generation and self.serving:
+                        return True
+                    if self._serving.is_set():  # its death is not noticed yet (ms)
+                        await anyio.sleep(0.02)
+                    else:
+                        await self._serving.wait()
+        finally:
+            self._waiting -= 1
+        return False
 
     def fault(self, generation: int) -> str | None:
         """What happened to the process of ``generation`` (a call's :attr:`generation`

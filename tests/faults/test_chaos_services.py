@@ -3,13 +3,16 @@
 The run starts the service itself (the sandbox with ``local_sandbox``, the retriever with
 ``local_corpus``, the calculator MCP server over streamable HTTP from an ``mcpServers``
 entry with a ``command``), on the demo model. A SIGKILL of the service mid-run must leave:
-every sample exactly once in the output; the rows whose tool call met the outage FAILED
-with their cause (``tool_unavailable``, never scored); the service back (a log line) with
-later rows succeeding through it; no process of it left after the run; a run that ends by
-itself in bounded time. A SIGKILL of ``generate`` itself must take its services along.
+every sample exactly once in the output; the rows whose tool call was in flight at the
+kill FAILED with their cause (``tool_unavailable``, never scored); calls that arrive while
+the service restarts wait for it (how many: the "is back" log line); the service back (a
+log line) with later rows succeeding through it; no process of it left after the run; a
+run that ends by itself in bounded time. A SIGKILL of ``generate`` itself must take its
+services along.
 
-The tools are configured without retries, so a call during the outage fails at once
-instead of riding it out (which a retry would do: that is tested elsewhere).
+The tools are configured without retries, so a call in flight at the kill fails at once
+instead of riding it out (which a retry would do: that is tested elsewhere). Whether any
+call is in flight at that instant is chance, so no test here requires a failed row.
 """
 
 from __future__ import annotations
@@ -248,7 +251,7 @@ def _check(chaos: Chaos, *, tool: str, port: int, limit: int, n: int = 1) -> Non
     keys = sorted((int(r["prompt_index"]), int(r["sample_index"])) for r in chaos.rows)  # type: ignore[call-overload]
     assert keys == [(p, s) for p in range(limit) for s in range(n)]  # each exactly once
     failed = [r for r in chaos.rows if r["status"] == "failed"]
-    assert failed, "no row met the outage"
+    print(f"{len(failed)} row(s) failed on the kill")  # noqa: T201
     for row in failed:  # their cause, never a score
         assert row["finish_reason"] == "tool_unavailable" and row["reward"] is None
         assert f"tool '{tool}' unavailable" in str(row["error"])

@@ -36,7 +36,14 @@ from toolrollout._supervisor import (
     supervised,
     until_serving,
 )
-from toolrollout.tools import RetryPolicy, ToolCallRequest, ToolExecutor, ToolLimits
+from toolrollout.tools import (
+    RetryPolicy,
+    ToolCallRequest,
+    ToolExecutor,
+    ToolLimits,
+    load_tool_config,
+    open_tools,
+)
 from toolrollout.tools.mcp import HttpServer, McpClientManager, list_mcp_tools, parse_mcp_servers
 from toolrollout.tools.mcp._launch import LocalMcpHttpService
 
@@ -177,6 +184,39 @@ async def test_calls_arriving_during_a_restart_wait_for_it() -> None:
         assert service.pid != first and service.calls_waited == 1
         print(f"a call waited {waited:.2f} s for the restart")  # noqa: T201
     assert supervised(port) is None and await until_serving(port) is None
+
+
+async def test_a_call_after_a_death_not_yet_noticed_goes_to_the_restarted_process(
+    tmp_path: Path,
+) -> None:
+    """The run's own retriever (the real one) dies and the call comes before the supervisor
+    has noticed (no await in between): nothing was sent to the dead process, so the call
+    waits for the restart instead of failing. No tool retries here."""
+    pytest.importorskip("bm25s")
+    port = free_port()
+    text = (REPO / "tool_configs" / "search.yaml").read_text(encoding="utf-8")
+    text = text.replace("8000", str(port)).replace("http_retries: 3", "http_retries: 0")
+    (tmp_path / "search.yaml").write_text(text, encoding="utf-8")
+    [tool] = load_tool_config(tmp_path / "search.yaml")
+    call = ToolCallRequest("search", {"query_list": ["capital of France"]})
+    async with open_tools([tool]):
+        service = supervised(port)
+        assert service is not None
+        executor = ToolExecutor([tool])
+        assert not (await executor.run_call(call)).is_error
+        first = service.pid
+        os.kill(first, signal.SIGKILL)
+        while _alive(first):  # no await: the supervisor cannot notice before the call
+            time.sleep(0.01)  # noqa: ASYNC251  (blocking on purpose)
+        assert service.serving and service.generation == 1
+        result = await executor.run_call(call)
+        assert result.error is None and result.attempts == 1, result.text
+        assert service.generation == 2 and service.serving and service.calls_waited == 1
+        # until_replaced on its own: called before the death is noticed, it waits for it.
+        second = service.pid
+        os.kill(second, signal.SIGKILL)
+        assert service.serving and await service.until_replaced(2)
+        assert service.generation == 3 and service.pid != second
 
 
 SLOW_SECOND_START = textwrap.dedent(
@@ -376,12 +416,13 @@ async def test_a_launched_mcp_http_server_comes_back_and_its_session_reconnects(
         assert "hi" in (await echo.run_call(call)).text
         first = service.pid
         os.kill(first, signal.SIGKILL)
-        await _until(lambda: len(service.restart_seconds) == 1)
+        await _until(lambda: not service.serving)  # the death is known; no restart yet
         results = [await echo.run_call(call) for _ in range(3)]
-        # The first call finds the session gone (unavailable, no retries here); the next
-        # ones run on a new session with the restarted server.
-        assert all(r.error_kind in (None, "ToolUnavailable") for r in results)
-        assert not results[-1].is_error and "hi" in results[-1].text
+        # The first call waits for the restart; the session opened on the killed process is
+        # replaced before any call is sent on it: none fails (no retries here).
+        assert [r.error for r in results] == [None] * 3
+        assert all("hi" in r.text for r in results)
+        assert service.calls_waited == 1 and len(service.restart_seconds) == 1
         assert manager.statistics()["everything"].sessions_opened == 2
         assert not _alive(first) and service.pid != first
     assert not _alive(service.pid)

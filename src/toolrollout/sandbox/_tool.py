@@ -440,11 +440,22 @@ class SandboxTool(Tool):
         if not self.local_sandbox:
             return await self._post(client, body)
         service = await until_serving(httpx.URL(self.url).port or 80)
-        generation = 0 if service is None else service.generation
-        try:
+        if service is None:
             return await self._post(client, body)
+        generation = service.generation
+        try:
+            try:
+                return await self._post(client, body)
+            except _Transient as exc:
+                # Refused: nothing was sent, its process died just before. Once more on the
+                # restarted one (this is no retry of the call).
+                refused = isinstance(exc.__cause__, httpx.ConnectError)
+                if not (refused and await service.until_replaced(generation)):
+                    raise
+                generation = service.generation
+                return await self._post(client, body)
         except _Transient as exc:
-            fault = None if service is None else service.fault(generation)
+            fault = service.fault(generation)
             if fault is None:
                 raise
             raise _Transient(f"{exc} ({fault})") from exc.__cause__

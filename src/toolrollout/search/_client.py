@@ -322,14 +322,29 @@ class SearchTool(Tool):
             text = None if local is None else local.fault(generation)
             return "" if text is None else f" ({text})"
 
+        async def send() -> httpx.Response:
+            """One POST; to the run's own retriever after waiting while it restarts
+            (bounded), and once more on the new process when the old one had just died
+            (refused: nothing was sent)."""
+            nonlocal local, generation
+            if self.local_corpus is not None:
+                local = await until_serving(httpx.URL(url).port or 80)
+            if local is None:
+                return await client.post(url, json=payload)
+            generation = local.generation
+            try:
+                return await client.post(url, json=payload)
+            except httpx.ConnectError:
+                if not await local.until_replaced(generation):
+                    raise
+                generation = local.generation
+                return await client.post(url, json=payload)
+
         try:
             async for attempt in retrying:
                 with attempt:
                     attempts += 1
-                    if self.local_corpus is not None:  # restarting: wait for it (bounded)
-                        local = await until_serving(httpx.URL(url).port or 80)
-                        generation = 0 if local is None else local.generation
-                    response = await client.post(url, json=payload)
+                    response = await send()
                     if response.status_code in RETRY_STATUSES:
                         raise _RetryableStatus(response)
         except _RetryableStatus as exc:

@@ -1,9 +1,10 @@
 """MCP servers over HTTP that the run starts itself (``command`` and ``url`` in one entry).
 
-The server runs supervised (:mod:`toolrollout._supervisor`): restarted when it dies, killed
-with the run, a stale one of an earlier run on its port replaced. The client side needs
-nothing more: a restarted server has forgotten its sessions, which the manager notices on
-the next call and reconnects (docs/mcp.md, "Failures").
+The server runs supervised (:mod:`toolrollout._supervisor`): restarted when it dies or stops
+answering HTTP (its liveness probe: any answer to ``GET /``), killed with the run, a stale
+one of an earlier run on its port replaced. A restarted server has forgotten its sessions:
+the manager waits while it restarts and replaces a session opened on an earlier process
+of it before sending a call (``_Server.acquire``).
 """
 
 from __future__ import annotations

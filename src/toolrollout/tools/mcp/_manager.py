@@ -294,12 +294,34 @@ class _Server:
         session.retire()
 
     async def acquire(self) -> _Session:
-        """The live session, connecting first (once, under the lock) if there is none."""
+        """The live session, connecting first (once, under the lock) if there is none.
+
+        A launched server that is restarting is waited for (bounded); a session opened on
+        an earlier process of it is replaced before a call is sent on it; a connection it
+        refused because its process had just died is made again to the restarted one.
+        """
         self.manager._check_open()
-        # A launched server that is restarting is waited for (bounded); a session opened on
-        # an earlier process of it is replaced before a call is sent on it.
         supervised = await until_serving(self.launched_port) if self.launched_port else None
         served_by = None if supervised is None else supervised.generation
+        session = await self._session_on(served_by)
+        if (
+            session.client is None
+            and supervised is not None
+            and served_by is not None
+            and _refused(session.error)
+            and await supervised.until_replaced(served_by)
+        ):
+            session = await self._session_on(supervised.generation)
+        if session.client is None:
+            error = session.error
+            reason = "closed while connecting" if error is None else _describe(error)
+            raise ToolUnavailable(
+                f"cannot connect to MCP server {self.name!r} ({self.spec.describe()}): {reason}"
+            ) from error
+        return session
+
+    async def _session_on(self, served_by: int | None) -> _Session:
+        """The current session, or a new one (connected, or failed: ``client`` None)."""
         if self.lock is None:
             self.lock = anyio.Lock()
         async with self.lock:
@@ -316,12 +338,6 @@ class _Server:
                 self.session = session
                 self.manager._spawn(self._run, session, f"mcp:{self.name}")
         await session.ready.wait()
-        if session.client is None:
-            error = session.error
-            reason = "closed while connecting" if error is None else _describe(error)
-            raise ToolUnavailable(
-                f"cannot connect to MCP server {self.name!r} ({self.spec.describe()}): {reason}"
-            ) from error
         return session
 
     async def _open(self, stack: AsyncExitStack, session: _Session) -> ClientSession:
@@ -565,6 +581,13 @@ def _child_stderr() -> TextIO:
     except (AttributeError, OSError, ValueError):
         return sys.__stderr__ if sys.__stderr__ is not None else open(os.devnull, "w")
     return sys.stderr
+
+
+def _refused(exc: BaseException | None) -> bool:
+    """Whether connecting failed because nothing listened (looking through groups)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_refused(e) for e in exc.exceptions)
+    return isinstance(exc, ConnectionRefusedError | httpx2.ConnectError)
 
 
 def _describe(exc: BaseException) -> str:
