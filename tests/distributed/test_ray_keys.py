@@ -44,7 +44,9 @@ def test_the_shared_engine_needs_the_runs_own_key(monkeypatch: pytest.MonkeyPatc
             abort = httpx.post(f"{url}/abort_request", json={"rid": "x"}, headers=mine)
             assert abort.status_code == 200
             # never on the command line, where `ps` would show it
-            pid = engine._proc.pid
+            served = engine._served  # the supervised server: its current process
+            assert served is not None and served.service is not None
+            pid = served.service.pid
             assert key not in Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
             assert os.environ["TOOLROLLOUT_API_KEY"] == "from-the-users-shell"
     assert keys[0] != keys[1]
