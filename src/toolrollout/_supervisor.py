@@ -673,7 +673,7 @@ async def until_serving(port: int) -> SupervisedService | None:
 
     Returns the service (None: not supervised here); the call goes ahead whether or not
     it came back, and fails as it would have when it did not. Cheap when the service
-    serves: no waiting, no I/O.
+    serves: no waiting, one read of ``/proc`` (is its process alive?).
     """
     service = supervised(port)
     if service is not None:

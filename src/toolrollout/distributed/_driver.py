@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -275,12 +275,12 @@ class _ServedEngine:
 
     def __exit__(self, *exc_info: object) -> None:
         try:
-            if not self._held.done():
+            if self._started.is_set():
                 self._portal.call(self._stop.set)
-            with suppress(Exception):  # a failed start was raised by wait_started already
-                self._held.result()
+            else:  # still starting (the run failed first): stop it without waiting for it
+                self._held.cancel()
         finally:
-            self._portal_context.__exit__(None, None, None)
+            self._portal_context.__exit__(None, None, None)  # the task has finished
 
 
 def _portable(spec: RunSpec) -> RunSpec:

@@ -94,8 +94,10 @@ def create_retriever_app(
             "result": [[_hit_json(hit, request.return_scores) for hit in hits] for hits in results]
         }
 
+    # On the event loop, not in the thread pool: the run's liveness probe must be answered
+    # while every thread is busy with searches (a busy retriever is not a hung one).
     @app.get("/health")
-    def health() -> dict[str, Any]:
+    async def health() -> dict[str, Any]:
         return {
             "status": "ok",
             "retriever": "bm25s",
