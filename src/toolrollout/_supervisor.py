@@ -170,6 +170,10 @@ def record_path(port: int) -> Path:
     return state_dir() / f"{port}.json"
 
 
+_LINUX = sys.platform.startswith("linux")
+"""Whether ``/proc`` tells whether a process lives (elsewhere a call does not ask)."""
+
+
 def _start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (None: no such live process)."""
     try:
@@ -404,7 +408,7 @@ class SupervisedService:
         """Wait while it is restarting, at most :attr:`call_wait` seconds; whether it is
         serving now. Returns at once when it is serving (its process alive: one read of
         ``/proc``) or down."""
-        if self.serving and _start_time(self.pid) is None:
+        if self.serving and _LINUX and _start_time(self.pid) is None:
             # Dead already, the supervisor has not noticed yet (milliseconds): wait for the
             # restart all the same, nothing was sent to it.
             return await self.until_replaced(self.generation)

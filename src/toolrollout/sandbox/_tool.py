@@ -442,14 +442,14 @@ class SandboxTool(Tool):
         service = await until_serving(httpx.URL(self.url).port or 80)
         if service is None:
             return await self._post(client, body)
-        generation = service.generation
+        generation, serving = service.generation, service.serving
         try:
             try:
                 return await self._post(client, body)
             except _Transient as exc:
-                # Refused: nothing was sent, its process died just before. Once more on the
-                # restarted one (this is no retry of the call).
-                refused = isinstance(exc.__cause__, httpx.ConnectError)
+                # Refused by a process that was serving: nothing was sent, it died just
+                # before. Once more on the restarted one (this is no retry of the call).
+                refused = serving and isinstance(exc.__cause__, httpx.ConnectError)
                 if not (refused and await service.until_replaced(generation)):
                     raise
                 generation = service.generation

@@ -331,11 +331,11 @@ class SearchTool(Tool):
                 local = await until_serving(httpx.URL(url).port or 80)
             if local is None:
                 return await client.post(url, json=payload)
-            generation = local.generation
+            generation, serving = local.generation, local.serving
             try:
                 return await client.post(url, json=payload)
             except httpx.ConnectError:
-                if not await local.until_replaced(generation):
+                if not (serving and await local.until_replaced(generation)):
                     raise
                 generation = local.generation
                 return await client.post(url, json=payload)
@@ -360,7 +360,8 @@ class SearchTool(Tool):
         except httpx.TransportError as exc:
             raise ToolUnavailable(
                 f"tool {self.name!r}: cannot reach the retrieval service at {url} "
-                f"({attempts} attempts): {type(exc).__name__}: {exc}{fault()}"
+                f"({attempts} attempts): {type(exc).__name__}: {str(exc) or 'connection lost'}"
+                f"{fault()}"
             ) from exc
         except httpx.HTTPError as exc:
             raise ToolExecutionError(

@@ -303,11 +303,13 @@ class _Server:
         self.manager._check_open()
         supervised = await until_serving(self.launched_port) if self.launched_port else None
         served_by = None if supervised is None else supervised.generation
+        serving = supervised is not None and supervised.serving
         session = await self._session_on(served_by)
         if (
             session.client is None
             and supervised is not None
             and served_by is not None
+            and serving
             and _refused(session.error)
             and await supervised.until_replaced(served_by)
         ):
