@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 
 from toolrollout._exceptions import (
-    EngineError,
     OverlongPromptError,
     TokenizationError,
     ToolRolloutError,
@@ -49,7 +48,16 @@ from ._session import (
     returned_view,
     tools_key,
 )
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, ToolCallOut
+from ._stream import TurnStream
+from ._types import (
+    ChatChoice,
+    ChatRequest,
+    ChatResult,
+    GatewayError,
+    StreamDelta,
+    StreamStart,
+    ToolCallOut,
+)
 
 if TYPE_CHECKING:
     from toolrollout.engines import Engine
@@ -115,6 +123,24 @@ class _Plan:
     reason: str = "new"
     parent: int | None = None
     common: int = 0
+
+
+@dataclass
+class _Prepared:
+    """A checked request: its format, plan, messages and what generation starts from."""
+
+    chat: ChatFormat
+    plan: _Plan
+    messages: list[dict[str, Any]]
+    forced: tuple[int, ...]
+    """Ids forced into the answer before the model's own (``tool_choice``), loss mask 0."""
+    required: str | None
+    """``tool_choice``: None (no call needed), "" (any call) or the tool that must be called."""
+    max_new: int
+
+    @property
+    def input_ids(self) -> list[int]:
+        return [*self.plan.input_ids, *self.forced]
 
 
 class Gateway:
@@ -374,55 +400,203 @@ class Gateway:
 
     async def complete(self, request: ChatRequest) -> ChatResult:
         """Serve one model call of a harness; raises :class:`GatewayError` for the API."""
+        session = self._begin(request)
+        try:
+            return await self._complete(session, request)
+        except GatewayError as exc:
+            self._count_error(session, exc)
+            raise
+
+    async def stream(
+        self, request: ChatRequest
+    ) -> AsyncIterator[StreamStart | StreamDelta | ChatResult]:
+        """Serve one model call as it is generated: a :class:`StreamStart` once the first
+        tokens are decoded, :class:`StreamDelta` s of reasoning and content as they become
+        safe to show (never text that may start a tool call), and the :class:`ChatResult`
+        last, recorded exactly as :meth:`complete` records it. Errors before the start
+        raise :class:`GatewayError` from the first ``__anext__``; closing the iterator early
+        aborts the generation and records nothing. With ``n > 1`` the start and the whole
+        answer come when every sample is done.
+        """
+        session = self._begin(request)
+        try:
+            if request.n != 1:
+                result = await self._complete(session, request)
+                yield StreamStart(result.id, result.model, result.created, result.prompt_tokens)
+                yield result
+                return
+            async for item in self._stream(session, request):
+                yield item
+        except GatewayError as exc:
+            self._count_error(session, exc)
+            raise
+
+    def _begin(self, request: ChatRequest) -> Session:
         self.stats["requests"] += 1
         session = self._open_session(request.session, request.metadata)
         session.requests += 1
         session.last_used = time.monotonic()
-        try:
-            return await self._complete(session, request)
-        except GatewayError as exc:
-            self.stats["errors"] += 1
-            session.errors[exc.kind] = session.errors.get(exc.kind, 0) + 1
-            raise
+        return session
 
-    async def _complete(self, session: Session, request: ChatRequest) -> ChatResult:
+    def _count_error(self, session: Session, exc: GatewayError) -> None:
+        self.stats["errors"] += 1
+        session.errors[exc.kind] = session.errors.get(exc.kind, 0) + 1
+
+    def _prepare(self, session: Session, request: ChatRequest) -> _Prepared:
+        """Check the request and plan where its answer goes (sync: no await)."""
         messages = _checked_messages(request)
         if not 1 <= request.n <= self.config.max_n:
             raise GatewayError(
                 "invalid_request", f"n must be between 1 and {self.config.max_n}", status=400
             )
         chat = self.chat_format(request.tools)
+        required = _required_tool(request)
+        forced: tuple[int, ...] = ()
+        if required is not None:
+            prefix = self._parser(chat).forced_call_prefix(required or None)
+            if prefix is None and required:
+                prefix = self._parser(chat).forced_call_prefix(None)
+            forced = tuple(chat.encode(prefix)) if prefix else ()
         try:
             plan = self._plan(session, chat, messages)
         except TokenizationError as exc:
             raise GatewayError("invalid_request", str(exc), status=400) from None
         context = self.context_length
-        if context is not None and len(plan.input_ids) >= context:
+        prompt = len(plan.input_ids) + len(forced)
+        if context is not None and prompt >= context:
             if plan.segment is not None:
                 plan.segment.finish_reason = "context_length_exceeded"
                 plan.segment.open = False
             raise GatewayError(
                 "context_length_exceeded",
                 f"This model's maximum context length is {context} tokens. However, your "
-                f"messages resulted in {len(plan.input_ids)} tokens. Please reduce the length "
+                f"messages resulted in {prompt} tokens. Please reduce the length "
                 "of the messages.",
                 status=400,
             )
         wanted = request.max_tokens or self.config.default_max_tokens
-        max_new = wanted if context is None else min(wanted, context - len(plan.input_ids))
-        if plan.segment is not None:
-            plan.segment.busy = True
+        max_new = wanted if context is None else min(wanted, context - prompt)
+        return _Prepared(chat, plan, messages, forced, required, max_new)
+
+    async def _complete(self, session: Session, request: ChatRequest) -> ChatResult:
+        prep = self._prepare(session, request)
+        if prep.plan.segment is not None:
+            prep.plan.segment.busy = True
         started = time.perf_counter()
         try:
-            results = await self._generate(request, plan.input_ids, max_new)
+            results = await self._generate(request, prep.input_ids, prep.max_new)
         finally:
-            if plan.segment is not None:
-                plan.segment.busy = False
-        seconds = time.perf_counter() - started
+            if prep.plan.segment is not None:
+                prep.plan.segment.busy = False
+        return self._finish(session, request, prep, results, time.perf_counter() - started)
+
+    async def _stream(
+        self, session: Session, request: ChatRequest
+    ) -> AsyncIterator[StreamStart | StreamDelta | ChatResult]:
+        """One sample, streamed from the engine (``n == 1``)."""
+        prep = self._prepare(session, request)
+        chat, parser = prep.chat, self._parser(prep.chat)
+        enabled = bool(request.tools) and request.tool_choice != "none"
+        turn = TurnStream(
+            markers=parser.call_markers if enabled else (),
+            think=("<think>", "</think>") if parser.splits_think_tags else None,
+            thinking=not prep.forced and _opens_thinking(chat, prep.plan.input_ids),
+            stops=tuple(request.stop),
+        )
+        rid = f"gw-{uuid.uuid4().hex[:16]}-0"
+        engine_request = GenerateRequest(
+            input_ids=tuple(prep.input_ids),
+            sampling=self._sampling(request, prep.max_new),
+            rid=rid,
+            session_id=request.session,
+        )
+        deadline = anyio.current_time() + self.config.request_timeout
+        segment = prep.plan.segment
+        if segment is not None:
+            segment.busy = True
+        started = time.perf_counter()
+        acquired = False
+        result: GenerateResult | None = None
+        chunks = self.engine.generate_stream(engine_request)
+        try:
+            with anyio.fail_after(self.config.request_timeout):
+                acquired = await self._acquire()
+            head: StreamStart | None = None
+            decoded = 0
+            while result is None:
+                try:
+                    with anyio.fail_after(max(deadline - anyio.current_time(), 0.0)):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    raise GatewayError(
+                        "engine_error", "the engine's stream ended without a result", status=503
+                    ) from None
+                result = chunk.result
+                if head is None:
+                    head = StreamStart(
+                        f"chatcmpl-{uuid.uuid4().hex}",
+                        request.model or self.config.model_name,
+                        int(time.time()),
+                        len(prep.plan.input_ids),
+                    )
+                    yield head
+                if result is None and len(chunk.output_ids) > decoded:
+                    decoded = len(chunk.output_ids)
+                    text = chat.decode([*prep.forced, *chunk.output_ids])
+                    for delta in turn.feed(text):
+                        yield delta
+        except TimeoutError:
+            await self._abort([rid])
+            raise self._timeout_error() from None
+        except (asyncio.CancelledError, GeneratorExit):
+            await self._abort([rid])  # the client went away: free the engine now
+            raise
+        except GatewayError:
+            await self._abort([rid])
+            raise
+        except ToolRolloutError as exc:
+            raise _engine_error(exc) from None
+        finally:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await chunks.aclose()
+            if acquired:
+                self._limiter.release()
+            if segment is not None:
+                segment.busy = False
+        result = _check_result(result)
+        final = self._finish(
+            session, request, prep, [result], time.perf_counter() - started, streamed=turn
+        )
+        assert head is not None  # a result comes in a chunk, after the start
+        for delta in turn.last:
+            yield delta
+        yield dataclasses.replace(final, id=head.id, created=head.created)
+
+    def _finish(
+        self,
+        session: Session,
+        request: ChatRequest,
+        prep: _Prepared,
+        results: Sequence[GenerateResult],
+        seconds: float,
+        *,
+        streamed: TurnStream | None = None,
+    ) -> ChatResult:
+        """Parse the answers, check ``tool_choice``, commit them (sync) and build the result."""
+        plan = prep.plan
         enabled = bool(request.tools) and request.tool_choice != "none"
         calls_so_far = plan.segment.num_tool_calls if plan.segment is not None else 0
-        choices, candidates = self._choices(chat, results, enabled, calls_so_far)
-        segment = self._commit(session, chat, plan, candidates, messages, request)
+        choices, candidates = self._choices(prep.chat, results, enabled, calls_so_far, prep.forced)
+        if prep.required is not None:
+            _check_tool_choice(choices, prep.required)
+        if streamed is not None:
+            (choice,) = choices
+            streamed.last = streamed.finish(choice.reasoning, choice.content)
+            reasoning = streamed.reasoning if streamed.reasoning_sent else choice.reasoning
+            choices = [dataclasses.replace(choice, content=streamed.content, reasoning=reasoning)]
+            candidates[0].returned = returned_view(streamed.content, choice.tool_calls)
+        segment = self._commit(session, prep.chat, plan, candidates, prep.messages, request)
         if segment is not None:
             segment.requests += 1
             segment.generation_seconds += seconds
@@ -492,13 +666,8 @@ class Gateway:
         prompt = chat.render_prompt(messages)
         return _Plan(prompt, None, -1, messages, [], reason, parent, common)
 
-    async def _generate(
-        self, request: ChatRequest, input_ids: list[int], max_new: int
-    ) -> list[GenerateResult]:
-        """The ``n`` samples, within the limits; aborted in the engine when cancelled."""
-        base = f"gw-{uuid.uuid4().hex[:16]}"
-        rids = [f"{base}-{i}" for i in range(request.n)]
-        sampling = SamplingParams(
+    def _sampling(self, request: ChatRequest, max_new: int) -> SamplingParams:
+        return SamplingParams(
             max_new_tokens=max_new,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
@@ -506,6 +675,22 @@ class Gateway:
             stop=tuple(request.stop),
             seed=_seed(request.metadata),
         )
+
+    def _timeout_error(self) -> GatewayError:
+        return GatewayError(
+            "timeout",
+            f"the model did not answer within {self.config.request_timeout:g} s "
+            "(--request-timeout)",
+            status=504,
+        )
+
+    async def _generate(
+        self, request: ChatRequest, input_ids: Sequence[int], max_new: int
+    ) -> list[GenerateResult]:
+        """The ``n`` samples, within the limits; aborted in the engine when cancelled."""
+        base = f"gw-{uuid.uuid4().hex[:16]}"
+        rids = [f"{base}-{i}" for i in range(request.n)]
+        sampling = self._sampling(request, max_new)
         ids = tuple(input_ids)
 
         async def one(index: int, rid: str) -> GenerateResult:
@@ -523,33 +708,17 @@ class Gateway:
                 results = list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rids))))
         except TimeoutError:
             await self._abort(rids)
-            raise GatewayError(
-                "timeout",
-                f"the model did not answer within {self.config.request_timeout:g} s "
-                "(--request-timeout)",
-                status=504,
-            ) from None
+            raise self._timeout_error() from None
         except asyncio.CancelledError:
             await self._abort(rids)  # the client went away: free the engine now
             raise
-        except OverlongPromptError as exc:
-            raise GatewayError("context_length_exceeded", str(exc), status=400) from None
-        except UserError as exc:
-            raise GatewayError("invalid_request", str(exc), status=400) from None
-        except EngineError as exc:
-            raise GatewayError("engine_error", str(exc), status=503) from None
+        except ToolRolloutError as exc:
+            raise _engine_error(exc) from None
         finally:
             if acquired:
                 self._limiter.release()
         for result in results:
-            if result.finish_reason.type == "abort":
-                raise GatewayError(
-                    "engine_error",
-                    f"the engine aborted the generation: {result.finish_reason.message or ''}",
-                    status=503,
-                )
-            if result.output_logprobs is None:
-                raise GatewayError("engine_error", "the engine returned no logprobs", status=503)
+            _check_result(result)
         return results
 
     async def _acquire(self) -> bool:
@@ -583,6 +752,7 @@ class Gateway:
         results: Sequence[GenerateResult],
         tools_enabled: bool,
         calls_so_far: int,
+        forced: tuple[int, ...] = (),
     ) -> tuple[list[ChatChoice], list[Candidate]]:
         family = chat.family
         parser = self._parser(chat)
@@ -590,7 +760,7 @@ class Gateway:
         candidates: list[Candidate] = []
         for index, result in enumerate(results):
             ids = tuple(result.output_ids)
-            text = chat.model_text(ids)
+            text = chat.model_text((*forced, *ids))
             parsed = parser.parse(text)
             if not tools_enabled and parsed.tool_calls:
                 parsed = ParsedTurn(content=text, reasoning=None)
@@ -617,6 +787,7 @@ class Gateway:
                     tool_calls=len(calls),
                     parse_errors=len(parsed.errors),
                     extendable=finish == "stop" and chat.ends_with_stop(ids),
+                    forced=forced,
                 )
             )
         return choices, candidates
@@ -718,6 +889,75 @@ def _family_ids(family: Any, parsed: ParsedTurn, call_number: int) -> ParsedTurn
         for call, call_id in zip(parsed.tool_calls, ids, strict=True)
     )
     return dataclasses.replace(parsed, tool_calls=calls)
+
+
+def _required_tool(request: ChatRequest) -> str | None:
+    """What ``tool_choice`` demands: None (nothing), "" (some call) or a tool's name."""
+    choice = request.tool_choice
+    if choice is None or choice in ("auto", "none"):
+        return None
+    names = [str(t.get("function", {}).get("name", "")) for t in request.tools]
+    if not names:
+        raise GatewayError(
+            "invalid_request", "tool_choice asks for a tool call but no tools were given",
+            status=400,
+        )
+    if choice == "required":
+        return ""
+    name = choice.get("function", {}).get("name") if isinstance(choice, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise GatewayError(
+            "invalid_request",
+            f"tool_choice: {choice!r} is not supported (auto, none, required, a function)",
+            status=400,
+        )
+    if name not in names:
+        raise GatewayError(
+            "invalid_request", f"tool_choice names {name!r}, which is not in tools", status=400
+        )
+    return name
+
+
+def _check_tool_choice(choices: Sequence[ChatChoice], required: str) -> None:
+    """A forced call the model did not complete is an error, never plain text."""
+    for choice in choices:
+        names = [call.name for call in choice.tool_calls]
+        if names and (not required or all(name == required for name in names)):
+            continue
+        wanted = f"a call to {required!r}" if required else "a tool call"
+        got = f"calls to {names}" if names else f"no parseable call ({choice.content[:200]!r})"
+        raise GatewayError(
+            "tool_choice_unmet",
+            f"tool_choice required {wanted}, but the model produced {got}",
+            status=500,
+        )
+
+
+def _opens_thinking(chat: ChatFormat, prompt: Sequence[int]) -> bool:
+    """Whether the generation prompt ends inside an open ``<think>`` block."""
+    return chat.decode(list(prompt[-8:])).rstrip().endswith("<think>")
+
+
+def _engine_error(exc: ToolRolloutError) -> GatewayError:
+    if isinstance(exc, OverlongPromptError):
+        return GatewayError("context_length_exceeded", str(exc), status=400)
+    if isinstance(exc, UserError):
+        return GatewayError("invalid_request", str(exc), status=400)
+    return GatewayError("engine_error", str(exc), status=503)
+
+
+def _check_result(result: GenerateResult | None) -> GenerateResult:
+    if result is None:
+        raise GatewayError("engine_error", "the engine returned no result", status=503)
+    if result.finish_reason.type == "abort":
+        raise GatewayError(
+            "engine_error",
+            f"the engine aborted the generation: {result.finish_reason.message or ''}",
+            status=503,
+        )
+    if result.output_logprobs is None:
+        raise GatewayError("engine_error", "the engine returned no logprobs", status=503)
+    return result
 
 
 def _seed(metadata: Mapping[str, Any]) -> int | None:

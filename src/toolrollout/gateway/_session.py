@@ -121,6 +121,8 @@ class Candidate:
     parse_errors: int
     extendable: bool
     """Ended on the template's stop token, so a delta can follow it."""
+    forced: tuple[int, ...] = ()
+    """Ids forced before the model's own (``tool_choice``): in the turn, loss mask 0."""
 
 
 @dataclass
@@ -154,6 +156,8 @@ class Segment:
     env_tokens: int = 0
     cached_tokens: int = 0
     generation_seconds: float = 0.0
+    forced: list[tuple[int, int]] = field(default_factory=list)
+    """Forced ids in the response: (offset into the response ids, count), per forced turn."""
     weight_version: str | None = None
     reward: float | None = None
     created: float = field(default_factory=time.time)
@@ -207,7 +211,11 @@ class Segment:
         return taken, common
 
     def take(self, candidate: Candidate) -> None:
-        """Append a model turn: engine ids verbatim (loss mask 1) and its message."""
+        """Append a model turn: engine ids verbatim (loss mask 1) and its message; ids forced
+        before them (``tool_choice``) go first, in a span of their own with loss mask 0."""
+        if candidate.forced:
+            self.forced.append((self.num_tokens - len(self.prompt_ids), len(candidate.forced)))
+            self.spans.append(TokenSpan("interaction", candidate.forced, None))
         self.spans.append(TokenSpan("model", candidate.ids, candidate.logprobs))
         self.model_texts.append(candidate.text)
         self.messages.append(candidate.message)
@@ -291,6 +299,8 @@ def freeze_segment(session: Session, segment: Segment, *, assumed_choice: bool) 
             "common_messages": segment.common_messages,
             "requests": segment.requests,
             "assumed_choice_0": assumed_choice,
+            "forced_tokens": [list(item) for item in segment.forced],
+            "errors": dict(session.errors),
         },
         "model_tokens": segment.model_tokens,
         "tool_tokens": segment.env_tokens,

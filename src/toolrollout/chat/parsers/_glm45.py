@@ -46,6 +46,10 @@ class Glm45Parser(ToolCallParser):
     name = "glm45"
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
+    call_markers = ("<tool_call>",)
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        return self.open_tag if name is None else f"{self.open_tag}{name}\n"
     key_open, key_close = "<arg_key>", "</arg_key>"
     value_open, value_close = "<arg_value>", "</arg_value>"
 

@@ -310,6 +310,11 @@ class SGLangClient(_ControlPlane, Engine):
                 await response.aclose()
                 self._router.release(url, failed=failed)
 
+    def generate_stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
+        """The engine seam's token stream: :meth:`stream` (SGLang's ``/generate`` with
+        ``stream: true``); the final chunk's result is what :meth:`generate` returns."""
+        return self.stream(request)
+
     async def abort(self, rid: str) -> None:
         """Abort a running request on the server that holds it (unknown rids are ignored).
 
