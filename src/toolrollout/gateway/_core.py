@@ -22,7 +22,7 @@ import shutil
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -93,12 +93,22 @@ class GatewayConfig:
     max_sessions: int = 4096
     max_segments: int = 64
     max_open_segments: int = 8
+    max_stored_responses: int = 1024
+    """Responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}`` (the
+    least recently used is dropped beyond it)."""
     max_records: int = 10_000
     """Closed sessions' rows kept in memory for :meth:`Gateway.records` (newest kept)."""
     flush_seconds: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("max_n", "max_concurrency", "max_waiting", "max_sessions", "max_segments"):
+        for name in (
+            "max_n",
+            "max_concurrency",
+            "max_waiting",
+            "max_sessions",
+            "max_segments",
+            "max_stored_responses",
+        ):
             if int(getattr(self, name)) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1")
         if self.max_open_segments < 1:
@@ -409,7 +419,7 @@ class Gateway:
 
     async def stream(
         self, request: ChatRequest
-    ) -> AsyncIterator[StreamStart | StreamDelta | ChatResult]:
+    ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
         """Serve one model call as it is generated: a :class:`StreamStart` once the first
         tokens are decoded, :class:`StreamDelta` s of reasoning and content as they become
         safe to show (never text that may start a tool call), and the :class:`ChatResult`
@@ -492,7 +502,7 @@ class Gateway:
 
     async def _stream(
         self, session: Session, request: ChatRequest
-    ) -> AsyncIterator[StreamStart | StreamDelta | ChatResult]:
+    ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
         """One sample, streamed from the engine (``n == 1``)."""
         prep = self._prepare(session, request)
         chat, parser = prep.chat, self._parser(prep.chat)
@@ -515,12 +525,12 @@ class Gateway:
         if segment is not None:
             segment.busy = True
         started = time.perf_counter()
-        acquired = False
+        acquired, borrower = False, object()
         result: GenerateResult | None = None
         chunks = self.engine.generate_stream(engine_request)
         try:
             with anyio.fail_after(self.config.request_timeout):
-                acquired = await self._acquire()
+                acquired = await self._acquire(borrower)
             head: StreamStart | None = None
             decoded = 0
             while result is None:
@@ -561,7 +571,7 @@ class Gateway:
                 with contextlib.suppress(Exception):
                     await chunks.aclose()
             if acquired:
-                self._limiter.release()
+                self._limiter.release_on_behalf_of(borrower)
             if segment is not None:
                 segment.busy = False
         result = _check_result(result)
@@ -701,10 +711,10 @@ class Gateway:
                 GenerateRequest(input_ids=ids, sampling=seeded, rid=rid, session_id=request.session)
             )
 
-        acquired = False
+        acquired, borrower = False, object()
         try:
             with anyio.fail_after(self.config.request_timeout):
-                acquired = await self._acquire()
+                acquired = await self._acquire(borrower)
                 results = list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rids))))
         except TimeoutError:
             await self._abort(rids)
@@ -716,15 +726,17 @@ class Gateway:
             raise _engine_error(exc) from None
         finally:
             if acquired:
-                self._limiter.release()
+                self._limiter.release_on_behalf_of(borrower)
         for result in results:
             _check_result(result)
         return results
 
-    async def _acquire(self) -> bool:
-        """A generation slot; waits in a bounded line, else ``overloaded`` at once."""
+    async def _acquire(self, borrower: object) -> bool:
+        """A generation slot for ``borrower`` (one object per request: a streamed answer is
+        released by another task than the one that took it); waits in a bounded line,
+        else ``overloaded`` at once."""
         try:
-            self._limiter.acquire_nowait()
+            self._limiter.acquire_on_behalf_of_nowait(borrower)
         except anyio.WouldBlock:
             if self._waiting >= self.config.max_waiting:
                 raise GatewayError(
@@ -735,7 +747,7 @@ class Gateway:
                 ) from None
             self._waiting += 1
             try:
-                await self._limiter.acquire()
+                await self._limiter.acquire_on_behalf_of(borrower)
             finally:
                 self._waiting -= 1
         return True
@@ -899,7 +911,8 @@ def _required_tool(request: ChatRequest) -> str | None:
     names = [str(t.get("function", {}).get("name", "")) for t in request.tools]
     if not names:
         raise GatewayError(
-            "invalid_request", "tool_choice asks for a tool call but no tools were given",
+            "invalid_request",
+            "tool_choice asks for a tool call but no tools were given",
             status=400,
         )
     if choice == "required":

@@ -56,9 +56,7 @@ class TurnStream:
         self._markers = markers
         self._think = think
         self._thinking = thinking
-        self._holds = tuple(
-            m for m in (*(markers or ()), *(think or ()), *_STOPS, *stops) if m
-        )
+        self._holds = tuple(m for m in (*(markers or ()), *(think or ()), *_STOPS, *stops) if m)
         self.reasoning = ""
         """The reasoning sent so far."""
         self.content = ""
