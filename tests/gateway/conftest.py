@@ -66,7 +66,9 @@ class Model:
         answer: Callable[[GenerateRequest], str] | Sequence[str],
         *,
         delay: float = 0.0,
+        token_delay: float = 0.0,
         context_length: int | None = None,
+        numbered: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         counter = itertools.count()
@@ -76,10 +78,10 @@ class Model:
         def script(request: GenerateRequest) -> ScriptedOutput:
             text = answer(request) if callable(answer) else next(texts)  # type: ignore[arg-type]
             ids = tuple(tokenizer.encode(text + "<|im_end|>", add_special_tokens=False))
-            start = next(counter) * 1000
+            start = next(counter) * 1000 if numbered else 0
             logprobs = [-(start + i + 1) / 10_000 for i in range(len(ids))]
             self.outputs[request.rid or ""] = ids
-            return ScriptedOutput(ids, logprobs=logprobs, delay=delay)
+            return ScriptedOutput(ids, logprobs=logprobs, delay=delay, token_delay=token_delay)
 
         self.engine = ScriptedEngine(script, context_length=context_length, weight_version="v7")
 
@@ -106,7 +108,16 @@ def rebuilt(row: Trajectory, chat: ChatFormat) -> list[int]:
     """The family's rule applied to the row's final messages: the prompt rendered once,
     each model turn's ids, each run of other messages as the template delta after it."""
     messages = list(row.messages)
-    turns = [span.ids for span in row.spans if span.kind == "model"]
+    forced = {offset for offset, _ in row.metrics["gateway"].get("forced_tokens", [])}
+    turns: list[tuple[int, ...]] = []
+    offset, prefix = 0, ()
+    for span in row.spans:  # a model turn is its forced ids (tool_choice), then its own
+        if span.kind == "model":
+            turns.append((*prefix, *span.ids))
+            prefix = ()
+        elif offset in forced:
+            prefix = span.ids
+        offset += len(span.ids)
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     first = assistants[len(assistants) - len(turns)]  # earlier ones came in the prompt
     ids = chat.render_prompt(messages[:first])

@@ -212,6 +212,6 @@ def test_context_overflow_is_openais_error(served: Served) -> None:
     assert info.value.status_code == 400
     assert info.value.code == "context_length_exceeded"
     assert isinstance(info.value.body, dict) and info.value.body["param"] == "input"
-    with pytest.raises(openai.BadRequestError) as bad:
+    with pytest.raises(openai.NotFoundError) as missing:
         sdk.responses.create(model=MODEL, input="hi", previous_response_id="resp_1")
-    assert "previous_response_id" in str(bad.value)
+    assert missing.value.code == "previous_response_not_found"
