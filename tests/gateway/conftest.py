@@ -4,18 +4,22 @@ sends messages back the way an OpenAI SDK user does (text and JSON-string argume
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
-from collections.abc import Callable, Sequence
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvicorn
 
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest
-from toolrollout.gateway import ChatChoice, ChatResult
+from toolrollout.gateway import ChatChoice, ChatResult, Gateway, GatewayConfig, build_app
 from toolrollout.rollout import Trajectory
 from toolrollout.spec._policy import load_tokenizer
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
@@ -149,3 +153,26 @@ def assert_token_exact(row: Trajectory, chat: ChatFormat) -> None:
             assert all(lp < 0 for lp in span.logprobs)  # the engine's, kept
         else:
             assert set(span.logprobs) <= {0.0}
+
+
+@asynccontextmanager
+async def served(
+    model: Model, config: GatewayConfig | None = None
+) -> AsyncIterator[tuple[str, Gateway]]:
+    """The gateway on a loopback port, in the test's event loop: (base URL, gateway)."""
+    async with Gateway(model.engine, model.tokenizer, config=config) as gateway:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(build_app(gateway), log_level="warning"))
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            for _ in range(1000):
+                if server.started:
+                    break
+                await asyncio.sleep(0.01)
+            yield f"http://127.0.0.1:{port}", gateway
+        finally:
+            server.should_exit = True
+            await serving
+            sock.close()

@@ -12,48 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anthropic
 import openai
 import pytest
-import uvicorn
 
-from toolrollout.gateway import Gateway, GatewayConfig, build_app
 from toolrollout.gateway._stream import TurnStream
 
-from .conftest import TOOLS, Model, assert_token_exact, call_text
+from .conftest import TOOLS, Model, assert_token_exact, call_text, served
 
 SYSTEM = {"role": "system", "content": "You are a careful calculator assistant."}
 PROSE = "The result of this long and careful computation is forty-two, as expected."
 TOKEN_DELAY = 0.04
-
-
-@asynccontextmanager
-async def served(
-    model: Model, config: GatewayConfig | None = None
-) -> AsyncIterator[tuple[str, Gateway]]:
-    """The gateway on a loopback port, in the test's event loop: (base URL, gateway)."""
-    async with Gateway(model.engine, model.tokenizer, config=config) as gateway:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(build_app(gateway), log_level="warning"))
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
-        try:
-            for _ in range(1000):
-                if server.started:
-                    break
-                await asyncio.sleep(0.01)
-            yield f"http://127.0.0.1:{port}", gateway
-        finally:
-            server.should_exit = True
-            await serving
-            sock.close()
 
 
 def openai_client(url: str, session: str) -> Any:
@@ -131,7 +103,9 @@ async def _chat_agent(client: Any, *, stream: bool) -> list[Any]:
             async for chunk in chunks:
                 for choice in chunk.choices:
                     content += choice.delta.content or ""
-                    calls += [c.model_dump(exclude_none=True) for c in choice.delta.tool_calls or []]
+                    calls += [
+                        c.model_dump(exclude_none=True) for c in choice.delta.tool_calls or []
+                    ]
             message = {"role": "assistant", "content": content or None}
             if calls:
                 for call in calls:
@@ -140,8 +114,10 @@ async def _chat_agent(client: Any, *, stream: bool) -> list[Any]:
         messages.append(message)
         if not message.get("tool_calls"):
             return messages
-        for call in message["tool_calls"]:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": "42"})
+        messages += [
+            {"role": "tool", "tool_call_id": call["id"], "content": "42"}
+            for call in message["tool_calls"]
+        ]
     return messages
 
 
@@ -235,7 +211,7 @@ async def test_responses_stream_sends_text_before_the_turn_ends(demo_tokenizer: 
         ) as stream:
             async for event in stream:
                 if event.type == "response.output_text.delta":
-                    arrivals.append(time.perf_counter() - started)
+                    arrivals.append(time.perf_counter() - started)  # noqa: PERF401
             final = await stream.get_final_response()
         finished = time.perf_counter() - started
         gateway.close_session("s1")
@@ -274,9 +250,10 @@ def test_reasoning_streams_until_the_think_block_closes() -> None:
     assert _feed(turn, "<think>\nadd them\n</think>\n\nIt is 5.") == ("add them", "It is 5.")
     opened = TurnStream(markers=("<tool_call>",), think=("<think>", "</think>"), thinking=True)
     assert _feed(opened, "plan</think>done") == ("plan", "done")
-    assert _feed(
-        TurnStream(markers=None, think=None, thinking=False), "unknown format"
-    ) == ("", "")  # no known markers: everything waits for the parse
+    assert _feed(TurnStream(markers=None, think=None, thinking=False), "unknown format") == (
+        "",
+        "",
+    )  # no known markers: everything waits for the parse
 
 
 def test_finish_sends_the_rest_of_the_parsed_turn() -> None:

@@ -466,7 +466,7 @@ class Gateway:
             prefix = self._parser(chat).forced_call_prefix(required or None)
             if prefix is None and required:
                 prefix = self._parser(chat).forced_call_prefix(None)
-            forced = tuple(chat.encode(prefix)) if prefix else ()
+            forced = _forced_ids(chat, prefix) if prefix else ()
         try:
             plan = self._plan(session, chat, messages)
         except TokenizationError as exc:
@@ -929,6 +929,22 @@ def _required_tool(request: ChatRequest) -> str | None:
             "invalid_request", f"tool_choice names {name!r}, which is not in tools", status=400
         )
     return name
+
+
+def _forced_ids(chat: ChatFormat, prefix: str) -> tuple[int, ...]:
+    """The ids of ``prefix`` that stay the same whatever follows it: a last token that
+    would merge with the model's next characters (``": "`` + ``{"`` is one token ``' {"'``
+    in Qwen's vocabulary) is left for the model, so the turn keeps the tokenization a
+    fresh render of the call gives."""
+    ids = chat.encode(prefix)
+    keep = len(ids)
+    for following in ('{"', "<", " ", "a", "\n", '"'):
+        longer = chat.encode(prefix + following)
+        same = 0
+        while same < min(keep, len(longer)) and ids[same] == longer[same]:
+            same += 1
+        keep = same
+    return tuple(ids[:keep])
 
 
 def _check_tool_choice(choices: Sequence[ChatChoice], required: str) -> None:
