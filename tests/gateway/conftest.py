@@ -112,7 +112,7 @@ def rebuilt(row: Trajectory, chat: ChatFormat) -> list[int]:
     """The family's rule applied to the row's final messages: the prompt rendered once,
     each model turn's ids, each run of other messages as the template delta after it."""
     messages = list(row.messages)
-    forced = {offset for offset, _ in row.metrics["gateway"].get("forced_tokens", [])}
+    forced = {o for o, _ in row.metrics.get("gateway", {}).get("forced_tokens", [])}
     turns: list[tuple[int, ...]] = []
     offset, prefix = 0, ()
     for span in row.spans:  # a model turn is its forced ids (tool_choice), then its own

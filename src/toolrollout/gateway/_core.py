@@ -15,8 +15,10 @@ requests are answered ``overloaded`` at once instead of piling up on the loop.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import hashlib
 import json
 import shutil
 import time
@@ -31,12 +33,13 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 
 from toolrollout._exceptions import (
+    ImageError,
     OverlongPromptError,
     TokenizationError,
     ToolRolloutError,
     UserError,
 )
-from toolrollout._records import Trajectory
+from toolrollout._records import Trajectory, TrajectoryImage
 from toolrollout.chat import ChatFormat, ParsedTurn, ToolCallParser, get_tool_parser
 from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams
 
@@ -60,6 +63,7 @@ from ._types import (
 )
 
 if TYPE_CHECKING:
+    from toolrollout.chat import PreparedImage, VisionFormat
     from toolrollout.engines import Engine
     from toolrollout.rollout import ShardWriter
     from toolrollout.spec import RunSpec
@@ -133,6 +137,12 @@ class _Plan:
     reason: str = "new"
     parent: int | None = None
     common: int = 0
+    images: list[TrajectoryImage] = field(default_factory=list)
+    """The images of the new messages, with their placeholder runs in the whole ids."""
+    urls: list[str] = field(default_factory=list)
+    """``image_data`` of the whole request: the segment's images so far, then the new."""
+    base_images: list[TrajectoryImage] = field(default_factory=list)
+    """The extended segment's images when planned (a fork keeps them)."""
 
 
 @dataclass
@@ -148,9 +158,16 @@ class _Prepared:
     """``tool_choice``: None (no call needed), "" (any call) or the tool that must be called."""
     max_new: int
 
+    vision: VisionFormat | None = None
+
     @property
     def input_ids(self) -> list[int]:
-        return [*self.plan.input_ids, *self.forced]
+        """The ids sent to the engine: one placeholder per image (the engine expands them
+        from ``image_data``, as SGLang does), then the forced ids."""
+        ids = self.plan.input_ids
+        if self.vision is not None and self.plan.urls:
+            ids = self.vision.collapse(ids)
+        return [*ids, *self.forced]
 
 
 class Gateway:
@@ -172,9 +189,12 @@ class Gateway:
         out: str | Path | None = None,
         context_length: int | None = None,
         flush_every: int = 64,
+        vision: VisionFormat | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        self.vision = vision
+        """The model's image format (None: a text model; requests with images are refused)."""
         self.config = config or GatewayConfig()
         self.context_length = self.config.context_length or context_length
         self.out = None if out is None else Path(out)
@@ -237,6 +257,7 @@ class Gateway:
                 out=out,
                 context_length=context,
                 flush_every=spec.flush_every,
+                vision=parts.vision,
             ) as gateway:
                 yield gateway
 
@@ -452,9 +473,15 @@ class Gateway:
         self.stats["errors"] += 1
         session.errors[exc.kind] = session.errors.get(exc.kind, 0) + 1
 
-    def _prepare(self, session: Session, request: ChatRequest) -> _Prepared:
-        """Check the request and plan where its answer goes (sync: no await)."""
-        messages = _checked_messages(request)
+    async def _prepare(self, session: Session, request: ChatRequest) -> _Prepared:
+        """Check the request, plan where its answer goes and prepare its new images."""
+        messages, urls = _checked_messages(request)
+        if urls and self.vision is None:
+            raise GatewayError(
+                "invalid_request",
+                "this model takes no images (its folder has no image processor); send text",
+                status=400,
+            )
         if not 1 <= request.n <= self.config.max_n:
             raise GatewayError(
                 "invalid_request", f"n must be between 1 and {self.config.max_n}", status=400
@@ -471,6 +498,8 @@ class Gateway:
             plan = self._plan(session, chat, messages)
         except TokenizationError as exc:
             raise GatewayError("invalid_request", str(exc), status=400) from None
+        if self.vision is not None and urls:
+            await self._place_images(self.vision, plan, urls)
         context = self.context_length
         prompt = len(plan.input_ids) + len(forced)
         if context is not None and prompt >= context:
@@ -486,15 +515,17 @@ class Gateway:
             )
         wanted = request.max_tokens or self.config.default_max_tokens
         max_new = wanted if context is None else min(wanted, context - prompt)
-        return _Prepared(chat, plan, messages, forced, required, max_new)
+        return _Prepared(chat, plan, messages, forced, required, max_new, self.vision)
 
     async def _complete(self, session: Session, request: ChatRequest) -> ChatResult:
-        prep = self._prepare(session, request)
+        prep = await self._prepare(session, request)
         if prep.plan.segment is not None:
             prep.plan.segment.busy = True
         started = time.perf_counter()
         try:
-            results = await self._generate(request, prep.input_ids, prep.max_new)
+            results = await self._generate(
+                request, prep.input_ids, prep.max_new, tuple(prep.plan.urls) or None
+            )
         finally:
             if prep.plan.segment is not None:
                 prep.plan.segment.busy = False
@@ -504,7 +535,7 @@ class Gateway:
         self, session: Session, request: ChatRequest
     ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
         """One sample, streamed from the engine (``n == 1``)."""
-        prep = self._prepare(session, request)
+        prep = await self._prepare(session, request)
         chat, parser = prep.chat, self._parser(prep.chat)
         enabled = bool(request.tools) and request.tool_choice != "none"
         turn = TurnStream(
@@ -519,6 +550,7 @@ class Gateway:
             sampling=self._sampling(request, prep.max_new),
             rid=rid,
             session_id=request.session,
+            image_data=tuple(prep.plan.urls) or None,
         )
         deadline = anyio.current_time() + self.config.request_timeout
         segment = prep.plan.segment
@@ -622,6 +654,40 @@ class Gateway:
             cached_tokens=max((r.cached_tokens for r in results), default=0),
         )
 
+    async def _place_images(self, vision: VisionFormat, plan: _Plan, urls: dict[str, str]) -> None:
+        """Prepare the images of the plan's new messages (in a worker thread) and expand
+        their placeholders in its ids, as the rollout loop does for a tool's images."""
+        wanted = [urls[key] for key in _image_keys(plan.new_messages)]
+        prepared: list[PreparedImage] = []
+        for index, url in enumerate(wanted):
+            try:
+                prepared.append(await anyio.to_thread.run_sync(vision.prepare, url))
+            except (ImageError, ValueError, OSError) as exc:
+                raise GatewayError(
+                    "invalid_request", f"image {index + 1} of the request: {exc}", status=400
+                ) from None
+        counts = [image.num_tokens for image in prepared]
+        base = len(plan.input_ids) - len(plan.delta)
+        try:
+            if plan.segment is None:
+                plan.input_ids, runs = vision.expand(plan.input_ids, counts)
+                offset = 0
+            else:
+                delta, runs = vision.expand(plan.delta, counts)
+                plan.input_ids = [*plan.input_ids[:base], *delta]
+                plan.delta, offset = delta, base
+                plan.base_images = list(plan.segment.images)
+        except ImageError as exc:
+            raise GatewayError("invalid_request", str(exc), status=400) from None
+        plan.images = [
+            TrajectoryImage(image.png, offset + run.start, offset + run.end, image.grid_thw)
+            for image, run in zip(prepared, runs, strict=True)
+        ]
+        plan.urls = [
+            *(image_url(i) for i in plan.base_images),
+            *(image.data_url for image in prepared),
+        ]
+
     def _plan(self, session: Session, chat: ChatFormat, messages: list[dict[str, Any]]) -> _Plan:
         """Match ``messages`` against the session's open segments (sync: no await)."""
         key = tools_key(chat.tools)
@@ -695,7 +761,11 @@ class Gateway:
         )
 
     async def _generate(
-        self, request: ChatRequest, input_ids: Sequence[int], max_new: int
+        self,
+        request: ChatRequest,
+        input_ids: Sequence[int],
+        max_new: int,
+        image_data: tuple[str, ...] | None = None,
     ) -> list[GenerateResult]:
         """The ``n`` samples, within the limits; aborted in the engine when cancelled."""
         base = f"gw-{uuid.uuid4().hex[:16]}"
@@ -708,7 +778,13 @@ class Gateway:
             if sampling.seed is not None:
                 seeded = dataclasses.replace(sampling, seed=sampling.seed + index)
             return await self.engine.generate(
-                GenerateRequest(input_ids=ids, sampling=seeded, rid=rid, session_id=request.session)
+                GenerateRequest(
+                    input_ids=ids,
+                    sampling=seeded,
+                    rid=rid,
+                    session_id=request.session,
+                    image_data=image_data,
+                )
             )
 
         acquired, borrower = False, object()
@@ -821,6 +897,7 @@ class Gateway:
             if plan.taken >= 0:
                 segment.take(segment.pending[plan.taken])
             segment.append_messages(plan.new_messages, plan.delta)
+            segment.images.extend(plan.images)
         else:
             if segment is not None:
                 # Another answer went into it while this one generated: fork. The ids the
@@ -838,6 +915,7 @@ class Gateway:
                 messages=[dict(m) for m in messages],
                 prompt_ids=tuple(plan.input_ids),
                 returned=[None] * len(messages),
+                images=[*plan.base_images, *plan.images],
             )
             session.segments.append(segment)
             self._limit_open(session)
@@ -862,11 +940,15 @@ def _still_extends(segment: Segment, plan: _Plan) -> bool:
     return segment.open and segment.num_tokens + len(pending) == expected
 
 
-def _checked_messages(request: ChatRequest) -> list[dict[str, Any]]:
-    """The request's messages without empty fields; a one-line error for a bad one."""
+def _checked_messages(request: ChatRequest) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The request's messages without empty fields, image parts as ``{"type": "image",
+    "sha256"}`` (the template renders a placeholder; the digest tells images apart when a
+    request is matched against a transcript), and the images' data URLs by digest; a
+    one-line error for a bad message."""
     if not request.messages:
         raise GatewayError("invalid_request", "messages must not be empty", status=400)
     out: list[dict[str, Any]] = []
+    urls: dict[str, str] = {}
     for i, message in enumerate(request.messages):
         if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
             raise GatewayError(
@@ -877,6 +959,11 @@ def _checked_messages(request: ChatRequest) -> list[dict[str, Any]]:
         cleaned = {k: v for k, v in message.items() if v is not None}
         if cleaned["role"] == "developer":
             cleaned["role"] = "system"
+        if isinstance(cleaned.get("content"), list):
+            cleaned["content"] = [
+                _image_part(part, f"messages[{i}].content[{j}]", urls)
+                for j, part in enumerate(cleaned["content"])
+            ]
         out.append(cleaned)
     if out[-1]["role"] == "assistant":
         raise GatewayError(
@@ -885,7 +972,45 @@ def _checked_messages(request: ChatRequest) -> list[dict[str, Any]]:
             "message is not supported",
             status=400,
         )
-    return out
+    return out, urls
+
+
+def _image_part(part: Any, where: str, urls: dict[str, str]) -> Any:
+    """An ``image_url`` part as the template's image part; other parts unchanged."""
+    if not isinstance(part, Mapping) or part.get("type") not in ("image_url", "image"):
+        return part
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, Mapping) else image
+    if part.get("type") == "image" and "sha256" in part:
+        return part  # already canonical
+    if not isinstance(url, str) or not url:
+        raise GatewayError("invalid_request", f"{where}: an image part needs a URL", status=400)
+    if not url.startswith("data:"):
+        raise GatewayError(
+            "invalid_request",
+            f"{where}: image URLs are not fetched (the gateway has no network access); send "
+            "the image inline as a base64 data: URL",
+            status=400,
+        )
+    key = hashlib.sha256(url.encode()).hexdigest()
+    urls[key] = url
+    return {"type": "image", "sha256": key}
+
+
+def _image_keys(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The digests of the image parts of ``messages``, in rendering order."""
+    return [
+        str(part["sha256"])
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, Mapping) and part.get("type") == "image" and "sha256" in part
+    ]
+
+
+def image_url(image: TrajectoryImage) -> str:
+    """A recorded image as the engine's ``image_data`` entry (its PNG as a data URL)."""
+    return "data:image/png;base64," + base64.b64encode(image.png).decode("ascii")
 
 
 def _family_ids(family: Any, parsed: ParsedTurn, call_number: int) -> ParsedTurn:

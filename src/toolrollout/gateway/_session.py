@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
+from toolrollout._records import TokenSpan, Trajectory, TrajectoryImage, TrajectoryStatus
 from toolrollout._records._trajectory import SpanKind
 from toolrollout.chat import ChatFormat
 
@@ -157,6 +157,8 @@ class Segment:
     cached_tokens: int = 0
     generation_seconds: float = 0.0
     forced: list[tuple[int, int]] = field(default_factory=list)
+    images: list[TrajectoryImage] = field(default_factory=list)
+    """The images in the transcript, each with its placeholder run (as the rollout records)."""
     """Forced ids in the response: (offset into the response ids, count), per forced turn."""
     weight_version: str | None = None
     reward: float | None = None
@@ -287,7 +289,7 @@ def freeze_segment(session: Session, segment: Segment, *, assumed_choice: bool) 
     status = TrajectoryStatus.TRUNCATED if finish != "stop" else TrajectoryStatus.COMPLETED
     reward = segment.reward if segment.reward is not None else session.reward
     messages = tuple(
-        {k: v for k, v in m.items() if k != "raw_content"}
+        {k: _plain_images(v) if k == "content" else v for k, v in m.items() if k != "raw_content"}
         for m in segment.chat.presented_messages(segment.messages)
     )
     metrics: dict[str, Any] = {
@@ -326,7 +328,19 @@ def freeze_segment(session: Session, segment: Segment, *, assumed_choice: bool) 
         metrics=metrics,
         turn_rewards=(None,) * segment.num_turns,
         tool_rewards=(None,) * segment.num_turns,
+        images=tuple(segment.images),
     )
+
+
+def _plain_images(content: Any) -> Any:
+    """Image parts as the rollout loop writes them (``{"type": "image"}``: the pixels are
+    in the row's ``images``), without the gateway's matching digest."""
+    if not isinstance(content, list):
+        return content
+    return [
+        {"type": "image"} if isinstance(p, Mapping) and p.get("type") == "image" else p
+        for p in content
+    ]
 
 
 def returned_view(content: str, calls: Sequence[ToolCallOut]) -> tuple[Any, ...]:
