@@ -157,10 +157,10 @@ def assert_token_exact(row: Trajectory, chat: ChatFormat) -> None:
 
 @asynccontextmanager
 async def served(
-    model: Model, config: GatewayConfig | None = None
+    model: Model, config: GatewayConfig | None = None, *, vision: Any = None
 ) -> AsyncIterator[tuple[str, Gateway]]:
     """The gateway on a loopback port, in the test's event loop: (base URL, gateway)."""
-    async with Gateway(model.engine, model.tokenizer, config=config) as gateway:
+    async with Gateway(model.engine, model.tokenizer, config=config, vision=vision) as gateway:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
