@@ -2,14 +2,18 @@
 
 :class:`Gateway` holds the engine, the tokenizer's chat formats (one per tool set), the
 open sessions and the writer. Every API layer (Chat Completions, Responses, Messages)
-translates its request into a :class:`ChatRequest` and calls :meth:`Gateway.complete`;
-the session matching, the template deltas, the limits and the records live here once.
+translates its request into a :class:`ChatRequest` and calls :meth:`Gateway.complete`
+(or :meth:`Gateway.stream`, which yields the answer as the engine decodes it); the session
+matching, the template deltas, ``tool_choice``, images, the limits and the records live
+here once.
 
 Concurrency: one asyncio event loop serves every session. Matching a request to a segment
 and committing its answer are synchronous sections (no ``await`` in between the check and
-the change), so sessions need no lock; generation itself waits on a capacity limiter
-(``max_concurrency`` in flight) and a bounded waiting line (``max_waiting``), beyond which
-requests are answered ``overloaded`` at once instead of piling up on the loop.
+the change; the commit checks again that the segment is where the plan found it, since
+images are prepared and the answer generated in between), so sessions need no lock;
+generation itself waits on a capacity limiter (``max_concurrency`` in flight) and a
+bounded waiting line (``max_waiting``), beyond which requests are answered ``overloaded``
+at once instead of piling up on the loop.
 """
 
 from __future__ import annotations

@@ -272,15 +272,16 @@ class DeepSeekV3Parser(ToolCallParser):
     separator = "<｜tool▁sep｜>"
     call_markers = (section_open, call_open)
 
+    fenced = True
+
+    _FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\n?(.*?)\n?```\s*\Z", re.DOTALL)
+
     def forced_call_prefix(self, name: str | None = None) -> str | None:
         opener = self.section_open + self.call_open
         return opener if name is None else f"{opener}{self._named_head(name)}"
 
     def _named_head(self, name: str) -> str:
         return f"function{self.separator}{name}\n```json\n"
-    fenced = True
-
-    _FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\n?(.*?)\n?```\s*\Z", re.DOTALL)
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Parse every call between the section markers."""
@@ -340,7 +341,7 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
     """DeepSeek-V3.1: like V3 but ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}``, no fence."""
 
     name = "deepseekv31"
+    fenced = False
 
     def _named_head(self, name: str) -> str:
         return f"{name}{self.separator}"
-    fenced = False

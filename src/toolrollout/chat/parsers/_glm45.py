@@ -47,11 +47,11 @@ class Glm45Parser(ToolCallParser):
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
     call_markers = ("<tool_call>",)
+    key_open, key_close = "<arg_key>", "</arg_key>"
+    value_open, value_close = "<arg_value>", "</arg_value>"
 
     def forced_call_prefix(self, name: str | None = None) -> str | None:
         return self.open_tag if name is None else f"{self.open_tag}{name}\n"
-    key_open, key_close = "<arg_key>", "</arg_key>"
-    value_open, value_close = "<arg_value>", "</arg_value>"
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Collect every ``<tool_call>`` block; text outside them is content."""
