@@ -18,6 +18,7 @@ import anthropic
 import openai
 import pytest
 
+from toolrollout.chat import get_tool_parser, tool_parser_names
 from toolrollout.engines import GenerateRequest
 from toolrollout.gateway import Gateway, GatewayConfig
 
@@ -151,3 +152,39 @@ async def test_a_named_tool_must_exist(demo_tokenizer: Any) -> None:
             )
     assert "'search', which is not in tools" in caught.value.message
     assert not model.engine.requests
+
+
+CALLS = {
+    "hermes": '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>',
+    "qwen25": '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>',
+    "qwen3": '<tool_call>\n{"name": "calc", "arguments": {"x": 1}}\n</tool_call>',
+    "llama3": '{"name": "calc", "parameters": {"x": 1}}',
+    "mistral": '[TOOL_CALLS][{"name": "calc", "arguments": {"x": 1}}]',
+    "pythonic": "[calc(x=1)]",
+    "deepseekv3": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>calc\n"
+    '```json\n{"x": 1}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "deepseekv31": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>calc<｜tool▁sep｜>"
+    '{"x": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    "glm45": "<tool_call>calc\n<arg_key>x</arg_key>\n<arg_value>1</arg_value>\n</tool_call>",
+    "qwen3_coder": "<tool_call>\n<function=calc>\n<parameter=x>\n1\n</parameter>\n</function>"
+    "\n</tool_call>",
+    "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>functions.calc:0"
+    '<|tool_call_argument_begin|>{"x": 1}<|tool_call_end|><|tool_calls_section_end|>',
+}
+
+
+@pytest.mark.parametrize("name", tool_parser_names())
+def test_each_format_forces_the_head_of_its_own_calls(name: str) -> None:
+    """The forced head (any call, and a call to ``calc``) begins the format's real call
+    text, and the stream holds it back: it contains one of the parser's call markers."""
+    parser = get_tool_parser(name, tools=[{"name": "calc", "parameters": {"type": "object"}}])
+    if name == "gpt-oss":  # harmony: no fixed opener, so nothing is forced or streamed
+        assert parser.forced_call_prefix() is None and parser.call_markers is None
+        return
+    text = CALLS[name]
+    assert [call.name for call in parser.parse(text).tool_calls] == ["calc"]
+    for head in (parser.forced_call_prefix(), parser.forced_call_prefix("calc")):
+        if head is None:
+            continue
+        assert text.startswith(head), (name, head)
+        assert any(marker in head for marker in parser.call_markers or ()), (name, head)
