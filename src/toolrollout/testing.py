@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -217,7 +217,7 @@ class ScriptedEngine(Engine):
             server_url=SCRIPTED_URL,
         )
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
+    async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
         """Stream the next scripted output: one chunk per id, ``token_delay`` apart (after
         ``delay``); the last chunk's result is what :meth:`generate` would return. An abort,
         or closing the iterator, ends it with the ids decoded so far."""

@@ -11,7 +11,7 @@ import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import uvicorn
@@ -114,7 +114,7 @@ def rebuilt(row: Trajectory, chat: ChatFormat) -> list[int]:
     messages = list(row.messages)
     forced = {o for o, _ in row.metrics.get("gateway", {}).get("forced_tokens", [])}
     turns: list[tuple[int, ...]] = []
-    offset, prefix = 0, ()
+    offset, prefix = 0, cast(tuple[int, ...], ())
     for span in row.spans:  # a model turn is its forced ids (tool_choice), then its own
         if span.kind == "model":
             turns.append((*prefix, *span.ids))

@@ -43,7 +43,7 @@ def vl() -> tuple[Any, VisionFormat]:
     return load_tokenizer(DEMO_VL_MODEL_PATH), VisionFormat.from_pretrained(DEMO_VL_MODEL_PATH)
 
 
-def look(colour: str, text: str = "What colour is this?") -> dict[str, Any]:
+def look(colour: str, text: str = "What colour is this?") -> Any:
     return {
         "role": "user",
         "content": [
@@ -179,12 +179,12 @@ async def test_images_are_refused_for_a_text_model_and_as_urls(
     vl_model = Model(tokenizer, ["unused"])
     async with served(vl_model, vision=vision) as (url, _):
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s1", max_retries=0)
-        remote = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
+        remote: Any = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
         with pytest.raises(openai.BadRequestError) as fetched:
             await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": [remote]}]
             )
-        broken = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+        broken: Any = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
         with pytest.raises(openai.BadRequestError) as unreadable:
             await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": [broken]}]

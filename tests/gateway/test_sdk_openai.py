@@ -53,6 +53,7 @@ def chat_agent(
         {"role": "user", "content": question},
     ]
     for _ in range(turns):
+        reply: Any
         if stream:
             chunks = sdk.chat.completions.create(
                 model=MODEL, messages=messages, tools=CHAT_TOOLS, temperature=0, max_tokens=96,
@@ -106,8 +107,11 @@ def test_tool_choice_makes_the_demo_model_call(served: Served, choice: Any) -> N
         temperature=0,
         max_tokens=96,
     )
-    (call,) = reply.choices[0].message.tool_calls or ()
-    assert call.type == "function" and call.function.name == NAME
+    calls = reply.choices[0].message.tool_calls or []
+    assert len(calls) == 1
+    call = calls[0]
+    assert call.type == "function"
+    assert call.function.name == NAME
     assert run_tool(call.function.name, call.function.arguments) == "42"
     [row] = served.close(session)
     [[start, length]] = row.metrics["gateway"]["forced_tokens"]

@@ -50,7 +50,8 @@ async def test_previous_response_id_extends_the_segment(demo_tokenizer: Any) -> 
             if event.type == "response.completed":
                 second = event.response
         assert second is not None and second.output_text == "The result is 42."
-        assert second.previous_response_id == first.id and second.store is True
+        assert second.previous_response_id == first.id
+        assert second.model_dump()["store"] is True
         fetched = await client.responses.retrieve(second.id)
         assert fetched.output_text == "The result is 42." and fetched.id == second.id
         (row,) = gateway.close_session("s1")
@@ -74,7 +75,7 @@ async def test_the_store_is_bounded_and_store_false_keeps_nothing(demo_tokenizer
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s1", max_retries=0)
         kept = [await client.responses.create(model="m", input=f"q{i}") for i in range(3)]
         unstored = await client.responses.create(model="m", input="q", store=False)
-        assert unstored.store is False
+        assert unstored.model_dump()["store"] is False
         with pytest.raises(openai.NotFoundError):
             await client.responses.retrieve(unstored.id)
         with pytest.raises(openai.NotFoundError) as evicted:

@@ -41,7 +41,7 @@ SECOND_TOOL = {
 
 def forced_text(request: GenerateRequest, tokenizer: Any) -> str:
     """What the gateway put after the generation prompt (the forced ids, as text)."""
-    text = tokenizer.decode(list(request.input_ids))
+    text = str(tokenizer.decode(list(request.input_ids)))
     return text[text.rindex(ASSISTANT) + len(ASSISTANT) :]
 
 
@@ -84,7 +84,9 @@ async def test_a_forced_call_is_recorded_with_its_forced_ids_masked(
         )
         (row,) = gateway.close_session("s1")
         chat = gateway.chat_format(tools)
-    (call,) = reply.choices[0].message.tool_calls or ()
+    calls = reply.choices[0].message.tool_calls or []
+    assert len(calls) == 1
+    call = calls[0]
     assert call.function.name == "calculator"
     assert json.loads(call.function.arguments) == {"expression": "6*7"}
     assert reply.choices[0].finish_reason == "tool_calls"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from types import TracebackType
 from typing import Self
 
@@ -42,7 +42,7 @@ class Engine(ABC):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Generate one sample for ``request`` (``request.sampling.n`` must be 1)."""
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
+    async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
         """Generate one sample as cumulative :class:`StreamChunk` s while it is decoded.
 
         Every chunk holds all ids (and logprobs) so far; the last one has ``.result``,

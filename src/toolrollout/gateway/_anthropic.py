@@ -320,7 +320,7 @@ class MessageStreamWriter:
             "cache_read_input_tokens": 0,
             "output_tokens": 0,
         }
-        message = {
+        message: dict[str, Any] = {
             "id": self._id,
             "type": "message",
             "role": "assistant",

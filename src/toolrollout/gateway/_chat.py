@@ -267,15 +267,15 @@ def add_chat_routes(app: FastAPI, gateway: Gateway) -> None:
             )
             stream = isinstance(body, dict) and bool(body.get("stream"))
             if not stream:
-                result = await complete_or_abort(gateway, http_request, request)
-                return JSONResponse(chat_completion_body(result))
+                whole = await complete_or_abort(gateway, http_request, request)
+                return JSONResponse(chat_completion_body(whole))
             options = body.get("stream_options") or {}
             include = bool(isinstance(options, dict) and options.get("include_usage"))
             start, items = await open_stream(gateway, http_request, request)
         except GatewayError as exc:
             return openai_error(exc)
         if request.n != 1:
-            result = None
+            result: ChatResult | None = None
             async for item in items:
                 if isinstance(item, ChatResult):
                     result = item

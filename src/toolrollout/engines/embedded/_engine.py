@@ -16,7 +16,7 @@ import random
 import secrets
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -258,7 +258,7 @@ class EmbeddedEngine(Engine):
         out = await self.generate_full(request, GenerationOptions(no_stop_trim=True))
         return _result(out, request)
 
-    async def generate_stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
+    async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
         """The engine seam's token stream: a cumulative chunk after every decode step; the
         last one carries the result :meth:`generate` returns for the same request."""
         before = 0
@@ -305,7 +305,7 @@ class EmbeddedEngine(Engine):
 
     async def stream(
         self, request: GenerateRequest, options: GenerationOptions | None = None
-    ) -> AsyncIterator[EmbeddedOutput]:
+    ) -> AsyncGenerator[EmbeddedOutput, None]:
         """Yield a cumulative snapshot after every step; the last one is finished.
 
         Leaving the iteration early aborts the request in the engine.
