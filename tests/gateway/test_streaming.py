@@ -11,6 +11,7 @@ request of the same conversation records.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from typing import Any
@@ -19,7 +20,7 @@ import anthropic
 import openai
 import pytest
 
-from toolrollout.gateway._stream import TurnStream
+from toolrollout.gateway._stream import IncrementalText, TurnStream
 
 from .conftest import TOOLS, Model, assert_token_exact, call_text, served
 
@@ -262,3 +263,15 @@ def test_finish_sends_the_rest_of_the_parsed_turn() -> None:
     rest = turn.finish(None, "Sure. Then\nmore")
     assert [(d.kind, d.text) for d in rest] == [("content", "\nmore")]
     assert turn.content == "Sure. Then\nmore"
+
+
+@pytest.mark.parametrize("text", ["Plain words, then more.", "héllo — naïve 😀 ü", "<tool_call>{}"])
+def test_incremental_text_is_the_whole_decode(demo_tokenizer: Any, text: str) -> None:
+    """Decoding only the new ids each time adds up to decoding them all, and a split
+    multi-byte character is never shown half-decoded."""
+    ids = demo_tokenizer.encode(text, add_special_tokens=False)
+    whole = IncrementalText(lambda part: demo_tokenizer.decode(part, skip_special_tokens=False))
+    seen = [whole.extend([token]) for token in ids]
+    assert seen[-1] == text
+    assert all("\ufffd" not in piece for piece in seen)
+    assert all(later.startswith(earlier) for earlier, later in itertools.pairwise(seen))

@@ -55,7 +55,7 @@ from ._session import (
     returned_view,
     tools_key,
 )
-from ._stream import TurnStream
+from ._stream import IncrementalText, TurnStream
 from ._types import (
     ChatChoice,
     ChatRequest,
@@ -569,6 +569,8 @@ class Gateway:
                 acquired = await self._acquire(borrower)
             head: StreamStart | None = None
             decoded = 0
+            text = IncrementalText(chat.decode)
+            text.extend(prep.forced)
             while result is None:
                 try:
                     with anyio.fail_after(max(deadline - anyio.current_time(), 0.0)):
@@ -587,9 +589,9 @@ class Gateway:
                     )
                     yield head
                 if result is None and len(chunk.output_ids) > decoded:
+                    new = chunk.output_ids[decoded:]
                     decoded = len(chunk.output_ids)
-                    text = chat.decode([*prep.forced, *chunk.output_ids])
-                    for delta in turn.feed(text):
+                    for delta in turn.feed(text.extend(new)):
                         yield delta
         except TimeoutError:
             await self._abort([rid])

@@ -21,9 +21,11 @@ as what the harness was answered (so its next request still extends the segment)
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from ._types import StreamDelta
 
-__all__ = ["TurnStream"]
+__all__ = ["IncrementalText", "TurnStream"]
 
 _REPLACEMENT = "\ufffd"
 _STOPS = (
@@ -129,3 +131,31 @@ class TurnStream:
                 text = text[:-size]
                 break
         return text.rstrip()
+
+
+class IncrementalText:
+    """A turn's text as its ids grow, decoding only the new ids each time (decoding all ids
+    after every token would cost O(n^2) on a long turn).
+
+    The new ids are decoded together with the few before them, and the text they add is
+    taken as the difference, so tokenizers whose pieces depend on what precedes them (a
+    SentencePiece word-start space) still join up; a piece that ends in an incomplete
+    UTF-8 character waits for the next id. The parse at the end decodes the whole turn.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+        self.text = ""
+
+    def extend(self, ids: Sequence[int]) -> str:
+        """Add ids; the whole text so far."""
+        self._ids.extend(ids)
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :])
+        if len(after) > len(before) and not after.endswith(_REPLACEMENT):
+            self.text += after[len(before) :]
+            self._prefix, self._read = self._read, len(self._ids)
+        return self.text
