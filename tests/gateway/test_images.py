@@ -119,23 +119,22 @@ async def test_responses_and_anthropic_images_take_the_same_path(
         )
         an = anthropic.AsyncAnthropic(base_url=url, api_key="a", max_retries=0)
         image = base64.b64encode(png("green")).decode("ascii")
-        message = await an.messages.create(
-            model="m",
-            max_tokens=16,
-            messages=[
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "image",
-                            "source": {"type": "base64", "media_type": "image/png", "data": image},
-                        },
-                        {"type": "text", "text": "Colour?"},
-                    ],
-                }
-            ],
-        )
+        asked: Any = [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": image},
+                    },
+                    {"type": "text", "text": "Colour?"},
+                ],
+            }
+        ]
+        message = await an.messages.create(model="m", max_tokens=16, messages=asked)
+        counted = await an.messages.count_tokens(model="m", messages=asked)
         rows = [gateway.close_session("r")[0], gateway.close_session("a")[0]]
+    assert counted.input_tokens == len(rows[1].prompt_ids)  # placeholders expanded
     assert reply.output_text == "Green." and message.content[0].text == "Green."  # type: ignore[union-attr]
     for row in rows:
         (recorded,) = row.images

@@ -25,8 +25,6 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
-from toolrollout._exceptions import ToolRolloutError
-
 from ._http import complete_or_abort, open_stream, request_metadata, session_key
 from ._parts import chat_content, invalid, require_str
 from ._sse import relay, sse_bytes, stream_response, whole
@@ -454,16 +452,11 @@ def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
         asks before it compacts). Nothing is recorded."""
         try:
             request = parse_messages_request(await _body(http_request), count_only=True)
-            chat = messages_to_chat(request, session_key(http_request))
-            messages = [{k: v for k, v in m.items() if v is not None} for m in chat.messages]
-            try:
-                ids = gateway.chat_format(chat.tools).render_prompt(messages)
-            except ToolRolloutError as exc:
-                raise invalid(str(exc)) from None
+            count = await gateway.count_tokens(messages_to_chat(request, session_key(http_request)))
         except GatewayError as exc:
             error, status = anthropic_error(exc)
             return JSONResponse(error, status_code=status)
-        return JSONResponse({"input_tokens": len(ids)})
+        return JSONResponse({"input_tokens": count})
 
 
 async def _body(http_request: Request) -> Any:

@@ -466,6 +466,22 @@ class Gateway:
             self._count_error(session, exc)
             raise
 
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """The prompt length a new segment of ``request`` would have (each image's
+        placeholders expanded); nothing is recorded."""
+        messages, urls = _checked_messages(request)
+        if urls and self.vision is None:
+            raise _no_vision()
+        try:
+            ids = self.chat_format(request.tools).render_prompt(messages)
+        except ToolRolloutError as exc:
+            raise GatewayError("invalid_request", str(exc), status=400) from None
+        if self.vision is None or not urls:
+            return len(ids)
+        plan = _Plan(ids, None, -1, messages, [])
+        await self._place_images(self.vision, plan, urls)
+        return len(plan.input_ids)
+
     def _begin(self, request: ChatRequest) -> Session:
         self.stats["requests"] += 1
         session = self._open_session(request.session, request.metadata)
@@ -481,11 +497,7 @@ class Gateway:
         """Check the request, plan where its answer goes and prepare its new images."""
         messages, urls = _checked_messages(request)
         if urls and self.vision is None:
-            raise GatewayError(
-                "invalid_request",
-                "this model takes no images (its folder has no image processor); send text",
-                status=400,
-            )
+            raise _no_vision()
         if not 1 <= request.n <= self.config.max_n:
             raise GatewayError(
                 "invalid_request", f"n must be between 1 and {self.config.max_n}", status=400
@@ -1032,6 +1044,14 @@ def _family_ids(family: Any, parsed: ParsedTurn, call_number: int) -> ParsedTurn
         for call, call_id in zip(parsed.tool_calls, ids, strict=True)
     )
     return dataclasses.replace(parsed, tool_calls=calls)
+
+
+def _no_vision() -> GatewayError:
+    return GatewayError(
+        "invalid_request",
+        "this model takes no images (its folder has no image processor); send text",
+        status=400,
+    )
 
 
 def _required_tool(request: ChatRequest) -> str | None:
