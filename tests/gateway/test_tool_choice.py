@@ -190,3 +190,20 @@ def test_each_format_forces_the_head_of_its_own_calls(name: str) -> None:
             continue
         assert text.startswith(head), (name, head)
         assert any(marker in head for marker in parser.call_markers or ()), (name, head)
+
+
+async def test_a_streamed_forced_call_sends_no_content(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: continue_call(r, demo_tokenizer))
+    async with clients(model) as (client, _, gateway):
+        stream = await client.chat.completions.create(
+            model="m", messages=MESSAGES, tools=list(TOOLS), tool_choice="required", stream=True
+        )
+        content, calls = "", []
+        async for chunk in stream:
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                calls += choice.delta.tool_calls or []
+        (row,) = gateway.close_session("s1")
+    assert content == ""
+    assert [call.function.name for call in calls] == ["calculator"]
+    assert row.metrics["gateway"]["forced_tokens"][0][0] == 0
