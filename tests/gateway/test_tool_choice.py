@@ -198,7 +198,7 @@ async def test_a_streamed_forced_call_sends_no_content(demo_tokenizer: Any) -> N
         stream = await client.chat.completions.create(
             model="m", messages=MESSAGES, tools=list(TOOLS), tool_choice="required", stream=True
         )
-        content, calls = "", []
+        content, calls = "", list[Any]()
         async for chunk in stream:
             for choice in chunk.choices:
                 content += choice.delta.content or ""
