@@ -80,12 +80,16 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
-def core_cost(tokenizer: Any, sessions: int, turns: int) -> dict[str, float]:
+def core_cost(
+    tokenizer: Any, sessions: int, turns: int, *, stream: bool = False
+) -> dict[str, float]:
     """``Gateway.complete`` in process on a zero-latency scripted engine: the gateway's own
-    work per request (matching, delta, parsing, bookkeeping) without HTTP or a model."""
+    work per request (matching, delta, parsing, bookkeeping) without HTTP or a model. With
+    ``stream``, ``Gateway.stream`` read to its end, the engine sending one id per chunk
+    (adds the incremental decode and the hold-back of each chunk)."""
     import asyncio
 
-    from toolrollout.gateway import ChatRequest, Gateway
+    from toolrollout.gateway import ChatRequest, ChatResult, Gateway
     from toolrollout.testing import ScriptedEngine
 
     answer = tokenizer.encode("The answer is 87, as computed.<|im_end|>", add_special_tokens=False)
@@ -102,7 +106,12 @@ def core_cost(tokenizer: Any, sessions: int, turns: int) -> dict[str, float]:
                     messages.append({"role": "user", "content": QUESTIONS[turn % len(QUESTIONS)]})
                     request = ChatRequest(session=f"core-{session}", messages=tuple(messages))
                     started = time.perf_counter()
-                    result = await gateway.complete(request)
+                    if stream:
+                        async for item in gateway.stream(request):
+                            result = item
+                        assert isinstance(result, ChatResult)
+                    else:
+                        result = await gateway.complete(request)
                     seconds.append(time.perf_counter() - started)
                     messages.append({"role": "assistant", "content": result.choices[0].content})
 
@@ -188,6 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "bare_generate": _stats(bare),
         "overhead": _stats(overhead),
         "core_in_process": core_cost(tokenizer, args.sessions, args.turns),
+        "core_in_process_streamed": core_cost(tokenizer, args.sessions, args.turns, stream=True),
         "machine": {
             "python": platform.python_version(),
             "cpus": os.cpu_count(),
@@ -207,7 +217,14 @@ def main() -> None:
     table = Table(title=f"gateway overhead, {result['requests']} requests")
     for column in ("", "median ms", "p90 ms", "mean ms"):
         table.add_column(column, justify="right" if column else "left")
-    for name in ("through_gateway", "bare_generate", "overhead", "core_in_process"):
+    names = (
+        "through_gateway",
+        "bare_generate",
+        "overhead",
+        "core_in_process",
+        "core_in_process_streamed",
+    )
+    for name in names:
         s = result[name]
         table.add_row(name, str(s["median_ms"]), str(s["p90_ms"]), str(s["mean_ms"]))
     Console().print(table)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -44,7 +44,7 @@ from .engines._control import (
     ServerWeightUpdate,
     WeightUpdate,
 )
-from .engines._types import FinishReason, GenerateRequest, GenerateResult
+from .engines._types import FinishReason, GenerateRequest, GenerateResult, StreamChunk
 
 __all__ = ["Script", "ScriptStep", "ScriptedEngine", "ScriptedOutput"]
 
@@ -69,6 +69,10 @@ class ScriptedOutput:
     """Seconds to wait before answering, which gives a test time to call ``abort``."""
     abort_after: int = 0
     """How many ids count as generated when the request is aborted during ``delay``."""
+    token_delay: float = 0.0
+    """Seconds per output id, after ``delay``: a slow decoder. ``generate_stream`` yields
+    one chunk per id as it is "decoded"; ``generate`` waits the whole time. An abort
+    during it keeps the ids decoded so far."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.output_ids):
@@ -167,23 +171,37 @@ class ScriptedEngine(Engine):
         if finish is None:
             finish = FinishReason(type="stop", matched=ids[-1] if ids else None)
 
-        if output.delay > 0:
+        if output.delay > 0 or output.token_delay > 0:
             pending = _Pending()
             self._pending[rid] = pending
+            started = anyio.current_time()
             try:
-                with anyio.move_on_after(output.delay):
+                with anyio.move_on_after(output.delay + output.token_delay * len(ids)):
                     await pending.cancel.wait()
             finally:
                 del self._pending[rid]
             if pending.cancel.is_set():
                 keep = min(output.abort_after, len(ids))
+                if output.token_delay > 0:
+                    elapsed = anyio.current_time() - started - output.delay
+                    keep = max(0, min(len(ids), int(elapsed / output.token_delay)))
                 ids, logprobs = ids[:keep], logprobs[:keep]
                 finish = FinishReason(type="abort", message="Aborted")
             elif self._paused:
                 # retract / in_place: the request is kept and finishes after the pause.
                 while (gate := self._gate) is not None:
                     await gate.wait()
+        return self._result(request, rid, output, ids, logprobs, finish)
 
+    def _result(
+        self,
+        request: GenerateRequest,
+        rid: str,
+        output: ScriptedOutput,
+        ids: Sequence[int],
+        logprobs: Sequence[float],
+        finish: FinishReason,
+    ) -> GenerateResult:
         return GenerateResult(
             rid=rid,
             output_ids=tuple(ids),
@@ -198,6 +216,61 @@ class ScriptedEngine(Engine):
             text=output.text,
             server_url=SCRIPTED_URL,
         )
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
+        """Stream the next scripted output: one chunk per id, ``token_delay`` apart (after
+        ``delay``); the last chunk's result is what :meth:`generate` would return. An abort,
+        or closing the iterator, ends it with the ids decoded so far."""
+        if request.sampling.n != 1:
+            raise UserError(f"generate_stream() needs sampling.n == 1, got {request.sampling.n}")
+        while (gate := self._gate) is not None:
+            await gate.wait()
+        self.requests.append(request)
+        rid = request.rid or f"scripted-{next(self._counter)}"
+        self._inflight.add(rid)
+        pending = _Pending()
+        self._pending[rid] = pending
+        try:
+            output = await self._next_output(request)
+            ids = list(output.output_ids)
+            logprobs = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
+            finish = output.finish_reason
+            limit = request.sampling.max_new_tokens
+            if len(ids) > limit:
+                ids, logprobs = ids[:limit], logprobs[:limit]
+                finish = FinishReason(type="length", length=limit)
+            if finish is None:
+                finish = FinishReason(type="stop", matched=ids[-1] if ids else None)
+            if output.delay > 0:
+                with anyio.move_on_after(output.delay):
+                    await pending.cancel.wait()
+            done = sent = 0
+            while done < len(ids) and not pending.cancel.is_set():
+                if output.token_delay > 0:
+                    with anyio.move_on_after(output.token_delay):
+                        await pending.cancel.wait()
+                    if pending.cancel.is_set():
+                        break
+                done += 1
+                if done < len(ids):
+                    yield StreamChunk(
+                        rid=rid,
+                        output_ids=tuple(ids[:done]),
+                        output_logprobs=tuple(logprobs[:done]) if request.return_logprob else None,
+                        new_ids=tuple(ids[sent:done]),
+                        text=None,
+                    )
+                    sent = done
+            if pending.cancel.is_set():
+                ids, logprobs = ids[:done], logprobs[:done]
+                finish = FinishReason(type="abort", message="Aborted")
+            result = self._result(request, rid, output, ids, logprobs, finish)
+            yield StreamChunk.final(result, before=min(sent, len(ids)))
+        finally:
+            self._pending.pop(rid, None)
+            self._inflight.discard(rid)
+            self._changed.set()
+            self._changed = anyio.Event()
 
     async def abort(self, rid: str) -> None:
         """Record the abort; a pending ``generate`` with a ``delay`` returns early."""

@@ -218,3 +218,24 @@ async def test_an_engine_whose_weights_live_elsewhere_refuses_weight_control() -
         await engine.flush_cache()
     with pytest.raises(UserError, match="continue_generation"):
         await engine.continue_generation()
+
+
+async def test_generate_stream_ends_with_what_generate_returns(harness: Harness) -> None:
+    """The seam's token stream: cumulative chunks while decoding, then the result
+    ``generate`` returns for the same (greedy) request: same ids, logprobs, finish."""
+    engine = harness.engine
+    request = GenerateRequest(PROMPT, sampling=greedy(8))
+    whole = await engine.generate(request)
+    chunks = [chunk async for chunk in engine.generate_stream(request)]
+    *partial, last = chunks
+    assert last.result is not None and not any(c.finished for c in partial)
+    streamed = last.result
+    assert streamed.output_ids == whole.output_ids and len(whole.output_ids) == 8
+    assert streamed.output_logprobs == whole.output_logprobs
+    assert streamed.finish_reason == whole.finish_reason
+    assert len(partial) >= 4  # token by token (the SGLang server coalesces at most a few)
+    for chunk in chunks:
+        assert chunk.output_ids == whole.output_ids[: len(chunk.output_ids)]
+        assert chunk.output_logprobs is not None
+        assert len(chunk.output_logprobs) == len(chunk.output_ids)
+    assert sum(len(c.new_ids) for c in chunks) == len(whole.output_ids)

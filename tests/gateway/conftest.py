@@ -4,18 +4,22 @@ sends messages back the way an OpenAI SDK user does (text and JSON-string argume
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
-from collections.abc import Callable, Sequence
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+import uvicorn
 
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest
-from toolrollout.gateway import ChatChoice, ChatResult
+from toolrollout.gateway import ChatChoice, ChatResult, Gateway, GatewayConfig, build_app
 from toolrollout.rollout import Trajectory
 from toolrollout.spec._policy import load_tokenizer
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
@@ -66,7 +70,9 @@ class Model:
         answer: Callable[[GenerateRequest], str] | Sequence[str],
         *,
         delay: float = 0.0,
+        token_delay: float = 0.0,
         context_length: int | None = None,
+        numbered: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         counter = itertools.count()
@@ -76,10 +82,10 @@ class Model:
         def script(request: GenerateRequest) -> ScriptedOutput:
             text = answer(request) if callable(answer) else next(texts)  # type: ignore[arg-type]
             ids = tuple(tokenizer.encode(text + "<|im_end|>", add_special_tokens=False))
-            start = next(counter) * 1000
+            start = next(counter) * 1000 if numbered else 0
             logprobs = [-(start + i + 1) / 10_000 for i in range(len(ids))]
             self.outputs[request.rid or ""] = ids
-            return ScriptedOutput(ids, logprobs=logprobs, delay=delay)
+            return ScriptedOutput(ids, logprobs=logprobs, delay=delay, token_delay=token_delay)
 
         self.engine = ScriptedEngine(script, context_length=context_length, weight_version="v7")
 
@@ -106,7 +112,16 @@ def rebuilt(row: Trajectory, chat: ChatFormat) -> list[int]:
     """The family's rule applied to the row's final messages: the prompt rendered once,
     each model turn's ids, each run of other messages as the template delta after it."""
     messages = list(row.messages)
-    turns = [span.ids for span in row.spans if span.kind == "model"]
+    forced = {o for o, _ in row.metrics.get("gateway", {}).get("forced_tokens", [])}
+    turns: list[tuple[int, ...]] = []
+    offset, prefix = 0, cast(tuple[int, ...], ())
+    for span in row.spans:  # a model turn is its forced ids (tool_choice), then its own
+        if span.kind == "model":
+            turns.append((*prefix, *span.ids))
+            prefix = ()
+        elif offset in forced:
+            prefix = span.ids
+        offset += len(span.ids)
     assistants = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     first = assistants[len(assistants) - len(turns)]  # earlier ones came in the prompt
     ids = chat.render_prompt(messages[:first])
@@ -138,3 +153,26 @@ def assert_token_exact(row: Trajectory, chat: ChatFormat) -> None:
             assert all(lp < 0 for lp in span.logprobs)  # the engine's, kept
         else:
             assert set(span.logprobs) <= {0.0}
+
+
+@asynccontextmanager
+async def served(
+    model: Model, config: GatewayConfig | None = None, *, vision: Any = None
+) -> AsyncIterator[tuple[str, Gateway]]:
+    """The gateway on a loopback port, in the test's event loop: (base URL, gateway)."""
+    async with Gateway(model.engine, model.tokenizer, config=config, vision=vision) as gateway:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(build_app(gateway), log_level="warning"))
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            for _ in range(1000):
+                if server.started:
+                    break
+                await asyncio.sleep(0.01)
+            yield f"http://127.0.0.1:{port}", gateway
+        finally:
+            server.should_exit = True
+            await serving
+            sock.close()

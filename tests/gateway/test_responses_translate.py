@@ -242,7 +242,7 @@ def test_multi_part_and_image_inputs_stay_parts() -> None:
 @pytest.mark.parametrize(
     ("fields", "needle"),
     [
-        ({"previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"conversation": "conv_1"}, "conversation"),
         ({"tools": [{"type": "web_search"}]}, "tools[0]"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "item_reference"),
         ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),

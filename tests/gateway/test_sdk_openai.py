@@ -11,6 +11,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from ._served import (
     DESCRIPTION,
@@ -42,25 +43,79 @@ def client(served: Served, session: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{served.url}/v1", api_key=session, max_retries=0)
 
 
-def chat_agent(sdk: openai.OpenAI, question: str, *, turns: int = 4) -> list[Any]:
-    """The usual agent loop: call the model, run its tool calls, until it answers."""
+def chat_agent(
+    sdk: openai.OpenAI, question: str, *, turns: int = 4, stream: bool = False
+) -> list[Any]:
+    """The usual agent loop: call the model, run its tool calls, until it answers (each
+    answer read whole, or from the SDK's stream)."""
     messages: list[Any] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": question},
     ]
     for _ in range(turns):
-        reply = sdk.chat.completions.create(
-            model=MODEL, messages=messages, tools=CHAT_TOOLS, temperature=0, max_tokens=96
-        )
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
+        reply: Any
+        if stream:
+            chunks = sdk.chat.completions.create(
+                model=MODEL, messages=messages, tools=CHAT_TOOLS, temperature=0, max_tokens=96,
+                stream=True,
+            )  # fmt: skip
+            message = ChatCompletionStreamState()
+            for chunk in chunks:
+                message.handle_chunk(chunk)
+            reply = message.get_final_completion()
+        else:
+            reply = sdk.chat.completions.create(
+                model=MODEL, messages=messages, tools=CHAT_TOOLS, temperature=0, max_tokens=96
+            )
+        answer = reply.choices[0].message
+        messages.append(answer.model_dump(exclude_none=True, exclude={"parsed"}))
+        if not answer.tool_calls:
             return messages
-        for call in message.tool_calls:
+        for call in answer.tool_calls:
             assert call.type == "function"
             result = run_tool(call.function.name, call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return messages
+
+
+def test_a_streamed_agent_records_the_tokens_a_plain_one_records(served: Served) -> None:
+    """The same greedy agent read from the stream and whole: token-identical rows."""
+    sessions = [served.session(), served.session()]
+    plain = chat_agent(client(served, sessions[0]), PROMPTS[3])
+    streamed = chat_agent(client(served, sessions[1]), PROMPTS[3], stream=True)
+    assert [m["role"] for m in streamed] == [m["role"] for m in plain]
+    assert len(streamed) >= 5  # at least one tool turn
+    [a], [b] = served.close(sessions[0]), served.close(sessions[1])
+    turns = sum(1 for m in streamed if m["role"] == "assistant")
+    assert b.num_turns == b.metrics["gateway"]["requests"] == turns  # one segment, extended
+    for name in ("prompt_ids", "response_ids", "loss_mask", "rollout_logprobs"):
+        assert getattr(a, name) == getattr(b, name), name
+
+
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": NAME}}], ids=["any", "named"]
+)
+def test_tool_choice_makes_the_demo_model_call(served: Served, choice: Any) -> None:
+    """The model is asked something it answers without a tool; the forced head makes it a
+    call, the forced ids are masked and the row is still token-exact."""
+    session = served.session()
+    reply = client(served, session).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPTS[1]}],
+        tools=CHAT_TOOLS,
+        tool_choice=choice,
+        temperature=0,
+        max_tokens=96,
+    )
+    calls = reply.choices[0].message.tool_calls or []
+    assert len(calls) == 1
+    call = calls[0]
+    assert call.type == "function"
+    assert call.function.name == NAME
+    assert run_tool(call.function.name, call.function.arguments) == "42"
+    [row] = served.close(session)
+    [[start, length]] = row.metrics["gateway"]["forced_tokens"]
+    assert start == 0 and length > 0 and row.loss_mask[:length] == [0] * length
 
 
 def test_chat_completions_agent_is_recorded_token_exact(served: Served) -> None:
@@ -212,6 +267,6 @@ def test_context_overflow_is_openais_error(served: Served) -> None:
     assert info.value.status_code == 400
     assert info.value.code == "context_length_exceeded"
     assert isinstance(info.value.body, dict) and info.value.body["param"] == "input"
-    with pytest.raises(openai.BadRequestError) as bad:
+    with pytest.raises(openai.NotFoundError) as missing:
         sdk.responses.create(model=MODEL, input="hi", previous_response_id="resp_1")
-    assert "previous_response_id" in str(bad.value)
+    assert missing.value.code == "previous_response_not_found"

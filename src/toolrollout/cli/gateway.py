@@ -78,6 +78,14 @@ def gateway(
         int, typer.Option(min=1, help="Segments one session may hold (bounds its memory).")
     ] = 64,
     max_n: Annotated[int, typer.Option(min=1, help="Largest n (choices) per request.")] = 16,
+    max_stored_responses: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Responses kept for previous_response_id and GET /v1/responses/{id} "
+            "(least recently used dropped first).",
+        ),
+    ] = 1024,
     flush_every: Annotated[
         int, typer.Option(min=1, help="Rows per crash-safe shard (at most this many are lost).")
     ] = 64,
@@ -127,6 +135,7 @@ def gateway(
             request_timeout=request_timeout,
             idle_timeout=idle_timeout or None,
             max_segments=max_segments,
+            max_stored_responses=max_stored_responses,
         )
         summary = _serve(spec, config, host, port, out, log_level)
     except ToolRolloutError as exc:

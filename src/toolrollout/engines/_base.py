@@ -4,23 +4,25 @@ The rollout loop only ever talks to :class:`Engine`. Three implementations exist
 client for SGLang-compatible servers (``SGLangClient``), the in-process embedded engine
 (``EmbeddedEngine``) and the scripted engine for tests (``toolrollout.testing``).
 
-``Engine`` has two planes. The data plane (``generate``, ``abort``) is what a rollout
-needs. The control plane (``info``, ``pause_generation``, ``continue_generation``,
-``update_weights_from_disk``, ``flush_cache``, ``abort_all``) is what a trainer and the
-command line need; it has the same names, arguments and return types on every engine, so
-no caller has to probe an engine with ``hasattr``.
+``Engine`` has two planes. The data plane (``generate``, ``generate_stream``, ``abort``)
+is what a rollout (and the gateway's streamed answers) needs. The control plane
+(``info``, ``pause_generation``, ``continue_generation``, ``update_weights_from_disk``,
+``flush_cache``, ``abort_all``) is what a trainer and the command line need; it has the
+same names, arguments and return types on every engine, so no caller has to probe an
+engine with ``hasattr``.
 """
 
 from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator
 from types import TracebackType
 from typing import Self
 
 from .._exceptions import UserError
 from ._control import EngineInfo, PauseMode, WeightUpdate
-from ._types import GenerateRequest, GenerateResult
+from ._types import GenerateRequest, GenerateResult, StreamChunk
 
 __all__ = ["Engine"]
 
@@ -39,6 +41,20 @@ class Engine(ABC):
     @abstractmethod
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Generate one sample for ``request`` (``request.sampling.n`` must be 1)."""
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
+        """Generate one sample as cumulative :class:`StreamChunk` s while it is decoded.
+
+        Every chunk holds all ids (and logprobs) so far; the last one has ``.result``,
+        the same :class:`GenerateResult` :meth:`generate` returns for the request (same
+        ids, logprobs and weight version), so a caller records one or the other alike.
+        Closing the iterator early aborts the request. ``request.sampling.n`` must be 1.
+
+        The default yields only the final chunk (an engine that cannot stream still
+        serves streaming callers, just later); the shipped engines stream per step.
+        """
+        result = await self.generate(request)
+        yield StreamChunk.final(result)
 
     @abstractmethod
     async def abort(self, rid: str) -> None:

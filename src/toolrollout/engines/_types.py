@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["FinishReason", "GenerateRequest", "GenerateResult", "SamplingParams"]
+__all__ = ["FinishReason", "GenerateRequest", "GenerateResult", "SamplingParams", "StreamChunk"]
 
 FinishType = Literal["stop", "length", "abort"]
 
@@ -118,3 +118,37 @@ class GenerateResult:
     e2e_latency: float | None = None
     server_url: str | None = None
     """Which server answered (multi-server clients)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One streamed update, normalised to cumulative form whatever the server sends."""
+
+    rid: str
+    output_ids: tuple[int, ...]
+    """All ids generated so far."""
+    output_logprobs: tuple[float, ...] | None
+    """All logprobs so far (``None`` when logprobs were not requested)."""
+    new_ids: tuple[int, ...]
+    """The ids this chunk added."""
+    text: str | None
+    """The text so far, when the server has a tokenizer."""
+    result: GenerateResult | None = None
+    """The complete result, on the final chunk only."""
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None
+
+    @classmethod
+    def final(cls, result: GenerateResult, *, before: int = 0) -> StreamChunk:
+        """The last chunk of a stream: everything ``result`` holds (``before``: ids sent in
+        earlier chunks)."""
+        return cls(
+            rid=result.rid,
+            output_ids=result.output_ids,
+            output_logprobs=result.output_logprobs,
+            new_ids=result.output_ids[before:],
+            text=result.text,
+            result=result,
+        )

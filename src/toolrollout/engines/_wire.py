@@ -24,7 +24,6 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -36,7 +35,7 @@ from .._exceptions import (
     OverlongPromptError,
     UserError,
 )
-from ._types import FinishReason, GenerateRequest, GenerateResult
+from ._types import FinishReason, GenerateRequest, GenerateResult, StreamChunk
 
 __all__ = [
     "DONE",
@@ -432,27 +431,6 @@ def sse_data(line: str) -> str | None:
         return None  # blank separators, comments (":") and other fields
     payload = line[5:]
     return payload[1:] if payload.startswith(" ") else payload
-
-
-@dataclass(frozen=True, slots=True)
-class StreamChunk:
-    """One streamed update, normalised to cumulative form whatever the server sends."""
-
-    rid: str
-    output_ids: tuple[int, ...]
-    """All ids generated so far."""
-    output_logprobs: tuple[float, ...] | None
-    """All logprobs so far (``None`` when logprobs were not requested)."""
-    new_ids: tuple[int, ...]
-    """The ids this chunk added."""
-    text: str | None
-    """The text so far, when the server has a tokenizer."""
-    result: GenerateResult | None = None
-    """The complete result, on the final chunk only."""
-
-    @property
-    def finished(self) -> bool:
-        return self.result is not None
 
 
 class StreamAccumulator:

@@ -8,8 +8,16 @@ session as token-exact trajectory rows for the trainer. See docs/gateway.md.
 
 from ._app import build_app
 from ._core import Gateway, GatewayConfig
-from ._http import complete_or_abort, session_key
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, ToolCallOut
+from ._http import complete_or_abort, open_stream, session_key
+from ._types import (
+    ChatChoice,
+    ChatRequest,
+    ChatResult,
+    GatewayError,
+    StreamDelta,
+    StreamStart,
+    ToolCallOut,
+)
 
 __all__ = [
     "ChatChoice",
@@ -18,8 +26,11 @@ __all__ = [
     "Gateway",
     "GatewayConfig",
     "GatewayError",
+    "StreamDelta",
+    "StreamStart",
     "ToolCallOut",
     "build_app",
     "complete_or_abort",
+    "open_stream",
     "session_key",
 ]

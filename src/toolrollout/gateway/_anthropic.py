@@ -25,17 +25,16 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
-from toolrollout._exceptions import ToolRolloutError
-
-from ._http import complete_or_abort, request_metadata, session_key
+from ._http import complete_or_abort, open_stream, request_metadata, session_key
 from ._parts import chat_content, invalid, require_str
-from ._sse import sse_response
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError
+from ._sse import relay, sse_bytes, stream_response, whole
+from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart
 
 if TYPE_CHECKING:
     from ._core import Gateway
 
 __all__ = [
+    "MessageStreamWriter",
     "MessagesRequest",
     "add_anthropic_routes",
     "anthropic_error",
@@ -297,45 +296,113 @@ def message_object(
     }
 
 
+class MessageStreamWriter:
+    """The events of a streamed message: ``message_start`` and ``ping``, then per block
+    ``content_block_start``, its deltas as they come (``thinking_delta``, ``text_delta``)
+    and ``content_block_stop``; once the turn is parsed, one ``tool_use`` block per call
+    (its input in one ``input_json_delta``), ``message_delta`` (stop reason, usage) and
+    ``message_stop``. An error after the start is an ``error`` event."""
+
+    def __init__(self, request: MessagesRequest, start: StreamStart, *, message_id: str) -> None:
+        self._request = request
+        self._start = start
+        self._id = message_id
+        self._blocks = 0
+        self._open: str | None = None
+        self._text_seen = False
+
+    def begin(self) -> list[dict[str, Any]]:
+        usage = {
+            "input_tokens": self._start.prompt_tokens,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+            "output_tokens": 0,
+        }
+        message: dict[str, Any] = {
+            "id": self._id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._start.model or self._request.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage,
+        }
+        return [{"type": "message_start", "message": message}, {"type": "ping"}]
+
+    def _begin_block(self, block: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self._stop_block()
+        self._open = str(block["type"])
+        events.append(
+            {"type": "content_block_start", "index": self._blocks, "content_block": block}
+        )
+        return events
+
+    def _stop_block(self) -> list[dict[str, Any]]:
+        if self._open is None:
+            return []
+        self._open = None
+        self._blocks += 1
+        return [{"type": "content_block_stop", "index": self._blocks - 1}]
+
+    def delta(self, delta: StreamDelta) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if delta.kind == "reasoning":
+            if self._open != "thinking":
+                events += self._begin_block({"type": "thinking", "thinking": "", "signature": ""})
+            body = {"type": "thinking_delta", "thinking": delta.text}
+        else:
+            if self._open != "text":
+                events += self._begin_block({"type": "text", "text": ""})
+            self._text_seen = True
+            body = {"type": "text_delta", "text": delta.text}
+        events.append({"type": "content_block_delta", "index": self._blocks, "delta": body})
+        return events
+
+    def finish(self, result: ChatResult) -> list[dict[str, Any]]:
+        choice = result.choices[0]
+        events: list[dict[str, Any]] = []
+        if choice.reasoning is not None and self._blocks == 0 and self._open is None:
+            events += self._begin_block({"type": "thinking", "thinking": "", "signature": ""})
+        if not self._text_seen and (choice.content or not choice.tool_calls):
+            events += self._begin_block({"type": "text", "text": ""})
+        events += self._stop_block()
+        for call in choice.tool_calls:
+            block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+            events += self._begin_block(block)
+            partial = json.dumps(json.loads(call.arguments), ensure_ascii=False)
+            events.append(
+                {
+                    "type": "content_block_delta",
+                    "index": self._blocks,
+                    "delta": {"type": "input_json_delta", "partial_json": partial},
+                }
+            )
+            events += self._stop_block()
+        events.append(
+            {
+                "type": "message_delta",
+                "delta": {
+                    "stop_reason": _STOP_REASONS[choice.finish_reason],
+                    "stop_sequence": None,
+                },
+                "usage": _usage(result),
+            }
+        )
+        events.append({"type": "message_stop"})
+        return events
+
+    def error(self, exc: GatewayError) -> list[dict[str, Any]]:
+        body, _ = anthropic_error(exc)
+        return [body]
+
+
 def message_events(
     result: ChatResult, request: MessagesRequest, *, message_id: str
 ) -> list[dict[str, Any]]:
-    """The stream of one finished turn: ``message_start``, ``ping``, per block
-    ``content_block_start`` / ``_delta`` (``text_delta``, ``thinking_delta``,
-    ``input_json_delta``) / ``_stop``, then ``message_delta`` and ``message_stop``."""
-    final = message_object(result, request, message_id=message_id)
-    start_usage = dict(final["usage"], output_tokens=0)
-    events: list[dict[str, Any]] = [
-        {
-            "type": "message_start",
-            "message": dict(final, content=[], stop_reason=None, usage=start_usage),
-        },
-        {"type": "ping"},
-    ]
-    for index, block in enumerate(final["content"]):
-        if block["type"] == "text":
-            started, delta = dict(block, text=""), {"type": "text_delta", "text": block["text"]}
-        elif block["type"] == "thinking":
-            started = dict(block, thinking="")
-            delta = {"type": "thinking_delta", "thinking": block["thinking"]}
-        else:
-            started = dict(block, input={})
-            delta = {
-                "type": "input_json_delta",
-                "partial_json": json.dumps(block["input"], ensure_ascii=False),
-            }
-        events.append({"type": "content_block_start", "index": index, "content_block": started})
-        events.append({"type": "content_block_delta", "index": index, "delta": delta})
-        events.append({"type": "content_block_stop", "index": index})
-    events.append(
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": final["stop_reason"], "stop_sequence": None},
-            "usage": {"output_tokens": result.completion_tokens},
-        }
-    )
-    events.append({"type": "message_stop"})
-    return events
+    """The stream of one finished turn (thinking and text each in one delta)."""
+    start = StreamStart(message_id, result.model, result.created, result.prompt_tokens)
+    return whole(MessageStreamWriter(request, start, message_id=message_id), result)
 
 
 # --- errors and the route ---------------------------------------------------------------
@@ -346,6 +413,7 @@ _ERROR_TYPES = {
     "overloaded": ("overloaded_error", 529),
     "timeout": ("timeout_error", 504),
     "engine_error": ("api_error", None),
+    "tool_choice_unmet": ("api_error", None),
 }
 
 
@@ -367,14 +435,16 @@ def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
             chat = messages_to_chat(
                 request, session_key(http_request), metadata=request_metadata(http_request)
             )
-            result = await complete_or_abort(gateway, http_request, chat)
+            message_id = f"msg_{uuid.uuid4().hex}"
+            if not request.stream:
+                result = await complete_or_abort(gateway, http_request, chat)
+                return JSONResponse(message_object(result, request, message_id=message_id))
+            start, stream = await open_stream(gateway, http_request, chat)
         except GatewayError as exc:
             error, status = anthropic_error(exc)
             return JSONResponse(error, status_code=status)
-        message_id = f"msg_{uuid.uuid4().hex}"
-        if request.stream:
-            return sse_response(message_events(result, request, message_id=message_id))
-        return JSONResponse(message_object(result, request, message_id=message_id))
+        writer = MessageStreamWriter(request, start, message_id=message_id)
+        return stream_response(relay(stream, writer, sse_bytes))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(http_request: Request) -> Response:
@@ -382,16 +452,11 @@ def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
         asks before it compacts). Nothing is recorded."""
         try:
             request = parse_messages_request(await _body(http_request), count_only=True)
-            chat = messages_to_chat(request, session_key(http_request))
-            messages = [{k: v for k, v in m.items() if v is not None} for m in chat.messages]
-            try:
-                ids = gateway.chat_format(chat.tools).render_prompt(messages)
-            except ToolRolloutError as exc:
-                raise invalid(str(exc)) from None
+            count = await gateway.count_tokens(messages_to_chat(request, session_key(http_request)))
         except GatewayError as exc:
             error, status = anthropic_error(exc)
             return JSONResponse(error, status_code=status)
-        return JSONResponse({"input_tokens": len(ids)})
+        return JSONResponse({"input_tokens": count})
 
 
 async def _body(http_request: Request) -> Any:

@@ -4,11 +4,11 @@ The request is validated with the same pydantic model ``toolrollout serve`` uses
 (:class:`~toolrollout.server._openai.ChatCompletionRequest`) and becomes one
 :class:`ChatRequest`; the answer has OpenAI's ``chat.completion`` shape, or with
 ``stream: true`` a series of ``chat.completion.chunk`` server-sent events ending in
-``data: [DONE]``. The engine seam returns whole generations (token-in/token-out, with
-logprobs), so a stream's chunks are sent once the generation is done: one role chunk,
-the content, each tool call (name and arguments in one delta), the finish reason and,
-with ``stream_options.include_usage``, a usage chunk. Clients see the same events a token
-stream would send, only later.
+``data: [DONE]``, sent as the engine decodes the tokens (:meth:`Gateway.stream`): one role
+chunk, reasoning and content deltas as soon as they cannot be part of a tool call, then
+each tool call (name and arguments in one delta, once the turn is parsed), the finish
+reason and, with ``stream_options.include_usage``, a usage chunk. With ``n > 1`` the
+chunks of every choice are sent once all are done.
 """
 
 from __future__ import annotations
@@ -23,8 +23,24 @@ from pydantic import ValidationError
 
 from toolrollout.server._openai import ChatCompletionRequest
 
-from ._http import complete_or_abort, openai_error, request_metadata, session_key
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError
+from ._http import (
+    complete_or_abort,
+    open_stream,
+    openai_error,
+    openai_error_body,
+    request_metadata,
+    session_key,
+)
+from ._sse import data_bytes, relay, stream_response
+from ._types import (
+    ChatChoice,
+    ChatRequest,
+    ChatResult,
+    GatewayError,
+    StreamDelta,
+    StreamStart,
+    ToolCallOut,
+)
 
 if TYPE_CHECKING:
     from ._core import Gateway
@@ -165,10 +181,73 @@ def stream_chunks(result: ChatResult, *, include_usage: bool) -> list[dict[str, 
     return chunks
 
 
-async def _sse(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+class ChatStreamWriter:
+    """``chat.completion.chunk`` events of a streamed answer with one choice: the role, the
+    reasoning and content deltas as they come, then each tool call (name and arguments in
+    one delta, once the turn is parsed), the finish reason and, with ``include_usage``, the
+    usage chunk. An error after the start is a ``data: {"error": ...}`` line, which the
+    ``openai`` SDK raises as an ``APIError``."""
+
+    def __init__(self, start: StreamStart, *, include_usage: bool) -> None:
+        self._head = {
+            "id": start.id,
+            "object": "chat.completion.chunk",
+            "created": start.created,
+            "model": start.model,
+        }
+        self._include_usage = include_usage
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        out = {
+            **self._head,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if self._include_usage:
+            out["usage"] = None
+        return out
+
+    def begin(self) -> list[dict[str, Any]]:
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def delta(self, delta: StreamDelta) -> list[dict[str, Any]]:
+        key = "reasoning_content" if delta.kind == "reasoning" else "content"
+        return [self._chunk({key: delta.text})]
+
+    def finish(self, result: ChatResult) -> list[dict[str, Any]]:
+        choice = result.choices[0]
+        chunks = [
+            self._chunk(_call_delta(position, call))
+            for position, call in enumerate(choice.tool_calls)
+        ]
+        chunks.append(self._chunk({}, choice.finish_reason))
+        if self._include_usage:
+            chunks.append({**self._head, "choices": [], "usage": _usage(result)})
+        return chunks
+
+    def error(self, exc: GatewayError) -> list[dict[str, Any]]:
+        return [openai_error_body(exc)]
+
+
+def _call_delta(position: int, call: ToolCallOut) -> dict[str, Any]:
+    return {
+        "tool_calls": [
+            {
+                "index": position,
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+        ]
+    }
+
+
+async def _known(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
     for item in chunks:
-        yield f"data: {json.dumps(item, ensure_ascii=False)}\n\n".encode()
-    yield b"data: [DONE]\n\n"
+        yield data_bytes(item)
+    yield _DONE
+
+
+_DONE = b"data: [DONE]\n\n"
 
 
 def add_chat_routes(app: FastAPI, gateway: Gateway) -> None:
@@ -186,16 +265,24 @@ def add_chat_routes(app: FastAPI, gateway: Gateway) -> None:
             request = chat_request_from_openai(
                 body, session=session_key(http_request), metadata=request_metadata(http_request)
             )
-            result = await complete_or_abort(gateway, http_request, request)
-        except GatewayError as exc:
-            return openai_error(exc)
-        if isinstance(body, dict) and body.get("stream"):
+            stream = isinstance(body, dict) and bool(body.get("stream"))
+            if not stream:
+                whole = await complete_or_abort(gateway, http_request, request)
+                return JSONResponse(chat_completion_body(whole))
             options = body.get("stream_options") or {}
             include = bool(isinstance(options, dict) and options.get("include_usage"))
-            return StreamingResponse(
-                _sse(stream_chunks(result, include_usage=include)), media_type="text/event-stream"
-            )
-        return JSONResponse(chat_completion_body(result))
+            start, items = await open_stream(gateway, http_request, request)
+        except GatewayError as exc:
+            return openai_error(exc)
+        if request.n != 1:
+            result: ChatResult | None = None
+            async for item in items:
+                if isinstance(item, ChatResult):
+                    result = item
+            assert result is not None
+            return stream_response(_known(stream_chunks(result, include_usage=include)))
+        writer = ChatStreamWriter(start, include_usage=include)
+        return stream_response(relay(items, writer, data_bytes, tail=_DONE))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -2,27 +2,33 @@
 
 :class:`Gateway` holds the engine, the tokenizer's chat formats (one per tool set), the
 open sessions and the writer. Every API layer (Chat Completions, Responses, Messages)
-translates its request into a :class:`ChatRequest` and calls :meth:`Gateway.complete`;
-the session matching, the template deltas, the limits and the records live here once.
+translates its request into a :class:`ChatRequest` and calls :meth:`Gateway.complete`
+(or :meth:`Gateway.stream`, which yields the answer as the engine decodes it); the session
+matching, the template deltas, ``tool_choice``, images, the limits and the records live
+here once.
 
 Concurrency: one asyncio event loop serves every session. Matching a request to a segment
 and committing its answer are synchronous sections (no ``await`` in between the check and
-the change), so sessions need no lock; generation itself waits on a capacity limiter
-(``max_concurrency`` in flight) and a bounded waiting line (``max_waiting``), beyond which
-requests are answered ``overloaded`` at once instead of piling up on the loop.
+the change; the commit checks again that the segment is where the plan found it, since
+images are prepared and the answer generated in between), so sessions need no lock;
+generation itself waits on a capacity limiter (``max_concurrency`` in flight) and a
+bounded waiting line (``max_waiting``), beyond which requests are answered ``overloaded``
+at once instead of piling up on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
+import hashlib
 import json
 import shutil
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -31,13 +37,13 @@ from typing import TYPE_CHECKING, Any, Self
 import anyio
 
 from toolrollout._exceptions import (
-    EngineError,
+    ImageError,
     OverlongPromptError,
     TokenizationError,
     ToolRolloutError,
     UserError,
 )
-from toolrollout._records import Trajectory
+from toolrollout._records import Trajectory, TrajectoryImage
 from toolrollout.chat import ChatFormat, ParsedTurn, ToolCallParser, get_tool_parser
 from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams
 
@@ -49,9 +55,19 @@ from ._session import (
     returned_view,
     tools_key,
 )
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, ToolCallOut
+from ._stream import IncrementalText, TurnStream
+from ._types import (
+    ChatChoice,
+    ChatRequest,
+    ChatResult,
+    GatewayError,
+    StreamDelta,
+    StreamStart,
+    ToolCallOut,
+)
 
 if TYPE_CHECKING:
+    from toolrollout.chat import PreparedImage, VisionFormat
     from toolrollout.engines import Engine
     from toolrollout.rollout import ShardWriter
     from toolrollout.spec import RunSpec
@@ -85,12 +101,22 @@ class GatewayConfig:
     max_sessions: int = 4096
     max_segments: int = 64
     max_open_segments: int = 8
+    max_stored_responses: int = 1024
+    """Responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}`` (the
+    least recently used is dropped beyond it)."""
     max_records: int = 10_000
     """Closed sessions' rows kept in memory for :meth:`Gateway.records` (newest kept)."""
     flush_seconds: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("max_n", "max_concurrency", "max_waiting", "max_sessions", "max_segments"):
+        for name in (
+            "max_n",
+            "max_concurrency",
+            "max_waiting",
+            "max_sessions",
+            "max_segments",
+            "max_stored_responses",
+        ):
             if int(getattr(self, name)) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1")
         if self.max_open_segments < 1:
@@ -115,6 +141,37 @@ class _Plan:
     reason: str = "new"
     parent: int | None = None
     common: int = 0
+    images: list[TrajectoryImage] = field(default_factory=list)
+    """The images of the new messages, with their placeholder runs in the whole ids."""
+    urls: list[str] = field(default_factory=list)
+    """``image_data`` of the whole request: the segment's images so far, then the new."""
+    base_images: list[TrajectoryImage] = field(default_factory=list)
+    """The extended segment's images when planned (a fork keeps them)."""
+
+
+@dataclass
+class _Prepared:
+    """A checked request: its format, plan, messages and what generation starts from."""
+
+    chat: ChatFormat
+    plan: _Plan
+    messages: list[dict[str, Any]]
+    forced: tuple[int, ...]
+    """Ids forced into the answer before the model's own (``tool_choice``), loss mask 0."""
+    required: str | None
+    """``tool_choice``: None (no call needed), "" (any call) or the tool that must be called."""
+    max_new: int
+
+    vision: VisionFormat | None = None
+
+    @property
+    def input_ids(self) -> list[int]:
+        """The ids sent to the engine: one placeholder per image (the engine expands them
+        from ``image_data``, as SGLang does), then the forced ids."""
+        ids = self.plan.input_ids
+        if self.vision is not None and self.plan.urls:
+            ids = self.vision.collapse(ids)
+        return [*ids, *self.forced]
 
 
 class Gateway:
@@ -136,9 +193,12 @@ class Gateway:
         out: str | Path | None = None,
         context_length: int | None = None,
         flush_every: int = 64,
+        vision: VisionFormat | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        self.vision = vision
+        """The model's image format (None: a text model; requests with images are refused)."""
         self.config = config or GatewayConfig()
         self.context_length = self.config.context_length or context_length
         self.out = None if out is None else Path(out)
@@ -201,6 +261,7 @@ class Gateway:
                 out=out,
                 context_length=context,
                 flush_every=spec.flush_every,
+                vision=parts.vision,
             ) as gateway:
                 yield gateway
 
@@ -374,55 +435,228 @@ class Gateway:
 
     async def complete(self, request: ChatRequest) -> ChatResult:
         """Serve one model call of a harness; raises :class:`GatewayError` for the API."""
+        session = self._begin(request)
+        try:
+            return await self._complete(session, request)
+        except GatewayError as exc:
+            self._count_error(session, exc)
+            raise
+
+    async def stream(
+        self, request: ChatRequest
+    ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
+        """Serve one model call as it is generated: a :class:`StreamStart` once the first
+        tokens are decoded, :class:`StreamDelta` s of reasoning and content as they become
+        safe to show (never text that may start a tool call), and the :class:`ChatResult`
+        last, recorded exactly as :meth:`complete` records it. Errors before the start
+        raise :class:`GatewayError` from the first ``__anext__``; closing the iterator early
+        aborts the generation and records nothing. With ``n > 1`` the start and the whole
+        answer come when every sample is done.
+        """
+        session = self._begin(request)
+        try:
+            if request.n != 1:
+                result = await self._complete(session, request)
+                yield StreamStart(result.id, result.model, result.created, result.prompt_tokens)
+                yield result
+                return
+            async for item in self._stream(session, request):
+                yield item
+        except GatewayError as exc:
+            self._count_error(session, exc)
+            raise
+
+    async def count_tokens(self, request: ChatRequest) -> int:
+        """The prompt length a new segment of ``request`` would have (each image's
+        placeholders expanded); nothing is recorded."""
+        messages, urls = _checked_messages(request)
+        if urls and self.vision is None:
+            raise _no_vision()
+        try:
+            ids = self.chat_format(request.tools).render_prompt(messages)
+        except ToolRolloutError as exc:
+            raise GatewayError("invalid_request", str(exc), status=400) from None
+        if self.vision is None or not urls:
+            return len(ids)
+        plan = _Plan(ids, None, -1, messages, [])
+        await self._place_images(self.vision, plan, urls)
+        return len(plan.input_ids)
+
+    def _begin(self, request: ChatRequest) -> Session:
         self.stats["requests"] += 1
         session = self._open_session(request.session, request.metadata)
         session.requests += 1
         session.last_used = time.monotonic()
-        try:
-            return await self._complete(session, request)
-        except GatewayError as exc:
-            self.stats["errors"] += 1
-            session.errors[exc.kind] = session.errors.get(exc.kind, 0) + 1
-            raise
+        return session
 
-    async def _complete(self, session: Session, request: ChatRequest) -> ChatResult:
-        messages = _checked_messages(request)
+    def _count_error(self, session: Session, exc: GatewayError) -> None:
+        self.stats["errors"] += 1
+        session.errors[exc.kind] = session.errors.get(exc.kind, 0) + 1
+
+    async def _prepare(self, session: Session, request: ChatRequest) -> _Prepared:
+        """Check the request, plan where its answer goes and prepare its new images."""
+        messages, urls = _checked_messages(request)
+        if urls and self.vision is None:
+            raise _no_vision()
         if not 1 <= request.n <= self.config.max_n:
             raise GatewayError(
                 "invalid_request", f"n must be between 1 and {self.config.max_n}", status=400
             )
         chat = self.chat_format(request.tools)
+        required = _required_tool(request)
+        forced: tuple[int, ...] = ()
+        if required is not None:
+            prefix = self._parser(chat).forced_call_prefix(required or None)
+            if prefix is None and required:
+                prefix = self._parser(chat).forced_call_prefix(None)
+            forced = _forced_ids(chat, prefix) if prefix else ()
         try:
             plan = self._plan(session, chat, messages)
         except TokenizationError as exc:
             raise GatewayError("invalid_request", str(exc), status=400) from None
+        if self.vision is not None and urls:
+            await self._place_images(self.vision, plan, urls)
         context = self.context_length
-        if context is not None and len(plan.input_ids) >= context:
+        prompt = len(plan.input_ids) + len(forced)
+        if context is not None and prompt >= context:
             if plan.segment is not None:
                 plan.segment.finish_reason = "context_length_exceeded"
                 plan.segment.open = False
             raise GatewayError(
                 "context_length_exceeded",
                 f"This model's maximum context length is {context} tokens. However, your "
-                f"messages resulted in {len(plan.input_ids)} tokens. Please reduce the length "
+                f"messages resulted in {prompt} tokens. Please reduce the length "
                 "of the messages.",
                 status=400,
             )
         wanted = request.max_tokens or self.config.default_max_tokens
-        max_new = wanted if context is None else min(wanted, context - len(plan.input_ids))
-        if plan.segment is not None:
-            plan.segment.busy = True
+        max_new = wanted if context is None else min(wanted, context - prompt)
+        return _Prepared(chat, plan, messages, forced, required, max_new, self.vision)
+
+    async def _complete(self, session: Session, request: ChatRequest) -> ChatResult:
+        prep = await self._prepare(session, request)
+        if prep.plan.segment is not None:
+            prep.plan.segment.busy = True
         started = time.perf_counter()
         try:
-            results = await self._generate(request, plan.input_ids, max_new)
+            results = await self._generate(
+                request, prep.input_ids, prep.max_new, tuple(prep.plan.urls) or None
+            )
         finally:
-            if plan.segment is not None:
-                plan.segment.busy = False
-        seconds = time.perf_counter() - started
+            if prep.plan.segment is not None:
+                prep.plan.segment.busy = False
+        return self._finish(session, request, prep, results, time.perf_counter() - started)
+
+    async def _stream(
+        self, session: Session, request: ChatRequest
+    ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
+        """One sample, streamed from the engine (``n == 1``)."""
+        prep = await self._prepare(session, request)
+        chat, parser = prep.chat, self._parser(prep.chat)
+        enabled = bool(request.tools) and request.tool_choice != "none"
+        turn = TurnStream(
+            markers=parser.call_markers if enabled else (),
+            think=("<think>", "</think>") if parser.splits_think_tags else None,
+            thinking=not prep.forced and _opens_thinking(chat, prep.plan.input_ids),
+            stops=tuple(request.stop),
+        )
+        rid = f"gw-{uuid.uuid4().hex[:16]}-0"
+        engine_request = GenerateRequest(
+            input_ids=tuple(prep.input_ids),
+            sampling=self._sampling(request, prep.max_new),
+            rid=rid,
+            session_id=request.session,
+            image_data=tuple(prep.plan.urls) or None,
+        )
+        deadline = anyio.current_time() + self.config.request_timeout
+        segment = prep.plan.segment
+        if segment is not None:
+            segment.busy = True
+        started = time.perf_counter()
+        acquired, borrower = False, object()
+        result: GenerateResult | None = None
+        chunks = self.engine.generate_stream(engine_request)
+        try:
+            with anyio.fail_after(self.config.request_timeout):
+                acquired = await self._acquire(borrower)
+            head: StreamStart | None = None
+            decoded = 0
+            text = IncrementalText(chat.decode)
+            text.extend(prep.forced)
+            while result is None:
+                try:
+                    with anyio.fail_after(max(deadline - anyio.current_time(), 0.0)):
+                        chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    raise GatewayError(
+                        "engine_error", "the engine's stream ended without a result", status=503
+                    ) from None
+                result = chunk.result
+                if head is None:
+                    head = StreamStart(
+                        f"chatcmpl-{uuid.uuid4().hex}",
+                        request.model or self.config.model_name,
+                        int(time.time()),
+                        len(prep.plan.input_ids),
+                    )
+                    yield head
+                if result is None and len(chunk.output_ids) > decoded:
+                    new = chunk.output_ids[decoded:]
+                    decoded = len(chunk.output_ids)
+                    for delta in turn.feed(text.extend(new)):
+                        yield delta
+        except TimeoutError:
+            await self._abort([rid])
+            raise self._timeout_error() from None
+        except (asyncio.CancelledError, GeneratorExit):
+            await self._abort([rid])  # the client went away: free the engine now
+            raise
+        except GatewayError:
+            await self._abort([rid])
+            raise
+        except ToolRolloutError as exc:
+            raise _engine_error(exc) from None
+        finally:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await chunks.aclose()
+            if acquired:
+                self._limiter.release_on_behalf_of(borrower)
+            if segment is not None:
+                segment.busy = False
+        result = _check_result(result)
+        final = self._finish(
+            session, request, prep, [result], time.perf_counter() - started, streamed=turn
+        )
+        assert head is not None  # a result comes in a chunk, after the start
+        for delta in turn.last:
+            yield delta
+        yield dataclasses.replace(final, id=head.id, created=head.created)
+
+    def _finish(
+        self,
+        session: Session,
+        request: ChatRequest,
+        prep: _Prepared,
+        results: Sequence[GenerateResult],
+        seconds: float,
+        *,
+        streamed: TurnStream | None = None,
+    ) -> ChatResult:
+        """Parse the answers, check ``tool_choice``, commit them (sync) and build the result."""
+        plan = prep.plan
         enabled = bool(request.tools) and request.tool_choice != "none"
         calls_so_far = plan.segment.num_tool_calls if plan.segment is not None else 0
-        choices, candidates = self._choices(chat, results, enabled, calls_so_far)
-        segment = self._commit(session, chat, plan, candidates, messages, request)
+        choices, candidates = self._choices(prep.chat, results, enabled, calls_so_far, prep.forced)
+        if prep.required is not None:
+            _check_tool_choice(choices, prep.required)
+        if streamed is not None:
+            (choice,) = choices
+            streamed.last = streamed.finish(choice.reasoning, choice.content)
+            reasoning = streamed.reasoning if streamed.reasoning_sent else choice.reasoning
+            choices = [dataclasses.replace(choice, content=streamed.content, reasoning=reasoning)]
+            candidates[0].returned = returned_view(streamed.content, choice.tool_calls)
+        segment = self._commit(session, prep.chat, plan, candidates, prep.messages, request)
         if segment is not None:
             segment.requests += 1
             segment.generation_seconds += seconds
@@ -437,6 +671,40 @@ class Gateway:
             completion_tokens=sum(len(r.output_ids) for r in results),
             cached_tokens=max((r.cached_tokens for r in results), default=0),
         )
+
+    async def _place_images(self, vision: VisionFormat, plan: _Plan, urls: dict[str, str]) -> None:
+        """Prepare the images of the plan's new messages (in a worker thread) and expand
+        their placeholders in its ids, as the rollout loop does for a tool's images."""
+        wanted = [urls[key] for key in _image_keys(plan.new_messages)]
+        prepared: list[PreparedImage] = []
+        for index, url in enumerate(wanted):
+            try:
+                prepared.append(await anyio.to_thread.run_sync(vision.prepare, url))
+            except (ImageError, ValueError, OSError) as exc:
+                raise GatewayError(
+                    "invalid_request", f"image {index + 1} of the request: {exc}", status=400
+                ) from None
+        counts = [image.num_tokens for image in prepared]
+        base = len(plan.input_ids) - len(plan.delta)
+        try:
+            if plan.segment is None:
+                plan.input_ids, runs = vision.expand(plan.input_ids, counts)
+                offset = 0
+            else:
+                delta, runs = vision.expand(plan.delta, counts)
+                plan.input_ids = [*plan.input_ids[:base], *delta]
+                plan.delta, offset = delta, base
+                plan.base_images = list(plan.segment.images)
+        except ImageError as exc:
+            raise GatewayError("invalid_request", str(exc), status=400) from None
+        plan.images = [
+            TrajectoryImage(image.png, offset + run.start, offset + run.end, image.grid_thw)
+            for image, run in zip(prepared, runs, strict=True)
+        ]
+        plan.urls = [
+            *(image_url(i) for i in plan.base_images),
+            *(image.data_url for image in prepared),
+        ]
 
     def _plan(self, session: Session, chat: ChatFormat, messages: list[dict[str, Any]]) -> _Plan:
         """Match ``messages`` against the session's open segments (sync: no await)."""
@@ -492,13 +760,8 @@ class Gateway:
         prompt = chat.render_prompt(messages)
         return _Plan(prompt, None, -1, messages, [], reason, parent, common)
 
-    async def _generate(
-        self, request: ChatRequest, input_ids: list[int], max_new: int
-    ) -> list[GenerateResult]:
-        """The ``n`` samples, within the limits; aborted in the engine when cancelled."""
-        base = f"gw-{uuid.uuid4().hex[:16]}"
-        rids = [f"{base}-{i}" for i in range(request.n)]
-        sampling = SamplingParams(
+    def _sampling(self, request: ChatRequest, max_new: int) -> SamplingParams:
+        return SamplingParams(
             max_new_tokens=max_new,
             temperature=1.0 if request.temperature is None else request.temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
@@ -506,6 +769,26 @@ class Gateway:
             stop=tuple(request.stop),
             seed=_seed(request.metadata),
         )
+
+    def _timeout_error(self) -> GatewayError:
+        return GatewayError(
+            "timeout",
+            f"the model did not answer within {self.config.request_timeout:g} s "
+            "(--request-timeout)",
+            status=504,
+        )
+
+    async def _generate(
+        self,
+        request: ChatRequest,
+        input_ids: Sequence[int],
+        max_new: int,
+        image_data: tuple[str, ...] | None = None,
+    ) -> list[GenerateResult]:
+        """The ``n`` samples, within the limits; aborted in the engine when cancelled."""
+        base = f"gw-{uuid.uuid4().hex[:16]}"
+        rids = [f"{base}-{i}" for i in range(request.n)]
+        sampling = self._sampling(request, max_new)
         ids = tuple(input_ids)
 
         async def one(index: int, rid: str) -> GenerateResult:
@@ -513,49 +796,41 @@ class Gateway:
             if sampling.seed is not None:
                 seeded = dataclasses.replace(sampling, seed=sampling.seed + index)
             return await self.engine.generate(
-                GenerateRequest(input_ids=ids, sampling=seeded, rid=rid, session_id=request.session)
+                GenerateRequest(
+                    input_ids=ids,
+                    sampling=seeded,
+                    rid=rid,
+                    session_id=request.session,
+                    image_data=image_data,
+                )
             )
 
-        acquired = False
+        acquired, borrower = False, object()
         try:
             with anyio.fail_after(self.config.request_timeout):
-                acquired = await self._acquire()
+                acquired = await self._acquire(borrower)
                 results = list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rids))))
         except TimeoutError:
             await self._abort(rids)
-            raise GatewayError(
-                "timeout",
-                f"the model did not answer within {self.config.request_timeout:g} s "
-                "(--request-timeout)",
-                status=504,
-            ) from None
+            raise self._timeout_error() from None
         except asyncio.CancelledError:
             await self._abort(rids)  # the client went away: free the engine now
             raise
-        except OverlongPromptError as exc:
-            raise GatewayError("context_length_exceeded", str(exc), status=400) from None
-        except UserError as exc:
-            raise GatewayError("invalid_request", str(exc), status=400) from None
-        except EngineError as exc:
-            raise GatewayError("engine_error", str(exc), status=503) from None
+        except ToolRolloutError as exc:
+            raise _engine_error(exc) from None
         finally:
             if acquired:
-                self._limiter.release()
+                self._limiter.release_on_behalf_of(borrower)
         for result in results:
-            if result.finish_reason.type == "abort":
-                raise GatewayError(
-                    "engine_error",
-                    f"the engine aborted the generation: {result.finish_reason.message or ''}",
-                    status=503,
-                )
-            if result.output_logprobs is None:
-                raise GatewayError("engine_error", "the engine returned no logprobs", status=503)
+            _check_result(result)
         return results
 
-    async def _acquire(self) -> bool:
-        """A generation slot; waits in a bounded line, else ``overloaded`` at once."""
+    async def _acquire(self, borrower: object) -> bool:
+        """A generation slot for ``borrower`` (one object per request: a streamed answer is
+        released by another task than the one that took it); waits in a bounded line,
+        else ``overloaded`` at once."""
         try:
-            self._limiter.acquire_nowait()
+            self._limiter.acquire_on_behalf_of_nowait(borrower)
         except anyio.WouldBlock:
             if self._waiting >= self.config.max_waiting:
                 raise GatewayError(
@@ -566,7 +841,7 @@ class Gateway:
                 ) from None
             self._waiting += 1
             try:
-                await self._limiter.acquire()
+                await self._limiter.acquire_on_behalf_of(borrower)
             finally:
                 self._waiting -= 1
         return True
@@ -583,6 +858,7 @@ class Gateway:
         results: Sequence[GenerateResult],
         tools_enabled: bool,
         calls_so_far: int,
+        forced: tuple[int, ...] = (),
     ) -> tuple[list[ChatChoice], list[Candidate]]:
         family = chat.family
         parser = self._parser(chat)
@@ -590,7 +866,7 @@ class Gateway:
         candidates: list[Candidate] = []
         for index, result in enumerate(results):
             ids = tuple(result.output_ids)
-            text = chat.model_text(ids)
+            text = chat.model_text((*forced, *ids))
             parsed = parser.parse(text)
             if not tools_enabled and parsed.tool_calls:
                 parsed = ParsedTurn(content=text, reasoning=None)
@@ -617,6 +893,7 @@ class Gateway:
                     tool_calls=len(calls),
                     parse_errors=len(parsed.errors),
                     extendable=finish == "stop" and chat.ends_with_stop(ids),
+                    forced=forced,
                 )
             )
         return choices, candidates
@@ -638,6 +915,7 @@ class Gateway:
             if plan.taken >= 0:
                 segment.take(segment.pending[plan.taken])
             segment.append_messages(plan.new_messages, plan.delta)
+            segment.images.extend(plan.images)
         else:
             if segment is not None:
                 # Another answer went into it while this one generated: fork. The ids the
@@ -655,6 +933,7 @@ class Gateway:
                 messages=[dict(m) for m in messages],
                 prompt_ids=tuple(plan.input_ids),
                 returned=[None] * len(messages),
+                images=[*plan.base_images, *plan.images],
             )
             session.segments.append(segment)
             self._limit_open(session)
@@ -679,11 +958,15 @@ def _still_extends(segment: Segment, plan: _Plan) -> bool:
     return segment.open and segment.num_tokens + len(pending) == expected
 
 
-def _checked_messages(request: ChatRequest) -> list[dict[str, Any]]:
-    """The request's messages without empty fields; a one-line error for a bad one."""
+def _checked_messages(request: ChatRequest) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The request's messages without empty fields, image parts as ``{"type": "image",
+    "sha256"}`` (the template renders a placeholder; the digest tells images apart when a
+    request is matched against a transcript), and the images' data URLs by digest; a
+    one-line error for a bad message."""
     if not request.messages:
         raise GatewayError("invalid_request", "messages must not be empty", status=400)
     out: list[dict[str, Any]] = []
+    urls: dict[str, str] = {}
     for i, message in enumerate(request.messages):
         if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
             raise GatewayError(
@@ -694,6 +977,11 @@ def _checked_messages(request: ChatRequest) -> list[dict[str, Any]]:
         cleaned = {k: v for k, v in message.items() if v is not None}
         if cleaned["role"] == "developer":
             cleaned["role"] = "system"
+        if isinstance(cleaned.get("content"), list):
+            cleaned["content"] = [
+                _image_part(part, f"messages[{i}].content[{j}]", urls)
+                for j, part in enumerate(cleaned["content"])
+            ]
         out.append(cleaned)
     if out[-1]["role"] == "assistant":
         raise GatewayError(
@@ -702,7 +990,45 @@ def _checked_messages(request: ChatRequest) -> list[dict[str, Any]]:
             "message is not supported",
             status=400,
         )
-    return out
+    return out, urls
+
+
+def _image_part(part: Any, where: str, urls: dict[str, str]) -> Any:
+    """An ``image_url`` part as the template's image part; other parts unchanged."""
+    if not isinstance(part, Mapping) or part.get("type") not in ("image_url", "image"):
+        return part
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, Mapping) else image
+    if part.get("type") == "image" and "sha256" in part:
+        return part  # already canonical
+    if not isinstance(url, str) or not url:
+        raise GatewayError("invalid_request", f"{where}: an image part needs a URL", status=400)
+    if not url.startswith("data:"):
+        raise GatewayError(
+            "invalid_request",
+            f"{where}: image URLs are not fetched (the gateway has no network access); send "
+            "the image inline as a base64 data: URL",
+            status=400,
+        )
+    key = hashlib.sha256(url.encode()).hexdigest()
+    urls[key] = url
+    return {"type": "image", "sha256": key}
+
+
+def _image_keys(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The digests of the image parts of ``messages``, in rendering order."""
+    return [
+        str(part["sha256"])
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, Mapping) and part.get("type") == "image" and "sha256" in part
+    ]
+
+
+def image_url(image: TrajectoryImage) -> str:
+    """A recorded image as the engine's ``image_data`` entry (its PNG as a data URL)."""
+    return "data:image/png;base64," + base64.b64encode(image.png).decode("ascii")
 
 
 def _family_ids(family: Any, parsed: ParsedTurn, call_number: int) -> ParsedTurn:
@@ -718,6 +1044,100 @@ def _family_ids(family: Any, parsed: ParsedTurn, call_number: int) -> ParsedTurn
         for call, call_id in zip(parsed.tool_calls, ids, strict=True)
     )
     return dataclasses.replace(parsed, tool_calls=calls)
+
+
+def _no_vision() -> GatewayError:
+    return GatewayError(
+        "invalid_request",
+        "this model takes no images (its folder has no image processor); send text",
+        status=400,
+    )
+
+
+def _required_tool(request: ChatRequest) -> str | None:
+    """What ``tool_choice`` demands: None (nothing), "" (some call) or a tool's name."""
+    choice = request.tool_choice
+    if choice is None or choice in ("auto", "none"):
+        return None
+    names = [str(t.get("function", {}).get("name", "")) for t in request.tools]
+    if not names:
+        raise GatewayError(
+            "invalid_request",
+            "tool_choice asks for a tool call but no tools were given",
+            status=400,
+        )
+    if choice == "required":
+        return ""
+    name = choice.get("function", {}).get("name") if isinstance(choice, Mapping) else None
+    if not isinstance(name, str) or not name:
+        raise GatewayError(
+            "invalid_request",
+            f"tool_choice: {choice!r} is not supported (auto, none, required, a function)",
+            status=400,
+        )
+    if name not in names:
+        raise GatewayError(
+            "invalid_request", f"tool_choice names {name!r}, which is not in tools", status=400
+        )
+    return name
+
+
+def _forced_ids(chat: ChatFormat, prefix: str) -> tuple[int, ...]:
+    """The ids of ``prefix`` that stay the same whatever follows it: a last token that
+    would merge with the model's next characters (``": "`` + ``{"`` is one token ``' {"'``
+    in Qwen's vocabulary) is left for the model, so the turn keeps the tokenization a
+    fresh render of the call gives."""
+    ids = chat.encode(prefix)
+    keep = len(ids)
+    for following in ('{"', "<", " ", "a", "\n", '"'):
+        longer = chat.encode(prefix + following)
+        same = 0
+        while same < min(keep, len(longer)) and ids[same] == longer[same]:
+            same += 1
+        keep = same
+    return tuple(ids[:keep])
+
+
+def _check_tool_choice(choices: Sequence[ChatChoice], required: str) -> None:
+    """A forced call the model did not complete is an error, never plain text."""
+    for choice in choices:
+        names = [call.name for call in choice.tool_calls]
+        if names and (not required or all(name == required for name in names)):
+            continue
+        wanted = f"a call to {required!r}" if required else "a tool call"
+        got = f"calls to {names}" if names else f"no parseable call ({choice.content[:200]!r})"
+        raise GatewayError(
+            "tool_choice_unmet",
+            f"tool_choice required {wanted}, but the model produced {got}",
+            status=500,
+        )
+
+
+def _opens_thinking(chat: ChatFormat, prompt: Sequence[int]) -> bool:
+    """Whether the generation prompt ends inside an open ``<think>`` block."""
+    return chat.decode(list(prompt[-8:])).rstrip().endswith("<think>")
+
+
+def _engine_error(exc: ToolRolloutError) -> GatewayError:
+    if isinstance(exc, OverlongPromptError):
+        return GatewayError("context_length_exceeded", str(exc), status=400)
+    if isinstance(exc, UserError):
+        return GatewayError("invalid_request", str(exc), status=400)
+    return GatewayError("engine_error", str(exc), status=503)
+
+
+def _check_result(result: GenerateResult | None) -> GenerateResult:
+    if result is None:
+        raise GatewayError("engine_error", "the engine returned no result", status=503)
+    if result.finish_reason.type == "abort":
+        raise GatewayError(
+            "engine_error",
+            f"the engine aborted the generation: {result.finish_reason.message or ''}",
+            status=503,
+        )
+    if result.output_logprobs is None:
+        raise GatewayError("engine_error", "the engine returned no logprobs", status=503)
+    return result
 
 
 def _seed(metadata: Mapping[str, Any]) -> int | None:

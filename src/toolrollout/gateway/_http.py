@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncGenerator, Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from ._types import ChatRequest, ChatResult, GatewayError
+from ._types import ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -30,11 +31,14 @@ __all__ = [
     "SESSION_HEADER",
     "SessionPathMiddleware",
     "complete_or_abort",
+    "open_stream",
     "openai_error",
     "openai_error_body",
     "request_metadata",
     "session_key",
 ]
+
+_T = TypeVar("_T")
 
 SESSION_HEADER = "x-toolrollout-session"
 GROUP_HEADER = "x-toolrollout-group"
@@ -92,7 +96,30 @@ async def complete_or_abort(
     The request body must have been read already: the next ASGI message is then the
     disconnect, which this waits for beside the generation.
     """
-    task = asyncio.ensure_future(gateway.complete(chat_request))
+    return await _until_disconnect(http_request, gateway.complete(chat_request))
+
+
+async def open_stream(
+    gateway: Gateway, http_request: Request, chat_request: ChatRequest
+) -> tuple[StreamStart, AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]]:
+    """Start ``gateway.stream(chat_request)``: its :class:`StreamStart` (errors before it
+    raise here, to be answered as an HTTP error) and the rest of the stream.
+
+    A disconnect while waiting for the start cancels it (the engine request is aborted);
+    after it, the streaming response notices the disconnect and closes the stream.
+    """
+    items = gateway.stream(chat_request)
+    try:
+        first = await _until_disconnect(http_request, anext(items))
+    except BaseException:
+        await items.aclose()
+        raise
+    assert isinstance(first, StreamStart)
+    return first, items
+
+
+async def _until_disconnect(http_request: Request, awaitable: Awaitable[_T]) -> _T:
+    task = asyncio.ensure_future(awaitable)
 
     async def watch() -> None:
         while True:
@@ -116,6 +143,7 @@ _OPENAI_TYPES = {
     "overloaded": "rate_limit_error",
     "timeout": "timeout_error",
     "engine_error": "server_error",
+    "tool_choice_unmet": "server_error",
 }
 
 

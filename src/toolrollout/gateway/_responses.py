@@ -10,15 +10,22 @@ message. The answer is a ``response`` object whose ``output`` lists a ``reasonin
 come back in on the next request, so a harness that replays ``output`` extends its
 session instead of starting a new segment.
 
-The gateway keeps no responses: ``previous_response_id``, ``conversation`` and
-``item_reference`` items are refused (a harness sends its whole input, as with
-``store=false``), and so are hosted tools, which the gateway cannot run.
+Responses are stored (``store``, true by default as in OpenAI's API) in a bounded store
+(:class:`ResponseStore`, the newest ``max_stored_responses``, least recently used dropped
+first): ``previous_response_id`` continues one (its inputs and outputs go before the new
+input, the way a harness replaying ``output`` sends them, so the session's segment is
+extended token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one.
+``conversation`` and ``item_reference`` items are refused, and so are hosted tools, which
+the gateway cannot run.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -26,16 +33,25 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
-from ._http import complete_or_abort, openai_error_body, request_metadata, session_key
+from ._http import (
+    complete_or_abort,
+    open_stream,
+    openai_error_body,
+    request_metadata,
+    session_key,
+)
 from ._parts import chat_content, invalid, require_str
-from ._sse import sse_response
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError
+from ._sse import relay, sse_bytes, stream_response, whole
+from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, StreamDelta
 
 if TYPE_CHECKING:
     from ._core import Gateway
 
 __all__ = [
+    "ResponseStore",
+    "ResponseStreamWriter",
     "ResponsesRequest",
+    "StoredResponse",
     "add_responses_routes",
     "parse_responses_request",
     "response_events",
@@ -76,22 +92,29 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise invalid(f"{where}: {first['msg']}") from None
-    if request.previous_response_id is not None or request.conversation is not None:
+    if request.conversation is not None:
         raise invalid(
-            "previous_response_id and conversation are not supported: the gateway stores no "
-            "responses; send the whole conversation as input"
+            "conversation is not supported: the gateway has no Conversations API; use "
+            "previous_response_id or send the whole conversation as input"
         )
     return request
 
 
 def responses_to_chat(
-    request: ResponsesRequest, session: str, *, metadata: dict[str, Any] | None = None
+    request: ResponsesRequest,
+    session: str,
+    *,
+    metadata: dict[str, Any] | None = None,
+    items: list[dict[str, Any]] | None = None,
 ) -> ChatRequest:
     """The canonical request of a validated Responses request (``metadata``: the
-    per-request options of the HTTP layer, such as the GRPO group)."""
+    per-request options of the HTTP layer, such as the GRPO group; ``items``: the whole
+    input when a stored response's conversation goes before ``request.input``)."""
     return ChatRequest(
         session=session,
-        messages=tuple(responses_messages(request.instructions, request.input)),
+        messages=tuple(
+            responses_messages(request.instructions, request.input if items is None else items)
+        ),
         tools=tuple(_chat_tool(tool, i) for i, tool in enumerate(request.tools)),
         tool_choice=_chat_tool_choice(request.tool_choice),
         max_tokens=request.max_output_tokens,
@@ -301,35 +324,56 @@ def response_object(
     response_id: str,
     output: list[dict[str, Any]],
     status: str | None = None,
+    store: bool = False,
 ) -> dict[str, Any]:
     """The ``response`` object; ``status`` None: completed, or incomplete at the token cap."""
     truncated = result.choices[0].finish_reason == "length"
     status = status or ("incomplete" if truncated else "completed")
     done = status in ("completed", "incomplete")
+    body = _shell(
+        request,
+        response_id=response_id,
+        created=result.created,
+        model=result.model or request.model,
+        store=store,
+    )
+    body.update(
+        status=status,
+        incomplete_details=(
+            {"reason": "max_output_tokens"} if truncated and status == "incomplete" else None
+        ),
+        output=output,
+        usage=_usage(result) if done else None,
+    )
+    return body
+
+
+def _shell(
+    request: ResponsesRequest, *, response_id: str, created: int, model: str, store: bool
+) -> dict[str, Any]:
+    """A ``response`` object in progress: no output, no usage yet."""
     return {
         "id": response_id,
         "object": "response",
-        "created_at": result.created,
-        "status": status,
+        "created_at": created,
+        "status": "in_progress",
         "error": None,
-        "incomplete_details": (
-            {"reason": "max_output_tokens"} if truncated and status == "incomplete" else None
-        ),
+        "incomplete_details": None,
         "instructions": request.instructions,
         "max_output_tokens": request.max_output_tokens,
-        "model": result.model or request.model,
-        "output": output,
+        "model": model,
+        "output": [],
         "parallel_tool_calls": request.parallel_tool_calls,
-        "previous_response_id": None,
+        "previous_response_id": request.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
-        "store": False,
+        "store": store,
         "temperature": request.temperature,
         "text": {"format": {"type": "text"}},
         "tool_choice": request.tool_choice if request.tool_choice is not None else "auto",
         "tools": request.tools,
         "top_p": request.top_p,
         "truncation": "disabled",
-        "usage": _usage(result) if done else None,
+        "usage": None,
         "user": None,
         "metadata": request.metadata or {},
     }
@@ -345,75 +389,183 @@ def _usage(result: ChatResult) -> dict[str, Any]:
     }
 
 
+class ResponseStreamWriter:
+    """The events of a streamed response, in the order OpenAI documents and the SDK checks:
+    ``response.created``, ``response.in_progress``, then per output item
+    ``output_item.added``, its ``content_part.added`` and text deltas as they come (a
+    ``reasoning`` item, then the ``message``), its ``.done`` events and
+    ``output_item.done``; once the turn is parsed, one ``function_call`` item per call and
+    ``response.completed`` (``response.incomplete`` at the token cap). An error after the
+    start ends the stream with ``response.failed``."""
+
+    def __init__(
+        self,
+        request: ResponsesRequest,
+        *,
+        response_id: str,
+        created: int,
+        model: str,
+        store: bool = False,
+        on_final: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self._request = request
+        self._shell = _shell(
+            request, response_id=response_id, created=created, model=model, store=store
+        )
+        self._store = store
+        self._on_final = on_final
+        self._events = 0
+        self._items: list[dict[str, Any]] = []
+        self._open: dict[str, Any] | None = None
+        self._text = ""
+
+    def _emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {"type": kind, "sequence_number": self._events, **fields}
+        self._events += 1
+        return event
+
+    def begin(self) -> list[dict[str, Any]]:
+        return [
+            self._emit(kind, response=dict(self._shell))
+            for kind in ("response.created", "response.in_progress")
+        ]
+
+    def _where(self) -> dict[str, Any]:
+        assert self._open is not None
+        return {"item_id": self._open["id"], "output_index": len(self._items)}
+
+    def _start(self, kind: str) -> list[dict[str, Any]]:
+        events = self._close("completed")
+        if kind == "reasoning":
+            item = {"id": _new_id("rs"), "type": "reasoning", "summary": [], "content": []}
+            part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+        else:
+            item = {"id": _new_id("msg"), "type": "message", "role": "assistant", "content": []}
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self._open, self._text = dict(item, status="in_progress"), ""
+        events.append(
+            self._emit("response.output_item.added", output_index=len(self._items), item=self._open)
+        )
+        events.append(
+            self._emit("response.content_part.added", **self._where(), content_index=0, part=part)
+        )
+        return events
+
+    def _close(self, status: str) -> list[dict[str, Any]]:
+        item = self._open
+        if item is None:
+            return []
+        where = self._where()
+        if item["type"] == "reasoning":
+            part: dict[str, Any] = {"type": "reasoning_text", "text": self._text}
+            done = self._emit(
+                "response.reasoning_text.done", **where, content_index=0, text=self._text
+            )
+        else:
+            part = {"type": "output_text", "text": self._text, "annotations": [], "logprobs": []}
+            done = self._emit(
+                "response.output_text.done", **where, content_index=0, text=self._text, logprobs=[]
+            )
+        final = dict(item, status=status, content=[part])
+        events = [
+            done,
+            self._emit("response.content_part.done", **where, content_index=0, part=part),
+            self._emit("response.output_item.done", output_index=len(self._items), item=final),
+        ]
+        self._items.append(final)
+        self._open = None
+        return events
+
+    def _kind(self) -> str | None:
+        return None if self._open is None else str(self._open["type"])
+
+    def delta(self, delta: StreamDelta) -> list[dict[str, Any]]:
+        kind = "reasoning" if delta.kind == "reasoning" else "message"
+        events = self._start(kind) if self._kind() != kind else []
+        self._text += delta.text
+        name = (
+            "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+        )
+        extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
+        events.append(self._emit(name, **self._where(), content_index=0, delta=delta.text, **extra))
+        return events
+
+    def finish(self, result: ChatResult) -> list[dict[str, Any]]:
+        choice = result.choices[0]
+        status = "incomplete" if choice.finish_reason == "length" else "completed"
+        seen = {item["type"] for item in self._items} | {self._kind()}
+        events: list[dict[str, Any]] = []
+        if choice.reasoning is not None and not seen & {"reasoning", "message"}:
+            events += self._start("reasoning") + self._close(status)
+        if "message" not in seen and (choice.content or not choice.tool_calls):
+            events += self._start("message")
+        events += self._close(status)
+        for call in choice.tool_calls:
+            item = {
+                "id": _new_id("fc"),
+                "type": "function_call",
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": call.arguments,
+                "status": status,
+            }
+            where = {"item_id": item["id"], "output_index": len(self._items)}
+            events.append(
+                self._emit(
+                    "response.output_item.added",
+                    output_index=len(self._items),
+                    item=dict(item, status="in_progress", arguments=""),
+                )
+            )
+            events.append(
+                self._emit("response.function_call_arguments.delta", **where, delta=call.arguments)
+            )
+            events.append(
+                self._emit(
+                    "response.function_call_arguments.done",
+                    **where,
+                    name=call.name,
+                    arguments=call.arguments,
+                )
+            )
+            events.append(
+                self._emit("response.output_item.done", output_index=len(self._items), item=item)
+            )
+            self._items.append(item)
+        final = response_object(
+            result,
+            self._request,
+            response_id=self._shell["id"],
+            output=self._items,
+            store=self._store,
+        )
+        final["created_at"] = self._shell["created_at"]
+        if self._on_final is not None:
+            self._on_final(final)
+        events.append(self._emit(f"response.{final['status']}", response=final))
+        return events
+
+    def error(self, exc: GatewayError) -> list[dict[str, Any]]:
+        failed = dict(
+            self._shell,
+            status="failed",
+            output=self._items,
+            error={"code": "server_error", "message": exc.message},
+        )
+        return [self._emit("response.failed", response=failed)]
+
+
 def response_events(
     result: ChatResult, request: ResponsesRequest, *, response_id: str
 ) -> list[dict[str, Any]]:
-    """The stream of one finished turn, in the order OpenAI documents and the SDK checks:
-    ``response.created``, ``response.in_progress``, per item ``output_item.added``, its
-    deltas and ``.done`` events, ``output_item.done``, and ``response.completed`` (or
-    ``response.incomplete`` at the token cap)."""
-    final = response_object(
-        result, request, response_id=response_id, output=output_items(result.choices[0])
+    """The stream of one finished turn (reasoning and text each in one delta)."""
+    writer = ResponseStreamWriter(
+        request,
+        response_id=response_id,
+        created=result.created,
+        model=result.model or request.model,
     )
-    events: list[dict[str, Any]] = []
-
-    def emit(kind: str, **fields: Any) -> None:
-        events.append({"type": kind, "sequence_number": len(events), **fields})
-
-    for kind in ("response.created", "response.in_progress"):
-        emit(kind, response=dict(final, status="in_progress", output=[], usage=None))
-    for index, item in enumerate(final["output"]):
-        emit("response.output_item.added", output_index=index, item=_started(item))
-        where = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "message":
-            part = item["content"][0]
-            emit(
-                "response.content_part.added",
-                **where,
-                content_index=0,
-                part=dict(part, text=""),
-            )
-            emit(
-                "response.output_text.delta",
-                **where,
-                content_index=0,
-                delta=part["text"],
-                logprobs=[],
-            )
-            emit(
-                "response.output_text.done",
-                **where,
-                content_index=0,
-                text=part["text"],
-                logprobs=[],
-            )
-            emit("response.content_part.done", **where, content_index=0, part=part)
-        elif item["type"] == "function_call":
-            emit("response.function_call_arguments.delta", **where, delta=item["arguments"])
-            emit(
-                "response.function_call_arguments.done",
-                **where,
-                name=item["name"],
-                arguments=item["arguments"],
-            )
-        elif item["type"] == "reasoning":
-            part = item["content"][0]
-            emit("response.content_part.added", **where, content_index=0, part=dict(part, text=""))
-            emit("response.reasoning_text.delta", **where, content_index=0, delta=part["text"])
-            emit("response.reasoning_text.done", **where, content_index=0, text=part["text"])
-            emit("response.content_part.done", **where, content_index=0, part=part)
-        emit("response.output_item.done", output_index=index, item=item)
-    emit(f"response.{final['status']}", response=final)
-    return events
-
-
-def _started(item: dict[str, Any]) -> dict[str, Any]:
-    """An item as ``output_item.added`` announces it: in progress, before its deltas."""
-    if item["type"] == "message":
-        return dict(item, status="in_progress", content=[])
-    if item["type"] == "function_call":
-        return dict(item, status="in_progress", arguments="")
-    return dict(item, status="in_progress", content=[])
+    return whole(writer, result)
 
 
 # --- errors and the route ---------------------------------------------------------------
@@ -428,8 +580,70 @@ def responses_error(exc: GatewayError) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
+@dataclass(frozen=True)
+class StoredResponse:
+    """A stored response: the whole conversation up to it, as Responses input items (the
+    inputs of its chain and every output), and the ``response`` object ``GET`` returns."""
+
+    items: tuple[dict[str, Any], ...]
+    response: dict[str, Any]
+
+
+class ResponseStore:
+    """Stored responses (``store: true``), at most ``capacity``; the least recently used
+    one is dropped to make room, and ``previous_response_id`` naming it is then a 404.
+
+    One entry holds references to the item dicts of its chain (shared with the entries
+    before it, not copied), so memory grows with the conversations, bounded by the cap.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        found = self._entries.get(response_id)
+        if found is not None:
+            self._entries.move_to_end(response_id)
+        return found
+
+    def put(self, response_id: str, stored: StoredResponse) -> None:
+        self._entries[response_id] = stored
+        self._entries.move_to_end(response_id)
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+    def delete(self, response_id: str) -> bool:
+        return self._entries.pop(response_id, None) is not None
+
+
+def _input_items(request: ResponsesRequest) -> list[dict[str, Any]]:
+    if isinstance(request.input, str):
+        return [{"type": "message", "role": "user", "content": request.input}]
+    return list(request.input)
+
+
+def _not_found(response_id: str, *, param: str | None) -> JSONResponse:
+    body = {
+        "error": {
+            "message": f"Response with id '{response_id}' not found (never stored, deleted, "
+            "or dropped from the gateway's store of the newest --max-stored-responses).",
+            "type": "invalid_request_error",
+            "param": param,
+            "code": "previous_response_not_found" if param else None,
+        }
+    }
+    return JSONResponse(body, status_code=404)
+
+
 def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
-    """Register ``POST /v1/responses`` (streaming and not) on the gateway's ``app``."""
+    """Register ``POST /v1/responses`` (streaming and not), ``GET`` and ``DELETE
+    /v1/responses/{id}`` on the gateway's ``app``, with a store of responses."""
+    store = ResponseStore(gateway.config.max_stored_responses)
+    app.state.responses = store
 
     @app.post("/v1/responses")
     async def create_response(http_request: Request) -> Response:
@@ -439,16 +653,55 @@ def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
             except ValueError as exc:
                 raise invalid(f"the request body is not JSON: {exc}") from None
             request = parse_responses_request(body)
+            items = _input_items(request)
+            if request.previous_response_id is not None:
+                previous = store.get(request.previous_response_id)
+                if previous is None:
+                    return _not_found(request.previous_response_id, param="previous_response_id")
+                items = [*previous.items, *items]
+            keep = request.store is not False
             chat = responses_to_chat(
-                request, session_key(http_request), metadata=request_metadata(http_request)
+                request,
+                session_key(http_request),
+                metadata=request_metadata(http_request),
+                items=items,
             )
-            result = await complete_or_abort(gateway, http_request, chat)
+            response_id = _new_id("resp")
+
+            def remember(final: dict[str, Any]) -> None:
+                if keep:
+                    store.put(response_id, StoredResponse((*items, *final["output"]), final))
+
+            if not request.stream:
+                result = await complete_or_abort(gateway, http_request, chat)
+                output = output_items(result.choices[0])
+                final = response_object(
+                    result, request, response_id=response_id, output=output, store=keep
+                )
+                remember(final)
+                return JSONResponse(final)
+            start, stream = await open_stream(gateway, http_request, chat)
         except GatewayError as exc:
             return responses_error(exc)
-        response_id = _new_id("resp")
-        if request.stream:
-            return sse_response(response_events(result, request, response_id=response_id))
-        output = output_items(result.choices[0])
-        return JSONResponse(
-            response_object(result, request, response_id=response_id, output=output)
+        writer = ResponseStreamWriter(
+            request,
+            response_id=response_id,
+            created=start.created,
+            model=start.model,
+            store=keep,
+            on_final=remember,
         )
+        return stream_response(relay(stream, writer, sse_bytes))
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> Response:
+        found = store.get(response_id)
+        if found is None:
+            return _not_found(response_id, param=None)
+        return JSONResponse(found.response)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> Response:
+        if not store.delete(response_id):
+            return _not_found(response_id, param=None)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})

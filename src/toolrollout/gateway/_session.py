@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
+from toolrollout._records import TokenSpan, Trajectory, TrajectoryImage, TrajectoryStatus
 from toolrollout._records._trajectory import SpanKind
 from toolrollout.chat import ChatFormat
 
@@ -121,6 +121,8 @@ class Candidate:
     parse_errors: int
     extendable: bool
     """Ended on the template's stop token, so a delta can follow it."""
+    forced: tuple[int, ...] = ()
+    """Ids forced before the model's own (``tool_choice``): in the turn, loss mask 0."""
 
 
 @dataclass
@@ -154,6 +156,10 @@ class Segment:
     env_tokens: int = 0
     cached_tokens: int = 0
     generation_seconds: float = 0.0
+    forced: list[tuple[int, int]] = field(default_factory=list)
+    images: list[TrajectoryImage] = field(default_factory=list)
+    """The images in the transcript, each with its placeholder run (as the rollout records)."""
+    """Forced ids in the response: (offset into the response ids, count), per forced turn."""
     weight_version: str | None = None
     reward: float | None = None
     created: float = field(default_factory=time.time)
@@ -207,7 +213,11 @@ class Segment:
         return taken, common
 
     def take(self, candidate: Candidate) -> None:
-        """Append a model turn: engine ids verbatim (loss mask 1) and its message."""
+        """Append a model turn: engine ids verbatim (loss mask 1) and its message; ids forced
+        before them (``tool_choice``) go first, in a span of their own with loss mask 0."""
+        if candidate.forced:
+            self.forced.append((self.num_tokens - len(self.prompt_ids), len(candidate.forced)))
+            self.spans.append(TokenSpan("interaction", candidate.forced, None))
         self.spans.append(TokenSpan("model", candidate.ids, candidate.logprobs))
         self.model_texts.append(candidate.text)
         self.messages.append(candidate.message)
@@ -279,7 +289,7 @@ def freeze_segment(session: Session, segment: Segment, *, assumed_choice: bool) 
     status = TrajectoryStatus.TRUNCATED if finish != "stop" else TrajectoryStatus.COMPLETED
     reward = segment.reward if segment.reward is not None else session.reward
     messages = tuple(
-        {k: v for k, v in m.items() if k != "raw_content"}
+        {k: _plain_images(v) if k == "content" else v for k, v in m.items() if k != "raw_content"}
         for m in segment.chat.presented_messages(segment.messages)
     )
     metrics: dict[str, Any] = {
@@ -291,6 +301,8 @@ def freeze_segment(session: Session, segment: Segment, *, assumed_choice: bool) 
             "common_messages": segment.common_messages,
             "requests": segment.requests,
             "assumed_choice_0": assumed_choice,
+            "forced_tokens": [list(item) for item in segment.forced],
+            "errors": dict(session.errors),
         },
         "model_tokens": segment.model_tokens,
         "tool_tokens": segment.env_tokens,
@@ -316,7 +328,19 @@ def freeze_segment(session: Session, segment: Segment, *, assumed_choice: bool) 
         metrics=metrics,
         turn_rewards=(None,) * segment.num_turns,
         tool_rewards=(None,) * segment.num_turns,
+        images=tuple(segment.images),
     )
+
+
+def _plain_images(content: Any) -> Any:
+    """Image parts as the rollout loop writes them (``{"type": "image"}``: the pixels are
+    in the row's ``images``), without the gateway's matching digest."""
+    if not isinstance(content, list):
+        return content
+    return [
+        {"type": "image"} if isinstance(p, Mapping) and p.get("type") == "image" else p
+        for p in content
+    ]
 
 
 def returned_view(content: str, calls: Sequence[ToolCallOut]) -> tuple[Any, ...]:

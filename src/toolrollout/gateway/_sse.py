@@ -1,39 +1,102 @@
-"""Server-sent events for the gateway's streaming answers (Responses and Messages).
+"""Server-sent events for the gateway's streaming answers.
 
-Both APIs name each event in an ``event:`` line and repeat the name as ``type`` in the
-JSON ``data:`` line; neither ends with OpenAI chat's ``data: [DONE]``. The engine call is
-token-in/token-out, so a stream is written from a finished turn: the events are the ones
-the SDKs' accumulators expect, in their order, with each block's text in one delta.
+Responses and Messages name each event in an ``event:`` line and repeat the name as
+``type`` in the JSON ``data:`` line, and neither ends with a sentinel; Chat Completions
+sends bare ``data:`` lines and ends with ``data: [DONE]``. Each API has a *writer* that
+turns the gateway's stream (:class:`StreamStart`, :class:`StreamDelta` s, the
+:class:`ChatResult`) into its events; :func:`relay` drives one over a live stream, so the
+events leave as the tokens are generated, and an error after the start becomes the API's
+in-stream error event.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, Protocol
 
 from starlette.responses import StreamingResponse
 
-__all__ = ["sse_bytes", "sse_response"]
+from ._types import ChatResult, GatewayError, StreamDelta, StreamStart
+
+__all__ = ["StreamWriter", "data_bytes", "relay", "sse_bytes", "stream_response", "whole"]
+
+Frame = dict[str, Any]
 
 
-def sse_bytes(event: dict[str, Any]) -> bytes:
+class StreamWriter(Protocol):
+    """One API's events for a streamed answer."""
+
+    def begin(self) -> list[Frame]: ...
+
+    def delta(self, delta: StreamDelta) -> list[Frame]: ...
+
+    def finish(self, result: ChatResult) -> list[Frame]: ...
+
+    def error(self, exc: GatewayError) -> list[Frame]: ...
+
+
+def sse_bytes(event: Frame) -> bytes:
     """One event, named by its ``type``, as the bytes of an SSE frame."""
     data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
 
 
-def sse_response(events: Iterable[dict[str, Any]]) -> StreamingResponse:
-    """A ``text/event-stream`` answer that writes ``events`` in order."""
+def data_bytes(event: Frame) -> bytes:
+    """One Chat Completions chunk: a bare ``data:`` line."""
+    return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
 
-    frames_ = [sse_bytes(event) for event in events]
 
-    async def frames() -> AsyncIterator[bytes]:  # async: no thread-pool hop per frame
-        for frame in frames_:
-            yield frame
+def whole(writer: StreamWriter, result: ChatResult) -> list[Frame]:
+    """The events of a finished turn: its reasoning and content each in one delta."""
+    choice = result.choices[0]
+    events = writer.begin()
+    if choice.reasoning:
+        events += writer.delta(StreamDelta("reasoning", choice.reasoning))
+    if choice.content:
+        events += writer.delta(StreamDelta("content", choice.content))
+    return events + writer.finish(result)
 
+
+async def relay(
+    items: AsyncGenerator[StreamStart | StreamDelta | ChatResult, None],
+    writer: StreamWriter,
+    encode: Callable[[Frame], bytes],
+    *,
+    tail: bytes = b"",
+    on_result: Callable[[ChatResult], None] | None = None,
+) -> AsyncIterator[bytes]:
+    """The frames of a live stream whose start was taken already (the writer's ``begin``
+    first). Closing this (the client went away) closes the stream, which aborts the
+    generation; an error after the start is sent as the API's error event."""
+    for event in writer.begin():
+        yield encode(event)
+    try:
+        async with contextlib.aclosing(items):
+            async for item in items:
+                if isinstance(item, StreamDelta):
+                    events = writer.delta(item)
+                elif isinstance(item, ChatResult):
+                    if on_result is not None:
+                        on_result(item)
+                    events = writer.finish(item)
+                else:
+                    continue
+                for event in events:
+                    yield encode(event)
+    except GatewayError as exc:
+        for event in writer.error(exc):
+            yield encode(event)
+        return
+    if tail:
+        yield tail
+
+
+def stream_response(frames: AsyncIterator[bytes]) -> StreamingResponse:
+    """A ``text/event-stream`` answer that sends ``frames`` as they come."""
     return StreamingResponse(
-        frames(),
+        frames,
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )

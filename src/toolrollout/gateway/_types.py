@@ -18,12 +18,19 @@ __all__ = [
     "ChatResult",
     "GatewayError",
     "GatewayErrorKind",
+    "StreamDelta",
+    "StreamStart",
     "ToolCallOut",
 ]
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 GatewayErrorKind = Literal[
-    "invalid_request", "context_length_exceeded", "overloaded", "timeout", "engine_error"
+    "invalid_request",
+    "context_length_exceeded",
+    "overloaded",
+    "timeout",
+    "engine_error",
+    "tool_choice_unmet",
 ]
 
 
@@ -87,12 +94,34 @@ class ChatResult:
     cached_tokens: int = 0
 
 
+@dataclass(frozen=True)
+class StreamStart:
+    """The first item of :meth:`Gateway.stream`: the answer is being generated (its first
+    tokens are decoded); errors before it are the request's, errors after it the stream's."""
+
+    id: str
+    model: str
+    created: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class StreamDelta:
+    """A piece of a turn's reasoning or content, sent before the turn is finished. The
+    deltas of a stream add up to the final :class:`ChatChoice`'s ``reasoning`` and
+    ``content``."""
+
+    kind: Literal["reasoning", "content"]
+    text: str
+
+
 class GatewayError(Exception):
     """A request the gateway answers with an error in the API's own shape.
 
     ``kind`` is API-neutral; each API layer maps it to its status code and error body
     (for OpenAI, ``context_length_exceeded`` is a 400 with that ``code``; for Anthropic an
-    ``invalid_request_error``; ``overloaded`` is 429/529, ``timeout`` 504 / 408).
+    ``invalid_request_error``; ``overloaded`` is 429/529, ``timeout`` 504 / 408;
+    ``tool_choice_unmet``, a forced tool call the model did not complete, a 500).
     """
 
     def __init__(self, kind: GatewayErrorKind, message: str, *, status: int) -> None:

@@ -120,6 +120,10 @@ class ToolCallParser(ABC):
 
     name: ClassVar[str] = ""
     """Registry name of the format."""
+    call_markers: ClassVar[tuple[str, ...] | None] = None
+    """Strings that may begin a tool call in this format, wherever they appear. A streaming
+    caller may show the text before the first one as content while the turn is still being
+    generated; None (unknown) means it must hold all text until the turn is parsed."""
     splits_think_tags: ClassVar[bool] = True
     """Whether :meth:`parse` splits off a ``<think>`` block as the reasoning. False for
     formats that mark reasoning themselves (harmony's analysis channel): their
@@ -164,6 +168,14 @@ class ToolCallParser(ABC):
                 call.name for call in parsed.tool_calls if call.name not in self._known_tools
             )
         return replace(parsed, reasoning=reasoning, unknown_tools=unknown)
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        """The text a call of this format starts with, to make a turn a call by forcing
+        it into the generation (``tool_choice``): the opener, and with ``name`` the call's
+        head up to where its arguments begin, when the format has a fixed one. None: the
+        format has no fixed opener (for ``name``: none that names the tool)."""
+        del name
+        return None
 
     @abstractmethod
     def parse_body(self, text: str) -> ParsedTurn:

@@ -8,6 +8,7 @@ call is an error rather than accepted (an RL reward should not depend on lenient
 
 from __future__ import annotations
 
+import json
 import re
 
 from ._base import (
@@ -42,6 +43,12 @@ class HermesParser(ToolCallParser):
     name = "hermes"
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
+    call_markers = ("<tool_call>",)
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        if name is None:
+            return "<tool_call>\n"
+        return f'<tool_call>\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Collect every tagged call; text outside the tags is content."""
@@ -83,6 +90,12 @@ class Llama3JsonParser(ToolCallParser):
     name = "llama3"
     tag = "<|python_tag|>"
     separator = ";"
+    call_markers = ("<|python_tag|>", "{", "[")
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        if name is None:
+            return '{"name": "'
+        return f'{{"name": {json.dumps(name, ensure_ascii=False)}, "parameters": '
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Decode the call sequence after the tag (or at the start of the turn)."""
@@ -144,6 +157,7 @@ class MistralParser(ToolCallParser):
 
     name = "mistral"
     marker = "[TOOL_CALLS]"
+    call_markers = ("[TOOL_CALLS]",)
     args_marker = "[ARGS]"
     id_marker = "[CALL_ID]"
 
@@ -167,6 +181,9 @@ class MistralParser(ToolCallParser):
             segments.append(text[end:] if following == -1 else text[end:following])
             position = following
         return collector.turn(join_content(segments))
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        return self.marker if name is None else None  # the call's form varies by version
 
     def _parse_json_section(self, text: str, index: int, collector: CallCollector) -> int | None:
         value, end, error = raw_decode(text, index)
@@ -253,9 +270,18 @@ class DeepSeekV3Parser(ToolCallParser):
     call_open = "<｜tool▁call▁begin｜>"
     call_close = "<｜tool▁call▁end｜>"
     separator = "<｜tool▁sep｜>"
+    call_markers = (section_open, call_open)
+
     fenced = True
 
     _FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\n?(.*?)\n?```\s*\Z", re.DOTALL)
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        opener = self.section_open + self.call_open
+        return opener if name is None else f"{opener}{self._named_head(name)}"
+
+    def _named_head(self, name: str) -> str:
+        return f"function{self.separator}{name}\n```json\n"
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Parse every call between the section markers."""
@@ -316,3 +342,6 @@ class DeepSeekV31Parser(DeepSeekV3Parser):
 
     name = "deepseekv31"
     fenced = False
+
+    def _named_head(self, name: str) -> str:
+        return f"{name}{self.separator}"

@@ -46,8 +46,12 @@ class Glm45Parser(ToolCallParser):
     name = "glm45"
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
+    call_markers = ("<tool_call>",)
     key_open, key_close = "<arg_key>", "</arg_key>"
     value_open, value_close = "<arg_value>", "</arg_value>"
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        return self.open_tag if name is None else f"{self.open_tag}{name}\n"
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Collect every ``<tool_call>`` block; text outside them is content."""

@@ -37,6 +37,10 @@ class PythonicParser(ToolCallParser):
     """
 
     name = "pythonic"
+    call_markers = ("[", "<|python_start|>")
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        return "[" if name is None else f"[{name}("
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Find the first call list and convert its calls."""

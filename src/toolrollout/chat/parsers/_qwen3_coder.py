@@ -68,6 +68,10 @@ class Qwen3CoderParser(ToolCallParser):
     """
 
     name = "qwen3_coder"
+    call_markers = ("<tool_call>", "<function=")
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        return "<tool_call>\n" if name is None else f"<tool_call>\n<function={name}>\n"
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Collect every call block; text outside them is content."""

@@ -8,6 +8,7 @@ happens on the scheduler thread (see :mod:`._scheduler`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import os
@@ -15,7 +16,7 @@ import random
 import secrets
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -40,7 +41,7 @@ from toolrollout.engines._control import (
     ServerWeightUpdate,
     WeightUpdate,
 )
-from toolrollout.engines._types import GenerateRequest, GenerateResult
+from toolrollout.engines._types import GenerateRequest, GenerateResult, StreamChunk
 from toolrollout.engines.embedded._model import LoadedModel, ModelMeta, load_meta, load_model
 from toolrollout.engines.embedded._output import EmbeddedOutput
 from toolrollout.engines.embedded._sampling import GenerationOptions, resolve_sampling
@@ -255,19 +256,29 @@ class EmbeddedEngine(Engine):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Generate one sample; the text keeps the matched stop string/token."""
         out = await self.generate_full(request, GenerationOptions(no_stop_trim=True))
-        assert out.finish_reason is not None  # generate_full returns finished outputs only
-        return GenerateResult(
-            rid=out.rid,
-            output_ids=out.output_ids,
-            output_logprobs=out.output_logprobs if request.return_logprob else None,
-            finish_reason=out.finish_reason,
-            prompt_tokens=out.prompt_tokens,
-            completion_tokens=out.completion_tokens,
-            cached_tokens=out.cached_tokens,
-            weight_version=out.weight_version,
-            text=out.text,
-            e2e_latency=out.e2e_latency,
-        )
+        return _result(out, request)
+
+    async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
+        """The engine seam's token stream: a cumulative chunk after every decode step; the
+        last one carries the result :meth:`generate` returns for the same request."""
+        before = 0
+        async with contextlib.aclosing(
+            self.stream(request, GenerationOptions(no_stop_trim=True))
+        ) as snapshots:
+            async for out in snapshots:
+                if out.finished:
+                    yield StreamChunk.final(_result(out, request), before=before)
+                    return
+                if len(out.output_ids) == before:
+                    continue
+                yield StreamChunk(
+                    rid=out.rid,
+                    output_ids=out.output_ids,
+                    output_logprobs=out.output_logprobs if request.return_logprob else None,
+                    new_ids=out.output_ids[before:],
+                    text=out.text,
+                )
+                before = len(out.output_ids)
 
     async def generate_full(
         self, request: GenerateRequest, options: GenerationOptions | None = None
@@ -294,7 +305,7 @@ class EmbeddedEngine(Engine):
 
     async def stream(
         self, request: GenerateRequest, options: GenerationOptions | None = None
-    ) -> AsyncIterator[EmbeddedOutput]:
+    ) -> AsyncGenerator[EmbeddedOutput, None]:
         """Yield a cumulative snapshot after every step; the last one is finished.
 
         Leaving the iteration early aborts the request in the engine.
@@ -753,3 +764,20 @@ def _copy_weights(plan: _CopyPlan, model: LoadedModel) -> None:
     with torch.no_grad():
         for target, value in plan:
             target.copy_(value.detach())
+
+
+def _result(out: EmbeddedOutput, request: GenerateRequest) -> GenerateResult:
+    """A finished output as the seam's :class:`GenerateResult`."""
+    assert out.finish_reason is not None  # only finished outputs are results
+    return GenerateResult(
+        rid=out.rid,
+        output_ids=out.output_ids,
+        output_logprobs=out.output_logprobs if request.return_logprob else None,
+        finish_reason=out.finish_reason,
+        prompt_tokens=out.prompt_tokens,
+        completion_tokens=out.completion_tokens,
+        cached_tokens=out.cached_tokens,
+        weight_version=out.weight_version,
+        text=out.text,
+        e2e_latency=out.e2e_latency,
+    )

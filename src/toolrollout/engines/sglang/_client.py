@@ -43,7 +43,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,7 +259,7 @@ class SGLangClient(_ControlPlane, Engine):
                 server_url=url,
             )
 
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamChunk]:
+    async def stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
         """Stream one sample as cumulative :class:`StreamChunk` s; the last has ``.result``.
 
         Opening the stream is retried like any call; once chunks flow, a broken
@@ -309,6 +309,11 @@ class SGLangClient(_ControlPlane, Engine):
             finally:
                 await response.aclose()
                 self._router.release(url, failed=failed)
+
+    def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
+        """The engine seam's token stream: :meth:`stream` (SGLang's ``/generate`` with
+        ``stream: true``); the final chunk's result is what :meth:`generate` returns."""
+        return self.stream(request)
 
     async def abort(self, rid: str) -> None:
         """Abort a running request on the server that holds it (unknown rids are ignored).
