@@ -161,7 +161,7 @@ _INTS: list[int] = []
 """One int object per token id seen so far, shared by every request's id tuple."""
 
 
-def id_tuple(ids: array[int]) -> tuple[int, ...]:
+def id_tuple(ids: Sequence[int]) -> tuple[int, ...]:
     """``tuple(ids)`` whose items are shared int objects, not fresh ones.
 
     A request holds its whole conversation as a tuple while it waits for the engine; with
