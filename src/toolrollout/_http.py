@@ -175,19 +175,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         *,
         content: bytes | None,
         headers: Sequence[tuple[str, str]],
-        timeout: httpx.Timeout,
-    ) -> tuple[int, bytes] | None:
-        """One request, answered by its status and decoded body; ``None`` outside asyncio.
+        timeouts: httpx.Timeout,
+    ) -> tuple[int, bytes]:
+        """One request on the running asyncio loop, answered by its status and decoded body.
 
         What :meth:`handle_async_request` followed by reading the body does, with the same
         errors, the same headers (the caller passes the httpx client's own) and the same
-        decoding of a compressed answer (by httpx's decoders), minus httpx's objects. The
-        caller falls back to httpx's API on ``None`` (another event loop).
+        decoding of a compressed answer (by httpx's decoders), minus httpx's objects. Only
+        under asyncio (the caller checks; under trio it uses httpx's API).
         """
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # trio: no asyncio loop in this thread
-            return None
+        loop = asyncio.get_running_loop()
         session = self._session_for(loop)
         try:
             async with session.request(
@@ -199,9 +196,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 compress=False,
                 timeout=aiohttp.ClientTimeout(
                     total=None,
-                    connect=timeout.pool,
-                    sock_connect=timeout.connect,
-                    sock_read=timeout.read,
+                    connect=timeouts.pool,
+                    sock_connect=timeouts.connect,
+                    sock_read=timeouts.read,
                 ),
             ) as response:
                 body = await response.read()

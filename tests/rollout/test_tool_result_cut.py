@@ -37,11 +37,12 @@ def _texts() -> list[str]:
         " \n\t",
         string.printable,
     ]
-    texts = []
-    for alphabet in alphabets:
-        for length in (1, 2, LIMIT // 4, LIMIT // 2 - 1, LIMIT // 2, LIMIT, 2 * LIMIT, 6 * LIMIT):
-            texts.append("".join(rng.choice(alphabet) for _ in range(length)))
-    return texts
+    lengths = (1, 2, LIMIT // 4, LIMIT // 2 - 1, LIMIT // 2, LIMIT, 2 * LIMIT, 6 * LIMIT)
+    return [
+        "".join(rng.choice(alphabet) for _ in range(length))
+        for alphabet in alphabets
+        for length in lengths
+    ]
 
 
 @pytest.mark.parametrize("side", ["left", "right", "middle"])

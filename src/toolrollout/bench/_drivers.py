@@ -339,9 +339,7 @@ async def _run_aiohttp(spec: DriverSpec, workload: Workload, tokenizer: Any) -> 
     return await _run_httpx(spec, workload, tokenizer, fast=True)
 
 
-async def _run_aiohttp_tool(
-    spec: DriverSpec, workload: Workload, tokenizer: Any
-) -> dict[str, Any]:
+async def _run_aiohttp_tool(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
     return await _run_httpx(spec, workload, tokenizer, fast=True, with_tool=True)
 
 

@@ -15,15 +15,14 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx
-from yarl import URL
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
     RetryError,
     retry_if_exception,
 )
+from yarl import URL
 
-from ..._http import AiohttpTransport
 from ..._exceptions import (
     EngineConnectionError,
     EngineError,
@@ -33,6 +32,7 @@ from ..._exceptions import (
     EngineUnavailable,
     UserError,
 )
+from ..._http import AiohttpTransport
 from ..._retry import ENGINE_RETRY, RetryPolicy
 from .. import _wire
 from .._routing import Router
@@ -319,7 +319,7 @@ class _Transport:
                     self._raw_url(url, path),
                     content=_wire.encode_json(json_body),
                     headers=headers,
-                    timeout=self._http.timeout,
+                    timeouts=self._http.timeout,
                 )
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
                 raise self._send_failed(exc, url, path, on_connect_failure, True) from exc
