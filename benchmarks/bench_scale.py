@@ -89,6 +89,9 @@ class ScaleConfig:
     lag_interval: float = 0.01
     sample_every: float = 2.0
     seed: int = 0
+    breakdown: bool = False
+    """Trace allocations (tracemalloc) and report, at the sample holding the most tokens in
+    flight, what is held per token by allocation site (slows the run several times)."""
 
 
 def _rss_bytes() -> int:
@@ -287,6 +290,8 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
                 samples.lags.append(max(0.0, after - before - config.lag_interval))
                 samples.own.append(max(0.0, cpu_after - cpu_before - config.lag_interval))
 
+    snapshot: dict[str, Any] = {"live_tokens": 0}
+
     async def sampler(base_rss: int, started: float) -> None:
         while not done.is_set():
             await anyio.sleep(config.sample_every)
@@ -295,6 +300,14 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
                 len(s.transcript.prompt_ids) + s.transcript.response_len
                 for s in list(registry.live.values())
             )
+            if config.breakdown and live > snapshot["live_tokens"] * 1.05:
+                import tracemalloc
+
+                snapshot.update(
+                    live_tokens=live,
+                    held_tokens=live + held_finished[0],
+                    snapshot=tracemalloc.take_snapshot(),
+                )
             samples.ticks.append(
                 {
                     "t": begin - started,
@@ -318,7 +331,13 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
         wall, cpu = time.perf_counter() - started, _cpu_s() - cpu
         return {"base_rss": base_rss, "wall_s": wall, "cpu_s": cpu}
 
+    if config.breakdown:
+        import tracemalloc
+
+        tracemalloc.start(32)
     measured = anyio.run(main)
+    if config.breakdown:
+        tracemalloc.stop()
     rss_end = _rss_bytes() - measured["base_rss"]
     turns = sum(t.num_turns for t in finished)
     peak = max(samples.ticks, key=lambda tick: tick["live_tokens"], default=None)
@@ -361,7 +380,35 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
             "max": 1000 * max(samples.own, default=0.0),
         },
         "ticks": samples.ticks,
+        **({"breakdown": _breakdown(snapshot)} if config.breakdown else {}),
         "machine": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg())},
+    }
+
+
+def _breakdown(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Traced bytes held per token at the snapshot, by the allocating line of toolrollout
+    (the innermost frame in toolrollout's sources; else the innermost one)."""
+    if "snapshot" not in snapshot:
+        return {}
+    held = max(int(snapshot["held_tokens"]), 1)
+    sites: dict[str, int] = {}
+    total = 0
+    for trace in snapshot["snapshot"].traces:
+        frames = list(reversed(trace.traceback))  # most recent call first
+        site = next(
+            (f for f in frames if "toolrollout/" in f.filename),
+            frames[0],
+        )
+        name = site.filename.rsplit("/src/", 1)[-1].rsplit("site-packages/", 1)[-1]
+        key = f"{name}:{site.lineno}"
+        sites[key] = sites.get(key, 0) + trace.size
+        total += trace.size
+    top = sorted(sites.items(), key=lambda item: -item[1])[:25]
+    return {
+        "held_tokens": held,
+        "live_tokens": int(snapshot["live_tokens"]),
+        "traced_bytes_per_held_token": total / held,
+        "by_site_bytes_per_held_token": {key: size / held for key, size in top},
     }
 
 
@@ -383,6 +430,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-drift-check", action="store_true")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
+        "--breakdown", action="store_true", help="bytes per held token by allocation site"
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "scale.json"
     )
     args = parser.parse_args(argv)
@@ -394,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tool_seconds=args.tool_seconds,
         drift_check=not args.no_drift_check,
         seed=args.seed,
+        breakdown=args.breakdown,
     )
     report = run_scale(config)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -174,3 +174,80 @@ async def test_engine_client_sends_over_aiohttp_unless_given_a_transport() -> No
     mock = httpx.MockTransport(lambda request: httpx.Response(200))
     async with SGLangClient("http://127.0.0.1:1", transport=mock) as mocked:
         assert mocked._http._transport is mock
+
+
+def _sglang_answer(body: bytes) -> bytes:
+    rid = json.loads(body)["rid"]
+    meta = {
+        "id": rid,
+        "finish_reason": {"type": "stop", "matched": 6},
+        "prompt_tokens": 3,
+        "completion_tokens": 2,
+        "output_token_logprobs": [[-0.25, 5, None], [-0.5, 6, None]],
+    }
+    return json.dumps({"output_ids": [5, 6], "meta_info": meta}).encode()
+
+
+@pytest.mark.asyncio
+async def test_generate_sends_without_httpx_objects_with_the_clients_headers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hot path (AiohttpTransport.exchange) sends what httpx would: the client's headers,
+    a JSON body; httpx's own send is not used for it."""
+    seen: list[tuple[str, dict[str, str], bytes]] = []
+
+    async def generate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                line, headers, body = await _read_request(reader)
+                seen.append((line, headers, body))
+                writer.write(_answer("200 OK", _sglang_answer(body)))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def no_httpx(*args: object, **kwargs: object) -> httpx.Response:
+        raise AssertionError("generate went through httpx.AsyncClient.send")
+
+    from toolrollout.engines import GenerateRequest
+
+    async with _server(generate) as url:
+        async with SGLangClient(url, api_key="k1", headers={"X-Trace": "t1"}) as client:
+            expected = {k.lower(): v for k, v in client._http.headers.items()}
+            monkeypatch.setattr(httpx.AsyncClient, "send", no_httpx)
+            result = await client.generate(GenerateRequest(input_ids=(1, 2, 3), rid="r1"))
+    assert result.output_ids == (5, 6) and result.output_logprobs == (-0.25, -0.5)
+    line, headers, body = seen[0]
+    assert line == "POST /generate HTTP/1.1"
+    assert headers["authorization"] == "Bearer k1" and headers["x-trace"] == "t1"
+    assert headers["content-type"] == "application/json"
+    for name in ("user-agent", "accept", "accept-encoding"):
+        assert headers[name] == expected[name]
+    assert json.loads(body)["input_ids"] == [1, 2, 3]
+
+
+@pytest.mark.asyncio
+async def test_generate_reads_a_compressed_answer_and_retries_a_dropped_connection() -> None:
+    from toolrollout._retry import RetryPolicy
+    from toolrollout.engines import GenerateRequest
+
+    requests: list[bytes] = []
+
+    async def flaky(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        _, _, body = await _read_request(reader)
+        requests.append(body)
+        if len(requests) == 1:  # the first attempt: dropped after the request arrived
+            writer.close()
+            return
+        answer = gzip.compress(_sglang_answer(body))
+        writer.write(_answer("200 OK", answer, {"content-encoding": "gzip"}))
+        await writer.drain()
+        writer.close()
+
+    retry = RetryPolicy(max_attempts=3, initial_backoff=0.01, max_backoff=0.01, budget_s=None)
+    async with _server(flaky) as url, SGLangClient(url, retry=retry) as client:
+        result = await client.generate(GenerateRequest(input_ids=(1, 2, 3), rid="r2"))
+        stats = client.stats()
+    assert result.output_ids == (5, 6)
+    assert [json.loads(b)["rid"] for b in requests] == ["r2", "r2-retry1"]
+    assert stats.retries == 1 and stats.failures == 0

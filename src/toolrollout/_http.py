@@ -14,12 +14,17 @@ and counts the request as unsent. Here every aiohttp error becomes the httpx err
 says what happened (connect failure, read timeout, dropped connection, bad answer).
 
 Under a non-asyncio event loop (trio) the transport hands requests to httpx's own.
+
+:meth:`AiohttpTransport.exchange` is the engine client's hot path: one request with a body
+in memory, answered by the status and the whole body, without building httpx's request and
+response objects (about a third of a bare POST's CPU through httpx's API, measured in
+``docs/benchmarks.md``). Its errors are the same httpx errors the transport raises.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import aiohttp
 import httpx
@@ -79,6 +84,16 @@ class _AiohttpStream(httpx.AsyncByteStream):
             self._response.release()
         else:
             self._response.close()
+
+
+class _Bytes(httpx.AsyncByteStream):
+    """A body already read, as the stream httpx decodes a compressed answer from."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._body
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -152,6 +167,53 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 "reason_phrase": (response.reason or "").encode(),
             },
         )
+
+    async def exchange(
+        self,
+        method: str,
+        url: URL,
+        *,
+        content: bytes | None,
+        headers: Sequence[tuple[str, str]],
+        timeouts: httpx.Timeout,
+    ) -> tuple[int, bytes]:
+        """One request on the running asyncio loop, answered by its status and decoded body.
+
+        What :meth:`handle_async_request` followed by reading the body does, with the same
+        errors, the same headers (the caller passes the httpx client's own) and the same
+        decoding of a compressed answer (by httpx's decoders), minus httpx's objects. Only
+        under asyncio (the caller checks; under trio it uses httpx's API).
+        """
+        loop = asyncio.get_running_loop()
+        session = self._session_for(loop)
+        try:
+            async with session.request(
+                method,
+                url,
+                headers=headers,
+                data=content,
+                allow_redirects=False,
+                compress=False,
+                timeout=aiohttp.ClientTimeout(
+                    total=None,
+                    connect=timeouts.pool,
+                    sock_connect=timeouts.connect,
+                    sock_read=timeouts.read,
+                ),
+            ) as response:
+                body = await response.read()
+                status = response.status
+                encoding = response.headers.get("Content-Encoding", "")
+                raw_headers = response.raw_headers if encoding else ()
+        except Exception as exc:
+            mapped = _httpx_error(exc, httpx.Request(method, str(url)))
+            if mapped is None:
+                raise
+            raise mapped from exc
+        if encoding and encoding.lower() != "identity":  # as httpx would decode it
+            decoded = httpx.Response(status, headers=list(raw_headers), stream=_Bytes(body))
+            body = await decoded.aread()
+        return status, body
 
     async def aclose(self) -> None:
         session, self._session = self._session, None

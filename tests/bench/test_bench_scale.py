@@ -20,3 +20,22 @@ def test_scale_benchmark_runs_small() -> None:
     assert report["lag_ms"]["samples"] > 0
     assert report["lag_ms"]["p50"] <= report["lag_ms"]["p99"] <= report["lag_ms"]["max"]
     assert report["ticks"] and report["peak_rss_mb"] > 0
+
+
+def test_the_breakdown_names_toolrollouts_allocation_sites() -> None:
+    config = ScaleConfig(
+        trajectories=12,
+        turns=2,
+        tokens=32,
+        turn_seconds=0.2,
+        tool_seconds=0.01,
+        sample_every=0.05,
+        breakdown=True,
+    )
+    report = run_scale(config)
+    breakdown = report["breakdown"]
+    sites = breakdown["by_site_bytes_per_held_token"]
+    assert breakdown["live_tokens"] > 0 and breakdown["traced_bytes_per_held_token"] > 0
+    # The token arrays are allocated in the records module: it is among the named sites.
+    assert any(site.startswith("toolrollout/_records/") for site in sites)
+    assert sum(sites.values()) <= breakdown["traced_bytes_per_held_token"] + 1e-9

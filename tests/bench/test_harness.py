@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 from rich.console import Console
 from typer.testing import CliRunner
@@ -22,6 +23,7 @@ from toolrollout.bench import (
     Workload,
     render_table,
     run_benchmark,
+    serve_benchmark_services,
     write_json,
 )
 from toolrollout.cli import app
@@ -113,3 +115,35 @@ def test_bench_command_user_errors_are_one_line(args: list[str], fragment: str) 
     assert result.exit_code == 2
     assert fragment in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.slow
+def test_bare_post_with_tool_makes_each_turns_tool_call() -> None:
+    """The ``aiohttp+tool`` floor: the bare POSTs plus one tool call per turn but the last."""
+    import anyio
+
+    from toolrollout.bench._drivers import run_driver
+    from toolrollout.bench._model import DriverSpec
+    from toolrollout.demo import DEMO_MODEL_PATH
+
+    workload = Workload(prompts=2, n=2, min_turns=2, max_turns=3, tokens_per_turn=16, seed=5)
+    config = BenchConfig(
+        workload=workload,
+        model=LatencyModel(capacity=4, prefill_per_token_s=1e-5, decode_per_token_s=1e-3),
+        tool_latency=ToolLatency("fixed", median=0.0, seed=5),
+        tokenizer=str(DEMO_MODEL_PATH),
+    )
+    with serve_benchmark_services(config) as (engines, tool_url):
+        spec = DriverSpec(
+            mode="aiohttp+tool",
+            engine_urls=tuple(engines),
+            tool_url=tool_url,
+            workload=workload.to_dict(),
+            tokenizer=config.tokenizer,
+        )
+        result = anyio.run(run_driver, spec)
+        calls = httpx.get(f"{tool_url}/bench/log").json()["calls"]
+    turns = sum(item.turns for item in workload.items)
+    assert result["turns"] == turns and result["completed"] == workload.trajectories
+    keys = sorted(key for item in workload.items for key in item.tool_keys())
+    assert sorted(call["key"] for call in calls) == keys

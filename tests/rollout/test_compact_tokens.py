@@ -99,6 +99,11 @@ def test_transcript_ids_and_request_tuples() -> None:
     assert first == (1, 2, 300_000, 400_000, 5, 6)
     assert all(a is b for a, b in zip(first, second, strict=True))  # shared int objects
     assert id_tuple(array("i", [-1, 2])) == (-1, 2) and id_tuple(array("i")) == ()
+    # A negative id anywhere (even among large ones) is kept as it is, never a table entry.
+    assert id_tuple(array("i", [300_000, 5, -3, 7])) == (300_000, 5, -3, 7)
+    assert id_tuple(array("i", [-(2**31), 2**31 - 1])) == (-(2**31), 2**31 - 1)
+    assert id_tuple([4, -1]) == (4, -1)  # not an array: the same answer
+    assert id_tuple(array("i", [2**31 - 1, 3])) == (2**31 - 1, 3)  # no table of 2**31 ints
 
 
 def test_compact_spans_take_a_fraction_of_the_tuples_bytes() -> None:

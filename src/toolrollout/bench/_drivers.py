@@ -15,6 +15,8 @@
 * ``aiohttp``: the same bare POSTs over the transport toolrollout's clients use
   (``toolrollout._http``), so that what toolrollout adds on top of its own transport can be
   told apart from what the transport saves.
+* ``aiohttp+tool``: those bare POSTs plus each turn's tool call (the benchmark tool's own
+  HTTP request, as toolrollout makes it): the floor of a turn that calls a tool.
 """
 
 from __future__ import annotations
@@ -263,9 +265,15 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
 
 
 async def _run_httpx(
-    spec: DriverSpec, workload: Workload, tokenizer: Any, *, fast: bool = False
+    spec: DriverSpec,
+    workload: Workload,
+    tokenizer: Any,
+    *,
+    fast: bool = False,
+    with_tool: bool = False,
 ) -> dict[str, Any]:
-    """Bare POSTs: the same conversations' ``/generate`` calls, nothing else."""
+    """Bare POSTs: the same conversations' ``/generate`` calls, nothing else (``with_tool``:
+    plus each turn's tool call, as a bare ``LookupClient`` call, except after the last)."""
     import httpx
 
     from toolrollout._http import fast_transport
@@ -283,6 +291,7 @@ async def _run_httpx(
     stats = {"turns": 0, "tokens": 0, "completed": 0}
     limits = DEFAULT_LIMITS  # the engine client's pool settings, for a like-for-like floor
     transport = fast_transport(limits) if fast else None
+    lookup = LookupClient(spec.tool_url)
     async with httpx.AsyncClient(timeout=600.0, limits=limits, transport=transport) as http:
         started = _clock()
 
@@ -302,12 +311,15 @@ async def _run_httpx(
                 stats["turns"] += 1
                 stats["tokens"] += len(out)
                 ids = ids + out + filler
+                if with_tool and turn < item_turns - 1:
+                    await lookup.lookup(workload.items[i].tool_keys()[turn])
             stats["completed"] += 1
 
         async with anyio.create_task_group() as tg:
             for i, item in enumerate(workload.items):
                 tg.start_soon(one, i, item.turns)
         measured = _since(started)
+    await lookup.aclose()
     return {
         "trajectories": workload.trajectories,
         "completed": stats["completed"],
@@ -317,13 +329,18 @@ async def _run_httpx(
         "note": (
             "bare httpx POST /generate per turn over "
             + ("toolrollout's aiohttp transport" if fast else "httpx's own transport")
-            + "; no tools, no tokenization"
+            + ("; a bare tool call per turn" if with_tool else "; no tools")
+            + ", no tokenization"
         ),
     }
 
 
 async def _run_aiohttp(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
     return await _run_httpx(spec, workload, tokenizer, fast=True)
+
+
+async def _run_aiohttp_tool(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    return await _run_httpx(spec, workload, tokenizer, fast=True, with_tool=True)
 
 
 async def _run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
@@ -338,6 +355,7 @@ _DRIVERS = {
     "lockstep": _run_lockstep,
     "httpx": _run_httpx,
     "aiohttp": _run_aiohttp,
+    "aiohttp+tool": _run_aiohttp_tool,
     "verifiers": _run_verifiers,
 }
 

@@ -150,14 +150,9 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
         if per_turn <= 0:
             state.finish(TrajectoryStatus.TRUNCATED, "length")
             return None
-    input_ids = transcript.ids()
-    if services.vision is not None and state.vision.urls:
-        # One <|image_pad|> per image on the wire: every SGLang version expands that form
-        # itself (see docs/multimodal.md); the transcript keeps the expanded ids.
-        input_ids = array("i", services.vision.collapse(input_ids))
     rid = f"{state.uid}-t{state.num_turns}-{uuid.uuid4().hex[:8]}"
     request = GenerateRequest(
-        input_ids=id_tuple(input_ids),
+        input_ids=_request_ids(state),
         sampling=_sampling(sampling, min(per_turn, remaining), _seed_for(state)),
         rid=rid,
         session_id=state.uid,
@@ -181,6 +176,18 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
                 stop.inflight.pop(rid, None)
     state.timing.generation_seconds += time.perf_counter() - started
     return result
+
+
+def _request_ids(state: TrajectoryState) -> tuple[int, ...]:
+    """The ids a request carries, as shared ints (the array copy dies here, not held for
+    the length of the request: 4 bytes a token of every trajectory in flight)."""
+    input_ids = state.transcript.ids()
+    vision = state.services.vision
+    if vision is not None and state.vision.urls:
+        # One <|image_pad|> per image on the wire: every SGLang version expands that form
+        # itself (see docs/multimodal.md); the transcript keeps the expanded ids.
+        input_ids = array("i", vision.collapse(input_ids))
+    return id_tuple(input_ids)
 
 
 def _seed_for(state: TrajectoryState) -> int | None:

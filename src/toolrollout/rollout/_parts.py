@@ -7,6 +7,7 @@ rules that change them) so environment code can import them without the state's 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from array import array
 from collections.abc import Mapping, Sequence
@@ -161,7 +162,7 @@ _INTS: list[int] = []
 """One int object per token id seen so far, shared by every request's id tuple."""
 
 
-def id_tuple(ids: array[int]) -> tuple[int, ...]:
+def id_tuple(ids: Sequence[int]) -> tuple[int, ...]:
     """``tuple(ids)`` whose items are shared int objects, not fresh ones.
 
     A request holds its whole conversation as a tuple while it waits for the engine; with
@@ -170,12 +171,35 @@ def id_tuple(ids: array[int]) -> tuple[int, ...]:
     """
     if not ids:
         return ()
-    top = max(ids)
-    if min(ids) < 0:  # not a token id; nothing to share
+    if not _all_non_negative(ids):  # not token ids (a negative index would wrap): no sharing
         return tuple(ids)
-    if top >= len(_INTS):
+    try:
+        return tuple(map(_INTS.__getitem__, ids))
+    except IndexError:  # an id past the table: grow it to the largest, once
+        top = max(ids)
+        if top >= _LARGEST_VOCABULARY:  # not a token id: no table that large
+            return tuple(ids)
         _INTS.extend(range(len(_INTS), top + 1))
-    return tuple(map(_INTS.__getitem__, ids))
+        return tuple(map(_INTS.__getitem__, ids))
+
+
+_LARGEST_VOCABULARY = 1 << 22
+"""Ids past this (4 M; the largest vocabularies have about 260 k) are not shared."""
+
+
+_HIGH_BYTE = slice(3, None, 4) if sys.byteorder == "little" else slice(0, None, 4)
+
+
+def _all_non_negative(ids: Sequence[int]) -> bool:
+    """Whether no id is negative; for an ``array('i')`` without a Python int per id.
+
+    The sign of an int32 is the top bit of its most significant byte: none is set when
+    those bytes, taken together, are ASCII (a C scan of a quarter of the array's bytes,
+    against two passes of ``min``/``max`` that make an int object per id).
+    """
+    if isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == 4:
+        return ids.tobytes()[_HIGH_BYTE].isascii()
+    return min(ids) >= 0
 
 
 @dataclass(slots=True)

@@ -53,6 +53,7 @@ from ._parts import (
     Timing,
     ToolLedger,
     Transcript,
+    id_tuple,
 )
 from ._vision_turn import ImageLedger, record_images
 
@@ -306,7 +307,7 @@ class TrajectoryState:
             group_id=self.group_id,
             prompt_index=self.prompt_index,
             sample_index=self.sample_index,
-            prompt_ids=tuple(t.prompt_ids),
+            prompt_ids=id_tuple(t.prompt_ids),  # shared ints: 8 bytes a token, not 36
             spans=tuple(t.spans),
             messages=_public_messages(self.services.chat.presented_messages(t.messages)),
             status=self.status,

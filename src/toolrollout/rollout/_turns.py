@@ -93,6 +93,13 @@ def _cut_text(services: RolloutServices, text: str) -> str:
     """Bound one tool result to ``max_tool_response_tokens`` on the configured side."""
     config = services.config
     limit = config.max_tool_response_tokens
+    if text.isascii() and 2 * len(text) + 2 <= limit:
+        # Provably within the limit without tokenizing it: on ASCII text a tokenizer makes
+        # at most one token a character plus a prefix (byte-level BPE: at most one a byte;
+        # SentencePiece: a dummy-prefix piece more; ASCII does not grow under NFC/NFKC), so
+        # twice that is a safe margin. Most tool results are short; the delta tokenizes
+        # them anyway.
+        return text
     ids = services.chat.encode(text)
     if len(ids) <= limit:
         return text

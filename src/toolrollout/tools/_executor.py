@@ -284,6 +284,8 @@ class ToolExecutor:
         of the caller propagates, and it cancels every call of the turn.
         """
         ctx = context if context is not None else ToolContext()
+        if len(calls) == 1:  # the common turn: no task group to run one call in
+            return [await self.run_call(calls[0], ctx)]
         results: list[ToolResult | None] = [None] * len(calls)
 
         async def run_one(index: int, call: ToolCallRequest) -> None:
@@ -388,6 +390,16 @@ class ToolExecutor:
         state: _CallState,
     ) -> ToolResult:
         policy = runtime.tool.limits.retry
+        # The first attempt runs outside tenacity (most calls succeed at once, and building
+        # the retry machinery costs more CPU than the rest of the executor); a failure it
+        # would retry becomes tenacity's own first attempt, so the retries are the same.
+        state.attempts += 1
+        try:
+            return await self._attempt(runtime, arguments, context)
+        except Exception as exc:
+            if policy.max_attempts <= 1 or not _should_retry(policy, exc):
+                raise
+            first_failure: Exception | None = exc
         retrying = AsyncRetrying(
             stop=stop_after_attempt(policy.max_attempts),
             wait=lambda retry_state: policy.backoff(retry_state.attempt_number),
@@ -397,10 +409,13 @@ class ToolExecutor:
         )
         async for attempt in retrying:
             with attempt:
-                if state.attempts:  # a retry: not if the breaker opened meanwhile
-                    if runtime.breaker is not None and state.permit is not None:
-                        runtime.breaker.check(state.permit)
-                    runtime.retries += 1
+                if first_failure is not None:
+                    failed, first_failure = first_failure, None
+                    raise failed
+                # a retry: not if the breaker opened meanwhile
+                if runtime.breaker is not None and state.permit is not None:
+                    runtime.breaker.check(state.permit)
+                runtime.retries += 1
                 state.attempts += 1
                 return await self._attempt(runtime, arguments, context)
         raise AssertionError("unreachable: tenacity either returns or re-raises")

@@ -49,6 +49,7 @@ from typing import Any
 
 import anyio
 import httpx
+from yarl import URL
 
 from ..._exceptions import (
     EngineConnectionError,
@@ -56,7 +57,7 @@ from ..._exceptions import (
     EngineRequestRejected,
     UserError,
 )
-from ..._http import fast_transport
+from ..._http import AiohttpTransport
 from .. import _wire
 from .._base import Engine
 from .._routing import Router, ServerStats
@@ -161,14 +162,19 @@ class SGLangClient(_ControlPlane, Engine):
         all_headers = dict(headers or {})
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
+        # The default transport also serves generate's hot path without httpx's objects
+        # (_request_bytes); a transport passed in is always used through httpx's API.
+        self._raw = AiohttpTransport(limits=limits) if transport is None else None
+        self._raw_headers: list[tuple[str, str]] | None = None
         self._http = httpx.AsyncClient(
             timeout=timeout,
             limits=limits,
             headers=all_headers,
-            transport=transport if transport is not None else fast_transport(limits),
+            transport=transport if transport is not None else self._raw,
         )
         self._inflight: dict[str, _InFlight] = {}
         self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self._raw_urls: dict[tuple[str, str], URL] = {}
         self._total = 0
         self._active = 0
         self._retries = 0
@@ -476,10 +482,10 @@ class SGLangClient(_ControlPlane, Engine):
             nonlocal number
             number += 1
             url = self._attempt_target(session_id, entries, avoid, number)
-            response = await self._request_once(
-                url, "POST", "/generate", json_body=body(), on_connect_failure=reroute
+            content = await self._request_bytes(
+                url, "/generate", body(), on_connect_failure=reroute
             )
-            return _wire.parse_json(response.content, what=f"{what} on {url}"), url
+            return _wire.parse_json(content, what=f"{what} on {url}"), url
 
         return await self._retrying(what, attempt, give_up=lambda: any(e.aborted for e in entries))
 

@@ -8,6 +8,7 @@ it (:meth:`_Transport._retrying`, bounded by :class:`RetryPolicy`). Both the dat
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from tenacity import (
     RetryError,
     retry_if_exception,
 )
+from yarl import URL
 
 from ..._exceptions import (
     EngineConnectionError,
@@ -30,6 +32,7 @@ from ..._exceptions import (
     EngineUnavailable,
     UserError,
 )
+from ..._http import AiohttpTransport
 from ..._retry import ENGINE_RETRY, RetryPolicy
 from .. import _wire
 from .._routing import Router
@@ -145,8 +148,12 @@ class _Transport:
 
     _router: Router
     _http: httpx.AsyncClient
+    _raw: AiohttpTransport | None
+    """The default transport, for :meth:`_request_bytes` (None: a transport was passed)."""
+    _raw_headers: list[tuple[str, str]] | None
     _retry: RetryPolicy
     _urls: dict[tuple[str, str], httpx.URL]
+    _raw_urls: dict[tuple[str, str], URL]
     _retries: int
     _closed: bool
 
@@ -198,6 +205,23 @@ class _Transport:
                 budget.left(),
             )
 
+        # The first attempt runs outside tenacity (most calls need no retry, and building
+        # the retry machinery is a measurable share of a turn's CPU); a failure it would
+        # retry is handed to tenacity as that machinery's own first attempt.
+        try:
+            return await attempt()
+        except Exception as exc:
+            if not should_retry(exc):
+                raise
+            first_failure: Exception | None = exc
+
+        async def attempts() -> T:
+            nonlocal first_failure
+            if first_failure is not None:
+                failed, first_failure = first_failure, None
+                raise failed
+            return await attempt()
+
         budget = _Budget(policy)
         retrying = AsyncRetrying(
             stop=budget.spent,
@@ -210,7 +234,7 @@ class _Transport:
         try:
             async for attempt_manager in retrying:
                 with attempt_manager:
-                    return await attempt()
+                    return await attempts()
         except RetryError as err:
             last = err.last_attempt.exception()
             raise EngineUnavailable(
@@ -245,19 +269,12 @@ class _Transport:
                 request = self._http.build_request(method, self._url(url, path), **_body(json_body))
                 response = await self._http.send(request, stream=stream)
             except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                if on_connect_failure is not None and _is_connect_failure(exc):
-                    on_connect_failure(url)
-                if account and not isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
-                    self._router.note_fault(url)
-                raise _translate(exc, url=url + path) from exc
+                raise self._send_failed(exc, url, path, on_connect_failure, account) from exc
             if not response.is_success:
                 content = await _read_body(response) if stream else response.content
                 if stream:
                     await response.aclose()
-                if account:
-                    self._note_status(url, response.status_code)
-                message = _wire.error_message(content, response.status_code)
-                raise _wire.error_from_status(response.status_code, message, url=url + path)
+                raise self._status_failed(url, path, response.status_code, content, account)
             if account:
                 self._router.note_ok(url)
             failed = False
@@ -266,6 +283,77 @@ class _Transport:
         finally:
             if account and not keep_open:
                 self._router.release(url, failed=failed)
+
+    async def _request_bytes(
+        self,
+        url: str,
+        path: str,
+        json_body: Any,
+        *,
+        on_connect_failure: Callable[[str], None] | None = None,
+    ) -> bytes:
+        """One POST answered by its whole body: :meth:`_request_once` without httpx's objects.
+
+        The generate hot path. Over the default transport (aiohttp, on asyncio) the request
+        goes out through :meth:`AiohttpTransport.exchange` with the httpx client's headers
+        and timeouts; the accounting, the errors and their translation are
+        :meth:`_request_once`'s. Any other transport (a test's ``MockTransport``) or event
+        loop takes :meth:`_request_once` itself.
+        """
+        raw = self._raw
+        if raw is None or not _on_asyncio():
+            response = await self._request_once(
+                url, "POST", path, json_body=json_body, on_connect_failure=on_connect_failure
+            )
+            return response.content
+        headers = self._raw_headers
+        if headers is None:
+            headers = [*self._http.headers.multi_items(), *_JSON_HEADERS.items()]
+            self._raw_headers = headers
+        self._router.acquire(url)
+        failed = True
+        try:
+            try:
+                status, content = await raw.exchange(
+                    "POST",
+                    self._raw_url(url, path),
+                    content=_wire.encode_json(json_body),
+                    headers=headers,
+                    timeouts=self._http.timeout,
+                )
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                raise self._send_failed(exc, url, path, on_connect_failure, True) from exc
+            if not 200 <= status < 300:
+                raise self._status_failed(url, path, status, content, True)
+            self._router.note_ok(url)
+            failed = False
+            return content
+        finally:
+            self._router.release(url, failed=failed)
+
+    def _send_failed(
+        self,
+        exc: Exception,
+        url: str,
+        path: str,
+        on_connect_failure: Callable[[str], None] | None,
+        account: bool,
+    ) -> EngineError:
+        """What a request that got no answer raises, with the router told."""
+        if on_connect_failure is not None and _is_connect_failure(exc):
+            on_connect_failure(url)
+        if account and not isinstance(exc, httpx.InvalidURL | httpx.UnsupportedProtocol):
+            self._router.note_fault(url)
+        return _translate(exc, url=url + path)
+
+    def _status_failed(
+        self, url: str, path: str, status: int, content: bytes, account: bool
+    ) -> EngineError:
+        """What an error status raises, with the router told."""
+        if account:
+            self._note_status(url, status)
+        message = _wire.error_message(content, status)
+        return _wire.error_from_status(status, message, url=url + path)
 
     def _note_status(self, url: str, status: int) -> None:
         """Failover's view of an error status: 5xx is a server fault; 429 is a busy but
@@ -284,3 +372,21 @@ class _Transport:
                 self._urls.clear()
             url = self._urls[key] = httpx.URL(base + path)
         return url
+
+    def _raw_url(self, base: str, path: str) -> URL:
+        """``base + path`` as aiohttp's URL, parsed once (as :meth:`_url`)."""
+        key = (base, path)
+        url = self._raw_urls.get(key)
+        if url is None:
+            if len(self._raw_urls) >= 4096:
+                self._raw_urls.clear()
+            url = self._raw_urls[key] = URL(str(self._url(base, path)), encoded=True)
+        return url
+
+
+def _on_asyncio() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # trio (httpx's own transport serves it)
+        return False
+    return True
