@@ -92,6 +92,23 @@ Script = (
 """A list (or any iterable) of answers consumed in order, or a function of the request."""
 
 
+def _within_budget(
+    output: ScriptedOutput, request: GenerateRequest
+) -> tuple[list[int], list[float], FinishReason]:
+    """The scripted ids and logprobs cut to the request's ``max_new_tokens`` (then finished
+    by length, as a server does), and the finish reason the script left open."""
+    ids = list(output.output_ids)
+    logprobs = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
+    finish = output.finish_reason
+    limit = request.sampling.max_new_tokens
+    if len(ids) > limit:
+        ids, logprobs = ids[:limit], logprobs[:limit]
+        finish = FinishReason(type="length", length=limit)
+    if finish is None:
+        finish = FinishReason(type="stop", matched=ids[-1] if ids else None)
+    return ids, logprobs, finish
+
+
 @dataclass(slots=True)
 class _Pending:
     cancel: anyio.Event = field(default_factory=anyio.Event)
@@ -161,15 +178,7 @@ class ScriptedEngine(Engine):
 
     async def _answer(self, request: GenerateRequest, rid: str) -> GenerateResult:
         output = await self._next_output(request)
-        ids = list(output.output_ids)
-        logprobs = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
-        finish = output.finish_reason
-        limit = request.sampling.max_new_tokens
-        if len(ids) > limit:
-            ids, logprobs = ids[:limit], logprobs[:limit]
-            finish = FinishReason(type="length", length=limit)
-        if finish is None:
-            finish = FinishReason(type="stop", matched=ids[-1] if ids else None)
+        ids, logprobs, finish = _within_budget(output, request)
 
         if output.delay > 0 or output.token_delay > 0:
             pending = _Pending()
@@ -232,15 +241,7 @@ class ScriptedEngine(Engine):
         self._pending[rid] = pending
         try:
             output = await self._next_output(request)
-            ids = list(output.output_ids)
-            logprobs = list(output.logprobs) if output.logprobs is not None else [0.0] * len(ids)
-            finish = output.finish_reason
-            limit = request.sampling.max_new_tokens
-            if len(ids) > limit:
-                ids, logprobs = ids[:limit], logprobs[:limit]
-                finish = FinishReason(type="length", length=limit)
-            if finish is None:
-                finish = FinishReason(type="stop", matched=ids[-1] if ids else None)
+            ids, logprobs, finish = _within_budget(output, request)
             if output.delay > 0:
                 with anyio.move_on_after(output.delay):
                     await pending.cancel.wait()

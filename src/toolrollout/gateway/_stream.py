@@ -23,20 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ..chat.parsers._base import END_OF_TURN_STRINGS
 from ._types import StreamDelta
 
 __all__ = ["IncrementalText", "TurnStream"]
 
 _REPLACEMENT = "\ufffd"
-_STOPS = (
-    "<|im_end|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|end_of_text|>",
-    "<|endoftext|>",
-    "</s>",
-    "<｜end▁of▁sentence｜>",
-)
 
 
 class TurnStream:
@@ -58,7 +50,8 @@ class TurnStream:
         self._markers = markers
         self._think = think
         self._thinking = thinking
-        self._holds = tuple(m for m in (*(markers or ()), *(think or ()), *_STOPS, *stops) if m)
+        held = (*(markers or ()), *(think or ()), *END_OF_TURN_STRINGS, *stops)
+        self._holds = tuple(m for m in held if m)
         self.reasoning = ""
         """The reasoning sent so far."""
         self.content = ""

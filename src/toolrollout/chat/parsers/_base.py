@@ -29,7 +29,7 @@ __all__ = [
     "tool_parser_names",
 ]
 
-_STOP_STRINGS = (
+END_OF_TURN_STRINGS = (
     "<|im_end|>",
     "<|eot_id|>",
     "<|eom_id|>",
@@ -38,6 +38,8 @@ _STOP_STRINGS = (
     "</s>",
     "<｜end▁of▁sentence｜>",
 )
+"""End-of-turn markers of the common families: stripped from parsed content, and held back
+by the gateway's streams (a stream must never show one)."""
 _THINK_OPEN = "<think>"
 _THINK_CLOSE = "</think>"
 
@@ -201,7 +203,7 @@ def _parameters_by_name(
 
 
 def _strip_stop(text: str) -> str:
-    for stop in _STOP_STRINGS:
+    for stop in END_OF_TURN_STRINGS:
         if text.endswith(stop):
             return text[: -len(stop)]
     return text
