@@ -86,6 +86,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-completion-length", type=int, default=384)
     p.add_argument("--threads", type=int, default=2, help="torch threads (trainer and engines)")
     p.add_argument("--eval-concurrency", type=int, default=32)
+    p.add_argument("--eval-samples", type=int, default=2,
+                   help="also N samples a problem at --temperature (<2: greedy only)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -161,9 +163,13 @@ def sandbox_config(out_dir: Path) -> Path:
 
 # ----------------------------------------------------------------------------- eval
 def run_eval(
-    args: argparse.Namespace, model: Path, dataset: Path, tools: Path, name: str
+    args: argparse.Namespace, model: Path, dataset: Path, tools: Path, name: str, samples: int = 1
 ) -> dict[str, Any]:
-    """``toolrollout eval`` on the held-out file; returns its metrics and per-problem scores."""
+    """``toolrollout eval`` on the held-out file; returns its metrics and per-problem scores.
+
+    ``samples`` 1: greedy, a problem scores 0 or 1. More: that many samples per problem at
+    the training temperature, a problem scores its fraction of correct samples (pass@1).
+    """
     import polars as pl
 
     out = args.out_dir / name
@@ -174,6 +180,8 @@ def run_eval(
         "--concurrency", str(args.eval_concurrency), "--seed", str(args.seed),
         "--success-threshold", str(SUCCESS),
     ]  # fmt: skip
+    if samples > 1:
+        command += ["--n", str(samples), "--sampled", "--temperature", str(args.temperature)]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
@@ -181,10 +189,15 @@ def run_eval(
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
         raise RuntimeError(f"toolrollout eval ({name}) exited with {done.returncode}")
     rows = pl.read_parquet(out / "trajectories.parquet")
-    scores: dict[int, float] = {}
+    correct: dict[int, list[float]] = {}
     for r in rows.select("prompt_index", "reward").iter_rows(named=True):
         reward = r["reward"]
-        scores[int(r["prompt_index"])] = float(reward is not None and reward >= SUCCESS)
+        correct.setdefault(int(r["prompt_index"]), []).append(
+            float(reward is not None and reward >= SUCCESS)
+        )
+    if any(len(c) != samples for c in correct.values()):
+        raise RuntimeError(f"toolrollout eval ({name}) did not return {samples} samples a problem")
+    scores = {k: statistics.fmean(c) for k, c in correct.items()}
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     tools_row = _tool_stats(rows)
     return {"scores": scores, "seconds": seconds, "metrics": metrics, "tools": tools_row}
@@ -341,47 +354,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, heldout = build_splits(args)
     tools = sandbox_config(args.out_dir)
     print(f"{len(rows)} training prompts (train split), {args.eval_prompts} held-out prompts")
-    before = run_eval(args, DEMO_MODEL_PATH, heldout, tools, "eval_before")
-    print(f"before: accuracy {statistics.fmean(before['scores'].values()):.3f}", flush=True)
+    evals: dict[str, dict[str, Any]] = {}
+
+    def evaluate(model: Path, when: str) -> None:
+        evals[f"greedy_{when}"] = run_eval(args, model, heldout, tools, f"eval_{when}")
+        if args.eval_samples > 1:
+            evals[f"sampled_{when}"] = run_eval(
+                args, model, heldout, tools, f"eval_sampled_{when}", args.eval_samples
+            )
+        print(f"{when}: " + ", ".join(
+            f"{kind} accuracy {statistics.fmean(evals[f'{kind}_{when}']['scores'].values()):.3f}"
+            for kind in ("greedy", "sampled") if f"{kind}_{when}" in evals
+        ), flush=True)  # fmt: skip
+
+    evaluate(DEMO_MODEL_PATH, "before")
     trained = train(args, rows, tools)
     for h in trained["history"]:
         print(
             f"step {int(h['step']):3d}  reward {h['reward']:.3f}  "
             f"zero-std groups {h.get('frac_reward_zero_std', math.nan):.2f}  "
+            f"entropy {h.get('entropy', math.nan):.3f}  "
             f"tool calls {h.get('tools/calls/mean', math.nan):.2f}"
         )
-    after = run_eval(args, args.out_dir / "model", heldout, tools, "eval_after")
-    diff = bootstrap_difference(after["scores"], before["scores"], seed=args.seed)
-    acc = {
-        name: bootstrap_mean(list(run["scores"].values()), seed=args.seed)
-        for name, run in (("before", before), ("after", after))
-    }
+    evaluate(args.out_dir / "model", "after")
+    results: dict[str, dict[str, Any]] = {}
+    for kind in ("greedy", "sampled"):
+        if f"{kind}_before" not in evals:
+            continue
+        before, after = evals[f"{kind}_before"], evals[f"{kind}_after"]
+        diff = bootstrap_difference(after["scores"], before["scores"], seed=args.seed)
+        acc = {
+            when: bootstrap_mean(list(run["scores"].values()), seed=args.seed)
+            for when, run in (("before", before), ("after", after))
+        }
+        results[kind] = {
+            "accuracy": {k: [v.estimate, v.low, v.high] for k, v in acc.items()},
+            "difference": [diff.estimate, diff.low, diff.high, diff.paired],
+            "tools": {"before": before["tools"], "after": after["tools"]},
+            "line": f"accuracy {acc['before'].estimate:.3f} -> {acc['after'].estimate:.3f}, "
+            f"difference 95% CI [{diff.low:.3f}, {diff.high:.3f}]",
+        }
     plot(trained["history"], args.plot or args.out_dir / "reward.png")
     total = time.perf_counter() - started
+    eval_seconds = {name: run["seconds"] for name, run in evals.items()}
     summary = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "accuracy": {k: [v.estimate, v.low, v.high] for k, v in acc.items()},
-        "difference": [diff.estimate, diff.low, diff.high, diff.paired],
-        "tools": {"before": before["tools"], "after": after["tools"]},
+        "greedy": results["greedy"],
+        "sampled": results.get("sampled"),
         "seconds": {
             "total": total,
-            "eval_before": before["seconds"],
             "train": trained["seconds"],
             "rollouts": sum(trained["rollout_seconds"]),
-            "eval_after": after["seconds"],
+            "eval": eval_seconds,
         },
         "history": trained["history"],
         "cpu_count": os.cpu_count(),
     }
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     print(
-        f"wall {total:.0f} s (eval {before['seconds']:.0f} + train {trained['seconds']:.0f} "
-        f"+ eval {after['seconds']:.0f}); summary: {args.out_dir / 'summary.json'}"
+        f"wall {total:.0f} s (train {trained['seconds']:.0f}, "
+        f"evals {sum(eval_seconds.values()):.0f}); summary: {args.out_dir / 'summary.json'}"
     )
-    print(
-        f"held-out accuracy {acc['before'].estimate:.3f} -> {acc['after'].estimate:.3f}, "
-        f"difference 95% CI [{diff.low:.3f}, {diff.high:.3f}]"
-    )
+    if "sampled" in results:
+        print(
+            f"held-out {args.eval_samples} samples a problem at temperature {args.temperature}: "
+            + results["sampled"]["line"]
+        )
+    print("held-out " + results["greedy"]["line"])
     return 0
 
 
