@@ -11,8 +11,10 @@ One command, four stages, all CPU:
    GRPO never sees: the two sets share no program (checked). The held-out file starts with
    the 64 shipped prompts (``prompts_python.jsonl``) and continues with the same
    generator, so ``--eval-prompts`` only changes how many are scored.
-2. **Before.** ``toolrollout eval`` (greedy, the real sandbox tool of
-   ``tool_configs/sandbox.yaml``) scores the shipped demo model on the held-out prompts.
+2. **Before.** ``toolrollout eval`` (the real sandbox tool of ``tool_configs/sandbox.yaml``)
+   scores the shipped demo model on the held-out prompts twice: greedy (a problem scores 0
+   or 1; the headline) and ``--eval-samples`` samples a problem at the training
+   temperature (a problem scores its fraction correct: the policy GRPO optimizes).
 3. **GRPO.** TRL's ``GRPOTrainer`` with toolrollout's ``trl_rollout_func``: each step
    samples ``--group-size`` multi-turn trajectories per prompt from an in-process
    ``EmbeddedEngine``, runs every ``python`` call in the bubblewrap sandbox, and scores
@@ -20,8 +22,8 @@ One command, four stages, all CPU:
    adapter's ``weight_sync="auto"`` loads the trainer's weights into the engine after every
    optimizer step, so every batch is sampled by the policy being trained (each trajectory
    records the step as its ``weight_version``; the script checks it).
-4. **After.** ``toolrollout eval`` again, same prompts and settings, on the trained model;
-   the accuracy difference gets a paired bootstrap interval
+4. **After.** The same evaluations, same prompts, settings and seeds, on the trained
+   model; each accuracy difference gets a paired bootstrap interval
    (``toolrollout.eval.bootstrap_difference``, problems resampled).
 
 Everything measured goes to ``<out-dir>/summary.json``; the reward curve to ``--plot``. The
@@ -71,16 +73,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="training prompts, sampling, init")
     p.add_argument("--out-dir", type=Path, default=Path("grpo_python_out"))
     p.add_argument("--plot", type=Path, default=None, help="reward curve PNG (default: in out-dir)")
-    p.add_argument("--train-prompts", type=int, default=512, help="size of the training set")
-    p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts scored")
-    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--train-prompts", type=int, default=1024, help="size of the training set")
+    p.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts scored")
+    p.add_argument("--prompts-per-step", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8, help="GRPO num_generations")
-    p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--learning-rate", type=float, default=3e-5)
     p.add_argument("--optimizer", default="adamw_torch", help="transformers' optim name")
-    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient to the start")
+    p.add_argument("--beta", type=float, default=0.04, help="KL coefficient to the start")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling")
     p.add_argument("--tool-error-penalty", type=float, default=0.2,
                    help="reward subtracted per failed or malformed tool call")  # fmt: skip
+    p.add_argument("--max-token-entropy", type=float, default=1.0,
+                   help="train only model tokens where the policy's entropy is below this "
+                   "many nats (0: all tokens)")  # fmt: skip
     p.add_argument("--max-turns", type=int, default=3, help="assistant turns per rollout")
     p.add_argument("--max-new-tokens", type=int, default=96, help="tokens per model turn")
     p.add_argument("--max-completion-length", type=int, default=384)
@@ -218,6 +223,31 @@ def _tool_stats(rows: Any) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- train
+def entropy_masked(base: type[Any], max_entropy: float) -> type[Any]:
+    """``base`` (TRL's ``GRPOTrainer``) training only tokens where the policy is confident.
+
+    A sampled trajectory that went wrong early goes on through positions where the tiny
+    model's distribution is nearly flat (entropy above ~1 nat, about 10% of model tokens);
+    the policy gradient there is mostly noise, and a negative advantage flattens those
+    positions further. ``examples/grpo_gradient_check.py`` measures it: masking them raises
+    the agreement between independent batches' gradients from ~0 to ~0.15 (docs/trainers.md).
+    TRL's hook for a per-token mask is ``get_high_entropy_mask`` (its
+    ``top_entropy_quantile`` keeps the *most* uncertain tokens); this keeps the others.
+    """
+    if max_entropy <= 0:
+        return base
+
+    class EntropyMaskedGRPOTrainer(base):  # type: ignore[misc,valid-type]
+        def get_high_entropy_mask(self, entropies: Any, mask: Any, threshold: float) -> Any:
+            kept = (entropies.detach() < max_entropy) & mask.bool()
+            self._metrics["train"]["entropy_mask/kept"].append(
+                float(kept.sum()) / max(float(mask.sum()), 1.0)
+            )
+            return kept
+
+    return EntropyMaskedGRPOTrainer
+
+
 def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path) -> dict[str, Any]:
     """GRPO on the training rows, on-policy through the adapter; saves ``<out>/model``."""
     import torch
@@ -290,8 +320,11 @@ def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path
         seed=args.seed,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        # < 1 makes TRL call get_high_entropy_mask, which entropy_masked() replaces
+        top_entropy_quantile=0.5 if args.max_token_entropy > 0 else 1.0,
     )
-    trainer = GRPOTrainer(
+    trainer_class = entropy_masked(GRPOTrainer, args.max_token_entropy)
+    trainer = trainer_class(
         model=model,
         reward_funcs=[toolrollout_reward],
         args=grpo,
@@ -331,8 +364,10 @@ def plot(history: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("reward (exact_match + tool_error_penalty)")
     twin = ax.twinx()
     twin.plot(steps, zero, color="tab:gray", ls="--", lw=1, label="groups with zero variance")
+    entropy = [h.get("entropy", math.nan) for h in history]
+    twin.plot(steps, entropy, color="tab:red", ls=":", lw=1, label="entropy (nats a token)")
     twin.set_ylim(0, 1)
-    twin.set_ylabel("fraction of groups, zero reward std")
+    twin.set_ylabel("zero-std fraction; entropy")
     lines = ax.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize=8)
