@@ -11,8 +11,10 @@ One command, four stages, all CPU:
    GRPO never sees: the two sets share no program (checked). The held-out file starts with
    the 64 shipped prompts (``prompts_python.jsonl``) and continues with the same
    generator, so ``--eval-prompts`` only changes how many are scored.
-2. **Before.** ``toolrollout eval`` (greedy, the real sandbox tool of
-   ``tool_configs/sandbox.yaml``) scores the shipped demo model on the held-out prompts.
+2. **Before.** ``toolrollout eval`` (the real sandbox tool of ``tool_configs/sandbox.yaml``)
+   scores the shipped demo model on the held-out prompts twice: greedy (a problem scores 0
+   or 1; the headline) and ``--eval-samples`` samples a problem at the training
+   temperature (a problem scores its fraction correct: the policy GRPO optimizes).
 3. **GRPO.** TRL's ``GRPOTrainer`` with toolrollout's ``trl_rollout_func``: each step
    samples ``--group-size`` multi-turn trajectories per prompt from an in-process
    ``EmbeddedEngine``, runs every ``python`` call in the bubblewrap sandbox, and scores
@@ -20,16 +22,17 @@ One command, four stages, all CPU:
    adapter's ``weight_sync="auto"`` loads the trainer's weights into the engine after every
    optimizer step, so every batch is sampled by the policy being trained (each trajectory
    records the step as its ``weight_version``; the script checks it).
-4. **After.** ``toolrollout eval`` again, same prompts and settings, on the trained model;
-   the accuracy difference gets a paired bootstrap interval
+4. **After.** The same evaluations, same prompts, settings and seeds, on the trained
+   model; each accuracy difference gets a paired bootstrap interval
    (``toolrollout.eval.bootstrap_difference``, problems resampled).
 
 Everything measured goes to ``<out-dir>/summary.json``; the reward curve to ``--plot``. The
 last line printed is the result, in a fixed format a rerun can be checked against::
 
-    held-out accuracy 0.594 -> 0.555, difference 95% CI [-0.094, 0.016]
+    held-out accuracy 0.586 -> 0.582, difference 95% CI [-0.027, 0.020]
 
-(that is the measured run of docs/trainers.md: no gain yet; the recipe is still open).
+(that is run 3 of docs/trainers.md, these defaults: no gain yet; the recipe is still open).
+The line before it is the same comparison for the sampled evaluation.
 """
 
 from __future__ import annotations
@@ -71,21 +74,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="training prompts, sampling, init")
     p.add_argument("--out-dir", type=Path, default=Path("grpo_python_out"))
     p.add_argument("--plot", type=Path, default=None, help="reward curve PNG (default: in out-dir)")
-    p.add_argument("--train-prompts", type=int, default=512, help="size of the training set")
-    p.add_argument("--eval-prompts", type=int, default=128, help="held-out prompts scored")
-    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--train-prompts", type=int, default=1024, help="size of the training set")
+    p.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts scored")
+    p.add_argument("--prompts-per-step", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8, help="GRPO num_generations")
-    p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--learning-rate", type=float, default=3e-5)
     p.add_argument("--optimizer", default="adamw_torch", help="transformers' optim name")
-    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient to the start")
+    p.add_argument("--beta", type=float, default=0.04, help="KL coefficient to the start")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling")
     p.add_argument("--tool-error-penalty", type=float, default=0.2,
                    help="reward subtracted per failed or malformed tool call")  # fmt: skip
+    p.add_argument("--max-token-entropy", type=float, default=1.0,
+                   help="train only model tokens where the policy's entropy is below this "
+                   "many nats (0: all tokens)")  # fmt: skip
     p.add_argument("--max-turns", type=int, default=3, help="assistant turns per rollout")
     p.add_argument("--max-new-tokens", type=int, default=96, help="tokens per model turn")
     p.add_argument("--max-completion-length", type=int, default=384)
     p.add_argument("--threads", type=int, default=2, help="torch threads (trainer and engines)")
     p.add_argument("--eval-concurrency", type=int, default=32)
+    p.add_argument("--eval-samples", type=int, default=2,
+                   help="also N samples a problem at --temperature (<2: greedy only)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -161,9 +169,13 @@ def sandbox_config(out_dir: Path) -> Path:
 
 # ----------------------------------------------------------------------------- eval
 def run_eval(
-    args: argparse.Namespace, model: Path, dataset: Path, tools: Path, name: str
+    args: argparse.Namespace, model: Path, dataset: Path, tools: Path, name: str, samples: int = 1
 ) -> dict[str, Any]:
-    """``toolrollout eval`` on the held-out file; returns its metrics and per-problem scores."""
+    """``toolrollout eval`` on the held-out file; returns its metrics and per-problem scores.
+
+    ``samples`` 1: greedy, a problem scores 0 or 1. More: that many samples per problem at
+    the training temperature, a problem scores its fraction of correct samples (pass@1).
+    """
     import polars as pl
 
     out = args.out_dir / name
@@ -174,6 +186,8 @@ def run_eval(
         "--concurrency", str(args.eval_concurrency), "--seed", str(args.seed),
         "--success-threshold", str(SUCCESS),
     ]  # fmt: skip
+    if samples > 1:
+        command += ["--n", str(samples), "--sampled", "--temperature", str(args.temperature)]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
@@ -181,10 +195,15 @@ def run_eval(
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
         raise RuntimeError(f"toolrollout eval ({name}) exited with {done.returncode}")
     rows = pl.read_parquet(out / "trajectories.parquet")
-    scores: dict[int, float] = {}
+    correct: dict[int, list[float]] = {}
     for r in rows.select("prompt_index", "reward").iter_rows(named=True):
         reward = r["reward"]
-        scores[int(r["prompt_index"])] = float(reward is not None and reward >= SUCCESS)
+        correct.setdefault(int(r["prompt_index"]), []).append(
+            float(reward is not None and reward >= SUCCESS)
+        )
+    if any(len(c) != samples for c in correct.values()):
+        raise RuntimeError(f"toolrollout eval ({name}) did not return {samples} samples a problem")
+    scores = {k: statistics.fmean(c) for k, c in correct.items()}
     metrics = json.loads((out / "metrics.json").read_text(encoding="utf-8"))
     tools_row = _tool_stats(rows)
     return {"scores": scores, "seconds": seconds, "metrics": metrics, "tools": tools_row}
@@ -205,6 +224,31 @@ def _tool_stats(rows: Any) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- train
+def entropy_masked(base: type[Any], max_entropy: float) -> type[Any]:
+    """``base`` (TRL's ``GRPOTrainer``) training only tokens where the policy is confident.
+
+    A sampled trajectory that went wrong early goes on through positions where the tiny
+    model's distribution is nearly flat (entropy above ~1 nat, about 10% of model tokens);
+    the policy gradient there is mostly noise, and a negative advantage flattens those
+    positions further. ``examples/grpo_gradient_check.py`` measures it: masking them raises
+    the agreement between independent batches' gradients from ~0 to ~0.15 (docs/trainers.md).
+    TRL's hook for a per-token mask is ``get_high_entropy_mask`` (its
+    ``top_entropy_quantile`` keeps the *most* uncertain tokens); this keeps the others.
+    """
+    if max_entropy <= 0:
+        return base
+
+    class EntropyMaskedGRPOTrainer(base):  # type: ignore[misc,valid-type]
+        def get_high_entropy_mask(self, entropies: Any, mask: Any, threshold: float) -> Any:
+            kept = (entropies.detach() < max_entropy) & mask.bool()
+            self._metrics["train"]["entropy_mask/kept"].append(
+                float(kept.sum()) / max(float(mask.sum()), 1.0)
+            )
+            return kept
+
+    return EntropyMaskedGRPOTrainer
+
+
 def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path) -> dict[str, Any]:
     """GRPO on the training rows, on-policy through the adapter; saves ``<out>/model``."""
     import torch
@@ -277,8 +321,11 @@ def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path
         seed=args.seed,
         dataloader_num_workers=0,
         disable_tqdm=True,
+        # < 1 makes TRL call get_high_entropy_mask, which entropy_masked() replaces
+        top_entropy_quantile=0.5 if args.max_token_entropy > 0 else 1.0,
     )
-    trainer = GRPOTrainer(
+    trainer_class = entropy_masked(GRPOTrainer, args.max_token_entropy)
+    trainer = trainer_class(
         model=model,
         reward_funcs=[toolrollout_reward],
         args=grpo,
@@ -318,8 +365,10 @@ def plot(history: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("reward (exact_match + tool_error_penalty)")
     twin = ax.twinx()
     twin.plot(steps, zero, color="tab:gray", ls="--", lw=1, label="groups with zero variance")
+    entropy = [h.get("entropy", math.nan) for h in history]
+    twin.plot(steps, entropy, color="tab:red", ls=":", lw=1, label="entropy (nats a token)")
     twin.set_ylim(0, 1)
-    twin.set_ylabel("fraction of groups, zero reward std")
+    twin.set_ylabel("zero-std fraction; entropy")
     lines = ax.get_legend_handles_labels()
     more = twin.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], loc="lower right", fontsize=8)
@@ -341,47 +390,73 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, heldout = build_splits(args)
     tools = sandbox_config(args.out_dir)
     print(f"{len(rows)} training prompts (train split), {args.eval_prompts} held-out prompts")
-    before = run_eval(args, DEMO_MODEL_PATH, heldout, tools, "eval_before")
-    print(f"before: accuracy {statistics.fmean(before['scores'].values()):.3f}", flush=True)
+    evals: dict[str, dict[str, Any]] = {}
+
+    def evaluate(model: Path, when: str) -> None:
+        evals[f"greedy_{when}"] = run_eval(args, model, heldout, tools, f"eval_{when}")
+        if args.eval_samples > 1:
+            evals[f"sampled_{when}"] = run_eval(
+                args, model, heldout, tools, f"eval_sampled_{when}", args.eval_samples
+            )
+        print(f"{when}: " + ", ".join(
+            f"{kind} accuracy {statistics.fmean(evals[f'{kind}_{when}']['scores'].values()):.3f}"
+            for kind in ("greedy", "sampled") if f"{kind}_{when}" in evals
+        ), flush=True)  # fmt: skip
+
+    evaluate(DEMO_MODEL_PATH, "before")
     trained = train(args, rows, tools)
     for h in trained["history"]:
         print(
             f"step {int(h['step']):3d}  reward {h['reward']:.3f}  "
             f"zero-std groups {h.get('frac_reward_zero_std', math.nan):.2f}  "
+            f"entropy {h.get('entropy', math.nan):.3f}  "
             f"tool calls {h.get('tools/calls/mean', math.nan):.2f}"
         )
-    after = run_eval(args, args.out_dir / "model", heldout, tools, "eval_after")
-    diff = bootstrap_difference(after["scores"], before["scores"], seed=args.seed)
-    acc = {
-        name: bootstrap_mean(list(run["scores"].values()), seed=args.seed)
-        for name, run in (("before", before), ("after", after))
-    }
+    evaluate(args.out_dir / "model", "after")
+    results: dict[str, dict[str, Any]] = {}
+    for kind in ("greedy", "sampled"):
+        if f"{kind}_before" not in evals:
+            continue
+        before, after = evals[f"{kind}_before"], evals[f"{kind}_after"]
+        diff = bootstrap_difference(after["scores"], before["scores"], seed=args.seed)
+        acc = {
+            when: bootstrap_mean(list(run["scores"].values()), seed=args.seed)
+            for when, run in (("before", before), ("after", after))
+        }
+        results[kind] = {
+            "accuracy": {k: [v.estimate, v.low, v.high] for k, v in acc.items()},
+            "difference": [diff.estimate, diff.low, diff.high, diff.paired],
+            "tools": {"before": before["tools"], "after": after["tools"]},
+            "line": f"accuracy {acc['before'].estimate:.3f} -> {acc['after'].estimate:.3f}, "
+            f"difference 95% CI [{diff.low:.3f}, {diff.high:.3f}]",
+        }
     plot(trained["history"], args.plot or args.out_dir / "reward.png")
     total = time.perf_counter() - started
+    eval_seconds = {name: run["seconds"] for name, run in evals.items()}
     summary = {
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        "accuracy": {k: [v.estimate, v.low, v.high] for k, v in acc.items()},
-        "difference": [diff.estimate, diff.low, diff.high, diff.paired],
-        "tools": {"before": before["tools"], "after": after["tools"]},
+        "greedy": results["greedy"],
+        "sampled": results.get("sampled"),
         "seconds": {
             "total": total,
-            "eval_before": before["seconds"],
             "train": trained["seconds"],
             "rollouts": sum(trained["rollout_seconds"]),
-            "eval_after": after["seconds"],
+            "eval": eval_seconds,
         },
         "history": trained["history"],
         "cpu_count": os.cpu_count(),
     }
     (args.out_dir / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     print(
-        f"wall {total:.0f} s (eval {before['seconds']:.0f} + train {trained['seconds']:.0f} "
-        f"+ eval {after['seconds']:.0f}); summary: {args.out_dir / 'summary.json'}"
+        f"wall {total:.0f} s (train {trained['seconds']:.0f}, "
+        f"evals {sum(eval_seconds.values()):.0f}); summary: {args.out_dir / 'summary.json'}"
     )
-    print(
-        f"held-out accuracy {acc['before'].estimate:.3f} -> {acc['after'].estimate:.3f}, "
-        f"difference 95% CI [{diff.low:.3f}, {diff.high:.3f}]"
-    )
+    if "sampled" in results:
+        print(
+            f"held-out {args.eval_samples} samples a problem at temperature {args.temperature}: "
+            + results["sampled"]["line"]
+        )
+    print("held-out " + results["greedy"]["line"])
     return 0
 
 

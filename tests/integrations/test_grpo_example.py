@@ -6,11 +6,13 @@ learning: the published run and its figures are in docs/trainers.md.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -44,8 +46,34 @@ def test_grpo_example_runs_and_prints_the_result_line(tmp_path: Path) -> None:
     assert -1.0 <= low <= high <= 1.0
     summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert len(summary["history"]) == 1
+    # TRL called the entropy-mask hook of the default recipe (the key is logged there)
+    assert 0.0 < summary["history"][0]["entropy_mask/kept"] <= 1.0
+    # the sampled evaluation (2 samples a problem by default) is reported next to greedy
+    sampled = summary["sampled"]["accuracy"]
+    assert all(0.0 <= v[0] <= 1.0 for v in sampled.values())
+    assert done.stdout.strip().splitlines()[-2].startswith("held-out 2 samples a problem")
     assert (out / "reward.png").stat().st_size > 0
     # held-out and training programs are disjoint (the script also refuses otherwise)
     held = {json.loads(line)["code"] for line in (out / "heldout.jsonl").open()}
     train = {json.loads(line)["code"] for line in (out / "train.jsonl").open()}
     assert held and train and not held & train
+
+
+def test_entropy_mask_keeps_only_confident_model_tokens() -> None:
+    torch = pytest.importorskip("torch")
+    spec = importlib.util.spec_from_file_location("grpo_python", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    class Base:
+        def __init__(self) -> None:
+            self._metrics: dict[str, dict[str, list[float]]] = {"train": defaultdict(list)}
+
+    trainer = example.entropy_masked(Base, 1.0)()
+    entropies = torch.tensor([[0.1, 1.5, 0.99, 3.0], [0.0, 0.2, 2.0, 0.5]])
+    mask = torch.tensor([[1, 1, 1, 0], [0, 1, 1, 1]])
+    kept = trainer.get_high_entropy_mask(entropies, mask, 0.5)
+    assert kept.tolist() == [[True, False, True, False], [False, True, False, True]]
+    assert trainer._metrics["train"]["entropy_mask/kept"] == [4 / 6]
+    assert example.entropy_masked(Base, 0.0) is Base  # 0 turns the mask off
