@@ -79,6 +79,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "10,000 trajectories at concurrency 512, minutes of CPU; the figures it wrote are in "
         "benchmarks/results/soak.json"
     ),
+    ("docs/benchmarks.md", "python benchmarks/bench_client"): (
+        "five rounds of four worker processes, about 12 minutes of a loaded 2-core machine; "
+        "the figures it wrote are in benchmarks/results/client_cpu.json"
+    ),
     ("docs/benchmarks.md", "python benchmarks/bench_gatewa"): (
         "two servers and 96 requests, minutes of a busy 2-core machine; the figures it wrote "
         "are in benchmarks/results/gateway.json"
