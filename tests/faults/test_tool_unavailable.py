@@ -31,7 +31,10 @@ def _run(tokenizer: Any, policy: str) -> Any:
         ids = tokenizer.encode(text, add_special_tokens=False)
         return ScriptedOutput(ids, [-0.5] * len(ids))
 
-    limits = ToolLimits(timeout=5.0, retry=RetryPolicy(max_attempts=2, initial_backoff=0.01))
+    # The client's own HTTP retries back off about 4 s before it says "unavailable"; a 5 s
+    # call timeout ran out first on a loaded CI machine (2026-12), a timeout being another
+    # error kind: the limit must leave room for the retries.
+    limits = ToolLimits(timeout=60.0, retry=RetryPolicy(max_attempts=2, initial_backoff=0.01))
     tool = sandbox_tool(f"http://127.0.0.1:{free_port()}", limits=limits)
     engine = ScriptedEngine([out(CALL), out("5<|im_end|>")])
     config = RolloutConfig(tool_unavailable=policy)  # type: ignore[arg-type]
