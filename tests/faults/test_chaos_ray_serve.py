@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.faults.test_chaos_services import _alive
 
 from toolrollout.rollout import read_rows, read_shards
 
@@ -26,14 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 REPO = Path(__file__).resolve().parents[2]
 RUN_SECONDS = 300
 """Upper bound on the run here (a loaded CI machine); quiet, it takes well under a minute."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _engine_record(runtime: Path) -> dict[str, object] | None:
