@@ -9,11 +9,18 @@ failure is each caller's business: the engine client retries connection errors, 
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 from toolrollout._exceptions import ToolUnavailable, UserError
 
-__all__ = ["ENGINE_RETRY", "RetryPolicy"]
+if TYPE_CHECKING:
+    from tenacity import AsyncRetrying
+
+__all__ = ["ENGINE_RETRY", "RetryPolicy", "retry_after_first"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,3 +81,33 @@ ENGINE_RETRY = RetryPolicy(max_attempts=30, initial_backoff=0.5, max_backoff=4.0
 4 s so a server that is back is found within seconds). A worker or router restart of 30 s
 or more is ridden out; a server that stays down fails its requests after about a minute
 (or moves them to a healthy server first, see ``SGLangClient(failover_after=...)``)."""
+
+
+async def retry_after_first(
+    attempt: Callable[[], Awaitable[T]],
+    should_retry: Callable[[BaseException], bool],
+    retrying: Callable[[], AsyncRetrying],
+    *,
+    again: Callable[[], Awaitable[T]] | None = None,
+) -> T:
+    """Run ``attempt`` once outside tenacity; only a failure that ``should_retry`` accepts
+    builds ``retrying()``, and becomes its first attempt, so its stop, waits and counts are
+    those of a plain tenacity loop. Later attempts run ``again`` (default ``attempt``).
+
+    Most engine and tool calls succeed at once, and building tenacity's machinery for
+    every call was a measurable share of a turn's CPU (docs/benchmarks.md, client cost).
+    """
+    try:
+        return await attempt()
+    except Exception as exc:
+        if not should_retry(exc):
+            raise
+        first: Exception | None = exc
+    retry = again if again is not None else attempt
+    async for manager in retrying():
+        with manager:
+            if first is not None:
+                failed, first = first, None
+                raise failed
+            return await retry()
+    raise AssertionError("unreachable: tenacity either returns or raises")

@@ -40,6 +40,7 @@ from toolrollout._exceptions import (
     ToolUnavailable,
     UserError,
 )
+from toolrollout._retry import retry_after_first
 
 from ._base import Tool
 from ._limits import (
@@ -390,35 +391,28 @@ class ToolExecutor:
         state: _CallState,
     ) -> ToolResult:
         policy = runtime.tool.limits.retry
-        # The first attempt runs outside tenacity (most calls succeed at once, and building
-        # the retry machinery costs more CPU than the rest of the executor); a failure it
-        # would retry becomes tenacity's own first attempt, so the retries are the same.
         state.attempts += 1
-        try:
+
+        async def again() -> ToolResult:
+            # a retry: not if the breaker opened meanwhile
+            if runtime.breaker is not None and state.permit is not None:
+                runtime.breaker.check(state.permit)
+            runtime.retries += 1
+            state.attempts += 1
             return await self._attempt(runtime, arguments, context)
-        except Exception as exc:
-            if policy.max_attempts <= 1 or not _should_retry(policy, exc):
-                raise
-            first_failure: Exception | None = exc
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(policy.max_attempts),
-            wait=lambda retry_state: policy.backoff(retry_state.attempt_number),
-            retry=retry_if_exception(lambda exc: _should_retry(policy, exc)),
-            sleep=anyio.sleep,
-            reraise=True,
+
+        return await retry_after_first(
+            lambda: self._attempt(runtime, arguments, context),
+            lambda exc: policy.max_attempts > 1 and _should_retry(policy, exc),
+            lambda: AsyncRetrying(
+                stop=stop_after_attempt(policy.max_attempts),
+                wait=lambda retry_state: policy.backoff(retry_state.attempt_number),
+                retry=retry_if_exception(lambda exc: _should_retry(policy, exc)),
+                sleep=anyio.sleep,
+                reraise=True,
+            ),
+            again=again,
         )
-        async for attempt in retrying:
-            with attempt:
-                if first_failure is not None:
-                    failed, first_failure = first_failure, None
-                    raise failed
-                # a retry: not if the breaker opened meanwhile
-                if runtime.breaker is not None and state.permit is not None:
-                    runtime.breaker.check(state.permit)
-                runtime.retries += 1
-                state.attempts += 1
-                return await self._attempt(runtime, arguments, context)
-        raise AssertionError("unreachable: tenacity either returns or re-raises")
 
     async def _attempt(
         self, runtime: _Runtime, arguments: Mapping[str, Any], context: ToolContext

@@ -33,7 +33,7 @@ from ..._exceptions import (
     UserError,
 )
 from ..._http import AiohttpTransport
-from ..._retry import ENGINE_RETRY, RetryPolicy
+from ..._retry import ENGINE_RETRY, RetryPolicy, retry_after_first
 from .. import _wire
 from .._routing import Router
 
@@ -205,43 +205,26 @@ class _Transport:
                 budget.left(),
             )
 
-        # The first attempt runs outside tenacity (most calls need no retry, and building
-        # the retry machinery is a measurable share of a turn's CPU); a failure it would
-        # retry is handed to tenacity as that machinery's own first attempt.
-        try:
-            return await attempt()
-        except Exception as exc:
-            if not should_retry(exc):
-                raise
-            first_failure: Exception | None = exc
-
-        async def attempts() -> T:
-            nonlocal first_failure
-            if first_failure is not None:
-                failed, first_failure = first_failure, None
-                raise failed
-            return await attempt()
-
         budget = _Budget(policy)
-        retrying = AsyncRetrying(
-            stop=budget.spent,
-            wait=budget.wait,
-            retry=retry_if_exception(should_retry),
-            before_sleep=before_sleep,
-            sleep=self._sleep,
-            reraise=False,
-        )
         try:
-            async for attempt_manager in retrying:
-                with attempt_manager:
-                    return await attempts()
+            return await retry_after_first(
+                attempt,
+                should_retry,
+                lambda: AsyncRetrying(
+                    stop=budget.spent,
+                    wait=budget.wait,
+                    retry=retry_if_exception(should_retry),
+                    before_sleep=before_sleep,
+                    sleep=self._sleep,
+                    reraise=False,
+                ),
+            )
         except RetryError as err:
             last = err.last_attempt.exception()
             raise EngineUnavailable(
                 f"{what}: gave up after {err.last_attempt.attempt_number} attempts"
                 f"{budget.describe()}; last error: {last}"
             ) from last
-        raise AssertionError("unreachable: tenacity either returns or raises")
 
     async def _request_once(
         self,
