@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -17,11 +16,10 @@ from typing import Any, cast
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from toolrollout.gateway import Gateway, GatewayConfig, build_app
 
-from .conftest import TOOLS, Model, assert_token_exact, call_text
+from .conftest import TOOLS, Model, assert_token_exact, call_text, served
 
 SYSTEM = {"role": "system", "content": "You are a careful calculator assistant."}
 
@@ -207,31 +205,17 @@ async def test_a_slow_answer_times_out_and_is_aborted(demo_tokenizer: Any) -> No
 
 async def test_a_client_disconnect_aborts_the_generation(demo_tokenizer: Any) -> None:
     model = Model(demo_tokenizer, lambda r: "ok", delay=10.0)
-    async with Gateway(model.engine, demo_tokenizer) as gateway:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(build_app(gateway), log_level="warning"))
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
-        try:
-            for _ in range(1000):
-                if server.started:
-                    break
-                await asyncio.sleep(0.01)
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-                with pytest.raises(httpx.ReadTimeout):
-                    await http.post(
-                        "/v1/chat/completions",
-                        json={"messages": [{"role": "user", "content": "x"}]},
-                        timeout=0.3,
-                    )
-            for _ in range(200):
-                if model.engine.aborted:
-                    break
-                await asyncio.sleep(0.01)
-            assert model.engine.aborted == [model.engine.requests[0].rid]
-            assert gateway.sessions()["default"]["model_turns"] == 0
-        finally:
-            server.should_exit = True
-            await serving
-            sock.close()
+    async with served(model) as (url, gateway):
+        async with httpx.AsyncClient(base_url=url) as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post(
+                    "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "x"}]},
+                    timeout=0.3,
+                )
+        for _ in range(200):
+            if model.engine.aborted:
+                break
+            await asyncio.sleep(0.01)
+        assert model.engine.aborted == [model.engine.requests[0].rid]
+        assert gateway.sessions()["default"]["model_turns"] == 0
