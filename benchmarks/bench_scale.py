@@ -36,6 +36,7 @@ Reported:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -193,8 +194,12 @@ class _Samples:
     lags: list[float] = field(default_factory=list)
     own: list[float] = field(default_factory=list)
     """Per wake-up: the process's CPU time in the window beyond the interval (its own work)."""
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    """Per wake-up: the (start, end) of its window, to match stalls with collections."""
     paused: list[tuple[float, float]] = field(default_factory=list)
     ticks: list[dict[str, float]] = field(default_factory=list)
+    collections: list[tuple[int, float, float, int]] = field(default_factory=list)
+    """Every garbage collection of the run: (generation, start, seconds, objects freed)."""
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -289,6 +294,7 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
             if not any(start < after and end > before for start, end in samples.paused[-2:]):
                 samples.lags.append(max(0.0, after - before - config.lag_interval))
                 samples.own.append(max(0.0, cpu_after - cpu_before - config.lag_interval))
+                samples.windows.append((before, after))
 
     snapshot: dict[str, Any] = {"live_tokens": 0}
 
@@ -335,7 +341,22 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
         import tracemalloc
 
         tracemalloc.start(32)
-    measured = anyio.run(main)
+    gc_started: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            now = time.perf_counter()
+            samples.collections.append(
+                (info["generation"], gc_started[0], now - gc_started[0], info["collected"])
+            )
+
+    gc.callbacks.append(on_gc)
+    try:
+        measured = anyio.run(main)
+    finally:
+        gc.callbacks.remove(on_gc)
     if config.breakdown:
         tracemalloc.stop()
     rss_end = _rss_bytes() - measured["base_rss"]
@@ -379,6 +400,7 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
             "p99": 1000 * _percentile(samples.own, 0.99),
             "max": 1000 * max(samples.own, default=0.0),
         },
+        "gc": _gc_report(samples),
         "ticks": samples.ticks,
         **({"breakdown": _breakdown(snapshot)} if config.breakdown else {}),
         "machine": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg())},
@@ -409,6 +431,55 @@ def _breakdown(snapshot: dict[str, Any]) -> dict[str, Any]:
         "live_tokens": int(snapshot["live_tokens"]),
         "traced_bytes_per_held_token": total / held,
         "by_site_bytes_per_held_token": {key: size / held for key, size in top},
+    }
+
+
+def _overlap(collection: tuple[int, float, float, int], before: float, after: float) -> float:
+    """Seconds of ``collection`` inside the window ``[before, after]``."""
+    start, end = collection[1], collection[1] + collection[2]
+    return max(0.0, min(after, end) - max(before, start))
+
+
+def _gc_report(samples: _Samples) -> dict[str, Any]:
+    """Collections by generation, and how much of the longest stalls they were."""
+    by_gen: dict[str, dict[str, float]] = {}
+    for generation, _start, seconds, freed in samples.collections:
+        row = by_gen.setdefault(
+            str(generation), {"count": 0, "total_s": 0.0, "max_s": 0.0, "freed": 0}
+        )
+        row["count"] += 1
+        row["total_s"] += seconds
+        row["max_s"] = max(row["max_s"], seconds)
+        row["freed"] += freed
+    order = sorted(range(len(samples.lags)), key=lambda i: -samples.lags[i])
+    stalls = []
+    for i in order[:10]:
+        before, after = samples.windows[i]
+        inside = [c for c in samples.collections if _overlap(c, before, after) > 0]
+        stalls.append(
+            {
+                "lag_ms": 1000 * samples.lags[i],
+                "own_work_ms": 1000 * samples.own[i],
+                "gc_ms": 1000 * sum(_overlap(c, before, after) for c in inside),
+                "gc_generations": sorted({c[0] for c in inside}),
+            }
+        )
+    # the p99 wake-ups: how many had a collection inside, and how much of them it was
+    p99 = _percentile(samples.lags, 0.99)
+    late = [i for i in range(len(samples.lags)) if samples.lags[i] >= p99 and p99 > 0]
+    late_gc = 0.0
+    late_with_gc = 0
+    for i in late:
+        before, after = samples.windows[i]
+        spent = sum(_overlap(c, before, after) for c in samples.collections)
+        late_gc += spent
+        late_with_gc += spent > 0
+    return {
+        "by_generation": by_gen,
+        "longest_stalls": stalls,
+        "wake_ups_at_or_over_p99": len(late),
+        "of_them_with_a_collection": late_with_gc,
+        "collection_share_of_their_lag": late_gc / max(sum(samples.lags[i] for i in late), 1e-9),
     }
 
 
