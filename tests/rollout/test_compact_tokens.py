@@ -13,11 +13,14 @@ import pickle
 import random
 import sys
 from array import array
+from typing import Any
 
 import pytest
 
+from toolrollout import RolloutConfig, RolloutRunner
 from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
 from toolrollout.rollout._parts import Transcript, id_tuple
+from toolrollout.testing import ScriptedEngine
 
 
 def _float32_values(n: int, seed: int = 0) -> list[float]:
@@ -119,3 +122,15 @@ def test_compact_spans_take_a_fraction_of_the_tuples_bytes() -> None:
     )
     assert compact / 256 < 9  # 4 + 4 bytes a token, plus the two array headers
     assert as_tuples / 256 > 60
+
+
+async def test_the_rollout_loop_sends_four_bytes_a_token(demo_tokenizer: Any) -> None:
+    answer = demo_tokenizer.encode("The answer is 4.<|im_end|>", add_special_tokens=False)
+    engine = ScriptedEngine([answer])
+    runner = RolloutRunner(engine, demo_tokenizer, [], config=RolloutConfig(max_turns=1))
+    (trajectory,) = await runner.run([{"messages": [{"role": "user", "content": "2 + 2?"}]}])
+    (request,) = engine.requests
+    assert list(request.input_ids) == list(trajectory.prompt_ids)
+    assert isinstance(request.input_ids, array) and request.input_ids.itemsize == 4
+    # the request's own bytes for its ids: the array, not a tuple of 8-byte pointers
+    assert sys.getsizeof(request.input_ids) <= 4 * len(request.input_ids) + 128
