@@ -19,8 +19,10 @@ import pytest
 
 from toolrollout import RolloutConfig, RolloutRunner
 from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
+from toolrollout.rollout import ModelTurn, TrajectoryHooks, TrajectoryState
 from toolrollout.rollout._parts import Transcript, id_tuple
 from toolrollout.testing import ScriptedEngine
+from toolrollout.tools import calculator_tool
 
 
 def _float32_values(n: int, seed: int = 0) -> list[float]:
@@ -134,3 +136,30 @@ async def test_the_rollout_loop_sends_four_bytes_a_token(demo_tokenizer: Any) ->
     assert isinstance(request.input_ids, array) and request.input_ids.itemsize == 4
     # the request's own bytes for its ids: the array, not a tuple of 8-byte pointers
     assert sys.getsizeof(request.input_ids) <= 4 * len(request.input_ids) + 128
+
+
+async def test_each_model_turn_keeps_one_copy_of_its_text(demo_tokenizer: Any) -> None:
+    """The state keeps the parsed message, not the raw text too: the raw text (what the
+    drift check renders) is decoded again from the span's ids, and it is the same text."""
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n'
+    outputs = [f"{call}</tool_call><|im_end|>", "It is 5.<|im_end|>"]
+    engine = ScriptedEngine([demo_tokenizer.encode(t, add_special_tokens=False) for t in outputs])
+    seen: list[tuple[str, list[str], dict[str, Any], bool]] = []
+
+    class Watch(TrajectoryHooks):
+        async def on_model_turn(self, state: TrajectoryState, turn: ModelTurn) -> None:
+            message = state.transcript.messages[-1]
+            seen.append(
+                (turn.text, state.model_texts(), message, hasattr(state.transcript, "model_texts"))
+            )
+
+    runner = RolloutRunner(engine, demo_tokenizer, [calculator_tool()], hooks=Watch())
+    (trajectory,) = await runner.run([{"messages": [{"role": "user", "content": "2 + 3?"}]}])
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert [text for text, *_ in seen] == [t.removesuffix("<|im_end|>") for t in outputs]
+    for number, (text, derived, message, kept) in enumerate(seen):
+        assert derived[number] == text and len(derived) == number + 1
+        assert "raw_content" not in message and not kept
+    assert seen[0][2]["tool_calls"][0]["function"]["name"] == "calculator"
+    # the drift check rendered the derived texts and found the transcript exact
+    assert trajectory.metrics["drift_mismatches"] == 0 and "drift_reports" not in trajectory.metrics

@@ -140,7 +140,6 @@ class Transcript:
     prompt_ids: Sequence[int] = field(default_factory=lambda: array("i"))
     """The rendered prompt; the loop keeps it as ``array('i')`` (4 bytes a token)."""
     spans: list[TokenSpan] = field(default_factory=list)
-    model_texts: list[str] = field(default_factory=list)
     open_turn: bool = False
     """The last model turn was cut by an abort mid-generation; the next request continues it."""
     segments: list[tuple[int, int, str | None]] = field(default_factory=list)
@@ -149,6 +148,11 @@ class Transcript:
     @property
     def response_len(self) -> int:
         return sum(s.num_tokens for s in self.spans)
+
+    @property
+    def model_turns(self) -> int:
+        """Model spans so far (one per model turn; an open turn's legs are one span)."""
+        return sum(1 for s in self.spans if s.kind == "model")
 
     def ids(self) -> array[int]:
         """Prompt and response ids, one compact array (copied from the spans, no objects)."""

@@ -180,7 +180,6 @@ class TrajectoryState:
         if continuing:
             first = t.spans.pop()
             span = _joined(first, span)
-            t.model_texts.pop()
         else:
             c.num_turns += 1
         t.open_turn = False
@@ -191,7 +190,6 @@ class TrajectoryState:
         t.segments.append((start, start + len(ids), result.weight_version))
         turn_ids = span.ids if continuing else tuple(ids)
         text = self.services.chat.model_text(turn_ids)
-        t.model_texts.append(text)
         family = self.services.chat.family
         parsed = _with_family_ids(
             family,
@@ -203,6 +201,10 @@ class TrajectoryState:
         message = family.build_assistant_message(
             text, parsed, [call.id for call in parsed.tool_calls]
         )
+        # The raw text is not kept (the message's parsed content and calls are): it is the
+        # decode of the span's ids, derived again when the drift check or a resume point
+        # needs it (model_texts). One copy of each turn's text, not two.
+        message.pop("raw_content", None)
         if continuing:
             t.messages[-1] = message  # the open turn's message, now with all its text
         else:
@@ -281,15 +283,23 @@ class TrajectoryState:
         comparison run at the end, or now every ``drift_check_every``-th checkpoint)."""
         config, t = self.services.config, self.transcript
         if config.drift_check:
-            lengths = (len(t.prompt_ids) + t.response_len, len(t.messages), len(t.model_texts))
+            lengths = (len(t.prompt_ids) + t.response_len, len(t.messages), t.model_turns)
             self.drift.checkpoint(lengths, config.drift_check_every, self.drift_view)
 
     def drift_view(self) -> DriftView:
         """The transcript as it is now, for the drift check."""
         t = self.transcript
         return DriftView(
-            self.services.chat, self.services.vision, t.ids(), t.messages, t.model_texts
+            self.services.chat, self.services.vision, t.ids(), t.messages, self.model_texts()
         )
+
+    def model_texts(self) -> list[str]:
+        """Each model turn's raw text (stop token stripped), decoded from its verbatim ids:
+        the text :meth:`append_model_turn` parsed, derived again rather than kept."""
+        chat = self.services.chat
+        if not chat.family.drift_from_raw_text:  # the drift check renders parsed messages
+            return []
+        return [chat.model_text(s.id_array) for s in self.transcript.spans if s.kind == "model"]
 
     # --- freezing and resuming ---------------------------------------------------------
 
@@ -362,15 +372,20 @@ class TrajectoryState:
         metrics.update(self.environment.metrics())
         return metrics
 
-    def to_resume_point(self) -> ResumePoint:
-        """The state as a JSON resume point (what a later leg needs, not the live objects)."""
+    def to_resume_point(self, model_texts: Sequence[str] | None = None) -> ResumePoint:
+        """The state as a JSON resume point (what a later leg needs, not the live objects).
+
+        ``model_texts`` (default: decoded from the model spans) is written for readers that
+        predate deriving it; this version derives it again when it loads the point.
+        """
+        texts = self.model_texts() if model_texts is None else list(model_texts)
         try:
-            text = json.dumps(self._payload(), ensure_ascii=False)
+            text = json.dumps(self._payload(texts), ensure_ascii=False)
         except TypeError as exc:  # a row or tool state holding a value JSON has no form for
             raise ToolRolloutError(f"trajectory {self.uid} cannot be saved: {exc}") from None
         return ResumePoint(text, RESUME_FORMAT_VERSION)
 
-    def _payload(self) -> dict[str, Any]:
+    def _payload(self, model_texts: list[str]) -> dict[str, Any]:
         t, env = self.transcript, self.environment
         return {
             "identity": {
@@ -388,7 +403,7 @@ class TrajectoryState:
                 "messages": to_json_value(t.messages),
                 "prompt_ids": list(t.prompt_ids),
                 "spans": [[s.kind, s.id_array.tolist(), list(s.logprobs)] for s in t.spans],
-                "model_texts": t.model_texts,
+                "model_texts": model_texts,
                 "open_turn": t.open_turn,
                 "segments": t.segments,
             },
@@ -451,7 +466,6 @@ class TrajectoryState:
             messages=from_json_value(t["messages"]),
             prompt_ids=array("i", t["prompt_ids"]),
             spans=[TokenSpan(k, i, [float(x) for x in lp]) for k, i, lp in t["spans"]],
-            model_texts=list(t.get("model_texts", [])),
             open_turn=bool(t.get("open_turn", False)),
             segments=[(s, e, v) for s, e, v in t.get("segments", [])],
         )
