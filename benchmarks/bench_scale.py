@@ -90,6 +90,12 @@ class ScaleConfig:
     lag_interval: float = 0.01
     sample_every: float = 2.0
     seed: int = 0
+    gc_mode: str = "default"
+    """``default``: the collector as Python sets it. ``freeze``: what an application may do
+    (``toolrollout generate --gc-freeze``): ``gc.freeze()`` once everything is loaded, just
+    before the run, so full collections skip the imported libraries' objects. ``off``: the
+    collector disabled for the run, a diagnostic bound on what collections cost (not a
+    setting to run with: reference cycles would never be freed)."""
     breakdown: bool = False
     """Trace allocations (tracemalloc) and report, at the sample holding the most tokens in
     flight, what is held per token by allocation site (slows the run several times)."""
@@ -198,8 +204,10 @@ class _Samples:
     """Per wake-up: the (start, end) of its window, to match stalls with collections."""
     paused: list[tuple[float, float]] = field(default_factory=list)
     ticks: list[dict[str, float]] = field(default_factory=list)
-    collections: list[tuple[int, float, float, int]] = field(default_factory=list)
-    """Every garbage collection of the run: (generation, start, seconds, objects freed)."""
+    collections: list[tuple[int, float, float, int, float]] = field(default_factory=list)
+    """Every garbage collection of the run: (generation, start, seconds, objects freed,
+    process CPU seconds: on a loaded machine wall seconds include waiting for a core)."""
+    started: float = 0.0
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -329,6 +337,7 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
     async def main() -> dict[str, float]:
         base_rss = _rss_bytes()
         started, cpu = time.perf_counter(), _cpu_s()
+        samples.started = started
         async with anyio.create_task_group() as tg:
             tg.start_soon(lag_monitor)
             tg.start_soon(sampler, base_rss, started)
@@ -341,22 +350,35 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
         import tracemalloc
 
         tracemalloc.start(32)
-    gc_started: list[float] = [0.0]
+    gc_started: list[float] = [0.0, 0.0]
 
     def on_gc(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
-            gc_started[0] = time.perf_counter()
+            gc_started[:] = time.perf_counter(), time.process_time()
         else:
-            now = time.perf_counter()
+            now, cpu = time.perf_counter(), time.process_time()
             samples.collections.append(
-                (info["generation"], gc_started[0], now - gc_started[0], info["collected"])
+                (
+                    info["generation"],
+                    gc_started[0],
+                    now - gc_started[0],
+                    info["collected"],
+                    cpu - gc_started[1],
+                )
             )
 
     gc.callbacks.append(on_gc)
+    if config.gc_mode == "freeze":
+        gc.freeze()
+    elif config.gc_mode == "off":
+        gc.disable()
+    frozen = gc.get_freeze_count()
     try:
         measured = anyio.run(main)
     finally:
         gc.callbacks.remove(on_gc)
+        gc.enable()
+        gc.unfreeze()
     if config.breakdown:
         tracemalloc.stop()
     rss_end = _rss_bytes() - measured["base_rss"]
@@ -371,6 +393,8 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
             "turn_seconds": config.turn_seconds,
             "tool_seconds": config.tool_seconds,
             "drift_check": config.drift_check,
+            "gc_mode": config.gc_mode,
+            "gc_frozen_objects": frozen,
             "engine": "in-process stand-in at the engine seam (no HTTP)",
         },
         "statuses": _count(str(t.status) for t in finished),
@@ -434,7 +458,9 @@ def _breakdown(snapshot: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _overlap(collection: tuple[int, float, float, int], before: float, after: float) -> float:
+def _overlap(
+    collection: tuple[int, float, float, int, float], before: float, after: float
+) -> float:
     """Seconds of ``collection`` inside the window ``[before, after]``."""
     start, end = collection[1], collection[1] + collection[2]
     return max(0.0, min(after, end) - max(before, start))
@@ -443,13 +469,16 @@ def _overlap(collection: tuple[int, float, float, int], before: float, after: fl
 def _gc_report(samples: _Samples) -> dict[str, Any]:
     """Collections by generation, and how much of the longest stalls they were."""
     by_gen: dict[str, dict[str, float]] = {}
-    for generation, _start, seconds, freed in samples.collections:
+    for generation, _start, seconds, freed, cpu in samples.collections:
         row = by_gen.setdefault(
-            str(generation), {"count": 0, "total_s": 0.0, "max_s": 0.0, "freed": 0}
+            str(generation),
+            {"count": 0, "total_s": 0.0, "max_s": 0.0, "cpu_s": 0.0, "max_cpu_s": 0.0, "freed": 0},
         )
         row["count"] += 1
         row["total_s"] += seconds
         row["max_s"] = max(row["max_s"], seconds)
+        row["cpu_s"] += cpu
+        row["max_cpu_s"] = max(row["max_cpu_s"], cpu)
         row["freed"] += freed
     order = sorted(range(len(samples.lags)), key=lambda i: -samples.lags[i])
     stalls = []
@@ -458,6 +487,7 @@ def _gc_report(samples: _Samples) -> dict[str, Any]:
         inside = [c for c in samples.collections if _overlap(c, before, after) > 0]
         stalls.append(
             {
+                "at_s": before - samples.started,
                 "lag_ms": 1000 * samples.lags[i],
                 "own_work_ms": 1000 * samples.own[i],
                 "gc_ms": 1000 * sum(_overlap(c, before, after) for c in inside),
@@ -501,6 +531,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-drift-check", action="store_true")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
+        "--gc",
+        choices=("default", "freeze", "off"),
+        default=defaults.gc_mode,
+        help="garbage collector during the run (see ScaleConfig.gc_mode)",
+    )
+    parser.add_argument(
         "--breakdown", action="store_true", help="bytes per held token by allocation site"
     )
     parser.add_argument(
@@ -515,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tool_seconds=args.tool_seconds,
         drift_check=not args.no_drift_check,
         seed=args.seed,
+        gc_mode=args.gc,
         breakdown=args.breakdown,
     )
     report = run_scale(config)
