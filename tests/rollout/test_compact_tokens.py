@@ -8,6 +8,7 @@ is exact and in 8 otherwise; these tests feed both kinds of values.
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 import random
@@ -163,3 +164,28 @@ async def test_each_model_turn_keeps_one_copy_of_its_text(demo_tokenizer: Any) -
     assert seen[0][2]["tool_calls"][0]["function"]["name"] == "calculator"
     # the drift check rendered the derived texts and found the transcript exact
     assert trajectory.metrics["drift_mismatches"] == 0 and "drift_reports" not in trajectory.metrics
+
+
+async def test_tool_calls_are_recorded_as_atomic_tuples_the_collector_drops(
+    demo_tokenizer: Any,
+) -> None:
+    """The per-tool summary needs name, seconds, attempts and error kind of each call: a
+    tuple of atomic values (which the cyclic collector stops tracking), not the result."""
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n'
+    outputs = [f"{call}</tool_call><|im_end|>", "It is 5.<|im_end|>"]
+    engine = ScriptedEngine([demo_tokenizer.encode(t, add_special_tokens=False) for t in outputs])
+    records: list[Any] = []
+
+    class Watch(TrajectoryHooks):
+        async def on_model_turn(self, state: TrajectoryState, turn: ModelTurn) -> None:
+            records.extend(state.tools.records)
+
+    runner = RolloutRunner(engine, demo_tokenizer, [calculator_tool()], hooks=Watch())
+    (trajectory,) = await runner.run([{"messages": [{"role": "user", "content": "2 + 3?"}]}])
+    (record,) = records
+    name, seconds, attempts, is_error, kind = record
+    assert (name, attempts, is_error, kind) == ("calculator", 1, False, None) and seconds >= 0
+    gc.collect()
+    assert not gc.is_tracked(record)
+    stats = trajectory.metrics["tool_stats"]["calculator"]
+    assert stats["calls"] == 1 and stats["errors"] == 0 and stats["seconds"] == round(seconds, 6)

@@ -339,7 +339,10 @@ def _format1_state(point: _Format1Point, spent: float) -> TrajectoryState:
         tool_seconds=old.tool_seconds,
         tool_latency=dict(old.tool_latency),
     )
-    state.tools = ToolLedger(state=dict(old.tool_state), records=list(old.tool_records))
+    state.tools = ToolLedger(
+        state=dict(old.tool_state),
+        records=[(n, r.seconds, r.attempts, r.is_error, r.error_kind) for n, r in old.tool_records],
+    )
     state.drift = DriftLedger(
         checkpoints=list(old.drift_checkpoints),
         checked=set(old.drift_checked),

@@ -45,6 +45,7 @@ from toolrollout.tools import (
 from ._drift import DriftLedger, DriftView
 from ._environment import EnvironmentLedger
 from ._parts import (
+    CallRecord,
     Counters,
     EnvStep,
     ModelTurn,
@@ -247,7 +248,9 @@ class TrajectoryState:
         self.environment.record_tool_results(self.counters.num_turns, results)
         for name, result in zip(names, results, strict=True):
             self.timing.tool_latency.setdefault(name, []).append(result.seconds)
-            self.tools.records.append((name, result))
+            self.tools.records.append(
+                (name, result.seconds, result.attempts, result.is_error, result.error_kind)
+            )
             if result.is_error:
                 self.counters.tool_errors += 1
 
@@ -356,9 +359,9 @@ class TrajectoryState:
             metrics["image_tokens"] = self.vision.tokens
             metrics["images_dropped"] = self.vision.dropped
         if self.tools.records:
+            calls = map(_call_result, self.tools.records)
             metrics["tool_stats"] = {
-                name: summary.to_dict()
-                for name, summary in summarize_tool_calls(self.tools.records).items()
+                name: summary.to_dict() for name, summary in summarize_tool_calls(calls).items()
             }
         if self.drift.found:
             metrics["drift_reports"] = self.drift.reports()
@@ -416,7 +419,7 @@ class TrajectoryState:
             },
             "tools": {
                 "state": to_json_value(self.tools.state),
-                "records": [_call_record(name, result) for name, result in self.tools.records],
+                "records": [_call_record(record) for record in self.tools.records],
             },
             "drift": {
                 "checkpoints": self.drift.checkpoints,
@@ -484,7 +487,7 @@ class TrajectoryState:
         tools = data.get("tools", {})
         state.tools = ToolLedger(
             state=from_json_value(tools.get("state", {})),
-            records=[_call_result(r) for r in tools.get("records", [])],
+            records=[_record_of(r) for r in tools.get("records", [])],
         )
         drift = data.get("drift", {})
         state.drift = DriftLedger(
@@ -583,28 +586,36 @@ def _with_family_ids(family: TemplateFamily, parsed: ParsedTurn, call_number: in
     return dataclasses.replace(parsed, tool_calls=calls)
 
 
-def _call_record(name: str, result: ToolResult) -> dict[str, Any]:
-    """What the per-tool summary of a trajectory needs of one call (not its output)."""
+def _call_record(record: CallRecord) -> dict[str, Any]:
+    """One call's record as the resume point's JSON."""
+    name, seconds, attempts, is_error, kind = record
     return {
         "name": name,
-        "seconds": result.seconds,
-        "attempts": result.attempts,
-        "is_error": result.is_error,
-        "error_kind": result.error_kind,
+        "seconds": seconds,
+        "attempts": attempts,
+        "is_error": is_error,
+        "error_kind": kind,
     }
 
 
-def _call_result(record: Mapping[str, Any]) -> tuple[str, ToolResult]:
-    kind = record.get("error_kind")
-    error = None if kind is None else _error_class(str(kind))("(before the resume)")
-    result = ToolResult(
-        text="",
-        is_error=bool(record.get("is_error", False)),
-        seconds=float(record.get("seconds", 0.0)),
-        attempts=int(record.get("attempts", 0)),
-        error=error,
+def _record_of(saved: Mapping[str, Any]) -> CallRecord:
+    kind = saved.get("error_kind")
+    return (
+        str(saved["name"]),
+        float(saved.get("seconds", 0.0)),
+        int(saved.get("attempts", 0)),
+        bool(saved.get("is_error", False)),
+        None if kind is None else str(kind),
     )
-    return str(record["name"]), result
+
+
+def _call_result(record: CallRecord) -> tuple[str, ToolResult]:
+    """A record as the (name, result) pair :func:`summarize_tool_calls` reads (no text)."""
+    name, seconds, attempts, is_error, kind = record
+    error = None if kind is None else _error_class(kind)("(not kept)")
+    return name, ToolResult(
+        text="", is_error=is_error, seconds=seconds, attempts=attempts, error=error
+    )
 
 
 @cache
