@@ -612,10 +612,18 @@ def _record_of(saved: Mapping[str, Any]) -> CallRecord:
 def _call_result(record: CallRecord) -> tuple[str, ToolResult]:
     """A record as the (name, result) pair :func:`summarize_tool_calls` reads (no text)."""
     name, seconds, attempts, is_error, kind = record
-    error = None if kind is None else _error_class(kind)("(not kept)")
+    error = None if kind is None else _bare_error(kind)
     return name, ToolResult(
         text="", is_error=is_error, seconds=seconds, attempts=attempts, error=error
     )
+
+
+def _bare_error(kind: str) -> ToolRolloutError:
+    """An instance of the error class named ``kind``, for its name only (what the summary
+    reads): made without ``__init__``, whose arguments differ by class (``CircuitOpen``
+    takes ``tool`` and ``retry_after``) and are not kept."""
+    cls = _error_class(kind)
+    return cls.__new__(cls)
 
 
 @cache
