@@ -36,6 +36,7 @@ Reported:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -89,6 +90,12 @@ class ScaleConfig:
     lag_interval: float = 0.01
     sample_every: float = 2.0
     seed: int = 0
+    gc_mode: str = "default"
+    """``default``: the collector as Python sets it. ``freeze``: what an application may do
+    (``toolrollout generate --gc-freeze``): ``gc.freeze()`` once everything is loaded, just
+    before the run, so full collections skip the imported libraries' objects. ``off``: the
+    collector disabled for the run, a diagnostic bound on what collections cost (not a
+    setting to run with: reference cycles would never be freed)."""
     breakdown: bool = False
     """Trace allocations (tracemalloc) and report, at the sample holding the most tokens in
     flight, what is held per token by allocation site (slows the run several times)."""
@@ -193,8 +200,14 @@ class _Samples:
     lags: list[float] = field(default_factory=list)
     own: list[float] = field(default_factory=list)
     """Per wake-up: the process's CPU time in the window beyond the interval (its own work)."""
+    windows: list[tuple[float, float]] = field(default_factory=list)
+    """Per wake-up: the (start, end) of its window, to match stalls with collections."""
     paused: list[tuple[float, float]] = field(default_factory=list)
     ticks: list[dict[str, float]] = field(default_factory=list)
+    collections: list[tuple[int, float, float, int, float]] = field(default_factory=list)
+    """Every garbage collection of the run: (generation, start, seconds, objects freed,
+    process CPU seconds: on a loaded machine wall seconds include waiting for a core)."""
+    started: float = 0.0
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -289,6 +302,7 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
             if not any(start < after and end > before for start, end in samples.paused[-2:]):
                 samples.lags.append(max(0.0, after - before - config.lag_interval))
                 samples.own.append(max(0.0, cpu_after - cpu_before - config.lag_interval))
+                samples.windows.append((before, after))
 
     snapshot: dict[str, Any] = {"live_tokens": 0}
 
@@ -323,6 +337,7 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
     async def main() -> dict[str, float]:
         base_rss = _rss_bytes()
         started, cpu = time.perf_counter(), _cpu_s()
+        samples.started = started
         async with anyio.create_task_group() as tg:
             tg.start_soon(lag_monitor)
             tg.start_soon(sampler, base_rss, started)
@@ -335,7 +350,35 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
         import tracemalloc
 
         tracemalloc.start(32)
-    measured = anyio.run(main)
+    gc_started: list[float] = [0.0, 0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_started[:] = time.perf_counter(), time.process_time()
+        else:
+            now, cpu = time.perf_counter(), time.process_time()
+            samples.collections.append(
+                (
+                    info["generation"],
+                    gc_started[0],
+                    now - gc_started[0],
+                    info["collected"],
+                    cpu - gc_started[1],
+                )
+            )
+
+    gc.callbacks.append(on_gc)
+    if config.gc_mode == "freeze":
+        gc.freeze()
+    elif config.gc_mode == "off":
+        gc.disable()
+    frozen = gc.get_freeze_count()
+    try:
+        measured = anyio.run(main)
+    finally:
+        gc.callbacks.remove(on_gc)
+        gc.enable()
+        gc.unfreeze()
     if config.breakdown:
         tracemalloc.stop()
     rss_end = _rss_bytes() - measured["base_rss"]
@@ -350,6 +393,8 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
             "turn_seconds": config.turn_seconds,
             "tool_seconds": config.tool_seconds,
             "drift_check": config.drift_check,
+            "gc_mode": config.gc_mode,
+            "gc_frozen_objects": frozen,
             "engine": "in-process stand-in at the engine seam (no HTTP)",
         },
         "statuses": _count(str(t.status) for t in finished),
@@ -379,6 +424,7 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
             "p99": 1000 * _percentile(samples.own, 0.99),
             "max": 1000 * max(samples.own, default=0.0),
         },
+        "gc": _gc_report(samples),
         "ticks": samples.ticks,
         **({"breakdown": _breakdown(snapshot)} if config.breakdown else {}),
         "machine": {"cpus": os.cpu_count(), "loadavg": list(os.getloadavg())},
@@ -412,6 +458,61 @@ def _breakdown(snapshot: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _overlap(
+    collection: tuple[int, float, float, int, float], before: float, after: float
+) -> float:
+    """Seconds of ``collection`` inside the window ``[before, after]``."""
+    start, end = collection[1], collection[1] + collection[2]
+    return max(0.0, min(after, end) - max(before, start))
+
+
+def _gc_report(samples: _Samples) -> dict[str, Any]:
+    """Collections by generation, and how much of the longest stalls they were."""
+    by_gen: dict[str, dict[str, float]] = {}
+    for generation, _start, seconds, freed, cpu in samples.collections:
+        row = by_gen.setdefault(
+            str(generation),
+            {"count": 0, "total_s": 0.0, "max_s": 0.0, "cpu_s": 0.0, "max_cpu_s": 0.0, "freed": 0},
+        )
+        row["count"] += 1
+        row["total_s"] += seconds
+        row["max_s"] = max(row["max_s"], seconds)
+        row["cpu_s"] += cpu
+        row["max_cpu_s"] = max(row["max_cpu_s"], cpu)
+        row["freed"] += freed
+    order = sorted(range(len(samples.lags)), key=lambda i: -samples.lags[i])
+    stalls = []
+    for i in order[:10]:
+        before, after = samples.windows[i]
+        inside = [c for c in samples.collections if _overlap(c, before, after) > 0]
+        stalls.append(
+            {
+                "at_s": before - samples.started,
+                "lag_ms": 1000 * samples.lags[i],
+                "own_work_ms": 1000 * samples.own[i],
+                "gc_ms": 1000 * sum(_overlap(c, before, after) for c in inside),
+                "gc_generations": sorted({c[0] for c in inside}),
+            }
+        )
+    # the p99 wake-ups: how many had a collection inside, and how much of them it was
+    p99 = _percentile(samples.lags, 0.99)
+    late = [i for i in range(len(samples.lags)) if samples.lags[i] >= p99 and p99 > 0]
+    late_gc = 0.0
+    late_with_gc = 0
+    for i in late:
+        before, after = samples.windows[i]
+        spent = sum(_overlap(c, before, after) for c in samples.collections)
+        late_gc += spent
+        late_with_gc += spent > 0
+    return {
+        "by_generation": by_gen,
+        "longest_stalls": stalls,
+        "wake_ups_at_or_over_p99": len(late),
+        "of_them_with_a_collection": late_with_gc,
+        "collection_share_of_their_lag": late_gc / max(sum(samples.lags[i] for i in late), 1e-9),
+    }
+
+
 def _count(values: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for value in values:
@@ -430,6 +531,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--no-drift-check", action="store_true")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
+        "--gc",
+        choices=("default", "freeze", "off"),
+        default=defaults.gc_mode,
+        help="garbage collector during the run (see ScaleConfig.gc_mode)",
+    )
+    parser.add_argument(
         "--breakdown", action="store_true", help="bytes per held token by allocation site"
     )
     parser.add_argument(
@@ -444,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         tool_seconds=args.tool_seconds,
         drift_check=not args.no_drift_check,
         seed=args.seed,
+        gc_mode=args.gc,
         breakdown=args.breakdown,
     )
     report = run_scale(config)

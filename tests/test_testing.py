@@ -29,7 +29,7 @@ async def test_replays_a_list_and_records_requests() -> None:
     assert (first.prompt_tokens, first.completion_tokens) == (3, 4)
     assert second.output_ids == (9707, 151645)
     assert second.output_logprobs == (0.0, 0.0)  # default logprob when none scripted
-    assert [r.input_ids for r in engine.requests] == [(1, 2, 3), (1, 2, 3, 4)]
+    assert [list(r.input_ids) for r in engine.requests] == [[1, 2, 3], [1, 2, 3, 4]]
     assert engine.requests[1].session_id == "s"
     with pytest.raises(UserError, match="ran out of scripted outputs"):
         await engine.generate(GenerateRequest(input_ids=(1,)))

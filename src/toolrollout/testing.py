@@ -21,7 +21,7 @@ Example::
         [9707, 151645],                                  # plain ids work too
     ])
     result = await engine.generate(GenerateRequest(input_ids=(1, 2, 3)))
-    assert engine.requests[0].input_ids == (1, 2, 3)
+    assert list(engine.requests[0].input_ids) == [1, 2, 3]
 """
 
 from __future__ import annotations

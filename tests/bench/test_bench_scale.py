@@ -3,6 +3,9 @@ figures it reports are there and consistent (the 10,000-trajectory run is in the
 
 from __future__ import annotations
 
+import gc
+from typing import Any
+
 from benchmarks.bench_scale import ScaleConfig, run_scale
 
 
@@ -39,3 +42,30 @@ def test_the_breakdown_names_toolrollouts_allocation_sites() -> None:
     # The token arrays are allocated in the records module: it is among the named sites.
     assert any(site.startswith("toolrollout/_records/") for site in sites)
     assert sum(sites.values()) <= breakdown["traced_bytes_per_held_token"] + 1e-9
+
+
+def _small(**options: Any) -> ScaleConfig:
+    return ScaleConfig(
+        trajectories=12,
+        turns=2,
+        tokens=32,
+        turn_seconds=0.05,
+        tool_seconds=0.01,
+        sample_every=0.05,
+        **options,
+    )
+
+
+def test_collections_are_recorded_and_the_collector_is_left_as_it_was() -> None:
+    """Every garbage collection of the run is reported by generation (with its share of the
+    longest stalls); ``freeze`` and ``off`` are the run's own and are undone after it."""
+    default = run_scale(_small())
+    rows = default["gc"]["by_generation"]
+    assert rows and sum(row["count"] for row in rows.values()) > 0
+    assert all(row["cpu_s"] <= row["total_s"] + 0.05 for row in rows.values())
+    assert len(default["gc"]["longest_stalls"]) == min(10, default["lag_ms"]["samples"])
+    frozen = run_scale(_small(gc_mode="freeze"))
+    assert frozen["config"]["gc_frozen_objects"] > 10_000  # the imported libraries at least
+    off = run_scale(_small(gc_mode="off"))
+    assert off["gc"]["by_generation"] == {}
+    assert gc.isenabled() and gc.get_freeze_count() == 0

@@ -254,3 +254,16 @@ def test_generate_with_the_calculator_config(tmp_path: Path) -> None:
     rows = _rows(tmp_path / "c.jsonl")
     assert sum(int(str(r["num_tool_calls"])) >= 1 for r in rows) >= 5
     assert sum(float(str(r["reward"])) for r in rows) / len(rows) >= 0.6
+
+
+def test_gc_freeze_freezes_what_the_run_loaded(tmp_path: Path) -> None:
+    """``--gc-freeze`` is the application's opt-in: the summary says how many objects it
+    froze (the libraries, model and tokenizer: hundreds of thousands), and rows still come."""
+    proc = run("--limit", "2", "--n", "1", "--gc-freeze", "--out", "t.jsonl", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "objects frozen (--gc-freeze)" in x)
+    frozen = int(line.split("│")[-2].strip().replace(",", ""))
+    assert frozen > 100_000
+    assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 2
+    plain = run("--limit", "1", "--n", "1", "--out", "u.jsonl", cwd=tmp_path)
+    assert plain.returncode == 0 and "objects frozen" not in plain.stdout

@@ -59,8 +59,8 @@ async def test_an_agent_loop_is_one_token_exact_segment(tokenizer: Any) -> None:
     assert [s.kind for s in row.spans] == ["model", "tool", "model"]
     # the second request was the first one's ids plus the delta: no re-tokenization
     first, second = model.engine.requests
-    assert second.input_ids[: len(first.input_ids)] == first.input_ids
-    assert second.input_ids[len(first.input_ids) :][: len(model_spans[0])] == model_spans[0]
+    assert list(second.input_ids[: len(first.input_ids)]) == list(first.input_ids)
+    assert tuple(second.input_ids[len(first.input_ids) :][: len(model_spans[0])]) == model_spans[0]
     assert_token_exact(row, chat)
 
 

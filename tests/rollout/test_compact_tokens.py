@@ -8,16 +8,23 @@ is exact and in 8 otherwise; these tests feed both kinds of values.
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 import random
 import sys
 from array import array
+from typing import Any
 
 import pytest
 
+from toolrollout import RolloutConfig, RolloutRunner
 from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
+from toolrollout.rollout import ModelTurn, TrajectoryHooks, TrajectoryState
 from toolrollout.rollout._parts import Transcript, id_tuple
+from toolrollout.rollout._state import _call_result
+from toolrollout.testing import ScriptedEngine
+from toolrollout.tools import calculator_tool, summarize_tool_calls
 
 
 def _float32_values(n: int, seed: int = 0) -> list[float]:
@@ -119,3 +126,82 @@ def test_compact_spans_take_a_fraction_of_the_tuples_bytes() -> None:
     )
     assert compact / 256 < 9  # 4 + 4 bytes a token, plus the two array headers
     assert as_tuples / 256 > 60
+
+
+async def test_the_rollout_loop_sends_four_bytes_a_token(demo_tokenizer: Any) -> None:
+    answer = demo_tokenizer.encode("The answer is 4.<|im_end|>", add_special_tokens=False)
+    engine = ScriptedEngine([answer])
+    runner = RolloutRunner(engine, demo_tokenizer, [], config=RolloutConfig(max_turns=1))
+    (trajectory,) = await runner.run([{"messages": [{"role": "user", "content": "2 + 2?"}]}])
+    (request,) = engine.requests
+    assert list(request.input_ids) == list(trajectory.prompt_ids)
+    assert isinstance(request.input_ids, array) and request.input_ids.itemsize == 4
+    # the request's own bytes for its ids: the array, not a tuple of 8-byte pointers
+    assert sys.getsizeof(request.input_ids) <= 4 * len(request.input_ids) + 128
+
+
+async def test_each_model_turn_keeps_one_copy_of_its_text(demo_tokenizer: Any) -> None:
+    """The state keeps the parsed message, not the raw text too: the raw text (what the
+    drift check renders) is decoded again from the span's ids, and it is the same text."""
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n'
+    outputs = [f"{call}</tool_call><|im_end|>", "It is 5.<|im_end|>"]
+    engine = ScriptedEngine([demo_tokenizer.encode(t, add_special_tokens=False) for t in outputs])
+    seen: list[tuple[str, list[str], dict[str, Any], bool]] = []
+
+    class Watch(TrajectoryHooks):
+        async def on_model_turn(self, state: TrajectoryState, turn: ModelTurn) -> None:
+            message = state.transcript.messages[-1]
+            seen.append(
+                (turn.text, state.model_texts(), message, hasattr(state.transcript, "model_texts"))
+            )
+
+    runner = RolloutRunner(engine, demo_tokenizer, [calculator_tool()], hooks=Watch())
+    (trajectory,) = await runner.run([{"messages": [{"role": "user", "content": "2 + 3?"}]}])
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert [text for text, *_ in seen] == [t.removesuffix("<|im_end|>") for t in outputs]
+    for number, (text, derived, message, kept) in enumerate(seen):
+        assert derived[number] == text and len(derived) == number + 1
+        assert "raw_content" not in message and not kept
+    assert seen[0][2]["tool_calls"][0]["function"]["name"] == "calculator"
+    # the drift check rendered the derived texts and found the transcript exact
+    assert trajectory.metrics["drift_mismatches"] == 0 and "drift_reports" not in trajectory.metrics
+
+
+async def test_tool_calls_are_recorded_as_atomic_tuples_the_collector_drops(
+    demo_tokenizer: Any,
+) -> None:
+    """The per-tool summary needs name, seconds, attempts and error kind of each call: a
+    tuple of atomic values (which the cyclic collector stops tracking), not the result."""
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n'
+    outputs = [f"{call}</tool_call><|im_end|>", "It is 5.<|im_end|>"]
+    engine = ScriptedEngine([demo_tokenizer.encode(t, add_special_tokens=False) for t in outputs])
+    records: list[Any] = []
+
+    class Watch(TrajectoryHooks):
+        async def on_model_turn(self, state: TrajectoryState, turn: ModelTurn) -> None:
+            records.extend(state.tools.records)
+
+    runner = RolloutRunner(engine, demo_tokenizer, [calculator_tool()], hooks=Watch())
+    (trajectory,) = await runner.run([{"messages": [{"role": "user", "content": "2 + 3?"}]}])
+    (record,) = records
+    name, seconds, attempts, is_error, kind = record
+    assert (name, attempts, is_error, kind) == ("calculator", 1, False, None) and seconds >= 0
+    gc.collect()
+    assert not gc.is_tracked(record)
+    stats = trajectory.metrics["tool_stats"]["calculator"]
+    assert stats["calls"] == 1 and stats["errors"] == 0 and stats["seconds"] == round(seconds, 6)
+
+
+def test_records_of_every_error_kind_are_summarised() -> None:
+    """The summary reads each record's error kind; error classes whose constructors take
+    other arguments (``CircuitOpen``) and kinds toolrollout does not define both count."""
+    records = [
+        ("t", 0.5, 1, True, "CircuitOpen"),
+        ("t", 0.25, 2, True, "ToolTimeout"),
+        ("t", 0.1, 1, True, "SomethingElse"),
+        ("t", 0.2, 1, False, None),
+    ]
+    (summary,) = summarize_tool_calls(map(_call_result, records)).values()
+    assert (summary.calls, summary.errors, summary.retries) == (4, 3, 1)
+    assert (summary.circuit_open, summary.timeouts) == (1, 1)
+    assert dict(summary.error_kinds) == {"CircuitOpen": 1, "ToolTimeout": 1, "SomethingElse": 1}

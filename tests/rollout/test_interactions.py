@@ -94,7 +94,7 @@ async def test_retry_then_accept(demo_tokenizer: Any) -> None:
     assert_token_exact(traj, demo_tokenizer)
     # The second request continued the exact transcript: prompt + model ids + delta.
     first, delta = traj.spans[0].ids, traj.spans[1].ids
-    assert engine.requests[1].input_ids == traj.prompt_ids + first + delta
+    assert tuple(engine.requests[1].input_ids) == traj.prompt_ids + first + delta
     # Per-turn rewards line up with model turns; the reward follows the documented rule.
     assert traj.turn_rewards == (0.0, 1.0)
     assert traj.tool_rewards == (None, None)

@@ -185,7 +185,7 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
 
     async def generate(client: SGLangClient, i: int, state: _LockstepState, turn: int) -> None:
         request = GenerateRequest(
-            input_ids=tuple(state.ids), sampling=sampling, rid=f"ls{i}-t{turn}", session_id=f"ls{i}"
+            input_ids=state.ids, sampling=sampling, rid=f"ls{i}-t{turn}", session_id=f"ls{i}"
         )
         results[i] = await client.generate(request)
 

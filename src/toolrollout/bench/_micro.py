@@ -109,7 +109,6 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
 
         messages.append(tool)
         state.transcript.spans.append(TokenSpan("tool", tuple(ids), (0.0,) * len(ids)))
-        state.transcript.model_texts.append(text)
         if turn in (1, turns):
             messages.pop()  # time the delta and the check on the turn as it was
             timings[turn] = {

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,12 +94,17 @@ def _finite_sampling(params: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
+def _id_list(ids: Sequence[int]) -> list[int]:
+    """A request's ids as the list orjson writes (it has no form for ``array``). The list
+    lives only while the body is encoded; the request keeps the 4-byte array."""
+    return ids.tolist() if isinstance(ids, array) else list(ids)
+
+
 def generate_body(request: GenerateRequest, rid: str, *, stream: bool = False) -> dict[str, Any]:
     """Return the JSON body of a single ``POST /generate`` (SGLang ``GenerateReqInput``)."""
     body: dict[str, Any] = {
         "rid": rid,
-        # A tuple, not a list copy: orjson writes both as a JSON array (encode_json).
-        "input_ids": request.input_ids,
+        "input_ids": _id_list(request.input_ids),
         "sampling_params": _finite_sampling(request.sampling.to_sglang()),
         "return_logprob": request.return_logprob,
         # -1: logprobs for output tokens only (no prompt logprobs to ship back).
@@ -117,7 +123,7 @@ def batch_body(requests: Sequence[GenerateRequest], rids: Sequence[str]) -> dict
     """Return the body of one batched ``POST /generate`` (2-D ``input_ids``, list params)."""
     body: dict[str, Any] = {
         "rid": list(rids),
-        "input_ids": [list(r.input_ids) for r in requests],
+        "input_ids": [_id_list(r.input_ids) for r in requests],
         "sampling_params": [_finite_sampling(r.sampling.to_sglang()) for r in requests],
         "return_logprob": [r.return_logprob for r in requests],
         "logprob_start_len": -1,

@@ -45,7 +45,12 @@ from toolrollout._exceptions import (
 )
 from toolrollout._records import Trajectory, TrajectoryImage
 from toolrollout.chat import ChatFormat, ParsedTurn, ToolCallParser, get_tool_parser
-from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams
+from toolrollout.engines._types import (
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    token_id_array,
+)
 
 from ._session import (
     Candidate,
@@ -562,7 +567,7 @@ class Gateway:
         )
         rid = f"gw-{uuid.uuid4().hex[:16]}-0"
         engine_request = GenerateRequest(
-            input_ids=tuple(prep.input_ids),
+            input_ids=prep.input_ids,
             sampling=self._sampling(request, prep.max_new),
             rid=rid,
             session_id=request.session,
@@ -789,7 +794,7 @@ class Gateway:
         base = f"gw-{uuid.uuid4().hex[:16]}"
         rids = [f"{base}-{i}" for i in range(request.n)]
         sampling = self._sampling(request, max_new)
-        ids = tuple(input_ids)
+        ids = token_id_array(input_ids)  # one array shared by the n requests
 
         async def one(index: int, rid: str) -> GenerateResult:
             seeded = sampling

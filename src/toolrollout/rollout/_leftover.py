@@ -302,7 +302,7 @@ def _from_format1(blob: bytes) -> Trajectory:
     if not isinstance(point, _Format1Point):
         raise UserError("the resume point is not one of format 1")
     spent = float(trajectory.metrics.get("total_seconds", 0.0))
-    resume = _format1_state(point, spent).to_resume_point()
+    resume = _format1_state(point, spent).to_resume_point(list(point.state.model_texts))
     return _replace_resume(trajectory, resume)
 
 
@@ -326,7 +326,6 @@ def _format1_state(point: _Format1Point, spent: float) -> TrajectoryState:
         messages=list(old.messages),
         prompt_ids=list(old.prompt_ids),
         spans=list(old.spans),
-        model_texts=list(old.model_texts),
         open_turn=old.open_turn,
         segments=list(old.segments),
     )
@@ -340,7 +339,10 @@ def _format1_state(point: _Format1Point, spent: float) -> TrajectoryState:
         tool_seconds=old.tool_seconds,
         tool_latency=dict(old.tool_latency),
     )
-    state.tools = ToolLedger(state=dict(old.tool_state), records=list(old.tool_records))
+    state.tools = ToolLedger(
+        state=dict(old.tool_state),
+        records=[(n, r.seconds, r.attempts, r.is_error, r.error_kind) for n, r in old.tool_records],
+    )
     state.drift = DriftLedger(
         checkpoints=list(old.drift_checkpoints),
         checked=set(old.drift_checked),

@@ -29,7 +29,7 @@ from toolrollout.engines._types import GenerateRequest, GenerateResult, Sampling
 from ._environment import TrajectoryEnvironment
 from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
 from ._interactions import select_interaction
-from ._parts import RolloutServices, id_tuple, render_prompt
+from ._parts import RolloutServices, render_prompt
 from ._state import TrajectoryState
 
 __all__ = ["run_trajectory"]
@@ -178,16 +178,16 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
     return result
 
 
-def _request_ids(state: TrajectoryState) -> tuple[int, ...]:
-    """The ids a request carries, as shared ints (the array copy dies here, not held for
-    the length of the request: 4 bytes a token of every trajectory in flight)."""
+def _request_ids(state: TrajectoryState) -> array[int]:
+    """The ids a request carries: one compact array (4 bytes a token), the request's own
+    copy of the transcript's ids, held while the request waits for the engine."""
     input_ids = state.transcript.ids()
     vision = state.services.vision
     if vision is not None and state.vision.urls:
         # One <|image_pad|> per image on the wire: every SGLang version expands that form
         # itself (see docs/multimodal.md); the transcript keeps the expanded ids.
         input_ids = array("i", vision.collapse(input_ids))
-    return id_tuple(input_ids)
+    return input_ids
 
 
 def _seed_for(state: TrajectoryState) -> int | None:

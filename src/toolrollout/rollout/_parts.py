@@ -6,6 +6,7 @@ rules that change them) so environment code can import them without the state's 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -21,11 +22,12 @@ from toolrollout.chat import ChatFormat, ParsedTurn, PreparedImage, ToolCallPars
 from toolrollout.engines._base import Engine
 from toolrollout.engines._scheduling import Scheduler
 from toolrollout.rewards import WeightedReward
-from toolrollout.tools import ToolExecutor, ToolResult
+from toolrollout.tools import ToolExecutor
 
 from ._config import RolloutConfig
 
 __all__ = [
+    "CallRecord",
     "Counters",
     "EnvStep",
     "ModelTurn",
@@ -77,9 +79,10 @@ class RolloutServices:
     """Which call of its runner this run is (0 for the first): mixed into the per-sample
     seeds, so a trainer that calls one runner every step draws fresh samples each time
     instead of replaying step 0's random numbers at every batch position."""
-    rendered_prompts: dict[str, array[int]] = field(default_factory=dict)
-    """Prompt ids by the JSON of the messages they render: the ``n`` samples of a prompt
-    (and repeated prompts) render and tokenize it once per run (see :func:`render_prompt`)."""
+    rendered_prompts: dict[bytes, array[int]] = field(default_factory=dict)
+    """Prompt ids by a 128-bit digest of the JSON of the messages they render: the ``n``
+    samples of a prompt (and repeated prompts) render and tokenize it once per run (see
+    :func:`render_prompt`)."""
 
 
 RENDER_CACHE_SIZE = 65_536
@@ -91,14 +94,16 @@ def render_prompt(services: RolloutServices, messages: Sequence[Mapping[str, Any
 
     Rendering is the chat template plus the tokenizer, a few milliseconds of CPU a prompt
     that blocks the event loop; GRPO's ``n`` samples of one prompt share the result, the
-    same array (a transcript only reads its prompt ids, never changes them). The key is the
-    messages' JSON, so a conversation holding objects JSON cannot write (images) is rendered
-    every time.
+    same array (a transcript only reads its prompt ids, never changes them). The key is a
+    BLAKE2b digest (16 bytes) of the messages' JSON, not the JSON itself, which a run of
+    distinct prompts would keep for every prompt (about a byte per prompt token); a
+    conversation holding objects JSON cannot write (images) is rendered every time.
     """
     try:
-        key = json.dumps(messages, sort_keys=True, ensure_ascii=False)
+        text = json.dumps(messages, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
         return array("i", services.chat.render_prompt(messages))
+    key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
     ids = services.rendered_prompts.get(key)
     if ids is None:
         ids = array("i", services.chat.render_prompt(messages))
@@ -140,7 +145,6 @@ class Transcript:
     prompt_ids: Sequence[int] = field(default_factory=lambda: array("i"))
     """The rendered prompt; the loop keeps it as ``array('i')`` (4 bytes a token)."""
     spans: list[TokenSpan] = field(default_factory=list)
-    model_texts: list[str] = field(default_factory=list)
     open_turn: bool = False
     """The last model turn was cut by an abort mid-generation; the next request continues it."""
     segments: list[tuple[int, int, str | None]] = field(default_factory=list)
@@ -149,6 +153,11 @@ class Transcript:
     @property
     def response_len(self) -> int:
         return sum(s.num_tokens for s in self.spans)
+
+    @property
+    def model_turns(self) -> int:
+        """Model spans so far (one per model turn; an open turn's legs are one span)."""
+        return sum(1 for s in self.spans if s.kind == "model")
 
     def ids(self) -> array[int]:
         """Prompt and response ids, one compact array (copied from the spans, no objects)."""
@@ -228,8 +237,15 @@ class Timing:
         return self.prior_seconds + time.perf_counter() - self.started
 
 
+CallRecord = tuple[str, float, int, bool, str | None]
+"""One tool call as the per-tool summary needs it: (tool name, seconds, attempts,
+is_error, error kind). Atomic values only, not the :class:`ToolResult`: no copy of the
+result's text, and a tuple the garbage collector stops tracking (it walks every tracked
+object of every live trajectory on each full collection)."""
+
+
 @dataclass(slots=True)
 class ToolLedger:
     state: dict[str, Any] = field(default_factory=dict)
     """``ToolContext.state``: what the row's tools keep between calls."""
-    records: list[tuple[str, ToolResult]] = field(default_factory=list)
+    records: list[CallRecord] = field(default_factory=list)

@@ -45,6 +45,7 @@ from toolrollout.tools import (
 from ._drift import DriftLedger, DriftView
 from ._environment import EnvironmentLedger
 from ._parts import (
+    CallRecord,
     Counters,
     EnvStep,
     ModelTurn,
@@ -180,7 +181,6 @@ class TrajectoryState:
         if continuing:
             first = t.spans.pop()
             span = _joined(first, span)
-            t.model_texts.pop()
         else:
             c.num_turns += 1
         t.open_turn = False
@@ -191,7 +191,6 @@ class TrajectoryState:
         t.segments.append((start, start + len(ids), result.weight_version))
         turn_ids = span.ids if continuing else tuple(ids)
         text = self.services.chat.model_text(turn_ids)
-        t.model_texts.append(text)
         family = self.services.chat.family
         parsed = _with_family_ids(
             family,
@@ -203,6 +202,10 @@ class TrajectoryState:
         message = family.build_assistant_message(
             text, parsed, [call.id for call in parsed.tool_calls]
         )
+        # The raw text is not kept (the message's parsed content and calls are): it is the
+        # decode of the span's ids, derived again when the drift check or a resume point
+        # needs it (model_texts). One copy of each turn's text, not two.
+        message.pop("raw_content", None)
         if continuing:
             t.messages[-1] = message  # the open turn's message, now with all its text
         else:
@@ -245,7 +248,9 @@ class TrajectoryState:
         self.environment.record_tool_results(self.counters.num_turns, results)
         for name, result in zip(names, results, strict=True):
             self.timing.tool_latency.setdefault(name, []).append(result.seconds)
-            self.tools.records.append((name, result))
+            self.tools.records.append(
+                (name, result.seconds, result.attempts, result.is_error, result.error_kind)
+            )
             if result.is_error:
                 self.counters.tool_errors += 1
 
@@ -281,15 +286,23 @@ class TrajectoryState:
         comparison run at the end, or now every ``drift_check_every``-th checkpoint)."""
         config, t = self.services.config, self.transcript
         if config.drift_check:
-            lengths = (len(t.prompt_ids) + t.response_len, len(t.messages), len(t.model_texts))
+            lengths = (len(t.prompt_ids) + t.response_len, len(t.messages), t.model_turns)
             self.drift.checkpoint(lengths, config.drift_check_every, self.drift_view)
 
     def drift_view(self) -> DriftView:
         """The transcript as it is now, for the drift check."""
         t = self.transcript
         return DriftView(
-            self.services.chat, self.services.vision, t.ids(), t.messages, t.model_texts
+            self.services.chat, self.services.vision, t.ids(), t.messages, self.model_texts()
         )
+
+    def model_texts(self) -> list[str]:
+        """Each model turn's raw text (stop token stripped), decoded from its verbatim ids:
+        the text :meth:`append_model_turn` parsed, derived again rather than kept."""
+        chat = self.services.chat
+        if not chat.family.drift_from_raw_text:  # the drift check renders parsed messages
+            return []
+        return [chat.model_text(s.id_array) for s in self.transcript.spans if s.kind == "model"]
 
     # --- freezing and resuming ---------------------------------------------------------
 
@@ -346,9 +359,9 @@ class TrajectoryState:
             metrics["image_tokens"] = self.vision.tokens
             metrics["images_dropped"] = self.vision.dropped
         if self.tools.records:
+            calls = map(_call_result, self.tools.records)
             metrics["tool_stats"] = {
-                name: summary.to_dict()
-                for name, summary in summarize_tool_calls(self.tools.records).items()
+                name: summary.to_dict() for name, summary in summarize_tool_calls(calls).items()
             }
         if self.drift.found:
             metrics["drift_reports"] = self.drift.reports()
@@ -362,15 +375,20 @@ class TrajectoryState:
         metrics.update(self.environment.metrics())
         return metrics
 
-    def to_resume_point(self) -> ResumePoint:
-        """The state as a JSON resume point (what a later leg needs, not the live objects)."""
+    def to_resume_point(self, model_texts: Sequence[str] | None = None) -> ResumePoint:
+        """The state as a JSON resume point (what a later leg needs, not the live objects).
+
+        ``model_texts`` (default: decoded from the model spans) is written for readers that
+        predate deriving it; this version derives it again when it loads the point.
+        """
+        texts = self.model_texts() if model_texts is None else list(model_texts)
         try:
-            text = json.dumps(self._payload(), ensure_ascii=False)
+            text = json.dumps(self._payload(texts), ensure_ascii=False)
         except TypeError as exc:  # a row or tool state holding a value JSON has no form for
             raise ToolRolloutError(f"trajectory {self.uid} cannot be saved: {exc}") from None
         return ResumePoint(text, RESUME_FORMAT_VERSION)
 
-    def _payload(self) -> dict[str, Any]:
+    def _payload(self, model_texts: list[str]) -> dict[str, Any]:
         t, env = self.transcript, self.environment
         return {
             "identity": {
@@ -388,7 +406,7 @@ class TrajectoryState:
                 "messages": to_json_value(t.messages),
                 "prompt_ids": list(t.prompt_ids),
                 "spans": [[s.kind, s.id_array.tolist(), list(s.logprobs)] for s in t.spans],
-                "model_texts": t.model_texts,
+                "model_texts": model_texts,
                 "open_turn": t.open_turn,
                 "segments": t.segments,
             },
@@ -401,7 +419,7 @@ class TrajectoryState:
             },
             "tools": {
                 "state": to_json_value(self.tools.state),
-                "records": [_call_record(name, result) for name, result in self.tools.records],
+                "records": [_call_record(record) for record in self.tools.records],
             },
             "drift": {
                 "checkpoints": self.drift.checkpoints,
@@ -451,7 +469,6 @@ class TrajectoryState:
             messages=from_json_value(t["messages"]),
             prompt_ids=array("i", t["prompt_ids"]),
             spans=[TokenSpan(k, i, [float(x) for x in lp]) for k, i, lp in t["spans"]],
-            model_texts=list(t.get("model_texts", [])),
             open_turn=bool(t.get("open_turn", False)),
             segments=[(s, e, v) for s, e, v in t.get("segments", [])],
         )
@@ -470,7 +487,7 @@ class TrajectoryState:
         tools = data.get("tools", {})
         state.tools = ToolLedger(
             state=from_json_value(tools.get("state", {})),
-            records=[_call_result(r) for r in tools.get("records", [])],
+            records=[_record_of(r) for r in tools.get("records", [])],
         )
         drift = data.get("drift", {})
         state.drift = DriftLedger(
@@ -569,28 +586,44 @@ def _with_family_ids(family: TemplateFamily, parsed: ParsedTurn, call_number: in
     return dataclasses.replace(parsed, tool_calls=calls)
 
 
-def _call_record(name: str, result: ToolResult) -> dict[str, Any]:
-    """What the per-tool summary of a trajectory needs of one call (not its output)."""
+def _call_record(record: CallRecord) -> dict[str, Any]:
+    """One call's record as the resume point's JSON."""
+    name, seconds, attempts, is_error, kind = record
     return {
         "name": name,
-        "seconds": result.seconds,
-        "attempts": result.attempts,
-        "is_error": result.is_error,
-        "error_kind": result.error_kind,
+        "seconds": seconds,
+        "attempts": attempts,
+        "is_error": is_error,
+        "error_kind": kind,
     }
 
 
-def _call_result(record: Mapping[str, Any]) -> tuple[str, ToolResult]:
-    kind = record.get("error_kind")
-    error = None if kind is None else _error_class(str(kind))("(before the resume)")
-    result = ToolResult(
-        text="",
-        is_error=bool(record.get("is_error", False)),
-        seconds=float(record.get("seconds", 0.0)),
-        attempts=int(record.get("attempts", 0)),
-        error=error,
+def _record_of(saved: Mapping[str, Any]) -> CallRecord:
+    kind = saved.get("error_kind")
+    return (
+        str(saved["name"]),
+        float(saved.get("seconds", 0.0)),
+        int(saved.get("attempts", 0)),
+        bool(saved.get("is_error", False)),
+        None if kind is None else str(kind),
     )
-    return str(record["name"]), result
+
+
+def _call_result(record: CallRecord) -> tuple[str, ToolResult]:
+    """A record as the (name, result) pair :func:`summarize_tool_calls` reads (no text)."""
+    name, seconds, attempts, is_error, kind = record
+    error = None if kind is None else _bare_error(kind)
+    return name, ToolResult(
+        text="", is_error=is_error, seconds=seconds, attempts=attempts, error=error
+    )
+
+
+def _bare_error(kind: str) -> ToolRolloutError:
+    """An instance of the error class named ``kind``, for its name only (what the summary
+    reads): made without ``__init__``, whose arguments differ by class (``CircuitOpen``
+    takes ``tool`` and ``retry_after``) and are not kept."""
+    cls = _error_class(kind)
+    return cls.__new__(cls)
 
 
 @cache

@@ -31,7 +31,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from toolrollout._exceptions import EngineError, EngineRequestRejected, ToolRolloutError, UserError
 from toolrollout._security import SecurityMiddleware, ServerSecurity
-from toolrollout.engines._types import GenerateRequest, SamplingParams
+from toolrollout.engines._types import GenerateRequest, SamplingParams, token_id_array
 from toolrollout.engines.embedded import EmbeddedEngine, EmbeddedOutput
 from toolrollout.engines.embedded._scheduler import Event
 from toolrollout.engines.embedded._vision import VisionInputs
@@ -438,9 +438,9 @@ def create_app(
     async def _images(parsed: ParsedGenerate) -> list[VisionInputs | None]:
         """Pixel inputs of every sample, computed off the event loop (shared by its n)."""
         out: list[VisionInputs | None] = []
-        done: dict[tuple[int, tuple[int, ...]], VisionInputs | None] = {}
+        done: dict[tuple[int, bytes], VisionInputs | None] = {}
         for sub in parsed.subs:
-            key = (id(sub.request.image_data), sub.request.input_ids)
+            key = (id(sub.request.image_data), token_id_array(sub.request.input_ids).tobytes())
             if key not in done:
                 done[key] = await engine.process_images(sub.request)
             out.append(done[key])

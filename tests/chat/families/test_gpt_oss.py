@@ -147,7 +147,7 @@ async def test_detection_tool_loop_and_history_rule(harmony: PreTrainedTokenizer
     )
     assert list(trajectory.prompt_ids) == list(prompt)
     spans = trajectory.spans
-    assert engine.requests[2].input_ids == (
+    assert tuple(engine.requests[2].input_ids) == (
         trajectory.prompt_ids + spans[0].ids + spans[1].ids + spans[2].ids + spans[3].ids
     )
     # The documented rule: equal after harmony_history (analysis dropped once a final answer
