@@ -78,18 +78,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-prompts", type=int, default=256, help="held-out prompts scored")
     p.add_argument("--prompts-per-step", type=int, default=16)
     p.add_argument("--group-size", type=int, default=8, help="GRPO num_generations")
-    p.add_argument("--learning-rate", type=float, default=3e-5)
+    p.add_argument("--learning-rate", type=float, default=1e-2)
     p.add_argument(
-        "--positive-advantages", action="store_true",
-        help="clip advantages below at 0 (only better-than-group samples are reinforced)",
+        "--positive-advantages", action=argparse.BooleanOptionalAction, default=True,
+        help="clip advantages below at 0: only better-than-group samples are reinforced",
     )  # fmt: skip
     p.add_argument(
-        "--trainable", default="",
+        "--trainable", default="norm",
         help="train only parameters whose name contains one of these comma-separated parts "
-        "(default: all)",
+        "('' trains all; default: the RMSNorm weights, 640 of 361,600)",
     )  # fmt: skip
     p.add_argument("--optimizer", default="adamw_torch", help="transformers' optim name")
-    p.add_argument("--beta", type=float, default=0.04, help="KL coefficient to the start")
+    p.add_argument("--beta", type=float, default=0.0, help="KL coefficient to the start")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling")
     p.add_argument("--tool-error-penalty", type=float, default=0.2,
                    help="reward subtracted per failed or malformed tool call")  # fmt: skip
@@ -274,6 +274,22 @@ def positive_advantages_only(base: type[Any]) -> type[Any]:
     return PositiveAdvantageGRPOTrainer
 
 
+def train_only(model: Any, spec: str) -> int:
+    """Freeze every parameter whose name contains none of ``spec``'s comma-separated parts.
+
+    Returns how many parameters stay trainable. TRL's optimizer is built over the
+    parameters that still require a gradient, and the adapter's weight sync copies the
+    whole state dict, so the engine serves exactly what was trained.
+    """
+    parts = [part.strip() for part in spec.split(",") if part.strip()]
+    for name, param in model.named_parameters():
+        param.requires_grad_(any(part in name for part in parts))
+    kept = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if not kept:
+        raise SystemExit(f"--trainable {spec!r}: no parameter name contains any of {parts}")
+    return int(kept)
+
+
 def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path) -> dict[str, Any]:
     """GRPO on the training rows, on-policy through the adapter; saves ``<out>/model``."""
     import torch
@@ -293,12 +309,7 @@ def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path
     tokenizer = AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
     model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
     if args.trainable:
-        parts = [part for part in args.trainable.split(",") if part]
-        for name, param in model.named_parameters():
-            param.requires_grad_(any(part in name for part in parts))
-        kept = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        if not kept:
-            raise SystemExit(f"--trainable {args.trainable!r} matches no parameter")
+        kept = train_only(model, args.trainable)
         print(f"training {kept:,} of {sum(p.numel() for p in model.parameters()):,} parameters")
     batch = args.prompts_per_step * args.group_size
     dataset = Dataset.from_list(
