@@ -87,7 +87,11 @@ def test_trainable_freezes_every_other_parameter() -> None:
     torch = pytest.importorskip("torch")
     example: Any = _example()
     model = torch.nn.ModuleDict(
-        {"norm": torch.nn.LayerNorm(4), "proj": torch.nn.Linear(4, 4), "final_norm": torch.nn.LayerNorm(4)}
+        {
+            "norm": torch.nn.LayerNorm(4),
+            "proj": torch.nn.Linear(4, 4),
+            "final_norm": torch.nn.LayerNorm(4),
+        }
     )
     assert example.train_only(model, "norm") == 16
     trained = {name for name, p in model.named_parameters() if p.requires_grad}
