@@ -128,6 +128,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "runs the trainer adapter tests (minutes); CI runs them with the whole suite"
     ),
     ("docs/trainers.md", "python examples/grpo_python.py"): ("trains for many minutes"),
+    ("docs/trainers.md", "python -m toolrollout eval --m"): (
+        "needs the published run's held-out file and sandbox config"
+    ),
 }
 """(page, start of the block's first line) -> why it is not run (the page's marker text)."""
 

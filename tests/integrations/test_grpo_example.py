@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,10 +49,11 @@ def test_grpo_example_runs_and_prints_the_result_line(tmp_path: Path) -> None:
     assert len(summary["history"]) == 1
     # TRL called the entropy-mask hook of the default recipe (the key is logged there)
     assert 0.0 < summary["history"][0]["entropy_mask/kept"] <= 1.0
-    # the sampled evaluation (2 samples a problem by default) is reported next to greedy
+    # the sampled evaluation (the headline, last line) comes after the greedy one
     sampled = summary["sampled"]["accuracy"]
     assert all(0.0 <= v[0] <= 1.0 for v in sampled.values())
-    assert done.stdout.strip().splitlines()[-2].startswith("held-out 2 samples a problem")
+    assert summary["sampled"]["line"] in last
+    assert done.stdout.strip().splitlines()[-2].startswith("held-out, greedy decoding: accuracy")
     assert (out / "reward.png").stat().st_size > 0
     # held-out and training programs are disjoint (the script also refuses otherwise)
     held = {json.loads(line)["code"] for line in (out / "heldout.jsonl").open()}
@@ -59,12 +61,49 @@ def test_grpo_example_runs_and_prints_the_result_line(tmp_path: Path) -> None:
     assert held and train and not held & train
 
 
-def test_entropy_mask_keeps_only_confident_model_tokens() -> None:
-    torch = pytest.importorskip("torch")
+def _example() -> object:
     spec = importlib.util.spec_from_file_location("grpo_python", SCRIPT)
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
+    return example
+
+
+def test_positive_advantages_clip_only_the_negative_rows() -> None:
+    torch = pytest.importorskip("torch")
+    example: Any = _example()
+
+    class Base:
+        def _compute_loss(self, model: object, inputs: dict[str, Any]) -> Any:
+            return inputs["advantages"]
+
+    trainer = example.positive_advantages_only(Base)()
+    inputs = {"advantages": torch.tensor([1.5, -0.5, 0.0, -2.0]), "other": 1}
+    assert trainer._compute_loss(None, inputs).tolist() == [1.5, 0.0, 0.0, 0.0]
+    assert inputs["advantages"].tolist() == [1.5, -0.5, 0.0, -2.0]  # the batch is not changed
+
+
+def test_trainable_freezes_every_other_parameter() -> None:
+    torch = pytest.importorskip("torch")
+    example: Any = _example()
+    model = torch.nn.ModuleDict(
+        {
+            "norm": torch.nn.LayerNorm(4),
+            "proj": torch.nn.Linear(4, 4),
+            "final_norm": torch.nn.LayerNorm(4),
+        }
+    )
+    assert example.train_only(model, "norm") == 16
+    trained = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert trained == {"norm.weight", "norm.bias", "final_norm.weight", "final_norm.bias"}
+    assert example.train_only(model, "proj.weight, norm.bias") == 16 + 4 + 4
+    with pytest.raises(SystemExit, match="no parameter name contains"):
+        example.train_only(model, "attention")
+
+
+def test_entropy_mask_keeps_only_confident_model_tokens() -> None:
+    torch = pytest.importorskip("torch")
+    example: Any = _example()
 
     class Base:
         def __init__(self) -> None:
