@@ -25,35 +25,27 @@ def test_scale_benchmark_runs_small() -> None:
     assert report["ticks"] and report["peak_rss_mb"] > 0
 
 
+def _small(**options: Any) -> ScaleConfig:
+    """12 short trajectories; ``options`` override any field."""
+    fields: dict[str, Any] = {
+        "trajectories": 12,
+        "turns": 2,
+        "tokens": 32,
+        "turn_seconds": 0.05,
+        "tool_seconds": 0.01,
+        "sample_every": 0.05,
+    }
+    return ScaleConfig(**{**fields, **options})
+
+
 def test_the_breakdown_names_toolrollouts_allocation_sites() -> None:
-    config = ScaleConfig(
-        trajectories=12,
-        turns=2,
-        tokens=32,
-        turn_seconds=0.2,
-        tool_seconds=0.01,
-        sample_every=0.05,
-        breakdown=True,
-    )
-    report = run_scale(config)
+    report = run_scale(_small(turn_seconds=0.2, breakdown=True))
     breakdown = report["breakdown"]
     sites = breakdown["by_site_bytes_per_held_token"]
     assert breakdown["live_tokens"] > 0 and breakdown["traced_bytes_per_held_token"] > 0
     # The token arrays are allocated in the records module: it is among the named sites.
     assert any(site.startswith("toolrollout/_records/") for site in sites)
     assert sum(sites.values()) <= breakdown["traced_bytes_per_held_token"] + 1e-9
-
-
-def _small(**options: Any) -> ScaleConfig:
-    return ScaleConfig(
-        trajectories=12,
-        turns=2,
-        tokens=32,
-        turn_seconds=0.05,
-        tool_seconds=0.01,
-        sample_every=0.05,
-        **options,
-    )
 
 
 def test_collections_are_recorded_and_the_collector_is_left_as_it_was() -> None:
