@@ -22,9 +22,9 @@ from toolrollout import RolloutConfig, RolloutRunner
 from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
 from toolrollout.rollout import ModelTurn, TrajectoryHooks, TrajectoryState
 from toolrollout.rollout._parts import Transcript, id_tuple
-from toolrollout.rollout._state import _call_result
 from toolrollout.testing import ScriptedEngine
-from toolrollout.tools import calculator_tool, summarize_tool_calls
+from toolrollout.tools import calculator_tool
+from toolrollout.tools._executor import summarize_call_records
 
 
 def _float32_values(n: int, seed: int = 0) -> list[float]:
@@ -193,15 +193,14 @@ async def test_tool_calls_are_recorded_as_atomic_tuples_the_collector_drops(
 
 
 def test_records_of_every_error_kind_are_summarised() -> None:
-    """The summary reads each record's error kind; error classes whose constructors take
-    other arguments (``CircuitOpen``) and kinds toolrollout does not define both count."""
+    """The summary reads each record's error kind, toolrollout's own kinds and others alike."""
     records = [
         ("t", 0.5, 1, True, "CircuitOpen"),
         ("t", 0.25, 2, True, "ToolTimeout"),
         ("t", 0.1, 1, True, "SomethingElse"),
         ("t", 0.2, 1, False, None),
     ]
-    (summary,) = summarize_tool_calls(map(_call_result, records)).values()
+    (summary,) = summarize_call_records(records).values()
     assert (summary.calls, summary.errors, summary.retries) == (4, 3, 1)
     assert (summary.circuit_open, summary.timeouts) == (1, 1)
     assert dict(summary.error_kinds) == {"CircuitOpen": 1, "ToolTimeout": 1, "SomethingElse": 1}

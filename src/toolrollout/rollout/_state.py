@@ -18,10 +18,8 @@ import json
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from functools import cache
 from typing import Any
 
-import toolrollout._exceptions as _exceptions
 from toolrollout._exceptions import EngineError, ToolRolloutError
 from toolrollout._records import (
     RESUME_FORMAT_VERSION,
@@ -39,8 +37,8 @@ from toolrollout.tools import (
     ToolContext,
     ToolResult,
     ToolSession,
-    summarize_tool_calls,
 )
+from toolrollout.tools._executor import summarize_call_records
 
 from ._drift import DriftLedger, DriftView
 from ._environment import EnvironmentLedger
@@ -359,9 +357,9 @@ class TrajectoryState:
             metrics["image_tokens"] = self.vision.tokens
             metrics["images_dropped"] = self.vision.dropped
         if self.tools.records:
-            calls = map(_call_result, self.tools.records)
             metrics["tool_stats"] = {
-                name: summary.to_dict() for name, summary in summarize_tool_calls(calls).items()
+                name: summary.to_dict()
+                for name, summary in summarize_call_records(self.tools.records).items()
             }
         if self.drift.found:
             metrics["drift_reports"] = self.drift.reports()
@@ -607,32 +605,6 @@ def _record_of(saved: Mapping[str, Any]) -> CallRecord:
         bool(saved.get("is_error", False)),
         None if kind is None else str(kind),
     )
-
-
-def _call_result(record: CallRecord) -> tuple[str, ToolResult]:
-    """A record as the (name, result) pair :func:`summarize_tool_calls` reads (no text)."""
-    name, seconds, attempts, is_error, kind = record
-    error = None if kind is None else _bare_error(kind)
-    return name, ToolResult(
-        text="", is_error=is_error, seconds=seconds, attempts=attempts, error=error
-    )
-
-
-def _bare_error(kind: str) -> ToolRolloutError:
-    """An instance of the error class named ``kind``, for its name only (what the summary
-    reads): made without ``__init__``, whose arguments differ by class (``CircuitOpen``
-    takes ``tool`` and ``retry_after``) and are not kept."""
-    cls = _error_class(kind)
-    return cls.__new__(cls)
-
-
-@cache
-def _error_class(kind: str) -> type[ToolRolloutError]:
-    """The error class named ``kind`` (toolrollout's own, or a stand-in of that name)."""
-    found = getattr(_exceptions, kind, None)
-    if isinstance(found, type) and issubclass(found, ToolRolloutError):
-        return found
-    return type(kind, (ToolRolloutError,), {})
 
 
 def _image_record(image: TrajectoryImage) -> dict[str, Any]:

@@ -60,6 +60,7 @@ __all__ = [
     "ToolCallSummary",
     "ToolExecutor",
     "ToolStatistics",
+    "summarize_call_records",
     "summarize_tool_calls",
 ]
 
@@ -487,20 +488,30 @@ def summarize_tool_calls(
 
     Unknown tool names keep their own entry (with ``error_kinds`` ``{"ToolNotFound": n}``).
     """
-    grouped: dict[str, list[ToolResult]] = {}
-    for name, result in records:
-        grouped.setdefault(name, []).append(result)
+    return summarize_call_records(
+        (name, r.seconds, r.attempts, r.is_error, r.error_kind) for name, r in records
+    )
+
+
+def summarize_call_records(
+    records: Iterable[tuple[str, float, int, bool, str | None]],
+) -> dict[str, ToolCallSummary]:
+    """:func:`summarize_tool_calls` over plain ``(name, seconds, attempts, is_error, error
+    kind)`` records: what a trajectory keeps of each call instead of its result."""
+    grouped: dict[str, list[tuple[str, float, int, bool, str | None]]] = {}
+    for record in records:
+        grouped.setdefault(record[0], []).append(record)
     summaries: dict[str, ToolCallSummary] = {}
-    for name, results in grouped.items():
-        kinds = Counter(r.error_kind or "ToolReportedError" for r in results if r.is_error)
+    for name, calls in grouped.items():
+        kinds = Counter(kind or "ToolReportedError" for _, _, _, err, kind in calls if err)
         summaries[name] = ToolCallSummary(
-            calls=len(results),
-            errors=sum(r.is_error for r in results),
-            retries=sum(r.retries for r in results),
+            calls=len(calls),
+            errors=sum(err for _, _, _, err, _ in calls),
+            retries=sum(max(attempts - 1, 0) for _, _, attempts, _, _ in calls),
             timeouts=kinds.get("ToolTimeout", 0),
             circuit_open=kinds.get("CircuitOpen", 0),
-            seconds=sum(r.seconds for r in results),
-            max_seconds=max(r.seconds for r in results),
+            seconds=sum(seconds for _, seconds, _, _, _ in calls),
+            max_seconds=max(seconds for _, seconds, _, _, _ in calls),
             error_kinds=MappingProxyType(dict(kinds)),
         )
     return summaries
