@@ -209,3 +209,18 @@ async def test_group_prompt_is_cached_per_server(tokenizer: Any, chat: ChatForma
     assert cold.cached_tokens == 0
     assert warm.cached_tokens >= shared - 8  # the group's problem text, prefilled once
     assert elsewhere.cached_tokens == 0  # another server's cache never saw the group
+
+
+async def test_v1_loads_leaves_the_evictable_cache_out_of_the_usage(
+    tokenizer: Any, chat: ChatFormat
+) -> None:
+    """SGLang counts ``max_total - (available + evictable)`` as used: a finished request's
+    cached context is evictable, so an idle server with a full cache reports no usage."""
+    server = _server(tokenizer, ServerScheduling(), capacity=2, kv_tokens=100_000)
+    requests = _requests(chat, 2, tokens=60)
+    await asyncio.gather(*(server.generate(r) for r in requests))
+    assert server.used_tokens() > 0  # the two contexts stay in the prefix cache
+    assert server.evictable_tokens() == server.used_tokens()
+    load = server.load()
+    assert load["num_running_reqs"] == 0
+    assert load["num_used_tokens"] == 0 and load["token_usage"] == 0.0

@@ -163,10 +163,20 @@ class LatencyServer:
         running = sum(len(r.ids) + self._decoded_at(r, at) for r in self._running.values())
         return running + self._cache_tokens
 
+    def evictable_tokens(self) -> int:
+        """Cached contexts no running request continues: what eviction can free at once."""
+        running = {r.key for r in self._running.values() if r.key is not None}
+        return sum(len(ids) for key, ids in self._cache.items() if key not in running)
+
     def load(self) -> dict[str, Any]:
-        """One DP rank's entry of SGLang's ``/v1/loads`` (``GetLoadsReqOutput`` fields)."""
+        """One DP rank's entry of SGLang's ``/v1/loads`` (``GetLoadsReqOutput`` fields).
+
+        As in SGLang's scheduler (``num_used = max_total - (available + evictable)``), the
+        evictable part of the prefix cache is not "used": a server whose cache fills the
+        KV while nothing runs reports a usage near 0, not near 1.
+        """
         now = time.perf_counter()
-        used = self.used_tokens(now)
+        used = self.used_tokens(now) - self.evictable_tokens()
         pending = sum(r.context for r in self._waiting)
         total = self.max_total_tokens
         elapsed = max(now - self._started_at, 1e-9)
