@@ -90,6 +90,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="train only parameters whose name contains one of these comma-separated parts "
         "('' trains all; default: the RMSNorm weights, 640 of 361,600)",
     )  # fmt: skip
+    p.add_argument("--lora-rank", type=int, default=0,
+                   help="also train a low-rank adapter (peft LoRA) of this rank on every "
+                   "linear layer; 0: none")  # fmt: skip
     p.add_argument("--optimizer", default="adamw_torch", help="transformers' optim name")
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient to the start")
     p.add_argument("--temperature", type=float, default=1.0, help="rollout sampling")
@@ -278,6 +281,29 @@ def positive_advantages_only(base: type[Any]) -> type[Any]:
     return PositiveAdvantageGRPOTrainer
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The demo model's linear layers (Qwen2 names); the tied embedding is left alone."""
+
+
+def with_lora(model: Any, rank: int) -> Any:
+    """Wrap ``model`` in a peft LoRA adapter of ``rank`` on every linear layer.
+
+    The adapter starts as a zero update (peft initialises B to 0), so step 0 samples the
+    shipped model. The rollout adapter's weight sync merges the adapter into the weights
+    while it sends them (and unmerges it after), so the engine serves the adapted policy
+    under the base model's parameter names, without knowing about peft.
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:
+        raise SystemExit("--lora-rank needs peft: pip install peft") from exc
+
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, lora_dropout=0.0, target_modules=list(LORA_TARGETS)
+    )
+    return get_peft_model(model, config)
+
+
 def train_only(model: Any, spec: str) -> int:
     """Freeze every parameter whose name contains none of ``spec``'s comma-separated parts.
 
@@ -312,8 +338,12 @@ def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path
     torch.manual_seed(args.seed)
     tokenizer = AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
     model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
-    if args.trainable:
-        kept = train_only(model, args.trainable)
+    trainable = args.trainable
+    if args.lora_rank:
+        model = with_lora(model, args.lora_rank)
+        trainable = ",".join(part for part in (trainable, "lora_") if part)
+    if trainable:
+        kept = train_only(model, trainable)
         print(f"training {kept:,} of {sum(p.numel() for p in model.parameters()):,} parameters")
     batch = args.prompts_per_step * args.group_size
     dataset = Dataset.from_list(
@@ -390,7 +420,11 @@ def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path
     stale = [(step, v) for step, v in versions if v != {str(step)}]
     if stale:
         raise RuntimeError(f"rollouts not from the current step's weights: {stale[:3]}")
-    trainer.save_model(str(args.out_dir / "model"))
+    if args.lora_rank:  # the evaluation loads a plain model folder: fold the adapter in
+        trainer.model.merge_and_unload().save_pretrained(str(args.out_dir / "model"))
+        tokenizer.save_pretrained(str(args.out_dir / "model"))
+    else:
+        trainer.save_model(str(args.out_dir / "model"))
     history = [h for h in trainer.state.log_history if "reward" in h]
     return {"seconds": seconds, "rollout_seconds": rollout_seconds, "history": history}
 

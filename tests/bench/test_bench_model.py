@@ -20,6 +20,7 @@ from toolrollout.bench import (
     critical_paths,
     fifo_makespan,
     ideal_makespan,
+    kv_bound_makespan,
     orchestration_efficiency,
     parse_directive,
 )
@@ -112,6 +113,18 @@ def test_ideal_makespan_is_the_larger_of_longest_path_and_spread_work() -> None:
         ideal_makespan(paths, 1.0, 0)
     assert orchestration_efficiency(7.0, 8.0) == pytest.approx(0.875)
     assert orchestration_efficiency(7.0, 0.0) == 0.0
+
+
+def test_kv_bound_is_the_decode_kv_occupancy_over_the_budget() -> None:
+    # 100 prompt tokens, 10 decoded: 100 * 10 + 10 * 10 / 2 = 1,050 token-steps of KV
+    requests = [{"prompt_tokens": 100, "output_tokens": 10}] * 2
+    assert kv_bound_makespan(requests, 0.01, 1_000) == pytest.approx(2 * 1_050 * 0.01 / 1_000)
+    assert kv_bound_makespan(requests, 0.01, 2_000) == pytest.approx(1_050 * 0.01 / 1_000)
+    assert kv_bound_makespan(requests, 0.01, 0) == 0.0  # no budget, no bound
+    with_bound = _result("toolrollout", kv_bound_makespan_s=8.0)
+    assert with_bound.kv_efficiency == pytest.approx(0.8)
+    assert _result("toolrollout").kv_efficiency == 0.0
+    assert with_bound.to_dict()["kv_efficiency"] == pytest.approx(0.8)
 
 
 def _result(mode: str, **kw: float) -> ModeResult:

@@ -29,6 +29,7 @@ from toolrollout.bench import (
     ServerScheduling,
     Workload,
     create_latency_app,
+    kv_bound_makespan,
 )
 from toolrollout.bench._server import PRIORITY_DISABLED_MESSAGE
 from toolrollout.chat import ChatFormat
@@ -172,6 +173,10 @@ async def test_kv_budget_retracts_the_shortest_decode_and_it_still_finishes(
     assert [len(r.output_ids) for r in results] == [len(results[0].output_ids)] * 3
     assert sum(e["retractions"] for e in server.log) == server.retractions
     assert server.used_tokens() <= budget
+    # the KV bound holds on the server that counts KV this way (decode only, so below it)
+    started = min(e["arrived"] for e in server.log)
+    makespan = max(e["ended"] for e in server.log) - started
+    assert 0 < kv_bound_makespan(server.log, 0.0005, budget) <= makespan
 
 
 async def test_v1_loads_reports_sglangs_fields(tokenizer: Any, chat: ChatFormat) -> None:

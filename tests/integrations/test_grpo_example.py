@@ -116,3 +116,37 @@ def test_entropy_mask_keeps_only_confident_model_tokens() -> None:
     assert kept.tolist() == [[True, False, True, False], [False, True, False, True]]
     assert trainer._metrics["train"]["entropy_mask/kept"] == [4 / 6]
     assert example.entropy_masked(Base, 0.0) is Base  # 0 turns the mask off
+
+
+def test_lora_adapter_trains_only_its_own_weights_and_starts_at_the_shipped_model() -> None:
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.integrations._weight_sync import policy_state_dict
+
+    example: Any = _example()
+    base = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
+    shipped = {k: v.clone() for k, v in base.state_dict().items()}
+    model = example.with_lora(base, 4)
+    kept = example.train_only(model, "lora_")
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    # rank 4 on every linear layer of both blocks: 4 x (in + out) each
+    assert kept == 2 * 4 * sum(
+        m.in_features + m.out_features
+        for name, m in base.named_modules()
+        if name.split(".")[-1] in example.LORA_TARGETS and name.startswith("model.layers.0.")
+    )
+    trainer = type("T", (), {"model": model})()
+    with policy_state_dict(trainer) as state:  # what the engine is sent: base names
+        assert set(state) == set(shipped)
+        assert all(torch.equal(state[k], shipped[k]) for k in shipped)  # B starts at 0
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.01)
+    with policy_state_dict(trainer) as state:
+        moved = [k for k in shipped if not torch.equal(state[k], shipped[k])]
+    assert moved and all(k.endswith("proj.weight") for k in moved)

@@ -21,6 +21,7 @@ from ._metrics import ModeResult as ModeResult
 from ._metrics import critical_paths as critical_paths
 from ._metrics import fifo_makespan as fifo_makespan
 from ._metrics import ideal_makespan as ideal_makespan
+from ._metrics import kv_bound_makespan as kv_bound_makespan
 from ._metrics import orchestration_efficiency as orchestration_efficiency
 from ._micro import tokenization_cost as tokenization_cost
 from ._model import LatencyModel as LatencyModel
@@ -54,6 +55,7 @@ __all__ = [
     "critical_paths",
     "fifo_makespan",
     "ideal_makespan",
+    "kv_bound_makespan",
     "orchestration_efficiency",
     "parse_directive",
     "plot_report",

@@ -33,6 +33,7 @@ from ._metrics import (
     critical_paths,
     group_completion_times,
     ideal_makespan,
+    kv_bound_makespan,
     measured_ends,
     replay,
 )
@@ -388,6 +389,11 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     oracle_groups_s=group_completion_times(oracle_ends),
                     retractions=counts["retractions"],
                     preemptions=counts["preemptions"],
+                    kv_bound_makespan_s=kv_bound_makespan(
+                        requests,
+                        config.model.decode_per_token_s,
+                        (config.model.kv_tokens or 0) * config.servers,
+                    ),
                 )
             )
     tokenization = None

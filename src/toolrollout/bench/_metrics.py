@@ -15,6 +15,11 @@ nothing; *client efficiency* is that bound over the measured makespan, the part 
 the client itself is responsible for. The *oracle bound* replays the same work with
 servers that serve the trajectory with the most remaining work first, as if every
 request's priority knew the future: what the best priority policy could reach.
+
+None of these three sees a KV budget. On a server whose KV holds fewer contexts than it
+has slots, the *KV bound* is the one that binds: every running request holds its whole
+context in KV while it decodes, so the logged turns need a known number of KV
+token-seconds, and no ordering finishes them sooner than that total over the budget.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ __all__ = [
     "group_completion_times",
     "group_of",
     "ideal_makespan",
+    "kv_bound_makespan",
     "measured_ends",
     "oracle_makespan",
     "orchestration_efficiency",
@@ -64,6 +70,29 @@ def ideal_makespan(paths: Mapping[str, float], total_slot_seconds: float, capaci
         raise ValueError("capacity must be at least 1")
     longest = max(paths.values(), default=0.0)
     return max(longest, total_slot_seconds / capacity)
+
+
+def kv_bound_makespan(
+    requests: Iterable[Mapping[str, Any]], decode_per_token_s: float, kv_tokens: int
+) -> float:
+    """Seconds a server with ``kv_tokens`` of KV needs at least for the logged requests.
+
+    A request with ``p`` prompt tokens that decodes ``o`` tokens at ``decode_per_token_s``
+    holds ``p + k`` tokens of KV at its ``k``-th step, ``(p * o + o * o / 2)`` token-steps
+    in all (prefill, retraction and re-prefill only add to it, so they are left out). The
+    sum over requests, divided by the budget (summed over servers), bounds the makespan
+    from below. 0.0 without a budget. Each request counts its whole context, as the
+    latency-model server does; SGLang's radix tree keeps a shared prefix once, so against
+    a real server this bound is an upper estimate of the bound.
+    """
+    if kv_tokens <= 0:
+        return 0.0
+    steps = 0.0
+    for request in requests:
+        prompt = float(request["prompt_tokens"])
+        output = float(request["output_tokens"])
+        steps += prompt * output + output * output / 2
+    return steps * decode_per_token_s / kv_tokens
 
 
 def replay(
@@ -285,6 +314,8 @@ class ModeResult:
     retractions: int = 0
     """Requests the servers retracted for KV (and priority preemptions, counted apart)."""
     preemptions: int = 0
+    kv_bound_makespan_s: float = 0.0
+    """The KV bound (:func:`kv_bound_makespan`): 0.0 when the servers have no KV budget."""
 
     @property
     def trajectories_per_s(self) -> float:
@@ -309,6 +340,13 @@ class ModeResult:
         return orchestration_efficiency(self.oracle_makespan_s, self.makespan_s)
 
     @property
+    def kv_efficiency(self) -> float:
+        """KV bound / measured makespan (0.0 without a KV budget)."""
+        if self.kv_bound_makespan_s <= 0:
+            return 0.0
+        return orchestration_efficiency(self.kv_bound_makespan_s, self.makespan_s)
+
+    @property
     def cpu_per_turn_ms(self) -> float:
         return 1000.0 * self.client_cpu_s / self.turns if self.turns else 0.0
 
@@ -320,6 +358,7 @@ class ModeResult:
             efficiency=self.efficiency,
             client_efficiency=self.client_efficiency,
             oracle_efficiency=self.oracle_efficiency,
+            kv_efficiency=self.kv_efficiency,
             cpu_per_turn_ms=self.cpu_per_turn_ms,
         )
         return data

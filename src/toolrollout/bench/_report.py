@@ -29,6 +29,7 @@ def render_table(report: BenchReport, console: Any = None) -> None:
         "FIFO bound s",
         "client eff",
         "oracle s",
+        "KV bound s",
         "groups 50/90/100% s",
         "traj/s",
         "tok/s",
@@ -52,6 +53,7 @@ def render_table(report: BenchReport, console: Any = None) -> None:
             f"{r.fifo_makespan_s:.2f}",
             f"{r.client_efficiency:.3f}",
             f"{r.oracle_makespan_s:.2f}",
+            f"{r.kv_bound_makespan_s:.2f}" if r.kv_bound_makespan_s else "-",
             _groups(r.groups_s),
             f"{r.trajectories_per_s:.1f}",
             f"{r.tokens_per_s:.0f}",
@@ -120,6 +122,10 @@ def plot_report(report: BenchReport, path: Path) -> Path:
         xs = [ref.oracle_groups_s.get(k, 0.0) for k in ("50", "90", "100")]
         middle.plot(xs, [50, 90, 100], "k--", label=f"oracle bound ({ref.mode} work)")
         middle.axvline(ref.ideal_makespan_s, color="grey", linestyle=":", label="ideal makespan")
+        if ref.kv_bound_makespan_s:
+            middle.axvline(
+                ref.kv_bound_makespan_s, color="tab:red", linestyle=":", label="KV bound"
+            )
     middle.set_xlabel("seconds from the start")
     middle.set_ylabel("% of GRPO groups complete")
     middle.set_title("time to complete groups")
