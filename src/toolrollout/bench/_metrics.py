@@ -81,9 +81,11 @@ def kv_bound_makespan(
     holds ``p + k`` tokens of KV at its ``k``-th step, ``(p * o + o * o / 2)`` token-steps
     in all (prefill, retraction and re-prefill only add to it, so they are left out). The
     sum over requests, divided by the budget (summed over servers), bounds the makespan
-    from below. 0.0 without a budget. Each request counts its whole context, as the
-    latency-model server does; SGLang's radix tree keeps a shared prefix once, so against
-    a real server this bound is an upper estimate of the bound.
+    from below. 0.0 without a budget. Pass the budget the server really keeps: the
+    latency-model server checks it only every few decode steps, so the harness adds
+    ``LatencyModel.kv_overshoot_tokens``. Each request counts its whole context, as the
+    latency-model server does; SGLang's radix tree keeps a prefix shared by running
+    requests once, so on a real server the bound can be lower than this.
     """
     if kv_tokens <= 0:
         return 0.0

@@ -61,6 +61,21 @@ class LatencyModel:
         if self.kv_tokens < 0:
             raise UserError(f"kv_tokens must not be negative, got {self.kv_tokens}")
 
+    @property
+    def kv_check_seconds(self) -> float:
+        """How often growing decodes are checked against ``kv_tokens``: every 8 decode
+        steps, at most 100 times a second (SGLang checks every step; a timer per step
+        would cost the stand-in more than the client it measures)."""
+        return max(self.decode_per_token_s * 8, 0.01)
+
+    @property
+    def kv_overshoot_tokens(self) -> int:
+        """KV the server may hold past ``kv_tokens`` until the next check: every slot's
+        request decoding unchecked for one check interval. 0 without a budget."""
+        if not self.kv_tokens or self.decode_per_token_s <= 0:
+            return 0
+        return self.capacity * math.ceil(self.kv_check_seconds / self.decode_per_token_s)
+
     def service_seconds(self, uncached_prompt_tokens: int, output_tokens: int) -> float:
         """Slot time of one request."""
         return (

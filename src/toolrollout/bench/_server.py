@@ -157,26 +157,26 @@ class LatencyServer:
     def max_total_tokens(self) -> int:
         return self.model.kv_tokens or self.model.capacity * _UNLIMITED_KV_PER_SLOT
 
+    def running_tokens(self, now: float | None = None) -> int:
+        """KV tokens the running requests hold: each one's context, decoded tokens included."""
+        at = time.perf_counter() if now is None else now
+        return sum(len(r.ids) + self._decoded_at(r, at) for r in self._running.values())
+
     def used_tokens(self, now: float | None = None) -> int:
         """KV tokens held now: running contexts (decoded so far) plus the prefix cache."""
-        at = time.perf_counter() if now is None else now
-        running = sum(len(r.ids) + self._decoded_at(r, at) for r in self._running.values())
-        return running + self._cache_tokens
-
-    def evictable_tokens(self) -> int:
-        """Cached contexts no running request continues: what eviction can free at once."""
-        running = {r.key for r in self._running.values() if r.key is not None}
-        return sum(len(ids) for key, ids in self._cache.items() if key not in running)
+        return self.running_tokens(now) + self._cache_tokens
 
     def load(self) -> dict[str, Any]:
         """One DP rank's entry of SGLang's ``/v1/loads`` (``GetLoadsReqOutput`` fields).
 
         As in SGLang's scheduler (``num_used = max_total - (available + evictable)``), the
-        evictable part of the prefix cache is not "used": a server whose cache fills the
-        KV while nothing runs reports a usage near 0, not near 1.
+        prefix cache is not "used": a cached context no running request continues is
+        evictable, and the one a running request continues is part of that request's
+        context, counted there. A server whose cache fills the KV while nothing runs
+        reports a usage of 0, not near 1.
         """
         now = time.perf_counter()
-        used = self.used_tokens(now) - self.evictable_tokens()
+        used = self.running_tokens(now)
         pending = sum(r.context for r in self._waiting)
         total = self.max_total_tokens
         elapsed = max(now - self._started_at, 1e-9)
@@ -409,7 +409,7 @@ class LatencyServer:
         """With a KV budget, re-check growing decodes every few decode steps."""
         if not self.model.kv_tokens or self._tick is not None or not self._running:
             return
-        interval = max(self.model.decode_per_token_s * 8, 0.01)
+        interval = self.model.kv_check_seconds
         self._tick = asyncio.get_running_loop().call_later(interval, self._on_tick)
 
     def _on_tick(self) -> None:
