@@ -23,6 +23,7 @@ from toolrollout.engines._base import Engine
 from toolrollout.engines._scheduling import Scheduler
 from toolrollout.rewards import WeightedReward
 from toolrollout.tools import ToolExecutor
+from toolrollout.tools._executor import CallRecord
 
 from ._config import RolloutConfig
 
@@ -235,13 +236,6 @@ class Timing:
 
     def total(self) -> float:
         return self.prior_seconds + time.perf_counter() - self.started
-
-
-CallRecord = tuple[str, float, int, bool, str | None]
-"""One tool call as the per-tool summary needs it: (tool name, seconds, attempts,
-is_error, error kind). Atomic values only, not the :class:`ToolResult`: no copy of the
-result's text, and a tuple the garbage collector stops tracking (it walks every tracked
-object of every live trajectory on each full collection)."""
 
 
 @dataclass(slots=True)

@@ -56,6 +56,7 @@ from ._limits import (
 from ._types import RetryPolicy, ToolCallRequest, ToolContext, ToolLimits, ToolResult
 
 __all__ = [
+    "CallRecord",
     "ExecutorStatistics",
     "ToolCallSummary",
     "ToolExecutor",
@@ -493,12 +494,17 @@ def summarize_tool_calls(
     )
 
 
-def summarize_call_records(
-    records: Iterable[tuple[str, float, int, bool, str | None]],
-) -> dict[str, ToolCallSummary]:
-    """:func:`summarize_tool_calls` over plain ``(name, seconds, attempts, is_error, error
-    kind)`` records: what a trajectory keeps of each call instead of its result."""
-    grouped: dict[str, list[tuple[str, float, int, bool, str | None]]] = {}
+CallRecord = tuple[str, float, int, bool, str | None]
+"""One tool call as the per-tool summary needs it: (tool name, seconds, attempts,
+is_error, error kind). Atomic values only, not the :class:`ToolResult`: no copy of the
+result's text, and a tuple the garbage collector stops tracking (it walks every tracked
+object of every live trajectory on each full collection)."""
+
+
+def summarize_call_records(records: Iterable[CallRecord]) -> dict[str, ToolCallSummary]:
+    """:func:`summarize_tool_calls` over :data:`CallRecord` tuples: what a trajectory keeps
+    of each call instead of its result."""
+    grouped: dict[str, list[CallRecord]] = {}
     for record in records:
         grouped.setdefault(record[0], []).append(record)
     summaries: dict[str, ToolCallSummary] = {}
