@@ -392,9 +392,9 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     kv_bound_makespan_s=kv_bound_makespan(
                         requests,
                         config.model.decode_per_token_s,
-                        (config.model.kv_tokens + config.model.kv_overshoot_tokens) * config.servers
-                        if config.model.kv_tokens
-                        else 0,
+                        # the budget the stand-in keeps between its checks (0: no budget)
+                        config.servers
+                        * (config.model.kv_tokens + config.model.kv_overshoot_tokens),
                     ),
                 )
             )
