@@ -5,6 +5,13 @@
 * Behind PyPI's sglang-router: a worker killed for good, then the router itself killed and
   restarted only after 31 s; the client's retry budget in time rides through.
 
+The demo run takes a few seconds on an idle machine, so a kill timed by polling can come
+after the run has ended. A server is therefore frozen with SIGSTOP as soon as a request is
+seen on it: what is sent to it then hangs (the kernel still accepts the connections), so
+the run cannot end before the SIGKILL lands, and its requests are in flight when it does.
+Behind the router both workers are frozen, so that the router too dies with requests in
+flight; the surviving worker is thawed before the router comes back.
+
 Every server is the real ``toolrollout serve`` with the demo model. Each run must end by
 itself with every sample exactly once, no failed row and no process left behind.
 """
@@ -28,9 +35,9 @@ from toolrollout.rollout import read_rows
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "160"}
-RUN = ["--limit", "10", "--n", "2", "--seed", "3", "--max-turns", "3", "--max-new-tokens",
+RUN = ["--limit", "30", "--n", "2", "--seed", "3", "--max-turns", "3", "--max-new-tokens",
        "48", "--concurrency", "8", "--flush-every", "2", "--out", "o.parquet"]  # fmt: skip
-KEYS = [(p, s) for p in range(10) for s in range(2)]
+KEYS = [(p, s) for p in range(30) for s in range(2)]
 
 
 def serve(port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -74,7 +81,7 @@ def wait_for(predicate: object, proc: subprocess.Popen[str], timeout: float, wha
             return
         if proc.poll() is not None:
             pytest.fail(f"generate exited before {what}: {proc.communicate()[1]}")
-        time.sleep(0.05)
+        time.sleep(0.01)
     pytest.fail(f"no {what} after {timeout} s")
 
 
@@ -120,7 +127,10 @@ def test_one_of_two_servers_killed_for_good(
     (dead, dead_proc), (alive, _), _ = servers
     started = time.monotonic()
     proc = generate(tmp_path, "--engine-url", dead, "--engine-url", alive)
+    # after a shard, trajectories are pinned to it (their first turn was served there)
     wait_for(lambda: shards(tmp_path) >= 1 and in_flight(dead), proc, 400, "requests on it")
+    dead_proc.send_signal(signal.SIGSTOP)  # its trajectories now wait on it
+    time.sleep(1.0)  # the pinned ones send it their next turns
     dead_proc.send_signal(signal.SIGKILL)  # for good: never restarted
     dead_proc.wait(timeout=30)
     out, err = finish(proc, 400)
@@ -139,7 +149,7 @@ def test_one_of_two_servers_killed_for_good(
 def test_worker_killed_then_router_down_for_31_s(
     servers: Servers, tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
-    _, (worker, _), (doomed, doomed_proc) = servers
+    _, (worker, worker_proc), (doomed, doomed_proc) = servers
     port = free_port()
     router_url = f"http://127.0.0.1:{port}"
 
@@ -160,12 +170,15 @@ def test_worker_killed_then_router_down_for_31_s(
     second: subprocess.Popen[bytes] | None = None
     proc = generate(tmp_path, "--engine-url", router_url)
     try:
-        wait_for(lambda: shards(tmp_path) >= 1 and in_flight(doomed), proc, 400, "a shard")
+        wait_for(lambda: in_flight(doomed), proc, 400, "requests on the doomed worker")
+        doomed_proc.send_signal(signal.SIGSTOP)  # what the router sent it now hangs
+        worker_proc.send_signal(signal.SIGSTOP)  # and so does the rest: the run waits
         doomed_proc.send_signal(signal.SIGKILL)  # a worker behind the router, for good
         doomed_proc.wait(timeout=30)
-        wait_for(lambda: shards(tmp_path) >= 3 and in_flight(worker), proc, 400, "more shards")
-        first.send_signal(signal.SIGKILL)  # the router, with requests in flight
+        time.sleep(1.0)  # the router sees its requests to the dead worker fail
+        first.send_signal(signal.SIGKILL)  # the router, with every request in flight
         first.wait(timeout=30)
+        worker_proc.send_signal(signal.SIGCONT)
         down_at = time.monotonic()
         time.sleep(31.0)  # longer than any attempt-count budget used to last
         assert proc.poll() is None, "generate gave up while the router was down"
@@ -173,6 +186,7 @@ def test_worker_killed_then_router_down_for_31_s(
         down_for = time.monotonic() - down_at
         _, err = finish(proc, 400)
     finally:
+        worker_proc.send_signal(signal.SIGCONT)  # never leave the shared worker frozen
         for p in (first, second):
             if p is not None:
                 stop(p)
