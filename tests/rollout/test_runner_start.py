@@ -40,14 +40,17 @@ class CountingEngine(ScriptedEngine):
 
 
 def _count_renders(monkeypatch: Any) -> list[int]:
+    """Counts prompt renders: the template with the generation prompt (a tool turn's delta
+    and the drift check render without it)."""
     renders: list[int] = []
-    original = ChatFormat.render_prompt
+    original = ChatFormat.render_text
 
-    def counted(self: ChatFormat, messages: Any) -> list[int]:
-        renders.append(1)
-        return original(self, messages)
+    def counted(self: ChatFormat, messages: Any, *, add_generation_prompt: bool) -> str:
+        if add_generation_prompt:
+            renders.append(1)
+        return original(self, messages, add_generation_prompt=add_generation_prompt)
 
-    monkeypatch.setattr(ChatFormat, "render_prompt", counted)
+    monkeypatch.setattr(ChatFormat, "render_text", counted)
     return renders
 
 

@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -39,6 +39,7 @@ __all__ = [
     "ToolLedger",
     "Transcript",
     "id_tuple",
+    "prerender_prompts",
     "render_prompt",
 ]
 
@@ -90,27 +91,67 @@ RENDER_CACHE_SIZE = 65_536
 """Most distinct prompts one run keeps rendered; past it, new prompts are not cached."""
 
 
-def render_prompt(services: RolloutServices, messages: Sequence[Mapping[str, Any]]) -> array[int]:
-    """The prompt ids of ``messages``, rendered once per distinct conversation in a run.
-
-    Rendering is the chat template plus the tokenizer, a few milliseconds of CPU a prompt
-    that blocks the event loop; GRPO's ``n`` samples of one prompt share the result, the
-    same array (a transcript only reads its prompt ids, never changes them). The key is a
-    BLAKE2b digest (16 bytes) of the messages' JSON, not the JSON itself, which a run of
-    distinct prompts would keep for every prompt (about a byte per prompt token); a
-    conversation holding objects JSON cannot write (images) is rendered every time.
-    """
+def _prompt_key(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
+    """The render cache's key of a conversation: a BLAKE2b digest (16 bytes) of its JSON,
+    not the JSON itself, which a run of distinct prompts would keep for every prompt (about
+    a byte per prompt token). ``None`` for a conversation JSON cannot write (images)."""
     try:
         text = json.dumps(messages, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
+        return None
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def render_prompt(services: RolloutServices, messages: Sequence[Mapping[str, Any]]) -> array[int]:
+    """The prompt ids of ``messages``, rendered once per distinct conversation in a run.
+
+    Rendering is the chat template plus the tokenizer, a millisecond or more of CPU a
+    prompt that blocks the event loop; GRPO's ``n`` samples of one prompt share the
+    result, the same array (a transcript only reads its prompt ids, never changes them).
+    A conversation holding objects JSON cannot write (images) is rendered every time.
+    """
+    key = _prompt_key(messages)
+    if key is None:
         return array("i", services.chat.render_prompt(messages))
-    key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
     ids = services.rendered_prompts.get(key)
     if ids is None:
         ids = array("i", services.chat.render_prompt(messages))
         if len(services.rendered_prompts) < RENDER_CACHE_SIZE:
             services.rendered_prompts[key] = ids
     return ids
+
+
+def prerender_prompts(
+    services: RolloutServices, conversations: Iterable[Sequence[Mapping[str, Any]]]
+) -> int:
+    """Render the conversations not cached yet and tokenize them in one call; returns how
+    many were added to the cache.
+
+    The runner calls it for each batch of trajectories it starts, so their
+    :func:`render_prompt` finds the ids ready: one tokenizer call for the batch costs less
+    than one a prompt (docs/benchmarks.md). A conversation the template fails on is left
+    out, so the trajectory's own render reports the error in its row.
+    """
+    cache = services.rendered_prompts
+    keys: list[bytes] = []
+    texts: list[str] = []
+    for messages in conversations:
+        key = _prompt_key(messages)
+        if key is None or key in cache or key in keys:
+            continue
+        if len(cache) + len(keys) >= RENDER_CACHE_SIZE:
+            break
+        try:
+            text = services.chat.render_text(messages, add_generation_prompt=True)
+        except Exception:  # the trajectory renders it again and reports it in its row
+            continue
+        keys.append(key)
+        texts.append(text)
+    if not texts:
+        return 0
+    for key, ids in zip(keys, services.chat.encode_many(texts), strict=True):
+        cache[key] = array("i", ids)
+    return len(keys)
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ from ._config import RolloutConfig
 from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
 from ._loop import run_trajectory
-from ._parts import RolloutServices, StopControl
+from ._parts import RolloutServices, StopControl, prerender_prompts
 from ._state import resume_prompt
 
 __all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
@@ -58,23 +58,27 @@ START_BATCH = 64
 first request, synchronously; started all at once, 10,000 of them blocked the loop for
 100 s (docs/benchmarks.md). In batches, the loop serves replies and timers between them."""
 ABORT_RESEND_SECONDS = 1.0
+"""An abort that reaches SGLang before the request is registered there is dropped, so the
+runner names every rid still in flight again after this many seconds."""
 
 
 async def _start_in_batches(
     tg: anyio.abc.TaskGroup,
     func: Callable[..., Coroutine[Any, Any, None]],
     arguments: Sequence[tuple[Any, ...]],
+    prepare: Callable[[Sequence[tuple[Any, ...]]], object] | None = None,
 ) -> None:
     """``tg.start_soon(func, *args)`` for each entry, yielding to the loop every
-    :data:`START_BATCH` starts."""
-    for started, args in enumerate(arguments, start=1):
-        tg.start_soon(func, *args)
-        if started % START_BATCH == 0:
+    :data:`START_BATCH` starts; ``prepare`` sees each batch's entries before they start
+    (the runner renders their prompts in one tokenizer call)."""
+    for first in range(0, len(arguments), START_BATCH):
+        batch = arguments[first : first + START_BATCH]
+        if prepare is not None:
+            prepare(batch)
+        for args in batch:
+            tg.start_soon(func, *args)
+        if len(batch) == START_BATCH:
             await anyio.lowlevel.checkpoint()
-
-
-"""An abort that reaches SGLang before the request is registered there is dropped, so the
-runner names every rid still in flight again after this many seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,8 @@ class _Job:
     sample_index: int
     run: Callable[[], Awaitable[Trajectory]] | None
     done: Trajectory | None = None
+    prompt: RolloutPrompt | None = None
+    """A fresh sample's prompt (rendered with its start batch); ``None`` when resumed."""
 
 
 def as_prompt(
@@ -351,8 +357,12 @@ class RolloutRunner:
                 on_result(trajectory)
 
         keys = [(p, s) for p in range(len(rows)) for s in range(n) if (p, s) not in done]
+
+        def prepare(batch: Sequence[tuple[Any, ...]]) -> None:
+            prerender_prompts(services, (rows[p].messages for p, _ in batch))
+
         async with anyio.create_task_group() as tg:
-            await _start_in_batches(tg, one, keys)
+            await _start_in_batches(tg, one, keys, prepare)
         return [t for t in results if t is not None]
 
     async def _run_one(
@@ -432,12 +442,15 @@ class RolloutRunner:
                 p,
                 s,
                 functools.partial(self._run_one, services, rows[p], p, s, group_ids[p]),
+                prompt=rows[p],
             )
             for p in range(len(rows))
             for s in range(self.config.n)
             if (p, s) not in done
         ]
-        return await self._gather(jobs, stop, target_groups, keep_groups_whole, on_result, until)
+        return await self._gather(
+            services, jobs, stop, target_groups, keep_groups_whole, on_result, until
+        )
 
     @_opens_tools
     async def resume(
@@ -490,10 +503,11 @@ class RolloutRunner:
                 f"target_groups must be between 1 and the {groups} groups given, "
                 f"got {target_groups}"
             )
-        return await self._gather(jobs, stop, target_groups, keep_groups_whole, on_result)
+        return await self._gather(services, jobs, stop, target_groups, keep_groups_whole, on_result)
 
     async def _gather(
         self,
+        services: RolloutServices,
         jobs: Sequence[_Job],
         stop: StopControl,
         target_groups: int,
@@ -567,7 +581,14 @@ class RolloutRunner:
             tg.start_soon(self._abort_stragglers, stop, wake, all_ended)
             if until is not None and pending:
                 tg.start_soon(stop_from_outside, until)
-            await _start_in_batches(tg, one, [(job,) for job in jobs if job.done is None])
+            await _start_in_batches(
+                tg,
+                one,
+                [(job,) for job in jobs if job.done is None],
+                lambda batch: prerender_prompts(
+                    services, (job.prompt.messages for (job,) in batch if job.prompt is not None)
+                ),
+            )
         chosen = set(batch)
         ordered = sorted(
             results.items(), key=lambda kv: (kv[1].prompt_index, kv[0][0], kv[1].sample_index)
