@@ -107,3 +107,27 @@ async def test_each_call_of_a_runner_draws_its_own_seeds(demo_tokenizer: Any) ->
     fresh = ScriptedEngine(_answers(demo_tokenizer, 4))
     await RolloutRunner(fresh, demo_tokenizer, [], config=config).run(_prompts(2))
     assert [r.sampling.seed for r in fresh.requests] == first  # reproducible per run
+
+
+async def test_each_start_batch_is_tokenized_in_one_call(
+    demo_tokenizer: Any, monkeypatch: Any
+) -> None:
+    """The prompts of a start batch go through the tokenizer together (prerender_prompts),
+    and every sample gets the ids a render of its own prompt gives."""
+    prompts = 2 * START_BATCH + 5
+    engine = ScriptedEngine(_answers(demo_tokenizer, prompts))
+    config = RolloutConfig(concurrency=prompts, drift_check=False)
+    runner = RolloutRunner(engine, demo_tokenizer, [], config=config)  # its format's probes
+    calls: list[int] = []
+    original = ChatFormat.encode_many
+
+    def counted(self: ChatFormat, texts: Any) -> list[list[int]]:
+        calls.append(len(texts))
+        return original(self, texts)
+
+    monkeypatch.setattr(ChatFormat, "encode_many", counted)
+    trajectories = await runner.run(_prompts(prompts))
+    assert calls == [START_BATCH, START_BATCH, 5]  # no prompt tokenized on its own
+    chat = ChatFormat(demo_tokenizer)
+    for trajectory, prompt in zip(trajectories, _prompts(prompts), strict=True):
+        assert list(trajectory.prompt_ids) == chat.render_prompt(prompt)
