@@ -45,6 +45,8 @@ def test_the_direct_backend_call_gives_the_tokenizers_ids(
     assert [chat.encode(text) for text in TEXTS] == expected
     assert chat.encode_many(TEXTS) == expected
     assert all(type(i) is int for ids in expected for i in chat.encode(TEXTS[3]))
+    for ids in expected:  # decoding, which goes to the backend the same way
+        assert chat.decode(ids) == tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def test_truncation_left_on_the_shared_backend_is_not_applied() -> None:
