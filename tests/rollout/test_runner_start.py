@@ -131,3 +131,38 @@ async def test_each_start_batch_is_tokenized_in_one_call(
     chat = ChatFormat(demo_tokenizer)
     for trajectory, prompt in zip(trajectories, _prompts(prompts), strict=True):
         assert list(trajectory.prompt_ids) == chat.render_prompt(prompt)
+
+
+async def test_a_prompt_that_fails_to_render_is_a_failed_row_not_a_failed_run(
+    demo_tokenizer: Any, monkeypatch: Any
+) -> None:
+    """The batch render skips a prompt the template fails on, and a batch tokenizer call
+    that raises is dropped: each trajectory then renders its own prompt, the broken one
+    reports the error in its row, and the others run."""
+    from toolrollout.exceptions import TokenizationError
+
+    prompts = _prompts(3)
+    prompts[1] = [{"role": "user", "content": "BREAK the template"}]
+    render, encode_many = ChatFormat.render_text, ChatFormat.encode_many
+
+    def failing_render(self: ChatFormat, messages: Any, *, add_generation_prompt: bool) -> str:
+        if "BREAK" in str(messages[0]["content"]):
+            raise TokenizationError("the chat template failed to render: test")
+        return render(self, messages, add_generation_prompt=add_generation_prompt)
+
+    def failing_batches(self: ChatFormat, texts: Any) -> list[list[int]]:
+        if len(texts) > 1:
+            raise RuntimeError("a batch the tokenizer refuses")
+        return encode_many(self, texts)
+
+    engine = ScriptedEngine(_answers(demo_tokenizer, 2))
+    runner = RolloutRunner(engine, demo_tokenizer, [], config=RolloutConfig(drift_check=False))
+    monkeypatch.setattr(ChatFormat, "render_text", failing_render)
+    monkeypatch.setattr(ChatFormat, "encode_many", failing_batches)
+    trajectories = await runner.run(prompts)
+    assert [t.status for t in trajectories] == [
+        TrajectoryStatus.COMPLETED,
+        TrajectoryStatus.FAILED,
+        TrajectoryStatus.COMPLETED,
+    ]
+    assert "failed to render" in str(trajectories[1].error)

@@ -149,7 +149,11 @@ def prerender_prompts(
         texts.append(text)
     if not texts:
         return 0
-    for key, ids in zip(keys, services.chat.encode_many(texts), strict=True):
+    try:
+        encoded = services.chat.encode_many(texts)
+    except Exception:  # each trajectory tokenizes its own prompt again and reports it
+        return 0
+    for key, ids in zip(keys, encoded, strict=True):
         cache[key] = array("i", ids)
     return len(keys)
 
