@@ -5,8 +5,8 @@ request. This measures, in one process and one run, the time from ``runner.run``
 moment the last of the trajectories' first requests reaches the engine, beside two floors
 that render the same prompts and send nothing:
 
-* ``runner``: ``RolloutRunner.run`` over an engine that records each request's arrival
-  and never answers (the engine seam, no HTTP);
+* ``runner``: ``RolloutRunner.run`` over a ``ScriptedEngine`` whose script records each
+  request's arrival and never answers (the engine seam, no HTTP);
 * ``render, tokenizer.encode``: the template and ``tokenizer.encode`` per prompt (how the
   runner tokenized before prompts were rendered in batches);
 * ``render, encode_many``: the template per prompt and ``ChatFormat.encode_many`` per 64
@@ -34,57 +34,39 @@ from transformers import AutoTokenizer
 from toolrollout.bench import Workload
 from toolrollout.bench._tools import LookupClient
 from toolrollout.chat import ChatFormat
-from toolrollout.engines import SamplingParams
-from toolrollout.engines._base import Engine
+from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.engines import GenerateRequest, SamplingParams
 from toolrollout.rollout import RolloutConfig
 from toolrollout.rollout._runner import START_BATCH
 from toolrollout.spec import RunSpec, build_runner
-
-DEMO_MODEL = Path(__file__).resolve().parents[1] / "src" / "toolrollout" / "demo" / "model"
-
-
-class _Arrivals(Engine):
-    """Records when each request arrives; never answers (the run is cancelled)."""
-
-    def __init__(self, expected: int) -> None:
-        self.arrivals: list[float] = []
-        self.expected = expected
-        self.all_arrived = anyio.Event()
-
-    async def generate(self, request: Any) -> Any:
-        self.arrivals.append(time.perf_counter())
-        if len(self.arrivals) == self.expected:
-            self.all_arrived.set()
-        await anyio.sleep_forever()
-
-    async def abort(self, rid: str) -> None:
-        return None
-
-    async def abort_all(self) -> None:
-        return None
-
-    async def info(self) -> Any:
-        raise NotImplementedError
-
-    async def aclose(self) -> None:
-        return None
+from toolrollout.testing import ScriptedEngine, ScriptedOutput
 
 
 async def _runner_start(rows: list[dict[str, Any]], tokenizer: Any, tool: Any) -> dict[str, float]:
-    engine = _Arrivals(len(rows))
+    arrivals: list[float] = []
+    all_arrived = anyio.Event()
+
+    async def never_answer(request: GenerateRequest) -> ScriptedOutput:
+        """Record the request's arrival; the run is cancelled before any answer."""
+        arrivals.append(time.perf_counter())
+        if len(arrivals) == len(rows):
+            all_arrived.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
     config = RolloutConfig(
         sampling=SamplingParams(max_new_tokens=300), max_turns=6, concurrency=len(rows)
     )
     runner = build_runner(RunSpec(tools=(tool,), config=config, rewards=(), vision="off"),
-                          engine, tokenizer=tokenizer)  # fmt: skip
+                          ScriptedEngine(never_answer), tokenizer=tokenizer)  # fmt: skip
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
         tg.start_soon(runner.run, rows)
-        await engine.all_arrived.wait()
+        await all_arrived.wait()
         tg.cancel_scope.cancel()
     return {
-        "first_request_s": engine.arrivals[0] - started,
-        "last_first_request_s": engine.arrivals[-1] - started,
+        "first_request_s": arrivals[0] - started,
+        "last_first_request_s": arrivals[-1] - started,
     }
 
 
@@ -117,7 +99,7 @@ def measure_start(
         prompts=max(1, trajectories // n), n=n, shared_prompt_words=shared_prompt_words
     )
     rows = workload.rows()
-    tokenizer = AutoTokenizer.from_pretrained(str(DEMO_MODEL))
+    tokenizer = AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
     tool = LookupClient("http://127.0.0.1:9").tool()  # never called: no answer comes back
     chat = ChatFormat(tokenizer, tools=[tool.schema()])
     chat.render_prompt(rows[0]["messages"])  # warm the template and the tokenizer
