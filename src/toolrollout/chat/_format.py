@@ -229,19 +229,10 @@ class ChatFormat:
         """
         backend = _plain_backend(self._tokenizer)
         if backend is None:
-            return [
-                [
-                    int(i)
-                    for i in cast(
-                        Sequence[int], self._tokenizer.encode(t, add_special_tokens=False)
-                    )
-                ]
-                for t in texts
-            ]
-        return [
-            encoding.ids
-            for encoding in backend.encode_batch_fast(list(texts), add_special_tokens=False)
-        ]
+            encode = self._tokenizer.encode
+            return [[int(i) for i in encode(text, add_special_tokens=False)] for text in texts]
+        encodings = backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [encoding.ids for encoding in encodings]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Decode ids exactly, keeping special tokens.
@@ -250,11 +241,9 @@ class ChatFormat:
         decoded by its Rust backend directly (the same text, at half the CPU of
         ``tokenizer.decode`` on a 256-token turn).
         """
-        backend = getattr(self._tokenizer, "_tokenizer", None)
-        if (
-            backend is not None
-            and _encodes_plainly(type(self._tokenizer))
-            and not getattr(self._tokenizer, "clean_up_tokenization_spaces", True)
+        backend = _rust_backend(self._tokenizer)
+        if backend is not None and not getattr(
+            self._tokenizer, "clean_up_tokenization_spaces", True
         ):
             return cast(str, backend.decode(list(ids), skip_special_tokens=False))
         text = self._tokenizer.decode(list(ids), skip_special_tokens=False)
@@ -504,6 +493,13 @@ def _nth_match_end(pattern: re.Pattern[str], text: str, n: int) -> int | None:
     return None
 
 
+def _rust_backend(tokenizer: Any) -> Any:
+    """The Rust tokenizer behind a transformers fast tokenizer whose class does not
+    override how it encodes or decodes, else ``None``."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    return backend if backend is not None and _encodes_plainly(type(tokenizer)) else None
+
+
 def _plain_backend(tokenizer: Any) -> Any:
     """The Rust tokenizer behind ``tokenizer`` when calling it directly gives the ids that
     ``tokenizer.encode(text, add_special_tokens=False)`` gives, else ``None``.
@@ -514,10 +510,8 @@ def _plain_backend(tokenizer: Any) -> Any:
     call and leaves them set, so a trainer's ``tokenizer(..., truncation=True)`` on the
     same object would otherwise cut a prompt here: they are checked on every call.
     """
-    backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or not _encodes_plainly(type(tokenizer)):
-        return None
-    if backend.truncation is not None or backend.padding is not None:
+    backend = _rust_backend(tokenizer)
+    if backend is None or backend.truncation is not None or backend.padding is not None:
         return None
     split = bool(getattr(tokenizer, "split_special_tokens", False))
     if bool(backend.encode_special_tokens) != split:
