@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -111,3 +112,66 @@ def _no_network(network_guard: NetworkGuard) -> Iterator[None]:
     yield
     if network_guard.violations:
         pytest.fail("\n".join(network_guard.violations), pytrace=False)
+
+
+# ---- how the suite is split over pytest-xdist workers (`pytest -n 2`, .ci/run) -----------
+
+RAY_MODULES = frozenset(
+    {
+        "tests/distributed/test_ray_generate.py",
+        "tests/distributed/test_ray_keys.py",
+        "tests/faults/test_chaos_ray_serve.py",
+    }
+)
+"""Modules that start a local Ray cluster: one worker runs them all, one cluster at a time."""
+DOCS_PAGE_TEST = "tests/docs/test_docs_run.py::test_page_runs_as_written["
+RAY_PAGES = frozenset({"docs/scale-out.md"})
+"""Documentation pages whose commands start a Ray cluster (``--ray``)."""
+
+
+def xdist_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to; a pytest-xdist worker runs each unit whole.
+
+    A module is a unit, so its module-scoped servers start once rather than once per
+    worker; the Ray tests are one unit; each documentation page is a unit of its own: the
+    pages are the suite's longest tests, and one worker running all of them would finish
+    minutes after the other."""
+    module = nodeid.split("::", 1)[0]
+    if nodeid.startswith(DOCS_PAGE_TEST):
+        return "ray" if nodeid[len(DOCS_PAGE_TEST) : -1] in RAY_PAGES else nodeid
+    return "ray" if module in RAY_MODULES else module
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Units from :func:`xdist_unit` (xdist's ``loadgroup`` would do this with marks, but
+    pytest 9 ignores the node id it rewrites, so it splits modules; this is called only
+    when the suite runs on workers, where pytest-xdist is installed)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return UnitScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On a pytest-xdist worker, the long units first: the pages, then units with a slow
+    test, then the rest in collection order, so that the many fast units fill in at the end
+    and the two workers finish close together (``--no-loadscope-reorder`` in pyproject's
+    addopts keeps this order; xdist's own sorts by the number of tests, which put the pages,
+    one test each, last). A run in one process keeps the collection order."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank: dict[str, int] = {}
+    for item in items:
+        unit = xdist_unit(item.nodeid)
+        own = (
+            0
+            if item.nodeid.startswith(DOCS_PAGE_TEST)
+            else 1
+            if item.get_closest_marker("slow")
+            else 2
+        )
+        rank[unit] = min(rank.get(unit, 2), own)
+    items.sort(key=lambda item: rank[xdist_unit(item.nodeid)])

@@ -21,7 +21,7 @@ def test_soak_keeps_every_row_and_leaks_nothing() -> None:
     # Nothing of a finished wave stays alive: no trajectory, and the number of objects the
     # garbage collector tracks does not grow with the waves (each trajectory allocates
     # hundreds, so keeping any per-trajectory object would show as thousands).
-    assert report["live_trajectories_at_end"] == 0
+    assert report["live_trajectories_at_end"] == 0, report["waves"]
     assert report["object_growth_after_warmup"] < 400, report["waves"]
     assert report["rss_growth_after_warmup_mib"] < 16, report["waves"]
     assert report["fd_growth_after_warmup"] < 5, report["waves"]  # a leak is one per call
