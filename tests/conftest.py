@@ -142,7 +142,7 @@ def xdist_unit(nodeid: str) -> str:
     return "ray" if module in RAY_MODULES else module
 
 
-@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, which a run without -n may lack
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin, never called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Units from :func:`xdist_unit` (xdist's ``loadgroup`` would do this with marks, but
     pytest 9 ignores the node id it rewrites, so it splits modules; this is called only
