@@ -48,7 +48,8 @@ def _body(json_body: Any) -> dict[str, Any]:
     """``build_request`` arguments for a JSON body written by orjson (none for ``None``)."""
     if json_body is None:
         return {}
-    return {"content": _wire.encode_json(json_body), "headers": _JSON_HEADERS}
+    content = json_body if isinstance(json_body, bytes) else _wire.encode_json(json_body)
+    return {"content": content, "headers": _JSON_HEADERS}
 
 
 T = TypeVar("T")
@@ -283,10 +284,15 @@ class _Transport:
         :meth:`_request_once`'s. Any other transport (a test's ``MockTransport``) or event
         loop takes :meth:`_request_once` itself.
         """
+        # Encoded first, and the body dropped: its id list is a Python int per token (about
+        # 40 bytes each, ten times the request's own array), which would otherwise stay
+        # alive as long as the server takes (benchmarks/bench_inflight_memory.py).
+        body = _wire.encode_json(json_body)
+        del json_body
         raw = self._raw
         if raw is None or not _on_asyncio():
             response = await self._request_once(
-                url, "POST", path, json_body=json_body, on_connect_failure=on_connect_failure
+                url, "POST", path, json_body=body, on_connect_failure=on_connect_failure
             )
             return response.content
         headers = self._raw_headers
@@ -300,7 +306,7 @@ class _Transport:
                 status, content = await raw.exchange(
                     "POST",
                     self._raw_url(url, path),
-                    content=_wire.encode_json(json_body),
+                    content=body,
                     headers=headers,
                     timeouts=self._http.timeout,
                 )

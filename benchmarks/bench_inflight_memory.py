@@ -1,0 +1,147 @@
+"""What a request waiting on the server costs the client, per prompt token (issue 20).
+
+The scale benchmark (``bench_scale.py``) holds its trajectories against an in-process
+engine at the engine seam, so it never sees what an HTTP request keeps alive while the
+server works on it. This one sends requests through ``SGLangClient`` to a server (its own
+process, so its buffers are not counted) that reads each request and answers only when
+told, and measures the resident memory the client adds while every request waits, in one
+wave in a fresh process (a second wave would reuse the first one's freed memory and show
+less than it holds). The requests' id arrays exist before the wave: what is measured is
+what being in flight adds, connections included.
+
+It prints, per prompt token of a waiting request, the bytes added next to the bound: the
+JSON body itself, which the transport holds until the answer comes. (tracemalloc is not
+used: orjson reserves far more than it writes, address space the kernel never backs.)
+
+    python benchmarks/bench_inflight_memory.py [--requests 200] [--tokens 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from array import array
+from pathlib import Path
+
+import anyio
+import httpx
+
+from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
+from toolrollout.engines._wire import encode_json, generate_body
+
+# The server: counts the requests it has read, answers each after /release is posted.
+SERVER = r"""
+import asyncio, sys
+from aiohttp import web
+seen = 0
+release = None
+async def generate(request):
+    global seen, release
+    await request.read()
+    seen += 1
+    if release is None:
+        release = asyncio.Event()
+    await release.wait()
+    return web.json_response({"text": "", "output_ids": [1], "meta_info": {
+        "id": "x", "finish_reason": {"type": "length", "length": 1},
+        "prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 0,
+        "output_token_logprobs": [[-0.5, 1, None]], "weight_version": "default"}})
+async def count(request):
+    return web.json_response({"seen": seen})
+async def let_go(request):
+    global release, seen
+    if release is not None:
+        release.set()
+    release, seen = None, 0
+    return web.json_response({})
+app = web.Application(client_max_size=2**30)
+app.add_routes([web.post("/generate", generate), web.get("/seen", count),
+                web.post("/release", let_go)])
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
+
+
+def rss_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def measure(requests: int, tokens: int, seed: int = 0) -> dict[str, float]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{url}/seen", timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        rng = random.Random(seed)
+        batch = [
+            GenerateRequest(
+                input_ids=array("i", [rng.randrange(1_000, 150_000) for _ in range(tokens)]),
+                sampling=SamplingParams(max_new_tokens=1),
+                rid=f"r{i}",
+            )
+            for i in range(requests)
+        ]
+        body_bytes = len(encode_json(generate_body(batch[0], "r0")))
+        held = 0
+
+        async def wave() -> None:
+            nonlocal held
+            async with SGLangClient(url) as client, httpx.AsyncClient() as control:
+                gc.collect()
+                before = rss_bytes()
+                async with anyio.create_task_group() as tg:
+                    for request in batch:
+                        tg.start_soon(client.generate, request)
+                    # polled: the count lives in the server's process
+                    while (await control.get(f"{url}/seen")).json()["seen"] < requests:  # noqa: ASYNC110
+                        await anyio.sleep(0.05)
+                    await anyio.sleep(0.5)
+                    held = rss_bytes() - before
+                    await control.post(f"{url}/release")
+
+        anyio.run(wave)
+    finally:
+        server.terminate()
+        server.wait()
+    per_token = held / (requests * tokens)
+    body_per_token = body_bytes / tokens
+    return {
+        "requests": requests,
+        "prompt_tokens": tokens,
+        "held_bytes_per_prompt_token": per_token,
+        "json_body_bytes_per_prompt_token": body_per_token,
+        "held_over_json_body": per_token / body_per_token,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--tokens", type=int, default=2000)
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.requests, args.tokens), indent=2))
+
+
+if __name__ == "__main__":
+    main()
