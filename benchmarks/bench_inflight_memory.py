@@ -139,8 +139,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--tokens", type=int, default=2000)
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.requests, args.tokens), indent=2))
+    text = json.dumps(measure(args.requests, args.tokens), indent=2)
+    print(text)
+    if args.out is not None:
+        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":
