@@ -25,13 +25,14 @@ import os
 import random
 import subprocess
 import sys
-import time
 from array import array
 from pathlib import Path
 
 import anyio
 import httpx
 
+from toolrollout._net import stop_popen
+from toolrollout.bench._harness import _free_port, _wait_healthy
 from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
 from toolrollout.engines._wire import encode_json, generate_body
 
@@ -52,6 +53,8 @@ async def generate(request):
         "id": "x", "finish_reason": {"type": "length", "length": 1},
         "prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 0,
         "output_token_logprobs": [[-0.5, 1, None]], "weight_version": "default"}})
+async def health(request):
+    return web.json_response({"status": "ok"})
 async def count(request):
     return web.json_response({"seen": seen})
 async def let_go(request):
@@ -62,7 +65,7 @@ async def let_go(request):
     return web.json_response({})
 app = web.Application(client_max_size=2**30)
 app.add_routes([web.post("/generate", generate), web.get("/seen", count),
-                web.post("/release", let_go)])
+                web.get("/health", health), web.post("/release", let_go)])
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
 """
 
@@ -71,28 +74,12 @@ def rss_bytes() -> int:
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def measure(requests: int, tokens: int, seed: int = 0) -> dict[str, float]:
-    port = free_port()
+    port = _free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)])
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{url}/seen", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        _wait_healthy(url, server, timeout=60)
         rng = random.Random(seed)
         batch = [
             GenerateRequest(
@@ -122,8 +109,7 @@ def measure(requests: int, tokens: int, seed: int = 0) -> dict[str, float]:
 
         anyio.run(wave)
     finally:
-        server.terminate()
-        server.wait()
+        stop_popen(server)
     per_token = held / (requests * tokens)
     body_per_token = body_bytes / tokens
     return {
