@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
-from toolrollout import RolloutConfig, RolloutRunner
+from toolrollout import RolloutRunner
 from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
+from toolrollout.engines import TokenRuns
+from toolrollout.engines._wire import generate_body
 from toolrollout.rollout import ModelTurn, TrajectoryHooks, TrajectoryState
 from toolrollout.rollout._parts import Transcript, id_tuple
 from toolrollout.testing import ScriptedEngine
@@ -128,16 +130,28 @@ def test_compact_spans_take_a_fraction_of_the_tuples_bytes() -> None:
     assert as_tuples / 256 > 60
 
 
-async def test_the_rollout_loop_sends_four_bytes_a_token(demo_tokenizer: Any) -> None:
-    answer = demo_tokenizer.encode("The answer is 4.<|im_end|>", add_special_tokens=False)
-    engine = ScriptedEngine([answer])
-    runner = RolloutRunner(engine, demo_tokenizer, [], config=RolloutConfig(max_turns=1))
-    (trajectory,) = await runner.run([{"messages": [{"role": "user", "content": "2 + 2?"}]}])
-    (request,) = engine.requests
-    assert list(request.input_ids) == list(trajectory.prompt_ids)
-    assert isinstance(request.input_ids, array) and request.input_ids.itemsize == 4
-    # the request's own bytes for its ids: the array, not a tuple of 8-byte pointers
-    assert sys.getsizeof(request.input_ids) <= 4 * len(request.input_ids) + 128
+async def test_a_waiting_request_shares_the_transcripts_arrays(demo_tokenizer: Any) -> None:
+    """The request of a later turn holds the prompt's and the spans' own arrays (no copy
+    of the conversation while it waits), and sends exactly the transcript's ids."""
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n'
+    outputs = [f"{call}</tool_call><|im_end|>", "It is 5.<|im_end|>"]
+    engine = ScriptedEngine([demo_tokenizer.encode(t, add_special_tokens=False) for t in outputs])
+    runner = RolloutRunner(engine, demo_tokenizer, [calculator_tool()])
+    (trajectory,) = await runner.run([{"messages": [{"role": "user", "content": "2 + 3?"}]}])
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    first, second = engine.requests
+    assert list(first.input_ids) == list(trajectory.prompt_ids)
+    model, tool = trajectory.spans[:2]
+    assert second.input_ids == array("i", [*trajectory.prompt_ids, *model.ids, *tool.ids])
+    assert isinstance(second.input_ids, TokenRuns)
+    prompt_run, *span_runs = second.input_ids.runs
+    assert span_runs[0] is model.id_array and span_runs[1] is tool.id_array
+    assert isinstance(first.input_ids, TokenRuns) and prompt_run is first.input_ids.runs[0]
+    # what the request adds: a few pointers, not 4 bytes a token of a joined copy
+    assert sys.getsizeof(second.input_ids) + sys.getsizeof(second.input_ids.runs) < 200
+    assert len(second.input_ids) > 40
+    # and the wire body is the same list of ids a joined array gives
+    assert generate_body(second, "r")["input_ids"] == second.input_ids.joined().tolist()
 
 
 async def test_each_model_turn_keeps_one_copy_of_its_text(demo_tokenizer: Any) -> None:

@@ -25,6 +25,7 @@ from ._types import FinishReason as FinishReason
 from ._types import GenerateRequest as GenerateRequest
 from ._types import GenerateResult as GenerateResult
 from ._types import SamplingParams as SamplingParams
+from ._types import TokenRuns as TokenRuns
 from .sglang import ENGINE_RETRY as ENGINE_RETRY
 from .sglang import ClientStats as ClientStats
 from .sglang import RetryPolicy as RetryPolicy
@@ -53,6 +54,7 @@ __all__ = [
     "ServerStats",
     "ServerWeightUpdate",
     "StreamChunk",
+    "TokenRuns",
     "WeightUpdate",
 ]
 

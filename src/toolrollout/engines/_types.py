@@ -8,9 +8,11 @@ the HTTP edge only).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from itertools import accumulate, chain
+from typing import Any, Literal, overload
 
 from toolrollout._exceptions import UserError
 
@@ -20,6 +22,7 @@ __all__ = [
     "GenerateResult",
     "SamplingParams",
     "StreamChunk",
+    "TokenRuns",
     "token_id_array",
 ]
 
@@ -93,19 +96,104 @@ class FinishReason:
         return {"type": "abort", "message": self.message}
 
 
+class TokenRuns(Sequence[int]):
+    """Token ids kept as the runs they were made of (a prompt, then each span), not joined.
+
+    A request holds its whole conversation while it waits for the engine. Joined into one
+    array, that is a second copy of the transcript, 4 bytes a token for as long as the
+    request waits; as runs it is a few pointers. The runs are shared, so they must not change
+    while the request lives: the rollout loop only ever appends new spans, whose arrays it
+    never edits. ``tolist()`` and ``tobytes()`` read the runs in order, as an array's do; it
+    equals an ``array('i')`` or another ``TokenRuns`` holding the same ids (never a list or a
+    tuple, like an array).
+    """
+
+    __slots__ = ("_ends", "_runs")
+
+    def __init__(self, runs: Iterable[array[int]]) -> None:
+        kept = tuple(run for run in runs if len(run))
+        for run in kept:
+            if not isinstance(run, array) or run.typecode != "i":
+                got = type(run).__name__
+                raise UserError(f"TokenRuns: every run must be an array('i'), got {got}")
+        self._runs = kept
+        self._ends = tuple(accumulate(len(run) for run in kept))
+
+    @property
+    def runs(self) -> tuple[array[int], ...]:
+        return self._runs
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __iter__(self) -> Iterator[int]:
+        return chain.from_iterable(self._runs)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> array[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | array[int]:
+        if isinstance(index, slice):
+            return self.joined()[index]
+        size = len(self)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("TokenRuns index out of range")
+        run = bisect_right(self._ends, index)
+        start = self._ends[run - 1] if run else 0
+        return self._runs[run][index - start]
+
+    def joined(self) -> array[int]:
+        """One new ``array('i')`` of every id (a copy)."""
+        out = array("i")
+        for run in self._runs:
+            out += run
+        return out
+
+    def tolist(self) -> list[int]:
+        out: list[int] = []
+        for run in self._runs:
+            out += run.tolist()
+        return out
+
+    def tobytes(self) -> bytes:
+        return b"".join(run.tobytes() for run in self._runs)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenRuns | array):
+            return len(self) == len(other) and self.tobytes() == _id_bytes(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-backed, like array
+
+    def __repr__(self) -> str:
+        return f"TokenRuns({self.tolist()!r})"
+
+
+def _id_bytes(ids: TokenRuns | array[Any]) -> bytes:
+    if isinstance(ids, TokenRuns):
+        return ids.tobytes()
+    return ids.tobytes() if ids.typecode == "i" else array("i", ids).tobytes()
+
+
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     """One token-in generation request.
 
     ``input_ids`` takes any sequence of ints and is kept as an ``array('i')`` (4 bytes a
-    token; see :func:`token_id_array`): a request holds its whole conversation while it
-    waits for the engine, and with thousands of trajectories in flight a tuple of Python
-    ints would be most of the client's memory. Compare it with ``list(request.input_ids)``
-    or ``tuple(...)``: an array never equals a list or a tuple.
+    token; see :func:`token_id_array`), or as the :class:`TokenRuns` it was given (the
+    rollout loop's form: the transcript's own arrays, no copy): a request holds its whole
+    conversation while it waits for the engine, and with thousands of trajectories in
+    flight a tuple of Python ints would be most of the client's memory. Compare it with
+    ``list(request.input_ids)`` or ``tuple(...)``: neither form equals a list or a tuple.
     """
 
     input_ids: Sequence[int]
-    """The prompt ids, always an ``array('i')`` once the request is built."""
+    """The prompt ids: an ``array('i')`` or a :class:`TokenRuns` once the request is built."""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     rid: str | None = None
     """Request id, usable with ``abort``. Generated by the engine when omitted."""
@@ -119,17 +207,21 @@ class GenerateRequest:
     policy only for servers that report priority scheduling enabled."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "input_ids", token_id_array(self.input_ids))
+        if not isinstance(self.input_ids, TokenRuns):
+            object.__setattr__(self, "input_ids", token_id_array(self.input_ids))
 
 
 def token_id_array(ids: Sequence[int]) -> array[int]:
     """``ids`` as an ``array('i')``; one that already is one is returned as it is (not copied).
 
     Every vocabulary fits a 32-bit int. An id that is not an int, or does not fit, raises
-    :class:`~toolrollout.exceptions.UserError` naming ``input_ids``.
+    :class:`~toolrollout.exceptions.UserError` naming ``input_ids``. :class:`TokenRuns` are
+    joined into one new array.
     """
     if isinstance(ids, array) and ids.typecode == "i":
         return ids
+    if isinstance(ids, TokenRuns):
+        return ids.joined()
     try:
         return array("i", ids)
     except (TypeError, OverflowError) as exc:

@@ -36,7 +36,7 @@ from .._exceptions import (
     OverlongPromptError,
     UserError,
 )
-from ._types import FinishReason, GenerateRequest, GenerateResult, StreamChunk
+from ._types import FinishReason, GenerateRequest, GenerateResult, StreamChunk, TokenRuns
 
 __all__ = [
     "DONE",
@@ -97,7 +97,7 @@ def _finite_sampling(params: dict[str, Any]) -> dict[str, Any]:
 def _id_list(ids: Sequence[int]) -> list[int]:
     """A request's ids as the list orjson writes (it has no form for ``array``). The list
     lives only while the body is encoded; the request keeps the 4-byte array."""
-    return ids.tolist() if isinstance(ids, array) else list(ids)
+    return ids.tolist() if isinstance(ids, array | TokenRuns) else list(ids)
 
 
 def generate_body(request: GenerateRequest, rid: str, *, stream: bool = False) -> dict[str, Any]:

@@ -28,6 +28,7 @@ import io
 import json
 import pickle
 import time
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, fields
 from pathlib import Path
@@ -324,7 +325,7 @@ def _format1_state(point: _Format1Point, spent: float) -> TrajectoryState:
     )
     state.transcript = Transcript(
         messages=list(old.messages),
-        prompt_ids=list(old.prompt_ids),
+        prompt_ids=array("i", old.prompt_ids),
         spans=list(old.spans),
         open_turn=old.open_turn,
         segments=list(old.segments),

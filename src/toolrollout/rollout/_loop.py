@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from toolrollout._exceptions import OverlongPromptError, ToolRolloutError
 from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
-from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams
+from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams, TokenRuns
 
 from ._environment import TrajectoryEnvironment
 from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
@@ -178,16 +178,15 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
     return result
 
 
-def _request_ids(state: TrajectoryState) -> array[int]:
-    """The ids a request carries: one compact array (4 bytes a token), the request's own
-    copy of the transcript's ids, held while the request waits for the engine."""
-    input_ids = state.transcript.ids()
+def _request_ids(state: TrajectoryState) -> TokenRuns | array[int]:
+    """The ids a request carries while it waits for the engine: the transcript's own arrays
+    (:class:`TokenRuns`, no copy of the conversation), or for images a collapsed copy."""
     vision = state.services.vision
     if vision is not None and state.vision.urls:
         # One <|image_pad|> per image on the wire: every SGLang version expands that form
         # itself (see docs/multimodal.md); the transcript keeps the expanded ids.
-        input_ids = array("i", vision.collapse(input_ids))
-    return input_ids
+        return array("i", vision.collapse(state.transcript.ids()))
+    return state.transcript.runs()
 
 
 def _seed_for(state: TrajectoryState) -> int | None:

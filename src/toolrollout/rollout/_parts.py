@@ -21,6 +21,7 @@ from toolrollout._records import RolloutPrompt, TokenSpan
 from toolrollout.chat import ChatFormat, ParsedTurn, PreparedImage, ToolCallParser, VisionFormat
 from toolrollout.engines._base import Engine
 from toolrollout.engines._scheduling import Scheduler
+from toolrollout.engines._types import TokenRuns, token_id_array
 from toolrollout.rewards import WeightedReward
 from toolrollout.tools import ToolExecutor
 from toolrollout.tools._executor import CallRecord
@@ -204,6 +205,10 @@ class Transcript:
     def model_turns(self) -> int:
         """Model spans so far (one per model turn; an open turn's legs are one span)."""
         return sum(1 for s in self.spans if s.kind == "model")
+
+    def runs(self) -> TokenRuns:
+        """Prompt and response ids as the transcript's own arrays (shared, not copied)."""
+        return TokenRuns((token_id_array(self.prompt_ids), *(s.id_array for s in self.spans)))
 
     def ids(self) -> array[int]:
         """Prompt and response ids, one compact array (copied from the spans, no objects)."""
