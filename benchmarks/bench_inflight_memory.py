@@ -12,8 +12,12 @@ what being in flight adds, connections included.
 It prints, per prompt token of a waiting request, the bytes added next to the bound: the
 JSON body itself, which the transport holds until the answer comes. (tracemalloc is not
 used: orjson reserves far more than it writes, address space the kernel never backs.)
+Given several prompt lengths (``--tokens 500,2000,8000``), it measures each in its own
+process and splits what a waiting request holds into a part per request (connection,
+task, response machinery) and a part per prompt token (least squares over the lengths).
 
     python benchmarks/bench_inflight_memory.py [--requests 200] [--tokens 2000]
+    python benchmarks/bench_inflight_memory.py --tokens 500,2000,8000
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import gc
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 from array import array
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -115,19 +121,59 @@ def measure(requests: int, tokens: int, seed: int = 0) -> dict[str, float]:
     return {
         "requests": requests,
         "prompt_tokens": tokens,
+        "held_bytes_per_request": held / requests,
         "held_bytes_per_prompt_token": per_token,
         "json_body_bytes_per_prompt_token": body_per_token,
         "held_over_json_body": per_token / body_per_token,
     }
 
 
+def split(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Least squares of the bytes held per request over the prompt length: the slope is
+    what each prompt token costs a waiting request, the intercept what a request costs
+    whatever its length."""
+    fit = statistics.linear_regression(
+        [run["prompt_tokens"] for run in runs], [run["held_bytes_per_request"] for run in runs]
+    )
+    return {
+        "bytes_per_prompt_token_at_the_margin": fit.slope,
+        "bytes_per_request": fit.intercept,
+        "json_body_bytes_per_prompt_token": runs[-1]["json_body_bytes_per_prompt_token"],
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--tokens", type=int, default=2000)
+    parser.add_argument(
+        "--tokens", default="2000", help="prompt tokens per request; several: 500,2000,8000"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     args = parser.parse_args(argv)
-    text = json.dumps(measure(args.requests, args.tokens), indent=2)
+    lengths = [int(n) for n in args.tokens.split(",")]
+    if len(lengths) == 1:
+        report: dict[str, Any] = dict(measure(args.requests, lengths[0]))
+    else:  # each length in a fresh process, then the split
+        runs = [
+            json.loads(
+                subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--requests",
+                        str(args.requests),
+                        "--tokens",
+                        str(n),
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
+            )
+            for n in lengths
+        ]
+        report = {"runs": runs, "split": split(runs)}
+    text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:
         args.out.write_text(text + "\n")

@@ -74,7 +74,7 @@ from toolrollout.rollout import (
 )
 from toolrollout.rollout._state import TrajectoryState
 
-__all__ = ["ScaleConfig", "SeamEngine", "run_scale"]
+__all__ = ["ScaleConfig", "SeamEngine", "memory_model", "run_scale"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +99,32 @@ class ScaleConfig:
     breakdown: bool = False
     """Trace allocations (tracemalloc) and report, at the sample holding the most tokens in
     flight, what is held per token by allocation site (slows the run several times)."""
+
+
+def memory_model(ticks: Sequence[dict[str, float]], trajectories: int) -> dict[str, Any] | None:
+    """Split the memory into a cost per held token and a cost per trajectory.
+
+    While every trajectory is live and none has finished, only the tokens grow: the slope
+    of the added RSS over the held tokens (least squares over those samples) is what one
+    more token costs. What the peak sample holds beyond ``slope x tokens``, spread over the
+    trajectories, is the fixed part: each live trajectory's task and state, plus the run's
+    one-off allocations (modules and buffers first used during the run). None when fewer
+    than three samples qualify.
+    """
+    steady = [t for t in ticks if t["live_trajectories"] == trajectories and not t["finished"]]
+    if len(steady) < 3 or len({t["held_tokens"] for t in steady}) < 2:
+        return None
+    fit = statistics.linear_regression(
+        [t["held_tokens"] for t in steady], [t["rss_added"] for t in steady]
+    )
+    peak = max(ticks, key=lambda tick: tick["live_tokens"])
+    fixed = (peak["rss_added"] - fit.slope * peak["held_tokens"]) / max(trajectories, 1)
+    return {
+        "samples": len(steady),
+        "bytes_per_held_token_at_the_margin": fit.slope,
+        "fixed_bytes_per_trajectory": fixed,
+        "held_tokens_per_trajectory_at_the_peak": peak["held_tokens"] / max(trajectories, 1),
+    }
 
 
 def _rss_bytes() -> int:
@@ -411,6 +437,7 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
             0.0 if peak is None else peak["rss_added"] / max(peak["held_tokens"], 1)
         ),
         "rss_bytes_per_held_token_at_end": rss_end / max(storage["tokens"], 1),
+        "memory_model": memory_model(samples.ticks, config.trajectories),
         "token_storage": storage,
         "lag_ms": {
             "samples": len(samples.lags),

@@ -6,7 +6,8 @@ from __future__ import annotations
 import gc
 from typing import Any
 
-from benchmarks.bench_scale import ScaleConfig, run_scale
+from benchmarks.bench_inflight_memory import split
+from benchmarks.bench_scale import ScaleConfig, memory_model, run_scale
 
 
 def test_scale_benchmark_runs_small() -> None:
@@ -61,3 +62,40 @@ def test_collections_are_recorded_and_the_collector_is_left_as_it_was() -> None:
     off = run_scale(_small(gc_mode="off"))
     assert off["gc"]["by_generation"] == {}
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def _tick(live: int, finished: int, tokens: int, rss: float) -> dict[str, float]:
+    return {
+        "live_trajectories": live,
+        "finished": finished,
+        "live_tokens": tokens,
+        "held_tokens": tokens,
+        "rss_added": rss,
+    }
+
+
+def test_the_memory_model_splits_tokens_from_trajectories() -> None:
+    # 100 trajectories of 5,000 bytes each and 12 bytes a token, plus ramp-up and ending
+    # samples that must not enter the fit
+    steady = [_tick(100, 0, n, 100 * 5_000 + 12 * n) for n in (10_000, 20_000, 40_000, 50_000)]
+    ramp = [_tick(40, 0, 2_000, 10**9), _tick(60, 40, 60_000, 100 * 5_000 + 12 * 60_000)]
+    model = memory_model([ramp[0], *steady, ramp[1]], 100)
+    assert model is not None and model["samples"] == 4
+    assert abs(model["bytes_per_held_token_at_the_margin"] - 12) < 1e-9
+    assert abs(model["fixed_bytes_per_trajectory"] - 5_000) < 1e-6
+    assert model["held_tokens_per_trajectory_at_the_peak"] == 600
+    assert memory_model(steady[:2], 100) is None  # too few samples to fit
+
+
+def test_the_inflight_split_fits_per_request_and_per_token() -> None:
+    runs = [
+        {
+            "prompt_tokens": n,
+            "held_bytes_per_request": 30_000 + 7 * n,
+            "json_body_bytes_per_prompt_token": 6.4,
+        }
+        for n in (500, 2_000, 8_000)
+    ]
+    fit = split(runs)
+    assert abs(fit["bytes_per_prompt_token_at_the_margin"] - 7) < 1e-9
+    assert abs(fit["bytes_per_request"] - 30_000) < 1e-6
