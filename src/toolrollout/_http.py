@@ -31,7 +31,7 @@ import httpx
 import sniffio
 from yarl import URL
 
-__all__ = ["AiohttpTransport", "fast_transport"]
+__all__ = ["AiohttpTransport", "SentOnceBody", "fast_transport"]
 
 _CHUNK = 64 * 1024
 # httpx writes these itself (or we pass them through verbatim); aiohttp must not add its own.
@@ -94,6 +94,26 @@ class _Bytes(httpx.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         yield self._body
+
+
+class SentOnceBody(aiohttp.BytesPayload):
+    """A request body that lets go of its bytes once they are written to the connection.
+
+    aiohttp keeps a request's payload until the answer has been read. A ``/generate`` body
+    holds the whole conversation (about 6.4 bytes a token as JSON) and the answer can take
+    the server minutes, so the body would be held all that time; written once, it is no
+    longer needed (a retry encodes the request again). Its size, and so the
+    ``Content-Length``, is fixed when it is made.
+    """
+
+    async def write_with_length(
+        self, writer: aiohttp.abc.AbstractStreamWriter, content_length: int | None
+    ) -> None:
+        value, self._value = self._value, b""
+        await writer.write(value if content_length is None else value[:content_length])
+
+    async def write(self, writer: aiohttp.abc.AbstractStreamWriter) -> None:
+        await self.write_with_length(writer, None)
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):
@@ -173,7 +193,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         method: str,
         url: URL,
         *,
-        content: bytes | None,
+        content: bytes | SentOnceBody | None,
         headers: Sequence[tuple[str, str]],
         timeouts: httpx.Timeout,
     ) -> tuple[int, bytes]:
@@ -182,7 +202,8 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         What :meth:`handle_async_request` followed by reading the body does, with the same
         errors, the same headers (the caller passes the httpx client's own) and the same
         decoding of a compressed answer (by httpx's decoders), minus httpx's objects. Only
-        under asyncio (the caller checks; under trio it uses httpx's API).
+        under asyncio (the caller checks; under trio it uses httpx's API). A
+        :class:`SentOnceBody` is let go once written, not kept until the answer.
         """
         loop = asyncio.get_running_loop()
         session = self._session_for(loop)

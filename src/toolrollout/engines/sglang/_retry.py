@@ -32,7 +32,7 @@ from ..._exceptions import (
     EngineUnavailable,
     UserError,
 )
-from ..._http import AiohttpTransport
+from ..._http import AiohttpTransport, SentOnceBody
 from ..._retry import ENGINE_RETRY, RetryPolicy, retry_after_first
 from .. import _wire
 from .._routing import Router
@@ -287,14 +287,18 @@ class _Transport:
         # Encoded first, and the body dropped: its id list is a Python int per token (about
         # 40 bytes each, ten times the request's own array), which would otherwise stay
         # alive as long as the server takes (benchmarks/bench_inflight_memory.py).
-        body = _wire.encode_json(json_body)
-        del json_body
         raw = self._raw
         if raw is None or not _on_asyncio():
+            body = _wire.encode_json(json_body)
+            del json_body
             response = await self._request_once(
                 url, "POST", path, json_body=body, on_connect_failure=on_connect_failure
             )
             return response.content
+        # Over aiohttp even the encoded bytes go once written: nothing of the conversation
+        # but the caller's own ids waits with the request.
+        sent_once = SentOnceBody(_wire.encode_json(json_body))
+        del json_body
         headers = self._raw_headers
         if headers is None:
             headers = [*self._http.headers.multi_items(), *_JSON_HEADERS.items()]
@@ -306,7 +310,7 @@ class _Transport:
                 status, content = await raw.exchange(
                     "POST",
                     self._raw_url(url, path),
-                    content=body,
+                    content=sent_once,
                     headers=headers,
                     timeouts=self._http.timeout,
                 )
