@@ -215,6 +215,12 @@ class ChatFormat:
             )
         return rendered
 
+    @property
+    def encodes_without_the_gil(self) -> bool:
+        """Whether :meth:`encode` calls the Rust backend directly, which releases the GIL
+        while it works and keeps no per-call state: safe to call from a worker thread."""
+        return _plain_backend(self._tokenizer) is not None
+
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered template text (no BOS/EOS added: the template writes them)."""
         return self.encode_many((text,))[0]
