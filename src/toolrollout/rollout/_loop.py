@@ -99,18 +99,27 @@ async def run_trajectory(
 async def _final_drift_check(state: TrajectoryState) -> None:
     """The drift check at the end of a trajectory, off the event loop where that is safe.
 
-    Tokenizing the whole conversation again is most of a long trajectory's last step (a
-    quarter of the client's CPU with 6,500-token conversations), and many trajectories end
+    Tokenizing the whole conversation again is most of a long trajectory's last step (30% of
+    the client's CPU with 6,500-token conversations, profiled), and many trajectories end
     within seconds of each other. A Rust tokenizer called directly lets go of the GIL
     while it encodes, so on a worker thread the check runs beside the loop instead of
-    stalling every other trajectory (docs/benchmarks.md). Other tokenizers (Python ones,
-    or one whose state transformers changes at each call) are checked on the loop.
+    stalling every other trajectory (docs/benchmarks.md). One thread for the whole run:
+    the check's Python part (the render, the id lists) holds the GIL, and 40 threads
+    taking turns at it made the loop's p99 lag worse, not better (docs/benchmarks.md). Other
+    tokenizers (Python ones, or one whose state transformers changes at each call) are
+    checked on the loop.
     """
-    view = state.drift_view()
-    if state.services.chat.encodes_without_the_gil:
-        await anyio.to_thread.run_sync(state.drift.final_check, view)
+    limiter = state.services.drift_limiter
+    if limiter is not None and state.services.chat.encodes_without_the_gil:
+        # The view (a joined copy of the ids, the decoded model texts) is made on the
+        # thread: made before, it would wait in the queue for the thread, in memory.
+        await anyio.to_thread.run_sync(_check_drift_now, state, limiter=limiter)
     else:
-        state.drift.final_check(view)
+        _check_drift_now(state)
+
+
+def _check_drift_now(state: TrajectoryState) -> None:
+    state.drift.final_check(state.drift_view())
 
 
 async def _drive(

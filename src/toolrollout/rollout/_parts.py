@@ -78,6 +78,9 @@ class RolloutServices:
     """Set by a run with a batch target (straggler control); None: run everything out."""
     scheduler: Scheduler | None = None
     """Client-side scheduling policies of the run (issue 20); None: none configured."""
+    drift_limiter: anyio.CapacityLimiter | None = None
+    """The one worker thread the end-of-trajectory drift checks share (see
+    ``_final_drift_check``); None: they run on the event loop."""
     seed_round: int = 0
     """Which call of its runner this run is (0 for the first): mixed into the per-sample
     seeds, so a trainer that calls one runner every step draws fresh samples each time

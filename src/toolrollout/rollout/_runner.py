@@ -276,6 +276,7 @@ class RolloutRunner:
             config=self.config,
             rewards=self.rewards,
             engine_limiter=anyio.CapacityLimiter(self.config.concurrency),
+            drift_limiter=anyio.CapacityLimiter(1),
             context_length=self.context_length,
             interactions=self.interactions,
             vision=self.vision,
