@@ -101,8 +101,9 @@ def _finite_sampling(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _id_list(ids: Sequence[int]) -> list[int]:
-    """A request's ids as the list orjson writes (it has no form for ``array``). The list
-    lives only while the body is encoded; the request keeps the 4-byte array."""
+    """A request's ids as the list orjson writes (it has no form for ``array`` or
+    :class:`TokenRuns`). The list lives only while the body is encoded; the request keeps
+    its 4-byte ids."""
     return ids.tolist() if isinstance(ids, array | TokenRuns) else list(ids)
 
 

@@ -215,10 +215,7 @@ class Transcript:
 
     def ids(self) -> array[int]:
         """Prompt and response ids, one compact array (copied from the spans, no objects)."""
-        out = array("i", self.prompt_ids)
-        for span in self.spans:
-            out += span.id_array
-        return out
+        return self.runs().joined()
 
 
 _INTS: list[int] = []
