@@ -9,6 +9,9 @@
     python benchmarks/bench_rollout.py --modes toolrollout,oversample \
         --out benchmarks/results/rollout_oversample.json \
         --plot docs/benchmarks_rollout_oversample.png    # straggler control
+    python benchmarks/bench_rollout.py --enable-priority-scheduling --turn-spread 1 \
+        --previous-steps 1 --modes toolrollout,toolrollout:priority,toolrollout:history \
+        --out benchmarks/results/rollout_history.json   # lengths that belong to the prompt
 
 Writes bench_rollout.json and bench_rollout.png in the current folder by default: the
 published results (benchmarks/results/, docs/) change only when asked for by --out and
@@ -64,6 +67,20 @@ def main() -> None:
         help="start the servers with SGLang's --enable-priority-scheduling",
     )
     parser.add_argument("--log-dir", default="", help="keep each mode's raw logs here")
+    parser.add_argument(
+        "--turn-spread",
+        type=int,
+        default=-1,
+        help="-1: every sample draws its turns on its own (published); N >= 0: each prompt "
+        "has its own typical length, its samples within N turns of it",
+    )
+    parser.add_argument(
+        "--previous-steps",
+        type=int,
+        default=0,
+        help="training steps each toolrollout mode runs first with the same runner "
+        "(the history policy learns from them); the next step is measured",
+    )
     parser.add_argument("--tool-median", type=float, default=1.0)
     parser.add_argument("--tool-sigma", type=float, default=1.0)
     # Not the tracked files under benchmarks/results/ and docs/: a trial run must not
@@ -85,6 +102,7 @@ def main() -> None:
             args.tokens_per_turn,
             seed=0,
             shared_prompt_words=args.shared_prompt_words,
+            turn_spread=args.turn_spread,
         ),
         model=LatencyModel(
             capacity=args.capacity,
@@ -99,6 +117,7 @@ def main() -> None:
         servers=args.servers,
         batch_fraction=args.batch_fraction,
         micro_turns=64,
+        previous_steps=args.previous_steps,
     )
     report = run_benchmark(config, progress=print)
     render_table(report)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from toolrollout._exceptions import UserError
 from toolrollout.bench import (
     BenchConfig,
     BenchmarkError,
@@ -61,6 +62,30 @@ def test_workload_items_and_directive_round_trip() -> None:
     ]
     assert parse_directive("What is 2 + 2?") is None
     assert "items" not in workload.to_dict()
+
+
+def test_a_prompts_typical_length_holds_across_steps_only_with_a_spread() -> None:
+    def lengths(workload: Workload) -> dict[str, list[int]]:
+        found: dict[str, list[int]] = {}
+        for item in workload.items:
+            found.setdefault(item.group, []).append(item.turns)
+        return found
+
+    shape = {"prompts": 40, "n": 8, "min_turns": 2, "max_turns": 6, "tokens_per_turn": 8}
+    # step 0 without a spread is the published draw, and a later step draws again
+    assert Workload(**shape).items == Workload(**shape, turn_spread=-1, step=0).items
+    assert Workload(**shape, step=1).items != Workload(**shape).items
+    tied = [lengths(Workload(**shape, turn_spread=0, step=step)) for step in range(3)]
+    assert all(len(set(turns)) == 1 for turns in tied[0].values())  # a prompt, one length
+    assert tied[0] == tied[1] == tied[2]  # the same at every step
+    near = [lengths(Workload(**shape, turn_spread=1, step=step)) for step in range(2)]
+    assert near[0] != near[1]  # samples drawn again...
+    for group, turns in near[0].items():  # ...within one turn of the prompt's own length
+        assert max(turns + near[1][group]) - min(turns + near[1][group]) <= 2
+    free = lengths(Workload(**shape))
+    assert sum(len(set(turns)) > 1 for turns in free.values()) > 30
+    with pytest.raises(UserError, match="turn_spread"):
+        Workload(**shape, turn_spread=-2)
 
 
 def test_latency_model_service_time() -> None:

@@ -6,6 +6,8 @@ scheduling follows SGLang's (tests/bench/test_scheduling_server.py checks that p
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -14,6 +16,7 @@ import pytest
 from tests._latency import lookup
 from transformers import AutoTokenizer
 
+from toolrollout._exceptions import UserError
 from toolrollout.bench import (
     LatencyModel,
     LatencyServer,
@@ -28,6 +31,7 @@ from toolrollout.engines._scheduling import (
     PriorityPolicy,
     SchedulingConfig,
     ServerPriority,
+    WorkHistory,
 )
 from toolrollout.rollout import RolloutConfig, RolloutRunner
 
@@ -174,3 +178,75 @@ async def test_admission_follows_the_load_report_of_a_kv_limited_server(
         trajectories = await _run(tokenizer, [server], config, workload)
     assert all(str(t.status) == "completed" for t in trajectories)
     assert limits and min(limits) < 256  # it backed off below the configured cap
+
+
+def test_work_history_predicts_the_turns_left_from_the_prompts_earlier_lengths() -> None:
+    history = WorkHistory()
+    assert history.expected_remaining("p", 0) is None  # nothing seen anywhere yet
+    for turns in (2, 4, 6):
+        history.record("p", turns)
+    # every earlier trajectory went past 0 turns: (2 + 4 + 6) / 3
+    assert history.expected_remaining("p", 0) == 4.0
+    # one still running after 3 turns is like those that went past 3: (1 + 3) / 2
+    assert history.expected_remaining("p", 3) == 2.0
+    assert history.expected_remaining("p", 6) == 1.0  # longer than any seen: one more
+    # a prompt never seen borrows every prompt's lengths
+    assert history.expected_remaining("new", 0) == 4.0
+    assert history.statistics() == {"prompts": 1, "own": 3, "pooled": 1, "none": 1}
+    again = WorkHistory.from_dict(json.loads(json.dumps(history.to_dict())))
+    assert again.to_dict() == {"p": [2, 4, 6]}
+    small = WorkHistory(window=2)
+    for turns in (9, 1, 1):
+        small.record("p", turns)
+    assert small.to_dict() == {"p": [1, 1]}  # only the latest lengths count
+
+
+def test_history_priority_serves_the_longest_expected_work_first() -> None:
+    config = SchedulingConfig(priority=True, history=True, history_weight=2)
+    policy = PriorityPolicy(config)
+    assert policy.history is not None
+    # no history anywhere: the turn rule (fewest turns done first)
+    assert policy.urgency("a", "g", 1, prompt_key="short") == -1
+    policy.finished("x", "g", 2, "short")
+    policy.finished("y", "g", 6, "long")
+    assert policy.urgency("b", "g", 0, prompt_key="long") == 12
+    assert policy.urgency("c", "g", 0, prompt_key="short") == 4
+    assert policy.urgency("b", "g", 4, prompt_key="long") == 4
+
+
+def test_history_needs_priority() -> None:
+    with pytest.raises(UserError, match="priority=True"):
+        SchedulingConfig(history=True)
+
+
+async def test_a_later_run_sends_each_prompts_expected_length_as_its_priority(
+    tokenizer: Any,
+) -> None:
+    # Each prompt's samples all run its own length (spread 0), the same at every step.
+    workload = Workload(prompts=4, n=2, min_turns=1, max_turns=4, tokens_per_turn=16,
+                        turn_spread=0)  # fmt: skip
+    lengths = {item.group: item.turns for item in workload.items}
+    assert len(set(lengths.values())) > 1
+    server = _server(tokenizer, ServerScheduling(enabled=True))
+    config = RolloutConfig(
+        sampling=SamplingParams(max_new_tokens=96),
+        max_turns=8,
+        scheduling=SchedulingConfig(priority=True, history=True, history_key="group"),
+    )
+    transport = httpx.ASGITransport(app=create_latency_app(server))
+    async with SGLangClient(["http://s0"], transport=transport) as client:
+        runner = RolloutRunner(client, tokenizer, [lookup], config=config)
+        assert runner.work_history is not None
+        for step in range(2):
+            server.log.clear()
+            drawn = replace(workload, step=step)
+            rows = drawn.rows()
+            for row, item in zip(rows, drawn.items, strict=True):
+                row["group"] = item.group
+            trajectories = await runner.run(rows)
+            assert all(str(t.status) == "completed" for t in trajectories)
+    assert runner.work_history.to_dict() == {g: [t, t, t, t] for g, t in lengths.items()}
+    # the second step: every request carries 2 x the turns its prompt has left
+    for entry in server.log:
+        group = entry["key"].rpartition("s")[0]
+        assert entry["priority"] == 2 * (lengths[group] - entry["turn"]), entry

@@ -24,7 +24,7 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -53,7 +53,7 @@ def _tokens_limit(workload: Workload) -> int:
     return workload.tokens_per_turn * 2 + 32
 
 
-POLICIES = ("priority", "admission", "affinity")
+POLICIES = ("priority", "admission", "affinity", "history")
 """toolrollout's client-side scheduling policies a mode can name (``toolrollout:priority``)."""
 
 
@@ -67,10 +67,12 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     scheduling = None
     if policies:
         scheduling = SchedulingConfig(
-            priority="priority" in policies,
+            priority="priority" in policies or "history" in policies,
             admission="admission" in policies,
             affinity="affinity" in policies,
             group_key="group",
+            history="history" in policies,
+            history_key="group",  # the prompt's id, the same at every step
         )
     concurrency = spec.concurrency  # admission adapts below it (its ceiling)
     return RolloutConfig(
@@ -101,11 +103,17 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
     async with SGLangClient(list(spec.engine_urls)) as client:
         run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
         runner = build_runner(run_spec, client, tokenizer=tokenizer)
+        first = workload.step - spec.previous_steps
+        for step in range(first, workload.step):  # a trainer's earlier steps
+            await runner.run(_rows(spec, replace(workload, step=step)))
+        if spec.previous_steps:
+            await _reset_services(spec)
         rows = _rows(spec, workload)
         started = _clock()
         trajectories = await runner.run(rows)
         measured = _since(started)
     await lookup.aclose()
+    history = runner.work_history.statistics() if runner.work_history is not None else None
     drift = sum(int(t.metrics.get("drift_mismatches", 0)) for t in trajectories)
     policies = "+".join(spec.policies) or "none"
     return {
@@ -118,8 +126,19 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
         "note": (
             f"policies {policies}; drift mismatches {drift}; errors "
             + str(sum(1 for t in trajectories if t.error))
+            + (f"; previous steps {spec.previous_steps}" if spec.previous_steps else "")
+            + (f"; history {history}" if history is not None else "")
         ),
     }
+
+
+async def _reset_services(spec: DriverSpec) -> None:
+    """Clear the servers' and tool service's logs and caches before the measured step."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        for url in (*spec.engine_urls, spec.tool_url):
+            (await http.post(f"{url}/bench/reset")).raise_for_status()
 
 
 async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:

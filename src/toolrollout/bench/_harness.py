@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 MODES = ("toolrollout", "oversample", "lockstep", "verifiers", "httpx", "aiohttp")
-_POLICIES = ("priority", "admission", "affinity")
+_POLICIES = ("priority", "admission", "affinity", "history")
 
 
 def mode_policies(mode: str) -> tuple[str, ...]:
@@ -84,6 +84,13 @@ class BenchConfig:
     """The latency-model servers' priority-scheduling arguments (SGLang's flags)."""
     log_dir: str = ""
     """Where to keep each mode's raw server and tool logs (``<mode>.json``); "": nowhere."""
+    previous_steps: int = 0
+    """Training steps each toolrollout mode runs before the measured one, with the same
+    runner: the same prompts, each sample drawn again (``Workload.step``), as a trainer's
+    earlier steps would have run them (what the ``history`` policy learns from): steps
+    ``workload.step`` onwards, the measured one ``previous_steps`` later. The
+    servers and the tool service are reset before the measured step, whose work alone is
+    logged and bounded; the other modes run the measured step only."""
 
     def __post_init__(self) -> None:
         for mode in self.modes:
@@ -93,6 +100,8 @@ class BenchConfig:
             raise BenchmarkError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
         if self.servers < 1:
             raise BenchmarkError("servers must be at least 1")
+        if self.previous_steps < 0:
+            raise BenchmarkError("previous_steps must not be negative")
         if not 0.0 < self.batch_fraction <= 1.0:
             raise BenchmarkError(f"batch_fraction must be in (0, 1], got {self.batch_fraction}")
 
@@ -106,6 +115,7 @@ class BenchConfig:
             "drift_check": self.drift_check,
             "batch_fraction": self.batch_fraction,
             "scheduling": asdict(self.scheduling),
+            "previous_steps": self.previous_steps,
         }
 
 
@@ -340,11 +350,15 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                 mode=mode,
                 engine_urls=tuple(engines),
                 tool_url=tool_url,
-                workload=config.workload.to_dict(),
+                workload={
+                    **config.workload.to_dict(),
+                    "step": config.workload.step + config.previous_steps,
+                },
                 tokenizer=config.tokenizer,
                 drift_check=config.drift_check,
                 batch_fraction=config.batch_fraction,
                 policies=mode_policies(mode),
+                previous_steps=config.previous_steps,
             )
             services_before = _process_cpu_s(pids)
             raw = _run_worker(spec, config.mode_timeout_s)

@@ -190,7 +190,8 @@ class WorkloadItem:
 
 @dataclass(frozen=True, slots=True)
 class Workload:
-    """``prompts`` x ``n`` trajectories; turns drawn uniformly from ``min_turns..max_turns``.
+    """``prompts`` x ``n`` trajectories; turns drawn uniformly from ``min_turns..max_turns``
+    (or, with ``turn_spread``, from near each prompt's own typical length).
 
     Every trajectory calls one tool per turn except its last, whose answer ends it.
     """
@@ -204,6 +205,14 @@ class Workload:
     shared_prompt_words: int = 0
     """Words of problem text shared by the ``n`` samples of a prompt (GRPO's shared prompt;
     about 1.3 tokens a word); 0: the samples share only the system prompt."""
+    turn_spread: int = -1
+    """-1 (the published workload): every sample draws its turns on its own, so nothing about
+    a prompt predicts its samples' lengths. 0 or more: each prompt has a typical length of its
+    own (drawn once, the same at every step) and its samples draw within this many turns of
+    it, as in RL where a problem's difficulty decides how long its rollouts run."""
+    step: int = 0
+    """Which training step's draws: the same prompts, each sample drawn again (step 0 is the
+    published draw)."""
     items: tuple[WorkloadItem, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -215,12 +224,20 @@ class Workload:
             raise UserError("tokens_per_turn must be at least 1")
         if self.shared_prompt_words < 0:
             raise UserError("shared_prompt_words must not be negative")
-        rng = random.Random(self.seed)
+        if self.turn_spread < -1 or self.step < 0:
+            raise UserError("turn_spread must be -1 or more and step not negative")
+        rng = random.Random(self.seed if self.step == 0 else f"{self.seed}-step-{self.step}")
+        typical = random.Random(f"{self.seed}-typical")  # a prompt's length, every step
         items = []
         for p in range(self.prompts):
             shared = _problem_text(p, self.shared_prompt_words)
+            low, high = self.min_turns, self.max_turns
+            if self.turn_spread >= 0:
+                centre = typical.randint(self.min_turns, self.max_turns)
+                low = max(self.min_turns, centre - self.turn_spread)
+                high = min(self.max_turns, centre + self.turn_spread)
             for s in range(self.n):
-                turns = rng.randint(self.min_turns, self.max_turns)
+                turns = rng.randint(low, high)
                 items.append(WorkloadItem(f"p{p}s{s}", turns, self.tokens_per_turn, shared))
         object.__setattr__(self, "items", tuple(items))
 
@@ -271,4 +288,7 @@ class DriverSpec:
     """``oversample`` mode: the share of the trajectories the batch target asks for."""
     policies: tuple[str, ...] = ()
     """toolrollout's client-side scheduling policies for this mode (``priority``,
-    ``admission``, ``affinity``); see :mod:`toolrollout.engines._scheduling`."""
+    ``admission``, ``affinity``, ``history``); see :mod:`toolrollout.engines._scheduling`."""
+    previous_steps: int = 0
+    """toolrollout modes: training steps run before the measured one (the workload's
+    ``step``), with the same runner, the services reset between; see ``BenchConfig``."""

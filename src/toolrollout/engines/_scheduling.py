@@ -17,6 +17,11 @@ Three policies, each switched on in :class:`SchedulingConfig` (``RolloutConfig.s
   its KV (AIMD, as peers settled on).
 * **affinity**: the samples of one prompt go to one server, so that the group's shared prompt
   is prefilled once there (its radix cache answers the rest; see ``cached_tokens``).
+* **history** (with priority): the priority is the number of model turns a trajectory is
+  expected still to make, learnt from how long the same prompt's trajectories ran before
+  (earlier runs of the runner, which a trainer makes at every step, and finished samples of
+  this run), so that the longest work is served first. Turns done and time waited do not
+  predict a trajectory's length; the prompt it answers often does.
 
 Why in the client: the servers already implement the mechanisms (priority queue,
 preemption, load report, radix cache); what they cannot know is the trajectory's state.
@@ -24,9 +29,11 @@ preemption, load report, radix cache); what they cannot know is the trajectory's
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -44,6 +51,7 @@ __all__ = [
     "SchedulingConfig",
     "ServerPriority",
     "TrajectoryView",
+    "WorkHistory",
 ]
 
 
@@ -80,6 +88,17 @@ class SchedulingConfig:
     group_key: str | None = None
     """Row metadata key that names the GRPO group when a prompt's samples come as separate
     rows (each its own ``group_id``); None: the run's ``group_id``."""
+    history: bool = False
+    """With ``priority``: serve first the trajectories expected to make the most model turns
+    still, as learnt from the same prompt's earlier trajectories (see :class:`WorkHistory`).
+    A prompt with no history yet falls back to all prompts' history, then to
+    ``turn_weight``."""
+    history_weight: int = 2
+    """Priority per expected remaining model turn (2: five turns apart stay within SGLang's
+    default preemption threshold of 10, so the queue is reordered and nothing preempted)."""
+    history_key: str | None = None
+    """Row metadata key holding an id of the prompt that is the same at every step; None:
+    a hash of the prompt's messages."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.kv_target <= 1.0:
@@ -88,6 +107,10 @@ class SchedulingConfig:
             raise UserError("admission_min and admission_step must be at least 1")
         if self.poll_s <= 0 or self.wait_weight_s < 0:
             raise UserError("poll_s must be positive and wait_weight_s not negative")
+        if self.history and not self.priority:
+            raise UserError("history orders requests by priority: set priority=True as well")
+        if self.history_weight < 1:
+            raise UserError(f"history_weight must be at least 1, got {self.history_weight}")
 
     @property
     def enabled(self) -> bool:
@@ -106,6 +129,9 @@ class SchedulingConfig:
             "poll_s": self.poll_s,
             "affinity": self.affinity,
             "group_key": self.group_key,
+            "history": self.history,
+            "history_weight": self.history_weight,
+            "history_key": self.history_key,
         }
 
 
@@ -125,28 +151,120 @@ class ServerPriority:
         )
 
 
+class WorkHistory:
+    """How many model turns each prompt's trajectories took, kept from one run to the next.
+
+    A trainer samples its prompts again at later steps, and a problem's difficulty decides
+    much of how long its rollouts run: the lengths seen before are the one non-clairvoyant
+    predictor of remaining work a client has. Per prompt the last ``window`` lengths are
+    kept, and over all prompts the last ``pooled_window`` (the guess for a new prompt).
+    """
+
+    def __init__(self, window: int = 32, pooled_window: int = 4096) -> None:
+        if window < 1 or pooled_window < 1:
+            raise UserError("WorkHistory windows must be at least 1")
+        self.window = window
+        self._turns: dict[str, deque[int]] = {}
+        self._pooled: deque[int] = deque(maxlen=pooled_window)
+        self.own = 0
+        """Predictions made from the prompt's own history."""
+        self.pooled = 0
+        """Predictions made from all prompts' history (the prompt had none)."""
+        self.none = 0
+        """Requests for which there was no history at all."""
+
+    def __len__(self) -> int:
+        """Prompts with a history."""
+        return len(self._turns)
+
+    def record(self, key: str, turns: int) -> None:
+        """A trajectory of prompt ``key`` ended after ``turns`` model turns."""
+        seen = self._turns.get(key)
+        if seen is None:
+            seen = self._turns[key] = deque(maxlen=self.window)
+        seen.append(turns)
+        self._pooled.append(turns)
+
+    def expected_remaining(self, key: str, turns_done: int) -> float | None:
+        """Model turns still to come, the next one included, for a trajectory of prompt
+        ``key`` that has made ``turns_done`` and goes on (None: no history at all).
+
+        The mean over the recorded lengths that went past ``turns_done`` (a trajectory still
+        running is longer than those that stopped sooner); 1 when none did.
+        """
+        seen = self._turns.get(key)
+        if seen:
+            self.own += 1
+        elif self._pooled:
+            self.pooled += 1
+            seen = self._pooled
+        else:
+            self.none += 1
+            return None
+        longer = [total - turns_done for total in seen if total > turns_done]
+        return sum(longer) / len(longer) if longer else 1.0
+
+    def statistics(self) -> dict[str, int]:
+        """Prompts known, and where each prediction came from."""
+        return {"prompts": len(self), "own": self.own, "pooled": self.pooled, "none": self.none}
+
+    def to_dict(self) -> dict[str, list[int]]:
+        """The per-prompt lengths, to carry the history to another process (JSON-friendly)."""
+        return {key: list(seen) for key, seen in self._turns.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Sequence[int]], window: int = 32) -> WorkHistory:
+        history = cls(window)
+        for key, lengths in data.items():
+            for turns in lengths:
+                history.record(str(key), int(turns))
+        return history
+
+
 class PriorityPolicy:
     """Trajectory state -> SGLang priority (larger = sooner, before the server's sign)."""
 
-    def __init__(self, config: SchedulingConfig, *, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        config: SchedulingConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        history: WorkHistory | None = None,
+    ):
         self.config = config
         self._clock = clock
+        self.history = history if history is not None or not config.history else WorkHistory()
         self._started: dict[str, float] = {}
         self._group_done: dict[str, int] = defaultdict(int)
         self._members: dict[str, set[str]] = defaultdict(set)
 
-    def urgency(self, uid: str, group_id: str, turns_done: int, group_size: int = 1) -> int:
+    def urgency(
+        self,
+        uid: str,
+        group_id: str,
+        turns_done: int,
+        group_size: int = 1,
+        prompt_key: str | None = None,
+    ) -> int:
         """How urgent the next request of a trajectory is (0 for a fresh one).
 
         The group's size is the larger of ``group_size`` and the samples of ``group_id``
         seen so far (rows of one prompt may be passed as separate rows with one group id).
+        With a history, ``prompt_key`` names the prompt whose earlier lengths predict this
+        trajectory's.
         """
         now = self._clock()
         started = self._started.setdefault(uid, now)
         members = self._members[group_id]
         members.add(uid)
         group_size = max(group_size, len(members))
-        value = self.config.turn_weight * turns_done
+        expected = None
+        if self.history is not None and prompt_key is not None:
+            expected = self.history.expected_remaining(prompt_key, turns_done)
+        if expected is not None:
+            value = round(self.config.history_weight * expected)
+        else:
+            value = self.config.turn_weight * turns_done
         if self.config.wait_weight_s > 0:
             value += int((now - started) / self.config.wait_weight_s)
         if self.config.group_weight and group_size > 1:
@@ -154,9 +272,13 @@ class PriorityPolicy:
             value += math.floor(self.config.group_weight * share)
         return int(value)
 
-    def finished(self, uid: str, group_id: str) -> None:
+    def finished(
+        self, uid: str, group_id: str, turns: int = 0, prompt_key: str | None = None
+    ) -> None:
         self._started.pop(uid, None)
         self._group_done[group_id] += 1
+        if self.history is not None and prompt_key is not None:
+            self.history.record(prompt_key, turns)
 
 
 class AdmissionControl:
@@ -185,7 +307,15 @@ class AdmissionControl:
 
 class _Prompt(Protocol):
     @property
+    def messages(self) -> Sequence[Mapping[str, Any]]: ...
+    @property
     def metadata(self) -> Mapping[str, Any]: ...
+
+
+def prompt_digest(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A short stable id of a prompt's messages (the history's key when rows carry none)."""
+    text = json.dumps(list(messages), sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
 class TrajectoryView(Protocol):
@@ -201,6 +331,9 @@ class TrajectoryView(Protocol):
     def prompt(self) -> _Prompt: ...
 
 
+_OWN_LENGTH = frozenset({"completed", "truncated"})
+
+
 class Scheduler:
     """The policies of one rollout run, applied to each request before it is sent."""
 
@@ -212,12 +345,14 @@ class Scheduler:
         group_size: int = 1,
         ceiling: int = 256,
         http: Any = None,
+        history: WorkHistory | None = None,
     ) -> None:
         self.config = config
         self.engine = engine
         self.group_size = group_size
         self.urls: tuple[str, ...] = tuple(getattr(engine, "base_urls", ()) or ())
-        self.priority = PriorityPolicy(config) if config.priority else None
+        self.priority = PriorityPolicy(config, history=history) if config.priority else None
+        self._prompt_keys: dict[str, str] = {}
         self.admission = AdmissionControl(config, ceiling) if config.admission else None
         self._http = http
         self._server_priority: ServerPriority | None = None
@@ -308,6 +443,18 @@ class Scheduler:
                 return str(value)
         return state.group_id
 
+    def prompt_key(self, state: TrajectoryView) -> str | None:
+        """The key of the trajectory's prompt in the history (None without one)."""
+        if self.priority is None or self.priority.history is None:
+            return None
+        key = self._prompt_keys.get(state.uid)
+        if key is None:
+            field = self.config.history_key
+            value = state.prompt.metadata.get(field) if field is not None else None
+            key = str(value) if value is not None else prompt_digest(state.prompt.messages)
+            self._prompt_keys[state.uid] = key
+        return key
+
     async def prepare(
         self, request: GenerateRequest, state: TrajectoryView, limiter: anyio.CapacityLimiter
     ) -> GenerateRequest:
@@ -322,13 +469,23 @@ class Scheduler:
             server = await self.server_priority()
             if server.enabled:
                 value = self.priority.urgency(
-                    state.uid, self.group_of(state), state.num_turns, self.group_size
+                    state.uid,
+                    self.group_of(state),
+                    state.num_turns,
+                    self.group_size,
+                    self.prompt_key(state),
                 )
                 self.sent_priorities += 1
                 return replace(request, priority=-value if server.low_values_first else value)
         return request
 
     def finished(self, state: TrajectoryView) -> None:
-        """A trajectory ended: its group is that much nearer completion."""
+        """A trajectory ended: its group is that much nearer completion, and a length it
+        reached on its own (completed, or truncated at the turn limit; not failed or
+        aborted) joins its prompt's history."""
         if self.priority is not None:
-            self.priority.finished(state.uid, self.group_of(state))
+            key = self.prompt_key(state)
+            self._prompt_keys.pop(state.uid, None)
+            if str(getattr(state, "status", "completed")) not in _OWN_LENGTH:
+                key = None
+            self.priority.finished(state.uid, self.group_of(state), state.num_turns, key)

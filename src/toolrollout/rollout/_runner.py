@@ -38,7 +38,7 @@ from toolrollout._exceptions import EngineError, UserError
 from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
-from toolrollout.engines._scheduling import Scheduler
+from toolrollout.engines._scheduling import Scheduler, WorkHistory
 from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor, open_tools, share_tools
 
@@ -243,6 +243,11 @@ class RolloutRunner:
         self.hooks = hooks or TrajectoryHooks()
         self._runs = 0
         """Calls made so far (run, run_batch, resume): each draws its own seeds."""
+        sched = self.config.scheduling
+        self.work_history = WorkHistory() if sched is not None and sched.history else None
+        """With ``SchedulingConfig.history``: the lengths of each prompt's trajectories so
+        far, kept from one call to the next (a trainer's steps); replace it with
+        ``WorkHistory.from_dict`` to carry it over from another process."""
 
     def _check_rows(
         self,
@@ -290,7 +295,11 @@ class RolloutRunner:
         if sched is None or not sched.enabled:
             return None
         return Scheduler(
-            sched, self.engine, group_size=self.config.n, ceiling=self.config.concurrency
+            sched,
+            self.engine,
+            group_size=self.config.n,
+            ceiling=self.config.concurrency,
+            history=self.work_history,
         )
 
     async def __aenter__(self) -> Self:
