@@ -57,6 +57,22 @@ def test_turns_order_serves_a_later_turn_before_a_first_one() -> None:
     assert max(fifo.values()) == max(turns.values()) == 4.0
 
 
+def test_length_order_knows_the_turns_left_but_not_the_tool_latencies() -> None:
+    # One slot; A, B, C queue at 0 in that order. A: one 1 s turn. B: three 1 s turns,
+    # instant tools. C: two 1 s turns around a 10 s tool call.
+    requests = [{"key": "p0s0", "turn": 0, "slot_seconds": 1.0}]
+    requests += [{"key": "p1s0", "turn": t, "slot_seconds": 1.0} for t in range(3)]
+    requests += [{"key": "p2s0", "turn": t, "slot_seconds": 1.0} for t in range(2)]
+    calls = [{"key": f"p1s0.{t}", "seconds": 0.0} for t in range(2)]
+    calls.append({"key": "p2s0.0", "seconds": 10.0})
+    # FIFO serves C's first turn third: its tool ends at 13, C at 14
+    assert replay(requests, calls, 1) == {"p0s0": 1.0, "p1s0": 5.0, "p2s0": 14.0}
+    # length: B (3 turns to go) first, then C (2) before A (1): C's tool ends at 12
+    assert replay(requests, calls, 1, order="length") == {"p0s0": 4.0, "p1s0": 5.0, "p2s0": 13.0}
+    # the oracle knows C's tool takes 10 s (12 s of work left): C first, done at 12
+    assert replay(requests, calls, 1, order="oracle") == {"p0s0": 3.0, "p1s0": 5.0, "p2s0": 12.0}
+
+
 def test_group_completion_counts_a_group_done_when_its_last_sample_is() -> None:
     ends = {"p0s0": 1.0, "p0s1": 3.0, "p1s0": 2.0, "p1s1": 2.0, "p2s0": 9.0}
     assert group_completion_times(ends) == {"50": 3.0, "90": 9.0, "100": 9.0}

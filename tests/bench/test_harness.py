@@ -19,6 +19,7 @@ from toolrollout.bench import (
     BenchConfig,
     BenchReport,
     LatencyModel,
+    ServerScheduling,
     ToolLatency,
     Workload,
     render_table,
@@ -100,6 +101,33 @@ def test_oversample_mode_delivers_the_batch_target_and_counts_the_aborted_work()
     assert report.config["batch_fraction"] == 0.5
     with pytest.raises(BenchmarkError, match="batch_fraction"):
         BenchConfig(batch_fraction=0.0)
+
+
+@pytest.mark.slow
+def test_a_previous_step_teaches_the_history_mode_and_only_the_next_step_is_measured() -> None:
+    workload = Workload(prompts=3, n=2, min_turns=1, max_turns=4, tokens_per_turn=16,
+                        seed=3, turn_spread=0)  # fmt: skip
+    config = BenchConfig(
+        workload=workload,
+        model=LatencyModel(capacity=4, prefill_per_token_s=1e-5, decode_per_token_s=1e-3),
+        tool_latency=ToolLatency("fixed", median=0.01, seed=3),
+        modes=("toolrollout:history", "lockstep"),
+        micro_turns=0,
+        scheduling=ServerScheduling(enabled=True),
+        previous_steps=1,
+    )
+    report = run_benchmark(config)
+    measured = Workload(**{**workload.to_dict(), "step": 1})
+    expected_turns = sum(item.turns for item in measured.items)
+    for result in report.results:
+        # the servers' logs hold the measured step alone, in both modes
+        assert result.turns == expected_turns, result.note
+        assert result.tool_calls == expected_turns - measured.trajectories
+    history = report.result("toolrollout:history")
+    assert history is not None and "previous steps 1" in history.note
+    # every prompt was seen in the previous step: the measured one predicts from its own
+    assert f"'own': {expected_turns}, 'pooled': 0, 'none': 0" in history.note
+    assert report.config["previous_steps"] == 1
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,7 @@ def test_jsonl_output_and_custom_dataset(tmp_path: Path) -> None:
         (["--tool-config", "missing.yaml"], "missing.yaml"),
         (["--tool-parser", "klingon"], "unknown --tool-parser"),
         (["--model", "no/such/dir"], "model folder not found"),
+        (["--schedule", "priority,fastest"], "unknown scheduling policy fastest"),
     ],
 )
 def test_user_mistakes_get_one_line_and_exit_2(

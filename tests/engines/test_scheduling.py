@@ -250,3 +250,19 @@ async def test_a_later_run_sends_each_prompts_expected_length_as_its_priority(
     for entry in server.log:
         group = entry["key"].rpartition("s")[0]
         assert entry["priority"] == 2 * (lengths[group] - entry["turn"]), entry
+
+
+def test_policies_by_name_as_the_command_line_gives_them() -> None:
+    assert SchedulingConfig.from_names("none") is None
+    assert SchedulingConfig.from_names(" ") is None
+    config = SchedulingConfig.from_names("history, affinity", history_key="prompt_id")
+    assert config is not None
+    assert (config.priority, config.history, config.affinity, config.admission) == (
+        True,
+        True,
+        True,
+        False,
+    )
+    assert config.history_key == "prompt_id"
+    with pytest.raises(UserError, match="unknown scheduling policy fifo: choose from"):
+        SchedulingConfig.from_names("priority,fifo")

@@ -109,11 +109,15 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
         if spec.previous_steps:
             await _reset_services(spec)
         rows = _rows(spec, workload)
+        known = runner.work_history.statistics() if runner.work_history is not None else {}
         started = _clock()
         trajectories = await runner.run(rows)
         measured = _since(started)
     await lookup.aclose()
-    history = runner.work_history.statistics() if runner.work_history is not None else None
+    history = None
+    if runner.work_history is not None:  # the measured step's predictions, by source
+        after = runner.work_history.statistics()
+        history = {k: v if k == "prompts" else v - known[k] for k, v in after.items()}
     drift = sum(int(t.metrics.get("drift_mismatches", 0)) for t in trajectories)
     policies = "+".join(spec.policies) or "none"
     return {

@@ -399,6 +399,9 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     fewest_makespan_s=max(
                         replay(requests, calls, capacity, order="fewest").values(), default=0.0
                     ),
+                    length_makespan_s=max(
+                        replay(requests, calls, capacity, order="length").values(), default=0.0
+                    ),
                     groups_s=group_completion_times(measured_ends(requests)),
                     oracle_groups_s=group_completion_times(oracle_ends),
                     retractions=counts["retractions"],

@@ -115,14 +115,17 @@ def replay(
     slot time plus tool time, known exactly here; ties in arrival order), ``turns`` the
     trajectory with the most turns done first, ``fewest`` the one with the fewest turns done
     first (the two signs of toolrollout's ``priority`` policy, ``turn_weight`` 1 and -1;
-    ties in arrival order). No request is preempted.
+    ties in arrival order), ``length`` the one with the most model turns still to make
+    (what a perfect prediction of each trajectory's length, the ``history`` policy's
+    target, gives; the tool latencies stay unknown; ties in arrival order). No request is
+    preempted.
     """
     import heapq
 
     if capacity < 1:
         raise ValueError("capacity must be at least 1")
-    if order not in ("fifo", "oracle", "turns", "fewest"):
-        raise ValueError(f"order must be fifo, oracle, turns or fewest, got {order!r}")
+    if order not in ("fifo", "oracle", "turns", "fewest", "length"):
+        raise ValueError(f"order must be fifo, oracle, turns, fewest or length, got {order!r}")
     steps: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
     for request in requests:
         key = request.get("key")
@@ -170,6 +173,8 @@ def replay(
             rank = -remaining[trajectory][position[trajectory]]
         elif order == "turns":
             rank = -position[trajectory] + now * 1e-9  # more turns done first, then arrival
+        elif order == "length":  # more model turns to go first, then arrival
+            rank = position[trajectory] - len(steps[trajectory]) + now * 1e-9
         else:
             rank = position[trajectory] + now * 1e-9  # fewer turns done first, then arrival
         heapq.heappush(queues[server], (rank, seq, trajectory))  # seq: arrival order
@@ -313,6 +318,9 @@ class ModeResult:
     ``priority`` policy with ``turn_weight=1``) with a zero-cost client."""
     fewest_makespan_s: float = 0.0
     """The same, fewest turns done first (``turn_weight=-1``, the default)."""
+    length_makespan_s: float = 0.0
+    """The length bound: the logged work replayed most-model-turns-to-go first, as a
+    perfect prediction of each trajectory's length would order it (``history``'s best)."""
     retractions: int = 0
     """Requests the servers retracted for KV (and priority preemptions, counted apart)."""
     preemptions: int = 0

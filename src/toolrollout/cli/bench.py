@@ -39,9 +39,10 @@ def bench(
         list[str] | None,
         typer.Option(
             "--mode",
-            help="toolrollout, oversample, lockstep, verifiers, httpx, aiohttp (repeatable). "
-            "Default: toolrollout, lockstep, httpx, aiohttp, and verifiers when it is "
-            "installed.",
+            help="toolrollout, oversample, lockstep, verifiers, httpx, aiohttp (repeatable); "
+            "toolrollout:POLICY[+POLICY] runs toolrollout with scheduling policies (priority, "
+            "history, admission, affinity). Default: toolrollout, lockstep, httpx, aiohttp, "
+            "and verifiers when it is installed.",
         ),
     ] = None,
     servers: Annotated[int, typer.Option(min=1, help="Latency-model servers.")] = 1,
@@ -58,6 +59,30 @@ def bench(
         int, typer.Option(min=0, help="Turn N of the tokenization timing (0 skips it).")
     ] = 64,
     seed: Annotated[int, typer.Option(help="Workload and tool-latency seed.")] = 0,
+    enable_priority_scheduling: Annotated[
+        bool,
+        typer.Option(
+            "--enable-priority-scheduling",
+            help="Start the servers with SGLang's --enable-priority-scheduling (modes "
+            "toolrollout:priority and toolrollout:history send priorities only then).",
+        ),
+    ] = False,
+    turn_spread: Annotated[
+        int,
+        typer.Option(
+            min=-1,
+            help="-1: every sample draws its turns on its own; N >= 0: each prompt has a "
+            "typical length of its own and its samples run within N turns of it.",
+        ),
+    ] = -1,
+    previous_steps: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Training steps each toolrollout mode runs first with the same runner (the "
+            "history policy learns from them); the step after them is measured.",
+        ),
+    ] = 0,
     json_out: Annotated[
         Path, typer.Option("--json", help="Where to write the JSON report.")
     ] = Path("bench.json"),
@@ -80,6 +105,7 @@ def bench(
     from toolrollout.bench import (
         BenchConfig,
         LatencyModel,
+        ServerScheduling,
         ToolLatency,
         Workload,
         plot_report,
@@ -96,7 +122,9 @@ def bench(
     console = Console(stderr=True)
     try:
         config = BenchConfig(
-            workload=Workload(prompts, n, min_turns, max_turns, tokens_per_turn, seed),
+            workload=Workload(
+                prompts, n, min_turns, max_turns, tokens_per_turn, seed, turn_spread=turn_spread
+            ),
             model=LatencyModel(capacity, prefill_us / 1e6, decode_ms / 1e3),
             tool_latency=ToolLatency(tool_latency, tool_median, tool_sigma, seed=seed),  # type: ignore[arg-type]
             modes=modes,
@@ -104,6 +132,8 @@ def bench(
             drift_check=drift_check,
             batch_fraction=batch_fraction,
             micro_turns=micro_turns,
+            scheduling=ServerScheduling(enabled=enable_priority_scheduling),
+            previous_steps=previous_steps,
         )
         report = run_benchmark(config, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
         render_table(report, Console(width=None if sys.stdout.isatty() else 160))

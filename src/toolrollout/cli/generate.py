@@ -179,6 +179,18 @@ _RayAddress = Annotated[
     typer.Option(help="Ray cluster to join with --ray ('auto', 'host:6379'). Default: local."),
 ]
 
+_Schedule = Annotated[
+    str,
+    typer.Option(
+        help="Client-side scheduling policies, comma-separated: priority (SGLang's per-request "
+        "priority, sent only to servers started with --enable-priority-scheduling), "
+        "history (priority from how long each prompt's trajectories ran before), admission "
+        "(in-flight limit from the servers' /v1/loads), affinity (a GRPO group on one "
+        "server); 'none' (default) sends what a server gets without them "
+        "(docs/scheduling.md).",
+    ),
+]
+
 _GcFreeze = Annotated[
     bool,
     typer.Option(
@@ -233,6 +245,7 @@ def generate(
     ray: _Ray = False,
     ray_workers: _RayWorkers = 2,
     ray_address: _RayAddress = None,
+    schedule: _Schedule = "none",
     gc_freeze: _GcFreeze = False,
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
@@ -297,6 +310,7 @@ class _Flags:
     ray: bool
     ray_workers: int
     ray_address: str | None
+    schedule: str
     gc_freeze: bool
 
     @property
@@ -453,7 +467,7 @@ def _read_carried(flags: _Flags) -> tuple[list[Trajectory], dict[str, Any], int]
 def _spec(flags: _Flags, n: int) -> RunSpec:
     """The run specification the flags describe (its checks raise one-line UserErrors)."""
     from toolrollout.demo import DEMO_MODEL_PATH
-    from toolrollout.engines import SamplingParams
+    from toolrollout.engines import SamplingParams, SchedulingConfig
     from toolrollout.rewards import RewardMix
     from toolrollout.rollout import RolloutConfig
     from toolrollout.spec import RunSpec
@@ -477,6 +491,7 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
         max_images=flags.max_images,
         max_image_tokens=flags.max_image_tokens,
         trajectory_timeout=flags.trajectory_timeout,
+        scheduling=SchedulingConfig.from_names(flags.schedule),
     )
     return RunSpec(
         engine_urls=tuple(flags.engine_url or ()),

@@ -7,7 +7,9 @@ scripted outputs for tests. All three implement :class:`Engine`: the data plane
 (``generate``, ``abort``) and one control plane with the same names and return types
 (``info`` -> :class:`EngineInfo`, ``pause_generation``, ``continue_generation``,
 ``update_weights_from_disk`` -> :class:`WeightUpdate`, ``flush_cache`` -> bool,
-``abort_all``).
+``abort_all``). :class:`SchedulingConfig` switches on the client-side scheduling policies
+(request priority, adaptive admission, GRPO group affinity, priority from a prompt's
+:class:`WorkHistory`) that ``RolloutConfig.scheduling`` applies to every request.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from ._control import PauseMode as PauseMode
 from ._control import ServerInfo as ServerInfo
 from ._control import ServerWeightUpdate as ServerWeightUpdate
 from ._control import WeightUpdate as WeightUpdate
+from ._scheduling import SchedulingConfig as SchedulingConfig
+from ._scheduling import WorkHistory as WorkHistory
 from ._types import FinishReason as FinishReason
 from ._types import GenerateRequest as GenerateRequest
 from ._types import GenerateResult as GenerateResult
@@ -50,12 +54,14 @@ __all__ = [
     "RetryPolicy",
     "SGLangClient",
     "SamplingParams",
+    "SchedulingConfig",
     "ServerInfo",
     "ServerStats",
     "ServerWeightUpdate",
     "StreamChunk",
     "TokenRuns",
     "WeightUpdate",
+    "WorkHistory",
 ]
 
 

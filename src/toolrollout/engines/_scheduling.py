@@ -116,6 +116,29 @@ class SchedulingConfig:
     def enabled(self) -> bool:
         return self.priority or self.admission or self.affinity
 
+    POLICIES = ("admission", "affinity", "history", "priority")
+    """The policies :meth:`from_names` knows (``history`` brings ``priority`` with it)."""
+
+    @classmethod
+    def from_names(cls, names: str, **knobs: Any) -> SchedulingConfig | None:
+        """The config a comma-separated list of policies asks for (None for "" or "none")."""
+        chosen = {name.strip() for name in names.split(",") if name.strip()} - {"none"}
+        unknown = sorted(chosen - set(cls.POLICIES))
+        if unknown:
+            raise UserError(
+                f"unknown scheduling policy {', '.join(unknown)}: choose from "
+                + ", ".join(cls.POLICIES)
+            )
+        if not chosen:
+            return None
+        return cls(
+            priority="priority" in chosen or "history" in chosen,
+            admission="admission" in chosen,
+            affinity="affinity" in chosen,
+            history="history" in chosen,
+            **knobs,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "priority": self.priority,
