@@ -199,6 +199,10 @@ def test_work_history_predicts_the_turns_left_from_the_prompts_earlier_lengths()
     for turns in (9, 1, 1):
         small.record("p", turns)
     assert small.to_dict() == {"p": [1, 1]}  # only the latest lengths count
+    few = WorkHistory(max_prompts=2)
+    for key in ("a", "b", "a", "c"):
+        few.record(key, 3)
+    assert sorted(few.to_dict()) == ["a", "c"]  # b, seen least recently, was let go
 
 
 def test_history_priority_serves_the_longest_expected_work_first() -> None:

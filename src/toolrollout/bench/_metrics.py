@@ -319,8 +319,10 @@ class ModeResult:
     fewest_makespan_s: float = 0.0
     """The same, fewest turns done first (``turn_weight=-1``, the default)."""
     length_makespan_s: float = 0.0
-    """The length bound: the logged work replayed most-model-turns-to-go first, as a
-    perfect prediction of each trajectory's length would order it (``history``'s best)."""
+    """The length replay: the logged work replayed most-model-turns-to-go first, as a
+    perfect prediction of each trajectory's length would order it, tool latencies unknown
+    (what the ``history`` policy aims at; a reference, not a strict bound: ties, served in
+    arrival order here, are served otherwise by a live server)."""
     retractions: int = 0
     """Requests the servers retracted for KV (and priority preemptions, counted apart)."""
     preemptions: int = 0

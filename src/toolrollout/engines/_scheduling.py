@@ -33,7 +33,7 @@ import hashlib
 import json
 import math
 import time
-from collections import defaultdict, deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -178,16 +178,21 @@ class WorkHistory:
     """How many model turns each prompt's trajectories took, kept from one run to the next.
 
     A trainer samples its prompts again at later steps, and a problem's difficulty decides
-    much of how long its rollouts run: the lengths seen before are the one non-clairvoyant
-    predictor of remaining work a client has. Per prompt the last ``window`` lengths are
-    kept, and over all prompts the last ``pooled_window`` (the guess for a new prompt).
+    much of how long its rollouts run: the lengths seen before predict the work a
+    trajectory has left, which nothing else the client knows does. Per prompt the last
+    ``window`` lengths are kept, for the ``max_prompts`` prompts seen most recently (a
+    bounded memory over a long training: about 400 bytes a prompt), and over all prompts
+    the last ``pooled_window`` (the guess for a prompt not seen yet).
     """
 
-    def __init__(self, window: int = 32, pooled_window: int = 4096) -> None:
-        if window < 1 or pooled_window < 1:
-            raise UserError("WorkHistory windows must be at least 1")
+    def __init__(
+        self, window: int = 32, pooled_window: int = 4096, max_prompts: int = 200_000
+    ) -> None:
+        if window < 1 or pooled_window < 1 or max_prompts < 1:
+            raise UserError("WorkHistory's window, pooled_window and max_prompts must be >= 1")
         self.window = window
-        self._turns: dict[str, deque[int]] = {}
+        self.max_prompts = max_prompts
+        self._turns: OrderedDict[str, list[int]] = OrderedDict()
         self._pooled: deque[int] = deque(maxlen=pooled_window)
         self.own = 0
         """Predictions made from the prompt's own history."""
@@ -204,8 +209,14 @@ class WorkHistory:
         """A trajectory of prompt ``key`` ended after ``turns`` model turns."""
         seen = self._turns.get(key)
         if seen is None:
-            seen = self._turns[key] = deque(maxlen=self.window)
+            seen = self._turns[key] = []
+            if len(self._turns) > self.max_prompts:
+                self._turns.popitem(last=False)  # the prompt seen least recently
+        else:
+            self._turns.move_to_end(key)
         seen.append(turns)
+        if len(seen) > self.window:
+            del seen[0]
         self._pooled.append(turns)
 
     def expected_remaining(self, key: str, turns_done: int) -> float | None:
@@ -215,7 +226,7 @@ class WorkHistory:
         The mean over the recorded lengths that went past ``turns_done`` (a trajectory still
         running is longer than those that stopped sooner); 1 when none did.
         """
-        seen = self._turns.get(key)
+        seen: Sequence[int] | None = self._turns.get(key)
         if seen:
             self.own += 1
         elif self._pooled:
