@@ -72,6 +72,7 @@ def test_jsonl_output_and_custom_dataset(tmp_path: Path) -> None:
         (["--tool-parser", "klingon"], "unknown --tool-parser"),
         (["--model", "no/such/dir"], "model folder not found"),
         (["--schedule", "priority,fastest"], "unknown scheduling policy fastest"),
+        (["--work-history", "h.json"], "--work-history needs --schedule history"),
     ],
 )
 def test_user_mistakes_get_one_line_and_exit_2(
@@ -81,6 +82,31 @@ def test_user_mistakes_get_one_line_and_exit_2(
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_work_history_carries_each_prompts_lengths_to_the_next_run(tmp_path: Path) -> None:
+    history = tmp_path / "lengths.json"
+    args = ("--limit", "3", "--n", "2", "--schedule", "history", "--work-history", str(history))
+    saved: list[dict[str, list[int]]] = []
+    finished: list[list[int]] = []
+    for step in (1, 2):
+        proc = run(*args, "--out", f"step{step}.jsonl", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        saved.append(json.loads(history.read_text())["turns"])
+        lines = (tmp_path / f"step{step}.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines]
+        finished.append([r["num_turns"] for r in rows if r["status"] in ("completed", "truncated")])
+    first, second = saved
+    assert len(first) == 3  # one key per prompt: a hash of its messages
+    assert sorted(t for turns in first.values() for t in turns) == sorted(finished[0])
+    assert sum(map(len, second.values())) == len(finished[0]) + len(finished[1])
+    for key, turns in first.items():
+        assert second[key][: len(turns)] == turns  # the second run added to the first's
+    history.write_text('{"turns": {"p": ["two"]}}')
+    proc = run(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"{history}: key 'turns' must map" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

@@ -191,6 +191,15 @@ _Schedule = Annotated[
     ),
 ]
 
+_WorkHistory = Annotated[
+    Path | None,
+    typer.Option(
+        help="With --schedule history: a JSON file of how long each prompt's trajectories "
+        "ran, read before the run (if it exists) and written after it, so the next "
+        "step's run ranks its requests by it (local runs).",
+    ),
+]
+
 _GcFreeze = Annotated[
     bool,
     typer.Option(
@@ -246,6 +255,7 @@ def generate(
     ray_workers: _RayWorkers = 2,
     ray_address: _RayAddress = None,
     schedule: _Schedule = "none",
+    work_history: _WorkHistory = None,
     gc_freeze: _GcFreeze = False,
 ) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
@@ -311,6 +321,7 @@ class _Flags:
     ray_workers: int
     ray_address: str | None
     schedule: str
+    work_history: Path | None
     gc_freeze: bool
 
     @property
@@ -431,6 +442,14 @@ def _check_flags(flags: _Flags) -> None:
 
     if flags.leftover is not None and not flags.batch_run:
         raise UserError("--leftover needs --target-groups or --resume-leftover")
+    if flags.work_history is not None:
+        if "history" not in {name.strip() for name in flags.schedule.split(",")}:
+            raise UserError("--work-history needs --schedule history")
+        if flags.ray:
+            raise UserError("--work-history is for local runs (each Ray actor keeps its own)")
+        from toolrollout.engines import WorkHistory
+
+        WorkHistory.read(flags.work_history)  # a bad file fails before the model loads
     if flags.leftover_path.suffix != ".parquet":
         raise UserError(f"--leftover must be a .parquet file, got {flags.leftover_path}")
     if flags.resume_leftover is not None:
@@ -655,6 +674,7 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
     """The run on this machine: rows stream into the shard folder as they finish."""
     import anyio
 
+    from toolrollout.engines import WorkHistory
     from toolrollout.rollout import ShardWriter, TrajectoryStatus
     from toolrollout.spec import open_run
 
@@ -667,6 +687,8 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
     total = len(carried) if carried else len(plan.prompts) * plan.spec.config.n
     already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
     async with open_run(plan.spec, parts=plan.parts) as run:
+        if flags.work_history is not None:
+            run.runner.work_history = WorkHistory.read(flags.work_history)
         frozen = _freeze_gc() if flags.gc_freeze else None
         started = time.perf_counter()
         with (
@@ -700,6 +722,8 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
             import gc
 
             gc.unfreeze()
+        if flags.work_history is not None and run.runner.work_history is not None:
+            run.runner.work_history.write(flags.work_history)
     summary = _summarise(trajectories, elapsed)
     summary.update(
         interrupted=interrupted[0] if interrupted else None,

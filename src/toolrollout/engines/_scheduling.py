@@ -32,10 +32,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import anyio
@@ -253,6 +255,30 @@ class WorkHistory:
             for turns in lengths:
                 history.record(str(key), int(turns))
         return history
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> WorkHistory:
+        """A history saved by :meth:`write` (a missing file: an empty history)."""
+        where = Path(path)
+        if not where.exists():
+            return cls()
+        try:
+            data = json.loads(where.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{where}: not a work history ({exc})") from None
+        lengths = data.get("turns") if isinstance(data, dict) else None
+        if not isinstance(lengths, dict) or not all(
+            isinstance(v, list) and all(isinstance(t, int) for t in v) for v in lengths.values()
+        ):
+            raise UserError(f"{where}: key 'turns' must map prompt keys to lists of turn counts")
+        return cls.from_dict(lengths)
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Save the per-prompt lengths as JSON, replacing the file in one step."""
+        where = Path(path)
+        partial = where.with_name(where.name + ".partial")
+        partial.write_text(json.dumps({"turns": self.to_dict()}), encoding="utf-8")
+        os.replace(partial, where)
 
 
 class PriorityPolicy:
