@@ -422,13 +422,25 @@ async def test_abort_request_returns_partial_output(
         "rid": "rollout-3-turn-1",
         "sampling_params": greedy(240, ignore_eos=True),
     }
-    pending = asyncio.create_task(client.post("/generate", json=body))
-    # running, with output tokens beyond the 3-token prompt, so the abort returns some
-    await wait_until(lambda: engine.num_running == 1 and engine.num_tokens > 3)
-    r = await client.post("/abort_request", json={"rid": "rollout-3", "abort_all": False})
-    assert r.status_code == 200
-    result = (await pending).json()
-    meta = result["meta_info"]
+    # The abort must land while the request runs with some output. On a loaded machine
+    # 240 tokens can be done before the test's next poll, so the engine is frozen in
+    # place as soon as output appears (one decode step can still slip through: then the
+    # request finished by length before the freeze, and the attempt is repeated).
+    for _attempt in range(5):
+        pending = asyncio.create_task(client.post("/generate", json=body))
+        await wait_until(
+            lambda p=pending: p.done() or (engine.num_running == 1 and engine.num_tokens > 3)
+        )
+        await engine.pause_generation("in_place")
+        try:
+            r = await client.post("/abort_request", json={"rid": "rollout-3", "abort_all": False})
+            assert r.status_code == 200
+            result = (await asyncio.wait_for(pending, 30)).json()
+        finally:
+            await engine.continue_generation()
+        meta = result["meta_info"]
+        if meta["finish_reason"]["type"] != "length":
+            break
     assert meta["finish_reason"] == {
         "type": "abort",
         "message": "Aborted",
