@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import linecache
 import math
 import os
 import random
@@ -53,6 +54,7 @@ from typing import Any
 
 import anyio
 
+import toolrollout
 from toolrollout.bench._model import WorkloadItem
 from toolrollout.bench._script import TOOL_NAME, TurnScript
 from toolrollout.bench._tools import lookup_result
@@ -477,12 +479,41 @@ def _breakdown(snapshot: dict[str, Any]) -> dict[str, Any]:
         sites[key] = sites.get(key, 0) + trace.size
         total += trace.size
     top = sorted(sites.items(), key=lambda item: -item[1])[:25]
+    parts: dict[str, int] = {}
+    for key, size in sites.items():
+        part = _part(*key.rsplit(":", 1))
+        parts[part] = parts.get(part, 0) + size
     return {
         "held_tokens": held,
         "live_tokens": int(snapshot["live_tokens"]),
         "traced_bytes_per_held_token": total / held,
         "by_site_bytes_per_held_token": {key: size / held for key, size in top},
+        "by_part_bytes_per_held_token": {
+            part: size / held for part, size in sorted(parts.items(), key=lambda kv: -kv[1])
+        },
     }
+
+
+def _part(name: str, lineno: str) -> str:
+    """What a traced allocation site holds, in the words of docs/benchmarks.md's table."""
+    if "_records/_trajectory.py" in name:
+        return "token storage (ids, float32 logprobs)"
+    if name.endswith("rollout/_loop.py"):
+        line = linecache.getline(str(Path(toolrollout.__file__).parent / "rollout/_loop.py"),
+                                 int(lineno))  # fmt: skip
+        if "to_thread.run_sync" in line:
+            return "waiting for the drift-check thread"
+    if "rollout/_runner.py" in name:
+        return "the trajectory's task, task group entry and deadline"
+    if "chat/parsers" in name or "chat/_family.py" in name:
+        return "parsed turns and messages (text, tool calls)"
+    if "rollout/_parts.py" in name or "chat/_format.py" in name:
+        return "prompt and template renders"
+    if "tools/" in name or "bench/_tools.py" in name:
+        return "tool calls and results"
+    if name.startswith("toolrollout/"):
+        return "state, spans, counters, requests"
+    return "outside toolrollout"
 
 
 def _overlap(

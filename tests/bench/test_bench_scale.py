@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from typing import Any
 
+import pytest
 from benchmarks.bench_inflight_memory import split
 from benchmarks.bench_scale import ScaleConfig, memory_model, run_scale
 
@@ -47,6 +48,12 @@ def test_the_breakdown_names_toolrollouts_allocation_sites() -> None:
     # The token arrays are allocated in the records module: it is among the named sites.
     assert any(site.startswith("toolrollout/_records/") for site in sites)
     assert sum(sites.values()) <= breakdown["traced_bytes_per_held_token"] + 1e-9
+    # Grouped into the parts docs/benchmarks.md tabulates: every traced byte in one part,
+    # the token arrays and the trajectories' tasks among them.
+    parts = breakdown["by_part_bytes_per_held_token"]
+    assert sum(parts.values()) == pytest.approx(breakdown["traced_bytes_per_held_token"])
+    assert parts["token storage (ids, float32 logprobs)"] > 0
+    assert parts["the trajectory's task, task group entry and deadline"] > 0
 
 
 def test_collections_are_recorded_and_the_collector_is_left_as_it_was() -> None:

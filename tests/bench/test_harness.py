@@ -27,6 +27,7 @@ from toolrollout.bench import (
     serve_benchmark_services,
     write_json,
 )
+from toolrollout.bench._drivers import lag_summary
 from toolrollout.cli import app
 
 
@@ -52,6 +53,10 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
         assert result.ideal_makespan_s * 0.999 <= result.fifo_makespan_s
         assert result.fifo_makespan_s <= result.makespan_s * 1.05
         assert result.peak_rss_mb > 0
+        # the loop's lag was sampled through the measured run (every 10 ms at most)
+        lag = result.lag_ms
+        assert lag is not None and 0 < lag["samples"] <= result.makespan_s / 0.01 + 1
+        assert 0 <= lag["p50"] <= lag["p99"] <= lag["max"]
         assert result.services_cpu_s > 0  # the stand-in servers did work for this mode
         # the rollouts really called the tool service, once per turn but the last
         bare = result.mode in ("httpx", "aiohttp")
@@ -79,6 +84,13 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
     render_table(report, console)
     text = console.export_text()
     assert "lockstep" in text and "orchestration efficiency" in text
+
+
+def test_lag_summary_counts_only_the_measured_window() -> None:
+    samples = [(0.5, 900.0), *((1.0 + i / 100, float(i)) for i in range(100)), (3.0, 800.0)]
+    summary = lag_summary(samples, 1.0, 2.0)  # the load before and the teardown after: out
+    assert summary == {"samples": 100, "p50": 49.0, "p99": 98.0, "max": 99.0}
+    assert lag_summary(samples, 5.0, 6.0)["samples"] == 0
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from ._tools import LookupClient
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
     from toolrollout.rollout import RolloutConfig
 
-__all__ = ["run_driver"]
+__all__ = ["lag_summary", "run_driver"]
 
 
 def _clock() -> tuple[float, float]:
@@ -46,7 +47,38 @@ def _clock() -> tuple[float, float]:
 
 def _since(start: tuple[float, float]) -> dict[str, float]:
     wall, cpu = _clock()
-    return {"makespan_s": wall - start[0], "client_cpu_s": cpu - start[1]}
+    return {"makespan_s": wall - start[0], "client_cpu_s": cpu - start[1], "measured_until": wall}
+
+
+LAG_INTERVAL_S = 0.01
+"""The lag monitor's sleep: each wake-up's lateness beyond it is one lag sample."""
+
+
+async def _watch_lag(samples: list[tuple[float, float]]) -> None:
+    """Sleep ``LAG_INTERVAL_S`` again and again; record (wake-up time, ms late) each time.
+
+    The lateness is how long every other ready callback of the loop waited too: a loop busy
+    parsing answers or rendering templates delays every trajectory's next step by as much.
+    """
+    while True:
+        before = time.perf_counter()
+        await anyio.sleep(LAG_INTERVAL_S)
+        after = time.perf_counter()
+        samples.append((after, max(0.0, (after - before - LAG_INTERVAL_S) * 1000.0)))
+
+
+def lag_summary(
+    samples: Sequence[tuple[float, float]], start: float, end: float
+) -> dict[str, float]:
+    """p50 / p99 / max of the lag samples whose wake-up fell in ``[start, end]`` (ms)."""
+    values = sorted(lag for at, lag in samples if start <= at <= end)
+    if not values:
+        return {"samples": 0, "p50": 0.0, "p99": 0.0, "max": 0.0}
+
+    def rank(q: float) -> float:
+        return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+    return {"samples": len(values), "p50": rank(0.50), "p99": rank(0.99), "max": values[-1]}
 
 
 def _tokens_limit(workload: Workload) -> int:
@@ -392,4 +424,12 @@ async def run_driver(spec: DriverSpec) -> dict[str, Any]:
         raise ValueError(f"unknown benchmark mode {spec.mode!r}; choose from {sorted(_DRIVERS)}")
     workload = Workload(**spec.workload)
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer)
-    return await driver(spec, workload, tokenizer)
+    samples: list[tuple[float, float]] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_watch_lag, samples)
+        result = await driver(spec, workload, tokenizer)
+        tg.cancel_scope.cancel()
+    # Only the measured run counts (not the tokenizer's load or the previous steps).
+    until = float(result.pop("measured_until"))
+    result["lag_ms"] = lag_summary(samples, until - float(result["makespan_s"]), until)
+    return result

@@ -386,6 +386,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     ideal_makespan_s=ideal,
                     client_cpu_s=float(raw["client_cpu_s"]),
                     peak_rss_mb=float(raw["peak_rss_mb"]),
+                    lag_ms={k: float(v) for k, v in raw["lag_ms"].items()},
                     cached_tokens=sum(int(r["cached_tokens"]) for r in requests),
                     prompt_tokens=sum(int(r["prompt_tokens"]) for r in requests),
                     tool_calls=len(calls),

@@ -328,6 +328,9 @@ class ModeResult:
     preemptions: int = 0
     kv_bound_makespan_s: float = 0.0
     """The KV bound (:func:`kv_bound_makespan`): 0.0 when the servers have no KV budget."""
+    lag_ms: dict[str, float] | None = None
+    """The client's event-loop lag during the measured run: how late a 10 ms sleep woke up
+    (keys ``samples``, ``p50``, ``p99``, ``max``; milliseconds)."""
 
     @property
     def trajectories_per_s(self) -> float:

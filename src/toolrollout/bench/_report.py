@@ -35,7 +35,7 @@ def render_table(report: BenchReport, console: Any = None) -> None:
         "tok/s",
         "CPU ms/turn",
         "services CPU s",
-        "peak MB",
+        "peak MB; lag p99 ms",
         "cached tok",
         "retracted",
     ):
@@ -59,7 +59,7 @@ def render_table(report: BenchReport, console: Any = None) -> None:
             f"{r.tokens_per_s:.0f}",
             f"{r.cpu_per_turn_ms:.2f}",
             f"{r.services_cpu_s:.1f}",
-            f"{r.peak_rss_mb:.0f}",
+            f"{r.peak_rss_mb:.0f}; " + (f"{r.lag_ms['p99']:.0f}" if r.lag_ms else "-"),
             str(r.cached_tokens),
             f"{r.retractions}/{r.preemptions}",
         )

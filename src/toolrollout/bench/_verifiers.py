@@ -93,6 +93,7 @@ async def run_verifiers(
         "generated_tokens": sum(_completion_tokens(o) for o in outputs),
         "makespan_s": wall,
         "client_cpu_s": cpu,
+        "measured_until": wall0 + wall,
         "note": f"verifiers {version} ToolEnv over /v1/chat/completions; errors {errors}",
     }
 
