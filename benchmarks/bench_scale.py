@@ -54,7 +54,6 @@ from typing import Any
 
 import anyio
 
-import toolrollout
 from toolrollout.bench._model import WorkloadItem
 from toolrollout.bench._script import TOOL_NAME, TurnScript
 from toolrollout.bench._tools import lookup_result
@@ -467,6 +466,7 @@ def _breakdown(snapshot: dict[str, Any]) -> dict[str, Any]:
         return {}
     held = max(int(snapshot["held_tokens"]), 1)
     sites: dict[str, int] = {}
+    parts: dict[str, int] = {}
     total = 0
     for trace in snapshot["snapshot"].traces:
         frames = list(reversed(trace.traceback))  # most recent call first
@@ -477,12 +477,10 @@ def _breakdown(snapshot: dict[str, Any]) -> dict[str, Any]:
         name = site.filename.rsplit("/src/", 1)[-1].rsplit("site-packages/", 1)[-1]
         key = f"{name}:{site.lineno}"
         sites[key] = sites.get(key, 0) + trace.size
+        part = _part(name, linecache.getline(site.filename, site.lineno))
+        parts[part] = parts.get(part, 0) + trace.size
         total += trace.size
     top = sorted(sites.items(), key=lambda item: -item[1])[:25]
-    parts: dict[str, int] = {}
-    for key, size in sites.items():
-        part = _part(*key.rsplit(":", 1))
-        parts[part] = parts.get(part, 0) + size
     return {
         "held_tokens": held,
         "live_tokens": int(snapshot["live_tokens"]),
@@ -494,15 +492,13 @@ def _breakdown(snapshot: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _part(name: str, lineno: str) -> str:
-    """What a traced allocation site holds, in the words of docs/benchmarks.md's table."""
+def _part(name: str, source_line: str) -> str:
+    """What a traced allocation site holds, in the words of docs/benchmarks.md's table
+    (``name``: the site's file, from ``toolrollout/``; ``source_line``: its text)."""
     if "_records/_trajectory.py" in name:
         return "token storage (ids, float32 logprobs)"
-    if name.endswith("rollout/_loop.py"):
-        line = linecache.getline(str(Path(toolrollout.__file__).parent / "rollout/_loop.py"),
-                                 int(lineno))  # fmt: skip
-        if "to_thread.run_sync" in line:
-            return "waiting for the drift-check thread"
+    if name.endswith("rollout/_loop.py") and "to_thread.run_sync" in source_line:
+        return "waiting for the drift-check thread"
     if "rollout/_runner.py" in name:
         return "the trajectory's task, task group entry and deadline"
     if "chat/parsers" in name or "chat/_family.py" in name:

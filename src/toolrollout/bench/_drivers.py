@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import math
 import resource
 import time
 from collections.abc import Sequence
@@ -71,14 +70,13 @@ def lag_summary(
     samples: Sequence[tuple[float, float]], start: float, end: float
 ) -> dict[str, float]:
     """p50 / p99 / max of the lag samples whose wake-up fell in ``[start, end]`` (ms)."""
+    from toolrollout.tools._limits import quantile  # lazily, as the drivers import tools
+
     values = sorted(lag for at, lag in samples if start <= at <= end)
     if not values:
         return {"samples": 0, "p50": 0.0, "p99": 0.0, "max": 0.0}
-
-    def rank(q: float) -> float:
-        return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
-
-    return {"samples": len(values), "p50": rank(0.50), "p99": rank(0.99), "max": values[-1]}
+    p50, p99 = quantile(values, 0.50), quantile(values, 0.99)
+    return {"samples": len(values), "p50": p50, "p99": p99, "max": values[-1]}
 
 
 def _tokens_limit(workload: Workload) -> int:
