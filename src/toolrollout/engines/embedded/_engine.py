@@ -243,6 +243,14 @@ class EmbeddedEngine(Engine):
         return self._scheduler.num_tokens if self._scheduler else 0
 
     @property
+    def decode_steps(self) -> tuple[int, int]:
+        """(decode forward passes, rows decoded over them) since start; their ratio is the
+        mean decode batch, a load-independent measure of continuous batching."""
+        if not self._scheduler:
+            return (0, 0)
+        return (self._scheduler.decode_steps, self._scheduler.decoded_rows)
+
+    @property
     def num_active(self) -> int:
         """Requests submitted and not yet finished (waiting, running or in the inbox)."""
         with self._active_lock:
