@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 
 import anyio
 from anyio.abc import Process
 
-__all__ = ["is_listening", "stop_popen", "stop_process"]
+__all__ = ["is_listening", "open_file_limit", "stop_popen", "stop_process"]
+
+logger = logging.getLogger("toolrollout")
 
 
 async def is_listening(host: str, port: int) -> bool:
@@ -43,3 +46,32 @@ def stop_popen(process: subprocess.Popen[bytes], *, grace: float = 10.0) -> None
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=grace)
+
+
+def open_file_limit(wanted: int) -> int:
+    """Raise this process's soft open-file limit toward ``wanted``; return the limit now.
+
+    Each pooled HTTP connection is a file descriptor, and the usual soft limit (1,024) is
+    below what thousands of concurrent rollouts hold. Only the soft limit moves, up to the
+    hard limit, as an unprivileged ``ulimit -n`` can; the caller decides what to do when
+    the hard limit is lower still.
+    """
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to raise, nothing known
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return wanted if soft == resource.RLIM_INFINITY else soft
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as exc:
+            logger.warning(
+                "could not raise the open-file limit from %d to %d: %s", soft, target, exc
+            )
+            return soft
+        logger.info("raised the open-file limit from %d to %d", soft, target)
+        return target
+    return soft

@@ -33,6 +33,7 @@ from ._model import DriverSpec, Workload
 from ._tools import LookupClient
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
+    from toolrollout.engines import SGLangClient
     from toolrollout.rollout import RolloutConfig
 
 __all__ = ["lag_summary", "run_driver"]
@@ -115,6 +116,14 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     )
 
 
+def _engine_client(spec: DriverSpec) -> SGLangClient:
+    """Every mode's engine client, its pool sized to the run's concurrency as the
+    composition root sizes it (:meth:`RunSpec.client_options`)."""
+    from toolrollout.engines import SGLangClient, connection_limits
+
+    return SGLangClient(list(spec.engine_urls), limits=connection_limits(spec.concurrency))
+
+
 def _rows(spec: DriverSpec, workload: Workload) -> list[dict[str, Any]]:
     """Prompt rows; with a scheduling policy each row names its GRPO group (``group``)."""
     rows = workload.rows()
@@ -125,12 +134,11 @@ def _rows(spec: DriverSpec, workload: Workload) -> list[dict[str, Any]]:
 
 
 async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    from toolrollout.engines import SGLangClient
     from toolrollout.spec import RunSpec, build_runner
 
     lookup = LookupClient(spec.tool_url)
     config = _rollout_config(spec, workload)
-    async with SGLangClient(list(spec.engine_urls)) as client:
+    async with _engine_client(spec) as client:
         run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
         runner = build_runner(run_spec, client, tokenizer=tokenizer)
         first = workload.step - spec.previous_steps
@@ -184,14 +192,13 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
     """
     import math
 
-    from toolrollout.engines import SGLangClient
     from toolrollout.spec import RunSpec, build_runner
 
     lookup = LookupClient(spec.tool_url)
     config = _rollout_config(spec, workload)
     rows = workload.rows()
     target = min(len(rows), max(1, math.ceil(len(rows) * spec.batch_fraction)))
-    async with SGLangClient(list(spec.engine_urls)) as client:
+    async with _engine_client(spec) as client:
         run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
         runner = build_runner(run_spec, client, tokenizer=tokenizer)
         started = _clock()
@@ -225,7 +232,7 @@ class _LockstepState:
 
 async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
     from toolrollout.chat import ChatFormat, get_tool_parser
-    from toolrollout.engines import GenerateRequest, GenerateResult, SamplingParams, SGLangClient
+    from toolrollout.engines import GenerateRequest, GenerateResult, SamplingParams
     from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
 
     lookup = LookupClient(spec.tool_url)
@@ -246,7 +253,7 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
         outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
 
     tool_errors = 0
-    async with SGLangClient(list(spec.engine_urls)) as client:
+    async with _engine_client(spec) as client:
         started = _clock()
         states = []
         for row in workload.rows():
@@ -331,7 +338,7 @@ async def _run_httpx(
 
     from toolrollout._http import fast_transport
     from toolrollout.chat import ChatFormat
-    from toolrollout.engines.sglang import DEFAULT_LIMITS
+    from toolrollout.engines import connection_limits
 
     chat = ChatFormat(tokenizer, tools=[LookupClient(spec.tool_url).tool().schema()])
     prompts = [chat.render_prompt(row["messages"]) for row in workload.rows()]
@@ -342,7 +349,7 @@ async def _run_httpx(
     filler += chat.encode("<|im_start|>assistant\n")
     urls = spec.engine_urls  # trajectory i stays on server i mod N, like sticky routing
     stats = {"turns": 0, "tokens": 0, "completed": 0}
-    limits = DEFAULT_LIMITS  # the engine client's pool settings, for a like-for-like floor
+    limits = connection_limits(spec.concurrency)  # the engine client's pool, like for like
     transport = fast_transport(limits) if fast else None
     lookup = LookupClient(spec.tool_url)
     async with httpx.AsyncClient(timeout=600.0, limits=limits, transport=transport) as http:

@@ -36,6 +36,7 @@ from .sglang import RetryPolicy as RetryPolicy
 from .sglang import ServerStats as ServerStats
 from .sglang import SGLangClient as SGLangClient
 from .sglang import StreamChunk as StreamChunk
+from .sglang import connection_limits as connection_limits
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedEngine as EmbeddedEngine
@@ -62,6 +63,7 @@ __all__ = [
     "TokenRuns",
     "WeightUpdate",
     "WorkHistory",
+    "connection_limits",
 ]
 
 

@@ -87,6 +87,8 @@ class Router:
         self._clock = clock
         self.moves = 0
         """Sessions moved to another server by failover."""
+        self.outstanding = 0
+        """Requests in flight over all servers (what the connection pool holds)."""
         self._servers = {url: _Server(url) for url in urls}
         self._order = list(urls)
         self._cursor = 0
@@ -146,11 +148,13 @@ class Router:
         server = self._servers[url]
         server.outstanding += 1
         server.requests += 1
+        self.outstanding += 1
 
     def release(self, url: str, *, failed: bool = False) -> None:
         """Count a request on ``url`` as done (``failed`` when it ended in an error)."""
         server = self._servers[url]
         server.outstanding -= 1
+        self.outstanding -= 1
         if failed:
             server.failures += 1
 

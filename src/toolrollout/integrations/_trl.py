@@ -267,9 +267,10 @@ def trl_rollout_func(
     engine alone (the user syncs another way, e.g. over NCCL).
     """
     if isinstance(engine, str):
-        from toolrollout.engines import SGLangClient
+        from toolrollout.engines import SGLangClient, connection_limits
 
-        engine = SGLangClient(engine)
+        concurrency = (config or RolloutConfig()).concurrency
+        engine = SGLangClient(engine, limits=connection_limits(concurrency))
     return TRLRolloutFunc(
         engine,
         tokenizer,

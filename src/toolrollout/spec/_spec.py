@@ -157,9 +157,12 @@ class RunSpec:
         return self.target_groups is not None
 
     def client_options(self) -> dict[str, Any]:
-        """Keyword arguments for :class:`~toolrollout.engines.SGLangClient` (key, timeouts,
-        retry)."""
-        options: dict[str, Any] = {}
+        """Keyword arguments for :class:`~toolrollout.engines.SGLangClient` (pool size, key,
+        timeouts, retry)."""
+        from toolrollout.engines import connection_limits
+
+        # the pool holds every request the run may have in flight (never a silent cap)
+        options: dict[str, Any] = {"limits": connection_limits(self.config.concurrency)}
         if self.engine_api_key:
             options["api_key"] = self.engine_api_key
         if self.request_timeout is not None:

@@ -14,6 +14,7 @@ from ._client import DEFAULT_LIMITS as DEFAULT_LIMITS
 from ._client import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from ._client import ClientStats as ClientStats
 from ._client import SGLangClient as SGLangClient
+from ._client import connection_limits as connection_limits
 from ._retry import ENGINE_RETRY as ENGINE_RETRY
 from ._retry import RetryPolicy as RetryPolicy
 
@@ -26,4 +27,5 @@ __all__ = [
     "SGLangClient",
     "ServerStats",
     "StreamChunk",
+    "connection_limits",
 ]

@@ -58,6 +58,7 @@ from ..._exceptions import (
     UserError,
 )
 from ..._http import AiohttpTransport
+from ..._net import open_file_limit
 from .. import _wire
 from .._base import Engine
 from .._routing import Router, ServerStats
@@ -66,7 +67,13 @@ from .._wire import StreamChunk
 from ._control import _ControlPlane
 from ._retry import ENGINE_RETRY, RetryPolicy, _normalize_urls, _translate
 
-__all__ = ["DEFAULT_LIMITS", "DEFAULT_TIMEOUT", "ClientStats", "SGLangClient"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_TIMEOUT",
+    "ClientStats",
+    "SGLangClient",
+    "connection_limits",
+]
 
 logger = logging.getLogger("toolrollout.engines.sglang")
 
@@ -78,7 +85,56 @@ DEFAULT_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=16
 The default transport (aiohttp, see ``toolrollout._http``) keeps every idle connection
 until ``keepalive_expiry``; ``max_keepalive_connections`` applies when an httpx transport is
 passed instead, whose pool scan grows with the square of the idle connections kept
-(docs/benchmarks.md)."""
+(docs/benchmarks.md). A run with more requests in flight needs :func:`connection_limits`."""
+
+CONTROL_CONNECTIONS = 64
+"""Connections beside the generate requests, for the control plane (health, load, aborts)."""
+
+FILE_RESERVE = 256
+"""Descriptors left to the rest of the process (files, pipes, tool services' sockets)."""
+
+
+def connection_limits(concurrency: int) -> httpx.Limits:
+    """Pool limits for ``concurrency`` generate requests in flight at once.
+
+    A request beyond the pool's size waits for a connection, unseen by the server and by
+    any scheduling policy, so the composition root sizes the pool to the run's
+    ``RolloutConfig.concurrency`` (plus the control plane), never below
+    :data:`DEFAULT_LIMITS`.
+    """
+    if concurrency < 1:
+        raise UserError(f"concurrency must be at least 1, got {concurrency}")
+    floor = DEFAULT_LIMITS.max_connections or 0
+    return httpx.Limits(
+        max_connections=max(floor, concurrency + CONTROL_CONNECTIONS),
+        max_keepalive_connections=DEFAULT_LIMITS.max_keepalive_connections,
+        keepalive_expiry=DEFAULT_LIMITS.keepalive_expiry,
+    )
+
+
+def _fit_open_files(limits: httpx.Limits) -> httpx.Limits:
+    """``limits`` with the open-file limit raised to hold them, or capped (and said so)
+    where the hard limit is lower: a connection past it fails with "too many open files"."""
+    connections = limits.max_connections
+    if connections is None:
+        return limits
+    room = open_file_limit(connections + FILE_RESERVE) - FILE_RESERVE
+    if room >= connections:
+        return limits
+    capped = max(room, 1)
+    logger.warning(
+        "SGLangClient: a pool of %d connections needs %d open files, but the limit is %d; "
+        "the pool is capped at %d (raise the hard limit, `ulimit -Hn`, for more)",
+        connections,
+        connections + FILE_RESERVE,
+        room + FILE_RESERVE,
+        capped,
+    )
+    return httpx.Limits(
+        max_connections=capped,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +154,11 @@ class ClientStats:
     """Sessions currently pinned to a server."""
     moves: int = 0
     """Sessions moved to another server by failover."""
+    max_connections: int | None = None
+    """The connection pool's size (None: unbounded)."""
+    pool_waits: int = 0
+    """Requests sent while the pool was full, so they waited for a connection: a sign the
+    pool is smaller than the run's concurrency (see :func:`connection_limits`)."""
 
     @property
     def outstanding(self) -> int:
@@ -164,6 +225,11 @@ class SGLangClient(_ControlPlane, Engine):
             all_headers["Authorization"] = f"Bearer {api_key}"
         # The default transport also serves generate's hot path without httpx's objects
         # (_request_bytes); a transport passed in is always used through httpx's API.
+        if transport is None:
+            limits = _fit_open_files(limits)
+        self._max_connections = limits.max_connections
+        self._pool_waits = 0
+        self._pool_warned = False
         self._raw = AiohttpTransport(limits=limits) if transport is None else None
         self._raw_headers: list[tuple[str, str]] | None = None
         self._http = httpx.AsyncClient(
@@ -402,6 +468,8 @@ class SGLangClient(_ControlPlane, Engine):
             failures=self._failures,
             sessions=self._router.session_count,
             moves=self._router.moves,
+            max_connections=self._max_connections,
+            pool_waits=self._pool_waits,
         )
 
     async def aclose(self) -> None:

@@ -157,6 +157,26 @@ class _Transport:
     _raw_urls: dict[tuple[str, str], URL]
     _retries: int
     _closed: bool
+    _max_connections: int | None
+    """The connection pool's size (None: unbounded)."""
+    _pool_waits: int
+    _pool_warned: bool
+
+    def _acquire(self, url: str) -> None:
+        """Count a request as sent to ``url``; a request past the pool's size is counted and,
+        the first time, logged, since it waits for a connection without any other sign."""
+        self._router.acquire(url)
+        cap = self._max_connections
+        if cap is not None and self._router.outstanding > cap:
+            self._pool_waits += 1
+            if not self._pool_warned:
+                self._pool_warned = True
+                logger.warning(
+                    "SGLangClient: more than %d requests in flight fill its connection pool; "
+                    "the rest wait for a free connection (ClientStats.pool_waits counts them). "
+                    "Size the pool to the run: limits=connection_limits(concurrency)",
+                    cap,
+                )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -245,7 +265,7 @@ class _Transport:
         are not routing targets (the workers behind a router, for aborts).
         """
         if account:
-            self._router.acquire(url)
+            self._acquire(url)
         keep_open = False
         failed = True
         try:
@@ -303,7 +323,7 @@ class _Transport:
         if headers is None:
             headers = [*self._http.headers.multi_items(), *_JSON_HEADERS.items()]
             self._raw_headers = headers
-        self._router.acquire(url)
+        self._acquire(url)
         failed = True
         try:
             try:
