@@ -40,6 +40,7 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
         tool_latency=ToolLatency("lognormal", median=0.02, sigma=1.0, seed=5),
         modes=("toolrollout", "lockstep", "httpx", "aiohttp"),
         micro_turns=4,
+        concurrency=3,
     )
     report = run_benchmark(config)
     expected_turns = sum(item.turns for item in workload.items)
@@ -62,6 +63,8 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
         bare = result.mode in ("httpx", "aiohttp")
         expected_calls = 0 if bare else expected_turns - workload.trajectories
         assert result.tool_calls == expected_calls
+        # toolrollout keeps to the concurrency of 3; the others send all 4 at once
+        assert result.peak_in_flight == (3 if result.mode == "toolrollout" else 4), result.mode
     ours = report.result("toolrollout")
     assert ours is not None and "drift mismatches 0" in ours.note
     assert ours.cached_tokens > 0  # later turns hit the server's per-trajectory cache
@@ -78,7 +81,7 @@ def test_tiny_run_measures_every_mode_over_the_same_work(tmp_path: Path) -> None
     write_json(report, out)
     data = json.loads(out.read_text())
     assert BenchReport.from_dict(data).results == report.results
-    assert data["config"]["workload"]["prompts"] == 2
+    assert data["config"]["workload"]["prompts"] == 2 and data["config"]["concurrency"] == 3
     assert [r["mode"] for r in data["results"]] == ["toolrollout", "lockstep", "httpx", "aiohttp"]
     console = Console(record=True, width=200)
     render_table(report, console)
@@ -149,6 +152,7 @@ def test_a_previous_step_teaches_the_history_mode_and_only_the_next_step_is_meas
         (["--min-turns", "5", "--max-turns", "2"], "--min-turns 5 is above --max-turns 2"),
         (["--mode", "magic"], "unknown mode"),
         (["--tool-latency", "uniform"], "fixed or lognormal"),
+        (["--concurrency", "0"], "0 is not in the range x>=1"),
     ],
 )
 def test_bench_command_user_errors_are_one_line(args: list[str], fragment: str) -> None:

@@ -19,6 +19,7 @@ import pytest
 from tests._processes import free_port, wait_http
 
 from toolrollout._net import open_file_limit
+from toolrollout.bench._metrics import peak_in_flight
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import (
     GenerateRequest,
@@ -55,16 +56,6 @@ def latency_server() -> Iterator[str]:
         proc.wait(30)
 
 
-def peak_overlap(log: list[dict[str, Any]]) -> int:
-    """Most requests the server held at once, from its arrival and end times."""
-    events = sorted([(r["arrived"], 1) for r in log] + [(r["ended"], -1) for r in log])
-    peak = held = 0
-    for _, step in events:
-        held += step
-        peak = max(peak, held)
-    return peak
-
-
 async def hold_many(url: str, **client: Any) -> tuple[int, Any]:
     """Send IN_FLIGHT requests at once; return the server's peak and the client's stats."""
     async with httpx.AsyncClient() as http:
@@ -79,7 +70,7 @@ async def hold_many(url: str, **client: Any) -> tuple[int, Any]:
     async with httpx.AsyncClient() as http:
         log = (await http.get(f"{url}/bench/log")).json()["requests"]
     assert len(log) == IN_FLIGHT
-    return peak_overlap(log), stats
+    return peak_in_flight(log), stats
 
 
 async def test_a_pool_sized_to_the_run_puts_every_request_on_the_wire(

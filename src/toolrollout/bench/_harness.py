@@ -35,6 +35,7 @@ from ._metrics import (
     ideal_makespan,
     kv_bound_makespan,
     measured_ends,
+    peak_in_flight,
     replay,
 )
 from ._model import DriverSpec, LatencyModel, ServerScheduling, ToolLatency, Workload
@@ -74,6 +75,10 @@ class BenchConfig:
     tool_latency: ToolLatency = field(default_factory=ToolLatency)
     modes: tuple[str, ...] = ("toolrollout", "lockstep", "httpx")
     servers: int = 1
+    concurrency: int = 4096
+    """Requests each mode may have in flight at once: toolrollout's
+    ``RolloutConfig.concurrency``, and every mode's connection pool
+    (``connection_limits``)."""
     tokenizer: str = ""
     drift_check: bool = True
     batch_fraction: float = 0.875
@@ -100,6 +105,8 @@ class BenchConfig:
             raise BenchmarkError(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
         if self.servers < 1:
             raise BenchmarkError("servers must be at least 1")
+        if self.concurrency < 1:
+            raise BenchmarkError("concurrency must be at least 1")
         if self.previous_steps < 0:
             raise BenchmarkError("previous_steps must not be negative")
         if not 0.0 < self.batch_fraction <= 1.0:
@@ -112,6 +119,7 @@ class BenchConfig:
             "tool_latency": asdict(self.tool_latency),
             "modes": list(self.modes),
             "servers": self.servers,
+            "concurrency": self.concurrency,
             "drift_check": self.drift_check,
             "batch_fraction": self.batch_fraction,
             "scheduling": asdict(self.scheduling),
@@ -355,6 +363,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     "step": config.workload.step + config.previous_steps,
                 },
                 tokenizer=config.tokenizer,
+                concurrency=config.concurrency,
                 drift_check=config.drift_check,
                 batch_fraction=config.batch_fraction,
                 policies=mode_policies(mode),
@@ -390,6 +399,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     cached_tokens=sum(int(r["cached_tokens"]) for r in requests),
                     prompt_tokens=sum(int(r["prompt_tokens"]) for r in requests),
                     tool_calls=len(calls),
+                    peak_in_flight=peak_in_flight(requests),
                     note=str(raw.get("note", "")),
                     services_cpu_s=services_cpu,
                     fifo_makespan_s=max(fifo_ends.values(), default=0.0),

@@ -40,6 +40,7 @@ __all__ = [
     "measured_ends",
     "oracle_makespan",
     "orchestration_efficiency",
+    "peak_in_flight",
     "replay",
 ]
 
@@ -277,6 +278,19 @@ def measured_ends(requests: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     return dict(ends)
 
 
+def peak_in_flight(requests: Iterable[Mapping[str, Any]]) -> int:
+    """Most requests the servers held at once (arrived, not yet ended), from their logs: a
+    client pool or concurrency cap below the run's demand shows up here as a ceiling."""
+    events = sorted(
+        [(float(r["arrived"]), 1) for r in requests] + [(float(r["ended"]), -1) for r in requests]
+    )  # at a tie the end (-1) sorts first: a slot freed and taken at once is one, not two
+    peak = held = 0
+    for _, step in events:
+        held += step
+        peak = max(peak, held)
+    return peak
+
+
 def orchestration_efficiency(ideal: float, measured: float) -> float:
     """``ideal / measured`` (0.0 for an empty or instantaneous run)."""
     if measured <= 0:
@@ -331,6 +345,8 @@ class ModeResult:
     lag_ms: dict[str, float] | None = None
     """The client's event-loop lag during the measured run: how late a 10 ms sleep woke up
     (keys ``samples``, ``p50``, ``p99``, ``max``; milliseconds)."""
+    peak_in_flight: int = 0
+    """Most requests the servers held at once in this mode (:func:`peak_in_flight`)."""
 
     @property
     def trajectories_per_s(self) -> float:

@@ -46,6 +46,14 @@ def bench(
         ),
     ] = None,
     servers: Annotated[int, typer.Option(min=1, help="Latency-model servers.")] = 1,
+    concurrency: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Requests each mode may have in flight: toolrollout's concurrency and every "
+            "mode's connection pool.",
+        ),
+    ] = 4096,
     batch_fraction: Annotated[
         float,
         typer.Option(
@@ -129,6 +137,7 @@ def bench(
             tool_latency=ToolLatency(tool_latency, tool_median, tool_sigma, seed=seed),  # type: ignore[arg-type]
             modes=modes,
             servers=servers,
+            concurrency=concurrency,
             drift_check=drift_check,
             batch_fraction=batch_fraction,
             micro_turns=micro_turns,
