@@ -152,7 +152,7 @@ def test_a_previous_step_teaches_the_history_mode_and_only_the_next_step_is_meas
         (["--min-turns", "5", "--max-turns", "2"], "--min-turns 5 is above --max-turns 2"),
         (["--mode", "magic"], "unknown mode"),
         (["--tool-latency", "uniform"], "fixed or lognormal"),
-        (["--concurrency", "0"], "0 is not in the range x>=1"),
+        (["--concurrency", "0"], "Invalid value for '--concurrency'"),
     ],
 )
 def test_bench_command_user_errors_are_one_line(args: list[str], fragment: str) -> None:
