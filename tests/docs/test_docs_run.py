@@ -93,6 +93,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", "toolrollout bench --prompts 62"): (
         "three modes of 10,000 trajectories, 18 minutes of the 2-core machine"
     ),
+    ("docs/benchmarks.md", "toolrollout bench --concurrenc"): (
+        "three modes of 10,000 trajectories, 12 minutes of the 2-core machine"
+    ),
     ("docs/engines.md", "class Engine(ABC):"): ("an outline of the abstract class, not a program"),
     ("docs/engines.md", "python -m sglang.launch_server"): (
         "needs a GPU, SGLang and a 7B model download"
