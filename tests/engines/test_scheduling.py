@@ -7,6 +7,7 @@ scheduling follows SGLang's (tests/bench/test_scheduling_server.py checks that p
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +29,9 @@ from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.engines._scheduling import (
     AdmissionControl,
+    LagAdmission,
     PriorityPolicy,
+    Scheduler,
     SchedulingConfig,
     ServerPriority,
     WorkHistory,
@@ -160,6 +163,58 @@ async def test_group_affinity_keeps_a_prompts_samples_on_one_server(tokenizer: A
     assert cached[True] > cached[False] * 1.2  # the shared prompt is prefilled once per group
 
 
+def test_lag_admission_backs_off_while_the_loop_is_late_and_grows_back() -> None:
+    config = SchedulingConfig(lag=True, lag_target_ms=20.0, admission_step=10)
+    control = LagAdmission(config, ceiling=100)
+    assert control.limit == 100
+    assert control.update(0.050) == 70  # 50 ms late: over the 20 ms target
+    assert control.update(0.021) == 49
+    assert control.update(0.015) == 49  # between half the target and the target: hold
+    assert control.update(0.002) == 59  # keeping time: grow back by a step
+    for _ in range(10):
+        control.update(0.0)
+    assert control.limit == 100  # never above the configured concurrency
+    for _ in range(30):
+        control.update(1.0)
+    assert control.limit == config.admission_min
+    assert control.worst_ms[:2] == [50.0, 21.0] and len(control.history) == 44
+
+
+async def test_the_lag_policy_holds_requests_back_while_the_loop_is_blocked(
+    tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Something else in the process blocks the event loop for 60 ms at a time (as a
+    burst of replies would); the run's engine limiter shrinks while it does."""
+    workload = Workload(prompts=4, n=4, min_turns=2, max_turns=3, tokens_per_turn=48)
+    server = _server(tokenizer, ServerScheduling(), decode_per_token_s=0.005)
+    config = SchedulingConfig(
+        lag=True, lag_target_ms=25.0, admission_min=2, admission_step=1, poll_s=0.02
+    )
+    applied: list[float] = []
+    original = Scheduler.apply_limits
+
+    def spy(self: Scheduler, limiter: anyio.CapacityLimiter) -> None:
+        original(self, limiter)
+        applied.append(limiter.total_tokens)
+
+    monkeypatch.setattr(Scheduler, "apply_limits", spy)
+
+    async def hog() -> None:
+        while True:
+            time.sleep(0.06)  # noqa: ASYNC251 (blocking the loop is the point)
+            await anyio.sleep(0.01)
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hog)
+            trajectories = await _run(tokenizer, [server], config, workload)
+            tg.cancel_scope.cancel()
+    assert all(str(t.status) == "completed" for t in trajectories)
+    assert applied and applied[0] < 256  # the first window already saw the loop late
+    # down to the floor (a window between two blocks grows it back by one only)
+    assert min(applied) <= 3, applied
+
+
 async def test_admission_follows_the_load_report_of_a_kv_limited_server(
     tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -268,5 +323,7 @@ def test_policies_by_name_as_the_command_line_gives_them() -> None:
         False,
     )
     assert config.history_key == "prompt_id"
+    lag = SchedulingConfig.from_names("lag")
+    assert lag is not None and lag.lag and lag.enabled and not lag.admission
     with pytest.raises(UserError, match="unknown scheduling policy fifo: choose from"):
         SchedulingConfig.from_names("priority,fifo")

@@ -103,6 +103,7 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
             affinity="affinity" in policies,
             group_key="group",
             history="history" in policies,
+            lag="lag" in policies,
             history_key="group",  # the prompt's id, the same at every step
         )
     concurrency = spec.concurrency  # admission adapts below it (its ceiling)

@@ -49,7 +49,7 @@ __all__ = [
 ]
 
 MODES = ("toolrollout", "oversample", "lockstep", "verifiers", "httpx", "aiohttp")
-_POLICIES = ("priority", "admission", "affinity", "history")
+_POLICIES = ("priority", "admission", "affinity", "history", "lag")
 
 
 def mode_policies(mode: str) -> tuple[str, ...]:

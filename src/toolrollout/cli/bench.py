@@ -41,7 +41,7 @@ def bench(
             "--mode",
             help="toolrollout, oversample, lockstep, verifiers, httpx, aiohttp (repeatable); "
             "toolrollout:POLICY[+POLICY] runs toolrollout with scheduling policies (priority, "
-            "history, admission, affinity). Default: toolrollout, lockstep, httpx, aiohttp, "
+            "history, admission, affinity, lag). Default: toolrollout, lockstep, httpx, aiohttp, "
             "and verifiers when it is installed.",
         ),
     ] = None,

@@ -185,8 +185,9 @@ _Schedule = Annotated[
         help="Client-side scheduling policies, comma-separated: priority (SGLang's per-request "
         "priority, sent only to servers started with --enable-priority-scheduling), "
         "history (priority from how long each prompt's trajectories ran before), admission "
-        "(in-flight limit from the servers' /v1/loads), affinity (a GRPO group on one "
-        "server); 'none' (default) sends what a server gets without them "
+        "(in-flight limit from the servers' /v1/loads), lag (in-flight limit from this "
+        "client's own event-loop lag), affinity (a GRPO group on one server); 'none' "
+        "(default) sends what a server gets without them "
         "(docs/scheduling.md).",
     ),
 ]

@@ -15,6 +15,11 @@ Three policies, each switched on in :class:`SchedulingConfig` (``RolloutConfig.s
   and no request waits, and shrinks when the KV usage passes the target or requests are
   retracted, instead of one fixed concurrency cap that either idles the server or thrashes
   its KV (AIMD, as peers settled on).
+* **lag**: the number of requests in flight follows the client's own event-loop lag (how
+  late a 10 ms sleep wakes): it shrinks while the loop is late by more than
+  ``lag_target_ms`` and grows back once it keeps time. A client whose CPU is the
+  bottleneck then holds new turns back instead of letting thousands of replies queue on
+  its loop, where every timer, heartbeat and tool deadline waits behind them.
 * **affinity**: the samples of one prompt go to one server, so that the group's shared prompt
   is prefilled once there (its radix cache answers the rest; see ``cached_tokens``).
 * **history** (with priority): the priority is the number of model turns a trajectory is
@@ -29,13 +34,14 @@ preemption, load report, radix cache); what they cannot know is the trajectory's
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import time
 from collections import OrderedDict, defaultdict, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,6 +54,7 @@ from ._types import GenerateRequest
 
 __all__ = [
     "AdmissionControl",
+    "LagAdmission",
     "PriorityPolicy",
     "Scheduler",
     "SchedulingConfig",
@@ -84,7 +91,13 @@ class SchedulingConfig:
     admission_step: int = 32
     """Additive increase per poll while there is room (decrease is multiplicative, x0.7)."""
     poll_s: float = 0.25
-    """How often admission reads the load report (at most)."""
+    """How often admission reads the load report (at most), and the window over which the
+    ``lag`` policy takes the loop's worst lateness."""
+    lag: bool = False
+    """Adapt the number of requests in flight to the client's own event-loop lag."""
+    lag_target_ms: float = 25.0
+    """The ``lag`` policy backs off while a 10 ms sleep wakes later than this, and grows
+    back while it wakes within half of it."""
     affinity: bool = False
     """Send every sample of one prompt to the same server."""
     group_key: str | None = None
@@ -113,12 +126,14 @@ class SchedulingConfig:
             raise UserError("history orders requests by priority: set priority=True as well")
         if self.history_weight < 1:
             raise UserError(f"history_weight must be at least 1, got {self.history_weight}")
+        if not self.lag_target_ms > 0:
+            raise UserError(f"lag_target_ms must be positive, got {self.lag_target_ms}")
 
     @property
     def enabled(self) -> bool:
-        return self.priority or self.admission or self.affinity
+        return self.priority or self.admission or self.affinity or self.lag
 
-    POLICIES = ("admission", "affinity", "history", "priority")
+    POLICIES = ("admission", "affinity", "history", "lag", "priority")
     """The policies :meth:`from_names` knows (``history`` brings ``priority`` with it)."""
 
     @classmethod
@@ -138,6 +153,7 @@ class SchedulingConfig:
             admission="admission" in chosen,
             affinity="affinity" in chosen,
             history="history" in chosen,
+            lag="lag" in chosen,
             **knobs,
         )
 
@@ -152,6 +168,8 @@ class SchedulingConfig:
             "admission_min": self.admission_min,
             "admission_step": self.admission_step,
             "poll_s": self.poll_s,
+            "lag": self.lag,
+            "lag_target_ms": self.lag_target_ms,
             "affinity": self.affinity,
             "group_key": self.group_key,
             "history": self.history,
@@ -365,6 +383,49 @@ class AdmissionControl:
         return self.limit
 
 
+LAG_TICK_S = 0.01
+"""The ``lag`` policy's probe: a sleep this long, and how late it wakes."""
+
+
+class LagAdmission:
+    """AIMD on the number of requests in flight, driven by the client's event-loop lag."""
+
+    def __init__(self, config: SchedulingConfig, ceiling: int) -> None:
+        self.config = config
+        self.ceiling = max(ceiling, config.admission_min)
+        self.limit = self.ceiling
+        self.history: list[tuple[float, int]] = []
+        """(monotonic time, limit) after each window, to plot or check."""
+        self.worst_ms: list[float] = []
+        """Each window's worst lateness, in milliseconds."""
+
+    def update(self, late_s: float) -> int:
+        """The new limit after a window whose worst wake-up was ``late_s`` late."""
+        target = self.config.lag_target_ms / 1000.0
+        if late_s > target:
+            self.limit = max(self.config.admission_min, int(self.limit * 0.7))
+        elif late_s < target / 2:
+            self.limit = min(self.ceiling, self.limit + self.config.admission_step)
+        self.history.append((time.monotonic(), self.limit))
+        self.worst_ms.append(late_s * 1000.0)
+        return self.limit
+
+    async def watch(self, apply: Callable[[], None]) -> None:
+        """Probe the loop until cancelled; after each window, ``apply`` the limits."""
+        window = self.config.poll_s
+        worst = 0.0
+        ends = anyio.current_time() + window
+        while True:
+            before = anyio.current_time()
+            await anyio.sleep(LAG_TICK_S)
+            now = anyio.current_time()
+            worst = max(worst, now - before - LAG_TICK_S)
+            if now >= ends:
+                self.update(worst)
+                apply()
+                worst, ends = 0.0, now + window
+
+
 class _Prompt(Protocol):
     @property
     def messages(self) -> Sequence[Mapping[str, Any]]: ...
@@ -414,6 +475,7 @@ class Scheduler:
         self.priority = PriorityPolicy(config, history=history) if config.priority else None
         self._prompt_keys: dict[str, str] = {}
         self.admission = AdmissionControl(config, ceiling) if config.admission else None
+        self.lag = LagAdmission(config, ceiling) if config.lag else None
         self._http = http
         self._server_priority: ServerPriority | None = None
         self._probe_lock = anyio.Lock()
@@ -487,11 +549,30 @@ class Scheduler:
                 except Exception:  # a server without the route: keep the current limit
                     continue
                 loads.extend(body.get("loads") or [])
-            limit = self.admission.update(loads)
-            if limit != limiter.total_tokens:
-                limiter.total_tokens = limit
+            self.admission.update(loads)
+            self.apply_limits(limiter)
         finally:
             self._polling = False
+
+    def apply_limits(self, limiter: anyio.CapacityLimiter) -> None:
+        """Set the run's engine limiter to the tightest of the admission policies' limits."""
+        limits = [p.limit for p in (self.admission, self.lag) if p is not None]
+        if limits and min(limits) != limiter.total_tokens:
+            limiter.total_tokens = min(limits)
+
+    @contextlib.asynccontextmanager
+    async def watching(self, limiter: anyio.CapacityLimiter) -> AsyncIterator[None]:
+        """While the block runs, the ``lag`` policy probes the loop and sets ``limiter``."""
+        lag = self.lag
+        if lag is None:
+            yield
+            return
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lag.watch, lambda: self.apply_limits(limiter))
+            try:
+                yield
+            finally:
+                tg.cancel_scope.cancel()
 
     # ------------------------------------------------------------------ per request
     def group_of(self, state: TrajectoryView) -> str:

@@ -62,6 +62,17 @@ ABORT_RESEND_SECONDS = 1.0
 runner names every rid still in flight again after this many seconds."""
 
 
+@asynccontextmanager
+async def _admission_watch(services: RolloutServices) -> AsyncIterator[None]:
+    """The scheduler's loop-lag probe (the ``lag`` policy) for as long as the block runs."""
+    scheduler = services.scheduler
+    if scheduler is None:
+        yield
+        return
+    async with scheduler.watching(services.engine_limiter):
+        yield
+
+
 async def _start_in_batches(
     tg: anyio.abc.TaskGroup,
     func: Callable[..., Coroutine[Any, Any, None]],
@@ -371,7 +382,7 @@ class RolloutRunner:
         def prepare(batch: Sequence[tuple[Any, ...]]) -> None:
             prerender_prompts(services, (rows[p].messages for p, _ in batch))
 
-        async with anyio.create_task_group() as tg:
+        async with _admission_watch(services), anyio.create_task_group() as tg:
             await _start_in_batches(tg, one, keys, prepare)
         return [t for t in results if t is not None]
 
@@ -587,7 +598,7 @@ class RolloutRunner:
                     wake.set()
                     outside.cancel()
 
-        async with anyio.create_task_group() as tg:
+        async with _admission_watch(services), anyio.create_task_group() as tg:
             tg.start_soon(self._abort_stragglers, stop, wake, all_ended)
             if until is not None and pending:
                 tg.start_soon(stop_from_outside, until)
