@@ -359,14 +359,29 @@ class PriorityPolicy:
             self.history.record(prompt_key, turns)
 
 
-class AdmissionControl:
-    """AIMD on the number of requests in flight, driven by the servers' load report."""
+class _Aimd:
+    """A limit on the requests in flight, between ``admission_min`` and the run's
+    concurrency: cut by 0.7x when a signal says back off, raised by ``admission_step``
+    when it says there is room (additive increase, multiplicative decrease)."""
 
     def __init__(self, config: SchedulingConfig, ceiling: int) -> None:
         self.config = config
         self.ceiling = max(ceiling, config.admission_min)
         self.limit = self.ceiling
         self.history: list[tuple[float, int]] = []
+        """(monotonic time, limit) after each update, to plot or check."""
+
+    def _step(self, *, back_off: bool, grow: bool) -> int:
+        if back_off:
+            self.limit = max(self.config.admission_min, int(self.limit * 0.7))
+        elif grow:
+            self.limit = min(self.ceiling, self.limit + self.config.admission_step)
+        self.history.append((time.monotonic(), self.limit))
+        return self.limit
+
+
+class AdmissionControl(_Aimd):
+    """AIMD on the number of requests in flight, driven by the servers' load report."""
 
     def update(self, loads: Sequence[dict[str, Any]]) -> int:
         """The new limit for one round of load reports (one per server, DP rank)."""
@@ -375,40 +390,29 @@ class AdmissionControl:
         usage = max(float(load.get("token_usage") or 0.0) for load in loads)
         waiting = sum(int(load.get("num_waiting_reqs") or 0) for load in loads)
         retracted = sum(int((load.get("queues") or {}).get("retracted") or 0) for load in loads)
-        if usage > self.config.kv_target or retracted > 0:
-            self.limit = max(self.config.admission_min, int(self.limit * 0.7))
-        elif waiting == 0 or usage < self.config.kv_target * 0.8:
-            self.limit = min(self.ceiling, self.limit + self.config.admission_step)
-        self.history.append((time.monotonic(), self.limit))
-        return self.limit
+        return self._step(
+            back_off=usage > self.config.kv_target or retracted > 0,
+            grow=waiting == 0 or usage < self.config.kv_target * 0.8,
+        )
 
 
 LAG_TICK_S = 0.01
 """The ``lag`` policy's probe: a sleep this long, and how late it wakes."""
 
 
-class LagAdmission:
+class LagAdmission(_Aimd):
     """AIMD on the number of requests in flight, driven by the client's event-loop lag."""
 
     def __init__(self, config: SchedulingConfig, ceiling: int) -> None:
-        self.config = config
-        self.ceiling = max(ceiling, config.admission_min)
-        self.limit = self.ceiling
-        self.history: list[tuple[float, int]] = []
-        """(monotonic time, limit) after each window, to plot or check."""
+        super().__init__(config, ceiling)
         self.worst_ms: list[float] = []
         """Each window's worst lateness, in milliseconds."""
 
     def update(self, late_s: float) -> int:
         """The new limit after a window whose worst wake-up was ``late_s`` late."""
         target = self.config.lag_target_ms / 1000.0
-        if late_s > target:
-            self.limit = max(self.config.admission_min, int(self.limit * 0.7))
-        elif late_s < target / 2:
-            self.limit = min(self.ceiling, self.limit + self.config.admission_step)
-        self.history.append((time.monotonic(), self.limit))
         self.worst_ms.append(late_s * 1000.0)
-        return self.limit
+        return self._step(back_off=late_s > target, grow=late_s < target / 2)
 
     async def watch(self, apply: Callable[[], None]) -> None:
         """Probe the loop until cancelled; after each window, ``apply`` the limits."""
