@@ -177,7 +177,7 @@ def test_lag_admission_backs_off_while_the_loop_is_late_and_grows_back() -> None
     for _ in range(30):
         control.update(1.0)
     assert control.limit == config.admission_min
-    assert control.worst_ms[:2] == [50.0, 21.0] and len(control.history) == 44
+    assert control.late_ms[:2] == [50.0, 21.0] and len(control.history) == 44
 
 
 async def test_the_lag_policy_holds_requests_back_while_the_loop_is_blocked(
