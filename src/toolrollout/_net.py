@@ -61,17 +61,15 @@ def open_file_limit(wanted: int) -> int:
     except ImportError:  # not POSIX: nothing to raise, nothing known
         return wanted
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= wanted:
-        return wanted if soft == resource.RLIM_INFINITY else soft
+    if soft == resource.RLIM_INFINITY:
+        return wanted
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if target > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (OSError, ValueError) as exc:
-            logger.warning(
-                "could not raise the open-file limit from %d to %d: %s", soft, target, exc
-            )
-            return soft
-        logger.info("raised the open-file limit from %d to %d", soft, target)
-        return target
-    return soft
+    if target <= soft:  # enough already, or the hard limit leaves nothing to raise
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as exc:
+        logger.warning("could not raise the open-file limit from %d to %d: %s", soft, target, exc)
+        return soft
+    logger.info("raised the open-file limit from %d to %d", soft, target)
+    return target
