@@ -172,14 +172,14 @@ async def test_sixteen_concurrent_requests_share_their_decode_steps(
     # requests take 14x one request's wall time, though they shared every step.
     prompt = ids_of(engine, PROMPTS[5])
     await greedy(engine, prompt, 4)  # warm up
-    steps0, rows0 = engine.decode_steps
+    steps0, rows0 = engine.decode_counts
     await engine.generate(request(prompt, max_new_tokens=48, ignore_eos=True))
-    steps1, rows1 = engine.decode_steps
+    steps1, rows1 = engine.decode_counts
     assert (steps1 - steps0, rows1 - rows0) == (47, 47)  # the first token comes from prefill
     results = await asyncio.gather(
         *(engine.generate(request(prompt, max_new_tokens=48, ignore_eos=True)) for _ in range(16))
     )
-    steps2, rows2 = engine.decode_steps
+    steps2, rows2 = engine.decode_counts
     assert all(r.completion_tokens == 48 for r in results)
     assert rows2 - rows1 == 16 * 47
     # unbatched this is 752 steps; batched, late arrivals add at most a few steps each

@@ -243,7 +243,7 @@ class EmbeddedEngine(Engine):
         return self._scheduler.num_tokens if self._scheduler else 0
 
     @property
-    def decode_steps(self) -> tuple[int, int]:
+    def decode_counts(self) -> tuple[int, int]:
         """(decode forward passes, rows decoded over them) since start; their ratio is the
         mean decode batch, a load-independent measure of continuous batching."""
         if not self._scheduler:
