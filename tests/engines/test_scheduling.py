@@ -27,6 +27,7 @@ from toolrollout.bench import (
 )
 from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import SamplingParams, SGLangClient
+from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._scheduling import (
     AdmissionControl,
     LagAdmission,
@@ -56,6 +57,9 @@ async def _run(
     servers: list[LatencyServer],
     scheduling: SchedulingConfig | None,
     workload: Workload,
+    *,
+    concurrency: int = 256,
+    on_result: Any = None,
 ) -> list[Any]:
     apps = {f"http://s{i}": create_latency_app(s) for i, s in enumerate(servers)}
 
@@ -73,11 +77,14 @@ async def _run(
     for row, item in zip(rows, workload.items, strict=True):
         row["group"] = item.group
     config = RolloutConfig(
-        sampling=SamplingParams(max_new_tokens=96), max_turns=8, scheduling=scheduling
+        sampling=SamplingParams(max_new_tokens=96),
+        max_turns=8,
+        scheduling=scheduling,
+        concurrency=concurrency,
     )
     async with SGLangClient(list(apps), transport=Mux()) as client:
         runner = RolloutRunner(client, tokenizer, [lookup], config=config)
-        return await runner.run(rows)
+        return await runner.run(rows, on_result=on_result)
 
 
 def test_server_priority_reads_sglangs_server_args() -> None:
@@ -193,7 +200,7 @@ async def test_the_lag_policy_holds_requests_back_while_the_loop_is_blocked(
     applied: list[float] = []
     original = Scheduler.apply_limits
 
-    def spy(self: Scheduler, limiter: anyio.CapacityLimiter) -> None:
+    def spy(self: Scheduler, limiter: OrderedLimiter) -> None:
         original(self, limiter)
         applied.append(limiter.total_tokens)
 
@@ -311,6 +318,46 @@ async def test_a_later_run_sends_each_prompts_expected_length_as_its_priority(
         assert entry["priority"] == 2 * (lengths[group] - entry["turn"]), entry
 
 
+async def _requests_until_half_the_groups_complete(
+    tokenizer: Any, scheduling: SchedulingConfig | None
+) -> tuple[int, int]:
+    """Six groups of four three-turn trajectories through a limit of four requests in
+    flight: how many requests the server had answered when the third group completed,
+    and in all."""
+    workload = Workload(prompts=6, n=4, min_turns=3, max_turns=3, tokens_per_turn=16)
+    server = _server(tokenizer, ServerScheduling(), decode_per_token_s=0.001)
+    left: dict[str, int] = {}
+    complete: list[int] = []
+
+    def on_result(trajectory: Any) -> None:
+        group = workload.items[trajectory.prompt_index].group
+        left[group] = left.get(group, 4) - 1
+        if left[group] == 0:
+            complete.append(len(server.log))
+
+    with anyio.fail_after(120):
+        trajectories = await _run(
+            tokenizer, [server], scheduling, workload, concurrency=4, on_result=on_result
+        )
+    assert all(str(t.status) == "completed" for t in trajectories)
+    assert len(complete) == 6
+    return complete[2], len(server.log)
+
+
+async def test_oldest_groups_first_completes_groups_one_after_another(tokenizer: Any) -> None:
+    """First come, first served, 24 trajectories queue again behind each other at every
+    turn, so they advance in step and no group completes before the last round; served by
+    their group's start order, the first groups finish while the last have barely begun.
+    The server answers the same 72 requests either way."""
+    fifo, total = await _requests_until_half_the_groups_complete(tokenizer, None)
+    oldest, total_oldest = await _requests_until_half_the_groups_complete(
+        tokenizer, SchedulingConfig(oldest=True, group_key="group")
+    )
+    assert total == total_oldest == 72
+    assert fifo >= 2 * 24  # every trajectory's first two turns came first (60 measured)
+    assert oldest <= 0.75 * fifo, (oldest, fifo)  # 39 against 60 measured; 36 at best
+
+
 def test_policies_by_name_as_the_command_line_gives_them() -> None:
     assert SchedulingConfig.from_names("none") is None
     assert SchedulingConfig.from_names(" ") is None
@@ -323,6 +370,8 @@ def test_policies_by_name_as_the_command_line_gives_them() -> None:
         False,
     )
     assert config.history_key == "prompt_id"
+    oldest = SchedulingConfig.from_names("oldest")
+    assert oldest is not None and oldest.oldest and oldest.enabled and not oldest.priority
     lag = SchedulingConfig.from_names("lag")
     assert lag is not None and lag.lag and lag.enabled and not lag.admission
     with pytest.raises(UserError, match="unknown scheduling policy fifo: choose from"):

@@ -186,7 +186,9 @@ _Schedule = Annotated[
         "priority, sent only to servers started with --enable-priority-scheduling), "
         "history (priority from how long each prompt's trajectories ran before), admission "
         "(in-flight limit from the servers' /v1/loads), lag (in-flight limit from this "
-        "client's own event-loop lag), affinity (a GRPO group on one server); 'none' "
+        "client's own event-loop lag), oldest (turns waiting for the in-flight limit served "
+        "by their group's start order, so groups complete one after another), affinity "
+        "(a GRPO group on one server); 'none' "
         "(default) sends what a server gets without them "
         "(docs/scheduling.md).",
     ),

@@ -20,6 +20,11 @@ Three policies, each switched on in :class:`SchedulingConfig` (``RolloutConfig.s
   ``lag_target_ms`` and grows back once it keeps time. A client whose CPU is the
   bottleneck then holds new turns back instead of letting thousands of replies queue on
   its loop, where every timer, heartbeat and tool deadline waits behind them.
+* **oldest**: when requests wait for the run's limit on requests in flight (more live
+  trajectories than ``RolloutConfig.concurrency``, or a limit the admission policies
+  lowered), a freed slot goes to the GRPO group that started first, not to whichever
+  request came first; groups then complete one after another instead of all near the end
+  of the run, and the engine is kept just as busy.
 * **affinity**: the samples of one prompt go to one server, so that the group's shared prompt
   is prefilled once there (its radix cache answers the rest; see ``cached_tokens``).
 * **history** (with priority): the priority is the number of model turns a trajectory is
@@ -43,6 +48,7 @@ import statistics
 import time
 from collections import OrderedDict, defaultdict, deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +57,7 @@ import anyio
 
 from toolrollout._exceptions import UserError
 
+from ._limiter import OrderedLimiter
 from ._types import GenerateRequest
 
 __all__ = [
@@ -101,6 +108,10 @@ class SchedulingConfig:
     back while it wakes within half of it."""
     affinity: bool = False
     """Send every sample of one prompt to the same server."""
+    oldest: bool = False
+    """When requests wait for the run's limit on requests in flight, serve those of the
+    GRPO groups that started first before the others (first come, first served without
+    it), so that groups complete one after another instead of all near the end."""
     group_key: str | None = None
     """Row metadata key that names the GRPO group when a prompt's samples come as separate
     rows (each its own ``group_id``); None: the run's ``group_id``."""
@@ -132,9 +143,9 @@ class SchedulingConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.priority or self.admission or self.affinity or self.lag
+        return self.priority or self.admission or self.affinity or self.lag or self.oldest
 
-    POLICIES = ("admission", "affinity", "history", "lag", "priority")
+    POLICIES = ("admission", "affinity", "history", "lag", "oldest", "priority")
     """The policies :meth:`from_names` knows (``history`` brings ``priority`` with it)."""
 
     @classmethod
@@ -155,6 +166,7 @@ class SchedulingConfig:
             affinity="affinity" in chosen,
             history="history" in chosen,
             lag="lag" in chosen,
+            oldest="oldest" in chosen,
             **knobs,
         )
 
@@ -172,6 +184,7 @@ class SchedulingConfig:
             "lag": self.lag,
             "lag_target_ms": self.lag_target_ms,
             "affinity": self.affinity,
+            "oldest": self.oldest,
             "group_key": self.group_key,
             "history": self.history,
             "history_weight": self.history_weight,
@@ -491,6 +504,7 @@ class Scheduler:
         self._last_poll = -math.inf
         self._polling = False
         self.sent_priorities = 0
+        self._group_ranks: dict[str, int] = {}
 
     # ------------------------------------------------------------------ server facts
     async def _get_json(self, url: str) -> Any:
@@ -542,7 +556,7 @@ class Scheduler:
                 self._server_priority = found
         return self._server_priority
 
-    async def _poll_loads(self, limiter: anyio.CapacityLimiter) -> None:
+    async def _poll_loads(self, limiter: OrderedLimiter) -> None:
         if self.admission is None or self._polling or not self.urls:
             return
         now = time.monotonic()
@@ -563,14 +577,14 @@ class Scheduler:
         finally:
             self._polling = False
 
-    def apply_limits(self, limiter: anyio.CapacityLimiter) -> None:
+    def apply_limits(self, limiter: OrderedLimiter) -> None:
         """Set the run's engine limiter to the tightest of the admission policies' limits."""
         limits = [p.limit for p in (self.admission, self.lag) if p is not None]
         if limits and min(limits) != limiter.total_tokens:
             limiter.total_tokens = min(limits)
 
     @contextlib.asynccontextmanager
-    async def watching(self, limiter: anyio.CapacityLimiter) -> AsyncIterator[None]:
+    async def watching(self, limiter: OrderedLimiter) -> AsyncIterator[None]:
         """While the block runs, the ``lag`` policy probes the loop and sets ``limiter``."""
         lag = self.lag
         if lag is None:
@@ -606,7 +620,7 @@ class Scheduler:
         return key
 
     async def prepare(
-        self, request: GenerateRequest, state: TrajectoryView, limiter: anyio.CapacityLimiter
+        self, request: GenerateRequest, state: TrajectoryView, limiter: OrderedLimiter
     ) -> GenerateRequest:
         """The request as the policies want it sent (priority set, session bound)."""
         if self.config.affinity and state.num_turns == 0 and request.session_id is not None:
@@ -628,6 +642,19 @@ class Scheduler:
                 self.sent_priorities += 1
                 return replace(request, priority=-value if server.low_values_first else value)
         return request
+
+    def slot(
+        self, state: TrajectoryView, limiter: OrderedLimiter
+    ) -> AbstractAsyncContextManager[None]:
+        """A slot of the run's limiter for the trajectory's next request: with ``oldest``,
+        in the order its group first asked for one (groups that started first, first)."""
+        if not self.config.oldest:
+            return limiter
+        group = self.group_of(state)
+        rank = self._group_ranks.get(group)
+        if rank is None:
+            rank = self._group_ranks[group] = len(self._group_ranks)
+        return limiter.ordered(rank)
 
     def finished(self, state: TrajectoryView) -> None:
         """A trajectory ended: its group is that much nearer completion, and a length it

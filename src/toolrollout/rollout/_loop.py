@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 import uuid
 from array import array
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 
 import anyio
@@ -191,7 +192,10 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
     state.status = TrajectoryStatus.RUNNING
     started = time.perf_counter()
     stop = services.stop
-    async with services.engine_limiter:
+    slot: AbstractAsyncContextManager[None] = services.engine_limiter
+    if services.scheduler is not None:  # the ``oldest`` policy orders the waiting turns
+        slot = services.scheduler.slot(state, services.engine_limiter)
+    async with slot:
         if stop is not None:
             if stop.stopping:  # the batch target is met: stop here, before the request
                 state.finish(TrajectoryStatus.ABORTED, "abort", _STOPPED)

@@ -20,6 +20,7 @@ import anyio
 from toolrollout._records import RolloutPrompt, TokenSpan
 from toolrollout.chat import ChatFormat, ParsedTurn, PreparedImage, ToolCallParser, VisionFormat
 from toolrollout.engines._base import Engine
+from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._scheduling import Scheduler
 from toolrollout.engines._types import TokenRuns, token_id_array
 from toolrollout.rewards import WeightedReward
@@ -68,7 +69,7 @@ class RolloutServices:
     tools: ToolExecutor
     config: RolloutConfig
     rewards: Sequence[WeightedReward]
-    engine_limiter: anyio.CapacityLimiter
+    engine_limiter: OrderedLimiter
     context_length: int | None
     interactions: Mapping[str, Any] = field(default_factory=dict)
     """Interaction objects by name; each row picks one by ``interaction_kwargs.name``."""

@@ -38,6 +38,7 @@ from toolrollout._exceptions import EngineError, UserError
 from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
+from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._scheduling import Scheduler, WorkHistory
 from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor, open_tools, share_tools
@@ -291,7 +292,7 @@ class RolloutRunner:
             tools=self.tools,
             config=self.config,
             rewards=self.rewards,
-            engine_limiter=anyio.CapacityLimiter(self.config.concurrency),
+            engine_limiter=OrderedLimiter(self.config.concurrency),
             drift_limiter=anyio.CapacityLimiter(1),
             context_length=self.context_length,
             interactions=self.interactions,
