@@ -9,6 +9,7 @@ import pytest
 from toolrollout._exceptions import BenchmarkError
 from toolrollout.bench._harness import mode_policies
 from toolrollout.bench._metrics import (
+    GROUP_DECILES,
     ModeResult,
     fifo_makespan,
     group_completion_times,
@@ -77,6 +78,13 @@ def test_group_completion_counts_a_group_done_when_its_last_sample_is() -> None:
     ends = {"p0s0": 1.0, "p0s1": 3.0, "p1s0": 2.0, "p1s1": 2.0, "p2s0": 9.0}
     assert group_completion_times(ends) == {"50": 3.0, "90": 9.0, "100": 9.0}
     assert group_completion_times({}) == {"50": 0.0, "90": 0.0, "100": 0.0}
+
+
+def test_group_deciles_count_each_tenth_of_the_groups_exactly() -> None:
+    """Ten groups whose last samples finish at 1..10 s: k tenths are complete at k s."""
+    ends = {f"p{g}s{s}": float(g + 1) - 0.1 * s for g in range(10) for s in range(2)}
+    times = group_completion_times(ends, GROUP_DECILES)
+    assert times == {str(10 * k): float(k) for k in range(1, 11)}
 
 
 def test_measured_ends_start_at_the_first_arrival() -> None:

@@ -84,28 +84,16 @@ def _tokens_limit(workload: Workload) -> int:
     return workload.tokens_per_turn * 2 + 32
 
 
-POLICIES = ("priority", "admission", "affinity", "history")
-"""toolrollout's client-side scheduling policies a mode can name (``toolrollout:priority``)."""
-
-
 def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     """The RolloutConfig both toolrollout modes run with."""
-    from toolrollout.engines import SamplingParams
-    from toolrollout.engines._scheduling import SchedulingConfig
+    from toolrollout.engines import SamplingParams, SchedulingConfig
     from toolrollout.rollout import RolloutConfig
 
-    policies = set(spec.policies)
-    scheduling = None
-    if policies:
-        scheduling = SchedulingConfig(
-            priority="priority" in policies or "history" in policies,
-            admission="admission" in policies,
-            affinity="affinity" in policies,
-            group_key="group",
-            history="history" in policies,
-            lag="lag" in policies,
-            history_key="group",  # the prompt's id, the same at every step
-        )
+    scheduling = SchedulingConfig.from_names(
+        ",".join(spec.policies),
+        group_key="group",
+        history_key="group",  # the prompt's id, the same at every step
+    )
     concurrency = spec.concurrency  # admission adapts below it (its ceiling)
     return RolloutConfig(
         sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),

@@ -29,6 +29,7 @@ from toolrollout._exceptions import BenchmarkError
 from toolrollout._net import stop_popen
 
 from ._metrics import (
+    GROUP_DECILES,
     ModeResult,
     critical_paths,
     group_completion_times,
@@ -49,20 +50,23 @@ __all__ = [
 ]
 
 MODES = ("toolrollout", "oversample", "lockstep", "verifiers", "httpx", "aiohttp")
-_POLICIES = ("priority", "admission", "affinity", "history", "lag")
+_POLICY_MODES = ("toolrollout", "oversample")
 
 
 def mode_policies(mode: str) -> tuple[str, ...]:
     """The scheduling policies a mode names: ``toolrollout:priority+affinity`` -> both."""
+    from toolrollout.engines import SchedulingConfig
+
     base, _, tail = mode.partition(":")
     if not tail:
         return ()
-    if base != "toolrollout":
-        raise BenchmarkError(f"only toolrollout modes take policies, got {mode!r}")
+    if base not in _POLICY_MODES:
+        raise BenchmarkError(f"only {' and '.join(_POLICY_MODES)} modes take policies: {mode!r}")
+    known = SchedulingConfig.POLICIES
     policies = tuple(p for p in tail.split("+") if p)
-    unknown = [p for p in policies if p not in _POLICIES]
+    unknown = [p for p in policies if p not in known]
     if unknown or not policies:
-        raise BenchmarkError(f"unknown policy in {mode!r}; choose from {list(_POLICIES)}")
+        raise BenchmarkError(f"unknown policy in {mode!r}; choose from {list(known)}")
     return policies
 
 
@@ -413,8 +417,8 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     length_makespan_s=max(
                         replay(requests, calls, capacity, order="length").values(), default=0.0
                     ),
-                    groups_s=group_completion_times(measured_ends(requests)),
-                    oracle_groups_s=group_completion_times(oracle_ends),
+                    groups_s=group_completion_times(measured_ends(requests), GROUP_DECILES),
+                    oracle_groups_s=group_completion_times(oracle_ends, GROUP_DECILES),
                     retractions=counts["retractions"],
                     preemptions=counts["preemptions"],
                     kv_bound_makespan_s=kv_bound_makespan(

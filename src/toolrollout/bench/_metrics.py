@@ -237,13 +237,18 @@ def group_of(trajectory: str) -> str:
     return head if sep and head else trajectory
 
 
+GROUP_DECILES = tuple(k / 10 for k in range(1, 11))
+"""The shares of complete groups a benchmark run reports: every tenth, so that a plot can
+draw the whole curve (a policy that completes groups early shows below 50%)."""
+
+
 def group_completion_times(
     ends: Mapping[str, float], fractions: Iterable[float] = (0.5, 0.9, 1.0)
 ) -> dict[str, float]:
     """Seconds until ``fraction`` of the GRPO groups have every sample finished.
 
-    ``ends`` maps trajectory keys to finish times (from 0). Keys of the result are ``"50"``,
-    ``"90"``, ``"100"`` (percent).
+    ``ends`` maps trajectory keys to finish times (from 0). Keys of the result are the
+    percentages: ``"50"``, ``"90"``, ``"100"`` by default.
     """
     import math
 

@@ -83,6 +83,12 @@ def _groups(groups: dict[str, float] | None) -> str:
     return "/".join(f"{groups.get(k, 0.0):.1f}" for k in ("50", "90", "100"))
 
 
+def _curve(groups: dict[str, float] | None) -> tuple[list[float], list[int]]:
+    """The (seconds, percent complete) points of a run's group completion times."""
+    points = sorted((int(k), v) for k, v in (groups or {}).items())
+    return [v for _, v in points], [k for k, _ in points]
+
+
 def plot_report(report: BenchReport, path: Path) -> Path:
     """Save a three-panel figure: throughput and efficiency per mode, time to complete GRPO
     groups (with the bounds), CPU per turn."""
@@ -114,13 +120,12 @@ def plot_report(report: BenchReport, path: Path) -> Path:
         )
     left.tick_params(axis="x", labelrotation=20, labelsize=8)
     for r in rollouts:
-        groups = r.groups_s or {}
-        xs = [groups.get(k, 0.0) for k in ("50", "90", "100")]
-        middle.plot(xs, [50, 90, 100], marker="o", label=r.mode)
+        xs, ys = _curve(r.groups_s)
+        middle.plot(xs, ys, marker="o", markersize=3, label=r.mode)
     ref = next((r for r in rollouts if r.oracle_groups_s), None)
     if ref is not None and ref.oracle_groups_s is not None:
-        xs = [ref.oracle_groups_s.get(k, 0.0) for k in ("50", "90", "100")]
-        middle.plot(xs, [50, 90, 100], "k--", label=f"oracle bound ({ref.mode} work)")
+        xs, ys = _curve(ref.oracle_groups_s)
+        middle.plot(xs, ys, "k--", label=f"oracle bound ({ref.mode} work)")
         middle.axvline(ref.ideal_makespan_s, color="grey", linestyle=":", label="ideal makespan")
         if ref.kv_bound_makespan_s:
             middle.axvline(

@@ -40,8 +40,9 @@ def bench(
         typer.Option(
             "--mode",
             help="toolrollout, oversample, lockstep, verifiers, httpx, aiohttp (repeatable); "
-            "toolrollout:POLICY[+POLICY] runs toolrollout with scheduling policies (priority, "
-            "history, admission, affinity, lag). Default: toolrollout, lockstep, httpx, aiohttp, "
+            "toolrollout:POLICY[+POLICY] runs toolrollout (oversample:POLICY the oversample "
+            "mode) with scheduling policies (priority, history, admission, affinity, lag, "
+            "oldest). Default: toolrollout, lockstep, httpx, aiohttp, "
             "and verifiers when it is installed.",
         ),
     ] = None,
