@@ -74,6 +74,21 @@ def test_length_order_knows_the_turns_left_but_not_the_tool_latencies() -> None:
     assert replay(requests, calls, 1, order="oracle") == {"p0s0": 3.0, "p1s0": 5.0, "p2s0": 12.0}
 
 
+def test_oldest_order_serves_the_group_that_arrived_first() -> None:
+    # One slot, instant tools, two 1 s turns each. p1's group arrived first on the live
+    # server (4.0 against 5.0), though p0s0 comes first in the log.
+    requests = [
+        {"key": "p0s0", "turn": 0, "slot_seconds": 1.0, "arrived": 5.0},
+        {"key": "p0s0", "turn": 1, "slot_seconds": 1.0, "arrived": 7.0},
+        {"key": "p1s0", "turn": 0, "slot_seconds": 1.0, "arrived": 4.0},
+        {"key": "p1s0", "turn": 1, "slot_seconds": 1.0, "arrived": 6.0},
+    ]
+    # first come, first served: they alternate, and p0s0 (logged first) ends first
+    assert replay(requests, [], 1) == {"p0s0": 3.0, "p1s0": 4.0}
+    # oldest: p1s0's second turn goes before p0s0's, which waited longer
+    assert replay(requests, [], 1, order="oldest") == {"p1s0": 3.0, "p0s0": 4.0}
+
+
 def test_group_completion_counts_a_group_done_when_its_last_sample_is() -> None:
     ends = {"p0s0": 1.0, "p0s1": 3.0, "p1s0": 2.0, "p1s1": 2.0, "p2s0": 9.0}
     assert group_completion_times(ends) == {"50": 3.0, "90": 9.0, "100": 9.0}

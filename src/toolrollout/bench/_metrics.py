@@ -118,16 +118,24 @@ def replay(
     first (the two signs of toolrollout's ``priority`` policy, ``turn_weight`` 1 and -1;
     ties in arrival order), ``length`` the one with the most model turns still to make
     (what a perfect prediction of each trajectory's length, the ``history`` policy's
-    target, gives; the tool latencies stay unknown; ties in arrival order). No request is
-    preempted.
+    target, gives; the tool latencies stay unknown; ties in arrival order), ``oldest`` the
+    trajectory whose GRPO group's first request arrived first (the ``oldest`` policy; ties
+    in arrival order). No request is preempted.
     """
     import heapq
 
     if capacity < 1:
         raise ValueError("capacity must be at least 1")
-    if order not in ("fifo", "oracle", "turns", "fewest", "length"):
-        raise ValueError(f"order must be fifo, oracle, turns, fewest or length, got {order!r}")
+    if order not in ("fifo", "oracle", "turns", "fewest", "length", "oldest"):
+        raise ValueError(
+            f"order must be fifo, oracle, turns, fewest, length or oldest, got {order!r}"
+        )
+    requests = list(requests)
     steps: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+    group_rank: dict[str, int] = {}  # groups by their first logged arrival
+    for request in sorted(requests, key=lambda r: float(r.get("arrived", 0.0))):
+        if request.get("key") is not None:
+            group_rank.setdefault(group_of(str(request["key"])), len(group_rank))
     for request in requests:
         key = request.get("key")
         if key is not None:
@@ -174,6 +182,8 @@ def replay(
             rank = -remaining[trajectory][position[trajectory]]
         elif order == "turns":
             rank = -position[trajectory] + now * 1e-9  # more turns done first, then arrival
+        elif order == "oldest":  # the group that arrived first, then arrival
+            rank = group_rank[group_of(trajectory)] + now * 1e-9
         elif order == "length":  # more model turns to go first, then arrival
             rank = position[trajectory] - len(steps[trajectory]) + now * 1e-9
         else:
