@@ -8,8 +8,9 @@ scripted outputs for tests. All three implement :class:`Engine`: the data plane
 (``info`` -> :class:`EngineInfo`, ``pause_generation``, ``continue_generation``,
 ``update_weights_from_disk`` -> :class:`WeightUpdate`, ``flush_cache`` -> bool,
 ``abort_all``). :class:`SchedulingConfig` switches on the client-side scheduling policies
-(request priority, adaptive admission, GRPO group affinity, priority from a prompt's
-:class:`WorkHistory`) that ``RolloutConfig.scheduling`` applies to every request.
+(request priority, adaptive admission from the servers' load or the client's loop lag,
+oldest groups first, GRPO group affinity, priority from a prompt's :class:`WorkHistory`)
+that ``RolloutConfig.scheduling`` applies to every request.
 """
 
 from __future__ import annotations

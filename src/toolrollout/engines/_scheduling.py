@@ -1,6 +1,6 @@
 """Client-side scheduling policies for a rollout against SGLang servers (off by default).
 
-Three policies, each switched on in :class:`SchedulingConfig` (``RolloutConfig.scheduling``):
+The policies, each switched on in :class:`SchedulingConfig` (``RolloutConfig.scheduling``):
 
 * **priority**: each request carries SGLang's ``priority``, computed from the trajectory's
   state (turns done, seconds since it started, how much of its GRPO group has finished),
