@@ -14,7 +14,6 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass
-from types import TracebackType
 
 import anyio
 
@@ -54,12 +53,7 @@ class _Slot:
     async def __aenter__(self) -> None:
         await self._limiter.acquire(self._key)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self._limiter.release()
 
 
@@ -151,10 +145,5 @@ class OrderedLimiter:
     async def __aenter__(self) -> None:
         await self.acquire()
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         self.release()
