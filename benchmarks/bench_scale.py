@@ -74,6 +74,7 @@ from toolrollout.rollout import (
     TrajectoryHooks,
 )
 from toolrollout.rollout._state import TrajectoryState
+from toolrollout.tools._limits import quantile
 
 __all__ = ["ScaleConfig", "SeamEngine", "memory_model", "run_scale"]
 
@@ -238,10 +239,9 @@ class _Samples:
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+    """The same quantile as ``toolrollout bench`` reports (linear between closest ranks),
+    so that a p99 lag here and there means one thing; 0 for no values."""
+    return quantile(sorted(values), q) if values else 0.0
 
 
 def _span_bytes(span: TokenSpan) -> int:
