@@ -132,10 +132,11 @@ def replay(
         )
     requests = list(requests)
     steps: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
-    group_rank: dict[str, int] = {}  # groups by their first logged arrival
-    for request in sorted(requests, key=lambda r: float(r.get("arrived", 0.0))):
-        if request.get("key") is not None:
-            group_rank.setdefault(group_of(str(request["key"])), len(group_rank))
+    group_rank: dict[str, int] = {}  # for ``oldest``: groups by their first logged arrival
+    if order == "oldest":
+        for request in sorted(requests, key=lambda r: float(r.get("arrived", 0.0))):
+            if request.get("key") is not None:
+                group_rank.setdefault(group_of(str(request["key"])), len(group_rank))
     for request in requests:
         key = request.get("key")
         if key is not None:
