@@ -187,14 +187,13 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
         session_id=state.uid,
         image_data=tuple(state.vision.urls) or None,
     )
+    slot: AbstractAsyncContextManager[None] = services.engine_limiter
     if services.scheduler is not None:  # issue 20: client-side scheduling policies
         request = await services.scheduler.prepare(request, state, services.engine_limiter)
+        slot = services.scheduler.slot(state, services.engine_limiter)  # ``oldest``: in order
     state.status = TrajectoryStatus.RUNNING
     started = time.perf_counter()
     stop = services.stop
-    slot: AbstractAsyncContextManager[None] = services.engine_limiter
-    if services.scheduler is not None:  # the ``oldest`` policy orders the waiting turns
-        slot = services.scheduler.slot(state, services.engine_limiter)
     async with slot:
         if stop is not None:
             if stop.stopping:  # the batch target is met: stop here, before the request
