@@ -38,6 +38,7 @@ CORE = (
     "toolrollout.exceptions",
     "toolrollout._extras",
     "toolrollout._jsonarg",
+    "toolrollout._pacing",
     "toolrollout._records",
     "toolrollout._retry",
     "toolrollout.engines",
@@ -331,7 +332,12 @@ def test_known_core_to_app_edges_still_exist(imports: list[Import]) -> None:
 
 
 # The bottom of the house: these import nothing of toolrollout but each other.
-LEAVES = ("toolrollout._exceptions", "toolrollout._records", "toolrollout._retry")
+LEAVES = (
+    "toolrollout._exceptions",
+    "toolrollout._pacing",
+    "toolrollout._records",
+    "toolrollout._retry",
+)
 # Typed on the records alone: a reward function or a metric never needs the loop.
 ON_RECORDS_ONLY = ("toolrollout.rewards", "toolrollout.metrics")
 

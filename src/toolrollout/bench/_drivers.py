@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._model import DriverSpec, Workload
+from toolrollout._pacing import set_pacing
+
+from ._model import UNPACED, DriverSpec, Workload
 from ._tools import LookupClient
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
@@ -90,7 +92,7 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     from toolrollout.rollout import RolloutConfig
 
     scheduling = SchedulingConfig.from_names(
-        ",".join(spec.policies),
+        ",".join(p for p in spec.policies if p in SchedulingConfig.POLICIES),
         group_key="group",
         history_key="group",  # the prompt's id, the same at every step
     )
@@ -417,6 +419,8 @@ async def run_driver(spec: DriverSpec) -> dict[str, Any]:
     if driver is None:
         raise ValueError(f"unknown benchmark mode {spec.mode!r}; choose from {sorted(_DRIVERS)}")
     workload = Workload(**spec.workload)
+    if UNPACED in spec.policies:  # this worker process only
+        set_pacing(False)
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer)
     samples: list[tuple[float, float]] = []
     async with anyio.create_task_group() as tg:

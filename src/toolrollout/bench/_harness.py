@@ -39,7 +39,14 @@ from ._metrics import (
     peak_in_flight,
     replay,
 )
-from ._model import DriverSpec, LatencyModel, ServerScheduling, ToolLatency, Workload
+from ._model import (
+    UNPACED,
+    DriverSpec,
+    LatencyModel,
+    ServerScheduling,
+    ToolLatency,
+    Workload,
+)
 
 __all__ = [
     "BenchConfig",
@@ -62,7 +69,7 @@ def mode_policies(mode: str) -> tuple[str, ...]:
         return ()
     if base not in _POLICY_MODES:
         raise BenchmarkError(f"only {' and '.join(_POLICY_MODES)} modes take policies: {mode!r}")
-    known = SchedulingConfig.POLICIES
+    known = (*SchedulingConfig.POLICIES, UNPACED)
     policies = tuple(p for p in tail.split("+") if p)
     unknown = [p for p in policies if p not in known]
     if unknown or not policies:

@@ -20,6 +20,7 @@ from toolrollout._exceptions import UserError
 
 __all__ = [
     "DIRECTIVE_RE",
+    "UNPACED",
     "DriverSpec",
     "LatencyModel",
     "ServerScheduling",
@@ -33,6 +34,11 @@ DIRECTIVE_RE = re.compile(
     r"bench-task (?P<key>[\w.-]+) turns=(?P<turns>\d+) tokens=(?P<tokens>\d+)"
 )
 """How a prompt tells the latency-model server what to answer (see :class:`Workload`)."""
+
+
+UNPACED = "unpaced"
+"""A bench mode's pseudo-policy (``toolrollout:unpaced``), not a scheduling policy: that
+mode's worker turns loop pacing off (:mod:`toolrollout._pacing`) to measure what it does."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -650,11 +650,15 @@ class Scheduler:
         in the order its group first asked for one (groups that started first, first)."""
         if not self.config.oldest:
             return limiter
+        return limiter.ordered(self.group_rank(state))
+
+    def group_rank(self, state: TrajectoryView) -> int:
+        """The trajectory's GRPO group, numbered in the order the groups first asked."""
         group = self.group_of(state)
         rank = self._group_ranks.get(group)
         if rank is None:
             rank = self._group_ranks[group] = len(self._group_ranks)
-        return limiter.ordered(rank)
+        return rank
 
     def finished(self, state: TrajectoryView) -> None:
         """A trajectory ended: its group is that much nearer completion, and a length it

@@ -13,6 +13,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from toolrollout._pacing import PacingStatistics as PacingStatistics
+from toolrollout._pacing import pacing_statistics as pacing_statistics
+from toolrollout._pacing import set_pacing as set_pacing
 from toolrollout._records import ResumePoint as ResumePoint
 from toolrollout._records import RolloutPrompt as RolloutPrompt
 from toolrollout._records import SpanKind as SpanKind
@@ -57,6 +60,7 @@ __all__ = [
     "TRAJECTORY_SCHEMA",
     "EnvStep",
     "ModelTurn",
+    "PacingStatistics",
     "ResumePoint",
     "RolloutBatch",
     "RolloutConfig",
@@ -78,11 +82,13 @@ __all__ = [
     "failed_trajectory",
     "finish_shards",
     "finished_mark",
+    "pacing_statistics",
     "prepare_images",
     "read_leftover",
     "read_rows",
     "read_shards",
     "resume_prompt",
+    "set_pacing",
     "swift_row",
     "trl_messages",
     "verl_multi_modal_data",

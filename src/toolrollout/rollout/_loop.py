@@ -26,6 +26,7 @@ from dataclasses import replace
 import anyio
 
 from toolrollout._exceptions import OverlongPromptError, ToolRolloutError
+from toolrollout._pacing import pace, set_pace_key
 from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
 from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams, TokenRuns
 
@@ -64,6 +65,11 @@ async def run_trajectory(
             services, prompt, prompt_index=prompt_index, sample_index=sample_index,
             group_id=group_id,
         )  # fmt: skip
+    scheduler = services.scheduler
+    if scheduler is not None and scheduler.config.oldest:
+        set_pace_key(scheduler.group_rank(state))  # a busy loop serves older groups first
+    # Trajectories started together render their prompts one loop iteration after another.
+    await pace()
     try:
         interaction, kwargs = select_interaction(services.interactions, state.prompt)
         env = TrajectoryEnvironment(
@@ -84,6 +90,7 @@ async def run_trajectory(
         await _final_drift_check(state)
     if services.scheduler is not None:
         services.scheduler.finished(state)
+    await pace()  # freezing, scoring and the caller's callback: one more piece of work
     trajectory = state.freeze()
     if not state.scored:
         return trajectory

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from toolrollout._exceptions import ToolUnavailable
+from toolrollout._pacing import pace
 from toolrollout._records import TrajectoryStatus
 from toolrollout.tools import ToolCallRequest, ToolResult, ToolSession
 
@@ -38,6 +39,7 @@ async def tool_step(
     over_total = requests[room:]
     requests = requests[:room]
     results = await _run_tools(state, requests, session)
+    await pace()  # the results' messages and the next delta take their turn on the loop
     state.counters.num_tool_calls += len(requests)
     if config.tool_unavailable == "fail" and _ended_on_infrastructure(state, requests, results):
         return None

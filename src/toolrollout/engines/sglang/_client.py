@@ -59,6 +59,7 @@ from ..._exceptions import (
 )
 from ..._http import AiohttpTransport
 from ..._net import open_file_limit
+from ..._pacing import pace
 from .. import _wire
 from .._base import Engine
 from .._routing import Router, ServerStats
@@ -553,6 +554,8 @@ class SGLangClient(_ControlPlane, Engine):
             content = await self._request_bytes(
                 url, "/generate", body(), on_connect_failure=reroute
             )
+            # The reply's decoding and the turn it starts take their turn on the loop.
+            await pace()
             return _wire.parse_json(content, what=f"{what} on {url}"), url
 
         return await self._retrying(what, attempt, give_up=lambda: any(e.aborted for e in entries))
