@@ -294,3 +294,14 @@ def test_gc_freeze_freezes_what_the_run_loaded(tmp_path: Path) -> None:
     assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 2
     plain = run("--limit", "1", "--n", "1", "--out", "u.jsonl", cwd=tmp_path)
     assert plain.returncode == 0 and "objects frozen" not in plain.stdout
+
+
+def test_gc_threshold_sets_the_youngest_generations_threshold(tmp_path: Path) -> None:
+    """``--gc-threshold N``: the summary reads the collector's thresholds back after the
+    run; only the first one moved (Python's defaults are 700, 10, 10)."""
+    proc = run("--limit", "1", "--n", "1", "--gc-threshold", "20000", "--out", "t.jsonl",
+               cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if "(--gc-threshold)" in x)
+    assert line.split("│")[-2].strip() == "20,000, 10, 10"
+    assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 1

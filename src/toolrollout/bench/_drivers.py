@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import gc
 import resource
 import time
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ import anyio
 
 from toolrollout._pacing import set_pacing
 
-from ._model import UNPACED, DriverSpec, Workload
+from ._model import DriverSpec, Workload, worker_flags
 from ._tools import LookupClient
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
@@ -92,7 +93,7 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     from toolrollout.rollout import RolloutConfig
 
     scheduling = SchedulingConfig.from_names(
-        ",".join(p for p in spec.policies if p in SchedulingConfig.POLICIES),
+        ",".join(worker_flags(spec.policies)[0]),
         group_key="group",
         history_key="group",  # the prompt's id, the same at every step
     )
@@ -419,8 +420,10 @@ async def run_driver(spec: DriverSpec) -> dict[str, Any]:
     if driver is None:
         raise ValueError(f"unknown benchmark mode {spec.mode!r}; choose from {sorted(_DRIVERS)}")
     workload = Workload(**spec.workload)
-    if UNPACED in spec.policies:  # this worker process only
-        set_pacing(False)
+    _, paced, gc_threshold = worker_flags(spec.policies)  # this worker process only
+    set_pacing(paced)
+    if gc_threshold is not None:
+        gc.set_threshold(gc_threshold, *gc.get_threshold()[1:])
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer)
     samples: list[tuple[float, float]] = []
     async with anyio.create_task_group() as tg:

@@ -40,6 +40,7 @@ from ._metrics import (
     replay,
 )
 from ._model import (
+    GC_THRESHOLD_RE,
     UNPACED,
     DriverSpec,
     LatencyModel,
@@ -71,9 +72,11 @@ def mode_policies(mode: str) -> tuple[str, ...]:
         raise BenchmarkError(f"only {' and '.join(_POLICY_MODES)} modes take policies: {mode!r}")
     known = (*SchedulingConfig.POLICIES, UNPACED)
     policies = tuple(p for p in tail.split("+") if p)
-    unknown = [p for p in policies if p not in known]
+    unknown = [p for p in policies if p not in known and not GC_THRESHOLD_RE.fullmatch(p)]
     if unknown or not policies:
-        raise BenchmarkError(f"unknown policy in {mode!r}; choose from {list(known)}")
+        raise BenchmarkError(
+            f"unknown policy in {mode!r}; choose from {list(known)} or gcN (N allocations)"
+        )
     return policies
 
 

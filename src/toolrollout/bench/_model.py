@@ -20,6 +20,7 @@ from toolrollout._exceptions import UserError
 
 __all__ = [
     "DIRECTIVE_RE",
+    "GC_THRESHOLD_RE",
     "UNPACED",
     "DriverSpec",
     "LatencyModel",
@@ -28,6 +29,7 @@ __all__ = [
     "Workload",
     "WorkloadItem",
     "parse_directive",
+    "worker_flags",
 ]
 
 DIRECTIVE_RE = re.compile(
@@ -39,6 +41,24 @@ DIRECTIVE_RE = re.compile(
 UNPACED = "unpaced"
 """A bench mode's pseudo-policy (``toolrollout:unpaced``), not a scheduling policy: that
 mode's worker turns loop pacing off (:mod:`toolrollout._pacing`) to measure what it does."""
+
+GC_THRESHOLD_RE = re.compile(r"gc(?P<allocations>[1-9]\d*)")
+"""Another pseudo-policy, ``gcN`` (``toolrollout:gc20000``): that mode's worker collects the
+youngest generation after N allocations, as ``generate --gc-threshold N`` does."""
+
+
+def worker_flags(policies: tuple[str, ...]) -> tuple[tuple[str, ...], bool, int | None]:
+    """A mode's names split: (scheduling policies, paced, the youngest generation's
+    threshold or None)."""
+    threshold = None
+    scheduling: list[str] = []
+    for name in policies:
+        match = GC_THRESHOLD_RE.fullmatch(name)
+        if match:
+            threshold = int(match["allocations"])
+        elif name != UNPACED:
+            scheduling.append(name)
+    return tuple(scheduling), UNPACED not in policies, threshold
 
 
 @dataclass(frozen=True, slots=True)
