@@ -77,7 +77,7 @@ async def test_under_oldest_a_trajectory_paces_with_its_group_rank(
 ) -> None:
     """With ``oldest`` the loop's busy moments serve the groups that started first: the
     key the engine's caller paces with is its group's rank."""
-    answer = demo_tokenizer.encode("It is 5.<|im_end|>", add_special_tokens=False)
+    answer: list[int] = demo_tokenizer.encode("It is 5.<|im_end|>", add_special_tokens=False)
     keys: dict[str, int] = {}
 
     def reply(request: GenerateRequest) -> list[int]:

@@ -88,8 +88,8 @@ async def run_trajectory(
         state.finish(TrajectoryStatus.FAILED, "error", f"{type(exc).__name__}: {exc}")
     if services.config.drift_check:
         await _final_drift_check(state)
-    if services.scheduler is not None:
-        services.scheduler.finished(state)
+    if scheduler is not None:
+        scheduler.finished(state)
     await pace()  # freezing, scoring and the caller's callback: one more piece of work
     trajectory = state.freeze()
     if not state.scored:
