@@ -17,7 +17,7 @@ from toolrollout.bench._metrics import (
     oracle_makespan,
     replay,
 )
-from toolrollout.bench._model import worker_flags
+from toolrollout.bench._model import WorkerFlags, worker_flags
 
 # A: one 2 s generation. B: 1 s, a 3 s tool call, 1 s. One slot; A arrives first.
 REQUESTS = [
@@ -136,8 +136,8 @@ def test_a_mode_can_set_its_workers_pacing_and_collector() -> None:
     """``unpaced`` and ``gcN`` are the worker's settings, not scheduling policies."""
     names = mode_policies("toolrollout:lag+unpaced+gc20000")
     assert names == ("lag", "unpaced", "gc20000")
-    assert worker_flags(names) == (("lag",), False, 20000)
-    assert worker_flags(mode_policies("toolrollout:oldest")) == (("oldest",), True, None)
+    assert worker_flags(names) == WorkerFlags(("lag",), paced=False, gc_threshold=20000)
+    assert worker_flags(mode_policies("toolrollout:oldest")) == WorkerFlags(("oldest",))
     for bad in ("toolrollout:gc", "toolrollout:gc0", "toolrollout:gc1e4"):
         with pytest.raises(BenchmarkError):
             mode_policies(bad)

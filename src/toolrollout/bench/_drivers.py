@@ -93,7 +93,7 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     from toolrollout.rollout import RolloutConfig
 
     scheduling = SchedulingConfig.from_names(
-        ",".join(worker_flags(spec.policies)[0]),
+        ",".join(worker_flags(spec.policies).scheduling),
         group_key="group",
         history_key="group",  # the prompt's id, the same at every step
     )
@@ -420,10 +420,10 @@ async def run_driver(spec: DriverSpec) -> dict[str, Any]:
     if driver is None:
         raise ValueError(f"unknown benchmark mode {spec.mode!r}; choose from {sorted(_DRIVERS)}")
     workload = Workload(**spec.workload)
-    _, paced, gc_threshold = worker_flags(spec.policies)  # this worker process only
-    set_pacing(paced)
-    if gc_threshold is not None:
-        gc.set_threshold(gc_threshold, *gc.get_threshold()[1:])
+    flags = worker_flags(spec.policies)  # this worker process only
+    set_pacing(flags.paced)
+    if flags.gc_threshold is not None:
+        gc.set_threshold(flags.gc_threshold, *gc.get_threshold()[1:])
     tokenizer = AutoTokenizer.from_pretrained(spec.tokenizer)
     samples: list[tuple[float, float]] = []
     async with anyio.create_task_group() as tg:

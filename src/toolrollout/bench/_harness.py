@@ -40,13 +40,13 @@ from ._metrics import (
     replay,
 )
 from ._model import (
-    GC_THRESHOLD_RE,
     UNPACED,
     DriverSpec,
     LatencyModel,
     ServerScheduling,
     ToolLatency,
     Workload,
+    worker_flags,
 )
 
 __all__ = [
@@ -70,12 +70,13 @@ def mode_policies(mode: str) -> tuple[str, ...]:
         return ()
     if base not in _POLICY_MODES:
         raise BenchmarkError(f"only {' and '.join(_POLICY_MODES)} modes take policies: {mode!r}")
-    known = (*SchedulingConfig.POLICIES, UNPACED)
     policies = tuple(p for p in tail.split("+") if p)
-    unknown = [p for p in policies if p not in known and not GC_THRESHOLD_RE.fullmatch(p)]
+    scheduling = worker_flags(policies).scheduling  # the worker's own settings set apart
+    unknown = [p for p in scheduling if p not in SchedulingConfig.POLICIES]
     if unknown or not policies:
         raise BenchmarkError(
-            f"unknown policy in {mode!r}; choose from {list(known)} or gcN (N allocations)"
+            f"unknown policy in {mode!r}; choose from {list(SchedulingConfig.POLICIES)}, "
+            f"{UNPACED!r} or gcN (N allocations)"
         )
     return policies
 

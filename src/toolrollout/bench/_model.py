@@ -26,6 +26,7 @@ __all__ = [
     "LatencyModel",
     "ServerScheduling",
     "ToolLatency",
+    "WorkerFlags",
     "Workload",
     "WorkloadItem",
     "parse_directive",
@@ -47,9 +48,20 @@ GC_THRESHOLD_RE = re.compile(r"gc(?P<allocations>[1-9]\d*)")
 youngest generation after N allocations, as ``generate --gc-threshold N`` does."""
 
 
-def worker_flags(policies: tuple[str, ...]) -> tuple[tuple[str, ...], bool, int | None]:
-    """A mode's names split: (scheduling policies, paced, the youngest generation's
-    threshold or None)."""
+@dataclass(frozen=True, slots=True)
+class WorkerFlags:
+    """What a mode's names ask of its worker process."""
+
+    scheduling: tuple[str, ...]
+    """The scheduling policies (``SchedulingConfig.from_names``), in the order given."""
+    paced: bool = True
+    """Loop pacing on (off with :data:`UNPACED`)."""
+    gc_threshold: int | None = None
+    """The youngest generation's collector threshold (``gcN``), or the default."""
+
+
+def worker_flags(policies: tuple[str, ...]) -> WorkerFlags:
+    """A mode's names split into its scheduling policies and its worker's settings."""
     threshold = None
     scheduling: list[str] = []
     for name in policies:
@@ -58,7 +70,7 @@ def worker_flags(policies: tuple[str, ...]) -> tuple[tuple[str, ...], bool, int 
             threshold = int(match["allocations"])
         elif name != UNPACED:
             scheduling.append(name)
-    return tuple(scheduling), UNPACED not in policies, threshold
+    return WorkerFlags(tuple(scheduling), UNPACED not in policies, threshold)
 
 
 @dataclass(frozen=True, slots=True)
