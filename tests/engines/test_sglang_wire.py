@@ -448,6 +448,14 @@ def _null_logprob(o: dict[str, Any]) -> None:
     o["meta_info"]["output_token_logprobs"][-1][0] = None
 
 
+def _bool_logprob(o: dict[str, Any]) -> None:
+    o["meta_info"]["output_token_logprobs"][0][0] = False
+
+
+def _bool_output_id(o: dict[str, Any]) -> None:
+    o["output_ids"][0] = True
+
+
 @pytest.mark.parametrize(
     ("content", "text"),
     [
@@ -466,6 +474,14 @@ def _null_logprob(o: dict[str, Any]) -> None:
         (
             mutated("sglang_generate_stop_eos.json", _null_logprob),
             r"\[0\]\): expected a number, got None",
+        ),
+        (
+            mutated("sglang_generate_stop_eos.json", _bool_logprob),
+            r"logprobs\[0\]\[0\]\): expected a number, got False",
+        ),
+        (
+            mutated("sglang_generate_stop_eos.json", _bool_output_id),
+            r"output_ids\[0\]\): expected an integer, got True",
         ),
     ],
 )
