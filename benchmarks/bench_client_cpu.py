@@ -3,6 +3,8 @@
     python benchmarks/bench_client_cpu.py                 # 3 rounds of each mode
     python benchmarks/bench_client_cpu.py --rounds 5 --out benchmarks/results/client_cpu.json
     python benchmarks/bench_client_cpu.py --profile /tmp/prof   # py-spy raw profile per mode
+    python benchmarks/bench_client_cpu.py --modes toolrollout,aiohttp,toolrollout:gc100000,\
+        aiohttp:gc100000         # and each with a larger collector threshold
 
 The latency-model server and the tool service start once; each round then runs every mode
 in a fresh worker process (its CPU time is its own, every thread included), in turn, so a
@@ -13,7 +15,9 @@ rounds' ratios is reported. Wall time is not used (the machine is shared).
 The modes: ``toolrollout`` (RolloutRunner over SGLangClient, drift check on), ``aiohttp``
 (bare POSTs of the same conversations over toolrollout's transport: no tools, no
 tokenization) and ``aiohttp+tool`` (the same bare POSTs plus the turn's tool call over the
-same transport, the floor of a turn that calls a tool).
+same transport, the floor of a turn that calls a tool). A mode named ``MODE:gcN`` is
+``MODE`` in a worker whose collector takes the youngest generation after N allocations (as
+``generate --gc-threshold N`` does); its ratio is to ``aiohttp:gcN`` when that runs too.
 """
 
 from __future__ import annotations
@@ -51,6 +55,15 @@ def _run(spec: DriverSpec, profile: Path | None, tag: str, src: str | None) -> d
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def _baseline(mode: str, row: dict[str, Any]) -> str | None:
+    """The bare POST a mode's CPU is a ratio to: ``aiohttp`` with the same collector."""
+    _, _, collector = mode.partition(":")
+    for name in (f"aiohttp:{collector}" if collector else "aiohttp", "aiohttp"):
+        if name in row:
+            return name
+    return None
 
 
 def main() -> None:
@@ -93,15 +106,17 @@ def main() -> None:
             row: dict[str, dict[str, float]] = {}
             for mode in modes:
                 _reset(engines, tool_url)
+                base_mode, _, collector = mode.partition(":")
                 spec = DriverSpec(
-                    mode="toolrollout" if mode == "before" else mode,
+                    mode="toolrollout" if base_mode == "before" else base_mode,
                     engine_urls=tuple(engines),
                     tool_url=tool_url,
                     workload=workload.to_dict(),
                     tokenizer=config.tokenizer,
+                    policies=(collector,) if collector else (),
                 )
-                tag = f"{mode.replace('+', '_')}-{number}"
-                raw = _run(spec, args.profile, tag, args.before if mode == "before" else None)
+                tag = f"{mode.replace('+', '_').replace(':', '_')}-{number}"
+                raw = _run(spec, args.profile, tag, args.before if base_mode == "before" else None)
                 per_turn = 1e3 * float(raw["client_cpu_s"]) / max(int(raw["turns"]), 1)
                 row[mode] = {
                     "cpu_per_turn_ms": per_turn,
@@ -111,19 +126,21 @@ def main() -> None:
                     "peak_rss_mb": float(raw["peak_rss_mb"]),
                 }
             rounds.append(row)
-            base = row.get("aiohttp", {}).get("cpu_per_turn_ms")
             line = ", ".join(
                 f"{m} {v['cpu_per_turn_ms']:.2f} ms"
-                + (f" ({v['cpu_per_turn_ms'] / base:.2f}x)" if base else "")
+                + (f" ({v['cpu_per_turn_ms'] / row[b]['cpu_per_turn_ms']:.2f}x)" if b else "")
                 for m, v in row.items()
+                for b in [_baseline(m, row)]
             )
             print(f"round {number + 1}: {line}  load {os.getloadavg()[0]:.1f}", flush=True)
     summary: dict[str, Any] = {}
     for mode in modes:
         values = [r[mode]["cpu_per_turn_ms"] for r in rounds]
         entry: dict[str, Any] = {"cpu_per_turn_ms": values, "median_ms": statistics.median(values)}
-        if "aiohttp" in modes:
-            ratios = [r[mode]["cpu_per_turn_ms"] / r["aiohttp"]["cpu_per_turn_ms"] for r in rounds]
+        baseline = _baseline(mode, rounds[0])
+        if baseline is not None:
+            ratios = [r[mode]["cpu_per_turn_ms"] / r[baseline]["cpu_per_turn_ms"] for r in rounds]
+            entry["baseline"] = baseline
             entry["ratio_to_aiohttp"] = ratios
             entry["median_ratio_to_aiohttp"] = statistics.median(ratios)
         summary[mode] = entry
