@@ -292,16 +292,23 @@ def test_gc_freeze_freezes_what_the_run_loaded(tmp_path: Path) -> None:
     frozen = int(line.split("│")[-2].strip().replace(",", ""))
     assert frozen > 100_000
     assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 2
-    plain = run("--limit", "1", "--n", "1", "--out", "u.jsonl", cwd=tmp_path)
-    assert plain.returncode == 0 and "objects frozen" not in plain.stdout
+
+
+def _thresholds(stdout: str) -> str:
+    line = next(x for x in stdout.splitlines() if "(--gc-threshold)" in x)
+    return line.split("│")[-2].strip()
 
 
 def test_gc_threshold_sets_the_youngest_generations_threshold(tmp_path: Path) -> None:
     """``--gc-threshold N``: the summary reads the collector's thresholds back after the
-    run; only the first one moved (Python's defaults are 700, 10, 10)."""
+    run; only the first one moved (Python's defaults are 700, 10, 10). Without the flag a
+    local run collects after 100,000 allocations, and freezes nothing."""
     proc = run("--limit", "1", "--n", "1", "--gc-threshold", "20000", "--out", "t.jsonl",
                cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    line = next(x for x in proc.stdout.splitlines() if "(--gc-threshold)" in x)
-    assert line.split("│")[-2].strip() == "20,000, 10, 10"
+    assert _thresholds(proc.stdout) == "20,000, 10, 10"
     assert len((tmp_path / "t.jsonl").read_text().splitlines()) == 1
+    plain = run("--limit", "1", "--n", "1", "--out", "u.jsonl", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert _thresholds(plain.stdout) == "100,000, 10, 10"
+    assert "objects frozen" not in plain.stdout
