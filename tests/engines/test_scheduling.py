@@ -319,13 +319,18 @@ async def test_a_later_run_sends_each_prompts_expected_length_as_its_priority(
 
 
 async def _requests_until_half_the_groups_complete(
-    tokenizer: Any, scheduling: SchedulingConfig | None
+    tokenizer: Any,
+    scheduling: SchedulingConfig | None,
+    *,
+    server: LatencyServer | None = None,
+    concurrency: int = 4,
 ) -> tuple[int, int]:
     """Six groups of four three-turn trajectories through a limit of four requests in
-    flight: how many requests the server had answered when the third group completed,
-    and in all."""
+    flight (the client's, or the server's four slots): how many requests the server had
+    answered when the third group completed, and in all."""
     workload = Workload(prompts=6, n=4, min_turns=3, max_turns=3, tokens_per_turn=16)
-    server = _server(tokenizer, ServerScheduling(), decode_per_token_s=0.001)
+    if server is None:
+        server = _server(tokenizer, ServerScheduling(), decode_per_token_s=0.001)
     left: dict[str, int] = {}
     complete: list[int] = []
 
@@ -337,7 +342,7 @@ async def _requests_until_half_the_groups_complete(
 
     with anyio.fail_after(120):
         trajectories = await _run(
-            tokenizer, [server], scheduling, workload, concurrency=4, on_result=on_result
+            tokenizer, [server], scheduling, workload, concurrency=concurrency, on_result=on_result
         )
     assert all(str(t.status) == "completed" for t in trajectories)
     assert len(complete) == 6
@@ -356,6 +361,52 @@ async def test_oldest_groups_first_completes_groups_one_after_another(tokenizer:
     assert total == total_oldest == 72
     assert fifo >= 2 * 24  # every trajectory's first two turns came first (60 measured)
     assert oldest <= 0.75 * fifo, (oldest, fifo)  # 39 against 60 measured; 36 at best
+
+
+def test_under_oldest_the_priority_is_the_groups_age() -> None:
+    """With ``oldest`` the priority counts down from ``oldest_levels`` by the uncompleted
+    groups that started first, and never leaves [0, oldest_levels]; with a history the
+    history's prediction stays the priority."""
+    policy = PriorityPolicy(SchedulingConfig(priority=True, oldest=True, oldest_levels=9))
+    assert [policy.urgency("a", "g", 3, groups_ahead=k) for k in (0, 1, 4, 9, 30)] == [
+        9, 8, 5, 0, 0,
+    ]  # fmt: skip
+    assert policy.urgency("a", "g", 3) == -3  # no group order known: turns done, as before
+    history = WorkHistory()
+    history.record("p", 5)
+    config = SchedulingConfig(priority=True, history=True, oldest=True)
+    ranked = PriorityPolicy(config, history=history)
+    assert ranked.urgency("b", "g", 1, prompt_key="p", groups_ahead=0) == 2 * 4
+    with pytest.raises(UserError, match="oldest_levels"):
+        SchedulingConfig(oldest=True, oldest_levels=0)
+
+
+async def test_the_server_serves_the_oldest_groups_first_when_told(tokenizer: Any) -> None:
+    """Every request goes out at once (no client limit), and the server's four slots are
+    the queue. Told each group's age as its priority, a priority-scheduling server
+    completes the first groups while the last have barely begun; its priorities stay in
+    [0, 9], within the preemption threshold, so nothing is preempted."""
+
+    def slots() -> LatencyServer:
+        return _server(
+            tokenizer, ServerScheduling(enabled=True), decode_per_token_s=0.001, capacity=4
+        )
+
+    fifo, total = await _requests_until_half_the_groups_complete(
+        tokenizer, None, server=slots(), concurrency=256
+    )
+    told = slots()
+    oldest, total_oldest = await _requests_until_half_the_groups_complete(
+        tokenizer,
+        SchedulingConfig(priority=True, oldest=True, group_key="group"),
+        server=told,
+        concurrency=256,
+    )
+    assert total == total_oldest == 72
+    priorities = [entry["priority"] for entry in told.log]
+    assert min(priorities) >= 0 and max(priorities) == 9
+    assert told.preemptions == 0
+    assert oldest <= 0.75 * fifo, (oldest, fifo)  # 40 against 60 measured
 
 
 def test_policies_by_name_as_the_command_line_gives_them() -> None:

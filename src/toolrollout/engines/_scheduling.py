@@ -39,6 +39,7 @@ preemption, load report, radix cache); what they cannot know is the trajectory's
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import json
@@ -111,7 +112,14 @@ class SchedulingConfig:
     oldest: bool = False
     """When requests wait for the run's limit on requests in flight, serve those of the
     GRPO groups that started first before the others (first come, first served without
-    it), so that groups complete one after another instead of all near the end."""
+    it), so that groups complete one after another instead of all near the end. With
+    ``priority`` (and not ``history``), the server is told the same order: see
+    ``oldest_levels``."""
+    oldest_levels: int = 9
+    """With ``oldest`` and ``priority``: the priority is a group's age instead of its turns
+    done. The oldest group that has not completed gets this many steps, the next one less,
+    down to 0 (9: within SGLang's default preemption threshold of 10, so the server's
+    queue is reordered and nothing is preempted)."""
     group_key: str | None = None
     """Row metadata key that names the GRPO group when a prompt's samples come as separate
     rows (each its own ``group_id``); None: the run's ``group_id``."""
@@ -140,6 +148,8 @@ class SchedulingConfig:
             raise UserError(f"history_weight must be at least 1, got {self.history_weight}")
         if not self.lag_target_ms > 0:
             raise UserError(f"lag_target_ms must be positive, got {self.lag_target_ms}")
+        if self.oldest_levels < 1:
+            raise UserError(f"oldest_levels must be at least 1, got {self.oldest_levels}")
 
     @property
     def enabled(self) -> bool:
@@ -185,6 +195,7 @@ class SchedulingConfig:
             "lag_target_ms": self.lag_target_ms,
             "affinity": self.affinity,
             "oldest": self.oldest,
+            "oldest_levels": self.oldest_levels,
             "group_key": self.group_key,
             "history": self.history,
             "history_weight": self.history_weight,
@@ -337,13 +348,15 @@ class PriorityPolicy:
         turns_done: int,
         group_size: int = 1,
         prompt_key: str | None = None,
+        groups_ahead: int | None = None,
     ) -> int:
         """How urgent the next request of a trajectory is (0 for a fresh one).
 
         The group's size is the larger of ``group_size`` and the samples of ``group_id``
         seen so far (rows of one prompt may be passed as separate rows with one group id).
         With a history, ``prompt_key`` names the prompt whose earlier lengths predict this
-        trajectory's.
+        trajectory's. Under ``oldest`` without a history, ``groups_ahead`` (how many
+        uncompleted groups started before this one) takes the place of the turns done.
         """
         now = self._clock()
         started = self._started.setdefault(uid, now)
@@ -355,6 +368,8 @@ class PriorityPolicy:
             expected = self.history.expected_remaining(prompt_key, turns_done)
         if expected is not None:
             value = round(self.config.history_weight * expected)
+        elif self.config.oldest and not self.config.history and groups_ahead is not None:
+            value = max(0, self.config.oldest_levels - groups_ahead)
         else:
             value = self.config.turn_weight * turns_done
         if self.config.wait_weight_s > 0:
@@ -365,12 +380,21 @@ class PriorityPolicy:
         return int(value)
 
     def finished(
-        self, uid: str, group_id: str, turns: int = 0, prompt_key: str | None = None
-    ) -> None:
+        self,
+        uid: str,
+        group_id: str,
+        turns: int = 0,
+        prompt_key: str | None = None,
+        group_size: int = 1,
+    ) -> bool:
+        """A trajectory ended; whether that completed its group (every sample seen so far
+        and at least ``group_size`` of them done)."""
         self._started.pop(uid, None)
         self._group_done[group_id] += 1
         if self.history is not None and prompt_key is not None:
             self.history.record(prompt_key, turns)
+        done = self._group_done[group_id]
+        return done >= max(group_size, len(self._members[group_id]))
 
 
 class _Aimd:
@@ -505,6 +529,8 @@ class Scheduler:
         self._polling = False
         self.sent_priorities = 0
         self._group_ranks: dict[str, int] = {}
+        self._open_ranks: list[int] = []
+        """The ranks of the groups that have not completed, in order."""
 
     # ------------------------------------------------------------------ server facts
     async def _get_json(self, url: str) -> Any:
@@ -638,6 +664,7 @@ class Scheduler:
                     state.num_turns,
                     self.group_size,
                     self.prompt_key(state),
+                    self.groups_ahead(state) if self.config.oldest else None,
                 )
                 self.sent_priorities += 1
                 return replace(request, priority=-value if server.low_values_first else value)
@@ -658,7 +685,12 @@ class Scheduler:
         rank = self._group_ranks.get(group)
         if rank is None:
             rank = self._group_ranks[group] = len(self._group_ranks)
+            self._open_ranks.append(rank)  # ranks only grow: the list stays sorted
         return rank
+
+    def groups_ahead(self, state: TrajectoryView) -> int:
+        """How many groups that have not completed started before the trajectory's own."""
+        return bisect.bisect_left(self._open_ranks, self.group_rank(state))
 
     def finished(self, state: TrajectoryView) -> None:
         """A trajectory ended: its group is that much nearer completion, and a length it
@@ -669,4 +701,9 @@ class Scheduler:
             self._prompt_keys.pop(state.uid, None)
             if str(getattr(state, "status", "completed")) not in _OWN_LENGTH:
                 key = None
-            self.priority.finished(state.uid, self.group_of(state), state.num_turns, key)
+            group = self.group_of(state)
+            if self.priority.finished(state.uid, group, state.num_turns, key, self.group_size):
+                rank = self._group_ranks.get(group)
+                at = bisect.bisect_left(self._open_ranks, rank) if rank is not None else -1
+                if 0 <= at < len(self._open_ranks) and self._open_ranks[at] == rank:
+                    del self._open_ranks[at]
