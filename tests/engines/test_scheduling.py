@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -364,19 +364,45 @@ async def test_oldest_groups_first_completes_groups_one_after_another(tokenizer:
 
 
 def test_under_oldest_the_priority_is_the_groups_age() -> None:
-    """With ``oldest`` the priority counts down from ``oldest_levels`` by the uncompleted
-    groups that started first, and never leaves [0, oldest_levels]; with a history the
-    history's prediction stays the priority."""
-    policy = PriorityPolicy(SchedulingConfig(priority=True, oldest=True, oldest_levels=9))
-    assert [policy.urgency("a", "g", 3, groups_ahead=k) for k in (0, 1, 4, 9, 30)] == [
-        9, 8, 5, 0, 0,
+    """With ``oldest`` the priority is the group's band of age among the groups that have
+    not completed: ``oldest_levels`` for the oldest, 0 for the youngest; a completed group
+    leaves the count. With a history the prediction stays the priority."""
+
+    @dataclass
+    class Sample:
+        uid: str
+        group_id: str
+        num_turns: int = 0
+        status: str = "completed"
+        prompt: Any = None
+
+    config = SchedulingConfig(priority=True, oldest=True, oldest_levels=9)
+    scheduler = Scheduler(config, engine=None, group_size=2)
+    samples = [Sample(f"{g}s{i}", f"g{g}") for g in range(20) for i in range(2)]
+    for sample in samples:  # twenty groups ask, in order
+        scheduler.group_rank(sample)
+    bands = [scheduler.age_band(sample) for sample in samples[::2]]
+    assert bands == [9, 9, 8, 8, 7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0]
+    for sample in samples[:10]:  # the five oldest groups complete
+        scheduler.finished(sample)
+    bands = [scheduler.age_band(sample) for sample in samples[10::2]]
+    assert bands == [9, 9, 8, 7, 7, 6, 5, 5, 4, 3, 3, 2, 1, 1, 0]
+    few = Scheduler(config, engine=None)
+    three = [Sample(f"u{g}", f"h{g}") for g in range(3)]
+    for sample in three:
+        few.group_rank(sample)
+    assert [few.age_band(sample) for sample in three] == [9, 6, 3]
+
+    policy = PriorityPolicy(config)
+    assert [policy.urgency("a", "g", 3, age_band=b) for b in (9, 4, 0, 12, -1)] == [
+        9, 4, 0, 9, 0,
     ]  # fmt: skip
-    assert policy.urgency("a", "g", 3) == -3  # no group order known: turns done, as before
+    assert policy.urgency("a", "g", 3) == -3  # no band known: turns done, as before
     history = WorkHistory()
     history.record("p", 5)
-    config = SchedulingConfig(priority=True, history=True, oldest=True)
-    ranked = PriorityPolicy(config, history=history)
-    assert ranked.urgency("b", "g", 1, prompt_key="p", groups_ahead=0) == 2 * 4
+    with_history = SchedulingConfig(priority=True, history=True, oldest=True)
+    ranked = PriorityPolicy(with_history, history=history)
+    assert ranked.urgency("b", "g", 1, prompt_key="p", age_band=9) == 2 * 4
     with pytest.raises(UserError, match="oldest_levels"):
         SchedulingConfig(oldest=True, oldest_levels=0)
 

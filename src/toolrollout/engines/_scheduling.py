@@ -117,9 +117,10 @@ class SchedulingConfig:
     ``oldest_levels``."""
     oldest_levels: int = 9
     """With ``oldest`` and ``priority``: the priority is a group's age instead of its turns
-    done. The oldest group that has not completed gets this many steps, the next one less,
-    down to 0 (9: within SGLang's default preemption threshold of 10, so the server's
-    queue is reordered and nothing is preempted)."""
+    done. The groups that have not completed are split by age into ``oldest_levels + 1``
+    equal bands; the oldest band gets this priority, the youngest 0 (9: within SGLang's
+    default preemption threshold of 10, so the servers' queues are reordered and nothing
+    is preempted)."""
     group_key: str | None = None
     """Row metadata key that names the GRPO group when a prompt's samples come as separate
     rows (each its own ``group_id``); None: the run's ``group_id``."""
@@ -348,15 +349,16 @@ class PriorityPolicy:
         turns_done: int,
         group_size: int = 1,
         prompt_key: str | None = None,
-        groups_ahead: int | None = None,
+        age_band: int | None = None,
     ) -> int:
         """How urgent the next request of a trajectory is (0 for a fresh one).
 
         The group's size is the larger of ``group_size`` and the samples of ``group_id``
         seen so far (rows of one prompt may be passed as separate rows with one group id).
         With a history, ``prompt_key`` names the prompt whose earlier lengths predict this
-        trajectory's. Under ``oldest`` without a history, ``groups_ahead`` (how many
-        uncompleted groups started before this one) takes the place of the turns done.
+        trajectory's. Under ``oldest`` without a history, ``age_band`` (its group's band
+        of age, ``oldest_levels`` for the oldest, see :meth:`Scheduler.age_band`) takes
+        the place of the turns done.
         """
         now = self._clock()
         started = self._started.setdefault(uid, now)
@@ -368,8 +370,8 @@ class PriorityPolicy:
             expected = self.history.expected_remaining(prompt_key, turns_done)
         if expected is not None:
             value = round(self.config.history_weight * expected)
-        elif self.config.oldest and not self.config.history and groups_ahead is not None:
-            value = max(0, self.config.oldest_levels - groups_ahead)
+        elif self.config.oldest and not self.config.history and age_band is not None:
+            value = min(max(age_band, 0), self.config.oldest_levels)
         else:
             value = self.config.turn_weight * turns_done
         if self.config.wait_weight_s > 0:
@@ -664,7 +666,7 @@ class Scheduler:
                     state.num_turns,
                     self.group_size,
                     self.prompt_key(state),
-                    self.groups_ahead(state) if self.config.oldest else None,
+                    self.age_band(state) if self.config.oldest else None,
                 )
                 self.sent_priorities += 1
                 return replace(request, priority=-value if server.low_values_first else value)
@@ -688,9 +690,13 @@ class Scheduler:
             self._open_ranks.append(rank)  # ranks only grow: the list stays sorted
         return rank
 
-    def groups_ahead(self, state: TrajectoryView) -> int:
-        """How many groups that have not completed started before the trajectory's own."""
-        return bisect.bisect_left(self._open_ranks, self.group_rank(state))
+    def age_band(self, state: TrajectoryView) -> int:
+        """The trajectory's group among the groups that have not completed, by age, in
+        ``oldest_levels + 1`` bands: ``oldest_levels`` for the oldest, 0 for the youngest.
+        With fewer groups than bands, each group its own band, spread over the range."""
+        ahead = bisect.bisect_left(self._open_ranks, self.group_rank(state))
+        levels = self.config.oldest_levels
+        return levels - ahead * (levels + 1) // max(len(self._open_ranks), 1)
 
     def finished(self, state: TrajectoryView) -> None:
         """A trajectory ended: its group is that much nearer completion, and a length it
