@@ -187,7 +187,8 @@ _Schedule = Annotated[
         "history (priority from how long each prompt's trajectories ran before), admission "
         "(in-flight limit from the servers' /v1/loads), lag (in-flight limit from this "
         "client's own event-loop lag), oldest (turns waiting for the in-flight limit served "
-        "by their group's start order, so groups complete one after another), affinity "
+        "by their group's start order, so groups complete one after another; with "
+        "priority, the servers' queues too), affinity "
         "(a GRPO group on one server); 'none' "
         "(default) sends what a server gets without them "
         "(docs/scheduling.md).",
