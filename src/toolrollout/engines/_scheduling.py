@@ -24,7 +24,9 @@ The policies, each switched on in :class:`SchedulingConfig` (``RolloutConfig.sch
   trajectories than ``RolloutConfig.concurrency``, or a limit the admission policies
   lowered), a freed slot goes to the GRPO group that started first, not to whichever
   request came first; groups then complete one after another instead of all near the end
-  of the run, and the engine is kept just as busy.
+  of the run, and the engine is kept just as busy. With **priority** too (and no history),
+  the priority sent is the group's band of age among the groups not yet completed, so a
+  priority-scheduling server orders its own queue the same way.
 * **affinity**: the samples of one prompt go to one server, so that the group's shared prompt
   is prefilled once there (its radix cache answers the rest; see ``cached_tokens``).
 * **history** (with priority): the priority is the number of model turns a trajectory is
