@@ -89,8 +89,13 @@ async def _run(
 
 def test_server_priority_reads_sglangs_server_args() -> None:
     assert ServerPriority.from_server_info({}) == ServerPriority(False)
-    info = {"enable_priority_scheduling": True, "schedule_low_priority_values_first": True}
+    info: dict[str, Any] = {
+        "enable_priority_scheduling": True,
+        "schedule_low_priority_values_first": True,
+    }
     assert ServerPriority.from_server_info(info) == ServerPriority(True, True)
+    info["priority_scheduling_preemption_threshold"] = 4
+    assert ServerPriority.from_server_info(info).preemption_threshold == 4
 
 
 def test_priority_grows_with_turns_wait_and_group_completion() -> None:
@@ -433,6 +438,28 @@ async def test_the_server_serves_the_oldest_groups_first_when_told(tokenizer: An
     assert min(priorities) >= 0 and max(priorities) == 9
     assert told.preemptions == 0
     assert oldest <= 0.75 * fifo, (oldest, fifo)  # 40 against 60 measured
+
+
+async def test_the_age_bands_stay_within_the_servers_preemption_threshold(
+    tokenizer: Any,
+) -> None:
+    """A server that preempts at a difference above 3 gets bands 0 to 3 only: its queue is
+    reordered, nothing is preempted."""
+    server = _server(
+        tokenizer,
+        ServerScheduling(enabled=True, preemption_threshold=3),
+        decode_per_token_s=0.001,
+        capacity=4,
+    )
+    _, total = await _requests_until_half_the_groups_complete(
+        tokenizer,
+        SchedulingConfig(priority=True, oldest=True, group_key="group"),
+        server=server,
+        concurrency=256,
+    )
+    assert total == 72
+    assert {entry["priority"] for entry in server.log} == {0, 1, 2, 3}
+    assert server.preemptions == 0
 
 
 def test_policies_by_name_as_the_command_line_gives_them() -> None:

@@ -212,13 +212,18 @@ class ServerPriority:
 
     enabled: bool
     low_values_first: bool = False
+    preemption_threshold: int | None = None
+    """``priority_scheduling_preemption_threshold``: a waiting request preempts a running
+    one whose priority is lower by more than this (None: not reported)."""
 
     @classmethod
     def from_server_info(cls, info: dict[str, Any]) -> ServerPriority:
         """Read SGLang's server args; anything missing means the feature is off."""
+        threshold = info.get("priority_scheduling_preemption_threshold")
         return cls(
             enabled=info.get("enable_priority_scheduling") is True,
             low_values_first=info.get("schedule_low_priority_values_first") is True,
+            preemption_threshold=threshold if type(threshold) is int else None,
         )
 
 
@@ -505,6 +510,15 @@ class TrajectoryView(Protocol):
 _OWN_LENGTH = frozenset({"completed", "truncated"})
 
 
+def _levels_within(config: SchedulingConfig, server: ServerPriority) -> int:
+    """``oldest_levels``, lowered where the servers would preempt at a smaller difference:
+    the bands then reorder their queues and never preempt."""
+    threshold = server.preemption_threshold
+    if threshold is None:
+        return config.oldest_levels
+    return max(0, min(config.oldest_levels, threshold))
+
+
 class Scheduler:
     """The policies of one rollout run, applied to each request before it is sent."""
 
@@ -582,7 +596,11 @@ class Scheduler:
                         reports.append(ServerPriority.from_server_info(info))
                     signs = {r.low_values_first for r in reports}
                     if all(r.enabled for r in reports) and len(signs) == 1:
-                        found = reports[0]
+                        thresholds = [r.preemption_threshold for r in reports]
+                        known = [t for t in thresholds if t is not None]
+                        found = replace(
+                            reports[0], preemption_threshold=min(known) if known else None
+                        )
                 self._server_priority = found
         return self._server_priority
 
@@ -668,7 +686,9 @@ class Scheduler:
                     state.num_turns,
                     self.group_size,
                     self.prompt_key(state),
-                    self.age_band(state) if self.config.oldest else None,
+                    self.age_band(state, _levels_within(self.config, server))
+                    if self.config.oldest
+                    else None,
                 )
                 self.sent_priorities += 1
                 return replace(request, priority=-value if server.low_values_first else value)
@@ -692,13 +712,14 @@ class Scheduler:
             self._open_ranks.append(rank)  # ranks only grow: the list stays sorted
         return rank
 
-    def age_band(self, state: TrajectoryView) -> int:
+    def age_band(self, state: TrajectoryView, levels: int | None = None) -> int:
         """The trajectory's group among the groups that have not completed, by age, in
-        ``oldest_levels + 1`` bands: ``oldest_levels`` for the oldest, 0 for the youngest.
-        With fewer groups than bands, each group its own band, spread over the range."""
+        ``levels + 1`` bands (``oldest_levels`` unless given): ``levels`` for the oldest,
+        0 for the youngest. With fewer groups than bands, each group its own band, spread
+        over the range."""
         ahead = bisect.bisect_left(self._open_ranks, self.group_rank(state))
-        levels = self.config.oldest_levels
-        return levels - ahead * (levels + 1) // max(len(self._open_ranks), 1)
+        top = self.config.oldest_levels if levels is None else levels
+        return max(0, top - ahead * (top + 1) // max(len(self._open_ranks), 1))
 
     def finished(self, state: TrajectoryView) -> None:
         """A trajectory ended: its group is that much nearer completion, and a length it
