@@ -299,6 +299,19 @@ def _thresholds(stdout: str) -> str:
     return line.split("│")[-2].strip()
 
 
+def test_the_collector_threshold_is_the_runs_only() -> None:
+    """``generate`` called in a process that goes on (a notebook, a test) leaves the
+    process's own thresholds as they were."""
+    import gc
+
+    from toolrollout.cli.generate import _collect_young_later
+
+    before = gc.get_threshold()
+    with _collect_young_later(12_345) as during:
+        assert gc.get_threshold() == during == (12_345, *before[1:])
+    assert gc.get_threshold() == before
+
+
 def test_gc_threshold_sets_the_youngest_generations_threshold(tmp_path: Path) -> None:
     """``--gc-threshold N``: the summary reads the collector's thresholds back after the
     run; only the first one moved (Python's defaults are 700, 10, 10). Without the flag a

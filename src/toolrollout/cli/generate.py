@@ -22,12 +22,14 @@ continues exactly those trajectories in a later run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -716,37 +718,39 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
         if flags.work_history is not None:
             run.runner.work_history = WorkHistory.read(flags.work_history)
         frozen = _freeze_gc() if flags.gc_freeze else None
-        _collect_young_later(
-            GC_THRESHOLD_DEFAULT if flags.gc_threshold is None else flags.gc_threshold
-        )
-        started = time.perf_counter()
-        with (
-            ShardWriter(plan.folder, rows_per_shard=plan.spec.flush_every) as writer,
-            RolloutProgress(total, completed=len(plan.skip) + already) as progress,
-        ):
+        threshold = GC_THRESHOLD_DEFAULT if flags.gc_threshold is None else flags.gc_threshold
+        with _collect_young_later(threshold) as thresholds:
+            started = time.perf_counter()
+            with (
+                ShardWriter(plan.folder, rows_per_shard=plan.spec.flush_every) as writer,
+                RolloutProgress(total, completed=len(plan.skip) + already) as progress,
+            ):
 
-            def on_result(trajectory: Trajectory) -> None:
-                if interrupted:
-                    return  # cut short by the shutdown: --resume reruns it whole
-                progress.update(trajectory)
-                if not flags.batch_run:
-                    writer.write(trajectory)
-                    trajectories.append(trajectory)
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_watch_signals, run.engine, interrupted, tg.cancel_scope)
-                if not flags.batch_run:
-                    await run.runner.run(
-                        plan.prompts, on_result=on_result, group_ids=plan.group_ids, skip=plan.skip
-                    )
-                else:
-                    batch = await _roll_batch(plan, run.runner, on_result)
-                    for trajectory in batch.trajectories:
+                def on_result(trajectory: Trajectory) -> None:
+                    if interrupted:
+                        return  # cut short by the shutdown: --resume reruns it whole
+                    progress.update(trajectory)
+                    if not flags.batch_run:
                         writer.write(trajectory)
                         trajectories.append(trajectory)
-                    left_over.append(len(batch.leftover))
-                tg.cancel_scope.cancel()
-        elapsed = time.perf_counter() - started
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_watch_signals, run.engine, interrupted, tg.cancel_scope)
+                    if not flags.batch_run:
+                        await run.runner.run(
+                            plan.prompts,
+                            on_result=on_result,
+                            group_ids=plan.group_ids,
+                            skip=plan.skip,
+                        )
+                    else:
+                        batch = await _roll_batch(plan, run.runner, on_result)
+                        for trajectory in batch.trajectories:
+                            writer.write(trajectory)
+                            trajectories.append(trajectory)
+                        left_over.append(len(batch.leftover))
+                    tg.cancel_scope.cancel()
+            elapsed = time.perf_counter() - started
         if frozen is not None:
             import gc
 
@@ -766,9 +770,7 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
     )
     if frozen is not None:
         summary["gc_frozen_objects"] = frozen
-    import gc
-
-    summary["gc_threshold"] = list(gc.get_threshold())
+    summary["gc_threshold"] = list(thresholds)
     return summary
 
 
@@ -785,16 +787,24 @@ def _freeze_gc() -> int:
     return gc.get_freeze_count()
 
 
-def _collect_young_later(allocations: int) -> None:
-    """``gc.set_threshold(allocations, ...)``: the youngest generation is collected after
+@contextlib.contextmanager
+def _collect_young_later(allocations: int) -> Iterator[tuple[int, int, int]]:
+    """``gc.set_threshold(allocations, ...)`` for the block, the thresholds before it
+    restored after it (a ``generate`` called in a process that goes on, a test's, keeps
+    its own); yields the thresholds in effect. The youngest generation is collected after
     that many allocations. Python's 700 promotes everything that lives a few milliseconds,
     and at 10,000 trajectories every request in flight does; the oldest generation then
     grows fast enough to trigger a full collection (a second or more) every few seconds.
     The application's choice, like ``--gc-freeze``: it changes the whole process."""
     import gc
 
-    _, middle, oldest = gc.get_threshold()
+    before = gc.get_threshold()
+    _, middle, oldest = before
     gc.set_threshold(allocations, middle, oldest)
+    try:
+        yield (allocations, middle, oldest)
+    finally:
+        gc.set_threshold(*before)
 
 
 async def _roll_batch(plan: _Plan, runner: Any, on_result: Any) -> Any:
