@@ -75,6 +75,12 @@ def main() -> None:
         "has its own typical length, its samples within N turns of it",
     )
     parser.add_argument(
+        "--grouped",
+        action="store_true",
+        help="the n samples of a prompt share one prompt (GRPO groups); oversample's target "
+        "counts whole groups; not for the bare POST modes",
+    )
+    parser.add_argument(
         "--previous-steps",
         type=int,
         default=0,
@@ -91,6 +97,8 @@ def main() -> None:
     modes = ["toolrollout", "lockstep", "httpx", "aiohttp"]
     if importlib.util.find_spec("verifiers") is not None:
         modes.insert(2, "verifiers")
+    if args.grouped:  # the bare POST modes follow per-sample prompts
+        modes = [m for m in modes if m not in ("httpx", "aiohttp")]
     if args.modes:
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     config = BenchConfig(
@@ -103,6 +111,7 @@ def main() -> None:
             seed=0,
             shared_prompt_words=args.shared_prompt_words,
             turn_spread=args.turn_spread,
+            grouped=args.grouped,
         ),
         model=LatencyModel(
             capacity=args.capacity,

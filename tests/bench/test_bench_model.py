@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from toolrollout.bench import (
     kv_bound_makespan,
     orchestration_efficiency,
     parse_directive,
+    parse_group_directive,
 )
 from toolrollout.bench._harness import BenchReport
 
@@ -71,7 +73,7 @@ def test_a_prompts_typical_length_holds_across_steps_only_with_a_spread() -> Non
             found.setdefault(item.group, []).append(item.turns)
         return found
 
-    shape = {"prompts": 40, "n": 8, "min_turns": 2, "max_turns": 6, "tokens_per_turn": 8}
+    shape: dict[str, Any] = {"prompts": 40, "n": 8, "min_turns": 2, "max_turns": 6, "tokens_per_turn": 8}
     # step 0 without a spread is the published draw, and a later step draws again
     assert Workload(**shape).items == Workload(**shape, turn_spread=-1, step=0).items
     assert Workload(**shape, step=1).items != Workload(**shape).items
@@ -86,6 +88,26 @@ def test_a_prompts_typical_length_holds_across_steps_only_with_a_spread() -> Non
     assert sum(len(set(turns)) > 1 for turns in free.values()) > 30
     with pytest.raises(UserError, match="turn_spread"):
         Workload(**shape, turn_spread=-2)
+
+
+def test_a_grouped_workload_shares_each_prompt_and_keeps_the_draws() -> None:
+    plain = Workload(prompts=3, n=4, min_turns=1, max_turns=6, tokens_per_turn=30, seed=2)
+    grouped = replace(plain, grouped=True)
+    assert grouped.items == plain.items  # the same samples, only the prompts differ
+    groups = grouped.groups()
+    assert [g.key for g in groups] == ["p0", "p1", "p2"]
+    for p, group in enumerate(groups):
+        samples = [group.sample(s) for s in range(4)]
+        assert samples == list(plain.items[p * 4 : (p + 1) * 4])
+        assert parse_group_directive(group.prompt()[0]["content"]) == group
+        assert parse_directive(group.prompt()[0]["content"]) is None
+    rows = grouped.rows()
+    assert len(rows) == 12 and rows[0] == rows[3] != rows[4]
+    assert grouped.prompt_rows() == rows[::4] and grouped.samples_per_row == 4
+    assert plain.prompt_rows() == plain.rows() and plain.samples_per_row == 1
+    assert parse_group_directive("bench-task p0s1 turns=2 tokens=3") is None
+    with pytest.raises(BenchmarkError, match=r"\['aiohttp'\] need samples with prompts"):
+        BenchConfig(workload=grouped, modes=("toolrollout", "oversample", "aiohttp"))
 
 
 def test_latency_model_service_time() -> None:

@@ -153,6 +153,46 @@ async def test_rollouts_through_sglang_client_complete_with_cache_hits(tokenizer
     assert len(server.log) == sum(t.num_turns for t in trajectories)
 
 
+async def test_a_shared_prompts_samples_each_run_their_own_script(tokenizer: Any) -> None:
+    """Grouped: n samples of one prompt, told apart by the server as sampling would."""
+    server = _server(tokenizer)
+    transport = httpx.ASGITransport(app=create_latency_app(server))
+    workload = Workload(
+        prompts=3, n=4, min_turns=1, max_turns=5, tokens_per_turn=24, seed=3, grouped=True
+    )
+    groups = workload.groups()
+    assert any(len(set(group.turns)) > 1 for group in groups)  # samples differ in a group
+    async with SGLangClient("http://bench", transport=transport) as client:
+        runner = RolloutRunner(
+            client,
+            tokenizer,
+            [lookup],
+            config=RolloutConfig(
+                sampling=SamplingParams(max_new_tokens=96), max_turns=8, n=workload.n
+            ),
+        )
+        trajectories = await runner.run(workload.prompt_rows())
+    assert len(trajectories) == workload.trajectories
+    for prompt_index, group in enumerate(groups):
+        runs = [t for t in trajectories if t.prompt_index == prompt_index]
+        assert len({t.group_id for t in runs}) == 1
+        assert all(str(t.status) == "completed" for t in runs), [t.error for t in runs]
+        assert all(t.metrics["drift_mismatches"] == 0 for t in runs)
+        # the group's samples ran every sample's script once, whichever copy ran which
+        assert sorted(t.num_turns for t in runs) == sorted(group.turns)
+    keys = {row["key"] for row in server.log}
+    assert keys == {item.key for item in workload.items}
+    by_key = {item.key: item for item in workload.items}
+    for key in keys:  # each sample's turns were read back from its first answer
+        assert sorted(r["turn"] for r in server.log if r["key"] == key) == list(
+            range(by_key[key].turns)
+        )
+    server.reset()  # a new mode draws from sample 0 again
+    ids = ChatFormat(tokenizer, tools=[lookup.schema()]).render_prompt(groups[0].prompt())
+    assert server.script.locate(ids)[0] == groups[0].sample(0)
+    assert server.script.locate(ids)[0] == groups[0].sample(1)
+
+
 async def test_capacity_queues_requests_and_the_log_records_slot_time(tokenizer: Any) -> None:
     server = _server(tokenizer, capacity=2, decode_per_token_s=0.002)
     chat = ChatFormat(tokenizer, tools=[lookup.schema()])

@@ -28,8 +28,10 @@ from ._model import LatencyModel as LatencyModel
 from ._model import ServerScheduling as ServerScheduling
 from ._model import ToolLatency as ToolLatency
 from ._model import Workload as Workload
+from ._model import WorkloadGroup as WorkloadGroup
 from ._model import WorkloadItem as WorkloadItem
 from ._model import parse_directive as parse_directive
+from ._model import parse_group_directive as parse_group_directive
 from ._report import plot_report as plot_report
 from ._report import render_table as render_table
 from ._server import LatencyServer as LatencyServer
@@ -49,6 +51,7 @@ __all__ = [
     "ServerScheduling",
     "ToolLatency",
     "Workload",
+    "WorkloadGroup",
     "WorkloadItem",
     "create_latency_app",
     "create_tool_app",
@@ -58,6 +61,7 @@ __all__ = [
     "kv_bound_makespan",
     "orchestration_efficiency",
     "parse_directive",
+    "parse_group_directive",
     "plot_report",
     "render_table",
     "run_benchmark",

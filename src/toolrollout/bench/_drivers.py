@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from toolrollout._exceptions import UserError
 from toolrollout._pacing import set_pacing
 
 from ._model import DriverSpec, Workload, worker_flags
@@ -101,6 +102,7 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     return RolloutConfig(
         sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),
         max_turns=workload.max_turns,
+        n=workload.samples_per_row,
         max_response_tokens=1_000_000,
         concurrency=concurrency,
         drift_check=spec.drift_check,
@@ -117,11 +119,16 @@ def _engine_client(spec: DriverSpec) -> SGLangClient:
 
 
 def _rows(spec: DriverSpec, workload: Workload) -> list[dict[str, Any]]:
-    """Prompt rows; with a scheduling policy each row names its GRPO group (``group``)."""
-    rows = workload.rows()
+    """The rows toolrollout runs (``n`` samples each, :attr:`Workload.samples_per_row`);
+    with a scheduling policy each row names its GRPO group (``group``)."""
+    rows = workload.prompt_rows()
     if spec.policies:
-        for row, item in zip(rows, workload.items, strict=True):
-            row["group"] = item.group
+        if workload.grouped:
+            groups = [group.key for group in workload.groups()]
+        else:
+            groups = [item.group for item in workload.items]
+        for row, group in zip(rows, groups, strict=True):
+            row["group"] = group
     return rows
 
 
@@ -176,11 +183,13 @@ async def _reset_services(spec: DriverSpec) -> None:
 
 
 async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    """Straggler control: stop at ``batch_fraction`` of the trajectories, abort the rest.
+    """Straggler control: stop at ``batch_fraction`` of the groups, abort the rest.
 
-    Every trajectory here is its own group (the workload's samples have distinct scripts),
-    so the target counts trajectories. ``trajectories`` is what the batch delivered; the
-    turns and tokens include the aborted ones' (their CPU was spent too).
+    With a :attr:`~Workload.grouped` workload the target counts whole GRPO groups (every
+    sample of the prompt finished), as a trainer's batch does. Otherwise every trajectory
+    is its own row and its own group (the samples have distinct prompts), so the target
+    counts trajectories. ``trajectories`` is what the batch delivered; the turns and tokens
+    include the aborted ones' (their CPU was spent too).
     """
     import math
 
@@ -188,7 +197,7 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
 
     lookup = LookupClient(spec.tool_url)
     config = _rollout_config(spec, workload)
-    rows = workload.rows()
+    rows = _rows(spec, workload)
     target = min(len(rows), max(1, math.ceil(len(rows) * spec.batch_fraction)))
     async with _engine_client(spec) as client:
         run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
@@ -205,7 +214,8 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
         "generated_tokens": sum(int(t.metrics["model_tokens"]) for t in everything),
         **measured,
         "note": (
-            f"batch target {target} of {len(rows)} trajectories; "
+            f"batch target {target} of {len(rows)} "
+            f"{'groups' if workload.grouped else 'trajectories'}; "
             f"{len(batch.partial)} aborted at the target, resumable"
         ),
     }
@@ -332,6 +342,11 @@ async def _run_httpx(
     from toolrollout.chat import ChatFormat
     from toolrollout.engines import connection_limits
 
+    if workload.grouped:
+        raise UserError(
+            "the bare POST modes follow each sample's own script and need a workload whose "
+            "samples have their own prompts (grouped=False)"
+        )
     chat = ChatFormat(tokenizer, tools=[LookupClient(spec.tool_url).tool().schema()])
     prompts = [chat.render_prompt(row["messages"]) for row in workload.rows()]
     # A fixed stand-in for the tool turn, tokenized once outside the measured loop.

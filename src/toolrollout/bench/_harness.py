@@ -59,6 +59,8 @@ __all__ = [
 
 MODES = ("toolrollout", "oversample", "lockstep", "verifiers", "httpx", "aiohttp")
 _POLICY_MODES = ("toolrollout", "oversample")
+BARE_MODES = ("httpx", "aiohttp")
+"""The bare POST modes: they follow each sample's own script, so not a grouped workload."""
 
 
 def mode_policies(mode: str) -> tuple[str, ...]:
@@ -126,6 +128,12 @@ class BenchConfig:
             raise BenchmarkError("previous_steps must not be negative")
         if not 0.0 < self.batch_fraction <= 1.0:
             raise BenchmarkError(f"batch_fraction must be in (0, 1], got {self.batch_fraction}")
+        bare = [m for m in self.modes if self.workload.grouped and m in BARE_MODES]
+        if bare:
+            raise BenchmarkError(
+                f"mode(s) {bare} need samples with prompts of their own; a grouped workload "
+                "runs toolrollout, oversample, lockstep and verifiers"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {

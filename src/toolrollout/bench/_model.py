@@ -21,6 +21,7 @@ from toolrollout._exceptions import UserError
 __all__ = [
     "DIRECTIVE_RE",
     "GC_THRESHOLD_RE",
+    "GROUP_DIRECTIVE_RE",
     "UNPACED",
     "DriverSpec",
     "LatencyModel",
@@ -28,8 +29,10 @@ __all__ = [
     "ToolLatency",
     "WorkerFlags",
     "Workload",
+    "WorkloadGroup",
     "WorkloadItem",
     "parse_directive",
+    "parse_group_directive",
     "worker_flags",
 ]
 
@@ -37,6 +40,12 @@ DIRECTIVE_RE = re.compile(
     r"bench-task (?P<key>[\w.-]+) turns=(?P<turns>\d+) tokens=(?P<tokens>\d+)"
 )
 """How a prompt tells the latency-model server what to answer (see :class:`Workload`)."""
+
+GROUP_DIRECTIVE_RE = re.compile(
+    r"bench-group (?P<key>[\w.-]+) turns=(?P<turns>\d+(?:,\d+)*) tokens=(?P<tokens>\d+)"
+)
+"""The same for a GRPO group whose samples share one prompt (``Workload.grouped``): the
+turns of each of its samples, in sample order."""
 
 
 UNPACED = "unpaced"
@@ -227,6 +236,35 @@ class WorkloadItem:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadGroup:
+    """A GRPO group whose samples share one prompt, as a trainer's ``n`` samples do.
+
+    The prompt cannot say which sample a request belongs to, so the latency-model server
+    decides it as sampling would: the k-th first turn of the group that arrives becomes
+    sample k (:meth:`sample`), and its first answer names it (the tool call's key) for the
+    turns after. Every driver sees the same samples; only which copy runs which one depends
+    on arrival order, and the copies are alike until then.
+    """
+
+    key: str
+    turns: tuple[int, ...]
+    """Each sample's number of model turns, in sample order."""
+    tokens: int
+    shared: str = ""
+
+    def sample(self, index: int) -> WorkloadItem:
+        """Sample ``index``'s script (``p3s5`` for sample 5 of ``p3``)."""
+        return WorkloadItem(f"{self.key}s{index}", self.turns[index], self.tokens, self.shared)
+
+    def prompt(self) -> list[dict[str, Any]]:
+        turns = ",".join(str(t) for t in self.turns)
+        text = f"bench-group {self.key} turns={turns} tokens={self.tokens}"
+        if self.shared:
+            text = f"{self.shared}\n\n{text}"
+        return [{"role": "user", "content": text}]
+
+
+@dataclass(frozen=True, slots=True)
 class Workload:
     """``prompts`` x ``n`` trajectories; turns drawn uniformly from ``min_turns..max_turns``
     (or, with ``turn_spread``, from near each prompt's own typical length).
@@ -251,6 +289,11 @@ class Workload:
     step: int = 0
     """Which training step's draws: the same prompts, each sample drawn again (step 0 is the
     published draw)."""
+    grouped: bool = False
+    """False (published): each sample's prompt names its own script, so every row is a
+    prompt of its own. True: the ``n`` samples of a prompt share one prompt, as a GRPO
+    trainer's do (:class:`WorkloadGroup`); toolrollout runs ``prompts`` rows with
+    ``n`` samples each, and a batch target counts whole groups. The same draws either way."""
     items: tuple[WorkloadItem, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -283,9 +326,36 @@ class Workload:
     def trajectories(self) -> int:
         return self.prompts * self.n
 
+    def groups(self) -> list[WorkloadGroup]:
+        """The prompts' groups, their samples' turns in sample order."""
+        return [
+            WorkloadGroup(
+                f"p{p}",
+                tuple(item.turns for item in self.items[p * self.n : (p + 1) * self.n]),
+                self.tokens_per_turn,
+                self.items[p * self.n].shared,
+            )
+            for p in range(self.prompts)
+        ]
+
     def rows(self) -> list[dict[str, Any]]:
-        """Prompt rows, one per trajectory (each sample has its own script)."""
+        """Prompt rows, one per trajectory: each sample's own script, or, when
+        :attr:`grouped`, its group's shared prompt (the ``n`` rows of a group alike)."""
+        if self.grouped:
+            return [{"messages": g.prompt()} for g in self.groups() for _ in range(self.n)]
         return [{"messages": item.prompt()} for item in self.items]
+
+    def prompt_rows(self) -> list[dict[str, Any]]:
+        """The rows to run with ``n`` samples each: one per group when :attr:`grouped`,
+        else one per trajectory (run with ``n=1``)."""
+        if self.grouped:
+            return [{"messages": g.prompt()} for g in self.groups()]
+        return self.rows()
+
+    @property
+    def samples_per_row(self) -> int:
+        """The ``n`` to run :meth:`prompt_rows` with."""
+        return self.n if self.grouped else 1
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -309,6 +379,15 @@ def parse_directive(text: str) -> WorkloadItem | None:
     if match is None:
         return None
     return WorkloadItem(match["key"], int(match["turns"]), int(match["tokens"]))
+
+
+def parse_group_directive(text: str) -> WorkloadGroup | None:
+    """The group script in a shared prompt's user message, or None."""
+    match = GROUP_DIRECTIVE_RE.search(text)
+    if match is None:
+        return None
+    turns = tuple(int(t) for t in match["turns"].split(","))
+    return WorkloadGroup(match["key"], turns, int(match["tokens"]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,13 @@ are always derived from the tokenizer, never hard-coded.
 from __future__ import annotations
 
 import json
+import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._model import WorkloadItem, parse_directive
+from ._model import WorkloadGroup, WorkloadItem, parse_directive, parse_group_directive
 
 __all__ = ["TOOL_NAME", "ScriptedTurn", "TurnScript"]
 
@@ -53,6 +55,12 @@ class TurnScript:
         self._user_header = self._encode("<|im_start|>user\n")
         self._assistant_header = self._encode("<|im_start|>assistant\n")
         self._filler: dict[int, str] = {}
+        self._drawn: Counter[str] = Counter()
+        """First turns seen per shared-prompt group: the next one is that sample."""
+
+    def reset(self) -> None:
+        """Forget which samples of the shared-prompt groups were drawn (between modes)."""
+        self._drawn.clear()
 
     def _encode(self, text: str) -> list[int]:
         return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
@@ -76,12 +84,39 @@ class TurnScript:
             end = ids.index(self.im_end, pos)
         except ValueError:
             return None, 0, pos
-        item = parse_directive(self._tok.decode(list(ids[pos + width : end])))
+        text = self._tok.decode(list(ids[pos + width : end]))
         before = list(ids[: pos + 1]).count(self.im_start)
         # Each finished turn adds its assistant header and the tool turn's header; the
         # generation prompt adds one more.
         turn = max((list(ids).count(self.im_start) - before - 1) // 2, 0)
-        return item, turn, pos
+        group = parse_group_directive(text)
+        if group is None:
+            return parse_directive(text), turn, pos
+        return self._sample_of(group, ids, end, turn), turn, pos
+
+    def _sample_of(
+        self, group: WorkloadGroup, ids: Sequence[int], prompt_end: int, turn: int
+    ) -> WorkloadItem | None:
+        """Which sample of a shared-prompt group a request is: drawn at its first turn (the
+        k-th first turn is sample k), read back from its first answer's tool call after.
+
+        A first turn sent again (a retry, or one continued after an abort) draws again:
+        the benchmark runs neither.
+        """
+        if turn == 0:
+            index = self._drawn[group.key] % len(group.turns)
+            self._drawn[group.key] += 1
+            return group.sample(index)
+        try:
+            start = ids.index(self.im_start, prompt_end)
+            stop = ids.index(self.im_end, start + 1)
+        except ValueError:
+            return None
+        first_answer = self._tok.decode(list(ids[start:stop]))
+        match = re.search(rf'"key": "{re.escape(group.key)}s(\d+)\.0"', first_answer)
+        if match is None or int(match[1]) >= len(group.turns):
+            return None
+        return group.sample(int(match[1]))
 
     def locate_messages(
         self, messages: Sequence[dict[str, Any]]

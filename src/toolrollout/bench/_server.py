@@ -204,6 +204,7 @@ class LatencyServer:
     def reset(self) -> None:
         """Forget the request log and the prefix cache (between benchmark modes)."""
         self.log.clear()
+        self.script.reset()
         self._cache.clear()
         self._cache_tokens = 0
         self._groups.clear()

@@ -84,6 +84,15 @@ def bench(
             "typical length of its own and its samples run within N turns of it.",
         ),
     ] = -1,
+    grouped: Annotated[
+        bool,
+        typer.Option(
+            "--grouped",
+            help="The n samples of a prompt share one prompt, as a GRPO trainer's do: "
+            "toolrollout runs prompts x n samples and oversample's target counts whole "
+            "groups. Not for the bare POST modes.",
+        ),
+    ] = False,
     previous_steps: Annotated[
         int,
         typer.Option(
@@ -128,11 +137,20 @@ def bench(
     modes = tuple(mode) if mode else ("toolrollout", "lockstep", "httpx", "aiohttp")
     if not mode and importlib.util.find_spec("verifiers") is not None:
         modes = ("toolrollout", "lockstep", "verifiers", "httpx", "aiohttp")
+    if grouped and not mode:  # the bare POST modes follow per-sample prompts
+        modes = tuple(m for m in modes if m not in ("httpx", "aiohttp"))
     console = Console(stderr=True)
     try:
         config = BenchConfig(
             workload=Workload(
-                prompts, n, min_turns, max_turns, tokens_per_turn, seed, turn_spread=turn_spread
+                prompts,
+                n,
+                min_turns,
+                max_turns,
+                tokens_per_turn,
+                seed,
+                turn_spread=turn_spread,
+                grouped=grouped,
             ),
             model=LatencyModel(capacity, prefill_us / 1e6, decode_ms / 1e3),
             tool_latency=ToolLatency(tool_latency, tool_median, tool_sigma, seed=seed),  # type: ignore[arg-type]
