@@ -73,7 +73,9 @@ def test_a_prompts_typical_length_holds_across_steps_only_with_a_spread() -> Non
             found.setdefault(item.group, []).append(item.turns)
         return found
 
-    shape: dict[str, Any] = {"prompts": 40, "n": 8, "min_turns": 2, "max_turns": 6, "tokens_per_turn": 8}
+    shape: dict[str, Any] = {
+        "prompts": 40, "n": 8, "min_turns": 2, "max_turns": 6, "tokens_per_turn": 8
+    }  # fmt: skip
     # step 0 without a spread is the published draw, and a later step draws again
     assert Workload(**shape).items == Workload(**shape, turn_spread=-1, step=0).items
     assert Workload(**shape, step=1).items != Workload(**shape).items

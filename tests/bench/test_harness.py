@@ -120,6 +120,32 @@ def test_oversample_mode_delivers_the_batch_target_and_counts_the_aborted_work()
 
 
 @pytest.mark.slow
+def test_a_grouped_workload_runs_the_same_work_and_oversample_delivers_whole_groups() -> None:
+    workload = Workload(prompts=3, n=2, min_turns=1, max_turns=4, tokens_per_turn=16,
+                        seed=4, grouped=True)  # fmt: skip
+    config = BenchConfig(
+        workload=workload,
+        model=LatencyModel(capacity=4, prefill_per_token_s=1e-5, decode_per_token_s=1e-3),
+        tool_latency=ToolLatency("lognormal", median=0.05, sigma=1.5, seed=4),
+        modes=("toolrollout:oldest", "lockstep", "oversample:oldest"),
+        batch_fraction=0.5,
+        micro_turns=0,
+    )
+    report = run_benchmark(config)
+    expected_turns = sum(item.turns for item in workload.items)
+    for mode in ("toolrollout:oldest", "lockstep"):
+        result = report.result(mode)
+        assert result is not None and result.trajectories == result.completed == 6, mode
+        assert result.turns == expected_turns, result.note  # every sample's script, once
+        assert result.tool_calls == expected_turns - workload.trajectories
+        assert result.groups_s is not None and result.groups_s["100"] > 0
+    oversample = report.result("oversample:oldest")
+    assert oversample is not None
+    assert "batch target 2 of 3 groups" in oversample.note
+    assert oversample.trajectories == oversample.completed == 4  # two whole groups of two
+
+
+@pytest.mark.slow
 def test_a_previous_step_teaches_the_history_mode_and_only_the_next_step_is_measured() -> None:
     workload = Workload(prompts=3, n=2, min_turns=1, max_turns=4, tokens_per_turn=16,
                         seed=3, turn_spread=0)  # fmt: skip
@@ -153,6 +179,7 @@ def test_a_previous_step_teaches_the_history_mode_and_only_the_next_step_is_meas
         (["--mode", "magic"], "unknown mode"),
         (["--tool-latency", "uniform"], "fixed or lognormal"),
         (["--concurrency", "0"], "Invalid value for '--concurrency'"),
+        (["--grouped", "--mode", "httpx"], "need samples with prompts of their own"),
     ],
 )
 def test_bench_command_user_errors_are_one_line(args: list[str], fragment: str) -> None:

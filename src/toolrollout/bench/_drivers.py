@@ -197,7 +197,8 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
 
     lookup = LookupClient(spec.tool_url)
     config = _rollout_config(spec, workload)
-    rows = _rows(spec, workload)
+    # Ungrouped, each row is its own group for the scheduler too, as the target counts it.
+    rows = _rows(spec, workload) if workload.grouped else workload.rows()
     target = min(len(rows), max(1, math.ceil(len(rows) * spec.batch_fraction)))
     async with _engine_client(spec) as client:
         run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
