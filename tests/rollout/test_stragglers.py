@@ -176,7 +176,10 @@ async def test_resumed_open_turn_is_token_exact(demo_tokenizer: Any) -> None:
 async def test_stopped_between_turns_resumes_at_the_next_turn(
     demo_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Stopped after its tool turn, before the next request: nothing is lost or repeated."""
+    """Stopped after its tool turn, before the next request: nothing is lost or repeated.
+
+    With ``tools_at_target="finish"`` the tool call running at the target finishes first.
+    """
     gate = anyio.Event()
 
     def script(request: GenerateRequest) -> ScriptedOutput:
@@ -185,7 +188,7 @@ async def test_stopped_between_turns_resumes_at_the_next_turn(
         return out(demo_tokenizer, CALL + "<|im_end|>")
 
     engine = ScriptedEngine(script)
-    rollout = runner(engine, demo_tokenizer, n=1)
+    rollout = runner(engine, demo_tokenizer, n=1, tools_at_target="finish")
     real_run_calls = rollout.tools.run_calls
 
     async def slow_tools(*args: Any) -> Any:
@@ -322,3 +325,58 @@ async def test_a_lost_abort_is_sent_again(
     [rid] = [str(r.rid) for r in engine.requests if r.session_id == "g1-0"]
     assert engine.aborted.count(rid) >= 2
     assert partial.response_ids == ids(demo_tokenizer, ANSWER)[:3]
+
+
+async def test_tool_calls_running_at_the_target_are_cancelled_and_run_again_on_resume(
+    demo_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default: the batch does not wait for a tool call (here, one that never ends).
+
+    The trajectory ends after its model turn, as if the calls had not started; resumed, it
+    runs them and goes on, token for token.
+    """
+    never = anyio.Event()
+    cancelled: list[str] = []
+
+    def script(request: GenerateRequest) -> ScriptedOutput:
+        if request.session_id == "g1-0":
+            return out(demo_tokenizer, ANSWER, delay=0.2)  # g0 is in its tool call by then
+        return out(demo_tokenizer, CALL + "<|im_end|>")
+
+    engine = ScriptedEngine(script)
+    rollout = runner(engine, demo_tokenizer, n=1)
+    real_run_calls = rollout.tools.run_calls
+
+    async def hanging_tools(*args: Any) -> Any:
+        try:
+            await never.wait()
+        except anyio.get_cancelled_exc_class():
+            cancelled.append("g0")
+            raise
+        return await real_run_calls(*args)
+
+    monkeypatch.setattr(rollout.tools, "run_calls", hanging_tools)
+    with anyio.fail_after(20):  # without the cancel the batch would wait for ever
+        batch = await rollout.run_batch([PROMPT] * 2, target_groups=1, group_ids=["g0", "g1"])
+    assert cancelled == ["g0"]
+    [partial] = batch.partial
+    assert partial.uid == "g0-0" and partial.status is TrajectoryStatus.ABORTED
+    assert "during its tool calls" in (partial.error or "")
+    assert [s.kind for s in partial.spans] == ["model"]  # nothing of the calls is kept
+    assert partial.num_turns == 1 and partial.num_tool_calls == 0
+    assert partial.messages[-1]["role"] == "assistant"
+    monkeypatch.setattr(rollout.tools, "run_calls", real_run_calls)
+    engine2 = ScriptedEngine([out(demo_tokenizer, ANSWER)])
+    rollout.engine = engine2
+    [done] = (await rollout.resume(batch.partial)).trajectories
+    assert done.status is TrajectoryStatus.COMPLETED, done.error
+    assert done.num_turns == 2 and done.num_tool_calls == 1
+    assert [s.kind for s in done.spans] == ["model", "tool", "model"]
+    assert done.messages[3]["role"] == "tool" and done.messages[3]["content"] == "5"
+    assert done.messages[2]["tool_calls"][0]["id"] == done.messages[3]["tool_call_id"]
+    # the first resumed request is the partial's ids plus the tool turn's delta, exactly
+    request = engine2.requests[0]
+    tool_delta = list(done.spans[1].ids)
+    assert list(request.input_ids) == list(partial.prompt_ids) + partial.response_ids + tool_delta
+    assert done.response_ids[: len(partial.response_ids)] == partial.response_ids
+    assert done.metrics["drift_mismatches"] == 0 and done.metrics["resumes"] == 1

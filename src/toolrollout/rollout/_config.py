@@ -12,10 +12,11 @@ from toolrollout.engines._scheduling import SchedulingConfig
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import RewardMix
 
-__all__ = ["RolloutConfig", "ToolUnavailablePolicy"]
+__all__ = ["RolloutConfig", "ToolUnavailablePolicy", "ToolsAtTarget"]
 
 TruncateSide = Literal["left", "right", "middle"]
 ToolUnavailablePolicy = Literal["fail", "show"]
+ToolsAtTarget = Literal["cancel", "finish"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,12 @@ class RolloutConfig:
     trajectory_timeout: float | None = None
     """Wall-clock seconds one trajectory may take; past it the row is ``failed`` (``timeout``)
     and its in-flight engine request and tool calls are cancelled. None: no deadline."""
+    tools_at_target: ToolsAtTarget = "cancel"
+    """Tool calls still running when a batch target is met (``run_batch``, ``resume``):
+    ``"cancel"`` (default) cancels them, as a timeout does, and their trajectories end
+    ``aborted`` after their model turn; resumed, they run that turn's calls again. So the
+    batch comes back at its target instead of after the slowest tool call then running.
+    ``"finish"`` lets them finish first (their results are kept for the resume)."""
 
     scheduling: SchedulingConfig | None = None
     """Client-side scheduling policies (request priority, adaptive admission, GRPO group
@@ -129,6 +136,10 @@ class RolloutConfig:
         if self.interaction_timeout is not None and not self.interaction_timeout > 0:
             raise UserError(
                 f"interaction_timeout must be positive seconds, got {self.interaction_timeout}"
+            )
+        if self.tools_at_target not in ("cancel", "finish"):
+            raise UserError(
+                f"tools_at_target must be 'cancel' or 'finish', got {self.tools_at_target!r}"
             )
         if self.tool_unavailable not in ("fail", "show"):
             raise UserError(

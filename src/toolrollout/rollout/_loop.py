@@ -33,7 +33,7 @@ from toolrollout.engines._types import GenerateRequest, GenerateResult, Sampling
 from ._environment import TrajectoryEnvironment
 from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
 from ._interactions import select_interaction
-from ._parts import RolloutServices, render_prompt
+from ._parts import ModelTurn, RolloutServices, render_prompt
 from ._state import TrajectoryState
 
 __all__ = ["run_trajectory"]
@@ -147,6 +147,9 @@ async def _drive(
         state.finish(TrajectoryStatus.FAILED, "overlong_prompt", error)
         return
     state.status = TrajectoryStatus.RUNNING
+    pending = state.pending_model_turn() if resumed else None
+    if pending is not None and not await _answer(state, hooks, env, pending):
+        return  # stopped during its tool calls before, answered first now
     while True:
         reason = hooks.should_stop(state)
         if reason is not None:
@@ -161,15 +164,20 @@ async def _drive(
             return
         turn = state.append_model_turn(result)
         await hooks.on_model_turn(state, turn)
-        if state.finished:
+        if state.finished or not await _answer(state, hooks, env, turn):
             return
-        step = await hooks.env_step(state, turn, env)
-        if step is None:
-            if not state.finished:
-                state.finish(TrajectoryStatus.COMPLETED, "stop")
-            return
-        if not state.append_env_turn(step):
-            return
+
+
+async def _answer(
+    state: TrajectoryState, hooks: TrajectoryHooks, env: TrajectoryEnvironment, turn: ModelTurn
+) -> bool:
+    """The environment's answer to a model turn, appended; False when the trajectory ends."""
+    step = await hooks.env_step(state, turn, env)
+    if step is None:
+        if not state.finished:
+            state.finish(TrajectoryStatus.COMPLETED, "stop")
+        return False
+    return state.append_env_turn(step)
 
 
 async def _generate(state: TrajectoryState) -> GenerateResult | None:

@@ -51,12 +51,23 @@ class StopControl:
     """Straggler control shared by one run's trajectories.
 
     Once ``stopping`` is set no trajectory sends another engine request (it ends
-    ``aborted`` where it is), and the runner aborts the requests in ``inflight`` by rid.
+    ``aborted`` where it is), the runner aborts the requests in ``inflight`` by rid, and
+    the tool calls running are cancelled (:meth:`stop`).
     """
 
     stopping: bool = False
     inflight: dict[str, str] = field(default_factory=dict)
     """rid -> trajectory uid of every engine request being answered now."""
+    tool_calls: set[anyio.CancelScope] = field(default_factory=set)
+    """The scopes of the tool calls running now, cancelled at the target (unless
+    ``RolloutConfig.tools_at_target`` is ``"finish"``)."""
+
+    def stop(self, *, cancel_tools: bool) -> None:
+        """The target is met: no new request, and (``cancel_tools``) no tool call goes on."""
+        self.stopping = True
+        if cancel_tools:
+            for scope in self.tool_calls:
+                scope.cancel()
 
 
 @dataclass(slots=True)

@@ -539,6 +539,7 @@ class RolloutRunner:
     ) -> RolloutBatch:
         """Run the jobs until the target is met, then abort the rest and wait for them."""
         n = self.config.n
+        cancel_tools = self.config.tools_at_target == "cancel"
         results: dict[tuple[str, int], Trajectory] = {}
         finished_in_group: dict[str, int] = {}
         batch: list[tuple[str, int]] = []
@@ -567,7 +568,7 @@ class RolloutRunner:
                 if met:
                     batch.extend(order[: target_groups * n])
             if met:
-                stop.stopping = True
+                stop.stop(cancel_tools=cancel_tools)
                 wake.set()
 
         for job in jobs:
@@ -581,7 +582,7 @@ class RolloutRunner:
         async def stop_from_outside(event: anyio.Event) -> None:
             with outside:
                 await event.wait()
-                stop.stopping = True
+                stop.stop(cancel_tools=cancel_tools)
                 wake.set()
 
         async def one(job: _Job) -> None:

@@ -188,15 +188,8 @@ class TrajectoryState:
         c.weight_version = result.weight_version
         t.segments.append((start, start + len(ids), result.weight_version))
         turn_ids = span.ids if continuing else tuple(ids)
-        text = self.services.chat.model_text(turn_ids)
+        text, parsed = self._parse_model_turn(turn_ids)
         family = self.services.chat.family
-        parsed = _with_family_ids(
-            family,
-            _runs_nothing_if_malformed(
-                family, _within_call_limit(family, self.services.parser.parse(text), text)
-            ),
-            c.num_tool_calls,
-        )
         message = family.build_assistant_message(
             text, parsed, [call.id for call in parsed.tool_calls]
         )
@@ -218,6 +211,39 @@ class TrajectoryState:
         else:
             c.parse_errors += len(parsed.errors)
         return ModelTurn(text, turn_ids, parsed, finish)
+
+    def _parse_model_turn(self, turn_ids: Sequence[int]) -> tuple[str, ParsedTurn]:
+        """A model turn's raw text and its parse (call ids numbered after the calls so far)."""
+        text = self.services.chat.model_text(turn_ids)
+        family = self.services.chat.family
+        parsed = _with_family_ids(
+            family,
+            _runs_nothing_if_malformed(
+                family, _within_call_limit(family, self.services.parser.parse(text), text)
+            ),
+            self.counters.num_tool_calls,
+        )
+        return text, parsed
+
+    def pending_model_turn(self) -> ModelTurn | None:
+        """The last model turn, when the environment has not answered it yet: a trajectory
+        stopped during that turn's tool calls (``RolloutConfig.tools_at_target``). Parsed
+        again from its ids, as when it was appended, so its calls keep their ids."""
+        t = self.transcript
+        if not t.spans or t.spans[-1].kind != "model" or t.open_turn:
+            return None
+        turn_ids = t.spans[-1].ids
+        text, parsed = self._parse_model_turn(turn_ids)
+        # A parser may draw random call ids: the assistant message keeps the ones its tool
+        # messages must answer to.
+        kept = [call.get("id") for call in t.messages[-1].get("tool_calls") or ()]
+        if len(kept) == len(parsed.tool_calls) and all(isinstance(i, str) for i in kept):
+            calls = tuple(
+                dataclasses.replace(call, id=str(call_id))
+                for call, call_id in zip(parsed.tool_calls, kept, strict=True)
+            )
+            parsed = dataclasses.replace(parsed, tool_calls=calls)
+        return ModelTurn(text, turn_ids, parsed, "stop")
 
     def _note_server(self, url: str | None) -> None:
         """Record a move to another server (engine failover: the prefix cache is lost, the

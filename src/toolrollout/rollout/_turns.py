@@ -11,6 +11,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
+
 from toolrollout._exceptions import ToolUnavailable
 from toolrollout._pacing import pace
 from toolrollout._records import TrajectoryStatus
@@ -20,7 +22,12 @@ from ._parts import EnvStep, ModelTurn, RolloutServices
 from ._state import TrajectoryState
 from ._vision_turn import attach_images
 
-__all__ = ["tool_step"]
+__all__ = ["STOPPED_IN_TOOLS", "tool_step"]
+
+STOPPED_IN_TOOLS = (
+    "stopped by straggler control during its tool calls: the batch target was met; "
+    "they run again when it resumes"
+)
 
 
 async def tool_step(
@@ -39,6 +46,8 @@ async def tool_step(
     over_total = requests[room:]
     requests = requests[:room]
     results = await _run_tools(state, requests, session)
+    if results is None:
+        return None
     await pace()  # the results' messages and the next delta take their turn on the loop
     state.counters.num_tool_calls += len(requests)
     if config.tool_unavailable == "fail" and _ended_on_infrastructure(state, requests, results):
@@ -65,11 +74,30 @@ async def tool_step(
 
 async def _run_tools(
     state: TrajectoryState, calls: Sequence[ToolCallRequest], session: ToolSession | None
-) -> list[ToolResult]:
-    """The turn's tool calls, concurrently, results in call order."""
+) -> list[ToolResult] | None:
+    """The turn's tool calls, concurrently, results in call order.
+
+    None when a batch target is met first and its straggler control cancels them: the
+    trajectory then ends ``aborted`` as it was before the calls (nothing of them is
+    recorded), and a resume runs the same calls again (:func:`pending_model_turn`).
+    """
     state.status = TrajectoryStatus.TOOL_CALLING
     started = time.perf_counter()
-    results = await state.services.tools.run_calls(calls, state.tool_context(session))
+    stop = state.services.stop
+    if stop is None or state.services.config.tools_at_target == "finish":
+        results = await state.services.tools.run_calls(calls, state.tool_context(session))
+    else:
+        with anyio.CancelScope() as scope:
+            stop.tool_calls.add(scope)
+            try:
+                if stop.stopping:  # met while this turn was being parsed
+                    scope.cancel()
+                results = await state.services.tools.run_calls(calls, state.tool_context(session))
+            finally:
+                stop.tool_calls.discard(scope)
+        if scope.cancelled_caught:
+            state.finish(TrajectoryStatus.ABORTED, "abort", STOPPED_IN_TOOLS)
+            return None
     state.timing.tool_seconds += time.perf_counter() - started
     state.record_tool_results([call.name for call in calls], results)
     return results
