@@ -133,11 +133,15 @@ def test_modes_name_their_policies() -> None:
 
 
 def test_a_mode_can_set_its_workers_pacing_and_collector() -> None:
-    """``unpaced`` and ``gcN`` are the worker's settings, not scheduling policies."""
+    """``unpaced``, ``finishtools`` and ``gcN`` are the worker's settings, not scheduling
+    policies."""
     names = mode_policies("toolrollout:lag+unpaced+gc20000")
     assert names == ("lag", "unpaced", "gc20000")
     assert worker_flags(names) == WorkerFlags(("lag",), paced=False, gc_threshold=20000)
     assert worker_flags(mode_policies("toolrollout:oldest")) == WorkerFlags(("oldest",))
+    assert worker_flags(mode_policies("oversample:oldest+finishtools")) == WorkerFlags(
+        ("oldest",), finish_tools=True
+    )
     for bad in ("toolrollout:gc", "toolrollout:gc0", "toolrollout:gc1e4"):
         with pytest.raises(BenchmarkError):
             mode_policies(bad)

@@ -93,8 +93,9 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     from toolrollout.engines import SamplingParams, SchedulingConfig
     from toolrollout.rollout import RolloutConfig
 
+    flags = worker_flags(spec.policies)
     scheduling = SchedulingConfig.from_names(
-        ",".join(worker_flags(spec.policies).scheduling),
+        ",".join(flags.scheduling),
         group_key="group",
         history_key="group",  # the prompt's id, the same at every step
     )
@@ -103,6 +104,7 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
         sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),
         max_turns=workload.max_turns,
         n=workload.samples_per_row,
+        tools_at_target="finish" if flags.finish_tools else "cancel",
         max_response_tokens=1_000_000,
         concurrency=concurrency,
         drift_check=spec.drift_check,

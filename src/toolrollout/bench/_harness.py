@@ -40,6 +40,7 @@ from ._metrics import (
     replay,
 )
 from ._model import (
+    FINISH_TOOLS,
     UNPACED,
     DriverSpec,
     LatencyModel,
@@ -78,7 +79,7 @@ def mode_policies(mode: str) -> tuple[str, ...]:
     if unknown or not policies:
         raise BenchmarkError(
             f"unknown policy in {mode!r}; choose from {list(SchedulingConfig.POLICIES)}, "
-            f"{UNPACED!r} or gcN (N allocations)"
+            f"{UNPACED!r}, {FINISH_TOOLS!r} or gcN (N allocations)"
         )
     return policies
 

@@ -20,6 +20,7 @@ from toolrollout._exceptions import UserError
 
 __all__ = [
     "DIRECTIVE_RE",
+    "FINISH_TOOLS",
     "GC_THRESHOLD_RE",
     "GROUP_DIRECTIVE_RE",
     "UNPACED",
@@ -52,6 +53,10 @@ UNPACED = "unpaced"
 """A bench mode's pseudo-policy (``toolrollout:unpaced``), not a scheduling policy: that
 mode's worker turns loop pacing off (:mod:`toolrollout._pacing`) to measure what it does."""
 
+FINISH_TOOLS = "finishtools"
+"""Another pseudo-policy (``oversample:finishtools``): the batch lets the tool calls running
+at its target finish (``RolloutConfig.tools_at_target="finish"``) instead of cancelling them."""
+
 GC_THRESHOLD_RE = re.compile(r"gc(?P<allocations>[1-9]\d*)")
 """Another pseudo-policy, ``gcN`` (``toolrollout:gc20000``): that mode's worker collects the
 youngest generation after N allocations, as ``generate --gc-threshold N`` does."""
@@ -67,6 +72,8 @@ class WorkerFlags:
     """Loop pacing on (off with :data:`UNPACED`)."""
     gc_threshold: int | None = None
     """The youngest generation's collector threshold (``gcN``), or the default."""
+    finish_tools: bool = False
+    """Tool calls running at a batch target finish first (:data:`FINISH_TOOLS`)."""
 
 
 def worker_flags(policies: tuple[str, ...]) -> WorkerFlags:
@@ -77,9 +84,11 @@ def worker_flags(policies: tuple[str, ...]) -> WorkerFlags:
         match = GC_THRESHOLD_RE.fullmatch(name)
         if match:
             threshold = int(match["allocations"])
-        elif name != UNPACED:
+        elif name not in (UNPACED, FINISH_TOOLS):
             scheduling.append(name)
-    return WorkerFlags(tuple(scheduling), UNPACED not in policies, threshold)
+    return WorkerFlags(
+        tuple(scheduling), UNPACED not in policies, threshold, FINISH_TOOLS in policies
+    )
 
 
 @dataclass(frozen=True, slots=True)
