@@ -213,6 +213,7 @@ def test_bad_leftover_input_is_one_line_and_exit_2(first_run: Path, tmp_path: Pa
         (["--resume-leftover", str(leftover), "--n", "3"], "were run with --n 2"),
         (["--resume-leftover", str(leftover), "--limit", "2"], "drop --dataset/--limit"),
         (["--leftover", str(tmp_path / "l.parquet")], "--leftover needs --target-groups"),
+        (["--finish-tools"], "--finish-tools needs --target-groups"),
         (["--resume-leftover", str(leftover), "--leftover", "l.jsonl"], "must be a .parquet"),
         (["--resume-leftover", str(other_tokenizer)], "another tokenizer"),
         (["--resume-leftover", str(leftover), "--oversample", "2"], "does not apply"),
@@ -222,3 +223,22 @@ def test_bad_leftover_input_is_one_line_and_exit_2(first_run: Path, tmp_path: Pa
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
         assert len(result.output.strip().splitlines()) == 1, result.output
+
+
+@pytest.mark.parametrize(("flags", "expected"), [([], "cancel"), (["--finish-tools"], "finish")])
+def test_finish_tools_sets_what_tool_calls_do_at_the_target(
+    flags: list[str], expected: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import toolrollout.spec as spec_module
+
+    seen: list[Any] = []
+
+    def capture(spec: Any, **_: Any) -> Any:
+        seen.append(spec)
+        raise UserError("stopped after the run spec was built")
+
+    monkeypatch.setattr(spec_module, "load_parts", capture)
+    result = generate("--target-groups", "1", *flags, "--out", str(tmp_path / "o.jsonl"))
+    assert "stopped after the run spec was built" in result.output, result.output
+    [spec] = seen
+    assert spec.config.tools_at_target == expected

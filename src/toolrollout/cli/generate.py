@@ -142,6 +142,14 @@ _Oversample = Annotated[
     float,
     typer.Option(min=1.0, help="With --target-groups: launch this many times the groups needed."),
 ]
+_FinishTools = Annotated[
+    bool,
+    typer.Option(
+        "--finish-tools",
+        help="With --target-groups: tool calls still running at the target finish first "
+        "(their results kept for the resume) instead of being cancelled.",
+    ),
+]
 _KeepGroupsWhole = Annotated[
     bool,
     typer.Option(
@@ -275,6 +283,7 @@ def generate(
     target_groups: _TargetGroups = None,
     oversample: _Oversample = 1.0,
     keep_groups_whole: _KeepGroupsWhole = True,
+    finish_tools: _FinishTools = False,
     leftover: _Leftover = None,
     resume_leftover: _ResumeLeftover = None,
     ray: _Ray = False,
@@ -342,6 +351,7 @@ class _Flags:
     target_groups: int | None
     oversample: float
     keep_groups_whole: bool
+    finish_tools: bool
     leftover: Path | None
     resume_leftover: Path | None
     ray: bool
@@ -491,6 +501,8 @@ def _check_flags(flags: _Flags) -> None:
             raise UserError("--oversample does not apply to --resume-leftover (its groups are set)")
     elif flags.target_groups is None and flags.oversample != 1.0:
         raise UserError("--oversample needs --target-groups")
+    if flags.finish_tools and not flags.batch_run:
+        raise UserError("--finish-tools needs --target-groups or --resume-leftover")
 
 
 def _read_carried(flags: _Flags) -> tuple[list[Trajectory], dict[str, Any], int]:
@@ -538,6 +550,7 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
         max_images=flags.max_images,
         max_image_tokens=flags.max_image_tokens,
         trajectory_timeout=flags.trajectory_timeout,
+        tools_at_target="finish" if flags.finish_tools else "cancel",
         scheduling=SchedulingConfig.from_names(flags.schedule),
     )
     return RunSpec(
