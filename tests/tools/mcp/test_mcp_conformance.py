@@ -684,3 +684,55 @@ async def test_a_rollout_keeps_running_through_a_server_restart(installed: None)
         assert answers == ["Echo: turn 0", "Echo: turn 1"]
         assert t.metrics["drift_mismatches"] == 0
     assert lost >= 1  # the restart was seen, and ridden out
+
+
+@needs_node
+async def test_a_batch_target_cancels_a_reference_servers_long_call(installed: None) -> None:
+    """Straggler control against server-everything: a 30 s ``trigger-long-running-operation``
+    running when the batch target is met is cancelled (the batch is back in seconds), its
+    trajectory ends aborted after its model turn, and the same stdio session serves the
+    next call."""
+    from transformers import AutoTokenizer
+
+    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.engines import GenerateRequest
+    from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
+    from toolrollout.testing import ScriptedEngine, ScriptedOutput
+
+    tokenizer = AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
+    name = "trigger-long-running-operation"
+    call = json.dumps({"name": name, "arguments": {"duration": 30, "steps": 30}})
+
+    def answer(text: str, delay: float = 0.0) -> ScriptedOutput:
+        tokens = list(tokenizer.encode(text + "<|im_end|>", add_special_tokens=False))
+        return ScriptedOutput(tokens, logprobs=[-0.5] * len(tokens), delay=delay)
+
+    def script(request: GenerateRequest) -> ScriptedOutput:
+        if request.session_id == "g1-0":  # g0 is 2 s into its call when g1 completes
+            return answer("Done.", delay=2.0)
+        return answer(f"<tool_call>\n{call}\n</tool_call>")
+
+    prompt = [{"role": "user", "content": "Run the long operation."}]
+    async with McpClientManager([stdio_everything()]) as manager:
+        [tool] = [
+            t.with_limits(ToolLimits(timeout=60.0, retry=RetryPolicy(max_attempts=1)))
+            for t in await list_mcp_tools(manager, selected=[name])
+        ]
+        runner = RolloutRunner(ScriptedEngine(script), tokenizer, [tool], config=RolloutConfig())
+        started = time.monotonic()
+        with anyio.fail_after(25):  # the call alone takes 30 s
+            batch = await runner.run_batch(
+                [prompt, prompt], target_groups=1, group_ids=["g0", "g1"]
+            )
+        elapsed = time.monotonic() - started
+        [partial] = batch.partial
+        assert partial.uid == "g0-0" and partial.status is TrajectoryStatus.ABORTED
+        assert "during its tool calls" in (partial.error or "")
+        assert [s.kind for s in partial.spans] == ["model"] and partial.num_tool_calls == 0
+        assert elapsed < 15, f"the batch came back after {elapsed:.1f}s"
+        # the server's session survived the cancelled request
+        [after] = await ToolExecutor([tool]).run_calls(
+            [ToolCallRequest(name, {"duration": 0.2, "steps": 1})]
+        )
+        assert not after.is_error, after.text
+        assert after.text.startswith("Long running operation completed")
