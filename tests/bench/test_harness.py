@@ -143,6 +143,10 @@ def test_a_grouped_workload_runs_the_same_work_and_oversample_delivers_whole_gro
     assert oversample is not None
     assert "batch target 2 of 3 groups" in oversample.note
     assert oversample.trajectories == oversample.completed == 4  # two whole groups of two
+    # the target was met before the batch came back, and after it started
+    assert 0 < oversample.target_s <= oversample.makespan_s
+    lockstep = report.result("lockstep")
+    assert lockstep is not None and lockstep.target_s == 0.0  # it runs everything
 
 
 @pytest.mark.slow

@@ -38,7 +38,7 @@ from ._tools import LookupClient
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
     from toolrollout.engines import SGLangClient
-    from toolrollout.rollout import RolloutConfig
+    from toolrollout.rollout import RolloutConfig, Trajectory
 
 __all__ = ["lag_summary", "run_driver"]
 
@@ -205,9 +205,16 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
     async with _engine_client(spec) as client:
         run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
         runner = build_runner(run_spec, client, tokenizer=tokenizer)
+        ended: dict[str, float] = {}
+
+        def note_end(trajectory: Trajectory) -> None:
+            ended[trajectory.uid] = time.perf_counter()
+
         started = _clock()
-        batch = await runner.run_batch(rows, target_groups=target)
+        batch = await runner.run_batch(rows, target_groups=target, on_result=note_end)
         measured = _since(started)
+    # The target was met when the batch's last trajectory ended; the rest is the stopping.
+    target_s = max((ended[t.uid] for t in batch.trajectories), default=started[0]) - started[0]
     await lookup.aclose()
     everything = [*batch.trajectories, *batch.leftover]
     return {
@@ -216,6 +223,7 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
         "turns": sum(t.num_turns for t in everything),
         "generated_tokens": sum(int(t.metrics["model_tokens"]) for t in everything),
         **measured,
+        "target_s": target_s,
         "note": (
             f"batch target {target} of {len(rows)} "
             f"{'groups' if workload.grouped else 'trajectories'}; "

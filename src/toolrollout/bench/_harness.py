@@ -424,6 +424,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                     prompt_tokens=sum(int(r["prompt_tokens"]) for r in requests),
                     tool_calls=len(calls),
                     peak_in_flight=peak_in_flight(requests),
+                    target_s=float(raw.get("target_s", 0.0)),
                     note=str(raw.get("note", "")),
                     services_cpu_s=services_cpu,
                     fifo_makespan_s=max(fifo_ends.values(), default=0.0),

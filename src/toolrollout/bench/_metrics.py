@@ -363,6 +363,10 @@ class ModeResult:
     (keys ``samples``, ``p50``, ``p99``, ``max``; milliseconds)."""
     peak_in_flight: int = 0
     """Most requests the servers held at once in this mode (:func:`peak_in_flight`)."""
+    target_s: float = 0.0
+    """``oversample`` modes: seconds until the batch target was met (the batch's last
+    trajectory ended); ``makespan_s`` less this is what stopping the rest took. 0.0 for
+    modes that run everything."""
 
     @property
     def trajectories_per_s(self) -> float:
