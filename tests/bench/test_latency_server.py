@@ -17,7 +17,14 @@ import pytest
 from tests._latency import lookup
 from transformers import AutoTokenizer
 
-from toolrollout.bench import LatencyModel, LatencyServer, Workload, create_latency_app
+from toolrollout.bench import (
+    LatencyModel,
+    LatencyServer,
+    ToolLatency,
+    Workload,
+    create_latency_app,
+    create_tool_app,
+)
 from toolrollout.bench._script import TOOL_NAME, TurnScript
 from toolrollout.chat import ChatFormat, get_tool_parser
 from toolrollout.demo import DEMO_MODEL_PATH
@@ -189,8 +196,30 @@ async def test_a_shared_prompts_samples_each_run_their_own_script(tokenizer: Any
         )
     server.reset()  # a new mode draws from sample 0 again
     ids = ChatFormat(tokenizer, tools=[lookup.schema()]).render_prompt(groups[0].prompt())
-    assert server.script.locate(ids)[0] == groups[0].sample(0)
-    assert server.script.locate(ids)[0] == groups[0].sample(1)
+    assert server.script.locate(ids)[0] == groups[0]  # a first turn: not drawn yet
+    assert await server.draw(groups[0]) == groups[0].sample(0)
+    assert await server.draw(groups[0]) == groups[0].sample(1)
+
+
+async def test_several_servers_draw_a_groups_samples_from_one_counter(tokenizer: Any) -> None:
+    """A group's copies spread over two servers still run each sample once: the servers
+    count first turns at the tool service (``/bench/draw``), not each on its own."""
+    tools = httpx.ASGITransport(app=create_tool_app(ToolLatency("fixed", median=0.0)))
+    group = Workload(prompts=1, n=4, min_turns=1, max_turns=6, seed=1, grouped=True).groups()[0]
+    async with httpx.AsyncClient(transport=tools, base_url="http://tools") as draws:
+        servers = [
+            LatencyServer(tokenizer, LatencyModel(), model_name="m", draw_url="http://tools",
+                          draw_client=draws)
+            for _ in range(2)
+        ]  # fmt: skip
+        drawn = [await servers[i % 2].draw(group) for i in range(4)]
+        assert drawn == [group.sample(i) for i in range(4)]
+        alone = LatencyServer(tokenizer, LatencyModel(), model_name="m")
+        assert [await alone.draw(group) for _ in range(2)] == [group.sample(0), group.sample(1)]
+        await draws.post("/bench/reset")
+        assert await servers[1].draw(group) == group.sample(0)
+        bad = await draws.post("/bench/draw", json={"group": "p0", "samples": 0})
+        assert bad.status_code == 400
 
 
 async def test_capacity_queues_requests_and_the_log_records_slot_time(tokenizer: Any) -> None:

@@ -288,6 +288,14 @@ def serve_benchmark_services(
     The services' process ids are appended to ``pids`` when it is given.
     """
     with ExitStack() as stack:
+        # The tool service first: the servers draw shared-prompt samples from its counter.
+        port = _free_port()
+        tool_url = f"http://127.0.0.1:{port}"
+        args = [
+            sys.executable, "-m", "toolrollout.bench.serve_tools", f"--port={port}",
+            *config.tool_latency.to_args(),
+        ]  # fmt: skip
+        stack.enter_context(_process(args, tool_url, pids))
         engines = []
         for _ in range(config.servers):
             port = _free_port()
@@ -301,15 +309,9 @@ def serve_benchmark_services(
                 f"--decode-per-token={config.model.decode_per_token_s}",
                 f"--max-total-tokens={config.model.kv_tokens}",
                 *config.scheduling.to_args(),
+                f"--draw-url={tool_url}",
             ]  # fmt: skip
             engines.append(stack.enter_context(_process(args, url, pids)))
-        port = _free_port()
-        tool_url = f"http://127.0.0.1:{port}"
-        args = [
-            sys.executable, "-m", "toolrollout.bench.serve_tools", f"--port={port}",
-            *config.tool_latency.to_args(),
-        ]  # fmt: skip
-        stack.enter_context(_process(args, tool_url, pids))
         yield engines, tool_url
 
 

@@ -66,8 +66,12 @@ class TurnScript:
         return [int(i) for i in self._tok.encode(text, add_special_tokens=False)]
 
     # ------------------------------------------------------------------ reading requests
-    def locate(self, ids: Sequence[int]) -> tuple[WorkloadItem | None, int, int]:
-        """(script, turn index, end of the shared system prefix) for a token prompt."""
+    def locate(self, ids: Sequence[int]) -> tuple[WorkloadItem | WorkloadGroup | None, int, int]:
+        """(script, turn index, end of the shared system prefix) for a token prompt.
+
+        A shared-prompt group's first turn gives the group itself: which sample it is gets
+        drawn by the caller (:meth:`draw`, or one draw shared by several servers).
+        """
         header = self._user_header
         width = len(header)
         pos = -1
@@ -92,21 +96,25 @@ class TurnScript:
         group = parse_group_directive(text)
         if group is None:
             return parse_directive(text), turn, pos
-        return self._sample_of(group, ids, end, turn), turn, pos
+        if turn == 0:
+            return group, turn, pos
+        return self._sample_of(group, ids, end), turn, pos
 
-    def _sample_of(
-        self, group: WorkloadGroup, ids: Sequence[int], prompt_end: int, turn: int
-    ) -> WorkloadItem | None:
-        """Which sample of a shared-prompt group a request is: drawn at its first turn (the
-        k-th first turn is sample k), read back from its first answer's tool call after.
+    def draw(self, group: WorkloadGroup) -> WorkloadItem:
+        """The sample a shared-prompt group's next first turn is: the k-th one is sample k.
 
         A first turn sent again (a retry, or one continued after an abort) draws again:
         the benchmark runs neither.
         """
-        if turn == 0:
-            index = self._drawn[group.key] % len(group.turns)
-            self._drawn[group.key] += 1
-            return group.sample(index)
+        index = self._drawn[group.key] % len(group.turns)
+        self._drawn[group.key] += 1
+        return group.sample(index)
+
+    def _sample_of(
+        self, group: WorkloadGroup, ids: Sequence[int], prompt_end: int
+    ) -> WorkloadItem | None:
+        """Which sample of a shared-prompt group a later turn belongs to: read back from its
+        first answer's tool call."""
         try:
             start = ids.index(self.im_start, prompt_end)
             stop = ids.index(self.im_end, start + 1)

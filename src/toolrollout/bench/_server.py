@@ -27,13 +27,14 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
+import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._types import FinishReason, GenerateRequest, GenerateResult
 
-from ._model import LatencyModel, ServerScheduling
+from ._model import LatencyModel, ServerScheduling, WorkloadGroup, WorkloadItem
 from ._script import TurnScript
 
 __all__ = [
@@ -116,6 +117,8 @@ class LatencyServer:
         model_name: str,
         scheduling: ServerScheduling | None = None,
         new_token_ratio: float = 0.7,
+        draw_url: str | None = None,
+        draw_client: httpx.AsyncClient | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.model = model
@@ -123,6 +126,9 @@ class LatencyServer:
         self.scheduling = scheduling or ServerScheduling()
         self.new_token_ratio = new_token_ratio
         self.script = TurnScript(tokenizer)
+        self.draw_url = draw_url.rstrip("/") if draw_url else None
+        self._draw_client = draw_client
+        """How ``draw_url`` is reached (made on first use unless given, as in tests)."""
         self._waiting: list[_Req] = []
         self._running: dict[str, _Req] = {}
         self._known: set[str] = set()
@@ -200,6 +206,20 @@ class LatencyServer:
                 "retracted": sum(1 for r in self._waiting if r.retractions),
             },
         }
+
+    async def draw(self, group: WorkloadGroup) -> WorkloadItem:
+        """Which sample of a shared-prompt group a first turn is. Several servers draw from
+        the one counter at ``draw_url`` (the tool service), so a group's copies spread over
+        them still run each sample once; one server counts on its own."""
+        if self.draw_url is None:
+            return self.script.draw(group)
+        if self._draw_client is None:
+            self._draw_client = httpx.AsyncClient(timeout=30.0)
+        response = await self._draw_client.post(
+            f"{self.draw_url}/bench/draw", json={"group": group.key, "samples": len(group.turns)}
+        )
+        response.raise_for_status()
+        return group.sample(int(response.json()["index"]))
 
     def reset(self) -> None:
         """Forget the request log and the prefix cache (between benchmark modes)."""
@@ -469,7 +489,8 @@ class LatencyServer:
         if rid in self._known:
             raise UserError(f"Duplicate request ID detected: {rid}")
         resolved = self.resolve_priority(priority)
-        item, turn, system_end = self.script.locate(ids)
+        located, turn, system_end = self.script.locate(ids)
+        item = await self.draw(located) if isinstance(located, WorkloadGroup) else located
         scripted = self.script.turn(item, turn)
         output = self.script.output_ids(scripted.text)
         max_new = request.sampling.max_new_tokens
@@ -747,6 +768,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--abort-on-priority-when-disabled", action="store_true")
     parser.add_argument("--default-priority-value", type=int, default=None)
     parser.add_argument("--disable-priority-preemption", action="store_true")
+    parser.add_argument(
+        "--draw-url", default=None, help="the tool service that counts shared-prompt draws"
+    )
     args = parser.parse_args(argv)
     model = LatencyModel(
         args.capacity, args.prefill_per_token, args.decode_per_token, args.max_total_tokens
@@ -760,7 +784,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         preemption=not args.disable_priority_preemption,
     )
     tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
-    server = LatencyServer(tokenizer, model, model_name="latency-model", scheduling=scheduling)
+    server = LatencyServer(
+        tokenizer, model, model_name="latency-model", scheduling=scheduling, draw_url=args.draw_url
+    )
     app = create_latency_app(server)
     uvicorn.run(
         app,

@@ -5,6 +5,9 @@ answers a short text. It is a real service over loopback (the client pays for a 
 round trip, as it would for a search or sandbox tool), and every driver (toolrollout,
 lock-step, verifiers) calls the same one through :class:`LookupClient`.
 
+``POST /bench/draw {"group": ..., "samples": n}`` counts the first turns of a
+shared-prompt group (``Workload.grouped``) for all latency-model servers at once.
+
 Run it with ``python -m toolrollout.bench.serve_tools --port 30100`` (see ``--help``).
 """
 
@@ -39,6 +42,7 @@ def lookup_result(key: str) -> str:
 def create_tool_app(latency: ToolLatency) -> Any:
     app = FastAPI(title="toolrollout benchmark tool service")
     calls: list[dict[str, Any]] = []
+    drawn: dict[str, int] = {}
 
     @app.get("/health")
     async def health() -> Response:
@@ -63,9 +67,25 @@ def create_tool_app(latency: ToolLatency) -> Any:
     async def log() -> Response:
         return Response(json.dumps({"calls": calls}), media_type="application/json")
 
+    @app.post("/bench/draw")
+    async def draw(request: Request) -> Response:
+        """The next sample of a shared-prompt group, counted once for every server."""
+        body = json.loads(await request.body() or b"{}")
+        group, samples = body.get("group"), body.get("samples")
+        if not isinstance(group, str) or not isinstance(samples, int) or samples < 1:
+            return Response(
+                json.dumps({"error": "group must be a string and samples a positive int"}),
+                status_code=400,
+                media_type="application/json",
+            )
+        index = drawn.get(group, 0)
+        drawn[group] = index + 1
+        return Response(json.dumps({"index": index % samples}), media_type="application/json")
+
     @app.post("/bench/reset")
     async def reset() -> Response:
         calls.clear()
+        drawn.clear()
         return Response(status_code=200)
 
     return app
