@@ -26,7 +26,6 @@ process per mode. The machine's load average is recorded in the JSON and on the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 from toolrollout.bench import (
@@ -35,6 +34,7 @@ from toolrollout.bench import (
     ServerScheduling,
     ToolLatency,
     Workload,
+    default_modes,
     plot_report,
     render_table,
     run_benchmark,
@@ -94,11 +94,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench_rollout.json"))
     parser.add_argument("--plot", type=Path, default=Path("bench_rollout.png"))
     args = parser.parse_args()
-    modes = ["toolrollout", "lockstep", "httpx", "aiohttp"]
-    if importlib.util.find_spec("verifiers") is not None:
-        modes.insert(2, "verifiers")
-    if args.grouped:  # the bare POST modes follow per-sample prompts
-        modes = [m for m in modes if m not in ("httpx", "aiohttp")]
+    modes = list(default_modes(grouped=args.grouped))
     if args.modes:
         modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     config = BenchConfig(

@@ -20,6 +20,7 @@ from toolrollout.bench import (
     Workload,
     WorkloadItem,
     critical_paths,
+    default_modes,
     fifo_makespan,
     ideal_makespan,
     kv_bound_makespan,
@@ -110,6 +111,13 @@ def test_a_grouped_workload_shares_each_prompt_and_keeps_the_draws() -> None:
     assert parse_group_directive("bench-task p0s1 turns=2 tokens=3") is None
     with pytest.raises(BenchmarkError, match=r"\['aiohttp'\] need samples with prompts"):
         BenchConfig(workload=grouped, modes=("toolrollout", "oversample", "aiohttp"))
+    # the modes run when none are named: the bare POSTs only for per-sample prompts
+    assert {"httpx", "aiohttp"} <= set(default_modes())
+    assert not {"httpx", "aiohttp"} & set(default_modes(grouped=True))
+    assert BenchConfig(workload=grouped, modes=default_modes(grouped=True)).modes[:2] == (
+        "toolrollout",
+        "lockstep",
+    )
 
 
 def test_latency_model_service_time() -> None:

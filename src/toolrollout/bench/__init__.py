@@ -14,6 +14,7 @@ from toolrollout._exceptions import BenchmarkError as BenchmarkError
 from ._harness import MODES as MODES
 from ._harness import BenchConfig as BenchConfig
 from ._harness import BenchReport as BenchReport
+from ._harness import default_modes as default_modes
 from ._harness import run_benchmark as run_benchmark
 from ._harness import serve_benchmark_services as serve_benchmark_services
 from ._harness import write_json as write_json
@@ -56,6 +57,7 @@ __all__ = [
     "create_latency_app",
     "create_tool_app",
     "critical_paths",
+    "default_modes",
     "fifo_makespan",
     "ideal_makespan",
     "kv_bound_makespan",

@@ -9,6 +9,7 @@ because on a shared machine it is part of every number.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -62,6 +63,17 @@ MODES = ("toolrollout", "oversample", "lockstep", "verifiers", "httpx", "aiohttp
 _POLICY_MODES = ("toolrollout", "oversample")
 BARE_MODES = ("httpx", "aiohttp")
 """The bare POST modes: they follow each sample's own script, so not a grouped workload."""
+
+
+def default_modes(*, grouped: bool = False) -> tuple[str, ...]:
+    """The modes a run compares when none are named: toolrollout and lock-step, verifiers
+    where it is installed, and the bare POSTs unless the workload is grouped."""
+    modes = ["toolrollout", "lockstep"]
+    if importlib.util.find_spec("verifiers") is not None:
+        modes.append("verifiers")
+    if not grouped:
+        modes.extend(BARE_MODES)
+    return tuple(modes)
 
 
 def mode_policies(mode: str) -> tuple[str, ...]:

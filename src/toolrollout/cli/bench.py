@@ -114,7 +114,6 @@ def bench(
     GPU-like server (256 slots, 20 ms per token) and heavy-tail tools (median 1 s).
     """
     require_extra("bench", "toolrollout bench")
-    import importlib.util
     import sys
 
     from rich.console import Console
@@ -126,6 +125,7 @@ def bench(
         ServerScheduling,
         ToolLatency,
         Workload,
+        default_modes,
         plot_report,
         render_table,
         run_benchmark,
@@ -134,11 +134,7 @@ def bench(
 
     if min_turns > max_turns:
         raise fail(f"--min-turns {min_turns} is above --max-turns {max_turns}")
-    modes = tuple(mode) if mode else ("toolrollout", "lockstep", "httpx", "aiohttp")
-    if not mode and importlib.util.find_spec("verifiers") is not None:
-        modes = ("toolrollout", "lockstep", "verifiers", "httpx", "aiohttp")
-    if grouped and not mode:  # the bare POST modes follow per-sample prompts
-        modes = tuple(m for m in modes if m not in ("httpx", "aiohttp"))
+    modes = tuple(mode) if mode else default_modes(grouped=grouped)
     console = Console(stderr=True)
     try:
         config = BenchConfig(
