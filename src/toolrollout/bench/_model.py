@@ -234,10 +234,8 @@ class WorkloadItem:
         return head if sep and head else self.key
 
     def prompt(self) -> list[dict[str, Any]]:
-        text = f"bench-task {self.key} turns={self.turns} tokens={self.tokens}"
-        if self.shared:
-            text = f"{self.shared}\n\n{text}"
-        return [{"role": "user", "content": text}]
+        return _user_prompt(f"bench-task {self.key} turns={self.turns} tokens={self.tokens}",
+                            self.shared)  # fmt: skip
 
     def tool_keys(self) -> list[str]:
         """Keys of the tool calls this trajectory makes (one per turn but the last)."""
@@ -267,10 +265,13 @@ class WorkloadGroup:
 
     def prompt(self) -> list[dict[str, Any]]:
         turns = ",".join(str(t) for t in self.turns)
-        text = f"bench-group {self.key} turns={turns} tokens={self.tokens}"
-        if self.shared:
-            text = f"{self.shared}\n\n{text}"
-        return [{"role": "user", "content": text}]
+        return _user_prompt(f"bench-group {self.key} turns={turns} tokens={self.tokens}",
+                            self.shared)  # fmt: skip
+
+
+def _user_prompt(directive: str, shared: str) -> list[dict[str, Any]]:
+    """A benchmark prompt: the group's shared problem text (if any), then the directive."""
+    return [{"role": "user", "content": f"{shared}\n\n{directive}" if shared else directive}]
 
 
 @dataclass(frozen=True, slots=True)
