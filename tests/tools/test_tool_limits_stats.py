@@ -158,6 +158,29 @@ async def test_in_flight_and_running_are_visible_during_a_call() -> None:
     assert (final.in_flight, final.running, final.calls) == (0, 0, 3)
 
 
+async def test_calls_cancelled_by_their_caller_are_counted_apart() -> None:
+    """A cancelled call (running, or waiting for a slot) has no result: it is counted in
+    ``cancelled``, not in ``calls``, ``errors`` or the latency window."""
+    started = anyio.Event()
+
+    @function_tool(limits=ToolLimits(max_concurrency=1))
+    async def slow() -> str:
+        started.set()
+        await anyio.sleep(10)
+        return "never"
+
+    executor = ToolExecutor([slow])
+    with anyio.move_on_after(5):  # the test's own guard
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):  # one runs, one waits for the slot
+                tg.start_soon(executor.run_call, ToolCallRequest("slow", {}))
+            await started.wait()
+            tg.cancel_scope.cancel()
+    stats = executor.statistics().tools["slow"]
+    assert (stats.cancelled, stats.calls, stats.errors, stats.in_flight) == (2, 0, 0, 0)
+    assert stats.latency.count == 0
+
+
 def test_statistics_are_frozen_snapshots() -> None:
     stats = ToolExecutor([]).statistics()
     with pytest.raises(dataclasses.FrozenInstanceError):

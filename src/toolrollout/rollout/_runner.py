@@ -438,8 +438,9 @@ class RolloutRunner:
 
         Pass more prompts than ``target_groups`` (the oversampling). Once the target is
         met no trajectory starts another engine request, the requests in flight are
-        aborted on the server by rid (their partial output comes back), and tools already
-        running are let finish. Nothing is left running when this returns. ``on_result``
+        aborted on the server by rid (their partial output comes back), and tool calls
+        still running are cancelled (``RolloutConfig.tools_at_target="finish"`` lets them
+        end instead). Nothing is left running when this returns. ``on_result``
         sees every trajectory, aborted ones included.
 
         ``skip`` lists (prompt_index, sample_index) pairs not to run here (as in

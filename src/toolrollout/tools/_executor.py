@@ -83,6 +83,9 @@ class ToolStatistics:
     """Calls rejected before running: bad JSON or arguments failing the schema."""
     retries: int
     """Attempts repeated after an infrastructure error (the sum of ``ToolResult.retries``)."""
+    cancelled: int
+    """Calls cancelled by their caller before they ended (a batch target met while they ran,
+    a trajectory deadline, a stopped run); not in ``calls``: they have no result."""
     in_flight: int
     """Calls accepted and not finished (waiting for a slot or running)."""
     running: int
@@ -145,6 +148,7 @@ class _Runtime:
         self.timeouts = 0
         self.invalid_arguments = 0
         self.retries = 0
+        self.cancelled = 0
         self.in_flight = 0
         self.running = 0
         self.max_running = 0
@@ -159,6 +163,7 @@ class _Runtime:
             timeouts=self.timeouts,
             invalid_arguments=self.invalid_arguments,
             retries=self.retries,
+            cancelled=self.cancelled,
             in_flight=self.in_flight,
             running=self.running,
             max_running=self.max_running,
@@ -323,6 +328,9 @@ class ToolExecutor:
         state = _CallState()
         try:
             result = await self._run_checked(runtime, call, ctx, state)
+        except anyio.get_cancelled_exc_class():
+            runtime.cancelled += 1
+            raise
         finally:
             runtime.in_flight -= 1
         seconds = time.perf_counter() - started

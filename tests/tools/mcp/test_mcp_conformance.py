@@ -730,6 +730,9 @@ async def test_a_batch_target_cancels_a_reference_servers_long_call(installed: N
         assert "during its tool calls" in (partial.error or "")
         assert [s.kind for s in partial.spans] == ["model"] and partial.num_tool_calls == 0
         assert elapsed < 15, f"the batch came back after {elapsed:.1f}s"
+        # the executor counts the call as cancelled, not as a finished call or an error
+        stats = runner.tools.statistics().tools[name]
+        assert (stats.cancelled, stats.calls, stats.errors, stats.in_flight) == (1, 0, 0, 0)
         # the server's session survived the cancelled request
         [after] = await ToolExecutor([tool]).run_calls(
             [ToolCallRequest(name, {"duration": 0.2, "steps": 1})]
