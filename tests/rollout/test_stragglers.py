@@ -364,6 +364,7 @@ async def test_tool_calls_running_at_the_target_are_cancelled_and_run_again_on_r
     assert "during its tool calls" in (partial.error or "")
     assert [s.kind for s in partial.spans] == ["model"]  # nothing of the calls is kept
     assert partial.num_turns == 1 and partial.num_tool_calls == 0
+    assert partial.metrics["tool_calls_cancelled"] == 1  # counted, not silent
     assert partial.messages[-1]["role"] == "assistant"
     monkeypatch.setattr(rollout.tools, "run_calls", real_run_calls)
     engine2 = ScriptedEngine([out(demo_tokenizer, ANSWER)])
@@ -380,3 +381,4 @@ async def test_tool_calls_running_at_the_target_are_cancelled_and_run_again_on_r
     assert list(request.input_ids) == list(partial.prompt_ids) + partial.response_ids + tool_delta
     assert done.response_ids[: len(partial.response_ids)] == partial.response_ids
     assert done.metrics["drift_mismatches"] == 0 and done.metrics["resumes"] == 1
+    assert done.metrics["tool_calls_cancelled"] == 1  # the trajectory's whole life

@@ -330,8 +330,8 @@ def _format1_state(point: _Format1Point, spent: float) -> TrajectoryState:
         open_turn=old.open_turn,
         segments=list(old.segments),
     )
-    state.counters = Counters(
-        **{name: getattr(old, name) for name in Counters.__dataclass_fields__}
+    state.counters = Counters(  # a counter added since format 1 starts at its default
+        **{name: getattr(old, name) for name in Counters.__dataclass_fields__ if hasattr(old, name)}
     )
     state.timing = Timing(
         prior_seconds=spent,

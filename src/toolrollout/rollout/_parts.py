@@ -284,6 +284,8 @@ class Counters:
     model_tokens: int = 0
     tool_tokens: int = 0
     cached_tokens: int = 0
+    tool_calls_cancelled: int = 0
+    """Calls a batch target cancelled while they ran (each ran again on the resume)."""
     weight_version: str | None = None
 
 

@@ -396,6 +396,8 @@ class TrajectoryState:
         metrics["weight_versions"] = [list(segment) for segment in self.transcript.segments]
         if c.resumes:
             metrics["resumes"] = c.resumes
+        if c.tool_calls_cancelled:
+            metrics["tool_calls_cancelled"] = c.tool_calls_cancelled
         metrics.update(self.environment.metrics())
         return metrics
 

@@ -79,7 +79,8 @@ async def _run_tools(
 
     None when a batch target is met first and its straggler control cancels them: the
     trajectory then ends ``aborted`` as it was before the calls (nothing of them is
-    recorded), and a resume runs the same calls again (:func:`pending_model_turn`).
+    recorded but their number, ``metrics["tool_calls_cancelled"]``), and a resume runs the
+    same calls again (:func:`pending_model_turn`).
     """
     state.status = TrajectoryStatus.TOOL_CALLING
     started = time.perf_counter()
@@ -96,6 +97,7 @@ async def _run_tools(
             finally:
                 stop.tool_calls.discard(scope)
         if scope.cancelled_caught:
+            state.counters.tool_calls_cancelled += len(calls)
             state.finish(TrajectoryStatus.ABORTED, "abort", STOPPED_IN_TOOLS)
             return None
     state.timing.tool_seconds += time.perf_counter() - started

@@ -729,6 +729,7 @@ async def test_a_batch_target_cancels_a_reference_servers_long_call(installed: N
         assert partial.uid == "g0-0" and partial.status is TrajectoryStatus.ABORTED
         assert "during its tool calls" in (partial.error or "")
         assert [s.kind for s in partial.spans] == ["model"] and partial.num_tool_calls == 0
+        assert partial.metrics["tool_calls_cancelled"] == 1
         assert elapsed < 15, f"the batch came back after {elapsed:.1f}s"
         # the executor counts the call as cancelled, not as a finished call or an error
         stats = runner.tools.statistics().tools[name]
