@@ -136,6 +136,7 @@ async def test_timeouts_retried_when_asked_count_once_per_call() -> None:
     assert (result.error_kind, result.attempts) == ("ToolTimeout", 2)
     stats = executor.statistics().tools["hang"]
     assert (stats.timeouts, stats.retries, stats.errors) == (1, 1, 1)
+    assert stats.cancelled == 0  # a timeout is the executor's own cancel: a result, counted
 
 
 async def test_in_flight_and_running_are_visible_during_a_call() -> None:
