@@ -37,7 +37,7 @@ from toolrollout.engines.embedded import EmbeddedEngine
 RESULTS = Path(__file__).resolve().parent / "results" / "batching.json"
 PROMPT = "<|im_start|>user\nWhat is 12 * 7 + 3?<|im_end|>\n<|im_start|>assistant\n"
 DEMO_SIZE = {"vocab": 512, "hidden": 128, "layers": 2, "heads": 2, "kv_heads": 1, "context": 1024}
-"""The shape of the demo model (see toolrollout/demo/train.py)."""
+"""The shape of the demo model (see toolrollout/apps/demo/train.py)."""
 
 
 def random_demo_sized_model(path: Path) -> Path:
@@ -196,7 +196,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_path, kind = args.model, "given"
         if model_path is None:
-            from toolrollout.demo import DEMO_MODEL_PATH
+            from toolrollout.apps.demo import DEMO_MODEL_PATH
 
             if (DEMO_MODEL_PATH / "config.json").is_file():
                 model_path, kind = DEMO_MODEL_PATH, "demo"

@@ -33,9 +33,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from toolrollout.bench import BenchConfig, LatencyModel, ToolLatency, Workload
-from toolrollout.bench._harness import _reset, serve_benchmark_services
-from toolrollout.bench._model import DriverSpec
+from toolrollout.apps.bench import BenchConfig, LatencyModel, ToolLatency, Workload
+from toolrollout.apps.bench._harness import _reset, serve_benchmark_services
+from toolrollout.apps.bench._model import DriverSpec
 
 
 def _run(spec: DriverSpec, profile: Path | None, tag: str, src: str | None) -> dict[str, Any]:
@@ -43,12 +43,12 @@ def _run(spec: DriverSpec, profile: Path | None, tag: str, src: str | None) -> d
     if src is not None:  # another checkout's toolrollout (the code before a change)
         env["PYTHONPATH"] = src
     payload = json.dumps({**asdict(spec), "engine_urls": list(spec.engine_urls)})
-    command = [sys.executable, "-m", "toolrollout.bench._worker", payload]
+    command = [sys.executable, "-m", "toolrollout.apps.bench._worker", payload]
     if profile is not None:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         out = profile / f"{tag}.txt"
         command = [py_spy, "record", "--format", "raw", "-r", "250", "-o", str(out), "--"]
-        command += [sys.executable, "-m", "toolrollout.bench._worker", payload]
+        command += [sys.executable, "-m", "toolrollout.apps.bench._worker", payload]
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{spec.mode} failed:\n{done.stderr[-3000:]}")
@@ -84,7 +84,7 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="write a py-spy raw profile per run here")
     parser.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
-    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if args.before:

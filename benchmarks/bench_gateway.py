@@ -35,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from toolrollout.chat import ChatFormat
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.spec._policy import load_tokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gateway.json"
@@ -89,7 +89,7 @@ def core_cost(
     (adds the incremental decode and the hold-back of each chunk)."""
     import asyncio
 
-    from toolrollout.gateway import ChatRequest, ChatResult, Gateway
+    from toolrollout.apps.gateway import ChatRequest, ChatResult, Gateway
     from toolrollout.testing import ScriptedEngine
 
     answer = tokenizer.encode("The answer is 87, as computed.<|im_end|>", add_special_tokens=False)

@@ -38,7 +38,7 @@ import anyio
 import httpx
 
 from toolrollout._net import stop_popen
-from toolrollout.bench._harness import _free_port, _wait_healthy
+from toolrollout.apps.bench._harness import _free_port, _wait_healthy
 from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
 from toolrollout.engines._wire import encode_json, generate_body
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from toolrollout.bench import (
+from toolrollout.apps.bench import (
     BenchConfig,
     LatencyModel,
     ServerScheduling,

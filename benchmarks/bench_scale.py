@@ -6,7 +6,7 @@ trajectories), each a long multi-turn conversation: ``turns`` model turns of abo
 client alone, so the engine is an **in-process stand-in at the engine seam**
 (:class:`SeamEngine`, an :class:`~toolrollout.engines.Engine` that waits and answers; no
 HTTP, no server process): its answers are the latency-model server's scripted turns
-(``toolrollout.bench._script``, tokenized in context with the demo tokenizer, float32
+(``toolrollout.apps.bench._script``, tokenized in context with the demo tokenizer, float32
 logprobs as SGLang reports them), computed once per turn index, and its latency is a
 lognormal draw per request around ``turn_seconds`` (a fleet that gives each of 10,000
 trajectories a share of its decode rate). The tool is in-process too (a lognormal wait).
@@ -54,10 +54,10 @@ from typing import Any
 
 import anyio
 
-from toolrollout.bench._model import WorkloadItem
-from toolrollout.bench._script import TOOL_NAME, TurnScript
-from toolrollout.bench._tools import lookup_result
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.bench._model import WorkloadItem
+from toolrollout.apps.bench._script import TOOL_NAME, TurnScript
+from toolrollout.apps.bench._tools import lookup_result
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.engines import (
     Engine,
     EngineInfo,
@@ -501,7 +501,7 @@ def _part(name: str, source_line: str) -> str:
         return "waiting for the drift-check thread"
     if "rollout/_runner.py" in name:
         return "the trajectory's task, task group entry and deadline"
-    if "chat/parsers" in name or "chat/_family.py" in name:
+    if "chat/parsers" in name or "chat/families/_family.py" in name:
         return "parsed turns and messages (text, tool calls)"
     if "rollout/_parts.py" in name or "chat/_format.py" in name:
         return "prompt and template renders"

@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest, SamplingParams
 from toolrollout.rollout import (
     RolloutConfig,

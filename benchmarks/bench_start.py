@@ -31,10 +31,10 @@ from typing import Any
 import anyio
 from transformers import AutoTokenizer
 
-from toolrollout.bench import Workload
-from toolrollout.bench._tools import LookupClient
+from toolrollout.apps.bench import Workload
+from toolrollout.apps.bench._tools import LookupClient
 from toolrollout.chat import ChatFormat
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest, SamplingParams
 from toolrollout.rollout import RolloutConfig
 from toolrollout.rollout._runner import START_BATCH

@@ -68,8 +68,8 @@ def sample_batches(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     from transformers import AutoTokenizer
 
     from toolrollout import RolloutConfig, SamplingParams
-    from toolrollout.demo import DEMO_MODEL_PATH
-    from toolrollout.demo.code_tasks import generate_code_tasks
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.demo.code_tasks import generate_code_tasks
     from toolrollout.engines.embedded import EmbeddedEngine
     from toolrollout.integrations import trl_rollout_func
     from toolrollout.rewards import WeightedReward, exact_match, tool_error_penalty
@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
 
     args = parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@
 One command, four stages, all CPU:
 
 1. **Data.** Training prompts are drawn from the python task generator's *train* split
-   (``toolrollout.demo.code_tasks``: a program belongs to a split by a stable hash of its
+   (``toolrollout.apps.demo.code_tasks``: a program belongs to a split by a stable hash of its
    code), held-out prompts from its *held-out* split, which the demo model never saw and
    GRPO never sees: the two sets share no program (checked). The held-out file starts with
    the 64 shipped prompts (``prompts_python.jsonl``) and continues with the same
@@ -26,7 +26,7 @@ One command, four stages, all CPU:
    which runs led there).
 4. **After.** The same evaluations, same prompts, settings and seeds, on the trained
    model; each accuracy difference gets a paired bootstrap interval
-   (``toolrollout.eval.bootstrap_difference``, problems resampled).
+   (``toolrollout.apps.eval.bootstrap_difference``, problems resampled).
 
 Everything measured goes to ``<out-dir>/summary.json``; the reward curve to ``--plot``. The
 last line printed is the result, in a fixed format a rerun can be checked against::
@@ -113,7 +113,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 # ----------------------------------------------------------------------------- data
 def _row(prefix: str, index: int, task: Any) -> dict[str, Any]:
-    from toolrollout.demo.dialogs import DEFAULT_SYSTEM_PROMPT
+    from toolrollout.apps.demo.dialogs import DEFAULT_SYSTEM_PROMPT
 
     return {
         "id": f"{prefix}-{index:04d}",
@@ -128,8 +128,8 @@ def _row(prefix: str, index: int, task: Any) -> dict[str, Any]:
 
 def build_splits(args: argparse.Namespace) -> tuple[list[dict[str, Any]], Path]:
     """Training rows (train split) and the held-out file (held-out split), disjoint."""
-    from toolrollout.demo import load_demo_prompts
-    from toolrollout.demo.code_tasks import generate_code_tasks
+    from toolrollout.apps.demo import load_demo_prompts
+    from toolrollout.apps.demo.code_tasks import generate_code_tasks
 
     n_eval = args.eval_prompts
     held = [
@@ -328,7 +328,7 @@ def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path
     from trl import GRPOConfig, GRPOTrainer
 
     from toolrollout import RolloutConfig, SamplingParams
-    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
     from toolrollout.engines.embedded import EmbeddedEngine
     from toolrollout.integrations import trl_rollout_func
     from toolrollout.rewards import WeightedReward, exact_match, tool_error_penalty
@@ -468,8 +468,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     random.seed(args.seed)
     args.out_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    from toolrollout.demo import DEMO_MODEL_PATH
-    from toolrollout.eval._stats import bootstrap_difference, bootstrap_mean
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.eval._stats import bootstrap_difference, bootstrap_mean
 
     rows, heldout = build_splits(args)
     tools = sandbox_config(args.out_dir)

@@ -21,7 +21,7 @@ from toolrollout import (
     SGLangClient,
     numeric_match,
 )
-from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.tools import calculator_tool
 
 

@@ -6,7 +6,7 @@ that runs real rollouts against it needs a tool of that name and schema.
 
 from __future__ import annotations
 
-from toolrollout.bench._script import TOOL_NAME
+from toolrollout.apps.bench._script import TOOL_NAME
 from toolrollout.tools import function_tool
 
 __all__ = ["lookup"]

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 import uvicorn
 
 from toolrollout._security import ServerSecurity
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
+from toolrollout.apps.server import create_app
 from toolrollout.engines.embedded import EmbeddedEngine
-from toolrollout.server import create_app
 
 
 @contextmanager

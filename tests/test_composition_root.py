@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from toolrollout import UserError
+from toolrollout.apps.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.chat import VisionFormat
-from toolrollout.demo import DEMO_MODEL_PATH
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.rewards import exact_match, numeric_match
 from toolrollout.rollout import RolloutConfig, RolloutRunner

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from toolrollout._extras import EXTRAS, extra_for_module, require_extra
-from toolrollout.cli import app
+from toolrollout.apps.cli import app
 from toolrollout.exceptions import MissingExtraError, UserError
 
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
@@ -135,7 +135,7 @@ def test_the_console_script_turns_a_missing_module_into_one_line(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A command that reaches an optional module past its check still ends in one line."""
-    import toolrollout.cli as cli
+    import toolrollout.apps.cli as cli
 
     def command() -> None:
         raise ModuleNotFoundError("No module named 'pyarrow'", name="pyarrow")
@@ -169,19 +169,19 @@ for name in {optional!r}:
     sys.modules[name] = None  # as in a bare `pip install toolrollout`
 import toolrollout
 import toolrollout.chat, toolrollout.engines, toolrollout.rewards, toolrollout.rollout
-import toolrollout.tools, toolrollout.cli, toolrollout.testing
+import toolrollout.tools, toolrollout.apps.cli, toolrollout.testing
 from toolrollout.exceptions import MissingExtraError
 for load in (
     lambda: toolrollout.read_rows,
     lambda: __import__("toolrollout.engines.embedded"),
-    lambda: __import__("toolrollout.server"),
+    lambda: __import__("toolrollout.apps.server"),
 ):
     try:
         load()
     except MissingExtraError as exc:
         print(exc.extra)
 sys.argv = ["toolrollout", "serve"]
-toolrollout.cli.main()
+toolrollout.apps.cli.main()
 """
 
 

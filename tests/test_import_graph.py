@@ -56,17 +56,9 @@ CORE_EXCLUDED = ("toolrollout.engines.embedded",)
 # Applications: servers, CLIs, benchmarks, demos, trainer adapters. They may import the core.
 APPLICATIONS = (
     "toolrollout.engines.embedded",
-    "toolrollout.server",
-    "toolrollout.gateway",
-    "toolrollout.cli",
-    "toolrollout.bench",
-    "toolrollout.demo",
-    "toolrollout.demo_vl",
-    "toolrollout.distributed",
-    "toolrollout.eval",
+    "toolrollout.apps",
     "toolrollout.sandbox",
     "toolrollout.search",
-    "toolrollout.mcp_servers",
     "toolrollout.integrations",
 )
 
@@ -76,7 +68,7 @@ KNOWN_CORE_TO_APP: dict[Edge, str] = {
         "the engine factory starts the embedded engine for a model folder (lazy: torch loads "
         "only then, behind the 'serve' extra)"
     ),
-    ("toolrollout.spec._spec", "toolrollout.demo"): (
+    ("toolrollout.spec._spec", "toolrollout.apps.demo"): (
         "a run without --model uses the bundled demo model (lazy: only its path is read)"
     ),
     ("toolrollout.engines", "toolrollout.engines.embedded"): (

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from toolrollout._exceptions import UserError
-from toolrollout.bench import (
+from toolrollout.apps.bench import (
     BenchConfig,
     BenchmarkError,
     LatencyModel,
@@ -28,7 +28,7 @@ from toolrollout.bench import (
     parse_directive,
     parse_group_directive,
 )
-from toolrollout.bench._harness import BenchReport
+from toolrollout.apps.bench._harness import BenchReport
 
 
 def test_tool_latency_is_deterministic_per_key_and_heavy_tailed() -> None:
@@ -237,7 +237,7 @@ def test_workload_item_prompt_is_a_user_message() -> None:
 
 
 def test_plot_report_writes_a_png(tmp_path: Path) -> None:
-    from toolrollout.bench import plot_report
+    from toolrollout.apps.bench import plot_report
 
     report = BenchReport(
         config={

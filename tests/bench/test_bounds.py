@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from toolrollout._exceptions import BenchmarkError
-from toolrollout.bench._harness import mode_policies
-from toolrollout.bench._metrics import (
+from toolrollout.apps.bench._harness import mode_policies
+from toolrollout.apps.bench._metrics import (
     GROUP_DECILES,
     ModeResult,
     fifo_makespan,
@@ -17,7 +17,7 @@ from toolrollout.bench._metrics import (
     oracle_makespan,
     replay,
 )
-from toolrollout.bench._model import WorkerFlags, worker_flags
+from toolrollout.apps.bench._model import WorkerFlags, worker_flags
 
 # A: one 2 s generation. B: 1 s, a 3 s tool call, 1 s. One slot; A arrives first.
 REQUESTS = [

@@ -15,7 +15,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from toolrollout._exceptions import BenchmarkError
-from toolrollout.bench import (
+from toolrollout.apps.bench import (
     BenchConfig,
     BenchReport,
     LatencyModel,
@@ -27,8 +27,8 @@ from toolrollout.bench import (
     serve_benchmark_services,
     write_json,
 )
-from toolrollout.bench._drivers import lag_summary
-from toolrollout.cli import app
+from toolrollout.apps.bench._drivers import lag_summary
+from toolrollout.apps.cli import app
 
 
 @pytest.mark.slow
@@ -198,9 +198,9 @@ def test_bare_post_with_tool_makes_each_turns_tool_call() -> None:
     """The ``aiohttp+tool`` floor: the bare POSTs plus one tool call per turn but the last."""
     import anyio
 
-    from toolrollout.bench._drivers import run_driver
-    from toolrollout.bench._model import DriverSpec
-    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.bench._drivers import run_driver
+    from toolrollout.apps.bench._model import DriverSpec
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
 
     workload = Workload(prompts=2, n=2, min_turns=2, max_turns=3, tokens_per_turn=16, seed=5)
     config = BenchConfig(

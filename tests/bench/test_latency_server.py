@@ -17,7 +17,7 @@ import pytest
 from tests._latency import lookup
 from transformers import AutoTokenizer
 
-from toolrollout.bench import (
+from toolrollout.apps.bench import (
     LatencyModel,
     LatencyServer,
     ToolLatency,
@@ -25,9 +25,9 @@ from toolrollout.bench import (
     create_latency_app,
     create_tool_app,
 )
-from toolrollout.bench._script import TOOL_NAME, TurnScript
+from toolrollout.apps.bench._script import TOOL_NAME, TurnScript
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.chat import ChatFormat, get_tool_parser
-from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
 from toolrollout.rollout import RolloutConfig, RolloutRunner
 

@@ -23,7 +23,7 @@ import pytest
 from tests._latency import lookup
 from transformers import AutoTokenizer
 
-from toolrollout.bench import (
+from toolrollout.apps.bench import (
     LatencyModel,
     LatencyServer,
     ServerScheduling,
@@ -31,9 +31,9 @@ from toolrollout.bench import (
     create_latency_app,
     kv_bound_makespan,
 )
-from toolrollout.bench._server import PRIORITY_DISABLED_MESSAGE
+from toolrollout.apps.bench._server import PRIORITY_DISABLED_MESSAGE
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.chat import ChatFormat
-from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest, SamplingParams
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-import toolrollout.demo
+import toolrollout.apps.demo
 from toolrollout.chat import ChatFormat
 from toolrollout.chat._format import _plain_backend
 
@@ -27,7 +27,7 @@ TEXTS = [
 
 def _demo_tokenizer() -> PreTrainedTokenizerBase:
     tokenizer: PreTrainedTokenizerBase = AutoTokenizer.from_pretrained(
-        str(Path(toolrollout.demo.__file__).parent / "model")
+        str(Path(toolrollout.apps.demo.__file__).parent / "model")
     )
     return tokenizer
 

@@ -18,7 +18,7 @@ from tests.chat.conftest import TOOLS, build_tokenizer
 from transformers import PreTrainedTokenizerBase
 
 from toolrollout.chat import ChatFormat, ParsedTurn, ToolCall, get_template_family, get_tool_parser
-from toolrollout.chat._family import TemplateProbe
+from toolrollout.chat.families._family import TemplateProbe
 from toolrollout.chat.families._gpt_oss import (
     detect_harmony,
     harmony_assistant_message,

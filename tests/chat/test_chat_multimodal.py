@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.chat import ChatFormat, VisionFormat, load_image
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.exceptions import ImageError
 
 SIZES = [(90, 60), (56, 56), (200, 30), (20, 20), (300, 300), (113, 87)]
@@ -119,7 +119,7 @@ def test_load_image_forms_and_failures(tmp_path: Any) -> None:
 def test_a_text_tokenizer_is_refused() -> None:
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
     from toolrollout.exceptions import ConfigError
 
     processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]

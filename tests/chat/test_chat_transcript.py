@@ -376,7 +376,7 @@ def test_demo_template_is_qwen25_and_extends_cleanly(
 
     import toolrollout
 
-    path = Path(next(iter(toolrollout.__path__))) / "demo" / "chat_template.jinja"
+    path = Path(next(iter(toolrollout.__path__))) / "apps" / "demo" / "chat_template.jinja"
     assert path.is_file(), f"the demo chat template is committed at {path}"
     fmt = ChatFormat(qwen25_tokenizer, tools=tools, chat_template=path.read_text())
     assert fmt.family.name == "qwen25"
@@ -391,7 +391,7 @@ def test_demo_model_tokenizer() -> None:
 
     import toolrollout
 
-    model_dir = Path(next(iter(toolrollout.__path__))) / "demo" / "model"
+    model_dir = Path(next(iter(toolrollout.__path__))) / "apps" / "demo" / "model"
     assert (model_dir / "tokenizer_config.json").is_file(), (
         f"the demo model is committed at {model_dir}"
     )

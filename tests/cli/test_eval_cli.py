@@ -21,8 +21,8 @@ import pytest
 from tests.eval._wandb import read_wandb_records
 from typer.testing import CliRunner
 
-from toolrollout.cli import app
-from toolrollout.demo import load_demo_prompts
+from toolrollout.apps.cli import app
+from toolrollout.apps.demo import load_demo_prompts
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "140"}
 # The eval extra (in the test extra) brings mlflow; an environment without it still checks

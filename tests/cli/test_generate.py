@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from toolrollout.demo import load_demo_prompts
+from toolrollout.apps.demo import load_demo_prompts
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "120"}
 
@@ -304,7 +304,7 @@ def test_the_collector_threshold_is_the_runs_only() -> None:
     process's own thresholds as they were."""
     import gc
 
-    from toolrollout.cli.generate import _collect_young_later
+    from toolrollout.apps.cli.generate import _collect_young_later
 
     before = gc.get_threshold()
     with _collect_young_later(12_345) as during:

@@ -22,8 +22,8 @@ from tests._serve_thread import demo_server_in_thread
 from typer.testing import CliRunner
 
 from toolrollout._exceptions import UserError
-from toolrollout.cli import app
-from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.apps.cli import app
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.rollout import (
     RolloutConfig,

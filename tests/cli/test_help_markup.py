@@ -13,7 +13,7 @@ from typing import Any
 import typer
 from typer.testing import CliRunner
 
-from toolrollout.cli import app
+from toolrollout.apps.cli import app
 
 
 def _commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:

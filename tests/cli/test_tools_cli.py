@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from toolrollout.cli import app
+from toolrollout.apps.cli import app
 from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 REPO = Path(__file__).resolve().parents[2]

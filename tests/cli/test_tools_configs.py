@@ -25,7 +25,7 @@ import pytest
 from tests._processes import stop
 from typer.testing import CliRunner, Result
 
-from toolrollout.cli import app
+from toolrollout.apps.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "tool_configs"
@@ -92,7 +92,7 @@ def test_mcp_stdio_yaml() -> None:
 def mcp_http_server(tmp_path: Path) -> Iterator[Path]:
     """The demo calculator MCP server over streamable HTTP, as mcp_http.yaml's comment says."""
     config, port = on_free_port(tmp_path, ["mcp_http.yaml", "mcp_servers_http.json"], 8765)
-    argv = [sys.executable, "-m", "toolrollout.mcp_servers.calculator"]
+    argv = [sys.executable, "-m", "toolrollout.apps.mcp_servers.calculator"]
     argv += ["--transport", "streamable-http", "--port", str(port)]
     process = subprocess.Popen(
         argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
@@ -155,7 +155,7 @@ def test_search_yaml(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("av")
-    from toolrollout.demo_vl.video import Segment, make_video
+    from toolrollout.apps.demo_vl.video import Segment, make_video
 
     segments = [Segment(0.0, 2.0, "red", 1), Segment(2.0, 4.0, "blue", 2)]
     return make_video(tmp_path_factory.mktemp("video") / "clip.mp4", segments, fps=4)

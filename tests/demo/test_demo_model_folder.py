@@ -13,7 +13,7 @@ from transformers import (
     GenerationConfig,
 )
 
-from toolrollout.demo import (
+from toolrollout.apps.demo import (
     CALCULATOR_TOOL,
     DEMO_MODEL_PATH,
     DEMO_PROMPTS_PATH,

@@ -15,9 +15,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from toolrollout.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
-from toolrollout.demo.dialogs import generate_problems, is_heldout
-from toolrollout.demo.train import parse_args
+from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
+from toolrollout.apps.demo.dialogs import generate_problems, is_heldout
+from toolrollout.apps.demo.train import parse_args
 from toolrollout.tools.calculator import CalculatorError, evaluate
 
 pytestmark = pytest.mark.slow

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from toolrollout.demo import DEMO_MODEL_PATH, DEMO_PROMPT_SETS, demo_prompts_for_tools
-from toolrollout.demo.code_tasks import generate_code_tasks
-from toolrollout.demo.dialogs import FAMILIES, family_tools, training_dialogs
-from toolrollout.demo.search_tasks import search_tasks, search_text
+from toolrollout.apps.demo import DEMO_MODEL_PATH, DEMO_PROMPT_SETS, demo_prompts_for_tools
+from toolrollout.apps.demo.code_tasks import generate_code_tasks
+from toolrollout.apps.demo.dialogs import FAMILIES, family_tools, training_dialogs
+from toolrollout.apps.demo.search_tasks import search_tasks, search_text
 from toolrollout.sandbox import SandboxTool, serve_sandbox_in_background
 from toolrollout.search import SearchTool, serve_retriever_in_background
 from toolrollout.tools import ToolContext, load_tool_config
@@ -74,7 +74,7 @@ async def test_search_tool_outputs_are_the_retriever_servers() -> None:
 @pytest.mark.slow
 def test_build_tokenizer_reproduces_the_shipped_tokenizer() -> None:
     """Retraining is minutes; the tokenizer step alone proves the data and its order."""
-    from toolrollout.demo.train import build_tokenizer, parse_args, training_texts
+    from toolrollout.apps.demo.train import build_tokenizer, parse_args, training_texts
 
     args = parse_args([])
     tokenizer = build_tokenizer(training_texts(args)[: args.tokenizer_dialogs])

@@ -20,16 +20,16 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
-from toolrollout.demo.code_tasks import is_heldout_code, sandbox_schema
-from toolrollout.demo.dialogs import FAMILIES, TRAIN_FAMILY_MIX, training_dialogs
-from toolrollout.demo.search_tasks import (
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.apps.demo.code_tasks import is_heldout_code, sandbox_schema
+from toolrollout.apps.demo.dialogs import FAMILIES, TRAIN_FAMILY_MIX, training_dialogs
+from toolrollout.apps.demo.search_tasks import (
     is_heldout_question,
     search_schema,
     search_tasks,
     search_text,
 )
-from toolrollout.demo.train import parse_args
+from toolrollout.apps.demo.train import parse_args
 
 pytestmark = pytest.mark.slow
 

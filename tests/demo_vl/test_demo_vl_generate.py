@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
-from toolrollout.demo_vl.train import HELDOUT_SEED_BASE, windows
-from toolrollout.demo_vl.video import make_video, plan_segments
+from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
+from toolrollout.apps.demo_vl.train import HELDOUT_SEED_BASE, windows
+from toolrollout.apps.demo_vl.video import make_video, plan_segments
 
 pytest.importorskip("av")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
+from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
 
 SHIPPED = (
     "chat_template.jinja",
@@ -30,7 +30,7 @@ def build_in_child(*args: str) -> None:
     recorded in tokenizer_config.json (local_files_only: true), and the bytes would differ
     from the shipped folder's for a reason that has nothing to do with the build."""
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
-    code = "import sys; from toolrollout.demo_vl.build import main; main(sys.argv[1:])"
+    code = "import sys; from toolrollout.apps.demo_vl.build import main; main(sys.argv[1:])"
     subprocess.run([sys.executable, "-c", code, *args], check=True, env=env, timeout=600)
 
 
@@ -91,12 +91,12 @@ def test_the_build_takes_its_text_base_from_a_path(tmp_path: Path, start: Path) 
 def test_a_missing_text_base_says_how_to_recreate_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from toolrollout.demo_vl.build import main
+    from toolrollout.apps.demo_vl.build import main
 
     with pytest.raises(SystemExit) as exited:
         main(["--out", str(tmp_path / "out"), "--text-base", str(tmp_path / "missing")])
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert "git show 9ceb368:src/toolrollout/demo/model/" in err
+    assert "git show 9ceb368:src/toolrollout/apps/demo/model/" in err
     assert "--text-base" in err
     assert not (tmp_path / "out").exists()

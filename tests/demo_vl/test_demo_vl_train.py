@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
-from toolrollout.demo_vl.train import evaluate, main
+from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
+from toolrollout.apps.demo_vl.train import evaluate, main
 
 pytest.importorskip("av")
 

@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from toolrollout._exceptions import UserError
-from toolrollout.demo import DEMO_MODEL_PATH
-from toolrollout.distributed import BatchCoordinator
+from toolrollout.apps.demo import DEMO_MODEL_PATH
+from toolrollout.apps.distributed import BatchCoordinator
 from toolrollout.engines import GenerateRequest
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput

@@ -50,7 +50,7 @@ def _cli(*args: str, cwd: Path, **kwargs: Any) -> subprocess.Popen[str]:
 
 def test_importing_toolrollout_never_imports_ray() -> None:
     code = (
-        "import sys, toolrollout, toolrollout.distributed, toolrollout.cli.generate; "
+        "import sys, toolrollout, toolrollout.apps.distributed, toolrollout.apps.cli.generate; "
         "print('ray' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -62,7 +62,7 @@ def test_ray_flag_without_ray_says_how_to_install(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['ray'] = None; "
         "sys.argv = ['toolrollout', 'generate', '--ray', '--limit', '2']; "
-        "from toolrollout.cli import main; main()"
+        "from toolrollout.apps.cli import main; main()"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=ENV
@@ -369,8 +369,8 @@ def _one_machine_group(server: str, *, prompt_index: int, group_id: str) -> list
     import anyio
     from transformers import AutoTokenizer
 
+    from toolrollout.apps.demo import DEMO_MODEL_PATH, DEMO_PROMPTS_PATH
     from toolrollout.data import load_prompts
-    from toolrollout.demo import DEMO_MODEL_PATH, DEMO_PROMPTS_PATH
     from toolrollout.engines import SamplingParams, SGLangClient
     from toolrollout.rewards import numeric_match
     from toolrollout.rollout import RolloutConfig, RolloutRunner
@@ -408,7 +408,7 @@ def _one_machine_group(server: str, *, prompt_index: int, group_id: str) -> list
 def _leave_an_interrupted_run(parts: Path, *, run_id: str, prompt_index: int) -> None:
     """The shard folder a killed `generate --ray --limit 4 --n 2` driver leaves behind:
     its manifest, and worker 1's own shard holding one whole group."""
-    from toolrollout.demo import DEMO_PROMPTS_PATH
+    from toolrollout.apps.demo import DEMO_PROMPTS_PATH
     from toolrollout.rollout import RolloutPrompt, ShardWriter, failed_trajectory
 
     parts.mkdir()

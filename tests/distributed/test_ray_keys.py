@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from toolrollout.distributed._driver import RayOptions, _engine
+from toolrollout.apps.distributed._driver import RayOptions, _engine
 from toolrollout.spec import RunSpec
 
 GENERATE = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}

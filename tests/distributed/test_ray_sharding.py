@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolrollout._exceptions import UserError
-from toolrollout.distributed import shard_prompts
+from toolrollout.apps.distributed import shard_prompts
 
 
 @given(st.integers(min_value=0, max_value=500), st.integers(min_value=1, max_value=17))

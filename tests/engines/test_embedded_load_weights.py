@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from toolrollout import UserError
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.engines._types import GenerateRequest, SamplingParams
 from toolrollout.engines.embedded import EmbeddedEngine
 

@@ -19,7 +19,7 @@ import pytest
 from tests._serve_thread import serve_in_thread
 
 from toolrollout._exceptions import UserError
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.engines import (
     Engine,
     EngineInfo,

@@ -18,14 +18,14 @@ from tests._latency import lookup
 from transformers import AutoTokenizer
 
 from toolrollout._exceptions import UserError
-from toolrollout.bench import (
+from toolrollout.apps.bench import (
     LatencyModel,
     LatencyServer,
     ServerScheduling,
     Workload,
     create_latency_app,
 )
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._scheduling import (

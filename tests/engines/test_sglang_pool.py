@@ -19,8 +19,8 @@ import pytest
 from tests._processes import free_port, wait_http
 
 from toolrollout._net import open_file_limit
-from toolrollout.bench._metrics import peak_in_flight
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.bench._metrics import peak_in_flight
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.engines import (
     GenerateRequest,
     SamplingParams,
@@ -43,7 +43,7 @@ def latency_server() -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = [
-        sys.executable, "-m", "toolrollout.bench.serve_model", f"--port={port}",
+        sys.executable, "-m", "toolrollout.apps.bench.serve_model", f"--port={port}",
         f"--tokenizer={DEMO_MODEL_PATH}", f"--capacity={2 * IN_FLIGHT}",
         "--prefill-per-token=0", "--decode-per-token=0.05",
     ]  # fmt: skip

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 from tests._trajectories import make
 
-from toolrollout.eval import FIGURES, compare, summarize, write_report
+from toolrollout.apps.eval import FIGURES, compare, summarize, write_report
 from toolrollout.rollout import TrajectoryStatus
 
 

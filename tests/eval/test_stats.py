@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolrollout import UserError
-from toolrollout.eval import bootstrap_difference, bootstrap_mean, default_ks, pass_at_k
+from toolrollout.apps.eval import bootstrap_difference, bootstrap_mean, default_ks, pass_at_k
 
 
 @given(st.integers(1, 9).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n))), st.data())

@@ -10,7 +10,7 @@ import pytest
 from tests._trajectories import make
 
 from toolrollout import UserError
-from toolrollout.eval import compare, summarize
+from toolrollout.apps.eval import compare, summarize
 from toolrollout.rollout import Trajectory, TrajectoryStatus
 
 

@@ -10,7 +10,7 @@ import pytest
 from tests.eval._wandb import read_wandb_records
 
 from toolrollout import UserError
-from toolrollout.eval import log_to_mlflow, log_to_wandb
+from toolrollout.apps.eval import log_to_mlflow, log_to_wandb
 
 METRICS = {
     "eval/accuracy": 0.75,

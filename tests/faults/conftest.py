@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 
 
 @pytest.fixture(scope="session")

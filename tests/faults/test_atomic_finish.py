@@ -26,7 +26,7 @@ import pytest
 from tests._processes import free_port, stop, wait_http
 from typer.testing import CliRunner
 
-from toolrollout.cli import app
+from toolrollout.apps.cli import app
 from toolrollout.rollout import read_rows, read_shards
 from toolrollout.rollout._output import FINISH_STEPS, KILL_AT_ENV
 

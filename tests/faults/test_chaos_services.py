@@ -81,7 +81,7 @@ def _retriever(tmp: Path, port: int) -> Path:
 
 def _mcp_http(tmp: Path, port: int) -> Path:
     """The calculator over streamable HTTP, started by the run (``command`` + ``url``)."""
-    args = ["-m", "toolrollout.mcp_servers.calculator", "--transport", "streamable-http"]
+    args = ["-m", "toolrollout.apps.mcp_servers.calculator", "--transport", "streamable-http"]
     entry = {
         "url": f"http://127.0.0.1:{port}/mcp",
         "command": "${PYTHON}",

@@ -18,8 +18,8 @@ import anyio
 import pytest
 from typer.testing import CliRunner
 
+from toolrollout.apps.cli import app
 from toolrollout.chat import tool_parser_names
-from toolrollout.cli import app
 from toolrollout.data import load_prompts
 from toolrollout.engines import GenerateRequest
 from toolrollout.rollout import RolloutConfig, RolloutRunner

@@ -23,7 +23,7 @@ import pytest
 from tests._processes import free_port, stop, wait_http
 from tests.faults._proxy import FaultProxy
 
-from toolrollout.demo import load_demo_prompts
+from toolrollout.apps.demo import load_demo_prompts
 from toolrollout.engines import RetryPolicy, SamplingParams, SGLangClient
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory
 from toolrollout.tools import calculator_tool

@@ -97,7 +97,7 @@ def test_kill_9_mid_run_then_resume_completes_only_missing_samples(tmp_path: Pat
     # in-process, since the refusal comes before any model is loaded).
     from typer.testing import CliRunner
 
-    from toolrollout.cli import app
+    from toolrollout.apps.cli import app
 
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(tmp_path)

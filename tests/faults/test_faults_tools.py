@@ -88,7 +88,7 @@ async def run(
 def test_mcp_server_in_a_crash_loop(demo_tokenizer: Any, tmp_path: Path) -> None:
     before = child_pids()
     spec = StdioServer(
-        name="testkit", command=sys.executable, args=("-m", "toolrollout.mcp_servers.testkit")
+        name="testkit", command=sys.executable, args=("-m", "toolrollout.apps.mcp_servers.testkit")
     )
     limits = ToolLimits(
         timeout=30.0,

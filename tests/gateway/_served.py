@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
+from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator
+from toolrollout.apps.gateway import Gateway, GatewayConfig, build_app
 from toolrollout.chat import ChatFormat
-from toolrollout.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator
-from toolrollout.gateway import Gateway, GatewayConfig, build_app
 from toolrollout.rollout import Trajectory
 
 from .conftest import assert_token_exact

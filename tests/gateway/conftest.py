@@ -16,10 +16,10 @@ from typing import Any, cast
 import pytest
 import uvicorn
 
+from toolrollout.apps.demo import DEMO_MODEL_PATH
+from toolrollout.apps.gateway import ChatChoice, ChatResult, Gateway, GatewayConfig, build_app
 from toolrollout.chat import ChatFormat, check_drift
-from toolrollout.demo import DEMO_MODEL_PATH
 from toolrollout.engines import GenerateRequest
-from toolrollout.gateway import ChatChoice, ChatResult, Gateway, GatewayConfig, build_app
 from toolrollout.rollout import Trajectory
 from toolrollout.spec._policy import load_tokenizer
 from toolrollout.testing import ScriptedEngine, ScriptedOutput

@@ -16,8 +16,8 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import BaseModel
 
-from toolrollout.gateway import ChatChoice, ChatResult, GatewayError, ToolCallOut
-from toolrollout.gateway._anthropic import (
+from toolrollout.apps.gateway import ChatChoice, ChatResult, GatewayError, ToolCallOut
+from toolrollout.apps.gateway._anthropic import (
     anthropic_error,
     anthropic_messages,
     message_events,

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from toolrollout.gateway import Gateway, GatewayConfig, build_app
+from toolrollout.apps.gateway import Gateway, GatewayConfig, build_app
 
 from .conftest import TOOLS, Model, assert_token_exact, call_text, served
 

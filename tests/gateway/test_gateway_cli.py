@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
+from toolrollout.apps.demo import CALCULATOR_TOOL, calculator, load_demo_prompts
 from toolrollout.chat import ChatFormat, check_drift
-from toolrollout.demo import CALCULATOR_TOOL, calculator, load_demo_prompts
 from toolrollout.rollout import TokenSpan, Trajectory, TrajectoryStatus, read_rows
 
 from .._processes import free_port, stop, wait_http

@@ -20,9 +20,9 @@ import openai
 import pytest
 from PIL import Image
 
+from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
+from toolrollout.apps.gateway import ChatRequest, Gateway, GatewayConfig
 from toolrollout.chat import VisionFormat
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
-from toolrollout.gateway import ChatRequest, Gateway, GatewayConfig
 from toolrollout.spec._policy import load_tokenizer
 
 from .conftest import Model, served

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from toolrollout.apps.gateway import ChatRequest, Gateway, GatewayConfig
 from toolrollout.exceptions import UserError
-from toolrollout.gateway import ChatRequest, Gateway, GatewayConfig
 from toolrollout.integrations import to_verl_batch, trajectory_extras
 from toolrollout.metrics import rollout_metrics
 from toolrollout.rollout import TRAJECTORY_SCHEMA, read_rows, read_shards

@@ -18,8 +18,8 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel
 
-from toolrollout.gateway import ChatChoice, ChatResult, GatewayError, ToolCallOut
-from toolrollout.gateway._responses import (
+from toolrollout.apps.gateway import ChatChoice, ChatResult, GatewayError, ToolCallOut
+from toolrollout.apps.gateway._responses import (
     output_items,
     parse_responses_request,
     response_events,

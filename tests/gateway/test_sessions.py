@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from toolrollout.gateway import ChatRequest, Gateway, GatewayConfig, GatewayError
+from toolrollout.apps.gateway import ChatRequest, Gateway, GatewayConfig, GatewayError
 
 from .conftest import TOOLS, Model, assert_token_exact, call_text, sent_back, tool_results
 

@@ -14,7 +14,7 @@ from typing import Any
 import openai
 import pytest
 
-from toolrollout.gateway import GatewayConfig
+from toolrollout.apps.gateway import GatewayConfig
 
 from .conftest import TOOLS, Model, assert_token_exact, call_text, served
 

@@ -20,7 +20,7 @@ import anthropic
 import openai
 import pytest
 
-from toolrollout.gateway._stream import IncrementalText, TurnStream
+from toolrollout.apps.gateway._stream import IncrementalText, TurnStream
 
 from .conftest import TOOLS, Model, assert_token_exact, call_text, served
 

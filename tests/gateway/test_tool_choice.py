@@ -18,9 +18,9 @@ import anthropic
 import openai
 import pytest
 
+from toolrollout.apps.gateway import Gateway, GatewayConfig
 from toolrollout.chat import get_tool_parser, tool_parser_names
 from toolrollout.engines import GenerateRequest
-from toolrollout.gateway import Gateway, GatewayConfig
 
 from .conftest import TOOLS, Model, assert_token_exact, call_text, served
 

@@ -19,7 +19,7 @@ import pytest
 from tests.integrations._scripted import calculator_script
 from tests.integrations._trainers import TRAINER_TEST_FILES, trainer_import_error
 
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.testing import ScriptedEngine
 
 _HERE = Path(__file__).resolve().parent

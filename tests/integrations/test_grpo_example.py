@@ -123,7 +123,7 @@ def test_lora_adapter_trains_only_its_own_weights_and_starts_at_the_shipped_mode
     pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
-    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
     from toolrollout.integrations._weight_sync import policy_state_dict
 
     example: Any = _example()

@@ -98,7 +98,7 @@ def test_eval_and_mlflow_log_the_same_names(
     pytest.importorskip("mlflow")
     from mlflow.tracking import MlflowClient
 
-    from toolrollout.eval import log_to_mlflow, summarize
+    from toolrollout.apps.eval import log_to_mlflow, summarize
 
     trajectories = _trajectories(demo_tokenizer, scripted_engine)
     summary = summarize(trajectories)

@@ -20,7 +20,7 @@ from swift.callbacks import callbacks_map
 from swift.utils import import_external_file
 from transformers import AutoModelForCausalLM
 
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.integrations import SWIFT_PLUGIN_PATH
 from toolrollout.testing import ScriptedEngine
 

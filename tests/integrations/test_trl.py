@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from toolrollout import RolloutConfig, SamplingParams, UserError
-from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.integrations import TRLRolloutFunc, trl_rollout_func
 from toolrollout.testing import ScriptedEngine
 from toolrollout.tools import calculator_tool

@@ -24,7 +24,7 @@ import pytest
 from tests._processes import free_port, stop, wait_http
 
 from toolrollout import RolloutConfig, SamplingParams
-from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.tools import calculator_tool
 

@@ -36,7 +36,7 @@ from verl.workers.rollout.replica import TokenOutput
 from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
 from toolrollout import RolloutConfig, RolloutRunner, SamplingParams
-from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import GenerateRequest
 from toolrollout.integrations import VerlServerEngine, to_verl_batch
 from toolrollout.rollout import Trajectory, write_trajectories
@@ -123,7 +123,7 @@ class InProcessActor:
 
 FUNCTION_TOOLS = '''
 from verl.tools.function_tool import function_tool
-from toolrollout.demo import calculator as _calculator
+from toolrollout.apps.demo import calculator as _calculator
 
 
 @function_tool

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 import toolrollout
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.tools import load_tool_config, open_tools
 
 CONFIGS = Path(__file__).resolve().parents[2] / "tool_configs"

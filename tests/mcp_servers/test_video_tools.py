@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from toolrollout.demo_vl.video import COLOURS, Segment, make_video
-from toolrollout.mcp_servers.video_tools import read_frames
+from toolrollout.apps.demo_vl.video import COLOURS, Segment, make_video
+from toolrollout.apps.mcp_servers.video_tools import read_frames
 from toolrollout.tools import ToolCallRequest, ToolExecutor, ToolResult, load_tool_config
 from toolrollout.tools.mcp import mcp_sessions
 

@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from toolrollout.demo import CALCULATOR_TOOL
+from toolrollout.apps.demo import CALCULATOR_TOOL
 from toolrollout.exceptions import InteractionError, UserError
 from toolrollout.interactions import GraderInteraction, Interaction, InteractionReply
 from toolrollout.rewards import RewardMix, numeric_match

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from toolrollout.demo import CALCULATOR_TOOL
+from toolrollout.apps.demo import CALCULATOR_TOOL
 from toolrollout.engines import FinishReason, GenerateRequest, SamplingParams
 from toolrollout.rewards import numeric_match, tool_error_penalty
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.chat import VisionFormat
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.rollout import (
     RolloutConfig,
     RolloutRunner,

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from tests._serve_thread import demo_server_in_thread
 
-from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.rollout import (
     RolloutBatch,
@@ -142,7 +142,7 @@ def test_partial_trajectories_resume_token_for_token(
 def test_generate_cli_writes_only_the_target_groups(server: str, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from toolrollout.cli import app
+    from toolrollout.apps.cli import app
 
     out = tmp_path / "batch.jsonl"
     args = ["generate", "--engine-url", server, "--n", "2", "--max-new-tokens", "24"]

@@ -34,7 +34,7 @@ NO_BWRAP_ENV = {**os.environ, "PATH": "/nonexistent"}
 def test_serve_refuses_without_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
 
-    from toolrollout.cli import app
+    from toolrollout.apps.cli import app
 
     monkeypatch.setenv("PATH", "/nonexistent")
     result = CliRunner().invoke(app, ["sandbox", "serve", "--port", "1"])

@@ -11,10 +11,10 @@ import pytest
 from tests._serve_thread import serve_in_thread
 from typer.testing import CliRunner
 
-from toolrollout.demo import DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_MODEL_PATH
+from toolrollout.apps.server import default_security
 from toolrollout.engines.embedded import EmbeddedEngine
 from toolrollout.rollout import read_rows
-from toolrollout.server import default_security
 
 KEY = "engine-key-for-generate-0123"
 
@@ -31,7 +31,7 @@ def keyed_server() -> Iterator[str]:
 
 
 def _generate(url: str, out: Path, env: dict[str, str], *extra: str) -> tuple[int, str]:
-    from toolrollout.cli import app
+    from toolrollout.apps.cli import app
 
     args = ["generate", "--engine-url", url, "--model", str(DEMO_MODEL_PATH), "--limit", "1"]
     args += ["--n", "1", "--max-turns", "1", "--max-new-tokens", "4", "--retries", "1"]

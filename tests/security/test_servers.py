@@ -21,6 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from toolrollout._exceptions import EngineRequestRejected, ToolExecutionError, UserError
+from toolrollout.apps.server import create_app, default_security
 from toolrollout.engines import SGLangClient
 from toolrollout.engines._types import GenerateRequest, SamplingParams
 from toolrollout.engines.embedded import EmbeddedEngine
@@ -29,7 +30,6 @@ from toolrollout.sandbox._server import sandbox_security
 from toolrollout.search import Bm25Retriever, SearchTool, load_corpus
 from toolrollout.search.demo_corpus import DEMO_CORPUS_PATH
 from toolrollout.search.retriever import create_retriever_app, retriever_security
-from toolrollout.server import create_app, default_security
 from toolrollout.spec import RunSpec
 
 KEY = "k-user-0123456789"
@@ -254,7 +254,7 @@ async def test_retriever_needs_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _cli(args: list[str], env: dict[str, str] | None = None) -> Any:
-    from toolrollout.cli import app
+    from toolrollout.apps.cli import app
 
     return CliRunner().invoke(app, args, env=env)
 
@@ -296,10 +296,10 @@ def test_insecure_or_a_key_lets_it_start(
 
 
 def test_serve_with_a_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    import toolrollout.server
+    import toolrollout.apps.server
 
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(toolrollout.server, "run_server", lambda *a, **kw: calls.append(kw))
+    monkeypatch.setattr(toolrollout.apps.server, "run_server", lambda *a, **kw: calls.append(kw))
     env = {"TOOLROLLOUT_API_KEY": KEY, "TOOLROLLOUT_ADMIN_API_KEY": ADMIN}
     result = _cli(["serve", "--host", "0.0.0.0", "--weights-dir", "/tmp"], env=env)
     assert result.exit_code == 0, result.output

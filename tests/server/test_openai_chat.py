@@ -16,9 +16,9 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from toolrollout.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
+from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
+from toolrollout.apps.server import create_app
 from toolrollout.engines.embedded import EmbeddedEngine
-from toolrollout.server import create_app
 
 
 @pytest.fixture(scope="module")

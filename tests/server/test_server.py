@@ -16,9 +16,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from toolrollout.apps.server import create_app
 from toolrollout.engines._types import GenerateRequest, SamplingParams
 from toolrollout.engines.embedded import EmbeddedEngine
-from toolrollout.server import create_app
 
 META_KEYS = [
     "id",
@@ -618,16 +618,16 @@ async def test_client_disconnect_aborts_the_request(
 def test_cli_serve_wires_run_server(monkeypatch: pytest.MonkeyPatch, tiny_model_path: Path) -> None:
     from typer.testing import CliRunner
 
-    import toolrollout.demo
-    import toolrollout.server
-    from toolrollout.cli import app, main
+    import toolrollout.apps.demo
+    import toolrollout.apps.server
+    from toolrollout.apps.cli import app, main
 
     calls: list[tuple[Any, ...]] = []
 
     def fake_run_server(*args: Any, **kwargs: Any) -> None:
         calls.append((args, kwargs))
 
-    monkeypatch.setattr(toolrollout.server, "run_server", fake_run_server)
+    monkeypatch.setattr(toolrollout.apps.server, "run_server", fake_run_server)
     runner = CliRunner()
     result = runner.invoke(
         app, ["serve", "--model", str(tiny_model_path), "--port", "31234", "--max-batch-size", "4"]
@@ -638,9 +638,9 @@ def test_cli_serve_wires_run_server(monkeypatch: pytest.MonkeyPatch, tiny_model_
     assert kwargs["max_batch_size"] == 4
     assert callable(main)
 
-    monkeypatch.setattr(toolrollout.demo, "DEMO_MODEL_PATH", tiny_model_path.parent / "absent")
+    monkeypatch.setattr(toolrollout.apps.demo, "DEMO_MODEL_PATH", tiny_model_path.parent / "absent")
     missing = runner.invoke(app, ["serve"])
     assert missing.exit_code == 2 and "demo model is missing" in missing.output
-    monkeypatch.setattr(toolrollout.demo, "DEMO_MODEL_PATH", tiny_model_path)
+    monkeypatch.setattr(toolrollout.apps.demo, "DEMO_MODEL_PATH", tiny_model_path)
     assert runner.invoke(app, ["serve"]).exit_code == 0
     assert calls[-1][0][0] == tiny_model_path

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolrollout.server._protocol import BadRequest, parse_generate
+from toolrollout.apps.server._protocol import BadRequest, parse_generate
 
 
 def _parse(body: dict[str, object]) -> list[tuple[object, ...] | None]:

@@ -24,7 +24,7 @@ from tests._processes import free_port, stop, wait_http
 from tests._waiting import wait_until
 
 from toolrollout._exceptions import EngineRequestRejected, UserError
-from toolrollout.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import GenerateRequest, GenerateResult, SamplingParams, SGLangClient
 from toolrollout.rollout import RolloutConfig, RolloutRunner
 from toolrollout.tools import calculator_tool

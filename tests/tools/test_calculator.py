@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolrollout.demo import CALCULATOR_TOOL, calculator
+from toolrollout.apps.demo import CALCULATOR_TOOL, calculator
 from toolrollout.tools.calculator import CalculatorError, evaluate
 
 

@@ -199,7 +199,7 @@ def test_an_unknown_type_names_the_registered_ones(monkeypatch: pytest.MonkeyPat
 
 def test_the_tools_package_imports_no_backend() -> None:
     """No import statement in tools/ (lazy or not) names the sandbox, search or demo apps."""
-    apps = ("toolrollout.sandbox", "toolrollout.search", "toolrollout.demo")
+    apps = ("toolrollout.sandbox", "toolrollout.search", "toolrollout.apps.demo")
     for path in TOOLS_SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names: list[str] = []
@@ -215,7 +215,7 @@ def test_the_tools_package_imports_no_backend() -> None:
         "import sys, toolrollout.tools as t\n"
         "t.load_tool_config('tool_configs/calculator.yaml')\n"
         "print(sorted(m for m in sys.modules if m.startswith(('toolrollout.sandbox', "
-        "'toolrollout.search', 'toolrollout.demo', 'toolrollout.tools.mcp', 'mcp'))))\n"
+        "'toolrollout.search', 'toolrollout.apps.demo', 'toolrollout.tools.mcp', 'mcp'))))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

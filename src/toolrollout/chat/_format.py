@@ -36,8 +36,8 @@ if TYPE_CHECKING:  # transformers is heavy; only its type is needed here
     from transformers import PreTrainedTokenizerBase
 
 from .._exceptions import TokenizationError, UserError
-from ._families import TemplateFamily, detect_template_family, get_template_family
-from ._family import PROBE_MESSAGES, PROBE_TOOLS, TemplateProbe
+from .families import TemplateFamily, detect_template_family, get_template_family
+from .families._family import PROBE_MESSAGES, PROBE_TOOLS, TemplateProbe
 
 __all__ = ["ChatFormat", "Message"]
 

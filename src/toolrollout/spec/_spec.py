@@ -147,7 +147,7 @@ class RunSpec:
         """The model (and tokenizer) folder: ``model``, or the bundled demo model."""
         if self.model is not None:
             return self.model
-        from toolrollout.demo import DEMO_MODEL_PATH
+        from toolrollout.apps.demo import DEMO_MODEL_PATH
 
         return DEMO_MODEL_PATH
 

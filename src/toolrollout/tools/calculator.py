@@ -60,7 +60,7 @@ CALCULATOR_TOOL: Final[dict[str, Any]] = {
 """OpenAI-style function schema of :func:`calculator`, as passed in ``tools=[...]``.
 
 The demo model was trained with exactly this schema in its system prompt: editing the text
-changes the prompt it sees (retrain with :mod:`toolrollout.demo.train` after doing so)."""
+changes the prompt it sees (retrain with :mod:`toolrollout.apps.demo.train` after doing so)."""
 
 
 class CalculatorError(ValueError):

@@ -19,8 +19,8 @@ import anyio
 from tests.chat.families.conftest import build_tokenizer, official_template
 from transformers import PreTrainedTokenizerBase
 
+from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.chat import ChatFormat, TemplateFamily, VisionFormat
-from toolrollout.demo_vl import DEMO_VL_MODEL_PATH
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import Tool, ToolResult, function_tool

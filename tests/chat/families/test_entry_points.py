@@ -232,7 +232,7 @@ def test_runner_detects_the_family_and_runs_its_calls(case: Case) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_generate_cli_with_family(case: Case, tmp_path: Path) -> None:
-    from toolrollout.cli import app
+    from toolrollout.apps.cli import app
 
     tokenizer = _tokenizer(case)
     model_dir = tmp_path / "model"

@@ -167,7 +167,7 @@ def test_generate_cli_and_trl_adapter(tokenizer: PreTrainedTokenizerBase, tmp_pa
     # The template is detected and run by `toolrollout generate` and the TRL adapter too
     # (here with the calculator and no images; the entry-point test renders each family's
     # turns from its template, which for this one holds no calls).
-    from toolrollout.cli import app
+    from toolrollout.apps.cli import app
 
     turns = [tokenizer.encode(t, add_special_tokens=False) for t in CALCULATOR_TURNS]
     model_dir = tmp_path / "model"

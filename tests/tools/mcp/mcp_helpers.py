@@ -16,7 +16,7 @@ from pathlib import Path
 
 import anyio
 
-from toolrollout.mcp_servers.testkit import LOG_ENV, RATE_ENV
+from toolrollout.apps.mcp_servers.testkit import LOG_ENV, RATE_ENV
 from toolrollout.tools.mcp import StdioServer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,7 +27,7 @@ def kit_stdio(tmp_path: Path, *, name: str = "testkit", rate: int = 2) -> StdioS
     return StdioServer(
         name=name,
         command=sys.executable,
-        args=("-m", "toolrollout.mcp_servers.testkit"),
+        args=("-m", "toolrollout.apps.mcp_servers.testkit"),
         env={LOG_ENV: str(tmp_path / "testkit.log"), RATE_ENV: str(rate)},
     )
 
@@ -103,7 +103,7 @@ class HttpServerProcess:
             [
                 sys.executable,
                 "-m",
-                f"toolrollout.mcp_servers.{self.module}",
+                f"toolrollout.apps.mcp_servers.{self.module}",
                 "--transport",
                 self.transport,
                 "--port",

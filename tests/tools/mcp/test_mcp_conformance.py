@@ -635,7 +635,7 @@ async def test_a_rollout_keeps_running_through_a_server_restart(installed: None)
     streamable HTTP, restarted between the first and the second call of every trajectory:
     every trajectory completes, every call returns the server's answer, nothing is lost or
     scored on an error (an unavailable call would fail the row: the default policy)."""
-    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
     from toolrollout.engines import GenerateRequest
     from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
     from toolrollout.spec import load_tokenizer
@@ -694,7 +694,7 @@ async def test_a_batch_target_cancels_a_reference_servers_long_call(installed: N
     next call."""
     from transformers import AutoTokenizer
 
-    from toolrollout.demo import DEMO_MODEL_PATH
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
     from toolrollout.engines import GenerateRequest
     from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
     from toolrollout.testing import ScriptedEngine, ScriptedOutput

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mcp_helpers import REPO, free_port, http_server, port_free, read_log, wait_for
 
-from toolrollout.mcp_servers.testkit import LOG_ENV
+from toolrollout.apps.mcp_servers.testkit import LOG_ENV
 from toolrollout.tools import (
     RetryPolicy,
     ToolCallRequest,

@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._family import TemplateFamily, TemplateProbe
+from ._family import TemplateFamily, TemplateProbe
 
 __all__ = [
     "DEEPSEEKV3",

@@ -40,7 +40,6 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._family import TemplateFamily, TemplateProbe
 from ..parsers._gpt_oss import (
     CALL,
     CHANNEL,
@@ -55,6 +54,7 @@ from ..parsers._gpt_oss import (
     split_harmony,
     tool_name,
 )
+from ._family import TemplateFamily, TemplateProbe
 
 if TYPE_CHECKING:
     from ..parsers import ParsedTurn

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-from .._family import TemplateFamily, TemplateProbe
+from ._family import TemplateFamily, TemplateProbe
 
 __all__ = ["FAMILIES", "KIMI_K2"]
 

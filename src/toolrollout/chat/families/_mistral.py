@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 
-from .._family import CallIdRequest, TemplateFamily, TemplateProbe
+from ._family import CallIdRequest, TemplateFamily, TemplateProbe
 
 __all__ = ["FAMILIES", "MISTRAL"]
 

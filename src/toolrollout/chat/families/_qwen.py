@@ -36,7 +36,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._family import TemplateFamily, TemplateProbe, default_assistant_message
+from ._family import TemplateFamily, TemplateProbe, default_assistant_message
 
 if TYPE_CHECKING:
     from ..parsers import ParsedTurn

@@ -66,7 +66,7 @@ from .._routing import Router, ServerStats
 from .._types import FinishReason, GenerateRequest, GenerateResult
 from .._wire import StreamChunk
 from ._control import _ControlPlane
-from ._retry import ENGINE_RETRY, RetryPolicy, _normalize_urls, _translate
+from ._transport import ENGINE_RETRY, RetryPolicy, _normalize_urls, _translate
 
 __all__ = [
     "DEFAULT_LIMITS",

@@ -31,7 +31,7 @@ from .._control import (
     ServerWeightUpdate,
     WeightUpdate,
 )
-from ._retry import _Transport
+from ._transport import _Transport
 
 __all__: list[str] = []
 

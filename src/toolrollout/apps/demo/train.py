@@ -1,0 +1,543 @@
+"""Train the bundled demo model, deterministically, on a CPU.
+
+``python -m toolrollout.apps.demo.train`` is the first stage of the shipped recipe; the later
+stages continue from its folder with ``--init-from`` (``scripts/train_demo.sh`` runs all
+three, about an hour on one core). A stage
+
+1. generates synthetic dialogs (:mod:`toolrollout.apps.demo.dialogs`, train split) of the
+   task families given by ``--tasks`` (default: all three): calculator, ``python`` (the
+   code sandbox) and ``search`` (the demo corpus), each rendered with the tool list of its
+   tool config;
+2. trains a byte-level BPE tokenizer on them with Qwen2's pre-tokenizer (which splits
+   digits one per token, so the model can copy numbers) and wraps it as a fast tokenizer
+   carrying the chat template (a continued stage keeps the previous stage's tokenizer);
+3. trains a small Qwen2 causal LM with AdamW, loss on assistant tokens only (everything the
+   assistant generates after ``<|im_start|>assistant\\n``, up to and including
+   ``<|im_end|>``): first ``--copy-steps`` steps of short "repeat after me" dialogs, a dense
+   copying signal that makes the copy circuit appear early and reliably, then the tool
+   dialogs;
+4. saves a standard Hugging Face folder (safetensors, float32) and the held-out prompt sets
+   (one file per family).
+
+Two things keep a step cheap on CPU: the rows of a batch share one system prompt (with the
+tool list), whose KV cache is computed once and broadcast; and rows have similar lengths.
+
+Seeds and data order are fixed and the result does not depend on the thread count, so a
+rerun on the same machine reproduces the same weights byte for byte (another CPU may differ
+in the last bits of float arithmetic, and then in the sampled quality by a point or two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+)
+from tokenizers.trainers import BpeTrainer
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from toolrollout.apps.demo import DEMO_CHAT_TEMPLATE_PATH, DEMO_MODEL_PATH, DEMO_PROMPT_SETS
+from toolrollout.apps.demo.dialogs import (
+    FAMILIES,
+    Dialog,
+    copy_dialogs,
+    family_tools,
+    training_dialogs,
+    write_prompts,
+)
+
+__all__ = ["build_tokenizer", "encode_dialog", "main", "train"]
+
+PAD_TOKEN: Final = "<|endoftext|>"
+IM_START: Final = "<|im_start|>"
+IM_END: Final = "<|im_end|>"
+SPECIAL_TOKENS: Final = (PAD_TOKEN, IM_START, IM_END)
+"""Control tokens; ids 0, 1, 2 in this order."""
+TOOL_TOKENS: Final = (
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+    "<tools>",
+    "</tools>",
+)
+"""Added but not special (as in Qwen2.5): they survive ``skip_special_tokens=True``."""
+VOCAB_SIZE: Final = 512
+"""Total vocabulary, added tool tokens included."""
+_OUTPUT_FILES: Final = frozenset(
+    {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "special_tokens_map.json",
+    }
+)
+
+
+def _log(message: str) -> None:
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
+
+def chat_template() -> str:
+    """The template text shipped with the model (source: ``demo/chat_template.jinja``)."""
+    return DEMO_CHAT_TEMPLATE_PATH.read_text(encoding="utf-8")
+
+
+QWEN2_PRETOKENIZE_REGEX: Final = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+r"""Qwen2's pre-tokenizer split; ``\p{N}`` on its own isolates every digit (one per token)."""
+
+
+def _token_id(tokenizer: PreTrainedTokenizerFast, token: str) -> int:
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    assert isinstance(token_id, int)
+    return token_id
+
+
+def build_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
+    """Train the byte-level BPE tokenizer on rendered dialogs and wrap it for transformers.
+
+    The pipeline (NFC, Qwen2's split regex, byte-level, BPE) is exactly the one that
+    transformers' ``Qwen2Tokenizer`` rebuilds from ``vocab``/``merges``: transformers 5 loads
+    this folder as a ``Qwen2Tokenizer`` (from ``model_type``), transformers 4 as its fast
+    variant from ``tokenizer.json``, and both must tokenize alike.
+    """
+    core = Tokenizer(
+        models.BPE(
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    core.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=VOCAB_SIZE - len(TOOL_TOKENS),
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    # Learn merges on the plain text between control tokens only.
+    control = re.compile("|".join(re.escape(t) for t in (*SPECIAL_TOKENS, *TOOL_TOKENS)))
+    segments = [seg for text in texts for seg in control.split(text) if seg]
+    core.train_from_iterator(segments, trainer=trainer)
+    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
+    if core.get_vocab_size() != VOCAB_SIZE:
+        raise RuntimeError(f"tokenizer has {core.get_vocab_size()} tokens, expected {VOCAB_SIZE}")
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=core,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        model_max_length=1024,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = chat_template()
+    return tokenizer
+
+
+def render(
+    tokenizer: PreTrainedTokenizerFast,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    **kw: Any,
+) -> str:
+    """Render ``messages`` with ``tools``, as text."""
+    schemas: list[Any] = list(tools)
+    text = tokenizer.apply_chat_template(messages, tools=schemas, tokenize=False, **kw)
+    assert isinstance(text, str)
+    return text
+
+
+def _assistant_header(tokenizer: PreTrainedTokenizerFast) -> list[int]:
+    ids: list[int] = tokenizer.encode(f"{IM_START}assistant\n", add_special_tokens=False)
+    return ids
+
+
+def encode_dialog(
+    tokenizer: PreTrainedTokenizerFast, ids: list[int], header: list[int]
+) -> list[bool]:
+    """Loss mask for a tokenized dialog: True on assistant-generated tokens.
+
+    That is every token after each ``<|im_start|>assistant\\n`` header up to and including
+    the ``<|im_end|>`` that closes the turn (the ``\\n`` after it is template glue).
+    """
+    im_end = _token_id(tokenizer, IM_END)
+    mask = [False] * len(ids)
+    i, k = 0, len(header)
+    while i < len(ids):
+        if ids[i : i + k] == header:
+            j = i + k
+            while j < len(ids) and ids[j] != im_end:
+                mask[j] = True
+                j += 1
+            if j == len(ids):
+                raise ValueError("unterminated assistant turn")
+            mask[j] = True
+            i = j + 1
+        else:
+            i += 1
+    return mask
+
+
+def _check_prefix_consistency(
+    tokenizer: PreTrainedTokenizerFast, dialogs: Sequence[Dialog]
+) -> None:
+    """The prompt the engine sees must tokenize to a prefix of the training sequence."""
+    for dialog in dialogs:
+        messages, tools = dialog.messages, family_tools(dialog.family)
+        full = tokenizer.encode(render(tokenizer, messages, tools), add_special_tokens=False)
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            prompt = render(tokenizer, messages[:i], tools, add_generation_prompt=True)
+            ids = tokenizer.encode(prompt, add_special_tokens=False)
+            if full[: len(ids)] != ids:
+                raise RuntimeError(f"prompt tokens are not a prefix of the dialog: {prompt!r}")
+
+
+def _model_config(tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace) -> Qwen2Config:
+    return Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        initializer_range=0.02,
+        bos_token_id=None,
+        eos_token_id=_token_id(tokenizer, IM_END),
+        pad_token_id=_token_id(tokenizer, PAD_TOKEN),
+    )
+
+
+def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _batches(
+    encoded: Sequence[list[int]], prefix_lens: Sequence[int], batch_size: int, seed: int
+) -> list[list[int]]:
+    """Deterministic batches of dialogs that share the same system prefix.
+
+    Within a prefix group, windows of 16 batches are sorted by length before being cut,
+    so that a batch holds dialogs of similar length and little compute goes to padding.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(encoded), generator=generator).tolist()
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i in order:
+        groups.setdefault(tuple(encoded[i][: prefix_lens[i]]), []).append(i)
+    batches = []
+    window = 16 * batch_size
+    for members in groups.values():
+        for w in range(0, len(members), window):
+            chunk = sorted(members[w : w + window], key=lambda i: (len(encoded[i]), i))
+            batches += [
+                chunk[j : j + batch_size] for j in range(0, len(chunk) - batch_size + 1, batch_size)
+            ]
+    shuffle = torch.randperm(len(batches), generator=generator).tolist()
+    return [batches[i] for i in shuffle]
+
+
+def _load_stage(folder: Path) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """A previous stage's model and tokenizer, to continue training from.
+
+    The tokenizer is wrapped exactly as :func:`build_tokenizer` wraps a new one, so every
+    stage writes the same tokenizer files.
+    """
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_file=str(folder / "tokenizer.json"),
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        model_max_length=1024,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = chat_template()
+    return Qwen2ForCausalLM.from_pretrained(str(folder), dtype=torch.float32), tokenizer
+
+
+def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """Build the tokenizer and model (or continue ``--init-from``) and train them.
+
+    See the module docstring.
+    """
+    start = None if args.init_from is None else _load_stage(args.init_from)
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    t0 = time.perf_counter()
+
+    dialogs = training_dialogs(args.dialogs, seed=args.seed, families=args.tasks)
+    texts = render_dialogs(dialogs)
+    # A second stage keeps the first stage's tokenizer (the weights index into it).
+    tokenizer = build_tokenizer(texts[: args.tokenizer_dialogs]) if start is None else start[1]
+    _check_prefix_consistency(tokenizer, dialogs[:48])
+    encoded: list[list[int]] = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    header = _assistant_header(tokenizer)
+    masks = [encode_dialog(tokenizer, ids, header) for ids in encoded]
+    # The system turn (with the tool list) is the same for many dialogs: it is computed once
+    # per batch and its KV cache shared by the rows, which makes a step ~3x cheaper.
+    im_start = _token_id(tokenizer, IM_START)
+    prefix_lens = [ids.index(im_start, 1) if ids[0] == im_start else 0 for ids in encoded]
+    lengths = [len(ids) for ids in encoded]
+    _log(
+        f"data: {len(dialogs)} dialogs, tokens/dialog mean {sum(lengths) / len(lengths):.0f} "
+        f"max {max(lengths)}, vocab {len(tokenizer)}, prep {time.perf_counter() - t0:.1f}s"
+    )
+
+    # Warm-up phase: short copy dialogs without tools (see dialogs.copy_dialogs).
+    n_copy = args.copy_steps * args.copy_batch_size
+    copy_texts = render_plain(copy_dialogs(n_copy, seed=args.seed), tools=[])
+    copy_encoded: list[list[int]] = (
+        tokenizer(copy_texts, add_special_tokens=False)["input_ids"] if copy_texts else []
+    )
+    copy_batches = [
+        list(range(len(encoded) + j, len(encoded) + j + args.copy_batch_size))
+        for j in range(0, n_copy, args.copy_batch_size)
+    ]
+    encoded += copy_encoded
+    masks += [encode_dialog(tokenizer, ids, header) for ids in copy_encoded]
+    prefix_lens += [0] * len(copy_encoded)
+    lengths += [len(ids) for ids in copy_encoded]
+
+    model = Qwen2ForCausalLM(_model_config(tokenizer, args)) if start is None else start[0]
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    _log(
+        f"model: {n_params / 1e6:.2f}M params, {model.config.num_hidden_layers} layers, "
+        f"hidden {model.config.hidden_size}"
+        + ("" if start is None else ", continuing the previous stage")
+    )
+
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
+    )
+    n_main = len(encoded) - len(copy_encoded)
+    batches: list[list[int]] = []
+    epoch = 0
+    while len(batches) < args.steps:
+        batches += _batches(encoded[:n_main], prefix_lens, args.batch_size, args.seed + epoch)
+        epoch += 1
+    batches = copy_batches + batches[: args.steps]
+    total = len(batches)
+    pad_id = _token_id(tokenizer, PAD_TOKEN)
+    running = 0.0
+    for step, idx in enumerate(batches):
+        p = prefix_lens[idx[0]]
+        width = max(lengths[i] for i in idx) - p
+        input_ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(idx), width), -100, dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids = torch.tensor(encoded[i][p:], dtype=torch.long)
+            input_ids[row, : len(ids)] = ids
+            keep = torch.tensor(masks[i][p:], dtype=torch.bool)
+            labels[row, : len(ids)] = torch.where(keep, ids, torch.full_like(ids, -100))
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, total, args.lr, args.warmup)
+        cache = None
+        if p:
+            prefix = torch.tensor([encoded[idx[0]][:p]], dtype=torch.long)
+            cache = model.model(input_ids=prefix, use_cache=True).cache
+            cache.batch_repeat_interleave(len(idx))
+        positions = torch.arange(p, p + width).unsqueeze(0).expand(len(idx), width)
+        # Right padding under a causal mask: real tokens never attend to the pads after them.
+        hidden = model.model(
+            input_ids=input_ids, cache=cache, position_ids=positions, use_cache=False
+        ).last_hidden_state[:, :-1]
+        targets = labels[:, 1:]
+        selected = targets != -100
+        logits = model.lm_head(hidden[selected])
+        loss = torch.nn.functional.cross_entropy(logits, targets[selected])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        running = loss.item() if step == 0 else 0.9 * running + 0.1 * loss.item()
+        if step % args.log_every == 0 or step == total - 1:
+            _log(
+                f"step {step:4d}/{total} loss {loss.item():.4f} (ema {running:.4f}) "
+                f"lr {optimizer.param_groups[0]['lr']:.2e} {time.perf_counter() - t0:.0f}s"
+            )
+    _log(f"final loss {loss.item():.4f} (ema {running:.4f}), {time.perf_counter() - t0:.0f}s")
+    model.eval()  # type: ignore[no-untyped-call]
+    return model, tokenizer
+
+
+def training_texts(args: argparse.Namespace) -> list[str]:
+    """The rendered training dialogs of a run (what the tokenizer is trained on, in order)."""
+    return render_dialogs(training_dialogs(args.dialogs, seed=args.seed, families=args.tasks))
+
+
+def render_dialogs(dialogs: Sequence[Dialog]) -> list[str]:
+    """Render each dialog with its family's tools, as text, in the order given."""
+    texts: list[str] = [""] * len(dialogs)
+    for family in FAMILIES:
+        index = [i for i, d in enumerate(dialogs) if d.family == family]
+        rendered = render_plain([dialogs[i].messages for i in index], family_tools(family))
+        for i, text in zip(index, rendered, strict=True):
+            texts[i] = text
+    return texts
+
+
+def render_plain(dialogs: Sequence[list[dict[str, Any]]], tools: list[dict[str, Any]]) -> list[str]:
+    """Render dialogs with the shipped template and ``tools`` (none: no tool section)."""
+    schemas: list[Any] | None = list(tools) or None
+    # Annotated as returning str, it returns (rendered texts, generation indices).
+    result: Any = render_jinja_template(
+        conversations=list(dialogs), tools=schemas, chat_template=chat_template()
+    )
+    return list(result[0])
+
+
+def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
+    """Write the Hugging Face folder: weights, configs, tokenizer with its chat template."""
+    out.mkdir(parents=True, exist_ok=True)
+    unknown = sorted(p.name for p in out.iterdir() if p.name not in _OUTPUT_FILES)
+    if unknown:
+        raise SystemExit(f"refusing to write into {out}: it holds unrelated files {unknown}")
+    for p in out.iterdir():
+        p.unlink()
+    model.save_pretrained(out)
+    GenerationConfig(  # type: ignore[no-untyped-call]
+        bos_token_id=None,
+        eos_token_id=_token_id(tokenizer, IM_END),
+        pad_token_id=_token_id(tokenizer, PAD_TOKEN),
+    ).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    config_path = out / "tokenizer_config.json"
+    tok_config = json.loads(config_path.read_text(encoding="utf-8"))
+    # transformers 5 writes the template to chat_template.jinja only; older loaders and
+    # non-Python tokenizers (e.g. the Rust router) read tokenizer_config.json: keep a copy.
+    tok_config["chat_template"] = chat_template()
+    # transformers 5 saves "TokenizersBackend", a class transformers 4 does not know.
+    # Qwen2Tokenizer loads everywhere, and build_tokenizer() matches its pipeline.
+    tok_config["tokenizer_class"] = "Qwen2Tokenizer"
+    tok_config["unk_token"] = None
+    tok_config["bos_token"] = None
+    tok_config["add_prefix_space"] = False
+    # transformers 4 only treats <|im_start|> as special (skip_special_tokens) if listed here.
+    tok_config["additional_special_tokens"] = [IM_START, IM_END]
+    config_path.write_text(
+        json.dumps(tok_config, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    )
+    # Likewise, engines built on transformers 4.x read a top-level rope_theta.
+    model_config_path = out / "config.json"
+    model_config = json.loads(model_config_path.read_text(encoding="utf-8"))
+    model_config["rope_theta"] = model_config["rope_parameters"]["rope_theta"]
+    model_config_path.write_text(json.dumps(model_config, indent=2, sort_keys=True) + "\n")
+    for path in out.iterdir():
+        path.chmod(0o644)  # safetensors are written 0600; the package data must be readable
+
+
+def _task_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in FAMILIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(FAMILIES)} (got {text!r})")
+    return names
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=DEMO_MODEL_PATH)
+    parser.add_argument(
+        "--prompts-dir",
+        type=Path,
+        default=None,
+        help="Where the held-out prompt files go (default: next to the package's own).",
+    )
+    parser.add_argument(
+        "--tasks",
+        type=_task_list,
+        default=FAMILIES,
+        help="Comma-separated task families to train on: calculator, python, search "
+        "(default: all three, as the shipped model).",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--batch-size", type=int, default=24)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--intermediate", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dialogs", type=int, default=12000)
+    parser.add_argument("--copy-steps", type=int, default=200)
+    parser.add_argument("--copy-batch-size", type=int, default=64)
+    parser.add_argument("--tokenizer-dialogs", type=int, default=2000)
+    parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        help="Continue from this model folder (its weights and tokenizer; the size options "
+        "are then ignored) instead of starting from scratch: the later stages of the "
+        "shipped recipe (scripts/train_demo.sh).",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python -m toolrollout.apps.demo.train``."""
+    args = parse_args(argv)
+    start = time.perf_counter()
+    model, tokenizer = train(args)
+    save(model, tokenizer, args.out)
+    paths = {
+        family: path if args.prompts_dir is None else args.prompts_dir / path.name
+        for family, path in DEMO_PROMPT_SETS.items()
+    }
+    write_prompts(paths)
+    where = args.prompts_dir or DEMO_PROMPT_SETS["calculator"].parent
+    _log(f"saved {args.out} and prompts in {where}; total {time.perf_counter() - start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,544 @@
+"""Fine-tune the tiny VL demo to look at video windows with ``crop_video``, deterministically.
+
+Run ``python -m toolrollout.apps.demo_vl.train --out src/toolrollout/apps/demo_vl/model`` (a few CPU
+minutes on two threads). The script
+
+1. builds the untrained starting point with :func:`toolrollout.apps.demo_vl.build.build` (the
+   text demo's language weights and a seeded one-block ViT);
+2. writes synthetic clips (:mod:`toolrollout.apps.demo_vl.video`: one colour per 2-second
+   segment) and makes dialogs about them: the user asks which colour is shown in a time
+   window of a named clip, the assistant calls ``crop_video`` with that file and window, the
+   tool message is the *real* ``crop_video`` result (the MCP server's own function, converted
+   by the MCP backend, images prepared and placeholders expanded exactly as the rollout loop
+   does), and the assistant names the colour it saw;
+3. mixes in the text demo's calculator dialogs so the model keeps calling the calculator;
+4. trains every weight (vision tower and language model) with AdamW, loss on assistant
+   tokens only, and saves the same folder layout as the build script.
+
+Seeds, clip contents and data order are fixed and the thread count is pinned, so a rerun on
+the same machine writes the same weights byte for byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import random
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, cast
+
+import torch
+
+from toolrollout.apps.demo.dialogs import training_dialogs
+from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
+from toolrollout.apps.demo_vl.build import build
+from toolrollout.apps.demo_vl.video import COLOURS, Segment, make_video, plan_segments
+from toolrollout.tools.calculator import CALCULATOR_TOOL
+
+__all__ = [
+    "HELDOUT_SEED_BASE",
+    "QUESTION_TEMPLATES",
+    "Quality",
+    "VideoExample",
+    "answer_text",
+    "clip_name",
+    "evaluate",
+    "main",
+    "question",
+    "tool_result",
+    "video_tool_schemas",
+    "windows",
+]
+
+QUESTION_TEMPLATES: Final = (
+    "What colour is shown from second {a} to second {b} of {name}?",
+    "Which colour does {name} show between {a}s and {b}s?",
+    "Look at {name} from {a}s to {b}s: what colour is the screen?",
+)
+"""How a question about a clip window is phrased (the window and file are copied)."""
+_NAMES: Final = ("clip", "video", "movie", "cam", "scene", "shot", "demo", "take")
+HELDOUT_SEED_BASE: Final = 10_000
+"""Clip seeds from here on are never used in training (the quality test draws them)."""
+
+
+def _log(message: str) -> None:
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
+
+
+def clip_name(rng: random.Random) -> str:
+    """A short file name such as ``clip3.mp4`` (the model copies it into the call)."""
+    return f"{rng.choice(_NAMES)}{rng.randrange(10)}.mp4"
+
+
+def windows(segments: Sequence[Segment]) -> list[tuple[int, int, str]]:
+    """Whole-second windows ``(a, b, colour)`` that lie inside one segment."""
+    out: list[tuple[int, int, str]] = []
+    for segment in segments:
+        start, end = int(segment.start), int(segment.end)
+        out.extend((a, b, segment.colour) for a in range(start, end) for b in range(a, end))
+    return out
+
+
+def question(rng: random.Random, name: str, a: int, b: int) -> str:
+    """The user's question for window ``a..b`` of ``name``."""
+    return rng.choice(QUESTION_TEMPLATES).format(a=a, b=b, name=name)
+
+
+def answer_text(colour: str) -> str:
+    """The assistant's final answer once it has seen the frames."""
+    return f"The screen is {colour}."
+
+
+def call_arguments(name: str, a: int, b: int) -> str:
+    """The JSON arguments of the ``crop_video`` call for window ``a..b``."""
+    return json.dumps({"video_path": name, "start_time": a, "end_time": b})
+
+
+def video_tool_schemas(selected: Sequence[str] = ("crop_video",)) -> list[dict[str, Any]]:
+    """The schemas the MCP tools present for ``selected`` (as ``tool_configs/video_demo.yaml``).
+
+    Only ``crop_video`` by default: with ``crop_image`` too the system turn alone is longer
+    than the demo's 1024-token context.
+    """
+    import anyio
+
+    from toolrollout.apps.mcp_servers.video_tools import build_server
+
+    async def listing() -> list[Any]:
+        return list(await build_server().list_tools())
+
+    out = []
+    for info in anyio.run(listing):
+        if info.name not in selected:
+            continue
+        parameters = dict(info.input_schema or {})
+        parameters.setdefault("type", "object")
+        parameters.setdefault("properties", {})
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": info.name,
+                    "description": info.description or info.title or "",
+                    "parameters": parameters,
+                },
+            }
+        )
+    return out
+
+
+def tool_result(path: Path, a: int, b: int) -> tuple[str, list[Any]]:
+    """Call the real ``crop_video`` in process; return the message text and PIL frames."""
+    import anyio
+    from mcp.types import CallToolResult
+
+    from toolrollout.apps.mcp_servers.video_tools import build_server
+    from toolrollout.tools.mcp._results import mcp_result_to_tool_result
+
+    server = build_server()
+
+    async def call() -> Any:
+        return await server.call_tool(
+            "crop_video", {"video_path": str(path), "start_time": a, "end_time": b}
+        )
+
+    raw = anyio.run(call)
+    result = raw if isinstance(raw, CallToolResult) else CallToolResult(content=list(raw))
+    converted = mcp_result_to_tool_result(result, tool_name="crop_video")
+    if converted.is_error:
+        raise RuntimeError(f"crop_video failed on {path}: {converted.text}")
+    return converted.text, list(converted.images)
+
+
+@dataclass(frozen=True, slots=True)
+class VideoExample:
+    """One training dialog: expanded ids, loss mask, and the images' PNG bytes."""
+
+    ids: tuple[int, ...]
+    mask: tuple[bool, ...]
+    pngs: tuple[bytes, ...]
+
+
+def _encode(
+    tokenizer: Any, fmt: Any, messages: list[dict[str, Any]], tools: list[Any], pngs: list[bytes]
+) -> VideoExample:
+    from toolrollout.apps.demo.train import encode_dialog
+
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    prepared = [fmt.prepare(png) for png in pngs]
+    expanded, _ = fmt.expand(ids, [p.num_tokens for p in prepared])
+    header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    mask = encode_dialog(tokenizer, expanded, header)
+    return VideoExample(tuple(expanded), tuple(mask), tuple(p.png for p in prepared))
+
+
+def video_dialogs(
+    n_clips: int, *, seed: int, workdir: Path, per_clip: int = 3
+) -> list[tuple[list[dict[str, Any]], list[bytes]]]:
+    """Dialogs about ``n_clips`` fresh clips, ``per_clip`` random windows each.
+
+    Many clips with few windows each, and file names reused across clips, so that the name
+    and window never tell the colour: only the frames do.
+    """
+    rng = random.Random(seed)
+    out: list[tuple[list[dict[str, Any]], list[bytes]]] = []
+    for clip in range(n_clips):
+        segments = plan_segments(seed * 1000 + clip)
+        name = clip_name(rng)
+        path = make_video(workdir / f"{clip}" / name, segments)
+        for a, b, colour in rng.sample(windows(segments), per_clip):
+            text, frames = tool_result(path, a, b)
+            pngs = []
+            for frame in frames:
+                buffer = io.BytesIO()
+                frame.convert("RGB").save(buffer, format="PNG")
+                pngs.append(buffer.getvalue())
+            messages: list[dict[str, Any]] = [
+                {"role": "user", "content": question(rng, name, a, b)},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [
+                        {
+                            "type": "function",
+                            "function": {
+                                "name": "crop_video",
+                                "arguments": call_arguments(name, a, b),
+                            },
+                        }
+                    ],
+                },
+                {
+                    "role": "tool",
+                    "name": "crop_video",
+                    "content": [{"type": "image"} for _ in pngs] + [{"type": "text", "text": text}],
+                },
+                {"role": "assistant", "content": answer_text(colour)},
+            ]
+            out.append((messages, pngs))
+    return out
+
+
+def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _padded(
+    batch: Sequence[VideoExample], skip: int, pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, attention mask and labels of ``example.ids[skip:]``."""
+    width = max(len(e.ids) for e in batch) - skip
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for row, example in enumerate(batch):
+        n = len(example.ids) - skip
+        ids[row, :n] = torch.tensor(example.ids[skip:])
+        attention[row, :n] = 1
+        keep = torch.tensor(example.mask[skip:])
+        labels[row, :n] = torch.where(keep, ids[row, :n], torch.full((n,), -100))
+    return ids, attention, labels
+
+
+def _masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    targets = labels[:, 1:]
+    selected = targets != -100
+    return torch.nn.functional.cross_entropy(logits[:, :-1][selected], targets[selected])
+
+
+def _text_loss(model: Any, batch: Sequence[VideoExample], pad: int) -> torch.Tensor:
+    ids, attention, labels = _padded(batch, 0, pad)
+    logits = model(input_ids=ids, attention_mask=attention).logits
+    return _masked_loss(logits, labels)
+
+
+def _video_loss(
+    model: Any, processor: Any, batch: Sequence[VideoExample], prefix: int, pad: int
+) -> torch.Tensor:
+    """Loss of dialogs sharing their first ``prefix`` ids (the system turn with the tools).
+
+    The shared prefix is run once and its KV cache repeated over the rows (gradients flow
+    through it), which makes a step several times cheaper than running each row whole.
+    """
+    from toolrollout.chat import load_image
+
+    image_token = model.config.image_token_id
+    full, full_attention, _ = _padded(batch, 0, pad)
+    ids, _, labels = _padded(batch, prefix, pad)
+    pixels = processor(images=[load_image(p) for e in batch for p in e.pngs])
+    grid = torch.as_tensor(pixels["image_grid_thw"], dtype=torch.long)
+    positions, _ = model.model.get_rope_index(
+        full,
+        mm_token_type_ids=(full == image_token).to(torch.int),
+        image_grid_thw=grid,
+        attention_mask=full_attention,
+    )
+    head = torch.tensor([batch[0].ids[:prefix]])
+    cache = model.model(input_ids=head, use_cache=True).cache
+    cache.batch_repeat_interleave(len(batch))
+    # Right padding under a causal mask: real tokens never attend to the pads after them.
+    logits = model(
+        input_ids=ids,
+        position_ids=positions[..., prefix:],
+        cache=cache,
+        use_cache=False,
+        pixel_values=torch.as_tensor(pixels["pixel_values"], dtype=torch.float32),
+        image_grid_thw=grid,
+        mm_token_type_ids=(ids == image_token).to(torch.int),
+    ).logits
+    return _masked_loss(logits, labels)
+
+
+def train(args: argparse.Namespace, workdir: Path) -> Any:
+    """Build the starting folder in ``workdir``, fine-tune it, return the model."""
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLForConditionalGeneration
+
+    from toolrollout.chat import VisionFormat
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads)
+    torch.use_deterministic_algorithms(True)
+    t0 = time.perf_counter()
+    start = build(workdir / "start", args.text_base)
+    tokenizer = AutoTokenizer.from_pretrained(str(start))
+    fmt = VisionFormat.from_pretrained(start)
+    auto: Any = AutoImageProcessor  # the embedded engine's processor (Pillow backend)
+    processor = auto.from_pretrained(str(start), backend="pil")
+    tools = video_tool_schemas()
+    video = [
+        _encode(tokenizer, fmt, messages, tools, pngs)
+        for messages, pngs in video_dialogs(args.clips, seed=args.seed, workdir=workdir / "clips")
+    ]
+    calc = [
+        _encode(tokenizer, fmt, cast(Any, messages), [CALCULATOR_TOOL], [])
+        for messages in training_dialogs(args.calc_dialogs, seed=args.seed)
+    ]
+    lengths = [len(e.ids) for e in video]
+    _log(
+        f"data: {len(video)} video dialogs (mean {sum(lengths) / len(lengths):.0f} tokens, "
+        f"max {max(lengths)}), {len(calc)} calculator dialogs, {time.perf_counter() - t0:.0f}s"
+    )
+    im_start = int(cast(int, tokenizer.convert_tokens_to_ids("<|im_start|>")))
+    prefix = video[0].ids.index(im_start, 1)
+    if any(e.ids[:prefix] != video[0].ids[:prefix] for e in video):
+        raise RuntimeError("video dialogs must share their system turn")
+    model: Any = Qwen2VLForConditionalGeneration.from_pretrained(str(start), dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    rng = random.Random(args.seed)
+    pad = int(tokenizer.pad_token_id)
+    running = 0.0
+    for step in range(args.steps):
+        calc_step = args.calc_every > 0 and step % args.calc_every == args.calc_every - 1
+        pool = calc if calc_step else video
+        batch = [pool[rng.randrange(len(pool))] for _ in range(args.batch_size)]
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, args.steps, args.lr, args.warmup)
+        if calc_step:
+            loss = _text_loss(model, batch, pad)
+        else:
+            loss = _video_loss(model, processor, batch, prefix, pad)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # type: ignore[no-untyped-call]
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        running = loss.item() if step == 0 else 0.9 * running + 0.1 * loss.item()
+        if step % args.log_every == 0 or step == args.steps - 1:
+            kind = "calc" if calc_step else "video"
+            _log(
+                f"step {step:4d}/{args.steps} {kind} loss {loss.item():.4f} (ema {running:.4f}) "
+                f"{time.perf_counter() - t0:.0f}s"
+            )
+    model.eval()
+    return model
+
+
+def save(model: Any, start: Path, out: Path) -> None:
+    """Write the build script's folder with the trained weights (every other file as built)."""
+    import shutil
+
+    if out.exists():
+        shutil.rmtree(out)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)
+        shutil.copytree(start, out)
+        shutil.copyfile(Path(tmp) / "model.safetensors", out / "model.safetensors")
+    for path in out.iterdir():
+        path.chmod(0o644)
+
+
+_CALL = re.compile(r"<tool_call>\s*(\{.*\})\s*</tool_call>", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Quality:
+    """Held-out results: how many calls were exactly right, how many answers named the colour."""
+
+    cases: int
+    calls_right: int
+    answers_right: int
+
+
+def _sample(
+    model: Any, ids: list[int], images: dict[str, Any], stop: int, limit: int, gen: Any
+) -> list[int]:
+    """Sample at temperature 1.0 (full forward per token: short replies, tiny model)."""
+    out: list[int] = []
+    image_token = model.config.image_token_id
+    with torch.no_grad():
+        for _ in range(limit):
+            full = torch.tensor([ids + out])
+            extra = dict(images)
+            if images:
+                extra["mm_token_type_ids"] = (full == image_token).to(torch.int)
+            logits = model(input_ids=full, **extra).logits[0, -1]
+            token = int(torch.multinomial(torch.softmax(logits.float(), -1), 1, generator=gen))
+            out.append(token)
+            if token == stop:
+                break
+    return out
+
+
+def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) -> Quality:
+    """Ask about held-out clips at T=1.0, run the real ``crop_video``, check call and answer.
+
+    The clips use seeds from :data:`HELDOUT_SEED_BASE` on, never seen in training.
+    """
+    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLForConditionalGeneration
+
+    from toolrollout.chat import VisionFormat, load_image
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
+    auto: Any = AutoImageProcessor
+    processor = auto.from_pretrained(str(model_dir), backend="pil")
+    fmt = VisionFormat.from_pretrained(model_dir)
+    model: Any = Qwen2VLForConditionalGeneration.from_pretrained(
+        str(model_dir), dtype=torch.float32
+    )
+    model.eval()
+    tools = video_tool_schemas()
+    stop = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    calls_right = answers_right = 0
+    for case in range(cases):
+        segments = plan_segments(HELDOUT_SEED_BASE + seed * 1000 + case)
+        name = clip_name(rng)
+        folder = workdir / str(case)
+        make_video(folder / name, segments)
+        a, b, colour = rng.choice(windows(segments))
+        messages: list[dict[str, Any]] = [{"role": "user", "content": question(rng, name, a, b)}]
+        prompt = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        reply = tokenizer.decode(_sample(model, ids, {}, stop, 80, gen), skip_special_tokens=True)
+        found = _CALL.search(reply)
+        try:
+            call = json.loads(found.group(1)) if found else {}
+        except json.JSONDecodeError:
+            call = {}
+        args = call.get("arguments", {}) if isinstance(call, dict) else {}
+        if call.get("name") != "crop_video" or not isinstance(args, dict):
+            continue
+        if args == {"video_path": name, "start_time": a, "end_time": b}:
+            calls_right += 1
+        try:
+            path = (folder / str(args["video_path"])).resolve()
+            text, frames = tool_result(path, args["start_time"], args["end_time"])
+        except Exception:  # a wrong call (bad path, bad window) scores nothing
+            continue
+        pngs = []
+        for frame in frames:
+            buffer = io.BytesIO()
+            frame.convert("RGB").save(buffer, format="PNG")
+            pngs.append(fmt.prepare(buffer.getvalue()))
+        messages += [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": call}],
+            },
+            {
+                "role": "tool",
+                "name": "crop_video",
+                "content": [{"type": "image"} for _ in pngs] + [{"type": "text", "text": text}],
+            },
+        ]
+        prompt = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        ids, _ = fmt.expand(
+            tokenizer.encode(prompt, add_special_tokens=False), [p.num_tokens for p in pngs]
+        )
+        pixels = processor(images=[load_image(p.png) for p in pngs])
+        images = {
+            "pixel_values": torch.as_tensor(pixels["pixel_values"], dtype=torch.float32),
+            "image_grid_thw": torch.as_tensor(pixels["image_grid_thw"], dtype=torch.long),
+        }
+        answer = tokenizer.decode(
+            _sample(model, ids, images, stop, 24, gen), skip_special_tokens=True
+        )
+        named = [c for c in COLOURS if c in answer]
+        if named == [colour]:
+            answers_right += 1
+    return Quality(cases, calls_right, answers_right)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--out", type=Path, default=DEMO_VL_MODEL_PATH)
+    parser.add_argument(
+        "--text-base",
+        type=Path,
+        default=DEMO_VL_TEXT_BASE_PATH,
+        help="the text model to start from (see toolrollout.apps.demo_vl.build)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clips", type=int, default=192)
+    parser.add_argument("--calc-dialogs", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--calc-every", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--log-every", type=int, default=10)
+    parser.add_argument(
+        "--evaluate", type=int, default=0, metavar="N", help="then sample N held-out cases"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python -m toolrollout.apps.demo_vl.train``."""
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        model = train(args, Path(tmp))
+        save(model, Path(tmp) / "start", args.out)
+    _log(f"saved {args.out}; total {time.perf_counter() - t0:.0f}s")
+    if args.evaluate:
+        with tempfile.TemporaryDirectory() as tmp:
+            quality = evaluate(args.out, Path(tmp), cases=args.evaluate)
+        _log(
+            f"held-out at T=1.0: {quality.calls_right}/{quality.cases} exact crop_video calls, "
+            f"{quality.answers_right}/{quality.cases} right colours"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""What a streamed model turn may show before it is parsed: the safe text of a partial turn.
+
+The gateway parses a turn once it is finished (the family's parser, as the rollout loop
+does). While it is still being generated, :class:`TurnStream` decides which of the text
+decoded so far can be sent already as reasoning or content deltas, so that everything sent
+is a prefix of what the parsed turn will say:
+
+* Text from the first of the parser's :attr:`~toolrollout.chat.ToolCallParser.call_markers`
+  on is held until the turn is parsed (it may be a tool call, which must not leak out as
+  content), and so is a trailing piece that could still grow into a marker, a think tag or
+  an end-of-turn token, trailing whitespace (the parsed content is stripped) and an
+  incomplete UTF-8 character. A parser with no known markers holds all content.
+* A ``<think>`` block (opened by the turn, or by the generation prompt) is sent as
+  reasoning until ``</think>``, for parsers that split think tags.
+
+When the turn is parsed, :meth:`TurnStream.finish` returns the rest of the parsed reasoning
+and content. In the rare case where the parsed text does not continue what was sent, the
+rest is not sent: the client's view is what it received, and the gateway records that view
+as what the harness was answered (so its next request still extends the segment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from toolrollout.chat.parsers._base import END_OF_TURN_STRINGS
+
+from ._types import StreamDelta
+
+__all__ = ["IncrementalText", "TurnStream"]
+
+_REPLACEMENT = "\ufffd"
+
+
+class TurnStream:
+    """The safe deltas of one turn as its text grows (see the module docstring).
+
+    ``markers``: the parser's call markers (None: unknown, hold all content). ``think``:
+    the reasoning delimiters when the parser splits them, else None. ``thinking``: the
+    generation prompt opened a reasoning block, so the turn starts inside it.
+    """
+
+    def __init__(
+        self,
+        *,
+        markers: tuple[str, ...] | None,
+        think: tuple[str, str] | None,
+        thinking: bool,
+        stops: tuple[str, ...] = (),
+    ) -> None:
+        self._markers = markers
+        self._think = think
+        self._thinking = thinking
+        held = (*(markers or ()), *(think or ()), *END_OF_TURN_STRINGS, *stops)
+        self._holds = tuple(m for m in held if m)
+        self.reasoning = ""
+        """The reasoning sent so far."""
+        self.content = ""
+        """The content sent so far."""
+        self.reasoning_sent = False
+        """Whether a reasoning delta was sent (the turn has a reasoning part)."""
+        self.last: list[StreamDelta] = []
+        """What :meth:`finish` returned (the gateway sends it after the parse)."""
+
+    def feed(self, text: str) -> list[StreamDelta]:
+        """The new deltas for the turn's text so far (the whole decoded text each time)."""
+        reasoning, content = self._split(text.rstrip(_REPLACEMENT))
+        out: list[StreamDelta] = []
+        if reasoning is not None:
+            safe = self._safe(reasoning.lstrip(), cut_markers=False)
+            if len(safe) > len(self.reasoning) and safe.startswith(self.reasoning):
+                out.append(StreamDelta("reasoning", safe[len(self.reasoning) :]))
+                self.reasoning = safe
+                self.reasoning_sent = True
+        if content is not None and self._markers is not None:
+            safe = self._safe(content.lstrip(), cut_markers=True)
+            if len(safe) > len(self.content) and safe.startswith(self.content):
+                out.append(StreamDelta("content", safe[len(self.content) :]))
+                self.content = safe
+        return out
+
+    def finish(self, reasoning: str | None, content: str) -> list[StreamDelta]:
+        """The rest of the parsed turn (what was not sent yet, when it continues what was)."""
+        out: list[StreamDelta] = []
+        if reasoning and reasoning.startswith(self.reasoning) and reasoning != self.reasoning:
+            out.append(StreamDelta("reasoning", reasoning[len(self.reasoning) :]))
+            self.reasoning = reasoning
+            self.reasoning_sent = True
+        if content.startswith(self.content) and content != self.content:
+            out.append(StreamDelta("content", content[len(self.content) :]))
+            self.content = content
+        return out
+
+    def _split(self, text: str) -> tuple[str | None, str | None]:
+        """(reasoning so far or None, content so far or None: undecided)."""
+        if self._think is None:
+            return None, text
+        opener, closer = self._think
+        close = text.find(closer)
+        stripped = text.lstrip()
+        if self._thinking:
+            if close == -1:
+                return text, None
+            return text[:close], text[close + len(closer) :]
+        if stripped.startswith(opener):
+            inner = stripped[len(opener) :]
+            close = inner.find(closer)
+            if close == -1:
+                return inner, None
+            return inner[:close], inner[close + len(closer) :]
+        if opener.startswith(stripped):
+            return None, None  # may still become a think block
+        return None, text
+
+    def _safe(self, text: str, *, cut_markers: bool) -> str:
+        """``text`` up to the first marker, less a tail that may grow into a held string."""
+        if cut_markers:
+            for marker in (*(self._markers or ()), *(self._think or ())):
+                at = text.find(marker)
+                if at != -1:
+                    text = text[:at]
+        for size in range(min(len(text), max((len(h) for h in self._holds), default=0)), 0, -1):
+            tail = text[-size:]
+            if any(h.startswith(tail) for h in self._holds):
+                text = text[:-size]
+                break
+        return text.rstrip()
+
+
+class IncrementalText:
+    """A turn's text as its ids grow, decoding only the new ids each time (decoding all ids
+    after every token would cost O(n^2) on a long turn).
+
+    The new ids are decoded together with the few before them, and the text they add is
+    taken as the difference, so tokenizers whose pieces depend on what precedes them (a
+    SentencePiece word-start space) still join up; a piece that ends in an incomplete
+    UTF-8 character waits for the next id. The parse at the end decodes the whole turn.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+        self.text = ""
+
+    def extend(self, ids: Sequence[int]) -> str:
+        """Add ids; the whole text so far."""
+        self._ids.extend(ids)
+        before = self._decode(self._ids[self._prefix : self._read])
+        after = self._decode(self._ids[self._prefix :])
+        if len(after) > len(before) and not after.endswith(_REPLACEMENT):
+            self.text += after[len(before) :]
+            self._prefix, self._read = self._read, len(self._ids)
+        return self.text

@@ -1,0 +1,560 @@
+"""A FastAPI app that speaks SGLang's native HTTP API on top of the embedded engine.
+
+Paths, bodies, status codes and error shapes are SGLang's (``entrypoints/http_server.py``)
+so that SGLang clients, ``sglang-router`` and the project's own ``SGLangClient`` can use it
+unchanged. Two error shapes exist there and both are reproduced: request errors raised as
+``ValueError`` become ``{"error": {"message": ...}}``; bodies that FastAPI cannot parse go
+through SGLang's ``RequestValidationError`` handler, which answers OpenAI's flat
+``{"object": "error", "message", "type", "param", "code"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from http import HTTPStatus
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+
+from toolrollout._exceptions import EngineError, EngineRequestRejected, ToolRolloutError, UserError
+from toolrollout._security import SecurityMiddleware, ServerSecurity
+from toolrollout.apps.server._openai import add_chat_completions
+from toolrollout.apps.server._protocol import (
+    BadRequest,
+    MalformedRequest,
+    ParsedGenerate,
+    output_json,
+    parse_generate,
+)
+from toolrollout.engines._types import GenerateRequest, SamplingParams, token_id_array
+from toolrollout.engines.embedded import EmbeddedEngine, EmbeddedOutput
+from toolrollout.engines.embedded._scheduler import Event
+from toolrollout.engines.embedded._vision import VisionInputs
+
+__all__ = [
+    "ADMIN_PATHS",
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONCURRENT_REQUESTS",
+    "create_app",
+    "default_security",
+]
+
+logger = logging.getLogger(__name__)
+
+HEALTH_CHECK_TIMEOUT = 20.0
+"""Seconds ``/health_generate`` waits for its one token (SGLang's default)."""
+_DISCONNECT_POLL = 1.0
+"""How often a non-streaming request checks whether its client is still there."""
+
+ADMIN_PATHS = frozenset(
+    {
+        "/update_weights_from_disk",
+        "/update_weight_version",
+        "/pause_generation",
+        "/continue_generation",
+        "/flush_cache",
+        "/abort_request",
+    }
+)
+"""The control endpoints the admin key guards (those SGLang marks ``ADMIN_OPTIONAL``)."""
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Largest request body by default: room for long prompts with images, far below the
+hundreds of megabytes a hostile ``input_ids`` list can reach."""
+DEFAULT_MAX_CONCURRENT_REQUESTS = 4096
+"""Requests in flight at once by default (a thousand trajectories with room to spare)."""
+
+
+def default_security(**changes: Any) -> ServerSecurity:
+    """This server's :class:`ServerSecurity`: its control endpoints and default limits."""
+    base = ServerSecurity(
+        admin_paths=ADMIN_PATHS,
+        max_body_bytes=DEFAULT_MAX_BODY_BYTES,
+        max_concurrent_requests=DEFAULT_MAX_CONCURRENT_REQUESTS,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _within(path: str, folders: Sequence[Path]) -> bool:
+    """Whether ``path``, symlinks resolved, is one of ``folders`` or inside one."""
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(folder) for folder in folders)
+
+
+def _version() -> str:
+    try:
+        return version("toolrollout")
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def _json(content: Any, status_code: int = 200) -> Response:
+    return Response(_dumps(content), status_code=status_code, media_type="application/json")
+
+
+def error_response(message: str, status_code: int = HTTPStatus.BAD_REQUEST) -> Response:
+    """SGLang's ``_create_error_response``: ``{"error": {"message": ...}}``."""
+    return _json({"error": {"message": message}}, status_code)
+
+
+def validation_error_response(message: str) -> Response:
+    """SGLang's ``RequestValidationError`` handler: OpenAI's flat error object, HTTP 400."""
+    body = {
+        "object": "error",
+        "message": message,
+        "type": HTTPStatus.BAD_REQUEST.phrase,
+        "param": None,
+        "code": HTTPStatus.BAD_REQUEST.value,
+    }
+    return _json(body, HTTPStatus.BAD_REQUEST)
+
+
+def _stream_error_chunk(message: str) -> bytes:
+    error = {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}
+    return b"data: " + _dumps({"error": error}).encode() + b"\n\n"
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise MalformedRequest(f"JSON decode error: {exc}") from exc
+
+
+def create_app(
+    engine: EmbeddedEngine,
+    *,
+    served_model_name: str | None = None,
+    security: ServerSecurity | None = None,
+    weights_dirs: Sequence[str | os.PathLike[str]] = (),
+) -> FastAPI:
+    """Build the HTTP app for ``engine``.
+
+    The app starts the engine on startup if it is not running yet, and then also closes it
+    on shutdown; an engine started by the caller is left to the caller. ``security``
+    (default: :func:`default_security`, no keys) guards every request.
+    ``/update_weights_from_disk`` loads only the engine's first model folder or folders
+    inside ``weights_dirs``: a folder's code and weights are trusted by loading them.
+    """
+    model_name = served_model_name or engine.model_path
+    allowed_weights = tuple(Path(p).resolve() for p in (engine.model_path, *weights_dirs))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        owned = not engine.started
+        if owned:
+            await engine.start()
+        try:
+            yield
+        finally:
+            if owned:
+                await engine.aclose()
+
+    app = FastAPI(title="toolrollout embedded server", version=_version(), lifespan=lifespan)
+    app.add_middleware(
+        SecurityMiddleware,
+        security=security if security is not None else default_security(),
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation_error(_: Request, exc: RequestValidationError) -> Response:
+        return validation_error_response(f"{exc} {exc.errors()}")
+
+    def decode_one(token_id: int) -> str:
+        return str(engine.tokenizer.decode([token_id]))
+
+    # ------------------------------------------------------------------ health / info
+    @app.get("/health")
+    async def health() -> Response:
+        """Liveness: 200 while the scheduler thread runs (probed by sglang-router)."""
+        return Response(status_code=200 if engine.healthy else 503)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        """Readiness: really generate one token, as SGLang does (``input_ids=[0]``)."""
+        if not engine.healthy:
+            return Response(status_code=503)
+        probe = GenerateRequest(
+            input_ids=(0,),
+            sampling=SamplingParams(max_new_tokens=1, temperature=0.0),
+            rid=f"HEALTH_CHECK_{time.time()}",
+            return_logprob=False,
+        )
+        try:
+            await asyncio.wait_for(engine.generate(probe), HEALTH_CHECK_TIMEOUT)
+        except (TimeoutError, ToolRolloutError):
+            logger.exception("health check generation failed")
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    async def model_info() -> dict[str, Any]:
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": engine.weight_version,
+            "has_image_understanding": engine.has_vision,
+            "has_audio_understanding": engine.has_audio,
+            "model_type": engine.model_type,
+            "architectures": list(engine.architectures),
+        }
+
+    app.get("/model_info")(model_info)
+    app.get("/get_model_info")(model_info)
+
+    async def server_info() -> dict[str, Any]:
+        running, waiting = engine.num_running, engine.num_waiting
+        return {
+            "model_path": engine.model_path,
+            "tokenizer_path": engine.model_path,
+            "served_model_name": model_name,
+            "context_length": engine.context_length,
+            "device": engine.device,
+            "dtype": engine.dtype,
+            "tp_size": 1,
+            "dp_size": 1,
+            "max_running_requests": engine.max_batch_size,
+            # No paged KV pool: the bound is max_batch_size full-context sequences.
+            "max_total_num_tokens": engine.max_batch_size * engine.context_length,
+            "max_req_input_len": engine.context_length - 1,
+            "weight_version": engine.weight_version,
+            "skip_tokenizer_init": False,
+            "disable_radix_cache": True,
+            "is_embedded_engine": True,
+            "internal_states": [
+                {"num_running_reqs": running, "num_waiting_reqs": waiting, "dp_rank": 0}
+            ],
+            "version": _version(),
+        }
+
+    app.get("/server_info")(server_info)
+    app.get("/get_server_info")(server_info)
+
+    @app.get("/get_load")
+    async def get_load() -> list[dict[str, int]]:
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": engine.num_running + engine.num_waiting,
+                "num_waiting_reqs": engine.num_waiting,
+                "num_tokens": engine.num_tokens,
+            }
+        ]
+
+    @app.get("/v1/loads")
+    async def v1_loads() -> dict[str, Any]:
+        used = engine.num_tokens
+        capacity = engine.max_batch_size * engine.context_length
+        return {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": _version(),
+            "accelerator": engine.device,
+            "num_accelerators": 1,
+            "loads": [
+                {
+                    "dp_rank": 0,
+                    "num_running_reqs": engine.num_running,
+                    "num_waiting_reqs": engine.num_waiting,
+                    "num_total_reqs": engine.num_running + engine.num_waiting,
+                    "num_used_tokens": used,
+                    "max_total_num_tokens": capacity,
+                    "token_usage": used / capacity if capacity else 0.0,
+                }
+            ],
+        }
+
+    @app.get("/v1/models")
+    async def v1_models() -> dict[str, Any]:
+        card = {
+            "id": model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "toolrollout",
+            "root": model_name,
+            "max_model_len": engine.context_length,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/get_weight_version")
+    async def get_weight_version() -> dict[str, str]:
+        return {"weight_version": engine.weight_version}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        new_version = body.get("new_version") if isinstance(body, dict) else None
+        if not isinstance(new_version, str):
+            return validation_error_response("new_version: Field required (a string)")
+        if body.get("abort_all_requests", True):
+            await engine.abort_all()
+        engine.weight_version = new_version
+        return _json(
+            {
+                "success": True,
+                "message": f"Weight version updated to {new_version}",
+                "new_version": new_version,
+            }
+        )
+
+    # ------------------------------------------------------------------ weight sync
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> Response:
+        """``{"mode": "abort"|"retract"|"in_place"}``; new /generate calls wait meanwhile."""
+        try:
+            body = await _json_body(request)
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        mode = body.get("mode", "abort") if isinstance(body, dict) else None
+        if mode not in ("abort", "retract", "in_place"):
+            return validation_error_response(
+                f"mode: Input should be 'abort', 'retract' or 'in_place', got {mode!r}"
+            )
+        await engine.pause_generation(mode)
+        return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request) -> Response:
+        try:
+            await _json_body(request)  # torch_empty_cache: nothing to empty on CPU
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        await engine.continue_generation()
+        return _json({"message": "Generation continued successfully.", "status": "ok"})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> Response:
+        """Reload weights from a model folder; 400 with ``success: false`` if it fails."""
+        try:
+            body = await _json_body(request)
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
+            return validation_error_response("model_path: Field required (a string)")
+        version = body.get("weight_version")
+        if version is not None and not isinstance(version, str):
+            return validation_error_response("weight_version must be a string")
+        if not await asyncio.to_thread(_within, body["model_path"], allowed_weights):
+            message = (
+                f"model_path {body['model_path']!r} is outside the folders this server "
+                "loads weights from (its model folder and --weights-dir)"
+            )
+            failure = {"success": False, "message": message, "num_paused_requests": 0}
+            return _json(failure, HTTPStatus.BAD_REQUEST)
+        try:
+            update = await engine.update_weights_from_disk(
+                body["model_path"],
+                weight_version=version,
+                abort_all_requests=bool(body.get("abort_all_requests", False)),
+            )
+        except UserError as exc:
+            failure = {"success": False, "message": str(exc), "num_paused_requests": 0}
+            return _json(failure, HTTPStatus.BAD_REQUEST)
+        (answer,) = update.servers
+        return _json(
+            {
+                "success": True,
+                "message": answer.message,
+                "num_paused_requests": answer.num_paused_requests,
+            }
+        )
+
+    # ------------------------------------------------------------------ control
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache() -> Response:
+        ok = await engine.flush_cache()
+        return Response(
+            content="Cache flushed.\nPlease check backend logs for more details. "
+            "(When there are running or waiting requests, the operation will not be performed.)\n",
+            status_code=200 if ok else HTTPStatus.BAD_REQUEST,
+        )
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> Response:
+        """``{"rid": ..., "abort_all": false}``; rids match by prefix, as in SGLang."""
+        try:
+            body = await _json_body(request)
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        if not isinstance(body, dict):
+            return validation_error_response("Input should be a valid dictionary")
+        rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
+        if not isinstance(rid, str) or not isinstance(abort_all, bool):
+            return validation_error_response("rid must be a string and abort_all a boolean")
+        if abort_all:
+            await engine.abort_all()
+        else:
+            await engine.abort(rid)
+        return Response(status_code=200)
+
+    # ------------------------------------------------------------------ generate
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        try:
+            parsed = parse_generate(
+                body, tokenize=engine.tokenize, context_length=engine.context_length
+            )
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        except BadRequest as exc:
+            # SGLang validates inside the response stream: a streaming request gets its
+            # error as an SSE chunk with HTTP 200.
+            if isinstance(body, dict) and body.get("stream") is True:
+                return _stream_of(_stream_error_chunk(str(exc)), _DONE)
+            return error_response(str(exc))
+        if parsed.stream:
+            return StreamingResponse(_stream(parsed), media_type="text/event-stream")
+        return await _complete(parsed, request)
+
+    async def _images(parsed: ParsedGenerate) -> list[VisionInputs | None]:
+        """Pixel inputs of every sample, computed off the event loop (shared by its n)."""
+        out: list[VisionInputs | None] = []
+        done: dict[tuple[int, bytes], VisionInputs | None] = {}
+        for sub in parsed.subs:
+            key = (id(sub.request.image_data), token_id_array(sub.request.input_ids).tobytes())
+            if key not in done:
+                done[key] = await engine.process_images(sub.request)
+            out.append(done[key])
+        return out
+
+    def _submit_all(
+        parsed: ParsedGenerate,
+        sink: Callable[[int, Event], None],
+        visions: list[VisionInputs | None],
+    ) -> list[str]:
+        """Submit every sample; on a rejection cancel the ones already queued."""
+        rids: list[str] = []
+        try:
+            for i, sub in enumerate(parsed.subs):
+                rids.append(
+                    engine.submit(
+                        sub.request,
+                        sub.options,
+                        sink=functools.partial(sink, i),
+                        vision=visions[i],
+                    )
+                )
+        except BaseException:
+            for rid in rids:
+                engine.cancel(rid)
+            raise
+        return rids
+
+    async def _complete(parsed: ParsedGenerate, request: Request) -> Response:
+        queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        await engine.wait_unpaused()
+        try:
+            visions = await _images(parsed)
+            rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)), visions)
+        except (EngineRequestRejected, UserError) as exc:
+            return error_response(str(exc))
+        except EngineError as exc:
+            return error_response(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+        results: list[dict[str, Any] | None] = [None] * len(rids)
+        pending = set(range(len(rids)))
+        try:
+            while pending:
+                try:
+                    i, event = await asyncio.wait_for(queue.get(), _DISCONNECT_POLL)
+                except TimeoutError:
+                    if await request.is_disconnected():
+                        return error_response(
+                            "Request is disconnected from the client side. "
+                            f"Abort request rid={rids}"
+                        )
+                    continue
+                if isinstance(event, EngineError):
+                    return error_response(str(event), HTTPStatus.INTERNAL_SERVER_ERROR)
+                if event.finished:
+                    results[i] = output_json(event, parsed.subs[i], decode_one, first_sent=True)
+                    pending.discard(i)
+        finally:
+            for i in pending:
+                engine.cancel(rids[i])
+        return _json(results[0] if parsed.single else results)
+
+    async def _stream(parsed: ParsedGenerate) -> AsyncIterator[bytes]:
+        """Cumulative SSE chunks (SGLang's default), ``index`` for batches, then [DONE]."""
+        queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+        await engine.wait_unpaused()
+        try:
+            visions = await _images(parsed)
+            rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)), visions)
+        except ToolRolloutError as exc:
+            yield _stream_error_chunk(str(exc))
+            yield _DONE
+            return
+        pending = set(range(len(rids)))
+        unsent = set(pending)
+        try:
+            while pending:
+                events = [await queue.get()]
+                while not queue.empty():  # chunks are cumulative: only the newest matters
+                    events.append(queue.get_nowait())
+                latest: dict[int, EmbeddedOutput] = {}
+                for i, event in events:
+                    if isinstance(event, EngineError):
+                        pending.discard(i)
+                        yield _stream_error_chunk(str(event))
+                    elif i in pending:
+                        latest[i] = event
+                for i, out in latest.items():
+                    chunk = output_json(out, parsed.subs[i], decode_one, first_sent=i in unsent)
+                    unsent.discard(i)
+                    if not parsed.single:
+                        chunk["index"] = i
+                    if out.finished:
+                        pending.discard(i)
+                    yield b"data: " + _dumps(chunk).encode() + b"\n\n"
+            yield _DONE
+        finally:  # the client went away (the task is cancelled) or we are done
+            for i in pending:
+                engine.cancel(rids[i])
+
+    # OpenAI-compatible chat with tool-call parsing (for OpenAI-only peers, e.g. verifiers).
+    add_chat_completions(
+        app,
+        tokenizer=engine.tokenizer,
+        generate=engine.generate,
+        model_name=model_name,
+        error_response=error_response,
+        json_response=_json,
+    )
+    return app
+
+
+def _stream_of(*chunks: bytes) -> StreamingResponse:
+    async def body() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield chunk
+
+    return StreamingResponse(body(), media_type="text/event-stream")
