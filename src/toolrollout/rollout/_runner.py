@@ -26,7 +26,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
@@ -40,6 +40,7 @@ from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._scheduling import Scheduler, WorkHistory
+from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor, open_tools, share_tools
 
@@ -282,15 +283,18 @@ class RolloutRunner:
             raise UserError(f"got {len(group_ids)} group_ids for {len(rows)} prompts")
         return list(group_ids)
 
-    def _services(self, stop: StopControl | None = None) -> RolloutServices:
+    def _services(
+        self, stop: StopControl | None = None, sampling: SamplingParams | None = None
+    ) -> RolloutServices:
         seed_round, self._runs = self._runs, self._runs + 1
+        config = self.config if sampling is None else replace(self.config, sampling=sampling)
         return RolloutServices(
             seed_round=seed_round,
             engine=self.engine,
             chat=self.chat,
             parser=self.parser,
             tools=self.tools,
-            config=self.config,
+            config=config,
             rewards=self.rewards,
             engine_limiter=OrderedLimiter(self.config.concurrency),
             drift_limiter=anyio.CapacityLimiter(1),
@@ -355,8 +359,12 @@ class RolloutRunner:
         on_result: Callable[[Trajectory], None] | None = None,
         group_ids: Sequence[str] | None = None,
         skip: Collection[tuple[int, int]] = (),
+        sampling: SamplingParams | None = None,
     ) -> list[Trajectory]:
         """Roll out ``config.n`` samples of every prompt; results ordered by (prompt, sample).
+
+        ``sampling`` replaces ``config.sampling`` for this call only (a trainer's validation
+        temperature), so one runner, with its tools' limits and statistics, serves both.
 
         Every sample yields exactly one trajectory, whatever goes wrong inside it: an
         unexpected exception or ``config.trajectory_timeout`` gives a ``failed`` row with the
@@ -367,7 +375,7 @@ class RolloutRunner:
         n = self.config.n
         group_ids = self._group_ids(rows, group_ids)
         done = set(skip)
-        services = self._services()
+        services = self._services(sampling=sampling)
         results: list[Trajectory | None] = [None] * (len(rows) * n)
 
         async def one(prompt_index: int, sample_index: int) -> None:
