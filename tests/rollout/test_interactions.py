@@ -111,6 +111,7 @@ async def test_grader_gives_up_after_k_retries(demo_tokenizer: Any) -> None:
         demo_tokenizer,
         [calculator_tool()],
         config=RolloutConfig(max_turns=8),
+        rewards=(),
         interactions={"grader": GraderInteraction({"max_retries": 1})},
     )
     [traj] = await runner.run([row()])
