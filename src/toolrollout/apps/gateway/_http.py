@@ -9,12 +9,11 @@ name its session. Requests with none of them share the session ``default``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import re
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
@@ -96,7 +95,7 @@ async def complete_or_abort(
     The request body must have been read already: the next ASGI message is then the
     disconnect, which this waits for beside the generation.
     """
-    return await _until_disconnect(http_request, gateway.complete(chat_request))
+    return await _until_disconnect(http_request, lambda: gateway.complete(chat_request))
 
 
 async def open_stream(
@@ -110,7 +109,7 @@ async def open_stream(
     """
     items = gateway.stream(chat_request)
     try:
-        first = await _until_disconnect(http_request, anext(items))
+        first = await _until_disconnect(http_request, lambda: anext(items))
     except BaseException:
         await items.aclose()
         raise
@@ -118,23 +117,29 @@ async def open_stream(
     return first, items
 
 
-async def _until_disconnect(http_request: Request, awaitable: Awaitable[_T]) -> _T:
-    task = asyncio.ensure_future(awaitable)
+async def _until_disconnect(http_request: Request, call: Callable[[], Awaitable[_T]]) -> _T:
+    """``await call()`` beside a watcher of the connection, in one task group: a disconnect
+    cancels the call (its generation is aborted in the engine) and ends the request."""
+    outcome: list[_T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as tasks:
 
-    async def watch() -> None:
-        while True:
-            message = await http_request.receive()
-            if message.get("type") == "http.disconnect":
-                task.cancel()
-                return
+        async def watch() -> None:
+            while (await http_request.receive()).get("type") != "http.disconnect":
+                pass
+            tasks.cancel_scope.cancel()
 
-    watcher = asyncio.ensure_future(watch())
-    try:
-        return await task
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await watcher
+        tasks.start_soon(watch)
+        try:
+            outcome.append(await call())
+        except Exception as exc:  # raised as itself below, not inside the group's
+            failure.append(exc)
+        tasks.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    if not outcome:  # the client went away: there is no one to answer
+        raise anyio.get_cancelled_exc_class()()
+    return outcome[0]
 
 
 _OPENAI_TYPES = {
