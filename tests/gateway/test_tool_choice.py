@@ -58,8 +58,18 @@ async def clients(
 ) -> AsyncIterator[tuple[Any, Any, Gateway]]:
     """The ``openai`` (session ``s1``) and ``anthropic`` (session ``s2``) SDKs' clients."""
     async with served(model, config) as (url, gateway):
-        oa = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s1", max_retries=0)
-        an = anthropic.AsyncAnthropic(base_url=url, api_key="s2", max_retries=0)
+        oa = openai.AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s1"},
+            max_retries=0,
+        )
+        an = anthropic.AsyncAnthropic(
+            base_url=url,
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s2"},
+            max_retries=0,
+        )
         yield oa, an, gateway
 
 

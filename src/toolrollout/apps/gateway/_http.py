@@ -1,21 +1,31 @@
-"""HTTP helpers every API layer of the gateway shares: the session key, disconnects, errors.
+"""HTTP helpers every API layer of the gateway shares: who a request is, disconnects, errors.
 
 A session is named, in this order, by the ``X-Toolrollout-Session`` header, by a path
 prefix ``/s/<session>/...`` (rewritten into that header by :class:`SessionPathMiddleware`,
 so every route gets it), or by the API key the harness sends (``Authorization: Bearer``
 or Anthropic's ``x-api-key``): an SDK that only lets you set a base URL or a key can still
-name its session. Requests with none of them share the session ``default``.
+name its session. A key is a credential (a harness may hold a real provider's), so it never
+names a session itself: the session is a keyed hash of it (``key-`` and 24 hex digits,
+HMAC-SHA256 under a secret drawn when the gateway starts), the same for every request
+with that key, which nothing the gateway writes or lists can turn back into the key. The
+gateway's own ``--api-key`` names no session (every harness sends it). Requests with none
+of these share the session ``default``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
+import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
+
+from toolrollout._security import ServerSecurity, presents_key
 
 from ._types import ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart
 
@@ -28,6 +38,7 @@ __all__ = [
     "DEFAULT_SESSION",
     "GROUP_HEADER",
     "SESSION_HEADER",
+    "Callers",
     "SessionPathMiddleware",
     "complete_or_abort",
     "open_stream",
@@ -43,20 +54,58 @@ SESSION_HEADER = "x-toolrollout-session"
 GROUP_HEADER = "x-toolrollout-group"
 DEFAULT_SESSION = "default"
 _PREFIX = re.compile(r"^/s/([^/]+)(/.*)$")
-_KEY_PREFIXES = ("Bearer ", "bearer ")
+
+
+class Callers:
+    """Who a request is: its session (see the module) and whether it holds the admin key.
+
+    What a session made (its metrics, its stored responses) is shown to requests of that
+    session, or to the admin key's; the secret of the key hash never leaves the process.
+    """
+
+    def __init__(self, security: ServerSecurity) -> None:
+        self.security = security
+        self._secret = secrets.token_bytes(32)
+
+    def __repr__(self) -> str:
+        return "Callers(...)"
+
+    def session(self, request: Request) -> str:
+        """The session a request belongs to (header, path prefix, key hash, ``default``)."""
+        header = request.headers.get(SESSION_HEADER, "").strip()
+        if header:
+            return header
+        key = _presented_key(request)
+        if not key or presents_key(request.scope, self.security.api_key):
+            return DEFAULT_SESSION
+        if presents_key(request.scope, self.security.admin_api_key):
+            return DEFAULT_SESSION
+        digest = hmac.new(self._secret, key.encode("utf-8"), hashlib.sha256).hexdigest()
+        return f"key-{digest[:24]}"
+
+    def is_admin(self, request: Request) -> bool:
+        """Whether the request carries the admin key (never without one set)."""
+        return presents_key(request.scope, self.security.admin_api_key)
+
+    def may_see(self, request: Request, session: str) -> bool:
+        """Whether ``request`` may read what ``session`` made: its own, or the admin's."""
+        return self.is_admin(request) or hmac.compare_digest(
+            self.session(request).encode("utf-8"), session.encode("utf-8")
+        )
+
+
+def _presented_key(request: Request) -> str:
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key", "").strip()
 
 
 def session_key(request: Request) -> str:
-    """The session a request belongs to (header, path prefix, API key, else ``default``)."""
-    header = request.headers.get(SESSION_HEADER)
-    if header:
-        return header.strip()
-    auth = request.headers.get("authorization", "")
-    for prefix in _KEY_PREFIXES:
-        if auth.startswith(prefix) and auth[len(prefix) :].strip():
-            return auth[len(prefix) :].strip()
-    key = request.headers.get("x-api-key", "").strip()
-    return key or DEFAULT_SESSION
+    """The session a request belongs to (header, path prefix, key hash, else ``default``)."""
+    callers: Callers = request.app.state.callers
+    return callers.session(request)
 
 
 def request_metadata(request: Request) -> dict[str, Any]:
