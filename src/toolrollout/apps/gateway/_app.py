@@ -2,12 +2,13 @@
 
 Session endpoints (for the trainer side, not the harness):
 
-* ``GET /v1/sessions``: the open sessions' metrics (the caller's own session, or every one
-  for the admin key); ``GET /v1/sessions/{id}``: one (the same rule).
+* ``GET /v1/sessions``: the open sessions' metrics (every one for the admin key, else the
+  caller's own session); ``GET /v1/sessions/{id}``: one (the same rule).
 * ``POST /v1/sessions/{id}/reward`` ``{"reward": 1.0, "segment": 0?}``: score it.
-* ``POST /v1/sessions/{id}/close`` ``{"reward": 1.0?}``: write its rows now. These two are
-  control endpoints: the admin key opens them when one is set, so a harness holding the
-  API key cannot score itself.
+* ``POST /v1/sessions/{id}/close`` ``{"reward": 1.0?}``: write its rows now.
+
+These are control endpoints (SGLang's ``ADMIN_OPTIONAL``): the admin key opens them when
+one is set, so a harness holding the API key can neither score itself nor list others.
 * ``GET /health`` and ``GET /metrics`` (gateway-wide counts), open as on every server.
 
 Keys, the body size limit and the cap on requests at once are the other servers'
@@ -39,8 +40,9 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "build_app", "gateway_security"]
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """``--max-body-mb`` 64: a long conversation with inline base64 images fits."""
 
-CONTROL_PATHS = (r"/v1/sessions/[^/]+/reward", r"/v1/sessions/[^/]+/close")
-"""Scoring and closing a session: the trainer's, opened by the admin key when one is set."""
+CONTROL_PATHS = (r"/v1/sessions", r"/v1/sessions/[^/]+", r"/v1/sessions/[^/]+/(reward|close)")
+"""The session endpoints: the trainer's, opened by the admin key when one is set (then a
+harness holding the API key can neither score itself nor list anything)."""
 
 
 def gateway_security(gateway: Gateway, **changes: Any) -> ServerSecurity:
