@@ -14,7 +14,9 @@ Responses are stored (``store``, true by default as in OpenAI's API) in a bounde
 (:class:`ResponseStore`, the newest ``max_stored_responses``, least recently used dropped
 first): ``previous_response_id`` continues one (its inputs and outputs go before the new
 input, the way a harness replaying ``output`` sends them, so the session's segment is
-extended token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one.
+extended token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one;
+each of the three finds a response only for a request of the session that made it (or
+with the admin key).
 ``conversation`` and ``item_reference`` items are refused, and so are hosted tools, which
 the gateway cannot run.
 """
