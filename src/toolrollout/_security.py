@@ -48,6 +48,7 @@ __all__ = [
     "expand_env",
     "is_loopback",
     "keyless_environ",
+    "presented_key",
     "presents_key",
     "resolve_key",
 ]
@@ -178,6 +179,16 @@ def presents_key(scope: Scope, key: str | None) -> bool:
     if not key:
         return False
     return _matches(key, _header(scope, b"authorization"), _header(scope, b"x-api-key"))
+
+
+def presented_key(scope: Scope) -> str:
+    """The key a request carries (``Authorization: Bearer``, else ``x-api-key``); "" for
+    none. For a server whose callers' keys mean something beyond access (the gateway's
+    sessions)."""
+    scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")
+    if scheme.lower() == b"bearer" and token.strip():
+        return token.strip().decode("utf-8", "replace")
+    return (_header(scope, b"x-api-key") or b"").strip().decode("utf-8", "replace")
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:

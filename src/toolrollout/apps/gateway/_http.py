@@ -25,7 +25,7 @@ import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
-from toolrollout._security import ServerSecurity, presents_key
+from toolrollout._security import ServerSecurity, presented_key, presents_key
 
 from ._types import ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart
 
@@ -67,15 +67,12 @@ class Callers:
         self.security = security
         self._secret = secrets.token_bytes(32)
 
-    def __repr__(self) -> str:
-        return "Callers(...)"
-
     def session(self, request: Request) -> str:
         """The session a request belongs to (header, path prefix, key hash, ``default``)."""
         header = request.headers.get(SESSION_HEADER, "").strip()
         if header:
             return header
-        key = _presented_key(request)
+        key = presented_key(request.scope)
         if not key or presents_key(request.scope, self.security.api_key):
             return DEFAULT_SESSION
         if presents_key(request.scope, self.security.admin_api_key):
@@ -92,14 +89,6 @@ class Callers:
         return self.is_admin(request) or hmac.compare_digest(
             self.session(request).encode("utf-8"), session.encode("utf-8")
         )
-
-
-def _presented_key(request: Request) -> str:
-    auth = request.headers.get("authorization", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return token.strip()
-    return request.headers.get("x-api-key", "").strip()
 
 
 def session_key(request: Request) -> str:
