@@ -199,8 +199,7 @@ def _opens_tools(
     @functools.wraps(method)
     async def opened(self: RolloutRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         if not self._engine_asked:
-            self.context_length = (await self.engine.info()).context_length
-            self._engine_asked = True
+            await self._ask_context_length()
         async with self._tools_open():
             return await method(self, *args, **kwargs)
 
@@ -278,6 +277,17 @@ class RolloutRunner:
         """With ``SchedulingConfig.history``: the lengths of each prompt's trajectories so
         far, kept from one call to the next (a trainer's steps); replace it with
         ``WorkHistory.from_dict`` to carry it over from another process."""
+
+    async def _ask_context_length(self) -> None:
+        """The engine's context length, asked once. An engine that cannot answer yet is
+        logged and asked again at the next call; this call's rows then fail or succeed
+        on their own, each with its cause (a run goes on when its engine is down)."""
+        try:
+            self.context_length = (await self.engine.info()).context_length
+        except EngineError as exc:
+            logger.warning("engine info unavailable, context length unknown for now: %s", exc)
+        else:
+            self._engine_asked = True
 
     def _check_rows(
         self,
