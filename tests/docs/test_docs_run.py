@@ -107,7 +107,7 @@ NOT_RUN: dict[tuple[str, str], str] = {
         "10,000 trajectories at concurrency 512, minutes of CPU; the figures it wrote are in "
         "benchmarks/results/soak.json"
     ),
-    ("docs/multimodal.md", "python -m toolrollout.apps.demo_vl."): (
+    ("docs/multimodal.md", "python -m toolrollout.apps.dem"): (
         "retrains the VL demo model (CPU training, far beyond the docs test's time)"
     ),
     ("docs/multimodal.md", "mkdir text_base && for f in ch"): (
