@@ -430,7 +430,9 @@ class ChatFormat:
         applied to both renders, and the delta is what follows the opener there. The
         transcript keeps what the model saw; the drift check counts the rewrite as expected.
         """
-        end = len(without) if with_new.startswith(without) else self._rewritten_end(without, with_new)
+        end: int | None = len(without)
+        if not with_new.startswith(without):
+            end = self._rewritten_end(without, with_new)
         opener = None if end is None else self._stop_pattern.match(with_new, end)
         if opener is None:
             raise TokenizationError(
