@@ -126,8 +126,8 @@ def leftover_info(
 
     ``chat`` is :func:`chat_setup`'s answer: the family and template variables change how
     every delta renders, so a resuming run must use the same. ``sampling``
-    (:func:`run_sampling`) too: a continued trajectory's turns must come from one
-    distribution.
+    (:func:`run_sampling`): a continued trajectory's turns must come from one distribution
+    (:data:`DISTRIBUTION_KEYS`).
     """
     info: dict[str, Any] = {
         "n": n,
@@ -192,10 +192,16 @@ def check_leftover_matches(
             )
 
 
+DISTRIBUTION_KEYS = ("temperature", "top_p", "top_k", "min_p")
+"""The sampling settings that define the distribution a token is drawn from. The seed and
+the token budgets do not (each row records them in its ``sampling``)."""
+
+
 def sampling_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str:
-    """The settings that differ, as ``"temperature 1.0 (now 0.7), ..."``; empty if none."""
+    """The distribution's settings that differ, as ``"temperature 1.0 (now 0.7), ..."``;
+    empty if none."""
     return ", ".join(
         f"{key} {recorded.get(key)!r} (now {now.get(key)!r})"
-        for key in sorted(set(recorded) | set(now))
+        for key in DISTRIBUTION_KEYS
         if recorded.get(key) != now.get(key)
     )

@@ -921,8 +921,8 @@ def _open_run_folder(
 ) -> str:
     """Start or reopen the shard folder; returns the run id that makes group ids stable.
 
-    A resume must sample as the interrupted run did and render with the same tokenizer
-    (the rows of one file come from one distribution); manifests written before these were
+    A resume must sample from the interrupted run's distribution (temperature, top-p,
+    top-k, min-p) and render with the same tokenizer; manifests written before these were
     recorded are not checked for them.
     """
     from toolrollout._exceptions import UserError
