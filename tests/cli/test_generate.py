@@ -338,7 +338,7 @@ def test_the_file_says_how_it_was_sampled_and_a_resume_must_sample_alike(
     from toolrollout.rollout._output import KILL_AT_ENV
     from toolrollout.spec import load_tokenizer, tokenizer_fingerprint
 
-    flags = ["--limit", "2", "--n", "2", "--seed", "7", "--temperature", "0.7", "--top-p", "0.9"]
+    flags = ["--limit", "1", "--n", "2", "--seed", "7", "--temperature", "0.7", "--top-p", "0.9"]
     # Killed after its last shard: the folder keeps every row, unmerged, for --resume.
     killed = subprocess.run(
         [sys.executable, "-m", "toolrollout", "generate", *flags],
@@ -377,5 +377,5 @@ def test_the_file_says_how_it_was_sampled_and_a_resume_must_sample_alike(
     assert tokenizer["family"] == "qwen25"
     # Per row too: rows kept from an interrupted run say how they were sampled.
     rows = pd.read_parquet(out)
-    assert len(rows) == 4
+    assert len(rows) == 2
     assert all(s["temperature"] == 0.7 and s["seed"] == 7 for s in rows["sampling"])
