@@ -293,6 +293,7 @@ class ScriptedEngine(Engine):
             weight_version=self.weight_version,
             context_length=self.context_length,
             vision=self.vision,
+            engine="scripted",
         )
         return EngineInfo.merge((server,))
 

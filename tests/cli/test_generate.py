@@ -325,3 +325,57 @@ def test_gc_threshold_sets_the_youngest_generations_threshold(tmp_path: Path) ->
     assert plain.returncode == 0, plain.stderr
     assert _thresholds(plain.stdout) == "100,000, 10, 10"
     assert "objects frozen" not in plain.stdout
+
+
+def test_the_file_says_how_it_was_sampled_and_a_resume_must_sample_alike(
+    tmp_path: Path,
+) -> None:
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
+    from toolrollout.rollout import RUN_METADATA_KEY, read_run_metadata
+    from toolrollout.rollout._output import KILL_AT_ENV
+    from toolrollout.spec import load_tokenizer, tokenizer_fingerprint
+
+    flags = ["--limit", "1", "--n", "2", "--seed", "7", "--temperature", "0.7", "--top-p", "0.9"]
+    # Killed after its last shard: the folder keeps every row, unmerged, for --resume.
+    killed = subprocess.run(
+        [sys.executable, "-m", "toolrollout", "generate", *flags],
+        cwd=tmp_path,
+        env={**ENV, KILL_AT_ENV: "rows-written"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr
+    # Resuming with other sampling settings would mix two distributions in one file.
+    other = run("--resume", *flags[:-4], "--temperature", "1.0", "--top-p", "0.9", cwd=tmp_path)
+    assert other.returncode == 2
+    assert "temperature 0.7 (now 1.0)" in other.stderr and len(other.stderr.splitlines()) == 1
+    done = run("--resume", *flags, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+
+    out = tmp_path / "trajectories.parquet"
+    assert RUN_METADATA_KEY in (pq.read_schema(out).metadata or {})
+    meta = read_run_metadata(out)
+    assert meta is not None
+    assert meta["sampling"] == {
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,
+        "min_p": 0.0,
+        "max_new_tokens": 128,
+        "max_response_tokens": 1024,
+        "seed": 7,
+    }
+    # The engine's own account of itself (Engine.info()), and the tokenizer rendered with.
+    assert meta["engine"]["engine"] == "toolrollout-embedded"
+    assert meta["engine"]["dtype"] == "float32" and meta["engine"]["engine_version"]
+    tokenizer = meta["tokenizer"]
+    assert tokenizer["fingerprint"] == tokenizer_fingerprint(load_tokenizer(DEMO_MODEL_PATH))
+    assert tokenizer["family"] == "qwen25"
+    # Per row too: rows kept from an interrupted run say how they were sampled.
+    rows = pd.read_parquet(out)
+    assert len(rows) == 2
+    assert all(s["temperature"] == 0.7 and s["seed"] == 7 for s in rows["sampling"])

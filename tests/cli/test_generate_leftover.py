@@ -217,6 +217,8 @@ def test_bad_leftover_input_is_one_line_and_exit_2(first_run: Path, tmp_path: Pa
         (["--resume-leftover", str(leftover), "--leftover", "l.jsonl"], "must be a .parquet"),
         (["--resume-leftover", str(other_tokenizer)], "another tokenizer"),
         (["--resume-leftover", str(leftover), "--oversample", "2"], "does not apply"),
+        # A continued trajectory's turns must come from one distribution.
+        (["--resume-leftover", str(leftover), "--temperature", "0.5"], "(now 0.5)"),
     ]
     for args, message in cases:
         result = generate(*args, "--out", str(tmp_path / "o.jsonl"))

@@ -118,6 +118,13 @@ async def test_info_reports_what_is_served(harness: Harness) -> None:
     assert info.weight_version == "default"
     assert len(info.servers) == 1
     assert info.servers[0].context_length == DEMO_CONTEXT
+    # What serves it, as output files record it: the scripted engine claims no dtype; the
+    # embedded one (in process, or behind toolrollout serve over SGLang's API) says float32.
+    if info.engine == "scripted":
+        assert info.dtype is None
+    else:
+        assert info.engine == "toolrollout-embedded"
+        assert info.engine_version and info.dtype == "float32"
 
 
 async def test_pause_holds_new_requests_until_continue(harness: Harness) -> None:

@@ -71,3 +71,40 @@ def test_bad_input_is_a_clear_error() -> None:
     bad = _row("x", [1], [2, 3], [1])
     with pytest.raises(UserError, match="differ in length"):
         to_verl_batch([bad], prompt_length=4, response_length=4, pad_token_id=0)
+
+
+def test_the_rows_sampling_temperature_goes_to_meta_info() -> None:
+    pytest.importorskip("torch")
+    from toolrollout.rollout import RolloutConfig, Trajectory, TrajectoryStatus
+    from toolrollout.rollout._state import sampling_record
+
+    def trajectory(uid: str, temperature: float) -> Trajectory:
+        from toolrollout.engines import SamplingParams
+
+        config = RolloutConfig(sampling=SamplingParams(temperature=temperature), seed=1)
+        return Trajectory(
+            uid=uid,
+            group_id="g",
+            prompt_index=0,
+            sample_index=0,
+            prompt_ids=(1, 2),
+            spans=(),
+            messages=({"role": "user", "content": "q"},),
+            status=TrajectoryStatus.COMPLETED,
+            finish_reason="stop",
+            sampling=sampling_record(config),
+        )
+
+    # Rows as a file gives them back: the sampling column holds what Trajectory recorded.
+    rows = [trajectory("a", 0.6).to_row(), trajectory("b", 0.6).to_row()]
+    batch = to_verl_batch(rows, prompt_length=2, response_length=2, pad_token_id=0)
+    assert batch.meta_info == {"temperature": 0.6}
+    # verl's actor divides logits by meta_info["temperature"]: another one is refused.
+    with pytest.raises(UserError, match=r"not the rows' sampling temperature 0\.6"):
+        batch.to_dataproto({"temperature": 1.0})
+    mixed = [*rows, trajectory("c", 1.0).to_row()]
+    with pytest.raises(UserError, match=r"temperatures \[0.6, 1.0\]"):
+        to_verl_batch(mixed, prompt_length=2, response_length=2, pad_token_id=0)
+    # Rows from before toolrollout recorded it: nothing is claimed.
+    old = [{**row, "sampling": None} for row in rows]
+    assert to_verl_batch(old, prompt_length=2, response_length=2, pad_token_id=0).meta_info == {}

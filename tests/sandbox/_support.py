@@ -39,8 +39,8 @@ def skip_or_fail(message: str) -> None:
 
 def require_language(url: str, language: str) -> None:
     """Skip (fail on CI) when the server has no toolchain for ``language``."""
-    health = httpx.get(f"{url}/health", timeout=10).json()
-    if language not in health["languages"]:
+    info = httpx.get(f"{url}/server_info", timeout=10).json()
+    if language not in info["languages"]:
         skip_or_fail(f"no {language} toolchain installed: see docs/sandbox.md, 'Languages'")
 
 

@@ -66,8 +66,8 @@ async def test_background_helper_refuses_then_runs_unisolated_when_told() -> Non
         unsafe_no_isolation=True, max_concurrency=1, env=NO_BWRAP_ENV
     ) as url:
         async with httpx.AsyncClient() as client:
-            health = (await client.get(url.replace("/run_code", "/health"))).json()
-        assert health["isolation"] == "none"
+            info = (await client.get(url.replace("/run_code", "/server_info"))).json()
+        assert info["isolation"] == "none"
         result = await sandbox_tool(url).call({"code": "print(1 + 1)"}, ToolContext())
         assert result.text == "2"
 

@@ -219,7 +219,7 @@ def test_absolute_file_paths_in_tmp_and_the_working_folder(sandbox_url: str) -> 
     assert response.message == ""
 
     # A compiled program sees the same /tmp.
-    if "cpp" in httpx.get(f"{sandbox_url}/health").json()["languages"]:
+    if "cpp" in httpx.get(f"{sandbox_url}/server_info").json()["languages"]:
         cpp = client_run(
             sandbox_url,
             code='#include <fstream>\n#include <iostream>\nint main(){std::ifstream f("/tmp/n");'
@@ -278,7 +278,7 @@ def test_verls_reward_scorer(sandbox_url: str) -> None:
     results, meta = check_correctness(url, cases, "while True: pass", timeout=1, language="python")
     assert results == [-3, -3] and meta[0]["status"] == "timeout"
 
-    if "cpp" in httpx.get(f"{sandbox_url}/health").json()["languages"]:
+    if "cpp" in httpx.get(f"{sandbox_url}/server_info").json()["languages"]:
         cpp = "#include <iostream>\nint main(){long a,b; std::cin>>a>>b; std::cout<<a+b<<'\\n';}"
         results, meta = check_correctness(url, cases, cpp, timeout=60, language="cpp")
         assert results == [True, True], meta

@@ -82,13 +82,16 @@ def test_plain_program_has_sandbox_fusions_response_shape(sandbox_url: str) -> N
     assert 0 < result["execution_time"] < 10
 
 
-def test_ping_and_health(sandbox_url: str) -> None:
+def test_ping_health_and_server_info(sandbox_url: str) -> None:
     assert httpx.get(f"{sandbox_url}/v1/ping").json() == "pong"
-    health = httpx.get(f"{sandbox_url}/health").json()
-    assert health["status"] == "ok"
-    assert health["isolation"] == "bwrap"
-    assert health["languages"][:2] == ["python", "bash"]
-    assert set(health["languages"]) | set(health["not_installed"]) == set(SUPPORTED_LANGUAGES)
+    # The open probe says up or down, nothing about the host (docs/security.md).
+    assert httpx.get(f"{sandbox_url}/health").json() == {"status": "ok"}
+    info = httpx.get(f"{sandbox_url}/server_info").json()
+    assert info["status"] == "ok"
+    assert info["isolation"] == "bwrap"
+    assert info["languages"][:2] == ["python", "bash"]
+    assert set(info["languages"]) | set(info["not_installed"]) == set(SUPPORTED_LANGUAGES)
+    assert {"python", "bwrap_version", "privileged", "seccomp"} <= set(info)
 
 
 def test_failures_follow_sandbox_fusions_status_rule(sandbox_url: str) -> None:

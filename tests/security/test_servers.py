@@ -191,7 +191,11 @@ async def test_sandbox_needs_the_key(sandbox_app: Any, monkeypatch: pytest.Monke
         assert (await http.post("/run_code", json=body)).status_code == 401
         assert (await http.post("/run_code", json=body, headers=auth("nope"))).status_code == 401
         assert (await http.get("/v1/ping")).text == '"pong"'  # probes stay open
-        assert (await http.get("/health")).status_code == 200
+        health = await http.get("/health")
+        assert health.status_code == 200 and health.json() == {"status": "ok"}  # no more
+        assert (await http.get("/server_info")).status_code == 401  # the host's details
+        info = (await http.get("/server_info", headers=auth(KEY))).json()
+        assert info["isolation"] == "none" and info["python"]
         big = {"code": "#" * (LIMIT + 1), "language": "python"}
         assert (await http.post("/run_code", json=big, headers=auth(KEY))).status_code == 413
     monkeypatch.setenv("TEST_SANDBOX_KEY", KEY)

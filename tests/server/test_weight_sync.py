@@ -311,6 +311,22 @@ def test_update_weights_refuses_a_folder_outside_weights_dir(server: str) -> Non
     anyio.run(main)
 
 
+def test_update_weights_with_a_nul_byte_is_the_documented_400(server: str) -> None:
+    async def main() -> None:
+        async with SGLangClient(server) as client:
+            version = (await versions(client))[server]
+            async with httpx.AsyncClient() as http:
+                raw = await http.post(
+                    f"{server}/update_weights_from_disk",
+                    json={"model_path": f"{DEMO_MODEL_PATH}\x00/evil", "weight_version": "nul"},
+                )
+            assert raw.status_code == 400, raw.text
+            assert raw.json()["success"] is False and "not a usable path" in raw.json()["message"]
+            assert await versions(client) == {server: version}
+
+    anyio.run(main)
+
+
 def test_pause_mode_is_checked_before_sending() -> None:
     async def main() -> None:
         async with SGLangClient("http://127.0.0.1:9") as client:

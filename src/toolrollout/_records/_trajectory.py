@@ -206,6 +206,12 @@ class Trajectory:
     resume_point: ResumePoint | None = field(default=None, repr=False, compare=False)
     """Set on ``aborted`` trajectories: what :meth:`RolloutRunner.resume` continues from
     (prompt plus partial output, token for token). In memory only, not in the output files."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """How its model turns were sampled: ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``max_new_tokens`` (a turn's cap), ``max_response_tokens`` and ``seed`` (the base seed
+    each request's seed derives from, with ``seed_round``); empty when not known. A trainer
+    that recomputes the old policy's logprobs needs the distribution they came from. Last, so
+    the pickled records of leftover format 1 (positional state) still load."""
 
     @property
     def resumable(self) -> bool:
@@ -292,4 +298,5 @@ class Trajectory:
             "images": [image.png for image in self.images],
             "image_spans": [{"start": i.start, "end": i.end} for i in self.images],
             "data_source": self.data_source,
+            "sampling": dict(self.sampling) or None,
         }

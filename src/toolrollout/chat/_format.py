@@ -26,9 +26,11 @@ on earlier messages (call ids, merged tool turns) are honoured.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from jinja2 import TemplateError
 
@@ -104,13 +106,14 @@ class ChatFormat:
             )
         self._template = self._resolve_template(tokenizer, chat_template)
         if isinstance(family, TemplateFamily):
-            self._family = family
+            chosen = family
         elif isinstance(family, str):
-            self._family = get_template_family(family)
+            chosen = get_template_family(family)
         else:
-            self._family = detect_template_family(
+            chosen = detect_template_family(
                 self.probe(), source=f"the chat template of {_tokenizer_name(tokenizer)}"
             )
+        self._family = self._with_rendered_arguments(chosen)
         self._stop_token_ids = self._check_stop_tokens()
         self._stop_pattern = re.compile(
             "|".join(re.escape(token) for token in self._family.stop_tokens)
@@ -175,6 +178,40 @@ class ChatFormat:
         if not isinstance(rendered, str):
             return TemplateProbe(self._template, None, "the template rendered no text")
         return TemplateProbe(self._template, rendered)
+
+    def _with_rendered_arguments(self, family: TemplateFamily) -> TemplateFamily:
+        """``family`` with :attr:`~TemplateFamily.arguments_as` set to what this template
+        renders right: one probe call is rendered with its arguments as a mapping and as a
+        JSON string, and the family's own form is kept unless only the other one renders
+        the call's JSON once (Kimi-K2-Instruct's first template applies ``tojson`` to a
+        string too, where K2-Thinking's prints it as given: one family, two templates)."""
+        own = family.arguments_as
+        other: Literal["object", "json"] = "json" if own == "object" else "object"
+        if self._renders_arguments_once(own) or not self._renders_arguments_once(other):
+            return family
+        return dataclasses.replace(family, arguments_as=other)
+
+    def _renders_arguments_once(self, form: Literal["object", "json"]) -> bool:
+        """Whether the probe call, its arguments given in ``form``, renders without error
+        and without the arguments encoded twice (``\\"x\\"``) or as a Python dict (``'x'``)."""
+        arguments = {"x": "1"}
+        value: Any = json.dumps(arguments) if form == "json" else dict(arguments)
+        messages = [dict(message) for message in PROBE_MESSAGES]
+        call = dict(messages[2]["tool_calls"][0])
+        call["function"] = {**call["function"], "arguments": value}
+        messages[2] = {**messages[2], "tool_calls": [call]}
+        try:
+            rendered = self._tokenizer.apply_chat_template(
+                messages,
+                tools=[dict(tool) for tool in PROBE_TOOLS],
+                chat_template=self._template,
+                add_generation_prompt=True,
+                tokenize=False,
+                **self._template_kwargs,
+            )
+        except Exception:  # a template that cannot read this form
+            return False
+        return isinstance(rendered, str) and '\\"x\\"' not in rendered and "'x'" not in rendered
 
     def presented_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
         """``messages`` as the template must see them: for a family whose template ignores
@@ -387,10 +424,17 @@ class ChatFormat:
 
         The model's ids end with that token; the render of the conversation so far does not
         hold it, the render with the new messages writes it right where the conversation
-        ended. The delta is what follows it.
+        ended. The delta is what follows it. A new user turn may rewrite earlier turns
+        (GLM-4.5 empties the reasoning of every turn before the last user message): then the
+        conversation must end at the same place once the family's documented rewrite is
+        applied to both renders, and the delta is what follows the opener there. The
+        transcript keeps what the model saw; the drift check counts the rewrite as expected.
         """
-        opener = self._stop_pattern.match(with_new, len(without))
-        if not with_new.startswith(without) or opener is None:
+        end: int | None = len(without)
+        if not with_new.startswith(without):
+            end = self._rewritten_end(without, with_new)
+        opener = None if end is None else self._stop_pattern.match(with_new, end)
+        if opener is None:
             raise TokenizationError(
                 f"family {self._family.name!r} expects the new turn to start with one of "
                 f"{', '.join(self._family.stop_tokens)} right where the conversation ended, "
@@ -398,6 +442,19 @@ class ChatFormat:
                 "configure the right family for this template"
             )
         return with_new[opener.end() :]
+
+    def _rewritten_end(self, without: str, with_new: str) -> int | None:
+        """Where the conversation ends in ``with_new`` when the new messages rewrote earlier
+        turns by the family's documented rewrite (its ``history_normalizer``); None when no
+        documented rewrite explains the difference."""
+        normalize = self._family.history_normalizer
+        if normalize is None or not self._family.rewrites_history:
+            return None
+        before, after = normalize(without), normalize(with_new)
+        if not after.startswith(before):
+            return None
+        new_part = after[len(before) :]
+        return len(with_new) - len(new_part) if with_new.endswith(new_part) else None
 
     # -- model output helpers -------------------------------------------------------------
 

@@ -43,6 +43,14 @@ class ServerInfo:
     """Most tokens (prompt plus generated) one request may hold; None when not reported."""
     vision: bool
     """Whether the served model takes images (SGLang's ``has_image_understanding``)."""
+    engine: str | None = None
+    """What serves it: ``"sglang"``, ``"toolrollout-embedded"`` (``toolrollout serve`` or
+    the in-process engine), ``"scripted"``...; None when the server does not say."""
+    engine_version: str | None = None
+    """That engine's version, as it reports it."""
+    dtype: str | None = None
+    """The dtype it serves the model in, as it reports it (SGLang: its ``--dtype``, which
+    may be ``"auto"``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,19 +68,28 @@ class EngineInfo:
     model_path: str | None
     weight_version: str | None
     servers: tuple[ServerInfo, ...] = ()
+    engine: str | None = None
+    engine_version: str | None = None
+    dtype: str | None = None
+    """The servers' engine, version and dtype, each when all servers agree (else None)."""
 
     @classmethod
     def merge(cls, servers: tuple[ServerInfo, ...]) -> Self:
         """The engine-wide view of ``servers`` (see the class docstring)."""
         lengths = [s.context_length for s in servers if s.context_length is not None]
-        paths = {s.model_path for s in servers}
-        versions = {s.weight_version for s in servers}
+
+        def agreed(values: set[str | None]) -> str | None:
+            return values.pop() if len(values) == 1 else None
+
         return cls(
             context_length=min(lengths) if len(lengths) == len(servers) and lengths else None,
             vision=bool(servers) and all(s.vision for s in servers),
-            model_path=paths.pop() if len(paths) == 1 else None,
-            weight_version=versions.pop() if len(versions) == 1 else None,
+            model_path=agreed({s.model_path for s in servers}),
+            weight_version=agreed({s.weight_version for s in servers}),
             servers=servers,
+            engine=agreed({s.engine for s in servers}),
+            engine_version=agreed({s.engine_version for s in servers}),
+            dtype=agreed({s.dtype for s in servers}),
         )
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +41,27 @@ class VerlBatch:
     and, when every row has a reward, ``rm_scores [B, R]`` (the reward on the last response
     token, as verl places agent-loop scores). ``non_tensors`` holds numpy object arrays:
     ``uid`` (the GRPO group id verl's advantage estimators group by), ``__num_turns__`` and
-    toolrollout's per-row ``reward``, ``status`` and ``num_tool_calls``.
+    toolrollout's per-row ``reward``, ``status`` and ``num_tool_calls``. ``meta_info`` holds
+    the ``temperature`` the rows were sampled at, read from their ``sampling``: verl's actor
+    divides the logits by ``meta_info["temperature"]`` when it recomputes the old policy's
+    logprobs, so they must be those of the distribution that sampled the rows.
     """
 
     tensors: dict[str, Any]
     non_tensors: dict[str, Any]
+    meta_info: dict[str, Any] = field(default_factory=dict)
 
     def to_dataproto(self, meta_info: Mapping[str, Any] | None = None) -> Any:
-        """verl's own ``DataProto`` (needs ``verl`` installed)."""
+        """verl's own ``DataProto`` (needs ``verl`` installed), with :attr:`meta_info` and
+        then ``meta_info``; a ``temperature`` there that is not the rows' is refused."""
+        given = dict(meta_info or {})
+        sampled = self.meta_info.get("temperature")
+        if sampled is not None and given.get("temperature", sampled) != sampled:
+            raise UserError(
+                f"meta_info temperature {given['temperature']} is not the rows' sampling "
+                f"temperature {sampled}: old-policy logprobs would come from another "
+                "distribution than the rollout's"
+            )
         try:
             from tensordict import TensorDict
             from verl.protocol import DataProto
@@ -58,7 +71,7 @@ class VerlBatch:
         return DataProto(
             batch=TensorDict(dict(self.tensors), batch_size=size),
             non_tensor_batch=dict(self.non_tensors),
-            meta_info=dict(meta_info or {}),
+            meta_info={**self.meta_info, **given},
         )
 
 
@@ -167,4 +180,22 @@ def to_verl_batch(
         "status": np.array([r.get("status") for r in rows], dtype=object),
         "num_tool_calls": np.array([int(r.get("num_tool_calls", 0)) for r in rows], dtype=np.int32),
     }
-    return VerlBatch(tensors=tensors, non_tensors=non_tensors)
+    return VerlBatch(tensors=tensors, non_tensors=non_tensors, meta_info=_sampled_at(rows))
+
+
+def _sampled_at(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"temperature": t}`` when the rows record one sampling temperature (rows from
+    before toolrollout recorded it: nothing); rows sampled at several are refused, since a
+    verl batch has one."""
+    temperatures = {
+        float(sampling["temperature"])
+        for row in rows
+        if isinstance(sampling := row.get("sampling"), Mapping)
+        and sampling.get("temperature") is not None
+    }
+    if len(temperatures) > 1:
+        raise UserError(
+            f"the rows were sampled at temperatures {sorted(temperatures)}: a verl batch "
+            "recomputes old-policy logprobs at one; convert each temperature's rows apart"
+        )
+    return {"temperature": temperatures.pop()} if temperatures else {}

@@ -133,5 +133,6 @@ class VerlServerEngine(Engine):
             weight_version=None,
             context_length=self.context_length,
             vision=self.vision,
+            engine="verl",
         )
         return EngineInfo.merge((server,))

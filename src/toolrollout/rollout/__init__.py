@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ._leftover import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
     from ._leftover import read_leftover as read_leftover
     from ._leftover import write_leftover as write_leftover
+    from ._output import RUN_METADATA_KEY as RUN_METADATA_KEY
     from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
     from ._output import ShardWriter as ShardWriter
     from ._output import TrajectoryWriter as TrajectoryWriter
@@ -52,11 +53,13 @@ if TYPE_CHECKING:
     from ._output import finish_shards as finish_shards
     from ._output import finished_mark as finished_mark
     from ._output import read_rows as read_rows
+    from ._output import read_run_metadata as read_run_metadata
     from ._output import read_shards as read_shards
     from ._output import write_trajectories as write_trajectories
 
 __all__ = [
     "LEFTOVER_SCHEMA",
+    "RUN_METADATA_KEY",
     "TRAJECTORY_SCHEMA",
     "EnvStep",
     "ModelTurn",
@@ -86,6 +89,7 @@ __all__ = [
     "prepare_images",
     "read_leftover",
     "read_rows",
+    "read_run_metadata",
     "read_shards",
     "resume_prompt",
     "set_pacing",
@@ -100,6 +104,7 @@ _LAZY = {
     **dict.fromkeys(("LEFTOVER_SCHEMA", "read_leftover", "write_leftover"), "._leftover"),
     **dict.fromkeys(
         (
+            "RUN_METADATA_KEY",
             "TRAJECTORY_SCHEMA",
             "ShardWriter",
             "TrajectoryWriter",
@@ -109,6 +114,7 @@ _LAZY = {
             "finish_shards",
             "finished_mark",
             "read_rows",
+            "read_run_metadata",
             "read_shards",
             "write_trajectories",
         ),

@@ -13,17 +13,26 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolrollout._exceptions import UserError
+from toolrollout._version import __version__
 
 from ._config import RolloutConfig
+from ._state import sampling_record
+
+if TYPE_CHECKING:
+    from toolrollout.engines import EngineInfo
 
 __all__ = [
     "chat_setup",
     "check_leftover_matches",
     "effective_tool_parser",
+    "engine_facts",
     "leftover_info",
+    "run_metadata",
+    "run_sampling",
+    "sampling_changes",
     "tokenizer_fingerprint",
 ]
 
@@ -60,6 +69,49 @@ def chat_setup(config: RolloutConfig, tokenizer: Any) -> dict[str, Any]:
     return {"family": chat.family.name, "chat_template_kwargs": chat.template_kwargs}
 
 
+def run_sampling(config: RolloutConfig) -> dict[str, Any]:
+    """A run's sampling settings as its files record them (:func:`sampling_record`, less the
+    runner's ``seed_round``, which is per call)."""
+    sampling = sampling_record(config)
+    del sampling["seed_round"]
+    return sampling
+
+
+def engine_facts(info: EngineInfo) -> dict[str, Any]:
+    """What an engine's ``info()`` says about how it samples, as the files record it."""
+    return {
+        "engine": info.engine,
+        "engine_version": info.engine_version,
+        "dtype": info.dtype,
+        "model_path": info.model_path,
+        "weight_version": info.weight_version,
+    }
+
+
+def run_metadata(
+    config: RolloutConfig,
+    tokenizer: Any,
+    *,
+    chat: Mapping[str, Any] | None = None,
+    engine: EngineInfo | None = None,
+) -> dict[str, Any]:
+    """The object a run's output file carries under ``RUN_METADATA_KEY``: its sampling
+    settings, the tokenizer it rendered with (``chat`` is :func:`chat_setup`'s answer) and,
+    once it is known, the engine."""
+    metadata: dict[str, Any] = {
+        "toolrollout": __version__,
+        "sampling": run_sampling(config),
+        "tokenizer": {
+            "name_or_path": str(getattr(tokenizer, "name_or_path", "") or "") or None,
+            "fingerprint": tokenizer_fingerprint(tokenizer),
+            **dict(chat or {}),
+        },
+    }
+    if engine is not None:
+        metadata["engine"] = engine_facts(engine)
+    return metadata
+
+
 def leftover_info(
     *,
     n: int,
@@ -68,11 +120,14 @@ def leftover_info(
     tokenizer: Any,
     model: str | Path,
     chat: Mapping[str, Any] | None = None,
+    sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The metadata a leftover file carries so that a later run can check it can resume it.
 
     ``chat`` is :func:`chat_setup`'s answer: the family and template variables change how
-    every delta renders, so a resuming run must use the same.
+    every delta renders, so a resuming run must use the same. ``sampling``
+    (:func:`run_sampling`): a continued trajectory's turns must come from one distribution
+    (:data:`DISTRIBUTION_KEYS`).
     """
     info: dict[str, Any] = {
         "n": n,
@@ -83,6 +138,8 @@ def leftover_info(
     }
     if chat is not None:
         info["chat"] = dict(chat)
+    if sampling is not None:
+        info["sampling"] = dict(sampling)
     return info
 
 
@@ -95,11 +152,12 @@ def check_leftover_matches(
     tokenizer: Any = None,
     model: str | Path | None = None,
     chat: Mapping[str, Any] | None = None,
+    sampling: Mapping[str, Any] | None = None,
 ) -> None:
     """A one-line :class:`UserError` when ``saved`` (a leftover's info) does not suit this run.
 
     The tools and tool-call format are checked first; the tokenizer only when one is given;
-    the family and template variables when both sides recorded them.
+    the family, template variables and sampling settings when both sides recorded them.
     """
     names = sorted(tool_names)
     if saved.get("tools") != names:
@@ -124,3 +182,26 @@ def check_leftover_matches(
             f"kwargs {recorded.get('chat_template_kwargs')}, not {chat.get('family')!r} and "
             f"{chat.get('chat_template_kwargs')}: pass the same --family / --chat-template-kwargs"
         )
+    recorded_sampling = saved.get("sampling")
+    if sampling is not None and recorded_sampling is not None:
+        changed = sampling_changes(recorded_sampling, sampling)
+        if changed:
+            raise UserError(
+                f"{path} was sampled with {changed}: a continued trajectory's turns must "
+                "come from one distribution; pass the same sampling flags"
+            )
+
+
+DISTRIBUTION_KEYS = ("temperature", "top_p", "top_k", "min_p")
+"""The sampling settings that define the distribution a token is drawn from. The seed and
+the token budgets do not (each row records them in its ``sampling``)."""
+
+
+def sampling_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """The distribution's settings that differ, as ``"temperature 1.0 (now 0.7), ..."``;
+    empty if none."""
+    return ", ".join(
+        f"{key} {recorded.get(key)!r} (now {now.get(key)!r})"
+        for key in DISTRIBUTION_KEYS
+        if recorded.get(key) != now.get(key)
+    )

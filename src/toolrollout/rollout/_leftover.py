@@ -299,7 +299,7 @@ def _from_format1(blob: bytes) -> Trajectory:
         raise UserError("the state is not a trajectory")
     point: Any = trajectory.resume_point
     if point is None:
-        return trajectory
+        return _replace_resume(trajectory, None)
     if not isinstance(point, _Format1Point):
         raise UserError("the resume point is not one of format 1")
     spent = float(trajectory.metrics.get("total_seconds", 0.0))
@@ -307,8 +307,9 @@ def _from_format1(blob: bytes) -> Trajectory:
     return _replace_resume(trajectory, resume)
 
 
-def _replace_resume(trajectory: Trajectory, resume: ResumePoint) -> Trajectory:
-    values = {name: getattr(trajectory, name) for name in _FIELDS}
+def _replace_resume(trajectory: Trajectory, resume: ResumePoint | None) -> Trajectory:
+    # A format-1 record lacks the fields added since (their defaults then apply).
+    values = {name: getattr(trajectory, name) for name in _FIELDS if hasattr(trajectory, name)}
     return Trajectory(**values, resume_point=resume)
 
 

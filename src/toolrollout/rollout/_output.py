@@ -29,7 +29,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -37,12 +37,14 @@ from typing import Any, Self
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from toolrollout._exceptions import UserError
 from toolrollout._records import Trajectory
 
 __all__ = [
     "FINISH_STEPS",
     "KILL_AT_ENV",
     "MANIFEST",
+    "RUN_METADATA_KEY",
     "TRAJECTORY_SCHEMA",
     "ShardWriter",
     "TrajectoryWriter",
@@ -52,6 +54,7 @@ __all__ = [
     "finish_shards",
     "finished_mark",
     "read_rows",
+    "read_run_metadata",
     "read_shards",
     "write_trajectories",
 ]
@@ -84,6 +87,20 @@ def kill_point(step: str) -> None:
     if os.environ.get(KILL_AT_ENV) == step:
         os.kill(os.getpid(), signal.SIGKILL)
 
+
+SAMPLING_TYPE = pa.struct(
+    [
+        pa.field("temperature", pa.float64()),
+        pa.field("top_p", pa.float64()),
+        pa.field("top_k", pa.int64()),
+        pa.field("min_p", pa.float64()),
+        pa.field("max_new_tokens", pa.int64()),
+        pa.field("max_response_tokens", pa.int64()),
+        pa.field("seed", pa.int64()),
+        pa.field("seed_round", pa.int64()),
+    ]
+)
+"""The ``sampling`` column: :attr:`Trajectory.sampling`'s keys."""
 
 TRAJECTORY_SCHEMA = pa.schema(
     [
@@ -118,15 +135,58 @@ TRAJECTORY_SCHEMA = pa.schema(
             pa.list_(pa.struct([pa.field("start", pa.int32()), pa.field("end", pa.int32())])),
         ),
         pa.field("data_source", pa.string()),
+        # How the row's model turns were sampled (Trajectory.sampling); per row, since rows
+        # carried over from an earlier run may differ. The run's settings, engine and
+        # tokenizer are also in the file's metadata (RUN_METADATA_KEY).
+        pa.field("sampling", SAMPLING_TYPE),
     ]
 )
+
+
+RUN_METADATA_KEY = b"toolrollout.run"
+"""The key of a parquet file's metadata that says how its rows were made: a JSON object with
+``sampling`` (the run's settings: temperature, top_p, top_k, min_p, max_new_tokens,
+max_response_tokens, seed), ``engine`` (``engine``, ``engine_version``, ``dtype``,
+``model_path``, ``weight_version``, as the engine's ``info()`` reported them), ``tokenizer``
+(``name_or_path``, ``fingerprint``: vocabulary and chat template; ``family``;
+``chat_template_kwargs``) and ``toolrollout`` (the writer's version)."""
+
+
+def _with_run_metadata(table: pa.Table, metadata: Mapping[str, Any] | None) -> pa.Table:
+    if not metadata:
+        return table
+    return table.replace_schema_metadata({RUN_METADATA_KEY: json.dumps(metadata).encode()})
+
+
+def read_run_metadata(path: str | Path) -> dict[str, Any] | None:
+    """The :data:`RUN_METADATA_KEY` object of a parquet file (None: it has none).
+
+    Raises :class:`UserError` naming the file when the object is not JSON.
+    """
+    raw = (pq.read_schema(path).metadata or {}).get(RUN_METADATA_KEY)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: unreadable {RUN_METADATA_KEY.decode()} metadata ({exc})") from exc
+    return value if isinstance(value, dict) else None
 
 
 class TrajectoryWriter:
     """Streams trajectories to a ``.parquet`` or ``.jsonl`` file as they arrive."""
 
-    def __init__(self, path: str | Path, *, flush_every: int = 64) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        flush_every: int = 64,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """``metadata`` (:data:`RUN_METADATA_KEY`'s object) goes into a parquet file's
+        metadata; a JSONL file has no place for it (its rows carry ``sampling``)."""
         self.path = Path(path)
+        self._metadata = dict(metadata or {})
         self.format = "jsonl" if self.path.suffix in {".jsonl", ".json"} else "parquet"
         self._flush_every = flush_every
         self._pending: list[dict[str, Any]] = []
@@ -137,7 +197,8 @@ class TrajectoryWriter:
     def __enter__(self) -> Self:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.format == "parquet":
-            self._parquet = pq.ParquetWriter(self.path, TRAJECTORY_SCHEMA)
+            schema = _with_run_metadata(TRAJECTORY_SCHEMA.empty_table(), self._metadata).schema
+            self._parquet = pq.ParquetWriter(self.path, schema)
         else:
             self._jsonl = self.path.open("w", encoding="utf-8")
         return self
@@ -151,7 +212,7 @@ class TrajectoryWriter:
         if not self._pending:
             return
         if self._parquet is not None:
-            table = pa.Table.from_pylist(self._pending, schema=TRAJECTORY_SCHEMA)
+            table = pa.Table.from_pylist(self._pending, schema=self._parquet.schema)
             self._parquet.write_table(table)
         elif self._jsonl is not None:
             for row in self._pending:
@@ -258,9 +319,17 @@ class ShardWriter:
     """
 
     def __init__(
-        self, directory: str | Path, *, rows_per_shard: int = 64, flush_seconds: float = 10.0
+        self,
+        directory: str | Path,
+        *,
+        rows_per_shard: int = 64,
+        flush_seconds: float = 10.0,
+        metadata: Mapping[str, Any] | None = None,
     ) -> None:
+        """``metadata`` (:data:`RUN_METADATA_KEY`'s object) goes into every shard, and from
+        the shards into the merged file."""
         self.directory = Path(directory)
+        self._metadata = dict(metadata or {})
         self._rows_per_shard = max(rows_per_shard, 1)
         self._flush_seconds = flush_seconds
         self._pending: list[dict[str, Any]] = []
@@ -290,6 +359,7 @@ class ShardWriter:
         if not self._pending:
             return
         table = pa.Table.from_pylist(self._pending, schema=TRAJECTORY_SCHEMA)
+        table = _with_run_metadata(table, self._metadata)
         write_atomic(table, self.directory / f"part-{self._next:06d}.parquet")
         self._next += 1
         self.shards_written += 1
@@ -348,14 +418,22 @@ def _dedupe_sorted(table: pa.Table) -> pa.Table:
     return table.sort_by([("prompt_index", "ascending"), ("sample_index", "ascending")])
 
 
-def compact_shards(directory: str | Path, out: str | Path) -> int:
+def compact_shards(
+    directory: str | Path, out: str | Path, *, metadata: Mapping[str, Any] | None = None
+) -> int:
     """Merge the shards of ``directory`` into ``out`` (parquet, or JSONL by suffix).
 
     Duplicated samples keep their first row; rows are ordered by (prompt, sample). The
-    file appears atomically. Returns the number of rows written.
+    file appears atomically, with the run metadata of the last shard that has one, else
+    ``metadata``. Returns the number of rows written.
     """
     out = Path(out)
     table = _dedupe_sorted(read_shards(directory))
+    # The metadata of the run that wrote the last shard (a resumed run's, which checked
+    # that its sampling settings and tokenizer are those of the rows before it).
+    shards = [*_shard_paths(Path(directory)), *sorted(Path(directory).glob(f"*/{_SHARD_GLOB}"))]
+    recorded = next((m for m in map(read_run_metadata, reversed(shards)) if m), None)
+    table = _with_run_metadata(table, recorded or metadata)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(
         table,
@@ -366,7 +444,9 @@ def compact_shards(directory: str | Path, out: str | Path) -> int:
     return int(table.num_rows)
 
 
-def finish_shards(directory: str | Path, out: str | Path) -> int:
+def finish_shards(
+    directory: str | Path, out: str | Path, *, metadata: Mapping[str, Any] | None = None
+) -> int:
     """Merge ``directory`` into ``out``, mark the run finished, then delete the folder.
 
     Each step is durable (fsynced) before the next starts, so a kill at any instant leaves
@@ -375,7 +455,7 @@ def finish_shards(directory: str | Path, out: str | Path) -> int:
     """
     directory, out = Path(directory), Path(out)
     kill_point("rows-written")
-    rows = compact_shards(directory, out)
+    rows = compact_shards(directory, out, metadata=metadata)
     kill_point("merged")
     _mark_finished(directory, out, rows)
     kill_point("marked")

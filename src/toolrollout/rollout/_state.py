@@ -18,7 +18,7 @@ import json
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolrollout._exceptions import EngineError, ToolRolloutError
 from toolrollout._records import (
@@ -56,7 +56,10 @@ from ._parts import (
 )
 from ._vision_turn import ImageLedger, record_images
 
-__all__ = ["TrajectoryState", "parse_model_turn", "resume_prompt"]
+if TYPE_CHECKING:
+    from ._config import RolloutConfig
+
+__all__ = ["TrajectoryState", "parse_model_turn", "resume_prompt", "sampling_record"]
 
 
 _SCORED = (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
@@ -382,6 +385,7 @@ class TrajectoryState:
             tool_final_rewards=dict(env.tool_final_rewards),
             images=tuple(self.vision.images),
             data_source=_data_source(self.prompt.metadata),
+            sampling=sampling_record(self.services.config, self.services.seed_round),
             resume_point=resume,
         )
 
@@ -609,6 +613,21 @@ def _public_messages(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], ..
     """The messages as trainers see them: no raw model text, otherwise as rendered, so they
     re-render with the official template (arguments and reasoning in the family's form)."""
     return tuple({k: v for k, v in m.items() if k != "raw_content"} for m in messages)
+
+
+def sampling_record(config: RolloutConfig, seed_round: int = 0) -> dict[str, Any]:
+    """:attr:`Trajectory.sampling` of a trajectory rolled out under ``config``."""
+    sampling = config.sampling
+    return {
+        "temperature": float(sampling.temperature),
+        "top_p": float(sampling.top_p),
+        "top_k": int(sampling.top_k),
+        "min_p": float(sampling.min_p),
+        "max_new_tokens": int(sampling.max_new_tokens),
+        "max_response_tokens": int(config.max_response_tokens),
+        "seed": config.seed,
+        "seed_round": seed_round,
+    }
 
 
 def _data_source(metadata: dict[str, Any]) -> str | None:

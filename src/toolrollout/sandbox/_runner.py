@@ -309,7 +309,7 @@ class SandboxRunner:
         return tuple(self._installed)
 
     def describe(self) -> dict[str, Any]:
-        """What ``GET /health`` reports."""
+        """What ``GET /server_info`` reports (behind the API key: it describes the host)."""
         info: dict[str, Any] = {
             "status": "ok",
             "isolation": self.isolation,

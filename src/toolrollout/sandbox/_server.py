@@ -1,8 +1,10 @@
 """The local sandbox's HTTP API: Sandbox Fusion's ``POST /run_code`` and ``GET /v1/ping``,
-plus ``GET /health`` (isolation mode, slots in use).
+plus ``GET /health`` (up or down) and ``GET /server_info`` (isolation, languages, slots).
 
-``/run_code`` runs arbitrary code, so it is what the API key guards (health and ping stay
-open for probes); the body limit also bounds the files a request may upload.
+``/run_code`` runs arbitrary code, so it is what the API key guards; ``/server_info`` too,
+since it tells about the host (the interpreter's path, the bubblewrap version, whether it
+runs privileged). Health and ping stay open for probes and say only that the server is up.
+The body limit also bounds the files a request may upload.
 """
 
 from __future__ import annotations
@@ -83,7 +85,11 @@ def create_sandbox_app(runner: SandboxRunner, *, security: ServerSecurity | None
         return "pong"
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
         return runner.describe()
 
     return app

@@ -14,7 +14,11 @@ from toolrollout.engines._factory import connect as connect
 from toolrollout.rollout._compat import chat_setup as chat_setup
 from toolrollout.rollout._compat import check_leftover_matches as check_leftover_matches
 from toolrollout.rollout._compat import effective_tool_parser as effective_tool_parser
+from toolrollout.rollout._compat import engine_facts as engine_facts
 from toolrollout.rollout._compat import leftover_info as leftover_info
+from toolrollout.rollout._compat import run_metadata as run_metadata
+from toolrollout.rollout._compat import run_sampling as run_sampling
+from toolrollout.rollout._compat import sampling_changes as sampling_changes
 from toolrollout.rollout._compat import tokenizer_fingerprint as tokenizer_fingerprint
 from toolrollout.rollout._defaults import VisionMode as VisionMode
 from toolrollout.rollout._defaults import default_rewards as default_rewards
@@ -45,10 +49,14 @@ __all__ = [
     "default_rewards",
     "detect_vision",
     "effective_tool_parser",
+    "engine_facts",
     "is_number",
     "leftover_info",
     "load_parts",
     "load_tokenizer",
     "open_run",
+    "run_metadata",
+    "run_sampling",
+    "sampling_changes",
     "tokenizer_fingerprint",
 ]

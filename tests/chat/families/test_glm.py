@@ -11,8 +11,10 @@ Argument values carry no type in this format; the tool schemas type them.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import pytest
 from tests.chat.families.conftest import (
     build_tokenizer,
@@ -22,7 +24,9 @@ from tests.chat.families.conftest import (
 )
 
 from toolrollout.chat import ChatFormat, get_template_family
-from toolrollout.rollout import RolloutConfig, TrajectoryStatus
+from toolrollout.interactions import Interaction, InteractionReply
+from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
+from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import Tool, function_tool
 
 TEMPLATES = ["trl-glm4moe.jinja", "GLM-4.6.jinja"]
@@ -136,6 +140,62 @@ def test_runner_round_trip(tokenizer: Any, thinking: bool) -> None:
     assert ids.count(observation) == 2
     tool_spans = [span for span in trajectory.spans if span.kind == "tool"]
     assert all(observation not in span.ids for span in tool_spans)
+
+
+class FollowUp(Interaction):
+    """A user who asks one more question, then is satisfied."""
+
+    async def generate_response(
+        self, instance_id: str, messages: Sequence[Mapping[str, Any]], **kwargs: Any
+    ) -> InteractionReply:
+        asked = sum(1 for m in messages if m["role"] == "user")
+        return InteractionReply(done=asked > 1, message="And 5 + 1?")
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_a_user_follow_up_rewrites_earlier_reasoning_as_documented(
+    tokenizer: Any, thinking: bool
+) -> None:
+    def think(text: str) -> str:
+        return f"\n<think>{text}</think>" if thinking else ""
+
+    texts = [
+        think("Add first.") + call("add", a="2", b="3") + "<|observation|>",
+        think("It is 5.") + "\n2 + 3 = 5.<|user|>",
+        think("Add again.") + call("add", a="5", b="1") + "<|observation|>",
+        think("It is 6.") + "\n5 + 1 = 6.<|user|>",
+    ]
+    engine = ScriptedEngine(
+        [ScriptedOutput(tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+    )
+    kwargs = {} if thinking else {"enable_thinking": False}
+    runner = RolloutRunner(
+        engine,
+        tokenizer,
+        TOOLS,
+        config=RolloutConfig(chat_template_kwargs=kwargs),
+        interactions={"followup": FollowUp()},
+    )
+    row = {"messages": PROMPT, "extra_info": {"interaction_kwargs": {"name": "followup"}}}
+    [trajectory] = anyio.run(runner.run, [row])
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert trajectory.num_tool_calls == 2 and trajectory.tool_errors == 0
+    assert [m["role"] for m in trajectory.messages].count("user") == 2
+    assert trajectory.metrics["drift_mismatches"] == 0
+    ids = [*trajectory.prompt_ids, *trajectory.response_ids]
+    user = tokenizer.convert_tokens_to_ids("<|user|>")
+    fresh = [*fresh_render_ids(tokenizer, runner, trajectory), user]
+    if not thinking:  # nothing to empty: token-exact
+        assert trajectory.metrics["drift_expected"] == 0
+        assert fresh == ids
+        return
+    # The template empties the reasoning before the last user message; the transcript keeps
+    # what the model saw, and the difference is the documented rewrite, counted as expected.
+    assert trajectory.metrics["drift_expected"] >= 1
+    sampled, rendered = runner.chat.decode(ids), runner.chat.decode(fresh)
+    assert "It is 5." in sampled and "It is 5." not in rendered
+    normalize = runner.chat.family.history_normalizer
+    assert normalize is not None and normalize(sampled) == normalize(rendered)
 
 
 def test_malformed_call_is_a_counted_error(tokenizer: Any) -> None:

@@ -127,6 +127,47 @@ def test_runner_round_trip(tokenizer: Any) -> None:
     assert ids[len(before_answer) :] == tokenizer.encode(TURNS[-1], add_special_tokens=False)
 
 
+_STRING_AS_GIVEN = (
+    "{% if tool_call['function']['arguments'] is string %}{{ tool_call['function']['arguments'] }}"
+    "{% else %}{{ tool_call['function']['arguments'] | tojson }}{% endif %}"
+)
+
+
+def instruct_template() -> str:
+    """Kimi-K2-Instruct's first template, as far as arguments go: ``tojson`` on every value.
+
+    That release wrote ``{{ tool_call['function']['arguments'] | tojson }}``, where the
+    later templates (K2-Thinking's, vendored here) print a string as given. No byte-exact
+    copy of the first release is public in a source this project can cite, so it is made
+    from the official K2-Thinking template by exactly that one substitution (issue 44).
+    """
+    official = official_template(TEMPLATE)
+    assert official.count(_STRING_AS_GIVEN) == 1
+    return official.replace(_STRING_AS_GIVEN, "{{ tool_call['function']['arguments'] | tojson }}")
+
+
+@pytest.mark.parametrize(("template", "stored"), [("thinking", "json"), ("instruct", "object")])
+def test_arguments_are_stored_as_the_template_renders_them(template: str, stored: str) -> None:
+    text = official_template(TEMPLATE) if template == "thinking" else instruct_template()
+    tokenizer = build_tokenizer(
+        special=SPECIAL, added=[], template=text, eos="<|im_end|>", bos="[BOS]"
+    )
+    runner, trajectory, _ = run_family(tokenizer, TOOLS, TURNS, PROMPT)
+    assert runner.chat.family.name == "kimi_k2"
+    assert runner.chat.family.arguments_as == stored
+    assert trajectory.status is TrajectoryStatus.COMPLETED, trajectory.error
+    assert trajectory.num_tool_calls == 3
+    assert trajectory.metrics["drift_mismatches"] == 0
+    messages = list(trajectory.messages)
+    arguments = messages[2]["tool_calls"][1]["function"]["arguments"]
+    assert arguments == ('{"city": "Paris"}' if stored == "json" else {"city": "Paris"})
+    # Up to the final answer (which empties the think blocks), a fresh render of the
+    # messages is the model's ids, token for token.
+    ids = [*trajectory.prompt_ids, *trajectory.response_ids]
+    before_answer = runner.chat.render_prompt(messages[:-1])
+    assert ids[: len(before_answer)] == before_answer
+
+
 def test_malformed_call_is_a_counted_error(tokenizer: Any) -> None:
     bad = f'{SB}{CB}functions.add{CA}{{"a": 2, "b": 3}}{CE}{SE}<|im_end|>'
     _, trajectory, _ = run_family(tokenizer, TOOLS, [bad, "Sorry.<|im_end|>"], PROMPT)

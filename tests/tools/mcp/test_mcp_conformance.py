@@ -202,10 +202,11 @@ async def test_tool_list_keeps_metadata_and_leaves_out_task_required_tools(
         for name in everything.tools
         if name.startswith(f"{transport}_")
     }
-    # The tools server-everything registers only for clients declaring roots, sampling
-    # and elicitation are there: the capabilities were declared.
-    assert {"echo", "get-tiny-image", "get-roots-list", "trigger-sampling-request"} <= names
-    assert {"trigger-elicitation-request", "trigger-long-running-operation"} <= names
+    # server-everything registers some tools only for clients declaring a capability.
+    # Roots are configured here, so roots are declared; no sampling or elicitation
+    # callback is, so neither is declared and the tools needing them are not offered.
+    assert {"echo", "get-tiny-image", "get-roots-list", "trigger-long-running-operation"} <= names
+    assert not names & NEEDS_SAMPLING_OR_ELICITATION
     # simulate-research-query has execution.taskSupport "required": left out.
     listed = await everything.manager.list_tools(transport)
     assert any(
@@ -289,21 +290,43 @@ async def test_structured_content_annotations_and_resources(
 @needs_node
 @shared
 @pytest.mark.parametrize("transport", TRANSPORTS)
-async def test_roots_sampling_and_elicitation_are_answered(
-    everything: Everything, transport: str
-) -> None:
+async def test_roots_are_answered(everything: Everything, transport: str) -> None:
     roots = await call(everything, transport, "get-roots-list")
     assert "Current MCP Roots (1 total)" in roots.text
     assert "dataset" in roots.text and "URI: file:///srv/dataset" in roots.text
 
-    with anyio.fail_after(10):  # never a hang
-        elicited = await call(everything, transport, "trigger-elicitation-request")
-    assert not elicited.is_error and "declined" in elicited.text
 
-    with anyio.fail_after(10):
-        sampled = await call(everything, transport, "trigger-sampling-request", prompt="hi")
-    # The server turns our refusal into its own isError answer, naming the reason.
-    assert sampled.is_error and "sampling is not enabled in this client" in sampled.text
+NEEDS_SAMPLING_OR_ELICITATION = {
+    "trigger-sampling-request",
+    "trigger-sampling-request-async",
+    "trigger-elicitation-request",
+    "trigger-elicitation-request-async",
+    "trigger-url-elicitation",
+}
+"""server-everything's tools that only a client declaring sampling or elicitation gets."""
+
+
+@needs_node
+async def test_only_configured_capabilities_are_declared(installed: None) -> None:
+    async def sample(context: ClientRequestContext, params: CreateMessageRequestParams) -> Any:
+        raise AssertionError("not called")
+
+    async def elicit(context: ClientRequestContext, params: ElicitRequestParams) -> Any:
+        raise AssertionError("not called")
+
+    async def offered(**configured: Any) -> set[str]:
+        async with McpClientManager([stdio_everything()], **configured) as manager:
+            return {info.name for info in await manager.list_tools("stdio")}
+
+    bare = await offered()
+    assert "echo" in bare and not bare & {"get-roots-list", *NEEDS_SAMPLING_OR_ELICITATION}
+    sampling = await offered(sampling_callback=sample)
+    assert {"trigger-sampling-request"} <= sampling
+    assert not sampling & {"get-roots-list", "trigger-elicitation-request"}
+    elicitation = await offered(elicitation_callback=elicit)
+    assert {"trigger-elicitation-request", "trigger-url-elicitation"} <= elicitation
+    assert "trigger-sampling-request" not in elicitation
+    assert "get-roots-list" in await offered(roots=[ROOT])
 
 
 @needs_node

@@ -52,7 +52,7 @@ from toolrollout.apps.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from toolrollout.engines import Engine
+    from toolrollout.engines import Engine, EngineInfo
     from toolrollout.rollout import RolloutPrompt, Trajectory
     from toolrollout.spec import RunParts, RunSpec
 
@@ -387,6 +387,8 @@ class _Plan:
     skip: set[tuple[int, int]] = field(default_factory=set)
     leftover_info: dict[str, Any] = field(default_factory=dict)
     leftover_path: Path = Path()
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """The output file's run metadata (sampling, tokenizer; the engine once it answers)."""
 
 
 def _finish(summary: dict[str, Any], out: Path) -> None:
@@ -426,7 +428,7 @@ def _run(flags: _Flags) -> dict[str, Any]:
         return _run_ray(plan, flags, ray)
     summary = anyio.run(_run_local, plan, flags)
     if summary["interrupted"] is None:
-        finish_shards(plan.folder, flags.out)
+        finish_shards(plan.folder, flags.out, metadata=plan.metadata)
     return summary
 
 
@@ -582,6 +584,7 @@ def _plan(flags: _Flags) -> _Plan:
         effective_tool_parser,
         leftover_info,
         load_parts,
+        run_metadata,
     )
 
     _check_flags(flags)
@@ -591,6 +594,7 @@ def _plan(flags: _Flags) -> _Plan:
     # Each renders the template's probe once: done here, once, for the check and the info.
     tool_parser = effective_tool_parser(spec.config, parts.tokenizer)
     chat = chat_setup(spec.config, parts.tokenizer)
+    metadata = run_metadata(spec.config, parts.tokenizer, chat=chat)
     if flags.resume_leftover is not None:
         check_leftover_matches(
             flags.resume_leftover,
@@ -600,6 +604,7 @@ def _plan(flags: _Flags) -> _Plan:
             tokenizer=parts.tokenizer,
             model=spec.model_path,
             chat=chat,
+            sampling=metadata["sampling"],
         )
     prompts, prompts_path = _prompts(flags, parts, carried)
     truths = [p.ground_truth for p in prompts] + [t.ground_truth for t in carried]
@@ -611,6 +616,7 @@ def _plan(flags: _Flags) -> _Plan:
         tokenizer=parts.tokenizer,
         model=spec.model_path,
         chat=chat,
+        sampling=metadata["sampling"],
     )
     return _Plan(
         spec,
@@ -620,6 +626,7 @@ def _plan(flags: _Flags) -> _Plan:
         prompts_path,
         leftover_info=info,
         leftover_path=flags.leftover_path,
+        metadata=metadata,
     )
 
 
@@ -670,6 +677,8 @@ def _open_folder(plan: _Plan, flags: _Flags) -> None:
         num_prompts=num_groups,
         n=plan.spec.config.n,
         resume=flags.resume,
+        sampling=plan.metadata["sampling"],
+        tokenizer=plan.metadata["tokenizer"],
     )
     plan.group_ids = [f"{run_id}-p{i}" for i in range(len(plan.prompts))]
     plan.skip = done_samples(plan.folder) if flags.resume else set()
@@ -706,8 +715,8 @@ def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
     )
     if batch:
         summary.update(left_over=len(report.leftover), leftover_path=str(flags.leftover_path))
-    if report.interrupted is None:
-        finish_shards(plan.folder, flags.out)
+    if report.interrupted is None:  # the workers' engines are theirs: no engine facts here
+        finish_shards(plan.folder, flags.out, metadata=plan.metadata)
     return summary
 
 
@@ -728,6 +737,7 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
     total = len(carried) if carried else len(plan.prompts) * plan.spec.config.n
     already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
     async with open_run(plan.spec, parts=plan.parts) as run:
+        _record_engine(plan, await run.engine.info(), resumed=bool(plan.skip))
         if flags.work_history is not None:
             run.runner.work_history = WorkHistory.read(flags.work_history)
         frozen = _freeze_gc() if flags.gc_freeze else None
@@ -735,7 +745,9 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
         with _collect_young_later(threshold) as thresholds:
             started = time.perf_counter()
             with (
-                ShardWriter(plan.folder, rows_per_shard=plan.spec.flush_every) as writer,
+                ShardWriter(
+                    plan.folder, rows_per_shard=plan.spec.flush_every, metadata=plan.metadata
+                ) as writer,
                 RolloutProgress(total, completed=len(plan.skip) + already) as progress,
             ):
 
@@ -872,14 +884,59 @@ def _ray_options(flags: _Flags) -> Any:
 _MANIFEST = "run.json"  # toolrollout.rollout._output.MANIFEST
 
 
-def _open_run_folder(parts: Path, *, dataset: Path, num_prompts: int, n: int, resume: bool) -> str:
-    """Start or reopen the shard folder; returns the run id that makes group ids stable."""
+def _record_engine(plan: _Plan, info: EngineInfo, *, resumed: bool) -> None:
+    """Add the engine's facts to the run metadata; on a resume, warn when the rows kept were
+    sampled by another engine, version or dtype than the rows to come (their sampling
+    settings and tokenizer were checked against the run manifest already)."""
+    from toolrollout.rollout import read_run_metadata
+    from toolrollout.spec import engine_facts
+
+    plan.metadata["engine"] = facts = engine_facts(info)
+    if not resumed:
+        return
+    shards = sorted(plan.folder.glob("part-*.parquet"))
+    before = (read_run_metadata(shards[-1]) or {}).get("engine") if shards else None
+    if not isinstance(before, dict):
+        return
+    keys = ("engine", "engine_version", "dtype", "model_path")
+    changed = [k for k in keys if before.get(k) != facts[k]]
+    if changed:
+        detail = ", ".join(f"{k} {before.get(k)!r} (now {facts[k]!r})" for k in changed)
+        typer.echo(
+            f"warning: --resume: the rows kept were sampled with {detail}; the file's "
+            "metadata records the engine of the rows written last",
+            err=True,
+        )
+
+
+def _open_run_folder(
+    parts: Path,
+    *,
+    dataset: Path,
+    num_prompts: int,
+    n: int,
+    resume: bool,
+    sampling: dict[str, Any],
+    tokenizer: dict[str, Any],
+) -> str:
+    """Start or reopen the shard folder; returns the run id that makes group ids stable.
+
+    A resume must sample from the interrupted run's distribution (temperature, top-p,
+    top-k, min-p) and render with the same tokenizer; manifests written before these were
+    recorded are not checked for them.
+    """
     from toolrollout._exceptions import UserError
+    from toolrollout.spec import sampling_changes
 
     identity = {
         "dataset": str(dataset.resolve()),
         "num_prompts": num_prompts,
         "n": n,
+    }
+    rendering = {
+        "fingerprint": tokenizer.get("fingerprint"),
+        "family": tokenizer.get("family"),
+        "chat_template_kwargs": tokenizer.get("chat_template_kwargs"),
     }
     manifest = parts / _MANIFEST
     if resume:
@@ -895,6 +952,17 @@ def _open_run_folder(parts: Path, *, dataset: Path, num_prompts: int, n: int, re
                     f"--resume: {key} is {value!r} but the interrupted run used "
                     f"{saved.get(key)!r} ({manifest})"
                 )
+        if "sampling" in saved and sampling_changes(saved["sampling"], sampling):
+            raise UserError(
+                f"--resume: the interrupted run sampled with "
+                f"{sampling_changes(saved['sampling'], sampling)}: pass its sampling flags "
+                f"({manifest})"
+            )
+        if "tokenizer" in saved and saved["tokenizer"] != rendering:
+            raise UserError(
+                f"--resume: the interrupted run rendered with another tokenizer, family or "
+                f"chat-template kwargs ({saved['tokenizer']}; now {rendering}) ({manifest})"
+            )
         return str(saved["run_id"])
     # */part-*: the worker folders of a `--ray` run (docs/scale-out.md)
     if any(parts.glob("part-*.parquet")) or any(parts.glob("*/part-*.parquet")):
@@ -903,7 +971,8 @@ def _open_run_folder(parts: Path, *, dataset: Path, num_prompts: int, n: int, re
         )
     parts.mkdir(parents=True, exist_ok=True)
     run_id = uuid.uuid4().hex[:8]
-    manifest.write_text(json.dumps({"run_id": run_id, **identity}) + "\n", encoding="utf-8")
+    saved = {"run_id": run_id, **identity, "sampling": sampling, "tokenizer": rendering}
+    manifest.write_text(json.dumps(saved) + "\n", encoding="utf-8")
     return run_id
 
 

@@ -96,11 +96,13 @@ def serve(
     """Serve Sandbox Fusion's POST /run_code isolated with bubblewrap.
 
     Runs python and bash, and c, cpp, go, java, nodejs, typescript, rust, perl, ruby and lua
-    where their toolchain is installed (GET /health lists them).
+    where their toolchain is installed (GET /server_info lists them; it needs the key, as
+    /run_code does).
 
-    Also GET /v1/ping and GET /health (open without a key). Refuses to start (exit status 2)
-    without a working bwrap unless --unsafe-no-isolation is given, and on a non-loopback
-    --host without --api-key / TOOLROLLOUT_API_KEY unless --insecure (docs/security.md).
+    Also GET /v1/ping and GET /health (open without a key; up or down, nothing more).
+    Refuses to start (exit status 2) without a working bwrap unless --unsafe-no-isolation is
+    given, and on a non-loopback --host without --api-key / TOOLROLLOUT_API_KEY unless
+    --insecure (docs/security.md).
     """
     require_extra("sandbox", "toolrollout sandbox serve")
     from toolrollout._exceptions import UserError

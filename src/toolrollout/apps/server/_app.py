@@ -87,9 +87,13 @@ def default_security(**changes: Any) -> ServerSecurity:
     return dataclasses.replace(base, **changes)
 
 
-def _within(path: str, folders: Sequence[Path]) -> bool:
-    """Whether ``path``, symlinks resolved, is one of ``folders`` or inside one."""
-    resolved = Path(path).resolve()
+def _within(path: str, folders: Sequence[Path]) -> bool | str:
+    """Whether ``path``, symlinks resolved, is one of ``folders`` or inside one; why not,
+    as text, when it cannot be resolved at all (a NUL byte, a symlink loop)."""
+    try:
+        resolved = Path(path).resolve()
+    except (OSError, ValueError, RuntimeError) as exc:
+        return f"model_path {path!r} is not a usable path ({exc})"
     return any(resolved.is_relative_to(folder) for folder in folders)
 
 
@@ -359,8 +363,9 @@ def create_app(
         version = body.get("weight_version")
         if version is not None and not isinstance(version, str):
             return validation_error_response("weight_version must be a string")
-        if not await asyncio.to_thread(_within, body["model_path"], allowed_weights):
-            message = (
+        within = await asyncio.to_thread(_within, body["model_path"], allowed_weights)
+        if within is not True:
+            message = within or (
                 f"model_path {body['model_path']!r} is outside the folders this server "
                 "loads weights from (its model folder and --weights-dir)"
             )

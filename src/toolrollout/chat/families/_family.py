@@ -117,7 +117,10 @@ class TemplateFamily:
     A turn with more is a counted parse error; nothing runs and the model is told."""
     arguments_as: Literal["object", "json"] = "object"
     """How the template reads ``tool_calls[].function.arguments``: a mapping it serialises
-    itself, or a JSON string it prints as it is."""
+    itself, or a JSON string it prints as it is. The family's usual form; a
+    :class:`~toolrollout.chat.ChatFormat` renders a probe call both ways and takes the other
+    form when only that one renders the arguments' JSON once (templates of one family
+    differ: Kimi-K2-Instruct's first one applies ``tojson`` to a string too)."""
     think_tags: tuple[str, str] | None = None
     """The reasoning block's delimiters, e.g. ``("<think>", "</think>")``."""
     reasoning_field: str | None = None

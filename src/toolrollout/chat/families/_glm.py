@@ -13,6 +13,11 @@ is none, or for turns before the last user message), ``\nCONTENT`` and one
 string values are written raw, others as JSON, so the parser types values by the tool
 schema and arguments stay objects (``arguments_as="object"``). ``enable_thinking=False``
 appends ``/nothink`` to user turns and ``\n<think></think>`` to the generation prompt.
+
+A user (or interaction) message after turns with reasoning makes the template empty their
+think blocks: a documented history rewrite. The delta after it is found where the two
+renders agree once the rewrite is applied to both, and the drift check counts it as
+expected.
 """
 
 from __future__ import annotations

@@ -14,9 +14,11 @@ CONTENT``; ``reasoning_content`` is rendered only for turns after the last assis
 without tool calls. Once a trajectory ends with a final answer, every earlier turn (and the
 final one) re-renders as ``<think></think>…``: a documented history rewrite.
 
-Arguments are JSON strings (``arguments_as="json"``, printed as given); the drift check
-renders the structured messages (``drift_from_raw_text=False``), so a model whose argument
-JSON is spaced unlike ``json.dumps`` shows up as text drift.
+Arguments are JSON strings (``arguments_as="json"``) for K2-Thinking's template, which
+prints a string as given; Kimi-K2-Instruct's first template applies ``tojson`` to every
+value, so :class:`~toolrollout.chat.ChatFormat` finds by rendering that it needs objects
+there. The drift check renders the structured messages (``drift_from_raw_text=False``), so
+a model whose argument JSON is spaced unlike ``json.dumps`` shows up as text drift.
 """
 
 from __future__ import annotations

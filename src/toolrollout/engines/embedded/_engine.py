@@ -32,6 +32,7 @@ from toolrollout._exceptions import (
     ToolRolloutError,
     UserError,
 )
+from toolrollout._version import __version__
 from toolrollout.engines._base import Engine
 from toolrollout.engines._control import (
     PAUSE_MODES,
@@ -530,6 +531,9 @@ class EmbeddedEngine(Engine):
             weight_version=self.weight_version,
             context_length=self.context_length,
             vision=self.has_vision,
+            engine="toolrollout-embedded",
+            engine_version=__version__,
+            dtype=self.dtype,
         )
         return EngineInfo.merge((server,))
 

@@ -291,4 +291,8 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
         weight_version=text("weight_version"),
         context_length=length,
         vision=model.get("has_image_understanding") is True,
+        # toolrollout serve speaks SGLang's API and says so in /server_info.
+        engine="toolrollout-embedded" if server.get("is_embedded_engine") is True else "sglang",
+        engine_version=text("version"),
+        dtype=text("dtype"),
     )

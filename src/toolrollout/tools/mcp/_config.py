@@ -88,9 +88,11 @@ class McpSettingsModel(BaseModel):
     """Roots offered to servers (``roots/list``): paths (relative to the YAML file's folder)
     or ``{uri, name}`` mappings."""
     sampling_callback: str | None = None
-    """``module:function`` answering ``sampling/createMessage`` (default: refused)."""
+    """``module:function`` answering ``sampling/createMessage`` (default: none, and the
+    capability is not declared)."""
     elicitation_callback: str | None = None
-    """``module:function`` answering ``elicitation/create`` (default: declined)."""
+    """``module:function`` answering ``elicitation/create`` (default: none, and the
+    capability is not declared)."""
     callback_timeout: PositiveFloat = 60.0
     """Seconds a sampling or elicitation callback may take before the request is refused."""
 

@@ -7,9 +7,11 @@ tasks on the shared session, so a caller's cancellation (e.g. the executor's per
 timeout) cancels the request, and the SDK then sends ``notifications/cancelled`` to the
 server. Errors are translated into the library's tree at this boundary.
 
-The client declares the roots, sampling and elicitation capabilities and answers each
-request at once: roots from the configuration, sampling refused (or routed to a configured
-callback), elicitation declined (or routed to a callback). Each call asks for progress
+The client declares a capability only when it can honour it: roots when roots are
+configured, sampling and elicitation when a callback for them is (the SDK declares each one
+for which a callback is given), so a server offers only tools that can work; server-everything
+leaves out ``trigger-sampling-request`` & co. otherwise. A request arriving anyway is refused
+by the SDK. Each call asks for progress
 notifications; a watchdog next to the call fails it as unavailable when its session is
 found dead (a failed heartbeat ping on HTTP, end of stream on stdio) and, if configured,
 as timed out when the server sends no progress for ``progress_idle_timeout`` seconds.
@@ -43,7 +45,6 @@ from mcp.types import (
     CONNECTION_CLOSED,
     INTERNAL_ERROR,
     INVALID_PARAMS,
-    INVALID_REQUEST,
     REQUEST_TIMEOUT,
     CallToolResult,
     CreateMessageRequestParams,
@@ -105,10 +106,6 @@ _RATE_LIMITED = re.compile(r"rate.?limit|too many requests", re.IGNORECASE)
 _PING_TIMEOUT = 5.0
 _WATCH_STEP = 1.0
 """Seconds between a call's checks of its session when no shorter interval is set."""
-_SAMPLING_REFUSED = (
-    "sampling is not enabled in this client (toolrollout refuses sampling/createMessage "
-    "unless mcp.sampling_callback is configured)"
-)
 _TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (
     anyio.ClosedResourceError,
     anyio.BrokenResourceError,
@@ -387,9 +384,9 @@ class _Server:
             _WatchedReadStream(read, on_end),
             write,
             client_info=Implementation(name=manager.client_name, version=__version__),
-            list_roots_callback=manager._list_roots,
-            sampling_callback=manager._sample,
-            elicitation_callback=manager._elicit,
+            list_roots_callback=manager._list_roots if manager.roots else None,
+            sampling_callback=manager._sample if manager.sampling_callback else None,
+            elicitation_callback=manager._elicit if manager.elicitation_callback else None,
         )
         return await stack.enter_async_context(client)
 
@@ -663,14 +660,15 @@ class McpClientManager:
         """``source`` names where the servers came from (a file), for messages.
 
         ``roots`` answer ``roots/list``; ``sampling_callback`` answers
-        ``sampling/createMessage`` (default: refused with an error) and
-        ``elicitation_callback`` answers ``elicitation/create`` (default: declined), each
-        within ``callback_timeout`` seconds or refused. ``progress_idle_timeout`` fails a
-        call as :class:`~toolrollout.exceptions.ToolTimeout` when its server sends no
-        progress notification for that long (None: off; the executor's per-call timeout
-        bounds every call either way). ``heartbeat_interval`` is how often an HTTP session
-        with calls in flight is pinged (None: never); a failed ping fails those calls as
-        :class:`~toolrollout.exceptions.ToolUnavailable`.
+        ``sampling/createMessage`` and ``elicitation_callback`` answers
+        ``elicitation/create``, each within ``callback_timeout`` seconds or refused. Each
+        capability is declared to servers only when it is configured (non-empty ``roots``,
+        a callback), so servers offer no tool that needs one the client lacks.
+        ``progress_idle_timeout`` fails a call as :class:`~toolrollout.exceptions.ToolTimeout`
+        when its server sends no progress notification for that long (None: off; the
+        executor's per-call timeout bounds every call either way). ``heartbeat_interval``
+        is how often an HTTP session with calls in flight is pinged (None: never); a failed
+        ping fails those calls as :class:`~toolrollout.exceptions.ToolUnavailable`.
         """
         specs = list(servers.values()) if isinstance(servers, Mapping) else list(servers)
         if not specs:
@@ -772,18 +770,14 @@ class McpClientManager:
         self, context: ClientRequestContext, params: CreateMessageRequestParams
     ) -> CreateMessageResult | CreateMessageResultWithTools | ErrorData:
         callback = self.sampling_callback
-        if callback is None:
-            logger.info("MCP sampling/createMessage refused: no sampling_callback configured")
-            return ErrorData(code=INVALID_REQUEST, message=_SAMPLING_REFUSED)
+        assert callback is not None  # the session gets this answerer only with a callback
         return await self._answer("sampling", callback(context, params))
 
     async def _elicit(
         self, context: ClientRequestContext, params: ElicitRequestParams
     ) -> ElicitResult | ErrorData:
         callback = self.elicitation_callback
-        if callback is None:
-            logger.info("MCP elicitation/create declined: no elicitation_callback configured")
-            return ElicitResult(action="decline")
+        assert callback is not None  # the session gets this answerer only with a callback
         return await self._answer("elicitation", callback(context, params))
 
     async def _answer(self, what: str, answer: Awaitable[_A]) -> _A | ErrorData:
