@@ -12,9 +12,11 @@ silently. These are the same calls, with the same return types, as on every othe
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -31,6 +33,7 @@ from .._control import (
     ServerWeightUpdate,
     WeightUpdate,
 )
+from .._types import SamplingParams
 from ._transport import _Transport
 
 __all__: list[str] = []
@@ -119,6 +122,33 @@ class _ControlPlane(_Transport):
 
         answers = await self._gather("info", one)
         return EngineInfo.merge(tuple(answers[url] for url in self._router.urls))
+
+    async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
+        """Why some server's logprobs are not the checkpoint's, or None (see ``Engine``).
+
+        SGLang's logprobs are ``log_softmax(logits / temperature)`` of the model it serves,
+        whatever the sampling settings; they differ from a trainer's recompute when it
+        serves the weights in a narrower dtype than the checkpoint's: ``--dtype auto``
+        (the default) serves a float32 checkpoint in float16 (bfloat16 for Gemma), which
+        moved logprobs by up to 0.016 on the demo model. ``/server_info`` reports the
+        ``--dtype`` flag, not the dtype it resolved to; the checkpoint's dtype is read from
+        the ``config.json`` under the ``model_path`` it reports. Where that folder is not on
+        this machine, a narrow or ``auto`` dtype is logged as unchecked, not refused.
+        """
+        del sampling  # SGLang's logprob definition does not depend on it
+
+        async def one(url: str) -> str | None:
+            try:
+                server = await self._get_info(url, _SERVER_INFO)
+            except EngineRequestRejected as exc:
+                if exc.status_code == 404:
+                    return None  # no /server_info: not SGLang, nothing to judge it by
+                raise
+            return served_dtype_mismatch(url, server)
+
+        answers = await self._gather("logprob_mismatch", one)
+        reasons = [answers[url] for url in self._router.urls if answers[url] is not None]
+        return "; ".join(r for r in reasons if r) or None
 
     async def flush_cache(self) -> bool:
         """Flush the prefix cache on every server (after a weight update).
@@ -292,3 +322,60 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
         context_length=length,
         vision=model.get("has_image_understanding") is True,
     )
+
+
+_FULL = frozenset({"float32", "float", "fp32"})
+_CONFIG_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
+                  "bfloat16": "bfloat16"}  # fmt: skip
+
+
+def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
+    """One line when ``server`` (its ``/server_info``) serves a float32 checkpoint narrower.
+
+    SGLang resolves ``--dtype auto`` as ``model_config._get_and_verify_dtype`` does: a
+    float32 checkpoint is served in float16 (bfloat16 for Gemma), any other in its own
+    dtype. A server that reports no ``dtype`` (not SGLang) is not judged.
+    """
+    flag = server.get("dtype")
+    if not isinstance(flag, str) or flag.lower() in _FULL:
+        return None
+    model_path = server.get("model_path")
+    checkpoint = _checkpoint(model_path) if isinstance(model_path, str) else None
+    if checkpoint is None:
+        logger.warning(
+            "%s serves with --dtype %s and its checkpoint's dtype could not be read here "
+            "(%s): logprob exactness unchecked (start it with --dtype float32 for a float32 "
+            "checkpoint)",
+            url,
+            flag,
+            model_path,
+        )
+        return None
+    dtype, model_type = checkpoint
+    if dtype != "float32":
+        return None  # served in its own half dtype (auto), or cast between halves
+    served = flag.lower()
+    if served == "auto":
+        served = "bfloat16" if model_type.startswith("gemma") else "float16"
+    return (
+        f"{url} serves the float32 checkpoint {model_path} in {served} (--dtype {flag}), "
+        "so its logprobs are not the float32 model's: start it with --dtype float32"
+    )
+
+
+def _checkpoint(model_path: str) -> tuple[str, str] | None:
+    """The dtype and model type in ``model_path``'s ``config.json`` (float32 when it names
+    no dtype, as SGLang assumes), or None when the folder is not readable here."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    model_type = str(config.get("model_type") or "")
+    text = config.get("text_config")
+    for source in (config, text if isinstance(text, dict) else {}):
+        value = source.get("dtype") or source.get("torch_dtype")
+        if isinstance(value, str):
+            return _CONFIG_DTYPES.get(value.removeprefix("torch."), value), model_type
+    return "float32", model_type
