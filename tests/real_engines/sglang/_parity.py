@@ -15,7 +15,8 @@ def _model() -> Any:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32)
-    return model.eval()
+    model.eval()  # type: ignore[no-untyped-call]
+    return model
 
 
 def recomputed_logprobs(
