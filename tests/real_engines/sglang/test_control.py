@@ -173,3 +173,32 @@ async def test_update_weights_from_disk_moves_versions_and_outputs(
     assert changed.output_ids != before.output_ids
     assert restored.weight_version == version
     assert restored.output_ids == before.output_ids
+
+
+async def test_a_request_paused_across_an_update_reports_both_versions(
+    sglang_fp32: SGLangServer,
+) -> None:
+    """The RL weight-sync pattern: pause in place, load new weights, continue. SGLang
+    updates the weights but answers ``success: false`` (its prefix cache could not be
+    flushed with the paused request queued); the client sees the new version served and
+    goes on. The request's ``meta_info.weight_versions`` says which tokens each version
+    sampled, and the result keeps those spans."""
+    async with SGLangClient(sglang_fp32.url) as client:
+        try:
+            async with in_flight(client, long_request("across", 400)) as results:
+                await client.pause_generation("in_place")
+                try:
+                    update = await client.update_weights_from_disk(DEMO_MODEL, weight_version="v2")
+                    served = await client.info()  # the scheduler's version, not /model_info's
+                finally:
+                    await client.continue_generation()
+        finally:
+            await client.update_weights_from_disk(DEMO_MODEL, weight_version="default")
+        assert await client.flush_cache() is True
+    (result,) = results
+    assert "cache was not flushed" in update.servers[0].message
+    assert served.weight_version == "v2"
+    assert result.weight_version == "v2"
+    (first, second) = result.weight_spans
+    assert first[0] == 0 and first[2] == "default" and 0 < first[1] < 400
+    assert second == (first[1], 400, "v2")

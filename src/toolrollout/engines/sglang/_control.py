@@ -213,26 +213,59 @@ class _ControlPlane(_Transport):
             body["weight_version"] = weight_version
         if load_format is not None:
             body["load_format"] = load_format
-        responses = await self._on_every_server("POST", "/update_weights_from_disk", body)
-        answers: list[ServerWeightUpdate] = []
-        for url in self._router.urls:
-            response = responses[url]
-            data = _wire.parse_json(response.content, what=f"update_weights_from_disk on {url}")
+
+        async def one(url: str) -> ServerWeightUpdate:
+            send = functools.partial(
+                self._request_once, url, "POST", "/update_weights_from_disk", json_body=body
+            )
+            try:
+                response = await self._retrying(f"POST {url}/update_weights_from_disk", send)
+                data = _wire.parse_json(response.content, what=f"update_weights_from_disk on {url}")
+                status = response.status_code
+            except EngineRequestRejected as exc:
+                # SGLang answers 400 when the weights were loaded but the cache could not be
+                # flushed (requests paused in place or retracted are still queued).
+                if not (flush_cache and await self._applied_unflushed(url, weight_version, exc)):
+                    raise
+                data, status = {"success": True, "message": str(exc)}, exc.status_code
             if not isinstance(data, dict) or data.get("success") is not True:
                 message = data.get("message") if isinstance(data, dict) else data
                 raise EngineRequestRejected(
                     f"{url} could not update its weights from {path!r}: {message}",
-                    status_code=response.status_code,
+                    status_code=status,
                 )
             paused = data.get("num_paused_requests")
-            answers.append(
-                ServerWeightUpdate(
-                    url=url,
-                    message=str(data.get("message") or ""),
-                    num_paused_requests=paused if isinstance(paused, int) else 0,
-                )
+            return ServerWeightUpdate(
+                url=url,
+                message=str(data.get("message") or ""),
+                num_paused_requests=paused if isinstance(paused, int) else 0,
             )
+
+        answered = await self._gather("/update_weights_from_disk", one)
+        answers = [answered[url] for url in self._router.urls]
         return WeightUpdate(model_path=path, weight_version=weight_version, servers=tuple(answers))
+
+    async def _applied_unflushed(
+        self, url: str, weight_version: str | None, refusal: EngineRequestRejected
+    ) -> bool:
+        """Whether a ``success: false`` answer is SGLang's "weights were updated, but the
+        cache was not flushed" (requests paused in place or retracted are still queued):
+        the server then serves ``weight_version`` already, as its scheduler reports in
+        ``/server_info`` (its ``/model_info`` still names the old one). Logged, with what
+        to do."""
+        if weight_version is None:
+            return False
+        server = await self._get_info(url, _SERVER_INFO)
+        if _scheduler_version(server) != weight_version:
+            return False
+        logger.warning(
+            "%s loaded %s but kept its prefix cache (%s): call flush_cache() once the "
+            "paused requests have finished, or new requests may reuse KV of the old weights",
+            url,
+            weight_version,
+            refusal,
+        )
+        return True
 
     async def _on_every_server(
         self, method: str, path: str, body: Any
@@ -301,6 +334,19 @@ def _as_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _scheduler_version(server: dict[str, Any]) -> str | None:
+    """The weight version SGLang's scheduler labels results with (``/server_info``'s
+    ``internal_states``), when every DP rank reports the same one. After an update that
+    could not flush the cache, it is the new version while ``/model_info`` and the
+    top-level ``weight_version`` still name the old one."""
+    states = server.get("internal_states")
+    if not isinstance(states, list) or not states:
+        return None
+    versions = {s.get("weight_version") if isinstance(s, dict) else None for s in states}
+    version = versions.pop() if len(versions) == 1 else None
+    return version if isinstance(version, str) else None
+
+
 def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> ServerInfo:
     """One server's :class:`ServerInfo` from its ``/model_info`` and ``/server_info``."""
 
@@ -311,6 +357,7 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
                 return value
         return None
 
+    scheduler = _scheduler_version(server)
     length = _as_int(server.get("context_length"))
     if length is None:
         longest_input = _as_int(server.get("max_req_input_len"))
@@ -318,7 +365,7 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
     return ServerInfo(
         url=url,
         model_path=text("model_path"),
-        weight_version=text("weight_version"),
+        weight_version=scheduler if scheduler is not None else text("weight_version"),
         context_length=length,
         vision=model.get("has_image_understanding") is True,
     )
