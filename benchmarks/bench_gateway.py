@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import secrets
 import socket
 import statistics
 import subprocess
@@ -34,8 +35,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from toolrollout.chat import ChatFormat
 from toolrollout.apps.demo import DEMO_MODEL_PATH
+from toolrollout.chat import ChatFormat
 from toolrollout.spec._policy import load_tokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gateway.json"
@@ -126,6 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     engine_url = f"http://127.0.0.1:{engine_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     toolrollout = [sys.executable, "-m", "toolrollout"]
+    admin = secrets.token_urlsafe(16)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sessions.parquet"
         serve = [*toolrollout, "serve", "--port", str(engine_port), "--threads", "1"]
@@ -138,6 +140,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             str(gateway_port),
             "--out",
             str(out),
+            "--admin-api-key",  # the listing of every session is the trainer's
+            admin,
         ]
         with (
             _process(serve, f"{engine_url}/health"),
@@ -184,7 +188,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     direct.raise_for_status()
                     message = data["choices"][0]["message"]
                     messages.append({"role": "assistant", "content": message["content"] or ""})
-            sessions = http.get(f"{gateway_url}/v1/sessions").json()["sessions"]
+            listing = http.get(
+                f"{gateway_url}/v1/sessions", headers={"authorization": f"Bearer {admin}"}
+            )
+            sessions = listing.json()["sessions"]
     overhead = [g - b for g, b in zip(through, bare, strict=True)]
     return {
         "benchmark": "gateway overhead per request",

@@ -33,8 +33,8 @@ from transformers import AutoTokenizer
 
 from toolrollout.apps.bench import Workload
 from toolrollout.apps.bench._tools import LookupClient
-from toolrollout.chat import ChatFormat
 from toolrollout.apps.demo import DEMO_MODEL_PATH
+from toolrollout.chat import ChatFormat
 from toolrollout.engines import GenerateRequest, SamplingParams
 from toolrollout.rollout import RolloutConfig
 from toolrollout.rollout._runner import START_BATCH

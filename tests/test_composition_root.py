@@ -7,7 +7,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from transformers import AutoTokenizer
 
 from toolrollout import UserError
 from toolrollout.apps.demo import DEMO_MODEL_PATH
@@ -119,7 +121,7 @@ def test_build_runner_wires_the_spec(tokenizer: Any) -> None:
         interaction_config=REPO / "tool_configs" / "interactions.yaml",
         config=RolloutConfig(max_turns=3),
     )
-    runner = build_runner(spec, engine, tokenizer=tokenizer, ground_truths=["7"], context_length=99)
+    runner = build_runner(spec, engine, tokenizer=tokenizer, context_length=99)
     assert isinstance(runner, RolloutRunner)
     assert set(runner.interactions) == {"grader", "gsm8k"}
     assert isinstance(runner.vision, VisionFormat)
@@ -167,6 +169,36 @@ def _say(tokenizer: Any, *texts: str) -> ScriptedEngine:
         ids = [*tokenizer.encode(text, add_special_tokens=False), tokenizer.eos_token_id]
         outputs.append(ScriptedOutput(ids, logprobs=[-0.25] * len(ids)))
     return ScriptedEngine(outputs)
+
+
+def test_a_runner_built_directly_has_the_builders_defaults(tokenizer: Any) -> None:
+    """RolloutRunner(...) and build_runner(RunSpec(...)) give one behaviour: the reward the
+    ground truths call for, the engine's context length, vision from the model folder."""
+    row = {"messages": [{"role": "user", "content": "What is 2 + 3?"}], "answer": "5"}
+    say = "The answer is 5."
+
+    async def main() -> list[tuple[float | None, int | None]]:
+        out = []
+        for build in ("direct", "builder"):
+            engine = _say(tokenizer, say)
+            engine.context_length = 200
+            runner = (
+                RolloutRunner(engine, tokenizer, [calculator_tool()])
+                if build == "direct"
+                else build_runner(RunSpec(), engine, tokenizer=tokenizer)
+            )
+            assert runner.context_length is None  # not asked before the first call
+            [trajectory] = await runner.run([row])
+            out.append((trajectory.reward, runner.context_length))
+        return out
+
+    direct, built = anyio.run(main)
+    assert direct == built == (1.0, 200)
+    vl = AutoTokenizer.from_pretrained(str(DEMO_VL_MODEL_PATH))
+    direct_vl = RolloutRunner(ScriptedEngine([]), vl, [])
+    built_vl = build_runner(RunSpec(tools=()), ScriptedEngine([]), tokenizer=vl)
+    assert isinstance(direct_vl.vision, VisionFormat) and isinstance(built_vl.vision, VisionFormat)
+    assert RolloutRunner(ScriptedEngine([]), tokenizer, []).vision is None
 
 
 def test_trl_adapter_runs_interactions_from_a_real_config(tokenizer: Any) -> None:

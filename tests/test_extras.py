@@ -35,6 +35,8 @@ DISTRIBUTION = {
     "numpy": "numpy",
     "av": "av",
     "matplotlib": "matplotlib",
+    "typer": "typer",
+    "rich": "rich",
 }
 
 # Modules of the applications: a bare `pip install toolrollout` has none of them.
@@ -66,6 +68,7 @@ def test_core_dependencies_are_the_library_only() -> None:
     core = {_name(r) for r in _project()["dependencies"]}
     heavy = {"torch", "transformers", "tokenizers", "safetensors", "fastapi", "uvicorn"}
     heavy |= {"bm25s", "pystemmer", "mcp", "httpx2", "pyarrow", "pillow", "numpy"}
+    heavy |= {"typer", "rich"}  # the command line's, not the library's
     assert not core & heavy
 
 
@@ -169,7 +172,7 @@ for name in {optional!r}:
     sys.modules[name] = None  # as in a bare `pip install toolrollout`
 import toolrollout
 import toolrollout.chat, toolrollout.engines, toolrollout.rewards, toolrollout.rollout
-import toolrollout.tools, toolrollout.apps.cli, toolrollout.testing
+import toolrollout.tools, toolrollout.apps, toolrollout.testing
 from toolrollout.exceptions import MissingExtraError
 for load in (
     lambda: toolrollout.read_rows,
@@ -181,16 +184,30 @@ for load in (
     except MissingExtraError as exc:
         print(exc.extra)
 sys.argv = ["toolrollout", "serve"]
-toolrollout.apps.cli.main()
+toolrollout.apps.main()
 """
 
 
 def test_a_bare_install_imports_the_library_and_names_the_extras() -> None:
     code = BARE.format(optional=OPTIONAL)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode == 2, out.stderr
+    assert out.returncode == 1, out.stderr
     assert out.stdout.split() == ["parquet", "serve", "serve"]
     assert out.stderr.strip().splitlines() == [
-        "error: toolrollout serve needs the 'serve' extra (torch is not installed): "
-        "pip install 'toolrollout[serve]'"
+        "error: the toolrollout command needs the 'cli' extra (typer is not installed): "
+        "pip install 'toolrollout[cli]'"
     ]
+
+
+def test_the_command_without_its_own_dependencies_fails_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """typer and rich are the `cli` extra's, not the library's: the bare install says so."""
+    from toolrollout.apps import main
+
+    monkeypatch.setitem(sys.modules, "typer", None)
+    with pytest.raises(SystemExit) as caught:
+        main()
+    message = str(caught.value.code)
+    assert "pip install 'toolrollout[cli]'" in message and "typer" in message
+    assert "\n" not in message

@@ -22,7 +22,7 @@ __all__ = ["EXTRAS", "extra_for_module", "require_extra"]
 EXTRAS: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
     {
         "parquet": ("pyarrow",),
-        "cli": ("transformers", "pyarrow"),
+        "cli": ("typer", "rich", "transformers", "pyarrow"),
         "vision": ("PIL", "transformers"),
         "mcp": ("mcp", "httpx2", "jsonschema"),
         "sandbox": ("fastapi", "uvicorn"),

@@ -1,7 +1,7 @@
 """Who may use a toolrollout server, and how much one request may cost it.
 
 Every server toolrollout runs (``toolrollout serve``, ``toolrollout sandbox serve``,
-``toolrollout retriever serve``, and a future gateway) wraps its ASGI app in
+``toolrollout retriever serve``, ``toolrollout gateway``) wraps its ASGI app in
 :class:`SecurityMiddleware` and checks its bind address with :func:`check_bind` before it
 listens. The middleware is plain ASGI (no Starlette import), so any of them can use it.
 
@@ -48,6 +48,8 @@ __all__ = [
     "expand_env",
     "is_loopback",
     "keyless_environ",
+    "presented_key",
+    "presents_key",
     "resolve_key",
 ]
 
@@ -118,6 +120,9 @@ class ServerSecurity:
     admin_paths: frozenset[str] = frozenset()
     """Control endpoints: the admin key opens them when one is set (SGLang's
     ``ADMIN_OPTIONAL``)."""
+    admin_path_patterns: tuple[str, ...] = ()
+    """Control endpoints with a parameter in the path, as regular expressions the whole
+    path must match (the gateway's ``/v1/sessions/{id}/reward``)."""
     open_paths: tuple[str, ...] = OPEN_PATH_PREFIXES
     """Path prefixes open without any key."""
     max_body_bytes: int | None = None
@@ -166,6 +171,24 @@ def _matches(expected: str, authorization: bytes | None, x_api_key: bytes | None
         if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), want):
             return True
     return x_api_key is not None and hmac.compare_digest(x_api_key, want)
+
+
+def presents_key(scope: Scope, key: str | None) -> bool:
+    """Whether the request of ``scope`` carries ``key`` (``Authorization: Bearer`` or
+    ``x-api-key``, compared in constant time); never for no key."""
+    if not key:
+        return False
+    return _matches(key, _header(scope, b"authorization"), _header(scope, b"x-api-key"))
+
+
+def presented_key(scope: Scope) -> str:
+    """The key a request carries (``Authorization: Bearer``, else ``x-api-key``); "" for
+    none. For a server whose callers' keys mean something beyond access (the gateway's
+    sessions)."""
+    scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")
+    if scheme.lower() == b"bearer" and token.strip():
+        return token.strip().decode("utf-8", "replace")
+    return (_header(scope, b"x-api-key") or b"").strip().decode("utf-8", "replace")
 
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
@@ -217,14 +240,11 @@ class SecurityMiddleware:
 
     def _allowed(self, scope: Scope, path: str) -> bool:
         s = self.security
-        if path in s.admin_paths:
-            expected = s.admin_api_key or s.api_key
-        else:
-            expected = s.api_key
-        if expected is None:
-            return True
-        auth = _header(scope, b"authorization")
-        return _matches(expected, auth, _header(scope, b"x-api-key"))
+        control = path in s.admin_paths or any(
+            re.fullmatch(pattern, path) for pattern in s.admin_path_patterns
+        )
+        expected = (s.admin_api_key or s.api_key) if control else s.api_key
+        return expected is None or presents_key(scope, expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":

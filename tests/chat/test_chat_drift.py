@@ -119,9 +119,18 @@ def test_report_is_json_ready(fmt: ChatFormat) -> None:
     assert data["first_mismatch"] == len(ids)
 
 
-def test_wrong_number_of_model_texts_is_a_user_error(fmt: ChatFormat) -> None:
+def test_more_model_texts_than_assistant_turns_is_a_user_error(fmt: ChatFormat) -> None:
     with pytest.raises(UserError, match="model_texts"):
-        check_drift(transcript(fmt), MESSAGES, chat_format=fmt, model_texts=[ANSWER])
+        check_drift(transcript(fmt), MESSAGES, chat_format=fmt, model_texts=[ANSWER] * 3)
+
+
+def test_model_texts_are_the_last_turns_earlier_ones_came_in_the_prompt(fmt: ChatFormat) -> None:
+    """A prompt holding an assistant turn (a few-shot example, a harness's earlier
+    conversation): the texts are the generated turns', and the prompt's renders as is."""
+    ids = transcript(fmt)
+    assert check_drift(ids, MESSAGES, chat_format=fmt, model_texts=[ANSWER]).matches
+    wrong = check_drift(ids, MESSAGES, chat_format=fmt, model_texts=["Another answer."])
+    assert not wrong.matches and wrong.kind == "text"
 
 
 def test_render_failure_is_reported_not_raised(

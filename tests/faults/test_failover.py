@@ -140,6 +140,8 @@ def test_moves_are_recorded_on_the_trajectory_tokens_unchanged(demo_tokenizer: A
     answered: list[tuple[str, int]] = []
 
     async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path != "/generate":  # the runner's info() at its first call
+            return httpx.Response(404)
         body = json.loads(request.content)
         turn = int(re.search(r"-t(\d+)-", body["rid"]).group(1))  # type: ignore[union-attr]
         if host(request) in dead:

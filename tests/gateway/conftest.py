@@ -147,6 +147,7 @@ def assert_token_exact(row: Trajectory, chat: ChatFormat) -> None:
     report = check_drift(ids, row.messages, chat_format=chat)
     rewrites = chat.family.name == "qwen3"
     assert report.matches or (rewrites and report.kind == "history_rewrite"), report
+    assert row.metrics["drift_mismatches"] == 0  # the gateway's own check, the rollout's
     assert len(row.loss_mask) == len(row.response_ids) == len(row.rollout_logprobs)
     for span in row.spans:
         if span.kind == "model":

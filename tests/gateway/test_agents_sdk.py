@@ -58,7 +58,12 @@ def no_tracing() -> Iterator[None]:
 @pytest.mark.parametrize("api", ["chat_completions", "responses", "responses_streamed"])
 async def test_an_agent_with_a_function_tool_is_recorded(served: Served, api: str) -> None:
     session = served.session()
-    client = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key=session, max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=f"{served.url}/v1",
+        api_key="harness-key",
+        default_headers={"X-Toolrollout-Session": session},
+        max_retries=0,
+    )
     model: Any
     if api.startswith("responses"):
         model = OpenAIResponsesModel(model=MODEL, openai_client=client)

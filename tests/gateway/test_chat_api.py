@@ -33,7 +33,7 @@ def answers(request: Any, tokenizer: Any) -> str:
 
 @asynccontextmanager
 async def sdk(
-    model: Model, *, config: GatewayConfig | None = None, api_key: str = "session-a"
+    model: Model, *, config: GatewayConfig | None = None, session: str = "session-a"
 ) -> AsyncIterator[tuple[Any, Gateway, httpx.AsyncClient]]:
     # The SDK's client is yielded as Any: its overloads want TypedDict messages, and these
     # tests build plain dicts (what a harness sends); openai 3.x types http_client as httpx2's.
@@ -41,7 +41,10 @@ async def sdk(
         transport = httpx.ASGITransport(app=build_app(gateway))
         async with httpx.AsyncClient(transport=transport, base_url="http://gw") as http:
             client = openai.AsyncOpenAI(
-                base_url="http://gw/v1", api_key=api_key, http_client=cast(Any, http), max_retries=0
+                base_url=f"http://gw/s/{session}/v1",
+                api_key="harness-key",
+                http_client=cast(Any, http),
+                max_retries=0,
             )
             yield client, gateway, http
 
@@ -144,7 +147,7 @@ async def test_context_overflow_is_openais_error(demo_tokenizer: Any) -> None:
         raw = await http.post(
             "/v1/chat/completions",
             json={"messages": long},
-            headers={"authorization": "Bearer session-a"},
+            headers={"x-toolrollout-session": "session-a"},
         )
         assert gateway.sessions()["session-a"]["errors"] == {"context_length_exceeded": 2}
     assert caught.value.code == "context_length_exceeded"
@@ -156,11 +159,14 @@ async def test_context_overflow_is_openais_error(demo_tokenizer: Any) -> None:
 
 
 async def test_sessions_are_named_by_header_path_or_key(demo_tokenizer: Any) -> None:
+    """A header or path names a session; a harness's key names one by its keyed hash (the
+    same for the same key, across both headers that carry it), never by itself."""
     model = Model(demo_tokenizer, lambda r: "ok")
     body = {"messages": [{"role": "user", "content": "hi"}]}
     async with sdk(model) as (_, gateway, http):
         await http.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer k1"})
         await http.post("/v1/chat/completions", json=body, headers={"x-api-key": "k2"})
+        await http.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer k2"})
         await http.post(
             "/v1/chat/completions",
             json=body,
@@ -170,7 +176,13 @@ async def test_sessions_are_named_by_header_path_or_key(demo_tokenizer: Any) -> 
         await http.post(
             "/v1/chat/completions", json=body, headers={"x-toolrollout-group": "task-7"}
         )
-        assert set(gateway.sessions()) == {"k1", "k2", "h1", "p 1", "default"}
+        named = set(gateway.sessions())
+        hashed = named - {"h1", "p 1", "default"}
+        assert len(named) == 5 and len(hashed) == 2 and "k1" not in named and "k2" not in named
+        assert all(name.startswith("key-") and len(name) == 28 for name in hashed)
+        k2 = (await http.get("/v1/sessions", headers={"x-api-key": "k2"})).json()["sessions"]
+        (k2_name,) = k2
+        assert k2[k2_name]["requests"] == 2 and k2_name in hashed
         (row,) = gateway.close_session("default")
     assert row.group_id == "task-7"
 

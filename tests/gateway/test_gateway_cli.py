@@ -60,7 +60,11 @@ def test_the_gateway_command_records_an_sdk_agent(tmp_path: Path, demo_tokenizer
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="episode-1")
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "episode-1"},
+        )
         row = load_demo_prompts()[0]
         messages = run_agent(client, list(row["messages"]))
         assert any(m["role"] == "tool" for m in messages)

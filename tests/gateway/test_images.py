@@ -58,7 +58,12 @@ async def test_chat_images_are_expanded_sent_and_recorded(vl: tuple[Any, VisionF
     model = Model(tokenizer, ["Red.", "Blue."])
     model.engine.vision = True
     async with served(model, vision=vision) as (url, gateway):
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s1", max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s1"},
+            max_retries=0,
+        )
         messages: list[Any] = [look("red")]
         first = await client.chat.completions.create(model="m", messages=messages)
         messages += [
@@ -104,7 +109,12 @@ async def test_responses_and_anthropic_images_take_the_same_path(
     model = Model(tokenizer, ["Green.", "Green."])
     model.engine.vision = True
     async with served(model, vision=vision) as (url, gateway):
-        oa = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="r", max_retries=0)
+        oa = openai.AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "r"},
+            max_retries=0,
+        )
         reply = await oa.responses.create(
             model="m",
             input=[
@@ -117,7 +127,12 @@ async def test_responses_and_anthropic_images_take_the_same_path(
                 }
             ],
         )
-        an = anthropic.AsyncAnthropic(base_url=url, api_key="a", max_retries=0)
+        an = anthropic.AsyncAnthropic(
+            base_url=url,
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "a"},
+            max_retries=0,
+        )
         image = base64.b64encode(png("green")).decode("ascii")
         asked: Any = [
             {
@@ -147,10 +162,20 @@ async def test_images_are_refused_for_a_text_model_and_as_urls(
 ) -> None:
     model = Model(demo_tokenizer, ["unused"])
     async with served(model) as (url, _):
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s1", max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s1"},
+            max_retries=0,
+        )
         with pytest.raises(openai.BadRequestError) as text_only:
             await client.chat.completions.create(model="m", messages=[look("red")])
-        an = anthropic.AsyncAnthropic(base_url=url, api_key="a", max_retries=0)
+        an = anthropic.AsyncAnthropic(
+            base_url=url,
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "a"},
+            max_retries=0,
+        )
         with pytest.raises(anthropic.BadRequestError) as refused:
             await an.messages.create(
                 model="m",
@@ -177,7 +202,12 @@ async def test_images_are_refused_for_a_text_model_and_as_urls(
     tokenizer, vision = vl
     vl_model = Model(tokenizer, ["unused"])
     async with served(vl_model, vision=vision) as (url, _):
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s1", max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s1"},
+            max_retries=0,
+        )
         remote: Any = {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}
         with pytest.raises(openai.BadRequestError) as fetched:
             await client.chat.completions.create(

@@ -30,7 +30,12 @@ TOOLS: list[Any] = [{"name": NAME, "description": DESCRIPTION, "input_schema": P
 
 def client(served: Served, session: str) -> anthropic.Anthropic:
     """Configured as a harness would be: the gateway's base URL and the session as key."""
-    return anthropic.Anthropic(base_url=served.url, api_key=session, max_retries=0)
+    return anthropic.Anthropic(
+        base_url=served.url,
+        api_key="harness-key",
+        default_headers={"X-Toolrollout-Session": session},
+        max_retries=0,
+    )
 
 
 def step(sdk: anthropic.Anthropic, messages: list[Any], *, stream: bool) -> anthropic.types.Message:

@@ -40,7 +40,12 @@ RESPONSES_TOOLS: list[Any] = [
 
 def client(served: Served, session: str) -> openai.OpenAI:
     """An SDK client configured as a harness would be: base URL and key (the session)."""
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=session, max_retries=0)
+    return openai.OpenAI(
+        base_url=f"{served.url}/v1",
+        api_key="harness-key",
+        default_headers={"X-Toolrollout-Session": session},
+        max_retries=0,
+    )
 
 
 def chat_agent(

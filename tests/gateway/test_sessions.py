@@ -64,6 +64,32 @@ async def test_an_agent_loop_is_one_token_exact_segment(tokenizer: Any) -> None:
     assert_token_exact(row, chat)
 
 
+async def test_a_corrupted_transcript_is_counted_as_drift(
+    demo_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row's drift count is the rollout loop's check of the transcript: a delta that is
+    not the template's (here its last token dropped, as a broken turn boundary would) is
+    recorded as sent and counted, and the same session without the fault counts none."""
+    from toolrollout.chat import ChatFormat
+
+    model = Model(demo_tokenizer, lambda r: answers(r, demo_tokenizer))
+    async with Gateway(model.engine, demo_tokenizer) as gateway:
+        await run_agent(gateway, "clean", "What is 6*7?")
+        (clean,) = gateway.close_session("clean")
+        real = ChatFormat.tool_turn_delta
+
+        def broken(self: ChatFormat, *args: Any, **kwargs: Any) -> list[int]:
+            return list(real(self, *args, **kwargs))[:-1]
+
+        monkeypatch.setattr(ChatFormat, "tool_turn_delta", broken)
+        await run_agent(gateway, "corrupt", "What is 6*7?")
+        (corrupt,) = gateway.close_session("corrupt")
+    assert clean.metrics["drift_mismatches"] == 0 and "drift_reports" not in clean.metrics
+    assert corrupt.metrics["drift_mismatches"] == 1
+    (report,) = corrupt.metrics["drift_reports"]
+    assert report["kind"] == "text" and not report["matches"]
+
+
 async def test_a_dropped_early_message_starts_a_new_segment(demo_tokenizer: Any) -> None:
     tok = demo_tokenizer
     model = Model(tok, lambda r: answers(r, tok))

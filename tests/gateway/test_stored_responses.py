@@ -32,7 +32,12 @@ def answers(request: Any, tokenizer: Any) -> str:
 async def test_previous_response_id_extends_the_segment(demo_tokenizer: Any) -> None:
     model = Model(demo_tokenizer, lambda r: answers(r, demo_tokenizer))
     async with served(model) as (url, gateway):
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s1", max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s1"},
+            max_retries=0,
+        )
         first = await client.responses.create(
             model="m", instructions=INSTRUCTIONS, input="What is 6*7?", tools=RESPONSES_TOOLS
         )
@@ -72,7 +77,12 @@ async def test_the_store_is_bounded_and_store_false_keeps_nothing(demo_tokenizer
     model = Model(demo_tokenizer, lambda r: "ok")
     config = GatewayConfig(max_stored_responses=2)
     async with served(model, config) as (url, _):
-        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s1", max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s1"},
+            max_retries=0,
+        )
         kept = [await client.responses.create(model="m", input=f"q{i}") for i in range(3)]
         unstored = await client.responses.create(model="m", input="q", store=False)
         assert unstored.model_dump()["store"] is False

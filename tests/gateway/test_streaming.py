@@ -30,7 +30,12 @@ TOKEN_DELAY = 0.04
 
 
 def openai_client(url: str, session: str) -> Any:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=session, max_retries=0)
+    return openai.AsyncOpenAI(
+        base_url=f"{url}/v1",
+        api_key="harness-key",
+        default_headers={"X-Toolrollout-Session": session},
+        max_retries=0,
+    )
 
 
 async def test_chat_content_streams_while_the_turn_is_decoded(demo_tokenizer: Any) -> None:
@@ -174,7 +179,12 @@ async def test_anthropic_stream_sends_text_before_the_turn_ends(demo_tokenizer: 
     text = PROSE + "\n" + call_text("6*7")
     model = Model(demo_tokenizer, [text], token_delay=TOKEN_DELAY)
     async with served(model) as (url, gateway):
-        client = anthropic.AsyncAnthropic(base_url=url, api_key="s1", max_retries=0)
+        client = anthropic.AsyncAnthropic(
+            base_url=url,
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s1"},
+            max_retries=0,
+        )
         tool = {
             "name": "calculator",
             "description": "Evaluate an arithmetic expression.",

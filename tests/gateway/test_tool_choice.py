@@ -58,8 +58,18 @@ async def clients(
 ) -> AsyncIterator[tuple[Any, Any, Gateway]]:
     """The ``openai`` (session ``s1``) and ``anthropic`` (session ``s2``) SDKs' clients."""
     async with served(model, config) as (url, gateway):
-        oa = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="s1", max_retries=0)
-        an = anthropic.AsyncAnthropic(base_url=url, api_key="s2", max_retries=0)
+        oa = openai.AsyncOpenAI(
+            base_url=f"{url}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s1"},
+            max_retries=0,
+        )
+        an = anthropic.AsyncAnthropic(
+            base_url=url,
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "s2"},
+            max_retries=0,
+        )
         yield oa, an, gateway
 
 
@@ -99,6 +109,36 @@ async def test_a_forced_call_is_recorded_with_its_forced_ids_masked(
     assert set(row.loss_mask[n:]) == {1}
     assert list(row.rollout_logprobs[:n]) == [0.0] * n
     assert_token_exact(row, chat)  # the turn is still a fresh render of its call
+
+
+async def test_a_forced_turn_is_drift_checked_as_one_turn(demo_tokenizer: Any) -> None:
+    """A forced call, its tool result, the answer: the drift check (after the delta) reads
+    the forced ids and the model's as one turn's text, so the row matches a fresh render;
+    split apart (the model's ids alone as the turn) it would not."""
+    from toolrollout.chat import ChatFormat
+
+    def model_answer(request: GenerateRequest) -> str:
+        if "<tool_response>" in str(demo_tokenizer.decode(list(request.input_ids))):
+            return "The result is 42."
+        return continue_call(request, demo_tokenizer)
+
+    model = Model(demo_tokenizer, model_answer)
+    choice = {"type": "function", "function": {"name": "calculator"}}
+    async with clients(model) as (client, _, gateway):
+        first = await client.chat.completions.create(
+            model="m", messages=MESSAGES, tools=list(TOOLS), tool_choice=choice
+        )
+        call = (first.choices[0].message.tool_calls or [])[0]
+        result = {"role": "tool", "tool_call_id": call.id, "content": "42"}
+        messages = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True), result]
+        await client.chat.completions.create(model="m", messages=messages, tools=list(TOOLS))
+        state = gateway.session("s1").segments[0].state  # type: ignore[union-attr]
+        split = [ChatFormat.model_text(state.services.chat, s.ids) for s in state.transcript.spans]
+        (row,) = gateway.close_session("s1")
+    assert row.num_turns == 2 and row.metrics["gateway"]["forced_tokens"][0][0] == 0
+    assert row.metrics["drift_mismatches"] == 0 and "drift_reports" not in row.metrics
+    assert state.model_texts()[0] == split[0] + split[1]  # the forced head, then the model's
+    assert_token_exact(row, gateway.chat_format(TOOLS))
 
 
 async def test_auto_forces_nothing(demo_tokenizer: Any) -> None:

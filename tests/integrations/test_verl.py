@@ -137,6 +137,13 @@ def calculator(expression: str) -> str:
 '''
 
 
+ONE_AT_A_TIME = """
+tools:
+  - class_name: "tests.integrations._overlap_tool.calculator"
+    config: {type: native, max_concurrency: 1}
+"""
+
+
 def _config(tmp: Path) -> Any:
     path = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
     config = OmegaConf.load(path)
@@ -152,10 +159,14 @@ def _config(tmp: Path) -> Any:
               tool_config_path: {REPO / "tool_configs" / "calculator.yaml"}
               tool_parser: qwen25
               reward: toolrollout.rewards.numeric_match
+            - name: toolrollout_one_at_a_time
+              _target_: toolrollout.integrations.ToolRolloutAgentLoop
+              tool_config_path: {tmp / "one_at_a_time.yaml"}
             """
         ),
         encoding="utf-8",
     )
+    (tmp / "one_at_a_time.yaml").write_text(ONE_AT_A_TIME, encoding="utf-8")
     config.actor_rollout_ref.model.path = str(DEMO_MODEL_PATH)
     rollout = config.actor_rollout_ref.rollout
     rollout.name = "sglang"
@@ -283,6 +294,34 @@ def test_generate_sequences_in_verls_worker(rig: Any) -> None:
     sent = [p for r in rig.replicas.values() for p in r.sampling_params]
     assert len(sent) == len(acquired)
     assert all(p["logprobs"] is True and p["max_tokens"] <= RESPONSE_LENGTH for p in sent)
+
+
+@pytest.mark.slow
+def test_a_tool_limit_holds_across_a_workers_samples(rig: Any) -> None:
+    """verl builds an agent loop per sample; a tool limited to one call at a time must
+    still run one call at a time across all of a worker's concurrent samples."""
+    from tests.integrations import _overlap_tool
+
+    rows = load_demo_prompts()[:4]
+    batch = DataProto(
+        non_tensor_batch={
+            "raw_prompt": _objects([r["messages"] for r in rows]),
+            "agent_name": _objects(["toolrollout_one_at_a_time"] * len(rows)),
+            "index": np.arange(len(rows)),
+            "reward_model": _objects([{"ground_truth": r["answer"]} for r in rows]),
+            "data_source": _objects(["demo"] * len(rows)),
+        },
+        meta_info={"global_steps": 7},
+    )
+
+    async def main() -> Any:
+        await rig.engine.start()
+        return await rig.worker.generate_sequences(batch)
+
+    out = anyio.run(main)
+    calls = sum(int(e["num_tool_calls"]) for e in out.non_tensor_batch["toolrollout"])
+    assert calls >= 2 and _overlap_tool.calls == calls, "the samples made too few calls"
+    assert _overlap_tool.most_at_once == 1
 
 
 def _scripted_trajectories(tokenizer: Any) -> list[Trajectory]:

@@ -111,6 +111,7 @@ async def test_grader_gives_up_after_k_retries(demo_tokenizer: Any) -> None:
         demo_tokenizer,
         [calculator_tool()],
         config=RolloutConfig(max_turns=8),
+        rewards=(),
         interactions={"grader": GraderInteraction({"max_retries": 1})},
     )
     [traj] = await runner.run([row()])
@@ -210,6 +211,7 @@ async def test_failing_interaction_fails_the_trajectory_and_is_finalized(
         scripted(demo_tokenizer, *["Five.<|im_end|>"] * 2),
         demo_tokenizer,
         [],
+        rewards=(),  # one row has a ground truth, the other none: no match term for either
         interactions={"s": sim},
     )
     [traj, other] = await runner.run([row("s"), {"messages": PROMPT}])

@@ -123,7 +123,7 @@ async def test_round_trip_resumes_token_for_token(demo_tokenizer: Any, tmp_path:
     assert done.status is TrajectoryStatus.COMPLETED and done.metrics["resumes"] == 1
     assert done.response_ids[: len(aborted.response_ids)] == aborted.response_ids
     assert done.rollout_logprobs[: len(aborted.response_ids)] == aborted.rollout_logprobs
-    assert done.num_turns == 2 and done.reward is None
+    assert done.num_turns == 2 and done.reward == 1.0  # "auto": numeric_match on the truth
 
 
 async def test_renamed_unknown_and_missing_keys_still_load(

@@ -261,7 +261,12 @@ def _cli(args: list[str], env: dict[str, str] | None = None) -> Any:
 
 @pytest.mark.parametrize(
     "command",
-    [["serve"], ["sandbox", "serve", "--unsafe-no-isolation"], ["retriever", "serve"]],
+    [
+        ["serve"],
+        ["sandbox", "serve", "--unsafe-no-isolation"],
+        ["retriever", "serve"],
+        ["gateway"],
+    ],
 )
 def test_every_server_refuses_a_public_host_without_a_key(
     command: list[str], monkeypatch: pytest.MonkeyPatch
@@ -292,6 +297,36 @@ def test_insecure_or_a_key_lets_it_start(
     result = _cli([*command, "--host", "0.0.0.0"], env={"TOOLROLLOUT_API_KEY": KEY})
     assert result.exit_code == 0, result.output
     assert [s["host"] for s in served] == ["0.0.0.0", "0.0.0.0"]
+    assert KEY not in result.output and KEY not in caplog.text
+
+
+def test_the_gateway_starts_with_insecure_or_a_key(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As the other servers: --insecure starts it open with a warning, a key from the
+    environment starts it guarded (the key reaches its security, not its output)."""
+    import toolrollout.apps.cli.gateway as gateway_cli
+
+    served: list[tuple[str, Any]] = []
+
+    def serve(spec: Any, config: Any, security: Any, host: str, *rest: Any) -> dict[str, int]:
+        served.append((host, security))
+        return {"sessions": 0, "rows_written": 0}
+
+    monkeypatch.setattr(gateway_cli, "_serve", serve)
+    monkeypatch.delenv("TOOLROLLOUT_API_KEY", raising=False)
+    with caplog.at_level(logging.WARNING, logger="toolrollout._security"):
+        result = _cli(["gateway", "--host", "0.0.0.0", "--insecure"])
+    assert result.exit_code == 0, result.output
+    assert "the gateway: serving on 0.0.0.0 WITHOUT an API key (--insecure)" in caplog.text
+    caplog.clear()
+    env = {"TOOLROLLOUT_API_KEY": KEY, "TOOLROLLOUT_ADMIN_API_KEY": ADMIN}
+    result = _cli(["gateway", "--host", "0.0.0.0", "--max-body-mb", "1"], env=env)
+    assert result.exit_code == 0, result.output
+    (_, open_one), (host, guarded) = served
+    assert open_one.api_key is None and host == "0.0.0.0"
+    assert (guarded.api_key, guarded.admin_api_key) == (KEY, ADMIN)
+    assert guarded.max_body_bytes == 1024 * 1024
     assert KEY not in result.output and KEY not in caplog.text
 
 

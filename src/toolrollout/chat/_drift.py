@@ -94,11 +94,12 @@ def check_drift(
             turns, tool deltas). Only read.
         messages: the conversation the transcript represents.
         chat_format: the format the transcript was built with.
-        model_texts: the raw text of each assistant turn, in order (e.g. from
-            :meth:`ChatFormat.model_text`). When given, each assistant message is rendered
-            from its raw text instead of its parsed ``tool_calls``, so the check is about
-            the template and the tokenizer, not about JSON spacing. A trailing stop token
-            in a text is ignored.
+        model_texts: the raw text of each model turn, in order (e.g. from
+            :meth:`ChatFormat.model_text`): the last assistant turns, since earlier ones
+            may have come in the prompt. When given, each of those assistant messages is
+            rendered from its raw text instead of its parsed ``tool_calls``, so the check
+            is about the template and the tokenizer, not about JSON spacing. A trailing
+            stop token in a text is ignored.
         context_tokens: how many tokens each excerpt shows on either side of the mismatch.
 
     The fresh render ends like the transcript does: with the generation prompt when the
@@ -190,12 +191,15 @@ def _with_model_texts(
     if model_texts is None:
         return copies
     assistant_positions = [i for i, m in enumerate(copies) if m.get("role") == "assistant"]
-    if len(assistant_positions) != len(model_texts):
+    if len(assistant_positions) < len(model_texts):
         raise UserError(
             f"model_texts has {len(model_texts)} entries but messages has "
             f"{len(assistant_positions)} assistant turns"
         )
-    for position, text in zip(assistant_positions, model_texts, strict=True):
+    # The texts are the last turns': assistant messages before them came in the prompt
+    # (a few-shot example, a harness's earlier conversation) and render as they are.
+    generated = assistant_positions[len(assistant_positions) - len(model_texts) :]
+    for position, text in zip(generated, model_texts, strict=True):
         message = {
             key: value
             for key, value in copies[position].items()

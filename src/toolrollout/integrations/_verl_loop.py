@@ -29,8 +29,7 @@ from verl.tools.function_tool import FunctionTool as VerlFunctionTool
 from verl.tools.function_tool import normalize_function_tool_return
 
 from toolrollout.engines._types import SamplingParams
-from toolrollout.rewards import WeightedReward
-from toolrollout.rollout import RolloutConfig, Trajectory, as_prompt
+from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, as_prompt
 from toolrollout.spec import RunSpec, build_runner
 from toolrollout.tools import Tool, ToolContext, ToolResult, load_tool_config
 from toolrollout.tools._verl import VerlToolAdapter
@@ -42,6 +41,11 @@ from ._verl_engine import VerlServerEngine
 __all__ = ["AGENT_NAME", "ToolRolloutAgentLoop"]
 
 AGENT_NAME = "toolrollout_agent"
+
+
+_WORKER_RUNNERS: dict[tuple[Any, ...], tuple[Any, RolloutRunner]] = {}
+"""This process's runners, one per agent-loop entry and server manager (with the manager
+held, so its id is not reused while the runner lives)."""
 
 
 @functools.lru_cache(maxsize=16)
@@ -126,12 +130,14 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
             if tool_config_path
             else _wrap_verl_tools(tools)
         )
+        self._tool_source: object = str(tool_config_path) if tool_config_path else id(tools)
         verl_format = multi_turn.get("format")
         self._tool_parser = tool_parser or (
             str(verl_format) if verl_format and verl_format != "hermes" else None
         )
         self._family = family
         self._template_kwargs = dict(chat_template_kwargs or _verl_template_kwargs(self))
+        self._reward_path = reward
         self._reward = _load_reward(reward) if reward else None
         self.prompt_length = int(self.rollout_config.prompt_length)
         self.response_length = int(self.rollout_config.response_length)
@@ -161,22 +167,44 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
         )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        engine = VerlServerEngine(
-            self.server_manager,
-            eos_token_ids=_eos_ids(self.tokenizer),
-            context_length=self.prompt_length + self.response_length,
+        (trajectory,) = await self._runner().run(
+            [_row(kwargs)], sampling=self._config(sampling_params).sampling
         )
-        rewards: list[WeightedReward | Any] = [self._reward] if self._reward else []
-        spec = RunSpec(
-            tools=tuple(self._tools),
-            config=self._config(sampling_params),
-            rewards=tuple(rewards),
-            vision="off",
-        )
-        runner = build_runner(spec, engine, tokenizer=self.tokenizer)
-        row = _row(kwargs)
-        (trajectory,) = await runner.run([row])
         return self._output(trajectory)
+
+    def _runner(self) -> RolloutRunner:
+        """The worker's runner for this entry: verl builds a loop per sample, but every
+        sample of a worker process shares one runner, so a tool's concurrency and rate
+        limits, circuit breaker and statistics count the whole worker, not one sample."""
+        key = (
+            id(self.server_manager),
+            self._tool_source,
+            self._tool_parser,
+            self._family,
+            repr(sorted(self._template_kwargs.items())),
+            self._reward_path,
+            self.prompt_length,
+            self.response_length,
+            self._max_turns,
+            self._max_tool_tokens,
+            self._truncate_side,
+        )
+        entry = _WORKER_RUNNERS.get(key)
+        if entry is None or entry[0] is not self.server_manager:
+            engine = VerlServerEngine(
+                self.server_manager,
+                eos_token_ids=_eos_ids(self.tokenizer),
+                context_length=self.prompt_length + self.response_length,
+            )
+            spec = RunSpec(
+                tools=tuple(self._tools),
+                config=self._config({}),
+                rewards=(self._reward,) if self._reward else (),
+                vision="off",
+            )
+            entry = (self.server_manager, build_runner(spec, engine, tokenizer=self.tokenizer))
+            _WORKER_RUNNERS[key] = entry
+        return entry[1]
 
     def _output(self, trajectory: Trajectory) -> AgentLoopOutput:
         ids = trajectory.response_ids[: self.response_length]

@@ -211,6 +211,9 @@ class Transcript:
     """The last model turn was cut by an abort mid-generation; the next request continues it."""
     segments: list[tuple[int, int, str | None]] = field(default_factory=list)
     """(start, end, weight_version) of each engine answer within the response tokens."""
+    forced: tuple[int, ...] = ()
+    """Indexes of spans forced into the model turn after them (the gateway's
+    ``tool_choice``): loss mask 0, but part of that turn's text."""
 
     @property
     def response_len(self) -> int:

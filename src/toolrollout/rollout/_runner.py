@@ -28,7 +28,7 @@ from collections.abc import (
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any, Concatenate, ParamSpec, Self, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -40,10 +40,12 @@ from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._scheduling import Scheduler, WorkHistory
+from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor, open_tools, share_tools
 
 from ._config import RolloutConfig
+from ._defaults import VisionMode, default_rewards, detect_vision, tokenizer_folder
 from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
 from ._loop import run_trajectory
@@ -192,10 +194,13 @@ def _opens_tools(
     method: Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]],
 ) -> Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]]:
     """Run ``method`` with the runner's tool services open (see ``RolloutRunner.__aenter__``),
-    once the engine's logprobs were checked (:meth:`RolloutRunner._check_logprobs`)."""
+    once the engine's context length is known and its logprobs were checked
+    (:meth:`RolloutRunner._check_logprobs`)."""
 
     @functools.wraps(method)
     async def opened(self: RolloutRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not self._engine_asked:
+            await self._ask_context_length()
         await self._check_logprobs()
         async with self._tools_open():
             return await method(self, *args, **kwargs)
@@ -213,6 +218,12 @@ class RolloutRunner:
     ``vision`` (a :class:`~toolrollout.chat.VisionFormat`) turns on images in tool results
     for a vision-language model; without it, images are left out and the message says so.
 
+    The defaults are the runner's own, however it is built: ``rewards="auto"`` picks the
+    terms each call's ground truths call for (:func:`~toolrollout.spec.default_rewards`,
+    plus ``tool_error_penalty``), ``vision="auto"`` reads the tokenizer's model folder
+    (:func:`~toolrollout.spec.detect_vision`), and without a context length the engine's
+    is asked for (``engine.info()``) at the first call.
+
     The tools' services (MCP sessions, a local sandbox or retriever; see
     :meth:`Tool.services <toolrollout.tools.Tool.services>`) are opened by ``async with
     runner:`` once for every call inside it; on a runner not entered, a call opens them and
@@ -229,10 +240,11 @@ class RolloutRunner:
         tools: Iterable[Tool] | ToolExecutor,
         *,
         config: RolloutConfig | None = None,
-        rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
+        rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] | Literal["auto"] = "auto",
+        tool_error_penalty: float = 0.0,
         context_length: int | None = None,
         interactions: Mapping[str, Any] | None = None,
-        vision: VisionFormat | None = None,
+        vision: VisionFormat | VisionMode | None = "auto",
         hooks: TrajectoryHooks | None = None,
     ) -> None:
         self.engine = engine
@@ -250,10 +262,15 @@ class RolloutRunner:
         self.parser = get_tool_parser(
             self.config.tool_parser or self.chat.family.tool_parser, tools=self.chat.tools
         )
-        self.rewards = combine(*rewards)
+        self._reward_terms = rewards
+        self._tool_error_penalty = tool_error_penalty
         self.context_length = self.config.context_length or context_length
+        """The context budget: ``config.context_length``, else the one given, else the
+        engine's (``engine.info()``, asked at the first call)."""
+        self._engine_asked = self.context_length is not None
         self.interactions: dict[str, Any] = dict(interactions or {})
-        self.vision = vision
+        folder = tokenizer_folder(tokenizer)
+        self.vision = detect_vision(folder, vision) if vision is not None else None
         self.hooks = hooks or TrajectoryHooks()
         self._runs = 0
         """Calls made so far (run, run_batch, resume): each draws its own seeds."""
@@ -267,13 +284,29 @@ class RolloutRunner:
         far, kept from one call to the next (a trainer's steps); replace it with
         ``WorkHistory.from_dict`` to carry it over from another process."""
 
+    async def _ask_context_length(self) -> None:
+        """The engine's context length, asked once. An engine that cannot answer yet is
+        logged and asked again at the next call; this call's rows then fail or succeed
+        on their own, each with its cause (a run goes on when its engine is down)."""
+        try:
+            self.context_length = (await self.engine.info()).context_length
+        except EngineError as exc:
+            logger.warning("engine info unavailable, context length unknown for now: %s", exc)
+        else:
+            self._engine_asked = True
+
     async def _check_logprobs(self) -> None:
         """Ask the engine once whether its logprobs are the checkpoint's for the run's
         sampling; refuse (:class:`InexactLogprobsError`) or keep the reason as the label of
-        every trajectory, as ``config.inexact_logprobs`` says."""
+        every trajectory, as ``config.inexact_logprobs`` says. An engine that cannot answer
+        yet is logged and asked again at the next call, as for the context length."""
         if self._logprobs_checked:
             return
-        reason = await self.engine.logprob_mismatch(self.config.sampling)
+        try:
+            reason = await self.engine.logprob_mismatch(self.config.sampling)
+        except EngineError as exc:
+            logger.warning("engine cannot say yet whether its logprobs are exact: %s", exc)
+            return
         if reason is not None and self.config.inexact_logprobs == "refuse":
             raise InexactLogprobsError(
                 f"{reason} (or set RolloutConfig.inexact_logprobs='label', "
@@ -303,16 +336,29 @@ class RolloutRunner:
             raise UserError(f"got {len(group_ids)} group_ids for {len(rows)} prompts")
         return list(group_ids)
 
-    def _services(self, stop: StopControl | None = None) -> RolloutServices:
+    def _rewards(self, truths: Iterable[object]) -> Callable[[Trajectory], Any]:
+        """The call's reward: the given terms, or for ``"auto"`` those its truths call for."""
+        terms = self._reward_terms
+        if terms == "auto":
+            terms = default_rewards(truths, tool_error_penalty=self._tool_error_penalty)
+        return combine(*terms)
+
+    def _services(
+        self,
+        truths: Iterable[object],
+        stop: StopControl | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> RolloutServices:
         seed_round, self._runs = self._runs, self._runs + 1
+        config = self.config if sampling is None else replace(self.config, sampling=sampling)
         return RolloutServices(
             seed_round=seed_round,
             engine=self.engine,
             chat=self.chat,
             parser=self.parser,
             tools=self.tools,
-            config=self.config,
-            rewards=self.rewards,
+            config=config,
+            rewards=self._rewards(truths),
             engine_limiter=OrderedLimiter(self.config.concurrency),
             drift_limiter=anyio.CapacityLimiter(1),
             context_length=self.context_length,
@@ -376,8 +422,12 @@ class RolloutRunner:
         on_result: Callable[[Trajectory], None] | None = None,
         group_ids: Sequence[str] | None = None,
         skip: Collection[tuple[int, int]] = (),
+        sampling: SamplingParams | None = None,
     ) -> list[Trajectory]:
         """Roll out ``config.n`` samples of every prompt; results ordered by (prompt, sample).
+
+        ``sampling`` replaces ``config.sampling`` for this call only (a trainer's validation
+        temperature), so one runner, with its tools' limits and statistics, serves both.
 
         Every sample yields exactly one trajectory, whatever goes wrong inside it: an
         unexpected exception or ``config.trajectory_timeout`` gives a ``failed`` row with the
@@ -388,7 +438,7 @@ class RolloutRunner:
         n = self.config.n
         group_ids = self._group_ids(rows, group_ids)
         done = set(skip)
-        services = self._services()
+        services = self._services((r.ground_truth for r in rows), sampling=sampling)
         results: list[Trajectory | None] = [None] * (len(rows) * n)
 
         async def one(prompt_index: int, sample_index: int) -> None:
@@ -489,7 +539,7 @@ class RolloutRunner:
             )
         group_ids = self._group_ids(rows, group_ids)
         stop = StopControl()
-        services = self._services(stop)
+        services = self._services((r.ground_truth for r in rows), stop)
         jobs = [
             _Job(
                 group_ids[p],
@@ -526,7 +576,7 @@ class RolloutRunner:
         sees only the trajectories that were run.
         """
         stop = StopControl()
-        services = self._services(stop)
+        services = self._services((t.ground_truth for t in trajectories), stop)
         jobs: list[_Job] = []
         for trajectory in trajectories:
             job = _Job(trajectory.group_id, trajectory.prompt_index, trajectory.sample_index, None)

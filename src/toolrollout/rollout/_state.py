@@ -56,7 +56,7 @@ from ._parts import (
 )
 from ._vision_turn import ImageLedger, record_images
 
-__all__ = ["TrajectoryState", "resume_prompt"]
+__all__ = ["TrajectoryState", "parse_model_turn", "resume_prompt"]
 
 
 _SCORED = (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
@@ -160,12 +160,22 @@ class TrajectoryState:
         if error is not None:
             self.error = error
 
-    def append_model_turn(self, result: GenerateResult) -> ModelTurn:
+    def append_model_turn(
+        self,
+        result: GenerateResult,
+        *,
+        forced: Sequence[int] = (),
+        parsed: tuple[str, ParsedTurn] | None = None,
+    ) -> ModelTurn:
         """Append the engine's ids verbatim (loss mask 1, its logprobs) and the assistant
         message parsed from them; end the trajectory if the engine cut the turn.
 
         An open turn (cut by an abort, now resumed) is extended in place: its first leg's
         ids and logprobs stay as they were and the continuation follows in the same span.
+        ``forced``: ids put before the model's own (the gateway's ``tool_choice``): a span
+        of their own (loss mask 0), but the turn's text starts with them. ``parsed``: the
+        turn's (text, parse) when the caller parsed it already with :func:`parse_model_turn`
+        (the gateway answers before it knows which of ``n`` samples is kept).
         """
         ids = result.output_ids
         logprobs = result.output_logprobs
@@ -173,6 +183,9 @@ class TrajectoryState:
             raise EngineError("the engine returned no logprobs; token-exact rollouts need them")
         t, c = self.transcript, self.counters
         self._note_server(result.server_url)
+        if forced:
+            t.forced = (*t.forced, len(t.spans))
+            t.spans.append(TokenSpan("interaction", forced, None))
         start = t.response_len
         continuing = t.open_turn
         span = TokenSpan("model", ids, logprobs)
@@ -191,11 +204,9 @@ class TrajectoryState:
         else:
             t.segments.append((start, start + len(ids), result.weight_version))
         turn_ids = span.ids if continuing else tuple(ids)
-        text, parsed = self._parse_model_turn(turn_ids)
+        text, turn = self._parse_model_turn(turn_ids) if parsed is None else parsed
         family = self.services.chat.family
-        message = family.build_assistant_message(
-            text, parsed, [call.id for call in parsed.tool_calls]
-        )
+        message = family.build_assistant_message(text, turn, [call.id for call in turn.tool_calls])
         # The raw text is not kept (the message's parsed content and calls are): it is the
         # decode of the span's ids, derived again when the drift check or a resume point
         # needs it (model_texts). One copy of each turn's text, not two.
@@ -212,21 +223,11 @@ class TrajectoryState:
             # A cut-off turn is never followed by another one (no "ghost turns").
             self.finish(TrajectoryStatus.TRUNCATED, "length")
         else:
-            c.parse_errors += len(parsed.errors)
-        return ModelTurn(text, turn_ids, parsed, finish)
+            c.parse_errors += len(turn.errors)
+        return ModelTurn(text, turn_ids, turn, finish)
 
     def _parse_model_turn(self, turn_ids: Sequence[int]) -> tuple[str, ParsedTurn]:
-        """A model turn's raw text and its parse (call ids numbered after the calls so far)."""
-        text = self.services.chat.model_text(turn_ids)
-        family = self.services.chat.family
-        parsed = _with_family_ids(
-            family,
-            _runs_nothing_if_malformed(
-                family, _within_call_limit(family, self.services.parser.parse(text), text)
-            ),
-            self.counters.num_tool_calls,
-        )
-        return text, parsed
+        return parse_model_turn(self.services, turn_ids, self.counters.num_tool_calls)
 
     def pending_model_turn(self) -> ModelTurn | None:
         """The last model turn, when the environment has not answered it yet: a trajectory
@@ -281,29 +282,43 @@ class TrajectoryState:
             if result.is_error:
                 self.counters.tool_errors += 1
 
-    def append_env_turn(self, step: EnvStep) -> bool:
+    def append_env_turn(
+        self,
+        step: EnvStep,
+        *,
+        delta: tuple[Sequence[int], Sequence[ImageRun]] | None = None,
+    ) -> bool:
         """Append an environment answer: the chat template's token delta for its messages
         plus the next generation prompt (loss mask 0, logprob 0.0), drift-checkpointed.
 
-        The one routine for tool results and interaction messages. False (and truncated)
-        when the delta does not fit :meth:`remaining_budget`; nothing is appended then.
+        The one routine for tool results and interaction messages (and the gateway's
+        harness messages). False (and truncated) when the delta does not fit
+        :meth:`remaining_budget`; nothing is appended then. ``delta``: the delta and its
+        image runs when the caller computed them already, the same way
+        (:meth:`~toolrollout.chat.ChatFormat.tool_turn_delta`, then
+        :meth:`~toolrollout.chat.VisionFormat.expand`): the gateway sends them to the
+        engine before the answer is appended.
         """
         services, t = self.services, self.transcript
         messages = list(step.messages)
-        delta = services.chat.tool_turn_delta(t.messages, messages)
-        runs: list[ImageRun] = []
-        if services.vision is not None:
-            delta, runs = services.vision.expand(delta, [image.num_tokens for image in step.images])
-        if len(delta) >= self.remaining_budget():
+        runs: Sequence[ImageRun] = []
+        if delta is not None:
+            ids, runs = delta
+        else:
+            ids = services.chat.tool_turn_delta(t.messages, messages)
+            if services.vision is not None:
+                counts = [image.num_tokens for image in step.images]
+                ids, runs = services.vision.expand(ids, counts)
+        if len(ids) >= self.remaining_budget():
             self.finish(TrajectoryStatus.TRUNCATED, "max_response_tokens")
             return False
         t.messages.extend(messages)
         record_images(self.vision, step.images, runs, len(t.prompt_ids) + t.response_len)
-        t.spans.append(TokenSpan(step.kind, delta, None))
+        t.spans.append(TokenSpan(step.kind, ids, None))
         if step.kind == "tool":
-            self.counters.tool_tokens += len(delta)
+            self.counters.tool_tokens += len(ids)
         else:
-            self.environment.interaction_tokens += len(delta)
+            self.environment.interaction_tokens += len(ids)
             self.environment.appended_turns += 1
         self.checkpoint()
         return True
@@ -326,10 +341,15 @@ class TrajectoryState:
     def model_texts(self) -> list[str]:
         """Each model turn's raw text (stop token stripped), decoded from its verbatim ids:
         the text :meth:`append_model_turn` parsed, derived again rather than kept."""
-        chat = self.services.chat
+        chat, spans = self.services.chat, self.transcript.spans
         if not chat.family.drift_from_raw_text:  # the drift check renders parsed messages
             return []
-        return [chat.model_text(s.id_array) for s in self.transcript.spans if s.kind == "model"]
+        forced = self.transcript.forced
+        return [
+            chat.model_text(spans[i - 1].id_array + s.id_array if i - 1 in forced else s.id_array)
+            for i, s in enumerate(spans)
+            if s.kind == "model"
+        ]
 
     # --- freezing and resuming ---------------------------------------------------------
 
@@ -438,6 +458,7 @@ class TrajectoryState:
                 "model_texts": model_texts,
                 "open_turn": t.open_turn,
                 "segments": t.segments,
+                "forced": list(t.forced),
             },
             "counters": asdict(self.counters),
             "timing": {
@@ -500,6 +521,7 @@ class TrajectoryState:
             spans=[TokenSpan(k, i, [float(x) for x in lp]) for k, i, lp in t["spans"]],
             open_turn=bool(t.get("open_turn", False)),
             segments=[(s, e, v) for s, e, v in t.get("segments", [])],
+            forced=tuple(t.get("forced", ())),
         )
         known = set(Counters.__dataclass_fields__)
         state.counters = Counters(
@@ -541,6 +563,29 @@ class TrajectoryState:
             errors=list(env.get("errors", [])),
         )
         return state
+
+
+def parse_model_turn(
+    services: RolloutServices,
+    turn_ids: Sequence[int],
+    calls_so_far: int,
+    *,
+    forced: Sequence[int] = (),
+) -> tuple[str, ParsedTurn]:
+    """A model turn's raw text (``forced`` ids first) and its parse under the family's
+    rules (call ids numbered after ``calls_so_far``): the one parse of a model turn, for
+    the rollout loop and the gateway alike."""
+    chat = services.chat
+    text = chat.model_text((*forced, *turn_ids) if forced else turn_ids)
+    family = chat.family
+    parsed = _with_family_ids(
+        family,
+        _runs_nothing_if_malformed(
+            family, _within_call_limit(family, services.parser.parse(text), text)
+        ),
+        calls_so_far,
+    )
+    return text, parsed
 
 
 def resume_prompt(point: ResumePoint) -> RolloutPrompt:

@@ -1,8 +1,8 @@
 """The composition root: a :class:`RunSpec` in, a running engine and one runner out.
 
 :func:`open_run` is what an application uses (CLI, Ray worker): it loads the tokenizer,
-tools and interactions, starts or connects the engine, asks it for its context length,
-opens the services the tools need, and builds the runner. :func:`build_runner` is the sync
+tools and interactions, starts or connects the engine, opens the services the tools need,
+and builds the runner. :func:`build_runner` is the sync
 half for callers that already hold an engine and a tokenizer (the trainer adapters). It is
 the one place in the library that constructs a :class:`~toolrollout.rollout.RolloutRunner`
 from options.
@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from toolrollout.engines._factory import connect
 from toolrollout.rollout import RolloutPrompt, RolloutRunner
+from toolrollout.rollout._defaults import detect_vision, tokenizer_folder
 
-from ._policy import detect_vision, load_tokenizer
+from ._policy import load_tokenizer
 from ._spec import RunSpec
 
 if TYPE_CHECKING:
@@ -53,11 +54,12 @@ class RunParts:
 
 def load_parts(spec: RunSpec, *, tokenizer: Any = None) -> RunParts:
     """The tokenizer (loaded from ``spec.model_path`` unless given), tools, interactions
-    and image format of ``spec``. Vision is detected from the model folder; with a given
-    tokenizer and no ``spec.model`` there is no folder to detect from, so it is off."""
+    and image format of ``spec``. Vision is detected from the model folder: ``spec.model``,
+    else the given tokenizer's."""
     from toolrollout.tools import calculator_tool, load_tool_config
 
-    folder = spec.model if tokenizer is not None else spec.model_path
+    # The tokenizer's own folder when none is named: the rule RolloutRunner(vision="auto") uses.
+    folder = spec.model_path if tokenizer is None else spec.model or tokenizer_folder(tokenizer)
     if tokenizer is None:
         tokenizer = load_tokenizer(spec.model_path)
     if spec.tools is not None:
@@ -105,14 +107,13 @@ def build_runner(
     *,
     tokenizer: Any = None,
     parts: RunParts | None = None,
-    ground_truths: Sequence[object] = (),
     context_length: int | None = None,
 ) -> RolloutRunner:
     """The runner of ``spec`` on an engine the caller holds (and opens and closes).
 
     ``parts`` are :func:`load_parts`'s (loaded here when not given, with ``tokenizer`` if
-    passed); ``ground_truths`` choose ``"auto"`` rewards; ``context_length`` is the
-    engine's (``spec.config.context_length`` wins when set).
+    passed); ``context_length`` overrides the engine's (``spec.config.context_length``
+    wins when set). The other defaults are the runner's own.
     """
     if parts is None:
         parts = load_parts(spec, tokenizer=tokenizer)
@@ -121,7 +122,8 @@ def build_runner(
         parts.tokenizer,
         parts.tools,
         config=spec.config,
-        rewards=spec.rewards_for(ground_truths),
+        rewards=spec.rewards,
+        tool_error_penalty=spec.tool_error_penalty,
         context_length=context_length,
         interactions=parts.interactions,
         vision=parts.vision,
@@ -136,7 +138,6 @@ class OpenRun:
     spec: RunSpec
     parts: RunParts
     engine: Engine
-    context_length: int | None
     runner: RolloutRunner
 
     @property
@@ -149,7 +150,6 @@ async def open_run(
     spec: RunSpec,
     *,
     parts: RunParts | None = None,
-    ground_truths: Sequence[object] = (),
 ) -> AsyncIterator[OpenRun]:
     """Start ``spec``'s engine and tool services, build its runner; close all on exit.
 
@@ -166,9 +166,6 @@ async def open_run(
         **spec.client_options(),
     )
     async with engine:
-        context_length = (await engine.info()).context_length
-        runner = build_runner(
-            spec, engine, parts=parts, ground_truths=ground_truths, context_length=context_length
-        )
+        runner = build_runner(spec, engine, parts=parts)
         async with runner:  # the tools' services (MCP sessions, local sandbox...) open here
-            yield OpenRun(spec, parts, engine, context_length, runner)
+            yield OpenRun(spec, parts, engine, runner)

@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from toolrollout._exceptions import UserError
 from toolrollout.rollout import RolloutConfig
-
-from ._policy import VisionMode, default_rewards
+from toolrollout.rollout._defaults import VisionMode, default_rewards
 
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat

@@ -66,8 +66,9 @@ AdminApiKeyOption = Annotated[
         envvar=ADMIN_API_KEY_ENV,
         show_envvar=True,
         show_default=False,
-        help="Key for the control endpoints (weight updates, pause/continue, flush, abort), "
-        "as SGLang's --admin-api-key; the --api-key then no longer opens them.",
+        help="Key for the control endpoints (serve: weight updates, pause/continue, flush, "
+        "abort; gateway: scoring and closing sessions, and reading every session's), as "
+        "SGLang's --admin-api-key; the --api-key then no longer opens them.",
     ),
 ]
 InsecureOption = Annotated[

@@ -331,7 +331,6 @@ def _run_model(
                         run.tokenizer,
                         config=rollout_config,
                         rewards=spec.rewards_for(truths),
-                        context_length=run.context_length,
                     )
                 total = len(prompts) * rollout_config.n
                 with TrajectoryWriter(path) as writer, RolloutProgress(total) as progress:

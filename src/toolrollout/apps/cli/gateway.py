@@ -16,11 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from toolrollout.apps.cli._common import (
+    AdminApiKeyOption,
+    ApiKeyOption,
     ChatTemplateKwargsOption,
     EngineApiKeyOption,
     EngineUrlsOption,
     FamilyOption,
     InsecureOption,
+    MaxBodyMbOption,
     ModelOption,
     fail,
     parse_template_kwargs,
@@ -28,6 +31,7 @@ from toolrollout.apps.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from toolrollout._security import ServerSecurity
     from toolrollout.apps.gateway import GatewayConfig
     from toolrollout.spec import RunSpec
 
@@ -93,21 +97,28 @@ def gateway(
     health_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
     ] = 120.0,
+    api_key: ApiKeyOption = None,
+    admin_api_key: AdminApiKeyOption = None,
     insecure: InsecureOption = False,
+    max_body_mb: MaxBodyMbOption = 64.0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
-    """Serve OpenAI Chat Completions / Responses and Anthropic Messages, recording sessions."""
+    """Serve OpenAI Chat Completions / Responses and Anthropic Messages, recording sessions.
+
+    A non-loopback --host needs --api-key / TOOLROLLOUT_API_KEY unless --insecure.
+    """
     require_extra("cli", "toolrollout gateway")
     require_extra("sandbox", "toolrollout gateway")  # fastapi and uvicorn
     from toolrollout._exceptions import ToolRolloutError
-    from toolrollout._security import is_loopback
+    from toolrollout._security import ServerSecurity, check_bind
 
-    if not is_loopback(host) and not insecure:
-        raise fail(
-            f"refusing to serve the gateway on {host}: it has no API key of its own (harness "
-            "keys name sessions). Bind 127.0.0.1, or pass --insecure to serve it open"
-        )
+    security = ServerSecurity(
+        api_key=api_key or None,
+        admin_api_key=admin_api_key or None,
+        max_body_bytes=int(max_body_mb * 1024 * 1024),
+    )
     try:
+        check_bind(host, security, insecure=insecure, server="the gateway")
         spec = _spec(
             engine_url,
             engine_api_key,
@@ -137,7 +148,7 @@ def gateway(
             max_segments=max_segments,
             max_stored_responses=max_stored_responses,
         )
-        summary = _serve(spec, config, host, port, out, log_level)
+        summary = _serve(spec, config, security, host, port, out, log_level)
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
     except OSError as exc:
@@ -181,7 +192,13 @@ def _spec(
 
 
 def _serve(
-    spec: RunSpec, config: GatewayConfig, host: str, port: int, out: Path, log_level: str
+    spec: RunSpec,
+    config: GatewayConfig,
+    security: ServerSecurity,
+    host: str,
+    port: int,
+    out: Path,
+    log_level: str,
 ) -> dict[str, Any]:
     import asyncio
     import contextlib
@@ -189,7 +206,7 @@ def _serve(
 
     import uvicorn
 
-    from toolrollout.apps.gateway import Gateway, build_app
+    from toolrollout.apps.gateway import Gateway, build_app, gateway_security
 
     class Server(uvicorn.Server):
         """uvicorn re-raises a captured SIGINT/SIGTERM once it has stopped, which would end
@@ -209,9 +226,14 @@ def _serve(
 
     async def main() -> dict[str, Any]:
         async with Gateway.open(spec, config=config, out=out) as gw:
-            server = Server(
-                uvicorn.Config(build_app(gw), host=host, port=port, log_level=log_level)
+            guarded = gateway_security(
+                gw,
+                api_key=security.api_key,
+                admin_api_key=security.admin_api_key,
+                max_body_bytes=security.max_body_bytes,
             )
+            app = build_app(gw, security=guarded)
+            server = Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
             typer.echo(
                 f"gateway: serving {config.model_name} on http://{host}:{port}/v1, "
                 f"sessions -> {out}",

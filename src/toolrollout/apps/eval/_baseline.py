@@ -30,10 +30,9 @@ def single_turn_runner(
     *,
     config: RolloutConfig,
     rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
-    context_length: int | None = None,
 ) -> RolloutRunner:
     """A runner for the baseline arm: no tools registered, so none is rendered or run."""
     spec = RunSpec(
         tools=(), config=single_turn_config(config), rewards=tuple(rewards), vision="off"
     )
-    return build_runner(spec, engine, tokenizer=tokenizer, context_length=context_length)
+    return build_runner(spec, engine, tokenizer=tokenizer)

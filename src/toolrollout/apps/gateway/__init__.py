@@ -6,7 +6,7 @@ template, generates token-in/token-out, answers in the API's own shape and recor
 session as token-exact trajectory rows for the trainer. See docs/gateway.md.
 """
 
-from ._app import build_app
+from ._app import build_app, gateway_security
 from ._core import Gateway, GatewayConfig
 from ._http import complete_or_abort, open_stream, session_key
 from ._types import (
@@ -31,6 +31,7 @@ __all__ = [
     "ToolCallOut",
     "build_app",
     "complete_or_abort",
+    "gateway_security",
     "open_stream",
     "session_key",
 ]

@@ -2,40 +2,74 @@
 
 Session endpoints (for the trainer side, not the harness):
 
-* ``GET /v1/sessions``: the open sessions' metrics; ``GET /v1/sessions/{id}``: one.
+* ``GET /v1/sessions``: the open sessions' metrics (every one for the admin key, else the
+  caller's own session); ``GET /v1/sessions/{id}``: one (the same rule).
 * ``POST /v1/sessions/{id}/reward`` ``{"reward": 1.0, "segment": 0?}``: score it.
 * ``POST /v1/sessions/{id}/close`` ``{"reward": 1.0?}``: write its rows now.
-* ``GET /health`` and ``GET /metrics`` (gateway-wide counts).
+
+These are control endpoints (SGLang's ``ADMIN_OPTIONAL``): the admin key opens them when
+one is set, so a harness holding the API key can neither score itself nor list others.
+* ``GET /health`` and ``GET /metrics`` (gateway-wide counts), open as on every server.
+
+Keys, the body size limit and the cap on requests at once are the other servers'
+(:class:`~toolrollout._security.SecurityMiddleware`), checked before a body is read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from toolrollout._security import SecurityMiddleware, ServerSecurity
+
 from ._anthropic import add_anthropic_routes
 from ._chat import add_chat_routes
-from ._http import SessionPathMiddleware, openai_error
+from ._http import Callers, SessionPathMiddleware, openai_error
 from ._responses import add_responses_routes
 from ._types import GatewayError
 
 if TYPE_CHECKING:
     from ._core import Gateway
 
-__all__ = ["build_app"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "build_app", "gateway_security"]
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""``--max-body-mb`` 64: a long conversation with inline base64 images fits."""
+
+CONTROL_PATHS = (r"/v1/sessions", r"/v1/sessions/[^/]+", r"/v1/sessions/[^/]+/(reward|close)")
+"""The session endpoints: the trainer's, opened by the admin key when one is set (then a
+harness holding the API key can neither score itself nor list anything)."""
 
 
-def build_app(gateway: Gateway) -> FastAPI:
-    """The HTTP app serving ``gateway`` (its lifetime is the caller's: enter it first)."""
+def gateway_security(gateway: Gateway, **changes: Any) -> ServerSecurity:
+    """The gateway's :class:`ServerSecurity`: its control endpoints, the default body
+    limit, and at most ``max_concurrency + max_waiting`` requests at once (its generation
+    slots and waiting line), counted before a body is read."""
+    config = gateway.config
+    base = ServerSecurity(
+        admin_path_patterns=CONTROL_PATHS,
+        max_body_bytes=DEFAULT_MAX_BODY_BYTES,
+        max_concurrent_requests=config.max_concurrency + config.max_waiting,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def build_app(gateway: Gateway, *, security: ServerSecurity | None = None) -> FastAPI:
+    """The HTTP app serving ``gateway`` (its lifetime is the caller's: enter it first),
+    guarded by ``security`` (default: :func:`gateway_security`, no key)."""
+    security = security if security is not None else gateway_security(gateway)
     app = FastAPI(title="toolrollout gateway", docs_url=None, redoc_url=None)
+    app.state.callers = Callers(security)
     add_chat_routes(app, gateway)
     add_responses_routes(app, gateway)
     add_anthropic_routes(app, gateway)
-    _add_session_routes(app, gateway)
-    app.add_middleware(SessionPathMiddleware)
+    _add_session_routes(app, gateway, app.state.callers)
+    app.add_middleware(SecurityMiddleware, security=security)
+    app.add_middleware(SessionPathMiddleware)  # outermost: the checks see the real path
     return app
 
 
@@ -52,7 +86,7 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _add_session_routes(app: FastAPI, gateway: Gateway) -> None:
+def _add_session_routes(app: FastAPI, gateway: Gateway, callers: Callers) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok"}
@@ -62,13 +96,16 @@ def _add_session_routes(app: FastAPI, gateway: Gateway) -> None:
         return {**gateway.stats, "open_sessions": len(gateway.sessions())}
 
     @app.get("/v1/sessions")
-    async def sessions() -> dict[str, Any]:
-        return {"sessions": gateway.sessions()}
+    async def sessions(request: Request) -> dict[str, Any]:
+        if callers.is_admin(request):
+            return {"sessions": gateway.sessions()}
+        own = gateway.session(callers.session(request))
+        return {"sessions": {} if own is None else {own.key: own.metrics()}}
 
     @app.get("/v1/sessions/{session}", response_model=None)
-    async def session(session: str) -> JSONResponse | dict[str, Any]:
+    async def session(session: str, request: Request) -> JSONResponse | dict[str, Any]:
         found = gateway.sessions().get(session)
-        if found is None:
+        if found is None or not callers.may_see(request, session):
             return openai_error(
                 GatewayError("invalid_request", f"no open session {session!r}", status=404)
             )

@@ -7,19 +7,22 @@ translates its request into a :class:`ChatRequest` and calls :meth:`Gateway.comp
 matching, the template deltas, ``tool_choice``, images, the limits and the records live
 here once.
 
-Concurrency: one asyncio event loop serves every session. Matching a request to a segment
-and committing its answer are synchronous sections (no ``await`` in between the check and
-the change; the commit checks again that the segment is where the plan found it, since
-images are prepared and the answer generated in between), so sessions need no lock;
-generation itself waits on a capacity limiter (``max_concurrency`` in flight) and a
-bounded waiting line (``max_waiting``), beyond which requests are answered ``overloaded``
-at once instead of piling up on the loop.
+A segment is the rollout loop's transcript (:class:`~toolrollout.rollout._state.TrajectoryState`
+with the :class:`~toolrollout.rollout._parts.RolloutServices` of its tool set): model turns,
+template deltas, drift checkpoints and the frozen row are the loop's code, not a copy.
+
+Concurrency: one event loop serves every session, in structured tasks (anyio task groups:
+the idle reaper lives in the gateway's, the ``n`` samples of a request in the request's).
+Matching a request to a segment and committing its answer are synchronous sections (no
+``await`` in between the check and the change; the commit checks again that the segment is
+where the plan found it, since images are prepared and the answer generated in between),
+so sessions need no lock; generation itself waits on a capacity limiter
+(``max_concurrency`` in flight) and a bounded waiting line (``max_waiting``), beyond which
+requests are answered ``overloaded`` at once instead of piling up on the loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import contextlib
 import dataclasses
 import hashlib
@@ -27,6 +30,7 @@ import json
 import shutil
 import time
 import uuid
+from array import array
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,14 +47,20 @@ from toolrollout._exceptions import (
     ToolRolloutError,
     UserError,
 )
-from toolrollout._records import Trajectory, TrajectoryImage
-from toolrollout.chat import ChatFormat, ParsedTurn, ToolCallParser, get_tool_parser
+from toolrollout._records import RolloutPrompt, Trajectory, TrajectoryImage, TrajectoryStatus
+from toolrollout.chat import ChatFormat, ImageRun, ParsedTurn, get_tool_parser
+from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._types import (
     GenerateRequest,
     GenerateResult,
     SamplingParams,
     token_id_array,
 )
+from toolrollout.rollout._config import RolloutConfig
+from toolrollout.rollout._parts import RolloutServices
+from toolrollout.rollout._state import TrajectoryState, parse_model_turn
+from toolrollout.rollout._vision_turn import record_images
+from toolrollout.tools import ToolExecutor
 
 from ._session import (
     Candidate,
@@ -72,6 +82,8 @@ from ._types import (
 )
 
 if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
     from toolrollout.chat import PreparedImage, VisionFormat
     from toolrollout.engines import Engine
     from toolrollout.rollout import ShardWriter
@@ -146,8 +158,11 @@ class _Plan:
     reason: str = "new"
     parent: int | None = None
     common: int = 0
-    images: list[TrajectoryImage] = field(default_factory=list)
-    """The images of the new messages, with their placeholder runs in the whole ids."""
+    images: list[PreparedImage] = field(default_factory=list)
+    """The images of the new messages (prepared for the model)."""
+    runs: list[ImageRun] = field(default_factory=list)
+    """Their placeholder runs, from ``image_offset`` on in the whole ids."""
+    image_offset: int = 0
     urls: list[str] = field(default_factory=list)
     """``image_data`` of the whole request: the segment's images so far, then the new."""
     base_images: list[TrajectoryImage] = field(default_factory=list)
@@ -158,7 +173,7 @@ class _Plan:
 class _Prepared:
     """A checked request: its format, plan, messages and what generation starts from."""
 
-    chat: ChatFormat
+    services: RolloutServices
     plan: _Plan
     messages: list[dict[str, Any]]
     forced: tuple[int, ...]
@@ -208,14 +223,18 @@ class Gateway:
         self.context_length = self.config.context_length or context_length
         self.out = None if out is None else Path(out)
         self._flush_every = flush_every
-        self._formats: dict[str, ChatFormat] = {}
+        self._services: dict[str, RolloutServices] = {}
+        self._rollout_config = RolloutConfig(
+            max_response_tokens=2**31 - 1,  # the gateway's limit is the context (checked first)
+            max_tool_response_tokens=2**31 - 1,
+        )
         self._sessions: dict[str, Session] = {}
         self._ordinal = 0
         self._records: deque[Trajectory] = deque(maxlen=self.config.max_records)
         self._limiter = anyio.CapacityLimiter(self.config.max_concurrency)
         self._waiting = 0
         self._writer: ShardWriter | None = None
-        self._reaper: asyncio.Task[None] | None = None
+        self._tasks: TaskGroup | None = None
         self._entered = False
         self.stats: dict[str, int] = {"sessions": 0, "requests": 0, "errors": 0, "rows_written": 0}
         # Built now so that a tokenizer without a template, or an unknown family, fails at
@@ -292,7 +311,10 @@ class Gateway:
             writer.__enter__()
             self._writer = writer
             self._ordinal = _next_ordinal(self._parts_folder())
-        self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        tasks = anyio.create_task_group()
+        await tasks.__aenter__()
+        tasks.start_soon(self._reap)
+        self._tasks = tasks
         return self
 
     async def __aexit__(
@@ -301,11 +323,10 @@ class Gateway:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-            self._reaper = None
+        if self._tasks is not None:
+            tasks, self._tasks = self._tasks, None
+            tasks.cancel_scope.cancel()  # the reaper: it only waits between rounds
+            await tasks.__aexit__(None, None, None)
         for key in list(self._sessions):
             self.close_session(key)
         if self._writer is not None:
@@ -328,22 +349,38 @@ class Gateway:
 
     def chat_format(self, tools: Sequence[Mapping[str, Any]]) -> ChatFormat:
         """The chat format for a tool set (built once per distinct set, at most 64 kept)."""
+        return self.services(tools).chat
+
+    def services(self, tools: Sequence[Mapping[str, Any]]) -> RolloutServices:
+        """What the rollout loop's transcript code needs for a tool set (its chat format
+        and parser; the gateway's harness runs the tools, so none here)."""
         key = tools_key(tools)
-        found = self._formats.get(key)
+        found = self._services.get(key)
         if found is None:
-            found = ChatFormat(
+            chat = ChatFormat(
                 self.tokenizer,
                 tools=list(tools) or None,
                 family=self.config.family,
                 template_kwargs=self.config.template_kwargs,
             )
-            if len(self._formats) >= 64:
-                self._formats.pop(next(iter(self._formats)))
-            self._formats[key] = found
+            parser = get_tool_parser(
+                self.config.tool_parser or chat.family.tool_parser, tools=chat.tools
+            )
+            found = RolloutServices(
+                engine=self.engine,
+                chat=chat,
+                parser=parser,
+                tools=ToolExecutor(),
+                config=self._rollout_config,
+                rewards=(),
+                engine_limiter=OrderedLimiter(1),
+                context_length=self.context_length,
+                vision=self.vision,
+            )
+            if len(self._services) >= 64:
+                self._services.pop(next(iter(self._services)))
+            self._services[key] = found
         return found
-
-    def _parser(self, chat: ChatFormat) -> ToolCallParser:
-        return get_tool_parser(self.config.tool_parser or chat.family.tool_parser, tools=chat.tools)
 
     # -- sessions -----------------------------------------------------------------------
 
@@ -425,7 +462,7 @@ class Gateway:
         """Close idle sessions and flush the writer, every few seconds."""
         period = min(self.config.flush_seconds, (self.config.idle_timeout or 60.0) / 4, 5.0)
         while True:
-            await asyncio.sleep(max(period, 0.05))
+            await anyio.sleep(max(period, 0.05))
             timeout = self.config.idle_timeout
             if timeout is not None:
                 now = time.monotonic()
@@ -507,13 +544,14 @@ class Gateway:
             raise GatewayError(
                 "invalid_request", f"n must be between 1 and {self.config.max_n}", status=400
             )
-        chat = self.chat_format(request.tools)
+        services = self.services(request.tools)
+        chat = services.chat
         required = _required_tool(request)
         forced: tuple[int, ...] = ()
         if required is not None:
-            prefix = self._parser(chat).forced_call_prefix(required or None)
+            prefix = services.parser.forced_call_prefix(required or None)
             if prefix is None and required:
-                prefix = self._parser(chat).forced_call_prefix(None)
+                prefix = services.parser.forced_call_prefix(None)
             forced = _forced_ids(chat, prefix) if prefix else ()
         try:
             plan = self._plan(session, chat, messages)
@@ -525,7 +563,7 @@ class Gateway:
         prompt = len(plan.input_ids) + len(forced)
         if context is not None and prompt >= context:
             if plan.segment is not None:
-                plan.segment.finish_reason = "context_length_exceeded"
+                plan.segment.overflowed = True
                 plan.segment.open = False
             raise GatewayError(
                 "context_length_exceeded",
@@ -536,7 +574,7 @@ class Gateway:
             )
         wanted = request.max_tokens or self.config.default_max_tokens
         max_new = wanted if context is None else min(wanted, context - prompt)
-        return _Prepared(chat, plan, messages, forced, required, max_new, self.vision)
+        return _Prepared(services, plan, messages, forced, required, max_new, self.vision)
 
     async def _complete(self, session: Session, request: ChatRequest) -> ChatResult:
         prep = await self._prepare(session, request)
@@ -557,7 +595,7 @@ class Gateway:
     ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
         """One sample, streamed from the engine (``n == 1``)."""
         prep = await self._prepare(session, request)
-        chat, parser = prep.chat, self._parser(prep.chat)
+        chat, parser = prep.services.chat, prep.services.parser
         enabled = bool(request.tools) and request.tool_choice != "none"
         turn = TurnStream(
             markers=parser.call_markers if enabled else (),
@@ -613,7 +651,7 @@ class Gateway:
         except TimeoutError:
             await self._abort([rid])
             raise self._timeout_error() from None
-        except (asyncio.CancelledError, GeneratorExit):
+        except (anyio.get_cancelled_exc_class(), GeneratorExit):
             await self._abort([rid])  # the client went away: free the engine now
             raise
         except GatewayError:
@@ -652,7 +690,9 @@ class Gateway:
         plan = prep.plan
         enabled = bool(request.tools) and request.tool_choice != "none"
         calls_so_far = plan.segment.num_tool_calls if plan.segment is not None else 0
-        choices, candidates = self._choices(prep.chat, results, enabled, calls_so_far, prep.forced)
+        choices, candidates = self._choices(
+            prep.services, results, enabled, calls_so_far, prep.forced
+        )
         if prep.required is not None:
             _check_tool_choice(choices, prep.required)
         if streamed is not None:
@@ -661,11 +701,10 @@ class Gateway:
             reasoning = streamed.reasoning if streamed.reasoning_sent else choice.reasoning
             choices = [dataclasses.replace(choice, content=streamed.content, reasoning=reasoning)]
             candidates[0].returned = returned_view(streamed.content, choice.tool_calls)
-        segment = self._commit(session, prep.chat, plan, candidates, prep.messages, request)
+        segment = self._commit(session, prep.services, plan, candidates, prep.messages)
         if segment is not None:
             segment.requests += 1
-            segment.generation_seconds += seconds
-            segment.cached_tokens += sum(r.cached_tokens for r in results)
+            segment.state.timing.generation_seconds += seconds
             segment.last_used = time.monotonic()
         return ChatResult(
             id=f"chatcmpl-{uuid.uuid4().hex}",
@@ -691,25 +730,20 @@ class Gateway:
                 ) from None
         counts = [image.num_tokens for image in prepared]
         base = len(plan.input_ids) - len(plan.delta)
+        earlier: list[str] = []
         try:
             if plan.segment is None:
                 plan.input_ids, runs = vision.expand(plan.input_ids, counts)
-                offset = 0
             else:
                 delta, runs = vision.expand(plan.delta, counts)
                 plan.input_ids = [*plan.input_ids[:base], *delta]
-                plan.delta, offset = delta, base
-                plan.base_images = list(plan.segment.images)
+                plan.delta, plan.image_offset = delta, base
+                earlier = list(plan.segment.state.vision.urls)
+                plan.base_images = list(plan.segment.state.vision.images)
         except ImageError as exc:
             raise GatewayError("invalid_request", str(exc), status=400) from None
-        plan.images = [
-            TrajectoryImage(image.png, offset + run.start, offset + run.end, image.grid_thw)
-            for image, run in zip(prepared, runs, strict=True)
-        ]
-        plan.urls = [
-            *(image_url(i) for i in plan.base_images),
-            *(image.data_url for image in prepared),
-        ]
+        plan.images, plan.runs = prepared, list(runs)
+        plan.urls = [*earlier, *(image.data_url for image in prepared)]
 
     def _plan(self, session: Session, chat: ChatFormat, messages: list[dict[str, Any]]) -> _Plan:
         """Match ``messages`` against the session's open segments (sync: no await)."""
@@ -747,7 +781,7 @@ class Gateway:
             parent = near.index
             if near.tools_key != key:
                 reason = "tools_changed"
-            elif near.finish_reason == "context_length_exceeded":
+            elif near.overflowed:
                 reason = "after_overflow"
             elif common >= len(near.messages) and not near.open:
                 reason = "after_length"
@@ -796,11 +830,13 @@ class Gateway:
         sampling = self._sampling(request, max_new)
         ids = token_id_array(input_ids)  # one array shared by the n requests
 
-        async def one(index: int, rid: str) -> GenerateResult:
+        results: list[GenerateResult | None] = [None] * len(rids)
+
+        async def one(index: int, rid: str) -> None:
             seeded = sampling
             if sampling.seed is not None:
                 seeded = dataclasses.replace(sampling, seed=sampling.seed + index)
-            return await self.engine.generate(
+            results[index] = await self.engine.generate(
                 GenerateRequest(
                     input_ids=ids,
                     sampling=seeded,
@@ -814,11 +850,19 @@ class Gateway:
         try:
             with anyio.fail_after(self.config.request_timeout):
                 acquired = await self._acquire(borrower)
-                results = list(await asyncio.gather(*(one(i, r) for i, r in enumerate(rids))))
+                if len(rids) == 1:
+                    await one(0, rids[0])
+                else:
+                    try:
+                        async with anyio.create_task_group() as samples:
+                            for index, rid in enumerate(rids):
+                                samples.start_soon(one, index, rid)
+                    except BaseExceptionGroup as group:
+                        raise _first_error(group) from None
         except TimeoutError:
             await self._abort(rids)
             raise self._timeout_error() from None
-        except asyncio.CancelledError:
+        except anyio.get_cancelled_exc_class():
             await self._abort(rids)  # the client went away: free the engine now
             raise
         except ToolRolloutError as exc:
@@ -826,9 +870,7 @@ class Gateway:
         finally:
             if acquired:
                 self._limiter.release_on_behalf_of(borrower)
-        for result in results:
-            _check_result(result)
-        return results
+        return [_check_result(result) for result in results]
 
     async def _acquire(self, borrower: object) -> bool:
         """A generation slot for ``borrower`` (one object per request: a streamed answer is
@@ -859,23 +901,23 @@ class Gateway:
 
     def _choices(
         self,
-        chat: ChatFormat,
+        services: RolloutServices,
         results: Sequence[GenerateResult],
         tools_enabled: bool,
         calls_so_far: int,
         forced: tuple[int, ...] = (),
     ) -> tuple[list[ChatChoice], list[Candidate]]:
+        """Each sample parsed the rollout loop's way (:func:`parse_model_turn`), as the
+        choice the harness gets and the candidate its segment takes."""
+        chat = services.chat
         family = chat.family
-        parser = self._parser(chat)
         choices: list[ChatChoice] = []
         candidates: list[Candidate] = []
         for index, result in enumerate(results):
-            ids = tuple(result.output_ids)
-            text = chat.model_text((*forced, *ids))
-            parsed = parser.parse(text)
+            ids = result.output_ids
+            text, parsed = parse_model_turn(services, ids, calls_so_far, forced=forced)
             if not tools_enabled and parsed.tool_calls:
                 parsed = ParsedTurn(content=text, reasoning=None)
-            parsed = _family_ids(family, parsed, calls_so_far)
             call_ids = [call.id for call in parsed.tool_calls]
             message = family.build_assistant_message(text, parsed, call_ids)
             content = text if parsed.errors else parsed.content
@@ -888,15 +930,11 @@ class Gateway:
             choices.append(ChatChoice(index, content, parsed.reasoning, calls, reason))  # type: ignore[arg-type]
             candidates.append(
                 Candidate(
-                    ids=ids,
-                    logprobs=tuple(float(x) for x in result.output_logprobs or ()),
+                    result=result,
                     text=text,
+                    parsed=parsed,
                     message=message,
                     returned=returned_view(content, calls),
-                    finish=finish,
-                    weight_version=result.weight_version,
-                    tool_calls=len(calls),
-                    parse_errors=len(parsed.errors),
                     extendable=finish == "stop" and chat.ends_with_stop(ids),
                     forced=forced,
                 )
@@ -906,11 +944,10 @@ class Gateway:
     def _commit(
         self,
         session: Session,
-        chat: ChatFormat,
+        services: RolloutServices,
         plan: _Plan,
         candidates: list[Candidate],
         messages: list[dict[str, Any]],
-        request: ChatRequest,
     ) -> Segment | None:
         """Put the answer into its segment (sync). A closed session records nothing."""
         if session.closed:
@@ -919,8 +956,7 @@ class Gateway:
         if segment is not None and segment.busy is False and _still_extends(segment, plan):
             if plan.taken >= 0:
                 segment.take(segment.pending[plan.taken])
-            segment.append_messages(plan.new_messages, plan.delta)
-            segment.images.extend(plan.images)
+            segment.append_messages(plan.new_messages, plan.delta, plan.images, plan.runs)
         else:
             if segment is not None:
                 # Another answer went into it while this one generated: fork. The ids the
@@ -933,12 +969,9 @@ class Gateway:
                 reason=plan.reason,
                 parent=plan.parent,
                 common_messages=plan.common,
-                chat=chat,
-                tools_key=tools_key(chat.tools),
-                messages=[dict(m) for m in messages],
-                prompt_ids=tuple(plan.input_ids),
+                tools_key=tools_key(services.chat.tools),
+                state=_transcript(session, services, messages, plan),
                 returned=[None] * len(messages),
-                images=[*plan.base_images, *plan.images],
             )
             session.segments.append(segment)
             self._limit_open(session)
@@ -954,6 +987,28 @@ class Gateway:
             oldest = min(open_segments, key=lambda s: s.last_used)
             oldest.open = False
             open_segments.remove(oldest)
+
+
+def _transcript(
+    session: Session, services: RolloutServices, messages: list[dict[str, Any]], plan: _Plan
+) -> TrajectoryState:
+    """A new segment's transcript: the rollout loop's state, its prompt the ids the engine
+    was sent (a fresh render, or for a fork the ids it was generated from)."""
+    index = len(session.segments)
+    state = TrajectoryState(
+        services,
+        RolloutPrompt(messages=tuple(messages)),
+        prompt_index=session.ordinal,
+        sample_index=index,
+        group_id=session.group_id,
+        uid=f"{session.key}:{index}",
+    )
+    state.status = TrajectoryStatus.RUNNING
+    state.transcript.prompt_ids = array("i", plan.input_ids)
+    state.vision.images = list(plan.base_images)
+    state.vision.urls = plan.urls[: len(plan.base_images)]
+    record_images(state.vision, plan.images, plan.runs, plan.image_offset)
+    return state
 
 
 def _still_extends(segment: Segment, plan: _Plan) -> bool:
@@ -1029,26 +1084,6 @@ def _image_keys(messages: Sequence[Mapping[str, Any]]) -> list[str]:
         for part in message["content"]
         if isinstance(part, Mapping) and part.get("type") == "image" and "sha256" in part
     ]
-
-
-def image_url(image: TrajectoryImage) -> str:
-    """A recorded image as the engine's ``image_data`` entry (its PNG as a data URL)."""
-    return "data:image/png;base64," + base64.b64encode(image.png).decode("ascii")
-
-
-def _family_ids(family: Any, parsed: ParsedTurn, call_number: int) -> ParsedTurn:
-    """Call ids as the family's template needs them, else fresh OpenAI-style ones."""
-    if not parsed.tool_calls:
-        return parsed
-    if family.call_id is not None:
-        ids = family.make_call_ids(parsed, call_number)
-    else:
-        ids = [f"call_{uuid.uuid4().hex[:24]}" for _ in parsed.tool_calls]
-    calls = tuple(
-        dataclasses.replace(call, id=call_id)
-        for call, call_id in zip(parsed.tool_calls, ids, strict=True)
-    )
-    return dataclasses.replace(parsed, tool_calls=calls)
 
 
 def _no_vision() -> GatewayError:
@@ -1129,6 +1164,17 @@ def _engine_error(exc: ToolRolloutError) -> GatewayError:
     if isinstance(exc, UserError):
         return GatewayError("invalid_request", str(exc), status=400)
     return GatewayError("engine_error", str(exc), status=503)
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first error of a request's samples that is not a cancellation (the samples of
+    one request fail alike: one error answers it)."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            return _first_error(exc)
+        if not isinstance(exc, anyio.get_cancelled_exc_class()):
+            return exc
+    return group
 
 
 def _check_result(result: GenerateResult | None) -> GenerateResult:

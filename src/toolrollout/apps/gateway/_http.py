@@ -1,22 +1,31 @@
-"""HTTP helpers every API layer of the gateway shares: the session key, disconnects, errors.
+"""HTTP helpers every API layer of the gateway shares: who a request is, disconnects, errors.
 
 A session is named, in this order, by the ``X-Toolrollout-Session`` header, by a path
 prefix ``/s/<session>/...`` (rewritten into that header by :class:`SessionPathMiddleware`,
 so every route gets it), or by the API key the harness sends (``Authorization: Bearer``
 or Anthropic's ``x-api-key``): an SDK that only lets you set a base URL or a key can still
-name its session. Requests with none of them share the session ``default``.
+name its session. A key is a credential (a harness may hold a real provider's), so it never
+names a session itself: the session is a keyed hash of it (``key-`` and 24 hex digits,
+HMAC-SHA256 under a secret drawn when the gateway starts), the same for every request
+with that key, which nothing the gateway writes or lists can turn back into the key. The
+gateway's own ``--api-key`` names no session (every harness sends it). Requests with none
+of these share the session ``default``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import hashlib
+import hmac
 import re
-from collections.abc import AsyncGenerator, Awaitable
+import secrets
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
+
+from toolrollout._security import ServerSecurity, presented_key, presents_key
 
 from ._types import ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart
 
@@ -29,6 +38,7 @@ __all__ = [
     "DEFAULT_SESSION",
     "GROUP_HEADER",
     "SESSION_HEADER",
+    "Callers",
     "SessionPathMiddleware",
     "complete_or_abort",
     "open_stream",
@@ -44,20 +54,47 @@ SESSION_HEADER = "x-toolrollout-session"
 GROUP_HEADER = "x-toolrollout-group"
 DEFAULT_SESSION = "default"
 _PREFIX = re.compile(r"^/s/([^/]+)(/.*)$")
-_KEY_PREFIXES = ("Bearer ", "bearer ")
+
+
+class Callers:
+    """Who a request is: its session (see the module) and whether it holds the admin key.
+
+    What a session made (its metrics, its stored responses) is shown to requests of that
+    session, or to the admin key's; the secret of the key hash never leaves the process.
+    """
+
+    def __init__(self, security: ServerSecurity) -> None:
+        self.security = security
+        self._secret = secrets.token_bytes(32)
+
+    def session(self, request: Request) -> str:
+        """The session a request belongs to (header, path prefix, key hash, ``default``)."""
+        header = request.headers.get(SESSION_HEADER, "").strip()
+        if header:
+            return header
+        key = presented_key(request.scope)
+        if not key or presents_key(request.scope, self.security.api_key):
+            return DEFAULT_SESSION
+        if presents_key(request.scope, self.security.admin_api_key):
+            return DEFAULT_SESSION
+        digest = hmac.new(self._secret, key.encode("utf-8"), hashlib.sha256).hexdigest()
+        return f"key-{digest[:24]}"
+
+    def is_admin(self, request: Request) -> bool:
+        """Whether the request carries the admin key (never without one set)."""
+        return presents_key(request.scope, self.security.admin_api_key)
+
+    def may_see(self, request: Request, session: str) -> bool:
+        """Whether ``request`` may read what ``session`` made: its own, or the admin's."""
+        return self.is_admin(request) or hmac.compare_digest(
+            self.session(request).encode("utf-8"), session.encode("utf-8")
+        )
 
 
 def session_key(request: Request) -> str:
-    """The session a request belongs to (header, path prefix, API key, else ``default``)."""
-    header = request.headers.get(SESSION_HEADER)
-    if header:
-        return header.strip()
-    auth = request.headers.get("authorization", "")
-    for prefix in _KEY_PREFIXES:
-        if auth.startswith(prefix) and auth[len(prefix) :].strip():
-            return auth[len(prefix) :].strip()
-    key = request.headers.get("x-api-key", "").strip()
-    return key or DEFAULT_SESSION
+    """The session a request belongs to (header, path prefix, key hash, else ``default``)."""
+    callers: Callers = request.app.state.callers
+    return callers.session(request)
 
 
 def request_metadata(request: Request) -> dict[str, Any]:
@@ -96,7 +133,7 @@ async def complete_or_abort(
     The request body must have been read already: the next ASGI message is then the
     disconnect, which this waits for beside the generation.
     """
-    return await _until_disconnect(http_request, gateway.complete(chat_request))
+    return await _until_disconnect(http_request, lambda: gateway.complete(chat_request))
 
 
 async def open_stream(
@@ -110,7 +147,7 @@ async def open_stream(
     """
     items = gateway.stream(chat_request)
     try:
-        first = await _until_disconnect(http_request, anext(items))
+        first = await _until_disconnect(http_request, lambda: anext(items))
     except BaseException:
         await items.aclose()
         raise
@@ -118,23 +155,29 @@ async def open_stream(
     return first, items
 
 
-async def _until_disconnect(http_request: Request, awaitable: Awaitable[_T]) -> _T:
-    task = asyncio.ensure_future(awaitable)
+async def _until_disconnect(http_request: Request, call: Callable[[], Awaitable[_T]]) -> _T:
+    """``await call()`` beside a watcher of the connection, in one task group: a disconnect
+    cancels the call (its generation is aborted in the engine) and ends the request."""
+    outcome: list[_T] = []
+    failure: list[Exception] = []
+    async with anyio.create_task_group() as tasks:
 
-    async def watch() -> None:
-        while True:
-            message = await http_request.receive()
-            if message.get("type") == "http.disconnect":
-                task.cancel()
-                return
+        async def watch() -> None:
+            while (await http_request.receive()).get("type") != "http.disconnect":
+                pass
+            tasks.cancel_scope.cancel()
 
-    watcher = asyncio.ensure_future(watch())
-    try:
-        return await task
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await watcher
+        tasks.start_soon(watch)
+        try:
+            outcome.append(await call())
+        except Exception as exc:  # raised as itself below, not inside the group's
+            failure.append(exc)
+        tasks.cancel_scope.cancel()
+    if failure:
+        raise failure[0]
+    if not outcome:  # the client went away: there is no one to answer
+        raise anyio.get_cancelled_exc_class()()
+    return outcome[0]
 
 
 _OPENAI_TYPES = {

@@ -14,7 +14,9 @@ Responses are stored (``store``, true by default as in OpenAI's API) in a bounde
 (:class:`ResponseStore`, the newest ``max_stored_responses``, least recently used dropped
 first): ``previous_response_id`` continues one (its inputs and outputs go before the new
 input, the way a harness replaying ``output`` sends them, so the session's segment is
-extended token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one.
+extended token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one;
+each of the three finds a response only for a request of the session that made it (or
+with the admin key).
 ``conversation`` and ``item_reference`` items are refused, and so are hosted tools, which
 the gateway cannot run.
 """
@@ -34,11 +36,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.responses import Response
 
 from ._http import (
+    Callers,
     complete_or_abort,
     open_stream,
     openai_error_body,
     request_metadata,
-    session_key,
 )
 from ._parts import chat_content, invalid, require_str
 from ._sse import relay, sse_bytes, stream_response, whole
@@ -587,6 +589,8 @@ class StoredResponse:
 
     items: tuple[dict[str, Any], ...]
     response: dict[str, Any]
+    session: str
+    """The session that made it: only its requests (or the admin key) may read it."""
 
 
 class ResponseStore:
@@ -644,6 +648,15 @@ def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
     /v1/responses/{id}`` on the gateway's ``app``, with a store of responses."""
     store = ResponseStore(gateway.config.max_stored_responses)
     app.state.responses = store
+    callers: Callers = app.state.callers
+
+    def visible(request: Request, response_id: str) -> StoredResponse | None:
+        """The stored response, if this request's session made it (or it is the admin's);
+        another session's is as unknown as a missing one."""
+        found = store.get(response_id)
+        if found is None or not callers.may_see(request, found.session):
+            return None
+        return found
 
     @app.post("/v1/responses")
     async def create_response(http_request: Request) -> Response:
@@ -655,14 +668,15 @@ def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
             request = parse_responses_request(body)
             items = _input_items(request)
             if request.previous_response_id is not None:
-                previous = store.get(request.previous_response_id)
+                previous = visible(http_request, request.previous_response_id)
                 if previous is None:
                     return _not_found(request.previous_response_id, param="previous_response_id")
                 items = [*previous.items, *items]
             keep = request.store is not False
+            session = callers.session(http_request)
             chat = responses_to_chat(
                 request,
-                session_key(http_request),
+                session,
                 metadata=request_metadata(http_request),
                 items=items,
             )
@@ -670,7 +684,8 @@ def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
 
             def remember(final: dict[str, Any]) -> None:
                 if keep:
-                    store.put(response_id, StoredResponse((*items, *final["output"]), final))
+                    stored = StoredResponse((*items, *final["output"]), final, session)
+                    store.put(response_id, stored)
 
             if not request.stream:
                 result = await complete_or_abort(gateway, http_request, chat)
@@ -694,14 +709,14 @@ def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
         return stream_response(relay(stream, writer, sse_bytes))
 
     @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str) -> Response:
-        found = store.get(response_id)
+    async def get_response(response_id: str, http_request: Request) -> Response:
+        found = visible(http_request, response_id)
         if found is None:
             return _not_found(response_id, param=None)
         return JSONResponse(found.response)
 
     @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str) -> Response:
-        if not store.delete(response_id):
+    async def delete_response(response_id: str, http_request: Request) -> Response:
+        if visible(http_request, response_id) is None or not store.delete(response_id):
             return _not_found(response_id, param=None)
         return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})

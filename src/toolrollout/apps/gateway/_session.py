@@ -1,29 +1,33 @@
 """Sessions and segments: how a harness's requests become token-exact transcripts.
 
 A harness sends its whole conversation on every request, as text. A *segment* is one
-token transcript the gateway keeps: the prompt rendered once, then each model turn's engine
-ids verbatim and, between them, the chat template's delta for the messages the harness
-added (tool results, user turns), exactly as the rollout loop builds a trajectory
-(:meth:`~toolrollout.chat.ChatFormat.tool_turn_delta`). A request *extends* a segment
-when its messages start with the segment's messages (the assistant turns compared with
-what the gateway returned for them: content and parsed tool calls) and add only
-non-assistant messages after the last model turn. Anything else (an edited, dropped or
-summarised message, changed tools, a turn cut at its token limit) starts a new segment of
-the same session, which records why and which segment it came from: mismatched tokens are
-never spliced.
+token transcript the gateway keeps, and it is the rollout loop's own
+(:class:`~toolrollout.rollout._state.TrajectoryState`): the prompt rendered once, then each
+model turn's engine ids verbatim (``append_model_turn``) and, between them, the chat
+template's delta for the messages the harness added (``append_env_turn``, drift
+checkpoints included), so a row's ``drift_mismatches`` is the rollout's check of it. What
+the gateway adds is the matching: a request *extends* a segment when its messages start
+with the segment's messages (the assistant turns compared with what the gateway returned
+for them: content and parsed tool calls) and add only non-assistant messages after the
+last model turn. Anything else (an edited, dropped or summarised message, changed tools, a
+turn cut at its token limit) starts a new segment of the same session, which records why
+and which segment it came from: mismatched tokens are never spliced.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from toolrollout._records import TokenSpan, Trajectory, TrajectoryImage, TrajectoryStatus
-from toolrollout._records._trajectory import SpanKind
-from toolrollout.chat import ChatFormat
+from toolrollout._records import Trajectory, TrajectoryStatus
+from toolrollout.chat import ChatFormat, ImageRun, ParsedTurn, PreparedImage
+from toolrollout.engines._types import GenerateResult
+from toolrollout.rollout._parts import EnvStep
+from toolrollout.rollout._state import TrajectoryState
 
 from ._types import ToolCallOut
 
@@ -108,21 +112,22 @@ def comparable(message: Mapping[str, Any]) -> tuple[Any, ...]:
 class Candidate:
     """One sampled answer not yet taken into a segment (``n > 1``: the harness picks one)."""
 
-    ids: tuple[int, ...]
-    logprobs: tuple[float, ...]
+    result: GenerateResult
     text: str
+    parsed: ParsedTurn
+    """The turn's parse (the rollout loop's: ``parse_model_turn``)."""
     message: dict[str, Any]
     """The assistant message in the family's form (what the template renders)."""
     returned: tuple[Any, ...]
     """:func:`comparable` of what the harness was sent, to recognise it when it comes back."""
-    finish: str
-    weight_version: str
-    tool_calls: int
-    parse_errors: int
     extendable: bool
     """Ended on the template's stop token, so a delta can follow it."""
     forced: tuple[int, ...] = ()
     """Ids forced before the model's own (``tool_choice``): in the turn, loss mask 0."""
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(self.result.output_ids)
 
 
 @dataclass
@@ -133,12 +138,9 @@ class Segment:
     reason: SegmentReason
     parent: int | None
     common_messages: int
-    chat: ChatFormat
     tools_key: str
-    messages: list[dict[str, Any]]
-    prompt_ids: tuple[int, ...]
-    spans: list[TokenSpan] = field(default_factory=list)
-    model_texts: list[str] = field(default_factory=list)
+    state: TrajectoryState
+    """The transcript, its counters and its drift checkpoints: the rollout loop's state."""
     returned: list[tuple[Any, ...] | None] = field(default_factory=list)
     """Per message: :func:`comparable` of what the harness saw for an assistant turn."""
     pending: list[Candidate] = field(default_factory=list)
@@ -146,35 +148,32 @@ class Segment:
     """A request extending it is being generated (a second one forks a new segment)."""
     open: bool = True
     """False once no request can extend it (its last turn was cut, or it overflowed)."""
-    last_finish: str | None = None
-    finish_reason: str | None = None
-    num_turns: int = 0
-    num_tool_calls: int = 0
-    parse_errors: int = 0
+    overflowed: bool = False
+    """A request that would have extended it did not fit the context."""
     requests: int = 0
-    model_tokens: int = 0
-    env_tokens: int = 0
-    cached_tokens: int = 0
-    generation_seconds: float = 0.0
-    forced: list[tuple[int, int]] = field(default_factory=list)
-    images: list[TrajectoryImage] = field(default_factory=list)
-    """The images in the transcript, each with its placeholder run (as the rollout records)."""
-    """Forced ids in the response: (offset into the response ids, count), per forced turn."""
-    weight_version: str | None = None
     reward: float | None = None
-    created: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
 
     @property
+    def chat(self) -> ChatFormat:
+        return self.state.services.chat
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.state.transcript.messages
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + sum(len(span.ids) for span in self.spans)
+        t = self.state.transcript
+        return len(t.prompt_ids) + t.response_len
+
+    @property
+    def num_tool_calls(self) -> int:
+        return self.state.counters.num_tool_calls
 
     def ids(self) -> list[int]:
         """The whole transcript: prompt, then every span."""
-        out = list(self.prompt_ids)
-        for span in self.spans:
-            out.extend(span.ids)
-        return out
+        return list(self.state.transcript.ids())
 
     def extension(self, sent: Sequence[Mapping[str, Any]]) -> tuple[int | None, int]:
         """How ``sent`` relates to this segment: (the pending candidate it takes, or -1 for
@@ -213,37 +212,39 @@ class Segment:
         return taken, common
 
     def take(self, candidate: Candidate) -> None:
-        """Append a model turn: engine ids verbatim (loss mask 1) and its message; ids forced
-        before them (``tool_choice``) go first, in a span of their own with loss mask 0."""
-        if candidate.forced:
-            self.forced.append((self.num_tokens - len(self.prompt_ids), len(candidate.forced)))
-            self.spans.append(TokenSpan("interaction", candidate.forced, None))
-        self.spans.append(TokenSpan("model", candidate.ids, candidate.logprobs))
-        self.model_texts.append(candidate.text)
-        self.messages.append(candidate.message)
+        """Append a model turn the rollout loop's way: engine ids verbatim (loss mask 1);
+        ids forced before them (``tool_choice``) in a span of their own with loss mask 0."""
+        state = self.state
+        state.append_model_turn(
+            candidate.result, forced=candidate.forced, parsed=(candidate.text, candidate.parsed)
+        )
+        # The gateway is the environment: its calls count as the harness receives them.
+        state.counters.num_tool_calls += len(candidate.parsed.tool_calls)
         self.returned.append(candidate.returned)
-        self.num_turns += 1
-        self.num_tool_calls += candidate.tool_calls
-        self.parse_errors += candidate.parse_errors
-        self.model_tokens += len(candidate.ids)
-        self.weight_version = candidate.weight_version
-        self.last_finish = candidate.finish
         self.pending = []
         if not candidate.extendable:
             self.open = False  # a cut turn: no template boundary to append a delta at
 
-    def append_messages(self, messages: Sequence[Mapping[str, Any]], delta: Sequence[int]) -> None:
-        """Append harness messages as their template delta (loss mask 0, logprob 0.0)."""
-        kind: SpanKind = "tool" if all(m.get("role") == "tool" for m in messages) else "interaction"
-        self.spans.append(TokenSpan(kind, tuple(delta), (0.0,) * len(delta)))
-        self.env_tokens += len(delta)
-        for message in messages:
-            self.messages.append(dict(message))
-            self.returned.append(None)
+    def append_messages(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        delta: Sequence[int],
+        images: Sequence[PreparedImage] = (),
+        runs: Sequence[ImageRun] = (),
+    ) -> None:
+        """Append harness messages as their template delta (loss mask 0), the rollout
+        loop's environment turn (a tool turn when every message is a tool result)."""
+        kind: Literal["tool", "interaction"] = (
+            "tool" if all(m.get("role") == "tool" for m in messages) else "interaction"
+        )
+        step = EnvStep(kind, tuple(dict(m) for m in messages), tuple(images))
+        if not self.state.append_env_turn(step, delta=(delta, runs)):
+            raise AssertionError("a delta the engine was sent did not fit the context")
+        self.returned.extend([None] * len(messages))
 
     @property
     def has_model_turn(self) -> bool:
-        return self.num_turns > 0 or bool(self.pending)
+        return self.state.counters.num_turns > 0 or bool(self.pending)
 
 
 @dataclass
@@ -263,15 +264,21 @@ class Session:
 
     def metrics(self) -> dict[str, Any]:
         """Per-session figures (also served by ``GET /v1/sessions/{id}``)."""
+        states = [s.state for s in self.segments]
         return {
             "session": self.key,
             "requests": self.requests,
             "segments": len(self.segments),
             "open_segments": sum(1 for s in self.segments if s.open),
-            "model_turns": sum(s.num_turns for s in self.segments),
-            "model_tokens": sum(s.model_tokens for s in self.segments),
-            "harness_tokens": sum(s.env_tokens + len(s.prompt_ids) for s in self.segments),
-            "generation_seconds": round(sum(s.generation_seconds for s in self.segments), 6),
+            "model_turns": sum(s.counters.num_turns for s in states),
+            "model_tokens": sum(s.counters.model_tokens for s in states),
+            "harness_tokens": sum(
+                len(s.transcript.prompt_ids)
+                + s.counters.tool_tokens
+                + s.environment.interaction_tokens
+                for s in states
+            ),
+            "generation_seconds": round(sum(s.timing.generation_seconds for s in states), 6),
             "errors": dict(self.errors),
             "reward": self.reward,
             "closed": self.closed,
@@ -279,20 +286,27 @@ class Session:
 
 
 def freeze_segment(session: Session, segment: Segment, *, assumed_choice: bool) -> Trajectory:
-    """A segment as a trajectory row (one per segment, ``sample_index`` = its index)."""
+    """A segment as a trajectory row (one per segment, ``sample_index`` = its index): the
+    rollout loop's freeze, after its drift check of the whole transcript."""
     if segment.pending:
         segment.take(segment.pending[0])
-    if segment.finish_reason is not None:
-        finish = segment.finish_reason
-    else:
-        finish = segment.last_finish or "stop"
-    status = TrajectoryStatus.TRUNCATED if finish != "stop" else TrajectoryStatus.COMPLETED
-    reward = segment.reward if segment.reward is not None else session.reward
-    messages = tuple(
-        {k: _plain_images(v) if k == "content" else v for k, v in m.items() if k != "raw_content"}
-        for m in segment.chat.presented_messages(segment.messages)
-    )
+    state = segment.state
+    if segment.overflowed:
+        state.finish(TrajectoryStatus.TRUNCATED, "context_length_exceeded")
+    elif not state.finished:
+        state.finish(TrajectoryStatus.COMPLETED, "stop")
+    if state.services.config.drift_check:
+        state.drift.final_check(state.drift_view())
+    row = state.freeze()
+    transcript_forced = state.transcript.forced
+    forced: list[list[int]] = []
+    offset = 0
+    for index, span in enumerate(row.spans):
+        if index in transcript_forced:
+            forced.append([offset, span.num_tokens])
+        offset += span.num_tokens
     metrics: dict[str, Any] = {
+        **row.metrics,
         "gateway": {
             "session": session.key,
             "segment": segment.index,
@@ -301,35 +315,14 @@ def freeze_segment(session: Session, segment: Segment, *, assumed_choice: bool) 
             "common_messages": segment.common_messages,
             "requests": segment.requests,
             "assumed_choice_0": assumed_choice,
-            "forced_tokens": [list(item) for item in segment.forced],
+            "forced_tokens": forced,
             "errors": dict(session.errors),
         },
-        "model_tokens": segment.model_tokens,
-        "tool_tokens": segment.env_tokens,
-        "cached_tokens": segment.cached_tokens,
-        "generation_seconds": round(segment.generation_seconds, 6),
-        "drift_mismatches": 0,
     }
-    return Trajectory(
-        uid=f"{session.key}:{segment.index}",
-        group_id=session.group_id,
-        prompt_index=session.ordinal,
-        sample_index=segment.index,
-        prompt_ids=segment.prompt_ids,
-        spans=tuple(segment.spans),
-        messages=messages,
-        status=status,
-        finish_reason=finish,
-        reward=reward,
-        num_turns=segment.num_turns,
-        num_tool_calls=segment.num_tool_calls,
-        parse_errors=segment.parse_errors,
-        weight_version=segment.weight_version,
-        metrics=metrics,
-        turn_rewards=(None,) * segment.num_turns,
-        tool_rewards=(None,) * segment.num_turns,
-        images=tuple(segment.images),
-    )
+    reward = segment.reward if segment.reward is not None else session.reward
+    messages = tuple({**m, "content": _plain_images(m["content"])} if "content" in m else m
+                     for m in row.messages)  # fmt: skip
+    return dataclasses.replace(row, messages=messages, reward=reward, metrics=metrics)
 
 
 def _plain_images(content: Any) -> Any:
