@@ -103,6 +103,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/engines.md", "python -m sglang.launch_server"): (
         "needs a GPU, SGLang and a 7B model download"
     ),
+    ("docs/engines.md", "SGLANG_USE_CPU_ENGINE=1 .engin"): (
+        "starts the real SGLang server from .engines/sglang (built by .ci/sglang.sh); "
+        "tests/real_engines/sglang runs exactly this"
+    ),
     ("docs/fault-tolerance.md", "python benchmarks/bench_soak.p"): (
         "10,000 trajectories at concurrency 512, minutes of CPU; the figures it wrote are in "
         "benchmarks/results/soak.json"

@@ -242,6 +242,10 @@ class GenerateResult:
     completion_tokens: int
     cached_tokens: int = 0
     weight_version: str = "default"
+    weight_spans: tuple[tuple[int, int, str], ...] = ()
+    """``(start, end, version)`` over ``output_ids`` when the server reports which weights
+    sampled which tokens (SGLang's ``meta_info.weight_versions``: a request paused in place
+    across a weight update has two); empty: every token is ``weight_version``'s."""
     text: str | None = None
     e2e_latency: float | None = None
     server_url: str | None = None

@@ -345,6 +345,25 @@ def _e2e(meta: dict[str, Any]) -> float | None:
     return latency if math.isfinite(latency) else None
 
 
+def _weight_spans(raw: object, length: int) -> tuple[tuple[int, int, str], ...]:
+    """SGLang's ``meta_info.weight_versions`` (``[{"version", "start", "end"}]``) as spans;
+    () when absent, or when they do not tile ``output_ids`` (then ``weight_version``
+    labels the answer, as for servers that do not report spans)."""
+    if not isinstance(raw, list):
+        return ()
+    spans: list[tuple[int, int, str]] = []
+    for item in raw:
+        if not isinstance(item, dict):
+            return ()
+        start, end, version = item.get("start"), item.get("end"), item.get("version")
+        if not (isinstance(start, int) and isinstance(end, int) and version is not None):
+            return ()
+        spans.append((start, end, str(version)))
+    ends = [0] + [e for _, e, _ in spans]
+    tiled = [s for s, _, _ in spans] == ends[:-1] and ends[-1] == length
+    return tuple(spans) if tiled and length else ()
+
+
 def _build_result(
     *,
     rid: str,
@@ -371,6 +390,7 @@ def _build_result(
         completion_tokens=_opt_int(meta, "completion_tokens", len(ids)),
         cached_tokens=_opt_int(meta, "cached_tokens", 0),
         weight_version="default" if weight_version is None else str(weight_version),
+        weight_spans=_weight_spans(meta.get("weight_versions"), len(ids)),
         text=text,
         e2e_latency=_e2e(meta),
         server_url=server_url,

@@ -202,7 +202,10 @@ class TrajectoryState:
         c.model_tokens += len(ids)
         c.cached_tokens += result.cached_tokens
         c.weight_version = result.weight_version
-        t.segments.append((start, start + len(ids), result.weight_version))
+        if result.weight_spans:  # the server says which weights sampled which tokens
+            t.segments.extend((start + a, start + b, v) for a, b, v in result.weight_spans)
+        else:
+            t.segments.append((start, start + len(ids), result.weight_version))
         turn_ids = span.ids if continuing else tuple(ids)
         text, turn = self._parse_model_turn(turn_ids) if parsed is None else parsed
         family = self.services.chat.family

@@ -12,9 +12,11 @@ silently. These are the same calls, with the same return types, as on every othe
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -31,6 +33,7 @@ from .._control import (
     ServerWeightUpdate,
     WeightUpdate,
 )
+from .._types import SamplingParams
 from ._transport import _Transport
 
 __all__: list[str] = []
@@ -120,6 +123,33 @@ class _ControlPlane(_Transport):
         answers = await self._gather("info", one)
         return EngineInfo.merge(tuple(answers[url] for url in self._router.urls))
 
+    async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
+        """Why some server's logprobs are not the checkpoint's, or None (see ``Engine``).
+
+        SGLang's logprobs are ``log_softmax(logits / temperature)`` of the model it serves,
+        whatever the sampling settings; they differ from a trainer's recompute when it
+        serves the weights in a narrower dtype than the checkpoint's: ``--dtype auto``
+        (the default) serves a float32 checkpoint in float16 (bfloat16 for Gemma), which
+        moved logprobs by up to 0.016 on the demo model. ``/server_info`` reports the
+        ``--dtype`` flag, not the dtype it resolved to; the checkpoint's dtype is read from
+        the ``config.json`` under the ``model_path`` it reports. Where that folder is not on
+        this machine, a narrow or ``auto`` dtype is logged as unchecked, not refused.
+        """
+        del sampling  # SGLang's logprob definition does not depend on it
+
+        async def one(url: str) -> str | None:
+            try:
+                server = await self._get_info(url, _SERVER_INFO)
+            except EngineRequestRejected as exc:
+                if exc.status_code == 404:
+                    return None  # no /server_info: not SGLang, nothing to judge it by
+                raise
+            return served_dtype_mismatch(url, server)
+
+        answers = await self._gather("logprob_mismatch", one)
+        reasons = [answers[url] for url in self._router.urls if answers[url] is not None]
+        return "; ".join(r for r in reasons if r) or None
+
     async def flush_cache(self) -> bool:
         """Flush the prefix cache on every server (after a weight update).
 
@@ -183,26 +213,59 @@ class _ControlPlane(_Transport):
             body["weight_version"] = weight_version
         if load_format is not None:
             body["load_format"] = load_format
-        responses = await self._on_every_server("POST", "/update_weights_from_disk", body)
-        answers: list[ServerWeightUpdate] = []
-        for url in self._router.urls:
-            response = responses[url]
-            data = _wire.parse_json(response.content, what=f"update_weights_from_disk on {url}")
+
+        async def one(url: str) -> ServerWeightUpdate:
+            send = functools.partial(
+                self._request_once, url, "POST", "/update_weights_from_disk", json_body=body
+            )
+            try:
+                response = await self._retrying(f"POST {url}/update_weights_from_disk", send)
+                data = _wire.parse_json(response.content, what=f"update_weights_from_disk on {url}")
+                status = response.status_code
+            except EngineRequestRejected as exc:
+                # SGLang answers 400 when the weights were loaded but the cache could not be
+                # flushed (requests paused in place or retracted are still queued).
+                if not (flush_cache and await self._applied_unflushed(url, weight_version, exc)):
+                    raise
+                data, status = {"success": True, "message": str(exc)}, exc.status_code
             if not isinstance(data, dict) or data.get("success") is not True:
                 message = data.get("message") if isinstance(data, dict) else data
                 raise EngineRequestRejected(
                     f"{url} could not update its weights from {path!r}: {message}",
-                    status_code=response.status_code,
+                    status_code=status,
                 )
             paused = data.get("num_paused_requests")
-            answers.append(
-                ServerWeightUpdate(
-                    url=url,
-                    message=str(data.get("message") or ""),
-                    num_paused_requests=paused if isinstance(paused, int) else 0,
-                )
+            return ServerWeightUpdate(
+                url=url,
+                message=str(data.get("message") or ""),
+                num_paused_requests=paused if isinstance(paused, int) else 0,
             )
+
+        answered = await self._gather("/update_weights_from_disk", one)
+        answers = [answered[url] for url in self._router.urls]
         return WeightUpdate(model_path=path, weight_version=weight_version, servers=tuple(answers))
+
+    async def _applied_unflushed(
+        self, url: str, weight_version: str | None, refusal: EngineRequestRejected
+    ) -> bool:
+        """Whether a ``success: false`` answer is SGLang's "weights were updated, but the
+        cache was not flushed" (requests paused in place or retracted are still queued):
+        the server then serves ``weight_version`` already, as its scheduler reports in
+        ``/server_info`` (its ``/model_info`` still names the old one). Logged, with what
+        to do."""
+        if weight_version is None:
+            return False
+        server = await self._get_info(url, _SERVER_INFO)
+        if _scheduler_version(server) != weight_version:
+            return False
+        logger.warning(
+            "%s loaded %s but kept its prefix cache (%s): call flush_cache() once the "
+            "paused requests have finished, or new requests may reuse KV of the old weights",
+            url,
+            weight_version,
+            refusal,
+        )
+        return True
 
     async def _on_every_server(
         self, method: str, path: str, body: Any
@@ -271,6 +334,19 @@ def _as_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _scheduler_version(server: dict[str, Any]) -> str | None:
+    """The weight version SGLang's scheduler labels results with (``/server_info``'s
+    ``internal_states``), when every DP rank reports the same one. After an update that
+    could not flush the cache, it is the new version while ``/model_info`` and the
+    top-level ``weight_version`` still name the old one."""
+    states = server.get("internal_states")
+    if not isinstance(states, list) or not states:
+        return None
+    versions = {s.get("weight_version") if isinstance(s, dict) else None for s in states}
+    version = versions.pop() if len(versions) == 1 else None
+    return version if isinstance(version, str) else None
+
+
 def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> ServerInfo:
     """One server's :class:`ServerInfo` from its ``/model_info`` and ``/server_info``."""
 
@@ -281,6 +357,7 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
                 return value
         return None
 
+    scheduler = _scheduler_version(server)
     length = _as_int(server.get("context_length"))
     if length is None:
         longest_input = _as_int(server.get("max_req_input_len"))
@@ -288,7 +365,7 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
     return ServerInfo(
         url=url,
         model_path=text("model_path"),
-        weight_version=text("weight_version"),
+        weight_version=scheduler if scheduler is not None else text("weight_version"),
         context_length=length,
         vision=model.get("has_image_understanding") is True,
         # toolrollout serve speaks SGLang's API and says so in /server_info.
@@ -296,3 +373,60 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
         engine_version=text("version"),
         dtype=text("dtype"),
     )
+
+
+_FULL = frozenset({"float32", "float", "fp32"})
+_CONFIG_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
+                  "bfloat16": "bfloat16"}  # fmt: skip
+
+
+def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
+    """One line when ``server`` (its ``/server_info``) serves a float32 checkpoint narrower.
+
+    SGLang resolves ``--dtype auto`` as ``model_config._get_and_verify_dtype`` does: a
+    float32 checkpoint is served in float16 (bfloat16 for Gemma), any other in its own
+    dtype. A server that reports no ``dtype`` (not SGLang) is not judged.
+    """
+    flag = server.get("dtype")
+    if not isinstance(flag, str) or flag.lower() in _FULL:
+        return None
+    model_path = server.get("model_path")
+    checkpoint = _checkpoint(model_path) if isinstance(model_path, str) else None
+    if checkpoint is None:
+        logger.warning(
+            "%s serves with --dtype %s and its checkpoint's dtype could not be read here "
+            "(%s): logprob exactness unchecked (start it with --dtype float32 for a float32 "
+            "checkpoint)",
+            url,
+            flag,
+            model_path,
+        )
+        return None
+    dtype, model_type = checkpoint
+    if dtype != "float32":
+        return None  # served in its own half dtype (auto), or cast between halves
+    served = flag.lower()
+    if served == "auto":
+        served = "bfloat16" if model_type.startswith("gemma") else "float16"
+    return (
+        f"{url} serves the float32 checkpoint {model_path} in {served} (--dtype {flag}), "
+        "so its logprobs are not the float32 model's: start it with --dtype float32"
+    )
+
+
+def _checkpoint(model_path: str) -> tuple[str, str] | None:
+    """The dtype and model type in ``model_path``'s ``config.json`` (float32 when it names
+    no dtype, as SGLang assumes), or None when the folder is not readable here."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    model_type = str(config.get("model_type") or "")
+    text = config.get("text_config")
+    for source in (config, text if isinstance(text, dict) else {}):
+        value = source.get("dtype") or source.get("torch_dtype")
+        if isinstance(value, str):
+            return _CONFIG_DTYPES.get(value.removeprefix("torch."), value), model_type
+    return "float32", model_type
