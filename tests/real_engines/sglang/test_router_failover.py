@@ -1,6 +1,10 @@
 """``toolrollout generate`` on two real SGLang workers behind PyPI's real sglang-router,
 with one worker killed (SIGKILL to its whole process group) in the middle of the run.
 
+The router runs with its own retries off: the requests in flight on the dead worker come
+back to the client as errors, and toolrollout's retries (through the router, which drops
+the dead worker) must carry every trajectory to its end.
+
 The worker is frozen with SIGSTOP as soon as it holds requests, so the run cannot end
 before the kill lands and its requests are in flight when it does (as in
 tests/faults/test_chaos_engines.py, which does the same to ``toolrollout serve``). What
@@ -62,6 +66,9 @@ def routed(
             [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
              "--port", str(port), "--worker-urls", *(w.url for w in workers),
              "--policy", "round_robin", "--log-level", "warn",
+             # the router would resend a failed request to the other worker itself; without
+             # that, toolrollout's own retries are what carries the run through the kill
+             "--disable-retries",
              # its metrics listener defaults to 0.0.0.0:29000; a free loopback port instead
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())],
             stdout=(logs / "router.log").open("wb"), stderr=subprocess.STDOUT,
