@@ -28,10 +28,10 @@ import httpx
 import pytest
 
 from tests._processes import free_port, stop, wait_http
-from tests.real_engines.sglang._launch import SGLangServer
+from tests.real_engines.sglang._launch import LIMIT, SGLangServer
 from toolrollout.rollout import read_rows
 
-pytestmark = [pytest.mark.real_engine, pytest.mark.router, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.real_engine, pytest.mark.router, pytest.mark.timeout(LIMIT)]
 
 PROMPTS, SAMPLES = 12, 2
 RUN = ["--limit", str(PROMPTS), "--n", str(SAMPLES), "--seed", "5", "--max-turns", "3",

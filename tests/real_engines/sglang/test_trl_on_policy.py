@@ -18,10 +18,10 @@ import anyio
 import pytest
 
 from tests.integrations.test_trl_weight_sync import STEPS, _check_on_policy, _train
-from tests.real_engines.sglang._launch import DEMO_MODEL, SGLangServer
+from tests.real_engines.sglang._launch import DEMO_MODEL, LIMIT, SGLangServer
 from toolrollout.engines import SGLangClient
 
-pytestmark = [pytest.mark.real_engine, pytest.mark.slow]
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(LIMIT)]
 
 
 async def _restore(url: str, version: str) -> None:
