@@ -87,6 +87,7 @@ def _since(start: tuple[float, float]) -> dict[str, float]:
 async def _worker_toolrollout(cfg: dict[str, Any], url: str, recorded: Turns) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
+    from toolrollout.apps.bench import ToolLatency
     from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
     from toolrollout.engines import SamplingParams, SGLangClient, connection_limits
     from toolrollout.rollout import RolloutConfig
@@ -109,6 +110,8 @@ async def _worker_toolrollout(cfg: dict[str, Any], url: str, recorded: Turns) ->
         started = _clock()
         trajectories = await runner.run(rows)
         measured = _since(started)
+    latency = ToolLatency(median=cfg["tool_median"], sigma=cfg["tool_sigma"])
+    chains = [_tool_chain_s(t.messages, latency) for t in trajectories]
     turns: Turns = []
     for t in trajectories:
         ids, mine = list(t.prompt_ids), []
@@ -125,8 +128,24 @@ async def _worker_toolrollout(cfg: dict[str, Any], url: str, recorded: Turns) ->
         "tool_calls": sum(t.num_tool_calls for t in trajectories),
         "generated_tokens": sum(int(t.metrics["model_tokens"]) for t in trajectories),
         "failed": sum(1 for t in trajectories if t.failed),
+        "longest_tool_chain_s": max(chains, default=0.0),
         **measured,
     }
+
+
+def _tool_chain_s(messages: Any, latency: Any) -> float:
+    """Seconds one trajectory's own tool calls wait in a row (its calls of a turn run at
+    once): no client can finish it sooner, however fast the engine."""
+    total = 0.0
+    for message in messages:
+        waits = [
+            latency.sample(json.loads(call["function"]["arguments"]).get("expression", ""))
+            if isinstance(call["function"]["arguments"], str)
+            else latency.sample(call["function"]["arguments"].get("expression", ""))
+            for call in message.get("tool_calls") or ()
+        ]
+        total += max(waits, default=0.0)
+    return total
 
 
 async def _worker_lockstep(cfg: dict[str, Any], url: str, recorded: Turns) -> dict[str, Any]:
@@ -187,6 +206,7 @@ async def _worker_verifiers(cfg: dict[str, Any], url: str, recorded: Turns) -> d
     """verifiers' ToolEnv over /v1/chat/completions (in verifiers' own virtualenv)."""
     import logging
 
+    import httpx
     import verifiers as vf
     from datasets import Dataset
     from openai import AsyncOpenAI
@@ -220,7 +240,12 @@ async def _worker_verifiers(cfg: dict[str, Any], url: str, recorded: Turns) -> d
         score_rollouts=False,
         dataset=Dataset.from_list(inputs),
     )
-    openai_client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    openai_client = AsyncOpenAI(
+        base_url=f"{url}/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=httpx.AsyncClient(transport=_OpenAIMetadata(), timeout=600.0),
+    )
     client = OpenAIChatCompletionsClient(openai_client)
     started = _clock()
     results = await env.generate(
@@ -244,6 +269,7 @@ async def _worker_verifiers(cfg: dict[str, Any], url: str, recorded: Turns) -> d
         usage = output.get("token_usage") or {}
         tokens += int(usage.get("output_tokens", usage.get("completion_tokens", 0)) or 0)
         errors += bool(output.get("error"))
+    first_error = next((str(o["error"]) for o in outputs if o.get("error")), "")
     return {
         "trajectories": len(outputs),
         "completed": sum(1 for o in outputs if o.get("is_completed") and not o.get("error")),
@@ -251,9 +277,50 @@ async def _worker_verifiers(cfg: dict[str, Any], url: str, recorded: Turns) -> d
         "tool_calls": calls,
         "generated_tokens": tokens,
         "failed": errors,
-        "note": f"verifiers {getattr(vf, '__version__', '?')} ToolEnv, /v1/chat/completions",
+        "note": f"verifiers {getattr(vf, '__version__', '?')} ToolEnv, /v1/chat/completions"
+        + (f"; first error: {first_error[:300]}" if first_error else ""),
         **measured,
     }
+
+
+class _OpenAIMetadata:
+    """An httpx transport between verifiers and SGLang 0.5.23 that changes two things.
+
+    * Answers: SGLang puts the weight-version spans (a list) in ``metadata``, which the
+      OpenAI SDK types as strings only; verifiers validates the answer and failed every
+      rollout on it. That one key is dropped (the version string stays).
+    * Requests: verifiers marks every tool ``strict``, and SGLang then constrains the
+      call's decoding with a grammar; the demo model ran to ``max_tokens`` with empty
+      content on every first turn. ``strict`` is dropped, so the server samples as it
+      does for toolrollout and lock-step (no constrained decoding)."""
+
+    def __init__(self) -> None:
+        import httpx
+
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: Any) -> Any:
+        import httpx
+
+        sent = json.loads(request.content) if request.content.startswith(b"{") else None
+        if isinstance(sent, dict) and sent.get("tools"):
+            for tool in sent["tools"]:
+                tool.get("function", {}).pop("strict", None)
+            headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-length"]
+            request = httpx.Request(
+                request.method, request.url, headers=headers, content=json.dumps(sent).encode()
+            )
+        response = await self._inner.handle_async_request(request)
+        body = await response.aread()
+        data = json.loads(body) if body.startswith(b"{") else None
+        if isinstance(data, dict) and isinstance(data.get("metadata"), dict):
+            data["metadata"].pop("weight_versions", None)
+            body = json.dumps(data).encode()
+        headers = [(k, v) for k, v in response.headers.items() if k.lower() != "content-length"]
+        return httpx.Response(response.status_code, headers=headers, content=body)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 WORKERS = {
