@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("toolrollout", "lockstep", "verifiers", "engine-only")
@@ -244,7 +244,9 @@ async def _worker_verifiers(cfg: dict[str, Any], url: str, recorded: Turns) -> d
         base_url=f"{url}/v1",
         api_key="unused",
         max_retries=0,
-        http_client=httpx.AsyncClient(transport=_OpenAIMetadata(), timeout=600.0),
+        # openai 3.x types this as httpx2's client; httpx's, which it also drives, is the one
+        # the published run used
+        http_client=cast(Any, httpx.AsyncClient(transport=_openai_metadata(), timeout=600.0)),
     )
     client = OpenAIChatCompletionsClient(openai_client)
     started = _clock()
@@ -283,7 +285,7 @@ async def _worker_verifiers(cfg: dict[str, Any], url: str, recorded: Turns) -> d
     }
 
 
-class _OpenAIMetadata:
+def _openai_metadata() -> Any:
     """An httpx transport between verifiers and SGLang 0.5.23 that changes two things.
 
     * Answers: SGLang puts the weight-version spans (a list) in ``metadata``, which the
@@ -293,34 +295,36 @@ class _OpenAIMetadata:
       call's decoding with a grammar; the demo model ran to ``max_tokens`` with empty
       content on every first turn. ``strict`` is dropped, so the server samples as it
       does for toolrollout and lock-step (no constrained decoding)."""
+    import httpx
 
-    def __init__(self) -> None:
-        import httpx
+    class OpenAIMetadata(httpx.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self._inner = httpx.AsyncHTTPTransport()
 
-        self._inner = httpx.AsyncHTTPTransport()
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            sent = json.loads(request.content) if request.content.startswith(b"{") else None
+            if isinstance(sent, dict) and sent.get("tools"):
+                for tool in sent["tools"]:
+                    tool.get("function", {}).pop("strict", None)
+                headers = [
+                    (k, v) for k, v in request.headers.items() if k.lower() != "content-length"
+                ]
+                request = httpx.Request(
+                    request.method, request.url, headers=headers, content=json.dumps(sent).encode()
+                )
+            response = await self._inner.handle_async_request(request)
+            body = await response.aread()
+            data = json.loads(body) if body.startswith(b"{") else None
+            if isinstance(data, dict) and isinstance(data.get("metadata"), dict):
+                data["metadata"].pop("weight_versions", None)
+                body = json.dumps(data).encode()
+            headers = [(k, v) for k, v in response.headers.items() if k.lower() != "content-length"]
+            return httpx.Response(response.status_code, headers=headers, content=body)
 
-    async def handle_async_request(self, request: Any) -> Any:
-        import httpx
+        async def aclose(self) -> None:
+            await self._inner.aclose()
 
-        sent = json.loads(request.content) if request.content.startswith(b"{") else None
-        if isinstance(sent, dict) and sent.get("tools"):
-            for tool in sent["tools"]:
-                tool.get("function", {}).pop("strict", None)
-            headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-length"]
-            request = httpx.Request(
-                request.method, request.url, headers=headers, content=json.dumps(sent).encode()
-            )
-        response = await self._inner.handle_async_request(request)
-        body = await response.aread()
-        data = json.loads(body) if body.startswith(b"{") else None
-        if isinstance(data, dict) and isinstance(data.get("metadata"), dict):
-            data["metadata"].pop("weight_versions", None)
-            body = json.dumps(data).encode()
-        headers = [(k, v) for k, v in response.headers.items() if k.lower() != "content-length"]
-        return httpx.Response(response.status_code, headers=headers, content=body)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+    return OpenAIMetadata()
 
 
 WORKERS = {

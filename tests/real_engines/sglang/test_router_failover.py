@@ -40,13 +40,6 @@ RUN = ["--limit", str(PROMPTS), "--n", str(SAMPLES), "--seed", "5", "--max-turns
 KEYS = [(p, s) for p in range(PROMPTS) for s in range(SAMPLES)]
 
 
-WORKER_ARGS = ("--mem-fraction-static", "0.5")
-"""On a CPU SGLang counts whatever else the machine allocated while it loaded the weights
-as the weights' memory; two servers starting at once on a busy machine then fail with
-"Loaded weights leave no GPU memory for the KV cache" under the launcher's 0.05. The KV
-pool stays at the launcher's --max-total-tokens either way."""
-
-
 @pytest.fixture(scope="module")
 def routed(
     start_sglang: Callable[..., AbstractContextManager[SGLangServer]],
@@ -56,10 +49,7 @@ def routed(
     logs = tmp_path_factory.mktemp("router")
     with ExitStack() as stack:
         with ThreadPoolExecutor(2) as pool:
-            starting = [
-                pool.submit(stack.enter_context, start_sglang(extra_args=WORKER_ARGS))
-                for _ in range(2)
-            ]
+            starting = [pool.submit(stack.enter_context, start_sglang()) for _ in range(2)]
         workers = [f.result() for f in starting]
         port = free_port()
         router = subprocess.Popen(
