@@ -24,7 +24,7 @@ from __future__ import annotations
 import gc
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +37,11 @@ from ._model import DriverSpec, Workload, worker_flags
 from ._tools import LookupClient
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
-    from toolrollout.engines import SGLangClient
+    from toolrollout.engines import SamplingParams, SGLangClient
     from toolrollout.rollout import RolloutConfig, Trajectory
+    from toolrollout.tools import Tool
 
-__all__ = ["lag_summary", "run_driver"]
+__all__ = ["lag_summary", "lockstep_rollout", "run_driver"]
 
 
 def _clock() -> tuple[float, float]:
@@ -244,19 +245,48 @@ class _LockstepState:
 
 
 async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    from toolrollout.chat import ChatFormat, get_tool_parser
-    from toolrollout.engines import GenerateRequest, GenerateResult, SamplingParams
-    from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
+    from toolrollout.engines import SamplingParams
 
     lookup = LookupClient(spec.tool_url)
-    executor = ToolExecutor([lookup.tool()])
+    sampling = SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0)
+    async with _engine_client(spec) as client:
+        started = _clock()
+        counts = await lockstep_rollout(
+            client, tokenizer, lookup.tool(), workload.rows(), sampling, workload.max_turns
+        )
+        measured = _since(started)
+    await lookup.aclose()
+    tool_errors = counts.pop("tool_errors")
+    return {
+        **counts,
+        **measured,
+        "note": f"turn-synchronous batches (TRL-style); tool errors {tool_errors}",
+    }
+
+
+async def lockstep_rollout(
+    client: SGLangClient,
+    tokenizer: Any,
+    tool: Tool,
+    rows: Sequence[Mapping[str, Any]],
+    sampling: SamplingParams,
+    max_turns: int,
+) -> dict[str, int]:
+    """Turn-synchronous rollouts (how TRL's built-in tool loop proceeds): every trajectory
+    waits for the whole batch's generations, then for the whole batch's tool calls, before
+    its next turn. The same chat format, parser, client and tool as toolrollout's; returns
+    the counts (trajectories, completed, turns, generated and cached tokens, tool errors)."""
+    from toolrollout.chat import ChatFormat, get_tool_parser
+    from toolrollout.engines import GenerateRequest, GenerateResult
+    from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
+
+    executor = ToolExecutor([tool])
     chat = ChatFormat(tokenizer, tools=executor.schemas())
     parser = get_tool_parser("qwen25")
-    sampling = SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0)
     results: dict[int, GenerateResult] = {}
     outputs: dict[int, list[ToolResult]] = {}
 
-    async def generate(client: SGLangClient, i: int, state: _LockstepState, turn: int) -> None:
+    async def generate(i: int, state: _LockstepState, turn: int) -> None:
         request = GenerateRequest(
             input_ids=state.ids, sampling=sampling, rid=f"ls{i}-t{turn}", session_id=f"ls{i}"
         )
@@ -266,74 +296,69 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
         outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
 
     tool_errors = 0
-    async with _engine_client(spec) as client:
-        started = _clock()
-        states = []
-        for row in workload.rows():
-            messages = [dict(m) for m in row["messages"]]
-            states.append(_LockstepState(messages, chat.render_prompt(messages)))
-        for turn in range(workload.max_turns):
-            active = [(i, s) for i, s in enumerate(states) if not s.done]
-            if not active:
-                break
-            results.clear()
-            async with anyio.create_task_group() as tg:  # barrier 1: every generation
-                for i, state in active:
-                    tg.start_soon(generate, client, i, state, turn)
-            pending: list[tuple[int, _LockstepState, list[ToolCallRequest]]] = []
+    states = []
+    for row in rows:
+        messages = [dict(m) for m in row["messages"]]
+        states.append(_LockstepState(messages, chat.render_prompt(messages)))
+    for turn in range(max_turns):
+        active = [(i, s) for i, s in enumerate(states) if not s.done]
+        if not active:
+            break
+        results.clear()
+        async with anyio.create_task_group() as tg:  # barrier 1: every generation
             for i, state in active:
-                result = results[i]
-                state.ids.extend(result.output_ids)
-                state.turns += 1
-                state.tokens += len(result.output_ids)
-                state.cached += result.cached_tokens
-                text = chat.model_text(result.output_ids)
-                parsed = parser.parse(text)
-                if not parsed.tool_calls or result.finish_reason.type != "stop":
-                    state.done = True
-                    state.completed = result.finish_reason.type == "stop"
-                    continue
-                state.messages.append(
-                    {
-                        "role": "assistant",
-                        "content": parsed.content,
-                        "tool_calls": [
-                            {
-                                "id": c.id,
-                                "type": "function",
-                                "function": {"name": c.name, "arguments": c.arguments},
-                            }
-                            for c in parsed.tool_calls
-                        ],
-                    }
-                )
-                calls = [
-                    ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id)
-                    for c in parsed.tool_calls
-                ]
-                pending.append((i, state, calls))
-            outputs.clear()
-            async with anyio.create_task_group() as tg:  # barrier 2: every tool call
-                for i, _, calls in pending:
-                    tg.start_soon(tools, i, calls)
-            for i, state, calls in pending:
-                tool_errors += sum(1 for r in outputs[i] if r.is_error)
-                tool_messages = [
-                    {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
-                    for c, r in zip(calls, outputs[i], strict=True)
-                ]
-                state.ids.extend(chat.tool_turn_delta(state.messages, tool_messages))
-                state.messages.extend(tool_messages)
-        measured = _since(started)
-    await lookup.aclose()
+                tg.start_soon(generate, i, state, turn)
+        pending: list[tuple[int, _LockstepState, list[ToolCallRequest]]] = []
+        for i, state in active:
+            result = results[i]
+            state.ids.extend(result.output_ids)
+            state.turns += 1
+            state.tokens += len(result.output_ids)
+            state.cached += result.cached_tokens
+            text = chat.model_text(result.output_ids)
+            parsed = parser.parse(text)
+            if not parsed.tool_calls or result.finish_reason.type != "stop":
+                state.done = True
+                state.completed = result.finish_reason.type == "stop"
+                continue
+            state.messages.append(
+                {
+                    "role": "assistant",
+                    "content": parsed.content,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        }
+                        for c in parsed.tool_calls
+                    ],
+                }
+            )
+            calls = [
+                ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id)
+                for c in parsed.tool_calls
+            ]
+            pending.append((i, state, calls))
+        outputs.clear()
+        async with anyio.create_task_group() as tg:  # barrier 2: every tool call
+            for i, _, calls in pending:
+                tg.start_soon(tools, i, calls)
+        for i, state, calls in pending:
+            tool_errors += sum(1 for r in outputs[i] if r.is_error)
+            tool_messages = [
+                {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
+                for c, r in zip(calls, outputs[i], strict=True)
+            ]
+            state.ids.extend(chat.tool_turn_delta(state.messages, tool_messages))
+            state.messages.extend(tool_messages)
     return {
         "trajectories": len(states),
         "completed": sum(1 for s in states if s.completed),
         "turns": sum(s.turns for s in states),
         "generated_tokens": sum(s.tokens for s in states),
         "cached_tokens": sum(s.cached for s in states),
-        **measured,
-        "note": f"turn-synchronous batches (TRL-style); tool errors {tool_errors}",
+        "tool_errors": tool_errors,
     }
 
 
