@@ -336,7 +336,7 @@ class RolloutRunner:
             raise UserError(f"got {len(group_ids)} group_ids for {len(rows)} prompts")
         return list(group_ids)
 
-    def _rewards(self, truths: Iterable[object]) -> Callable[[Trajectory], Any]:
+    def _rewards(self, truths: Iterable[object]) -> list[WeightedReward]:
         """The call's reward: the given terms, or for ``"auto"`` those its truths call for."""
         terms = self._reward_terms
         if terms == "auto":
