@@ -212,6 +212,8 @@ class HTTPClient(_Transport, Engine):
             transport=transport if transport is not None else self._raw,
         )
         self._inflight: dict[str, _InFlight] = {}
+        self._dead: dict[str, str] = {}
+        """Servers no call may reach any more, with the reason (see :meth:`_mark_dead`)."""
         self._urls: dict[tuple[str, str], httpx.URL] = {}
         self._raw_urls: dict[tuple[str, str], URL] = {}
         self._total = 0
@@ -259,7 +261,7 @@ class HTTPClient(_Transport, Engine):
             logger.debug("abort(%r): no such request in flight; ignored", rid)
             return
         entry.aborted = True
-        if entry.server is None:
+        if entry.server is None or entry.server in self._dead:
             return  # not sent yet: the pending call returns an empty aborted result
         if self._abort_urls is not None:
             async with anyio.create_task_group() as tg:
@@ -376,7 +378,9 @@ class HTTPClient(_Transport, Engine):
         """Pick the server for attempt ``number`` and give the request ids their wire form."""
         if any(e.aborted for e in entries) and len(entries) == 1:
             raise _AbortedBeforeSend("aborted before it was sent")
-        url = self._router.pick(session_id, avoid=avoid)
+        url = self._router.pick(session_id, avoid=avoid | self._dead.keys())
+        if url in self._dead:
+            raise EngineUnavailable(self._dead[url])
         for entry in entries:
             entry.server = url
             entry.wire_rid = entry.rid if number == 1 else f"{entry.rid}-retry{number - 1}"
@@ -486,6 +490,8 @@ class HTTPClient(_Transport, Engine):
 
         async def one(url: str) -> None:
             try:
+                if url in self._dead:
+                    raise EngineUnavailable(self._dead[url])
                 results[url] = await call(url)
             except EngineError as exc:
                 errors[url] = exc
@@ -524,6 +530,34 @@ class HTTPClient(_Transport, Engine):
                 raise EngineError(f"GET {target}{path}: expected a JSON object, got {data!r}")
             return data
         raise AssertionError("unreachable: the last path either returns or raises")
+
+    async def server_kind(self, url: str) -> str:
+        """``"vllm"`` or ``"sglang"``: who answers at ``url``, from ``GET /v1/models``
+        (vLLM's cards say ``owned_by: vllm``) or, where that is missing, ``/server_info``
+        (vLLM's holds ``vllm_config``). Anything else speaks SGLang's API (SGLang,
+        sglang-router, ``toolrollout serve``)."""
+        for path in ("/v1/models", "/server_info"):
+            try:
+                data = await self._get_info(url, (path,))
+            except EngineRequestRejected:
+                continue
+            cards = data.get("data")
+            if isinstance(cards, list) and any(
+                isinstance(card, dict) and card.get("owned_by") == "vllm" for card in cards
+            ):
+                return "vllm"
+            if "vllm_config" in data:
+                return "vllm"
+            if path == "/v1/models" and isinstance(cards, list):
+                return "sglang"
+        return "sglang"
+
+    def _mark_dead(self, url: str, reason: str) -> None:
+        """Send nothing more to ``url``: every later call that would reach it raises
+        :class:`EngineUnavailable` with ``reason`` (a server left in a state where its
+        next request would crash it, or serve weights nobody asked for)."""
+        self._dead[url] = reason
+        logger.error("%s: %s", type(self).__name__, reason)
 
     # ------------------------------------------------------------------ wire format
 
