@@ -61,7 +61,9 @@ async def until_generating(engine: VLLMClient, tokens: int = 8) -> None:
     """Wait until the server has generated ``tokens`` more tokens (a request is decoding)."""
     start = (await engine.metrics()).get("vllm:generation_tokens_total", 0.0)
     with anyio.fail_after(120):
-        while (await engine.metrics()).get("vllm:generation_tokens_total", 0.0) < start + tokens:
+        while True:
+            if (await engine.metrics()).get("vllm:generation_tokens_total", 0.0) >= start + tokens:
+                return
             await anyio.sleep(0.05)
 
 
