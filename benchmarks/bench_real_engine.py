@@ -159,8 +159,8 @@ async def run_toolrollout(config: Config, tokenizer: Any) -> dict[str, Any]:
             runs.append((ids[: offset + start], end - start))
             start = end
         turns.append(runs)
-    Path(config.turns_file).write_text(json.dumps(turns))
     return {
+        "model_turns": turns,
         "trajectories": len(trajectories),
         "completed": sum(1 for t in trajectories if str(t.status) == "completed"),
         "turns": sum(t.num_turns for t in trajectories),
@@ -187,15 +187,22 @@ async def run_lockstep(config: Config, tokenizer: Any) -> dict[str, Any]:
     async with await _engine(config) as engine:
 
         async def generate(i: int, ids: list[int], turn: int) -> None:
-            seeded = sampling.__class__(**{**asdict(sampling), "seed": config.seed + 7919 * i + turn})
-            request = GenerateRequest(ids, sampling=seeded, rid=f"ls{i}-t{turn}", session_id=f"ls{i}")
+            seeded = sampling.__class__(
+                **{**asdict(sampling), "seed": config.seed + 7919 * i + turn}
+            )
+            request = GenerateRequest(
+                ids, sampling=seeded, rid=f"ls{i}-t{turn}", session_id=f"ls{i}"
+            )
             results[i] = await engine.generate(request)
 
         async def tools(i: int, calls: Sequence[ToolCallRequest]) -> None:
             outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
 
         started = _usage()
-        states = [([dict(m) for m in row["messages"]], chat.render_prompt(row["messages"])) for row in rows]
+        states = [
+            ([dict(m) for m in row["messages"]], chat.render_prompt(row["messages"]))
+            for row in rows
+        ]
         live = set(range(len(states)))
         for turn in range(config.max_turns):
             if not live:
@@ -219,13 +226,20 @@ async def run_lockstep(config: Config, tokenizer: Any) -> dict[str, Any]:
                 if turn == config.max_turns - 1:  # out of turns, as the runner ends it
                     live.discard(i)
                     continue
-                calls = [ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id) for c in parsed.tool_calls]
+                calls = [
+                    ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id)
+                    for c in parsed.tool_calls
+                ]
                 messages.append(
                     {
                         "role": "assistant",
                         "content": parsed.content,
                         "tool_calls": [
-                            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                            {
+                                "id": c.id,
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": c.arguments},
+                            }
                             for c in parsed.tool_calls
                         ],
                     }
@@ -255,11 +269,10 @@ async def run_lockstep(config: Config, tokenizer: Any) -> dict[str, Any]:
     }
 
 
-async def run_bound(config: Config, tokenizer: Any) -> dict[str, Any]:
+async def run_bound(config: Config, tokenizer: Any, recorded: Any = None) -> dict[str, Any]:
     """Toolrollout's own model turns again: exact inputs and lengths, no tools, no parsing."""
     from toolrollout.engines import GenerateRequest, SamplingParams
 
-    recorded: list[list[tuple[list[int], int]]] = json.loads(Path(config.turns_file).read_text())
     tokens = 0
 
     async with await _engine(config) as engine:
@@ -273,7 +286,9 @@ async def run_bound(config: Config, tokenizer: Any) -> dict[str, Any]:
                     ignore_eos=True,
                     seed=config.seed + turn,
                 )
-                result = await engine.generate(GenerateRequest(ids, sampling=sampling, rid=f"b{i}-t{turn}", session_id=f"b{i}"))
+                result = await engine.generate(
+                    GenerateRequest(ids, sampling=sampling, rid=f"b{i}-t{turn}", session_id=f"b{i}")
+                )
                 tokens += len(result.output_ids)
 
         started = _usage()
@@ -311,14 +326,18 @@ async def run_verifiers(config: Config, tokenizer: Any) -> dict[str, Any]:
         return await _slow_calculator(latency, expression)
 
     rows = [row for row in _rows(config) for _ in range(config.n)]
-    inputs = [{"prompt": row["messages"], "example_id": i, "answer": ""} for i, row in enumerate(rows)]
+    inputs = [
+        {"prompt": row["messages"], "example_id": i, "answer": ""} for i, row in enumerate(rows)
+    ]
     env = vf.ToolEnv(
         tools=[calculator],
         max_turns=config.max_turns,
         score_rollouts=False,
         dataset=Dataset.from_list(inputs),
     )
-    openai_client = AsyncOpenAI(base_url=f"{config.engine_url}/v1", api_key="unused", max_retries=0, timeout=600.0)
+    openai_client = AsyncOpenAI(
+        base_url=f"{config.engine_url}/v1", api_key="unused", max_retries=0, timeout=600.0
+    )
     served = (await openai_client.models.list()).data[0].id
     sampling = {"max_tokens": config.max_new_tokens, "temperature": config.temperature}
     started = _usage()
@@ -338,7 +357,9 @@ async def run_verifiers(config: Config, tokenizer: Any) -> dict[str, Any]:
     def role(m: Any) -> Any:
         return m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
 
-    turns = sum(sum(1 for m in (o.get("completion") or []) if role(m) == "assistant") for o in outputs)
+    turns = sum(
+        sum(1 for m in (o.get("completion") or []) if role(m) == "assistant") for o in outputs
+    )
     tools = sum(sum(1 for m in (o.get("completion") or []) if role(m) == "tool") for o in outputs)
     usage = [o.get("token_usage") or {} for o in outputs]
     return {
@@ -346,7 +367,9 @@ async def run_verifiers(config: Config, tokenizer: Any) -> dict[str, Any]:
         "completed": sum(1 for o in outputs if o.get("is_completed") and not o.get("error")),
         "turns": turns,
         "tool_calls": tools,
-        "generated_tokens": sum(int(u.get("output_tokens", u.get("completion_tokens", 0)) or 0) for u in usage),
+        "generated_tokens": sum(
+            int(u.get("output_tokens", u.get("completion_tokens", 0)) or 0) for u in usage
+        ),
         "errors": sum(1 for o in outputs if o.get("error")),
         **measured,
         "note": f"verifiers {getattr(vf, '__version__', '?')} ToolEnv over /v1/chat/completions",
@@ -357,8 +380,17 @@ def worker(mode: str, config: Config) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
-    run = {"toolrollout": run_toolrollout, "lockstep": run_lockstep, "verifiers": run_verifiers, "bound": run_bound}[mode]
-    result: dict[str, Any] = anyio.run(run, config, tokenizer)
+    run = {
+        "toolrollout": run_toolrollout,
+        "lockstep": run_lockstep,
+        "verifiers": run_verifiers,
+        "bound": run_bound,
+    }[mode]
+    if mode == "bound":
+        recorded = json.loads(Path(config.turns_file).read_text())
+        result: dict[str, Any] = anyio.run(run_bound, config, tokenizer, recorded)
+    else:
+        result = anyio.run(run, config, tokenizer)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
 
@@ -478,6 +510,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if done.returncode != 0:
             raise SystemExit(f"mode {mode} failed:\n{done.stderr[-4000:]}")
         report["results"][mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        if mode == "toolrollout":  # what the bound replays
+            turns_file.write_text(json.dumps(report["results"][mode].pop("model_turns")))
         print(f"{mode}: {report['results'][mode]}", file=sys.stderr, flush=True)
     turns_file.unlink(missing_ok=True)
     report["machine_after"] = _machine()

@@ -252,10 +252,11 @@ def trl_rollout_func(
     ``engine`` is an :class:`~toolrollout.Engine` or a server's URL: SGLang (or
     ``toolrollout serve``, sglang-router) or vLLM, told apart from the server's answers.
     ``tokenizer`` is the served model's Hugging Face tokenizer; do not also pass
-    ``tools=`` to the trainer (TRL then ignores ``env_mask`` and runs its own tool loop). ``interactions``, ``vision`` and ``model``
-    are :class:`TRLRolloutFunc`'s. ``family`` names the model family when its chat
-    template is not detected (``RolloutConfig.family``); ``chat_template_kwargs`` are
-    template variables such as ``{"enable_thinking": False}``.
+    ``tools=`` to the trainer (TRL then ignores ``env_mask`` and runs its own tool loop).
+    ``interactions``, ``vision`` and ``model`` are :class:`TRLRolloutFunc`'s. ``family``
+    names the model family when its chat template is not detected
+    (``RolloutConfig.family``); ``chat_template_kwargs`` are template variables such as
+    ``{"enable_thinking": False}``.
 
     ``weight_sync="auto"`` keeps the run on-policy with no user code: at the start of each
     call whose ``trainer.state.global_step`` differs from the step the engine serves, the

@@ -18,13 +18,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import openai
 import pytest
 from tests._processes import free_port, stop, wait_http
 
+from toolrollout import UserError
 from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
 from toolrollout.chat import ChatFormat, check_drift
+from toolrollout.engines._factory import connect
 from toolrollout.rollout import read_rows
 
 pytestmark = pytest.mark.real_engine
@@ -77,7 +80,8 @@ def test_generate_with_a_tool_config_writes_on_policy_rows(
 ) -> None:
     proc = toolrollout(
         "generate",
-        *("--engine-url", vllm_server.url, "--tool-config", str(ROOT / "tool_configs/calculator.yaml")),
+        *("--engine-url", vllm_server.url),
+        *("--tool-config", str(ROOT / "tool_configs" / "calculator.yaml")),
         *("--limit", "4", "--n", "2", "--max-turns", "3", "--max-new-tokens", "48"),
         *("--temperature", "0.7", "--seed", "0", "--out", "rows.parquet"),
         cwd=tmp_path,
@@ -165,3 +169,16 @@ def test_the_gateway_records_an_sdk_agent(
     chat = ChatFormat(demo_tokenizer, tools=[CALCULATOR_TOOL])
     assert check_drift(full_ids, row["messages"], chat_format=chat).expected
     assert largest_logprob_gap([row], 1.0) < PARITY
+
+
+def test_a_tied_models_reload_is_refused_on_a_cpu(vllm_server: Any) -> None:
+    """vLLM's CPU reload would keep the demo model's tied output head on its old weights
+    (tests/real_engines/vllm/test_trl_on_policy.py trains an untied copy instead)."""
+
+    async def reload() -> str | None:
+        async with await connect([vllm_server.url]) as engine:
+            with pytest.raises(UserError, match="ties the output head"):
+                await engine.update_weights_from_disk(DEMO_MODEL_PATH, weight_version="x")
+            return (await engine.info()).weight_version
+
+    assert anyio.run(reload) != "x"  # nothing was sent
