@@ -34,7 +34,7 @@ import httpx
 
 from ..._exceptions import EngineError, EngineRequestRejected, EngineUnavailable, UserError
 from .. import _wire as _common_wire
-from .._checkpoint import check_compatible, read_layout
+from .._checkpoint import check_compatible, checkpoint_dtype, read_layout
 from .._control import (
     PAUSE_MODES,
     EngineInfo,
@@ -255,8 +255,8 @@ class VLLMClient(HTTPClient):
             return None
         served = str(model.get("dtype", "")).removeprefix("torch.")
         folder = model.get("model")
-        checkpoint = _checkpoint_dtype(folder) if isinstance(folder, str) else None
-        if checkpoint == "float32" and served not in ("", "float32"):
+        checkpoint = checkpoint_dtype(folder) if isinstance(folder, str) else None
+        if checkpoint is not None and checkpoint[0] == "float32" and served not in ("", "float32"):
             return (
                 f"vLLM at {url} serves the float32 checkpoint {folder} in {served}: its "
                 "logprobs are not the float32 model's; start it with --dtype float32"
@@ -427,19 +427,6 @@ class VLLMClient(HTTPClient):
             await self._control(method, path, urls=alive)
         except EngineError as exc:
             logger.warning("%s on %s failed: %s", path, alive, exc)
-
-
-def _checkpoint_dtype(folder: str) -> str | None:
-    """The ``dtype`` (``torch_dtype`` before transformers 5) a checkpoint's config names;
-    None when the folder is not readable here (a server on another machine)."""
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    dtype = config.get("dtype", config.get("torch_dtype"))
-    return dtype if isinstance(dtype, str) else None
 
 
 def _success(response: httpx.Response) -> bool:
