@@ -45,6 +45,13 @@ PARITY = 1e-4
 """Engine logprob vs float32 teacher forcing of the same ids (measured: under 1e-5)."""
 
 
+@pytest.fixture(scope="module")
+def demo_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
+
+
 def toolrollout(*args: str, cwd: Path, timeout: float = 400) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "toolrollout", *args],
