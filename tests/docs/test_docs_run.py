@@ -55,6 +55,10 @@ import toolrollout
 from toolrollout._supervisor import dying_with_this_process
 
 NOT_RUN: dict[tuple[str, str], str] = {
+    ("docs/engines.md", "VLLM_SERVER_DEV_MODE=1 VLLM_CP"): (
+        "needs the vLLM virtualenv (.ci/vllm.sh) and a minute or two to start; "
+        "tests/real_engines/vllm run these commands"
+    ),
     (
         "docs/mcp.md",
         "from mcp.types import CreateMe",

@@ -40,6 +40,8 @@ from typing import Any
 
 import anyio
 
+from toolrollout.tools.calculator import CALCULATOR_TOOL
+
 __all__ = ["REAL_MODES", "RealBenchConfig", "plot_real", "run_real_benchmark"]
 
 REAL_MODES = ("toolrollout", "lockstep", "verifiers", "bound")
@@ -89,7 +91,6 @@ async def _slow_calculator(latency: Any, expression: str) -> str:
 def _tool(config: RealBenchConfig) -> Any:
     """The demo's calculator (its schema) with the benchmark's tool latency."""
     from toolrollout.tools import FunctionTool
-    from toolrollout.tools.calculator import CALCULATOR_TOOL
 
     latency = _latency(config)
 
@@ -455,6 +456,26 @@ def plot_real(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+async def _warm_up(config: RealBenchConfig) -> float:
+    """Every trajectory's first turn once, unmeasured: a server's first batches of a size
+    are slow (seen on vLLM's CPU build: ~30 s for the first), and the first mode would pay."""
+    from transformers import AutoTokenizer
+
+    from toolrollout.chat import ChatFormat
+    from toolrollout.engines import GenerateRequest
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(config.model), tools=[CALCULATOR_TOOL])
+    started = time.perf_counter()
+    async with await _engine(config) as engine:
+        async with anyio.create_task_group() as tg:
+            for i, row in enumerate(_rows(config) * config.n):
+                request = GenerateRequest(
+                    chat.render_prompt(row["messages"]), sampling=_sampling(config), rid=f"w{i}"
+                )
+                tg.start_soon(engine.generate, request)
+    return time.perf_counter() - started
+
+
 def run_real_benchmark(
     config: RealBenchConfig,
     modes: Sequence[str],
@@ -487,6 +508,9 @@ def run_real_benchmark(
     }
     report["engine"] = "vLLM" if "vllm_version" in report["server"] else "SGLang"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if progress is not None:
+        progress("warm-up ...")
+    report["warm_up_s"] = anyio.run(_warm_up, config)
     try:
         for mode in sorted(set(modes), key=REAL_MODES.index):  # the bound after toolrollout
             if mode == "verifiers" and importlib.util.find_spec("verifiers") is None:
