@@ -31,3 +31,13 @@ def test_everything_that_starts_ray_is_one_unit() -> None:
         xdist_unit("tests/faults/test_chaos_ray_serve.py::test_z"),
     }
     assert units == {"ray"}
+
+
+def test_the_real_sglang_tests_are_one_unit() -> None:
+    """They share one session-scoped SGLang server, started once on one worker."""
+    units = {
+        xdist_unit("tests/real_engines/sglang/test_generate.py::test_a"),
+        xdist_unit("tests/real_engines/sglang/test_control.py::test_b[x]"),
+    }
+    assert units == {"tests/real_engines/sglang/"}
+    assert xdist_unit("tests/engines/test_sglang_client.py::test_c") != units.pop()

@@ -8,7 +8,8 @@ branches tell apart who is at fault, because a trainer must react differently to
     │   ├── ConfigError           a config file or key is invalid (names the file and key)
     │   ├── MissingExtraError     a feature's optional dependency is missing (names the extra)
     │   ├── SandboxIsolationError the code sandbox cannot isolate here (no working bubblewrap)
-    │   └── ImageError            image data is unreadable or does not match its placeholders
+    │   ├── ImageError            image data is unreadable or does not match its placeholders
+    │   └── InexactLogprobsError  the engine's logprobs are not the checkpoint's (e.g. --dtype)
     ├── ModelBehaviorError        the model's output is unusable (malformed call, unknown tool)
     │   ├── ToolParseError        a turn's tool-call text is malformed (carries the parse errors)
     │   ├── ToolNotFound          the model called a tool name that is not registered
@@ -49,6 +50,7 @@ __all__ = [
     "EngineTimeout",
     "EngineUnavailable",
     "ImageError",
+    "InexactLogprobsError",
     "InteractionError",
     "MissingExtraError",
     "ModelBehaviorError",
@@ -108,6 +110,12 @@ class ImageError(UserError):
     From a request's ``image_data`` it is the caller's mistake (HTTP 400); from a tool's
     result the rollout turns it into that tool call's error result.
     """
+
+
+class InexactLogprobsError(UserError):
+    """The engine's logprobs are not the sampling distribution a trainer recomputes from
+    the checkpoint (e.g. SGLang serving a float32 checkpoint in float16): refused at the
+    start of a run unless ``RolloutConfig.inexact_logprobs="label"``."""
 
 
 class ModelBehaviorError(ToolRolloutError):

@@ -17,6 +17,7 @@ from toolrollout._exceptions import EngineRequestRejected as EngineRequestReject
 from toolrollout._exceptions import EngineTimeout as EngineTimeout
 from toolrollout._exceptions import EngineUnavailable as EngineUnavailable
 from toolrollout._exceptions import ImageError as ImageError
+from toolrollout._exceptions import InexactLogprobsError as InexactLogprobsError
 from toolrollout._exceptions import InteractionError as InteractionError
 from toolrollout._exceptions import MissingExtraError as MissingExtraError
 from toolrollout._exceptions import ModelBehaviorError as ModelBehaviorError
@@ -46,6 +47,7 @@ __all__ = [
     "EngineTimeout",
     "EngineUnavailable",
     "ImageError",
+    "InexactLogprobsError",
     "InteractionError",
     "MissingExtraError",
     "ModelBehaviorError",

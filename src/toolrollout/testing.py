@@ -44,7 +44,13 @@ from .engines._control import (
     ServerWeightUpdate,
     WeightUpdate,
 )
-from .engines._types import FinishReason, GenerateRequest, GenerateResult, StreamChunk
+from .engines._types import (
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    SamplingParams,
+    StreamChunk,
+)
 
 __all__ = ["Script", "ScriptStep", "ScriptedEngine", "ScriptedOutput"]
 
@@ -121,7 +127,9 @@ class ScriptedEngine(Engine):
     """An :class:`Engine` that replays scripted outputs and records what it was asked.
 
     ``context_length``, ``vision`` and ``model_path`` are what :meth:`info` reports;
-    ``weight_version`` labels results until :meth:`update_weights_from_disk` changes it.
+    ``weight_version`` labels results until :meth:`update_weights_from_disk` changes it;
+    ``logprob_mismatch`` is what :meth:`logprob_mismatch` answers (to test how a run
+    refuses or labels inexact logprobs).
     """
 
     def __init__(
@@ -132,6 +140,7 @@ class ScriptedEngine(Engine):
         vision: bool = False,
         model_path: str | None = None,
         weight_version: str = "default",
+        logprob_mismatch: str | None = None,
     ) -> None:
         self._function: Callable[[GenerateRequest], object] | None = None
         self._steps: Iterator[ScriptStep] | None = None
@@ -150,6 +159,7 @@ class ScriptedEngine(Engine):
         self.vision = vision
         self.model_path = model_path
         self.weight_version = weight_version
+        self._logprob_mismatch = logprob_mismatch
         """Reported by :meth:`info` and in results whose script step names none."""
         self.weight_updates: list[WeightUpdate] = []
         """Every successful :meth:`update_weights_from_disk`, in call order."""
@@ -284,6 +294,9 @@ class ScriptedEngine(Engine):
         """Abort every request in flight (each rid is recorded in :attr:`aborted`)."""
         for rid in sorted(self._inflight):
             await self.abort(rid)
+
+    async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
+        return self._logprob_mismatch
 
     async def info(self) -> EngineInfo:
         """What the constructor was given, with the current weight version."""

@@ -112,6 +112,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/engines.md", "python -m sglang.launch_server"): (
         "needs a GPU, SGLang and a 7B model download"
     ),
+    ("docs/engines.md", "VLLM_SERVER_DEV_MODE=1 vllm se"): (
+        "starts a vLLM server, which serves until interrupted (tests/real_engines/vllm run it)"
+    ),
     ("docs/fault-tolerance.md", "python benchmarks/bench_soak.p"): (
         "10,000 trajectories at concurrency 512, minutes of CPU; the figures it wrote are in "
         "benchmarks/results/soak.json"

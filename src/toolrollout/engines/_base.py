@@ -22,7 +22,7 @@ from typing import Self
 
 from .._exceptions import UserError
 from ._control import EngineInfo, PauseMode, WeightUpdate
-from ._types import GenerateRequest, GenerateResult, StreamChunk
+from ._types import GenerateRequest, GenerateResult, SamplingParams, StreamChunk
 
 __all__ = ["Engine"]
 
@@ -73,6 +73,17 @@ class Engine(ABC):
         "abort"``. Only this engine's own requests are stopped (a shared SGLang server's
         other clients are not touched). Used on shutdown.
         """
+
+    async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
+        """Why the logprobs this engine returns for ``sampling`` are not the log-probabilities
+        a trainer recomputes from the checkpoint for the tokens sampled, or None.
+
+        One line naming the setting that fixes it (SGLang serving a float32 checkpoint in
+        float16: ``--dtype float32``). The runner asks once, at the start of a run, and
+        refuses or labels the run (``RolloutConfig.inexact_logprobs``). The default is None:
+        an engine that cannot tell says nothing; the shipped engines check what they can.
+        """
+        return None
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """Stop generating until :meth:`continue_generation` (before swapping weights).

@@ -5,7 +5,8 @@ answers 500 and leaves the engine to crash on its next request, and a tensor of 
 shape is accepted and then served as a corrupted model (``docs/engines.md``). So the
 folder is read here first, without loading a tensor: the architecture in ``config.json``
 and every tensor's name, shape and extent from the safetensors headers (8 bytes of header
-length, then a JSON header), compared with the served folder's.
+length, then a JSON header), compared with the served folder's. The checkpoint's dtype
+(:func:`checkpoint_dtype`) tells the logprob checks whether a server downcasts it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from .._exceptions import UserError
 
-__all__ = ["CheckpointLayout", "check_compatible", "read_layout"]
+__all__ = ["CheckpointLayout", "check_compatible", "checkpoint_dtype", "read_layout"]
 
 _MAX_HEADER = 100 * 1024 * 1024
 """A header larger than this is not a safetensors header (the format caps it at 100 MB)."""
@@ -125,3 +126,25 @@ def check_compatible(new: CheckpointLayout, served: CheckpointLayout) -> None:
                 f"{where}: tensor {name!r} has shape {list(new.shapes[name])}, "
                 f"served {list(served.shapes[name])}"
             )
+
+
+_CONFIG_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
+                  "bfloat16": "bfloat16"}  # fmt: skip
+
+
+def checkpoint_dtype(model_path: str) -> tuple[str, str] | None:
+    """The dtype and model type in ``model_path``'s ``config.json`` (float32 when it names
+    no dtype, as SGLang assumes), or None when the folder is not readable here."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    model_type = str(config.get("model_type") or "")
+    text = config.get("text_config")
+    for source in (config, text if isinstance(text, dict) else {}):
+        value = source.get("dtype") or source.get("torch_dtype")
+        if isinstance(value, str):
+            return _CONFIG_DTYPES.get(value.removeprefix("torch."), value), model_type
+    return "float32", model_type

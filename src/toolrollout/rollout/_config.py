@@ -12,11 +12,12 @@ from toolrollout.engines._scheduling import SchedulingConfig
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import RewardMix
 
-__all__ = ["RolloutConfig", "ToolUnavailablePolicy", "ToolsAtTarget"]
+__all__ = ["InexactLogprobsPolicy", "RolloutConfig", "ToolUnavailablePolicy", "ToolsAtTarget"]
 
 TruncateSide = Literal["left", "right", "middle"]
 ToolUnavailablePolicy = Literal["fail", "show"]
 ToolsAtTarget = Literal["cancel", "finish"]
+InexactLogprobsPolicy = Literal["refuse", "label"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,14 @@ class RolloutConfig:
     batch comes back at its target instead of after the slowest tool call then running.
     ``"finish"`` lets them finish first (their results are kept for the resume)."""
 
+    inexact_logprobs: InexactLogprobsPolicy = "refuse"
+    """What a run does when its engine says its logprobs are not the checkpoint's sampling
+    distribution (``Engine.logprob_mismatch``, asked once at the start: e.g. SGLang serving
+    a float32 checkpoint in float16). ``"refuse"`` (default): the run raises
+    :class:`~toolrollout.exceptions.InexactLogprobsError` with the reason and the fix.
+    ``"label"``: it runs, and every trajectory carries the reason in
+    ``metrics["logprob_mismatch"]``, so a trainer can tell such rows apart."""
+
     scheduling: SchedulingConfig | None = None
     """Client-side scheduling policies (request priority, adaptive admission, GRPO group
     affinity; see docs/benchmarks.md). None (default): none, requests go out as they come."""
@@ -140,6 +149,10 @@ class RolloutConfig:
         if self.tools_at_target not in ("cancel", "finish"):
             raise UserError(
                 f"tools_at_target must be 'cancel' or 'finish', got {self.tools_at_target!r}"
+            )
+        if self.inexact_logprobs not in ("refuse", "label"):
+            raise UserError(
+                f"inexact_logprobs must be 'refuse' or 'label', got {self.inexact_logprobs!r}"
             )
         if self.tool_unavailable not in ("fail", "show"):
             raise UserError(

@@ -26,7 +26,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, Concatenate, ParamSpec, Self, TypeVar
 
@@ -34,7 +34,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from toolrollout._exceptions import EngineError, UserError
+from toolrollout._exceptions import EngineError, InexactLogprobsError, UserError
 from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
 from toolrollout.engines._base import Engine
@@ -191,10 +191,12 @@ _R = TypeVar("_R")
 def _opens_tools(
     method: Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]],
 ) -> Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]]:
-    """Run ``method`` with the runner's tool services open (see ``RolloutRunner.__aenter__``)."""
+    """Run ``method`` with the runner's tool services open (see ``RolloutRunner.__aenter__``),
+    once the engine's logprobs were checked (:meth:`RolloutRunner._check_logprobs`)."""
 
     @functools.wraps(method)
     async def opened(self: RolloutRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        await self._check_logprobs()
         async with self._tools_open():
             return await method(self, *args, **kwargs)
 
@@ -255,11 +257,30 @@ class RolloutRunner:
         self.hooks = hooks or TrajectoryHooks()
         self._runs = 0
         """Calls made so far (run, run_batch, resume): each draws its own seeds."""
+        self._logprobs_checked = False
+        self._logprob_label: str | None = None
+        """The engine's reason its logprobs are not the checkpoint's, when the config says
+        to run anyway and label every trajectory with it."""
         sched = self.config.scheduling
         self.work_history = WorkHistory() if sched is not None and sched.history else None
         """With ``SchedulingConfig.history``: the lengths of each prompt's trajectories so
         far, kept from one call to the next (a trainer's steps); replace it with
         ``WorkHistory.from_dict`` to carry it over from another process."""
+
+    async def _check_logprobs(self) -> None:
+        """Ask the engine once whether its logprobs are the checkpoint's for the run's
+        sampling; refuse (:class:`InexactLogprobsError`) or keep the reason as the label of
+        every trajectory, as ``config.inexact_logprobs`` says."""
+        if self._logprobs_checked:
+            return
+        reason = await self.engine.logprob_mismatch(self.config.sampling)
+        if reason is not None and self.config.inexact_logprobs == "refuse":
+            raise InexactLogprobsError(
+                f"{reason} (or set RolloutConfig.inexact_logprobs='label', "
+                "--inexact-logprobs label, to run and label every row)"
+            )
+        self._logprob_label = reason
+        self._logprobs_checked = True
 
     def _check_rows(
         self,
@@ -403,9 +424,10 @@ class RolloutRunner:
         # No deadline, no cancel scope: a scope and its two sets are about 0.7 KB that
         # each of 10,000 live trajectories would hold for nothing (docs/benchmarks.md).
         deadline = anyio.move_on_after(timeout) if timeout is not None else nullcontext()
+        trajectory: Trajectory | None = None
         try:
             with deadline:
-                return await run_trajectory(
+                trajectory = await run_trajectory(
                     services,
                     prompt,
                     prompt_index=prompt_index,
@@ -416,13 +438,19 @@ class RolloutRunner:
                 )
         except Exception as exc:  # a bug in one trajectory must not end the batch
             reason, error = "error", f"{type(exc).__name__}: {exc}"
-        return failed_trajectory(
-            group_id=group_id,
-            prompt_index=prompt_index,
-            sample_index=sample_index,
-            prompt=prompt,
-            reason=reason,
-            error=error,
+        if trajectory is None:
+            trajectory = failed_trajectory(
+                group_id=group_id,
+                prompt_index=prompt_index,
+                sample_index=sample_index,
+                prompt=prompt,
+                reason=reason,
+                error=error,
+            )
+        if self._logprob_label is None:
+            return trajectory
+        return replace(
+            trajectory, metrics={**trajectory.metrics, "logprob_mismatch": self._logprob_label}
         )
 
     @_opens_tools

@@ -10,6 +10,7 @@ skip compilation at start-up). Without the virtualenv the tests skip, and fail u
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -141,18 +142,34 @@ def _reap_group(pgid: int) -> None:
         return
 
 
-def served_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the demo model, the folder the server loads and reloads are checked against."""
+def served_copy(tmp_path_factory: pytest.TempPathFactory, *, untied: bool = False) -> Path:
+    """A copy of the demo model, the folder the server loads and reloads are checked against.
+
+    ``untied`` writes the output head as its own tensor (``lm_head.weight``, equal to the
+    embeddings, ``tie_word_embeddings`` false): the same model, which vLLM's CPU build can
+    reload in place (it keeps a tied head's old packed weights, so VLLMClient refuses)."""
     target = tmp_path_factory.mktemp("vllm-model") / "model"
     shutil.copytree(DEMO_MODEL_PATH, target)
+    if untied:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(target / "model.safetensors")
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+        save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
+        config = json.loads((target / "config.json").read_text())
+        config["tie_word_embeddings"] = False
+        (target / "config.json").write_text(json.dumps(config, indent=2))
     return target
 
 
 def run_server(
-    tmp_path_factory: pytest.TempPathFactory, logprobs_mode: str = "processed_logprobs"
+    tmp_path_factory: pytest.TempPathFactory,
+    logprobs_mode: str = "processed_logprobs",
+    *,
+    untied: bool = False,
 ) -> Iterator[VLLMServer]:
     vllm_python()
-    model = served_copy(tmp_path_factory)
+    model = served_copy(tmp_path_factory, untied=untied)
     server = VLLMServer(model, model.parent / "vllm.log", logprobs_mode)
     server.start()
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 from tests._serve_thread import demo_server_in_thread
-from tests.real_engines.vllm._server import VLLMServer
+from tests.real_engines.vllm._server import VLLMServer, run_server
 
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import GenerateRequest, GenerateResult, SamplingParams, VLLMClient
@@ -26,6 +26,13 @@ from toolrollout.exceptions import OverlongPromptError, UserError
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900)]
 
 EOS = 2  # the demo model's <|im_end|>
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    """The demo model with an untied output head, which vLLM's CPU build reloads in place
+    (conftest's server keeps the tied original)."""
+    yield from run_server(tmp_path_factory, untied=True)
 
 
 @pytest.fixture
@@ -185,8 +192,8 @@ async def test_info_loads_metrics_and_logprob_mode(
     assert info.context_length == 1024 and info.vision is False
     assert info.model_path == str(vllm_server.model)
     assert await engine.logprobs_mode() == "processed_logprobs"
-    assert await engine.logprob_problem(SamplingParams(temperature=0.7)) is None
-    problem = await engine.logprob_problem(SamplingParams(temperature=0.7, top_p=0.9))
+    assert await engine.logprob_mismatch(SamplingParams(temperature=0.7)) is None
+    problem = await engine.logprob_mismatch(SamplingParams(temperature=0.7, top_p=0.9))
     assert problem is not None and "top_p=0.9" in problem and "\n" not in problem
     loads = (await engine.get_loads())["loads"]
     assert loads[0]["num_running_reqs"] == 0 and 0.0 <= loads[0]["token_usage"] <= 1.0

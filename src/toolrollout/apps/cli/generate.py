@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
@@ -149,6 +149,14 @@ _FinishTools = Annotated[
         "--finish-tools",
         help="With --target-groups: tool calls still running at the target finish first "
         "(their results kept for the resume) instead of being cancelled.",
+    ),
+]
+_InexactLogprobs = Annotated[
+    str,
+    typer.Option(
+        help="When the engine's logprobs are not the checkpoint's (e.g. SGLang serving a "
+        "float32 model in float16): refuse the run, or label every row "
+        '(metrics["logprob_mismatch"]): refuse or label.',
     ),
 ]
 _KeepGroupsWhole = Annotated[
@@ -286,6 +294,7 @@ def generate(
     oversample: _Oversample = 1.0,
     keep_groups_whole: _KeepGroupsWhole = True,
     finish_tools: _FinishTools = False,
+    inexact_logprobs: _InexactLogprobs = "refuse",
     leftover: _Leftover = None,
     resume_leftover: _ResumeLeftover = None,
     ray: _Ray = False,
@@ -355,6 +364,7 @@ class _Flags:
     oversample: float
     keep_groups_whole: bool
     finish_tools: bool
+    inexact_logprobs: Literal["refuse", "label"]
     leftover: Path | None
     resume_leftover: Path | None
     ray: bool
@@ -554,6 +564,7 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
         max_image_tokens=flags.max_image_tokens,
         trajectory_timeout=flags.trajectory_timeout,
         tools_at_target="finish" if flags.finish_tools else "cancel",
+        inexact_logprobs=flags.inexact_logprobs,
         scheduling=SchedulingConfig.from_names(flags.schedule),
     )
     return RunSpec(

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..._exceptions import EngineRequestRejected, UserError
 from .. import _wire
+from .._checkpoint import checkpoint_dtype
 from .._control import (
     PAUSE_MODES,
     EngineInfo,
@@ -27,6 +28,7 @@ from .._control import (
     WeightUpdate,
 )
 from .._http_client import HTTPClient
+from .._types import SamplingParams
 
 __all__: list[str] = []
 
@@ -72,6 +74,33 @@ class _ControlPlane(HTTPClient):
 
         answers = await self._gather("info", one)
         return EngineInfo.merge(tuple(answers[url] for url in self._router.urls))
+
+    async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
+        """Why some server's logprobs are not the checkpoint's, or None (see ``Engine``).
+
+        SGLang's logprobs are ``log_softmax(logits / temperature)`` of the model it serves,
+        whatever the sampling settings; they differ from a trainer's recompute when it
+        serves the weights in a narrower dtype than the checkpoint's: ``--dtype auto``
+        (the default) serves a float32 checkpoint in float16 (bfloat16 for Gemma), which
+        moved logprobs by up to 0.016 on the demo model. ``/server_info`` reports the
+        ``--dtype`` flag, not the dtype it resolved to; the checkpoint's dtype is read from
+        the ``config.json`` under the ``model_path`` it reports. Where that folder is not on
+        this machine, a narrow or ``auto`` dtype is logged as unchecked, not refused.
+        """
+        del sampling  # SGLang's logprob definition does not depend on it
+
+        async def one(url: str) -> str | None:
+            try:
+                server = await self._get_info(url, _SERVER_INFO)
+            except EngineRequestRejected as exc:
+                if exc.status_code == 404:
+                    return None  # no /server_info: not SGLang, nothing to judge it by
+                raise
+            return served_dtype_mismatch(url, server)
+
+        answers = await self._gather("logprob_mismatch", one)
+        reasons = [answers[url] for url in self._router.urls if answers[url] is not None]
+        return "; ".join(r for r in reasons if r) or None
 
     async def flush_cache(self) -> bool:
         """Flush the prefix cache on every server (after a weight update).
@@ -182,4 +211,41 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
         weight_version=text("weight_version"),
         context_length=length,
         vision=model.get("has_image_understanding") is True,
+    )
+
+
+_FULL = frozenset({"float32", "float", "fp32"})
+
+
+def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
+    """One line when ``server`` (its ``/server_info``) serves a float32 checkpoint narrower.
+
+    SGLang resolves ``--dtype auto`` as ``model_config._get_and_verify_dtype`` does: a
+    float32 checkpoint is served in float16 (bfloat16 for Gemma), any other in its own
+    dtype. A server that reports no ``dtype`` (not SGLang) is not judged.
+    """
+    flag = server.get("dtype")
+    if not isinstance(flag, str) or flag.lower() in _FULL:
+        return None
+    model_path = server.get("model_path")
+    checkpoint = checkpoint_dtype(model_path) if isinstance(model_path, str) else None
+    if checkpoint is None:
+        logger.warning(
+            "%s serves with --dtype %s and its checkpoint's dtype could not be read here "
+            "(%s): logprob exactness unchecked (start it with --dtype float32 for a float32 "
+            "checkpoint)",
+            url,
+            flag,
+            model_path,
+        )
+        return None
+    dtype, model_type = checkpoint
+    if dtype != "float32":
+        return None  # served in its own half dtype (auto), or cast between halves
+    served = flag.lower()
+    if served == "auto":
+        served = "bfloat16" if model_type.startswith("gemma") else "float16"
+    return (
+        f"{url} serves the float32 checkpoint {model_path} in {served} (--dtype {flag}), "
+        "so its logprobs are not the float32 model's: start it with --dtype float32"
     )

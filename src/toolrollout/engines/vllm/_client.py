@@ -13,7 +13,7 @@ this module is vLLM's wire format (:mod:`._wire`) and its control plane:
   (:mod:`.._checkpoint`), because vLLM accepts a wrongly shaped checkpoint and serves it
   corrupted; a reload that fails anyway leaves the server dead to this client, because
   vLLM's next request would crash its engine.
-* **Logprobs**: :meth:`VLLMClient.logprob_problem` says when the server's
+* **Logprobs**: :meth:`VLLMClient.logprob_mismatch` says when the server's
   ``--logprobs-mode`` makes the returned logprobs something other than
   log_softmax(logits / temperature) of the sampled token (read from ``/server_info``).
 """
@@ -34,7 +34,7 @@ import httpx
 
 from ..._exceptions import EngineError, EngineRequestRejected, EngineUnavailable, UserError
 from .. import _wire as _common_wire
-from .._checkpoint import check_compatible, read_layout
+from .._checkpoint import check_compatible, checkpoint_dtype, read_layout
 from .._control import (
     PAUSE_MODES,
     EngineInfo,
@@ -197,7 +197,7 @@ class VLLMClient(HTTPClient):
             raise EngineError(f"{url}/server_info has no model_config.logprobs_mode")
         return mode
 
-    async def logprob_problem(self, sampling: SamplingParams) -> str | None:
+    async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
         """None when every server's logprobs for ``sampling`` are log_softmax(logits / T)
         of the sampled token (the seam's definition, what a trainer recomputes); else one
         line saying why not, naming the flag that fixes it.
@@ -220,12 +220,15 @@ class VLLMClient(HTTPClient):
         for url in self._router.urls:
             try:
                 mode = await self.logprobs_mode(url)
+                precision = await self._precision_mismatch(url)
             except UserError:
                 return (
                     f"vLLM at {url} does not say its --logprobs-mode (vLLM's default, "
                     "raw_logprobs, ignores temperature): start it with VLLM_SERVER_DEV_MODE=1 "
                     f"and {LOGPROBS_FLAG}"
                 )
+            if precision is not None:
+                return precision
             if mode.endswith("_logits"):
                 return f"vLLM at {url} returns logits (--logprobs-mode {mode}): use {LOGPROBS_FLAG}"
             if greedy:
@@ -242,6 +245,22 @@ class VLLMClient(HTTPClient):
                     f"{', '.join(truncated)} keep ({mode}), not log_softmax(logits / T): "
                     "sample with top_p=1, top_k=-1, min_p=0 on vLLM"
                 )
+        return None
+
+    async def _precision_mismatch(self, url: str) -> str | None:
+        """A float32 checkpoint served in a lower precision (``--dtype auto`` downcasts it):
+        the logprobs then differ from a float32 recompute by about 1e-2."""
+        model = (await self._config(url)).get("model_config")
+        if not isinstance(model, dict):
+            return None
+        served = str(model.get("dtype", "")).removeprefix("torch.")
+        folder = model.get("model")
+        checkpoint = checkpoint_dtype(folder) if isinstance(folder, str) else None
+        if checkpoint is not None and checkpoint[0] == "float32" and served not in ("", "float32"):
+            return (
+                f"vLLM at {url} serves the float32 checkpoint {folder} in {served}: its "
+                "logprobs are not the float32 model's; start it with --dtype float32"
+            )
         return None
 
     # ------------------------------------------------------------------ weight sync
