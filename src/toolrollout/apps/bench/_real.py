@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -481,15 +482,17 @@ def run_real_benchmark(
     *,
     progress: Callable[[str], None] | None = None,
     timeout: float = 3600.0,
+    rounds: int = 1,
 ) -> dict[str, Any]:
     """Run ``modes`` one after another against ``config.engine_url``; the report as a dict.
 
     ``bound`` replays the ``toolrollout`` mode's turns, so it needs that mode too. The
-    verifiers mode is reported as skipped where the package is not installed.
+    verifiers mode is reported as skipped where the package is not installed. With
+    ``rounds`` > 1 every mode runs that many times, interleaved; ``ratios`` are the medians
+    of each round's ratios (paired: measured minutes apart, not a run apart) and
+    ``results`` the median round of each mode.
     """
-    import importlib.util
-
-    from toolrollout._exceptions import BenchmarkError, UserError
+    from toolrollout._exceptions import UserError
 
     unknown = [m for m in modes if m not in REAL_MODES]
     if unknown:
@@ -510,40 +513,81 @@ def run_real_benchmark(
     if progress is not None:
         progress("warm-up ...")
     report["warm_up_s"] = anyio.run(_warm_up, config)
+    order = sorted(set(modes), key=REAL_MODES.index)
+    rounds_out: list[dict[str, Any]] = []
     try:
-        for mode in sorted(set(modes), key=REAL_MODES.index):  # the bound after toolrollout
-            if mode == "verifiers" and importlib.util.find_spec("verifiers") is None:
-                report["results"][mode] = {"skipped": "verifiers is not installed"}
-                continue
-            if progress is not None:
-                progress(f"{mode} ...")
-            try:
-                done = subprocess.run(
-                    [sys.executable, "-m", "toolrollout.apps.bench._real", mode,
-                     json.dumps(asdict(config))],
-                    capture_output=True, text=True, env=env, timeout=timeout, check=False,
-                )  # fmt: skip
-            except subprocess.TimeoutExpired as exc:
-                raise BenchmarkError(
-                    f"mode {mode!r} did not finish within {timeout:.0f} s"
-                ) from exc
-            if done.returncode != 0:
-                tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
-                raise BenchmarkError(f"mode {mode!r} failed: {tail[0]}")
-            result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-            if result.get("errors"):  # a makespan of failed rows measures nothing
-                raise BenchmarkError(
-                    f"mode {mode!r}: {result['errors']} of {result['trajectories']} "
-                    "trajectories failed (is the server alive? see its log)"
-                )
-            if mode == "toolrollout":  # what the bound replays
-                turns_file.write_text(json.dumps(result.pop("model_turns")))
-            report["results"][mode] = result
+        for round_index in range(rounds):
+            # toolrollout first (the bound replays its turns); the others rotate from round
+            # to round, so load that drifts over the run does not always hit the same mode.
+            others = [m for m in order if m != "toolrollout"]
+            shift = round_index % len(others) if others else 0
+            ordered = [m for m in order if m == "toolrollout"] + others[shift:] + others[:shift]
+            if "bound" in ordered and "toolrollout" in ordered:
+                ordered.remove("bound")
+                ordered.insert(1, "bound")
+            results: dict[str, Any] = {}
+            for mode in ordered:
+                results[mode] = _run_mode(mode, config, env, timeout, progress, round_index)
+            rounds_out.append(results)
     finally:
         turns_file.unlink(missing_ok=True)
+    report["rounds"] = rounds_out
+    report["results"] = _median_round(rounds_out)
+    by_round = [ratios(r) for r in rounds_out]
+    report["ratios_by_round"] = by_round
+    report["ratios"] = {
+        k: statistics.median(r[k] for r in by_round) for k in (by_round[0] if by_round else {})
+    }
     report["machine_after"] = _machine()
-    report["ratios"] = ratios(report["results"])
     return report
+
+
+def _run_mode(
+    mode: str,
+    config: RealBenchConfig,
+    env: dict[str, str],
+    timeout: float,
+    progress: Callable[[str], None] | None,
+    round_index: int,
+) -> dict[str, Any]:
+    """One mode in a worker process; the toolrollout mode's turns go to the turns file."""
+    import importlib.util
+
+    from toolrollout._exceptions import BenchmarkError
+
+    if mode == "verifiers" and importlib.util.find_spec("verifiers") is None:
+        return {"skipped": "verifiers is not installed"}
+    if progress is not None:
+        progress(f"round {round_index + 1}: {mode} ...")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "toolrollout.apps.bench._real", mode,
+             json.dumps(asdict(config))],
+            capture_output=True, text=True, env=env, timeout=timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise BenchmarkError(f"mode {mode!r} did not finish within {timeout:.0f} s") from exc
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise BenchmarkError(f"mode {mode!r} failed: {tail[0]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if result.get("errors"):  # a makespan of failed rows measures nothing
+        raise BenchmarkError(
+            f"mode {mode!r}: {result['errors']} of {result['trajectories']} "
+            "trajectories failed (is the server alive? see its log)"
+        )
+    if mode == "toolrollout":  # what the bound replays
+        Path(config.turns_file).write_text(json.dumps(result.pop("model_turns")))
+    return result
+
+
+def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode, the round with the median makespan (the lower middle one of an even count)."""
+    out: dict[str, Any] = {}
+    for mode in rounds[0] if rounds else {}:
+        runs = sorted((r[mode] for r in rounds), key=lambda result: result.get("makespan_s", 0.0))
+        out[mode] = runs[(len(runs) - 1) // 2]
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:

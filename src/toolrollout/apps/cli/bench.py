@@ -112,6 +112,14 @@ def bench(
         ),
     ] = None,
     engine: EngineKindOption = "auto",
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="With --engine-url: every mode this many times, interleaved; the ratios are "
+            "the medians of each round's.",
+        ),
+    ] = 1,
     model: Annotated[
         Path | None,
         typer.Option(help="With --engine-url: the served model's tokenizer folder (the demo's)."),
@@ -149,7 +157,7 @@ def bench(
 
     if engine_url is not None:
         _real(engine_url, engine, model, prompts, n, max_turns, tokens_per_turn, tool_median,
-              tool_sigma, seed, concurrency, mode, json_out, plot)  # fmt: skip
+              tool_sigma, seed, concurrency, mode, json_out, plot, rounds)  # fmt: skip
         return
     if min_turns > max_turns:
         raise fail(f"--min-turns {min_turns} is above --max-turns {max_turns}")
@@ -203,6 +211,7 @@ def _real(
     mode: list[str] | None,
     json_out: Path,
     plot: Path | None,
+    rounds: int,
 ) -> None:
     """The comparison on a real server (toolrollout.apps.bench._real)."""
     import json
@@ -239,6 +248,7 @@ def _real(
             config,
             tuple(mode or REAL_MODES),
             progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+            rounds=rounds,
         )
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
