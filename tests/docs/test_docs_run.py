@@ -55,6 +55,15 @@ import toolrollout
 from toolrollout._supervisor import dying_with_this_process
 
 NOT_RUN: dict[tuple[str, str], str] = {
+    ("docs/benchmarks.md", "VLLM_SERVER_DEV_MODE=1 VLLM_CP"): (
+        "needs a vLLM server (.ci/vllm.sh, about two minutes to start) and verifiers in a "
+        "virtualenv of its own (it would downgrade datasets); "
+        "tests/real_engines/vllm/test_entry_points.py runs a small bench --engine-url"
+    ),
+    ("docs/engines.md", "VLLM_SERVER_DEV_MODE=1 VLLM_CP"): (
+        "needs the vLLM virtualenv (.ci/vllm.sh) and a minute or two to start; "
+        "tests/real_engines/vllm run these commands"
+    ),
     (
         "docs/mcp.md",
         "from mcp.types import CreateMe",
@@ -106,6 +115,9 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/engines.md", "SGLANG_USE_CPU_ENGINE=1 .engin"): (
         "starts the real SGLang server from .engines/sglang (built by .ci/sglang.sh); "
         "tests/real_engines/sglang runs exactly this"
+    ),
+    ("docs/engines.md", "VLLM_SERVER_DEV_MODE=1 vllm se"): (
+        "starts a vLLM server, which serves until interrupted (tests/real_engines/vllm run it)"
     ),
     ("docs/fault-tolerance.md", "python benchmarks/bench_soak.p"): (
         "10,000 trajectories at concurrency 512, minutes of CPU; the figures it wrote are in "

@@ -1,9 +1,10 @@
 """The engine seam: everything that turns token ids into generated token ids.
 
 ``SGLangClient`` talks HTTP to SGLang-compatible servers (real SGLang, sglang-router,
-``toolrollout serve``); ``EmbeddedEngine`` runs a Hugging Face model in-process on a CPU
-(imported lazily, because it needs torch); ``toolrollout.testing.ScriptedEngine`` replays
-scripted outputs for tests. All three implement :class:`Engine`: the data plane
+``toolrollout serve``), ``VLLMClient`` to vLLM servers (its token API);
+``EmbeddedEngine`` runs a Hugging Face model in-process on a CPU (imported lazily,
+because it needs torch); ``toolrollout.testing.ScriptedEngine`` replays
+scripted outputs for tests. All of them implement :class:`Engine`: the data plane
 (``generate``, ``abort``) and one control plane with the same names and return types
 (``info`` -> :class:`EngineInfo`, ``pause_generation``, ``continue_generation``,
 ``update_weights_from_disk`` -> :class:`WeightUpdate`, ``flush_cache`` -> bool,
@@ -38,6 +39,7 @@ from .sglang import ServerStats as ServerStats
 from .sglang import SGLangClient as SGLangClient
 from .sglang import StreamChunk as StreamChunk
 from .sglang import connection_limits as connection_limits
+from .vllm import VLLMClient as VLLMClient
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedEngine as EmbeddedEngine
@@ -62,6 +64,7 @@ __all__ = [
     "ServerWeightUpdate",
     "StreamChunk",
     "TokenRuns",
+    "VLLMClient",
     "WeightUpdate",
     "WorkHistory",
     "connection_limits",

@@ -218,7 +218,13 @@ class ServerPriority:
 
     @classmethod
     def from_server_info(cls, info: dict[str, Any]) -> ServerPriority:
-        """Read SGLang's server args; anything missing means the feature is off."""
+        """Read SGLang's server args, or vLLM's ``vllm_config`` (``--scheduling-policy
+        priority``: lower values first); anything missing means the feature is off."""
+        vllm = info.get("vllm_config")
+        if isinstance(vllm, dict):
+            scheduler = vllm.get("scheduler_config")
+            policy = scheduler.get("policy") if isinstance(scheduler, dict) else None
+            return cls(enabled=policy == "priority", low_values_first=True)
         threshold = info.get("priority_scheduling_preemption_threshold")
         return cls(
             enabled=info.get("enable_priority_scheduling") is True,

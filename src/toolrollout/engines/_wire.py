@@ -58,13 +58,16 @@ __all__ = [
 DONE = "[DONE]"
 """The payload of SGLang's last SSE event (``data: [DONE]``)."""
 
-# The three messages SGLang uses when a prompt does not fit, verbatim prefixes from
+# The messages SGLang (and vLLM, below) use when a prompt does not fit, verbatim prefixes from
 # tokenizer_manager.py ``_validate_one_request`` (two) and managers/utils.py
 # ``validate_input_length`` (one, sent back through FINISH_ABORT -> ValueError -> 400).
 _OVERLONG_PATTERNS = (
     re.compile(r"is longer than the model's context length", re.IGNORECASE),
     re.compile(r"exceeds the model's maximum context length", re.IGNORECASE),
     re.compile(r"exceeds the maximum allowed length", re.IGNORECASE),
+    # vLLM (``v1/engine/input_processor.py``): "The decoder prompt (length N) is longer than
+    # the maximum model length of M."
+    re.compile(r"is longer than the maximum model length", re.IGNORECASE),
     # Lenient fallback for rewordings: "context length" near "exceed"/"longer".
     re.compile(r"(exceed|longer).{0,80}context length|context length.{0,80}exceed", re.I),
 )
@@ -189,9 +192,11 @@ def is_overlong_message(message: str) -> bool:
     return any(p.search(message) for p in _OVERLONG_PATTERNS)
 
 
-def error_from_status(status_code: int, message: str, *, url: str | None) -> EngineHTTPError:
+def error_from_status(
+    status_code: int, message: str, *, url: str | None, engine: str = "SGLang"
+) -> EngineHTTPError:
     """Map an HTTP error status to the exception tree (4xx rejected, the rest HTTP errors)."""
-    text = f"SGLang answered HTTP {status_code}: {message}"
+    text = f"{engine} answered HTTP {status_code}: {message}"
     if 400 <= status_code < 500 and status_code != 429:
         if is_overlong_message(message):
             return OverlongPromptError(text, status_code=status_code, url=url)

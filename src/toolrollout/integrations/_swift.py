@@ -130,7 +130,7 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
     Keyword arguments (all optional, environment variables for the ``swift rollout`` CLI):
 
     * ``engine``: a toolrollout :class:`~toolrollout.Engine`; else ``TOOLROLLOUT_ENGINE_URL``
-      names a SGLang-compatible server (``toolrollout serve``, SGLang, sglang-router).
+      names a server: SGLang (``toolrollout serve``, sglang-router) or vLLM.
     * ``tools``: toolrollout tools; else ``TOOLROLLOUT_TOOL_CONFIG`` is a tool YAML.
     * ``tool_parser``: else ``TOOLROLLOUT_TOOL_PARSER``; default: the model family's parser.
     * ``family``: else ``TOOLROLLOUT_FAMILY``; default: detected from the chat template.
@@ -172,9 +172,9 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
                     "the toolrollout scheduler needs an engine: "
                     f"pass engine=... or set {ENGINE_URL_ENV}"
                 )
-            from toolrollout.engines import SGLangClient
+            from ._portal import engine_at
 
-            self._engine = SGLangClient(url)
+            self._engine = engine_at(url)
         return self._engine
 
     def _resolve_tools(self) -> list[Tool]:

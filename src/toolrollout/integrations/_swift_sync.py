@@ -59,12 +59,12 @@ class ToolRolloutWeightSync(TrainerCallback):
         if target is None:
             raise UserError(
                 f"{CALLBACK_NAME} needs the engine: set {ENGINE_URL_ENV} (the scheduler's "
-                "toolrollout serve / SGLang URL)"
+                "toolrollout serve, SGLang or vLLM URL)"
             )
         if isinstance(target, str):
-            from toolrollout.engines import SGLangClient
+            from ._portal import engine_at
 
-            target = SGLangClient(target)
+            target = engine_at(target)
         self.trainer = trainer
         self.engine = target
         self._stack: contextlib.ExitStack | None = None

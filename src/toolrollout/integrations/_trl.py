@@ -40,7 +40,7 @@ from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts
 from toolrollout.tools import Tool, ToolExecutor, open_tools
 
 from ._metrics import cut_extras, trajectory_extras
-from ._portal import open_engine_portal
+from ._portal import engine_at, open_engine_portal
 from ._sampling_check import check_sampling
 from ._weight_sync import SYNC_SECONDS_METRIC, SyncResult, WeightSync, WeightSyncMode
 
@@ -249,13 +249,14 @@ def trl_rollout_func(
 ) -> TRLRolloutFunc:
     """Build the ``rollout_func`` to pass to ``GRPOTrainer(..., rollout_func=...)``.
 
-    ``engine`` is an :class:`~toolrollout.Engine` or the URL of a SGLang-compatible server
-    (``toolrollout serve``, SGLang, sglang-router). ``tokenizer`` is the served model's
-    Hugging Face tokenizer; do not also pass ``tools=`` to the trainer (TRL then ignores
-    ``env_mask`` and runs its own tool loop). ``interactions``, ``vision`` and ``model``
-    are :class:`TRLRolloutFunc`'s. ``family`` names the model family when its chat
-    template is not detected (``RolloutConfig.family``); ``chat_template_kwargs`` are
-    template variables such as ``{"enable_thinking": False}``.
+    ``engine`` is an :class:`~toolrollout.Engine` or a server's URL: SGLang (or
+    ``toolrollout serve``, sglang-router) or vLLM, told apart from the server's answers.
+    ``tokenizer`` is the served model's Hugging Face tokenizer; do not also pass
+    ``tools=`` to the trainer (TRL then ignores ``env_mask`` and runs its own tool loop).
+    ``interactions``, ``vision`` and ``model`` are :class:`TRLRolloutFunc`'s. ``family``
+    names the model family when its chat template is not detected
+    (``RolloutConfig.family``); ``chat_template_kwargs`` are template variables such as
+    ``{"enable_thinking": False}``.
 
     ``weight_sync="auto"`` keeps the run on-policy with no user code: at the start of each
     call whose ``trainer.state.global_step`` differs from the step the engine serves, the
@@ -267,10 +268,10 @@ def trl_rollout_func(
     engine alone (the user syncs another way, e.g. over NCCL).
     """
     if isinstance(engine, str):
-        from toolrollout.engines import SGLangClient, connection_limits
+        from toolrollout.engines import connection_limits
 
         concurrency = (config or RolloutConfig()).concurrency
-        engine = SGLangClient(engine, limits=connection_limits(concurrency))
+        engine = engine_at(engine, limits=connection_limits(concurrency))
     return TRLRolloutFunc(
         engine,
         tokenizer,

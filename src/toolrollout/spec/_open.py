@@ -163,6 +163,7 @@ async def open_run(
         spec.model_path,
         threads=spec.threads,
         health_timeout=spec.health_timeout,
+        engine=spec.engine,
         **spec.client_options(),
     )
     async with engine:

@@ -38,7 +38,8 @@ __all__ = ["RunSpec", "VisionMode", "check_target_groups"]
 class RunSpec:
     """A rollout run: engine, model, tools, rewards, interactions, vision and budgets.
 
-    Engine: ``engine_urls`` (SGLang-compatible servers, waited on for ``health_timeout``
+    Engine: ``engine_urls`` (SGLang or vLLM servers, ``engine`` says which or ``auto``
+    finds out; waited on for ``health_timeout``
     seconds; ``request_timeout``, ``retries`` (attempts) and ``retry_budget`` (seconds of
     retrying) tune the client, ``None`` keeps its defaults; ``failover_after`` failed
     attempts in a row move a server's trajectories to a healthy one, 0 never), or none
@@ -56,6 +57,8 @@ class RunSpec:
     """
 
     engine_urls: tuple[str, ...] = ()
+    engine: Literal["auto", "sglang", "vllm"] = "auto"
+    """The kind of server at ``engine_urls``; ``auto`` asks them (``engines.connect``)."""
     engine_api_key: str | None = field(default=None, repr=False)
     """Sent as ``Authorization: Bearer`` to ``engine_urls`` (never in the repr)."""
     model: Path | None = None
@@ -104,6 +107,10 @@ class RunSpec:
 
         if any(not isinstance(u, str) or not u.strip() for u in self.engine_urls):
             raise UserError(f"--engine-url must be a server URL, got {list(self.engine_urls)}")
+        if self.engine not in ("auto", "sglang", "vllm"):
+            raise UserError(f"--engine must be auto, sglang or vllm, got {self.engine!r}")
+        if self.engine != "auto" and not self.engine_urls:
+            raise UserError(f"--engine {self.engine} needs --engine-url (the server to use)")
         if self.tools is not None and self.tool_config is not None:
             raise UserError("--tool-config: pass a tool config or Tool objects, not both")
         if self.interactions is not None and self.interaction_config is not None:

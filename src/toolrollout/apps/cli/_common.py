@@ -19,6 +19,7 @@ __all__ = [
     "ApiKeyOption",
     "ChatTemplateKwargsOption",
     "EngineApiKeyOption",
+    "EngineKindOption",
     "EngineUrlsOption",
     "FamilyOption",
     "InsecureOption",
@@ -34,7 +35,16 @@ EngineUrlsOption = Annotated[
     list[str] | None,
     typer.Option(
         "--engine-url",
-        help="SGLang-compatible server (repeatable). Default: the embedded engine.",
+        help="SGLang or vLLM server (repeatable; see --engine). Default: the embedded engine.",
+    ),
+]
+EngineKindOption = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="What serves --engine-url: sglang (SGLang, sglang-router, toolrollout serve), "
+        "vllm (a vLLM server with --enable-scale-out, docs/engines.md#vllm), or auto: ask "
+        "the servers. Servers of different kinds in one run are refused.",
     ),
 ]
 EngineApiKeyOption = Annotated[

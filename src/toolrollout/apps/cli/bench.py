@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from toolrollout.apps.cli._common import fail, require_extra
+from toolrollout.apps.cli._common import EngineKindOption, fail, require_extra
 
 __all__ = ["bench", "register"]
 
@@ -101,6 +101,29 @@ def bench(
             "history policy learns from them); the step after them is measured.",
         ),
     ] = 0,
+    engine_url: Annotated[
+        str | None,
+        typer.Option(
+            "--engine-url",
+            help="A real SGLang or vLLM server instead of the latency model: its model answers "
+            "the demo's calculator prompts (modes toolrollout, lockstep, verifiers, bound; "
+            "--tokens-per-turn caps each turn, the --tool-* options shape the calculator's "
+            "latency). docs/benchmarks.md#real-engines.",
+        ),
+    ] = None,
+    engine: EngineKindOption = "auto",
+    rounds: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="With --engine-url: every mode this many times, interleaved; the ratios are "
+            "the medians of each round's.",
+        ),
+    ] = 1,
+    model: Annotated[
+        Path | None,
+        typer.Option(help="With --engine-url: the served model's tokenizer folder (the demo's)."),
+    ] = None,
     json_out: Annotated[
         Path, typer.Option("--json", help="Where to write the JSON report.")
     ] = Path("bench.json"),
@@ -132,6 +155,10 @@ def bench(
         write_json,
     )
 
+    if engine_url is not None:
+        _real(engine_url, engine, model, prompts, n, max_turns, tokens_per_turn, tool_median,
+              tool_sigma, seed, concurrency, mode, json_out, plot, rounds)  # fmt: skip
+        return
     if min_turns > max_turns:
         raise fail(f"--min-turns {min_turns} is above --max-turns {max_turns}")
     modes = tuple(mode) if mode else default_modes(grouped=grouped)
@@ -166,6 +193,71 @@ def bench(
             plot_report(report, plot)
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
+    typer.echo(f"wrote {json_out}" + (f" and {plot}" if plot is not None else ""))
+
+
+def _real(
+    engine_url: str,
+    engine: str,
+    model: Path | None,
+    prompts: int,
+    n: int,
+    max_turns: int,
+    tokens_per_turn: int,
+    tool_median: float,
+    tool_sigma: float,
+    seed: int,
+    concurrency: int,
+    mode: list[str] | None,
+    json_out: Path,
+    plot: Path | None,
+    rounds: int,
+) -> None:
+    """The comparison on a real server (toolrollout.apps.bench._real)."""
+    import json
+
+    from rich.console import Console
+
+    from toolrollout._exceptions import ToolRolloutError
+    from toolrollout.apps.bench._real import (
+        REAL_MODES,
+        RealBenchConfig,
+        plot_real,
+        run_real_benchmark,
+    )
+    from toolrollout.apps.demo import DEMO_MODEL_PATH
+
+    console = Console(stderr=True)
+    config = RealBenchConfig(
+        engine_url=engine_url.rstrip("/"),
+        model=str(model or DEMO_MODEL_PATH),
+        prompts=prompts,
+        n=n,
+        max_turns=max_turns,
+        max_new_tokens=tokens_per_turn,
+        temperature=1.0,
+        tool_median=tool_median,
+        tool_sigma=tool_sigma,
+        seed=seed,
+        concurrency=concurrency,
+        turns_file=str(json_out.with_suffix(".turns.json")),
+        engine=engine,
+    )
+    try:
+        report = run_real_benchmark(
+            config,
+            tuple(mode or REAL_MODES),
+            progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
+            rounds=rounds,
+        )
+    except ToolRolloutError as exc:
+        raise fail(str(exc)) from None
+    json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if plot is not None:
+        plot_real(report, plot)
+    for mode_name, result in report["results"].items():
+        typer.echo(f"{mode_name}: {json.dumps(result)}")
+    typer.echo(f"ratios: {json.dumps(report['ratios'])}")
     typer.echo(f"wrote {json_out}" + (f" and {plot}" if plot is not None else ""))
 
 

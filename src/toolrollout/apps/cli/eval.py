@@ -19,6 +19,7 @@ import typer
 from toolrollout.apps.cli._common import (
     ChatTemplateKwargsOption,
     EngineApiKeyOption,
+    EngineKindOption,
     EngineUrlsOption,
     FailoverAfterOption,
     FamilyOption,
@@ -54,6 +55,7 @@ class ReportTo(StrEnum):
 
 def eval_command(
     engine_url: EngineUrlsOption = None,
+    engine: EngineKindOption = "auto",
     engine_api_key: EngineApiKeyOption = None,
     model: ModelOption = None,
     dataset: Annotated[
@@ -168,6 +170,7 @@ def eval_command(
             }
             runs, comparison, artifacts = _run_model(
                 engine_urls=engine_url or [],
+                engine=engine,
                 engine_api_key=engine_api_key or None,
                 model=model,
                 dataset=dataset,
@@ -255,6 +258,7 @@ def _compare_files(
 def _run_model(
     *,
     engine_urls: list[str],
+    engine: str,
     engine_api_key: str | None,
     model: Path | None,
     dataset: Path | None,
@@ -295,6 +299,7 @@ def _run_model(
     )
     spec = RunSpec(
         engine_urls=tuple(engine_urls),
+        engine=engine,  # type: ignore[arg-type]  # RunSpec checks it
         engine_api_key=engine_api_key,
         model=model or DEMO_MODEL_PATH,
         tool_config=tool_config,

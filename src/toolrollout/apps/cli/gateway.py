@@ -20,6 +20,7 @@ from toolrollout.apps.cli._common import (
     ApiKeyOption,
     ChatTemplateKwargsOption,
     EngineApiKeyOption,
+    EngineKindOption,
     EngineUrlsOption,
     FamilyOption,
     InsecureOption,
@@ -40,6 +41,7 @@ __all__ = ["gateway", "register"]
 
 def gateway(
     engine_url: EngineUrlsOption = None,
+    engine: EngineKindOption = "auto",
     engine_api_key: EngineApiKeyOption = None,
     model: ModelOption = None,
     family: FamilyOption = None,
@@ -121,6 +123,7 @@ def gateway(
         check_bind(host, security, insecure=insecure, server="the gateway")
         spec = _spec(
             engine_url,
+            engine,
             engine_api_key,
             model,
             family,
@@ -161,6 +164,7 @@ def gateway(
 
 def _spec(
     engine_url: list[str] | None,
+    engine: str,
     engine_api_key: str | None,
     model: Path | None,
     family: str | None,
@@ -177,6 +181,7 @@ def _spec(
 
     return RunSpec(
         engine_urls=tuple(engine_url or ()),
+        engine=engine,  # type: ignore[arg-type]  # RunSpec checks it
         engine_api_key=engine_api_key or None,
         model=model or DEMO_MODEL_PATH,
         config=RolloutConfig(

@@ -39,6 +39,7 @@ import typer
 from toolrollout.apps.cli._common import (
     ChatTemplateKwargsOption,
     EngineApiKeyOption,
+    EngineKindOption,
     EngineUrlsOption,
     FailoverAfterOption,
     FamilyOption,
@@ -255,6 +256,7 @@ _GcThreshold = Annotated[
 
 def generate(
     engine_url: EngineUrlsOption = None,
+    engine: EngineKindOption = "auto",
     engine_api_key: EngineApiKeyOption = None,
     model: ModelOption = None,
     dataset: _Dataset = None,
@@ -324,6 +326,7 @@ class _Flags:
     """The options of ``generate``, named as the command's parameters."""
 
     engine_url: list[str] | None
+    engine: str
     engine_api_key: str | None = field(repr=False)
     model: Path | None
     dataset: Path | None
@@ -568,6 +571,7 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
     )
     return RunSpec(
         engine_urls=tuple(flags.engine_url or ()),
+        engine=flags.engine,  # type: ignore[arg-type]  # RunSpec checks it
         engine_api_key=flags.engine_api_key or None,
         model=flags.model or DEMO_MODEL_PATH,
         tool_config=flags.tool_config,

@@ -40,6 +40,7 @@ from anyio.from_thread import start_blocking_portal
 from toolrollout._exceptions import DistributedError, UserError
 from toolrollout._security import ADMIN_API_KEY_ENV, API_KEY_ENV
 from toolrollout._supervisor import RestartPolicy, ServiceCommand, SupervisedService, supervise
+from toolrollout.engines._factory import EngineKind
 from toolrollout.rollout import (
     RolloutPrompt,
     ShardWriter,
@@ -215,9 +216,10 @@ class _Engines:
         timeout: float,
         served: _ServedEngine | None = None,
         api_key: str | None = None,
+        engine: EngineKind = "auto",
     ):
         self.urls, self._timeout, self._served = urls, timeout, served
-        self.api_key = api_key
+        self.api_key, self.engine = api_key, engine
 
     def ready(self) -> list[str]:
         if self._served is not None:
@@ -225,11 +227,14 @@ class _Engines:
         else:
             import anyio
 
-            from toolrollout.engines import SGLangClient
+            from toolrollout.engines._factory import connect
 
-            async def check() -> None:
-                async with SGLangClient(self.urls, api_key=self.api_key) as client:
-                    await client.wait_healthy(timeout=self._timeout)
+            async def check() -> None:  # healthy, and of one kind (SGLang or vLLM)
+                async with await connect(
+                    self.urls, health_timeout=self._timeout, engine=self.engine,
+                    api_key=self.api_key,
+                ):  # fmt: skip
+                    pass
 
             anyio.run(check)
         return self.urls
@@ -297,7 +302,10 @@ def _engine(ray: Any, spec: RunSpec, options: RayOptions) -> Iterator[_Engines]:
     """The servers every actor uses: the given URLs, or one shared ``toolrollout serve``
     started here (one model copy for the whole cluster, never one per actor)."""
     if spec.engine_urls:
-        yield _Engines(list(spec.engine_urls), spec.health_timeout, api_key=spec.engine_api_key)
+        yield _Engines(
+            list(spec.engine_urls), spec.health_timeout, api_key=spec.engine_api_key,
+            engine=spec.engine,
+        )  # fmt: skip
         return
     from toolrollout.sandbox import free_port
 

@@ -274,6 +274,7 @@ class Gateway:
             spec.model_path,
             threads=spec.threads,
             health_timeout=spec.health_timeout,
+            engine=spec.engine,
             **spec.client_options(),
         )
         async with engine:

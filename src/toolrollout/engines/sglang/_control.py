@@ -1,6 +1,6 @@
 """The control plane of :class:`~toolrollout.engines.SGLangClient`.
 
-Start-up (``wait_healthy``), what the servers serve (``info``, and the raw ``model_info``
+What the servers serve (``info``, and the raw ``model_info``
 / ``server_info``), and weight sync (pause, continue, update weights from disk, flush the
 cache). Every call but the raw info ones goes to all servers at once, and a call that
 fails on several servers raises :class:`~toolrollout.engines.EngineServersFailed` with
@@ -12,82 +12,34 @@ silently. These are the same calls, with the same return types, as on every othe
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
-import httpx
-
-from ..._exceptions import EngineError, EngineRequestRejected, EngineUnavailable, UserError
+from ..._exceptions import EngineRequestRejected, UserError
 from .. import _wire
+from .._checkpoint import checkpoint_dtype
 from .._control import (
     PAUSE_MODES,
     EngineInfo,
-    EngineServersFailed,
     PauseMode,
     ServerInfo,
     ServerWeightUpdate,
     WeightUpdate,
 )
+from .._http_client import HTTPClient
 from .._types import SamplingParams
-from ._transport import _Transport
 
 __all__: list[str] = []
 
 logger = logging.getLogger("toolrollout.engines.sglang")
 
-T = TypeVar("T")
-
 _MODEL_INFO = ("/model_info", "/get_model_info")
 _SERVER_INFO = ("/server_info", "/get_server_info")
 
 
-class _ControlPlane(_Transport):
+class _ControlPlane(HTTPClient):
     """The control calls of the SGLang client (a mixin: the client holds the state)."""
-
-    async def wait_healthy(
-        self,
-        timeout: float = 300.0,  # noqa: ASYNC109 - one deadline shared by all servers' polls
-        *,
-        interval: float = 1.0,
-        path: str = "/health",
-    ) -> None:
-        """Poll ``GET /health`` on every server until all answer 200.
-
-        SGLang answers 503 while starting; its ``/health`` runs a one-token generation,
-        so a 200 means the whole pipeline works. Raises :class:`EngineUnavailable`,
-        naming the servers that are not healthy and why, when ``timeout`` seconds pass.
-        """
-        self._check_open()
-        pending = dict.fromkeys(self._router.urls, "not probed yet")
-        deadline = anyio.current_time() + timeout
-
-        async def probe(url: str) -> None:
-            remaining = max(deadline - anyio.current_time(), 0.001)
-            try:
-                response = await self._http.get(url + path, timeout=remaining)
-            except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                pending[url] = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                return
-            if response.status_code == 200:
-                pending.pop(url, None)
-            else:
-                pending[url] = f"HTTP {response.status_code}"
-
-        with anyio.move_on_after(timeout):
-            while pending:
-                async with anyio.create_task_group() as group:
-                    for url in list(pending):
-                        group.start_soon(probe, url)
-                if pending:
-                    await anyio.sleep(interval)
-        if pending:
-            reasons = "; ".join(f"{url} ({why})" for url, why in pending.items())
-            raise EngineUnavailable(f"SGLang not healthy after {timeout:g} s: {reasons}")
 
     async def model_info(self, url: str | None = None) -> dict[str, Any]:
         """``GET /model_info`` (``/get_model_info`` on servers older than 2025-11)."""
@@ -267,68 +219,6 @@ class _ControlPlane(_Transport):
         )
         return True
 
-    async def _on_every_server(
-        self, method: str, path: str, body: Any
-    ) -> dict[str, httpx.Response]:
-        """One control call on all servers at once; failures are raised after all answered."""
-
-        async def one(url: str) -> httpx.Response:
-            send = functools.partial(self._request_once, url, method, path, json_body=body)
-            return await self._retrying(f"{method} {url}{path}", send)
-
-        return await self._gather(path, one)
-
-    async def _gather(self, what: str, call: Callable[[str], Awaitable[T]]) -> dict[str, T]:
-        """``call`` on every server at once, by URL.
-
-        Every server is tried even when one fails. One failure is raised as it is;
-        several raise :class:`EngineServersFailed`, which names each server and error.
-        """
-        self._check_open()
-        results: dict[str, T] = {}
-        errors: dict[str, EngineError] = {}
-
-        async def one(url: str) -> None:
-            try:
-                results[url] = await call(url)
-            except EngineError as exc:
-                errors[url] = exc
-
-        async with anyio.create_task_group() as tg:
-            for url in self._router.urls:
-                tg.start_soon(one, url)
-        if len(errors) == 1:
-            raise next(iter(errors.values()))
-        if errors:
-            ordered = {url: errors[url] for url in self._router.urls if url in errors}
-            raise EngineServersFailed(what, ordered)
-        return results
-
-    def _resolve(self, url: str | None) -> str:
-        if url is None:
-            return self._router.urls[0]
-        normalized = url.strip().rstrip("/")
-        if normalized not in self._router.urls:
-            raise UserError(f"{url!r} is not one of this client's servers {self._router.urls}")
-        return normalized
-
-    async def _get_info(self, url: str | None, paths: Sequence[str]) -> dict[str, Any]:
-        self._check_open()
-        target = self._resolve(url)
-        for i, path in enumerate(paths):
-            send = functools.partial(self._request_once, target, "GET", path)
-            try:
-                response = await self._retrying(f"GET {target}{path}", send)
-            except EngineRequestRejected as exc:
-                if exc.status_code == 404 and i + 1 < len(paths):
-                    continue  # an older server: try the legacy path
-                raise
-            data = _wire.parse_json(response.content, what=f"GET {target}{path}")
-            if not isinstance(data, dict):
-                raise EngineError(f"GET {target}{path}: expected a JSON object, got {data!r}")
-            return data
-        raise AssertionError("unreachable: the last path either returns or raises")
-
 
 def _as_int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
@@ -376,8 +266,6 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
 
 
 _FULL = frozenset({"float32", "float", "fp32"})
-_CONFIG_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16", "half": "float16",
-                  "bfloat16": "bfloat16"}  # fmt: skip
 
 
 def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
@@ -391,7 +279,7 @@ def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
     if not isinstance(flag, str) or flag.lower() in _FULL:
         return None
     model_path = server.get("model_path")
-    checkpoint = _checkpoint(model_path) if isinstance(model_path, str) else None
+    checkpoint = checkpoint_dtype(model_path) if isinstance(model_path, str) else None
     if checkpoint is None:
         logger.warning(
             "%s serves with --dtype %s and its checkpoint's dtype could not be read here "
@@ -412,21 +300,3 @@ def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
         f"{url} serves the float32 checkpoint {model_path} in {served} (--dtype {flag}), "
         "so its logprobs are not the float32 model's: start it with --dtype float32"
     )
-
-
-def _checkpoint(model_path: str) -> tuple[str, str] | None:
-    """The dtype and model type in ``model_path``'s ``config.json`` (float32 when it names
-    no dtype, as SGLang assumes), or None when the folder is not readable here."""
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    model_type = str(config.get("model_type") or "")
-    text = config.get("text_config")
-    for source in (config, text if isinstance(text, dict) else {}):
-        value = source.get("dtype") or source.get("torch_dtype")
-        if isinstance(value, str):
-            return _CONFIG_DTYPES.get(value.removeprefix("torch."), value), model_type
-    return "float32", model_type

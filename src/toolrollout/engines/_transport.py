@@ -1,9 +1,9 @@
-"""Retry and transport plumbing of :class:`~toolrollout.engines.SGLangClient`.
+"""Retry and transport plumbing of the HTTP engines (SGLang's and vLLM's clients).
 
 Base URL validation, one HTTP exchange (:meth:`_Transport._request_once`: load
 accounting, httpx errors translated into the toolrollout tree) and the retry loop around
-it (:meth:`_Transport._retrying`, bounded by :class:`RetryPolicy`). Both the data plane
-(``_client``) and the control plane (``_control``) send through here.
+it (:meth:`_Transport._retrying`, bounded by :class:`RetryPolicy`). Every engine client's
+data plane and control plane send through here, whatever the server's API.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import httpx
@@ -23,7 +23,7 @@ from tenacity import (
 )
 from yarl import URL
 
-from ..._exceptions import (
+from .._exceptions import (
     EngineConnectionError,
     EngineError,
     EngineHTTPError,
@@ -32,14 +32,14 @@ from ..._exceptions import (
     EngineUnavailable,
     UserError,
 )
-from ..._http import AiohttpTransport, SentOnceBody
-from ..._retry import ENGINE_RETRY, RetryPolicy, retry_after_first
-from .. import _wire
-from .._routing import Router
+from .._http import AiohttpTransport, SentOnceBody
+from .._retry import ENGINE_RETRY, RetryPolicy, retry_after_first
+from . import _wire
+from ._routing import Router
 
 __all__ = ["ENGINE_RETRY", "RetryPolicy"]
 
-logger = logging.getLogger("toolrollout.engines.sglang")
+logger = logging.getLogger("toolrollout.engines")
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -55,21 +55,21 @@ def _body(json_body: Any) -> dict[str, Any]:
 T = TypeVar("T")
 
 
-def _normalize_urls(base_urls: str | Sequence[str]) -> list[str]:
+def _normalize_urls(base_urls: str | Sequence[str], engine: str = "SGLang") -> list[str]:
     raw = [base_urls] if isinstance(base_urls, str) else list(base_urls)
     if not raw:
-        raise UserError("SGLangClient needs at least one base URL")
+        raise UserError(f"{engine}Client needs at least one base URL")
     urls: list[str] = []
     for item in raw:
         url = str(item).strip().rstrip("/")
         try:
             parsed = httpx.URL(url)
         except httpx.InvalidURL as exc:
-            raise UserError(f"invalid SGLang base URL {item!r}: {exc}") from exc
+            raise UserError(f"invalid {engine} base URL {item!r}: {exc}") from exc
         if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise UserError(f"invalid SGLang base URL {item!r}: expected http(s)://host:port")
+            raise UserError(f"invalid {engine} base URL {item!r}: expected http(s)://host:port")
         if url in urls:
-            raise UserError(f"duplicate SGLang base URL {url!r}")
+            raise UserError(f"duplicate {engine} base URL {url!r}")
         urls.append(url)
     return urls
 
@@ -147,6 +147,9 @@ class _Budget:
 class _Transport:
     """Sending with load accounting, error translation and retries (a mixin of the client)."""
 
+    _ENGINE: ClassVar[str] = "SGLang"
+    """The server's name in errors and messages."""
+
     _router: Router
     _http: httpx.AsyncClient
     _raw: AiohttpTransport | None
@@ -172,15 +175,16 @@ class _Transport:
             if not self._pool_warned:
                 self._pool_warned = True
                 logger.warning(
-                    "SGLangClient: more than %d requests in flight fill its connection pool; "
+                    "%s: more than %d requests in flight fill its connection pool; "
                     "the rest wait for a free connection (ClientStats.pool_waits counts them). "
                     "Size the pool to the run: limits=connection_limits(concurrency)",
+                    type(self).__name__,
                     cap,
                 )
 
     def _check_open(self) -> None:
         if self._closed:
-            raise UserError("this SGLangClient is closed")
+            raise UserError(f"this {type(self).__name__} is closed")
 
     def _retryable(self, exc: BaseException) -> bool:
         if isinstance(exc, EngineRequestRejected):
@@ -366,7 +370,7 @@ class _Transport:
         if account:
             self._note_status(url, status)
         message = _wire.error_message(content, status)
-        return _wire.error_from_status(status, message, url=url + path)
+        return _wire.error_from_status(status, message, url=url + path, engine=self._ENGINE)
 
     def _note_status(self, url: str, status: int) -> None:
         """Failover's view of an error status: 5xx is a server fault; 429 is a busy but

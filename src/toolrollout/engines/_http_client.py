@@ -1,0 +1,605 @@
+"""The HTTP engine client every server engine shares: :class:`HTTPClient`.
+
+SGLang's and vLLM's clients differ in their wire format (paths, bodies, answers, request
+ids) and their control plane; everything else is one implementation here: one pooled
+``httpx.AsyncClient`` over aiohttp (``toolrollout._http``), sticky sessions and failover
+(:mod:`._routing`), retries bounded by :class:`RetryPolicy` (:mod:`._transport`), request
+ids registered for :meth:`HTTPClient.abort`, a request aborted before it was sent
+answering with an empty partial output, and the counters of :meth:`HTTPClient.stats`. A
+subclass says how a request is written and an answer read (``_generate_body``,
+``_parse_generate``, ``_abort_body`` and the paths) and adds its control plane.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import anyio
+import httpx
+from yarl import URL
+
+from .._exceptions import EngineError, EngineRequestRejected, EngineUnavailable, UserError
+from .._http import AiohttpTransport
+from .._net import open_file_limit
+from .._pacing import pace
+from . import _wire
+from ._base import Engine
+from ._control import EngineServersFailed
+from ._routing import Router, ServerStats
+from ._transport import ENGINE_RETRY, RetryPolicy, _normalize_urls, _Transport
+from ._types import FinishReason, GenerateRequest, GenerateResult
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "DEFAULT_TIMEOUT",
+    "ClientStats",
+    "HTTPClient",
+    "connection_limits",
+]
+
+logger = logging.getLogger("toolrollout.engines")
+
+T = TypeVar("T")
+
+DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+"""10 s to connect; 600 s to read, since one long generation is silent until it ends."""
+
+DEFAULT_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=16)
+"""Enough connections for thousands of concurrent rollouts against a handful of servers.
+The default transport (aiohttp, see ``toolrollout._http``) keeps every idle connection
+until ``keepalive_expiry``; ``max_keepalive_connections`` applies when an httpx transport is
+passed instead, whose pool scan grows with the square of the idle connections kept
+(docs/benchmarks.md). A run with more requests in flight needs :func:`connection_limits`."""
+
+CONTROL_CONNECTIONS = 64
+"""Connections beside the generate requests, for the control plane (health, load, aborts)."""
+
+FILE_RESERVE = 256
+"""Descriptors left to the rest of the process (files, pipes, tool services' sockets)."""
+
+
+def connection_limits(concurrency: int) -> httpx.Limits:
+    """Pool limits for ``concurrency`` generate requests in flight at once.
+
+    A request beyond the pool's size waits for a connection, unseen by the server and by
+    any scheduling policy, so the composition root sizes the pool to the run's
+    ``RolloutConfig.concurrency`` (plus the control plane), never below
+    :data:`DEFAULT_LIMITS`.
+    """
+    if concurrency < 1:
+        raise UserError(f"concurrency must be at least 1, got {concurrency}")
+    floor = DEFAULT_LIMITS.max_connections or 0
+    return httpx.Limits(
+        max_connections=max(floor, concurrency + CONTROL_CONNECTIONS),
+        max_keepalive_connections=DEFAULT_LIMITS.max_keepalive_connections,
+        keepalive_expiry=DEFAULT_LIMITS.keepalive_expiry,
+    )
+
+
+def _fit_open_files(limits: httpx.Limits, who: str) -> httpx.Limits:
+    """``limits`` with the open-file limit raised to hold them, or capped (and said so)
+    where the hard limit is lower: a connection past it fails with "too many open files"."""
+    connections = limits.max_connections
+    if connections is None:
+        return limits
+    room = open_file_limit(connections + FILE_RESERVE) - FILE_RESERVE
+    if room >= connections:
+        return limits
+    capped = max(room, 1)
+    logger.warning(
+        "%s: a pool of %d connections needs %d open files, but the limit is %d; "
+        "the pool is capped at %d (raise the hard limit, `ulimit -Hn`, for more)",
+        who,
+        connections,
+        connections + FILE_RESERVE,
+        room + FILE_RESERVE,
+        capped,
+    )
+    return httpx.Limits(
+        max_connections=capped,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStats:
+    """A snapshot of the client's counters (frozen: it does not change under you)."""
+
+    servers: tuple[ServerStats, ...]
+    total_requests: int
+    """Calls made (generate, generate_batch, generate_many, stream); retries not counted."""
+    in_flight: int
+    """Calls still running."""
+    retries: int
+    """Retry attempts made after a failed attempt."""
+    failures: int
+    """Calls that ended in an exception (after any retries)."""
+    sessions: int
+    """Sessions currently pinned to a server."""
+    moves: int = 0
+    """Sessions moved to another server by failover."""
+    max_connections: int | None = None
+    """The connection pool's size (None: unbounded)."""
+    pool_waits: int = 0
+    """Requests sent while the pool was full, so they waited for a connection: a sign the
+    pool is smaller than the run's concurrency (see :func:`connection_limits`)."""
+
+    @property
+    def outstanding(self) -> int:
+        """HTTP requests in flight over all servers."""
+        return sum(s.outstanding for s in self.servers)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """What :meth:`HTTPClient.abort` needs to know about a running request."""
+
+    rid: str
+    wire_rid: str
+    server: str | None = None
+    aborted: bool = False
+
+
+class _AbortedBeforeSend(EngineError):
+    """The request was aborted before it reached a server (internal, never escapes)."""
+
+
+class HTTPClient(_Transport, Engine):
+    """An engine backed by one or several inference servers over HTTP (see the module
+    docstring); :class:`~toolrollout.engines.SGLangClient` and
+    :class:`~toolrollout.engines.VLLMClient` are its two wire formats."""
+
+    _GENERATE_PATH: ClassVar[str]
+    """Where a token-in generation request is posted."""
+    _ABORT_PATH: ClassVar[str]
+    """Where an abort by request id is posted."""
+
+    def __init__(
+        self,
+        base_urls: str | Sequence[str],
+        *,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float | None = DEFAULT_TIMEOUT,
+        limits: httpx.Limits = DEFAULT_LIMITS,
+        retry: RetryPolicy | None = None,
+        max_sessions: int = 100_000,
+        headers: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        abort_urls: Sequence[str] | None = None,
+        failover_after: int | None = 3,
+        failover_cooldown: float = 10.0,
+    ) -> None:
+        if max_sessions < 1:
+            raise UserError(f"max_sessions must be >= 1, got {max_sessions}")
+        if failover_after is not None and failover_after < 1:
+            raise UserError(f"failover_after must be >= 1 or None, got {failover_after}")
+        self._router = Router(
+            _normalize_urls(base_urls, self._ENGINE),
+            max_sessions=max_sessions,
+            failover_after=failover_after,
+            cooldown=failover_cooldown,
+            clock=_loop_clock,
+        )
+        # sglang-router (0.3.x) answers 404 on /abort_request, so behind a router the
+        # abort is sent to the workers themselves; each ignores rids it does not hold.
+        self._abort_urls = _normalize_urls(abort_urls, self._ENGINE) if abort_urls else None
+        self._retry = retry if retry is not None else ENGINE_RETRY
+        all_headers = dict(headers or {})
+        if api_key:
+            all_headers["Authorization"] = f"Bearer {api_key}"
+        # The default transport also serves generate's hot path without httpx's objects
+        # (_request_bytes); a transport passed in is always used through httpx's API.
+        if transport is None:
+            limits = _fit_open_files(limits, type(self).__name__)
+        self._max_connections = limits.max_connections
+        self._pool_waits = 0
+        self._pool_warned = False
+        self._raw = AiohttpTransport(limits=limits) if transport is None else None
+        self._raw_headers: list[tuple[str, str]] | None = None
+        self._http = httpx.AsyncClient(
+            timeout=timeout,
+            limits=limits,
+            headers=all_headers,
+            transport=transport if transport is not None else self._raw,
+        )
+        self._inflight: dict[str, _InFlight] = {}
+        self._dead: dict[str, str] = {}
+        """Servers no call may reach any more, with the reason (see :meth:`_mark_dead`)."""
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
+        self._raw_urls: dict[tuple[str, str], URL] = {}
+        self._total = 0
+        self._active = 0
+        self._retries = 0
+        self._failures = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        """The servers, normalised (no trailing slash), in the order given."""
+        return self._router.urls
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Generate one sample; returns the partial output if :meth:`abort` is called."""
+        _require_n(request, 1, "generate")
+        with self._track([request.rid]) as entries:
+            entry = entries[0]
+            try:
+                data, url = await self._post_json(
+                    what=f"generate rid={entry.rid}",
+                    session_id=request.session_id,
+                    entries=entries,
+                    body=lambda: self._generate_body(request, entry.wire_rid),
+                )
+            except EngineError as exc:
+                if entry.aborted and not isinstance(exc, EngineRequestRejected):
+                    # Aborted before it was sent, or while waiting to retry: no tokens
+                    # reached the client, so the partial output is empty.
+                    return _empty_abort(entry, request)
+                raise
+            return self._parse_generate(data, rid=entry.rid, request=request, server_url=url)
+
+    async def abort(self, rid: str) -> None:
+        """Abort a running request on the server that holds it (unknown rids are ignored).
+
+        The pending call returns the tokens generated so far with an ``abort`` finish
+        reason. An abort is itself retried on connection errors.
+        """
+        self._check_open()
+        entry = self._inflight.get(rid)
+        if entry is None:
+            logger.debug("abort(%r): no such request in flight; ignored", rid)
+            return
+        entry.aborted = True
+        if entry.server is None or entry.server in self._dead:
+            return  # not sent yet: the pending call returns an empty aborted result
+        if self._abort_urls is not None:
+            async with anyio.create_task_group() as tg:
+                for url in self._abort_urls:
+                    tg.start_soon(self._abort_on, url, entry.wire_rid, rid)
+            return
+        send = functools.partial(
+            self._request_once,
+            entry.server,
+            "POST",
+            self._ABORT_PATH,
+            json_body=self._abort_body(entry.wire_rid),
+        )
+        await self._retrying(f"abort rid={rid}", send)
+
+    async def abort_all(self) -> None:
+        """Abort every request this client has in flight, each by its own ``rid``.
+
+        Only this client's own requests are named (by ``rid``), never the server's
+        abort-everything (SGLang's ``abort_all``, vLLM's ``/abort_requests`` without ids),
+        which would also stop other clients sharing the server. Used on
+        shutdown; a server that cannot be reached is logged and skipped, since its
+        requests end anyway when the connections close.
+        """
+        rids = list(self._inflight)
+
+        async def one(rid: str) -> None:
+            try:
+                await self.abort(rid)
+            except EngineError as exc:
+                logger.warning("abort_all: could not abort %s (%s)", rid, exc)
+
+        async with anyio.create_task_group() as tg:
+            for rid in rids:
+                tg.start_soon(one, rid)
+
+    async def _abort_on(self, url: str, wire_rid: str, rid: str) -> None:
+        send = functools.partial(
+            self._request_once,
+            url,
+            "POST",
+            self._ABORT_PATH,
+            json_body=self._abort_body(wire_rid),
+            account=False,
+        )
+        await self._retrying(f"abort rid={rid} on {url}", send)
+
+    # -- issue 20 (scheduling policies): GRPO group affinity ------------------------
+    def bind_group(self, session_id: str, group: str) -> str:
+        """Pin ``session_id`` to the server of ``group`` (least loaded at its first use)."""
+        url = self._router.pick(f"group:{group}")
+        self._router.bind(session_id, url)
+        return url
+
+    # -------------------------------------------------------------------------------
+    def release_session(self, session_id: str) -> bool:
+        """Unpin a finished trajectory's session; returns whether it was pinned."""
+        return self._router.unbind(session_id)
+
+    def stats(self) -> ClientStats:
+        """A frozen snapshot of the counters, per server and overall."""
+        return ClientStats(
+            servers=self._router.stats(),
+            total_requests=self._total,
+            in_flight=self._active,
+            retries=self._retries,
+            failures=self._failures,
+            sessions=self._router.session_count,
+            moves=self._router.moves,
+            max_connections=self._max_connections,
+            pool_waits=self._pool_waits,
+        )
+
+    async def aclose(self) -> None:
+        """Close the connection pool; further calls raise :class:`UserError`."""
+        if not self._closed:
+            self._closed = True
+            await self._http.aclose()
+
+    # ------------------------------------------------------------------ internals
+
+    @contextlib.contextmanager
+    def _track(
+        self, rids: Sequence[str | None], *, register: bool = True
+    ) -> Iterator[list[_InFlight]]:
+        """Register a call's request ids (for abort) and count it in the stats."""
+        self._check_open()
+        entries = [_InFlight(rid=r, wire_rid=r) for r in (rid or uuid.uuid4().hex for rid in rids)]
+        if register:
+            seen: set[str] = set()
+            for entry in entries:
+                if entry.rid in seen or entry.rid in self._inflight:
+                    raise UserError(f"request id {entry.rid!r} is already in flight")
+                seen.add(entry.rid)
+            for entry in entries:
+                self._inflight[entry.rid] = entry
+        self._total += 1
+        self._active += 1
+        try:
+            yield entries
+        except Exception:
+            self._failures += 1
+            raise
+        finally:
+            self._active -= 1
+            if register:
+                for entry in entries:
+                    if self._inflight.get(entry.rid) is entry:
+                        del self._inflight[entry.rid]
+
+    def _attempt_target(
+        self, session_id: str | None, entries: Sequence[_InFlight], avoid: set[str], number: int
+    ) -> str:
+        """Pick the server for attempt ``number`` and give the request ids their wire form."""
+        if any(e.aborted for e in entries) and len(entries) == 1:
+            raise _AbortedBeforeSend("aborted before it was sent")
+        url = self._router.pick(session_id, avoid=avoid | self._dead.keys())
+        if url in self._dead:
+            raise EngineUnavailable(self._dead[url])
+        for entry in entries:
+            entry.server = url
+            entry.wire_rid = entry.rid if number == 1 else f"{entry.rid}-retry{number - 1}"
+        return url
+
+    def _rerouter(self, session_id: str | None, avoid: set[str]) -> Callable[[str], None] | None:
+        """For calls not yet pinned: steer the next attempt away from a refusing server."""
+        if session_id is not None and self._router.server_of(session_id) is not None:
+            return None  # a sticky session is retried on its own server
+
+        def reroute(url: str) -> None:
+            avoid.add(url)
+            if session_id is not None:
+                self._router.unbind(session_id)
+
+        return reroute
+
+    async def _post_json(
+        self,
+        *,
+        what: str,
+        session_id: str | None,
+        entries: Sequence[_InFlight],
+        body: Callable[[], dict[str, Any]],
+    ) -> tuple[Any, str]:
+        """POST a generation request with retries; returns the decoded JSON and the server URL."""
+        avoid: set[str] = set()
+        reroute = self._rerouter(session_id, avoid)
+        number = 0
+
+        async def attempt() -> tuple[Any, str]:
+            nonlocal number
+            number += 1
+            url = self._attempt_target(session_id, entries, avoid, number)
+            content = await self._request_bytes(
+                url, self._GENERATE_PATH, body(), on_connect_failure=reroute
+            )
+            # The reply's decoding and the turn it starts take their turn on the loop.
+            await pace()
+            return _wire.parse_json(content, what=f"{what} on {url}"), url
+
+        return await self._retrying(what, attempt, give_up=lambda: any(e.aborted for e in entries))
+
+    # ------------------------------------------------------------------ control helpers
+
+    async def wait_healthy(
+        self,
+        timeout: float = 300.0,  # noqa: ASYNC109 - one deadline shared by all servers' polls
+        *,
+        interval: float = 1.0,
+        path: str = "/health",
+    ) -> None:
+        """Poll ``GET /health`` on every server until all answer 200.
+
+        SGLang answers 503 while starting; its ``/health`` runs a one-token generation,
+        so a 200 means the whole pipeline works. vLLM binds its port only once its engine
+        is up, and answers 200 from then on. Raises :class:`EngineUnavailable`,
+        naming the servers that are not healthy and why, when ``timeout`` seconds pass.
+        """
+        self._check_open()
+        pending = dict.fromkeys(self._router.urls, "not probed yet")
+        deadline = anyio.current_time() + timeout
+
+        async def probe(url: str) -> None:
+            remaining = max(deadline - anyio.current_time(), 0.001)
+            try:
+                response = await self._http.get(url + path, timeout=remaining)
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:
+                pending[url] = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                return
+            if response.status_code == 200:
+                pending.pop(url, None)
+            else:
+                pending[url] = f"HTTP {response.status_code}"
+
+        with anyio.move_on_after(timeout):
+            while pending:
+                async with anyio.create_task_group() as group:
+                    for url in list(pending):
+                        group.start_soon(probe, url)
+                if pending:
+                    await anyio.sleep(interval)
+        if pending:
+            reasons = "; ".join(f"{url} ({why})" for url, why in pending.items())
+            raise EngineUnavailable(f"{self._ENGINE} not healthy after {timeout:g} s: {reasons}")
+
+    async def _on_every_server(
+        self, method: str, path: str, body: Any
+    ) -> dict[str, httpx.Response]:
+        """One control call on all servers at once; failures are raised after all answered."""
+
+        async def one(url: str) -> httpx.Response:
+            send = functools.partial(self._request_once, url, method, path, json_body=body)
+            return await self._retrying(f"{method} {url}{path}", send)
+
+        return await self._gather(path, one)
+
+    async def _gather(self, what: str, call: Callable[[str], Awaitable[T]]) -> dict[str, T]:
+        """``call`` on every server at once, by URL.
+
+        Every server is tried even when one fails. One failure is raised as it is;
+        several raise :class:`EngineServersFailed`, which names each server and error.
+        """
+        self._check_open()
+        results: dict[str, T] = {}
+        errors: dict[str, EngineError] = {}
+
+        async def one(url: str) -> None:
+            try:
+                if url in self._dead:
+                    raise EngineUnavailable(self._dead[url])
+                results[url] = await call(url)
+            except EngineError as exc:
+                errors[url] = exc
+
+        async with anyio.create_task_group() as tg:
+            for url in self._router.urls:
+                tg.start_soon(one, url)
+        if len(errors) == 1:
+            raise next(iter(errors.values()))
+        if errors:
+            ordered = {url: errors[url] for url in self._router.urls if url in errors}
+            raise EngineServersFailed(what, ordered)
+        return results
+
+    def _resolve(self, url: str | None) -> str:
+        if url is None:
+            return self._router.urls[0]
+        normalized = url.strip().rstrip("/")
+        if normalized not in self._router.urls:
+            raise UserError(f"{url!r} is not one of this client's servers {self._router.urls}")
+        return normalized
+
+    async def _get_info(self, url: str | None, paths: Sequence[str]) -> dict[str, Any]:
+        self._check_open()
+        target = self._resolve(url)
+        for i, path in enumerate(paths):
+            send = functools.partial(self._request_once, target, "GET", path)
+            try:
+                response = await self._retrying(f"GET {target}{path}", send)
+            except EngineRequestRejected as exc:
+                if exc.status_code == 404 and i + 1 < len(paths):
+                    continue  # an older server: try the legacy path
+                raise
+            data = _wire.parse_json(response.content, what=f"GET {target}{path}")
+            if not isinstance(data, dict):
+                raise EngineError(f"GET {target}{path}: expected a JSON object, got {data!r}")
+            return data
+        raise AssertionError("unreachable: the last path either returns or raises")
+
+    async def server_kind(self, url: str) -> str:
+        """``"vllm"`` or ``"sglang"``: who answers at ``url``, from ``GET /v1/models``
+        (vLLM's cards say ``owned_by: vllm``) or, where that is missing, ``/server_info``
+        (vLLM's holds ``vllm_config``). Anything else speaks SGLang's API (SGLang,
+        sglang-router, ``toolrollout serve``)."""
+        for path in ("/v1/models", "/server_info"):
+            try:
+                data = await self._get_info(url, (path,))
+            except EngineRequestRejected:
+                continue
+            cards = data.get("data")
+            if isinstance(cards, list) and any(
+                isinstance(card, dict) and card.get("owned_by") == "vllm" for card in cards
+            ):
+                return "vllm"
+            if "vllm_config" in data:
+                return "vllm"
+            if path == "/v1/models" and isinstance(cards, list):
+                return "sglang"
+        return "sglang"
+
+    def _mark_dead(self, url: str, reason: str) -> None:
+        """Send nothing more to ``url``: every later call that would reach it raises
+        :class:`EngineUnavailable` with ``reason`` (a server left in a state where its
+        next request would crash it, or serve weights nobody asked for)."""
+        self._dead[url] = reason
+        logger.error("%s: %s", type(self).__name__, reason)
+
+    # ------------------------------------------------------------------ wire format
+
+    @abstractmethod
+    def _generate_body(self, request: GenerateRequest, wire_rid: str) -> dict[str, Any]:
+        """The JSON body of one generation request sent as ``wire_rid``."""
+
+    @abstractmethod
+    def _parse_generate(
+        self, data: Any, *, rid: str, request: GenerateRequest, server_url: str
+    ) -> GenerateResult:
+        """The decoded answer to one generation request, as the seam's result."""
+
+    @abstractmethod
+    def _abort_body(self, wire_rid: str) -> dict[str, Any]:
+        """The JSON body that aborts the request sent as ``wire_rid``."""
+
+
+def _loop_clock() -> float:
+    """The event loop's clock (virtual in tests), or the monotonic clock outside a loop."""
+    try:
+        return anyio.current_time()
+    except RuntimeError:  # sniffio: no async library running (a stats() call from sync code)
+        return time.monotonic()
+
+
+def _require_n(request: GenerateRequest, n: int, method: str) -> None:
+    if request.sampling.n != n:
+        raise UserError(
+            f"{method}() needs sampling.n == {n}, got {request.sampling.n}; "
+            "use generate_many() for several samples of one prompt"
+        )
+
+
+def _empty_abort(entry: _InFlight, request: GenerateRequest) -> GenerateResult:
+    """The result of a request aborted before any server generated a token for it."""
+    return GenerateResult(
+        rid=entry.rid,
+        output_ids=(),
+        output_logprobs=() if request.return_logprob else None,
+        finish_reason=FinishReason(type="abort", message="aborted before it was sent"),
+        prompt_tokens=len(request.input_ids),
+        completion_tokens=0,
+        server_url=entry.server,
+    )

@@ -1,0 +1,132 @@
+"""The TRL adapter on-policy against a real vLLM server, given nothing but its URL.
+
+A real ``GRPOTrainer`` takes three optimizer steps on the demo model with
+``trl_rollout_func(url, ...)``. Before each rollout batch the adapter saves the trainer's
+weights, has vLLM reload them (the folder validated first, then the prefix cache reset and
+the version labelled), so each batch must be explained by the trainer's policy of that
+moment (float32 teacher forcing at the sampling temperature, ~1e-4), every model turn must
+carry the step that sampled it, and the initial weights must no longer explain the later
+batches.
+
+The demo model ties its output head to its input embeddings, and vLLM's CPU reload leaves
+a tied head on its old weights (``VLLMClient`` refuses that reload: test_entry_points.py); so this
+module's server serves an untied copy of the demo model, which the trainer trains.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integrations.test_trl_weight_sync import (
+    AGREE,
+    MOVED,
+    STEPS,
+    TEMPERATURE,
+    _teacher_forced_gap,
+    _tie_reward,
+)
+from tests.real_engines.vllm._server import VLLMServer, vllm_python
+from toolrollout import RolloutConfig, SamplingParams
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.integrations import trl_rollout_func
+from toolrollout.tools import calculator_tool
+
+pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900)]
+"""A real server starts in 1-4 minutes on a loaded machine (setup counts toward the limit)."""
+
+
+def untied_demo(folder: Path) -> Path:
+    """The demo model with its own output head (a copy of the tied embeddings)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(DEMO_MODEL_PATH), dtype=torch.float32, tie_word_embeddings=False
+    )
+    with torch.no_grad():
+        model.lm_head.weight.copy_(model.model.embed_tokens.weight)
+    model.config.tie_word_embeddings = False
+    model.save_pretrained(folder, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH)).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def untied_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    vllm_python()
+    model = untied_demo(tmp_path_factory.mktemp("untied") / "model")
+    server = VLLMServer(model, model.parent / "vllm.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_each_rollout_batch_is_sampled_by_the_trainers_current_weights(
+    untied_server: VLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    datasets = pytest.importorskip("datasets")
+    trl = pytest.importorskip("trl")
+    torch.manual_seed(0)
+    rows = load_demo_prompts()[:STEPS]
+    dataset = datasets.Dataset.from_list([{"prompt": r["messages"]} for r in rows])
+    model = AutoModelForCausalLM.from_pretrained(str(untied_server.model), dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(untied_server.model))
+    initial = copy.deepcopy(model)
+    config = RolloutConfig(
+        sampling=SamplingParams(max_new_tokens=24, temperature=TEMPERATURE), max_turns=2, seed=0
+    )
+    rollout = trl_rollout_func(
+        untied_server.url, tokenizer, [calculator_tool()], config=config,
+        weights_dir=tmp_path / "weights",
+    )  # fmt: skip
+    assert type(rollout.engine).__name__ == "VLLMClient"  # found from the URL alone
+    batches: list[dict[str, Any]] = []
+
+    def recording(prompts: list[Any], trainer: Any) -> dict[str, Any]:
+        out = rollout(prompts, trainer)
+        batches.append(
+            {
+                "step": trainer.state.global_step,
+                "turn_versions": {v for turns in out["weight_versions"] for v in turns},
+                "gap": _teacher_forced_gap(trainer.model, out, TEMPERATURE),
+                "gap_initial": _teacher_forced_gap(initial, out, TEMPERATURE),
+                "distinct": len({tuple(ids) for ids in out["completion_ids"]}),
+            }
+        )
+        return out
+
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
+        max_completion_length=64, temperature=TEMPERATURE, max_steps=STEPS,
+        learning_rate=3e-3, beta=0.0, logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, bf16=False, seed=0, dataloader_num_workers=0, disable_tqdm=True,
+    )  # fmt: skip
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=[_tie_reward],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=recording,
+    )
+    with rollout:
+        trainer.train()
+    assert [b["step"] for b in batches] == list(range(STEPS))
+    for b in batches:
+        assert b["turn_versions"] == {str(b["step"])}, b  # every turn, not just the row
+        assert b["gap"] < AGREE, f"step {b['step']}: rollouts are off the trainer's policy"
+    assert batches[0]["distinct"] > 1, "the first group's samples are all the same"
+    assert max(b["gap_initial"] for b in batches[1:]) > MOVED  # the served weights moved
+    logged = [h for h in trainer.state.log_history if "rollout/weight_sync/seconds" in h]
+    assert len(logged) == STEPS
