@@ -127,6 +127,8 @@ RAY_MODULES = frozenset(
 """Modules that start a local Ray cluster: one worker runs them all, one cluster at a time."""
 REAL_SGLANG = "tests/real_engines/sglang/"
 """Modules that share one real SGLang server per session: one worker runs them all."""
+REAL_VLLM = "tests/real_engines/vllm/"
+"""Modules that share one real vLLM server per session (and the module ones)."""
 DOCS_PAGE_TEST = "tests/docs/test_docs_run.py::test_page_runs_as_written["
 RAY_PAGES = frozenset({"docs/scale-out.md"})
 """Documentation pages whose commands start a Ray cluster (``--ray``)."""
@@ -136,15 +138,16 @@ def xdist_unit(nodeid: str) -> str:
     """The unit of work a test belongs to; a pytest-xdist worker runs each unit whole.
 
     A module is a unit, so its module-scoped servers start once rather than once per
-    worker; the Ray tests are one unit, and so are the real-SGLang tests (one server for
-    them all); each documentation page is a unit of its own: the
+    worker; the Ray tests are one unit, and so are the real-SGLang tests and the real-vLLM
+    tests (one server each for them all); each documentation page is a unit of its own: the
     pages are the suite's longest tests, and one worker running all of them would finish
     minutes after the other."""
     module = nodeid.split("::", 1)[0]
     if nodeid.startswith(DOCS_PAGE_TEST):
         return "ray" if nodeid[len(DOCS_PAGE_TEST) : -1] in RAY_PAGES else nodeid
-    if module.startswith(REAL_SGLANG):
-        return REAL_SGLANG
+    for engine_tests in (REAL_SGLANG, REAL_VLLM):
+        if module.startswith(engine_tests):
+            return engine_tests
     return "ray" if module in RAY_MODULES else module
 
 

@@ -41,3 +41,8 @@ def test_the_real_sglang_tests_are_one_unit() -> None:
     }
     assert units == {"tests/real_engines/sglang/"}
     assert xdist_unit("tests/engines/test_sglang_client.py::test_c") != units.pop()
+    vllm = {
+        xdist_unit("tests/real_engines/vllm/test_vllm_engine.py::test_a"),
+        xdist_unit("tests/real_engines/vllm/test_vllm_rollouts.py::test_b"),
+    }
+    assert vllm == {"tests/real_engines/vllm/"}

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests._processes import free_port
 
+from tests._processes import free_port
 from toolrollout.apps.demo import DEMO_MODEL_PATH
 
 REPO = Path(__file__).resolve().parents[3]

@@ -22,8 +22,8 @@ import anyio
 import httpx
 import openai
 import pytest
-from tests._processes import free_port, stop, wait_http
 
+from tests._processes import free_port, stop, wait_http
 from toolrollout import UserError
 from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
 from toolrollout.chat import ChatFormat, check_drift

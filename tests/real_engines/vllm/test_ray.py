@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.real_engines.vllm.test_entry_points import ENV, PARITY, largest_logprob_gap
 
+from tests.real_engines.vllm.test_entry_points import ENV, PARITY, largest_logprob_gap
 from toolrollout.rollout import read_rows
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tests.integrations.test_trl_weight_sync import (
     AGREE,
     MOVED,
@@ -30,7 +31,6 @@ from tests.integrations.test_trl_weight_sync import (
     _tie_reward,
 )
 from tests.real_engines.vllm._server import VLLMServer, vllm_python
-
 from toolrollout import RolloutConfig, SamplingParams
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.integrations import trl_rollout_func

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import anyio
 import pytest
-from tests._serve_thread import demo_server_in_thread
-from tests.real_engines.vllm._server import VLLMServer, run_server
 
+from tests._serve_thread import demo_server_in_thread
+from tests.real_engines.vllm._server import VLLMServer
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import GenerateRequest, GenerateResult, SamplingParams, VLLMClient
 from toolrollout.engines._factory import connect
@@ -29,10 +29,9 @@ EOS = 2  # the demo model's <|im_end|>
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """The demo model with an untied output head, which vLLM's CPU build reloads in place
-    (conftest's server keeps the tied original)."""
-    yield from run_server(tmp_path_factory, untied=True)
+def vllm_server(vllm_untied: VLLMServer) -> VLLMServer:
+    """The session's untied server (conftest.py), which may be reloaded."""
+    return vllm_untied
 
 
 @pytest.fixture

@@ -10,15 +10,15 @@ its cause, and a rerun of those samples on the restarted server completes them.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-from tests.real_engines.vllm._server import VLLMServer, run_server
 
+from tests.real_engines.vllm._server import VLLMServer
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import GenerateRequest, RetryPolicy, SamplingParams, VLLMClient
 from toolrollout.engines._checkpoint import CheckpointLayout, read_layout
@@ -36,9 +36,9 @@ PARITY = 1e-4
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    """The demo model with an untied head (the same weights), which may be reloaded."""
-    yield from run_server(tmp_path_factory, untied=True)
+def vllm_server(vllm_untied: VLLMServer) -> VLLMServer:
+    """The session's untied server (conftest.py), which may be reloaded."""
+    return vllm_untied
 
 
 def runner_for(client: VLLMClient, tokenizer: Any, **config: Any) -> RolloutRunner:

@@ -329,7 +329,7 @@ class VLLMClient(HTTPClient):
         finally:
             if paused_here:
                 with anyio.CancelScope(shield=True):
-                    await self._control_alive("POST", "/resume")
+                    await self._resume_after_reload()
         return WeightUpdate(
             model_path=path,
             weight_version=weight_version,
@@ -420,13 +420,14 @@ class VLLMClient(HTTPClient):
             results[url] = await one(url)
         return results
 
-    async def _control_alive(self, method: str, path: str) -> None:
-        """A control call on the servers still alive (resuming after a failed reload)."""
-        alive = [url for url in self._router.urls if url not in self._dead]
-        try:
-            await self._control(method, path, urls=alive)
-        except EngineError as exc:
-            logger.warning("%s on %s failed: %s", path, alive, exc)
+    async def _resume_after_reload(self) -> None:
+        """``/resume`` on every server this update paused, a dead one included: left
+        paused, its other clients' requests would wait forever instead of failing."""
+        for url in self._router.urls:
+            try:
+                await self._request_once(url, "POST", "/resume")
+            except EngineError as exc:
+                logger.warning("/resume on %s failed: %s", url, exc)
 
 
 def _success(response: httpx.Response) -> bool:
