@@ -145,10 +145,12 @@ def xdist_unit(nodeid: str) -> str:
     module = nodeid.split("::", 1)[0]
     if nodeid.startswith(DOCS_PAGE_TEST):
         return "ray" if nodeid[len(DOCS_PAGE_TEST) : -1] in RAY_PAGES else nodeid
+    if module in RAY_MODULES:  # before the engine folders: one Ray cluster at a time
+        return "ray"
     for engine_tests in (REAL_SGLANG, REAL_VLLM):
         if module.startswith(engine_tests):
             return engine_tests
-    return "ray" if module in RAY_MODULES else module
+    return module
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin, never called

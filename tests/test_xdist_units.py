@@ -29,6 +29,7 @@ def test_everything_that_starts_ray_is_one_unit() -> None:
         xdist_unit("tests/distributed/test_ray_generate.py::test_x"),
         xdist_unit("tests/distributed/test_ray_keys.py::test_y"),
         xdist_unit("tests/faults/test_chaos_ray_serve.py::test_z"),
+        xdist_unit("tests/real_engines/vllm/test_ray.py::test_w"),
     }
     assert units == {"ray"}
 

@@ -28,6 +28,7 @@ from toolrollout import UserError
 from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.engines._factory import connect
+from toolrollout.engines.vllm import VLLMClient
 from toolrollout.rollout import read_rows
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
@@ -43,6 +44,12 @@ ENV = {
 }
 PARITY = 1e-4
 """Engine logprob vs float32 teacher forcing of the same ids (measured: under 1e-5)."""
+
+
+@pytest.fixture(scope="module")
+def vllm_server(vllm_untied: Any) -> Any:
+    """The session's server (the demo model, untied: the same logits); no module server."""
+    return vllm_untied
 
 
 @pytest.fixture(scope="module")
@@ -202,12 +209,16 @@ def test_the_gateway_records_an_sdk_agent(
 
 def test_a_tied_models_reload_is_refused_on_a_cpu(vllm_server: Any) -> None:
     """vLLM's CPU reload would keep the demo model's tied output head on its old weights
-    (tests/real_engines/vllm/test_trl_on_policy.py trains an untied copy instead)."""
+    (test_trl_on_policy.py trains an untied copy instead). The session's server serves the
+    untied copy, so the tied demo folder is named as the served one (``served_path``)."""
 
     async def reload() -> str | None:
         async with await connect([vllm_server.url]) as engine:
+            assert isinstance(engine, VLLMClient)
             with pytest.raises(UserError, match="ties the output head"):
-                await engine.update_weights_from_disk(DEMO_MODEL_PATH, weight_version="x")
+                await engine.update_weights_from_disk(
+                    DEMO_MODEL_PATH, weight_version="x", served_path=DEMO_MODEL_PATH
+                )
             return (await engine.info()).weight_version
 
     assert anyio.run(reload) != "x"  # nothing was sent

@@ -9,17 +9,18 @@ carry the step that sampled it, and the initial weights must no longer explain t
 batches.
 
 The demo model ties its output head to its input embeddings, and vLLM's CPU reload leaves
-a tied head on its old weights (``VLLMClient`` refuses that reload: test_entry_points.py); so this
-module's server serves an untied copy of the demo model, which the trainer trains.
+a tied head on its old weights (``VLLMClient`` refuses that reload: test_entry_points.py);
+so the session's untied copy of the demo model (``vllm_untied``) serves it, the trainer
+trains that copy, and the server gets its start-up weights back afterwards.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from tests.integrations.test_trl_weight_sync import (
@@ -30,9 +31,10 @@ from tests.integrations.test_trl_weight_sync import (
     _teacher_forced_gap,
     _tie_reward,
 )
-from tests.real_engines.vllm._server import VLLMServer, vllm_python
+from tests.real_engines.vllm._server import VLLMServer
 from toolrollout import RolloutConfig, SamplingParams
-from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
+from toolrollout.apps.demo import load_demo_prompts
+from toolrollout.engines._factory import connect
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.tools import calculator_tool
 
@@ -40,37 +42,22 @@ pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900
 """A real server starts in 1-4 minutes on a loaded machine (setup counts toward the limit)."""
 
 
-def untied_demo(folder: Path) -> Path:
-    """The demo model with its own output head (a copy of the tied embeddings)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _weights(url: str, folder: Path, version: str | None) -> str | None:
+    """Load ``folder`` with ``version`` (when given); the version served afterwards."""
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(DEMO_MODEL_PATH), dtype=torch.float32, tie_word_embeddings=False
-    )
-    with torch.no_grad():
-        model.lm_head.weight.copy_(model.model.embed_tokens.weight)
-    model.config.tie_word_embeddings = False
-    model.save_pretrained(folder, safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH)).save_pretrained(folder)
-    return folder
+    async def run() -> str | None:
+        async with await connect([url]) as engine:
+            if version is not None:
+                await engine.update_weights_from_disk(folder, weight_version=version)
+            return (await engine.info()).weight_version
 
-
-@pytest.fixture(scope="module")
-def untied_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    vllm_python()
-    model = untied_demo(tmp_path_factory.mktemp("untied") / "model")
-    server = VLLMServer(model, model.parent / "vllm.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    return anyio.run(run)
 
 
 def test_each_rollout_batch_is_sampled_by_the_trainers_current_weights(
-    untied_server: VLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    vllm_untied: VLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    untied_server = vllm_untied
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -120,8 +107,13 @@ def test_each_rollout_batch_is_sampled_by_the_trainers_current_weights(
         processing_class=tokenizer,
         rollout_func=recording,
     )
-    with rollout:
-        trainer.train()
+    before = _weights(untied_server.url, untied_server.model, None)
+    try:
+        with rollout:
+            trainer.train()
+    finally:  # the session's server goes back to its start-up weights for the next modules
+        restored = _weights(untied_server.url, untied_server.model, before or "default")
+    assert restored == (before or "default")
     assert [b["step"] for b in batches] == list(range(STEPS))
     for b in batches:
         assert b["turn_versions"] == {str(b["step"])}, b  # every turn, not just the row
