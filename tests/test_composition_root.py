@@ -187,7 +187,8 @@ def test_a_runner_built_directly_has_the_builders_defaults(tokenizer: Any) -> No
                 if build == "direct"
                 else build_runner(RunSpec(), engine, tokenizer=tokenizer)
             )
-            assert runner.context_length is None  # not asked before the first call
+            before = runner.context_length
+            assert before is None  # not asked before the first call
             [trajectory] = await runner.run([row])
             out.append((trajectory.reward, runner.context_length))
         return out
