@@ -705,6 +705,8 @@ def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
     from toolrollout.apps.distributed import run_sharded
     from toolrollout.rollout import finish_shards, write_leftover
 
+    if plan.spec.engine_urls:  # the servers the workers share: their facts go in the file
+        _record_engine(plan, _servers_info(plan.spec), resumed=bool(plan.skip))
     report = run_sharded(
         plan.prompts,
         spec=plan.spec,
@@ -730,9 +732,25 @@ def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
     )
     if batch:
         summary.update(left_over=len(report.leftover), leftover_path=str(flags.leftover_path))
-    if report.interrupted is None:  # the workers' engines are theirs: no engine facts here
+    if report.interrupted is None:  # without URLs each worker's engine is its own: no facts
         finish_shards(plan.folder, flags.out, metadata=plan.metadata)
     return summary
+
+
+def _servers_info(spec: RunSpec) -> EngineInfo:
+    """What the servers a ``--ray`` run shares report, asked once from the driver."""
+    import anyio
+
+    from toolrollout.engines._factory import connect
+
+    async def ask() -> EngineInfo:
+        async with await connect(
+            spec.engine_urls, health_timeout=spec.health_timeout, engine=spec.engine,
+            **spec.client_options(),
+        ) as engine:  # fmt: skip
+            return await engine.info()
+
+    return anyio.run(ask)
 
 
 async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
