@@ -88,7 +88,11 @@ def test_the_gateway_records_an_sdk_agent_on_the_real_server(
     )  # fmt: skip
     try:
         wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="episode-1")
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1",
+            api_key="harness-key",
+            default_headers={"X-Toolrollout-Session": "episode-1"},
+        )
         messages = run_agent(client, list(load_demo_prompts()[0]["messages"]))
         assert any(m["role"] == "tool" for m in messages)
         closed = httpx.post(
