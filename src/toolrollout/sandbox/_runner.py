@@ -615,6 +615,7 @@ class SandboxRunner:
         finally:
             if pass_fd is not None:
                 os.close(pass_fd)
+        spawned = time.perf_counter()
         timed_out = False
         elapsed = 0.0
         try:
@@ -625,7 +626,9 @@ class SandboxRunner:
                 with anyio.move_on_after(run_timeout) as scope:
                     await process.wait()
                 elapsed = time.perf_counter() - started
-                if scope.cancelled_caught:
+                # A busy event loop can see the exit and the deadline in one turn; a command
+                # that outlived its limit timed out either way.
+                if scope.cancelled_caught or time.perf_counter() - spawned > run_timeout:
                     timed_out = True
                     _kill_group(process.pid)
                     await process.wait()
