@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.real_engines.vllm.test_entry_points import ENV, PARITY, largest_logprob_gap
-from toolrollout.rollout import read_rows
+from toolrollout.rollout import read_rows, read_run_metadata
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900)]
 """A real server starts in 1-4 minutes on a loaded machine (setup counts toward the limit)."""
@@ -40,3 +40,6 @@ def test_ray_workers_share_a_vllm_server(vllm_server: Any, tmp_path: Path) -> No
     assert {r["status"] for r in rows} <= {"completed", "truncated"}, [r["error"] for r in rows]
     assert all(r["weight_version"] for r in rows)
     assert largest_logprob_gap(rows, 0.8) < PARITY
+    # The shared server's facts are in the file, as in a run without --ray.
+    engine = (read_run_metadata(tmp_path / "rows.parquet") or {})["engine"]
+    assert engine["engine"] == "vllm" and engine["dtype"] == "float32", engine

@@ -190,6 +190,8 @@ async def test_info_loads_metrics_and_logprob_mode(
     info = await engine.info()
     assert info.context_length == 1024 and info.vision is False
     assert info.model_path == str(vllm_server.model)
+    assert (info.engine, info.dtype) == ("vllm", "float32")  # what the output files record
+    assert info.engine_version is not None and info.engine_version.startswith("0.")
     assert await engine.logprobs_mode() == "processed_logprobs"
     assert await engine.logprob_mismatch(SamplingParams(temperature=0.7)) is None
     problem = await engine.logprob_mismatch(SamplingParams(temperature=0.7, top_p=0.9))

@@ -145,8 +145,9 @@ class VLLMClient(HTTPClient):
     async def info(self) -> EngineInfo:
         """What every server serves, merged: ``max_model_len`` and the model folder from
         ``/v1/models`` (the folder last reloaded once this client reloaded one), the
-        version label from ``/weight_info`` (None without dev mode). ``vision`` is False:
-        this client sends token ids only."""
+        version label from ``/weight_info`` (None without dev mode), the engine's version
+        from ``/version`` and the served dtype from ``/server_info`` (None without dev
+        mode). ``vision`` is False: this client sends token ids only."""
 
         async def one(url: str) -> ServerInfo:
             data = await self.models(url)
@@ -154,12 +155,16 @@ class VLLMClient(HTTPClient):
             card = cards[0] if isinstance(cards, list) and cards else {}
             length = card.get("max_model_len") if isinstance(card, dict) else None
             root = card.get("root") if isinstance(card, dict) else None
+            version = (await self._get_info(url, ("/version",))).get("version")
             return ServerInfo(
                 url=url,
                 model_path=self._loaded.get(url, root if isinstance(root, str) else None),
                 weight_version=await self.weight_version(url),
                 context_length=length if isinstance(length, int) else None,
                 vision=False,
+                engine="vllm",
+                engine_version=None if version is None else str(version),
+                dtype=await self._served_dtype(url),
             )
 
         answers = await self._gather("info", one)
@@ -246,6 +251,15 @@ class VLLMClient(HTTPClient):
                     "sample with top_p=1, top_k=-1, min_p=0 on vLLM"
                 )
         return None
+
+    async def _served_dtype(self, url: str) -> str | None:
+        """The dtype the server computes in (dev mode's ``/server_info``), else None."""
+        try:
+            model = (await self._config(url)).get("model_config")
+        except UserError:  # no dev mode: the server does not say
+            return None
+        dtype = model.get("dtype") if isinstance(model, dict) else None
+        return None if dtype is None else str(dtype).removeprefix("torch.")
 
     async def _precision_mismatch(self, url: str) -> str | None:
         """A float32 checkpoint served in a lower precision (``--dtype auto`` downcasts it):
