@@ -510,6 +510,28 @@ async def test_a_failing_forward_fails_its_requests_but_not_the_engine(
         assert eng.healthy
 
 
+async def test_tokens_are_labelled_with_the_weights_that_sampled_them(
+    engine: EmbeddedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang's ``meta_info.weight_versions``: a version change mid-request splits the
+    output into runs, each labelled with the version current when its tokens were made."""
+    slow_down(monkeypatch, engine, 0.002)
+    slow = asyncio.create_task(greedy(engine, (1, 2), 150))
+    try:
+        await until(lambda: engine.num_running == 1)
+        await asyncio.sleep(0.05)
+        engine.weight_version = "step-4"
+        result = await slow
+    finally:
+        engine.weight_version = "default"
+    (first, first_end, old), (second, end, new) = result.weight_spans
+    assert (first, old, new, end) == (0, "default", "step-4", 150)
+    assert 0 < first_end == second < 150
+    assert result.weight_version == "step-4"
+    fresh = await greedy(engine, (1, 2), 3)
+    assert fresh.weight_spans == ((0, 3, "default"),)
+
+
 async def test_weight_version_and_flush_cache(engine: EmbeddedEngine) -> None:
     assert await engine.flush_cache()
     engine.weight_version = "step-3"

@@ -109,3 +109,52 @@ async def test_update_answers_by_server_in_url_order() -> None:
     assert update.servers[1].message == f"done {S1}"
     assert update.num_paused_requests == 2
     assert update.model_path == "/ckpt/step-4" and update.weight_version is None
+
+
+async def test_a_seeded_request_logs_once_which_servers_ignore_the_seed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SGLang reads ``sampling_seed`` only under ``--enable-deterministic-inference``
+    (tests/real_engines/sglang/test_generate.py shows the real server ignoring it)."""
+    from toolrollout.engines import GenerateRequest, SamplingParams
+
+    asked: list[str] = []
+    body = json.loads((FIXTURES / "sglang_generate_stop_eos.json").read_text())
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        server, path = host(request), request.url.path
+        if path == "/server_info":
+            asked.append(server)
+            return httpx.Response(200, json={"enable_deterministic_inference": server == S1})
+        return httpx.Response(200, json=body)
+
+    seeded = GenerateRequest(input_ids=[1, 2], sampling=SamplingParams(seed=3))
+    async with client(handler, (S0, S1)) as engine:
+        await engine.generate(GenerateRequest(input_ids=[1, 2]))
+        assert asked == []  # no seed, no question
+        with caplog.at_level("WARNING", logger="toolrollout.engines.sglang"):
+            await engine.generate(seeded)
+            await engine.generate(seeded)
+    assert sorted(asked) == [S0, S1]  # asked once per server, not per request
+    (record,) = [r for r in caplog.records if "sampling_seed" in r.getMessage()]
+    assert record.getMessage().startswith(f"{S0} ignores sampling_seed")
+    assert S1 not in record.getMessage()
+
+
+def test_the_served_dtype_resolves_sglangs_auto(tmp_path: Path) -> None:
+    from toolrollout.engines.sglang._control import served_dtype
+
+    def folder(name: str, config: dict[str, Any]) -> str:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+        return str(tmp_path / name)
+
+    fp32 = folder("fp32", {"model_type": "qwen2", "torch_dtype": "float32"})
+    gemma = folder("gemma", {"model_type": "gemma3", "torch_dtype": "float32"})
+    bf16 = folder("bf16", {"model_type": "qwen2", "torch_dtype": "bfloat16"})
+    assert served_dtype({"dtype": "auto", "model_path": fp32}) == "float16"
+    assert served_dtype({"dtype": "auto", "model_path": gemma}) == "bfloat16"
+    assert served_dtype({"dtype": "auto", "model_path": bf16}) == "bfloat16"
+    assert served_dtype({"dtype": "float32", "model_path": fp32}) == "float32"
+    assert served_dtype({"dtype": "auto", "model_path": str(tmp_path / "elsewhere")}) == "auto"
+    assert served_dtype({}) is None

@@ -29,6 +29,7 @@ META_KEYS = [
     "reasoning_tokens",
     "completion_tokens",
     "cached_tokens",
+    "weight_versions",
     "e2e_latency",
     "response_sent_to_client_ts",
 ]
@@ -477,7 +478,8 @@ async def test_abort_all_and_abort_in_waiting_queue(tiny_model_path: Path) -> No
             waited = (await second).json()
             assert waited["output_ids"] == []
             assert list(waited["meta_info"]) == [
-                "id", "finish_reason", "weight_version", "e2e_latency", *LOGPROB_KEYS,
+                "id", "finish_reason", "weight_version", "e2e_latency", "weight_versions",
+                *LOGPROB_KEYS,
                 "completion_tokens", "response_sent_to_client_ts",
             ]  # fmt: skip
             assert waited["meta_info"]["finish_reason"] == {

@@ -247,6 +247,8 @@ def create_app(
             "weight_version": engine.weight_version,
             "skip_tokenizer_init": False,
             "disable_radix_cache": True,
+            # It honours sampling_seed, as SGLang does only with this flag.
+            "enable_deterministic_inference": True,
             "is_embedded_engine": True,
             "internal_states": [
                 {"num_running_reqs": running, "num_waiting_reqs": waiting, "dp_rank": 0}

@@ -426,6 +426,7 @@ def output_json(
             "finish_reason": {"type": "abort", "message": (out.finish_reason or _ABORT).message},
             "weight_version": out.weight_version,
             "e2e_latency": out.e2e_latency,
+            "weight_versions": weight_versions_json(out),
         }
         if sub.request.return_logprob:
             meta.update(_logprob_fields(out, sub, decode))
@@ -443,11 +444,20 @@ def output_json(
         meta["reasoning_tokens"] = 0
         meta["completion_tokens"] = out.completion_tokens
         meta["cached_tokens"] = out.cached_tokens
+        meta["weight_versions"] = weight_versions_json(out)
         if out.finished:
             meta["e2e_latency"] = out.e2e_latency
     if first_sent:
         meta["response_sent_to_client_ts"] = time.time()
     return {"text": out.text, "output_ids": list(out.output_ids), "meta_info": meta}
+
+
+def weight_versions_json(out: EmbeddedOutput) -> list[dict[str, Any]]:
+    """SGLang's ``meta_info.weight_versions`` (``utils/weight_versions.py``): the runs of
+    output ids by the weights that sampled them; one empty run of the current version
+    when there is no output yet."""
+    spans = out.weight_spans or ((0, 0, out.weight_version),)
+    return [{"version": v, "start": start, "end": end} for start, end, v in spans]
 
 
 _ABORT = FinishReason("abort", message="Aborted")

@@ -790,6 +790,7 @@ def _result(out: EmbeddedOutput, request: GenerateRequest) -> GenerateResult:
         completion_tokens=out.completion_tokens,
         cached_tokens=out.cached_tokens,
         weight_version=out.weight_version,
+        weight_spans=out.weight_spans,
         text=out.text,
         e2e_latency=out.e2e_latency,
     )

@@ -43,6 +43,8 @@ class EmbeddedOutput:
     """Prefix-cache hits. The embedded engine has no prefix cache, so this is always 0."""
     aborted_in_waiting_queue: bool = False
     """Aborted before prefill; SGLang reports such requests with a shorter ``meta_info``."""
+    weight_spans: tuple[tuple[int, int, str], ...] = ()
+    """``(start, end, version)`` runs of ``output_ids`` by the weights that produced them."""
 
     @property
     def finished(self) -> bool:

@@ -100,6 +100,10 @@ class Sequence:
     """Pixel inputs of a prompt with images (prefilled alone, with 3-D positions)."""
     position_offset: int = 0
     """Added to a token's index to get its rotary position (non-zero after images)."""
+    weight_spans: list[tuple[int, int, str]] = field(default_factory=list)
+    """``(start, end, version)`` runs of output ids by the weights that produced them (a
+    request paused across a weight update continues on the new ones), as SGLang's
+    ``meta_info.weight_versions``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,6 +453,11 @@ class Scheduler:
 
     def _append(self, seq: Sequence, token: int, logprobs: torch.Tensor) -> None:
         seq.output_ids.append(token)
+        end, version, spans = len(seq.output_ids), self._weight_version(), seq.weight_spans
+        if spans and spans[-1][2] == version:
+            spans[-1] = (spans[-1][0], end, version)
+        else:
+            spans.append((end - 1, end, version))
         seq.output_logprobs.append(float(logprobs[token]))
         if seq.options.top_logprobs_num > 0:
             seq.output_top.append(_top(logprobs, seq.options.top_logprobs_num))
@@ -549,6 +558,7 @@ class Scheduler:
             finish_reason=seq.finish,
             prompt_tokens=len(seq.prompt),
             weight_version=self._weight_version(),
+            weight_spans=tuple(seq.weight_spans),
             e2e_latency=time.perf_counter() - seq.created if finished else None,
             aborted_in_waiting_queue=seq.aborted_in_waiting_queue,
         )

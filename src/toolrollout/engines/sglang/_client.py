@@ -96,6 +96,16 @@ class SGLangClient(_ControlPlane):
     def _abort_body(self, wire_rid: str) -> dict[str, Any]:
         return {"rid": wire_rid}
 
+    async def _before_seeded(self, requests: Sequence[GenerateRequest]) -> None:
+        if not self._seed_checked and any(r.sampling.seed is not None for r in requests):
+            await self._check_seed_honoured()
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """One sample (see :class:`~toolrollout.engines.Engine`); the first seeded request
+        of a client logs the servers that ignore ``sampling_seed``."""
+        await self._before_seeded((request,))
+        return await super().generate(request)
+
     async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
         """Generate one sample per request in one HTTP call; results keep the input order.
 
@@ -107,6 +117,7 @@ class SGLangClient(_ControlPlane):
             return []
         for request in requests:
             _require_n(request, 1, "generate_batch")
+        await self._before_seeded(requests)
         session = next((r.session_id for r in requests if r.session_id is not None), None)
         with self._track([r.rid for r in requests]) as entries:
             data, url = await self._post_json(
@@ -137,6 +148,7 @@ class SGLangClient(_ControlPlane):
             raise UserError(f"sampling.n must be >= 1, got {n}")
         if n == 1:
             return [await self.generate(request)]
+        await self._before_seeded((request,))
         with self._track([request.rid], register=False) as entries:
             data, url = await self._post_json(
                 what=f"generate_many n={n}",
@@ -161,6 +173,7 @@ class SGLangClient(_ControlPlane):
         stop: SGLang aborts a request whose client disconnects.
         """
         _require_n(request, 1, "stream")
+        await self._before_seeded((request,))
         with self._track([request.rid]) as entries:
             entry = entries[0]
             try:

@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from ..._exceptions import EngineRequestRejected, UserError
+from ..._exceptions import EngineError, EngineRequestRejected, UserError
 from .. import _wire
 from .._checkpoint import checkpoint_dtype
 from .._control import (
@@ -40,6 +40,36 @@ _SERVER_INFO = ("/server_info", "/get_server_info")
 
 class _ControlPlane(HTTPClient):
     """The control calls of the SGLang client (a mixin: the client holds the state)."""
+
+    _seed_checked = False
+    """Whether the servers were asked if they honour ``sampling_seed`` (once a client)."""
+
+    async def _check_seed_honoured(self) -> None:
+        """Log once which servers ignore ``sampling_seed``: SGLang reads it only when
+        started with ``--enable-deterministic-inference`` (``sampling_batch_info.py``), and
+        otherwise samples as if no seed was given. A server that does not say is not
+        judged; one that cannot answer at once is not asked again (no retries: the
+        request itself meets a server that is down)."""
+        if self._seed_checked:
+            return
+        self._seed_checked = True
+        ignoring = []
+        for url in self._router.urls:
+            try:
+                response = await self._request_once(url, "GET", "/server_info", account=False)
+                server = _wire.parse_json(response.content, what=f"GET {url}/server_info")
+            except EngineError as exc:
+                logger.debug("%s: cannot say whether it honours sampling_seed: %s", url, exc)
+                continue
+            if isinstance(server, dict) and server.get("enable_deterministic_inference") is False:
+                ignoring.append(url)
+        if ignoring:
+            logger.warning(
+                "%s ignore%s sampling_seed: seeded samples are not reproducible (SGLang "
+                "reads the seed only when started with --enable-deterministic-inference)",
+                ", ".join(ignoring),
+                "s" if len(ignoring) == 1 else "",
+            )
 
     async def model_info(self, url: str | None = None) -> dict[str, Any]:
         """``GET /model_info`` (``/get_model_info`` on servers older than 2025-11)."""
@@ -237,6 +267,14 @@ def _scheduler_version(server: dict[str, Any]) -> str | None:
     return version if isinstance(version, str) else None
 
 
+def _engine_kind(server: dict[str, Any]) -> str:
+    """``sglang``, or which of the project's servers that speak SGLang's API this is
+    (``toolrollout serve`` and the benchmark's latency model say so in ``/server_info``)."""
+    if server.get("is_embedded_engine") is True:
+        return "toolrollout-embedded"
+    return "toolrollout-latency-model" if server.get("is_latency_model") is True else "sglang"
+
+
 def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> ServerInfo:
     """One server's :class:`ServerInfo` from its ``/model_info`` and ``/server_info``."""
 
@@ -258,23 +296,43 @@ def _server_info(url: str, model: dict[str, Any], server: dict[str, Any]) -> Ser
         weight_version=scheduler if scheduler is not None else text("weight_version"),
         context_length=length,
         vision=model.get("has_image_understanding") is True,
-        # toolrollout serve speaks SGLang's API and says so in /server_info.
-        engine="toolrollout-embedded" if server.get("is_embedded_engine") is True else "sglang",
+        engine=_engine_kind(server),
         engine_version=text("version"),
-        dtype=text("dtype"),
+        dtype=served_dtype(server),
     )
 
 
 _FULL = frozenset({"float32", "float", "fp32"})
 
 
-def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
-    """One line when ``server`` (its ``/server_info``) serves a float32 checkpoint narrower.
+def served_dtype(server: dict[str, Any]) -> str | None:
+    """The dtype a server (its ``/server_info``) computes in.
 
-    SGLang resolves ``--dtype auto`` as ``model_config._get_and_verify_dtype`` does: a
-    float32 checkpoint is served in float16 (bfloat16 for Gemma), any other in its own
-    dtype. A server that reports no ``dtype`` (not SGLang) is not judged.
+    SGLang reports its ``--dtype`` flag; ``auto`` is resolved here as SGLang's
+    ``model_config._get_and_verify_dtype`` does: a float32 checkpoint is served in float16
+    (bfloat16 for Gemma), any other in its own dtype. ``auto`` stays ``auto`` where the
+    checkpoint's ``config.json`` is not readable on this machine. ``toolrollout serve``
+    reports the dtype it resolved, which a concrete flag means on both servers.
     """
+    flag = server.get("dtype")
+    if not isinstance(flag, str):
+        return None
+    if flag.lower() != "auto":
+        return flag
+    model_path = server.get("model_path")
+    checkpoint = checkpoint_dtype(model_path) if isinstance(model_path, str) else None
+    if checkpoint is None:
+        return flag
+    dtype, model_type = checkpoint
+    if dtype == "float32":
+        return "bfloat16" if model_type.startswith("gemma") else "float16"
+    return dtype
+
+
+def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
+    """One line when ``server`` (its ``/server_info``) serves a float32 checkpoint narrower
+    (see :func:`served_dtype`). A server that reports no ``dtype`` (not SGLang) is not
+    judged."""
     flag = server.get("dtype")
     if not isinstance(flag, str) or flag.lower() in _FULL:
         return None
@@ -290,12 +348,9 @@ def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
             model_path,
         )
         return None
-    dtype, model_type = checkpoint
-    if dtype != "float32":
+    if checkpoint[0] != "float32":
         return None  # served in its own half dtype (auto), or cast between halves
-    served = flag.lower()
-    if served == "auto":
-        served = "bfloat16" if model_type.startswith("gemma") else "float16"
+    served = served_dtype(server)
     return (
         f"{url} serves the float32 checkpoint {model_path} in {served} (--dtype {flag}), "
         "so its logprobs are not the float32 model's: start it with --dtype float32"
