@@ -12,25 +12,23 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pyarrow.parquet as pq
 import pytest
 
-from tests._processes import free_port, stop, wait_http
 from tests.cli.test_eval_cli import direct
 from tests.gateway.conftest import rebuilt
-from tests.gateway.test_gateway_cli import _runs, run_agent
+from tests.gateway.test_gateway_cli import _runs
+from tests.real_engines._gateway import record_sdk_session
 from tests.real_engines.sglang._launch import DEMO_MODEL, LIMIT, SGLangServer
 from toolrollout.apps.demo import CALCULATOR_TOOL, load_demo_prompts
-from toolrollout.chat import ChatFormat, check_drift
-from toolrollout.rollout import TokenSpan, Trajectory, TrajectoryStatus, read_rows
+from toolrollout.chat import ChatFormat
+from toolrollout.rollout import TokenSpan, Trajectory, TrajectoryStatus
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(LIMIT)]
 
@@ -79,35 +77,9 @@ def test_the_gateway_records_an_sdk_agent_on_the_real_server(
 ) -> None:
     from transformers import AutoTokenizer
 
-    out = tmp_path / "sessions.parquet"
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "toolrollout", "gateway", "--engine-url", sglang_fp32.url,
-         "--port", str(port), "--out", str(out)],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1",
-            api_key="harness-key",
-            default_headers={"X-Toolrollout-Session": "episode-1"},
-        )
-        messages = run_agent(client, list(load_demo_prompts()[0]["messages"]))
-        assert any(m["role"] == "tool" for m in messages)
-        closed = httpx.post(
-            f"http://127.0.0.1:{port}/v1/sessions/episode-1/close", json={"reward": 1.0}
-        ).json()
-        assert [r["segment"] for r in closed["rows"]] == [0]
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err.decode()
-    finally:
-        stop(proc)
-    (recorded,) = read_rows(out)
-    assert recorded["num_turns"] == sum(1 for m in messages if m["role"] == "assistant")
-    pairs = list(zip(recorded["rollout_logprobs"], recorded["loss_mask"], strict=True))
-    assert all(lp < 0 for lp, masked in pairs if masked)
+    _, recorded = record_sdk_session(
+        sglang_fp32.url, tmp_path / "sessions.parquet", temperature=0.0
+    )
     version = _served_version(sglang_fp32.url)
     assert recorded["weight_version"] == version  # the gateway keeps the row's version only
     spans, at = [], 0
@@ -125,4 +97,3 @@ def test_the_gateway_records_an_sdk_agent_on_the_real_server(
     chat = ChatFormat(AutoTokenizer.from_pretrained(str(DEMO_MODEL)), tools=[CALCULATOR_TOOL])
     full: list[Any] = [*recorded["prompt_ids"], *recorded["response_ids"]]
     assert full == rebuilt(trajectory, chat)
-    assert check_drift(full, recorded["messages"], chat_format=chat).expected

@@ -65,16 +65,20 @@ async def test_the_logprob_layout(sglang_fp32: SGLangServer) -> None:
 
 
 async def test_sampling_ignores_the_seed_without_deterministic_inference(
-    sglang_fp32: SGLangServer,
+    sglang_fp32: SGLangServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """SGLang reads ``sampling_seed`` only with ``--enable-deterministic-inference``
     (``sampling_batch_info.py``), which needs a GPU attention backend: on this server the
-    same seed gives different samples. ``toolrollout serve`` honours it (docs/engines.md)."""
+    same seed gives different samples, and the client says so once. ``toolrollout serve``
+    honours it (docs/engines.md)."""
     async with SGLangClient(sglang_fp32.url) as client:
         server = await client.server_info()
-        samples = [await client.generate(request(temperature=1.0, seed=7)) for _ in range(3)]
+        with caplog.at_level("WARNING", logger="toolrollout.engines.sglang"):
+            samples = [await client.generate(request(temperature=1.0, seed=7)) for _ in range(3)]
     assert server["enable_deterministic_inference"] is False
     assert len({s.output_ids for s in samples}) > 1
+    (warning,) = [r.getMessage() for r in caplog.records if "sampling_seed" in r.getMessage()]
+    assert warning.startswith(f"{sglang_fp32.url} ignores sampling_seed")
     for sample in samples:
         assert sample.output_logprobs is not None
         assert len(sample.output_logprobs) == len(sample.output_ids)

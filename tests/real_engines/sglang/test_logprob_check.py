@@ -49,6 +49,9 @@ async def max_logprob_error(url: str) -> float:
 async def test_float16_serving_is_detected_and_measurably_off(sglang_auto: SGLangServer) -> None:
     async with SGLangClient(sglang_auto.url) as client:
         reason = await client.logprob_mismatch(SamplingParams())
+        (served,) = (await client.info()).servers
+        flag = (await client.server_info())["dtype"]
+    assert (flag, served.dtype) == ("auto", "float16")  # the flag, and what output files record
     assert reason is not None and "\n" not in reason
     assert "in float16 (--dtype auto)" in reason and "--dtype float32" in reason
     assert sglang_auto.url in reason

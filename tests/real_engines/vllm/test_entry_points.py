@@ -12,21 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
-import openai
 import pytest
 
-from tests._processes import free_port, stop, wait_http
+from tests.real_engines._gateway import record_sdk_session
 from toolrollout import UserError
-from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
-from toolrollout.chat import ChatFormat, check_drift
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines._factory import connect
 from toolrollout.engines.vllm import VLLMClient
 from toolrollout.rollout import read_rows
@@ -50,13 +46,6 @@ PARITY = 1e-4
 def vllm_server(vllm_untied: Any) -> Any:
     """The session's server (the demo model, untied: the same logits); no module server."""
     return vllm_untied
-
-
-@pytest.fixture(scope="module")
-def demo_tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
 
 
 def toolrollout(*args: str, cwd: Path, timeout: float = 400) -> subprocess.CompletedProcess[str]:
@@ -162,52 +151,9 @@ def _flat(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix.rstrip("/"), data)]
 
 
-def _run_agent(client: Any, messages: list[Any]) -> list[Any]:
-    for _ in range(4):
-        reply = client.chat.completions.create(
-            model="toolrollout", messages=messages, tools=[CALCULATOR_TOOL], max_tokens=64
-        )
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            return messages
-        for call in message.tool_calls:
-            result = calculator(json.loads(call.function.arguments)["expression"])
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    return messages
-
-
-def test_the_gateway_records_an_sdk_agent(
-    vllm_server: Any, tmp_path: Path, demo_tokenizer: Any
-) -> None:
-    out = tmp_path / "sessions.parquet"
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "toolrollout", "gateway", "--engine-url", vllm_server.url,
-         "--port", str(port), "--out", str(out)],
-        env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", 120, proc)
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1",
-            api_key="harness-key",
-            default_headers={"X-Toolrollout-Session": "episode-1"},
-        )
-        messages = _run_agent(client, list(load_demo_prompts()[0]["messages"]))
-        assert any(m["role"] == "tool" for m in messages)
-        httpx.post(f"http://127.0.0.1:{port}/v1/sessions/episode-1/close", json={"reward": 1.0})
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err.decode()
-    finally:
-        stop(proc)
-    (row,) = read_rows(out)
-    assert row["num_turns"] == sum(1 for m in messages if m["role"] == "assistant")
+def test_the_gateway_records_an_sdk_agent(vllm_server: Any, tmp_path: Path) -> None:
+    _, row = record_sdk_session(vllm_server.url, tmp_path / "sessions.parquet", temperature=None)
     assert row["weight_version"]
-    full_ids = [*row["prompt_ids"], *row["response_ids"]]
-    chat = ChatFormat(demo_tokenizer, tools=[CALCULATOR_TOOL])
-    assert check_drift(full_ids, row["messages"], chat_format=chat).expected
     assert largest_logprob_gap([row], 1.0) < PARITY
 
 
