@@ -108,9 +108,10 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", "toolrollout bench --mode toolr"): (
         "two modes of 1,024 and two of 10,000 trajectories, 14 minutes of the 2-core machine"
     ),
-    ("docs/benchmarks.md", "python -m venv .engines/verifi"): (
-        "starts a real SGLang server from .engines/sglang (bash .ci/sglang.sh) and takes about "
-        "6 minutes"
+    ("docs/benchmarks.md", "SGLANG_USE_CPU_ENGINE=1 OMP_NU"): (
+        "needs the real SGLang (.ci/sglang.sh; one to three minutes to start here) and "
+        "verifiers in a virtualenv of its own (it would downgrade datasets); "
+        "tests/real_engines/vllm/test_entry_points.py runs a small bench --engine-url"
     ),
     ("docs/engines.md", "class Engine(ABC):"): ("an outline of the abstract class, not a program"),
     ("docs/engines.md", "python -m sglang.launch_server"): (

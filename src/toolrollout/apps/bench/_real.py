@@ -342,8 +342,16 @@ async def run_verifiers(config: RealBenchConfig, tokenizer: Any) -> dict[str, An
         score_rollouts=False,
         dataset=Dataset.from_list(inputs),
     )
+    from toolrollout.engines import SGLangClient
+
+    async with await _engine(config) as engine:
+        sglang = isinstance(engine, SGLangClient)
     openai_client = AsyncOpenAI(
-        base_url=f"{config.engine_url}/v1", api_key="unused", max_retries=0, timeout=600.0
+        base_url=f"{config.engine_url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=600.0,
+        http_client=_sglang_chat_shim() if sglang else None,
     )
     served = (await openai_client.models.list()).data[0].id
     sampling = {"max_tokens": config.max_new_tokens, "temperature": config.temperature}
@@ -369,6 +377,7 @@ async def run_verifiers(config: RealBenchConfig, tokenizer: Any) -> dict[str, An
     )
     tools = sum(sum(1 for m in (o.get("completion") or []) if role(m) == "tool") for o in outputs)
     usage = [o.get("token_usage") or {} for o in outputs]
+    errors = [repr(o["error"]) for o in outputs if o.get("error")]
     return {
         "trajectories": len(outputs),
         "completed": sum(1 for o in outputs if o.get("is_completed") and not o.get("error")),
@@ -377,10 +386,56 @@ async def run_verifiers(config: RealBenchConfig, tokenizer: Any) -> dict[str, An
         "generated_tokens": sum(
             int(u.get("output_tokens", u.get("completion_tokens", 0)) or 0) for u in usage
         ),
-        "errors": sum(1 for o in outputs if o.get("error")),
+        # verifiers ends a rollout whose model turn came back empty (the small demo model
+        # does so now and then on SGLang's chat route): the model's answer, not a failure
+        # of the server or of the run, so it is counted apart.
+        "errors": sum(1 for e in errors if "EmptyModelResponse" not in e),
+        "empty_responses": sum(1 for e in errors if "EmptyModelResponse" in e),
+        "first_error": errors[0][:300] if errors else None,
         **measured,
         "note": f"verifiers {getattr(vf, '__version__', '?')} ToolEnv over /v1/chat/completions",
     }
+
+
+def _sglang_chat_shim() -> Any:
+    """An HTTP client between verifiers 0.2.0 and SGLang 0.5.23 that changes two things.
+
+    * Answers: SGLang puts the weight-version spans (a list) in a chat answer's
+      ``metadata``, which the OpenAI SDK types as strings; verifiers' validation failed
+      every rollout on it. That one key is dropped (``weight_version`` stays).
+    * Requests: verifiers marks every tool ``strict``, and SGLang then constrains the
+      call's decoding with a grammar (the demo model ran to ``max_tokens`` with empty
+      content). ``strict`` is dropped, so the server samples as for the other modes.
+    """
+    import httpx
+
+    class Shim(httpx.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self._inner = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            sent = json.loads(request.content) if request.content.startswith(b"{") else None
+            if isinstance(sent, dict) and sent.get("tools"):
+                for tool in sent["tools"]:
+                    tool.get("function", {}).pop("strict", None)
+                headers = {k: v for k, v in request.headers.items() if k != "content-length"}
+                request = httpx.Request(
+                    request.method, request.url, headers=headers, content=json.dumps(sent)
+                )
+            response = await self._inner.handle_async_request(request)
+            body = await response.aread()
+            data = json.loads(body) if body.startswith(b"{") else None
+            if isinstance(data, dict) and isinstance(data.get("metadata"), dict):
+                data["metadata"].pop("weight_versions", None)
+                body = json.dumps(data).encode()
+            dropped = ("content-length", "content-encoding")  # the body is decoded here
+            headers = {k: v for k, v in response.headers.items() if k not in dropped}
+            return httpx.Response(response.status_code, headers=headers, content=body)
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    return httpx.AsyncClient(transport=Shim(), timeout=600.0)
 
 
 def worker(mode: str, config: RealBenchConfig) -> dict[str, Any]:
@@ -575,6 +630,7 @@ def _run_mode(
         raise BenchmarkError(
             f"mode {mode!r}: {result['errors']} of {result['trajectories']} "
             "trajectories failed (is the server alive? see its log)"
+            + (f"; the first: {result['first_error']}" if result.get("first_error") else "")
         )
     if mode == "toolrollout":  # what the bound replays
         Path(config.turns_file).write_text(json.dumps(result.pop("model_turns")))
