@@ -495,7 +495,9 @@ class LatencyServer:
         output = self.script.output_ids(scripted.text)
         max_new = request.sampling.max_new_tokens
         finish = FinishReason("stop", matched=self.script.im_end)
-        if len(output) > max_new:
+        if request.sampling.ignore_eos:  # SGLang decodes max_new_tokens whatever it samples
+            output = (output * (max_new // max(len(output), 1) + 1))[:max_new] or [0] * max_new
+        if len(output) > max_new or request.sampling.ignore_eos:
             output = output[:max_new]
             finish = FinishReason("length", length=max_new)
         arrived = time.perf_counter()
@@ -574,6 +576,8 @@ def _generate_json(result: GenerateResult, *, return_logprob: bool) -> dict[str,
         "completion_tokens": result.completion_tokens,
         "cached_tokens": result.cached_tokens,
         "e2e_latency": result.e2e_latency,
+        # SGLang's runs of output ids by weight version (utils/weight_versions.py).
+        "weight_versions": [{"version": "default", "start": 0, "end": result.completion_tokens}],
     }
     if return_logprob and result.output_logprobs is not None:
         meta["output_token_logprobs"] = [
@@ -607,7 +611,9 @@ def _request_from_body(body: Any) -> tuple[GenerateRequest, bool, int | None]:
         raise UserError("priority must be an integer")
     request = GenerateRequest(
         input_ids=tuple(ids),
-        sampling=SamplingParams(max_new_tokens=max_new),
+        sampling=SamplingParams(
+            max_new_tokens=max_new, ignore_eos=params.get("ignore_eos") is True
+        ),
         rid=rid if isinstance(rid, str) else None,
     )
     return request, bool(body.get("return_logprob", False)), priority
@@ -643,6 +649,7 @@ def create_latency_app(server: LatencyServer) -> Any:
             "tokenizer_path": server.model_name,
             "is_generation": True,
             "weight_version": "default",
+            "has_image_understanding": False,
         }
 
     app.get("/model_info")(model_info)
@@ -664,6 +671,8 @@ def create_latency_app(server: LatencyServer) -> Any:
             "schedule_low_priority_values_first": sched.low_values_first,
             "priority_scheduling_preemption_threshold": sched.preemption_threshold,
             "is_latency_model": True,
+            "weight_version": "default",
+            "enable_deterministic_inference": False,  # its outputs are scripted, not sampled
             "internal_states": [
                 {
                     "num_running_reqs": server.num_running,

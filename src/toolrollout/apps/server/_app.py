@@ -249,6 +249,10 @@ def create_app(
             "disable_radix_cache": True,
             # It honours sampling_seed, as SGLang does only with this flag.
             "enable_deterministic_inference": True,
+            # No priority scheduling: the client then sends no priority (SGLang's defaults).
+            "enable_priority_scheduling": False,
+            "schedule_low_priority_values_first": False,
+            "priority_scheduling_preemption_threshold": 10,
             "is_embedded_engine": True,
             "internal_states": [
                 {"num_running_reqs": running, "num_waiting_reqs": waiting, "dp_rank": 0}
@@ -271,25 +275,28 @@ def create_app(
         ]
 
     @app.get("/v1/loads")
-    async def v1_loads() -> dict[str, Any]:
+    async def v1_loads(include: str = "all") -> dict[str, Any]:
         used = engine.num_tokens
         capacity = engine.max_batch_size * engine.context_length
+        load: dict[str, Any] = {
+            "dp_rank": 0,
+            "num_running_reqs": engine.num_running,
+            "num_waiting_reqs": engine.num_waiting,
+            "num_total_reqs": engine.num_running + engine.num_waiting,
+            "num_used_tokens": used,
+            "max_total_num_tokens": capacity,
+            "token_usage": used / capacity if capacity else 0.0,
+        }
+        if {"all", "queues"} & {part.strip() for part in include.split(",")}:
+            # SGLang's queue section (v1_loads.py); nothing is ever paused or retracted here.
+            waiting = engine.num_waiting
+            load["queues"] = {"waiting": waiting, "grammar": 0, "paused": 0, "retracted": 0}
         return {
             "timestamp": datetime.now(UTC).isoformat(),
             "version": _version(),
             "accelerator": engine.device,
             "num_accelerators": 1,
-            "loads": [
-                {
-                    "dp_rank": 0,
-                    "num_running_reqs": engine.num_running,
-                    "num_waiting_reqs": engine.num_waiting,
-                    "num_total_reqs": engine.num_running + engine.num_waiting,
-                    "num_used_tokens": used,
-                    "max_total_num_tokens": capacity,
-                    "token_usage": used / capacity if capacity else 0.0,
-                }
-            ],
+            "loads": [load],
         }
 
     @app.get("/v1/models")
