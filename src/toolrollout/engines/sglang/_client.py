@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+import anyio
 import httpx
 
 from ..._exceptions import EngineConnectionError, EngineError, EngineRequestRejected, UserError
@@ -97,7 +98,12 @@ class SGLangClient(_ControlPlane):
         return {"rid": wire_rid}
 
     async def _before_seeded(self, requests: Sequence[GenerateRequest]) -> None:
-        if not self._seed_checked and any(r.sampling.seed is not None for r in requests):
+        if self._seed_checked or all(r.sampling.seed is None for r in requests):
+            return
+        # The requests that arrive during the check wait behind it in arrival order (the
+        # lock is first in, first out), so the check does not reorder what the servers see.
+        lock = self.__dict__.setdefault("_seed_lock", anyio.Lock())
+        async with lock:
             await self._check_seed_honoured()
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
