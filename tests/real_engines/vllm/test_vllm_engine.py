@@ -200,6 +200,9 @@ async def test_info_loads_metrics_and_logprob_mode(
     assert loads[0]["num_running_reqs"] == 0 and 0.0 <= loads[0]["token_usage"] <= 1.0
     metrics = await engine.metrics()
     assert metrics["vllm:prefix_cache_queries_total"] > 0
+    # get_loads() defaults a missing sample to 0: the names it reads must be served.
+    read = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
+    assert read <= set(metrics), read - set(metrics)
 
 
 async def test_pause_in_place_keeps_requests_and_new_ones_wait(
