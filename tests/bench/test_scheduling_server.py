@@ -28,10 +28,9 @@ from toolrollout.apps.bench import (
     LatencyServer,
     ServerScheduling,
     Workload,
-    create_latency_app,
     kv_bound_makespan,
 )
-from toolrollout.apps.bench._server import PRIORITY_DISABLED_MESSAGE
+from toolrollout.apps.bench._server import PRIORITY_DISABLED_MESSAGE, create_latency_app
 from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.chat import ChatFormat
 from toolrollout.engines import GenerateRequest, SamplingParams

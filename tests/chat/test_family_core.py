@@ -17,7 +17,8 @@ from tests.chat.conftest import QWEN_ADDED, build_tokenizer
 from tests.chat.families.conftest import fresh_render_ids
 from transformers import PreTrainedTokenizerBase
 
-from toolrollout.chat import CallIdRequest, ChatFormat, TemplateFamily, get_template_family
+from toolrollout.chat import ChatFormat, TemplateFamily
+from toolrollout.chat.families import CallIdRequest, get_template_family
 from toolrollout.exceptions import UserError
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
 from toolrollout.rollout._drift import DriftLedger

@@ -23,7 +23,8 @@ from tests._processes import free_port, stop, wait_http
 
 from toolrollout.apps.demo import CALCULATOR_TOOL, calculator, load_demo_prompts
 from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
-from toolrollout.chat import VisionFormat, load_image
+from toolrollout.chat import VisionFormat
+from toolrollout.chat._multimodal import load_image
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.rollout import (
     RolloutConfig,

@@ -26,18 +26,13 @@ from toolrollout.exceptions import (
 from toolrollout.sandbox import (
     RunCodeRequest,
     RunCodeResponse,
-    RunStatus,
     SandboxTool,
     format_run_code_response,
     sandbox_tool,
 )
-from toolrollout.tools import (
-    ToolCallRequest,
-    ToolContext,
-    ToolExecutor,
-    load_tool_config,
-    tools_from_config,
-)
+from toolrollout.sandbox._protocol import RunStatus
+from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, load_tool_config
+from toolrollout.tools._config import tools_from_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,6 @@ from toolrollout._exceptions import (
 from toolrollout.tools import (
     CircuitBreaker,
     CircuitBreakerPolicy,
-    CircuitState,
     RetryPolicy,
     ToolCallRequest,
     ToolExecutor,
@@ -27,6 +26,7 @@ from toolrollout.tools import (
     ToolResult,
     function_tool,
 )
+from toolrollout.tools._limits import CircuitState
 
 
 class FakeClock:

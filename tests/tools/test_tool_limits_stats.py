@@ -19,7 +19,6 @@ from toolrollout._exceptions import (
     UserError,
 )
 from toolrollout.tools import (
-    LatencyWindow,
     RetryPolicy,
     ToolCallRequest,
     ToolCallSummary,
@@ -29,7 +28,7 @@ from toolrollout.tools import (
     function_tool,
     summarize_tool_calls,
 )
-from toolrollout.tools._limits import quantile
+from toolrollout.tools._limits import LatencyWindow, quantile
 
 
 class TestPercentiles:

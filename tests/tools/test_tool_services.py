@@ -29,8 +29,8 @@ from toolrollout.tools import (
     open_tools,
     register_tool_type,
     tool_types,
-    tools_from_config,
 )
+from toolrollout.tools._config import tools_from_config
 
 TOOLS_SRC = Path(__file__).resolve().parents[2] / "src" / "toolrollout" / "tools"
 

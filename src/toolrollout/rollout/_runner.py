@@ -36,7 +36,8 @@ import anyio.lowlevel
 
 from toolrollout._exceptions import EngineError, InexactLogprobsError, UserError
 from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
-from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
+from toolrollout.chat import ChatFormat, VisionFormat
+from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._scheduling import Scheduler, WorkHistory

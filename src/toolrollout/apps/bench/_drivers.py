@@ -276,7 +276,8 @@ async def lockstep_rollout(
     waits for the whole batch's generations, then for the whole batch's tool calls, before
     its next turn. The same chat format, parser, client and tool as toolrollout's; returns
     the counts (trajectories, completed, turns, generated and cached tokens, tool errors)."""
-    from toolrollout.chat import ChatFormat, get_tool_parser
+    from toolrollout.chat import ChatFormat
+    from toolrollout.chat.parsers import get_tool_parser
     from toolrollout.engines import GenerateRequest, GenerateResult
     from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
 

@@ -41,7 +41,8 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
     """Median seconds of one turn's token work at turn 1 and at turn ``turns``."""
     from types import SimpleNamespace
 
-    from toolrollout.chat import ChatFormat, check_drift, get_tool_parser
+    from toolrollout.chat import ChatFormat, check_drift
+    from toolrollout.chat.parsers import get_tool_parser
     from toolrollout.rollout import RolloutConfig, RolloutPrompt, TokenSpan
     from toolrollout.rollout._state import TrajectoryState
 

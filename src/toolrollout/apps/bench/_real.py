@@ -181,7 +181,8 @@ async def run_toolrollout(config: RealBenchConfig, tokenizer: Any) -> dict[str, 
 
 
 async def run_lockstep(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
-    from toolrollout.chat import ChatFormat, get_tool_parser
+    from toolrollout.chat import ChatFormat
+    from toolrollout.chat.parsers import get_tool_parser
     from toolrollout.engines import GenerateRequest, GenerateResult
     from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
 

@@ -652,7 +652,7 @@ def _prompts(
     from toolrollout._exceptions import UserError
     from toolrollout.apps.demo import demo_prompts_for_tools
     from toolrollout.data import load_prompts
-    from toolrollout.rollout import resume_prompt
+    from toolrollout.rollout._state import resume_prompt
     from toolrollout.spec import check_interactions
 
     if flags.resume_leftover is not None:
@@ -702,7 +702,7 @@ def _open_folder(plan: _Plan, flags: _Flags) -> None:
 
 def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
     """The run sharded over Ray actors (``--ray``), merged as a one-machine run would be."""
-    from toolrollout.apps.distributed import run_sharded
+    from toolrollout.apps.distributed._driver import run_sharded
     from toolrollout.rollout import finish_shards, write_leftover
 
     if plan.spec.engine_urls:  # the servers the workers share: their facts go in the file
@@ -901,7 +901,7 @@ def _ray_options(flags: _Flags) -> Any:
         if flags.ray_address is not None:
             raise UserError("--ray-address needs --ray")
         return None
-    from toolrollout.apps.distributed import RayOptions, import_ray
+    from toolrollout.apps.distributed._driver import RayOptions, import_ray
 
     options = RayOptions(workers=flags.ray_workers, address=flags.ray_address)
     if flags.resume_leftover is not None:

@@ -77,13 +77,8 @@ def run_program(code: str) -> str:
 
 def sandbox_text(stdout: str) -> str:
     """The tool message for a program that printed ``stdout`` and exited normally."""
-    from toolrollout.sandbox import (
-        CommandRunResult,
-        CommandRunStatus,
-        RunCodeResponse,
-        RunStatus,
-        format_run_code_response,
-    )
+    from toolrollout.sandbox import RunCodeResponse, format_run_code_response
+    from toolrollout.sandbox._protocol import CommandRunResult, CommandRunStatus, RunStatus
 
     response = RunCodeResponse(
         status=RunStatus.Success,

@@ -273,7 +273,7 @@ def _video_loss(
     The shared prefix is run once and its KV cache repeated over the rows (gradients flow
     through it), which makes a step several times cheaper than running each row whole.
     """
-    from toolrollout.chat import load_image
+    from toolrollout.chat._multimodal import load_image
 
     image_token = model.config.image_token_id
     full, full_attention, _ = _padded(batch, 0, pad)
@@ -419,7 +419,8 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
     """
     from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLForConditionalGeneration
 
-    from toolrollout.chat import VisionFormat, load_image
+    from toolrollout.chat import VisionFormat
+    from toolrollout.chat._multimodal import load_image
 
     tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
     auto: Any = AutoImageProcessor

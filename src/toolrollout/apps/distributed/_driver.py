@@ -41,13 +41,8 @@ from toolrollout._exceptions import DistributedError, UserError
 from toolrollout._security import ADMIN_API_KEY_ENV, API_KEY_ENV
 from toolrollout._supervisor import RestartPolicy, ServiceCommand, SupervisedService, supervise
 from toolrollout.engines._factory import EngineKind
-from toolrollout.rollout import (
-    RolloutPrompt,
-    ShardWriter,
-    Trajectory,
-    done_samples,
-    failed_trajectory,
-)
+from toolrollout.rollout import RolloutPrompt, ShardWriter, Trajectory, done_samples
+from toolrollout.rollout._runner import failed_trajectory
 from toolrollout.spec import RunSpec, check_target_groups
 
 from ._batch import BatchCoordinator

@@ -48,7 +48,9 @@ from toolrollout._exceptions import (
     UserError,
 )
 from toolrollout._records import RolloutPrompt, Trajectory, TrajectoryImage, TrajectoryStatus
-from toolrollout.chat import ChatFormat, ImageRun, ParsedTurn, get_tool_parser
+from toolrollout.chat import ChatFormat, ParsedTurn
+from toolrollout.chat._multimodal import ImageRun
+from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._types import (
     GenerateRequest,
@@ -84,7 +86,8 @@ from ._types import (
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-    from toolrollout.chat import PreparedImage, VisionFormat
+    from toolrollout.chat import VisionFormat
+    from toolrollout.chat._multimodal import PreparedImage
     from toolrollout.engines import Engine
     from toolrollout.rollout import ShardWriter
     from toolrollout.spec import RunSpec
