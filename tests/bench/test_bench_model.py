@@ -14,18 +14,18 @@ from toolrollout._exceptions import UserError
 from toolrollout.apps.bench import (
     BenchConfig,
     LatencyModel,
-    ModeResult,
     ToolLatency,
     Workload,
     WorkloadItem,
     default_modes,
-    kv_bound_makespan,
 )
 from toolrollout.apps.bench._harness import BenchReport
 from toolrollout.apps.bench._metrics import (
+    ModeResult,
     critical_paths,
     fifo_makespan,
     ideal_makespan,
+    kv_bound_makespan,
     orchestration_efficiency,
 )
 from toolrollout.apps.bench._model import parse_directive, parse_group_directive

@@ -23,14 +23,13 @@ import pytest
 from tests._latency import lookup
 from transformers import AutoTokenizer
 
-from toolrollout.apps.bench import (
-    LatencyModel,
+from toolrollout.apps.bench import LatencyModel, ServerScheduling, Workload
+from toolrollout.apps.bench._metrics import kv_bound_makespan
+from toolrollout.apps.bench._server import (
+    PRIORITY_DISABLED_MESSAGE,
     LatencyServer,
-    ServerScheduling,
-    Workload,
-    kv_bound_makespan,
+    create_latency_app,
 )
-from toolrollout.apps.bench._server import PRIORITY_DISABLED_MESSAGE, create_latency_app
 from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.chat import ChatFormat
 from toolrollout.engines import GenerateRequest, SamplingParams

@@ -150,7 +150,7 @@ def _config_on_free_port(name: str, url_key: str, tmp_path: Path) -> Path:
     parallel with other servers); everything else, the tool schema included, unchanged."""
     import yaml
 
-    from toolrollout.sandbox import free_port
+    from toolrollout.sandbox._background import free_port
 
     shipped = Path(__file__).resolve().parents[2] / "tool_configs" / name
     config = yaml.safe_load(shipped.read_text(encoding="utf-8"))

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from toolrollout import UserError
+from toolrollout.exceptions import SandboxIsolationError
 from toolrollout.sandbox import (
     RunCodeRequest,
-    SandboxIsolationError,
     sandbox_tool,
     serve_local_sandboxes,
     serve_sandbox_in_background,

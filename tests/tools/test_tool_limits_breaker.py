@@ -17,7 +17,6 @@ from toolrollout._exceptions import (
     UserError,
 )
 from toolrollout.tools import (
-    CircuitBreaker,
     CircuitBreakerPolicy,
     RetryPolicy,
     ToolCallRequest,
@@ -26,7 +25,7 @@ from toolrollout.tools import (
     ToolResult,
     function_tool,
 )
-from toolrollout.tools._limits import CircuitState
+from toolrollout.tools._limits import CircuitBreaker, CircuitState
 
 
 class FakeClock:

@@ -24,13 +24,12 @@ from toolrollout.tools import (
     ToolExecutor,
     ToolResult,
     ToolService,
-    build_native_entry,
     calculator_tool,
     open_tools,
     register_tool_type,
     tool_types,
 )
-from toolrollout.tools._config import tools_from_config
+from toolrollout.tools._config import build_native_entry, tools_from_config
 
 TOOLS_SRC = Path(__file__).resolve().parents[2] / "src" / "toolrollout" / "tools"
 

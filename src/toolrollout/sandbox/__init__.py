@@ -3,7 +3,7 @@
 - :class:`SandboxTool` / :func:`sandbox_tool`: a tool that runs the model's code through
   Sandbox Fusion's ``POST /run_code`` (a real deployment, or the local server). Tool
   configs build it with ``config: {type: sandbox, sandbox_fusion_url: ...}``
-  (:func:`build_sandbox_entry` is the ``sandbox`` tool type's builder).
+  (the ``sandbox`` tool type).
 - ``toolrollout sandbox serve`` (:func:`run_sandbox_server`): the same API on one machine,
   running ``python``, ``bash`` and, where their toolchain is installed, ``c``, ``cpp``,
   ``go``, ``java``, ``nodejs``, ``typescript``, ``rust``, ``perl``, ``ruby`` and ``lua``
@@ -20,16 +20,12 @@ See ``docs/sandbox.md`` for the isolation model and its limits.
 
 from __future__ import annotations
 
-from toolrollout._exceptions import SandboxIsolationError as SandboxIsolationError
-
 from ._background import LocalSandboxService as LocalSandboxService
-from ._background import free_port as free_port
 from ._background import serve_local_sandboxes as serve_local_sandboxes
 from ._background import serve_sandbox_in_background as serve_sandbox_in_background
 from ._protocol import RunCodeRequest as RunCodeRequest
 from ._protocol import RunCodeResponse as RunCodeResponse
 from ._tool import SandboxTool as SandboxTool
-from ._tool import build_sandbox_entry as build_sandbox_entry
 from ._tool import format_run_code_response as format_run_code_response
 from ._tool import sandbox_tool as sandbox_tool
 
@@ -37,11 +33,8 @@ __all__ = [
     "LocalSandboxService",
     "RunCodeRequest",
     "RunCodeResponse",
-    "SandboxIsolationError",
     "SandboxTool",
-    "build_sandbox_entry",
     "format_run_code_response",
-    "free_port",
     "sandbox_tool",
     "serve_local_sandboxes",
     "serve_sandbox_in_background",

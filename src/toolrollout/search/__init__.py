@@ -8,7 +8,7 @@
 - :func:`serve_retriever_in_background` runs that server as a child process; a tool with
   ``local_corpus`` asks for one (:class:`LocalRetrieverService`) in its ``services()``,
   which :func:`toolrollout.tools.open_tools` opens; :func:`serve_local_retrievers` starts
-  them for a list of tools. :func:`build_search_entry` is the ``search`` tool type's builder.
+  them for a list of tools. The ``search`` tool type builds them from a tool config.
 - :mod:`toolrollout.search.demo_corpus`: a small synthetic corpus and questions about it.
 
 Importing this package imports neither bm25s nor FastAPI.
@@ -19,9 +19,7 @@ from __future__ import annotations
 from ._bm25 import Bm25Retriever as Bm25Retriever
 from ._client import SearchTool as SearchTool
 from ._client import VerlSearchTool as VerlSearchTool
-from ._client import build_search_entry as build_search_entry
 from ._corpus import load_corpus as load_corpus
-from ._local import LocalRetriever as LocalRetriever
 from ._local import LocalRetrieverService as LocalRetrieverService
 from ._local import serve_local_retrievers as serve_local_retrievers
 from ._local import serve_retriever_in_background as serve_retriever_in_background
@@ -31,11 +29,9 @@ from .demo_corpus import load_demo_questions as load_demo_questions
 __all__ = [
     "DEMO_CORPUS_PATH",
     "Bm25Retriever",
-    "LocalRetriever",
     "LocalRetrieverService",
     "SearchTool",
     "VerlSearchTool",
-    "build_search_entry",
     "load_corpus",
     "load_demo_questions",
     "serve_local_retrievers",

@@ -53,8 +53,8 @@ from toolrollout.tools import (
     ToolLimits,
     ToolResult,
     ToolService,
-    build_native_entry,
 )
+from toolrollout.tools._config import build_native_entry
 from toolrollout.tools._models import ToolEntryConfigModel
 
 from ._format import RetrievedDocument, format_results, parse_response

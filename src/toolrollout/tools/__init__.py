@@ -20,22 +20,15 @@ from ._base import ToolService as ToolService
 from ._builtin import CalculatorTool as CalculatorTool
 from ._builtin import Gsm8kTool as Gsm8kTool
 from ._builtin import calculator_tool as calculator_tool
-from ._config import build_native_entry as build_native_entry
 from ._config import load_tool_config as load_tool_config
-from ._executor import ExecutorStatistics as ExecutorStatistics
 from ._executor import ToolCallSummary as ToolCallSummary
 from ._executor import ToolExecutor as ToolExecutor
-from ._executor import ToolStatistics as ToolStatistics
 from ._executor import summarize_tool_calls as summarize_tool_calls
 from ._function import FunctionTool as FunctionTool
 from ._function import function_tool as function_tool
 from ._lifecycle import StatefulTool as StatefulTool
 from ._lifecycle import ToolSession as ToolSession
 from ._lifecycle import tool_kwargs as tool_kwargs
-from ._limits import CircuitBreaker as CircuitBreaker
-from ._limits import CircuitBreakerStatistics as CircuitBreakerStatistics
-from ._limits import LatencyStatistics as LatencyStatistics
-from ._limits import RateLimiter as RateLimiter
 from ._models import ToolEntryModel as ToolEntryModel
 from ._registry import BuildContext as BuildContext
 from ._registry import ToolBuilder as ToolBuilder
@@ -54,14 +47,9 @@ from ._verl import VerlToolAdapter as VerlToolAdapter
 __all__ = [
     "BuildContext",
     "CalculatorTool",
-    "CircuitBreaker",
     "CircuitBreakerPolicy",
-    "CircuitBreakerStatistics",
-    "ExecutorStatistics",
     "FunctionTool",
     "Gsm8kTool",
-    "LatencyStatistics",
-    "RateLimiter",
     "RetryPolicy",
     "StatefulTool",
     "Tool",
@@ -75,9 +63,7 @@ __all__ = [
     "ToolResult",
     "ToolService",
     "ToolSession",
-    "ToolStatistics",
     "VerlToolAdapter",
-    "build_native_entry",
     "calculator_tool",
     "function_tool",
     "load_tool_config",

@@ -15,8 +15,6 @@ from ._harness import default_modes as default_modes
 from ._harness import run_benchmark as run_benchmark
 from ._harness import serve_benchmark_services as serve_benchmark_services
 from ._harness import write_json as write_json
-from ._metrics import ModeResult as ModeResult
-from ._metrics import kv_bound_makespan as kv_bound_makespan
 from ._micro import tokenization_cost as tokenization_cost
 from ._model import LatencyModel as LatencyModel
 from ._model import ServerScheduling as ServerScheduling
@@ -25,22 +23,18 @@ from ._model import Workload as Workload
 from ._model import WorkloadItem as WorkloadItem
 from ._report import plot_report as plot_report
 from ._report import render_table as render_table
-from ._server import LatencyServer as LatencyServer
 from ._tools import LookupClient as LookupClient
 
 __all__ = [
     "MODES",
     "BenchConfig",
     "LatencyModel",
-    "LatencyServer",
     "LookupClient",
-    "ModeResult",
     "ServerScheduling",
     "ToolLatency",
     "Workload",
     "WorkloadItem",
     "default_modes",
-    "kv_bound_makespan",
     "plot_report",
     "render_table",
     "run_benchmark",

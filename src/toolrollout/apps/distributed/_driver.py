@@ -302,7 +302,7 @@ def _engine(ray: Any, spec: RunSpec, options: RayOptions) -> Iterator[_Engines]:
             engine=spec.engine,
         )  # fmt: skip
         return
-    from toolrollout.sandbox import free_port
+    from toolrollout.sandbox._background import free_port
 
     # A local cluster reaches it on loopback; a real cluster at this node's address.
     if options.address:

@@ -6,21 +6,19 @@
   trajectory; it is opened with ``async with`` and connects each server lazily, on first
   call, reconnecting after a lost session.
 - :class:`McpTool` is one server tool as a :class:`~toolrollout.tools.Tool`;
-  ``load_tool_config`` builds them from ``config.type: mcp`` entries (the ``mcp`` tool
-  type's builder is :func:`build_mcp_entry`). Each tool's :meth:`~McpTool.services` is its
-  manager (:class:`McpSessionService`), so :func:`toolrollout.tools.open_tools` opens each
-  manager once; :func:`mcp_sessions` does the same for MCP tools alone.
+  ``load_tool_config`` builds them from ``config.type: mcp`` entries. Each tool's
+  :meth:`~McpTool.services` is its manager (an ``McpSessionService``), so
+  :func:`toolrollout.tools.open_tools` opens each manager once; :func:`mcp_sessions` does
+  the same for MCP tools alone.
 
 See ``docs/mcp.md``.
 """
 
 from __future__ import annotations
 
-from ._config import build_mcp_entry as build_mcp_entry
 from ._manager import McpClientManager as McpClientManager
 from ._manager import McpRoot as McpRoot
 from ._servers import load_mcp_servers as load_mcp_servers
-from ._tool import McpSessionService as McpSessionService
 from ._tool import McpTool as McpTool
 from ._tool import list_mcp_tools as list_mcp_tools
 from ._tool import mcp_sessions as mcp_sessions
@@ -28,9 +26,7 @@ from ._tool import mcp_sessions as mcp_sessions
 __all__ = [
     "McpClientManager",
     "McpRoot",
-    "McpSessionService",
     "McpTool",
-    "build_mcp_entry",
     "list_mcp_tools",
     "load_mcp_servers",
     "mcp_sessions",
