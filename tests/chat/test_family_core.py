@@ -207,7 +207,7 @@ def test_documented_drift_is_not_a_mismatch() -> None:
 def test_a_leftover_resumes_only_with_the_same_family(
     qwen3_tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    from toolrollout.spec import chat_setup, check_leftover_matches, leftover_info
+    from toolrollout.rollout._compat import chat_setup, check_leftover_matches, leftover_info
 
     thinking_off = RolloutConfig(chat_template_kwargs={"enable_thinking": False})
     saved = leftover_info(

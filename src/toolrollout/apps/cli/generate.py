@@ -55,7 +55,8 @@ from toolrollout.apps.cli._common import (
 if TYPE_CHECKING:
     from toolrollout.engines import Engine, EngineInfo
     from toolrollout.rollout import RolloutPrompt, Trajectory
-    from toolrollout.spec import RunParts, RunSpec
+    from toolrollout.spec import RunSpec
+    from toolrollout.spec._open import RunParts
 
 __all__ = ["generate", "register"]
 
@@ -593,14 +594,14 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
 
 def _plan(flags: _Flags) -> _Plan:
     """Check the flags, load the tokenizer, tools, prompts or leftover: fail before writing."""
-    from toolrollout.spec import (
+    from toolrollout.rollout._compat import (
         chat_setup,
         check_leftover_matches,
         effective_tool_parser,
         leftover_info,
-        load_parts,
         run_metadata,
     )
+    from toolrollout.spec import load_parts
 
     _check_flags(flags)
     carried, saved, n = _read_carried(flags)
@@ -653,7 +654,7 @@ def _prompts(
     from toolrollout.apps.demo import demo_prompts_for_tools
     from toolrollout.data import load_prompts
     from toolrollout.rollout._state import resume_prompt
-    from toolrollout.spec import check_interactions
+    from toolrollout.spec._open import check_interactions
 
     if flags.resume_leftover is not None:
         resumable = [t for t in carried if t.resume_point is not None]
@@ -922,7 +923,7 @@ def _record_engine(plan: _Plan, info: EngineInfo, *, resumed: bool) -> None:
     sampled by another engine, version or dtype than the rows to come (their sampling
     settings and tokenizer were checked against the run manifest already)."""
     from toolrollout.rollout import read_run_metadata
-    from toolrollout.spec import engine_facts
+    from toolrollout.rollout._compat import engine_facts
 
     plan.metadata["engine"] = facts = engine_facts(info)
     if not resumed:
@@ -959,7 +960,7 @@ def _open_run_folder(
     recorded are not checked for them.
     """
     from toolrollout._exceptions import UserError
-    from toolrollout.spec import sampling_changes
+    from toolrollout.rollout._compat import sampling_changes
 
     identity = {
         "dataset": str(dataset.resolve()),

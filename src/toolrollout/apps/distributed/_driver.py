@@ -43,7 +43,8 @@ from toolrollout._supervisor import RestartPolicy, ServiceCommand, SupervisedSer
 from toolrollout.engines._factory import EngineKind
 from toolrollout.rollout import RolloutPrompt, ShardWriter, Trajectory, done_samples
 from toolrollout.rollout._runner import failed_trajectory
-from toolrollout.spec import RunSpec, check_target_groups
+from toolrollout.spec import RunSpec
+from toolrollout.spec._spec import check_target_groups
 
 from ._batch import BatchCoordinator
 from ._sharding import shard_prompts
