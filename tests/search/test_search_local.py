@@ -10,14 +10,10 @@ import httpx
 import pytest
 
 from toolrollout._exceptions import ToolUnavailable, UserError
-from toolrollout.search import (
-    DEMO_CORPUS_PATH,
-    SearchTool,
-    serve_local_retrievers,
-    serve_retriever_in_background,
-)
+from toolrollout.search import SearchTool, serve_local_retrievers, serve_retriever_in_background
 from toolrollout.search._local import free_port
 from toolrollout.search.demo_corpus import (
+    DEMO_CORPUS_PATH,
     DEMO_QUESTIONS_PATH,
     build_demo_corpus,
     build_demo_questions,

@@ -21,13 +21,13 @@ from toolrollout._exceptions import (
 from toolrollout.tools import (
     RetryPolicy,
     ToolCallRequest,
-    ToolCallSummary,
     ToolExecutor,
     ToolLimits,
     ToolResult,
     function_tool,
     summarize_tool_calls,
 )
+from toolrollout.tools._executor import ToolCallSummary
 from toolrollout.tools._limits import LatencyWindow, quantile
 
 

@@ -246,7 +246,8 @@ def test_sandbox_tools_on_one_port_share_one_local_sandbox() -> None:
 async def test_search_tools_asking_for_two_corpora_on_one_port_fail_before_anything_starts(
     tmp_path: Path,
 ) -> None:
-    from toolrollout.search import DEMO_CORPUS_PATH, LocalRetrieverService, SearchTool
+    from toolrollout.search import LocalRetrieverService, SearchTool
+    from toolrollout.search.demo_corpus import DEMO_CORPUS_PATH
 
     other = tmp_path / "corpus.jsonl"
     other.write_text('{"id": "1", "contents": "x"}\n', encoding="utf-8")

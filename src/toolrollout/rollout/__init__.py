@@ -32,7 +32,6 @@ from ._runner import RolloutRunner as RolloutRunner
 from ._state import TrajectoryState as TrajectoryState
 
 if TYPE_CHECKING:
-    from ._leftover import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
     from ._leftover import read_leftover as read_leftover
     from ._leftover import write_leftover as write_leftover
     from ._output import RUN_METADATA_KEY as RUN_METADATA_KEY
@@ -50,7 +49,6 @@ if TYPE_CHECKING:
     from ._output import write_trajectories as write_trajectories
 
 __all__ = [
-    "LEFTOVER_SCHEMA",
     "RUN_METADATA_KEY",
     "TRAJECTORY_SCHEMA",
     "EnvStep",
@@ -85,7 +83,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    **dict.fromkeys(("LEFTOVER_SCHEMA", "read_leftover", "write_leftover"), "._leftover"),
+    **dict.fromkeys(("read_leftover", "write_leftover"), "._leftover"),
     **dict.fromkeys(
         (
             "RUN_METADATA_KEY",

@@ -26,7 +26,6 @@ from ._background import serve_sandbox_in_background as serve_sandbox_in_backgro
 from ._protocol import RunCodeRequest as RunCodeRequest
 from ._protocol import RunCodeResponse as RunCodeResponse
 from ._tool import SandboxTool as SandboxTool
-from ._tool import format_run_code_response as format_run_code_response
 from ._tool import sandbox_tool as sandbox_tool
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "RunCodeRequest",
     "RunCodeResponse",
     "SandboxTool",
-    "format_run_code_response",
     "sandbox_tool",
     "serve_local_sandboxes",
     "serve_sandbox_in_background",

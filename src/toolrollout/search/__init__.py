@@ -23,17 +23,13 @@ from ._corpus import load_corpus as load_corpus
 from ._local import LocalRetrieverService as LocalRetrieverService
 from ._local import serve_local_retrievers as serve_local_retrievers
 from ._local import serve_retriever_in_background as serve_retriever_in_background
-from .demo_corpus import DEMO_CORPUS_PATH as DEMO_CORPUS_PATH
-from .demo_corpus import load_demo_questions as load_demo_questions
 
 __all__ = [
-    "DEMO_CORPUS_PATH",
     "Bm25Retriever",
     "LocalRetrieverService",
     "SearchTool",
     "VerlSearchTool",
     "load_corpus",
-    "load_demo_questions",
     "serve_local_retrievers",
     "serve_retriever_in_background",
 ]

@@ -21,7 +21,6 @@ from ._builtin import CalculatorTool as CalculatorTool
 from ._builtin import Gsm8kTool as Gsm8kTool
 from ._builtin import calculator_tool as calculator_tool
 from ._config import load_tool_config as load_tool_config
-from ._executor import ToolCallSummary as ToolCallSummary
 from ._executor import ToolExecutor as ToolExecutor
 from ._executor import summarize_tool_calls as summarize_tool_calls
 from ._function import FunctionTool as FunctionTool
@@ -31,7 +30,6 @@ from ._lifecycle import ToolSession as ToolSession
 from ._lifecycle import tool_kwargs as tool_kwargs
 from ._models import ToolEntryModel as ToolEntryModel
 from ._registry import BuildContext as BuildContext
-from ._registry import ToolBuilder as ToolBuilder
 from ._registry import register_tool_type as register_tool_type
 from ._registry import tool_types as tool_types
 from ._services import open_tools as open_tools
@@ -53,9 +51,7 @@ __all__ = [
     "RetryPolicy",
     "StatefulTool",
     "Tool",
-    "ToolBuilder",
     "ToolCallRequest",
-    "ToolCallSummary",
     "ToolContext",
     "ToolEntryModel",
     "ToolExecutor",

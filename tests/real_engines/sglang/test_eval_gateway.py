@@ -28,9 +28,10 @@ from tests.cli.test_eval_cli import direct
 from tests.gateway.conftest import rebuilt
 from tests.gateway.test_gateway_cli import _runs, run_agent
 from tests.real_engines.sglang._launch import DEMO_MODEL, LIMIT, SGLangServer
-from toolrollout.apps.demo import CALCULATOR_TOOL, load_demo_prompts
+from toolrollout.apps.demo import load_demo_prompts
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.rollout import TokenSpan, Trajectory, TrajectoryStatus, read_rows
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(LIMIT)]
 

@@ -25,11 +25,12 @@ import pytest
 
 from tests._processes import free_port, stop, wait_http
 from toolrollout import UserError
-from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.engines._factory import connect
 from toolrollout.engines.vllm import VLLMClient
 from toolrollout.rollout import read_rows
+from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(900)]
 """A real server starts in 1-4 minutes on a loaded machine (setup counts toward the limit)."""

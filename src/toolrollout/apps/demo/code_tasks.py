@@ -77,8 +77,9 @@ def run_program(code: str) -> str:
 
 def sandbox_text(stdout: str) -> str:
     """The tool message for a program that printed ``stdout`` and exited normally."""
-    from toolrollout.sandbox import RunCodeResponse, format_run_code_response
+    from toolrollout.sandbox import RunCodeResponse
     from toolrollout.sandbox._protocol import CommandRunResult, CommandRunStatus, RunStatus
+    from toolrollout.sandbox._tool import format_run_code_response
 
     response = RunCodeResponse(
         status=RunStatus.Success,

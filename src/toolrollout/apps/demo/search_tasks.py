@@ -62,7 +62,8 @@ def search_schema() -> dict[str, Any]:
 
 @functools.cache
 def _retriever() -> Bm25Retriever:
-    from toolrollout.search import DEMO_CORPUS_PATH, Bm25Retriever, load_corpus
+    from toolrollout.search import Bm25Retriever, load_corpus
+    from toolrollout.search.demo_corpus import DEMO_CORPUS_PATH
 
     return Bm25Retriever(load_corpus(DEMO_CORPUS_PATH))
 
@@ -162,7 +163,7 @@ def _wordings(question: str) -> tuple[str, tuple[str, ...]]:
 @functools.cache
 def search_tasks() -> tuple[tuple[SearchTask, ...], ...]:
     """Every corpus question in all its wordings (one tuple per question, canonical first)."""
-    from toolrollout.search import load_demo_questions
+    from toolrollout.search.demo_corpus import load_demo_questions
 
     tasks = []
     for row in load_demo_questions():
