@@ -594,11 +594,10 @@ class Gateway:
                 prep.plan.segment.busy = False
         return self._finish(session, request, prep, results, time.perf_counter() - started)
 
-    async def _stream(
-        self, session: Session, request: ChatRequest
-    ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
-        """One sample, streamed from the engine (``n == 1``)."""
-        prep = await self._prepare(session, request)
+    def _stream_start(
+        self, prep: _Prepared, request: ChatRequest, rid: str
+    ) -> tuple[TurnStream, GenerateRequest]:
+        """The reader of the streamed turn and the engine request that streams it."""
         chat, parser = prep.services.chat, prep.services.parser
         enabled = bool(request.tools) and request.tool_choice != "none"
         turn = TurnStream(
@@ -607,7 +606,6 @@ class Gateway:
             thinking=not prep.forced and _opens_thinking(chat, prep.plan.input_ids),
             stops=tuple(request.stop),
         )
-        rid = f"gw-{uuid.uuid4().hex[:16]}-0"
         engine_request = GenerateRequest(
             input_ids=prep.input_ids,
             sampling=self._sampling(request, prep.max_new),
@@ -615,6 +613,16 @@ class Gateway:
             session_id=request.session,
             image_data=tuple(prep.plan.urls) or None,
         )
+        return turn, engine_request
+
+    async def _stream(
+        self, session: Session, request: ChatRequest
+    ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
+        """One sample, streamed from the engine (``n == 1``)."""
+        prep = await self._prepare(session, request)
+        chat = prep.services.chat
+        rid = f"gw-{uuid.uuid4().hex[:16]}-0"
+        turn, engine_request = self._stream_start(prep, request, rid)
         deadline = anyio.current_time() + self.config.request_timeout
         segment = prep.plan.segment
         if segment is not None:
