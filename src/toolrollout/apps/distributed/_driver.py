@@ -375,6 +375,31 @@ class _Collected:
     leftover: tuple[Trajectory, ...] = ()
 
 
+def _shard_row(result: ShardResult) -> dict[str, Any]:
+    """A finished shard as the run's report lists it."""
+    return {
+        "shard": result.shard,
+        "node": result.node,
+        "host": result.host,
+        "rows": len(result.trajectories),
+        "seconds": result.seconds,
+    }
+
+
+def _coordinator(ray: Any, jobs: list[ShardJob], run_id: str, target: tuple[int, bool]) -> Any:
+    """The actor that counts one batch over all shards, started and ready for reports."""
+    n = jobs[0].spec.config.n if jobs else 1
+    coordinator = (
+        ray.remote(num_cpus=0, max_restarts=0)(BatchCoordinator)
+        .options(name=f"toolrollout-{run_id}-batch")
+        .remote(target[0], n, target[1])
+    )
+    # Wait until the count can be reached: a shard whose reports queue behind a
+    # coordinator that is still starting would run its whole shard past the target.
+    ray.get(coordinator.stopped.remote())
+    return coordinator
+
+
 def _drive(
     ray: Any,
     jobs: list[ShardJob],
@@ -392,17 +417,7 @@ def _drive(
     ``target`` (target_groups, keep_groups_whole): one batch over all shards, counted by a
     coordinator actor; the rows are written once every shard has stopped."""
     remote = ray.remote(num_cpus=options.cpus_per_worker, max_restarts=0)(ShardWorker)
-    coordinator = None
-    if target is not None:
-        n = jobs[0].spec.config.n if jobs else 1
-        coordinator = (
-            ray.remote(num_cpus=0, max_restarts=0)(BatchCoordinator)
-            .options(name=f"toolrollout-{run_id}-batch")
-            .remote(target[0], n, target[1])
-        )
-        # Wait until the count can be reached: a shard whose reports queue behind a
-        # coordinator that is still starting would run its whole shard past the target.
-        ray.get(coordinator.stopped.remote())
+    coordinator = None if target is None else _coordinator(ray, jobs, run_id, target)
     actors = [
         remote.options(
             name=f"toolrollout-{run_id}-shard-{job.shard}",
@@ -437,15 +452,7 @@ def _drive(
                     for trajectory in result.trajectories:
                         writer.write(trajectory)
                 rows.extend(result.trajectories)
-                shards.append(
-                    {
-                        "shard": result.shard,
-                        "node": result.node,
-                        "host": result.host,
-                        "rows": len(result.trajectories),
-                        "seconds": result.seconds,
-                    }
-                )
+                shards.append(_shard_row(result))
         if coordinator is not None:
             chosen = set(ray.get(coordinator.chosen.remote()))
             return _split_batch(rows, chosen, failed, prompts, group_ids, parts, shards)
