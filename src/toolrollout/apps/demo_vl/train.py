@@ -198,11 +198,7 @@ def video_dialogs(
         path = make_video(workdir / f"{clip}" / name, segments)
         for a, b, colour in rng.sample(windows(segments), per_clip):
             text, frames = tool_result(path, a, b)
-            pngs = []
-            for frame in frames:
-                buffer = io.BytesIO()
-                frame.convert("RGB").save(buffer, format="PNG")
-                pngs.append(buffer.getvalue())
+            pngs = [_png(frame) for frame in frames]
             messages: list[dict[str, Any]] = [
                 {"role": "user", "content": question(rng, name, a, b)},
                 {
@@ -412,6 +408,21 @@ def _sample(
     return out
 
 
+def _parsed_call(reply: str) -> Any:
+    """The JSON inside a reply's ``<tool_call>`` tags; ``{}`` when there is none or it is bad."""
+    found = _CALL.search(reply)
+    try:
+        return json.loads(found.group(1)) if found else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def _png(frame: Any) -> bytes:
+    buffer = io.BytesIO()
+    frame.convert("RGB").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) -> Quality:
     """Ask about held-out clips at T=1.0, run the real ``crop_video``, check call and answer.
 
@@ -447,11 +458,7 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
         )
         ids = tokenizer.encode(prompt, add_special_tokens=False)
         reply = tokenizer.decode(_sample(model, ids, {}, stop, 80, gen), skip_special_tokens=True)
-        found = _CALL.search(reply)
-        try:
-            call = json.loads(found.group(1)) if found else {}
-        except json.JSONDecodeError:
-            call = {}
+        call = _parsed_call(reply)
         args = call.get("arguments", {}) if isinstance(call, dict) else {}
         if call.get("name") != "crop_video" or not isinstance(args, dict):
             continue
@@ -462,11 +469,7 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
             text, frames = tool_result(path, args["start_time"], args["end_time"])
         except Exception:  # a wrong call (bad path, bad window) scores nothing
             continue
-        pngs = []
-        for frame in frames:
-            buffer = io.BytesIO()
-            frame.convert("RGB").save(buffer, format="PNG")
-            pngs.append(fmt.prepare(buffer.getvalue()))
+        pngs = [fmt.prepare(_png(frame)) for frame in frames]
         messages += [
             {
                 "role": "assistant",
