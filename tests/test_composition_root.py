@@ -18,15 +18,8 @@ from toolrollout.chat import VisionFormat
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.rewards import exact_match, numeric_match
 from toolrollout.rollout import RolloutConfig, RolloutRunner
-from toolrollout.spec import (
-    RunSpec,
-    build_runner,
-    check_leftover_matches,
-    default_rewards,
-    detect_vision,
-    leftover_info,
-    load_parts,
-)
+from toolrollout.rollout._compat import check_leftover_matches, leftover_info
+from toolrollout.spec import RunSpec, build_runner, default_rewards, detect_vision, load_parts
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
 

@@ -30,7 +30,6 @@ from .rewards import RewardMix as RewardMix
 from .rewards import exact_match as exact_match
 from .rewards import numeric_match as numeric_match
 from .rewards import tool_error_penalty as tool_error_penalty
-from .rollout import RolloutBatch as RolloutBatch
 from .rollout import RolloutConfig as RolloutConfig
 from .rollout import RolloutPrompt as RolloutPrompt
 from .rollout import RolloutRunner as RolloutRunner
@@ -38,6 +37,7 @@ from .rollout import TokenSpan as TokenSpan
 from .rollout import Trajectory as Trajectory
 from .rollout import TrajectoryHooks as TrajectoryHooks
 from .rollout import TrajectoryStatus as TrajectoryStatus
+from .rollout._runner import RolloutBatch as RolloutBatch
 from .spec import RunSpec as RunSpec
 from .spec import build_runner as build_runner
 from .spec import open_run as open_run

@@ -146,11 +146,6 @@ class ServerSecurity:
         if self.retry_after_seconds < 0:
             raise UserError(f"Retry-After must be >= 0, got {self.retry_after_seconds}")
 
-    @property
-    def has_key(self) -> bool:
-        """Whether any key guards the server."""
-        return bool(self.api_key or self.admin_api_key)
-
     def describe(self) -> dict[str, Any]:
         """What a health or info endpoint may say about it (whether keys are set, never
         the keys)."""

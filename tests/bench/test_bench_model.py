@@ -13,22 +13,23 @@ import pytest
 from toolrollout._exceptions import UserError
 from toolrollout.apps.bench import (
     BenchConfig,
-    BenchmarkError,
     LatencyModel,
-    ModeResult,
     ToolLatency,
     Workload,
     WorkloadItem,
-    critical_paths,
     default_modes,
+)
+from toolrollout.apps.bench._harness import BenchReport
+from toolrollout.apps.bench._metrics import (
+    ModeResult,
+    critical_paths,
     fifo_makespan,
     ideal_makespan,
     kv_bound_makespan,
     orchestration_efficiency,
-    parse_directive,
-    parse_group_directive,
 )
-from toolrollout.apps.bench._harness import BenchReport
+from toolrollout.apps.bench._model import parse_directive, parse_group_directive
+from toolrollout.exceptions import BenchmarkError
 
 
 def test_tool_latency_is_deterministic_per_key_and_heavy_tailed() -> None:

@@ -17,7 +17,6 @@ from typer.testing import CliRunner
 from toolrollout._exceptions import BenchmarkError
 from toolrollout.apps.bench import (
     BenchConfig,
-    BenchReport,
     LatencyModel,
     ServerScheduling,
     ToolLatency,
@@ -28,6 +27,7 @@ from toolrollout.apps.bench import (
     write_json,
 )
 from toolrollout.apps.bench._drivers import lag_summary
+from toolrollout.apps.bench._harness import BenchReport
 from toolrollout.apps.cli import app
 
 

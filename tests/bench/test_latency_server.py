@@ -17,17 +17,13 @@ import pytest
 from tests._latency import lookup
 from transformers import AutoTokenizer
 
-from toolrollout.apps.bench import (
-    LatencyModel,
-    LatencyServer,
-    ToolLatency,
-    Workload,
-    create_latency_app,
-    create_tool_app,
-)
+from toolrollout.apps.bench import LatencyModel, ToolLatency, Workload
 from toolrollout.apps.bench._script import TOOL_NAME, TurnScript
+from toolrollout.apps.bench._server import LatencyServer, create_latency_app
+from toolrollout.apps.bench._tools import create_tool_app
 from toolrollout.apps.demo import DEMO_MODEL_PATH
-from toolrollout.chat import ChatFormat, get_tool_parser
+from toolrollout.chat import ChatFormat
+from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
 from toolrollout.rollout import RolloutConfig, RolloutRunner
 

@@ -23,15 +23,13 @@ import pytest
 from tests._latency import lookup
 from transformers import AutoTokenizer
 
-from toolrollout.apps.bench import (
-    LatencyModel,
+from toolrollout.apps.bench import LatencyModel, ServerScheduling, Workload
+from toolrollout.apps.bench._metrics import kv_bound_makespan
+from toolrollout.apps.bench._server import (
+    PRIORITY_DISABLED_MESSAGE,
     LatencyServer,
-    ServerScheduling,
-    Workload,
     create_latency_app,
-    kv_bound_makespan,
 )
-from toolrollout.apps.bench._server import PRIORITY_DISABLED_MESSAGE
 from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.chat import ChatFormat
 from toolrollout.engines import GenerateRequest, SamplingParams

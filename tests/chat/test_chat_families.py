@@ -11,13 +11,9 @@ import pytest
 from transformers import PreTrainedTokenizerBase
 
 from toolrollout._exceptions import TokenizationError, UserError
-from toolrollout.chat import (
-    ChatFormat,
-    detect_template_family,
-    get_template_family,
-    get_tool_parser,
-    template_families,
-)
+from toolrollout.chat import ChatFormat, template_families
+from toolrollout.chat.families import detect_template_family, get_template_family
+from toolrollout.chat.parsers import get_tool_parser
 
 TEMPLATES = Path(__file__).parent / "templates"
 USER = {"role": "user", "content": "What is 2 + 3?"}

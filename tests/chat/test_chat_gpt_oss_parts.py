@@ -17,13 +17,15 @@ from hypothesis import strategies as st
 from tests.chat.conftest import TOOLS, build_tokenizer
 from transformers import PreTrainedTokenizerBase
 
-from toolrollout.chat import ChatFormat, ParsedTurn, ToolCall, get_template_family, get_tool_parser
+from toolrollout.chat import ChatFormat, ParsedTurn, ToolCall
+from toolrollout.chat.families import get_template_family
 from toolrollout.chat.families._family import TemplateProbe
 from toolrollout.chat.families._gpt_oss import (
     detect_harmony,
     harmony_assistant_message,
     harmony_history,
 )
+from toolrollout.chat.parsers import get_tool_parser
 
 OFFICIAL = Path(__file__).parent / "templates" / "official"
 TEMPLATE_FILE = OFFICIAL / "openai-gpt-oss-120b.jinja"

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
-from toolrollout.chat import ChatFormat, VisionFormat, load_image
+from toolrollout.chat import ChatFormat, VisionFormat
+from toolrollout.chat._multimodal import load_image
 from toolrollout.exceptions import ImageError
 
 SIZES = [(90, 60), (56, 56), (200, 30), (20, 20), (300, 300), (113, 87)]

@@ -5,14 +5,8 @@ from __future__ import annotations
 import pytest
 
 from toolrollout._exceptions import ModelBehaviorError, ToolParseError, UserError
-from toolrollout.chat import (
-    ParsedTurn,
-    ToolCall,
-    ToolCallParser,
-    get_tool_parser,
-    register_tool_parser,
-    tool_parser_names,
-)
+from toolrollout.chat import ParsedTurn, ToolCall, ToolCallParser, register_tool_parser
+from toolrollout.chat.parsers import get_tool_parser, tool_parser_names
 
 
 def ids(index: int) -> str:

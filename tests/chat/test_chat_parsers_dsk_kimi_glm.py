@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from toolrollout.chat import ParsedTurn, get_tool_parser
+from toolrollout.chat import ParsedTurn
+from toolrollout.chat.parsers import get_tool_parser
 
 OFFICIAL = Path(__file__).parent / "templates" / "official"
 

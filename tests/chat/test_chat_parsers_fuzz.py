@@ -13,7 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from toolrollout.chat import ParsedTurn, get_tool_parser
+from toolrollout.chat import ParsedTurn
+from toolrollout.chat.parsers import get_tool_parser
 
 PARSERS = [
     "hermes",

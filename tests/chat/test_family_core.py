@@ -17,7 +17,8 @@ from tests.chat.conftest import QWEN_ADDED, build_tokenizer
 from tests.chat.families.conftest import fresh_render_ids
 from transformers import PreTrainedTokenizerBase
 
-from toolrollout.chat import CallIdRequest, ChatFormat, TemplateFamily, get_template_family
+from toolrollout.chat import ChatFormat, TemplateFamily
+from toolrollout.chat.families import CallIdRequest, get_template_family
 from toolrollout.exceptions import UserError
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
 from toolrollout.rollout._drift import DriftLedger
@@ -206,7 +207,7 @@ def test_documented_drift_is_not_a_mismatch() -> None:
 def test_a_leftover_resumes_only_with_the_same_family(
     qwen3_tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    from toolrollout.spec import chat_setup, check_leftover_matches, leftover_info
+    from toolrollout.rollout._compat import chat_setup, check_leftover_matches, leftover_info
 
     thinking_off = RolloutConfig(chat_template_kwargs={"enable_thinking": False})
     saved = leftover_info(

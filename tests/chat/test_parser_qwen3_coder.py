@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import PreTrainedTokenizerBase
 
-from toolrollout.chat import ParsedTurn, ToolCall, get_tool_parser
+from toolrollout.chat import ParsedTurn, ToolCall
+from toolrollout.chat.parsers import get_tool_parser
 
 OFFICIAL = Path(__file__).parent / "templates" / "official"
 

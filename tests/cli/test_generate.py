@@ -150,7 +150,7 @@ def _config_on_free_port(name: str, url_key: str, tmp_path: Path) -> Path:
     parallel with other servers); everything else, the tool schema included, unchanged."""
     import yaml
 
-    from toolrollout.sandbox import free_port
+    from toolrollout.sandbox._background import free_port
 
     shipped = Path(__file__).resolve().parents[2] / "tool_configs" / name
     config = yaml.safe_load(shipped.read_text(encoding="utf-8"))
@@ -335,8 +335,9 @@ def test_the_file_says_how_it_was_sampled_and_a_resume_must_sample_alike(
 
     from toolrollout.apps.demo import DEMO_MODEL_PATH
     from toolrollout.rollout import RUN_METADATA_KEY, read_run_metadata
+    from toolrollout.rollout._compat import tokenizer_fingerprint
     from toolrollout.rollout._output import KILL_AT_ENV
-    from toolrollout.spec import load_tokenizer, tokenizer_fingerprint
+    from toolrollout.spec import load_tokenizer
 
     flags = ["--limit", "1", "--n", "2", "--seed", "7", "--temperature", "0.7", "--top-p", "0.9"]
     # Killed after its last shard: the folder keeps every row, unmerged, for --resume.

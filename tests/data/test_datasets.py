@@ -78,7 +78,8 @@ def test_verl_multi_turn_columns_reach_tools_and_interactions(tmp_path: Path) ->
     """extra_info.tools_kwargs / interaction_kwargs and agent_name are carried through; a
     tool absent from a row reads back as None from parquet's shared struct and counts as
     "no kwargs"."""
-    from toolrollout.tools import row_kwargs, tool_kwargs
+    from toolrollout.tools import tool_kwargs
+    from toolrollout.tools._lifecycle import row_kwargs
 
     def verl_row(tool: str, truth: str) -> dict[str, object]:
         return {

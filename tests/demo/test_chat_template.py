@@ -10,7 +10,8 @@ import pytest
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_CHAT_TEMPLATE_PATH, DEMO_MODEL_PATH
+from toolrollout.apps.demo import DEMO_CHAT_TEMPLATE_PATH, DEMO_MODEL_PATH
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 SYSTEM = "You are a helpful assistant."
 OTHER_TOOL: dict[str, Any] = {

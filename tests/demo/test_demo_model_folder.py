@@ -13,13 +13,8 @@ from transformers import (
     GenerationConfig,
 )
 
-from toolrollout.apps.demo import (
-    CALCULATOR_TOOL,
-    DEMO_MODEL_PATH,
-    DEMO_PROMPTS_PATH,
-    calculator,
-    load_demo_prompts,
-)
+from toolrollout.apps.demo import DEMO_MODEL_PATH, DEMO_PROMPTS_PATH, load_demo_prompts
+from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
 
 MAX_BYTES = 20 * 1024 * 1024
 

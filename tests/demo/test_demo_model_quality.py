@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.apps.demo.dialogs import generate_problems, is_heldout
 from toolrollout.apps.demo.train import parse_args
-from toolrollout.tools.calculator import CalculatorError, evaluate
+from toolrollout.tools.calculator import CALCULATOR_TOOL, CalculatorError, calculator, evaluate
 
 pytestmark = pytest.mark.slow
 

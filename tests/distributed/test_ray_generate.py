@@ -409,7 +409,8 @@ def _leave_an_interrupted_run(parts: Path, *, run_id: str, prompt_index: int) ->
     """The shard folder a killed `generate --ray --limit 4 --n 2` driver leaves behind:
     its manifest, and worker 1's own shard holding one whole group."""
     from toolrollout.apps.demo import DEMO_PROMPTS_PATH
-    from toolrollout.rollout import RolloutPrompt, ShardWriter, failed_trajectory
+    from toolrollout.rollout import RolloutPrompt, ShardWriter
+    from toolrollout.rollout._runner import failed_trajectory
 
     parts.mkdir()
     dataset = str(DEMO_PROMPTS_PATH.resolve())

@@ -20,7 +20,8 @@ from tests._serve_thread import serve_in_thread
 
 from toolrollout._exceptions import EngineRequestRejected
 from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
-from toolrollout.chat import VisionFormat, load_image
+from toolrollout.chat import VisionFormat
+from toolrollout.chat._multimodal import load_image
 from toolrollout.engines import SGLangClient
 from toolrollout.engines._types import GenerateRequest, SamplingParams
 from toolrollout.engines.embedded import EmbeddedEngine

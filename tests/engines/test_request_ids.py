@@ -19,7 +19,7 @@ import pytest
 from toolrollout._exceptions import UserError
 from toolrollout.engines import GenerateRequest, SamplingParams, TokenRuns
 from toolrollout.engines._types import token_id_array
-from toolrollout.engines._wire import batch_body, encode_json, generate_body
+from toolrollout.engines._wire import encode_json, generate_body
 
 
 @pytest.mark.parametrize(
@@ -91,7 +91,6 @@ def test_a_request_keeps_its_runs_and_sends_them_joined() -> None:
     assert request.input_ids is ids
     assert replace(request, priority=3).input_ids is ids  # a scheduler's copy shares them too
     assert generate_body(request, "r")["input_ids"] == [7, 8, 9, 10, 11, 12]
-    assert batch_body([request, request], ["a", "b"])["input_ids"] == [[7, 8, 9, 10, 11, 12]] * 2
     joined = token_id_array(ids)
     assert joined == ids and isinstance(joined, array) and joined.typecode == "i"
 

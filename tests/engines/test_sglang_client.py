@@ -551,12 +551,12 @@ def test_bad_configuration_is_a_user_error() -> None:
         RetryPolicy(max_attempts=0)
 
 
-async def test_n_greater_than_one_needs_generate_many() -> None:
+async def test_n_greater_than_one_is_refused() -> None:
     async def handler(request: httpx.Request) -> httpx.Response:
         raise AssertionError("must not be sent")
 
     async with make(handler) as client:
-        with pytest.raises(UserError, match="generate_many"):
+        with pytest.raises(UserError, match="one request per sample"):
             await client.generate(GenerateRequest(input_ids=(1,), sampling=SamplingParams(n=2)))
 
 

@@ -144,35 +144,13 @@ async def test_generate_body_has_sglang_fields_and_values() -> None:
     }
 
 
-async def test_batch_many_and_stream_bodies_have_sglang_fields() -> None:
-    server = Server(
-        {"/generate": json_route("sglang_generate_batch.json")},
-    )
+async def test_stream_body_has_sglang_fields() -> None:
+    server = Server({"/generate": sse_route("sglang_stream_cumulative.txt")})
     async with client_for(server) as client:
-        await client.generate_batch(
-            [
-                GenerateRequest(input_ids=(1, 2, 3, 4), rid="b-0"),
-                GenerateRequest(
-                    input_ids=(5, 6), rid="b-1", image_data=("x.png",), return_logprob=False
-                ),
-            ]
-        )
-        server.routes["/generate"] = json_route("sglang_generate_n2.json")
-        await client.generate_many(
-            GenerateRequest(input_ids=(9,) * 20, rid="many", sampling=SamplingParams(n=2))
-        )
-        server.routes["/generate"] = sse_route("sglang_stream_cumulative.txt")
         async for _ in client.stream(GenerateRequest(input_ids=(1,) * 12, rid="s-1")):
             pass
-    batch, many, stream = server.bodies()
-    for body in (batch, many, stream):
-        assert_sglang_accepts(body)
-    assert batch["rid"] == ["b-0", "b-1"]
-    assert batch["input_ids"] == [[1, 2, 3, 4], [5, 6]]
-    assert batch["return_logprob"] == [True, False]
-    assert isinstance(batch["sampling_params"], list) and len(batch["sampling_params"]) == 2
-    assert batch["image_data"] == [[], ["x.png"]]
-    assert many["sampling_params"]["n"] == 2 and many["rid"] == "many"
+    (stream,) = server.bodies()
+    assert_sglang_accepts(stream)
     assert stream["stream"] is True
 
 
@@ -259,49 +237,6 @@ async def test_abort_in_waiting_queue_has_no_prompt_tokens() -> None:
     assert result.output_logprobs == ()
     assert result.prompt_tokens == 77  # SGLang omits it here; the client knows what it sent
     assert result.completion_tokens == 0
-
-
-async def test_batch_results_in_input_order() -> None:
-    server = Server({"/generate": json_route("sglang_generate_batch.json")})
-    async with client_for(server) as client:
-        results = await client.generate_batch(
-            [
-                GenerateRequest(input_ids=(1, 2, 3, 4), rid="b-0"),
-                GenerateRequest(input_ids=(1, 2, 3, 4, 5, 6), rid="b-1"),
-            ]
-        )
-    assert [r.rid for r in results] == ["b-0", "b-1"]
-    assert results[0].output_ids == (9707, 0, 151645)
-    assert results[0].finish_reason.matched == 151645
-    assert results[1].output_logprobs == (-1.5, -0.75)
-    assert results[1].finish_reason.type == "length" and results[1].cached_tokens == 4
-
-
-async def test_batch_answer_out_of_order_is_an_error() -> None:
-    swapped = list(reversed(fixture_json("sglang_generate_batch.json")))
-    server = Server({"/generate": (200, json.dumps(swapped).encode(), "application/json")})
-    async with client_for(server) as client:
-        with pytest.raises(EngineError, match=r"meta_info\.id"):
-            await client.generate_batch(
-                [
-                    GenerateRequest(input_ids=(1,), rid="b-0"),
-                    GenerateRequest(input_ids=(2,), rid="b-1"),
-                ]
-            )
-
-
-async def test_n_samples_get_server_ids() -> None:
-    server = Server({"/generate": json_route("sglang_generate_n2.json")})
-    async with client_for(server) as client:
-        results = await client.generate_many(
-            GenerateRequest(input_ids=(1,) * 20, rid="q", sampling=SamplingParams(n=2))
-        )
-    assert [r.rid for r in results] == [
-        "3f1c2a9be0d44c5f8a1e7b6d9c0f2e11",
-        "a07be6d2c81f4f0e9b3a5c7d1e2f4a66",
-    ]
-    assert [r.output_ids for r in results] == [(19, 151645), (20, 151645)]
-    assert results[1].output_logprobs == (-3.2, -0.02)
 
 
 # ----------------------------------------------------------------------- streaming

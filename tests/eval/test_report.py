@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 from tests._trajectories import make
 
-from toolrollout.apps.eval import FIGURES, compare, summarize, write_report
+from toolrollout.apps.eval import compare, summarize
+from toolrollout.apps.eval._report import FIGURES, write_report
 from toolrollout.rollout import TrajectoryStatus
 
 

@@ -9,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from toolrollout import UserError
-from toolrollout.apps.eval import bootstrap_difference, bootstrap_mean, default_ks, pass_at_k
+from toolrollout.apps.eval import bootstrap_difference, bootstrap_mean
+from toolrollout.apps.eval._stats import pass_at_k
+from toolrollout.apps.eval._summary import default_ks
 
 
 @given(st.integers(1, 9).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n))), st.data())

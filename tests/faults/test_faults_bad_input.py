@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from toolrollout.apps.cli import app
-from toolrollout.chat import tool_parser_names
+from toolrollout.chat.parsers import tool_parser_names
 from toolrollout.data import load_prompts
 from toolrollout.engines import GenerateRequest
 from toolrollout.rollout import RolloutConfig, RolloutRunner
@@ -126,7 +126,7 @@ def test_every_parser_is_fuzzed() -> None:
     """The hypothesis suite covers every parser class a ``--tool-parser`` name can pick."""
     import ast
 
-    from toolrollout.chat import get_tool_parser
+    from toolrollout.chat.parsers import get_tool_parser
 
     source = Path(__file__).parents[1] / "chat" / "test_chat_parsers_fuzz.py"
     tree = ast.parse(source.read_text(encoding="utf-8"))

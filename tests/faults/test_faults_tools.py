@@ -32,7 +32,8 @@ from toolrollout.tools import (
     ToolLimits,
     function_tool,
 )
-from toolrollout.tools.mcp import McpClientManager, StdioServer, list_mcp_tools
+from toolrollout.tools.mcp import McpClientManager, list_mcp_tools
+from toolrollout.tools.mcp._servers import StdioServer
 
 # "show": these runs check that the faults reach the rows as tool errors the model reads;
 # the default ("fail": the row fails unscored) is checked by test_default_policy_fails_rows.

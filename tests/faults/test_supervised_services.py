@@ -44,8 +44,9 @@ from toolrollout.tools import (
     load_tool_config,
     open_tools,
 )
-from toolrollout.tools.mcp import HttpServer, McpClientManager, list_mcp_tools, parse_mcp_servers
+from toolrollout.tools.mcp import McpClientManager, list_mcp_tools
 from toolrollout.tools.mcp._launch import LocalMcpHttpService
+from toolrollout.tools.mcp._servers import HttpServer, parse_mcp_servers
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,10 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
-from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator
+from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.apps.gateway import Gateway, GatewayConfig, build_app
 from toolrollout.chat import ChatFormat
 from toolrollout.rollout import Trajectory
+from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
 
 from .conftest import assert_token_exact
 

@@ -17,7 +17,8 @@ import pytest
 import uvicorn
 
 from toolrollout.apps.demo import DEMO_MODEL_PATH
-from toolrollout.apps.gateway import ChatChoice, ChatResult, Gateway, GatewayConfig, build_app
+from toolrollout.apps.gateway import ChatResult, Gateway, GatewayConfig, build_app
+from toolrollout.apps.gateway._types import ChatChoice
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.engines import GenerateRequest
 from toolrollout.rollout import Trajectory

@@ -16,7 +16,7 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import BaseModel
 
-from toolrollout.apps.gateway import ChatChoice, ChatResult, GatewayError, ToolCallOut
+from toolrollout.apps.gateway import ChatResult, GatewayError
 from toolrollout.apps.gateway._anthropic import (
     anthropic_error,
     anthropic_messages,
@@ -25,6 +25,7 @@ from toolrollout.apps.gateway._anthropic import (
     messages_to_chat,
     parse_messages_request,
 )
+from toolrollout.apps.gateway._types import ChatChoice, ToolCallOut
 
 CALC = {
     "name": "calculator",

@@ -16,9 +16,10 @@ import httpx
 import openai
 import pytest
 
-from toolrollout.apps.demo import CALCULATOR_TOOL, calculator, load_demo_prompts
+from toolrollout.apps.demo import load_demo_prompts
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.rollout import TokenSpan, Trajectory, TrajectoryStatus, read_rows
+from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
 
 from .._processes import free_port, stop, wait_http
 from .conftest import rebuilt

@@ -18,7 +18,7 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel
 
-from toolrollout.apps.gateway import ChatChoice, ChatResult, GatewayError, ToolCallOut
+from toolrollout.apps.gateway import ChatResult, GatewayError
 from toolrollout.apps.gateway._responses import (
     output_items,
     parse_responses_request,
@@ -28,6 +28,7 @@ from toolrollout.apps.gateway._responses import (
     responses_messages,
     responses_to_chat,
 )
+from toolrollout.apps.gateway._types import ChatChoice, ToolCallOut
 
 CALC = {
     "type": "function",

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from toolrollout.apps.gateway import Gateway, GatewayConfig
-from toolrollout.chat import get_tool_parser, tool_parser_names
+from toolrollout.chat.parsers import get_tool_parser, tool_parser_names
 from toolrollout.engines import GenerateRequest
 
 from .conftest import TOOLS, Model, assert_token_exact, call_text, served

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import anyio
 
-from toolrollout.apps.demo import calculator as _calculator
+from toolrollout.tools.calculator import calculator as _calculator
 
 running = 0
 most_at_once = 0

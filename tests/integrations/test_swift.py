@@ -31,7 +31,8 @@ from swift.rollout.multi_turn import multi_turns
 from swift.utils import import_external_file
 
 from toolrollout import UserError
-from toolrollout.integrations import SWIFT_PLUGIN_PATH, to_swift_rollout_output
+from toolrollout.integrations import SWIFT_PLUGIN_PATH
+from toolrollout.integrations._swift import to_swift_rollout_output
 from toolrollout.testing import ScriptedEngine
 from toolrollout.tools import calculator_tool
 

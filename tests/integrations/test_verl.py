@@ -123,7 +123,7 @@ class InProcessActor:
 
 FUNCTION_TOOLS = '''
 from verl.tools.function_tool import function_tool
-from toolrollout.apps.demo import calculator as _calculator
+from toolrollout.tools.calculator import calculator as _calculator
 
 
 @function_tool

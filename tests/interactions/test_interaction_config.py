@@ -15,9 +15,9 @@ from toolrollout.interactions import (
     GraderInteraction,
     Gsm8kInteraction,
     InteractionReply,
-    interactions_from_config,
     load_interaction_config,
 )
+from toolrollout.interactions._config import interactions_from_config
 
 # verl's examples/sglang_multiturn/config/interaction_config/gsm8k_interaction_config.yaml
 VERL_GSM8K = """interaction:

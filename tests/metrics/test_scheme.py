@@ -9,13 +9,8 @@ from pathlib import Path
 import pytest
 from tests._trajectories import make
 
-from toolrollout.metrics import (
-    TERMINAL_STATUSES,
-    SampleStats,
-    metric_key,
-    rollout_metrics,
-    sample_stats,
-)
+from toolrollout.metrics import rollout_metrics
+from toolrollout.metrics._scheme import TERMINAL_STATUSES, SampleStats, metric_key, sample_stats
 from toolrollout.rollout import Trajectory, TrajectoryStatus, read_rows, write_trajectories
 
 

@@ -15,9 +15,10 @@ import httpx
 import openai
 
 from tests._processes import free_port, stop, wait_http
-from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.rollout import read_rows
+from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
 
 SESSION = "episode-1"
 

@@ -7,12 +7,8 @@ from typing import Any
 import pytest
 
 from toolrollout._records import Trajectory, TrajectoryStatus
-from toolrollout.rewards import (
-    exact_match,
-    final_answer_text,
-    numeric_match,
-    tool_error_penalty,
-)
+from toolrollout.rewards import exact_match, numeric_match, tool_error_penalty
+from toolrollout.rewards._base import final_answer_text
 
 
 def answered(

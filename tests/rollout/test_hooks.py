@@ -13,7 +13,6 @@ import pytest
 
 from toolrollout.rollout import (
     EnvStep,
-    ModelTurn,
     RolloutConfig,
     RolloutRunner,
     Trajectory,
@@ -21,6 +20,7 @@ from toolrollout.rollout import (
     TrajectoryState,
     TrajectoryStatus,
 )
+from toolrollout.rollout._parts import ModelTurn
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
 

@@ -11,7 +11,6 @@ from typing import Any
 import anyio
 import pytest
 
-from toolrollout.apps.demo import CALCULATOR_TOOL
 from toolrollout.exceptions import InteractionError, UserError
 from toolrollout.interactions import GraderInteraction, Interaction, InteractionReply
 from toolrollout.rewards import RewardMix, numeric_match
@@ -25,6 +24,7 @@ from toolrollout.rollout import (
 )
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 PROMPT = [
     {"role": "system", "content": "You are a helpful assistant."},

@@ -14,12 +14,12 @@ from typing import Any
 import anyio
 import pytest
 
-from toolrollout.apps.demo import CALCULATOR_TOOL
 from toolrollout.engines import FinishReason, GenerateRequest, SamplingParams
 from toolrollout.rewards import numeric_match, tool_error_penalty
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import ToolLimits, calculator_tool, function_tool
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call><|im_end|>'
 PROMPT = [

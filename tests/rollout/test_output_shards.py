@@ -15,10 +15,10 @@ from toolrollout.rollout import (
     ShardWriter,
     compact_shards,
     done_samples,
-    failed_trajectory,
     read_rows,
     read_shards,
 )
+from toolrollout.rollout._runner import failed_trajectory
 
 PROMPT = RolloutPrompt(({"role": "user", "content": "hi"},), "1")
 

@@ -102,7 +102,7 @@ def test_trajectories_are_multi_turn_with_real_tool_calls(trajectories: list[Tra
     assert len(trajectories) == 24
     multi = [t for t in trajectories if t.num_turns >= 2 and t.num_tool_calls >= 1]
     assert len(multi) >= 20, [(t.status, t.num_turns, t.error) for t in trajectories]
-    from toolrollout.apps.demo import calculator
+    from toolrollout.tools.calculator import calculator
 
     checked = 0
     for t in multi:
@@ -138,7 +138,7 @@ def test_transcript_decodes_to_template_render(
     trajectories: list[Trajectory], model_and_tokenizer: tuple[Any, Any]
 ) -> None:
     _, tokenizer = model_and_tokenizer
-    from toolrollout.apps.demo import CALCULATOR_TOOL
+    from toolrollout.tools.calculator import CALCULATOR_TOOL
 
     for t in trajectories:
         if t.status != "completed":

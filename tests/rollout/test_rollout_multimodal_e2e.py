@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 from tests._processes import free_port, stop, wait_http
 
-from toolrollout.apps.demo import CALCULATOR_TOOL, calculator, load_demo_prompts
+from toolrollout.apps.demo import load_demo_prompts
 from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
-from toolrollout.chat import VisionFormat, load_image
+from toolrollout.chat import VisionFormat
+from toolrollout.chat._multimodal import load_image
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.rollout import (
     RolloutConfig,
@@ -34,6 +35,7 @@ from toolrollout.rollout import (
     write_trajectories,
 )
 from toolrollout.tools import ToolResult, function_tool
+from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -25,7 +25,7 @@ from tests.sandbox._support import (
     require_bwrap,
 )
 
-from toolrollout.sandbox import free_port
+from toolrollout.sandbox._background import free_port
 
 
 @pytest.fixture(scope="session")

@@ -14,17 +14,15 @@ import httpx
 import pytest
 
 from toolrollout import UserError
+from toolrollout.exceptions import SandboxIsolationError
 from toolrollout.sandbox import (
-    CommandRunStatus,
     RunCodeRequest,
-    RunStatus,
-    SandboxIsolationError,
-    SandboxRunner,
-    SandboxServerConfig,
     sandbox_tool,
     serve_local_sandboxes,
     serve_sandbox_in_background,
 )
+from toolrollout.sandbox._protocol import CommandRunStatus, RunStatus
+from toolrollout.sandbox._runner import SandboxRunner, SandboxServerConfig
 from toolrollout.tools import ToolContext
 
 NO_BWRAP_ENV = {**os.environ, "PATH": "/nonexistent"}

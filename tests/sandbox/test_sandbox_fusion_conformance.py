@@ -327,7 +327,8 @@ async def test_a_missing_compiler_answers_in_compile_result(
     """Sandbox Fusion runs ``g++ ...`` in a shell: without g++ the compile step exits 127
     and no run follows. The local runner answers the same, without starting anything."""
     from toolrollout._exceptions import UserError
-    from toolrollout.sandbox import RunCodeRequest, SandboxRunner, SandboxServerConfig, _languages
+    from toolrollout.sandbox import RunCodeRequest, _languages
+    from toolrollout.sandbox._runner import SandboxRunner, SandboxServerConfig
 
     real = _languages.resolve_program
     monkeypatch.setattr(

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from tests.sandbox._support import SERVER_MAX_OUTPUT, SERVER_MAX_PROCESSES
 
-from toolrollout.sandbox import SUPPORTED_LANGUAGES
+from toolrollout.sandbox._runner import SUPPORTED_LANGUAGES
 
 REPO = Path(__file__).resolve().parents[2]
 

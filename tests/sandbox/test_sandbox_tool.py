@@ -23,21 +23,11 @@ from toolrollout.exceptions import (
     ToolExecutionError,
     ToolUnavailable,
 )
-from toolrollout.sandbox import (
-    RunCodeRequest,
-    RunCodeResponse,
-    RunStatus,
-    SandboxTool,
-    format_run_code_response,
-    sandbox_tool,
-)
-from toolrollout.tools import (
-    ToolCallRequest,
-    ToolContext,
-    ToolExecutor,
-    load_tool_config,
-    tools_from_config,
-)
+from toolrollout.sandbox import RunCodeRequest, RunCodeResponse, SandboxTool, sandbox_tool
+from toolrollout.sandbox._protocol import RunStatus
+from toolrollout.sandbox._tool import format_run_code_response
+from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, load_tool_config
+from toolrollout.tools._config import tools_from_config
 
 REPO = Path(__file__).resolve().parents[2]
 

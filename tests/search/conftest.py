@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 import uvicorn
 
-from toolrollout.search import DEMO_CORPUS_PATH, Bm25Retriever, load_corpus
+from toolrollout.search import Bm25Retriever, load_corpus
 from toolrollout.search._local import free_port
+from toolrollout.search.demo_corpus import DEMO_CORPUS_PATH
 from toolrollout.search.retriever import create_retriever_app
 
 

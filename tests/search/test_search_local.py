@@ -10,15 +10,14 @@ import httpx
 import pytest
 
 from toolrollout._exceptions import ToolUnavailable, UserError
-from toolrollout.search import (
+from toolrollout.search import SearchTool, serve_local_retrievers, serve_retriever_in_background
+from toolrollout.search._local import free_port
+from toolrollout.search.demo_corpus import (
     DEMO_CORPUS_PATH,
     DEMO_QUESTIONS_PATH,
-    SearchTool,
-    serve_local_retrievers,
-    serve_retriever_in_background,
+    build_demo_corpus,
+    build_demo_questions,
 )
-from toolrollout.search._local import free_port
-from toolrollout.search.demo_corpus import build_demo_corpus, build_demo_questions
 from toolrollout.tools import ToolContext
 
 

@@ -10,12 +10,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from toolrollout._exceptions import ConfigError
-from toolrollout.search import (
-    Bm25Retriever,
-    documents_from_rows,
-    load_corpus,
-    load_demo_questions,
-)
+from toolrollout.search import Bm25Retriever, load_corpus
+from toolrollout.search._corpus import documents_from_rows
+from toolrollout.search.demo_corpus import load_demo_questions
 from toolrollout.search.retriever import create_retriever_app
 
 

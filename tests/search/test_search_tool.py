@@ -15,7 +15,8 @@ from toolrollout._exceptions import (
     ToolUnavailable,
     UserError,
 )
-from toolrollout.search import SearchTool, VerlSearchTool, format_hits, parse_response
+from toolrollout.search import SearchTool, VerlSearchTool
+from toolrollout.search._format import format_hits, parse_response
 from toolrollout.search._local import free_port
 from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor
 

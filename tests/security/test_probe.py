@@ -62,8 +62,8 @@ async def _serve_app(model: Path) -> AsyncIterator[Any]:
 
 @asynccontextmanager
 async def _sandbox_app(model: Path) -> AsyncIterator[Any]:
-    from toolrollout.sandbox import SandboxRunner, SandboxServerConfig, create_sandbox_app
-    from toolrollout.sandbox._server import sandbox_security
+    from toolrollout.sandbox._runner import SandboxRunner, SandboxServerConfig
+    from toolrollout.sandbox._server import create_sandbox_app, sandbox_security
 
     runner = SandboxRunner(SandboxServerConfig(isolation="none", max_concurrency=1))
     security = sandbox_security(api_key=KEY, max_body_bytes=LIMIT, max_concurrent_requests=CAP)

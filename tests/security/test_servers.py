@@ -25,8 +25,9 @@ from toolrollout.apps.server import create_app, default_security
 from toolrollout.engines import SGLangClient
 from toolrollout.engines._types import GenerateRequest, SamplingParams
 from toolrollout.engines.embedded import EmbeddedEngine
-from toolrollout.sandbox import SandboxRunner, SandboxServerConfig, SandboxTool, create_sandbox_app
-from toolrollout.sandbox._server import sandbox_security
+from toolrollout.sandbox import SandboxTool
+from toolrollout.sandbox._runner import SandboxRunner, SandboxServerConfig
+from toolrollout.sandbox._server import create_sandbox_app, sandbox_security
 from toolrollout.search import Bm25Retriever, SearchTool, load_corpus
 from toolrollout.search.demo_corpus import DEMO_CORPUS_PATH
 from toolrollout.search.retriever import create_retriever_app, retriever_security
@@ -350,7 +351,7 @@ def test_serve_with_a_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_an_mcp_http_server_takes_an_api_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    from toolrollout.tools.mcp import HttpServer, parse_mcp_servers
+    from toolrollout.tools.mcp._servers import HttpServer, parse_mcp_servers
 
     monkeypatch.setenv("TEST_MCP_KEY", KEY)
     servers = parse_mcp_servers(

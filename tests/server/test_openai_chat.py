@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from toolrollout.apps.demo import CALCULATOR_TOOL, DEMO_MODEL_PATH, calculator, load_demo_prompts
+from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.apps.server import create_app
 from toolrollout.engines.embedded import EmbeddedEngine
+from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolrollout.apps.demo import CALCULATOR_TOOL, calculator
-from toolrollout.tools.calculator import CalculatorError, evaluate
+from toolrollout.tools.calculator import CALCULATOR_TOOL, CalculatorError, calculator, evaluate
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from toolrollout.tools import (
     ToolExecutor,
     ToolSession,
     calculator_tool,
-    gsm8k_score,
     load_tool_config,
 )
+from toolrollout.tools._builtin import gsm8k_score
 from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 CALCULATOR_YAML = Path(__file__).resolve().parents[2] / "tool_configs" / "calculator.yaml"

@@ -24,8 +24,8 @@ from toolrollout.tools import (
     VerlToolAdapter,
     function_tool,
     load_tool_config,
-    tools_from_config,
 )
+from toolrollout.tools._config import tools_from_config
 
 REPO = Path(__file__).resolve().parents[2]
 

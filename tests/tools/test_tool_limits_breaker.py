@@ -17,9 +17,7 @@ from toolrollout._exceptions import (
     UserError,
 )
 from toolrollout.tools import (
-    CircuitBreaker,
     CircuitBreakerPolicy,
-    CircuitState,
     RetryPolicy,
     ToolCallRequest,
     ToolExecutor,
@@ -27,6 +25,7 @@ from toolrollout.tools import (
     ToolResult,
     function_tool,
 )
+from toolrollout.tools._limits import CircuitBreaker, CircuitState
 
 
 class FakeClock:

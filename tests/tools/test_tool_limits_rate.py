@@ -14,15 +14,9 @@ import pytest
 from tests._virtual_time import run_in_virtual_time
 
 from toolrollout._exceptions import UserError
-from toolrollout.tools import (
-    RateLimiter,
-    ToolCallRequest,
-    ToolExecutor,
-    ToolLimits,
-    ToolResult,
-    ToolStatistics,
-    function_tool,
-)
+from toolrollout.tools import ToolCallRequest, ToolExecutor, ToolLimits, ToolResult, function_tool
+from toolrollout.tools._executor import ToolStatistics
+from toolrollout.tools._limits import RateLimiter
 
 
 def loop_time() -> float:

@@ -19,17 +19,16 @@ from toolrollout._exceptions import (
     UserError,
 )
 from toolrollout.tools import (
-    LatencyWindow,
     RetryPolicy,
     ToolCallRequest,
-    ToolCallSummary,
     ToolExecutor,
     ToolLimits,
     ToolResult,
     function_tool,
     summarize_tool_calls,
 )
-from toolrollout.tools._limits import quantile
+from toolrollout.tools._executor import ToolCallSummary
+from toolrollout.tools._limits import LatencyWindow, quantile
 
 
 class TestPercentiles:

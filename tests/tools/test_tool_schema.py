@@ -10,15 +10,9 @@ import pytest
 from pydantic import BaseModel
 
 from toolrollout._exceptions import ToolArgumentError, ToolExecutionError, UserError
-from toolrollout.tools import (
-    FunctionTool,
-    ToolContext,
-    ToolLimits,
-    ToolResult,
-    function_tool,
-    parse_docstring,
-    to_tool_result,
-)
+from toolrollout.tools import FunctionTool, ToolContext, ToolLimits, ToolResult, function_tool
+from toolrollout.tools._docstrings import parse_docstring
+from toolrollout.tools._function import to_tool_result
 
 
 class Opaque:

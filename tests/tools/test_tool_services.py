@@ -24,13 +24,12 @@ from toolrollout.tools import (
     ToolExecutor,
     ToolResult,
     ToolService,
-    build_native_entry,
     calculator_tool,
     open_tools,
     register_tool_type,
     tool_types,
-    tools_from_config,
 )
+from toolrollout.tools._config import build_native_entry, tools_from_config
 
 TOOLS_SRC = Path(__file__).resolve().parents[2] / "src" / "toolrollout" / "tools"
 
@@ -247,7 +246,8 @@ def test_sandbox_tools_on_one_port_share_one_local_sandbox() -> None:
 async def test_search_tools_asking_for_two_corpora_on_one_port_fail_before_anything_starts(
     tmp_path: Path,
 ) -> None:
-    from toolrollout.search import DEMO_CORPUS_PATH, LocalRetrieverService, SearchTool
+    from toolrollout.search import LocalRetrieverService, SearchTool
+    from toolrollout.search.demo_corpus import DEMO_CORPUS_PATH
 
     other = tmp_path / "corpus.jsonl"
     other.write_text('{"id": "1", "contents": "x"}\n', encoding="utf-8")

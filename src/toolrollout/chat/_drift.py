@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from .._exceptions import TokenizationError, UserError
 from ._format import ChatFormat, Message
+from .families import TemplateFamily
 
 __all__ = ["DriftKind", "DriftReport", "check_drift"]
 
@@ -139,36 +140,26 @@ def check_drift(
             reference_excerpt="",
             detail="the transcript equals a fresh render token for token",
         )
+    return _mismatch(chat_format, transcript, reference, reference_text, context_tokens)
 
+
+def _mismatch(
+    chat_format: ChatFormat,
+    transcript: list[int],
+    reference: list[int],
+    reference_text: str,
+    context_tokens: int,
+) -> DriftReport:
+    """The report for ids that differ: where, and what kind of drift it is."""
     position = _first_difference(transcript, reference)
     start = max(0, position - context_tokens)
     stop = position + context_tokens
     transcript_text = chat_format.decode(transcript)
     text_position = _first_difference(transcript_text, reference_text)
     text_matches = transcript_text == reference_text
-    family = chat_format.family
-    kind: DriftKind
-    if text_matches:
-        kind = "retokenization"
-        detail = (
-            f"same text, different ids from token {position}: the model's tokens are not "
-            "the canonical tokenization of its text (kept as sampled)"
-        )
-    elif family.history_normalizer is not None and family.history_normalizer(
-        transcript_text
-    ) == family.history_normalizer(reference_text):
-        kind = "history_rewrite"
-        detail = (
-            f"the texts differ only by the history rewrite of family {family.name!r} "
-            f"(first difference at token {position}); expected, the transcript keeps what "
-            "the model saw"
-        )
-    else:
-        kind = "text"
-        detail = (
-            f"the transcript text differs from a fresh render at character {text_position} "
-            f"(token {position}); check the template family and the turn boundaries"
-        )
+    kind, detail = _classify(
+        chat_format.family, transcript_text, reference_text, position, text_position
+    )
     return DriftReport(
         matches=False,
         kind=kind,
@@ -180,6 +171,32 @@ def check_drift(
         transcript_excerpt=chat_format.decode(transcript[start:stop]),
         reference_excerpt=chat_format.decode(reference[start:stop]),
         detail=detail,
+    )
+
+
+def _classify(
+    family: TemplateFamily,
+    transcript_text: str,
+    reference_text: str,
+    position: int,
+    text_position: int,
+) -> tuple[DriftKind, str]:
+    """What kind of drift a mismatch at token ``position`` is, and a sentence saying so."""
+    if transcript_text == reference_text:
+        return "retokenization", (
+            f"same text, different ids from token {position}: the model's tokens are not "
+            "the canonical tokenization of its text (kept as sampled)"
+        )
+    normalize = family.history_normalizer
+    if normalize is not None and normalize(transcript_text) == normalize(reference_text):
+        return "history_rewrite", (
+            f"the texts differ only by the history rewrite of family {family.name!r} "
+            f"(first difference at token {position}); expected, the transcript keeps what "
+            "the model saw"
+        )
+    return "text", (
+        f"the transcript text differs from a fresh render at character {text_position} "
+        f"(token {position}); check the template family and the turn boundaries"
     )
 
 

@@ -12,7 +12,7 @@ Every image is first brought to the processor's own grid (sides multiples of
 SGLang's Qwen-VL pre-resize nor the processor's resize changes it, so the client, SGLang
 and the embedded engine all count the same number of placeholders. Preparation decodes and
 resizes pixels: callers on an event loop run it in a worker thread (see
-:func:`toolrollout.rollout.prepare_images`).
+:func:`toolrollout.rollout._images.prepare_images`).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ class ClientStats:
 
     servers: tuple[ServerStats, ...]
     total_requests: int
-    """Calls made (generate, generate_batch, generate_many, stream); retries not counted."""
+    """Calls made (generate, stream); retries not counted."""
     in_flight: int
     """Calls still running."""
     retries: int
@@ -344,20 +344,17 @@ class HTTPClient(_Transport, Engine):
     # ------------------------------------------------------------------ internals
 
     @contextlib.contextmanager
-    def _track(
-        self, rids: Sequence[str | None], *, register: bool = True
-    ) -> Iterator[list[_InFlight]]:
+    def _track(self, rids: Sequence[str | None]) -> Iterator[list[_InFlight]]:
         """Register a call's request ids (for abort) and count it in the stats."""
         self._check_open()
         entries = [_InFlight(rid=r, wire_rid=r) for r in (rid or uuid.uuid4().hex for rid in rids)]
-        if register:
-            seen: set[str] = set()
-            for entry in entries:
-                if entry.rid in seen or entry.rid in self._inflight:
-                    raise UserError(f"request id {entry.rid!r} is already in flight")
-                seen.add(entry.rid)
-            for entry in entries:
-                self._inflight[entry.rid] = entry
+        seen: set[str] = set()
+        for entry in entries:
+            if entry.rid in seen or entry.rid in self._inflight:
+                raise UserError(f"request id {entry.rid!r} is already in flight")
+            seen.add(entry.rid)
+        for entry in entries:
+            self._inflight[entry.rid] = entry
         self._total += 1
         self._active += 1
         try:
@@ -367,10 +364,9 @@ class HTTPClient(_Transport, Engine):
             raise
         finally:
             self._active -= 1
-            if register:
-                for entry in entries:
-                    if self._inflight.get(entry.rid) is entry:
-                        del self._inflight[entry.rid]
+            for entry in entries:
+                if self._inflight.get(entry.rid) is entry:
+                    del self._inflight[entry.rid]
 
     def _attempt_target(
         self, session_id: str | None, entries: Sequence[_InFlight], avoid: set[str], number: int
@@ -588,7 +584,7 @@ def _require_n(request: GenerateRequest, n: int, method: str) -> None:
     if request.sampling.n != n:
         raise UserError(
             f"{method}() needs sampling.n == {n}, got {request.sampling.n}; "
-            "use generate_many() for several samples of one prompt"
+            "send one request per sample"
         )
 
 

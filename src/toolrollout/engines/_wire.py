@@ -42,7 +42,6 @@ __all__ = [
     "DONE",
     "StreamAccumulator",
     "StreamChunk",
-    "batch_body",
     "encode_json",
     "error_from_status",
     "error_message",
@@ -51,7 +50,6 @@ __all__ = [
     "parse_finish_reason",
     "parse_json",
     "parse_result",
-    "parse_results",
     "sse_data",
 ]
 
@@ -126,24 +124,6 @@ def generate_body(request: GenerateRequest, rid: str, *, stream: bool = False) -
         body["image_data"] = list(request.image_data)
     if request.priority is not None:  # issue 20: only ever set for priority-enabled servers
         body["priority"] = request.priority
-    return body
-
-
-def batch_body(requests: Sequence[GenerateRequest], rids: Sequence[str]) -> dict[str, Any]:
-    """Return the body of one batched ``POST /generate`` (2-D ``input_ids``, list params)."""
-    body: dict[str, Any] = {
-        "rid": list(rids),
-        "input_ids": [_id_list(r.input_ids) for r in requests],
-        "sampling_params": [_finite_sampling(r.sampling.to_sglang()) for r in requests],
-        "return_logprob": [r.return_logprob for r in requests],
-        "logprob_start_len": -1,
-        "stream": False,
-    }
-    if any(r.image_data for r in requests):
-        # A list of lists, with [] (not None) for image-less items: SGLang's
-        # GenerateReqInput._normalize_image_data only keeps the per-request grouping
-        # when the first element is itself a list.
-        body["image_data"] = [list(r.image_data or ()) for r in requests]
     return body
 
 
@@ -448,32 +428,6 @@ def parse_result(
         prompt_tokens_hint=prompt_tokens_hint,
         server_url=server_url,
     )
-
-
-def parse_results(
-    data: object,
-    *,
-    rids: Sequence[str | None],
-    prompt_tokens_hints: Sequence[int],
-    server_url: str | None = None,
-    expect_ids: Sequence[str | None] | None = None,
-) -> list[GenerateResult]:
-    """Parse the JSON array SGLang returns for a batch (input order) or for ``n > 1``."""
-    if not isinstance(data, list):
-        raise _malformed("batch /generate", f"expected a JSON array, got {type(data).__name__}")
-    if len(data) != len(rids):
-        raise _malformed("batch /generate", f"expected {len(rids)} results, got {len(data)}")
-    expected = expect_ids if expect_ids is not None else [None] * len(rids)
-    return [
-        parse_result(
-            item,
-            rid=rid,
-            prompt_tokens_hint=hint,
-            server_url=server_url,
-            expect_id=expect,
-        )
-        for item, rid, hint, expect in zip(data, rids, prompt_tokens_hints, expected, strict=True)
-    ]
 
 
 # --------------------------------------------------------------------------- streaming

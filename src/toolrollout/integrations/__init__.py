@@ -1,10 +1,10 @@
 """Trainer adapters: TRL's ``rollout_func``, a verl agent loop, an ms-swift scheduler.
 
-Light names import nothing from the trainers. ``ToolRolloutAgentLoop`` (verl) and
-``ToolRolloutScheduler`` / ``to_swift_rollout_output`` (ms-swift) are loaded on first access,
-which imports that trainer and registers the loop/scheduler by name (``toolrollout_agent``,
-``toolrollout``); so is ``ToolRolloutWeightSync``, ms-swift's weight-sync callback (it
-imports transformers only). Install the extras ``toolrollout[trl]``, ``[verl]`` or ``[swift]``.
+Light names import nothing from the trainers. ``ToolRolloutAgentLoop`` (verl) is loaded on
+first access, which imports verl and registers the loop by name (``toolrollout_agent``); so
+is ``ToolRolloutWeightSync``, ms-swift's weight-sync callback (it imports transformers
+only). ms-swift's scheduler is registered as ``toolrollout`` by the plugin file
+``SWIFT_PLUGIN_PATH``. Install the extras ``toolrollout[trl]``, ``[verl]`` or ``[swift]``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any, Final
 from ._metrics import trajectory_extras as trajectory_extras
 from ._trl import TRLRolloutFunc as TRLRolloutFunc
 from ._trl import trl_rollout_func as trl_rollout_func
-from ._verl_batch import VerlBatch as VerlBatch
 from ._verl_batch import to_verl_batch as to_verl_batch
 from ._verl_engine import VerlServerEngine as VerlServerEngine
 
@@ -24,11 +23,8 @@ __all__ = [
     "SWIFT_PLUGIN_PATH",
     "TRLRolloutFunc",
     "ToolRolloutAgentLoop",
-    "ToolRolloutScheduler",
     "ToolRolloutWeightSync",
-    "VerlBatch",
     "VerlServerEngine",
-    "to_swift_rollout_output",
     "to_verl_batch",
     "trajectory_extras",
     "trl_rollout_func",
@@ -39,9 +35,7 @@ SWIFT_PLUGIN_PATH: Final[Path] = Path(__file__).resolve().parent / "plugins" / "
 
 _LAZY = {
     "ToolRolloutAgentLoop": "._verl_loop",
-    "ToolRolloutScheduler": "._swift",
     "ToolRolloutWeightSync": "._swift_sync",
-    "to_swift_rollout_output": "._swift",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from toolrollout._records import Trajectory
-from toolrollout.rewards import final_answer_text
+from toolrollout.rewards._base import final_answer_text
 
 if TYPE_CHECKING:
     from toolrollout.chat import ChatFormat

@@ -29,14 +29,10 @@ from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
 from toolrollout.metrics import rollout_metrics
 from toolrollout.rewards import WeightedReward
-from toolrollout.rollout import (
-    RolloutConfig,
-    RolloutPrompt,
-    RolloutRunner,
-    Trajectory,
-    as_prompt,
-)
-from toolrollout.spec import RunSpec, VisionMode, build_runner, load_parts
+from toolrollout.rollout import RolloutConfig, RolloutPrompt, RolloutRunner, Trajectory
+from toolrollout.rollout._defaults import VisionMode
+from toolrollout.rollout._runner import as_prompt
+from toolrollout.spec import RunSpec, build_runner, load_parts
 from toolrollout.tools import Tool, ToolExecutor, open_tools
 
 from ._metrics import cut_extras, trajectory_extras

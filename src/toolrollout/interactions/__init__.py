@@ -12,18 +12,14 @@ from __future__ import annotations
 
 from ._base import Interaction as Interaction
 from ._base import InteractionReply as InteractionReply
-from ._config import VERL_INTERACTIONS as VERL_INTERACTIONS
-from ._config import interactions_from_config as interactions_from_config
 from ._config import load_interaction_config as load_interaction_config
 from ._grader import GraderInteraction as GraderInteraction
 from ._grader import Gsm8kInteraction as Gsm8kInteraction
 
 __all__ = [
-    "VERL_INTERACTIONS",
     "GraderInteraction",
     "Gsm8kInteraction",
     "Interaction",
     "InteractionReply",
-    "interactions_from_config",
     "load_interaction_config",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolrollout._exceptions import InteractionError, UserError
-from toolrollout.tools import gsm8k_score
+from toolrollout.tools._builtin import gsm8k_score
 
 from ._base import Interaction, InteractionReply
 

@@ -13,12 +13,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from toolrollout._pacing import PacingStatistics as PacingStatistics
 from toolrollout._pacing import pacing_statistics as pacing_statistics
 from toolrollout._pacing import set_pacing as set_pacing
 from toolrollout._records import ResumePoint as ResumePoint
 from toolrollout._records import RolloutPrompt as RolloutPrompt
-from toolrollout._records import SpanKind as SpanKind
 from toolrollout._records import TokenSpan as TokenSpan
 from toolrollout._records import Trajectory as Trajectory
 from toolrollout._records import TrajectoryImage as TrajectoryImage
@@ -26,21 +24,14 @@ from toolrollout._records import TrajectoryStatus as TrajectoryStatus
 
 from ._config import RolloutConfig as RolloutConfig
 from ._hooks import TrajectoryHooks as TrajectoryHooks
-from ._images import prepare_images as prepare_images
 from ._images import swift_row as swift_row
 from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
 from ._parts import EnvStep as EnvStep
-from ._parts import ModelTurn as ModelTurn
-from ._runner import RolloutBatch as RolloutBatch
 from ._runner import RolloutRunner as RolloutRunner
-from ._runner import as_prompt as as_prompt
-from ._runner import failed_trajectory as failed_trajectory
 from ._state import TrajectoryState as TrajectoryState
-from ._state import resume_prompt as resume_prompt
 
 if TYPE_CHECKING:
-    from ._leftover import LEFTOVER_SCHEMA as LEFTOVER_SCHEMA
     from ._leftover import read_leftover as read_leftover
     from ._leftover import write_leftover as write_leftover
     from ._output import RUN_METADATA_KEY as RUN_METADATA_KEY
@@ -58,19 +49,14 @@ if TYPE_CHECKING:
     from ._output import write_trajectories as write_trajectories
 
 __all__ = [
-    "LEFTOVER_SCHEMA",
     "RUN_METADATA_KEY",
     "TRAJECTORY_SCHEMA",
     "EnvStep",
-    "ModelTurn",
-    "PacingStatistics",
     "ResumePoint",
-    "RolloutBatch",
     "RolloutConfig",
     "RolloutPrompt",
     "RolloutRunner",
     "ShardWriter",
-    "SpanKind",
     "TokenSpan",
     "Trajectory",
     "TrajectoryHooks",
@@ -78,20 +64,16 @@ __all__ = [
     "TrajectoryState",
     "TrajectoryStatus",
     "TrajectoryWriter",
-    "as_prompt",
     "clean_finished",
     "compact_shards",
     "done_samples",
-    "failed_trajectory",
     "finish_shards",
     "finished_mark",
     "pacing_statistics",
-    "prepare_images",
     "read_leftover",
     "read_rows",
     "read_run_metadata",
     "read_shards",
-    "resume_prompt",
     "set_pacing",
     "swift_row",
     "trl_messages",
@@ -101,7 +83,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    **dict.fromkeys(("LEFTOVER_SCHEMA", "read_leftover", "write_leftover"), "._leftover"),
+    **dict.fromkeys(("read_leftover", "write_leftover"), "._leftover"),
     **dict.fromkeys(
         (
             "RUN_METADATA_KEY",

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from toolrollout._exceptions import UserError
-from toolrollout.chat import TemplateFamily, get_template_family
+from toolrollout.chat import TemplateFamily
+from toolrollout.chat.families import get_template_family
 from toolrollout.engines._scheduling import SchedulingConfig
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import RewardMix

@@ -12,7 +12,7 @@ need; pass an instance as ``RolloutRunner(..., hooks=...)``.
 from __future__ import annotations
 
 from toolrollout._records import Trajectory
-from toolrollout.rewards import evaluate_terms
+from toolrollout.rewards._base import evaluate_terms
 
 from ._environment import TrajectoryEnvironment
 from ._interactions import interaction_step

@@ -20,7 +20,8 @@ from toolrollout._exceptions import ImageError
 from toolrollout._records import Trajectory, TrajectoryImage
 
 if TYPE_CHECKING:
-    from toolrollout.chat import PreparedImage, VisionFormat
+    from toolrollout.chat import VisionFormat
+    from toolrollout.chat._multimodal import PreparedImage
 
 __all__ = [
     "TrajectoryImage",

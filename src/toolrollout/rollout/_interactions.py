@@ -13,7 +13,7 @@ from typing import Any
 
 from toolrollout._exceptions import UserError
 from toolrollout._records import RolloutPrompt, TrajectoryStatus
-from toolrollout.tools import row_kwargs
+from toolrollout.tools._lifecycle import row_kwargs
 
 from ._environment import TrajectoryEnvironment
 from ._parts import EnvStep, ModelTurn

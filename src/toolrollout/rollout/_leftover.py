@@ -78,7 +78,7 @@ _FIELDS = {f.name: f for f in fields(Trajectory) if f.name != "resume_point"}
 def write_leftover(
     trajectories: Iterable[Trajectory], path: str | Path, *, info: Mapping[str, Any] | None = None
 ) -> Path:
-    """Save a batch's leftover (see :class:`~toolrollout.rollout.RolloutBatch`) losslessly.
+    """Save a batch's leftover (see :class:`~toolrollout.RolloutBatch`) losslessly.
 
     ``info`` (JSON values) goes into the file's metadata, for the reader to check that the
     run continuing the trajectories uses the same model, tools and ``n``. Parquet only;

@@ -18,7 +18,8 @@ from typing import Any, Literal
 import anyio
 
 from toolrollout._records import RolloutPrompt, TokenSpan
-from toolrollout.chat import ChatFormat, ParsedTurn, PreparedImage, ToolCallParser, VisionFormat
+from toolrollout.chat import ChatFormat, ParsedTurn, ToolCallParser, VisionFormat
+from toolrollout.chat._multimodal import PreparedImage
 from toolrollout.engines._base import Engine
 from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._scheduling import Scheduler

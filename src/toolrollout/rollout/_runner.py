@@ -26,7 +26,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Concatenate, Literal, ParamSpec, Self, TypeVar
 
@@ -36,7 +36,8 @@ import anyio.lowlevel
 
 from toolrollout._exceptions import EngineError, InexactLogprobsError, UserError
 from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, TrajectoryStatus
-from toolrollout.chat import ChatFormat, VisionFormat, get_tool_parser
+from toolrollout.chat import ChatFormat, VisionFormat
+from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._scheduling import Scheduler, WorkHistory
@@ -131,6 +132,52 @@ class _Job:
     done: Trajectory | None = None
     prompt: RolloutPrompt | None = None
     """A fresh sample's prompt (rendered with its start batch); ``None`` when resumed."""
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What a batch has gathered: every result, and which finished samples make the batch."""
+
+    n: int
+    target_groups: int
+    keep_groups_whole: bool
+    results: dict[tuple[str, int], Trajectory] = field(default_factory=dict)
+    finished_in_group: dict[str, int] = field(default_factory=dict)
+    batch: list[tuple[str, int]] = field(default_factory=list)
+    """Keys of the samples in the batch, fixed the moment the target is met."""
+    order: list[tuple[str, int]] = field(default_factory=list)
+    """Finished samples in the order they finished (for keep_groups_whole=False)."""
+
+    def record(self, job: _Job, trajectory: Trajectory, *, stopping: bool) -> bool:
+        """Keep ``job``'s trajectory; True when it is the one that meets the target."""
+        key = (job.group_id, job.sample_index)
+        self.results[key] = trajectory
+        if stopping or not _finished(trajectory):
+            return False
+        self.order.append(key)
+        count = self.finished_in_group.get(job.group_id, 0) + 1
+        self.finished_in_group[job.group_id] = count
+        size = self.target_groups * self.n
+        if self.keep_groups_whole:
+            if count == self.n:
+                self.batch.extend((job.group_id, s) for s in range(self.n))
+            return len(self.batch) >= size
+        if len(self.order) < size:
+            return False
+        self.batch.extend(self.order[:size])
+        return True
+
+    def rollout_batch(self) -> RolloutBatch:
+        """The batch and the leftover, each in prompt, group and sample order."""
+        chosen = set(self.batch)
+        ordered = sorted(
+            self.results.items(),
+            key=lambda kv: (kv[1].prompt_index, kv[0][0], kv[1].sample_index),
+        )
+        return RolloutBatch(
+            trajectories=tuple(t for k, t in ordered if k in chosen),
+            leftover=tuple(t for k, t in ordered if k not in chosen),
+        )
 
 
 def as_prompt(
@@ -620,36 +667,15 @@ class RolloutRunner:
         until: anyio.Event | None = None,
     ) -> RolloutBatch:
         """Run the jobs until the target is met, then abort the rest and wait for them."""
-        n = self.config.n
         cancel_tools = self.config.tools_at_target == "cancel"
-        results: dict[tuple[str, int], Trajectory] = {}
-        finished_in_group: dict[str, int] = {}
-        batch: list[tuple[str, int]] = []
-        """Keys of the samples in the batch, fixed the moment the target is met."""
-        order: list[tuple[str, int]] = []
-        """Finished samples in the order they finished (for keep_groups_whole=False)."""
+        tally = _Tally(self.config.n, target_groups, keep_groups_whole)
         pending = sum(1 for job in jobs if job.done is None)
         all_ended = anyio.Event()
         wake = anyio.Event()
         """Set when the target is met or nothing is left running."""
 
         def record(job: _Job, trajectory: Trajectory) -> None:
-            key = (job.group_id, job.sample_index)
-            results[key] = trajectory
-            if stop.stopping or not _finished(trajectory):
-                return
-            order.append(key)
-            count = finished_in_group.get(job.group_id, 0) + 1
-            finished_in_group[job.group_id] = count
-            if keep_groups_whole:
-                if count == n:
-                    batch.extend((job.group_id, s) for s in range(n))
-                met = len(batch) >= target_groups * n
-            else:
-                met = len(order) >= target_groups * n
-                if met:
-                    batch.extend(order[: target_groups * n])
-            if met:
+            if tally.record(job, trajectory, stopping=stop.stopping):
                 stop.stop(cancel_tools=cancel_tools)
                 wake.set()
 
@@ -694,14 +720,7 @@ class RolloutRunner:
                     services, (job.prompt.messages for (job,) in batch if job.prompt is not None)
                 ),
             )
-        chosen = set(batch)
-        ordered = sorted(
-            results.items(), key=lambda kv: (kv[1].prompt_index, kv[0][0], kv[1].sample_index)
-        )
-        return RolloutBatch(
-            trajectories=tuple(t for k, t in ordered if k in chosen),
-            leftover=tuple(t for k, t in ordered if k not in chosen),
-        )
+        return tally.rollout_batch()
 
     async def _abort_stragglers(
         self, stop: StopControl, wake: anyio.Event, all_ended: anyio.Event

@@ -31,7 +31,9 @@ from toolrollout._records import (
     TrajectoryStatus,
 )
 from toolrollout._records._resume import from_json_value, to_json_value
-from toolrollout.chat import ImageRun, MalformedCall, ParsedTurn, TemplateFamily
+from toolrollout.chat import ParsedTurn, TemplateFamily
+from toolrollout.chat._multimodal import ImageRun
+from toolrollout.chat.parsers import MalformedCall
 from toolrollout.engines._types import GenerateResult
 from toolrollout.tools import (
     ToolContext,

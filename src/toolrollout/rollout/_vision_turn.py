@@ -19,7 +19,8 @@ from toolrollout.tools import ToolResult
 from ._images import prepare_images
 
 if TYPE_CHECKING:
-    from toolrollout.chat import ImageRun, PreparedImage, VisionFormat
+    from toolrollout.chat import VisionFormat
+    from toolrollout.chat._multimodal import ImageRun, PreparedImage
 
     from ._config import RolloutConfig
 

@@ -3,7 +3,7 @@
 - :class:`SandboxTool` / :func:`sandbox_tool`: a tool that runs the model's code through
   Sandbox Fusion's ``POST /run_code`` (a real deployment, or the local server). Tool
   configs build it with ``config: {type: sandbox, sandbox_fusion_url: ...}``
-  (:func:`build_sandbox_entry` is the ``sandbox`` tool type's builder).
+  (the ``sandbox`` tool type).
 - ``toolrollout sandbox serve`` (:func:`run_sandbox_server`): the same API on one machine,
   running ``python``, ``bash`` and, where their toolchain is installed, ``c``, ``cpp``,
   ``go``, ``java``, ``nodejs``, ``typescript``, ``rust``, ``perl``, ``ruby`` and ``lua``
@@ -20,54 +20,19 @@ See ``docs/sandbox.md`` for the isolation model and its limits.
 
 from __future__ import annotations
 
-from toolrollout._exceptions import SandboxIsolationError as SandboxIsolationError
-
 from ._background import LocalSandboxService as LocalSandboxService
-from ._background import free_port as free_port
 from ._background import serve_local_sandboxes as serve_local_sandboxes
 from ._background import serve_sandbox_in_background as serve_sandbox_in_background
-from ._protocol import LANGUAGES as LANGUAGES
-from ._protocol import CommandRunResult as CommandRunResult
-from ._protocol import CommandRunStatus as CommandRunStatus
-from ._protocol import Language as Language
 from ._protocol import RunCodeRequest as RunCodeRequest
 from ._protocol import RunCodeResponse as RunCodeResponse
-from ._protocol import RunStatus as RunStatus
-from ._protocol import parse_run_status as parse_run_status
-from ._runner import SUPPORTED_LANGUAGES as SUPPORTED_LANGUAGES
-from ._runner import SandboxRunner as SandboxRunner
-from ._runner import SandboxServerConfig as SandboxServerConfig
-from ._server import create_sandbox_app as create_sandbox_app
-from ._server import run_sandbox_server as run_sandbox_server
-from ._tool import DEFAULT_SANDBOX_URL as DEFAULT_SANDBOX_URL
-from ._tool import SandboxConfigModel as SandboxConfigModel
 from ._tool import SandboxTool as SandboxTool
-from ._tool import build_sandbox_entry as build_sandbox_entry
-from ._tool import format_run_code_response as format_run_code_response
 from ._tool import sandbox_tool as sandbox_tool
 
 __all__ = [
-    "DEFAULT_SANDBOX_URL",
-    "LANGUAGES",
-    "SUPPORTED_LANGUAGES",
-    "CommandRunResult",
-    "CommandRunStatus",
-    "Language",
     "LocalSandboxService",
     "RunCodeRequest",
     "RunCodeResponse",
-    "RunStatus",
-    "SandboxConfigModel",
-    "SandboxIsolationError",
-    "SandboxRunner",
-    "SandboxServerConfig",
     "SandboxTool",
-    "build_sandbox_entry",
-    "create_sandbox_app",
-    "format_run_code_response",
-    "free_port",
-    "parse_run_status",
-    "run_sandbox_server",
     "sandbox_tool",
     "serve_local_sandboxes",
     "serve_sandbox_in_background",

@@ -204,6 +204,29 @@ def launcher_argv(python: str, limits: Limits, uid: int, command: Sequence[str])
     ]
 
 
+def _open_dir(info: BwrapInfo, folder: str) -> list[str]:
+    """Make ``folder`` in the sandbox with mode 0755."""
+    if info.supports_perms:
+        return ["--perms", "0755", "--dir", folder]
+    return ["--dir", folder, "--chmod", "0755", folder]
+
+
+def _read_only_binds(info: BwrapInfo, read_only: Sequence[str]) -> list[str]:
+    """Bind each path read-only, its parents made 0755 first: mount points' parents would
+    be made mode 0700 (root's) and unreadable to the program's uid."""
+    argv: list[str] = []
+    made: set[str] = set()
+    for path in read_only:
+        for parent in reversed(Path(path).parents[:-1]):
+            ancestor = str(parent)
+            if ancestor in made or ancestor in ("/usr", "/etc", "/tmp") or os.path.islink(ancestor):
+                continue
+            made.add(ancestor)
+            argv += _open_dir(info, ancestor)
+        argv += ["--ro-bind", path, path]
+    return argv
+
+
 def bwrap_argv(
     info: BwrapInfo,
     *,
@@ -249,10 +272,7 @@ def bwrap_argv(
     # /etc is made by bwrap (mode 0700 when it runs as root): open it to the program's uid,
     # which follows the alternatives symlinks of /usr/bin (javac, cc) through it.
     for folder in ("/etc", "/etc/ssl"):
-        if info.supports_perms:
-            argv += ["--perms", "0755", "--dir", folder]
-        else:
-            argv += ["--dir", folder, "--chmod", "0755", folder]
+        argv += _open_dir(info, folder)
     for path in _ETC_FILES:
         argv += ["--ro-bind-try", path, path]
     argv += ["--proc", "/proc", "--dev", "/dev"]
@@ -268,20 +288,7 @@ def bwrap_argv(
             argv += ["--chmod", "1777", mount]
     # After /tmp is mounted, so a read-only path under /tmp (a checkout or a runtime there)
     # is bound over the private /tmp instead of hidden by it.
-    made: set[str] = set()
-    for path in read_only:
-        # Mount points' parents would be made mode 0700 (root's) and unreadable to the
-        # program's uid: make them 0755 first.
-        for parent in reversed(Path(path).parents[:-1]):
-            ancestor = str(parent)
-            if ancestor in made or ancestor in ("/usr", "/etc", "/tmp") or os.path.islink(ancestor):
-                continue
-            made.add(ancestor)
-            if info.supports_perms:
-                argv += ["--perms", "0755", "--dir", ancestor]
-            else:
-                argv += ["--dir", ancestor, "--chmod", "0755", ancestor]
-        argv += ["--ro-bind", path, path]
+    argv += _read_only_binds(info, read_only)
     argv += ["--bind", workdir, SANDBOX_WORKDIR, "--chdir", SANDBOX_WORKDIR]
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]

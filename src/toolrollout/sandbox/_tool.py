@@ -41,8 +41,8 @@ from toolrollout.tools import (
     ToolLimits,
     ToolResult,
     ToolService,
-    build_native_entry,
 )
+from toolrollout.tools._config import build_native_entry
 
 from ._background import LocalSandboxService
 from ._protocol import (

@@ -8,7 +8,7 @@
 - :func:`serve_retriever_in_background` runs that server as a child process; a tool with
   ``local_corpus`` asks for one (:class:`LocalRetrieverService`) in its ``services()``,
   which :func:`toolrollout.tools.open_tools` opens; :func:`serve_local_retrievers` starts
-  them for a list of tools. :func:`build_search_entry` is the ``search`` tool type's builder.
+  them for a list of tools. The ``search`` tool type builds them from a tool config.
 - :mod:`toolrollout.search.demo_corpus`: a small synthetic corpus and questions about it.
 
 Importing this package imports neither bm25s nor FastAPI.
@@ -17,47 +17,19 @@ Importing this package imports neither bm25s nor FastAPI.
 from __future__ import annotations
 
 from ._bm25 import Bm25Retriever as Bm25Retriever
-from ._bm25 import Hit as Hit
-from ._client import RETRY_STATUSES as RETRY_STATUSES
-from ._client import ResultFormat as ResultFormat
 from ._client import SearchTool as SearchTool
 from ._client import VerlSearchTool as VerlSearchTool
-from ._client import build_search_entry as build_search_entry
-from ._corpus import Document as Document
-from ._corpus import documents_from_rows as documents_from_rows
 from ._corpus import load_corpus as load_corpus
-from ._format import RetrievedDocument as RetrievedDocument
-from ._format import format_hits as format_hits
-from ._format import format_results as format_results
-from ._format import parse_response as parse_response
-from ._local import LocalRetriever as LocalRetriever
 from ._local import LocalRetrieverService as LocalRetrieverService
 from ._local import serve_local_retrievers as serve_local_retrievers
 from ._local import serve_retriever_in_background as serve_retriever_in_background
-from .demo_corpus import DEMO_CORPUS_PATH as DEMO_CORPUS_PATH
-from .demo_corpus import DEMO_QUESTIONS_PATH as DEMO_QUESTIONS_PATH
-from .demo_corpus import load_demo_questions as load_demo_questions
 
 __all__ = [
-    "DEMO_CORPUS_PATH",
-    "DEMO_QUESTIONS_PATH",
-    "RETRY_STATUSES",
     "Bm25Retriever",
-    "Document",
-    "Hit",
-    "LocalRetriever",
     "LocalRetrieverService",
-    "ResultFormat",
-    "RetrievedDocument",
     "SearchTool",
     "VerlSearchTool",
-    "build_search_entry",
-    "documents_from_rows",
-    "format_hits",
-    "format_results",
     "load_corpus",
-    "load_demo_questions",
-    "parse_response",
     "serve_local_retrievers",
     "serve_retriever_in_background",
 ]

@@ -53,8 +53,8 @@ from toolrollout.tools import (
     ToolLimits,
     ToolResult,
     ToolService,
-    build_native_entry,
 )
+from toolrollout.tools._config import build_native_entry
 from toolrollout.tools._models import ToolEntryConfigModel
 
 from ._format import RetrievedDocument, format_results, parse_response
@@ -370,13 +370,18 @@ class SearchTool(Tool):
         finally:
             if self.transport is None:  # a caller's transport stays open for its next call
                 await client.aclose()
+        return self._decoded(response), attempts
+
+    def _decoded(self, response: httpx.Response) -> Any:
+        """The JSON body of a final answer; an error status or invalid JSON fails the call."""
+        url = self.retrieval_service_url
         if response.is_error:
             raise ToolExecutionError(
                 f"tool {self.name!r}: the retrieval service at {url} rejected the request "
                 f"with HTTP {response.status_code}: {_snippet(response)}"
             )
         try:
-            return response.json(), attempts
+            return response.json()
         except ValueError as exc:
             raise ToolExecutionError(
                 f"tool {self.name!r}: the retrieval service at {url} answered with invalid "

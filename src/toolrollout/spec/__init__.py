@@ -6,57 +6,26 @@ runner on an engine the caller holds. The CLI, the Ray worker, eval, bench and t
 adapters all go through them. The defaults (the reward chosen from the ground truths,
 :func:`default_rewards`; vision detected from the model folder, :func:`detect_vision`; the
 engine's context length from ``Engine.info()``) are the runner's own, so a
-:class:`~toolrollout.rollout.RolloutRunner` built directly behaves the same; the checks that a
-leftover file suits the run are :func:`check_leftover_matches`.
+:class:`~toolrollout.rollout.RolloutRunner` built directly behaves the same.
 """
 
 from toolrollout.engines._factory import connect as connect
-from toolrollout.rollout._compat import chat_setup as chat_setup
-from toolrollout.rollout._compat import check_leftover_matches as check_leftover_matches
-from toolrollout.rollout._compat import effective_tool_parser as effective_tool_parser
-from toolrollout.rollout._compat import engine_facts as engine_facts
-from toolrollout.rollout._compat import leftover_info as leftover_info
-from toolrollout.rollout._compat import run_metadata as run_metadata
-from toolrollout.rollout._compat import run_sampling as run_sampling
-from toolrollout.rollout._compat import sampling_changes as sampling_changes
-from toolrollout.rollout._compat import tokenizer_fingerprint as tokenizer_fingerprint
-from toolrollout.rollout._defaults import VisionMode as VisionMode
 from toolrollout.rollout._defaults import default_rewards as default_rewards
 from toolrollout.rollout._defaults import detect_vision as detect_vision
-from toolrollout.rollout._defaults import is_number as is_number
 
-from ._open import OpenRun as OpenRun
-from ._open import RunParts as RunParts
 from ._open import build_runner as build_runner
-from ._open import check_interactions as check_interactions
 from ._open import load_parts as load_parts
 from ._open import open_run as open_run
 from ._policy import load_tokenizer as load_tokenizer
 from ._spec import RunSpec as RunSpec
-from ._spec import check_target_groups as check_target_groups
 
 __all__ = [
-    "OpenRun",
-    "RunParts",
     "RunSpec",
-    "VisionMode",
     "build_runner",
-    "chat_setup",
-    "check_interactions",
-    "check_leftover_matches",
-    "check_target_groups",
     "connect",
     "default_rewards",
     "detect_vision",
-    "effective_tool_parser",
-    "engine_facts",
-    "is_number",
-    "leftover_info",
     "load_parts",
     "load_tokenizer",
     "open_run",
-    "run_metadata",
-    "run_sampling",
-    "sampling_changes",
-    "tokenizer_fingerprint",
 ]

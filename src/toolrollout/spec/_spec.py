@@ -103,7 +103,7 @@ class RunSpec:
         self._check()
 
     def _check(self) -> None:
-        from toolrollout.chat import tool_parser_names
+        from toolrollout.chat.parsers import tool_parser_names
 
         if any(not isinstance(u, str) or not u.strip() for u in self.engine_urls):
             raise UserError(f"--engine-url must be a server URL, got {list(self.engine_urls)}")

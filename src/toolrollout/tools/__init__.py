@@ -20,35 +20,16 @@ from ._base import ToolService as ToolService
 from ._builtin import CalculatorTool as CalculatorTool
 from ._builtin import Gsm8kTool as Gsm8kTool
 from ._builtin import calculator_tool as calculator_tool
-from ._builtin import gsm8k_score as gsm8k_score
-from ._config import build_native_entry as build_native_entry
 from ._config import load_tool_config as load_tool_config
-from ._config import tools_from_config as tools_from_config
-from ._docstrings import ParsedDocstring as ParsedDocstring
-from ._docstrings import parse_docstring as parse_docstring
-from ._executor import ExecutorStatistics as ExecutorStatistics
-from ._executor import ToolCallSummary as ToolCallSummary
 from ._executor import ToolExecutor as ToolExecutor
-from ._executor import ToolStatistics as ToolStatistics
 from ._executor import summarize_tool_calls as summarize_tool_calls
 from ._function import FunctionTool as FunctionTool
 from ._function import function_tool as function_tool
-from ._function import to_tool_result as to_tool_result
 from ._lifecycle import StatefulTool as StatefulTool
 from ._lifecycle import ToolSession as ToolSession
-from ._lifecycle import row_kwargs as row_kwargs
 from ._lifecycle import tool_kwargs as tool_kwargs
-from ._limits import CircuitBreaker as CircuitBreaker
-from ._limits import CircuitBreakerStatistics as CircuitBreakerStatistics
-from ._limits import CircuitState as CircuitState
-from ._limits import LatencyStatistics as LatencyStatistics
-from ._limits import LatencyWindow as LatencyWindow
-from ._limits import LimiterStatistics as LimiterStatistics
-from ._limits import RateLimiter as RateLimiter
-from ._limits import RateLimiterStatistics as RateLimiterStatistics
 from ._models import ToolEntryModel as ToolEntryModel
 from ._registry import BuildContext as BuildContext
-from ._registry import ToolBuilder as ToolBuilder
 from ._registry import register_tool_type as register_tool_type
 from ._registry import tool_types as tool_types
 from ._services import open_tools as open_tools
@@ -64,25 +45,13 @@ from ._verl import VerlToolAdapter as VerlToolAdapter
 __all__ = [
     "BuildContext",
     "CalculatorTool",
-    "CircuitBreaker",
     "CircuitBreakerPolicy",
-    "CircuitBreakerStatistics",
-    "CircuitState",
-    "ExecutorStatistics",
     "FunctionTool",
     "Gsm8kTool",
-    "LatencyStatistics",
-    "LatencyWindow",
-    "LimiterStatistics",
-    "ParsedDocstring",
-    "RateLimiter",
-    "RateLimiterStatistics",
     "RetryPolicy",
     "StatefulTool",
     "Tool",
-    "ToolBuilder",
     "ToolCallRequest",
-    "ToolCallSummary",
     "ToolContext",
     "ToolEntryModel",
     "ToolExecutor",
@@ -90,21 +59,14 @@ __all__ = [
     "ToolResult",
     "ToolService",
     "ToolSession",
-    "ToolStatistics",
     "VerlToolAdapter",
-    "build_native_entry",
     "calculator_tool",
     "function_tool",
-    "gsm8k_score",
     "load_tool_config",
     "open_tools",
-    "parse_docstring",
     "register_tool_type",
-    "row_kwargs",
     "share_tools",
     "summarize_tool_calls",
-    "to_tool_result",
     "tool_kwargs",
     "tool_types",
-    "tools_from_config",
 ]

@@ -56,9 +56,9 @@ class ToolBuilder(Protocol):
 
 _BUILTIN_TYPES: Mapping[str, str] = {
     "native": "toolrollout.tools._config:build_native_entry",
-    "mcp": "toolrollout.tools.mcp:build_mcp_entry",
-    "sandbox": "toolrollout.sandbox:build_sandbox_entry",
-    "search": "toolrollout.search:build_search_entry",
+    "mcp": "toolrollout.tools.mcp._config:build_mcp_entry",
+    "sandbox": "toolrollout.sandbox._tool:build_sandbox_entry",
+    "search": "toolrollout.search._client:build_search_entry",
 }
 """The shipped types; each string is imported on first use."""
 

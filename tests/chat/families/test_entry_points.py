@@ -32,7 +32,8 @@ from tests.chat.families.test_deepseek import E as DSK_E
 from tests.chat.families.test_deepseek import v3_call
 from typer.testing import CliRunner
 
-from toolrollout.chat import ChatFormat, get_template_family
+from toolrollout.chat import ChatFormat
+from toolrollout.chat.families import get_template_family
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput

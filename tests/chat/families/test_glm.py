@@ -23,7 +23,8 @@ from tests.chat.families.conftest import (
     run_family,
 )
 
-from toolrollout.chat import ChatFormat, get_template_family
+from toolrollout.chat import ChatFormat
+from toolrollout.chat.families import get_template_family
 from toolrollout.interactions import Interaction, InteractionReply
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput

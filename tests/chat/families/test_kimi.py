@@ -21,7 +21,8 @@ from tests.chat.families.conftest import (
 )
 
 from toolrollout._exceptions import TokenizationError
-from toolrollout.chat import ChatFormat, get_template_family
+from toolrollout.chat import ChatFormat
+from toolrollout.chat.families import get_template_family
 from toolrollout.rollout import RolloutConfig, TrajectoryStatus
 from toolrollout.tools import Tool, function_tool
 

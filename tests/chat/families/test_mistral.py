@@ -19,7 +19,8 @@ from tests.chat.conftest import build_tokenizer
 from tests.chat.families.conftest import official_template
 from transformers import PreTrainedTokenizerBase
 
-from toolrollout.chat import ChatFormat, check_drift, get_tool_parser
+from toolrollout.chat import ChatFormat, check_drift
+from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.interactions import Interaction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus

@@ -30,7 +30,8 @@ from tests.chat.families.qwen_common import qwen_tokenizer, run_vision, transcri
 from transformers import PreTrainedTokenizerBase
 from typer.testing import CliRunner
 
-from toolrollout.chat import ChatFormat, VisionFormat, get_template_family
+from toolrollout.chat import ChatFormat, VisionFormat
+from toolrollout.chat.families import get_template_family
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.rollout import TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput

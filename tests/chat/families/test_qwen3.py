@@ -28,7 +28,8 @@ from tests.chat.families.conftest import fresh_render_ids, run_family
 from tests.chat.families.qwen_common import TOOLS, fresh_official_ids, qwen_tokenizer, transcript
 from transformers import PreTrainedTokenizerBase
 
-from toolrollout.chat import ChatFormat, get_template_family
+from toolrollout.chat import ChatFormat
+from toolrollout.chat.families import get_template_family
 from toolrollout.interactions import Interaction, InteractionReply
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
 from toolrollout.testing import ScriptedEngine, ScriptedOutput

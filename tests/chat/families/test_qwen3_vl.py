@@ -20,7 +20,8 @@ from tests.chat.families.qwen_common import (
 )
 from transformers import PreTrainedTokenizerBase
 
-from toolrollout.chat import ChatFormat, VisionFormat, get_template_family
+from toolrollout.chat import ChatFormat, VisionFormat
+from toolrollout.chat.families import get_template_family
 from toolrollout.rollout import RolloutRunner, Trajectory, TrajectoryStatus
 
 PROMPT = [

@@ -26,9 +26,10 @@ from tests.gateway.conftest import rebuilt
 from tests.gateway.test_gateway_cli import _runs
 from tests.real_engines._gateway import record_sdk_session
 from tests.real_engines.sglang._launch import DEMO_MODEL, LIMIT, SGLangServer
-from toolrollout.apps.demo import CALCULATOR_TOOL, load_demo_prompts
+from toolrollout.apps.demo import load_demo_prompts
 from toolrollout.chat import ChatFormat
 from toolrollout.rollout import TokenSpan, Trajectory, TrajectoryStatus
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(LIMIT)]
 

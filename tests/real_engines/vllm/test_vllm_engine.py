@@ -46,7 +46,7 @@ def chat_prompt() -> list[int]:
     """A demo prompt rendered by the model's own template: the model answers and stops."""
     from transformers import AutoTokenizer
 
-    from toolrollout.apps.demo import CALCULATOR_TOOL
+    from toolrollout.tools.calculator import CALCULATOR_TOOL
 
     tokenizer = AutoTokenizer.from_pretrained(str(DEMO_MODEL_PATH))
     messages = load_demo_prompts()[0]["messages"]

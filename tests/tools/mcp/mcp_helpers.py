@@ -17,7 +17,7 @@ from pathlib import Path
 import anyio
 
 from toolrollout.apps.mcp_servers.testkit import LOG_ENV, RATE_ENV
-from toolrollout.tools.mcp import StdioServer
+from toolrollout.tools.mcp._servers import StdioServer
 
 REPO = Path(__file__).resolve().parents[3]
 

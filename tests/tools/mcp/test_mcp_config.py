@@ -14,8 +14,9 @@ from mcp_helpers import REPO, child_pids
 
 from toolrollout.exceptions import ConfigError
 from toolrollout.tools import ToolCallRequest, ToolExecutor, load_tool_config
-from toolrollout.tools.mcp import HttpServer, McpTool, StdioServer, mcp_sessions, parse_mcp_servers
+from toolrollout.tools.mcp import McpTool, mcp_sessions
 from toolrollout.tools.mcp import _config as mcp_config
+from toolrollout.tools.mcp._servers import HttpServer, StdioServer, parse_mcp_servers
 
 pytestmark = pytest.mark.usefixtures("no_orphans")
 

@@ -50,15 +50,8 @@ from toolrollout.tools import (
     load_tool_config,
     open_tools,
 )
-from toolrollout.tools.mcp import (
-    HttpServer,
-    McpClientManager,
-    McpRoot,
-    McpServerSpec,
-    McpTool,
-    StdioServer,
-    list_mcp_tools,
-)
+from toolrollout.tools.mcp import McpClientManager, McpRoot, McpTool, list_mcp_tools
+from toolrollout.tools.mcp._servers import HttpServer, McpServerSpec, StdioServer
 
 CI = REPO / ".ci"
 EVERYTHING = CI / "node/node_modules/@modelcontextprotocol/server-everything/dist/index.js"

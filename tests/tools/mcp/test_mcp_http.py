@@ -17,14 +17,8 @@ from toolrollout.tools import (
     ToolLimits,
     load_tool_config,
 )
-from toolrollout.tools.mcp import (
-    HttpServer,
-    McpClientManager,
-    McpTool,
-    list_mcp_tools,
-    mcp_sessions,
-    parse_mcp_servers,
-)
+from toolrollout.tools.mcp import McpClientManager, McpTool, list_mcp_tools, mcp_sessions
+from toolrollout.tools.mcp._servers import HttpServer, parse_mcp_servers
 
 NO_RETRY = ToolLimits(timeout=20.0, retry=RetryPolicy(max_attempts=1))
 

@@ -24,16 +24,10 @@ from PIL import Image
 
 from toolrollout.exceptions import ToolExecutionError, ToolUnavailable, UserError
 from toolrollout.tools import ToolCallRequest, ToolExecutor, calculator_tool
-from toolrollout.tools.mcp import (
-    McpClientManager,
-    McpTool,
-    StdioServer,
-    build_mcp_tools,
-    decode_image,
-    mcp_managers,
-    mcp_result_to_tool_result,
-    mcp_sessions,
-)
+from toolrollout.tools.mcp import McpClientManager, McpTool, mcp_sessions
+from toolrollout.tools.mcp._results import decode_image, mcp_result_to_tool_result
+from toolrollout.tools.mcp._servers import StdioServer
+from toolrollout.tools.mcp._tool import build_mcp_tools, mcp_managers
 
 
 def png(color: str = "green", size: tuple[int, int] = (2, 3)) -> str:

@@ -37,9 +37,10 @@ from ._model import DriverSpec, Workload, worker_flags
 from ._tools import LookupClient
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
+    from toolrollout.chat import ParsedTurn
     from toolrollout.engines import SamplingParams, SGLangClient
     from toolrollout.rollout import RolloutConfig, Trajectory
-    from toolrollout.tools import Tool
+    from toolrollout.tools import Tool, ToolCallRequest, ToolResult
 
 __all__ = ["lag_summary", "lockstep_rollout", "run_driver"]
 
@@ -264,6 +265,34 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
     }
 
 
+def assistant_turn(parsed: ParsedTurn) -> tuple[dict[str, Any], list[ToolCallRequest]]:
+    """A parsed model turn as an assistant message, and its calls as tool requests."""
+    from toolrollout.tools import ToolCallRequest
+
+    message = {
+        "role": "assistant",
+        "content": parsed.content,
+        "tool_calls": [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.tool_calls
+        ],
+    }
+    calls = [
+        ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id) for c in parsed.tool_calls
+    ]
+    return message, calls
+
+
+def tool_answers(
+    calls: Sequence[ToolCallRequest], results: Sequence[ToolResult]
+) -> list[dict[str, Any]]:
+    """The tool messages answering ``calls``."""
+    return [
+        {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
+        for c, r in zip(calls, results, strict=True)
+    ]
+
+
 async def lockstep_rollout(
     client: SGLangClient,
     tokenizer: Any,
@@ -276,9 +305,10 @@ async def lockstep_rollout(
     waits for the whole batch's generations, then for the whole batch's tool calls, before
     its next turn. The same chat format, parser, client and tool as toolrollout's; returns
     the counts (trajectories, completed, turns, generated and cached tokens, tool errors)."""
-    from toolrollout.chat import ChatFormat, get_tool_parser
+    from toolrollout.chat import ChatFormat
+    from toolrollout.chat.parsers import get_tool_parser
     from toolrollout.engines import GenerateRequest, GenerateResult
-    from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
+    from toolrollout.tools import ToolContext, ToolExecutor
 
     executor = ToolExecutor([tool])
     chat = ChatFormat(tokenizer, tools=executor.schemas())
@@ -296,10 +326,10 @@ async def lockstep_rollout(
         outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
 
     tool_errors = 0
-    states = []
-    for row in rows:
-        messages = [dict(m) for m in row["messages"]]
-        states.append(_LockstepState(messages, chat.render_prompt(messages)))
+    states = [
+        _LockstepState([dict(m) for m in row["messages"]], chat.render_prompt(row["messages"]))
+        for row in rows
+    ]
     for turn in range(max_turns):
         active = [(i, s) for i, s in enumerate(states) if not s.done]
         if not active:
@@ -321,24 +351,8 @@ async def lockstep_rollout(
                 state.done = True
                 state.completed = result.finish_reason.type == "stop"
                 continue
-            state.messages.append(
-                {
-                    "role": "assistant",
-                    "content": parsed.content,
-                    "tool_calls": [
-                        {
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        }
-                        for c in parsed.tool_calls
-                    ],
-                }
-            )
-            calls = [
-                ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id)
-                for c in parsed.tool_calls
-            ]
+            message, calls = assistant_turn(parsed)
+            state.messages.append(message)
             pending.append((i, state, calls))
         outputs.clear()
         async with anyio.create_task_group() as tg:  # barrier 2: every tool call
@@ -346,10 +360,7 @@ async def lockstep_rollout(
                 tg.start_soon(tools, i, calls)
         for i, state, calls in pending:
             tool_errors += sum(1 for r in outputs[i] if r.is_error)
-            tool_messages = [
-                {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
-                for c, r in zip(calls, outputs[i], strict=True)
-            ]
+            tool_messages = tool_answers(calls, outputs[i])
             state.ids.extend(chat.tool_turn_delta(state.messages, tool_messages))
             state.messages.extend(tool_messages)
     return {

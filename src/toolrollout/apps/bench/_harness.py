@@ -376,6 +376,64 @@ def _reset(engines: Sequence[str], tool_url: str) -> None:
         httpx.post(f"{url}/bench/reset", timeout=30).raise_for_status()
 
 
+def _mode_result(
+    config: BenchConfig,
+    mode: str,
+    raw: dict[str, Any],
+    requests: list[dict[str, Any]],
+    calls: list[dict[str, Any]],
+    counts: dict[str, int],
+    services_cpu: float,
+) -> ModeResult:
+    """One mode's row: what its worker measured, and the bounds its logged work allows."""
+    paths = critical_paths(requests, calls)
+    total = sum(float(r["slot_seconds"]) for r in requests)
+    ideal = ideal_makespan(paths, total, config.model.capacity * config.servers)
+    capacity = config.model.capacity
+    fifo_ends = replay(requests, calls, capacity)
+    oracle_ends = replay(requests, calls, capacity, order="oracle")
+    return ModeResult(
+        mode=mode,
+        trajectories=int(raw["trajectories"]),
+        completed=int(raw["completed"]),
+        turns=int(raw["turns"]),
+        generated_tokens=int(raw["generated_tokens"]),
+        makespan_s=float(raw["makespan_s"]),
+        ideal_makespan_s=ideal,
+        client_cpu_s=float(raw["client_cpu_s"]),
+        peak_rss_mb=float(raw["peak_rss_mb"]),
+        lag_ms={k: float(v) for k, v in raw["lag_ms"].items()},
+        cached_tokens=sum(int(r["cached_tokens"]) for r in requests),
+        prompt_tokens=sum(int(r["prompt_tokens"]) for r in requests),
+        tool_calls=len(calls),
+        peak_in_flight=peak_in_flight(requests),
+        target_s=float(raw.get("target_s", 0.0)),
+        note=str(raw.get("note", "")),
+        services_cpu_s=services_cpu,
+        fifo_makespan_s=max(fifo_ends.values(), default=0.0),
+        oracle_makespan_s=max(oracle_ends.values(), default=0.0),
+        turns_makespan_s=max(
+            replay(requests, calls, capacity, order="turns").values(), default=0.0
+        ),
+        fewest_makespan_s=max(
+            replay(requests, calls, capacity, order="fewest").values(), default=0.0
+        ),
+        length_makespan_s=max(
+            replay(requests, calls, capacity, order="length").values(), default=0.0
+        ),
+        groups_s=group_completion_times(measured_ends(requests), GROUP_DECILES),
+        oracle_groups_s=group_completion_times(oracle_ends, GROUP_DECILES),
+        retractions=counts["retractions"],
+        preemptions=counts["preemptions"],
+        kv_bound_makespan_s=kv_bound_makespan(
+            requests,
+            config.model.decode_per_token_s,
+            # the budget the stand-in keeps between its checks (0: no budget)
+            config.servers * (config.model.kv_tokens + config.model.kv_overshoot_tokens),
+        ),
+    )
+
+
 def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
     """Run every mode of ``config`` and return the report (nothing is printed here)."""
     from toolrollout.apps.demo import DEMO_MODEL_PATH
@@ -416,55 +474,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                 folder.mkdir(parents=True, exist_ok=True)
                 logged = {"requests": requests, "calls": calls, **counts}
                 (folder / f"{mode.replace(':', '_')}.json").write_text(json.dumps(logged))
-            paths = critical_paths(requests, calls)
-            total = sum(float(r["slot_seconds"]) for r in requests)
-            ideal = ideal_makespan(paths, total, config.model.capacity * config.servers)
-            capacity = config.model.capacity
-            fifo_ends = replay(requests, calls, capacity)
-            oracle_ends = replay(requests, calls, capacity, order="oracle")
-            results.append(
-                ModeResult(
-                    mode=mode,
-                    trajectories=int(raw["trajectories"]),
-                    completed=int(raw["completed"]),
-                    turns=int(raw["turns"]),
-                    generated_tokens=int(raw["generated_tokens"]),
-                    makespan_s=float(raw["makespan_s"]),
-                    ideal_makespan_s=ideal,
-                    client_cpu_s=float(raw["client_cpu_s"]),
-                    peak_rss_mb=float(raw["peak_rss_mb"]),
-                    lag_ms={k: float(v) for k, v in raw["lag_ms"].items()},
-                    cached_tokens=sum(int(r["cached_tokens"]) for r in requests),
-                    prompt_tokens=sum(int(r["prompt_tokens"]) for r in requests),
-                    tool_calls=len(calls),
-                    peak_in_flight=peak_in_flight(requests),
-                    target_s=float(raw.get("target_s", 0.0)),
-                    note=str(raw.get("note", "")),
-                    services_cpu_s=services_cpu,
-                    fifo_makespan_s=max(fifo_ends.values(), default=0.0),
-                    oracle_makespan_s=max(oracle_ends.values(), default=0.0),
-                    turns_makespan_s=max(
-                        replay(requests, calls, capacity, order="turns").values(), default=0.0
-                    ),
-                    fewest_makespan_s=max(
-                        replay(requests, calls, capacity, order="fewest").values(), default=0.0
-                    ),
-                    length_makespan_s=max(
-                        replay(requests, calls, capacity, order="length").values(), default=0.0
-                    ),
-                    groups_s=group_completion_times(measured_ends(requests), GROUP_DECILES),
-                    oracle_groups_s=group_completion_times(oracle_ends, GROUP_DECILES),
-                    retractions=counts["retractions"],
-                    preemptions=counts["preemptions"],
-                    kv_bound_makespan_s=kv_bound_makespan(
-                        requests,
-                        config.model.decode_per_token_s,
-                        # the budget the stand-in keeps between its checks (0: no budget)
-                        config.servers
-                        * (config.model.kv_tokens + config.model.kv_overshoot_tokens),
-                    ),
-                )
-            )
+            results.append(_mode_result(config, mode, raw, requests, calls, counts, services_cpu))
     tokenization = None
     if config.micro_turns > 0:
         from transformers import AutoTokenizer

@@ -98,38 +98,42 @@ def kv_bound_makespan(
     return steps * decode_per_token_s / kv_tokens
 
 
-def replay(
+def _rank(
+    order: str,
+    now: float,
+    done: int,
+    remaining: list[float],
+    group_rank: dict[str, int],
+    trajectory: str,
+) -> float:
+    """Where a trajectory that has made ``done`` model turns waits in a server's queue under
+    ``order`` (lowest first; arrival order breaks ties)."""
+    if order == "fifo":
+        return now
+    if order == "oracle":
+        return -remaining[done]
+    if order == "turns":  # more turns done first, then arrival
+        return -done + now * 1e-9
+    if order == "oldest":  # the group that arrived first, then arrival
+        return group_rank[group_of(trajectory)] + now * 1e-9
+    if order == "length":  # more model turns to go first, then arrival
+        return done - (len(remaining) - 1) + now * 1e-9
+    return done + now * 1e-9  # fewer turns done first, then arrival
+
+
+def _replay_inputs(
     requests: Iterable[Mapping[str, Any]],
     tool_calls: Iterable[Mapping[str, Any]],
-    capacity: int,
-    *,
-    order: str = "fifo",
-) -> dict[str, float]:
-    """Each trajectory's finish time when its logged work is replayed by a zero-cost client.
-
-    ``requests`` are the servers' log entries, each tagged with ``server`` (which server
-    logged it) besides ``key``, ``turn`` and ``slot_seconds``; every trajectory submits its
-    first request at time 0, each later one when its previous turn's tool calls are back
-    (calls of one turn run concurrently), and each server runs ``capacity`` at a time.
-    ``order`` is how a server picks from its queue: ``fifo`` in arrival order (SGLang's
-    default), ``oracle`` the trajectory with the most remaining work first (its remaining
-    slot time plus tool time, known exactly here; ties in arrival order), ``turns`` the
-    trajectory with the most turns done first, ``fewest`` the one with the fewest turns done
-    first (the two signs of toolrollout's ``priority`` policy, ``turn_weight`` 1 and -1;
-    ties in arrival order), ``length`` the one with the most model turns still to make
-    (what a perfect prediction of each trajectory's length, the ``history`` policy's
-    target, gives; the tool latencies stay unknown; ties in arrival order), ``oldest`` the
-    trajectory whose GRPO group's first request arrived first (the ``oldest`` policy; ties
-    in arrival order). No request is preempted.
-    """
-    import heapq
-
-    if capacity < 1:
-        raise ValueError("capacity must be at least 1")
-    if order not in ("fifo", "oracle", "turns", "fewest", "length", "oldest"):
-        raise ValueError(
-            f"order must be fifo, oracle, turns, fewest, length or oldest, got {order!r}"
-        )
+    order: str,
+) -> tuple[
+    dict[str, list[tuple[int, int, float]]],
+    dict[tuple[str, int], float],
+    dict[str, int],
+    dict[str, list[float]],
+]:
+    """What :func:`replay` replays: each trajectory's steps ``(turn, server, slot
+    seconds)`` in turn order, each turn's tool time (its slowest call), the groups' arrival
+    ranks (for ``oldest``) and the work left from each step on."""
     requests = list(requests)
     steps: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
     group_rank: dict[str, int] = {}  # for ``oldest``: groups by their first logged arrival
@@ -163,34 +167,58 @@ def replay(
             after = tools.get((trajectory, turn), 0.0) if i < len(chain) - 1 else 0.0
             left[i] = left[i + 1] + slot + after
         remaining[trajectory] = left
+    return steps, tools, group_rank, remaining
+
+
+def replay(
+    requests: Iterable[Mapping[str, Any]],
+    tool_calls: Iterable[Mapping[str, Any]],
+    capacity: int,
+    *,
+    order: str = "fifo",
+) -> dict[str, float]:
+    """Each trajectory's finish time when its logged work is replayed by a zero-cost client.
+
+    ``requests`` are the servers' log entries, each tagged with ``server`` (which server
+    logged it) besides ``key``, ``turn`` and ``slot_seconds``; every trajectory submits its
+    first request at time 0, each later one when its previous turn's tool calls are back
+    (calls of one turn run concurrently), and each server runs ``capacity`` at a time.
+    ``order`` is how a server picks from its queue: ``fifo`` in arrival order (SGLang's
+    default), ``oracle`` the trajectory with the most remaining work first (its remaining
+    slot time plus tool time, known exactly here; ties in arrival order), ``turns`` the
+    trajectory with the most turns done first, ``fewest`` the one with the fewest turns done
+    first (the two signs of toolrollout's ``priority`` policy, ``turn_weight`` 1 and -1;
+    ties in arrival order), ``length`` the one with the most model turns still to make
+    (what a perfect prediction of each trajectory's length, the ``history`` policy's
+    target, gives; the tool latencies stay unknown; ties in arrival order), ``oldest`` the
+    trajectory whose GRPO group's first request arrived first (the ``oldest`` policy; ties
+    in arrival order). No request is preempted.
+    """
+    import heapq
+    import itertools
+
+    if capacity < 1:
+        raise ValueError("capacity must be at least 1")
+    if order not in ("fifo", "oracle", "turns", "fewest", "length", "oldest"):
+        raise ValueError(
+            f"order must be fifo, oracle, turns, fewest, length or oldest, got {order!r}"
+        )
+    steps, tools, group_rank, remaining = _replay_inputs(requests, tool_calls, order)
     free: dict[int, int] = defaultdict(lambda: capacity)
     queues: dict[int, list[tuple[float, int, str]]] = defaultdict(list)
     position = dict.fromkeys(steps, 0)
     events: list[tuple[float, int, str, str]] = []  # (time, seq, kind, trajectory)
-    seq = 0
+    seq = itertools.count()
 
     def push(at: float, kind: str, trajectory: str) -> None:
-        nonlocal seq
-        heapq.heappush(events, (at, seq, kind, trajectory))
-        seq += 1
+        heapq.heappush(events, (at, next(seq), kind, trajectory))
 
     def enqueue(trajectory: str, now: float) -> int:
-        nonlocal seq
         _, server, _ = steps[trajectory][position[trajectory]]
-        if order == "fifo":
-            rank = now
-        elif order == "oracle":
-            rank = -remaining[trajectory][position[trajectory]]
-        elif order == "turns":
-            rank = -position[trajectory] + now * 1e-9  # more turns done first, then arrival
-        elif order == "oldest":  # the group that arrived first, then arrival
-            rank = group_rank[group_of(trajectory)] + now * 1e-9
-        elif order == "length":  # more model turns to go first, then arrival
-            rank = position[trajectory] - len(steps[trajectory]) + now * 1e-9
-        else:
-            rank = position[trajectory] + now * 1e-9  # fewer turns done first, then arrival
-        heapq.heappush(queues[server], (rank, seq, trajectory))  # seq: arrival order
-        seq += 1
+        rank = _rank(
+            order, now, position[trajectory], remaining[trajectory], group_rank, trajectory
+        )
+        heapq.heappush(queues[server], (rank, next(seq), trajectory))  # seq: arrival order
         return server
 
     def dispatch(server: int, now: float) -> None:

@@ -41,7 +41,8 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
     """Median seconds of one turn's token work at turn 1 and at turn ``turns``."""
     from types import SimpleNamespace
 
-    from toolrollout.chat import ChatFormat, check_drift, get_tool_parser
+    from toolrollout.chat import ChatFormat, check_drift
+    from toolrollout.chat.parsers import get_tool_parser
     from toolrollout.rollout import RolloutConfig, RolloutPrompt, TokenSpan
     from toolrollout.rollout._state import TrajectoryState
 
@@ -74,18 +75,9 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
         state.transcript.spans.append(TokenSpan("model", tuple(output), (0.0,) * len(output)))
         model_texts.append(text)
         call = parsed.tool_calls[0]
-        assistant = {
-            "role": "assistant",
-            "content": parsed.content,
-            "tool_calls": [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-            ],
-        }
-        messages.append(assistant)
+        function = {"name": call.name, "arguments": call.arguments}
+        calls = [{"id": call.id, "type": "function", "function": function}]
+        messages.append({"role": "assistant", "content": parsed.content, "tool_calls": calls})
         tool = {
             "role": "tool",
             "tool_call_id": call.id,
@@ -120,7 +112,13 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
             messages.append(tool)
         state.checkpoint()
         transcript.extend(ids)
-    first, last = timings[1], timings[turns]
+    return _cost_summary(timings[1], timings[turns], turns, len(transcript))
+
+
+def _cost_summary(
+    first: dict[str, float], last: dict[str, float], turns: int, tokens: int
+) -> dict[str, Any]:
+    """The timings of turn 1 and turn ``turns``, and how much more the last one costs."""
 
     def ratio(*keys: str) -> float:
         return sum(last[k] for k in keys) / sum(first[k] for k in keys)
@@ -128,7 +126,7 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
     final = last["drift_every_turn_s"]  # the end check renders what turn N's check did
     return {
         "turns": turns,
-        "transcript_tokens": len(transcript),
+        "transcript_tokens": tokens,
         "turn_1": first,
         f"turn_{turns}": last,
         "ratio_without_drift_check": ratio("parse_s", "delta_s"),

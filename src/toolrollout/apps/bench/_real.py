@@ -181,9 +181,12 @@ async def run_toolrollout(config: RealBenchConfig, tokenizer: Any) -> dict[str, 
 
 
 async def run_lockstep(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
-    from toolrollout.chat import ChatFormat, get_tool_parser
+    from toolrollout.chat import ChatFormat
+    from toolrollout.chat.parsers import get_tool_parser
     from toolrollout.engines import GenerateRequest, GenerateResult
     from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
+
+    from ._drivers import assistant_turn, tool_answers
 
     executor = ToolExecutor([_tool(config)])
     chat = ChatFormat(tokenizer, tools=executor.schemas())
@@ -232,24 +235,8 @@ async def run_lockstep(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any
                 if turn == config.max_turns - 1:  # out of turns, as the runner ends it
                     live.discard(i)
                     continue
-                calls = [
-                    ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id)
-                    for c in parsed.tool_calls
-                ]
-                messages.append(
-                    {
-                        "role": "assistant",
-                        "content": parsed.content,
-                        "tool_calls": [
-                            {
-                                "id": c.id,
-                                "type": "function",
-                                "function": {"name": c.name, "arguments": c.arguments},
-                            }
-                            for c in parsed.tool_calls
-                        ],
-                    }
-                )
+                message, calls = assistant_turn(parsed)
+                messages.append(message)
                 pending.append((i, calls))
             outputs.clear()
             async with anyio.create_task_group() as tg:  # barrier 2: every tool call
@@ -258,10 +245,7 @@ async def run_lockstep(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any
             for i, calls in pending:
                 messages, ids = states[i]
                 counts["tool_calls"] += len(calls)
-                answers = [
-                    {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
-                    for c, r in zip(calls, outputs[i], strict=True)
-                ]
+                answers = tool_answers(calls, outputs[i])
                 ids.extend(chat.tool_turn_delta(messages, answers))
                 messages.extend(answers)
         measured = _measured(started)

@@ -126,18 +126,6 @@ class TurnScript:
             return None
         return group.sample(int(match[1]))
 
-    def locate_messages(
-        self, messages: Sequence[dict[str, Any]]
-    ) -> tuple[WorkloadItem | None, int]:
-        """The same for an OpenAI ``messages`` list."""
-        item = None
-        for message in messages:
-            if message.get("role") == "user" and isinstance(message.get("content"), str):
-                item = parse_directive(message["content"])
-                break
-        turn = sum(1 for m in messages if m.get("role") == "assistant")
-        return item, turn
-
     # ------------------------------------------------------------------ writing answers
     def turn(self, item: WorkloadItem | None, turn: int) -> ScriptedTurn:
         if item is None:

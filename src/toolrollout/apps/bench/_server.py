@@ -619,21 +619,49 @@ def _request_from_body(body: Any) -> tuple[GenerateRequest, bool, int | None]:
     return request, bool(body.get("return_logprob", False)), priority
 
 
-def create_latency_app(server: LatencyServer) -> Any:
-    """The FastAPI app: SGLang's native routes, OpenAI chat, and ``/bench/*`` for the harness."""
-    from toolrollout.apps.server._openai import add_chat_completions
+def _json(content: Any, status_code: int = 200) -> Response:
+    return Response(
+        json.dumps(content, separators=(",", ":")),
+        status_code=status_code,
+        media_type="application/json",
+    )
 
-    app = FastAPI(title="toolrollout latency-model server")
 
-    def _json(content: Any, status_code: int = 200) -> Response:
-        return Response(
-            json.dumps(content, separators=(",", ":")),
-            status_code=status_code,
-            media_type="application/json",
-        )
+def _error(message: str, status_code: int = HTTPStatus.BAD_REQUEST) -> Response:
+    return _json({"error": {"message": message}}, status_code)
 
-    def _error(message: str, status_code: int = HTTPStatus.BAD_REQUEST) -> Response:
-        return _json({"error": {"message": message}}, status_code)
+
+def _server_info(server: LatencyServer) -> dict[str, Any]:
+    """SGLang's ``/server_info`` fields for the stand-in, its scheduling settings included."""
+    sched = server.scheduling
+    return {
+        "model_path": server.model_name,
+        "served_model_name": server.model_name,
+        "max_running_requests": server.model.capacity,
+        "max_total_num_tokens": server.max_total_tokens,
+        "max_total_tokens": server.model.kv_tokens or None,
+        "schedule_policy": "fcfs",
+        "enable_priority_scheduling": sched.enabled,
+        "disable_priority_preemption": not sched.preemption,
+        "default_priority_value": sched.default_priority,
+        "abort_on_priority_when_disabled": sched.abort_when_disabled,
+        "schedule_low_priority_values_first": sched.low_values_first,
+        "priority_scheduling_preemption_threshold": sched.preemption_threshold,
+        "is_latency_model": True,
+        "weight_version": "default",
+        "enable_deterministic_inference": False,  # its outputs are scripted, not sampled
+        "internal_states": [
+            {
+                "num_running_reqs": server.num_running,
+                "num_waiting_reqs": server.num_waiting,
+                "dp_rank": 0,
+            }
+        ],
+    }
+
+
+def _add_info_routes(app: FastAPI, server: LatencyServer) -> None:
+    """Health, what is served, and the load a router balances on."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -656,31 +684,7 @@ def create_latency_app(server: LatencyServer) -> Any:
     app.get("/get_model_info")(model_info)
 
     async def server_info() -> dict[str, Any]:
-        sched = server.scheduling
-        return {
-            "model_path": server.model_name,
-            "served_model_name": server.model_name,
-            "max_running_requests": server.model.capacity,
-            "max_total_num_tokens": server.max_total_tokens,
-            "max_total_tokens": server.model.kv_tokens or None,
-            "schedule_policy": "fcfs",
-            "enable_priority_scheduling": sched.enabled,
-            "disable_priority_preemption": not sched.preemption,
-            "default_priority_value": sched.default_priority,
-            "abort_on_priority_when_disabled": sched.abort_when_disabled,
-            "schedule_low_priority_values_first": sched.low_values_first,
-            "priority_scheduling_preemption_threshold": sched.preemption_threshold,
-            "is_latency_model": True,
-            "weight_version": "default",
-            "enable_deterministic_inference": False,  # its outputs are scripted, not sampled
-            "internal_states": [
-                {
-                    "num_running_reqs": server.num_running,
-                    "num_waiting_reqs": server.num_waiting,
-                    "dp_rank": 0,
-                }
-            ],
-        }
+        return _server_info(server)
 
     app.get("/server_info")(server_info)
     app.get("/get_server_info")(server_info)
@@ -706,6 +710,15 @@ def create_latency_app(server: LatencyServer) -> Any:
     async def v1_models() -> dict[str, Any]:
         card = {"id": server.model_name, "object": "model", "owned_by": "toolrollout"}
         return {"object": "list", "data": [card]}
+
+
+def create_latency_app(server: LatencyServer) -> Any:
+    """The FastAPI app: SGLang's native routes, OpenAI chat, and ``/bench/*`` for the harness."""
+    from toolrollout.apps.server._openai import add_chat_completions
+
+    app = FastAPI(title="toolrollout latency-model server")
+
+    _add_info_routes(app, server)
 
     @app.post("/abort_request")
     async def abort_request(request: Request) -> Response:

@@ -33,7 +33,7 @@ from toolrollout.apps.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from toolrollout.apps.eval import Comparison, EvalSummary
+    from toolrollout.apps.eval._summary import Comparison, EvalSummary
 
 __all__ = ["Baseline", "ReportTo", "eval_command", "register"]
 
@@ -182,7 +182,7 @@ def eval_command(
                 out_dir=out_dir,
                 client=_ClientFlags(request_timeout, retries, retry_budget, failover_after),
             )
-        from toolrollout.apps.eval import write_report
+        from toolrollout.apps.eval._report import write_report
 
         report = write_report(out_dir, runs, comparison=comparison)
         _print_table(runs, comparison)
@@ -218,7 +218,7 @@ class _ClientFlags(NamedTuple):
 
 
 def _figures() -> tuple[str, ...]:
-    from toolrollout.apps.eval import FIGURES
+    from toolrollout.apps.eval._report import FIGURES
 
     return FIGURES
 
@@ -274,7 +274,8 @@ def _run_model(
 
     from toolrollout._exceptions import UserError
     from toolrollout.apps.demo import DEMO_MODEL_PATH, demo_prompts_for_tools
-    from toolrollout.apps.eval import compare, single_turn_runner, summarize
+    from toolrollout.apps.eval import compare, summarize
+    from toolrollout.apps.eval._baseline import single_turn_runner
     from toolrollout.data import load_prompts
     from toolrollout.engines import SamplingParams
     from toolrollout.rollout import RolloutConfig, Trajectory, TrajectoryWriter

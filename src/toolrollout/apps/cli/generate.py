@@ -55,7 +55,8 @@ from toolrollout.apps.cli._common import (
 if TYPE_CHECKING:
     from toolrollout.engines import Engine, EngineInfo
     from toolrollout.rollout import RolloutPrompt, Trajectory
-    from toolrollout.spec import RunParts, RunSpec
+    from toolrollout.spec import RunSpec
+    from toolrollout.spec._open import RunParts
 
 __all__ = ["generate", "register"]
 
@@ -593,14 +594,14 @@ def _spec(flags: _Flags, n: int) -> RunSpec:
 
 def _plan(flags: _Flags) -> _Plan:
     """Check the flags, load the tokenizer, tools, prompts or leftover: fail before writing."""
-    from toolrollout.spec import (
+    from toolrollout.rollout._compat import (
         chat_setup,
         check_leftover_matches,
         effective_tool_parser,
         leftover_info,
-        load_parts,
         run_metadata,
     )
+    from toolrollout.spec import load_parts
 
     _check_flags(flags)
     carried, saved, n = _read_carried(flags)
@@ -652,8 +653,8 @@ def _prompts(
     from toolrollout._exceptions import UserError
     from toolrollout.apps.demo import demo_prompts_for_tools
     from toolrollout.data import load_prompts
-    from toolrollout.rollout import resume_prompt
-    from toolrollout.spec import check_interactions
+    from toolrollout.rollout._state import resume_prompt
+    from toolrollout.spec._open import check_interactions
 
     if flags.resume_leftover is not None:
         resumable = [t for t in carried if t.resume_point is not None]
@@ -702,7 +703,7 @@ def _open_folder(plan: _Plan, flags: _Flags) -> None:
 
 def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
     """The run sharded over Ray actors (``--ray``), merged as a one-machine run would be."""
-    from toolrollout.apps.distributed import run_sharded
+    from toolrollout.apps.distributed._driver import run_sharded
     from toolrollout.rollout import finish_shards, write_leftover
 
     if plan.spec.engine_urls:  # the servers the workers share: their facts go in the file
@@ -901,7 +902,7 @@ def _ray_options(flags: _Flags) -> Any:
         if flags.ray_address is not None:
             raise UserError("--ray-address needs --ray")
         return None
-    from toolrollout.apps.distributed import RayOptions, import_ray
+    from toolrollout.apps.distributed._driver import RayOptions, import_ray
 
     options = RayOptions(workers=flags.ray_workers, address=flags.ray_address)
     if flags.resume_leftover is not None:
@@ -922,7 +923,7 @@ def _record_engine(plan: _Plan, info: EngineInfo, *, resumed: bool) -> None:
     sampled by another engine, version or dtype than the rows to come (their sampling
     settings and tokenizer were checked against the run manifest already)."""
     from toolrollout.rollout import read_run_metadata
-    from toolrollout.spec import engine_facts
+    from toolrollout.rollout._compat import engine_facts
 
     plan.metadata["engine"] = facts = engine_facts(info)
     if not resumed:
@@ -959,7 +960,7 @@ def _open_run_folder(
     recorded are not checked for them.
     """
     from toolrollout._exceptions import UserError
-    from toolrollout.spec import sampling_changes
+    from toolrollout.rollout._compat import sampling_changes
 
     identity = {
         "dataset": str(dataset.resolve()),

@@ -106,8 +106,8 @@ def serve(
     """
     require_extra("sandbox", "toolrollout sandbox serve")
     from toolrollout._exceptions import UserError
-    from toolrollout.sandbox import SandboxServerConfig, run_sandbox_server
-    from toolrollout.sandbox._server import sandbox_security
+    from toolrollout.sandbox._runner import SandboxServerConfig
+    from toolrollout.sandbox._server import run_sandbox_server, sandbox_security
 
     options: dict[str, object] = {}
     if max_concurrency is not None:

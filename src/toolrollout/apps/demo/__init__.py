@@ -1,4 +1,5 @@
-"""The bundled demo: a tiny tool-calling model, its calculator tool and a prompt set.
+"""The bundled demo: a tiny tool-calling model and its prompt sets (its calculator tool is
+:mod:`toolrollout.tools.calculator`).
 
 The model is shipped inside the package so that examples, tests and the CPU engine can run
 a real multi-turn tool-calling rollout without downloading anything. It is a 1.5 MB
@@ -18,16 +19,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
-
 __all__ = [
-    "CALCULATOR_TOOL",
     "DEMO_CHAT_TEMPLATE_PATH",
     "DEMO_MODEL_PATH",
     "DEMO_PROMPTS_PATH",
     "DEMO_PROMPT_SETS",
     "DemoTask",
-    "calculator",
     "demo_prompts_for_tools",
     "load_demo_prompts",
 ]

@@ -3,7 +3,7 @@
 Each :class:`CodeTask` is a question ("What is the sum of the integers from 3 to 250?"),
 the program the assistant sends to the sandbox (``print(sum(range(3, 250 + 1)))``) and
 the text the sandbox tool returns for it. That text is built by
-:func:`toolrollout.sandbox.format_run_code_response`, the formatter :class:`SandboxTool`
+:func:`toolrollout.sandbox._tool.format_run_code_response`, the formatter :class:`SandboxTool`
 itself uses, from a Sandbox Fusion ``RunCodeResponse`` holding what the program printed:
 the training dialogs show the model exactly what the real tool answers (a test runs a
 sample through ``toolrollout sandbox serve`` and compares).
@@ -77,13 +77,9 @@ def run_program(code: str) -> str:
 
 def sandbox_text(stdout: str) -> str:
     """The tool message for a program that printed ``stdout`` and exited normally."""
-    from toolrollout.sandbox import (
-        CommandRunResult,
-        CommandRunStatus,
-        RunCodeResponse,
-        RunStatus,
-        format_run_code_response,
-    )
+    from toolrollout.sandbox import RunCodeResponse
+    from toolrollout.sandbox._protocol import CommandRunResult, CommandRunStatus, RunStatus
+    from toolrollout.sandbox._tool import format_run_code_response
 
     response = RunCodeResponse(
         status=RunStatus.Success,

@@ -9,7 +9,7 @@ corpus module's own wording.
 The assistant searches for the entity the question names (``{"query_list": ["Ostonia"]}``)
 and answers with the bare fact. The tool messages are real: the corpus is searched with
 the same BM25 index ``toolrollout retriever serve`` builds (:class:`Bm25Retriever`) and the
-hits are formatted by :func:`toolrollout.search.format_results`, as :class:`SearchTool`
+hits are formatted by :func:`toolrollout.search._format.format_results`, as :class:`SearchTool`
 does (a test compares with the tool's answers over HTTP).
 
 A fact (its canonical question) is either held out or not (:func:`is_heldout_question`,
@@ -62,14 +62,15 @@ def search_schema() -> dict[str, Any]:
 
 @functools.cache
 def _retriever() -> Bm25Retriever:
-    from toolrollout.search import DEMO_CORPUS_PATH, Bm25Retriever, load_corpus
+    from toolrollout.search import Bm25Retriever, load_corpus
+    from toolrollout.search.demo_corpus import DEMO_CORPUS_PATH
 
     return Bm25Retriever(load_corpus(DEMO_CORPUS_PATH))
 
 
 def search_text(query: str) -> str:
     """The tool message for ``{"query_list": [query]}`` against the demo corpus."""
-    from toolrollout.search import RetrievedDocument, format_results
+    from toolrollout.search._format import RetrievedDocument, format_results
 
     [hits] = _retriever().search([query], TOPK)
     docs = [RetrievedDocument(h.document.contents, h.document.id, h.score) for h in hits]
@@ -77,7 +78,7 @@ def search_text(query: str) -> str:
 
 
 def _title(doc_id: str) -> str:
-    from toolrollout.search import RetrievedDocument
+    from toolrollout.search._format import RetrievedDocument
 
     for document in _retriever().documents:
         if document.id == doc_id:
@@ -162,7 +163,7 @@ def _wordings(question: str) -> tuple[str, tuple[str, ...]]:
 @functools.cache
 def search_tasks() -> tuple[tuple[SearchTask, ...], ...]:
     """Every corpus question in all its wordings (one tuple per question, canonical first)."""
-    from toolrollout.search import load_demo_questions
+    from toolrollout.search.demo_corpus import load_demo_questions
 
     tasks = []
     for row in load_demo_questions():

@@ -324,12 +324,8 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
         f"max {max(lengths)}, vocab {len(tokenizer)}, prep {time.perf_counter() - t0:.1f}s"
     )
 
-    # Warm-up phase: short copy dialogs without tools (see dialogs.copy_dialogs).
     n_copy = args.copy_steps * args.copy_batch_size
-    copy_texts = render_plain(copy_dialogs(n_copy, seed=args.seed), tools=[])
-    copy_encoded: list[list[int]] = (
-        tokenizer(copy_texts, add_special_tokens=False)["input_ids"] if copy_texts else []
-    )
+    copy_encoded = _copy_encoded(tokenizer, n_copy, args.seed)
     copy_batches = [
         list(range(len(encoded) + j, len(encoded) + j + args.copy_batch_size))
         for j in range(0, n_copy, args.copy_batch_size)
@@ -348,50 +344,20 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
         + ("" if start is None else ", continuing the previous stage")
     )
 
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.98),
-        eps=1e-8,
-    )
-    n_main = len(encoded) - len(copy_encoded)
-    batches: list[list[int]] = []
-    epoch = 0
-    while len(batches) < args.steps:
-        batches += _batches(encoded[:n_main], prefix_lens, args.batch_size, args.seed + epoch)
-        epoch += 1
-    batches = copy_batches + batches[: args.steps]
+    optimizer = _optimizer(model, args.lr)
+    main = encoded[: len(encoded) - len(copy_encoded)]
+    batches = copy_batches + _epochs(main, prefix_lens, args.steps, args.batch_size, args.seed)
     total = len(batches)
     pad_id = _token_id(tokenizer, PAD_TOKEN)
     running = 0.0
     for step, idx in enumerate(batches):
         p = prefix_lens[idx[0]]
-        width = max(lengths[i] for i in idx) - p
-        input_ids = torch.full((len(idx), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(idx), width), -100, dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids = torch.tensor(encoded[i][p:], dtype=torch.long)
-            input_ids[row, : len(ids)] = ids
-            keep = torch.tensor(masks[i][p:], dtype=torch.bool)
-            labels[row, : len(ids)] = torch.where(keep, ids, torch.full_like(ids, -100))
+        input_ids, labels = _batch_tensors(
+            [encoded[i][p:] for i in idx], [masks[i][p:] for i in idx], pad_id
+        )
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, total, args.lr, args.warmup)
-        cache = None
-        if p:
-            prefix = torch.tensor([encoded[idx[0]][:p]], dtype=torch.long)
-            cache = model.model(input_ids=prefix, use_cache=True).cache
-            cache.batch_repeat_interleave(len(idx))
-        positions = torch.arange(p, p + width).unsqueeze(0).expand(len(idx), width)
-        # Right padding under a causal mask: real tokens never attend to the pads after them.
-        hidden = model.model(
-            input_ids=input_ids, cache=cache, position_ids=positions, use_cache=False
-        ).last_hidden_state[:, :-1]
-        targets = labels[:, 1:]
-        selected = targets != -100
-        logits = model.lm_head(hidden[selected])
-        loss = torch.nn.functional.cross_entropy(logits, targets[selected])
+        loss = _loss(model, encoded[idx[0]][:p], input_ids, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -405,6 +371,74 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     _log(f"final loss {loss.item():.4f} (ema {running:.4f}), {time.perf_counter() - t0:.0f}s")
     model.eval()  # type: ignore[no-untyped-call]
     return model, tokenizer
+
+
+def _epochs(
+    encoded: Sequence[list[int]], prefix_lens: Sequence[int], steps: int, size: int, seed: int
+) -> list[list[int]]:
+    """``steps`` batches, epoch after epoch (each epoch shuffled with its own seed)."""
+    batches: list[list[int]] = []
+    epoch = 0
+    while len(batches) < steps:
+        batches += _batches(encoded, prefix_lens, size, seed + epoch)
+        epoch += 1
+    return batches[:steps]
+
+
+def _copy_encoded(tokenizer: PreTrainedTokenizerFast, n: int, seed: int) -> list[list[int]]:
+    """The warm-up phase's short copy dialogs without tools (see dialogs.copy_dialogs)."""
+    texts = render_plain(copy_dialogs(n, seed=seed), tools=[])
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def _optimizer(model: Qwen2ForCausalLM, lr: float) -> torch.optim.AdamW:
+    """AdamW with weight decay on the matrices only."""
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
+    )
+
+
+def _batch_tensors(
+    rows: Sequence[list[int]], masks: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and their labels (-100 where the mask excludes a token)."""
+    width = max(len(ids) for ids in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for row, (tokens, mask) in enumerate(zip(rows, masks, strict=True)):
+        ids = torch.tensor(tokens, dtype=torch.long)
+        input_ids[row, : len(ids)] = ids
+        keep = torch.tensor(mask, dtype=torch.bool)
+        labels[row, : len(ids)] = torch.where(keep, ids, torch.full_like(ids, -100))
+    return input_ids, labels
+
+
+def _loss(
+    model: Qwen2ForCausalLM, prefix_ids: list[int], input_ids: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """The batch's next-token loss; its shared ``prefix_ids`` are run once, their KV cache
+    repeated for every row."""
+    rows, width = input_ids.shape
+    p = len(prefix_ids)
+    cache = None
+    if p:
+        prefix = torch.tensor([prefix_ids], dtype=torch.long)
+        cache = model.model(input_ids=prefix, use_cache=True).cache
+        cache.batch_repeat_interleave(rows)
+    positions = torch.arange(p, p + width).unsqueeze(0).expand(rows, width)
+    # Right padding under a causal mask: real tokens never attend to the pads after them.
+    hidden = model.model(
+        input_ids=input_ids, cache=cache, position_ids=positions, use_cache=False
+    ).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    selected = targets != -100
+    logits = model.lm_head(hidden[selected])
+    return torch.nn.functional.cross_entropy(logits, targets[selected])
 
 
 def training_texts(args: argparse.Namespace) -> list[str]:

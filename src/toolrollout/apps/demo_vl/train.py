@@ -198,11 +198,7 @@ def video_dialogs(
         path = make_video(workdir / f"{clip}" / name, segments)
         for a, b, colour in rng.sample(windows(segments), per_clip):
             text, frames = tool_result(path, a, b)
-            pngs = []
-            for frame in frames:
-                buffer = io.BytesIO()
-                frame.convert("RGB").save(buffer, format="PNG")
-                pngs.append(buffer.getvalue())
+            pngs = [_png(frame) for frame in frames]
             messages: list[dict[str, Any]] = [
                 {"role": "user", "content": question(rng, name, a, b)},
                 {
@@ -273,7 +269,7 @@ def _video_loss(
     The shared prefix is run once and its KV cache repeated over the rows (gradients flow
     through it), which makes a step several times cheaper than running each row whole.
     """
-    from toolrollout.chat import load_image
+    from toolrollout.chat._multimodal import load_image
 
     image_token = model.config.image_token_id
     full, full_attention, _ = _padded(batch, 0, pad)
@@ -412,6 +408,21 @@ def _sample(
     return out
 
 
+def _parsed_call(reply: str) -> Any:
+    """The JSON inside a reply's ``<tool_call>`` tags; ``{}`` when there is none or it is bad."""
+    found = _CALL.search(reply)
+    try:
+        return json.loads(found.group(1)) if found else {}
+    except json.JSONDecodeError:
+        return {}
+
+
+def _png(frame: Any) -> bytes:
+    buffer = io.BytesIO()
+    frame.convert("RGB").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
 def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) -> Quality:
     """Ask about held-out clips at T=1.0, run the real ``crop_video``, check call and answer.
 
@@ -419,7 +430,8 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
     """
     from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLForConditionalGeneration
 
-    from toolrollout.chat import VisionFormat, load_image
+    from toolrollout.chat import VisionFormat
+    from toolrollout.chat._multimodal import load_image
 
     tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir))
     auto: Any = AutoImageProcessor
@@ -446,11 +458,7 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
         )
         ids = tokenizer.encode(prompt, add_special_tokens=False)
         reply = tokenizer.decode(_sample(model, ids, {}, stop, 80, gen), skip_special_tokens=True)
-        found = _CALL.search(reply)
-        try:
-            call = json.loads(found.group(1)) if found else {}
-        except json.JSONDecodeError:
-            call = {}
+        call = _parsed_call(reply)
         args = call.get("arguments", {}) if isinstance(call, dict) else {}
         if call.get("name") != "crop_video" or not isinstance(args, dict):
             continue
@@ -461,11 +469,7 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
             text, frames = tool_result(path, args["start_time"], args["end_time"])
         except Exception:  # a wrong call (bad path, bad window) scores nothing
             continue
-        pngs = []
-        for frame in frames:
-            buffer = io.BytesIO()
-            frame.convert("RGB").save(buffer, format="PNG")
-            pngs.append(fmt.prepare(buffer.getvalue()))
+        pngs = [fmt.prepare(_png(frame)) for frame in frames]
         messages += [
             {
                 "role": "assistant",

@@ -8,23 +8,9 @@ imported only when a sharded run starts. See docs/scale-out.md.
 """
 
 from ._batch import BatchCoordinator as BatchCoordinator
-from ._driver import RayOptions as RayOptions
-from ._driver import RayRunReport as RayRunReport
-from ._driver import import_ray as import_ray
-from ._driver import run_sharded as run_sharded
 from ._sharding import shard_prompts as shard_prompts
-from ._worker import ShardJob as ShardJob
-from ._worker import ShardResult as ShardResult
-from ._worker import ShardWorker as ShardWorker
 
 __all__ = [
     "BatchCoordinator",
-    "RayOptions",
-    "RayRunReport",
-    "ShardJob",
-    "ShardResult",
-    "ShardWorker",
-    "import_ray",
-    "run_sharded",
     "shard_prompts",
 ]

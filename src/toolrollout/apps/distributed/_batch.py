@@ -7,8 +7,8 @@ count. Workers report each finished sample to it and poll it for the stop; once 
 stop, each worker stops its own batch, which aborts its in-flight requests on the servers.
 The driver asks it at the end which samples form the batch.
 
-Plain Python like :class:`~toolrollout.apps.distributed.ShardWorker`: the driver wraps it with
-``ray.remote``, so it can be tested without Ray.
+Plain Python like :class:`~toolrollout.apps.distributed._worker.ShardWorker`: the driver
+wraps it with ``ray.remote``, so it can be tested without Ray.
 """
 
 from __future__ import annotations

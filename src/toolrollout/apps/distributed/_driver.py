@@ -41,14 +41,10 @@ from toolrollout._exceptions import DistributedError, UserError
 from toolrollout._security import ADMIN_API_KEY_ENV, API_KEY_ENV
 from toolrollout._supervisor import RestartPolicy, ServiceCommand, SupervisedService, supervise
 from toolrollout.engines._factory import EngineKind
-from toolrollout.rollout import (
-    RolloutPrompt,
-    ShardWriter,
-    Trajectory,
-    done_samples,
-    failed_trajectory,
-)
-from toolrollout.spec import RunSpec, check_target_groups
+from toolrollout.rollout import RolloutPrompt, ShardWriter, Trajectory, done_samples
+from toolrollout.rollout._runner import failed_trajectory
+from toolrollout.spec import RunSpec
+from toolrollout.spec._spec import check_target_groups
 
 from ._batch import BatchCoordinator
 from ._sharding import shard_prompts
@@ -307,7 +303,7 @@ def _engine(ray: Any, spec: RunSpec, options: RayOptions) -> Iterator[_Engines]:
             engine=spec.engine,
         )  # fmt: skip
         return
-    from toolrollout.sandbox import free_port
+    from toolrollout.sandbox._background import free_port
 
     # A local cluster reaches it on loopback; a real cluster at this node's address.
     if options.address:
@@ -379,6 +375,31 @@ class _Collected:
     leftover: tuple[Trajectory, ...] = ()
 
 
+def _shard_row(result: ShardResult) -> dict[str, Any]:
+    """A finished shard as the run's report lists it."""
+    return {
+        "shard": result.shard,
+        "node": result.node,
+        "host": result.host,
+        "rows": len(result.trajectories),
+        "seconds": result.seconds,
+    }
+
+
+def _coordinator(ray: Any, jobs: list[ShardJob], run_id: str, target: tuple[int, bool]) -> Any:
+    """The actor that counts one batch over all shards, started and ready for reports."""
+    n = jobs[0].spec.config.n if jobs else 1
+    coordinator = (
+        ray.remote(num_cpus=0, max_restarts=0)(BatchCoordinator)
+        .options(name=f"toolrollout-{run_id}-batch")
+        .remote(target[0], n, target[1])
+    )
+    # Wait until the count can be reached: a shard whose reports queue behind a
+    # coordinator that is still starting would run its whole shard past the target.
+    ray.get(coordinator.stopped.remote())
+    return coordinator
+
+
 def _drive(
     ray: Any,
     jobs: list[ShardJob],
@@ -396,17 +417,7 @@ def _drive(
     ``target`` (target_groups, keep_groups_whole): one batch over all shards, counted by a
     coordinator actor; the rows are written once every shard has stopped."""
     remote = ray.remote(num_cpus=options.cpus_per_worker, max_restarts=0)(ShardWorker)
-    coordinator = None
-    if target is not None:
-        n = jobs[0].spec.config.n if jobs else 1
-        coordinator = (
-            ray.remote(num_cpus=0, max_restarts=0)(BatchCoordinator)
-            .options(name=f"toolrollout-{run_id}-batch")
-            .remote(target[0], n, target[1])
-        )
-        # Wait until the count can be reached: a shard whose reports queue behind a
-        # coordinator that is still starting would run its whole shard past the target.
-        ray.get(coordinator.stopped.remote())
+    coordinator = None if target is None else _coordinator(ray, jobs, run_id, target)
     actors = [
         remote.options(
             name=f"toolrollout-{run_id}-shard-{job.shard}",
@@ -441,15 +452,7 @@ def _drive(
                     for trajectory in result.trajectories:
                         writer.write(trajectory)
                 rows.extend(result.trajectories)
-                shards.append(
-                    {
-                        "shard": result.shard,
-                        "node": result.node,
-                        "host": result.host,
-                        "rows": len(result.trajectories),
-                        "seconds": result.seconds,
-                    }
-                )
+                shards.append(_shard_row(result))
         if coordinator is not None:
             chosen = set(ray.get(coordinator.chosen.remote()))
             return _split_batch(rows, chosen, failed, prompts, group_ids, parts, shards)

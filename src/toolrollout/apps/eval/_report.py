@@ -176,6 +176,23 @@ def write_report(
         "![tool calls](tool_calls.png) ![latency](latency.png)",
         "",
     ]
+    lines += _by_source(runs)
+    lines += [
+        "Metric names follow the scheme in docs/eval.md; every value is in `metrics.json`.",
+        "",
+    ]
+    report = out / "report.md"
+    report.write_text("\n".join(lines), encoding="utf-8")
+    (out / "metrics.json").write_text(
+        json.dumps(_metrics_json(runs, comparison), indent=2, default=str, allow_nan=True),
+        encoding="utf-8",
+    )
+    return report
+
+
+def _by_source(runs: Sequence[EvalSummary]) -> list[str]:
+    """A table per run of its metrics by data source (runs with one source have none)."""
+    lines: list[str] = []
     for run in runs:
         if not run.by_source:
             continue
@@ -189,12 +206,11 @@ def write_report(
                 f"| {_fmt(m['tools/calls/mean'])} |"
             )
         lines.append("")
-    lines += [
-        "Metric names follow the scheme in docs/eval.md; every value is in `metrics.json`.",
-        "",
-    ]
-    report = out / "report.md"
-    report.write_text("\n".join(lines), encoding="utf-8")
+    return lines
+
+
+def _metrics_json(runs: Sequence[EvalSummary], comparison: Comparison | None) -> dict[str, Any]:
+    """What ``metrics.json`` holds: each run's numbers, and the comparison if there is one."""
     payload: dict[str, Any] = {
         "runs": {
             r.label: {
@@ -213,7 +229,4 @@ def write_report(
             "after": comparison.after.label,
             **comparison.metrics(),
         }
-    (out / "metrics.json").write_text(
-        json.dumps(payload, indent=2, default=str, allow_nan=True), encoding="utf-8"
-    )
-    return report
+    return payload

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from toolrollout._exceptions import UserError
-from toolrollout.metrics import SampleStats, metric_key, rollout_metrics, sample_stats
+from toolrollout.metrics import rollout_metrics
+from toolrollout.metrics._scheme import SampleStats, metric_key, sample_stats
 
 from ._stats import Interval, bootstrap_difference, bootstrap_mean, pass_at_k
 

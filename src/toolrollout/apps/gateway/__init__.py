@@ -8,30 +8,14 @@ session as token-exact trajectory rows for the trainer. See docs/gateway.md.
 
 from ._app import build_app, gateway_security
 from ._core import Gateway, GatewayConfig
-from ._http import complete_or_abort, open_stream, session_key
-from ._types import (
-    ChatChoice,
-    ChatRequest,
-    ChatResult,
-    GatewayError,
-    StreamDelta,
-    StreamStart,
-    ToolCallOut,
-)
+from ._types import ChatRequest, ChatResult, GatewayError
 
 __all__ = [
-    "ChatChoice",
     "ChatRequest",
     "ChatResult",
     "Gateway",
     "GatewayConfig",
     "GatewayError",
-    "StreamDelta",
-    "StreamStart",
-    "ToolCallOut",
     "build_app",
-    "complete_or_abort",
     "gateway_security",
-    "open_stream",
-    "session_key",
 ]

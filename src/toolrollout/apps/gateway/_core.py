@@ -48,7 +48,9 @@ from toolrollout._exceptions import (
     UserError,
 )
 from toolrollout._records import RolloutPrompt, Trajectory, TrajectoryImage, TrajectoryStatus
-from toolrollout.chat import ChatFormat, ImageRun, ParsedTurn, get_tool_parser
+from toolrollout.chat import ChatFormat, ParsedTurn
+from toolrollout.chat._multimodal import ImageRun
+from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.engines._limiter import OrderedLimiter
 from toolrollout.engines._types import (
     GenerateRequest,
@@ -84,7 +86,8 @@ from ._types import (
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-    from toolrollout.chat import PreparedImage, VisionFormat
+    from toolrollout.chat import VisionFormat
+    from toolrollout.chat._multimodal import PreparedImage
     from toolrollout.engines import Engine
     from toolrollout.rollout import ShardWriter
     from toolrollout.spec import RunSpec
@@ -591,11 +594,10 @@ class Gateway:
                 prep.plan.segment.busy = False
         return self._finish(session, request, prep, results, time.perf_counter() - started)
 
-    async def _stream(
-        self, session: Session, request: ChatRequest
-    ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
-        """One sample, streamed from the engine (``n == 1``)."""
-        prep = await self._prepare(session, request)
+    def _stream_start(
+        self, prep: _Prepared, request: ChatRequest, rid: str
+    ) -> tuple[TurnStream, GenerateRequest]:
+        """The reader of the streamed turn and the engine request that streams it."""
         chat, parser = prep.services.chat, prep.services.parser
         enabled = bool(request.tools) and request.tool_choice != "none"
         turn = TurnStream(
@@ -604,7 +606,6 @@ class Gateway:
             thinking=not prep.forced and _opens_thinking(chat, prep.plan.input_ids),
             stops=tuple(request.stop),
         )
-        rid = f"gw-{uuid.uuid4().hex[:16]}-0"
         engine_request = GenerateRequest(
             input_ids=prep.input_ids,
             sampling=self._sampling(request, prep.max_new),
@@ -612,6 +613,16 @@ class Gateway:
             session_id=request.session,
             image_data=tuple(prep.plan.urls) or None,
         )
+        return turn, engine_request
+
+    async def _stream(
+        self, session: Session, request: ChatRequest
+    ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
+        """One sample, streamed from the engine (``n == 1``)."""
+        prep = await self._prepare(session, request)
+        chat = prep.services.chat
+        rid = f"gw-{uuid.uuid4().hex[:16]}-0"
+        turn, engine_request = self._stream_start(prep, request, rid)
         deadline = anyio.current_time() + self.config.request_timeout
         segment = prep.plan.segment
         if segment is not None:

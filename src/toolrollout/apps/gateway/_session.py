@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from toolrollout._records import Trajectory, TrajectoryStatus
-from toolrollout.chat import ChatFormat, ImageRun, ParsedTurn, PreparedImage
+from toolrollout.chat import ChatFormat, ParsedTurn
+from toolrollout.chat._multimodal import ImageRun, PreparedImage
 from toolrollout.engines._types import GenerateResult
 from toolrollout.rollout._parts import EnvStep
 from toolrollout.rollout._state import TrajectoryState

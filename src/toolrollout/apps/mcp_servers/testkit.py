@@ -111,6 +111,63 @@ def _png(width: int, height: int, color: str) -> bytes:
     return buffer.getvalue()
 
 
+async def _hang(seconds: float = 3600.0, tag: str = "") -> str:
+    """Sleep, recording the start and any cancellation in $TOOLROLLOUT_TESTKIT_LOG."""
+    _record(f"started {tag}")
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        _record(f"cancelled {tag}")  # plain file I/O: no checkpoint, nothing to shield
+        raise
+    _record(f"finished {tag}")
+    return f"slept {seconds:g}s"
+
+
+def _fail(message: str = "this tool always fails") -> str:
+    """Return an isError result carrying the message."""
+    raise ToolError(message)
+
+
+async def _odd(kind: OddKind, ctx: Context) -> CallToolResult:
+    """Return unusual or malformed content of the given kind."""
+    if kind == "empty":
+        return CallToolResult(content=[])
+    if kind == "audio":
+        data = base64.b64encode(b"RIFF0000WAVE").decode()
+        return CallToolResult(content=[AudioContent(data=data, mime_type="audio/wav")])
+    if kind == "resource_text":
+        resource = TextResourceContents(uri="file:///notes.txt", text="resource text")
+        return CallToolResult(content=[EmbeddedResource(type="resource", resource=resource)])
+    if kind == "resource_blob":
+        blob = BlobResourceContents(
+            uri="file:///data.bin",
+            mime_type="application/octet-stream",
+            blob=base64.b64encode(b"\x00\x01\x02").decode(),
+        )
+        return CallToolResult(content=[EmbeddedResource(type="resource", resource=blob)])
+    if kind == "resource_link":
+        link = ResourceLink(type="resource_link", uri="https://example.invalid/doc", name="doc")
+        return CallToolResult(content=[link])
+    if kind == "bad_image":
+        bad = ImageContent(data="this is not base64 of a png!", mime_type="image/png")
+        return CallToolResult(content=[bad])
+    if kind == "unicode":
+        return CallToolResult(content=[TextContent(text="tab\tnul\x00 émoji 🧪 \u202e")])
+    # "wire": answer this request with a result that breaks the schema, straight on stdout.
+    request_id: int | str = ctx.request_id
+    if isinstance(request_id, str) and request_id.isdigit():
+        request_id = int(request_id)
+    bogus = {"jsonrpc": "2.0", "id": request_id, "result": {"content": "not a list"}}
+    # The stdio transport moves the protocol stream off fd 1 (so stray prints cannot
+    # corrupt it); its private duplicate is the wire. A test hack, hence the private name.
+    claim = getattr(_stdio, "_claims", {}).get(1)
+    wire = getattr(claim, "private_fd", None)
+    if wire is None:
+        return CallToolResult(content=[TextContent(text="no stdio wire to corrupt")])
+    os.write(wire, (json.dumps(bogus) + "\n").encode())
+    return CallToolResult(content=[TextContent(text="the wire result was sent first")])
+
+
 def build_server() -> MCPServer[Any]:
     """A fresh testkit server with its own counters."""
     counters = _Counters()
@@ -153,67 +210,16 @@ def build_server() -> MCPServer[Any]:
             "calls": counters.calls,
         }
 
-    @server.tool(structured_output=False)
-    async def hang(seconds: float = 3600.0, tag: str = "") -> str:
-        """Sleep, recording the start and any cancellation in $TOOLROLLOUT_TESTKIT_LOG."""
-        _record(f"started {tag}")
-        try:
-            await anyio.sleep(seconds)
-        except anyio.get_cancelled_exc_class():
-            _record(f"cancelled {tag}")  # plain file I/O: no checkpoint, nothing to shield
-            raise
-        _record(f"finished {tag}")
-        return f"slept {seconds:g}s"
+    server.tool(name="hang", structured_output=False)(_hang)
 
     @server.tool(structured_output=False)
     def image(width: int = 8, height: int = 6, color: str = "red") -> list[Any]:
         """A caption and a PNG image of one color."""
         return [f"a {width}x{height} {color} image", Image(data=_png(width, height, color))]
 
-    @server.tool(structured_output=False)
-    def fail(message: str = "this tool always fails") -> str:
-        """Return an isError result carrying the message."""
-        raise ToolError(message)
+    server.tool(name="fail", structured_output=False)(_fail)
 
-    @server.tool()
-    async def odd(kind: OddKind, ctx: Context) -> CallToolResult:
-        """Return unusual or malformed content of the given kind."""
-        if kind == "empty":
-            return CallToolResult(content=[])
-        if kind == "audio":
-            data = base64.b64encode(b"RIFF0000WAVE").decode()
-            return CallToolResult(content=[AudioContent(data=data, mime_type="audio/wav")])
-        if kind == "resource_text":
-            resource = TextResourceContents(uri="file:///notes.txt", text="resource text")
-            return CallToolResult(content=[EmbeddedResource(type="resource", resource=resource)])
-        if kind == "resource_blob":
-            blob = BlobResourceContents(
-                uri="file:///data.bin",
-                mime_type="application/octet-stream",
-                blob=base64.b64encode(b"\x00\x01\x02").decode(),
-            )
-            return CallToolResult(content=[EmbeddedResource(type="resource", resource=blob)])
-        if kind == "resource_link":
-            link = ResourceLink(type="resource_link", uri="https://example.invalid/doc", name="doc")
-            return CallToolResult(content=[link])
-        if kind == "bad_image":
-            bad = ImageContent(data="this is not base64 of a png!", mime_type="image/png")
-            return CallToolResult(content=[bad])
-        if kind == "unicode":
-            return CallToolResult(content=[TextContent(text="tab\tnul\x00 émoji 🧪 \u202e")])
-        # "wire": answer this request with a result that breaks the schema, straight on stdout.
-        request_id: int | str = ctx.request_id
-        if isinstance(request_id, str) and request_id.isdigit():
-            request_id = int(request_id)
-        bogus = {"jsonrpc": "2.0", "id": request_id, "result": {"content": "not a list"}}
-        # The stdio transport moves the protocol stream off fd 1 (so stray prints cannot
-        # corrupt it); its private duplicate is the wire. A test hack, hence the private name.
-        claim = getattr(_stdio, "_claims", {}).get(1)
-        wire = getattr(claim, "private_fd", None)
-        if wire is None:
-            return CallToolResult(content=[TextContent(text="no stdio wire to corrupt")])
-        os.write(wire, (json.dumps(bogus) + "\n").encode())
-        return CallToolResult(content=[TextContent(text="the wire result was sent first")])
+    server.tool(name="odd")(_odd)
 
     @server.tool(structured_output=False)
     def crash(exit_code: int = 3, once_marker: str = "") -> str:

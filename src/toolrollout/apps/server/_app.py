@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -147,6 +147,23 @@ async def _json_body(request: Request) -> Any:
         raise MalformedRequest(f"JSON decode error: {exc}") from exc
 
 
+def _with_body(
+    handler: Callable[[Any], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A route that parses the JSON body first: a body that is not JSON is SGLang's 400."""
+
+    async def route(request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+        except MalformedRequest as exc:
+            return validation_error_response(str(exc))
+        return await handler(body)
+
+    route.__name__ = handler.__name__
+    route.__doc__ = handler.__doc__
+    return route
+
+
 def create_app(
     engine: EmbeddedEngine,
     *,
@@ -186,10 +203,26 @@ def create_app(
     async def _on_validation_error(_: Request, exc: RequestValidationError) -> Response:
         return validation_error_response(f"{exc} {exc.errors()}")
 
-    def decode_one(token_id: int) -> str:
-        return str(engine.tokenizer.decode([token_id]))
+    _add_info_routes(app, engine, model_name)
+    _add_load_routes(app, engine, model_name)
+    _add_weight_routes(app, engine, allowed_weights)
+    _add_control_routes(app, engine)
+    app.api_route("/generate", methods=["POST", "PUT"])(_Generate(engine).route)
+    # OpenAI-compatible chat with tool-call parsing (for OpenAI-only peers, e.g. verifiers).
+    add_chat_completions(
+        app,
+        tokenizer=engine.tokenizer,
+        generate=engine.generate,
+        model_name=model_name,
+        error_response=error_response,
+        json_response=_json,
+    )
+    return app
 
-    # ------------------------------------------------------------------ health / info
+
+def _add_info_routes(app: FastAPI, engine: EmbeddedEngine, model_name: str) -> None:
+    """Health, readiness and what the server serves."""
+
     @app.get("/health")
     async def health() -> Response:
         """Liveness: 200 while the scheduler thread runs (probed by sglang-router)."""
@@ -263,6 +296,10 @@ def create_app(
     app.get("/server_info")(server_info)
     app.get("/get_server_info")(server_info)
 
+
+def _add_load_routes(app: FastAPI, engine: EmbeddedEngine, model_name: str) -> None:
+    """The load a router balances on, and the model list."""
+
     @app.get("/get_load")
     async def get_load() -> list[dict[str, int]]:
         return [
@@ -311,16 +348,17 @@ def create_app(
         }
         return {"object": "list", "data": [card]}
 
+
+def _add_weight_routes(
+    app: FastAPI, engine: EmbeddedEngine, allowed_weights: tuple[Path, ...]
+) -> None:
+    """The weight version and the reload from disk."""
+
     @app.get("/get_weight_version")
     async def get_weight_version() -> dict[str, str]:
         return {"weight_version": engine.weight_version}
 
-    @app.post("/update_weight_version")
-    async def update_weight_version(request: Request) -> Response:
-        try:
-            body = await _json_body(request)
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
+    async def update_weight_version(body: Any) -> Response:
         new_version = body.get("new_version") if isinstance(body, dict) else None
         if not isinstance(new_version, str):
             return validation_error_response("new_version: Field required (a string)")
@@ -335,38 +373,8 @@ def create_app(
             }
         )
 
-    # ------------------------------------------------------------------ weight sync
-    @app.post("/pause_generation")
-    async def pause_generation(request: Request) -> Response:
-        """``{"mode": "abort"|"retract"|"in_place"}``; new /generate calls wait meanwhile."""
-        try:
-            body = await _json_body(request)
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
-        mode = body.get("mode", "abort") if isinstance(body, dict) else None
-        if mode not in ("abort", "retract", "in_place"):
-            return validation_error_response(
-                f"mode: Input should be 'abort', 'retract' or 'in_place', got {mode!r}"
-            )
-        await engine.pause_generation(mode)
-        return _json({"message": "Generation paused successfully.", "status": "ok"})
-
-    @app.post("/continue_generation")
-    async def continue_generation(request: Request) -> Response:
-        try:
-            await _json_body(request)  # torch_empty_cache: nothing to empty on CPU
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
-        await engine.continue_generation()
-        return _json({"message": "Generation continued successfully.", "status": "ok"})
-
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(request: Request) -> Response:
+    async def update_weights_from_disk(body: Any) -> Response:
         """Reload weights from a model folder; 400 with ``success: false`` if it fails."""
-        try:
-            body = await _json_body(request)
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
         if not isinstance(body, dict) or not isinstance(body.get("model_path"), str):
             return validation_error_response("model_path: Field required (a string)")
         version = body.get("weight_version")
@@ -398,7 +406,28 @@ def create_app(
             }
         )
 
-    # ------------------------------------------------------------------ control
+    app.post("/update_weight_version")(_with_body(update_weight_version))
+    app.post("/update_weights_from_disk")(_with_body(update_weights_from_disk))
+
+
+def _add_control_routes(app: FastAPI, engine: EmbeddedEngine) -> None:
+    """Pause and continue (for a weight sync), flush the cache, abort requests."""
+
+    async def pause_generation(body: Any) -> Response:
+        """``{"mode": "abort"|"retract"|"in_place"}``; new /generate calls wait meanwhile."""
+        mode = body.get("mode", "abort") if isinstance(body, dict) else None
+        if mode not in ("abort", "retract", "in_place"):
+            return validation_error_response(
+                f"mode: Input should be 'abort', 'retract' or 'in_place', got {mode!r}"
+            )
+        await engine.pause_generation(mode)
+        return _json({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(_: Any) -> Response:
+        # The body's torch_empty_cache: nothing to empty on CPU.
+        await engine.continue_generation()
+        return _json({"message": "Generation continued successfully.", "status": "ok"})
+
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
         ok = await engine.flush_cache()
@@ -408,13 +437,8 @@ def create_app(
             status_code=200 if ok else HTTPStatus.BAD_REQUEST,
         )
 
-    @app.post("/abort_request")
-    async def abort_request(request: Request) -> Response:
+    async def abort_request(body: Any) -> Response:
         """``{"rid": ..., "abort_all": false}``; rids match by prefix, as in SGLang."""
-        try:
-            body = await _json_body(request)
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
         if not isinstance(body, dict):
             return validation_error_response("Input should be a valid dictionary")
         rid, abort_all = body.get("rid", ""), body.get("abort_all", False)
@@ -426,13 +450,26 @@ def create_app(
             await engine.abort(rid)
         return Response(status_code=200)
 
-    # ------------------------------------------------------------------ generate
-    @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(request: Request) -> Response:
+    app.post("/pause_generation")(_with_body(pause_generation))
+    app.post("/continue_generation")(_with_body(continue_generation))
+    app.post("/abort_request")(_with_body(abort_request))
+
+
+class _Generate:
+    """``/generate``: one sample or a batch, answered whole or as cumulative SSE chunks."""
+
+    def __init__(self, engine: EmbeddedEngine) -> None:
+        self.engine = engine
+
+    def decode_one(self, token_id: int) -> str:
+        return str(self.engine.tokenizer.decode([token_id]))
+
+    async def route(self, request: Request) -> Response:
         try:
             body = await _json_body(request)
         except MalformedRequest as exc:
             return validation_error_response(str(exc))
+        engine = self.engine
         try:
             parsed = parse_generate(
                 body, tokenize=engine.tokenize, context_length=engine.context_length
@@ -446,49 +483,43 @@ def create_app(
                 return _stream_of(_stream_error_chunk(str(exc)), _DONE)
             return error_response(str(exc))
         if parsed.stream:
-            return StreamingResponse(_stream(parsed), media_type="text/event-stream")
-        return await _complete(parsed, request)
+            return StreamingResponse(self._stream(parsed), media_type="text/event-stream")
+        return await self._complete(parsed, request)
 
-    async def _images(parsed: ParsedGenerate) -> list[VisionInputs | None]:
+    async def _images(self, parsed: ParsedGenerate) -> list[VisionInputs | None]:
         """Pixel inputs of every sample, computed off the event loop (shared by its n)."""
         out: list[VisionInputs | None] = []
         done: dict[tuple[int, bytes], VisionInputs | None] = {}
         for sub in parsed.subs:
             key = (id(sub.request.image_data), token_id_array(sub.request.input_ids).tobytes())
             if key not in done:
-                done[key] = await engine.process_images(sub.request)
+                done[key] = await self.engine.process_images(sub.request)
             out.append(done[key])
         return out
 
-    def _submit_all(
-        parsed: ParsedGenerate,
-        sink: Callable[[int, Event], None],
-        visions: list[VisionInputs | None],
+    async def _submit_all(
+        self, parsed: ParsedGenerate, queue: asyncio.Queue[tuple[int, Event]]
     ) -> list[str]:
         """Submit every sample; on a rejection cancel the ones already queued."""
+        visions = await self._images(parsed)
         rids: list[str] = []
         try:
             for i, sub in enumerate(parsed.subs):
+                sink = functools.partial(_put, queue, i)
                 rids.append(
-                    engine.submit(
-                        sub.request,
-                        sub.options,
-                        sink=functools.partial(sink, i),
-                        vision=visions[i],
-                    )
+                    self.engine.submit(sub.request, sub.options, sink=sink, vision=visions[i])
                 )
         except BaseException:
             for rid in rids:
-                engine.cancel(rid)
+                self.engine.cancel(rid)
             raise
         return rids
 
-    async def _complete(parsed: ParsedGenerate, request: Request) -> Response:
+    async def _complete(self, parsed: ParsedGenerate, request: Request) -> Response:
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        await engine.wait_unpaused()
+        await self.engine.wait_unpaused()
         try:
-            visions = await _images(parsed)
-            rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)), visions)
+            rids = await self._submit_all(parsed, queue)
         except (EngineRequestRejected, UserError) as exc:
             return error_response(str(exc))
         except EngineError as exc:
@@ -509,20 +540,20 @@ def create_app(
                 if isinstance(event, EngineError):
                     return error_response(str(event), HTTPStatus.INTERNAL_SERVER_ERROR)
                 if event.finished:
-                    results[i] = output_json(event, parsed.subs[i], decode_one, first_sent=True)
+                    out = output_json(event, parsed.subs[i], self.decode_one, first_sent=True)
+                    results[i] = out
                     pending.discard(i)
         finally:
             for i in pending:
-                engine.cancel(rids[i])
+                self.engine.cancel(rids[i])
         return _json(results[0] if parsed.single else results)
 
-    async def _stream(parsed: ParsedGenerate) -> AsyncIterator[bytes]:
+    async def _stream(self, parsed: ParsedGenerate) -> AsyncIterator[bytes]:
         """Cumulative SSE chunks (SGLang's default), ``index`` for batches, then [DONE]."""
         queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        await engine.wait_unpaused()
+        await self.engine.wait_unpaused()
         try:
-            visions = await _images(parsed)
-            rids = _submit_all(parsed, lambda i, event: queue.put_nowait((i, event)), visions)
+            rids = await self._submit_all(parsed, queue)
         except ToolRolloutError as exc:
             yield _stream_error_chunk(str(exc))
             yield _DONE
@@ -542,7 +573,9 @@ def create_app(
                     elif i in pending:
                         latest[i] = event
                 for i, out in latest.items():
-                    chunk = output_json(out, parsed.subs[i], decode_one, first_sent=i in unsent)
+                    chunk = output_json(
+                        out, parsed.subs[i], self.decode_one, first_sent=i in unsent
+                    )
                     unsent.discard(i)
                     if not parsed.single:
                         chunk["index"] = i
@@ -552,18 +585,11 @@ def create_app(
             yield _DONE
         finally:  # the client went away (the task is cancelled) or we are done
             for i in pending:
-                engine.cancel(rids[i])
+                self.engine.cancel(rids[i])
 
-    # OpenAI-compatible chat with tool-call parsing (for OpenAI-only peers, e.g. verifiers).
-    add_chat_completions(
-        app,
-        tokenizer=engine.tokenizer,
-        generate=engine.generate,
-        model_name=model_name,
-        error_response=error_response,
-        json_response=_json,
-    )
-    return app
+
+def _put(queue: asyncio.Queue[tuple[int, Event]], i: int, event: Event) -> None:
+    queue.put_nowait((i, event))
 
 
 def _stream_of(*chunks: bytes) -> StreamingResponse:

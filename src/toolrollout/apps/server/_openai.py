@@ -25,7 +25,8 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolrollout._exceptions import ToolRolloutError, UserError
-from toolrollout.chat import ChatFormat, ToolCall, get_tool_parser
+from toolrollout.chat import ChatFormat, ToolCall
+from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.engines._types import FinishReason, GenerateRequest, SamplingParams
 
 __all__ = [

@@ -168,17 +168,7 @@ def _sampling(
         raw = {}
     if not isinstance(raw, dict):
         raise MalformedRequest("sampling_params: Input should be a valid dictionary")
-    for key, value in raw.items():
-        if key in _SAMPLING_KEYS:
-            continue
-        if key in _UNSUPPORTED_SAMPLING_DEFAULTS:
-            if value is not None and value != _UNSUPPORTED_SAMPLING_DEFAULTS[key]:
-                raise BadRequest(
-                    f"sampling_params.{key}={value!r} is not supported by toolrollout's "
-                    "embedded engine."
-                )
-            continue
-        raise BadRequest(f"sampling_params: unexpected keyword argument '{key}'")
+    _check_sampling_keys(raw)
 
     def number(key: str, default: float) -> float:
         value = raw.get(key)
@@ -206,17 +196,7 @@ def _sampling(
             raise BadRequest(f"sampling_params.{key} must be a boolean, got {value!r}.")
         return value
 
-    stop = raw.get("stop")
-    if stop is None:
-        stops: tuple[str, ...] = ()
-    elif isinstance(stop, str):
-        stops = (stop,)
-    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        stops = tuple(stop)
-    else:
-        raise BadRequest(
-            f"sampling_params.stop must be a string or a list of strings, got {stop!r}."
-        )
+    stops = _stops(raw.get("stop"))
     stop_ids = raw.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(_is_int(t) for t in stop_ids if t is not None):
         raise BadRequest(
@@ -244,6 +224,31 @@ def _sampling(
         "spaces_between_special_tokens": flag("spaces_between_special_tokens", True),
     }
     return params, extras
+
+
+def _check_sampling_keys(raw: dict[str, Any]) -> None:
+    """Refuse unknown keys, and known ones this engine does not implement unless unset."""
+    for key, value in raw.items():
+        if key in _SAMPLING_KEYS:
+            continue
+        if key in _UNSUPPORTED_SAMPLING_DEFAULTS:
+            if value is not None and value != _UNSUPPORTED_SAMPLING_DEFAULTS[key]:
+                raise BadRequest(
+                    f"sampling_params.{key}={value!r} is not supported by toolrollout's "
+                    "embedded engine."
+                )
+            continue
+        raise BadRequest(f"sampling_params: unexpected keyword argument '{key}'")
+
+
+def _stops(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return tuple(stop)
+    raise BadRequest(f"sampling_params.stop must be a string or a list of strings, got {stop!r}.")
 
 
 def _parallel_sample_num(sampling: Any) -> int:

@@ -65,7 +65,7 @@ class VisionProcessor:
             ids, _ = fmt.expand(collapsed, [image.num_tokens for image in prepared])
         except ImageError as exc:
             raise EngineRequestRejected(f"image_data: {exc}", status_code=400) from exc
-        from toolrollout.chat import load_image
+        from toolrollout.chat._multimodal import load_image
 
         pil = [load_image(image.png) for image in prepared]
         out = self._processor(images=pil)

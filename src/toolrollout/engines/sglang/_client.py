@@ -40,13 +40,13 @@ to run without a server, or ``httpx.AsyncHTTPTransport()`` for httpx's own.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import anyio
 import httpx
 
-from ..._exceptions import EngineConnectionError, EngineError, EngineRequestRejected, UserError
+from ..._exceptions import EngineConnectionError, EngineError, EngineRequestRejected
 from .. import _wire
 from .._http_client import (
     DEFAULT_LIMITS,
@@ -97,8 +97,8 @@ class SGLangClient(_ControlPlane):
     def _abort_body(self, wire_rid: str) -> dict[str, Any]:
         return {"rid": wire_rid}
 
-    async def _before_seeded(self, requests: Sequence[GenerateRequest]) -> None:
-        if self._seed_checked or all(r.sampling.seed is None for r in requests):
+    async def _before_seeded(self, request: GenerateRequest) -> None:
+        if self._seed_checked or request.sampling.seed is None:
             return
         # The requests that arrive during the check wait behind it in arrival order (the
         # lock is first in, first out), so the check does not reorder what the servers see.
@@ -109,65 +109,8 @@ class SGLangClient(_ControlPlane):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """One sample (see :class:`~toolrollout.engines.Engine`); the first seeded request
         of a client logs the servers that ignore ``sampling_seed``."""
-        await self._before_seeded((request,))
+        await self._before_seeded(request)
         return await super().generate(request)
-
-    async def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[GenerateResult]:
-        """Generate one sample per request in one HTTP call; results keep the input order.
-
-        The batch goes to one server: the one pinned to the first request that has a
-        session, or the least busy one; sessions of the batch that were not pinned yet
-        are pinned to it. Each item can be aborted by its ``rid`` once the batch is sent.
-        """
-        if not requests:
-            return []
-        for request in requests:
-            _require_n(request, 1, "generate_batch")
-        await self._before_seeded(requests)
-        session = next((r.session_id for r in requests if r.session_id is not None), None)
-        with self._track([r.rid for r in requests]) as entries:
-            data, url = await self._post_json(
-                what=f"generate_batch of {len(requests)}",
-                session_id=session,
-                entries=entries,
-                body=lambda: _wire.batch_body(requests, [e.wire_rid for e in entries]),
-            )
-            for request in requests:
-                if request.session_id is not None:
-                    self._router.bind(request.session_id, url)
-            return _wire.parse_results(
-                data,
-                rids=[e.rid for e in entries],
-                prompt_tokens_hints=[len(r.input_ids) for r in requests],
-                server_url=url,
-                expect_ids=[e.wire_rid for e in entries],
-            )
-
-    async def generate_many(self, request: GenerateRequest) -> list[GenerateResult]:
-        """Draw ``request.sampling.n`` samples of one prompt in one call (SGLang's ``n``).
-
-        SGLang prefills the prompt once and gives every sample a fresh server-side id, so
-        each result's ``rid`` is that id, and these samples cannot be aborted by ``rid``.
-        """
-        n = request.sampling.n
-        if n < 1:
-            raise UserError(f"sampling.n must be >= 1, got {n}")
-        if n == 1:
-            return [await self.generate(request)]
-        await self._before_seeded((request,))
-        with self._track([request.rid], register=False) as entries:
-            data, url = await self._post_json(
-                what=f"generate_many n={n}",
-                session_id=request.session_id,
-                entries=entries,
-                body=lambda: _wire.generate_body(request, entries[0].wire_rid),
-            )
-            return _wire.parse_results(
-                data,
-                rids=[None] * n,
-                prompt_tokens_hints=[len(request.input_ids)] * n,
-                server_url=url,
-            )
 
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
         """Stream one sample as cumulative :class:`StreamChunk` s; the last has ``.result``.
@@ -179,7 +122,7 @@ class SGLangClient(_ControlPlane):
         stop: SGLang aborts a request whose client disconnects.
         """
         _require_n(request, 1, "stream")
-        await self._before_seeded((request,))
+        await self._before_seeded(request)
         with self._track([request.rid]) as entries:
             entry = entries[0]
             try:

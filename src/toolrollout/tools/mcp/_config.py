@@ -188,9 +188,8 @@ def _tool_class(class_name: str, where: Callable[[str], str]) -> type[McpTool]:
     return obj
 
 
-def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
-    """Build the tools of one ``type: mcp`` entry (the builder of the ``mcp`` tool type)."""
-    where = context.where
+def _settings(entry: ToolEntryModel, where: Callable[[str], str]) -> McpSettingsModel:
+    """The entry's validated ``mcp`` block; refuse what a ``type: mcp`` entry cannot hold."""
     if entry.mcp is None:
         raise ConfigError(
             f"{where('mcp')}: is required for config.type 'mcp' "
@@ -213,6 +212,13 @@ def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
                 f"{where('config.' + key)}: unknown key for config.type 'mcp'" for key in unknown
             )
         )
+    return settings
+
+
+def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
+    """Build the tools of one ``type: mcp`` entry (the builder of the ``mcp`` tool type)."""
+    where = context.where
+    settings = _settings(entry, where)
     tool_class = _tool_class(entry.class_name, where)
 
     path = context.resolve(settings.mcp_servers_config_path)

@@ -19,7 +19,7 @@ import os
 import re
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -150,6 +150,28 @@ def _expand(value: str, key: str, source: str, config_dir: Path) -> str:
     return _PLACEHOLDER.sub(replace, value)
 
 
+def _launch(
+    command: str,
+    model: _ServerModel,
+    expand: Callable[[str, str], str],
+    config_dir: Path,
+    where: str,
+) -> dict[str, Any]:
+    """How to start a server the run starts itself: command, args, env and cwd, expanded."""
+    if not command.strip():
+        raise ConfigError(f"{where}.command: must not be empty")
+    cwd = None
+    if model.cwd is not None:
+        cwd_path = Path(expand(model.cwd, "cwd"))
+        cwd = str(cwd_path if cwd_path.is_absolute() else config_dir / cwd_path)
+    return {
+        "command": expand(command, "command"),
+        "args": tuple(expand(arg, f"args[{i}]") for i, arg in enumerate(model.args)),
+        "env": {k: expand(v, f"env.{k}") for k, v in model.env.items()},
+        "cwd": cwd,
+    }
+
+
 def _server(name: str, model: _ServerModel, source: str, config_dir: Path) -> McpServerSpec:
     where = f"mcpServers.{name}"
 
@@ -165,18 +187,8 @@ def _server(name: str, model: _ServerModel, source: str, config_dir: Path) -> Mc
                 f"{source}: {where}.transport: must be 'stdio' for a server with a 'command' "
                 f"(got {transport!r})"
             )
-        if not model.command.strip():
-            raise ConfigError(f"{source}: {where}.command: must not be empty")
-        cwd = None
-        if model.cwd is not None:
-            cwd_path = Path(expand(model.cwd, "cwd"))
-            cwd = str(cwd_path if cwd_path.is_absolute() else config_dir / cwd_path)
         return StdioServer(
-            name=name,
-            command=expand(model.command, "command"),
-            args=tuple(expand(arg, f"args[{i}]") for i, arg in enumerate(model.args)),
-            env={k: expand(v, f"env.{k}") for k, v in model.env.items()},
-            cwd=cwd,
+            name=name, **_launch(model.command, model, expand, config_dir, f"{source}: {where}")
         )
     if model.url is None:
         raise ConfigError(f"{source}: {where}: needs either 'command' (stdio) or 'url' (HTTP)")
@@ -198,18 +210,7 @@ def _server(name: str, model: _ServerModel, source: str, config_dir: Path) -> Mc
             )
         if parts.port is None:
             raise ConfigError(f"{source}: {where}.url: a started server needs a port: {url!r}")
-        if not model.command.strip():
-            raise ConfigError(f"{source}: {where}.command: must not be empty")
-        cwd = None
-        if model.cwd is not None:
-            cwd_path = Path(expand(model.cwd, "cwd"))
-            cwd = str(cwd_path if cwd_path.is_absolute() else config_dir / cwd_path)
-        launch = {
-            "command": expand(model.command, "command"),
-            "args": tuple(expand(arg, f"args[{i}]") for i, arg in enumerate(model.args)),
-            "env": {k: expand(v, f"env.{k}") for k, v in model.env.items()},
-            "cwd": cwd,
-        }
+        launch = _launch(model.command, model, expand, config_dir, f"{source}: {where}")
     if transport is None:
         tail = parts.path + (f"?{parts.query}" if parts.query else "")
         resolved: Literal["streamable-http", "sse"] = (
