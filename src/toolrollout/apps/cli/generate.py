@@ -32,281 +32,71 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from toolrollout.apps.cli._common import (
-    ChatTemplateKwargsOption,
-    EngineApiKeyOption,
-    EngineKindOption,
-    EngineUrlsOption,
-    FailoverAfterOption,
-    FamilyOption,
-    ModelOption,
-    RequestTimeoutOption,
-    RetriesOption,
-    RetryBudgetOption,
-    fail,
-    parse_template_kwargs,
-    require_extra,
-)
+from toolrollout.apps.cli._common import fail, require_extra
+from toolrollout.apps.cli._options import RUN, command, opt, pick, spec_from, user_message
 
 if TYPE_CHECKING:
     from toolrollout.engines import Engine, EngineInfo
     from toolrollout.rollout import RolloutPrompt, Trajectory
     from toolrollout.spec import RunParts, RunSpec
 
-__all__ = ["generate", "register"]
-
-_Dataset = Annotated[
-    Path | None,
-    typer.Option(
-        help="Prompts (.jsonl or .parquet; verl RL layout accepted). Default: the demo "
-        "prompts for the configured tools (python, search or calculator)."
-    ),
-]
-_ToolConfig = Annotated[
-    Path | None, typer.Option(help="verl-layout tool config YAML. Default: calculator.")
-]
-_InteractionConfig = Annotated[
-    Path | None,
-    typer.Option(
-        help="verl-layout interaction config YAML; rows pick one by "
-        "extra_info.interaction_kwargs.name."
-    ),
-]
-_MaxInteractionTurns = Annotated[
-    int | None, typer.Option(min=0, help="Interaction messages appended per trajectory at most.")
-]
-_TurnRewardWeight = Annotated[
-    float, typer.Option(help="Weight of the summed interaction turn rewards in the reward.")
-]
-_ToolRewardWeight = Annotated[
-    float, typer.Option(help="Weight of the summed tool rewards in the reward.")
-]
-_N = Annotated[
-    int | None,
-    typer.Option(
-        "--n",
-        min=1,
-        help="Samples per prompt (GRPO group). Default 1; with --resume-leftover, the "
-        "leftover's own.",
-    ),
-]
-_MaxTurns = Annotated[int, typer.Option(min=1, help="Assistant turns per trajectory.")]
-_MaxNewTokens = Annotated[int, typer.Option(min=1, help="Tokens per model turn.")]
-_MaxResponseTokens = Annotated[int, typer.Option(min=1, help="Budget over all response tokens.")]
-_Temperature = Annotated[float, typer.Option(min=0.0)]
-_TopP = Annotated[float, typer.Option(min=0.0, max=1.0)]
-_Concurrency = Annotated[int, typer.Option(min=1, help="In-flight engine requests.")]
-_Seed = Annotated[int | None, typer.Option(help="Base sampling seed.")]
-_Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")]
-_ToolParser = Annotated[
-    str | None,
-    typer.Option(help="Tool-call format of the model. Default: its model family's."),
-]
-_ToolErrorPenalty = Annotated[
-    float, typer.Option(min=0.0, help="Reward penalty per failed or malformed tool call.")
-]
-_Out = Annotated[Path, typer.Option(help=".parquet or .jsonl output.")]
-_HealthTimeout = Annotated[
-    float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
-]
-_Threads = Annotated[
-    int, typer.Option(min=1, help="Torch threads of the embedded engine (1 suits tiny models).")
-]
-_MaxImages = Annotated[
-    int | None, typer.Option(min=0, help="Images per trajectory (vision models).")
-]
-_MaxImageTokens = Annotated[
-    int | None, typer.Option(min=0, help="Image placeholder tokens per trajectory.")
-]
-_Resume = Annotated[
-    bool, typer.Option(help="Complete an interrupted run: only samples without a row are run.")
-]
-_FlushEvery = Annotated[
-    int, typer.Option(min=1, help="Rows per crash-safe shard (at most this many are lost).")
-]
-_TrajectoryTimeout = Annotated[
-    float | None, typer.Option(min=0.1, help="Seconds per trajectory before it is failed.")
-]
-_TargetGroups = Annotated[
-    int | None,
-    typer.Option(
-        min=1,
-        help="Straggler control: stop once this many complete groups are done; the rest "
-        "is aborted on the server and saved to the leftover file, not the output.",
-    ),
-]
-_Oversample = Annotated[
-    float,
-    typer.Option(min=1.0, help="With --target-groups: launch this many times the groups needed."),
-]
-_FinishTools = Annotated[
-    bool,
-    typer.Option(
-        "--finish-tools",
-        help="With --target-groups: tool calls still running at the target finish first "
-        "(their results kept for the resume) instead of being cancelled.",
-    ),
-]
-_InexactLogprobs = Annotated[
-    str,
-    typer.Option(
-        help="When the engine's logprobs are not the checkpoint's (e.g. SGLang serving a "
-        "float32 model in float16): refuse the run, or label every row "
-        '(metrics["logprob_mismatch"]): refuse or label.',
-    ),
-]
-_KeepGroupsWhole = Annotated[
-    bool,
-    typer.Option(
-        help="With --target-groups: a group counts only when all its samples finished "
-        "(--no-keep-groups-whole: any target x n finished samples)."
-    ),
-]
-_Leftover = Annotated[
-    Path | None,
-    typer.Option(
-        help="Where a --target-groups or --resume-leftover run saves what it left over "
-        "(.parquet). Default: <out stem>.leftover.parquet next to --out.",
-    ),
-]
-_ResumeLeftover = Annotated[
-    Path | None,
-    typer.Option(
-        help="Continue the trajectories of a leftover file (aborted ones from their "
-        "partial tokens) instead of rolling out a dataset; with --target-groups again "
-        "a batch that saves a new leftover.",
-    ),
-]
-_Ray = Annotated[
-    bool,
-    typer.Option(
-        "--ray",
-        # "\\[" keeps rich's markup from reading "[ray]" as a style tag and dropping it.
-        help="Shard the prompts over Ray actors sharing the engine servers "
-        "(the ray extra: pip install -e '.\\[ray]'; docs/scale-out.md).",
-    ),
-]
-_RayWorkers = Annotated[
-    int, typer.Option(min=1, help="Ray actors with --ray, each rolling out one shard.")
-]
-_RayAddress = Annotated[
-    str | None,
-    typer.Option(help="Ray cluster to join with --ray ('auto', 'host:6379'). Default: local."),
-]
-
-_Schedule = Annotated[
-    str,
-    typer.Option(
-        help="Client-side scheduling policies, comma-separated: priority (SGLang's per-request "
-        "priority, sent only to servers started with --enable-priority-scheduling), "
-        "history (priority from how long each prompt's trajectories ran before), admission "
-        "(in-flight limit from the servers' /v1/loads), lag (in-flight limit from this "
-        "client's own event-loop lag), oldest (turns waiting for the in-flight limit served "
-        "by their group's start order, so groups complete one after another; with "
-        "priority, the servers' queues too), affinity "
-        "(a GRPO group on one server); 'none' "
-        "(default) sends what a server gets without them "
-        "(docs/scheduling.md).",
-    ),
-]
-
-_WorkHistory = Annotated[
-    Path | None,
-    typer.Option(
-        help="With --schedule history: a JSON file of how long each prompt's trajectories "
-        "ran, read before the run (if it exists) and written after it, so the next "
-        "step's run ranks its requests by it (local runs).",
-    ),
-]
-
-_GcFreeze = Annotated[
-    bool,
-    typer.Option(
-        "--gc-freeze",
-        help="Call gc.freeze() once the engine, tokenizer and tools are loaded, so Python's "
-        "full garbage collections skip those objects during the run (local runs; "
-        "docs/rollouts.md#concurrency).",
-    ),
-]
+__all__ = ["OPTIONS", "generate", "register"]
 
 GC_THRESHOLD_DEFAULT = 100_000
 """``generate``'s collector threshold for its youngest generation unless ``--gc-threshold``
 says otherwise (Python's own is 700); measured in docs/benchmarks.md."""
 
-_GcThreshold = Annotated[
-    int | None,
-    typer.Option(
-        "--gc-threshold",
-        min=1,
-        help="Collect Python's youngest generation after this many allocations "
-        "(gc.set_threshold; the other two thresholds are kept), so objects that live for a "
-        "request or a turn die young instead of filling the oldest generation. A local run "
-        f"uses {GC_THRESHOLD_DEFAULT} unless told otherwise: against Python's 700 it took "
-        "9-28% off the client's CPU a turn (1,024 and 10,000 trajectories) and the loop's "
-        "p99 lag from 48-49 to 19-21 ms at 10,000, for 5-6% more memory. 700 restores "
-        "Python's default "
-        "(docs/rollouts.md#concurrency). --ray workers keep their own.",
-    ),
+# fmt: off
+OPTIONS = [
+    *pick(RUN, "engine_url", "engine", "engine_api_key", "model", "dataset", "tool_config",
+          "interaction_config", "max_interaction_turns", "turn_reward_weight",
+          "tool_reward_weight", "n", "max_turns", "max_new_tokens", "max_response_tokens",
+          "temperature", "top_p", "concurrency", "seed", "limit", "tool_parser", "family",
+          "chat_template_kwargs", "tool_error_penalty"),
+    opt("out", Path, Path("trajectories.parquet"), ".parquet or .jsonl output."),
+    *pick(RUN, "health_timeout", "threads", "max_images", "max_image_tokens", "resume",
+          "flush_every", "request_timeout", "retries", "retry_budget", "failover_after",
+          "trajectory_timeout", "target_groups"),
+    opt("oversample", float, 1.0, "With --target-groups: launch this many times the groups "
+        "needed.", min=1.0),
+    *pick(RUN, "keep_groups_whole", "finish_tools", "inexact_logprobs"),
+    opt("leftover", Path | None, None, "Where a --target-groups or --resume-leftover run saves "
+        "what it left over (.parquet). Default: <out stem>.leftover.parquet next to --out."),
+    opt("resume_leftover", Path | None, None, "Continue the trajectories of a leftover file "
+        "(aborted ones from their partial tokens) instead of rolling out a dataset; with "
+        "--target-groups again a batch that saves a new leftover."),
+    # "\\[" keeps rich's markup from reading "[ray]" as a style tag and dropping it.
+    opt("ray", bool, False, "Shard the prompts over Ray actors sharing the engine servers (the "
+        "ray extra: pip install -e '.\\[ray]'; docs/scale-out.md).", "--ray"),
+    opt("ray_workers", int, 2, "Ray actors with --ray, each rolling out one shard.", min=1),
+    opt("ray_address", str | None, None, "Ray cluster to join with --ray ('auto', "
+        "'host:6379'). Default: local."),
+    RUN["schedule"],
+    opt("work_history", Path | None, None, "With --schedule history: a JSON file of how long "
+        "each prompt's trajectories ran, read before the run (if it exists) and written after "
+        "it, so the next step's run ranks its requests by it (local runs)."),
+    opt("gc_freeze", bool, False, "Call gc.freeze() once the engine, tokenizer and tools are "
+        "loaded, so Python's full garbage collections skip those objects during the run "
+        "(local runs; docs/rollouts.md#concurrency).", "--gc-freeze"),
+    opt("gc_threshold", int | None, None, "Collect Python's youngest generation after this "
+        "many allocations (gc.set_threshold; the other two thresholds are kept), so objects "
+        "that live for a request or a turn die young instead of filling the oldest "
+        f"generation. A local run uses {GC_THRESHOLD_DEFAULT} unless told otherwise: against "
+        "Python's 700 it took 9-28% off the client's CPU a turn (1,024 and 10,000 "
+        "trajectories) and the loop's p99 lag from 48-49 to 19-21 ms at 10,000, for 5-6% more "
+        "memory. 700 restores Python's default (docs/rollouts.md#concurrency). --ray workers "
+        "keep their own.", "--gc-threshold", min=1),
 ]
+"""The options of ``generate``: the run options of :data:`~._options.RUN` and its own."""
+# fmt: on
 
 
-def generate(
-    engine_url: EngineUrlsOption = None,
-    engine: EngineKindOption = "auto",
-    engine_api_key: EngineApiKeyOption = None,
-    model: ModelOption = None,
-    dataset: _Dataset = None,
-    tool_config: _ToolConfig = None,
-    interaction_config: _InteractionConfig = None,
-    max_interaction_turns: _MaxInteractionTurns = None,
-    turn_reward_weight: _TurnRewardWeight = 0.0,
-    tool_reward_weight: _ToolRewardWeight = 0.0,
-    n: _N = None,
-    max_turns: _MaxTurns = 4,
-    max_new_tokens: _MaxNewTokens = 128,
-    max_response_tokens: _MaxResponseTokens = 1024,
-    temperature: _Temperature = 1.0,
-    top_p: _TopP = 1.0,
-    concurrency: _Concurrency = 64,
-    seed: _Seed = None,
-    limit: _Limit = None,
-    tool_parser: _ToolParser = None,
-    family: FamilyOption = None,
-    chat_template_kwargs: ChatTemplateKwargsOption = None,
-    tool_error_penalty: _ToolErrorPenalty = 0.0,
-    out: _Out = Path("trajectories.parquet"),
-    health_timeout: _HealthTimeout = 120.0,
-    threads: _Threads = 1,
-    max_images: _MaxImages = None,
-    max_image_tokens: _MaxImageTokens = None,
-    resume: _Resume = False,
-    flush_every: _FlushEvery = 64,
-    request_timeout: RequestTimeoutOption = 600.0,
-    retries: RetriesOption = 30,
-    retry_budget: RetryBudgetOption = 60.0,
-    failover_after: FailoverAfterOption = 3,
-    trajectory_timeout: _TrajectoryTimeout = None,
-    target_groups: _TargetGroups = None,
-    oversample: _Oversample = 1.0,
-    keep_groups_whole: _KeepGroupsWhole = True,
-    finish_tools: _FinishTools = False,
-    inexact_logprobs: _InexactLogprobs = "refuse",
-    leftover: _Leftover = None,
-    resume_leftover: _ResumeLeftover = None,
-    ray: _Ray = False,
-    ray_workers: _RayWorkers = 2,
-    ray_address: _RayAddress = None,
-    schedule: _Schedule = "none",
-    work_history: _WorkHistory = None,
-    gc_freeze: _GcFreeze = False,
-    gc_threshold: _GcThreshold = None,
-) -> None:
+def generate(flags: Any) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
-    flags = _Flags(**locals())  # every option by its name, as typer parsed it (first line)
     require_extra("cli", "toolrollout generate")
     from toolrollout._exceptions import ToolRolloutError
 
@@ -315,74 +105,20 @@ def generate(
             return
         summary = _run(flags)
     except ToolRolloutError as exc:
-        raise fail(str(exc)) from None
+        raise fail(user_message(exc, OPTIONS)) from None
     except OSError as exc:
         raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
-    _finish(summary, out)
+    _finish(summary, flags.out)
 
 
-@dataclass(frozen=True)
-class _Flags:
-    """The options of ``generate``, named as the command's parameters."""
+def _batch_run(flags: Any) -> bool:
+    """Only the batch is written; what it left over is saved apart."""
+    return flags.target_groups is not None or flags.resume_leftover is not None
 
-    engine_url: list[str] | None
-    engine: str
-    engine_api_key: str | None = field(repr=False)
-    model: Path | None
-    dataset: Path | None
-    tool_config: Path | None
-    interaction_config: Path | None
-    max_interaction_turns: int | None
-    turn_reward_weight: float
-    tool_reward_weight: float
-    n: int | None
-    max_turns: int
-    max_new_tokens: int
-    max_response_tokens: int
-    temperature: float
-    top_p: float
-    concurrency: int
-    seed: int | None
-    limit: int | None
-    tool_parser: str | None
-    family: str | None
-    chat_template_kwargs: str | None
-    tool_error_penalty: float
-    out: Path
-    health_timeout: float
-    threads: int
-    max_images: int | None
-    max_image_tokens: int | None
-    resume: bool
-    flush_every: int
-    request_timeout: float
-    retries: int
-    retry_budget: float
-    failover_after: int
-    trajectory_timeout: float | None
-    target_groups: int | None
-    oversample: float
-    keep_groups_whole: bool
-    finish_tools: bool
-    inexact_logprobs: Literal["refuse", "label"]
-    leftover: Path | None
-    resume_leftover: Path | None
-    ray: bool
-    ray_workers: int
-    ray_address: str | None
-    schedule: str
-    work_history: Path | None
-    gc_freeze: bool
-    gc_threshold: int | None
 
-    @property
-    def batch_run(self) -> bool:
-        """Only the batch is written; what it left over is saved apart."""
-        return self.target_groups is not None or self.resume_leftover is not None
-
-    @property
-    def leftover_path(self) -> Path:
-        return self.leftover or self.out.with_name(f"{self.out.stem}.leftover.parquet")
+def _leftover_path(flags: Any) -> Path:
+    out: Path = flags.out
+    return flags.leftover or out.with_name(f"{out.stem}.leftover.parquet")
 
 
 @dataclass
@@ -428,7 +164,7 @@ def _finish(summary: dict[str, Any], out: Path) -> None:
     _print_summary(summary, out)
 
 
-def _run(flags: _Flags) -> dict[str, Any]:
+def _run(flags: Any) -> dict[str, Any]:
     """flags -> RunSpec -> rows on disk; returns the summary the command prints."""
     import anyio
 
@@ -445,7 +181,7 @@ def _run(flags: _Flags) -> dict[str, Any]:
     return summary
 
 
-def _finish_earlier_run(flags: _Flags) -> bool:
+def _finish_earlier_run(flags: Any) -> bool:
     """Complete the clean-up of a run killed while finishing; True when nothing is left.
 
     The folder of a run whose merged file is written carries the ``finished`` mark (or,
@@ -455,7 +191,7 @@ def _finish_earlier_run(flags: _Flags) -> bool:
     from toolrollout._exceptions import UserError
     from toolrollout.rollout import clean_finished, finished_mark
 
-    if flags.batch_run:
+    if _batch_run(flags):
         return False
     parts = flags.out.with_name(flags.out.name + ".parts")
     if not parts.is_dir():
@@ -489,11 +225,11 @@ def _finish_earlier_run(flags: _Flags) -> bool:
     return False
 
 
-def _check_flags(flags: _Flags) -> None:
+def _check_flags(flags: Any) -> None:
     """The rules between the file options of ``generate`` (RunSpec checks the rest)."""
     from toolrollout._exceptions import UserError
 
-    if flags.leftover is not None and not flags.batch_run:
+    if flags.leftover is not None and not _batch_run(flags):
         raise UserError("--leftover needs --target-groups or --resume-leftover")
     if flags.work_history is not None:
         if "history" not in {name.strip() for name in flags.schedule.split(",")}:
@@ -503,8 +239,8 @@ def _check_flags(flags: _Flags) -> None:
         from toolrollout.engines import WorkHistory
 
         WorkHistory.read(flags.work_history)  # a bad file fails before the model loads
-    if flags.leftover_path.suffix != ".parquet":
-        raise UserError(f"--leftover must be a .parquet file, got {flags.leftover_path}")
+    if _leftover_path(flags).suffix != ".parquet":
+        raise UserError(f"--leftover must be a .parquet file, got {_leftover_path(flags)}")
     if flags.resume_leftover is not None:
         if flags.resume:
             raise UserError("--resume-leftover cannot be combined with --resume")
@@ -516,11 +252,11 @@ def _check_flags(flags: _Flags) -> None:
             raise UserError("--oversample does not apply to --resume-leftover (its groups are set)")
     elif flags.target_groups is None and flags.oversample != 1.0:
         raise UserError("--oversample needs --target-groups")
-    if flags.finish_tools and not flags.batch_run:
+    if flags.finish_tools and not _batch_run(flags):
         raise UserError("--finish-tools needs --target-groups or --resume-leftover")
 
 
-def _read_carried(flags: _Flags) -> tuple[list[Trajectory], dict[str, Any], int]:
+def _read_carried(flags: Any) -> tuple[list[Trajectory], dict[str, Any], int]:
     """The trajectories of ``--resume-leftover``, its info, and the run's ``n``."""
     from toolrollout._exceptions import UserError
     from toolrollout.rollout import read_leftover
@@ -538,60 +274,7 @@ def _read_carried(flags: _Flags) -> tuple[list[Trajectory], dict[str, Any], int]
     return carried, saved, int(saved["n"])
 
 
-def _spec(flags: _Flags, n: int) -> RunSpec:
-    """The run specification the flags describe (its checks raise one-line UserErrors)."""
-    from toolrollout.apps.demo import DEMO_MODEL_PATH
-    from toolrollout.engines import SamplingParams, SchedulingConfig
-    from toolrollout.rewards import RewardMix
-    from toolrollout.rollout import RolloutConfig
-    from toolrollout.spec import RunSpec
-
-    config = RolloutConfig(
-        sampling=SamplingParams(
-            max_new_tokens=flags.max_new_tokens, temperature=flags.temperature, top_p=flags.top_p
-        ),
-        n=n,
-        max_turns=flags.max_turns,
-        max_response_tokens=flags.max_response_tokens,
-        concurrency=flags.concurrency,
-        seed=flags.seed,
-        tool_parser=flags.tool_parser,
-        family=flags.family,
-        chat_template_kwargs=parse_template_kwargs(flags.chat_template_kwargs),
-        max_interaction_turns=flags.max_interaction_turns,
-        reward_mix=RewardMix(
-            turn_weight=flags.turn_reward_weight, tool_weight=flags.tool_reward_weight
-        ),
-        max_images=flags.max_images,
-        max_image_tokens=flags.max_image_tokens,
-        trajectory_timeout=flags.trajectory_timeout,
-        tools_at_target="finish" if flags.finish_tools else "cancel",
-        inexact_logprobs=flags.inexact_logprobs,
-        scheduling=SchedulingConfig.from_names(flags.schedule),
-    )
-    return RunSpec(
-        engine_urls=tuple(flags.engine_url or ()),
-        engine=flags.engine,  # type: ignore[arg-type]  # RunSpec checks it
-        engine_api_key=flags.engine_api_key or None,
-        model=flags.model or DEMO_MODEL_PATH,
-        tool_config=flags.tool_config,
-        interaction_config=flags.interaction_config,
-        tool_error_penalty=flags.tool_error_penalty,
-        config=config,
-        threads=flags.threads,
-        health_timeout=flags.health_timeout,
-        request_timeout=flags.request_timeout,
-        retries=flags.retries,
-        retry_budget=flags.retry_budget,
-        failover_after=flags.failover_after,
-        flush_every=flags.flush_every,
-        resume=flags.resume,
-        target_groups=flags.target_groups,
-        keep_groups_whole=flags.keep_groups_whole,
-    )
-
-
-def _plan(flags: _Flags) -> _Plan:
+def _plan(flags: Any) -> _Plan:
     """Check the flags, load the tokenizer, tools, prompts or leftover: fail before writing."""
     from toolrollout.spec import (
         chat_setup,
@@ -604,7 +287,7 @@ def _plan(flags: _Flags) -> _Plan:
 
     _check_flags(flags)
     carried, saved, n = _read_carried(flags)
-    spec = _spec(flags, n)
+    spec = spec_from(flags, OPTIONS, {"config.n": n})
     parts = load_parts(spec)
     # Each renders the template's probe once: done here, once, for the check and the info.
     tool_parser = effective_tool_parser(spec.config, parts.tokenizer)
@@ -640,13 +323,13 @@ def _plan(flags: _Flags) -> _Plan:
         carried,
         prompts_path,
         leftover_info=info,
-        leftover_path=flags.leftover_path,
+        leftover_path=_leftover_path(flags),
         metadata=metadata,
     )
 
 
 def _prompts(
-    flags: _Flags, parts: RunParts, carried: list[Trajectory]
+    flags: Any, parts: RunParts, carried: list[Trajectory]
 ) -> tuple[list[RolloutPrompt], Path]:
     """The prompts to launch (none when resuming a leftover) and the file they come from."""
     from toolrollout._exceptions import UserError
@@ -679,7 +362,7 @@ def _prompts(
     return prompts, Path(path)
 
 
-def _open_folder(plan: _Plan, flags: _Flags) -> None:
+def _open_folder(plan: _Plan, flags: Any) -> None:
     """Start or reopen the run's shard folder; fill in the group ids and the samples done."""
     from toolrollout.rollout import done_samples
 
@@ -700,7 +383,7 @@ def _open_folder(plan: _Plan, flags: _Flags) -> None:
     plan.run_id = run_id
 
 
-def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
+def _run_ray(plan: _Plan, flags: Any, ray: Any) -> dict[str, Any]:
     """The run sharded over Ray actors (``--ray``), merged as a one-machine run would be."""
     from toolrollout.apps.distributed import run_sharded
     from toolrollout.rollout import finish_shards, write_leftover
@@ -718,7 +401,7 @@ def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
     )
     batch = flags.target_groups is not None and report.interrupted is None
     if batch:  # the leftover of every shard, merged: one file, as without --ray
-        write_leftover(report.leftover, flags.leftover_path, info=plan.leftover_info)
+        write_leftover(report.leftover, _leftover_path(flags), info=plan.leftover_info)
     summary = _summarise(list(report.trajectories), report.seconds)
     summary.update(
         interrupted=report.interrupted,
@@ -728,10 +411,10 @@ def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
         parts=str(plan.folder),
         ray_failures=list(report.failures),
         ray_shards=list(report.shards),
-        batch_run=flags.batch_run,
+        batch_run=_batch_run(flags),
     )
     if batch:
-        summary.update(left_over=len(report.leftover), leftover_path=str(flags.leftover_path))
+        summary.update(left_over=len(report.leftover), leftover_path=str(_leftover_path(flags)))
     if report.interrupted is None:  # without URLs each worker's engine is its own: no facts
         finish_shards(plan.folder, flags.out, metadata=plan.metadata)
     return summary
@@ -753,7 +436,7 @@ def _servers_info(spec: RunSpec) -> EngineInfo:
     return anyio.run(ask)
 
 
-async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
+async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
     """The run on this machine: rows stream into the shard folder as they finish."""
     import anyio
 
@@ -788,13 +471,13 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
                     if interrupted:
                         return  # cut short by the shutdown: --resume reruns it whole
                     progress.update(trajectory)
-                    if not flags.batch_run:
+                    if not _batch_run(flags):
                         writer.write(trajectory)
                         trajectories.append(trajectory)
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_watch_signals, run.engine, interrupted, tg.cancel_scope)
-                    if not flags.batch_run:
+                    if not _batch_run(flags):
                         await run.runner.run(
                             plan.prompts,
                             on_result=on_result,
@@ -823,8 +506,8 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
         rows_on_disk=len(plan.skip) + writer.rows_written,
         parts=str(plan.folder),
         left_over=left_over[0] if left_over else None,
-        leftover_path=str(flags.leftover_path) if left_over else None,
-        batch_run=flags.batch_run,
+        leftover_path=str(_leftover_path(flags)) if left_over else None,
+        batch_run=_batch_run(flags),
     )
     if frozen is not None:
         summary["gc_frozen_objects"] = frozen
@@ -893,7 +576,7 @@ async def _roll_batch(plan: _Plan, runner: Any, on_result: Any) -> Any:
     return batch
 
 
-def _ray_options(flags: _Flags) -> Any:
+def _ray_options(flags: Any) -> Any:
     """The ``--ray*`` options as RayOptions, or None for a one-machine run."""
     from toolrollout._exceptions import UserError
 
@@ -1100,4 +783,4 @@ def _print_summary(summary: dict[str, Any], out: Path, *, err: bool = False) -> 
 
 def register(app: typer.Typer) -> None:
     """Add the ``generate`` command to the ``toolrollout`` app."""
-    app.command("generate")(generate)
+    command(app, "generate", OPTIONS, generate, generate.__doc__ or "")
