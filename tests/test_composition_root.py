@@ -27,6 +27,7 @@ from toolrollout.spec import (
     leftover_info,
     load_parts,
 )
+from toolrollout.spec._spec import FieldError
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
 
@@ -65,33 +66,35 @@ def test_only_the_builder_constructs_a_rollout_runner() -> None:
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"config": RolloutConfig(tool_parser="klingon")}, "--tool-parser"),
-        ({"resume": True, "target_groups": 2}, "--target-groups"),
-        ({"target_groups": 0}, "--target-groups"),
-        ({"threads": 0}, "--threads"),
-        ({"retries": 0}, "--retries"),
-        ({"flush_every": 0}, "--flush-every"),
-        ({"request_timeout": 0.0}, "--request-timeout"),
-        ({"tool_error_penalty": -1.0}, "--tool-error-penalty"),
-        ({"tools": (), "tool_config": Path("t.yaml")}, "--tool-config"),
-        ({"interactions": {}, "interaction_config": Path("i.yaml")}, "--interaction-config"),
+        ({"config": RolloutConfig(tool_parser="klingon")}, "config.tool_parser"),
+        ({"resume": True, "target_groups": 2}, "target_groups"),
+        ({"target_groups": 0}, "target_groups"),
+        ({"threads": 0}, "threads"),
+        ({"retries": 0}, "retries"),
+        ({"flush_every": 0}, "flush_every"),
+        ({"request_timeout": 0.0}, "request_timeout"),
+        ({"tool_error_penalty": -1.0}, "tool_error_penalty"),
+        ({"tools": (), "tool_config": Path("t.yaml")}, "tool_config"),
+        ({"interactions": {}, "interaction_config": Path("i.yaml")}, "interaction_config"),
         ({"vision": "maybe"}, "vision"),
         ({"rewards": "best"}, "rewards"),
-        ({"engine_urls": ("",)}, "--engine-url"),
+        ({"engine_urls": ("",)}, "engine_urls"),
+        ({"engine": "vllm"}, "engine_urls"),
     ],
 )
 def test_run_spec_errors_are_one_line_naming_the_field(changes: dict[str, Any], field: str) -> None:
-    with pytest.raises(UserError) as error:
+    with pytest.raises(FieldError) as error:
         RunSpec(**changes)
     message = str(error.value)
     assert field in message and "\n" not in message
+    assert field in error.value.fields  # an application shows it under its own name
 
 
 def test_run_spec_replace_checks_again_and_stores_plain_types() -> None:
     spec = RunSpec(engine_urls=["http://a:1"], model="m", tool_config="t.yaml")  # type: ignore[arg-type]
     assert spec.engine_urls == ("http://a:1",)
     assert spec.model == Path("m") and spec.tool_config == Path("t.yaml")
-    with pytest.raises(UserError, match="--threads"):
+    with pytest.raises(UserError, match="threads"):
         spec.replace(threads=0)
 
 

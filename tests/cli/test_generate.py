@@ -70,6 +70,7 @@ def test_jsonl_output_and_custom_dataset(tmp_path: Path) -> None:
         (["--dataset", "missing.jsonl"], "dataset not found"),
         (["--tool-config", "missing.yaml"], "missing.yaml"),
         (["--tool-parser", "klingon"], "unknown --tool-parser"),
+        (["--engine", "vllm"], "--engine vllm needs --engine-url"),
         (["--model", "no/such/dir"], "model folder not found"),
         (["--schedule", "priority,fastest"], "unknown scheduling policy fastest"),
         (["--work-history", "h.json"], "--work-history needs --schedule history"),

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from toolrollout._security import ADMIN_API_KEY_ENV, API_KEY_ENV, ENGINE_API_KEY_ENV
+from toolrollout.apps.cli._common import parse_template_kwargs
 
 if TYPE_CHECKING:
     from toolrollout.spec import RunSpec
@@ -138,12 +139,6 @@ def user_message(exc: Exception, options: Iterable[Opt] = ()) -> str:
     return message
 
 
-def _template_kwargs(text: str | None) -> dict[str, Any]:
-    from toolrollout._jsonarg import json_object
-
-    return {} if text is None else json_object(text, "--chat-template-kwargs")
-
-
 def _scheduling(names: str) -> Any:
     from toolrollout.engines import SchedulingConfig
 
@@ -215,7 +210,7 @@ RUN: dict[str, Opt] = {
             "the chat template.", field="config.family"),
         opt("chat_template_kwargs", str | None, None, "Extra chat-template variables as a "
             "JSON object, e.g. '{\"enable_thinking\": false}'.",
-            field="config.chat_template_kwargs", convert=_template_kwargs),
+            field="config.chat_template_kwargs", convert=parse_template_kwargs),
         opt("tool_error_penalty", float, 0.0, "Reward penalty per failed or malformed tool "
             "call.", field="tool_error_penalty", min=0.0),
         opt("health_timeout", float, 120.0, "Seconds to wait for --engine-url servers to be "
