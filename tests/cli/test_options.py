@@ -26,7 +26,7 @@ COMMANDS = {
 
 
 def _defaults(options: list[Opt], **values: Any) -> SimpleNamespace:
-    return SimpleNamespace(**{o.name: o.default for o in options}, **values)
+    return SimpleNamespace(**{**{o.name: o.default for o in options}, **values})
 
 
 @pytest.mark.parametrize("option", RUN.values(), ids=lambda o: o.name)
