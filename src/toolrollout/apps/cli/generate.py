@@ -23,12 +23,9 @@ continues exactly those trajectories in a later run.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import time
-import uuid
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +35,11 @@ import typer
 
 from toolrollout.apps.cli._common import fail, require_extra
 from toolrollout.apps.cli._options import RUN, command, opt, pick, spec_from, user_message
+from toolrollout.apps.cli._progress import finish, summarise
+from toolrollout.apps.cli._run_folder import finish_earlier_run, open_run_folder, record_engine
 
 if TYPE_CHECKING:
-    from toolrollout.engines import Engine, EngineInfo
+    from toolrollout.engines import Engine
     from toolrollout.rollout import RolloutPrompt, Trajectory
     from toolrollout.spec import RunParts, RunSpec
 
@@ -101,14 +100,14 @@ def generate(flags: Any) -> None:
     from toolrollout._exceptions import ToolRolloutError
 
     try:
-        if _finish_earlier_run(flags):
+        if not _batch_run(flags) and finish_earlier_run(flags.out, resume=flags.resume):
             return
         summary = _run(flags)
     except ToolRolloutError as exc:
         raise fail(user_message(exc, OPTIONS)) from None
     except OSError as exc:
         raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
-    _finish(summary, flags.out)
+    finish(summary, flags.out)
 
 
 def _batch_run(flags: Any) -> bool:
@@ -140,89 +139,23 @@ class _Plan:
     """The output file's run metadata (sampling, tokenizer; the engine once it answers)."""
 
 
-def _finish(summary: dict[str, Any], out: Path) -> None:
-    """Print the summary and exit as the run ended (130/143 after a signal)."""
-    if summary["interrupted"] is not None and summary.get("batch_run"):
-        typer.echo(
-            f"interrupted by {summary['interrupted']}: a --target-groups or --resume-leftover "
-            "run writes its batch and leftover only at the end, so nothing was written",
-            err=True,
-        )
-        raise typer.Exit(code=143 if summary["interrupted"] == "SIGTERM" else 130)
-    for failure in summary.get("ray_failures", ()):
-        typer.echo(f"warning: {failure}", err=True)
-    if summary["interrupted"] is not None:
-        _print_summary(summary, out, err=True)
-        typer.echo(
-            f"interrupted by {summary['interrupted']}: {summary['rows_on_disk']} of "
-            f"{summary['total']} rows kept in {summary['parts']}; "
-            "rerun with --resume to complete the run",
-            err=True,
-        )
-        code = 143 if summary["interrupted"] == "SIGTERM" else 130
-        raise typer.Exit(code=code)
-    _print_summary(summary, out)
-
-
 def _run(flags: Any) -> dict[str, Any]:
     """flags -> RunSpec -> rows on disk; returns the summary the command prints."""
     import anyio
 
     from toolrollout.rollout import finish_shards
 
-    ray = _ray_options(flags)
+    from ._ray import ray_options, run_ray
+
+    ray = ray_options(flags)
     plan = _plan(flags)
     _open_folder(plan, flags)
     if ray is not None:
-        return _run_ray(plan, flags, ray)
+        return run_ray(plan, flags, ray, lambda *a, **kw: _summary(flags, plan, *a, **kw))
     summary = anyio.run(_run_local, plan, flags)
     if summary["interrupted"] is None:
         finish_shards(plan.folder, flags.out, metadata=plan.metadata)
     return summary
-
-
-def _finish_earlier_run(flags: Any) -> bool:
-    """Complete the clean-up of a run killed while finishing; True when nothing is left.
-
-    The folder of a run whose merged file is written carries the ``finished`` mark (or,
-    at the very end, no manifest and no shard): its rows are all in ``--out``, so it is
-    only deleted. ``--resume`` then has nothing to do (exit 0); a fresh run goes on.
-    """
-    from toolrollout._exceptions import UserError
-    from toolrollout.rollout import clean_finished, finished_mark
-
-    if _batch_run(flags):
-        return False
-    parts = flags.out.with_name(flags.out.name + ".parts")
-    if not parts.is_dir():
-        if flags.resume and flags.out.is_file():
-            typer.echo(f"nothing to resume: {flags.out} is complete (no {parts} left)")
-            return True
-        return False
-    mark = finished_mark(parts)
-    if mark is None:
-        bare = not (parts / _MANIFEST).exists() and not any(parts.glob("**/part-*.parquet"))
-        if not (bare and flags.out.is_file()):
-            return False  # an unfinished run (or an empty folder of a run never started)
-    elif not Path(str(mark.get("out"))).is_file():
-        raise UserError(
-            f"{parts} says its run finished into {mark.get('out')}, but that file is "
-            f"missing: delete {parts} and run again"
-        )
-    clean_finished(parts)
-    rows = f" ({mark['rows']} rows)" if mark is not None else ""
-    if flags.resume:
-        typer.echo(
-            f"nothing to resume: the run had finished into {flags.out}{rows}; "
-            f"removed what its interrupted clean-up left in {parts}"
-        )
-        return True
-    typer.echo(
-        f"note: removed {parts}, left by a finished run of {flags.out}{rows} whose "
-        "clean-up was cut short",
-        err=True,
-    )
-    return False
 
 
 def _check_flags(flags: Any) -> None:
@@ -293,29 +226,20 @@ def _plan(flags: Any) -> _Plan:
     tool_parser = effective_tool_parser(spec.config, parts.tokenizer)
     chat = chat_setup(spec.config, parts.tokenizer)
     metadata = run_metadata(spec.config, parts.tokenizer, chat=chat)
+    facts = {
+        "tool_names": parts.tool_names,
+        "tool_parser": tool_parser,
+        "tokenizer": parts.tokenizer,
+        "model": spec.model_path,
+        "chat": chat,
+        "sampling": metadata["sampling"],
+    }
     if flags.resume_leftover is not None:
-        check_leftover_matches(
-            flags.resume_leftover,
-            saved,
-            tool_names=parts.tool_names,
-            tool_parser=tool_parser,
-            tokenizer=parts.tokenizer,
-            model=spec.model_path,
-            chat=chat,
-            sampling=metadata["sampling"],
-        )
+        check_leftover_matches(flags.resume_leftover, saved, **facts)
     prompts, prompts_path = _prompts(flags, parts, carried)
     truths = [p.ground_truth for p in prompts] + [t.ground_truth for t in carried]
     spec = spec.replace(rewards=spec.rewards_for(truths))
-    info = leftover_info(
-        n=n,
-        tool_names=parts.tool_names,
-        tool_parser=tool_parser,
-        tokenizer=parts.tokenizer,
-        model=spec.model_path,
-        chat=chat,
-        sampling=metadata["sampling"],
-    )
+    info = leftover_info(n=n, **facts)
     return _Plan(
         spec,
         parts,
@@ -369,7 +293,7 @@ def _open_folder(plan: _Plan, flags: Any) -> None:
     plan.folder = flags.out.with_name(flags.out.name + ".parts")
     carried = plan.carried
     num_groups = len({t.group_id for t in carried}) if carried else len(plan.prompts)
-    run_id = _open_run_folder(
+    run_id = open_run_folder(
         plan.folder,
         dataset=plan.prompts_path,
         num_prompts=num_groups,
@@ -381,59 +305,6 @@ def _open_folder(plan: _Plan, flags: Any) -> None:
     plan.group_ids = [f"{run_id}-p{i}" for i in range(len(plan.prompts))]
     plan.skip = done_samples(plan.folder) if flags.resume else set()
     plan.run_id = run_id
-
-
-def _run_ray(plan: _Plan, flags: Any, ray: Any) -> dict[str, Any]:
-    """The run sharded over Ray actors (``--ray``), merged as a one-machine run would be."""
-    from toolrollout.apps.distributed import run_sharded
-    from toolrollout.rollout import finish_shards, write_leftover
-
-    if plan.spec.engine_urls:  # the servers the workers share: their facts go in the file
-        _record_engine(plan, _servers_info(plan.spec), resumed=bool(plan.skip))
-    report = run_sharded(
-        plan.prompts,
-        spec=plan.spec,
-        group_ids=plan.group_ids,
-        parts=plan.folder,
-        options=ray,
-        skip=frozenset(plan.skip),
-        run_id=plan.run_id,
-    )
-    batch = flags.target_groups is not None and report.interrupted is None
-    if batch:  # the leftover of every shard, merged: one file, as without --ray
-        write_leftover(report.leftover, _leftover_path(flags), info=plan.leftover_info)
-    summary = _summarise(list(report.trajectories), report.seconds)
-    summary.update(
-        interrupted=report.interrupted,
-        total=len(plan.prompts) * plan.spec.config.n,
-        resumed=report.resumed,
-        rows_on_disk=report.rows_on_disk,
-        parts=str(plan.folder),
-        ray_failures=list(report.failures),
-        ray_shards=list(report.shards),
-        batch_run=_batch_run(flags),
-    )
-    if batch:
-        summary.update(left_over=len(report.leftover), leftover_path=str(_leftover_path(flags)))
-    if report.interrupted is None:  # without URLs each worker's engine is its own: no facts
-        finish_shards(plan.folder, flags.out, metadata=plan.metadata)
-    return summary
-
-
-def _servers_info(spec: RunSpec) -> EngineInfo:
-    """What the servers a ``--ray`` run shares report, asked once from the driver."""
-    import anyio
-
-    from toolrollout.engines._factory import connect
-
-    async def ask() -> EngineInfo:
-        async with await connect(
-            spec.engine_urls, health_timeout=spec.health_timeout, engine=spec.engine,
-            **spec.client_options(),
-        ) as engine:  # fmt: skip
-            return await engine.info()
-
-    return anyio.run(ask)
 
 
 async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
@@ -453,12 +324,10 @@ async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
     total = len(carried) if carried else len(plan.prompts) * plan.spec.config.n
     already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
     async with open_run(plan.spec, parts=plan.parts) as run:
-        _record_engine(plan, await run.engine.info(), resumed=bool(plan.skip))
+        record_engine(plan.metadata, plan.folder, await run.engine.info(), resumed=bool(plan.skip))
         if flags.work_history is not None:
             run.runner.work_history = WorkHistory.read(flags.work_history)
-        frozen = _freeze_gc() if flags.gc_freeze else None
-        threshold = GC_THRESHOLD_DEFAULT if flags.gc_threshold is None else flags.gc_threshold
-        with _collect_young_later(threshold) as thresholds:
+        with _gc_for_the_run(flags.gc_freeze, flags.gc_threshold) as gc_done:
             started = time.perf_counter()
             with (
                 ShardWriter(
@@ -492,60 +361,64 @@ async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
                         left_over.append(len(batch.leftover))
                     tg.cancel_scope.cancel()
             elapsed = time.perf_counter() - started
-        if frozen is not None:
-            import gc
-
-            gc.unfreeze()
         if flags.work_history is not None and run.runner.work_history is not None:
             run.runner.work_history.write(flags.work_history)
-    summary = _summarise(trajectories, elapsed)
-    summary.update(
+    return _summary(
+        flags,
+        plan,
+        trajectories,
+        elapsed,
         interrupted=interrupted[0] if interrupted else None,
         total=total,
         resumed=len(plan.skip),
         rows_on_disk=len(plan.skip) + writer.rows_written,
-        parts=str(plan.folder),
         left_over=left_over[0] if left_over else None,
-        leftover_path=str(_leftover_path(flags)) if left_over else None,
-        batch_run=_batch_run(flags),
+        **gc_done,
     )
-    if frozen is not None:
-        summary["gc_frozen_objects"] = frozen
-    summary["gc_threshold"] = list(thresholds)
+
+
+def _summary(
+    flags: Any, plan: _Plan, trajectories: list[Any], seconds: float, **run: Any
+) -> dict[str, Any]:
+    """The summary the command prints: the trajectories' statistics and how the run went."""
+    summary = summarise(trajectories, seconds)
+    summary.update(run, parts=str(plan.folder), batch_run=_batch_run(flags))
+    if run["left_over"] is not None:
+        summary["leftover_path"] = str(_leftover_path(flags))
     return summary
 
 
-def _freeze_gc() -> int:
-    """``gc.freeze()``: everything allocated so far (the imported libraries, the model, the
-    tokenizer, the tools) leaves the collector's generations for the run, so each full
-    collection walks the run's own objects only. The application's choice, not the
-    library's: a reference cycle among frozen objects is never freed while frozen, which
-    is harmless for what a run loads once and keeps. Returns how many objects it froze."""
-    import gc
-
-    gc.collect()  # free what loading left behind first, rather than freezing it
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
 @contextlib.contextmanager
-def _collect_young_later(allocations: int) -> Iterator[tuple[int, int, int]]:
-    """``gc.set_threshold(allocations, ...)`` for the block, the thresholds before it
-    restored after it (a ``generate`` called in a process that goes on, a test's, keeps
-    its own); yields the thresholds in effect. The youngest generation is collected after
-    that many allocations. Python's 700 promotes everything that lives a few milliseconds,
-    and at 10,000 trajectories every request in flight does; the oldest generation then
-    grows fast enough to trigger a full collection (a second or more) every few seconds.
-    The application's choice, like ``--gc-freeze``: it changes the whole process."""
+def _gc_for_the_run(freeze: bool, threshold: int | None) -> Iterator[dict[str, Any]]:
+    """The collector as ``--gc-freeze`` and ``--gc-threshold`` ask, for the block; yields
+    what it did, for the summary. The application's choice, not the library's: both change
+    the whole process, so the thresholds before are restored after (a ``generate`` called
+    in a process that goes on, a test's, keeps its own) and frozen objects unfrozen.
+
+    ``gc.freeze()`` (after a collection, so what loading left behind is freed, not kept)
+    moves everything loaded so far (libraries, model, tokenizer, tools) out of the
+    collector's generations: each full collection walks the run's own objects only. The
+    youngest generation is collected after ``threshold`` allocations: Python's 700
+    promotes all that lives a few milliseconds, and at 10,000 trajectories every request in
+    flight does; the oldest generation then grows into a full collection (a second or
+    more) every few seconds."""
     import gc
 
+    did: dict[str, Any] = {}
+    if freeze:
+        gc.collect()
+        gc.freeze()
+        did["gc_frozen_objects"] = gc.get_freeze_count()
     before = gc.get_threshold()
-    _, middle, oldest = before
-    gc.set_threshold(allocations, middle, oldest)
+    young = GC_THRESHOLD_DEFAULT if threshold is None else threshold
+    gc.set_threshold(young, *before[1:])
+    did["gc_threshold"] = [young, *before[1:]]
     try:
-        yield (allocations, middle, oldest)
+        yield did
     finally:
         gc.set_threshold(*before)
+        if freeze:
+            gc.unfreeze()
 
 
 async def _roll_batch(plan: _Plan, runner: Any, on_result: Any) -> Any:
@@ -553,143 +426,17 @@ async def _roll_batch(plan: _Plan, runner: Any, on_result: Any) -> Any:
     from toolrollout.rollout import write_leftover
 
     spec = plan.spec
+    target = {"target_groups": spec.target_groups, "keep_groups_whole": spec.keep_groups_whole}
     if plan.carried:
-        batch = await runner.resume(
-            plan.carried,
-            target_groups=spec.target_groups,
-            keep_groups_whole=spec.keep_groups_whole,
-            on_result=on_result,
-        )
+        batch = await runner.resume(plan.carried, on_result=on_result, **target)
     else:
-        assert spec.target_groups is not None
         batch = await runner.run_batch(
-            plan.prompts,
-            target_groups=spec.target_groups,
-            keep_groups_whole=spec.keep_groups_whole,
-            on_result=on_result,
-            group_ids=plan.group_ids,
+            plan.prompts, on_result=on_result, group_ids=plan.group_ids, **target
         )
     # Replaced atomically, after the batch (a file being resumed may be this very path: it
     # was read in full before the run).
-    leftover_path = plan.leftover_path
-    write_leftover(batch.leftover, leftover_path, info=plan.leftover_info)
+    write_leftover(batch.leftover, plan.leftover_path, info=plan.leftover_info)
     return batch
-
-
-def _ray_options(flags: Any) -> Any:
-    """The ``--ray*`` options as RayOptions, or None for a one-machine run."""
-    from toolrollout._exceptions import UserError
-
-    if not flags.ray:
-        if flags.ray_address is not None:
-            raise UserError("--ray-address needs --ray")
-        return None
-    from toolrollout.apps.distributed import RayOptions, import_ray
-
-    options = RayOptions(workers=flags.ray_workers, address=flags.ray_address)
-    if flags.resume_leftover is not None:
-        raise UserError("--resume-leftover does not work with --ray yet; run it without --ray")
-    if flags.gc_freeze:
-        raise UserError("--gc-freeze applies to a local run, not to --ray workers yet")
-    if flags.gc_threshold is not None:
-        raise UserError("--gc-threshold applies to a local run, not to --ray workers yet")
-    import_ray()  # not installed: say how, before anything is written
-    return options
-
-
-_MANIFEST = "run.json"  # toolrollout.rollout._output.MANIFEST
-
-
-def _record_engine(plan: _Plan, info: EngineInfo, *, resumed: bool) -> None:
-    """Add the engine's facts to the run metadata; on a resume, warn when the rows kept were
-    sampled by another engine, version or dtype than the rows to come (their sampling
-    settings and tokenizer were checked against the run manifest already)."""
-    from toolrollout.rollout import read_run_metadata
-    from toolrollout.spec import engine_facts
-
-    plan.metadata["engine"] = facts = engine_facts(info)
-    if not resumed:
-        return
-    shards = sorted(plan.folder.glob("part-*.parquet"))
-    before = (read_run_metadata(shards[-1]) or {}).get("engine") if shards else None
-    if not isinstance(before, dict):
-        return
-    keys = ("engine", "engine_version", "dtype", "model_path")
-    changed = [k for k in keys if before.get(k) != facts[k]]
-    if changed:
-        detail = ", ".join(f"{k} {before.get(k)!r} (now {facts[k]!r})" for k in changed)
-        typer.echo(
-            f"warning: --resume: the rows kept were sampled with {detail}; the file's "
-            "metadata records the engine of the rows written last",
-            err=True,
-        )
-
-
-def _open_run_folder(
-    parts: Path,
-    *,
-    dataset: Path,
-    num_prompts: int,
-    n: int,
-    resume: bool,
-    sampling: dict[str, Any],
-    tokenizer: dict[str, Any],
-) -> str:
-    """Start or reopen the shard folder; returns the run id that makes group ids stable.
-
-    A resume must sample from the interrupted run's distribution (temperature, top-p,
-    top-k, min-p) and render with the same tokenizer; manifests written before these were
-    recorded are not checked for them.
-    """
-    from toolrollout._exceptions import UserError
-    from toolrollout.spec import sampling_changes
-
-    identity = {
-        "dataset": str(dataset.resolve()),
-        "num_prompts": num_prompts,
-        "n": n,
-    }
-    rendering = {
-        "fingerprint": tokenizer.get("fingerprint"),
-        "family": tokenizer.get("family"),
-        "chat_template_kwargs": tokenizer.get("chat_template_kwargs"),
-    }
-    manifest = parts / _MANIFEST
-    if resume:
-        if not manifest.is_file():
-            raise UserError(f"nothing to resume: {manifest} not found")
-        try:
-            saved = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"{manifest}: unreadable run manifest ({exc})") from exc
-        for key, value in identity.items():
-            if saved.get(key) != value:
-                raise UserError(
-                    f"--resume: {key} is {value!r} but the interrupted run used "
-                    f"{saved.get(key)!r} ({manifest})"
-                )
-        if "sampling" in saved and sampling_changes(saved["sampling"], sampling):
-            raise UserError(
-                f"--resume: the interrupted run sampled with "
-                f"{sampling_changes(saved['sampling'], sampling)}: pass its sampling flags "
-                f"({manifest})"
-            )
-        if "tokenizer" in saved and saved["tokenizer"] != rendering:
-            raise UserError(
-                f"--resume: the interrupted run rendered with another tokenizer, family or "
-                f"chat-template kwargs ({saved['tokenizer']}; now {rendering}) ({manifest})"
-            )
-        return str(saved["run_id"])
-    # */part-*: the worker folders of a `--ray` run (docs/scale-out.md)
-    if any(parts.glob("part-*.parquet")) or any(parts.glob("*/part-*.parquet")):
-        raise UserError(
-            f"{parts} holds an unfinished run: pass --resume to complete it, or delete it"
-        )
-    parts.mkdir(parents=True, exist_ok=True)
-    run_id = uuid.uuid4().hex[:8]
-    saved = {"run_id": run_id, **identity, "sampling": sampling, "tokenizer": rendering}
-    manifest.write_text(json.dumps(saved) + "\n", encoding="utf-8")
-    return run_id
 
 
 async def _watch_signals(engine: Engine, interrupted: list[str], scope: Any) -> None:
@@ -703,82 +450,6 @@ async def _watch_signals(engine: Engine, interrupted: list[str], scope: Any) -> 
                 await engine.abort_all()
             scope.cancel()
             return
-
-
-def _summarise(trajectories: list[Any], elapsed: float) -> dict[str, Any]:
-    from toolrollout.rollout import TrajectoryStatus
-
-    rewards = [t.reward for t in trajectories if t.reward is not None]
-    count = max(len(trajectories), 1)
-    return {
-        "trajectories": len(trajectories),
-        "seconds": elapsed,
-        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-        "mean_turns": sum(t.num_turns for t in trajectories) / count,
-        "tool_calls": sum(t.num_tool_calls for t in trajectories),
-        "tool_errors": sum(t.tool_errors for t in trajectories),
-        "parse_errors": sum(t.parse_errors for t in trajectories),
-        "drift": sum(int(t.metrics.get("drift_mismatches", 0)) for t in trajectories),
-        "statuses": dict(Counter(str(t.status) for t in trajectories)),
-        "failures": dict(
-            Counter(
-                t.finish_reason or "unknown"
-                for t in trajectories
-                if t.status is TrajectoryStatus.FAILED
-            )
-        ),
-        "model_tokens": sum(int(t.metrics.get("model_tokens", 0)) for t in trajectories),
-        "engine_moves": sum(len(t.metrics.get("engine_moves", ())) for t in trajectories),
-    }
-
-
-def _print_summary(summary: dict[str, Any], out: Path, *, err: bool = False) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"toolrollout generate -> {out}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    mean_reward = summary["mean_reward"]
-    rows = [
-        ("trajectories", str(summary["trajectories"])),
-        *(
-            (f"failed: {cause}" + (" (not scored)" if cause == "tool_unavailable" else ""), str(n))
-            for cause, n in sorted(summary.get("failures", {}).items())
-        ),
-        ("mean reward", "-" if mean_reward is None else f"{mean_reward:.3f}"),
-        ("mean turns", f"{summary['mean_turns']:.2f}"),
-        ("tool calls", str(summary["tool_calls"])),
-        ("tool errors", str(summary["tool_errors"])),
-        ("parse errors", str(summary["parse_errors"])),
-        ("drift mismatches", str(summary["drift"])),
-        ("generated tokens/s", f"{summary['model_tokens'] / max(summary['seconds'], 1e-9):.1f}"),
-        ("wall seconds", f"{summary['seconds']:.1f}"),
-    ]
-    if summary.get("engine_moves"):
-        rows.append(("moved to another server (failover)", str(summary["engine_moves"])))
-    if summary.get("gc_frozen_objects") is not None:
-        rows.append(("objects frozen (--gc-freeze)", f"{summary['gc_frozen_objects']:,}"))
-    if summary.get("gc_threshold") is not None:
-        thresholds = ", ".join(f"{n:,}" for n in summary["gc_threshold"])
-        rows.append(("collector thresholds (--gc-threshold)", thresholds))
-    if summary.get("resumed"):
-        rows.append(("rows kept from before", str(summary["resumed"])))
-    if summary.get("left_over") is not None:
-        rows.append(
-            (
-                "left over (straggler control)",
-                f"{summary['left_over']} -> {summary['leftover_path']}",
-            )
-        )
-    rows += [(f"status {k}", str(v)) for k, v in sorted(summary["statuses"].items())]
-    rows += [
-        (f"ray shard {s['shard']}", f"{s['rows']} rows on {s['host']} ({s['seconds']:.1f} s)")
-        for s in summary.get("ray_shards", ())
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    Console(stderr=err).print(table)
 
 
 def register(app: typer.Typer) -> None:
