@@ -215,8 +215,10 @@ def test_trl_adapter_runs_interactions_from_a_real_config(tokenizer: Any) -> Non
     with trl_rollout_func(
         engine,
         tokenizer,
-        [calculator_tool()],
-        interactions=REPO / "tool_configs" / "interactions.yaml",
+        RunSpec(
+            tools=[calculator_tool()],
+            interaction_config=REPO / "tool_configs" / "interactions.yaml",
+        ),
     ) as rollout:
         out = rollout([row])
         [trajectory] = rollout.last_trajectories
@@ -229,11 +231,13 @@ def test_trl_adapter_runs_interactions_from_a_real_config(tokenizer: Any) -> Non
 
 def test_trl_adapter_passes_vision_through(tokenizer: Any) -> None:
     engine = ScriptedEngine([])
-    auto = trl_rollout_func(engine, tokenizer, [], vision="auto", model=DEMO_VL_MODEL_PATH)
+    auto = trl_rollout_func(engine, tokenizer, RunSpec(tools=[], model=DEMO_VL_MODEL_PATH))
     assert isinstance(auto.runner.vision, VisionFormat)
     given = VisionFormat.from_pretrained(DEMO_VL_MODEL_PATH)
-    assert trl_rollout_func(engine, tokenizer, [], vision=given).runner.vision is given
-    assert trl_rollout_func(engine, tokenizer, []).runner.vision is None
+    assert (
+        trl_rollout_func(engine, tokenizer, RunSpec(tools=[], vision=given)).runner.vision is given
+    )
+    assert trl_rollout_func(engine, tokenizer, RunSpec(tools=[])).runner.vision is None
 
 
 def test_load_parts_without_a_folder_leaves_vision_off(tokenizer: Any) -> None:
