@@ -73,10 +73,12 @@ class RunSpec:
     """Sent as ``Authorization: Bearer`` to ``engine_urls`` (never in the repr)."""
     model: Path | None = None
     tool_config: Path | None = None
-    tools: tuple[Tool, ...] | None = None
+    tools: Sequence[Tool] | None = None
+    """Tool objects (stored as a tuple); None: ``tool_config``, else the calculator."""
     interaction_config: Path | None = None
     interactions: Mapping[str, Interaction] | None = None
-    rewards: Literal["auto"] | tuple[Reward, ...] = "auto"
+    rewards: Literal["auto"] | Sequence[Reward] = "auto"
+    """Reward terms (stored as a tuple), or ``"auto"``: chosen from the ground truths."""
     tool_error_penalty: float = 0.0
     vision: VisionMode | VisionFormat = "auto"
     config: RolloutConfig = field(default_factory=RolloutConfig)

@@ -82,15 +82,16 @@ def opt(
 
 
 def command(
-    app: typer.Typer, name: str, options: Iterable[Opt], body: Callable[[Any], None], doc: str
+    app: typer.Typer, name: str, options: Iterable[Opt], body: Callable[[Any], None]
 ) -> None:
-    """Add command ``name`` taking ``options``; ``body`` gets the parsed values as attributes."""
+    """Add command ``name`` taking ``options``; ``body`` gets the parsed values as attributes
+    and its docstring is the command's help."""
 
     def run(**values: Any) -> None:
         body(SimpleNamespace(**values))
 
     run.__signature__ = inspect.Signature([o.parameter() for o in options])  # type: ignore[attr-defined]
-    run.__doc__ = doc
+    run.__doc__ = body.__doc__
     app.command(name)(run)
 
 

@@ -194,4 +194,4 @@ def _real(flags: Any) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the ``bench`` command to the ``toolrollout`` app."""
-    command(app, "bench", OPTIONS, bench, bench.__doc__ or "")
+    command(app, "bench", OPTIONS, bench)

@@ -329,4 +329,4 @@ def _print_table(runs: list[EvalSummary], comparison: Comparison | None) -> None
 
 def register(app: typer.Typer) -> None:
     """Add the ``eval`` command to the ``toolrollout`` app."""
-    command(app, "eval", OPTIONS, eval_command, eval_command.__doc__ or "")
+    command(app, "eval", OPTIONS, eval_command)

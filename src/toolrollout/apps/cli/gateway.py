@@ -159,4 +159,4 @@ def _serve(
 
 def register(app: typer.Typer) -> None:
     """Add the ``gateway`` command to the ``toolrollout`` app."""
-    command(app, "gateway", OPTIONS, gateway, gateway.__doc__ or "")
+    command(app, "gateway", OPTIONS, gateway)

@@ -454,4 +454,4 @@ async def _watch_signals(engine: Engine, interrupted: list[str], scope: Any) -> 
 
 def register(app: typer.Typer) -> None:
     """Add the ``generate`` command to the ``toolrollout`` app."""
-    command(app, "generate", OPTIONS, generate, generate.__doc__ or "")
+    command(app, "generate", OPTIONS, generate)

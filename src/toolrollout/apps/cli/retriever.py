@@ -76,5 +76,5 @@ def serve(flags: Any) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the ``retriever`` command group to the ``toolrollout`` app."""
-    command(retriever_app, "serve", OPTIONS, serve, serve.__doc__ or "")
+    command(retriever_app, "serve", OPTIONS, serve)
     app.add_typer(retriever_app, name="retriever")

@@ -122,5 +122,5 @@ def serve(flags: Any) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the ``sandbox`` command group to the ``toolrollout`` app."""
-    command(sandbox_app, "serve", OPTIONS, serve, serve.__doc__ or "")
+    command(sandbox_app, "serve", OPTIONS, serve)
     app.add_typer(sandbox_app, name="sandbox")

@@ -91,4 +91,4 @@ def serve(flags: Any) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add the ``serve`` command to the ``toolrollout`` app."""
-    command(app, "serve", OPTIONS, serve, serve.__doc__ or "")
+    command(app, "serve", OPTIONS, serve)
