@@ -95,9 +95,9 @@ def command(
     app.command(name)(run)
 
 
-def pick(table: Mapping[str, Opt], *names: str, **changed: Opt) -> list[Opt]:
-    """The options ``names`` of ``table``, in that order; ``changed`` replace some."""
-    return [changed.get(name, table[name]) for name in names]
+def pick(table: Mapping[str, Opt], *names: str) -> list[Opt]:
+    """The options ``names`` of ``table``, in that order."""
+    return [table[name] for name in names]
 
 
 def spec_from(
