@@ -310,7 +310,7 @@ def test_the_collector_threshold_is_the_runs_only() -> None:
     before = gc.get_threshold()
     with _gc_for_the_run(True, 12_345) as did:
         assert gc.get_threshold() == tuple(did["gc_threshold"]) == (12_345, *before[1:])
-        assert did["gc_frozen_objects"] == gc.get_freeze_count() > 0
+        assert did["gc_frozen_objects"] > 0 and gc.get_freeze_count() > 0
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
