@@ -73,6 +73,7 @@ def sample_batches(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     from toolrollout.engines.embedded import EmbeddedEngine
     from toolrollout.integrations import trl_rollout_func
     from toolrollout.rewards import WeightedReward, exact_match, tool_error_penalty
+    from toolrollout.spec import RunSpec
     from toolrollout.tools import load_tool_config
 
     example = _example()
@@ -104,7 +105,7 @@ def sample_batches(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     )
     batches: dict[str, dict[str, Any]] = {}
     with trl_rollout_func(
-        engine, tokenizer, tools, config=config, rewards=terms, weight_sync="off"
+        engine, tokenizer, RunSpec(tools=tools, config=config, rewards=terms), weight_sync="off"
     ) as rollout:
         for name, (task_seed, split) in plans.items():
             tasks = generate_code_tasks(args.prompts, seed=task_seed, split=split)

@@ -332,7 +332,7 @@ def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path
     from toolrollout.engines.embedded import EmbeddedEngine
     from toolrollout.integrations import trl_rollout_func
     from toolrollout.rewards import WeightedReward, exact_match, tool_error_penalty
-    from toolrollout.tools import load_tool_config
+    from toolrollout.spec import RunSpec
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -362,8 +362,8 @@ def train(args: argparse.Namespace, rows: list[dict[str, Any]], tools_path: Path
     ]
     engine = EmbeddedEngine(DEMO_MODEL_PATH, num_threads=args.threads, max_batch_size=batch)
     rollout = trl_rollout_func(
-        engine, tokenizer, load_tool_config(tools_path), config=config, rewards=terms,
-        weight_sync="auto",
+        engine, tokenizer,
+        RunSpec(tool_config=tools_path, config=config, rewards=terms), weight_sync="auto",
     )  # fmt: skip
     versions: list[tuple[int, set[str]]] = []
     rollout_seconds: list[float] = []

@@ -20,6 +20,7 @@ from toolrollout.rewards import exact_match, numeric_match
 from toolrollout.rollout import RolloutConfig, RolloutRunner
 from toolrollout.rollout._compat import check_leftover_matches, leftover_info
 from toolrollout.spec import RunSpec, build_runner, default_rewards, detect_vision, load_parts
+from toolrollout.spec._spec import FieldError
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
 
@@ -58,33 +59,35 @@ def test_only_the_builder_constructs_a_rollout_runner() -> None:
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"config": RolloutConfig(tool_parser="klingon")}, "--tool-parser"),
-        ({"resume": True, "target_groups": 2}, "--target-groups"),
-        ({"target_groups": 0}, "--target-groups"),
-        ({"threads": 0}, "--threads"),
-        ({"retries": 0}, "--retries"),
-        ({"flush_every": 0}, "--flush-every"),
-        ({"request_timeout": 0.0}, "--request-timeout"),
-        ({"tool_error_penalty": -1.0}, "--tool-error-penalty"),
-        ({"tools": (), "tool_config": Path("t.yaml")}, "--tool-config"),
-        ({"interactions": {}, "interaction_config": Path("i.yaml")}, "--interaction-config"),
+        ({"config": RolloutConfig(tool_parser="klingon")}, "config.tool_parser"),
+        ({"resume": True, "target_groups": 2}, "target_groups"),
+        ({"target_groups": 0}, "target_groups"),
+        ({"threads": 0}, "threads"),
+        ({"retries": 0}, "retries"),
+        ({"flush_every": 0}, "flush_every"),
+        ({"request_timeout": 0.0}, "request_timeout"),
+        ({"tool_error_penalty": -1.0}, "tool_error_penalty"),
+        ({"tools": (), "tool_config": Path("t.yaml")}, "tool_config"),
+        ({"interactions": {}, "interaction_config": Path("i.yaml")}, "interaction_config"),
         ({"vision": "maybe"}, "vision"),
         ({"rewards": "best"}, "rewards"),
-        ({"engine_urls": ("",)}, "--engine-url"),
+        ({"engine_urls": ("",)}, "engine_urls"),
+        ({"engine": "vllm"}, "engine_urls"),
     ],
 )
 def test_run_spec_errors_are_one_line_naming_the_field(changes: dict[str, Any], field: str) -> None:
-    with pytest.raises(UserError) as error:
+    with pytest.raises(FieldError) as error:
         RunSpec(**changes)
     message = str(error.value)
     assert field in message and "\n" not in message
+    assert field in error.value.fields  # an application shows it under its own name
 
 
 def test_run_spec_replace_checks_again_and_stores_plain_types() -> None:
     spec = RunSpec(engine_urls=["http://a:1"], model="m", tool_config="t.yaml")  # type: ignore[arg-type]
     assert spec.engine_urls == ("http://a:1",)
     assert spec.model == Path("m") and spec.tool_config == Path("t.yaml")
-    with pytest.raises(UserError, match="--threads"):
+    with pytest.raises(UserError, match="threads"):
         spec.replace(threads=0)
 
 
@@ -205,8 +208,10 @@ def test_trl_adapter_runs_interactions_from_a_real_config(tokenizer: Any) -> Non
     with trl_rollout_func(
         engine,
         tokenizer,
-        [calculator_tool()],
-        interactions=REPO / "tool_configs" / "interactions.yaml",
+        RunSpec(
+            tools=[calculator_tool()],
+            interaction_config=REPO / "tool_configs" / "interactions.yaml",
+        ),
     ) as rollout:
         out = rollout([row])
         [trajectory] = rollout.last_trajectories
@@ -219,11 +224,13 @@ def test_trl_adapter_runs_interactions_from_a_real_config(tokenizer: Any) -> Non
 
 def test_trl_adapter_passes_vision_through(tokenizer: Any) -> None:
     engine = ScriptedEngine([])
-    auto = trl_rollout_func(engine, tokenizer, [], vision="auto", model=DEMO_VL_MODEL_PATH)
+    auto = trl_rollout_func(engine, tokenizer, RunSpec(tools=[], model=DEMO_VL_MODEL_PATH))
     assert isinstance(auto.runner.vision, VisionFormat)
     given = VisionFormat.from_pretrained(DEMO_VL_MODEL_PATH)
-    assert trl_rollout_func(engine, tokenizer, [], vision=given).runner.vision is given
-    assert trl_rollout_func(engine, tokenizer, []).runner.vision is None
+    assert (
+        trl_rollout_func(engine, tokenizer, RunSpec(tools=[], vision=given)).runner.vision is given
+    )
+    assert trl_rollout_func(engine, tokenizer, RunSpec(tools=[])).runner.vision is None
 
 
 def test_load_parts_without_a_folder_leaves_vision_off(tokenizer: Any) -> None:

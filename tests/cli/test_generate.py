@@ -70,6 +70,7 @@ def test_jsonl_output_and_custom_dataset(tmp_path: Path) -> None:
         (["--dataset", "missing.jsonl"], "dataset not found"),
         (["--tool-config", "missing.yaml"], "missing.yaml"),
         (["--tool-parser", "klingon"], "unknown --tool-parser"),
+        (["--engine", "vllm"], "--engine vllm needs --engine-url"),
         (["--model", "no/such/dir"], "model folder not found"),
         (["--schedule", "priority,fastest"], "unknown scheduling policy fastest"),
         (["--work-history", "h.json"], "--work-history needs --schedule history"),
@@ -304,12 +305,13 @@ def test_the_collector_threshold_is_the_runs_only() -> None:
     process's own thresholds as they were."""
     import gc
 
-    from toolrollout.apps.cli.generate import _collect_young_later
+    from toolrollout.apps.cli.generate import _gc_for_the_run
 
     before = gc.get_threshold()
-    with _collect_young_later(12_345) as during:
-        assert gc.get_threshold() == during == (12_345, *before[1:])
-    assert gc.get_threshold() == before
+    with _gc_for_the_run(True, 12_345) as did:
+        assert gc.get_threshold() == tuple(did["gc_threshold"]) == (12_345, *before[1:])
+        assert did["gc_frozen_objects"] > 0 and gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
 def test_gc_threshold_sets_the_youngest_generations_threshold(tmp_path: Path) -> None:

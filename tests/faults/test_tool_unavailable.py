@@ -75,6 +75,7 @@ def test_trainer_adapter_trains_nothing_of_a_failed_row(demo_tokenizer: Any) -> 
     from types import SimpleNamespace
 
     from toolrollout.integrations import trl_rollout_func
+    from toolrollout.spec import RunSpec
 
     ids = demo_tokenizer.encode(CALL, add_special_tokens=False)
     limits = ToolLimits(timeout=5.0, retry=RetryPolicy(max_attempts=1))
@@ -85,7 +86,7 @@ def test_trainer_adapter_trains_nothing_of_a_failed_row(demo_tokenizer: Any) -> 
         model=SimpleNamespace(training=True),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
-    with trl_rollout_func(engine, demo_tokenizer, [tool]) as rollout:
+    with trl_rollout_func(engine, demo_tokenizer, RunSpec(tools=[tool])) as rollout:
         out = rollout([PROMPT["messages"]], trainer)
     assert out["completion_ids"][0] == ids  # the model's turn is there...
     assert set(out["env_mask"][0]) == {0}  # ...but not one token of it is trained

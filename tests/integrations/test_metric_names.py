@@ -23,6 +23,7 @@ from toolrollout import RolloutConfig, RolloutRunner, SamplingParams
 from toolrollout._records import Trajectory
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.metrics import rollout_metrics
+from toolrollout.spec import RunSpec
 from toolrollout.testing import ScriptedEngine
 from toolrollout.tools import calculator_tool
 
@@ -119,7 +120,9 @@ def test_trl_adapter_logs_the_documented_names(
         model=SimpleNamespace(training=True),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
-    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+    with trl_rollout_func(
+        scripted_engine, demo_tokenizer, RunSpec(tools=[calculator_tool()])
+    ) as rollout:
         rollout([PROMPT, PROMPT], trainer)
     logged = set(trainer._metrics["train"])
     # No reward function ran, so the reward statistics have no data and are left out.
@@ -139,7 +142,9 @@ def test_trl_weight_sync_logs_its_documented_name(
         model=torch.nn.Linear(2, 2),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
-    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+    with trl_rollout_func(
+        scripted_engine, demo_tokenizer, RunSpec(tools=[calculator_tool()])
+    ) as rollout:
         rollout([PROMPT], trainer)
     added = set(trainer._metrics["train"]) - documented_names("calculator")
     assert added == documented_names("calculator", adapters=True) - documented_names("calculator")

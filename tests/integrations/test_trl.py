@@ -11,6 +11,7 @@ import pytest
 from toolrollout import RolloutConfig, SamplingParams, UserError
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.integrations import TRLRolloutFunc, trl_rollout_func
+from toolrollout.spec import RunSpec
 from toolrollout.testing import ScriptedEngine
 from toolrollout.tools import calculator_tool
 
@@ -18,6 +19,8 @@ PROMPT = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Multiply 4 by 341."},
 ]
+
+CALCULATOR = RunSpec(tools=[calculator_tool()])
 
 
 def _fake_trainer(max_completion_length: int | None = None) -> Any:
@@ -32,7 +35,7 @@ def test_one_completion_per_prompt_with_tool_tokens_masked(
     scripted_engine: ScriptedEngine, demo_tokenizer: Any
 ) -> None:
     trainer = _fake_trainer()
-    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+    with trl_rollout_func(scripted_engine, demo_tokenizer, CALCULATOR) as rollout:
         out = rollout([PROMPT, PROMPT, "What is 2 + 2?"], trainer)
         trajectories = rollout.last_trajectories
     assert scripted_engine.closed  # the rollout function owns the engine's lifecycle
@@ -68,7 +71,7 @@ def test_one_completion_per_prompt_with_tool_tokens_masked(
 def test_completion_is_cut_to_max_completion_length(
     scripted_engine: ScriptedEngine, demo_tokenizer: Any
 ) -> None:
-    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+    with trl_rollout_func(scripted_engine, demo_tokenizer, CALCULATOR) as rollout:
         out = rollout([PROMPT], _fake_trainer(max_completion_length=5))
     assert len(out["completion_ids"][0]) == len(out["env_mask"][0]) == 5
 
@@ -78,7 +81,7 @@ def test_several_samples_per_prompt_is_refused(
 ) -> None:
     with pytest.raises(UserError, match="num_generations"):
         TRLRolloutFunc(
-            scripted_engine, demo_tokenizer, [calculator_tool()], config=RolloutConfig(n=4)
+            scripted_engine, demo_tokenizer, CALCULATOR.replace(config=RolloutConfig(n=4))
         )
 
 
@@ -118,7 +121,7 @@ def test_grpo_trainer_steps_on_toolrollout_rollouts_without_training_tool_tokens
         max_response_tokens=96,
         seed=0,
     )
-    rollout = trl_rollout_func(engine, demo_tokenizer, [calculator_tool()], config=config)
+    rollout = trl_rollout_func(engine, demo_tokenizer, CALCULATOR.replace(config=config))
     returned: list[dict[str, Any]] = []
 
     def recording_rollout(prompts: list[Any], trainer: Any) -> dict[str, Any]:

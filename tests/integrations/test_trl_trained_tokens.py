@@ -18,10 +18,13 @@ import pytest
 
 from toolrollout import RolloutConfig, SamplingParams, UserError
 from toolrollout.integrations import trl_rollout_func
+from toolrollout.spec import RunSpec
 from toolrollout.testing import ScriptedEngine
 from toolrollout.tools import calculator_tool
 
 PROMPT = [{"role": "user", "content": "Multiply 4 by 341."}]
+
+CALCULATOR = RunSpec(tools=[calculator_tool()])
 
 
 def _trainer(limit: int | None, **sampling: Any) -> Any:
@@ -43,7 +46,7 @@ def _numeric_reward(final_answer: list[str], answer: list[str], **_: Any) -> lis
 
 def _spans(scripted_engine: ScriptedEngine, demo_tokenizer: Any) -> list[tuple[str, int]]:
     """(kind, length) of each span of the uncut trajectory."""
-    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+    with trl_rollout_func(scripted_engine, demo_tokenizer, CALCULATOR) as rollout:
         rollout([PROMPT], _trainer(None))
         (trajectory,) = rollout.last_trajectories
     assert trajectory.status == "completed" and trajectory.num_tool_calls == 1
@@ -51,9 +54,7 @@ def _spans(scripted_engine: ScriptedEngine, demo_tokenizer: Any) -> list[tuple[s
 
 
 def _cut(engine: ScriptedEngine, tokenizer: Any, limit: int) -> dict[str, Any]:
-    with trl_rollout_func(
-        engine, tokenizer, [calculator_tool()], response_budget="config"
-    ) as rollout:
+    with trl_rollout_func(engine, tokenizer, CALCULATOR, response_budget="config") as rollout:
         out = rollout([PROMPT], _trainer(limit))
     assert len(out["completion_ids"][0]) == limit
     return {key: value[0] for key, value in out.items()}
@@ -101,7 +102,7 @@ def test_the_rollout_budget_follows_the_trainers_completion_limit(
 ) -> None:
     spans = _spans(scripted_engine, demo_tokenizer)
     limit = spans[0][1] + spans[1][1] + 3  # three tokens into the answer turn
-    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+    with trl_rollout_func(scripted_engine, demo_tokenizer, CALCULATOR) as rollout:
         out = rollout([PROMPT], _trainer(limit))
         (trajectory,) = rollout.last_trajectories
     # toolrollout's own loop stopped at the limit: nothing was generated past it.
@@ -128,7 +129,7 @@ def test_a_sampling_mismatch_is_one_line_naming_both_values(
     named: str,
 ) -> None:
     config = RolloutConfig(sampling=SamplingParams(max_new_tokens=64, **ours))
-    rollout = trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()], config=config)
+    rollout = trl_rollout_func(scripted_engine, demo_tokenizer, CALCULATOR.replace(config=config))
     with rollout, pytest.raises(UserError, match=named) as caught:
         rollout(
             [PROMPT], _trainer(None, **{"temperature": 1.0, "top_p": 1.0, "top_k": 0, **theirs})
@@ -140,7 +141,7 @@ def test_matching_sampling_passes_with_each_sides_way_of_saying_off(
     scripted_engine: ScriptedEngine, demo_tokenizer: Any
 ) -> None:
     config = RolloutConfig(sampling=SamplingParams(max_new_tokens=64, temperature=0.9))
-    rollout = trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()], config=config)
+    rollout = trl_rollout_func(scripted_engine, demo_tokenizer, CALCULATOR.replace(config=config))
     with rollout:  # top_k -1 here, 0 in TRL; min_p 0.0 here, None in TRL: both mean off
         out = rollout([PROMPT], _trainer(None, temperature=0.9, top_p=1.0, top_k=0, min_p=None))
     assert out["status"] == ["completed"]
@@ -155,11 +156,11 @@ def test_mask_truncated_completions_masks_every_truncated_rollout(
     call_len = _spans(scripted_engine, demo_tokenizer)[0][1]
     # The budget ends right after the call turn (its EOS kept): the tool result does not fit.
     trainer = _trainer(call_len + 2, mask_truncated_completions=True)
-    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+    with trl_rollout_func(scripted_engine, demo_tokenizer, CALCULATOR) as rollout:
         out = rollout([PROMPT], trainer)
     assert out["status"] == ["truncated"]
     assert out["completion_ids"][0][-1] == demo_tokenizer.eos_token_id  # TRL would train it
     assert not any(out["env_mask"][0])
-    with trl_rollout_func(scripted_engine, demo_tokenizer, [calculator_tool()]) as rollout:
+    with trl_rollout_func(scripted_engine, demo_tokenizer, CALCULATOR) as rollout:
         out = rollout([PROMPT], _trainer(call_len + 2))
     assert any(out["env_mask"][0])  # without the option, the model tokens are trained

@@ -26,6 +26,7 @@ from tests._processes import free_port, stop, wait_http
 from toolrollout import RolloutConfig, SamplingParams
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.integrations import trl_rollout_func
+from toolrollout.spec import RunSpec
 from toolrollout.tools import calculator_tool
 
 TEMPERATURE = 1.6
@@ -92,7 +93,9 @@ def _train(engine: Any, tokenizer: Any, tmp_path: Path, **adapter: Any) -> list[
         max_turns=2,
         seed=0,
     )
-    rollout = trl_rollout_func(engine, tokenizer, [calculator_tool()], config=config, **adapter)
+    rollout = trl_rollout_func(
+        engine, tokenizer, RunSpec(tools=[calculator_tool()], config=config), **adapter
+    )
     batches: list[dict[str, Any]] = []
 
     def recording(prompts: list[Any], trainer: Any) -> dict[str, Any]:

@@ -9,8 +9,9 @@ multiplied into the loss mask, and every other key is handed to the reward funct
 TRL's ``rollout_func`` is synchronous while toolrollout is async, so the rollouts run on an
 anyio blocking portal (one event-loop thread owned by this object for its whole life). The
 engine and the services the tools need (MCP sessions, a local sandbox or retriever) are
-opened on that loop on first use and closed by :meth:`TRLRolloutFunc.close`. The runner is
-built by :func:`toolrollout.spec.build_runner`, like every other entry point's.
+opened on that loop on first use and closed by :meth:`TRLRolloutFunc.close`. The run is a
+:class:`~toolrollout.spec.RunSpec` (tools, rewards, interactions, vision, config), and its
+runner is built by :func:`toolrollout.spec.build_runner`, like every other entry point's.
 """
 
 from __future__ import annotations
@@ -19,33 +20,23 @@ import contextlib
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from anyio.from_thread import BlockingPortal
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
 from toolrollout.metrics import rollout_metrics
-from toolrollout.rewards import WeightedReward
-from toolrollout.rollout import RolloutConfig, RolloutPrompt, RolloutRunner, Trajectory
-from toolrollout.rollout._defaults import VisionMode
+from toolrollout.rollout import RolloutPrompt, RolloutRunner, Trajectory
 from toolrollout.rollout._runner import as_prompt
 from toolrollout.spec import RunSpec, build_runner, load_parts
-from toolrollout.tools import Tool, ToolExecutor, open_tools
+from toolrollout.tools import open_tools
 
 from ._metrics import cut_extras, trajectory_extras
 from ._portal import engine_at, open_engine_portal
 from ._sampling_check import check_sampling
 from ._weight_sync import SYNC_SECONDS_METRIC, SyncResult, WeightSync, WeightSyncMode
-
-if TYPE_CHECKING:
-    from toolrollout.chat import VisionFormat
-    from toolrollout.interactions import Interaction
-
-Interactions = Mapping[str, "Interaction"] | str | os.PathLike[str] | None
-"""Interactions by name, or the path of a verl-layout interaction config YAML."""
 
 __all__ = ["TRLRolloutFunc", "trl_rollout_func"]
 
@@ -63,27 +54,21 @@ class TRLRolloutFunc:
     the trainer's ``max_completion_length`` are cut to it. Batch metrics
     (``rollout/num_turns/mean``, ``tools/<name>/failure_rate``...) go to the trainer's log.
 
-    ``interactions`` (by name, or an interaction config path) answer the final turns of
-    rows that name one; ``vision`` (a :class:`~toolrollout.chat.VisionFormat`, or
-    ``"auto"`` with ``model`` the model folder) puts tool images into a VL model's context.
-    Use it as a context manager, or call :meth:`close` when training ends.
+    ``spec`` is the run: tools, rewards, interactions, vision and the
+    :class:`~toolrollout.rollout.RolloutConfig` (``spec.config.n`` must be 1); its engine
+    fields are not used, the engine is given. Without ``spec.model`` the tokenizer's folder
+    stands for the model (vision detection). Use it as a context manager, or call
+    :meth:`close` when training ends.
     """
 
     def __init__(
         self,
         engine: Engine,
         tokenizer: Any,
-        tools: Iterable[Tool] | ToolExecutor,
+        spec: RunSpec | None = None,
         *,
-        config: RolloutConfig | None = None,
-        rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
         context_length: int | None = None,
-        interactions: Interactions = None,
-        vision: VisionFormat | VisionMode | None = None,
-        model: str | os.PathLike[str] | None = None,
         log_metrics: bool = True,
-        family: str | None = None,
-        chat_template_kwargs: Mapping[str, Any] | None = None,
         weight_sync: WeightSyncMode = "auto",
         weights_dir: str | os.PathLike[str] | None = None,
         response_budget: ResponseBudget = "trainer",
@@ -92,18 +77,17 @@ class TRLRolloutFunc:
             raise UserError(
                 f"response_budget must be 'trainer' or 'config', got {response_budget!r}"
             )
-        config = _with_family(config or RolloutConfig(), family, chat_template_kwargs)
-        if config.n != 1:
+        spec = RunSpec() if spec is None else spec
+        if spec.config.n != 1:
             raise UserError(
-                "TRL repeats each prompt num_generations times itself; "
-                f"use RolloutConfig(n=1) with trl_rollout_func, got n={config.n}"
+                "TRL repeats each prompt num_generations times itself; use "
+                f"RolloutConfig(n=1) in the RunSpec of trl_rollout_func, got n={spec.config.n}"
             )
-        spec = _spec(tools, config, rewards, interactions, vision, model)
         self._parts = load_parts(spec, tokenizer=tokenizer)
         self._spec, self._context_length = spec, context_length
         self.runner = build_runner(spec, engine, parts=self._parts, context_length=context_length)
         """The runner of ``config``; see :meth:`runner_for` for the one a call uses."""
-        self._runners: dict[int, RolloutRunner] = {config.max_response_tokens: self.runner}
+        self._runners: dict[int, RolloutRunner] = {spec.config.max_response_tokens: self.runner}
         self.response_budget: ResponseBudget = response_budget
         self._checked_trainer: int | None = None
         self.engine = engine
@@ -228,31 +212,19 @@ class TRLRolloutFunc:
 def trl_rollout_func(
     engine: Engine | str,
     tokenizer: Any,
-    tools: Iterable[Tool] | ToolExecutor,
-    *,
-    config: RolloutConfig | None = None,
-    rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward] = (),
-    context_length: int | None = None,
-    interactions: Interactions = None,
-    vision: VisionFormat | VisionMode | None = None,
-    model: str | os.PathLike[str] | None = None,
-    log_metrics: bool = True,
-    family: str | None = None,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-    weight_sync: WeightSyncMode = "auto",
-    weights_dir: str | os.PathLike[str] | None = None,
-    response_budget: ResponseBudget = "trainer",
+    spec: RunSpec | None = None,
+    **options: Any,
 ) -> TRLRolloutFunc:
     """Build the ``rollout_func`` to pass to ``GRPOTrainer(..., rollout_func=...)``.
 
     ``engine`` is an :class:`~toolrollout.Engine` or a server's URL: SGLang (or
-    ``toolrollout serve``, sglang-router) or vLLM, told apart from the server's answers.
-    ``tokenizer`` is the served model's Hugging Face tokenizer; do not also pass
+    ``toolrollout serve``, sglang-router) or vLLM, told apart from the server's answers; a
+    URL's client takes ``spec``'s client options (pool size from ``config.concurrency``,
+    ``engine_api_key``, ``request_timeout``, retries). ``tokenizer`` is the served model's
+    Hugging Face tokenizer; ``spec`` the run (:class:`TRLRolloutFunc`); do not also pass
     ``tools=`` to the trainer (TRL then ignores ``env_mask`` and runs its own tool loop).
-    ``interactions``, ``vision`` and ``model`` are :class:`TRLRolloutFunc`'s. ``family``
-    names the model family when its chat template is not detected
-    (``RolloutConfig.family``); ``chat_template_kwargs`` are template variables such as
-    ``{"enable_thinking": False}``.
+    ``options`` are :class:`TRLRolloutFunc`'s: ``context_length``, ``log_metrics``,
+    ``response_budget``, ``weight_sync`` and ``weights_dir``.
 
     ``weight_sync="auto"`` keeps the run on-policy with no user code: at the start of each
     call whose ``trainer.state.global_step`` differs from the step the engine serves, the
@@ -263,65 +235,10 @@ def trl_rollout_func(
     and the seconds are logged as ``rollout/weight_sync/seconds``. ``"off"`` leaves the
     engine alone (the user syncs another way, e.g. over NCCL).
     """
+    spec = RunSpec() if spec is None else spec
     if isinstance(engine, str):
-        from toolrollout.engines import connection_limits
-
-        concurrency = (config or RolloutConfig()).concurrency
-        engine = engine_at(engine, limits=connection_limits(concurrency))
-    return TRLRolloutFunc(
-        engine,
-        tokenizer,
-        tools,
-        config=config,
-        rewards=rewards,
-        context_length=context_length,
-        interactions=interactions,
-        vision=vision,
-        model=model,
-        log_metrics=log_metrics,
-        family=family,
-        chat_template_kwargs=chat_template_kwargs,
-        weight_sync=weight_sync,
-        weights_dir=weights_dir,
-        response_budget=response_budget,
-    )
-
-
-def _with_family(
-    config: RolloutConfig, family: str | None, template_kwargs: Mapping[str, Any] | None
-) -> RolloutConfig:
-    """``config`` with the adapter's ``family=`` / ``chat_template_kwargs=``, where given."""
-    changes: dict[str, Any] = {}
-    if family is not None:
-        changes["family"] = family
-    if template_kwargs is not None:
-        changes["chat_template_kwargs"] = dict(template_kwargs)
-    return dataclasses.replace(config, **changes) if changes else config
-
-
-def _spec(
-    tools: Iterable[Tool] | ToolExecutor,
-    config: RolloutConfig,
-    rewards: Sequence[Callable[[Trajectory], Any] | WeightedReward],
-    interactions: Interactions,
-    vision: VisionFormat | VisionMode | None,
-    model: str | os.PathLike[str] | None,
-) -> RunSpec:
-    """The run specification of the adapter's arguments."""
-    tool_list = tools.tools.values() if isinstance(tools, ToolExecutor) else tools
-    if isinstance(interactions, str | os.PathLike):
-        path, objects = Path(interactions), None
-    else:
-        path, objects = None, interactions
-    return RunSpec(
-        model=Path(model) if model is not None else None,
-        tools=tuple(tool_list),
-        interaction_config=path,
-        interactions=objects,
-        rewards=tuple(rewards),
-        vision="off" if vision is None else vision,
-        config=config,
-    )
+        engine = engine_at(engine, **spec.client_options())
+    return TRLRolloutFunc(engine, tokenizer, spec, **options)
 
 
 def _as_rollout_prompt(prompt: Any) -> RolloutPrompt:

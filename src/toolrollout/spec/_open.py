@@ -63,7 +63,7 @@ def load_parts(spec: RunSpec, *, tokenizer: Any = None) -> RunParts:
     if tokenizer is None:
         tokenizer = load_tokenizer(spec.model_path)
     if spec.tools is not None:
-        tools = spec.tools
+        tools = tuple(spec.tools)
     elif spec.tool_config is not None:
         tools = tuple(load_tool_config(spec.tool_config))
     else:

@@ -4,7 +4,7 @@ Every entry point (``generate``, ``eval``, ``bench``, the Ray worker, the traine
 fills one :class:`RunSpec` and hands it to :func:`~toolrollout.spec.open_run` or
 :func:`~toolrollout.spec.build_runner`; flag combinations are checked here, in one place,
 so that a CLI run, a Ray shard and a Python caller get the same one-line errors. Messages
-name a field as its command-line flag (``config.tool_parser`` is ``--tool-parser``).
+name the fields (:class:`FieldError`); the CLI shows them as its flags.
 
 It is a frozen dataclass of plain values (paths, numbers, picklable reward functions), so a
 Ray driver can ship it to its workers as it is.
@@ -31,7 +31,17 @@ if TYPE_CHECKING:
 
     Reward = Callable[[Trajectory], Any] | WeightedReward
 
-__all__ = ["RunSpec", "VisionMode", "check_target_groups"]
+__all__ = ["FieldError", "RunSpec", "VisionMode", "check_target_groups"]
+
+
+class FieldError(UserError):
+    """A :class:`RunSpec` field holds a wrong value. ``fields`` are the fields the message
+    names (dotted into ``config``), so an application can show its own names for them: the
+    CLI shows ``config.tool_parser`` as ``--tool-parser``."""
+
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,10 +73,12 @@ class RunSpec:
     """Sent as ``Authorization: Bearer`` to ``engine_urls`` (never in the repr)."""
     model: Path | None = None
     tool_config: Path | None = None
-    tools: tuple[Tool, ...] | None = None
+    tools: Sequence[Tool] | None = None
+    """Tool objects (stored as a tuple); None: ``tool_config``, else the calculator."""
     interaction_config: Path | None = None
     interactions: Mapping[str, Interaction] | None = None
-    rewards: Literal["auto"] | tuple[Reward, ...] = "auto"
+    rewards: Literal["auto"] | Sequence[Reward] = "auto"
+    """Reward terms (stored as a tuple), or ``"auto"``: chosen from the ground truths."""
     tool_error_penalty: float = 0.0
     vision: VisionMode | VisionFormat = "auto"
     config: RolloutConfig = field(default_factory=RolloutConfig)
@@ -98,7 +110,9 @@ class RunSpec:
             set_(self, "tools", tuple(self.tools))
         if self.rewards != "auto":
             if isinstance(self.rewards, str):
-                raise UserError(f"rewards must be 'auto' or a sequence, got {self.rewards!r}")
+                raise FieldError(
+                    f"rewards must be 'auto' or a sequence, got {self.rewards!r}", "rewards"
+                )
             set_(self, "rewards", tuple(self.rewards))
         self._check()
 
@@ -106,43 +120,58 @@ class RunSpec:
         from toolrollout.chat.parsers import tool_parser_names
 
         if any(not isinstance(u, str) or not u.strip() for u in self.engine_urls):
-            raise UserError(f"--engine-url must be a server URL, got {list(self.engine_urls)}")
-        if self.engine not in ("auto", "sglang", "vllm"):
-            raise UserError(f"--engine must be auto, sglang or vllm, got {self.engine!r}")
-        if self.engine != "auto" and not self.engine_urls:
-            raise UserError(f"--engine {self.engine} needs --engine-url (the server to use)")
-        if self.tools is not None and self.tool_config is not None:
-            raise UserError("--tool-config: pass a tool config or Tool objects, not both")
-        if self.interactions is not None and self.interaction_config is not None:
-            raise UserError(
-                "--interaction-config: pass an interaction config or interactions, not both"
+            raise FieldError(
+                f"engine_urls must be server URLs, got {list(self.engine_urls)}", "engine_urls"
             )
-        if not isinstance(self.vision, str):
-            pass  # a VisionFormat
-        elif self.vision not in ("auto", "on", "off"):
-            raise UserError(f"vision must be 'auto', 'on' or 'off', got {self.vision!r}")
+        if self.engine not in ("auto", "sglang", "vllm"):
+            raise FieldError(f"engine must be auto, sglang or vllm, got {self.engine!r}", "engine")
+        if self.engine != "auto" and not self.engine_urls:
+            raise FieldError(
+                f"engine {self.engine} needs engine_urls (the server to use)",
+                "engine",
+                "engine_urls",
+            )
+        if self.tools is not None and self.tool_config is not None:
+            raise FieldError(
+                "tool_config: pass a tool config or Tool objects, not both", "tool_config"
+            )
+        if self.interactions is not None and self.interaction_config is not None:
+            raise FieldError(
+                "interaction_config: pass an interaction config or interactions, not both",
+                "interaction_config",
+            )
+        if isinstance(self.vision, str) and self.vision not in ("auto", "on", "off"):
+            raise FieldError(f"vision must be 'auto', 'on' or 'off', got {self.vision!r}", "vision")
         if not isinstance(self.config, RolloutConfig):
-            raise UserError(f"config must be a RolloutConfig, got {type(self.config).__name__}")
+            raise FieldError(
+                f"config must be a RolloutConfig, got {type(self.config).__name__}", "config"
+            )
         parser = self.config.tool_parser
         if parser is not None and parser not in tool_parser_names():
-            raise UserError(
-                f"unknown --tool-parser {parser!r}; choose from {', '.join(tool_parser_names())}"
+            raise FieldError(
+                f"unknown config.tool_parser {parser!r}; choose from "
+                + ", ".join(tool_parser_names()),
+                "config.tool_parser",
             )
-        _at_least("--tool-error-penalty", self.tool_error_penalty, 0.0)
-        _at_least("--threads", self.threads, 1)
-        _at_least("--health-timeout", self.health_timeout, 0.0)
-        _at_least("--flush-every", self.flush_every, 1)
+        _at_least("tool_error_penalty", self.tool_error_penalty, 0.0)
+        _at_least("threads", self.threads, 1)
+        _at_least("health_timeout", self.health_timeout, 0.0)
+        _at_least("flush_every", self.flush_every, 1)
         if self.request_timeout is not None and not self.request_timeout > 0:
-            raise UserError(f"--request-timeout must be positive, got {self.request_timeout}")
+            raise FieldError(
+                f"request_timeout must be positive, got {self.request_timeout}", "request_timeout"
+            )
         if self.retries is not None:
-            _at_least("--retries", self.retries, 1)
+            _at_least("retries", self.retries, 1)
         if self.retry_budget is not None:
-            _at_least("--retry-budget", self.retry_budget, 0.0)
-        _at_least("--failover-after", self.failover_after, 0)
+            _at_least("retry_budget", self.retry_budget, 0.0)
+        _at_least("failover_after", self.failover_after, 0)
         if self.target_groups is not None:
-            _at_least("--target-groups", self.target_groups, 1)
+            _at_least("target_groups", self.target_groups, 1)
             if self.resume:
-                raise UserError("--resume cannot be combined with --target-groups")
+                raise FieldError(
+                    "resume cannot be combined with target_groups", "resume", "target_groups"
+                )
 
     def replace(self, **changes: Any) -> RunSpec:
         """A copy with ``changes``, checked again."""
@@ -204,8 +233,8 @@ def check_target_groups(target_groups: int, num_prompts: int) -> None:
         )
 
 
-def _at_least(flag: str, value: float, low: float) -> None:
+def _at_least(name: str, value: float, low: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UserError(f"{flag} must be a number, got {value!r}")
+        raise FieldError(f"{name} must be a number, got {value!r}", name)
     if value < low:
-        raise UserError(f"{flag} must be at least {low}, got {value}")
+        raise FieldError(f"{name} must be at least {low}, got {value}", name)

@@ -36,6 +36,7 @@ from toolrollout.chat import ChatFormat
 from toolrollout.chat.families import get_template_family
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
+from toolrollout.spec import RunSpec
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import ToolExecutor, calculator_tool
 
@@ -273,9 +274,10 @@ def test_trl_adapter_with_family(case: Case) -> None:
     rollout = trl_rollout_func(
         engine,
         tokenizer,
-        [calculator_tool()],
-        family=case.family,
-        chat_template_kwargs=case.template_kwargs,
+        RunSpec(
+            tools=[calculator_tool()],
+            config=RolloutConfig(family=case.family, chat_template_kwargs=case.template_kwargs),
+        ),
     )
     with rollout:
         out = rollout([case.prompt], trainer)

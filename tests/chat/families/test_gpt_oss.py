@@ -21,6 +21,7 @@ from toolrollout.chat.families._gpt_oss import harmony_history
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.interactions import GraderInteraction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
+from toolrollout.spec import RunSpec
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import Tool, function_tool
 
@@ -270,7 +271,9 @@ def test_trl_rollout_func_with_family(harmony: PreTrainedTokenizerBase) -> None:
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
     engine = scripted(harmony, TURNS[0], analysis("Done.") + final("5"))
-    with trl_rollout_func(engine, harmony, TOOLS, family="gpt_oss") as rollout:
+    with trl_rollout_func(
+        engine, harmony, RunSpec(tools=TOOLS, config=RolloutConfig(family="gpt_oss"))
+    ) as rollout:
         out = rollout([QUESTION], trainer)
         [trajectory] = rollout.last_trajectories
     assert rollout.runner.chat.family.name == "gpt_oss"

@@ -23,6 +23,7 @@ from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.interactions import Interaction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
+from toolrollout.spec import RunSpec
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import Tool, function_tool
 
@@ -275,7 +276,9 @@ def test_trl_adapter_detects_the_family(llama: PreTrainedTokenizerBase) -> None:
         [list(llama.encode(t, add_special_tokens=False)) for t in (CALL_ADD, "5.<|eot_id|>")]
     )
     prompt = [{"role": "user", "content": "What is 2 + 3?"}]
-    with trl_rollout_func(engine, llama, TOOLS, chat_template_kwargs=DATE) as rollout:
+    with trl_rollout_func(
+        engine, llama, RunSpec(tools=TOOLS, config=RolloutConfig(chat_template_kwargs=DATE))
+    ) as rollout:
         out = rollout([prompt])
         [trajectory] = rollout.last_trajectories
     assert rollout.runner.chat.family.name == "llama3"

@@ -24,6 +24,7 @@ from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.integrations import trl_rollout_func
 from toolrollout.interactions import Interaction
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory, TrajectoryStatus
+from toolrollout.spec import RunSpec
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import Tool, function_tool
 
@@ -358,7 +359,9 @@ def test_trl_adapter_with_the_family_named(mistral: tuple[str, PreTrainedTokeniz
     texts = [parallel(template, ids=True), "5; sunny.</s>"]
     engine = ScriptedEngine([list(tokenizer.encode(t, add_special_tokens=False)) for t in texts])
     prompt = [{"role": "user", "content": "What is 2 + 3? And the weather in Paris?"}]
-    with trl_rollout_func(engine, tokenizer, TOOLS, family="mistral") as rollout:
+    with trl_rollout_func(
+        engine, tokenizer, RunSpec(tools=TOOLS, config=RolloutConfig(family="mistral"))
+    ) as rollout:
         out = rollout([prompt])
         [trajectory] = rollout.last_trajectories
     assert rollout.runner.chat.family.name == "mistral"

@@ -33,7 +33,8 @@ from typer.testing import CliRunner
 from toolrollout.chat import ChatFormat, VisionFormat
 from toolrollout.chat.families import get_template_family
 from toolrollout.integrations import trl_rollout_func
-from toolrollout.rollout import TrajectoryStatus
+from toolrollout.rollout import RolloutConfig, TrajectoryStatus
+from toolrollout.spec import RunSpec
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
 
@@ -41,6 +42,8 @@ PROMPT = [
     {"role": "system", "content": "You are a careful assistant."},
     {"role": "user", "content": "Show me the sky in Paris, the weather there, and 2 + 3."},
 ]
+
+CALCULATOR = RunSpec(tools=[calculator_tool()])
 
 
 def hermes(name: str, **arguments: object) -> str:
@@ -193,7 +196,11 @@ def test_generate_cli_and_trl_adapter(tokenizer: PreTrainedTokenizerBase, tmp_pa
         model=SimpleNamespace(training=True),
         _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
     )
-    rollout = trl_rollout_func(engine, tokenizer, [calculator_tool()], family="qwen25_vl")
+    rollout = trl_rollout_func(
+        engine,
+        tokenizer,
+        RunSpec(tools=[calculator_tool()], config=RolloutConfig(family="qwen25_vl")),
+    )
     with rollout:
         batch = rollout([CALCULATOR_PROMPT], trainer)
         [trajectory] = rollout.last_trajectories

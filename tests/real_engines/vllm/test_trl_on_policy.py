@@ -36,6 +36,7 @@ from toolrollout import RolloutConfig, SamplingParams
 from toolrollout.apps.demo import load_demo_prompts
 from toolrollout.engines._factory import connect
 from toolrollout.integrations import trl_rollout_func
+from toolrollout.spec import RunSpec
 from toolrollout.tools import calculator_tool
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -74,7 +75,7 @@ def test_each_rollout_batch_is_sampled_by_the_trainers_current_weights(
         sampling=SamplingParams(max_new_tokens=24, temperature=TEMPERATURE), max_turns=2, seed=0
     )
     rollout = trl_rollout_func(
-        untied_server.url, tokenizer, [calculator_tool()], config=config,
+        untied_server.url, tokenizer, RunSpec(tools=[calculator_tool()], config=config),
         weights_dir=tmp_path / "weights",
     )  # fmt: skip
     assert type(rollout.engine).__name__ == "VLLMClient"  # found from the URL alone

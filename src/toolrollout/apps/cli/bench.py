@@ -8,129 +8,70 @@ report as JSON and (with matplotlib) as a plot. User mistakes exit with one line
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import typer
 
-from toolrollout.apps.cli._common import EngineKindOption, fail, require_extra
+from toolrollout.apps.cli._common import fail, require_extra
+from toolrollout.apps.cli._options import RUN, command, opt
 
-__all__ = ["bench", "register"]
+__all__ = ["OPTIONS", "bench", "register"]
+
+# fmt: off
+OPTIONS = [
+    opt("prompts", int, 64, "Distinct prompts.", min=1),
+    RUN["n"].but(type=int, default=16, help="Samples per prompt."),
+    opt("min_turns", int, 2, "Fewest model turns.", min=1),
+    RUN["max_turns"].but(default=6, help="Most model turns."),
+    opt("tokens_per_turn", int, 256, "Tokens per model turn.", min=1),
+    opt("capacity", int, 256, "Continuous-batching slots per server.", min=1),
+    opt("decode_ms", float, 20.0, "Decode ms per token, per batching slot.", min=0.0),
+    opt("prefill_us", float, 20.0, "Prefill microseconds per uncached prompt token.", min=0.0),
+    opt("tool_latency", str, "lognormal", "fixed or lognormal."),
+    opt("tool_median", float, 1.0, "Median tool seconds.", min=0.0),
+    opt("tool_sigma", float, 1.0, "Lognormal sigma.", min=0.0),
+    opt("mode", list[str] | None, None, "toolrollout, oversample, lockstep, verifiers, httpx, "
+        "aiohttp (repeatable); toolrollout:POLICY[+POLICY] runs toolrollout "
+        "(oversample:POLICY the oversample mode) with scheduling policies (priority, history, "
+        "admission, affinity, lag, oldest). Default: toolrollout, lockstep, httpx, aiohttp, "
+        "and verifiers when it is installed.", "--mode"),
+    opt("servers", int, 1, "Latency-model servers.", min=1),
+    RUN["concurrency"].but(default=4096, help="Requests each mode may have in flight: "
+        "toolrollout's concurrency and every mode's connection pool."),
+    opt("batch_fraction", float, 0.875, "oversample mode: the batch target, a share of "
+        "trajectories.", min=0.0, max=1.0),
+    opt("drift_check", bool, True, "Run toolrollout with its per-turn drift check."),
+    opt("micro_turns", int, 64, "Turn N of the tokenization timing (0 skips it).", min=0),
+    RUN["seed"].but(type=int, default=0, help="Workload and tool-latency seed."),
+    opt("enable_priority_scheduling", bool, False, "Start the servers with SGLang's "
+        "--enable-priority-scheduling (modes toolrollout:priority and toolrollout:history "
+        "send priorities only then).", "--enable-priority-scheduling"),
+    opt("turn_spread", int, -1, "-1: every sample draws its turns on its own; N >= 0: each "
+        "prompt has a typical length of its own and its samples run within N turns of it.",
+        min=-1),
+    opt("grouped", bool, False, "The n samples of a prompt share one prompt, as a GRPO "
+        "trainer's do: toolrollout runs prompts x n samples and oversample's target counts "
+        "whole groups. Not for the bare POST modes.", "--grouped"),
+    opt("previous_steps", int, 0, "Training steps each toolrollout mode runs first with the "
+        "same runner (the history policy learns from them); the step after them is measured.",
+        min=0),
+    opt("engine_url", str | None, None, "A real SGLang or vLLM server instead of the latency "
+        "model: its model answers the demo's calculator prompts (modes toolrollout, lockstep, "
+        "verifiers, bound; --tokens-per-turn caps each turn, the --tool-* options shape the "
+        "calculator's latency). docs/benchmarks.md#real-engines.", "--engine-url"),
+    RUN["engine"],
+    opt("rounds", int, 1, "With --engine-url: every mode this many times, interleaved; the "
+        "ratios are the medians of each round's.", min=1),
+    RUN["model"].but(help="With --engine-url: the served model's tokenizer folder (the "
+        "demo's)."),
+    opt("json_out", Path, Path("bench.json"), "Where to write the JSON report.", "--json"),
+    opt("plot", Path | None, None, "Where to save the plot (needs matplotlib)."),
+]
+"""The options of ``bench``: the run options it shares (:data:`~._options.RUN`) and its own."""
+# fmt: on
 
 
-def bench(
-    prompts: Annotated[int, typer.Option(min=1, help="Distinct prompts.")] = 64,
-    n: Annotated[int, typer.Option("--n", min=1, help="Samples per prompt.")] = 16,
-    min_turns: Annotated[int, typer.Option(min=1, help="Fewest model turns.")] = 2,
-    max_turns: Annotated[int, typer.Option(min=1, help="Most model turns.")] = 6,
-    tokens_per_turn: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 256,
-    capacity: Annotated[
-        int, typer.Option(min=1, help="Continuous-batching slots per server.")
-    ] = 256,
-    decode_ms: Annotated[
-        float, typer.Option(min=0.0, help="Decode ms per token, per batching slot.")
-    ] = 20.0,
-    prefill_us: Annotated[
-        float, typer.Option(min=0.0, help="Prefill microseconds per uncached prompt token.")
-    ] = 20.0,
-    tool_latency: Annotated[str, typer.Option(help="fixed or lognormal.")] = "lognormal",
-    tool_median: Annotated[float, typer.Option(min=0.0, help="Median tool seconds.")] = 1.0,
-    tool_sigma: Annotated[float, typer.Option(min=0.0, help="Lognormal sigma.")] = 1.0,
-    mode: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--mode",
-            help="toolrollout, oversample, lockstep, verifiers, httpx, aiohttp (repeatable); "
-            "toolrollout:POLICY[+POLICY] runs toolrollout (oversample:POLICY the oversample "
-            "mode) with scheduling policies (priority, history, admission, affinity, lag, "
-            "oldest). Default: toolrollout, lockstep, httpx, aiohttp, "
-            "and verifiers when it is installed.",
-        ),
-    ] = None,
-    servers: Annotated[int, typer.Option(min=1, help="Latency-model servers.")] = 1,
-    concurrency: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Requests each mode may have in flight: toolrollout's concurrency and every "
-            "mode's connection pool.",
-        ),
-    ] = 4096,
-    batch_fraction: Annotated[
-        float,
-        typer.Option(
-            min=0.0, max=1.0, help="oversample mode: the batch target, a share of trajectories."
-        ),
-    ] = 0.875,
-    drift_check: Annotated[
-        bool, typer.Option(help="Run toolrollout with its per-turn drift check.")
-    ] = True,
-    micro_turns: Annotated[
-        int, typer.Option(min=0, help="Turn N of the tokenization timing (0 skips it).")
-    ] = 64,
-    seed: Annotated[int, typer.Option(help="Workload and tool-latency seed.")] = 0,
-    enable_priority_scheduling: Annotated[
-        bool,
-        typer.Option(
-            "--enable-priority-scheduling",
-            help="Start the servers with SGLang's --enable-priority-scheduling (modes "
-            "toolrollout:priority and toolrollout:history send priorities only then).",
-        ),
-    ] = False,
-    turn_spread: Annotated[
-        int,
-        typer.Option(
-            min=-1,
-            help="-1: every sample draws its turns on its own; N >= 0: each prompt has a "
-            "typical length of its own and its samples run within N turns of it.",
-        ),
-    ] = -1,
-    grouped: Annotated[
-        bool,
-        typer.Option(
-            "--grouped",
-            help="The n samples of a prompt share one prompt, as a GRPO trainer's do: "
-            "toolrollout runs prompts x n samples and oversample's target counts whole "
-            "groups. Not for the bare POST modes.",
-        ),
-    ] = False,
-    previous_steps: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="Training steps each toolrollout mode runs first with the same runner (the "
-            "history policy learns from them); the step after them is measured.",
-        ),
-    ] = 0,
-    engine_url: Annotated[
-        str | None,
-        typer.Option(
-            "--engine-url",
-            help="A real SGLang or vLLM server instead of the latency model: its model answers "
-            "the demo's calculator prompts (modes toolrollout, lockstep, verifiers, bound; "
-            "--tokens-per-turn caps each turn, the --tool-* options shape the calculator's "
-            "latency). docs/benchmarks.md#real-engines.",
-        ),
-    ] = None,
-    engine: EngineKindOption = "auto",
-    rounds: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="With --engine-url: every mode this many times, interleaved; the ratios are "
-            "the medians of each round's.",
-        ),
-    ] = 1,
-    model: Annotated[
-        Path | None,
-        typer.Option(help="With --engine-url: the served model's tokenizer folder (the demo's)."),
-    ] = None,
-    json_out: Annotated[
-        Path, typer.Option("--json", help="Where to write the JSON report.")
-    ] = Path("bench.json"),
-    plot: Annotated[
-        Path | None, typer.Option(help="Where to save the plot (needs matplotlib).")
-    ] = None,
-) -> None:
+def bench(flags: Any) -> None:
     """Benchmark rollout orchestration against lock-step and peer baselines.
 
     The defaults are the published 1,024-trajectory workload (docs/benchmarks.md): a
@@ -155,64 +96,54 @@ def bench(
         write_json,
     )
 
-    if engine_url is not None:
-        _real(engine_url, engine, model, prompts, n, max_turns, tokens_per_turn, tool_median,
-              tool_sigma, seed, concurrency, mode, json_out, plot, rounds)  # fmt: skip
+    if flags.engine_url is not None:
+        _real(flags)
         return
-    if min_turns > max_turns:
-        raise fail(f"--min-turns {min_turns} is above --max-turns {max_turns}")
-    modes = tuple(mode) if mode else default_modes(grouped=grouped)
+    if flags.min_turns > flags.max_turns:
+        raise fail(f"--min-turns {flags.min_turns} is above --max-turns {flags.max_turns}")
+    modes = tuple(flags.mode) if flags.mode else default_modes(grouped=flags.grouped)
     console = Console(stderr=True)
+    seed = flags.seed
     try:
         config = BenchConfig(
             workload=Workload(
-                prompts,
-                n,
-                min_turns,
-                max_turns,
-                tokens_per_turn,
+                flags.prompts,
+                flags.n,
+                flags.min_turns,
+                flags.max_turns,
+                flags.tokens_per_turn,
                 seed,
-                turn_spread=turn_spread,
-                grouped=grouped,
+                turn_spread=flags.turn_spread,
+                grouped=flags.grouped,
             ),
-            model=LatencyModel(capacity, prefill_us / 1e6, decode_ms / 1e3),
-            tool_latency=ToolLatency(tool_latency, tool_median, tool_sigma, seed=seed),  # type: ignore[arg-type]
+            model=LatencyModel(flags.capacity, flags.prefill_us / 1e6, flags.decode_ms / 1e3),
+            tool_latency=ToolLatency(
+                flags.tool_latency, flags.tool_median, flags.tool_sigma, seed=seed
+            ),
             modes=modes,
-            servers=servers,
-            concurrency=concurrency,
-            drift_check=drift_check,
-            batch_fraction=batch_fraction,
-            micro_turns=micro_turns,
-            scheduling=ServerScheduling(enabled=enable_priority_scheduling),
-            previous_steps=previous_steps,
+            servers=flags.servers,
+            concurrency=flags.concurrency,
+            drift_check=flags.drift_check,
+            batch_fraction=flags.batch_fraction,
+            micro_turns=flags.micro_turns,
+            scheduling=ServerScheduling(enabled=flags.enable_priority_scheduling),
+            previous_steps=flags.previous_steps,
         )
         report = run_benchmark(config, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
         render_table(report, Console(width=None if sys.stdout.isatty() else 160))
-        write_json(report, json_out)
-        if plot is not None:
-            plot_report(report, plot)
+        write_json(report, flags.json_out)
+        if flags.plot is not None:
+            plot_report(report, flags.plot)
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
-    typer.echo(f"wrote {json_out}" + (f" and {plot}" if plot is not None else ""))
+    _wrote(flags)
 
 
-def _real(
-    engine_url: str,
-    engine: str,
-    model: Path | None,
-    prompts: int,
-    n: int,
-    max_turns: int,
-    tokens_per_turn: int,
-    tool_median: float,
-    tool_sigma: float,
-    seed: int,
-    concurrency: int,
-    mode: list[str] | None,
-    json_out: Path,
-    plot: Path | None,
-    rounds: int,
-) -> None:
+def _wrote(flags: Any) -> None:
+    typer.echo(f"wrote {flags.json_out}" + (f" and {flags.plot}" if flags.plot is not None else ""))
+
+
+def _real(flags: Any) -> None:
     """The comparison on a real server (toolrollout.apps.bench._real)."""
     import json
 
@@ -229,38 +160,38 @@ def _real(
 
     console = Console(stderr=True)
     config = RealBenchConfig(
-        engine_url=engine_url.rstrip("/"),
-        model=str(model or DEMO_MODEL_PATH),
-        prompts=prompts,
-        n=n,
-        max_turns=max_turns,
-        max_new_tokens=tokens_per_turn,
+        engine_url=flags.engine_url.rstrip("/"),
+        model=str(flags.model or DEMO_MODEL_PATH),
+        prompts=flags.prompts,
+        n=flags.n,
+        max_turns=flags.max_turns,
+        max_new_tokens=flags.tokens_per_turn,
         temperature=1.0,
-        tool_median=tool_median,
-        tool_sigma=tool_sigma,
-        seed=seed,
-        concurrency=concurrency,
-        turns_file=str(json_out.with_suffix(".turns.json")),
-        engine=engine,
+        tool_median=flags.tool_median,
+        tool_sigma=flags.tool_sigma,
+        seed=flags.seed,
+        concurrency=flags.concurrency,
+        turns_file=str(flags.json_out.with_suffix(".turns.json")),
+        engine=flags.engine,
     )
     try:
         report = run_real_benchmark(
             config,
-            tuple(mode or REAL_MODES),
+            tuple(flags.mode or REAL_MODES),
             progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
-            rounds=rounds,
+            rounds=flags.rounds,
         )
     except ToolRolloutError as exc:
         raise fail(str(exc)) from None
-    json_out.write_text(json.dumps(report, indent=2) + "\n")
-    if plot is not None:
-        plot_real(report, plot)
+    flags.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    if flags.plot is not None:
+        plot_real(report, flags.plot)
     for mode_name, result in report["results"].items():
         typer.echo(f"{mode_name}: {json.dumps(result)}")
     typer.echo(f"ratios: {json.dumps(report['ratios'])}")
-    typer.echo(f"wrote {json_out}" + (f" and {plot}" if plot is not None else ""))
+    _wrote(flags)
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``bench`` command to the ``toolrollout`` app."""
-    app.command("bench")(bench)
+    command(app, "bench", OPTIONS, bench)

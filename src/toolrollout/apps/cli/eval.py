@@ -12,30 +12,17 @@ from __future__ import annotations
 import math
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from toolrollout.apps.cli._common import (
-    ChatTemplateKwargsOption,
-    EngineApiKeyOption,
-    EngineKindOption,
-    EngineUrlsOption,
-    FailoverAfterOption,
-    FamilyOption,
-    ModelOption,
-    RequestTimeoutOption,
-    RetriesOption,
-    RetryBudgetOption,
-    fail,
-    parse_template_kwargs,
-    require_extra,
-)
+from toolrollout.apps.cli._common import fail, require_extra
+from toolrollout.apps.cli._options import RUN, command, opt, pick, spec_from, user_message
 
 if TYPE_CHECKING:
     from toolrollout.apps.eval._summary import Comparison, EvalSummary
 
-__all__ = ["Baseline", "ReportTo", "eval_command", "register"]
+__all__ = ["OPTIONS", "Baseline", "ReportTo", "eval_command", "register"]
 
 
 class Baseline(StrEnum):
@@ -53,168 +40,94 @@ class ReportTo(StrEnum):
     WANDB = "wandb"
 
 
-def eval_command(
-    engine_url: EngineUrlsOption = None,
-    engine: EngineKindOption = "auto",
-    engine_api_key: EngineApiKeyOption = None,
-    model: ModelOption = None,
-    dataset: Annotated[
-        Path | None,
-        typer.Option(help="Held-out prompts (.jsonl or .parquet; verl RL layout accepted)."),
-    ] = None,
-    tool_config: Annotated[
-        Path | None, typer.Option(help="verl-layout tool config YAML. Default: calculator.")
-    ] = None,
-    n: Annotated[
-        int, typer.Option("--n", min=1, help="Samples per prompt; pass@k for k up to n.")
-    ] = 1,
-    greedy: Annotated[
-        bool | None,
-        typer.Option(
-            "--greedy/--sampled",
-            help="Greedy decoding, or sampling at --temperature. Default: greedy when --n "
-            "is 1, sampled otherwise.",
-        ),
-    ] = None,
-    temperature: Annotated[float, typer.Option(min=0.0, help="With --sampled.")] = 1.0,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0, help="With --sampled.")] = 1.0,
-    baseline: Annotated[
-        Baseline,
-        typer.Option(help="single-turn: also run the prompts with no tools and one turn."),
-    ] = Baseline.NONE,
-    report_to: Annotated[ReportTo, typer.Option(help="Experiment tracker.")] = ReportTo.NONE,
-    tracking_uri: Annotated[
-        str | None,
-        typer.Option(
-            help="MLflow tracking URI or directory (default: <out-dir>/mlruns), or the W&B "
-            "run directory (default: <out-dir>)."
-        ),
-    ] = None,
-    experiment: Annotated[
-        str, typer.Option(help="MLflow experiment / W&B project name.")
-    ] = "toolrollout-eval",
-    run_name: Annotated[str | None, typer.Option(help="Name of the tracked run.")] = None,
-    compare: Annotated[
-        tuple[Path, Path] | None,
-        typer.Option(
-            help="Compare two trajectory files (before, after) instead of running a model.",
-        ),
-    ] = None,
-    out_dir: Annotated[
-        Path, typer.Option(help="Where trajectories, report.md and figures go.")
-    ] = Path("eval"),
-    success_threshold: Annotated[
-        float, typer.Option(help="A sample is correct when its reward is at least this.")
-    ] = 0.5,
-    max_turns: Annotated[int, typer.Option(min=1, help="Assistant turns per trajectory.")] = 4,
-    max_new_tokens: Annotated[int, typer.Option(min=1, help="Tokens per model turn.")] = 128,
-    max_response_tokens: Annotated[
-        int, typer.Option(min=1, help="Budget over all response tokens.")
-    ] = 1024,
-    concurrency: Annotated[int, typer.Option(min=1, help="In-flight engine requests.")] = 64,
-    seed: Annotated[int, typer.Option(help="Sampling and bootstrap seed.")] = 0,
-    limit: Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")] = None,
-    tool_parser: Annotated[
-        str | None,
-        typer.Option(help="Tool-call format of the model. Default: its model family's."),
-    ] = None,
-    family: FamilyOption = None,
-    chat_template_kwargs: ChatTemplateKwargsOption = None,
-    health_timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
-    ] = 120.0,
-    threads: Annotated[
-        int, typer.Option(min=1, help="Torch threads of the embedded engine (1 suits tiny models).")
-    ] = 1,
-    request_timeout: RequestTimeoutOption = 600.0,
-    retries: RetriesOption = 30,
-    retry_budget: RetryBudgetOption = 60.0,
-    failover_after: FailoverAfterOption = 3,
-) -> None:
+_SAMPLED = "With --sampled."
+# fmt: off
+OPTIONS = [
+    *pick(RUN, "engine_url", "engine", "engine_api_key", "model"),
+    RUN["dataset"].but(help="Held-out prompts (.jsonl or .parquet; verl RL layout accepted)."),
+    RUN["tool_config"],
+    RUN["n"].but(type=int, default=1, help="Samples per prompt; pass@k for k up to n."),
+    opt("greedy", bool | None, None, "Greedy decoding, or sampling at --temperature. Default: "
+        "greedy when --n is 1, sampled otherwise.", "--greedy/--sampled"),
+    RUN["temperature"].but(help=_SAMPLED),
+    RUN["top_p"].but(help=_SAMPLED),
+    opt("baseline", Baseline, Baseline.NONE, "single-turn: also run the prompts with no tools "
+        "and one turn."),
+    opt("report_to", ReportTo, ReportTo.NONE, "Experiment tracker."),
+    opt("tracking_uri", str | None, None, "MLflow tracking URI or directory (default: "
+        "<out-dir>/mlruns), or the W&B run directory (default: <out-dir>)."),
+    opt("experiment", str, "toolrollout-eval", "MLflow experiment / W&B project name."),
+    opt("run_name", str | None, None, "Name of the tracked run."),
+    opt("compare", tuple[Path, Path] | None, None, "Compare two trajectory files (before, "
+        "after) instead of running a model."),
+    opt("out_dir", Path, Path("eval"), "Where trajectories, report.md and figures go."),
+    opt("success_threshold", float, 0.5, "A sample is correct when its reward is at least "
+        "this."),
+    *pick(RUN, "max_turns", "max_new_tokens", "max_response_tokens", "concurrency"),
+    RUN["seed"].but(type=int, default=0, help="Sampling and bootstrap seed."),
+    *pick(RUN, "limit", "tool_parser", "family", "chat_template_kwargs", "health_timeout",
+          "threads", "request_timeout", "retries", "retry_budget", "failover_after"),
+]
+"""The options of ``eval``: the run options of :data:`~._options.RUN` and its own."""
+# fmt: on
+
+
+def eval_command(flags: Any) -> None:
     """Evaluate: accuracy, pass@k, tool use, turns, latency; report with plots; tracking."""
     require_extra("eval", "toolrollout eval")
     from toolrollout._exceptions import ToolRolloutError
+    from toolrollout.apps.eval._report import write_report
 
+    out_dir: Path = flags.out_dir
     comparison: Comparison | None
     try:
-        if compare is not None:
-            if baseline is not Baseline.NONE:
+        if flags.compare is not None:
+            if flags.baseline is not Baseline.NONE:
                 raise fail("--compare evaluates two existing files; it runs no --baseline")
-            runs, comparison, config, artifacts = _compare_files(
-                compare, out_dir=out_dir, success_threshold=success_threshold, seed=seed
-            )
+            runs, comparison, config, artifacts = _compare_files(flags)
         else:
-            if greedy is None:
-                greedy = n == 1
-            if greedy and n > 1:
-                raise fail("--greedy with --n > 1 repeats one answer; use --sampled for pass@k")
-            config = {
-                "model": str(model) if model else "demo",
-                "dataset": str(dataset) if dataset else "demo",
-                "tool_config": str(tool_config) if tool_config else "calculator",
-                "engine": ",".join(engine_url) if engine_url else "embedded",
-                "n": n,
-                "decoding": "greedy" if greedy else "sampled",
-                "temperature": 0.0 if greedy else temperature,
-                "top_p": 1.0 if greedy else top_p,
-                "max_turns": max_turns,
-                "max_new_tokens": max_new_tokens,
-                "max_response_tokens": max_response_tokens,
-                "seed": seed,
-                "limit": limit,
-                "tool_parser": tool_parser,
-                "family": family,
-                "chat_template_kwargs": parse_template_kwargs(chat_template_kwargs),
-                "baseline": str(baseline),
-                "success_threshold": success_threshold,
-            }
-            runs, comparison, artifacts = _run_model(
-                engine_urls=engine_url or [],
-                engine=engine,
-                engine_api_key=engine_api_key or None,
-                model=model,
-                dataset=dataset,
-                tool_config=tool_config,
-                config=config,
-                concurrency=concurrency,
-                health_timeout=health_timeout,
-                threads=threads,
-                out_dir=out_dir,
-                client=_ClientFlags(request_timeout, retries, retry_budget, failover_after),
-            )
-        from toolrollout.apps.eval._report import write_report
-
+            config = _config(flags)
+            runs, comparison, artifacts = _run_model(flags, config)
         report = write_report(out_dir, runs, comparison=comparison)
         _print_table(runs, comparison)
         typer.echo(f"report: {report}")
         artifacts += [report, *(report.parent / f for f in _figures()), out_dir / "metrics.json"]
-        if report_to is not ReportTo.NONE:
-            tracked = _track(
-                report_to,
-                runs,
-                comparison,
-                config=config,
-                artifacts=artifacts,
-                tracking_uri=tracking_uri,
-                out_dir=out_dir,
-                experiment=experiment,
-                run_name=run_name,
-                compare_mode=compare is not None,
-            )
+        if flags.report_to is not ReportTo.NONE:
+            tracked = _track(flags, runs, comparison, config=config, artifacts=artifacts)
             typer.echo(f"{tracked.backend} run {tracked.run_id} at {tracked.location}")
     except ToolRolloutError as exc:
-        raise fail(str(exc)) from None
+        raise fail(user_message(exc, OPTIONS)) from None
     except OSError as exc:
         raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
 
 
-class _ClientFlags(NamedTuple):
-    """The engine client's flags, as `generate` has them (one RunSpec builds both)."""
+def _config(flags: Any) -> dict[str, Any]:
+    """What the run is, as the report and the tracker record it."""
+    from toolrollout.apps.cli._common import parse_template_kwargs
 
-    request_timeout: float
-    retries: int
-    retry_budget: float
-    failover_after: int
+    greedy = flags.n == 1 if flags.greedy is None else flags.greedy
+    if greedy and flags.n > 1:
+        raise fail("--greedy with --n > 1 repeats one answer; use --sampled for pass@k")
+    return {
+        "model": str(flags.model) if flags.model else "demo",
+        "dataset": str(flags.dataset) if flags.dataset else "demo",
+        "tool_config": str(flags.tool_config) if flags.tool_config else "calculator",
+        "engine": ",".join(flags.engine_url) if flags.engine_url else "embedded",
+        "n": flags.n,
+        "decoding": "greedy" if greedy else "sampled",
+        "temperature": 0.0 if greedy else flags.temperature,
+        "top_p": 1.0 if greedy else flags.top_p,
+        "max_turns": flags.max_turns,
+        "max_new_tokens": flags.max_new_tokens,
+        "max_response_tokens": flags.max_response_tokens,
+        "seed": flags.seed,
+        "limit": flags.limit,
+        "tool_parser": flags.tool_parser,
+        "family": flags.family,
+        "chat_template_kwargs": parse_template_kwargs(flags.chat_template_kwargs),
+        "baseline": str(flags.baseline),
+        "success_threshold": flags.success_threshold,
+    }
 
 
 def _figures() -> tuple[str, ...]:
@@ -223,13 +136,13 @@ def _figures() -> tuple[str, ...]:
     return FIGURES
 
 
-def _compare_files(
-    paths: tuple[Path, Path], *, out_dir: Path, success_threshold: float, seed: int
-) -> tuple[list[EvalSummary], Comparison, dict[str, Any], list[Path]]:
+def _compare_files(flags: Any) -> tuple[list[EvalSummary], Comparison, dict[str, Any], list[Path]]:
     from toolrollout._exceptions import UserError
     from toolrollout.apps.eval import compare, summarize
     from toolrollout.rollout import read_rows
 
+    paths: tuple[Path, Path] = flags.compare
+    success_threshold, seed = flags.success_threshold, flags.seed
     before, after = paths
     labels = [before.stem, after.stem]
     if labels[0] == labels[1]:
@@ -256,101 +169,34 @@ def _compare_files(
 
 
 def _run_model(
-    *,
-    engine_urls: list[str],
-    engine: str,
-    engine_api_key: str | None,
-    model: Path | None,
-    dataset: Path | None,
-    tool_config: Path | None,
-    config: dict[str, Any],
-    concurrency: int,
-    health_timeout: float,
-    threads: int,
-    out_dir: Path,
-    client: _ClientFlags,
+    flags: Any, config: dict[str, Any]
 ) -> tuple[list[EvalSummary], Comparison | None, list[Path]]:
     import anyio
 
     from toolrollout._exceptions import UserError
-    from toolrollout.apps.demo import DEMO_MODEL_PATH, demo_prompts_for_tools
+    from toolrollout.apps.demo import demo_prompts_for_tools
     from toolrollout.apps.eval import compare, summarize
-    from toolrollout.apps.eval._baseline import single_turn_runner
     from toolrollout.data import load_prompts
-    from toolrollout.engines import SamplingParams
-    from toolrollout.rollout import RolloutConfig, Trajectory, TrajectoryWriter
-    from toolrollout.spec import RunSpec, load_parts, open_run
+    from toolrollout.spec import load_parts
 
-    from ._progress import RolloutProgress
-
-    rollout_config = RolloutConfig(
-        sampling=SamplingParams(
-            max_new_tokens=config["max_new_tokens"],
-            temperature=config["temperature"],
-            top_p=config["top_p"],
-        ),
-        n=config["n"],
-        max_turns=config["max_turns"],
-        max_response_tokens=config["max_response_tokens"],
-        concurrency=concurrency,
-        seed=config["seed"],
-        tool_parser=config["tool_parser"],
-        family=config.get("family"),
-        chat_template_kwargs=config.get("chat_template_kwargs") or {},
-    )
-    spec = RunSpec(
-        engine_urls=tuple(engine_urls),
-        engine=engine,  # type: ignore[arg-type]  # RunSpec checks it
-        engine_api_key=engine_api_key,
-        model=model or DEMO_MODEL_PATH,
-        tool_config=tool_config,
-        config=rollout_config,
-        threads=threads,
-        health_timeout=health_timeout,
-        request_timeout=client.request_timeout,
-        retries=client.retries,
-        retry_budget=client.retry_budget,
-        failover_after=client.failover_after,
-    )
+    sampling = {"temperature": config["temperature"], "top_p": config["top_p"]}
+    spec = spec_from(flags, OPTIONS, {f"config.sampling.{k}": v for k, v in sampling.items()})
     parts = load_parts(spec)
     # Without --dataset, the demo prompt set that suits the tools (as `generate` picks it).
-    prompts_path = dataset or demo_prompts_for_tools(parts.tool_names)
-    prompts = load_prompts(prompts_path, limit=config["limit"])
+    prompts = load_prompts(
+        flags.dataset or demo_prompts_for_tools(parts.tool_names), limit=flags.limit
+    )
     truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
     if not truths:
         raise UserError("eval needs a ground truth per prompt ('answer' or 'ground_truth')")
     spec = spec.replace(rewards=spec.rewards_for(truths))
+    out_dir: Path = flags.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     arms = [("tools", out_dir / "trajectories.parquet")]
-    if config["baseline"] == Baseline.SINGLE_TURN:
+    if flags.baseline == Baseline.SINGLE_TURN:
         arms.insert(0, ("single-turn", out_dir / "single_turn.parquet"))
-
-    async def main() -> dict[str, list[Trajectory]]:
-        results: dict[str, list[Trajectory]] = {}
-        async with open_run(spec, parts=parts) as run:
-            # One arm after the other, so the latency of one is not inflated by the other.
-            for label, path in arms:
-                runner = run.runner
-                if label != "tools":
-                    runner = single_turn_runner(
-                        run.engine,
-                        run.tokenizer,
-                        config=rollout_config,
-                        rewards=spec.rewards_for(truths),
-                    )
-                total = len(prompts) * rollout_config.n
-                with TrajectoryWriter(path) as writer, RolloutProgress(total) as progress:
-
-                    def on_result(trajectory: Trajectory) -> None:
-                        writer.write(trajectory)
-                        progress.update(trajectory)
-
-                    results[label] = await runner.run(prompts, on_result=on_result)
-        return results
-
-    results = anyio.run(main)
-    threshold = float(config["success_threshold"])
-    seed = int(config["seed"])
+    results = anyio.run(_run_arms, spec, parts, prompts, arms)
+    threshold, seed = float(config["success_threshold"]), int(config["seed"])
     runs = [
         summarize(
             results[label], label=label, success_threshold=threshold, seed=seed, config=config
@@ -361,23 +207,48 @@ def _run_model(
     return runs, comparison, [path for _, path in arms]
 
 
+async def _run_arms(
+    spec: Any, parts: Any, prompts: list[Any], arms: list[tuple[str, Path]]
+) -> dict[str, list[Any]]:
+    """Each arm's trajectories, written to its file; one arm after the other, so the latency
+    of one is not inflated by the other."""
+    from toolrollout.apps.eval._baseline import single_turn_runner
+    from toolrollout.rollout import Trajectory, TrajectoryWriter
+    from toolrollout.spec import open_run
+
+    from ._progress import RolloutProgress
+
+    results: dict[str, list[Any]] = {}
+    async with open_run(spec, parts=parts) as run:
+        for label, path in arms:
+            runner = run.runner
+            if label != "tools":
+                runner = single_turn_runner(
+                    run.engine, run.tokenizer, config=spec.config, rewards=spec.rewards
+                )
+            total = len(prompts) * spec.config.n
+            with TrajectoryWriter(path) as writer, RolloutProgress(total) as progress:
+
+                def on_result(trajectory: Trajectory) -> None:
+                    writer.write(trajectory)
+                    progress.update(trajectory)
+
+                results[label] = await runner.run(prompts, on_result=on_result)
+    return results
+
+
 def _track(
-    backend: ReportTo,
+    flags: Any,
     runs: list[EvalSummary],
     comparison: Comparison | None,
     *,
     config: dict[str, Any],
     artifacts: list[Path],
-    tracking_uri: str | None,
-    out_dir: Path,
-    experiment: str,
-    run_name: str | None,
-    compare_mode: bool,
 ) -> Any:
     from toolrollout.apps.eval import log_to_mlflow, log_to_wandb
 
     metrics: dict[str, float] = {}
-    if compare_mode:
+    if flags.compare is not None:
         metrics.update(runs[0].flat_metrics(prefix="before"))
         metrics.update(runs[1].flat_metrics(prefix="after"))
     else:
@@ -386,7 +257,9 @@ def _track(
             metrics.update(run.flat_metrics(prefix="" if run.label == "tools" else "baseline"))
     if comparison is not None:
         metrics.update(comparison.metrics())
-    if backend is ReportTo.MLFLOW:
+    tracking_uri, out_dir = flags.tracking_uri, flags.out_dir
+    experiment, run_name = flags.experiment, flags.run_name
+    if flags.report_to is ReportTo.MLFLOW:
         return log_to_mlflow(
             metrics,
             config=config,
@@ -456,4 +329,4 @@ def _print_table(runs: list[EvalSummary], comparison: Comparison | None) -> None
 
 def register(app: typer.Typer) -> None:
     """Add the ``eval`` command to the ``toolrollout`` app."""
-    app.command("eval")(eval_command)
+    command(app, "eval", OPTIONS, eval_command)

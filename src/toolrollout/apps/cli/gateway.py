@@ -11,100 +11,53 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from toolrollout.apps.cli._common import (
-    AdminApiKeyOption,
-    ApiKeyOption,
-    ChatTemplateKwargsOption,
-    EngineApiKeyOption,
-    EngineKindOption,
-    EngineUrlsOption,
-    FamilyOption,
-    InsecureOption,
-    MaxBodyMbOption,
-    ModelOption,
-    fail,
-    parse_template_kwargs,
-    require_extra,
-)
+from toolrollout.apps.cli._common import fail, parse_template_kwargs, require_extra
+from toolrollout.apps.cli._options import RUN, SERVER, command, opt, pick, spec_from, user_message
 
 if TYPE_CHECKING:
     from toolrollout._security import ServerSecurity
     from toolrollout.apps.gateway import GatewayConfig
     from toolrollout.spec import RunSpec
 
-__all__ = ["gateway", "register"]
+__all__ = ["OPTIONS", "gateway", "register"]
+
+# fmt: off
+OPTIONS = [
+    *pick(RUN, "engine_url", "engine", "engine_api_key", "model", "family",
+          "chat_template_kwargs"),
+    RUN["tool_parser"].but(help="Tool-call format of the model. Default: its family's."),
+    SERVER["host"],
+    opt("port", int, 8400, "TCP port.", min=0, max=65535),
+    opt("out", Path, Path("gateway_sessions.parquet"), "Recorded sessions, .parquet or .jsonl "
+        "(one row per segment)."),
+    opt("served_model_name", str, "toolrollout", "Model name /v1/models reports and answers "
+        "carry."),
+    opt("max_tokens", int, 1024, "Tokens per answer when a request sets no max_tokens.", min=1),
+    opt("context_length", int | None, None, "Context limit. Default: the engine's.", min=1),
+    opt("max_concurrency", int, 64, "Generations in flight at once; more wait in line.", min=1),
+    opt("max_waiting", int, 1024, "Requests waiting in line; more get 429 at once.", min=1),
+    RUN["request_timeout"].but(help="Seconds one request may take (then 504, aborted)."),
+    opt("idle_timeout", float, 600.0, "Seconds without a request before a session is closed "
+        "and written (0: only when closed explicitly).", min=0.0),
+    opt("max_segments", int, 64, "Segments one session may hold (bounds its memory).", min=1),
+    opt("max_n", int, 16, "Largest n (choices) per request.", min=1),
+    opt("max_stored_responses", int, 1024, "Responses kept for previous_response_id and GET "
+        "/v1/responses/{id} (least recently used dropped first).", min=1),
+    RUN["flush_every"],
+    RUN["threads"].but(help="Torch threads of the embedded engine."),
+    RUN["health_timeout"],
+    SERVER["api_key"], SERVER["admin_api_key"], SERVER["insecure"], SERVER["max_body_mb"],
+    SERVER["log_level"].but(default="warning"),
+]
+"""The options of ``gateway``: ``generate``'s engine and model options and its own."""
+# fmt: on
 
 
-def gateway(
-    engine_url: EngineUrlsOption = None,
-    engine: EngineKindOption = "auto",
-    engine_api_key: EngineApiKeyOption = None,
-    model: ModelOption = None,
-    family: FamilyOption = None,
-    chat_template_kwargs: ChatTemplateKwargsOption = None,
-    tool_parser: Annotated[
-        str | None, typer.Option(help="Tool-call format of the model. Default: its family's.")
-    ] = None,
-    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port.")] = 8400,
-    out: Annotated[
-        Path, typer.Option(help="Recorded sessions, .parquet or .jsonl (one row per segment).")
-    ] = Path("gateway_sessions.parquet"),
-    served_model_name: Annotated[
-        str, typer.Option(help="Model name /v1/models reports and answers carry.")
-    ] = "toolrollout",
-    max_tokens: Annotated[
-        int, typer.Option(min=1, help="Tokens per answer when a request sets no max_tokens.")
-    ] = 1024,
-    context_length: Annotated[
-        int | None, typer.Option(min=1, help="Context limit. Default: the engine's.")
-    ] = None,
-    max_concurrency: Annotated[
-        int, typer.Option(min=1, help="Generations in flight at once; more wait in line.")
-    ] = 64,
-    max_waiting: Annotated[
-        int, typer.Option(min=1, help="Requests waiting in line; more get 429 at once.")
-    ] = 1024,
-    request_timeout: Annotated[
-        float, typer.Option(min=0.1, help="Seconds one request may take (then 504, aborted).")
-    ] = 600.0,
-    idle_timeout: Annotated[
-        float,
-        typer.Option(
-            min=0.0,
-            help="Seconds without a request before a session is "
-            "closed and written (0: only when closed explicitly).",
-        ),
-    ] = 600.0,
-    max_segments: Annotated[
-        int, typer.Option(min=1, help="Segments one session may hold (bounds its memory).")
-    ] = 64,
-    max_n: Annotated[int, typer.Option(min=1, help="Largest n (choices) per request.")] = 16,
-    max_stored_responses: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Responses kept for previous_response_id and GET /v1/responses/{id} "
-            "(least recently used dropped first).",
-        ),
-    ] = 1024,
-    flush_every: Annotated[
-        int, typer.Option(min=1, help="Rows per crash-safe shard (at most this many are lost).")
-    ] = 64,
-    threads: Annotated[int, typer.Option(min=1, help="Torch threads of the embedded engine.")] = 1,
-    health_timeout: Annotated[
-        float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
-    ] = 120.0,
-    api_key: ApiKeyOption = None,
-    admin_api_key: AdminApiKeyOption = None,
-    insecure: InsecureOption = False,
-    max_body_mb: MaxBodyMbOption = 64.0,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
-) -> None:
+def gateway(flags: Any) -> None:
     """Serve OpenAI Chat Completions / Responses and Anthropic Messages, recording sessions.
 
     A non-loopback --host needs --api-key / TOOLROLLOUT_API_KEY unless --insecure.
@@ -115,84 +68,38 @@ def gateway(
     from toolrollout._security import ServerSecurity, check_bind
 
     security = ServerSecurity(
-        api_key=api_key or None,
-        admin_api_key=admin_api_key or None,
-        max_body_bytes=int(max_body_mb * 1024 * 1024),
+        api_key=flags.api_key or None,
+        admin_api_key=flags.admin_api_key or None,
+        max_body_bytes=int(flags.max_body_mb * 1024 * 1024),
     )
     try:
-        check_bind(host, security, insecure=insecure, server="the gateway")
-        spec = _spec(
-            engine_url,
-            engine,
-            engine_api_key,
-            model,
-            family,
-            chat_template_kwargs,
-            tool_parser,
-            threads,
-            health_timeout,
-            request_timeout,
-            flush_every,
-        )
+        check_bind(flags.host, security, insecure=flags.insecure, server="the gateway")
+        spec = spec_from(flags, OPTIONS)
         from toolrollout.apps.gateway import GatewayConfig
 
         config = GatewayConfig(
-            model_name=served_model_name,
-            family=family,
-            tool_parser=tool_parser,
-            template_kwargs=parse_template_kwargs(chat_template_kwargs),
-            context_length=context_length,
-            default_max_tokens=max_tokens,
-            max_n=max_n,
-            max_concurrency=max_concurrency,
-            max_waiting=max_waiting,
-            request_timeout=request_timeout,
-            idle_timeout=idle_timeout or None,
-            max_segments=max_segments,
-            max_stored_responses=max_stored_responses,
+            model_name=flags.served_model_name,
+            family=flags.family,
+            tool_parser=flags.tool_parser,
+            template_kwargs=parse_template_kwargs(flags.chat_template_kwargs),
+            context_length=flags.context_length,
+            default_max_tokens=flags.max_tokens,
+            max_n=flags.max_n,
+            max_concurrency=flags.max_concurrency,
+            max_waiting=flags.max_waiting,
+            request_timeout=flags.request_timeout,
+            idle_timeout=flags.idle_timeout or None,
+            max_segments=flags.max_segments,
+            max_stored_responses=flags.max_stored_responses,
         )
-        summary = _serve(spec, config, security, host, port, out, log_level)
+        summary = _serve(spec, config, security, flags.host, flags.port, flags.out, flags.log_level)
     except ToolRolloutError as exc:
-        raise fail(str(exc)) from None
+        raise fail(user_message(exc, OPTIONS)) from None
     except OSError as exc:
         raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
     typer.echo(
-        f"gateway: {summary['sessions']} sessions, {summary['rows_written']} rows -> {out}",
+        f"gateway: {summary['sessions']} sessions, {summary['rows_written']} rows -> {flags.out}",
         err=True,
-    )
-
-
-def _spec(
-    engine_url: list[str] | None,
-    engine: str,
-    engine_api_key: str | None,
-    model: Path | None,
-    family: str | None,
-    chat_template_kwargs: str | None,
-    tool_parser: str | None,
-    threads: int,
-    health_timeout: float,
-    request_timeout: float,
-    flush_every: int,
-) -> RunSpec:
-    from toolrollout.apps.demo import DEMO_MODEL_PATH
-    from toolrollout.rollout import RolloutConfig
-    from toolrollout.spec import RunSpec
-
-    return RunSpec(
-        engine_urls=tuple(engine_url or ()),
-        engine=engine,  # type: ignore[arg-type]  # RunSpec checks it
-        engine_api_key=engine_api_key or None,
-        model=model or DEMO_MODEL_PATH,
-        config=RolloutConfig(
-            family=family,
-            tool_parser=tool_parser,
-            chat_template_kwargs=parse_template_kwargs(chat_template_kwargs),
-        ),
-        threads=threads,
-        health_timeout=health_timeout,
-        request_timeout=request_timeout,
-        flush_every=flush_every,
     )
 
 
@@ -252,4 +159,4 @@ def _serve(
 
 def register(app: typer.Typer) -> None:
     """Add the ``gateway`` command to the ``toolrollout`` app."""
-    app.command("gateway")(gateway)
+    command(app, "gateway", OPTIONS, gateway)

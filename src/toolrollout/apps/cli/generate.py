@@ -23,367 +23,102 @@ continues exactly those trajectories in a later run.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import time
-import uuid
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from toolrollout.apps.cli._common import (
-    ChatTemplateKwargsOption,
-    EngineApiKeyOption,
-    EngineKindOption,
-    EngineUrlsOption,
-    FailoverAfterOption,
-    FamilyOption,
-    ModelOption,
-    RequestTimeoutOption,
-    RetriesOption,
-    RetryBudgetOption,
-    fail,
-    parse_template_kwargs,
-    require_extra,
-)
+from toolrollout.apps.cli._common import fail, require_extra
+from toolrollout.apps.cli._options import RUN, command, opt, pick, spec_from, user_message
+from toolrollout.apps.cli._progress import finish, summarise
+from toolrollout.apps.cli._run_folder import finish_earlier_run, open_run_folder, record_engine
 
 if TYPE_CHECKING:
-    from toolrollout.engines import Engine, EngineInfo
+    from toolrollout.engines import Engine
     from toolrollout.rollout import RolloutPrompt, Trajectory
     from toolrollout.spec import RunSpec
     from toolrollout.spec._open import RunParts
 
-__all__ = ["generate", "register"]
-
-_Dataset = Annotated[
-    Path | None,
-    typer.Option(
-        help="Prompts (.jsonl or .parquet; verl RL layout accepted). Default: the demo "
-        "prompts for the configured tools (python, search or calculator)."
-    ),
-]
-_ToolConfig = Annotated[
-    Path | None, typer.Option(help="verl-layout tool config YAML. Default: calculator.")
-]
-_InteractionConfig = Annotated[
-    Path | None,
-    typer.Option(
-        help="verl-layout interaction config YAML; rows pick one by "
-        "extra_info.interaction_kwargs.name."
-    ),
-]
-_MaxInteractionTurns = Annotated[
-    int | None, typer.Option(min=0, help="Interaction messages appended per trajectory at most.")
-]
-_TurnRewardWeight = Annotated[
-    float, typer.Option(help="Weight of the summed interaction turn rewards in the reward.")
-]
-_ToolRewardWeight = Annotated[
-    float, typer.Option(help="Weight of the summed tool rewards in the reward.")
-]
-_N = Annotated[
-    int | None,
-    typer.Option(
-        "--n",
-        min=1,
-        help="Samples per prompt (GRPO group). Default 1; with --resume-leftover, the "
-        "leftover's own.",
-    ),
-]
-_MaxTurns = Annotated[int, typer.Option(min=1, help="Assistant turns per trajectory.")]
-_MaxNewTokens = Annotated[int, typer.Option(min=1, help="Tokens per model turn.")]
-_MaxResponseTokens = Annotated[int, typer.Option(min=1, help="Budget over all response tokens.")]
-_Temperature = Annotated[float, typer.Option(min=0.0)]
-_TopP = Annotated[float, typer.Option(min=0.0, max=1.0)]
-_Concurrency = Annotated[int, typer.Option(min=1, help="In-flight engine requests.")]
-_Seed = Annotated[int | None, typer.Option(help="Base sampling seed.")]
-_Limit = Annotated[int | None, typer.Option(min=1, help="Use the first N prompts.")]
-_ToolParser = Annotated[
-    str | None,
-    typer.Option(help="Tool-call format of the model. Default: its model family's."),
-]
-_ToolErrorPenalty = Annotated[
-    float, typer.Option(min=0.0, help="Reward penalty per failed or malformed tool call.")
-]
-_Out = Annotated[Path, typer.Option(help=".parquet or .jsonl output.")]
-_HealthTimeout = Annotated[
-    float, typer.Option(help="Seconds to wait for --engine-url servers to be healthy.")
-]
-_Threads = Annotated[
-    int, typer.Option(min=1, help="Torch threads of the embedded engine (1 suits tiny models).")
-]
-_MaxImages = Annotated[
-    int | None, typer.Option(min=0, help="Images per trajectory (vision models).")
-]
-_MaxImageTokens = Annotated[
-    int | None, typer.Option(min=0, help="Image placeholder tokens per trajectory.")
-]
-_Resume = Annotated[
-    bool, typer.Option(help="Complete an interrupted run: only samples without a row are run.")
-]
-_FlushEvery = Annotated[
-    int, typer.Option(min=1, help="Rows per crash-safe shard (at most this many are lost).")
-]
-_TrajectoryTimeout = Annotated[
-    float | None, typer.Option(min=0.1, help="Seconds per trajectory before it is failed.")
-]
-_TargetGroups = Annotated[
-    int | None,
-    typer.Option(
-        min=1,
-        help="Straggler control: stop once this many complete groups are done; the rest "
-        "is aborted on the server and saved to the leftover file, not the output.",
-    ),
-]
-_Oversample = Annotated[
-    float,
-    typer.Option(min=1.0, help="With --target-groups: launch this many times the groups needed."),
-]
-_FinishTools = Annotated[
-    bool,
-    typer.Option(
-        "--finish-tools",
-        help="With --target-groups: tool calls still running at the target finish first "
-        "(their results kept for the resume) instead of being cancelled.",
-    ),
-]
-_InexactLogprobs = Annotated[
-    str,
-    typer.Option(
-        help="When the engine's logprobs are not the checkpoint's (e.g. SGLang serving a "
-        "float32 model in float16): refuse the run, or label every row "
-        '(metrics["logprob_mismatch"]): refuse or label.',
-    ),
-]
-_KeepGroupsWhole = Annotated[
-    bool,
-    typer.Option(
-        help="With --target-groups: a group counts only when all its samples finished "
-        "(--no-keep-groups-whole: any target x n finished samples)."
-    ),
-]
-_Leftover = Annotated[
-    Path | None,
-    typer.Option(
-        help="Where a --target-groups or --resume-leftover run saves what it left over "
-        "(.parquet). Default: <out stem>.leftover.parquet next to --out.",
-    ),
-]
-_ResumeLeftover = Annotated[
-    Path | None,
-    typer.Option(
-        help="Continue the trajectories of a leftover file (aborted ones from their "
-        "partial tokens) instead of rolling out a dataset; with --target-groups again "
-        "a batch that saves a new leftover.",
-    ),
-]
-_Ray = Annotated[
-    bool,
-    typer.Option(
-        "--ray",
-        # "\\[" keeps rich's markup from reading "[ray]" as a style tag and dropping it.
-        help="Shard the prompts over Ray actors sharing the engine servers "
-        "(the ray extra: pip install -e '.\\[ray]'; docs/scale-out.md).",
-    ),
-]
-_RayWorkers = Annotated[
-    int, typer.Option(min=1, help="Ray actors with --ray, each rolling out one shard.")
-]
-_RayAddress = Annotated[
-    str | None,
-    typer.Option(help="Ray cluster to join with --ray ('auto', 'host:6379'). Default: local."),
-]
-
-_Schedule = Annotated[
-    str,
-    typer.Option(
-        help="Client-side scheduling policies, comma-separated: priority (SGLang's per-request "
-        "priority, sent only to servers started with --enable-priority-scheduling), "
-        "history (priority from how long each prompt's trajectories ran before), admission "
-        "(in-flight limit from the servers' /v1/loads), lag (in-flight limit from this "
-        "client's own event-loop lag), oldest (turns waiting for the in-flight limit served "
-        "by their group's start order, so groups complete one after another; with "
-        "priority, the servers' queues too), affinity "
-        "(a GRPO group on one server); 'none' "
-        "(default) sends what a server gets without them "
-        "(docs/scheduling.md).",
-    ),
-]
-
-_WorkHistory = Annotated[
-    Path | None,
-    typer.Option(
-        help="With --schedule history: a JSON file of how long each prompt's trajectories "
-        "ran, read before the run (if it exists) and written after it, so the next "
-        "step's run ranks its requests by it (local runs).",
-    ),
-]
-
-_GcFreeze = Annotated[
-    bool,
-    typer.Option(
-        "--gc-freeze",
-        help="Call gc.freeze() once the engine, tokenizer and tools are loaded, so Python's "
-        "full garbage collections skip those objects during the run (local runs; "
-        "docs/rollouts.md#concurrency).",
-    ),
-]
+__all__ = ["OPTIONS", "generate", "register"]
 
 GC_THRESHOLD_DEFAULT = 100_000
 """``generate``'s collector threshold for its youngest generation unless ``--gc-threshold``
 says otherwise (Python's own is 700); measured in docs/benchmarks.md."""
 
-_GcThreshold = Annotated[
-    int | None,
-    typer.Option(
-        "--gc-threshold",
-        min=1,
-        help="Collect Python's youngest generation after this many allocations "
-        "(gc.set_threshold; the other two thresholds are kept), so objects that live for a "
-        "request or a turn die young instead of filling the oldest generation. A local run "
-        f"uses {GC_THRESHOLD_DEFAULT} unless told otherwise: against Python's 700 it took "
-        "9-28% off the client's CPU a turn (1,024 and 10,000 trajectories) and the loop's "
-        "p99 lag from 48-49 to 19-21 ms at 10,000, for 5-6% more memory. 700 restores "
-        "Python's default "
-        "(docs/rollouts.md#concurrency). --ray workers keep their own.",
-    ),
+# fmt: off
+OPTIONS = [
+    *pick(RUN, "engine_url", "engine", "engine_api_key", "model", "dataset", "tool_config",
+          "interaction_config", "max_interaction_turns", "turn_reward_weight",
+          "tool_reward_weight", "n", "max_turns", "max_new_tokens", "max_response_tokens",
+          "temperature", "top_p", "concurrency", "seed", "limit", "tool_parser", "family",
+          "chat_template_kwargs", "tool_error_penalty"),
+    opt("out", Path, Path("trajectories.parquet"), ".parquet or .jsonl output."),
+    *pick(RUN, "health_timeout", "threads", "max_images", "max_image_tokens", "resume",
+          "flush_every", "request_timeout", "retries", "retry_budget", "failover_after",
+          "trajectory_timeout", "target_groups"),
+    opt("oversample", float, 1.0, "With --target-groups: launch this many times the groups "
+        "needed.", min=1.0),
+    *pick(RUN, "keep_groups_whole", "finish_tools", "inexact_logprobs"),
+    opt("leftover", Path | None, None, "Where a --target-groups or --resume-leftover run saves "
+        "what it left over (.parquet). Default: <out stem>.leftover.parquet next to --out."),
+    opt("resume_leftover", Path | None, None, "Continue the trajectories of a leftover file "
+        "(aborted ones from their partial tokens) instead of rolling out a dataset; with "
+        "--target-groups again a batch that saves a new leftover."),
+    # "\\[" keeps rich's markup from reading "[ray]" as a style tag and dropping it.
+    opt("ray", bool, False, "Shard the prompts over Ray actors sharing the engine servers (the "
+        "ray extra: pip install -e '.\\[ray]'; docs/scale-out.md).", "--ray"),
+    opt("ray_workers", int, 2, "Ray actors with --ray, each rolling out one shard.", min=1),
+    opt("ray_address", str | None, None, "Ray cluster to join with --ray ('auto', "
+        "'host:6379'). Default: local."),
+    RUN["schedule"],
+    opt("work_history", Path | None, None, "With --schedule history: a JSON file of how long "
+        "each prompt's trajectories ran, read before the run (if it exists) and written after "
+        "it, so the next step's run ranks its requests by it (local runs)."),
+    opt("gc_freeze", bool, False, "Call gc.freeze() once the engine, tokenizer and tools are "
+        "loaded, so Python's full garbage collections skip those objects during the run "
+        "(local runs; docs/rollouts.md#concurrency).", "--gc-freeze"),
+    opt("gc_threshold", int | None, None, "Collect Python's youngest generation after this "
+        "many allocations (gc.set_threshold; the other two thresholds are kept), so objects "
+        "that live for a request or a turn die young instead of filling the oldest "
+        f"generation. A local run uses {GC_THRESHOLD_DEFAULT} unless told otherwise: against "
+        "Python's 700 it took 9-28% off the client's CPU a turn (1,024 and 10,000 "
+        "trajectories) and the loop's p99 lag from 48-49 to 19-21 ms at 10,000, for 5-6% more "
+        "memory. 700 restores Python's default (docs/rollouts.md#concurrency). --ray workers "
+        "keep their own.", "--gc-threshold", min=1),
 ]
+"""The options of ``generate``: the run options of :data:`~._options.RUN` and its own."""
+# fmt: on
 
 
-def generate(
-    engine_url: EngineUrlsOption = None,
-    engine: EngineKindOption = "auto",
-    engine_api_key: EngineApiKeyOption = None,
-    model: ModelOption = None,
-    dataset: _Dataset = None,
-    tool_config: _ToolConfig = None,
-    interaction_config: _InteractionConfig = None,
-    max_interaction_turns: _MaxInteractionTurns = None,
-    turn_reward_weight: _TurnRewardWeight = 0.0,
-    tool_reward_weight: _ToolRewardWeight = 0.0,
-    n: _N = None,
-    max_turns: _MaxTurns = 4,
-    max_new_tokens: _MaxNewTokens = 128,
-    max_response_tokens: _MaxResponseTokens = 1024,
-    temperature: _Temperature = 1.0,
-    top_p: _TopP = 1.0,
-    concurrency: _Concurrency = 64,
-    seed: _Seed = None,
-    limit: _Limit = None,
-    tool_parser: _ToolParser = None,
-    family: FamilyOption = None,
-    chat_template_kwargs: ChatTemplateKwargsOption = None,
-    tool_error_penalty: _ToolErrorPenalty = 0.0,
-    out: _Out = Path("trajectories.parquet"),
-    health_timeout: _HealthTimeout = 120.0,
-    threads: _Threads = 1,
-    max_images: _MaxImages = None,
-    max_image_tokens: _MaxImageTokens = None,
-    resume: _Resume = False,
-    flush_every: _FlushEvery = 64,
-    request_timeout: RequestTimeoutOption = 600.0,
-    retries: RetriesOption = 30,
-    retry_budget: RetryBudgetOption = 60.0,
-    failover_after: FailoverAfterOption = 3,
-    trajectory_timeout: _TrajectoryTimeout = None,
-    target_groups: _TargetGroups = None,
-    oversample: _Oversample = 1.0,
-    keep_groups_whole: _KeepGroupsWhole = True,
-    finish_tools: _FinishTools = False,
-    inexact_logprobs: _InexactLogprobs = "refuse",
-    leftover: _Leftover = None,
-    resume_leftover: _ResumeLeftover = None,
-    ray: _Ray = False,
-    ray_workers: _RayWorkers = 2,
-    ray_address: _RayAddress = None,
-    schedule: _Schedule = "none",
-    work_history: _WorkHistory = None,
-    gc_freeze: _GcFreeze = False,
-    gc_threshold: _GcThreshold = None,
-) -> None:
+def generate(flags: Any) -> None:
     """Run multi-turn tool rollouts and write one row per trajectory."""
-    flags = _Flags(**locals())  # every option by its name, as typer parsed it (first line)
     require_extra("cli", "toolrollout generate")
     from toolrollout._exceptions import ToolRolloutError
 
     try:
-        if _finish_earlier_run(flags):
+        if not _batch_run(flags) and finish_earlier_run(flags.out, resume=flags.resume):
             return
         summary = _run(flags)
     except ToolRolloutError as exc:
-        raise fail(str(exc)) from None
+        raise fail(user_message(exc, OPTIONS)) from None
     except OSError as exc:
         raise fail(f"{exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")) from None
-    _finish(summary, out)
+    finish(summary, flags.out)
 
 
-@dataclass(frozen=True)
-class _Flags:
-    """The options of ``generate``, named as the command's parameters."""
+def _batch_run(flags: Any) -> bool:
+    """Only the batch is written; what it left over is saved apart."""
+    return flags.target_groups is not None or flags.resume_leftover is not None
 
-    engine_url: list[str] | None
-    engine: str
-    engine_api_key: str | None = field(repr=False)
-    model: Path | None
-    dataset: Path | None
-    tool_config: Path | None
-    interaction_config: Path | None
-    max_interaction_turns: int | None
-    turn_reward_weight: float
-    tool_reward_weight: float
-    n: int | None
-    max_turns: int
-    max_new_tokens: int
-    max_response_tokens: int
-    temperature: float
-    top_p: float
-    concurrency: int
-    seed: int | None
-    limit: int | None
-    tool_parser: str | None
-    family: str | None
-    chat_template_kwargs: str | None
-    tool_error_penalty: float
-    out: Path
-    health_timeout: float
-    threads: int
-    max_images: int | None
-    max_image_tokens: int | None
-    resume: bool
-    flush_every: int
-    request_timeout: float
-    retries: int
-    retry_budget: float
-    failover_after: int
-    trajectory_timeout: float | None
-    target_groups: int | None
-    oversample: float
-    keep_groups_whole: bool
-    finish_tools: bool
-    inexact_logprobs: Literal["refuse", "label"]
-    leftover: Path | None
-    resume_leftover: Path | None
-    ray: bool
-    ray_workers: int
-    ray_address: str | None
-    schedule: str
-    work_history: Path | None
-    gc_freeze: bool
-    gc_threshold: int | None
 
-    @property
-    def batch_run(self) -> bool:
-        """Only the batch is written; what it left over is saved apart."""
-        return self.target_groups is not None or self.resume_leftover is not None
-
-    @property
-    def leftover_path(self) -> Path:
-        return self.leftover or self.out.with_name(f"{self.out.stem}.leftover.parquet")
+def _leftover_path(flags: Any) -> Path:
+    out: Path = flags.out
+    return flags.leftover or out.with_name(f"{out.stem}.leftover.parquet")
 
 
 @dataclass
@@ -405,96 +140,30 @@ class _Plan:
     """The output file's run metadata (sampling, tokenizer; the engine once it answers)."""
 
 
-def _finish(summary: dict[str, Any], out: Path) -> None:
-    """Print the summary and exit as the run ended (130/143 after a signal)."""
-    if summary["interrupted"] is not None and summary.get("batch_run"):
-        typer.echo(
-            f"interrupted by {summary['interrupted']}: a --target-groups or --resume-leftover "
-            "run writes its batch and leftover only at the end, so nothing was written",
-            err=True,
-        )
-        raise typer.Exit(code=143 if summary["interrupted"] == "SIGTERM" else 130)
-    for failure in summary.get("ray_failures", ()):
-        typer.echo(f"warning: {failure}", err=True)
-    if summary["interrupted"] is not None:
-        _print_summary(summary, out, err=True)
-        typer.echo(
-            f"interrupted by {summary['interrupted']}: {summary['rows_on_disk']} of "
-            f"{summary['total']} rows kept in {summary['parts']}; "
-            "rerun with --resume to complete the run",
-            err=True,
-        )
-        code = 143 if summary["interrupted"] == "SIGTERM" else 130
-        raise typer.Exit(code=code)
-    _print_summary(summary, out)
-
-
-def _run(flags: _Flags) -> dict[str, Any]:
+def _run(flags: Any) -> dict[str, Any]:
     """flags -> RunSpec -> rows on disk; returns the summary the command prints."""
     import anyio
 
     from toolrollout.rollout import finish_shards
 
-    ray = _ray_options(flags)
+    from ._ray import ray_options, run_ray
+
+    ray = ray_options(flags)
     plan = _plan(flags)
     _open_folder(plan, flags)
     if ray is not None:
-        return _run_ray(plan, flags, ray)
+        return run_ray(plan, flags, ray, lambda *a, **kw: _summary(flags, plan, *a, **kw))
     summary = anyio.run(_run_local, plan, flags)
     if summary["interrupted"] is None:
         finish_shards(plan.folder, flags.out, metadata=plan.metadata)
     return summary
 
 
-def _finish_earlier_run(flags: _Flags) -> bool:
-    """Complete the clean-up of a run killed while finishing; True when nothing is left.
-
-    The folder of a run whose merged file is written carries the ``finished`` mark (or,
-    at the very end, no manifest and no shard): its rows are all in ``--out``, so it is
-    only deleted. ``--resume`` then has nothing to do (exit 0); a fresh run goes on.
-    """
-    from toolrollout._exceptions import UserError
-    from toolrollout.rollout import clean_finished, finished_mark
-
-    if flags.batch_run:
-        return False
-    parts = flags.out.with_name(flags.out.name + ".parts")
-    if not parts.is_dir():
-        if flags.resume and flags.out.is_file():
-            typer.echo(f"nothing to resume: {flags.out} is complete (no {parts} left)")
-            return True
-        return False
-    mark = finished_mark(parts)
-    if mark is None:
-        bare = not (parts / _MANIFEST).exists() and not any(parts.glob("**/part-*.parquet"))
-        if not (bare and flags.out.is_file()):
-            return False  # an unfinished run (or an empty folder of a run never started)
-    elif not Path(str(mark.get("out"))).is_file():
-        raise UserError(
-            f"{parts} says its run finished into {mark.get('out')}, but that file is "
-            f"missing: delete {parts} and run again"
-        )
-    clean_finished(parts)
-    rows = f" ({mark['rows']} rows)" if mark is not None else ""
-    if flags.resume:
-        typer.echo(
-            f"nothing to resume: the run had finished into {flags.out}{rows}; "
-            f"removed what its interrupted clean-up left in {parts}"
-        )
-        return True
-    typer.echo(
-        f"note: removed {parts}, left by a finished run of {flags.out}{rows} whose "
-        "clean-up was cut short",
-        err=True,
-    )
-    return False
-
-
-def _check_flags(flags: _Flags) -> None:
+def _check_flags(flags: Any) -> None:
     """The rules between the file options of ``generate`` (RunSpec checks the rest)."""
     from toolrollout._exceptions import UserError
 
-    if flags.leftover is not None and not flags.batch_run:
+    if flags.leftover is not None and not _batch_run(flags):
         raise UserError("--leftover needs --target-groups or --resume-leftover")
     if flags.work_history is not None:
         if "history" not in {name.strip() for name in flags.schedule.split(",")}:
@@ -504,8 +173,8 @@ def _check_flags(flags: _Flags) -> None:
         from toolrollout.engines import WorkHistory
 
         WorkHistory.read(flags.work_history)  # a bad file fails before the model loads
-    if flags.leftover_path.suffix != ".parquet":
-        raise UserError(f"--leftover must be a .parquet file, got {flags.leftover_path}")
+    if _leftover_path(flags).suffix != ".parquet":
+        raise UserError(f"--leftover must be a .parquet file, got {_leftover_path(flags)}")
     if flags.resume_leftover is not None:
         if flags.resume:
             raise UserError("--resume-leftover cannot be combined with --resume")
@@ -517,11 +186,11 @@ def _check_flags(flags: _Flags) -> None:
             raise UserError("--oversample does not apply to --resume-leftover (its groups are set)")
     elif flags.target_groups is None and flags.oversample != 1.0:
         raise UserError("--oversample needs --target-groups")
-    if flags.finish_tools and not flags.batch_run:
+    if flags.finish_tools and not _batch_run(flags):
         raise UserError("--finish-tools needs --target-groups or --resume-leftover")
 
 
-def _read_carried(flags: _Flags) -> tuple[list[Trajectory], dict[str, Any], int]:
+def _read_carried(flags: Any) -> tuple[list[Trajectory], dict[str, Any], int]:
     """The trajectories of ``--resume-leftover``, its info, and the run's ``n``."""
     from toolrollout._exceptions import UserError
     from toolrollout.rollout import read_leftover
@@ -539,60 +208,7 @@ def _read_carried(flags: _Flags) -> tuple[list[Trajectory], dict[str, Any], int]
     return carried, saved, int(saved["n"])
 
 
-def _spec(flags: _Flags, n: int) -> RunSpec:
-    """The run specification the flags describe (its checks raise one-line UserErrors)."""
-    from toolrollout.apps.demo import DEMO_MODEL_PATH
-    from toolrollout.engines import SamplingParams, SchedulingConfig
-    from toolrollout.rewards import RewardMix
-    from toolrollout.rollout import RolloutConfig
-    from toolrollout.spec import RunSpec
-
-    config = RolloutConfig(
-        sampling=SamplingParams(
-            max_new_tokens=flags.max_new_tokens, temperature=flags.temperature, top_p=flags.top_p
-        ),
-        n=n,
-        max_turns=flags.max_turns,
-        max_response_tokens=flags.max_response_tokens,
-        concurrency=flags.concurrency,
-        seed=flags.seed,
-        tool_parser=flags.tool_parser,
-        family=flags.family,
-        chat_template_kwargs=parse_template_kwargs(flags.chat_template_kwargs),
-        max_interaction_turns=flags.max_interaction_turns,
-        reward_mix=RewardMix(
-            turn_weight=flags.turn_reward_weight, tool_weight=flags.tool_reward_weight
-        ),
-        max_images=flags.max_images,
-        max_image_tokens=flags.max_image_tokens,
-        trajectory_timeout=flags.trajectory_timeout,
-        tools_at_target="finish" if flags.finish_tools else "cancel",
-        inexact_logprobs=flags.inexact_logprobs,
-        scheduling=SchedulingConfig.from_names(flags.schedule),
-    )
-    return RunSpec(
-        engine_urls=tuple(flags.engine_url or ()),
-        engine=flags.engine,  # type: ignore[arg-type]  # RunSpec checks it
-        engine_api_key=flags.engine_api_key or None,
-        model=flags.model or DEMO_MODEL_PATH,
-        tool_config=flags.tool_config,
-        interaction_config=flags.interaction_config,
-        tool_error_penalty=flags.tool_error_penalty,
-        config=config,
-        threads=flags.threads,
-        health_timeout=flags.health_timeout,
-        request_timeout=flags.request_timeout,
-        retries=flags.retries,
-        retry_budget=flags.retry_budget,
-        failover_after=flags.failover_after,
-        flush_every=flags.flush_every,
-        resume=flags.resume,
-        target_groups=flags.target_groups,
-        keep_groups_whole=flags.keep_groups_whole,
-    )
-
-
-def _plan(flags: _Flags) -> _Plan:
+def _plan(flags: Any) -> _Plan:
     """Check the flags, load the tokenizer, tools, prompts or leftover: fail before writing."""
     from toolrollout.rollout._compat import (
         chat_setup,
@@ -605,35 +221,26 @@ def _plan(flags: _Flags) -> _Plan:
 
     _check_flags(flags)
     carried, saved, n = _read_carried(flags)
-    spec = _spec(flags, n)
+    spec = spec_from(flags, OPTIONS, {"config.n": n})
     parts = load_parts(spec)
     # Each renders the template's probe once: done here, once, for the check and the info.
     tool_parser = effective_tool_parser(spec.config, parts.tokenizer)
     chat = chat_setup(spec.config, parts.tokenizer)
     metadata = run_metadata(spec.config, parts.tokenizer, chat=chat)
+    facts = {
+        "tool_names": parts.tool_names,
+        "tool_parser": tool_parser,
+        "tokenizer": parts.tokenizer,
+        "model": spec.model_path,
+        "chat": chat,
+        "sampling": metadata["sampling"],
+    }
     if flags.resume_leftover is not None:
-        check_leftover_matches(
-            flags.resume_leftover,
-            saved,
-            tool_names=parts.tool_names,
-            tool_parser=tool_parser,
-            tokenizer=parts.tokenizer,
-            model=spec.model_path,
-            chat=chat,
-            sampling=metadata["sampling"],
-        )
+        check_leftover_matches(flags.resume_leftover, saved, **facts)
     prompts, prompts_path = _prompts(flags, parts, carried)
     truths = [p.ground_truth for p in prompts] + [t.ground_truth for t in carried]
     spec = spec.replace(rewards=spec.rewards_for(truths))
-    info = leftover_info(
-        n=n,
-        tool_names=parts.tool_names,
-        tool_parser=tool_parser,
-        tokenizer=parts.tokenizer,
-        model=spec.model_path,
-        chat=chat,
-        sampling=metadata["sampling"],
-    )
+    info = leftover_info(n=n, **facts)
     return _Plan(
         spec,
         parts,
@@ -641,13 +248,13 @@ def _plan(flags: _Flags) -> _Plan:
         carried,
         prompts_path,
         leftover_info=info,
-        leftover_path=flags.leftover_path,
+        leftover_path=_leftover_path(flags),
         metadata=metadata,
     )
 
 
 def _prompts(
-    flags: _Flags, parts: RunParts, carried: list[Trajectory]
+    flags: Any, parts: RunParts, carried: list[Trajectory]
 ) -> tuple[list[RolloutPrompt], Path]:
     """The prompts to launch (none when resuming a leftover) and the file they come from."""
     from toolrollout._exceptions import UserError
@@ -680,14 +287,14 @@ def _prompts(
     return prompts, Path(path)
 
 
-def _open_folder(plan: _Plan, flags: _Flags) -> None:
+def _open_folder(plan: _Plan, flags: Any) -> None:
     """Start or reopen the run's shard folder; fill in the group ids and the samples done."""
     from toolrollout.rollout import done_samples
 
     plan.folder = flags.out.with_name(flags.out.name + ".parts")
     carried = plan.carried
     num_groups = len({t.group_id for t in carried}) if carried else len(plan.prompts)
-    run_id = _open_run_folder(
+    run_id = open_run_folder(
         plan.folder,
         dataset=plan.prompts_path,
         num_prompts=num_groups,
@@ -701,60 +308,7 @@ def _open_folder(plan: _Plan, flags: _Flags) -> None:
     plan.run_id = run_id
 
 
-def _run_ray(plan: _Plan, flags: _Flags, ray: Any) -> dict[str, Any]:
-    """The run sharded over Ray actors (``--ray``), merged as a one-machine run would be."""
-    from toolrollout.apps.distributed._driver import run_sharded
-    from toolrollout.rollout import finish_shards, write_leftover
-
-    if plan.spec.engine_urls:  # the servers the workers share: their facts go in the file
-        _record_engine(plan, _servers_info(plan.spec), resumed=bool(plan.skip))
-    report = run_sharded(
-        plan.prompts,
-        spec=plan.spec,
-        group_ids=plan.group_ids,
-        parts=plan.folder,
-        options=ray,
-        skip=frozenset(plan.skip),
-        run_id=plan.run_id,
-    )
-    batch = flags.target_groups is not None and report.interrupted is None
-    if batch:  # the leftover of every shard, merged: one file, as without --ray
-        write_leftover(report.leftover, flags.leftover_path, info=plan.leftover_info)
-    summary = _summarise(list(report.trajectories), report.seconds)
-    summary.update(
-        interrupted=report.interrupted,
-        total=len(plan.prompts) * plan.spec.config.n,
-        resumed=report.resumed,
-        rows_on_disk=report.rows_on_disk,
-        parts=str(plan.folder),
-        ray_failures=list(report.failures),
-        ray_shards=list(report.shards),
-        batch_run=flags.batch_run,
-    )
-    if batch:
-        summary.update(left_over=len(report.leftover), leftover_path=str(flags.leftover_path))
-    if report.interrupted is None:  # without URLs each worker's engine is its own: no facts
-        finish_shards(plan.folder, flags.out, metadata=plan.metadata)
-    return summary
-
-
-def _servers_info(spec: RunSpec) -> EngineInfo:
-    """What the servers a ``--ray`` run shares report, asked once from the driver."""
-    import anyio
-
-    from toolrollout.engines._factory import connect
-
-    async def ask() -> EngineInfo:
-        async with await connect(
-            spec.engine_urls, health_timeout=spec.health_timeout, engine=spec.engine,
-            **spec.client_options(),
-        ) as engine:  # fmt: skip
-            return await engine.info()
-
-    return anyio.run(ask)
-
-
-async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
+async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
     """The run on this machine: rows stream into the shard folder as they finish."""
     import anyio
 
@@ -771,12 +325,10 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
     total = len(carried) if carried else len(plan.prompts) * plan.spec.config.n
     already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
     async with open_run(plan.spec, parts=plan.parts) as run:
-        _record_engine(plan, await run.engine.info(), resumed=bool(plan.skip))
+        record_engine(plan.metadata, plan.folder, await run.engine.info(), resumed=bool(plan.skip))
         if flags.work_history is not None:
             run.runner.work_history = WorkHistory.read(flags.work_history)
-        frozen = _freeze_gc() if flags.gc_freeze else None
-        threshold = GC_THRESHOLD_DEFAULT if flags.gc_threshold is None else flags.gc_threshold
-        with _collect_young_later(threshold) as thresholds:
+        with _gc_for_the_run(flags.gc_freeze, flags.gc_threshold) as gc_done:
             started = time.perf_counter()
             with (
                 ShardWriter(
@@ -789,13 +341,13 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
                     if interrupted:
                         return  # cut short by the shutdown: --resume reruns it whole
                     progress.update(trajectory)
-                    if not flags.batch_run:
+                    if not _batch_run(flags):
                         writer.write(trajectory)
                         trajectories.append(trajectory)
 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(_watch_signals, run.engine, interrupted, tg.cancel_scope)
-                    if not flags.batch_run:
+                    if not _batch_run(flags):
                         await run.runner.run(
                             plan.prompts,
                             on_result=on_result,
@@ -810,60 +362,64 @@ async def _run_local(plan: _Plan, flags: _Flags) -> dict[str, Any]:
                         left_over.append(len(batch.leftover))
                     tg.cancel_scope.cancel()
             elapsed = time.perf_counter() - started
-        if frozen is not None:
-            import gc
-
-            gc.unfreeze()
         if flags.work_history is not None and run.runner.work_history is not None:
             run.runner.work_history.write(flags.work_history)
-    summary = _summarise(trajectories, elapsed)
-    summary.update(
+    return _summary(
+        flags,
+        plan,
+        trajectories,
+        elapsed,
         interrupted=interrupted[0] if interrupted else None,
         total=total,
         resumed=len(plan.skip),
         rows_on_disk=len(plan.skip) + writer.rows_written,
-        parts=str(plan.folder),
         left_over=left_over[0] if left_over else None,
-        leftover_path=str(flags.leftover_path) if left_over else None,
-        batch_run=flags.batch_run,
+        **gc_done,
     )
-    if frozen is not None:
-        summary["gc_frozen_objects"] = frozen
-    summary["gc_threshold"] = list(thresholds)
+
+
+def _summary(
+    flags: Any, plan: _Plan, trajectories: list[Any], seconds: float, **run: Any
+) -> dict[str, Any]:
+    """The summary the command prints: the trajectories' statistics and how the run went."""
+    summary = summarise(trajectories, seconds)
+    summary.update(run, parts=str(plan.folder), batch_run=_batch_run(flags))
+    if run["left_over"] is not None:
+        summary["leftover_path"] = str(_leftover_path(flags))
     return summary
 
 
-def _freeze_gc() -> int:
-    """``gc.freeze()``: everything allocated so far (the imported libraries, the model, the
-    tokenizer, the tools) leaves the collector's generations for the run, so each full
-    collection walks the run's own objects only. The application's choice, not the
-    library's: a reference cycle among frozen objects is never freed while frozen, which
-    is harmless for what a run loads once and keeps. Returns how many objects it froze."""
-    import gc
-
-    gc.collect()  # free what loading left behind first, rather than freezing it
-    gc.freeze()
-    return gc.get_freeze_count()
-
-
 @contextlib.contextmanager
-def _collect_young_later(allocations: int) -> Iterator[tuple[int, int, int]]:
-    """``gc.set_threshold(allocations, ...)`` for the block, the thresholds before it
-    restored after it (a ``generate`` called in a process that goes on, a test's, keeps
-    its own); yields the thresholds in effect. The youngest generation is collected after
-    that many allocations. Python's 700 promotes everything that lives a few milliseconds,
-    and at 10,000 trajectories every request in flight does; the oldest generation then
-    grows fast enough to trigger a full collection (a second or more) every few seconds.
-    The application's choice, like ``--gc-freeze``: it changes the whole process."""
+def _gc_for_the_run(freeze: bool, threshold: int | None) -> Iterator[dict[str, Any]]:
+    """The collector as ``--gc-freeze`` and ``--gc-threshold`` ask, for the block; yields
+    what it did, for the summary. The application's choice, not the library's: both change
+    the whole process, so the thresholds before are restored after (a ``generate`` called
+    in a process that goes on, a test's, keeps its own) and frozen objects unfrozen.
+
+    ``gc.freeze()`` (after a collection, so what loading left behind is freed, not kept)
+    moves everything loaded so far (libraries, model, tokenizer, tools) out of the
+    collector's generations: each full collection walks the run's own objects only. The
+    youngest generation is collected after ``threshold`` allocations: Python's 700
+    promotes all that lives a few milliseconds, and at 10,000 trajectories every request in
+    flight does; the oldest generation then grows into a full collection (a second or
+    more) every few seconds."""
     import gc
 
+    did: dict[str, Any] = {}
+    if freeze:
+        gc.collect()
+        gc.freeze()
+        did["gc_frozen_objects"] = gc.get_freeze_count()
     before = gc.get_threshold()
-    _, middle, oldest = before
-    gc.set_threshold(allocations, middle, oldest)
+    young = GC_THRESHOLD_DEFAULT if threshold is None else threshold
+    gc.set_threshold(young, *before[1:])
+    did["gc_threshold"] = [young, *before[1:]]
     try:
-        yield (allocations, middle, oldest)
+        yield did
     finally:
         gc.set_threshold(*before)
+        if freeze:
+            gc.unfreeze()
 
 
 async def _roll_batch(plan: _Plan, runner: Any, on_result: Any) -> Any:
@@ -871,143 +427,17 @@ async def _roll_batch(plan: _Plan, runner: Any, on_result: Any) -> Any:
     from toolrollout.rollout import write_leftover
 
     spec = plan.spec
+    target = {"target_groups": spec.target_groups, "keep_groups_whole": spec.keep_groups_whole}
     if plan.carried:
-        batch = await runner.resume(
-            plan.carried,
-            target_groups=spec.target_groups,
-            keep_groups_whole=spec.keep_groups_whole,
-            on_result=on_result,
-        )
+        batch = await runner.resume(plan.carried, on_result=on_result, **target)
     else:
-        assert spec.target_groups is not None
         batch = await runner.run_batch(
-            plan.prompts,
-            target_groups=spec.target_groups,
-            keep_groups_whole=spec.keep_groups_whole,
-            on_result=on_result,
-            group_ids=plan.group_ids,
+            plan.prompts, on_result=on_result, group_ids=plan.group_ids, **target
         )
     # Replaced atomically, after the batch (a file being resumed may be this very path: it
     # was read in full before the run).
-    leftover_path = plan.leftover_path
-    write_leftover(batch.leftover, leftover_path, info=plan.leftover_info)
+    write_leftover(batch.leftover, plan.leftover_path, info=plan.leftover_info)
     return batch
-
-
-def _ray_options(flags: _Flags) -> Any:
-    """The ``--ray*`` options as RayOptions, or None for a one-machine run."""
-    from toolrollout._exceptions import UserError
-
-    if not flags.ray:
-        if flags.ray_address is not None:
-            raise UserError("--ray-address needs --ray")
-        return None
-    from toolrollout.apps.distributed._driver import RayOptions, import_ray
-
-    options = RayOptions(workers=flags.ray_workers, address=flags.ray_address)
-    if flags.resume_leftover is not None:
-        raise UserError("--resume-leftover does not work with --ray yet; run it without --ray")
-    if flags.gc_freeze:
-        raise UserError("--gc-freeze applies to a local run, not to --ray workers yet")
-    if flags.gc_threshold is not None:
-        raise UserError("--gc-threshold applies to a local run, not to --ray workers yet")
-    import_ray()  # not installed: say how, before anything is written
-    return options
-
-
-_MANIFEST = "run.json"  # toolrollout.rollout._output.MANIFEST
-
-
-def _record_engine(plan: _Plan, info: EngineInfo, *, resumed: bool) -> None:
-    """Add the engine's facts to the run metadata; on a resume, warn when the rows kept were
-    sampled by another engine, version or dtype than the rows to come (their sampling
-    settings and tokenizer were checked against the run manifest already)."""
-    from toolrollout.rollout import read_run_metadata
-    from toolrollout.rollout._compat import engine_facts
-
-    plan.metadata["engine"] = facts = engine_facts(info)
-    if not resumed:
-        return
-    shards = sorted(plan.folder.glob("part-*.parquet"))
-    before = (read_run_metadata(shards[-1]) or {}).get("engine") if shards else None
-    if not isinstance(before, dict):
-        return
-    keys = ("engine", "engine_version", "dtype", "model_path")
-    changed = [k for k in keys if before.get(k) != facts[k]]
-    if changed:
-        detail = ", ".join(f"{k} {before.get(k)!r} (now {facts[k]!r})" for k in changed)
-        typer.echo(
-            f"warning: --resume: the rows kept were sampled with {detail}; the file's "
-            "metadata records the engine of the rows written last",
-            err=True,
-        )
-
-
-def _open_run_folder(
-    parts: Path,
-    *,
-    dataset: Path,
-    num_prompts: int,
-    n: int,
-    resume: bool,
-    sampling: dict[str, Any],
-    tokenizer: dict[str, Any],
-) -> str:
-    """Start or reopen the shard folder; returns the run id that makes group ids stable.
-
-    A resume must sample from the interrupted run's distribution (temperature, top-p,
-    top-k, min-p) and render with the same tokenizer; manifests written before these were
-    recorded are not checked for them.
-    """
-    from toolrollout._exceptions import UserError
-    from toolrollout.rollout._compat import sampling_changes
-
-    identity = {
-        "dataset": str(dataset.resolve()),
-        "num_prompts": num_prompts,
-        "n": n,
-    }
-    rendering = {
-        "fingerprint": tokenizer.get("fingerprint"),
-        "family": tokenizer.get("family"),
-        "chat_template_kwargs": tokenizer.get("chat_template_kwargs"),
-    }
-    manifest = parts / _MANIFEST
-    if resume:
-        if not manifest.is_file():
-            raise UserError(f"nothing to resume: {manifest} not found")
-        try:
-            saved = json.loads(manifest.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise UserError(f"{manifest}: unreadable run manifest ({exc})") from exc
-        for key, value in identity.items():
-            if saved.get(key) != value:
-                raise UserError(
-                    f"--resume: {key} is {value!r} but the interrupted run used "
-                    f"{saved.get(key)!r} ({manifest})"
-                )
-        if "sampling" in saved and sampling_changes(saved["sampling"], sampling):
-            raise UserError(
-                f"--resume: the interrupted run sampled with "
-                f"{sampling_changes(saved['sampling'], sampling)}: pass its sampling flags "
-                f"({manifest})"
-            )
-        if "tokenizer" in saved and saved["tokenizer"] != rendering:
-            raise UserError(
-                f"--resume: the interrupted run rendered with another tokenizer, family or "
-                f"chat-template kwargs ({saved['tokenizer']}; now {rendering}) ({manifest})"
-            )
-        return str(saved["run_id"])
-    # */part-*: the worker folders of a `--ray` run (docs/scale-out.md)
-    if any(parts.glob("part-*.parquet")) or any(parts.glob("*/part-*.parquet")):
-        raise UserError(
-            f"{parts} holds an unfinished run: pass --resume to complete it, or delete it"
-        )
-    parts.mkdir(parents=True, exist_ok=True)
-    run_id = uuid.uuid4().hex[:8]
-    saved = {"run_id": run_id, **identity, "sampling": sampling, "tokenizer": rendering}
-    manifest.write_text(json.dumps(saved) + "\n", encoding="utf-8")
-    return run_id
 
 
 async def _watch_signals(engine: Engine, interrupted: list[str], scope: Any) -> None:
@@ -1023,82 +453,6 @@ async def _watch_signals(engine: Engine, interrupted: list[str], scope: Any) -> 
             return
 
 
-def _summarise(trajectories: list[Any], elapsed: float) -> dict[str, Any]:
-    from toolrollout.rollout import TrajectoryStatus
-
-    rewards = [t.reward for t in trajectories if t.reward is not None]
-    count = max(len(trajectories), 1)
-    return {
-        "trajectories": len(trajectories),
-        "seconds": elapsed,
-        "mean_reward": sum(rewards) / len(rewards) if rewards else None,
-        "mean_turns": sum(t.num_turns for t in trajectories) / count,
-        "tool_calls": sum(t.num_tool_calls for t in trajectories),
-        "tool_errors": sum(t.tool_errors for t in trajectories),
-        "parse_errors": sum(t.parse_errors for t in trajectories),
-        "drift": sum(int(t.metrics.get("drift_mismatches", 0)) for t in trajectories),
-        "statuses": dict(Counter(str(t.status) for t in trajectories)),
-        "failures": dict(
-            Counter(
-                t.finish_reason or "unknown"
-                for t in trajectories
-                if t.status is TrajectoryStatus.FAILED
-            )
-        ),
-        "model_tokens": sum(int(t.metrics.get("model_tokens", 0)) for t in trajectories),
-        "engine_moves": sum(len(t.metrics.get("engine_moves", ())) for t in trajectories),
-    }
-
-
-def _print_summary(summary: dict[str, Any], out: Path, *, err: bool = False) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"toolrollout generate -> {out}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    mean_reward = summary["mean_reward"]
-    rows = [
-        ("trajectories", str(summary["trajectories"])),
-        *(
-            (f"failed: {cause}" + (" (not scored)" if cause == "tool_unavailable" else ""), str(n))
-            for cause, n in sorted(summary.get("failures", {}).items())
-        ),
-        ("mean reward", "-" if mean_reward is None else f"{mean_reward:.3f}"),
-        ("mean turns", f"{summary['mean_turns']:.2f}"),
-        ("tool calls", str(summary["tool_calls"])),
-        ("tool errors", str(summary["tool_errors"])),
-        ("parse errors", str(summary["parse_errors"])),
-        ("drift mismatches", str(summary["drift"])),
-        ("generated tokens/s", f"{summary['model_tokens'] / max(summary['seconds'], 1e-9):.1f}"),
-        ("wall seconds", f"{summary['seconds']:.1f}"),
-    ]
-    if summary.get("engine_moves"):
-        rows.append(("moved to another server (failover)", str(summary["engine_moves"])))
-    if summary.get("gc_frozen_objects") is not None:
-        rows.append(("objects frozen (--gc-freeze)", f"{summary['gc_frozen_objects']:,}"))
-    if summary.get("gc_threshold") is not None:
-        thresholds = ", ".join(f"{n:,}" for n in summary["gc_threshold"])
-        rows.append(("collector thresholds (--gc-threshold)", thresholds))
-    if summary.get("resumed"):
-        rows.append(("rows kept from before", str(summary["resumed"])))
-    if summary.get("left_over") is not None:
-        rows.append(
-            (
-                "left over (straggler control)",
-                f"{summary['left_over']} -> {summary['leftover_path']}",
-            )
-        )
-    rows += [(f"status {k}", str(v)) for k, v in sorted(summary["statuses"].items())]
-    rows += [
-        (f"ray shard {s['shard']}", f"{s['rows']} rows on {s['host']} ({s['seconds']:.1f} s)")
-        for s in summary.get("ray_shards", ())
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    Console(stderr=err).print(table)
-
-
 def register(app: typer.Typer) -> None:
     """Add the ``generate`` command to the ``toolrollout`` app."""
-    app.command("generate")(generate)
+    command(app, "generate", OPTIONS, generate)

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import typer
 
-from toolrollout.apps.cli._common import (
-    ApiKeyOption,
-    InsecureOption,
-    MaxBodyMbOption,
-    MaxRequestsOption,
-    require_extra,
-)
+from toolrollout.apps.cli._common import require_extra
+from toolrollout.apps.cli._options import SERVER, command, opt
 
-__all__ = ["register", "retriever_app", "serve"]
+__all__ = ["OPTIONS", "register", "retriever_app", "serve"]
 
 retriever_app = typer.Typer(
     name="retriever",
@@ -23,31 +18,22 @@ retriever_app = typer.Typer(
     no_args_is_help=True,
 )
 
+# fmt: off
+OPTIONS = [
+    opt("corpus", Path | None, None, 'JSON Lines corpus: {"id", "contents": "\\"Title\\"\\nbody"} '
+        '(Search-R1) or {"id", "title", "text"} rows. Default: the bundled demo corpus.',
+        dir_okay=False),
+    SERVER["host"],
+    opt("port", int, 8000, "TCP port (Search-R1's default is 8000)."),
+    opt("topk", int, 3, "Hits per query when a request gives no topk.", min=1),
+    opt("stem", bool, True, "Stem English words (PyStemmer).", "--stem/--no-stem"),
+    SERVER["log_level"], SERVER["api_key"], SERVER["insecure"],
+    SERVER["max_body_mb"].but(default=4.0), SERVER["max_requests"].but(default=256),
+]
+# fmt: on
 
-@retriever_app.command("serve")
-def serve(
-    corpus: Annotated[
-        Path | None,
-        typer.Option(
-            help='JSON Lines corpus: {"id", "contents": "\\"Title\\"\\nbody"} (Search-R1) or '
-            '{"id", "title", "text"} rows. Default: the bundled demo corpus.',
-            dir_okay=False,
-        ),
-    ] = None,
-    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (Search-R1's default is 8000).")] = 8000,
-    topk: Annotated[
-        int, typer.Option(min=1, help="Hits per query when a request gives no topk.")
-    ] = 3,
-    stem: Annotated[
-        bool, typer.Option("--stem/--no-stem", help="Stem English words (PyStemmer).")
-    ] = True,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
-    api_key: ApiKeyOption = None,
-    insecure: InsecureOption = False,
-    max_body_mb: MaxBodyMbOption = 4.0,
-    max_requests: MaxRequestsOption = 256,
-) -> None:
+
+def serve(flags: Any) -> None:
     """Index a corpus with BM25 (bm25s) and serve POST /retrieve and GET /health.
 
     A non-loopback --host needs --api-key / TOOLROLLOUT_API_KEY unless --insecure.
@@ -61,33 +47,34 @@ def serve(
     from toolrollout.search.demo_corpus import DEMO_CORPUS_PATH
     from toolrollout.search.retriever import create_retriever_app, retriever_security
 
-    path = DEMO_CORPUS_PATH if corpus is None else corpus
+    path = DEMO_CORPUS_PATH if flags.corpus is None else flags.corpus
     security = retriever_security(
-        api_key=api_key or None,
-        max_body_bytes=int(max_body_mb * 1024 * 1024),
-        max_concurrent_requests=max_requests,
+        api_key=flags.api_key or None,
+        max_body_bytes=int(flags.max_body_mb * 1024 * 1024),
+        max_concurrent_requests=flags.max_requests,
     )
     try:
-        check_bind(host, security, insecure=insecure, server="the retriever")
+        check_bind(flags.host, security, insecure=flags.insecure, server="the retriever")
         documents = load_corpus(path)
-        retriever = Bm25Retriever(documents, stemming=stem)
+        retriever = Bm25Retriever(documents, stemming=flags.stem)
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2) from exc
     typer.echo(
         f"indexed {len(documents)} documents from {path} in {retriever.index_seconds:.2f}s "
         f"(stemming {'on' if retriever.stemming else 'off'}); "
-        f"serving http://{host}:{port}/retrieve",
+        f"serving http://{flags.host}:{flags.port}/retrieve",
         err=True,
     )
     uvicorn.run(
-        create_retriever_app(retriever, default_topk=topk, security=security),
-        host=host,
-        port=port,
-        log_level=log_level,
+        create_retriever_app(retriever, default_topk=flags.topk, security=security),
+        host=flags.host,
+        port=flags.port,
+        log_level=flags.log_level,
     )
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``retriever`` command group to the ``toolrollout`` app."""
+    command(retriever_app, "serve", OPTIONS, serve)
     app.add_typer(retriever_app, name="retriever")

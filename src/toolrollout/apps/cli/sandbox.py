@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Any
 
 import typer
 
-from toolrollout.apps.cli._common import (
-    ApiKeyOption,
-    InsecureOption,
-    MaxBodyMbOption,
-    MaxRequestsOption,
-    require_extra,
-)
+from toolrollout.apps.cli._common import require_extra
+from toolrollout.apps.cli._options import SERVER, command, opt
 
-__all__ = ["register", "serve"]
+__all__ = ["OPTIONS", "register", "serve"]
 
 sandbox_app = typer.Typer(
     name="sandbox",
@@ -24,75 +19,41 @@ sandbox_app = typer.Typer(
     add_completion=False,
 )
 
+# fmt: off
+OPTIONS = [
+    SERVER["host"],
+    opt("port", int, 8080, "TCP port (Sandbox Fusion's default is 8080)."),
+    opt("max_concurrency", int | None, None, "Programs running at once (default: the number "
+        "of CPUs).", min=1),
+    opt("unsafe_no_isolation", bool, False, "Run code WITHOUT bubblewrap: programs can read "
+        "and write what this user can and reach the network. Only for trusted code on a "
+        "throwaway machine.", "--unsafe-no-isolation"),
+    opt("memory_limit_mb", int, 1024, "Memory limit per process (address space for python "
+        "and bash, data for the other languages), and the cap of requests.", min=1),
+    opt("compile_memory_limit_mb", int, 2048, "Memory limit (RLIMIT_DATA) of a compile step.",
+        min=1),
+    opt("max_processes", int, 64, "Processes and threads per run (RLIMIT_NPROC).", min=1),
+    opt("max_file_size_mb", int, 64, "Largest file a program may write (RLIMIT_FSIZE).",
+        min=1),
+    opt("max_output_bytes", int, 128 * 1024, "Bytes of stdout and of stderr kept per run.",
+        min=0),
+    opt("max_run_timeout", float, 300.0, "Cap on a request's run_timeout (seconds).",
+        min=0.001),
+    opt("tmp_size_mb", int, 256, "Size of the private /tmp.", min=1),
+    opt("python", Path | None, None, "Interpreter for python code (default: this one, without "
+        "its virtualenv).", dir_okay=False),
+    opt("program", list[str] | None, None, "NAME=PATH: the program a language runs with, e.g. "
+        "tsx=.sandbox-runtime/node/node_modules/.bin/tsx (repeatable; default: NAME on "
+        "/usr/local/bin:/usr/bin:/bin).", "--program"),
+    opt("read_only", list[Path] | None, None, "Extra host path the programs may read "
+        "(repeatable).", "--ro-bind", exists=True),
+    SERVER["log_level"], SERVER["api_key"], SERVER["insecure"],
+    SERVER["max_body_mb"].but(default=16.0), SERVER["max_requests"].but(default=256),
+]
+# fmt: on
 
-@sandbox_app.command("serve")
-def serve(
-    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port (Sandbox Fusion's default is 8080).")] = 8080,
-    max_concurrency: Annotated[
-        int | None,
-        typer.Option(min=1, help="Programs running at once (default: the number of CPUs)."),
-    ] = None,
-    unsafe_no_isolation: Annotated[
-        bool,
-        typer.Option(
-            "--unsafe-no-isolation",
-            help="Run code WITHOUT bubblewrap: programs can read and write what this user "
-            "can and reach the network. Only for trusted code on a throwaway machine.",
-        ),
-    ] = False,
-    memory_limit_mb: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Memory limit per process (address space for python and bash, data for the "
-            "other languages), and the cap of requests.",
-        ),
-    ] = 1024,
-    compile_memory_limit_mb: Annotated[
-        int, typer.Option(min=1, help="Memory limit (RLIMIT_DATA) of a compile step.")
-    ] = 2048,
-    max_processes: Annotated[
-        int, typer.Option(min=1, help="Processes and threads per run (RLIMIT_NPROC).")
-    ] = 64,
-    max_file_size_mb: Annotated[
-        int, typer.Option(min=1, help="Largest file a program may write (RLIMIT_FSIZE).")
-    ] = 64,
-    max_output_bytes: Annotated[
-        int, typer.Option(min=0, help="Bytes of stdout and of stderr kept per run.")
-    ] = 128 * 1024,
-    max_run_timeout: Annotated[
-        float, typer.Option(min=0.001, help="Cap on a request's run_timeout (seconds).")
-    ] = 300.0,
-    tmp_size_mb: Annotated[int, typer.Option(min=1, help="Size of the private /tmp.")] = 256,
-    python: Annotated[
-        Path | None,
-        typer.Option(
-            help="Interpreter for python code (default: this one, without its virtualenv).",
-            dir_okay=False,
-        ),
-    ] = None,
-    program: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--program",
-            help="NAME=PATH: the program a language runs with, e.g. "
-            "tsx=.sandbox-runtime/node/node_modules/.bin/tsx (repeatable; default: NAME on "
-            "/usr/local/bin:/usr/bin:/bin).",
-        ),
-    ] = None,
-    read_only: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--ro-bind", help="Extra host path the programs may read (repeatable).", exists=True
-        ),
-    ] = None,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
-    api_key: ApiKeyOption = None,
-    insecure: InsecureOption = False,
-    max_body_mb: MaxBodyMbOption = 16.0,
-    max_requests: MaxRequestsOption = 256,
-) -> None:
+
+def serve(flags: Any) -> None:
     """Serve Sandbox Fusion's POST /run_code isolated with bubblewrap.
 
     Runs python and bash, and c, cpp, go, java, nodejs, typescript, rust, perl, ruby and lua
@@ -110,12 +71,12 @@ def serve(
     from toolrollout.sandbox._server import run_sandbox_server, sandbox_security
 
     options: dict[str, object] = {}
-    if max_concurrency is not None:
-        options["max_concurrency"] = max_concurrency
-    if python is not None:
-        options["python"] = str(python.absolute())
+    if flags.max_concurrency is not None:
+        options["max_concurrency"] = flags.max_concurrency
+    if flags.python is not None:
+        options["python"] = str(flags.python.absolute())
     programs: dict[str, str] = {}
-    for item in program or ():
+    for item in flags.program or ():
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             typer.echo(f"error: --program wants NAME=PATH, got {item!r}", err=True)
@@ -123,36 +84,36 @@ def serve(
         programs[name] = str(Path(path).absolute()) if "/" in path else path
     try:
         config = SandboxServerConfig(
-            isolation="none" if unsafe_no_isolation else "bwrap",
-            memory_limit_mb=memory_limit_mb,
-            compile_memory_limit_mb=compile_memory_limit_mb,
+            isolation="none" if flags.unsafe_no_isolation else "bwrap",
+            memory_limit_mb=flags.memory_limit_mb,
+            compile_memory_limit_mb=flags.compile_memory_limit_mb,
             programs=programs,
-            max_processes=max_processes,
-            max_file_size_mb=max_file_size_mb,
-            max_output_bytes=max_output_bytes,
-            max_run_timeout=max_run_timeout,
-            tmp_size_mb=tmp_size_mb,
-            read_only_paths=tuple(str(p) for p in read_only or ()),
+            max_processes=flags.max_processes,
+            max_file_size_mb=flags.max_file_size_mb,
+            max_output_bytes=flags.max_output_bytes,
+            max_run_timeout=flags.max_run_timeout,
+            tmp_size_mb=flags.tmp_size_mb,
+            read_only_paths=tuple(str(p) for p in flags.read_only or ()),
             **options,  # type: ignore[arg-type]
         )
-        if unsafe_no_isolation:
+        if flags.unsafe_no_isolation:
             typer.echo(
                 "warning: --unsafe-no-isolation: code runs WITHOUT isolation (same user, "
                 "files and network as this server)",
                 err=True,
             )
         security = sandbox_security(
-            api_key=api_key or None,
-            max_body_bytes=int(max_body_mb * 1024 * 1024),
-            max_concurrent_requests=max_requests,
+            api_key=flags.api_key or None,
+            max_body_bytes=int(flags.max_body_mb * 1024 * 1024),
+            max_concurrent_requests=flags.max_requests,
         )
         run_sandbox_server(
             config,
-            host=host,
-            port=port,
-            log_level=log_level,
+            host=flags.host,
+            port=flags.port,
+            log_level=flags.log_level,
             security=security,
-            insecure=insecure,
+            insecure=flags.insecure,
         )
     except UserError as exc:  # SandboxIsolationError included: no working bubblewrap
         typer.echo(f"error: {exc}", err=True)
@@ -161,4 +122,5 @@ def serve(
 
 def register(app: typer.Typer) -> None:
     """Add the ``sandbox`` command group to the ``toolrollout`` app."""
+    command(sandbox_app, "serve", OPTIONS, serve)
     app.add_typer(sandbox_app, name="sandbox")
