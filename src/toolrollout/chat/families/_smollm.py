@@ -10,7 +10,9 @@ read by the ``qwen25`` parser) and every result in a turn of its own,
 ``\n`` after it (the boundary). Earlier turns re-render unchanged.
 
 Detection is by the render: ChatML, a hermes call and a ``tool`` turn for the result, with
-no ``<tool_response>`` wrapper (which is Qwen2.5's user-turn form) and no image tokens.
+no ``<tool_response>`` wrapper (which is Qwen2.5's user-turn form) and no image tokens; from
+the template text alone (not rendered), ChatML with ``<tool_call>`` and SmolLM's default
+system line.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ _IM_END = "<|im_end|>"
 
 
 def _detect_smollm2(probe: TemplateProbe) -> bool:
+    if not probe.mentions("<|im_start|>", _IM_END):
+        return False
+    if probe.rendered is None:  # the template text alone: SmolLM2's default system line
+        return probe.mentions("<tool_call>", "named SmolLM")
     return (
-        probe.mentions("<|im_start|>", _IM_END)
-        and probe.renders('<tool_call>\n{"name": "probe_tool"', "<|im_start|>tool\n")
+        probe.renders('<tool_call>\n{"name": "probe_tool"', "<|im_start|>tool\n")
         and not probe.renders("<tool_response>")
         and not probe.mentions("<|image_pad|>")
     )
