@@ -75,15 +75,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-prompts", type=int, default=64, help="held-out problems scored")
     p.add_argument("--prompts-per-step", type=int, default=8)
     p.add_argument("--group-size", type=int, default=4, help="GRPO num_generations")
-    p.add_argument("--learning-rate", type=float, default=2e-5)
+    p.add_argument("--learning-rate", type=float, default=1e-4)
     p.add_argument("--temperature", type=float, default=1.0, help="GRPO sampling")
     p.add_argument("--scan-temperatures", type=float, nargs="*", default=[0.3, 0.7, 1.0],
                    help="sampled evaluations of the before model (sharpening control)")  # fmt: skip
     p.add_argument("--train-top-layers", type=int, default=4,
                    help="train only the top N decoder layers and the final norm")  # fmt: skip
-    p.add_argument("--sft-examples", type=int, default=32, help="cold-start dialogs (0: none)")
+    p.add_argument("--sft-examples", type=int, default=24, help="cold-start dialogs (0: none)")
     p.add_argument("--sft-batch", type=int, default=8)
-    p.add_argument("--sft-learning-rate", type=float, default=1e-4)
+    p.add_argument("--sft-learning-rate", type=float, default=3e-4)
     p.add_argument("--tool-error-penalty", type=float, default=0.2)
     p.add_argument("--max-turns", type=int, default=2, help="assistant turns per rollout")
     p.add_argument("--max-new-tokens", type=int, default=40, help="tokens per model turn")
