@@ -81,7 +81,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="sampled evaluations of the before model (sharpening control)")  # fmt: skip
     p.add_argument("--train-top-layers", type=int, default=4,
                    help="train only the top N decoder layers and the final norm")  # fmt: skip
-    p.add_argument("--sft-examples", type=int, default=24, help="cold-start dialogs (0: none)")
+    p.add_argument("--sft-examples", type=int, default=64, help="cold-start dialogs (0: none)")
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-learning-rate", type=float, default=3e-4)
     p.add_argument("--tool-error-penalty", type=float, default=0.2)
