@@ -12,8 +12,8 @@ calculator is the learnable choice. Stages, all on the CPU, in one process:
    a pair belongs to the held-out split by a stable hash, so training and held-out prompts
    share no pair (checked). The calculator is toolrollout's ``calculator_tool``, shown to
    the model by toolrollout's SmolLM2 tools template (family ``smollm2``).
-2. **Cold start.** The model never calls the tool, even at temperature 1 and with a
-   worked example in the system prompt (docs/trainers.md), so RL has nothing to reinforce.
+2. **Cold start.** Greedy, the model called no tool on 16 problems, with or without a
+   worked example in the system prompt (docs/trainers.md): RL has nothing to reinforce.
    ``--sft-examples`` dialogs of the *training* split (call, result, answer) are trained
    with cross-entropy on the model's tokens for one pass, top ``--train-top-layers`` layers
    only. Everything after is measured from this model: it is the "before" point.
