@@ -161,6 +161,14 @@ NOT_RUN: dict[tuple[str, str], str] = {
     ("docs/trainers.md", "python -m toolrollout eval --m"): (
         "needs the published run's held-out file and sandbox config"
     ),
+    ("docs/trainers.md", "python -m toolrollout.apps.dem"): (
+        "downloads a 93 MB wheel and converts it (about a minute)"
+    ),
+    ("docs/trainers.md", 'MODEL="$(python -m toolrollout'): (
+        "needs the converted model (python -m toolrollout.apps.demo_smollm.build)"
+    ),
+    ("docs/trainers.md", "SGLANG_USE_CPU_ENGINE=1 .engin"): ("starts real engine servers"),
+    ("docs/trainers.md", "python examples/grpo_smollm.py"): ("trains for many minutes"),
 }
 """(page, start of the block's first line) -> why it is not run (the page's marker text)."""
 

@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from types import MappingProxyType, ModuleType
 
 from ..._exceptions import UserError
-from . import _deepseek, _glm, _gpt_oss, _kimi, _llama, _mistral, _qwen
+from . import _deepseek, _glm, _gpt_oss, _kimi, _llama, _mistral, _qwen, _smollm
 from ._family import CallIdRequest, TemplateFamily, TemplateProbe
 
 __all__ = [
@@ -61,6 +61,7 @@ _FAMILY_MODULES: tuple[ModuleType, ...] = (
     _kimi,
     _glm,
     _gpt_oss,
+    _smollm,
 )
 
 
