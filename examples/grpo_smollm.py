@@ -266,6 +266,7 @@ def grpo(
     from toolrollout.engines.embedded import EmbeddedEngine
     from toolrollout.integrations import trl_rollout_func
     from toolrollout.rewards import WeightedReward, numeric_match, tool_error_penalty
+    from toolrollout.spec import RunSpec
     from toolrollout.tools import calculator_tool
 
     torch.manual_seed(seed)
@@ -287,7 +288,10 @@ def grpo(
     ]
     engine = EmbeddedEngine(start_dir, num_threads=args.threads, max_batch_size=batch)
     rollout = trl_rollout_func(
-        engine, tokenizer, [calculator_tool()], config=config, rewards=terms, weight_sync="auto"
+        engine,
+        tokenizer,
+        RunSpec(tools=[calculator_tool()], config=config, rewards=terms),
+        weight_sync="auto",
     )
     steps: list[dict[str, Any]] = []
 

@@ -17,6 +17,7 @@ import pytest
 
 from toolrollout import RolloutConfig, SamplingParams
 from toolrollout.integrations import trl_rollout_func
+from toolrollout.spec import RunSpec
 from toolrollout.tools import calculator_tool
 
 STEPS = 2
@@ -57,7 +58,9 @@ def test_grpo_steps_are_on_policy_with_a_gradient(
     config = RolloutConfig(
         sampling=SamplingParams(max_new_tokens=12, temperature=1.0), max_turns=2, seed=0
     )
-    rollout = trl_rollout_func(engine, smollm2_tokenizer, [calculator_tool()], config=config)
+    rollout = trl_rollout_func(
+        engine, smollm2_tokenizer, RunSpec(tools=[calculator_tool()], config=config)
+    )
     batches: list[dict[str, Any]] = []
 
     def recording(prompts: list[Any], trainer: Any) -> dict[str, Any]:

@@ -14,7 +14,8 @@ import pytest
 from tests.chat.families.conftest import fresh_render_ids, run_family
 
 from toolrollout.apps.demo_smollm import SMOLLM2_CHAT_TEMPLATE_PATH
-from toolrollout.chat import ChatFormat, detect_template_family, get_template_family
+from toolrollout.chat import ChatFormat
+from toolrollout.chat.families import detect_template_family, get_template_family
 from toolrollout.rollout import RolloutConfig, TrajectoryStatus
 from toolrollout.tools import calculator_tool
 
