@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
+
+from toolrollout.apps.server._openai import validate_body
 
 from ._http import (
     Callers,
@@ -86,14 +88,7 @@ class ResponsesRequest(BaseModel):
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
     """Validate a request body; a 400 :class:`GatewayError` with one readable line."""
-    if not isinstance(body, dict):
-        raise invalid("the request body must be a JSON object")
-    try:
-        request = ResponsesRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise invalid(f"{where}: {first['msg']}") from None
+    request = validate_body(ResponsesRequest, body, invalid)
     if request.conversation is not None:
         raise invalid(
             "conversation is not supported: the gateway has no Conversations API; use "
