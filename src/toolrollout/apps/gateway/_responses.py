@@ -46,7 +46,7 @@ from ._http import (
 )
 from ._parts import chat_content, invalid, require_str
 from ._sse import relay, sse_bytes, stream_response, whole
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, StreamDelta
+from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, StreamDelta, ToolCallOut
 
 if TYPE_CHECKING:
     from ._core import Gateway
@@ -300,18 +300,19 @@ def output_items(choice: ChatChoice) -> list[dict[str, Any]]:
                 ],
             }
         )
-    items.extend(
-        {
-            "id": _new_id("fc"),
-            "type": "function_call",
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": call.arguments,
-            "status": status,
-        }
-        for call in choice.tool_calls
-    )
+    items.extend(_function_call_item(call, status) for call in choice.tool_calls)
     return items
+
+
+def _function_call_item(call: ToolCallOut, status: str) -> dict[str, Any]:
+    return {
+        "id": _new_id("fc"),
+        "type": "function_call",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": status,
+    }
 
 
 def response_object(
@@ -498,14 +499,7 @@ class ResponseStreamWriter:
             events += self._start("message")
         events += self._close(status)
         for call in choice.tool_calls:
-            item = {
-                "id": _new_id("fc"),
-                "type": "function_call",
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": call.arguments,
-                "status": status,
-            }
+            item = _function_call_item(call, status)
             where = {"item_id": item["id"], "output_index": len(self._items)}
             events.append(
                 self._emit(
