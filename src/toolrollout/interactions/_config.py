@@ -10,14 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from os import PathLike
-from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolrollout._exceptions import ConfigError, UserError
-from toolrollout.tools._config import _import, _validation_error
+from toolrollout.tools._config import _import, _validation_error, read_yaml_file
 
 from ._base import Interaction
 
@@ -112,13 +110,4 @@ def interactions_from_config(
 
 def load_interaction_config(path: str | PathLike[str]) -> dict[str, Any]:
     """Load a verl-layout interaction config YAML: interaction objects by name."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read the file: {exc.strerror or exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: invalid YAML: {exc}") from exc
-    return interactions_from_config(data, source=source)
+    return interactions_from_config(read_yaml_file(path), source=str(path))

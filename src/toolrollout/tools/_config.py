@@ -233,17 +233,27 @@ def load_tool_config(path: str | PathLike[str]) -> list[Tool]:
     ``tool_schema`` replaces the schema shown to the model.
     """
     source = str(path)
+    data = read_yaml_file(path)
+    return tools_from_config(data, source=source, base_dir=Path(path).resolve().parent)
+
+
+def read_config_file(path: str | PathLike[str]) -> str:
+    """The text of a UTF-8 config file; a :class:`ConfigError` naming it when unreadable."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(f"{source}: cannot read the file: {exc.strerror or exc}") from exc
+        raise ConfigError(f"{path}: cannot read the file: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from exc
+        raise ConfigError(f"{path}: not UTF-8 text (bad byte at offset {exc.start})") from exc
+
+
+def read_yaml_file(path: str | PathLike[str]) -> Any:
+    """A YAML config file, loaded; a :class:`ConfigError` with the line when it is invalid."""
+    text = read_config_file(path)
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{source}: invalid YAML{where}: {problem}") from exc
-    return tools_from_config(data, source=source, base_dir=Path(path).resolve().parent)
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from exc

@@ -358,14 +358,18 @@ class LatencyServer:
             self._retract(victim, now)
         return True
 
-    def _retract(self, req: _Req, now: float) -> None:
-        """Stop a running request; it keeps its output and waits to be re-prefilled."""
+    def _unrun(self, req: _Req, now: float) -> None:
+        """Take a running request off its slot, counting what it decoded and its time."""
         req.decoded = self._decoded_at(req, now)
         if req.timer is not None:
             req.timer.cancel()
             req.timer = None
         req.slot_seconds += now - req.admitted
         del self._running[req.rid]
+
+    def _retract(self, req: _Req, now: float) -> None:
+        """Stop a running request; it keeps its output and waits to be re-prefilled."""
+        self._unrun(req, now)
         self._seq += 1
         req.seq = self._seq
         self._waiting.append(req)
@@ -462,12 +466,7 @@ class LatencyServer:
                 continue
             hit += 1
             if req.rid in self._running:
-                req.decoded = self._decoded_at(req, now)
-                if req.timer is not None:
-                    req.timer.cancel()
-                    req.timer = None
-                req.slot_seconds += now - req.admitted
-                del self._running[req.rid]
+                self._unrun(req, now)
             else:
                 self._waiting.remove(req)
             req.aborted = True

@@ -94,7 +94,7 @@ _OUTPUT_FILES: Final = frozenset(
 )
 
 
-def _log(message: str) -> None:
+def log_line(message: str) -> None:
     sys.stdout.write(message + "\n")
     sys.stdout.flush()
 
@@ -246,11 +246,22 @@ def _model_config(tokenizer: PreTrainedTokenizerFast, args: argparse.Namespace) 
     )
 
 
-def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.05) -> float:
+    """Linear warm-up to ``peak``, then a cosine decay to ``floor * peak``."""
     if step < warmup:
         return peak * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def optimizer_step(model: Any, optimizer: torch.optim.Optimizer, loss: Any, lr: float) -> None:
+    """Back-propagate ``loss`` and take one step at ``lr``, gradients clipped to norm 1."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
 
 
 def _batches(
@@ -319,7 +330,7 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     im_start = _token_id(tokenizer, IM_START)
     prefix_lens = [ids.index(im_start, 1) if ids[0] == im_start else 0 for ids in encoded]
     lengths = [len(ids) for ids in encoded]
-    _log(
+    log_line(
         f"data: {len(dialogs)} dialogs, tokens/dialog mean {sum(lengths) / len(lengths):.0f} "
         f"max {max(lengths)}, vocab {len(tokenizer)}, prep {time.perf_counter() - t0:.1f}s"
     )
@@ -338,7 +349,7 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     model = Qwen2ForCausalLM(_model_config(tokenizer, args)) if start is None else start[0]
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
-    _log(
+    log_line(
         f"model: {n_params / 1e6:.2f}M params, {model.config.num_hidden_layers} layers, "
         f"hidden {model.config.hidden_size}"
         + ("" if start is None else ", continuing the previous stage")
@@ -355,20 +366,15 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
         input_ids, labels = _batch_tensors(
             [encoded[i][p:] for i in idx], [masks[i][p:] for i in idx], pad_id
         )
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, total, args.lr, args.warmup)
         loss = _loss(model, encoded[idx[0]][:p], input_ids, labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        optimizer_step(model, optimizer, loss, cosine_lr(step, total, args.lr, args.warmup))
         running = loss.item() if step == 0 else 0.9 * running + 0.1 * loss.item()
         if step % args.log_every == 0 or step == total - 1:
-            _log(
+            log_line(
                 f"step {step:4d}/{total} loss {loss.item():.4f} (ema {running:.4f}) "
                 f"lr {optimizer.param_groups[0]['lr']:.2e} {time.perf_counter() - t0:.0f}s"
             )
-    _log(f"final loss {loss.item():.4f} (ema {running:.4f}), {time.perf_counter() - t0:.0f}s")
+    log_line(f"final loss {loss.item():.4f} (ema {running:.4f}), {time.perf_counter() - t0:.0f}s")
     model.eval()  # type: ignore[no-untyped-call]
     return model, tokenizer
 
@@ -570,7 +576,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     }
     write_prompts(paths)
     where = args.prompts_dir or DEMO_PROMPT_SETS["calculator"].parent
-    _log(f"saved {args.out} and prompts in {where}; total {time.perf_counter() - start:.0f}s")
+    log_line(f"saved {args.out} and prompts in {where}; total {time.perf_counter() - start:.0f}s")
 
 
 if __name__ == "__main__":

@@ -24,10 +24,8 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import random
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -38,6 +36,7 @@ from typing import Any, Final, cast
 import torch
 
 from toolrollout.apps.demo.dialogs import training_dialogs
+from toolrollout.apps.demo.train import cosine_lr, log_line, optimizer_step
 from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
 from toolrollout.apps.demo_vl.build import build
 from toolrollout.apps.demo_vl.video import COLOURS, Segment, make_video, plan_segments
@@ -67,11 +66,6 @@ QUESTION_TEMPLATES: Final = (
 _NAMES: Final = ("clip", "video", "movie", "cam", "scene", "shot", "demo", "take")
 HELDOUT_SEED_BASE: Final = 10_000
 """Clip seeds from here on are never used in training (the quality test draws them)."""
-
-
-def _log(message: str) -> None:
-    sys.stdout.write(message + "\n")
-    sys.stdout.flush()
 
 
 def clip_name(rng: random.Random) -> str:
@@ -225,13 +219,6 @@ def video_dialogs(
     return out
 
 
-def _lr_at(step: int, total: int, peak: float, warmup: int) -> float:
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-
 def _padded(
     batch: Sequence[VideoExample], skip: int, pad: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -323,7 +310,7 @@ def train(args: argparse.Namespace, workdir: Path) -> Any:
         for messages in training_dialogs(args.calc_dialogs, seed=args.seed)
     ]
     lengths = [len(e.ids) for e in video]
-    _log(
+    log_line(
         f"data: {len(video)} video dialogs (mean {sum(lengths) / len(lengths):.0f} tokens, "
         f"max {max(lengths)}), {len(calc)} calculator dialogs, {time.perf_counter() - t0:.0f}s"
     )
@@ -341,20 +328,16 @@ def train(args: argparse.Namespace, workdir: Path) -> Any:
         calc_step = args.calc_every > 0 and step % args.calc_every == args.calc_every - 1
         pool = calc if calc_step else video
         batch = [pool[rng.randrange(len(pool))] for _ in range(args.batch_size)]
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, args.steps, args.lr, args.warmup)
         if calc_step:
             loss = _text_loss(model, batch, pad)
         else:
             loss = _video_loss(model, processor, batch, prefix, pad)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[no-untyped-call]
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        lr = cosine_lr(step, args.steps, args.lr, args.warmup, floor=0.1)
+        optimizer_step(model, optimizer, loss, lr)
         running = loss.item() if step == 0 else 0.9 * running + 0.1 * loss.item()
         if step % args.log_every == 0 or step == args.steps - 1:
             kind = "calc" if calc_step else "video"
-            _log(
+            log_line(
                 f"step {step:4d}/{args.steps} {kind} loss {loss.item():.4f} (ema {running:.4f}) "
                 f"{time.perf_counter() - t0:.0f}s"
             )
@@ -534,11 +517,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = train(args, Path(tmp))
         save(model, Path(tmp) / "start", args.out)
-    _log(f"saved {args.out}; total {time.perf_counter() - t0:.0f}s")
+    log_line(f"saved {args.out}; total {time.perf_counter() - t0:.0f}s")
     if args.evaluate:
         with tempfile.TemporaryDirectory() as tmp:
             quality = evaluate(args.out, Path(tmp), cases=args.evaluate)
-        _log(
+        log_line(
             f"held-out at T=1.0: {quality.calls_right}/{quality.cases} exact crop_video calls, "
             f"{quality.answers_right}/{quality.cases} right colours"
         )

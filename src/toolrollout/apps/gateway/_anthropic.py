@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
+
+from toolrollout.apps.server._openai import validate_body
 
 from ._http import complete_or_abort, open_stream, request_metadata, session_key
 from ._parts import chat_content, invalid, require_str
@@ -67,16 +69,9 @@ class MessagesRequest(BaseModel):
 def parse_messages_request(body: Any, *, count_only: bool = False) -> MessagesRequest:
     """Validate a request body; a 400 :class:`GatewayError` with one readable line.
     ``count_only``: a ``count_tokens`` body, which has no ``max_tokens``."""
-    if not isinstance(body, dict):
-        raise invalid("the request body must be a JSON object")
-    if count_only:
+    if count_only and isinstance(body, dict):
         body = {**body, "max_tokens": 1}
-    try:
-        return MessagesRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise invalid(f"{where}: {first['msg']}") from None
+    return validate_body(MessagesRequest, body, invalid)
 
 
 def messages_to_chat(

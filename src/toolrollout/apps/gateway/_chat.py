@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 
-from toolrollout.apps.server._openai import ChatCompletionRequest
+from toolrollout.apps.server._openai import ChatCompletionRequest, validate_body
 
 from ._http import (
     complete_or_abort,
@@ -31,6 +30,7 @@ from ._http import (
     request_metadata,
     session_key,
 )
+from ._parts import invalid
 from ._sse import data_bytes, relay, stream_response
 from ._types import (
     ChatChoice,
@@ -55,14 +55,7 @@ __all__ = [
 
 def chat_request_from_openai(body: Any, *, session: str, metadata: dict[str, Any]) -> ChatRequest:
     """A Chat Completions body as the gateway's request; :class:`GatewayError` if invalid."""
-    if not isinstance(body, dict):
-        raise GatewayError("invalid_request", "the request body must be a JSON object", status=400)
-    try:
-        parsed = ChatCompletionRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise GatewayError("invalid_request", f"{where}: {first['msg']}", status=400) from None
+    parsed = validate_body(ChatCompletionRequest, body, invalid)
     tools = tuple(parsed.tools or ())
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":

@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
+
+from toolrollout.apps.server._openai import validate_body
 
 from ._http import (
     Callers,
@@ -44,7 +46,7 @@ from ._http import (
 )
 from ._parts import chat_content, invalid, require_str
 from ._sse import relay, sse_bytes, stream_response, whole
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, StreamDelta
+from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, StreamDelta, ToolCallOut
 
 if TYPE_CHECKING:
     from ._core import Gateway
@@ -86,14 +88,7 @@ class ResponsesRequest(BaseModel):
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
     """Validate a request body; a 400 :class:`GatewayError` with one readable line."""
-    if not isinstance(body, dict):
-        raise invalid("the request body must be a JSON object")
-    try:
-        request = ResponsesRequest.model_validate(body)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise invalid(f"{where}: {first['msg']}") from None
+    request = validate_body(ResponsesRequest, body, invalid)
     if request.conversation is not None:
         raise invalid(
             "conversation is not supported: the gateway has no Conversations API; use "
@@ -305,18 +300,19 @@ def output_items(choice: ChatChoice) -> list[dict[str, Any]]:
                 ],
             }
         )
-    items.extend(
-        {
-            "id": _new_id("fc"),
-            "type": "function_call",
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": call.arguments,
-            "status": status,
-        }
-        for call in choice.tool_calls
-    )
+    items.extend(_function_call_item(call, status) for call in choice.tool_calls)
     return items
+
+
+def _function_call_item(call: ToolCallOut, status: str) -> dict[str, Any]:
+    return {
+        "id": _new_id("fc"),
+        "type": "function_call",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": status,
+    }
 
 
 def response_object(
@@ -503,14 +499,7 @@ class ResponseStreamWriter:
             events += self._start("message")
         events += self._close(status)
         for call in choice.tool_calls:
-            item = {
-                "id": _new_id("fc"),
-                "type": "function_call",
-                "call_id": call.id,
-                "name": call.name,
-                "arguments": call.arguments,
-                "status": status,
-            }
+            item = _function_call_item(call, status)
             where = {"item_id": item["id"], "output_index": len(self._items)}
             events.append(
                 self._emit(

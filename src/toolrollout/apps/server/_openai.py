@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from http import HTTPStatus
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -37,6 +37,8 @@ __all__ = [
     "parse_chat_request",
     "tool_calls_json",
 ]
+
+_Model = TypeVar("_Model", bound=BaseModel)
 
 
 class ChatCompletionRequest(BaseModel):
@@ -79,16 +81,23 @@ class ChatCompletionRequest(BaseModel):
         return bool(self.tools) and self.tool_choice != "none"
 
 
-def parse_chat_request(body: Any) -> ChatCompletionRequest:
-    """Validate a request body; :class:`UserError` with one readable line otherwise."""
+def validate_body(
+    model: type[_Model], body: Any, error: Callable[[str], Exception] = UserError
+) -> _Model:
+    """``body`` validated as ``model``; ``error`` with one readable line when it is not."""
     if not isinstance(body, dict):
-        raise UserError("the request body must be a JSON object")
+        raise error("the request body must be a JSON object")
     try:
-        request = ChatCompletionRequest.model_validate(body)
+        return model.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
-        raise UserError(f"{where}: {first['msg']}") from None
+        raise error(f"{where}: {first['msg']}") from None
+
+
+def parse_chat_request(body: Any) -> ChatCompletionRequest:
+    """Validate a request body; :class:`UserError` with one readable line otherwise."""
+    request = validate_body(ChatCompletionRequest, body)
     if request.stream:
         raise UserError("stream=true is not supported by this server; use stream=false")
     if request.n != 1:

@@ -25,6 +25,7 @@ the text as given, so arguments are JSON strings (``arguments_as="json"``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -172,21 +173,15 @@ DEEPSEEKV3 = TemplateFamily(
     tools_fallback=deepseek_v3_tool_prompt,
 )
 
-DEEPSEEKV31 = TemplateFamily(
+DEEPSEEKV31 = dataclasses.replace(
+    DEEPSEEKV3,
     name="deepseekv31",
-    stop_tokens=(_EOS,),
-    boundary="",
     generation_prompt=f"{_ASSISTANT}</think>",
     tool_parser="deepseekv31",
-    rewrites_history=True,
     history_normalizer=_v31_history,
     description="DeepSeek-V3.1: NAME<｜tool▁sep｜>{json} calls, 'thinking' kwarg, tool "
     "schemas in the system prompt (the template ignores tools).",
     detect=_detect_v31,
-    detect_priority=20,
-    arguments_as="json",
-    think_tags=("<think>", "</think>"),
-    reasoning_field="reasoning_content",
     tools_fallback=deepseek_v31_tool_prompt,
 )
 

@@ -31,6 +31,7 @@ and writes a ``tool`` turn per result. What differs is the call format and the h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -157,11 +158,9 @@ QWEN25 = TemplateFamily(
     arguments_as="object",
 )
 
-QWEN3 = TemplateFamily(
+QWEN3 = dataclasses.replace(
+    QWEN25,
     name="qwen3",
-    stop_tokens=(_IM_END,),
-    boundary="\n",
-    generation_prompt=_GENERATION_PROMPT,
     tool_parser="qwen3",
     rewrites_history=True,
     history_normalizer=_drop_think_blocks,
@@ -170,28 +169,23 @@ QWEN3 = TemplateFamily(
     "re-render.",
     detect=_detect_qwen3,
     detect_priority=10,
-    arguments_as="object",
     think_tags=_THINK,
     reasoning_field="reasoning_content",
 )
 
-QWEN3_CODER = TemplateFamily(
+QWEN3_CODER = dataclasses.replace(
+    QWEN25,
     name="qwen3_coder",
-    stop_tokens=(_IM_END,),
-    boundary="\n",
-    generation_prompt=_GENERATION_PROMPT,
     tool_parser="qwen3_coder",
     description="Qwen3-Coder ChatML: XML calls <tool_call><function=NAME><parameter=KEY>, "
     "values typed by the tool schema.",
     detect=_detect_qwen3_coder,
     detect_priority=20,
-    arguments_as="object",
 )
 
-QWEN35 = TemplateFamily(
+QWEN35 = dataclasses.replace(
+    QWEN25,
     name="qwen35",
-    stop_tokens=(_IM_END,),
-    boundary="\n",
     generation_prompt=_GENERATION_PROMPT + "<think>\n",
     tool_parser="qwen3_coder",
     rewrites_history=True,
@@ -200,38 +194,31 @@ QWEN35 = TemplateFamily(
     "reasoning_content (dropped before the last user query on re-render), images.",
     detect=_detect_qwen35,
     detect_priority=25,
-    arguments_as="object",
     think_tags=_THINK,
     reasoning_field="reasoning_content",
     vision=True,
 )
 
-QWEN25_VL = TemplateFamily(
+QWEN25_VL = dataclasses.replace(
+    QWEN25,
     name="qwen25_vl",
-    stop_tokens=(_IM_END,),
-    boundary="\n",
-    generation_prompt=_GENERATION_PROMPT,
     tool_parser="qwen25",
     description="Qwen2.5-VL ChatML: the template has no tools, so the hermes tool block goes "
     "into the system message; model turns keep their raw text; image placeholders.",
     detect=_detect_qwen25_vl,
     detect_priority=20,
-    arguments_as="object",
     assistant_message=_raw_text_message,
     tools_fallback=hermes_tool_block,
     vision=True,
 )
 
-QWEN3_VL = TemplateFamily(
+QWEN3_VL = dataclasses.replace(
+    QWEN25,
     name="qwen3_vl",
-    stop_tokens=(_IM_END,),
-    boundary="\n",
-    generation_prompt=_GENERATION_PROMPT,
     tool_parser="qwen25",
     description="Qwen3-VL Instruct ChatML: hermes calls, images in user turns and tool results.",
     detect=_detect_qwen3_vl,
     detect_priority=20,
-    arguments_as="object",
     vision=True,
 )
 

@@ -330,6 +330,31 @@ def join_content(parts: Iterable[str]) -> str:
     return "\n".join(part.strip() for part in parts if part.strip())
 
 
+def split_blocks(
+    text: str, open_tag: str, close_tag: str
+) -> tuple[list[str], list[str], str | None]:
+    """Cut ``text`` at its ``open_tag``…``close_tag`` blocks.
+
+    Returns the text around the blocks (one piece more than there are blocks), the block
+    bodies, and the text from an opener that is never closed (``None`` when every one is).
+    """
+    outside: list[str] = []
+    bodies: list[str] = []
+    position = 0
+    while True:
+        start = text.find(open_tag, position)
+        if start == -1:
+            outside.append(text[position:])
+            return outside, bodies, None
+        outside.append(text[position:start])
+        body_start = start + len(open_tag)
+        end = text.find(close_tag, body_start)
+        if end == -1:
+            return outside, bodies, text[start:]
+        bodies.append(text[body_start:end])
+        position = end + len(close_tag)
+
+
 class CallCollector:
     """Accumulates calls and errors while a parser walks the text."""
 

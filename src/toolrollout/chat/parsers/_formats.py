@@ -23,6 +23,7 @@ from ._base import (
     loads,
     raw_decode,
     skip_whitespace,
+    split_blocks,
 )
 
 __all__ = [
@@ -53,30 +54,19 @@ class HermesParser(ToolCallParser):
     def parse_body(self, text: str) -> ParsedTurn:
         """Collect every tagged call; text outside the tags is content."""
         collector = CallCollector(self)
-        segments: list[str] = []
-        position = 0
-        while True:
-            start = text.find(self.open_tag, position)
-            if start == -1:
-                segments.append(text[position:])
-                break
-            segments.append(text[position:start])
-            body_start = start + len(self.open_tag)
-            end = text.find(self.close_tag, body_start)
-            if end == -1:
-                collector.error(
-                    f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
-                    text[start:],
-                )
-                break
-            body = text[body_start:end]
+        outside, bodies, unterminated = split_blocks(text, self.open_tag, self.close_tag)
+        for body in bodies:
             value, error = loads(body.strip())
             if error is not None:
                 collector.error(f"{error} inside {self.open_tag}", body)
             else:
                 collector.add_object(value, body)
-            position = end + len(self.close_tag)
-        return collector.turn(join_content(segments))
+        if unterminated is not None:
+            collector.error(
+                f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
+                unterminated,
+            )
+        return collector.turn(join_content(outside))
 
 
 class Llama3JsonParser(ToolCallParser):
@@ -297,20 +287,11 @@ class DeepSeekV3Parser(ToolCallParser):
         end = text.find(self.section_close, body_start)
         body = text[body_start:] if end == -1 else text[body_start:end]
         trailing = "" if end == -1 else text[end + len(self.section_close) :]
-        position = 0
-        while True:
-            call_start = body.find(self.call_open, position)
-            if call_start == -1:
-                break
-            inner_start = call_start + len(self.call_open)
-            call_end = body.find(self.call_close, inner_start)
-            if call_end == -1:
-                collector.error(
-                    f"unterminated tool call: missing {self.call_close}", body[call_start:]
-                )
-                break
-            self._parse_call(body[inner_start:call_end], collector)
-            position = call_end + len(self.call_close)
+        _, calls, unterminated = split_blocks(body, self.call_open, self.call_close)
+        for call in calls:
+            self._parse_call(call, collector)
+        if unterminated is not None:
+            collector.error(f"unterminated tool call: missing {self.call_close}", unterminated)
         if not collector.calls and not collector.errors:
             collector.error("the tool-call section contains no call", body)
         return collector.turn(join_content([text[:start], trailing]))

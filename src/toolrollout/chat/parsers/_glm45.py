@@ -33,6 +33,7 @@ from ._base import (
     join_content,
     loads,
     skip_whitespace,
+    split_blocks,
 )
 
 __all__ = ["Glm45Parser"]
@@ -60,25 +61,15 @@ class Glm45Parser(ToolCallParser):
                 text = text[: -len(stop)]
                 break
         collector = CallCollector(self)
-        segments: list[str] = []
-        position = 0
-        while True:
-            start = text.find(self.open_tag, position)
-            if start == -1:
-                segments.append(text[position:])
-                break
-            segments.append(text[position:start])
-            body_start = start + len(self.open_tag)
-            end = text.find(self.close_tag, body_start)
-            if end == -1:
-                collector.error(
-                    f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
-                    text[start:],
-                )
-                break
-            self._parse_call(text[body_start:end], collector)
-            position = end + len(self.close_tag)
-        return collector.turn(join_content(segments))
+        outside, bodies, unterminated = split_blocks(text, self.open_tag, self.close_tag)
+        for body in bodies:
+            self._parse_call(body, collector)
+        if unterminated is not None:
+            collector.error(
+                f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
+                unterminated,
+            )
+        return collector.turn(join_content(outside))
 
     def _parse_call(self, inner: str, collector: CallCollector) -> None:
         first_key = inner.find(self.key_open)

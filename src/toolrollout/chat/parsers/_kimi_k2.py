@@ -24,6 +24,7 @@ from ._base import (
     ToolCallParser,
     decode_arguments,
     join_content,
+    split_blocks,
 )
 
 __all__ = ["KimiK2Parser"]
@@ -64,24 +65,14 @@ class KimiK2Parser(ToolCallParser):
             )
             return collector.turn(text[:start].strip())
         body = text[body_start:end]
-        position = 0
-        while True:
-            call_start = body.find(self.call_open, position)
-            if call_start == -1:
-                if body[position:].strip():
-                    collector.error("text between tool calls", body[position:])
-                break
-            if body[position:call_start].strip():
-                collector.error("text between tool calls", body[position:call_start])
-            inner_start = call_start + len(self.call_open)
-            call_end = body.find(self.call_close, inner_start)
-            if call_end == -1:
-                collector.error(
-                    f"unterminated tool call: missing {self.call_close}", body[call_start:]
-                )
-                break
-            self._parse_call(body[inner_start:call_end], collector)
-            position = call_end + len(self.call_close)
+        between, calls, unterminated = split_blocks(body, self.call_open, self.call_close)
+        for index, gap in enumerate(between):
+            if gap.strip():
+                collector.error("text between tool calls", gap)
+            if index < len(calls):
+                self._parse_call(calls[index], collector)
+        if unterminated is not None:
+            collector.error(f"unterminated tool call: missing {self.call_close}", unterminated)
         if not collector.calls and not collector.errors:
             collector.error("the tool-call section contains no call", body)
         trailing = text[end + len(self.section_close) :]

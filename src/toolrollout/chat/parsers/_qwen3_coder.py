@@ -41,6 +41,7 @@ from ._base import (
     clip,
     join_content,
     loads,
+    split_blocks,
 )
 
 __all__ = ["Qwen3CoderParser"]
@@ -76,24 +77,16 @@ class Qwen3CoderParser(ToolCallParser):
     def parse_body(self, text: str) -> ParsedTurn:
         """Collect every call block; text outside them is content."""
         collector = CallCollector(self)
+        outside, blocks, unterminated = split_blocks(text, _CALL_OPEN, _CALL_CLOSE)
         segments: list[str] = []
-        position = 0
-        while True:
-            start = text.find(_CALL_OPEN, position)
-            if start == -1:
-                segments.append(self._outside(text[position:], collector))
-                break
-            segments.append(self._outside(text[position:start], collector))
-            body_start = start + len(_CALL_OPEN)
-            end = text.find(_CALL_CLOSE, body_start)
-            if end == -1:
-                collector.error(
-                    f"unterminated {_CALL_OPEN}: the call must end with {_CALL_CLOSE}",
-                    text[start:],
-                )
-                break
-            self._parse_block(text[body_start:end], collector)
-            position = end + len(_CALL_CLOSE)
+        for index, segment in enumerate(outside):
+            segments.append(self._outside(segment, collector))
+            if index < len(blocks):
+                self._parse_block(blocks[index], collector)
+        if unterminated is not None:
+            collector.error(
+                f"unterminated {_CALL_OPEN}: the call must end with {_CALL_CLOSE}", unterminated
+            )
         return collector.turn(join_content(segments))
 
     def _outside(self, segment: str, collector: CallCollector) -> str:

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError
 
 from toolrollout._exceptions import ConfigError
+from toolrollout.tools._config import read_config_file
 
 __all__ = [
     "HttpServer",
@@ -280,12 +281,7 @@ def parse_mcp_servers(
 def load_mcp_servers(path: str | PathLike[str]) -> dict[str, McpServerSpec]:
     """Load an ``mcpServers`` JSON file (see :func:`parse_mcp_servers`)."""
     source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{source}: cannot read the file: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{source}: not UTF-8 text (bad byte at offset {exc.start})") from exc
+    text = read_config_file(path)
     try:
         data: Any = json.loads(text)
     except json.JSONDecodeError as exc:
