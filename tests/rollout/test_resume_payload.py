@@ -22,8 +22,8 @@ from toolrollout._records import (
     TrajectoryImage,
     TrajectoryStatus,
 )
-from toolrollout.rollout._parts import RolloutPrompt
 from toolrollout.rollout._state import TrajectoryState, resume_prompt
+from toolrollout.rollout._types import RolloutPrompt
 
 NO_SERVICES = cast(Any, None)  # the codec never reads the services
 

@@ -55,13 +55,13 @@ from toolrollout.tools._executor import summarize_call_records
 
 from ._drift import DriftLedger, DriftView
 from ._environment import EnvironmentLedger
-from ._parts import (
+from ._types import (
     CallRecord,
     Counters,
     EnvStep,
     ModelTurn,
     RolloutPrompt,
-    RolloutServices,
+    RolloutShared,
     Timing,
     ToolLedger,
     Transcript,
@@ -93,7 +93,7 @@ class TrajectoryState:
         "prompt_index",
         "sample_index",
         "server",
-        "services",
+        "shared",
         "status",
         "timing",
         "tools",
@@ -104,7 +104,7 @@ class TrajectoryState:
 
     def __init__(
         self,
-        services: RolloutServices,
+        shared: RolloutShared,
         prompt: RolloutPrompt,
         *,
         prompt_index: int,
@@ -112,7 +112,7 @@ class TrajectoryState:
         group_id: str,
         uid: str | None = None,
     ) -> None:
-        self.services = services
+        self.shared = shared
         self.prompt = prompt
         self.prompt_index = prompt_index
         self.sample_index = sample_index
@@ -151,8 +151,8 @@ class TrajectoryState:
         """Response tokens still allowed: ``max_response_tokens`` and the context, the one
         budget rule for model turns and environment deltas alike."""
         used = self.transcript.response_len
-        remaining = self.services.config.max_response_tokens - used
-        context = self.services.context_length
+        remaining = self.shared.config.max_response_tokens - used
+        context = self.shared.context_length
         if context is not None:
             remaining = min(remaining, context - len(self.transcript.prompt_ids) - used)
         return remaining
@@ -221,7 +221,7 @@ class TrajectoryState:
             t.segments.append((start, start + len(ids), result.weight_version))
         turn_ids = span.ids if continuing else tuple(ids)
         text, turn = self._parse_model_turn(turn_ids) if parsed is None else parsed
-        family = self.services.chat.family
+        family = self.shared.chat.family
         message = family.build_assistant_message(text, turn, [call.id for call in turn.tool_calls])
         # The raw text is not kept (the message's parsed content and calls are): it is the
         # decode of the span's ids, derived again when the drift check or a resume point
@@ -243,7 +243,7 @@ class TrajectoryState:
         return ModelTurn(text, turn_ids, turn, finish)
 
     def _parse_model_turn(self, turn_ids: Sequence[int]) -> tuple[str, ParsedTurn]:
-        return parse_model_turn(self.services, turn_ids, self.counters.num_tool_calls)
+        return parse_model_turn(self.shared, turn_ids, self.counters.num_tool_calls)
 
     def pending_model_turn(self) -> ModelTurn | None:
         """The last model turn, when the environment has not answered it yet: a trajectory
@@ -275,7 +275,7 @@ class TrajectoryState:
 
     def out_of_turns(self) -> bool:
         """True (and truncated) when no model turn is left to read an environment answer."""
-        if self.counters.num_turns >= self.services.config.max_turns:
+        if self.counters.num_turns >= self.shared.config.max_turns:
             self.finish(TrajectoryStatus.TRUNCATED, "max_turns")
             return True
         return False
@@ -283,7 +283,7 @@ class TrajectoryState:
     def off_boundary(self, turn: ModelTurn) -> bool:
         """True (and truncated) when the turn ended on a stop string, not the template's
         stop token: there is no template boundary to append an environment delta at."""
-        if not self.services.chat.ends_with_stop(turn.ids):
+        if not self.shared.chat.ends_with_stop(turn.ids):
             self.finish(TrajectoryStatus.TRUNCATED, "stop_string")
             return True
         return False
@@ -315,16 +315,16 @@ class TrajectoryState:
         :meth:`~toolrollout.chat.VisionFormat.expand`): the gateway sends them to the
         engine before the answer is appended.
         """
-        services, t = self.services, self.transcript
+        shared, t = self.shared, self.transcript
         messages = list(step.messages)
         runs: Sequence[ImageRun] = []
         if delta is not None:
             ids, runs = delta
         else:
-            ids = services.chat.tool_turn_delta(t.messages, messages)
-            if services.vision is not None:
+            ids = shared.chat.tool_turn_delta(t.messages, messages)
+            if shared.vision is not None:
                 counts = [image.num_tokens for image in step.images]
-                ids, runs = services.vision.expand(ids, counts)
+                ids, runs = shared.vision.expand(ids, counts)
         if len(ids) >= self.remaining_budget():
             self.finish(TrajectoryStatus.TRUNCATED, "max_response_tokens")
             return False
@@ -342,7 +342,7 @@ class TrajectoryState:
     def checkpoint(self) -> None:
         """Record a drift checkpoint after an environment delta (O(1); the render and the
         comparison run at the end, or now every ``drift_check_every``-th checkpoint)."""
-        config, t = self.services.config, self.transcript
+        config, t = self.shared.config, self.transcript
         if config.drift_check:
             lengths = (len(t.prompt_ids) + t.response_len, len(t.messages), t.model_turns)
             self.drift.checkpoint(lengths, config.drift_check_every, self.drift_view)
@@ -351,13 +351,13 @@ class TrajectoryState:
         """The transcript as it is now, for the drift check."""
         t = self.transcript
         return DriftView(
-            self.services.chat, self.services.vision, t.ids(), t.messages, self.model_texts()
+            self.shared.chat, self.shared.vision, t.ids(), t.messages, self.model_texts()
         )
 
     def model_texts(self) -> list[str]:
         """Each model turn's raw text (stop token stripped), decoded from its verbatim ids:
         the text :meth:`append_model_turn` parsed, derived again rather than kept."""
-        chat, spans = self.services.chat, self.transcript.spans
+        chat, spans = self.shared.chat, self.transcript.spans
         if not chat.family.drift_from_raw_text:  # the drift check renders parsed messages
             return []
         forced = self.transcript.forced
@@ -385,7 +385,7 @@ class TrajectoryState:
             sample_index=self.sample_index,
             prompt_ids=id_tuple(t.prompt_ids),  # shared ints: 8 bytes a token, not 36
             spans=tuple(t.spans),
-            messages=_public_messages(self.services.chat.presented_messages(t.messages)),
+            messages=_public_messages(self.shared.chat.presented_messages(t.messages)),
             status=self.status,
             finish_reason=self.finish_reason,
             error=self.error,
@@ -401,7 +401,7 @@ class TrajectoryState:
             tool_final_rewards=dict(env.tool_final_rewards),
             images=tuple(self.vision.images),
             data_source=_data_source(self.prompt.metadata),
-            sampling=sampling_record(self.services.config, self.services.seed_round),
+            sampling=sampling_record(self.shared.config, self.shared.seed_round),
             resume_point=resume,
         )
 
@@ -467,7 +467,7 @@ class TrajectoryState:
         return ResumePoint(text, RESUME_FORMAT_VERSION)
 
     @classmethod
-    def resumed_from(cls, services: RolloutServices, point: ResumePoint) -> TrajectoryState:
+    def resumed_from(cls, shared: RolloutShared, point: ResumePoint) -> TrajectoryState:
         """A fresh running state continuing ``point`` (which stays usable for another try).
 
         Missing optional keys take their defaults and unknown keys are ignored, so a point
@@ -478,7 +478,7 @@ class TrajectoryState:
                 f"resume point version {point.version} is newer than this toolrollout reads"
             )
         data = _read(_Payload, json.loads(point.state))
-        state = cls(services, data.prompt.row(), **data.identity.fields())
+        state = cls(shared, data.prompt.row(), **data.identity.fields())
         state.status = TrajectoryStatus.RUNNING
         state.transcript = Transcript(**data.transcript.fields("model_texts"))
         state.counters = data.counters
@@ -493,7 +493,7 @@ class TrajectoryState:
 
 
 def parse_model_turn(
-    services: RolloutServices,
+    shared: RolloutShared,
     turn_ids: Sequence[int],
     calls_so_far: int,
     *,
@@ -502,13 +502,13 @@ def parse_model_turn(
     """A model turn's raw text (``forced`` ids first) and its parse under the family's
     rules (call ids numbered after ``calls_so_far``): the one parse of a model turn, for
     the rollout loop and the gateway alike."""
-    chat = services.chat
+    chat = shared.chat
     text = chat.model_text((*forced, *turn_ids) if forced else turn_ids)
     family = chat.family
     parsed = _with_family_ids(
         family,
         _runs_nothing_if_malformed(
-            family, _within_call_limit(family, services.parser.parse(text), text)
+            family, _within_call_limit(family, shared.parser.parse(text), text)
         ),
         calls_so_far,
     )
