@@ -19,7 +19,7 @@ from toolrollout.integrations import trl_rollout_func
 from toolrollout.rewards import exact_match, numeric_match
 from toolrollout.rollout import RolloutConfig, RolloutRunner
 from toolrollout.rollout._compat import check_leftover_matches, leftover_info
-from toolrollout.spec import RunSpec, build_runner, default_rewards, detect_vision, load_parts
+from toolrollout.spec import RunSpec, build_runner, default_rewards, detect_vision, load_components
 from toolrollout.spec._spec import FieldError
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
@@ -233,6 +233,6 @@ def test_trl_adapter_passes_vision_through(tokenizer: Any) -> None:
     assert trl_rollout_func(engine, tokenizer, RunSpec(tools=[])).runner.vision is None
 
 
-def test_load_parts_without_a_folder_leaves_vision_off(tokenizer: Any) -> None:
-    parts = load_parts(RunSpec(tools=()), tokenizer=tokenizer)
-    assert parts.vision is None and parts.tools == () and parts.interactions == {}
+def test_load_components_without_a_folder_leaves_vision_off(tokenizer: Any) -> None:
+    components = load_components(RunSpec(tools=()), tokenizer=tokenizer)
+    assert components.vision is None and components.tools == () and components.interactions == {}

@@ -243,7 +243,7 @@ def test_engine_client_flags_reach_the_run_spec(
         seen.append(spec)
         raise UserError("stopped after the run spec was built")
 
-    monkeypatch.setattr(spec_module, "load_parts", capture)
+    monkeypatch.setattr(spec_module, "load_components", capture)
     flags = ["--request-timeout", "7", "--retries", "4", "--retry-budget", "9.5"]
     flags += ["--failover-after", "0", "--engine-url", "http://127.0.0.1:9"]
     flags += ["--out-dir" if command == "eval" else "--out", str(tmp_path / "o")]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._kill_at import killed_command
 
 from toolrollout.apps.demo import load_demo_prompts
 
@@ -338,15 +339,14 @@ def test_the_file_says_how_it_was_sampled_and_a_resume_must_sample_alike(
     from toolrollout.apps.demo import DEMO_MODEL_PATH
     from toolrollout.rollout import RUN_METADATA_KEY, read_run_metadata
     from toolrollout.rollout._compat import tokenizer_fingerprint
-    from toolrollout.rollout._output import KILL_AT_ENV
     from toolrollout.spec import load_tokenizer
 
     flags = ["--limit", "1", "--n", "2", "--seed", "7", "--temperature", "0.7", "--top-p", "0.9"]
     # Killed after its last shard: the folder keeps every row, unmerged, for --resume.
     killed = subprocess.run(
-        [sys.executable, "-m", "toolrollout", "generate", *flags],
+        killed_command("rows-written", "generate", *flags),
         cwd=tmp_path,
-        env={**ENV, KILL_AT_ENV: "rows-written"},
+        env=ENV,
         capture_output=True,
         text=True,
         timeout=300,

@@ -239,7 +239,7 @@ def test_finish_tools_sets_what_tool_calls_do_at_the_target(
         seen.append(spec)
         raise UserError("stopped after the run spec was built")
 
-    monkeypatch.setattr(spec_module, "load_parts", capture)
+    monkeypatch.setattr(spec_module, "load_components", capture)
     result = generate("--target-groups", "1", *flags, "--out", str(tmp_path / "o.jsonl"))
     assert "stopped after the run spec was built" in result.output, result.output
     [spec] = seen

@@ -2,8 +2,8 @@
 
 ``toolrollout generate`` finishes in ordered, durable steps (``FINISH_STEPS``: merge under a
 temporary name, rename, ``finished`` mark in ``run.json``, shards deleted, ``run.json``
-deleted, folder removed). The process is killed at each step through the documented seam
-``TOOLROLLOUT_TEST_KILL_AT`` (it SIGKILLs itself there: no handler, no clean-up), then
+deleted, folder removed). The process is killed at each step through their ``on_step``
+callback (``tests/_kill_at.py``: it SIGKILLs itself there, no handler, no clean-up), then
 ``--resume`` must produce the very rows of the uninterrupted run, each sample once, and
 a fresh run must give a one-line message instead of being stuck.
 
@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._kill_at import killed_code, killed_command
 from tests._processes import free_port, stop, wait_http
 from typer.testing import CliRunner
 
 from toolrollout.apps.cli import app
 from toolrollout.rollout import read_rows, read_shards
-from toolrollout.rollout._output import FINISH_STEPS, KILL_AT_ENV
+from toolrollout.rollout._output import FINISH_STEPS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -60,18 +61,17 @@ def args(url: str) -> list[str]:
 def killed_generate(cwd: Path, step: str, *extra: str) -> None:
     """A real ``generate`` driver that SIGKILLs itself at ``step``."""
     proc = subprocess.run(
-        [sys.executable, "-m", "toolrollout", "generate", *extra],
-        cwd=cwd, env={**ENV, KILL_AT_ENV: step}, capture_output=True, text=True, timeout=400,
+        killed_command(step, "generate", *extra),
+        cwd=cwd, env=ENV, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
 
 def killed_finish(cwd: Path, step: str) -> None:
     """The finishing code alone, SIGKILLed at ``step`` (the same function generate calls)."""
-    code = "from toolrollout.rollout import finish_shards as f; f('o.parquet.parts', 'o.parquet')"
+    code = "rollout.finish_shards('o.parquet.parts', 'o.parquet')"
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=cwd, env={**ENV, KILL_AT_ENV: step},
-        capture_output=True, text=True, timeout=120,
+        killed_code(step, code), cwd=cwd, env=ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr
 
@@ -79,7 +79,6 @@ def killed_finish(cwd: Path, step: str) -> None:
 def invoke(cwd: Path, argv: list[str]) -> Any:
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(cwd)
-        patch.delenv(KILL_AT_ENV, raising=False)
         return CliRunner().invoke(app, ["generate", *argv])
 
 

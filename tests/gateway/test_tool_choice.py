@@ -133,7 +133,7 @@ async def test_a_forced_turn_is_drift_checked_as_one_turn(demo_tokenizer: Any) -
         messages = [*MESSAGES, first.choices[0].message.model_dump(exclude_none=True), result]
         await client.chat.completions.create(model="m", messages=messages, tools=list(TOOLS))
         state = gateway.session("s1").segments[0].state  # type: ignore[union-attr]
-        split = [ChatFormat.model_text(state.services.chat, s.ids) for s in state.transcript.spans]
+        split = [ChatFormat.model_text(state.shared.chat, s.ids) for s in state.transcript.spans]
         (row,) = gateway.close_session("s1")
     assert row.num_turns == 2 and row.metrics["gateway"]["forced_tokens"][0][0] == 0
     assert row.metrics["drift_mismatches"] == 0 and "drift_reports" not in row.metrics

@@ -23,7 +23,7 @@ from toolrollout._records import TokenSpan, Trajectory, TrajectoryStatus
 from toolrollout.engines import TokenRuns
 from toolrollout.engines._wire import generate_body
 from toolrollout.rollout import TrajectoryHooks, TrajectoryState
-from toolrollout.rollout._parts import ModelTurn, Transcript, id_tuple
+from toolrollout.rollout._types import ModelTurn, Transcript, id_tuple
 from toolrollout.testing import ScriptedEngine
 from toolrollout.tools import calculator_tool
 from toolrollout.tools._executor import summarize_call_records

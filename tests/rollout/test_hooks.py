@@ -20,7 +20,7 @@ from toolrollout.rollout import (
     TrajectoryState,
     TrajectoryStatus,
 )
-from toolrollout.rollout._parts import ModelTurn
+from toolrollout.rollout._types import ModelTurn
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool
 

@@ -22,7 +22,7 @@ from toolrollout.rollout._turns import _cut_text
 LIMIT = 64
 
 
-def _services(tokenizer: Any, side: str = "middle") -> Any:
+def _shared(tokenizer: Any, side: str = "middle") -> Any:
     config = RolloutConfig(max_tool_response_tokens=LIMIT, tool_response_truncate_side=side)  # type: ignore[arg-type]
     return SimpleNamespace(config=config, chat=ChatFormat(tokenizer))
 
@@ -47,10 +47,10 @@ def _texts() -> list[str]:
 
 @pytest.mark.parametrize("side", ["left", "right", "middle"])
 def test_a_text_is_kept_whole_exactly_when_its_tokens_fit(demo_tokenizer: Any, side: str) -> None:
-    services = _services(demo_tokenizer, side)
-    encode = services.chat.encode
+    shared = _shared(demo_tokenizer, side)
+    encode = shared.chat.encode
     for text in _texts():
-        cut = _cut_text(services, text)
+        cut = _cut_text(shared, text)
         fits = len(encode(text)) <= LIMIT
         assert (cut == text) == fits, (len(text), len(encode(text)))
         if not fits:
@@ -59,7 +59,7 @@ def test_a_text_is_kept_whole_exactly_when_its_tokens_fit(demo_tokenizer: Any, s
 
 
 def test_a_short_ascii_result_is_not_tokenized(demo_tokenizer: Any) -> None:
-    services = _services(demo_tokenizer)
+    shared = _shared(demo_tokenizer)
     calls: list[str] = []
 
     class Counting(ChatFormat):
@@ -69,13 +69,13 @@ def test_a_short_ascii_result_is_not_tokenized(demo_tokenizer: Any) -> None:
             calls.append(text)
             return super().encode(text)
 
-    services.chat = Counting(demo_tokenizer)
+    shared.chat = Counting(demo_tokenizer)
     calls.clear()
-    assert _cut_text(services, "record p1s2.0: value 4711") == "record p1s2.0: value 4711"
+    assert _cut_text(shared, "record p1s2.0: value 4711") == "record p1s2.0: value 4711"
     assert calls == []
     long = "value " * LIMIT
-    assert _cut_text(services, long) != long
+    assert _cut_text(shared, long) != long
     assert calls == [long]
     calls.clear()
-    _cut_text(services, "é" * 3)  # not ASCII: tokenized, whatever its length
+    _cut_text(shared, "é" * 3)  # not ASCII: tokenized, whatever its length
     assert calls == ["é" * 3]

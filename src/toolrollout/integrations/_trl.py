@@ -30,7 +30,7 @@ from toolrollout.engines._base import Engine
 from toolrollout.metrics import rollout_metrics
 from toolrollout.rollout import RolloutPrompt, RolloutRunner, Trajectory
 from toolrollout.rollout._runner import as_prompt
-from toolrollout.spec import RunSpec, build_runner, load_parts
+from toolrollout.spec import RunSpec, build_runner, load_components
 from toolrollout.tools import open_tools
 
 from ._metrics import cut_extras, trajectory_extras
@@ -83,9 +83,11 @@ class TRLRolloutFunc:
                 "TRL repeats each prompt num_generations times itself; use "
                 f"RolloutConfig(n=1) in the RunSpec of trl_rollout_func, got n={spec.config.n}"
             )
-        self._parts = load_parts(spec, tokenizer=tokenizer)
+        self._components = load_components(spec, tokenizer=tokenizer)
         self._spec, self._context_length = spec, context_length
-        self.runner = build_runner(spec, engine, parts=self._parts, context_length=context_length)
+        self.runner = build_runner(
+            spec, engine, components=self._components, context_length=context_length
+        )
         """The runner of ``config``; see :meth:`runner_for` for the one a call uses."""
         self._runners: dict[int, RolloutRunner] = {spec.config.max_response_tokens: self.runner}
         self.response_budget: ResponseBudget = response_budget
@@ -111,7 +113,7 @@ class TRLRolloutFunc:
             stack, portal = open_engine_portal(self.engine)
             try:
                 stack.enter_context(
-                    portal.wrap_async_context_manager(open_tools(self._parts.tools))
+                    portal.wrap_async_context_manager(open_tools(self._components.tools))
                 )
             except BaseException:
                 stack.close()
@@ -191,7 +193,7 @@ class TRLRolloutFunc:
             config = dataclasses.replace(self._spec.config, max_response_tokens=budget)
             spec = dataclasses.replace(self._spec, config=config)
             runner = build_runner(
-                spec, self.engine, parts=self._parts, context_length=self._context_length
+                spec, self.engine, components=self._components, context_length=self._context_length
             )
             self._runners[budget] = runner
         return runner

@@ -27,9 +27,9 @@ from ._hooks import TrajectoryHooks as TrajectoryHooks
 from ._images import swift_row as swift_row
 from ._images import trl_messages as trl_messages
 from ._images import verl_multi_modal_data as verl_multi_modal_data
-from ._parts import EnvStep as EnvStep
 from ._runner import RolloutRunner as RolloutRunner
 from ._state import TrajectoryState as TrajectoryState
+from ._types import EnvStep as EnvStep
 
 if TYPE_CHECKING:
     from ._leftover import read_leftover as read_leftover

@@ -16,9 +16,9 @@ from toolrollout.rewards._base import evaluate_terms
 
 from ._environment import TrajectoryEnvironment
 from ._interactions import interaction_step
-from ._parts import EnvStep, ModelTurn
 from ._state import TrajectoryState
 from ._turns import tool_step
+from ._types import EnvStep, ModelTurn
 
 __all__ = ["EnvStep", "ModelTurn", "TrajectoryHooks"]
 
@@ -28,7 +28,7 @@ class TrajectoryHooks:
     answers a final turn, reward functions score the finished trajectory.
 
     Every hook gets the running :class:`TrajectoryState` (read its ``transcript``,
-    ``counters``, ``services.config``; end it with ``state.finish(status, reason)``). One
+    ``counters``, ``shared.config``; end it with ``state.finish(status, reason)``). One
     instance serves every trajectory of a run concurrently: keep per-trajectory data on
     the state (``state.tools.state`` is a free dict), not on ``self``.
     """
@@ -36,7 +36,7 @@ class TrajectoryHooks:
     def should_stop(self, state: TrajectoryState) -> str | None:
         """Before each model turn: a finish reason to end the trajectory ``truncated``
         instead of generating, or None to go on. Default: ``max_turns``."""
-        if state.num_turns >= state.services.config.max_turns and not state.transcript.open_turn:
+        if state.num_turns >= state.shared.config.max_turns and not state.transcript.open_turn:
             return "max_turns"
         return None
 
@@ -73,12 +73,12 @@ class TrajectoryHooks:
         Default: the runner's reward functions, mixed with the interaction's turn rewards
         and the tools' rewards by ``RolloutConfig.reward_mix``.
         """
-        services = state.services
+        shared = state.shared
         outcome: float | None = None
         details: dict[str, float] = {}
-        if services.rewards:
-            outcome, details = await evaluate_terms(services.rewards, trajectory)
-        reward, terms = services.config.reward_mix.combine(
+        if shared.rewards:
+            outcome, details = await evaluate_terms(shared.rewards, trajectory)
+        reward, terms = shared.config.reward_mix.combine(
             outcome,
             trajectory.turn_rewards,
             trajectory.tool_rewards,

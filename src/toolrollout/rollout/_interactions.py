@@ -16,8 +16,8 @@ from toolrollout._records import RolloutPrompt, TrajectoryStatus
 from toolrollout.tools._lifecycle import row_kwargs
 
 from ._environment import TrajectoryEnvironment
-from ._parts import EnvStep, ModelTurn
 from ._state import TrajectoryState
+from ._types import EnvStep, ModelTurn
 
 __all__ = ["interaction_step", "select_interaction"]
 
@@ -62,7 +62,7 @@ async def interaction_step(
         return None
     if state.out_of_turns():
         return None
-    limit = state.services.config.max_interaction_turns
+    limit = state.shared.config.max_interaction_turns
     if limit is not None and state.environment.appended_turns >= limit:
         state.finish(TrajectoryStatus.TRUNCATED, "max_interaction_turns")
         return None

@@ -54,8 +54,8 @@ from toolrollout.tools import ToolResult
 from ._drift import DriftLedger
 from ._environment import EnvironmentLedger
 from ._output import TRAJECTORY_SCHEMA, write_atomic
-from ._parts import Counters, Timing, ToolLedger, Transcript
 from ._state import TrajectoryState
+from ._types import Counters, Timing, ToolLedger, Transcript
 from ._vision_turn import ImageLedger
 
 __all__ = ["LEFTOVER_FORMAT_VERSION", "LEFTOVER_SCHEMA", "read_leftover", "write_leftover"]

@@ -33,8 +33,8 @@ from toolrollout.engines._types import GenerateRequest, GenerateResult, Sampling
 from ._environment import TrajectoryEnvironment
 from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
 from ._interactions import select_interaction
-from ._parts import ModelTurn, RolloutServices, render_prompt
 from ._state import TrajectoryState
+from ._types import ModelTurn, RolloutShared, render_prompt
 
 __all__ = ["run_trajectory"]
 
@@ -42,7 +42,7 @@ _STOPPED = "stopped by straggler control: the batch target was met"
 
 
 async def run_trajectory(
-    services: RolloutServices,
+    shared: RolloutShared,
     prompt: RolloutPrompt,
     *,
     prompt_index: int,
@@ -59,25 +59,25 @@ async def run_trajectory(
     """
     hooks = DEFAULT_HOOKS if hooks is None else hooks
     if resume is not None:
-        state = TrajectoryState.resumed_from(services, resume)
+        state = TrajectoryState.resumed_from(shared, resume)
     else:
         state = TrajectoryState(
-            services, prompt, prompt_index=prompt_index, sample_index=sample_index,
+            shared, prompt, prompt_index=prompt_index, sample_index=sample_index,
             group_id=group_id,
         )  # fmt: skip
-    scheduler = services.scheduler
+    scheduler = shared.scheduler
     if scheduler is not None and scheduler.config.oldest:
         set_pace_key(scheduler.group_rank(state))  # a busy loop serves older groups first
     # Trajectories started together render their prompts one loop iteration after another.
     await pace()
     try:
-        interaction, kwargs = select_interaction(services.interactions, state.prompt)
+        interaction, kwargs = select_interaction(shared.interactions, state.prompt)
         env = TrajectoryEnvironment(
             state.uid, state.prompt.metadata, state.environment, interaction, kwargs,
-            timeout=services.config.interaction_timeout,
+            timeout=shared.config.interaction_timeout,
         )  # fmt: skip
         try:
-            await env.start(services.tools.tools.values(), state.tool_context(env.tools))
+            await env.start(shared.tools.tools.values(), state.tool_context(env.tools))
             await _drive(state, hooks, env, resumed=resume is not None)
         finally:
             # Every way out releases the tool instances and finalizes the interaction.
@@ -86,7 +86,7 @@ async def run_trajectory(
         state.finish(TrajectoryStatus.FAILED, "overlong_prompt", f"{type(exc).__name__}: {exc}")
     except ToolRolloutError as exc:
         state.finish(TrajectoryStatus.FAILED, "error", f"{type(exc).__name__}: {exc}")
-    if services.config.drift_check:
+    if shared.config.drift_check:
         await _final_drift_check(state)
     if scheduler is not None:
         scheduler.finished(state)
@@ -117,8 +117,8 @@ async def _final_drift_check(state: TrajectoryState) -> None:
     tokenizers (Python ones, or one whose state transformers changes at each call) are
     checked on the loop.
     """
-    limiter = state.services.drift_limiter
-    if limiter is not None and state.services.chat.encodes_without_the_gil:
+    limiter = state.shared.drift_limiter
+    if limiter is not None and state.shared.chat.encodes_without_the_gil:
         # The view (a joined copy of the ids, the decoded model texts) is made on the
         # thread: made before, it would wait in the queue for the thread, in memory.
         await anyio.to_thread.run_sync(_check_drift_now, state, limiter=limiter)
@@ -134,9 +134,9 @@ async def _drive(
     state: TrajectoryState, hooks: TrajectoryHooks, env: TrajectoryEnvironment, *, resumed: bool
 ) -> None:
     """The turns: stop? -> generate -> model turn -> environment step -> its delta."""
-    context = state.services.context_length
+    context = state.shared.context_length
     if not resumed:
-        state.transcript.prompt_ids = render_prompt(state.services, state.transcript.messages)
+        state.transcript.prompt_ids = render_prompt(state.shared, state.transcript.messages)
     prompt_len = len(state.transcript.prompt_ids)
     if context is not None and prompt_len >= context:
         # Checked here, before any request: a local budget, not an answer of the engine.
@@ -182,12 +182,12 @@ async def _answer(
 
 async def _generate(state: TrajectoryState) -> GenerateResult | None:
     """One engine request. None when a budget (or straggler control) ends it first."""
-    services, transcript = state.services, state.transcript
+    shared, transcript = state.shared, state.transcript
     remaining = state.remaining_budget()
     if remaining <= 0:
         state.finish(TrajectoryStatus.TRUNCATED, "max_response_tokens")
         return None
-    sampling = services.config.sampling
+    sampling = shared.config.sampling
     per_turn = sampling.max_new_tokens
     if transcript.open_turn:
         per_turn -= transcript.spans[-1].num_tokens  # the turn's first leg counts against its cap
@@ -202,13 +202,13 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
         session_id=state.uid,
         image_data=tuple(state.vision.urls) or None,
     )
-    slot: AbstractAsyncContextManager[None] = services.engine_limiter
-    if services.scheduler is not None:  # issue 20: client-side scheduling policies
-        request = await services.scheduler.prepare(request, state, services.engine_limiter)
-        slot = services.scheduler.slot(state, services.engine_limiter)  # ``oldest``: in order
+    slot: AbstractAsyncContextManager[None] = shared.engine_limiter
+    if shared.scheduler is not None:  # issue 20: client-side scheduling policies
+        request = await shared.scheduler.prepare(request, state, shared.engine_limiter)
+        slot = shared.scheduler.slot(state, shared.engine_limiter)  # ``oldest``: in order
     state.status = TrajectoryStatus.RUNNING
     started = time.perf_counter()
-    stop = services.stop
+    stop = shared.stop
     async with slot:
         if stop is not None:
             if stop.stopping:  # the batch target is met: stop here, before the request
@@ -216,7 +216,7 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
                 return None
             stop.inflight[rid] = state.uid
         try:
-            result = await services.engine.generate(request)
+            result = await shared.engine.generate(request)
         finally:
             if stop is not None:
                 stop.inflight.pop(rid, None)
@@ -227,7 +227,7 @@ async def _generate(state: TrajectoryState) -> GenerateResult | None:
 def _request_ids(state: TrajectoryState) -> TokenRuns | array[int]:
     """The ids a request carries while it waits for the engine: the transcript's own arrays
     (:class:`TokenRuns`, no copy of the conversation), or for images a collapsed copy."""
-    vision = state.services.vision
+    vision = state.shared.vision
     if vision is not None and state.vision.urls:
         # One <|image_pad|> per image on the wire: every SGLang version expands that form
         # itself (see docs/multimodal.md); the transcript keeps the expanded ids.
@@ -236,15 +236,15 @@ def _request_ids(state: TrajectoryState) -> TokenRuns | array[int]:
 
 
 def _seed_for(state: TrajectoryState) -> int | None:
-    seed = state.services.config.seed
+    seed = state.shared.config.seed
     if seed is None:
         return None
     # Distinct, reproducible per (run of the runner, prompt, sample, turn); fits SGLang's
     # int seed. A runner's first run keeps the seeds it always had; a later run starts from
     # a scrambled base seed (multiplicative hashing), so the runs' seeds do not line up
     # position for position, whatever the number of prompts.
-    if state.services.seed_round:
-        seed = (seed * 2_654_435_761 + state.services.seed_round * 40_503) % (2**31 - 1)
+    if state.shared.seed_round:
+        seed = (seed * 2_654_435_761 + state.shared.seed_round * 40_503) % (2**31 - 1)
     key = (seed * 1_000_003 + state.prompt_index) * 1_009 + state.sample_index
     # A resumed turn draws fresh randomness instead of replaying its first leg's seed.
     return (key * 131 + state.num_turns + 7_919 * state.counters.resumes) % (2**31 - 1)

@@ -16,9 +16,9 @@ file without duplicates.
 then a ``finished`` mark in the folder's ``run.json`` (also replaced atomically), then the
 shards are deleted, ``run.json`` last, then the folder. A kill at any instant leaves either
 an unmerged folder (``--resume`` merges the very same rows) or a marked one
-(:func:`finished_mark` says so and :func:`clean_finished` only deletes). The environment
-variable ``TOOLROLLOUT_TEST_KILL_AT`` names a step (:data:`FINISH_STEPS`) at which the
-process SIGKILLs itself: the documented seam the tests use to kill it at every step.
+(:func:`finished_mark` says so and :func:`clean_finished` only deletes). Both take an
+``on_step`` callback, called with each step of :data:`FINISH_STEPS` as it is reached (the
+fault tests kill the process there).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import base64
 import json
 import os
 import shutil
-import signal
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -42,7 +41,6 @@ from toolrollout._records import Trajectory
 
 __all__ = [
     "FINISH_STEPS",
-    "KILL_AT_ENV",
     "MANIFEST",
     "RUN_METADATA_KEY",
     "TRAJECTORY_SCHEMA",
@@ -64,9 +62,6 @@ _SHARD_GLOB = "part-*.parquet"
 MANIFEST = "run.json"
 """The run manifest in a shard folder (run id, dataset, counts; ``finished`` once merged)."""
 
-KILL_AT_ENV = "TOOLROLLOUT_TEST_KILL_AT"
-"""Test seam: the finishing step (one of :data:`FINISH_STEPS`) at which to SIGKILL."""
-
 FINISH_STEPS = (
     "rows-written",
     "merge-written",
@@ -82,10 +77,8 @@ shard; the merged file is written under its temporary name; it is renamed into p
 ``run.json`` is deleted (the empty folder is removed next)."""
 
 
-def kill_point(step: str) -> None:
-    """SIGKILL this process here when ``TOOLROLLOUT_TEST_KILL_AT`` names ``step``."""
-    if os.environ.get(KILL_AT_ENV) == step:
-        os.kill(os.getpid(), signal.SIGKILL)
+def _no_step(step: str) -> None:
+    """The default ``on_step`` of the finishing functions: nothing to do."""
 
 
 SAMPLING_TYPE = pa.struct(
@@ -419,13 +412,18 @@ def _dedupe_sorted(table: pa.Table) -> pa.Table:
 
 
 def compact_shards(
-    directory: str | Path, out: str | Path, *, metadata: Mapping[str, Any] | None = None
+    directory: str | Path,
+    out: str | Path,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    on_step: Callable[[str], None] = _no_step,
 ) -> int:
     """Merge the shards of ``directory`` into ``out`` (parquet, or JSONL by suffix).
 
     Duplicated samples keep their first row; rows are ordered by (prompt, sample). The
     file appears atomically, with the run metadata of the last shard that has one, else
-    ``metadata``. Returns the number of rows written.
+    ``metadata``. Returns the number of rows written. ``on_step("merge-written")`` is
+    called between writing the merged file under its temporary name and the rename.
     """
     out = Path(out)
     table = _dedupe_sorted(read_shards(directory))
@@ -439,27 +437,32 @@ def compact_shards(
         table,
         out,
         jsonl=out.suffix in {".jsonl", ".json"},
-        before_rename=lambda: kill_point("merge-written"),
+        before_rename=lambda: on_step("merge-written"),
     )
     return int(table.num_rows)
 
 
 def finish_shards(
-    directory: str | Path, out: str | Path, *, metadata: Mapping[str, Any] | None = None
+    directory: str | Path,
+    out: str | Path,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    on_step: Callable[[str], None] = _no_step,
 ) -> int:
     """Merge ``directory`` into ``out``, mark the run finished, then delete the folder.
 
     Each step is durable (fsynced) before the next starts, so a kill at any instant leaves
     a folder that either still holds every row (merge again) or carries the ``finished``
     mark (only clean up): never a half-deleted folder without the mark. Returns the rows.
+    ``on_step`` is called with each of :data:`FINISH_STEPS` as it is reached.
     """
     directory, out = Path(directory), Path(out)
-    kill_point("rows-written")
-    rows = compact_shards(directory, out, metadata=metadata)
-    kill_point("merged")
+    on_step("rows-written")
+    rows = compact_shards(directory, out, metadata=metadata, on_step=on_step)
+    on_step("merged")
     _mark_finished(directory, out, rows)
-    kill_point("marked")
-    clean_finished(directory)
+    on_step("marked")
+    clean_finished(directory, on_step=on_step)
     return rows
 
 
@@ -490,7 +493,7 @@ def _mark_finished(directory: Path, out: Path, rows: int) -> None:
     _fsync_dir(directory)
 
 
-def clean_finished(directory: str | Path) -> None:
+def clean_finished(directory: str | Path, *, on_step: Callable[[str], None] = _no_step) -> None:
     """Delete a merged run's folder: shards first, ``run.json`` last, then the folder.
 
     Only for a folder whose rows are in the merged file (marked, or already without its
@@ -504,9 +507,9 @@ def clean_finished(directory: str | Path) -> None:
         shard.unlink()
         if i == 0:
             _fsync_dir(shard.parent)
-            kill_point("shard-deleted")
+            on_step("shard-deleted")
     _fsync_dir(directory)
-    kill_point("shards-deleted")
+    on_step("shards-deleted")
     for entry in directory.iterdir():  # worker folders, temporary files: no rows in them
         if entry.name == MANIFEST:
             continue
@@ -516,5 +519,5 @@ def clean_finished(directory: str | Path) -> None:
             entry.unlink()
     (directory / MANIFEST).unlink(missing_ok=True)
     _fsync_dir(directory)
-    kill_point("manifest-deleted")
+    on_step("manifest-deleted")
     directory.rmdir()

@@ -50,8 +50,8 @@ from ._defaults import VisionMode, default_rewards, detect_vision, tokenizer_fol
 from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
 from ._loop import run_trajectory
-from ._parts import RolloutServices, StopControl, prerender_prompts
 from ._state import resume_prompt
+from ._types import RolloutShared, StopControl, prerender_prompts
 
 __all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
 
@@ -67,13 +67,13 @@ runner names every rid still in flight again after this many seconds."""
 
 
 @asynccontextmanager
-async def _admission_watch(services: RolloutServices) -> AsyncIterator[None]:
+async def _admission_watch(shared: RolloutShared) -> AsyncIterator[None]:
     """The scheduler's loop-lag probe (the ``lag`` policy) for as long as the block runs."""
-    scheduler = services.scheduler
+    scheduler = shared.scheduler
     if scheduler is None:
         yield
         return
-    async with scheduler.watching(services.engine_limiter):
+    async with scheduler.watching(shared.engine_limiter):
         yield
 
 
@@ -390,15 +390,15 @@ class RolloutRunner:
             terms = default_rewards(truths, tool_error_penalty=self._tool_error_penalty)
         return combine(*terms)
 
-    def _services(
+    def _shared(
         self,
         truths: Iterable[object],
         stop: StopControl | None = None,
         sampling: SamplingParams | None = None,
-    ) -> RolloutServices:
+    ) -> RolloutShared:
         seed_round, self._runs = self._runs, self._runs + 1
         config = self.config if sampling is None else replace(self.config, sampling=sampling)
-        return RolloutServices(
+        return RolloutShared(
             seed_round=seed_round,
             engine=self.engine,
             chat=self.chat,
@@ -485,12 +485,12 @@ class RolloutRunner:
         n = self.config.n
         group_ids = self._group_ids(rows, group_ids)
         done = set(skip)
-        services = self._services((r.ground_truth for r in rows), sampling=sampling)
+        shared = self._shared((r.ground_truth for r in rows), sampling=sampling)
         results: list[Trajectory | None] = [None] * (len(rows) * n)
 
         async def one(prompt_index: int, sample_index: int) -> None:
             trajectory = await self._run_one(
-                services, rows[prompt_index], prompt_index, sample_index, group_ids[prompt_index]
+                shared, rows[prompt_index], prompt_index, sample_index, group_ids[prompt_index]
             )
             results[prompt_index * n + sample_index] = trajectory
             if on_result is not None:
@@ -499,15 +499,15 @@ class RolloutRunner:
         keys = [(p, s) for p in range(len(rows)) for s in range(n) if (p, s) not in done]
 
         def prepare(batch: Sequence[tuple[Any, ...]]) -> None:
-            prerender_prompts(services, (rows[p].messages for p, _ in batch))
+            prerender_prompts(shared, (rows[p].messages for p, _ in batch))
 
-        async with _admission_watch(services), anyio.create_task_group() as tg:
+        async with _admission_watch(shared), anyio.create_task_group() as tg:
             await _start_in_batches(tg, one, keys, prepare)
         return [t for t in results if t is not None]
 
     async def _run_one(
         self,
-        services: RolloutServices,
+        shared: RolloutShared,
         prompt: RolloutPrompt,
         prompt_index: int,
         sample_index: int,
@@ -525,7 +525,7 @@ class RolloutRunner:
         try:
             with deadline:
                 trajectory = await run_trajectory(
-                    services,
+                    shared,
                     prompt,
                     prompt_index=prompt_index,
                     sample_index=sample_index,
@@ -586,13 +586,13 @@ class RolloutRunner:
             )
         group_ids = self._group_ids(rows, group_ids)
         stop = StopControl()
-        services = self._services((r.ground_truth for r in rows), stop)
+        shared = self._shared((r.ground_truth for r in rows), stop)
         jobs = [
             _Job(
                 group_ids[p],
                 p,
                 s,
-                functools.partial(self._run_one, services, rows[p], p, s, group_ids[p]),
+                functools.partial(self._run_one, shared, rows[p], p, s, group_ids[p]),
                 prompt=rows[p],
             )
             for p in range(len(rows))
@@ -600,7 +600,7 @@ class RolloutRunner:
             if (p, s) not in done
         ]
         return await self._gather(
-            services, jobs, stop, target_groups, keep_groups_whole, on_result, until
+            shared, jobs, stop, target_groups, keep_groups_whole, on_result, until
         )
 
     @_opens_tools
@@ -623,7 +623,7 @@ class RolloutRunner:
         sees only the trajectories that were run.
         """
         stop = StopControl()
-        services = self._services((t.ground_truth for t in trajectories), stop)
+        shared = self._shared((t.ground_truth for t in trajectories), stop)
         jobs: list[_Job] = []
         for trajectory in trajectories:
             job = _Job(trajectory.group_id, trajectory.prompt_index, trajectory.sample_index, None)
@@ -638,7 +638,7 @@ class RolloutRunner:
             else:
                 job.run = functools.partial(
                     self._run_one,
-                    services,
+                    shared,
                     resume_prompt(point),
                     trajectory.prompt_index,
                     trajectory.sample_index,
@@ -654,11 +654,11 @@ class RolloutRunner:
                 f"target_groups must be between 1 and the {groups} groups given, "
                 f"got {target_groups}"
             )
-        return await self._gather(services, jobs, stop, target_groups, keep_groups_whole, on_result)
+        return await self._gather(shared, jobs, stop, target_groups, keep_groups_whole, on_result)
 
     async def _gather(
         self,
-        services: RolloutServices,
+        shared: RolloutShared,
         jobs: Sequence[_Job],
         stop: StopControl,
         target_groups: int,
@@ -708,7 +708,7 @@ class RolloutRunner:
                     wake.set()
                     outside.cancel()
 
-        async with _admission_watch(services), anyio.create_task_group() as tg:
+        async with _admission_watch(shared), anyio.create_task_group() as tg:
             tg.start_soon(self._abort_stragglers, stop, wake, all_ended)
             if until is not None and pending:
                 tg.start_soon(stop_from_outside, until)
@@ -717,7 +717,7 @@ class RolloutRunner:
                 one,
                 [(job,) for job in jobs if job.done is None],
                 lambda batch: prerender_prompts(
-                    services, (job.prompt.messages for (job,) in batch if job.prompt is not None)
+                    shared, (job.prompt.messages for (job,) in batch if job.prompt is not None)
                 ),
             )
         return tally.rollout_batch()

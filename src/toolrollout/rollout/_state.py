@@ -16,9 +16,20 @@ from __future__ import annotations
 import dataclasses
 import json
 from array import array
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Self, TypeVar
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    WrapSerializer,
+)
+from pydantic_core import PydanticSerializationError
 
 from toolrollout._exceptions import EngineError, ToolRolloutError
 from toolrollout._records import (
@@ -44,13 +55,13 @@ from toolrollout.tools._executor import summarize_call_records
 
 from ._drift import DriftLedger, DriftView
 from ._environment import EnvironmentLedger
-from ._parts import (
+from ._types import (
     CallRecord,
     Counters,
     EnvStep,
     ModelTurn,
     RolloutPrompt,
-    RolloutServices,
+    RolloutShared,
     Timing,
     ToolLedger,
     Transcript,
@@ -82,7 +93,7 @@ class TrajectoryState:
         "prompt_index",
         "sample_index",
         "server",
-        "services",
+        "shared",
         "status",
         "timing",
         "tools",
@@ -93,7 +104,7 @@ class TrajectoryState:
 
     def __init__(
         self,
-        services: RolloutServices,
+        shared: RolloutShared,
         prompt: RolloutPrompt,
         *,
         prompt_index: int,
@@ -101,7 +112,7 @@ class TrajectoryState:
         group_id: str,
         uid: str | None = None,
     ) -> None:
-        self.services = services
+        self.shared = shared
         self.prompt = prompt
         self.prompt_index = prompt_index
         self.sample_index = sample_index
@@ -140,8 +151,8 @@ class TrajectoryState:
         """Response tokens still allowed: ``max_response_tokens`` and the context, the one
         budget rule for model turns and environment deltas alike."""
         used = self.transcript.response_len
-        remaining = self.services.config.max_response_tokens - used
-        context = self.services.context_length
+        remaining = self.shared.config.max_response_tokens - used
+        context = self.shared.context_length
         if context is not None:
             remaining = min(remaining, context - len(self.transcript.prompt_ids) - used)
         return remaining
@@ -210,7 +221,7 @@ class TrajectoryState:
             t.segments.append((start, start + len(ids), result.weight_version))
         turn_ids = span.ids if continuing else tuple(ids)
         text, turn = self._parse_model_turn(turn_ids) if parsed is None else parsed
-        family = self.services.chat.family
+        family = self.shared.chat.family
         message = family.build_assistant_message(text, turn, [call.id for call in turn.tool_calls])
         # The raw text is not kept (the message's parsed content and calls are): it is the
         # decode of the span's ids, derived again when the drift check or a resume point
@@ -232,7 +243,7 @@ class TrajectoryState:
         return ModelTurn(text, turn_ids, turn, finish)
 
     def _parse_model_turn(self, turn_ids: Sequence[int]) -> tuple[str, ParsedTurn]:
-        return parse_model_turn(self.services, turn_ids, self.counters.num_tool_calls)
+        return parse_model_turn(self.shared, turn_ids, self.counters.num_tool_calls)
 
     def pending_model_turn(self) -> ModelTurn | None:
         """The last model turn, when the environment has not answered it yet: a trajectory
@@ -264,7 +275,7 @@ class TrajectoryState:
 
     def out_of_turns(self) -> bool:
         """True (and truncated) when no model turn is left to read an environment answer."""
-        if self.counters.num_turns >= self.services.config.max_turns:
+        if self.counters.num_turns >= self.shared.config.max_turns:
             self.finish(TrajectoryStatus.TRUNCATED, "max_turns")
             return True
         return False
@@ -272,7 +283,7 @@ class TrajectoryState:
     def off_boundary(self, turn: ModelTurn) -> bool:
         """True (and truncated) when the turn ended on a stop string, not the template's
         stop token: there is no template boundary to append an environment delta at."""
-        if not self.services.chat.ends_with_stop(turn.ids):
+        if not self.shared.chat.ends_with_stop(turn.ids):
             self.finish(TrajectoryStatus.TRUNCATED, "stop_string")
             return True
         return False
@@ -304,16 +315,16 @@ class TrajectoryState:
         :meth:`~toolrollout.chat.VisionFormat.expand`): the gateway sends them to the
         engine before the answer is appended.
         """
-        services, t = self.services, self.transcript
+        shared, t = self.shared, self.transcript
         messages = list(step.messages)
         runs: Sequence[ImageRun] = []
         if delta is not None:
             ids, runs = delta
         else:
-            ids = services.chat.tool_turn_delta(t.messages, messages)
-            if services.vision is not None:
+            ids = shared.chat.tool_turn_delta(t.messages, messages)
+            if shared.vision is not None:
                 counts = [image.num_tokens for image in step.images]
-                ids, runs = services.vision.expand(ids, counts)
+                ids, runs = shared.vision.expand(ids, counts)
         if len(ids) >= self.remaining_budget():
             self.finish(TrajectoryStatus.TRUNCATED, "max_response_tokens")
             return False
@@ -331,7 +342,7 @@ class TrajectoryState:
     def checkpoint(self) -> None:
         """Record a drift checkpoint after an environment delta (O(1); the render and the
         comparison run at the end, or now every ``drift_check_every``-th checkpoint)."""
-        config, t = self.services.config, self.transcript
+        config, t = self.shared.config, self.transcript
         if config.drift_check:
             lengths = (len(t.prompt_ids) + t.response_len, len(t.messages), t.model_turns)
             self.drift.checkpoint(lengths, config.drift_check_every, self.drift_view)
@@ -340,13 +351,13 @@ class TrajectoryState:
         """The transcript as it is now, for the drift check."""
         t = self.transcript
         return DriftView(
-            self.services.chat, self.services.vision, t.ids(), t.messages, self.model_texts()
+            self.shared.chat, self.shared.vision, t.ids(), t.messages, self.model_texts()
         )
 
     def model_texts(self) -> list[str]:
         """Each model turn's raw text (stop token stripped), decoded from its verbatim ids:
         the text :meth:`append_model_turn` parsed, derived again rather than kept."""
-        chat, spans = self.services.chat, self.transcript.spans
+        chat, spans = self.shared.chat, self.transcript.spans
         if not chat.family.drift_from_raw_text:  # the drift check renders parsed messages
             return []
         forced = self.transcript.forced
@@ -374,7 +385,7 @@ class TrajectoryState:
             sample_index=self.sample_index,
             prompt_ids=id_tuple(t.prompt_ids),  # shared ints: 8 bytes a token, not 36
             spans=tuple(t.spans),
-            messages=_public_messages(self.services.chat.presented_messages(t.messages)),
+            messages=_public_messages(self.shared.chat.presented_messages(t.messages)),
             status=self.status,
             finish_reason=self.finish_reason,
             error=self.error,
@@ -390,7 +401,7 @@ class TrajectoryState:
             tool_final_rewards=dict(env.tool_final_rewards),
             images=tuple(self.vision.images),
             data_source=_data_source(self.prompt.metadata),
-            sampling=sampling_record(self.services.config, self.services.seed_round),
+            sampling=sampling_record(self.shared.config, self.shared.seed_round),
             resume_point=resume,
         )
 
@@ -437,69 +448,26 @@ class TrajectoryState:
         predate deriving it; this version derives it again when it loads the point.
         """
         texts = self.model_texts() if model_texts is None else list(model_texts)
+        payload = _Payload.model_construct(
+            identity=_Identity.of(self),
+            prompt=_Prompt.of(self.prompt, messages=list(self.prompt.messages)),
+            transcript=_Transcript.of(self.transcript, model_texts=texts),
+            counters=self.counters,
+            timing=_Timing.of(self.timing, spent_seconds=self.timing.total()),
+            tools=_Tools.of(self.tools),
+            drift=_Drift.of(self.drift),
+            vision=_Vision.of(self.vision),
+            environment=_Environment.of(self.environment),
+        )
         try:
-            text = json.dumps(self._payload(texts), ensure_ascii=False)
-        except TypeError as exc:  # a row or tool state holding a value JSON has no form for
-            raise ToolRolloutError(f"trajectory {self.uid} cannot be saved: {exc}") from None
+            text = json.dumps(payload.model_dump(), ensure_ascii=False)
+        except (TypeError, PydanticSerializationError) as exc:  # a value JSON has no form for
+            reason = str(exc).splitlines()[0]
+            raise ToolRolloutError(f"trajectory {self.uid} cannot be saved: {reason}") from None
         return ResumePoint(text, RESUME_FORMAT_VERSION)
 
-    def _payload(self, model_texts: list[str]) -> dict[str, Any]:
-        t, env = self.transcript, self.environment
-        return {
-            "identity": {
-                "uid": self.uid,
-                "group_id": self.group_id,
-                "prompt_index": self.prompt_index,
-                "sample_index": self.sample_index,
-            },
-            "prompt": {
-                "messages": to_json_value(list(self.prompt.messages)),
-                "ground_truth": to_json_value(self.prompt.ground_truth),
-                "metadata": to_json_value(self.prompt.metadata),
-            },
-            "transcript": {
-                "messages": to_json_value(t.messages),
-                "prompt_ids": list(t.prompt_ids),
-                "spans": [[s.kind, s.id_array.tolist(), list(s.logprobs)] for s in t.spans],
-                "model_texts": model_texts,
-                "open_turn": t.open_turn,
-                "segments": t.segments,
-                "forced": list(t.forced),
-            },
-            "counters": asdict(self.counters),
-            "timing": {
-                "spent_seconds": self.timing.total(),
-                "generation_seconds": self.timing.generation_seconds,
-                "tool_seconds": self.timing.tool_seconds,
-                "tool_latency": self.timing.tool_latency,
-            },
-            "tools": {
-                "state": to_json_value(self.tools.state),
-                "records": [_call_record(record) for record in self.tools.records],
-            },
-            "drift": {
-                "checkpoints": self.drift.checkpoints,
-                "checked": sorted(self.drift.checked),
-                "found": [[i, to_json_value(r)] for i, r in sorted(self.drift.found.items())],
-            },
-            "vision": {
-                "images": [_image_record(image) for image in self.vision.images],
-                "urls": self.vision.urls,
-                "dropped": self.vision.dropped,
-            },
-            "environment": {
-                "turn_rewards": sorted(env.turn_rewards.items()),
-                "tool_rewards": sorted(env.tool_rewards.items()),
-                "interaction_turns": env.interaction_turns,
-                "appended_turns": env.appended_turns,
-                "interaction_tokens": env.interaction_tokens,
-                "interaction_metrics": to_json_value(env.interaction_metrics),
-                "errors": env.errors,
-            },
-        }
-
     @classmethod
-    def resumed_from(cls, services: RolloutServices, point: ResumePoint) -> TrajectoryState:
+    def resumed_from(cls, shared: RolloutShared, point: ResumePoint) -> TrajectoryState:
         """A fresh running state continuing ``point`` (which stays usable for another try).
 
         Missing optional keys take their defaults and unknown keys are ignored, so a point
@@ -509,70 +477,23 @@ class TrajectoryState:
             raise ResumeFormatError(
                 f"resume point version {point.version} is newer than this toolrollout reads"
             )
-        data = json.loads(point.state)
-        ident = data["identity"]
-        state = cls(
-            services,
-            resume_prompt(point),
-            prompt_index=ident["prompt_index"],
-            sample_index=ident["sample_index"],
-            group_id=ident["group_id"],
-            uid=ident["uid"],
-        )
+        data = _read(_Payload, json.loads(point.state))
+        state = cls(shared, data.prompt.row(), **data.identity.fields())
         state.status = TrajectoryStatus.RUNNING
-        t = data.get("transcript", {})
-        state.transcript = Transcript(
-            messages=from_json_value(t["messages"]),
-            prompt_ids=array("i", t["prompt_ids"]),
-            spans=[TokenSpan(k, i, [float(x) for x in lp]) for k, i, lp in t["spans"]],
-            open_turn=bool(t.get("open_turn", False)),
-            segments=[(s, e, v) for s, e, v in t.get("segments", [])],
-            forced=tuple(t.get("forced", ())),
-        )
-        known = set(Counters.__dataclass_fields__)
-        state.counters = Counters(
-            **{k: v for k, v in data.get("counters", {}).items() if k in known}
-        )
+        state.transcript = Transcript(**data.transcript.fields("model_texts"))
+        state.counters = data.counters
         state.counters.resumes += 1
-        timing = data.get("timing", {})
-        state.timing = Timing(
-            prior_seconds=float(timing.get("spent_seconds", 0.0)),
-            generation_seconds=float(timing.get("generation_seconds", 0.0)),
-            tool_seconds=float(timing.get("tool_seconds", 0.0)),
-            tool_latency={k: list(v) for k, v in timing.get("tool_latency", {}).items()},
-        )
-        tools = data.get("tools", {})
-        state.tools = ToolLedger(
-            state=from_json_value(tools.get("state", {})),
-            records=[_record_of(r) for r in tools.get("records", [])],
-        )
-        drift = data.get("drift", {})
-        state.drift = DriftLedger(
-            checkpoints=[(a, b, c) for a, b, c in drift.get("checkpoints", [])],
-            checked=set(drift.get("checked", [])),
-            found={i: from_json_value(r) for i, r in drift.get("found", [])},
-        )
-        vision = data.get("vision", {})
-        state.vision = ImageLedger(
-            images=[_image_of(r) for r in vision.get("images", [])],
-            urls=list(vision.get("urls", [])),
-            dropped=int(vision.get("dropped", 0)),
-        )
-        env = data.get("environment", {})
-        state.environment = EnvironmentLedger(
-            turn_rewards={int(k): float(v) for k, v in env.get("turn_rewards", [])},
-            tool_rewards={int(k): float(v) for k, v in env.get("tool_rewards", [])},
-            interaction_turns=int(env.get("interaction_turns", 0)),
-            appended_turns=int(env.get("appended_turns", 0)),
-            interaction_tokens=int(env.get("interaction_tokens", 0)),
-            interaction_metrics=from_json_value(env.get("interaction_metrics", [])),
-            errors=list(env.get("errors", [])),
-        )
+        timing = data.timing
+        state.timing = Timing(prior_seconds=timing.spent_seconds, **timing.fields("spent_seconds"))
+        state.tools = ToolLedger(**data.tools.fields())
+        state.drift = DriftLedger(**data.drift.fields())
+        state.vision = ImageLedger(**data.vision.fields())
+        state.environment = EnvironmentLedger(**data.environment.fields())
         return state
 
 
 def parse_model_turn(
-    services: RolloutServices,
+    shared: RolloutShared,
     turn_ids: Sequence[int],
     calls_so_far: int,
     *,
@@ -581,13 +502,13 @@ def parse_model_turn(
     """A model turn's raw text (``forced`` ids first) and its parse under the family's
     rules (call ids numbered after ``calls_so_far``): the one parse of a model turn, for
     the rollout loop and the gateway alike."""
-    chat = services.chat
+    chat = shared.chat
     text = chat.model_text((*forced, *turn_ids) if forced else turn_ids)
     family = chat.family
     parsed = _with_family_ids(
         family,
         _runs_nothing_if_malformed(
-            family, _within_call_limit(family, services.parser.parse(text), text)
+            family, _within_call_limit(family, shared.parser.parse(text), text)
         ),
         calls_so_far,
     )
@@ -596,12 +517,7 @@ def parse_model_turn(
 
 def resume_prompt(point: ResumePoint) -> RolloutPrompt:
     """The dataset row a resume point was started from."""
-    prompt = point.prompt
-    return RolloutPrompt(
-        messages=tuple(from_json_value(prompt["messages"])),
-        ground_truth=from_json_value(prompt.get("ground_truth")),
-        metadata=from_json_value(prompt.get("metadata", {})),
-    )
+    return _read(_Prompt, point.prompt).row()
 
 
 def _joined(first: TokenSpan, more: TokenSpan) -> TokenSpan:
@@ -681,43 +597,146 @@ def _with_family_ids(family: TemplateFamily, parsed: ParsedTurn, call_number: in
     return dataclasses.replace(parsed, tool_calls=calls)
 
 
-def _call_record(record: CallRecord) -> dict[str, Any]:
-    """One call's record as the resume point's JSON."""
-    name, seconds, attempts, is_error, kind = record
-    return {
-        "name": name,
-        "seconds": seconds,
-        "attempts": attempts,
-        "is_error": is_error,
-        "error_kind": kind,
-    }
+# --- the resume payload (format 1) --------------------------------------------------------
+#
+# A pydantic model per section, its fields named as the ledger's: a section is read back as
+# ``Ledger(**section.fields())`` and written from the live ledger unvalidated. The annotated
+# types say how a value JSON has no form for is written and read.
 
 
-def _record_of(saved: Mapping[str, Any]) -> CallRecord:
-    kind = saved.get("error_kind")
-    return (
-        str(saved["name"]),
-        float(saved.get("seconds", 0.0)),
-        int(saved.get("attempts", 0)),
-        bool(saved.get("is_error", False)),
-        None if kind is None else str(kind),
-    )
+def _sorted_pairs(value: dict[int, Any], write: SerializerFunctionWrapHandler) -> Any:
+    return sorted(write(value).items())
 
 
-def _image_record(image: TrajectoryImage) -> dict[str, Any]:
-    return {
-        "png": to_json_value(image.png),
-        "start": image.start,
-        "end": image.end,
-        "grid_thw": list(image.grid_thw),
-    }
+_Value = Annotated[Any, PlainValidator(from_json_value), PlainSerializer(to_json_value)]
+"""A row's, a message's or a tool's value, through the tagged codec of ``_records``."""
+
+_Span = Annotated[  # Any: pydantic has no schema for a TokenSpan's arrays
+    Any,
+    PlainValidator(lambda s: TokenSpan(s[0], s[1], [float(x) for x in s[2]])),
+    PlainSerializer(lambda s: [s.kind, s.id_array.tolist(), list(s.logprobs)]),
+]
+_T = TypeVar("_T")
+_Pairs = Annotated[dict[int, _T], BeforeValidator(dict), WrapSerializer(_sorted_pairs)]
+"""A dict by turn or index, written as sorted ``[key, value]`` pairs."""
+_Call = Annotated[
+    CallRecord,
+    BeforeValidator(lambda r: tuple(_read(_CallRecord, r).fields().values())),
+    PlainSerializer(lambda record: dict(zip(_CallRecord.model_fields, record, strict=True))),
+]
+_Image = Annotated[
+    Any,  # a TrajectoryImage
+    PlainValidator(lambda r: TrajectoryImage(**_read(_ImageRecord, r).fields())),
+    PlainSerializer(lambda image: _ImageRecord.of(image).model_dump()),
+]
 
 
-def _image_of(record: Mapping[str, Any]) -> TrajectoryImage:
-    t, h, w = record["grid_thw"]
-    return TrajectoryImage(
-        png=from_json_value(record["png"]),
-        start=record["start"],
-        end=record["end"],
-        grid_thw=(t, h, w),
-    )
+class _Section(BaseModel):
+    @classmethod
+    def of(cls, live: object, **given: Any) -> Self:
+        """The section as ``live`` holds it now (not validated: its values are live)."""
+        values = {name: getattr(live, name) for name in cls.model_fields if name not in given}
+        return cls.model_construct(**values, **given)
+
+    def fields(self, *leave_out: str) -> dict[str, Any]:
+        return {name: value for name, value in self if name not in leave_out}
+
+
+class _CallRecord(_Section):
+    name: str
+    seconds: float = 0.0
+    attempts: int = 0
+    is_error: bool = False
+    error_kind: str | None = None
+
+
+class _ImageRecord(_Section):
+    png: _Value
+    start: int
+    end: int
+    grid_thw: tuple[int, int, int]
+
+
+class _Identity(_Section):
+    uid: str
+    group_id: str
+    prompt_index: int
+    sample_index: int
+
+
+class _Prompt(_Section):
+    messages: _Value
+    ground_truth: _Value = None
+    metadata: _Value = Field(default_factory=dict)
+
+    def row(self) -> RolloutPrompt:
+        return RolloutPrompt(tuple(self.messages), self.ground_truth, self.metadata)
+
+
+class _Transcript(_Section):
+    messages: _Value
+    prompt_ids: Annotated[Any, BeforeValidator(lambda ids: array("i", ids)), PlainSerializer(list)]
+    spans: list[_Span]
+    model_texts: list[str] = []
+    open_turn: bool = False
+    segments: list[tuple[int, int, str | None]] = []
+    forced: tuple[int, ...] = ()
+
+
+class _Timing(_Section):
+    spent_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    tool_seconds: float = 0.0
+    tool_latency: dict[str, list[float]] = {}
+
+
+class _Tools(_Section):
+    state: _Value = Field(default_factory=dict)
+    records: list[_Call] = []
+
+
+class _Drift(_Section):
+    checkpoints: list[tuple[int, int, int]] = []
+    checked: Annotated[set[int], PlainSerializer(sorted)] = set()
+    found: _Pairs[_Value] = {}
+
+
+class _Vision(_Section):
+    images: list[_Image] = []
+    urls: list[str] = []
+    dropped: int = 0
+
+
+class _Environment(_Section):
+    turn_rewards: _Pairs[float] = {}
+    tool_rewards: _Pairs[float] = {}
+    interaction_turns: int = 0
+    appended_turns: int = 0
+    interaction_tokens: int = 0
+    interaction_metrics: _Value = Field(default_factory=list)
+    errors: list[str] = []
+
+
+class _Payload(_Section):
+    identity: _Identity
+    prompt: _Prompt
+    transcript: _Transcript
+    counters: Counters = Field(default_factory=Counters)
+    timing: _Timing = Field(default_factory=_Timing)
+    tools: _Tools = Field(default_factory=_Tools)
+    drift: _Drift = Field(default_factory=_Drift)
+    vision: _Vision = Field(default_factory=_Vision)
+    environment: _Environment = Field(default_factory=_Environment)
+
+
+_SectionT = TypeVar("_SectionT", bound=_Section)
+
+
+def _read(section: type[_SectionT], saved: Any) -> _SectionT:
+    """``saved`` (JSON values) as ``section``; one line naming the field when it is not."""
+    try:
+        return section.model_validate(saved)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "the payload"
+        raise ResumeFormatError(f"not a resume point: {where}: {error['msg']}") from None

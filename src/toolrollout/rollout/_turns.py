@@ -18,8 +18,8 @@ from toolrollout._pacing import pace
 from toolrollout._records import TrajectoryStatus
 from toolrollout.tools import ToolCallRequest, ToolResult, ToolSession
 
-from ._parts import EnvStep, ModelTurn, RolloutServices
 from ._state import TrajectoryState
+from ._types import EnvStep, ModelTurn, RolloutShared
 from ._vision_turn import attach_images
 
 __all__ = ["STOPPED_IN_TOOLS", "tool_step"]
@@ -36,7 +36,7 @@ async def tool_step(
     """Run the turn's tool calls (within the limits); None when the trajectory ends first."""
     if state.out_of_turns() or state.off_boundary(turn):
         return None
-    services, config = state.services, state.services.config
+    shared, config = state.shared, state.shared.config
     requests = [
         ToolCallRequest(id=c.id, name=c.name, arguments=c.arguments) for c in turn.parsed.tool_calls
     ]
@@ -53,20 +53,20 @@ async def tool_step(
     if config.tool_unavailable == "fail" and _ended_on_infrastructure(state, requests, results):
         return None
     messages = [
-        _tool_message(services, request.id, request.name, result.text)
+        _tool_message(shared, request.id, request.name, result.text)
         for request, result in zip(requests, results, strict=True)
     ]
     for request in [*over_turn, *over_total]:
         state.counters.tool_errors += 1
         refused = f"Error: tool call limit reached; '{request.name}' was not run."
-        messages.append(_tool_message(services, request.id, request.name, refused))
+        messages.append(_tool_message(shared, request.id, request.name, refused))
     errors = [f"Error: could not parse tool call: {e.message}" for e in turn.parsed.errors]
-    if errors and services.chat.family.feedback_role == "user":
-        messages.append({"role": "user", "content": _cut_text(services, "\n".join(errors))})
+    if errors and shared.chat.family.feedback_role == "user":
+        messages.append({"role": "user", "content": _cut_text(shared, "\n".join(errors))})
     else:
-        messages.extend(_tool_message(services, None, None, error) for error in errors)
+        messages.extend(_tool_message(shared, None, None, error) for error in errors)
     images, image_errors = await attach_images(
-        services.vision, config, state.vision, results, messages
+        shared.vision, config, state.vision, results, messages
     )
     state.counters.tool_errors += image_errors
     return EnvStep("tool", tuple(messages), tuple(images))
@@ -84,16 +84,16 @@ async def _run_tools(
     """
     state.status = TrajectoryStatus.TOOL_CALLING
     started = time.perf_counter()
-    stop = state.services.stop
-    if stop is None or state.services.config.tools_at_target == "finish":
-        results = await state.services.tools.run_calls(calls, state.tool_context(session))
+    stop = state.shared.stop
+    if stop is None or state.shared.config.tools_at_target == "finish":
+        results = await state.shared.tools.run_calls(calls, state.tool_context(session))
     else:
         with anyio.CancelScope() as scope:
             stop.tool_calls.add(scope)
             try:
                 if stop.stopping:  # met while this turn was being parsed
                     scope.cancel()
-                results = await state.services.tools.run_calls(calls, state.tool_context(session))
+                results = await state.shared.tools.run_calls(calls, state.tool_context(session))
             finally:
                 stop.tool_calls.discard(scope)
         if scope.cancelled_caught:
@@ -121,9 +121,9 @@ def _ended_on_infrastructure(
     return False
 
 
-def _cut_text(services: RolloutServices, text: str) -> str:
+def _cut_text(shared: RolloutShared, text: str) -> str:
     """Bound one tool result to ``max_tool_response_tokens`` on the configured side."""
-    config = services.config
+    config = shared.config
     limit = config.max_tool_response_tokens
     if text.isascii() and 2 * len(text) + 2 <= limit:
         # Provably within the limit without tokenizing it: on ASCII text a tokenizer makes
@@ -132,26 +132,26 @@ def _cut_text(services: RolloutServices, text: str) -> str:
         # twice that is a safe margin. Most tool results are short; the delta tokenizes
         # them anyway.
         return text
-    ids = services.chat.encode(text)
+    ids = shared.chat.encode(text)
     if len(ids) <= limit:
         return text
     marker = "...(truncated)"
     if config.tool_response_truncate_side == "left":
-        return marker + services.chat.decode(ids[-limit:])
+        return marker + shared.chat.decode(ids[-limit:])
     if config.tool_response_truncate_side == "right":
-        return services.chat.decode(ids[:limit]) + marker
+        return shared.chat.decode(ids[:limit]) + marker
     head = limit // 2
     return (
-        services.chat.decode(ids[:head])
+        shared.chat.decode(ids[:head])
         + marker
-        + services.chat.decode(ids[len(ids) - (limit - head) :])
+        + shared.chat.decode(ids[len(ids) - (limit - head) :])
     )
 
 
 def _tool_message(
-    services: RolloutServices, call_id: str | None, name: str | None, text: str
+    shared: RolloutShared, call_id: str | None, name: str | None, text: str
 ) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "tool", "content": _cut_text(services, text)}
+    message: dict[str, Any] = {"role": "tool", "content": _cut_text(shared, text)}
     if call_id is not None:
         message["tool_call_id"] = call_id
     if name is not None:

@@ -14,7 +14,7 @@ from toolrollout.rollout._defaults import default_rewards as default_rewards
 from toolrollout.rollout._defaults import detect_vision as detect_vision
 
 from ._open import build_runner as build_runner
-from ._open import load_parts as load_parts
+from ._open import load_components as load_components
 from ._open import open_run as open_run
 from ._policy import load_tokenizer as load_tokenizer
 from ._spec import RunSpec as RunSpec
@@ -25,7 +25,7 @@ __all__ = [
     "connect",
     "default_rewards",
     "detect_vision",
-    "load_parts",
+    "load_components",
     "load_tokenizer",
     "open_run",
 ]

@@ -30,16 +30,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "OpenRun",
-    "RunParts",
+    "RunComponents",
     "build_runner",
     "check_interactions",
-    "load_parts",
+    "load_components",
     "open_run",
 ]
 
 
 @dataclass(frozen=True)
-class RunParts:
+class RunComponents:
     """What a spec loads before any engine is touched: checks on them can fail early."""
 
     tokenizer: Any
@@ -52,7 +52,7 @@ class RunParts:
         return sorted(t.name for t in self.tools)
 
 
-def load_parts(spec: RunSpec, *, tokenizer: Any = None) -> RunParts:
+def load_components(spec: RunSpec, *, tokenizer: Any = None) -> RunComponents:
     """The tokenizer (loaded from ``spec.model_path`` unless given), tools, interactions
     and image format of ``spec``. Vision is detected from the model folder: ``spec.model``,
     else the given tokenizer's."""
@@ -77,7 +77,7 @@ def load_parts(spec: RunSpec, *, tokenizer: Any = None) -> RunParts:
         interactions = load_interaction_config(spec.interaction_config)
     else:
         interactions = {}
-    return RunParts(tokenizer, tools, interactions, detect_vision(folder, spec.vision))
+    return RunComponents(tokenizer, tools, interactions, detect_vision(folder, spec.vision))
 
 
 def check_interactions(
@@ -106,27 +106,27 @@ def build_runner(
     engine: Engine,
     *,
     tokenizer: Any = None,
-    parts: RunParts | None = None,
+    components: RunComponents | None = None,
     context_length: int | None = None,
 ) -> RolloutRunner:
     """The runner of ``spec`` on an engine the caller holds (and opens and closes).
 
-    ``parts`` are :func:`load_parts`'s (loaded here when not given, with ``tokenizer`` if
+    ``components`` are :func:`load_components`'s (loaded here when not given, with ``tokenizer`` if
     passed); ``context_length`` overrides the engine's (``spec.config.context_length``
     wins when set). The other defaults are the runner's own.
     """
-    if parts is None:
-        parts = load_parts(spec, tokenizer=tokenizer)
+    if components is None:
+        components = load_components(spec, tokenizer=tokenizer)
     return RolloutRunner(
         engine,
-        parts.tokenizer,
-        parts.tools,
+        components.tokenizer,
+        components.tools,
         config=spec.config,
         rewards=spec.rewards,
         tool_error_penalty=spec.tool_error_penalty,
         context_length=context_length,
-        interactions=parts.interactions,
-        vision=parts.vision,
+        interactions=components.interactions,
+        vision=components.vision,
         hooks=spec.hooks,
     )
 
@@ -136,28 +136,28 @@ class OpenRun:
     """A run ready to go: its engine (open for the block) and its runner."""
 
     spec: RunSpec
-    parts: RunParts
+    components: RunComponents
     engine: Engine
     runner: RolloutRunner
 
     @property
     def tokenizer(self) -> Any:
-        return self.parts.tokenizer
+        return self.components.tokenizer
 
 
 @asynccontextmanager
 async def open_run(
     spec: RunSpec,
     *,
-    parts: RunParts | None = None,
+    components: RunComponents | None = None,
 ) -> AsyncIterator[OpenRun]:
     """Start ``spec``'s engine and tool services, build its runner; close all on exit.
 
-    ``async with open_run(spec) as run: await run.runner.run(prompts)``. ``parts`` from
-    :func:`load_parts` avoid loading twice when the caller checked them first.
+    ``async with open_run(spec) as run: await run.runner.run(prompts)``. ``components`` from
+    :func:`load_components` avoid loading twice when the caller checked them first.
     """
-    if parts is None:
-        parts = load_parts(spec)
+    if components is None:
+        components = load_components(spec)
     engine = await connect(
         spec.engine_urls,
         spec.model_path,
@@ -167,6 +167,6 @@ async def open_run(
         **spec.client_options(),
     )
     async with engine:
-        runner = build_runner(spec, engine, parts=parts)
+        runner = build_runner(spec, engine, components=components)
         async with runner:  # the tools' services (MCP sessions, local sandbox...) open here
-            yield OpenRun(spec, parts, engine, runner)
+            yield OpenRun(spec, components, engine, runner)

@@ -177,14 +177,14 @@ def _run_model(
     from toolrollout.apps.demo import demo_prompts_for_tools
     from toolrollout.apps.eval import compare, summarize
     from toolrollout.data import load_prompts
-    from toolrollout.spec import load_parts
+    from toolrollout.spec import load_components
 
     sampling = {"temperature": config["temperature"], "top_p": config["top_p"]}
     spec = spec_from(flags, OPTIONS, {f"config.sampling.{k}": v for k, v in sampling.items()})
-    parts = load_parts(spec)
+    components = load_components(spec)
     # Without --dataset, the demo prompt set that suits the tools (as `generate` picks it).
     prompts = load_prompts(
-        flags.dataset or demo_prompts_for_tools(parts.tool_names), limit=flags.limit
+        flags.dataset or demo_prompts_for_tools(components.tool_names), limit=flags.limit
     )
     truths = [p.ground_truth for p in prompts if p.ground_truth is not None]
     if not truths:
@@ -195,7 +195,7 @@ def _run_model(
     arms = [("tools", out_dir / "trajectories.parquet")]
     if flags.baseline == Baseline.SINGLE_TURN:
         arms.insert(0, ("single-turn", out_dir / "single_turn.parquet"))
-    results = anyio.run(_run_arms, spec, parts, prompts, arms)
+    results = anyio.run(_run_arms, spec, components, prompts, arms)
     threshold, seed = float(config["success_threshold"]), int(config["seed"])
     runs = [
         summarize(
@@ -208,7 +208,7 @@ def _run_model(
 
 
 async def _run_arms(
-    spec: Any, parts: Any, prompts: list[Any], arms: list[tuple[str, Path]]
+    spec: Any, components: Any, prompts: list[Any], arms: list[tuple[str, Path]]
 ) -> dict[str, list[Any]]:
     """Each arm's trajectories, written to its file; one arm after the other, so the latency
     of one is not inflated by the other."""
@@ -219,7 +219,7 @@ async def _run_arms(
     from ._progress import RolloutProgress
 
     results: dict[str, list[Any]] = {}
-    async with open_run(spec, parts=parts) as run:
+    async with open_run(spec, components=components) as run:
         for label, path in arms:
             runner = run.runner
             if label != "tools":

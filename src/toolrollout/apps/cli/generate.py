@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from toolrollout.engines import Engine
     from toolrollout.rollout import RolloutPrompt, Trajectory
     from toolrollout.spec import RunSpec
-    from toolrollout.spec._open import RunParts
+    from toolrollout.spec._open import RunComponents
 
 __all__ = ["OPTIONS", "generate", "register"]
 
@@ -126,7 +126,7 @@ class _Plan:
     """What a run rolls out, decided before anything is written."""
 
     spec: RunSpec
-    parts: RunParts
+    components: RunComponents
     prompts: list[RolloutPrompt]
     carried: list[Trajectory]
     prompts_path: Path
@@ -217,33 +217,33 @@ def _plan(flags: Any) -> _Plan:
         leftover_info,
         run_metadata,
     )
-    from toolrollout.spec import load_parts
+    from toolrollout.spec import load_components
 
     _check_flags(flags)
     carried, saved, n = _read_carried(flags)
     spec = spec_from(flags, OPTIONS, {"config.n": n})
-    parts = load_parts(spec)
+    components = load_components(spec)
     # Each renders the template's probe once: done here, once, for the check and the info.
-    tool_parser = effective_tool_parser(spec.config, parts.tokenizer)
-    chat = chat_setup(spec.config, parts.tokenizer)
-    metadata = run_metadata(spec.config, parts.tokenizer, chat=chat)
+    tool_parser = effective_tool_parser(spec.config, components.tokenizer)
+    chat = chat_setup(spec.config, components.tokenizer)
+    metadata = run_metadata(spec.config, components.tokenizer, chat=chat)
     facts = {
-        "tool_names": parts.tool_names,
+        "tool_names": components.tool_names,
         "tool_parser": tool_parser,
-        "tokenizer": parts.tokenizer,
+        "tokenizer": components.tokenizer,
         "model": spec.model_path,
         "chat": chat,
         "sampling": metadata["sampling"],
     }
     if flags.resume_leftover is not None:
         check_leftover_matches(flags.resume_leftover, saved, **facts)
-    prompts, prompts_path = _prompts(flags, parts, carried)
+    prompts, prompts_path = _prompts(flags, components, carried)
     truths = [p.ground_truth for p in prompts] + [t.ground_truth for t in carried]
     spec = spec.replace(rewards=spec.rewards_for(truths))
     info = leftover_info(n=n, **facts)
     return _Plan(
         spec,
-        parts,
+        components,
         prompts,
         carried,
         prompts_path,
@@ -254,7 +254,7 @@ def _plan(flags: Any) -> _Plan:
 
 
 def _prompts(
-    flags: Any, parts: RunParts, carried: list[Trajectory]
+    flags: Any, components: RunComponents, carried: list[Trajectory]
 ) -> tuple[list[RolloutPrompt], Path]:
     """The prompts to launch (none when resuming a leftover) and the file they come from."""
     from toolrollout._exceptions import UserError
@@ -266,15 +266,15 @@ def _prompts(
     if flags.resume_leftover is not None:
         resumable = [t for t in carried if t.resume_point is not None]
         check_interactions(
-            parts.interactions,
+            components.interactions,
             [resume_prompt(t.resume_point) for t in resumable if t.resume_point is not None],
             source=str(flags.resume_leftover),
             names=[f"trajectory {t.uid}" for t in resumable],
         )
         return [], flags.resume_leftover
-    path = flags.dataset or demo_prompts_for_tools(parts.tool_names)
+    path = flags.dataset or demo_prompts_for_tools(components.tool_names)
     prompts = load_prompts(path, limit=flags.limit)
-    check_interactions(parts.interactions, prompts, source=str(path))
+    check_interactions(components.interactions, prompts, source=str(path))
     if flags.target_groups is not None:
         # Straggler control: launch target x oversample groups, keep the first complete ones.
         launch = math.ceil(flags.target_groups * flags.oversample)
@@ -324,7 +324,7 @@ async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
     carried = plan.carried
     total = len(carried) if carried else len(plan.prompts) * plan.spec.config.n
     already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
-    async with open_run(plan.spec, parts=plan.parts) as run:
+    async with open_run(plan.spec, components=plan.components) as run:
         record_engine(plan.metadata, plan.folder, await run.engine.info(), resumed=bool(plan.skip))
         if flags.work_history is not None:
             run.runner.work_history = WorkHistory.read(flags.work_history)

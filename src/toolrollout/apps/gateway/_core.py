@@ -8,7 +8,7 @@ matching, the template deltas, ``tool_choice``, images, the limits and the recor
 here once.
 
 A segment is the rollout loop's transcript (:class:`~toolrollout.rollout._state.TrajectoryState`
-with the :class:`~toolrollout.rollout._parts.RolloutServices` of its tool set): model turns,
+with the :class:`~toolrollout.rollout._types.RolloutShared` of its tool set): model turns,
 template deltas, drift checkpoints and the frozen row are the loop's code, not a copy.
 
 Concurrency: one event loop serves every session, in structured tasks (anyio task groups:
@@ -59,8 +59,8 @@ from toolrollout.engines._types import (
     token_id_array,
 )
 from toolrollout.rollout._config import RolloutConfig
-from toolrollout.rollout._parts import RolloutServices
 from toolrollout.rollout._state import TrajectoryState, parse_model_turn
+from toolrollout.rollout._types import RolloutShared
 from toolrollout.rollout._vision_turn import record_images
 from toolrollout.tools import ToolExecutor
 
@@ -176,7 +176,7 @@ class _Plan:
 class _Prepared:
     """A checked request: its format, plan, messages and what generation starts from."""
 
-    services: RolloutServices
+    shared: RolloutShared
     plan: _Plan
     messages: list[dict[str, Any]]
     forced: tuple[int, ...]
@@ -226,7 +226,7 @@ class Gateway:
         self.context_length = self.config.context_length or context_length
         self.out = None if out is None else Path(out)
         self._flush_every = flush_every
-        self._services: dict[str, RolloutServices] = {}
+        self._shared: dict[str, RolloutShared] = {}
         self._rollout_config = RolloutConfig(
             max_response_tokens=2**31 - 1,  # the gateway's limit is the context (checked first)
             max_tool_response_tokens=2**31 - 1,
@@ -262,9 +262,9 @@ class Gateway:
         gives the family, the tool parser and the template kwargs when ``config`` does not.
         """
         from toolrollout.engines._factory import connect
-        from toolrollout.spec import load_parts
+        from toolrollout.spec import load_components
 
-        parts = load_parts(spec.replace(tools=()))
+        components = load_components(spec.replace(tools=()))
         base = config or GatewayConfig()
         chosen = dataclasses.replace(
             base,
@@ -284,12 +284,12 @@ class Gateway:
             context = (await engine.info()).context_length
             async with cls(
                 engine,
-                parts.tokenizer,
+                components.tokenizer,
                 config=chosen,
                 out=out,
                 context_length=context,
                 flush_every=spec.flush_every,
-                vision=parts.vision,
+                vision=components.vision,
             ) as gateway:
                 yield gateway
 
@@ -353,13 +353,13 @@ class Gateway:
 
     def chat_format(self, tools: Sequence[Mapping[str, Any]]) -> ChatFormat:
         """The chat format for a tool set (built once per distinct set, at most 64 kept)."""
-        return self.services(tools).chat
+        return self.shared(tools).chat
 
-    def services(self, tools: Sequence[Mapping[str, Any]]) -> RolloutServices:
+    def shared(self, tools: Sequence[Mapping[str, Any]]) -> RolloutShared:
         """What the rollout loop's transcript code needs for a tool set (its chat format
         and parser; the gateway's harness runs the tools, so none here)."""
         key = tools_key(tools)
-        found = self._services.get(key)
+        found = self._shared.get(key)
         if found is None:
             chat = ChatFormat(
                 self.tokenizer,
@@ -370,7 +370,7 @@ class Gateway:
             parser = get_tool_parser(
                 self.config.tool_parser or chat.family.tool_parser, tools=chat.tools
             )
-            found = RolloutServices(
+            found = RolloutShared(
                 engine=self.engine,
                 chat=chat,
                 parser=parser,
@@ -381,9 +381,9 @@ class Gateway:
                 context_length=self.context_length,
                 vision=self.vision,
             )
-            if len(self._services) >= 64:
-                self._services.pop(next(iter(self._services)))
-            self._services[key] = found
+            if len(self._shared) >= 64:
+                self._shared.pop(next(iter(self._shared)))
+            self._shared[key] = found
         return found
 
     # -- sessions -----------------------------------------------------------------------
@@ -548,14 +548,14 @@ class Gateway:
             raise GatewayError(
                 "invalid_request", f"n must be between 1 and {self.config.max_n}", status=400
             )
-        services = self.services(request.tools)
-        chat = services.chat
+        shared = self.shared(request.tools)
+        chat = shared.chat
         required = _required_tool(request)
         forced: tuple[int, ...] = ()
         if required is not None:
-            prefix = services.parser.forced_call_prefix(required or None)
+            prefix = shared.parser.forced_call_prefix(required or None)
             if prefix is None and required:
-                prefix = services.parser.forced_call_prefix(None)
+                prefix = shared.parser.forced_call_prefix(None)
             forced = _forced_ids(chat, prefix) if prefix else ()
         try:
             plan = self._plan(session, chat, messages)
@@ -578,7 +578,7 @@ class Gateway:
             )
         wanted = request.max_tokens or self.config.default_max_tokens
         max_new = wanted if context is None else min(wanted, context - prompt)
-        return _Prepared(services, plan, messages, forced, required, max_new, self.vision)
+        return _Prepared(shared, plan, messages, forced, required, max_new, self.vision)
 
     async def _complete(self, session: Session, request: ChatRequest) -> ChatResult:
         prep = await self._prepare(session, request)
@@ -598,7 +598,7 @@ class Gateway:
         self, prep: _Prepared, request: ChatRequest, rid: str
     ) -> tuple[TurnStream, GenerateRequest]:
         """The reader of the streamed turn and the engine request that streams it."""
-        chat, parser = prep.services.chat, prep.services.parser
+        chat, parser = prep.shared.chat, prep.shared.parser
         enabled = bool(request.tools) and request.tool_choice != "none"
         turn = TurnStream(
             markers=parser.call_markers if enabled else (),
@@ -620,7 +620,7 @@ class Gateway:
     ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
         """One sample, streamed from the engine (``n == 1``)."""
         prep = await self._prepare(session, request)
-        chat = prep.services.chat
+        chat = prep.shared.chat
         rid = f"gw-{uuid.uuid4().hex[:16]}-0"
         turn, engine_request = self._stream_start(prep, request, rid)
         deadline = anyio.current_time() + self.config.request_timeout
@@ -703,7 +703,7 @@ class Gateway:
         enabled = bool(request.tools) and request.tool_choice != "none"
         calls_so_far = plan.segment.num_tool_calls if plan.segment is not None else 0
         choices, candidates = self._choices(
-            prep.services, results, enabled, calls_so_far, prep.forced
+            prep.shared, results, enabled, calls_so_far, prep.forced
         )
         if prep.required is not None:
             _check_tool_choice(choices, prep.required)
@@ -713,7 +713,7 @@ class Gateway:
             reasoning = streamed.reasoning if streamed.reasoning_sent else choice.reasoning
             choices = [dataclasses.replace(choice, content=streamed.content, reasoning=reasoning)]
             candidates[0].returned = returned_view(streamed.content, choice.tool_calls)
-        segment = self._commit(session, prep.services, plan, candidates, prep.messages)
+        segment = self._commit(session, prep.shared, plan, candidates, prep.messages)
         if segment is not None:
             segment.requests += 1
             segment.state.timing.generation_seconds += seconds
@@ -913,7 +913,7 @@ class Gateway:
 
     def _choices(
         self,
-        services: RolloutServices,
+        shared: RolloutShared,
         results: Sequence[GenerateResult],
         tools_enabled: bool,
         calls_so_far: int,
@@ -921,13 +921,13 @@ class Gateway:
     ) -> tuple[list[ChatChoice], list[Candidate]]:
         """Each sample parsed the rollout loop's way (:func:`parse_model_turn`), as the
         choice the harness gets and the candidate its segment takes."""
-        chat = services.chat
+        chat = shared.chat
         family = chat.family
         choices: list[ChatChoice] = []
         candidates: list[Candidate] = []
         for index, result in enumerate(results):
             ids = result.output_ids
-            text, parsed = parse_model_turn(services, ids, calls_so_far, forced=forced)
+            text, parsed = parse_model_turn(shared, ids, calls_so_far, forced=forced)
             if not tools_enabled and parsed.tool_calls:
                 parsed = ParsedTurn(content=text, reasoning=None)
             call_ids = [call.id for call in parsed.tool_calls]
@@ -956,7 +956,7 @@ class Gateway:
     def _commit(
         self,
         session: Session,
-        services: RolloutServices,
+        shared: RolloutShared,
         plan: _Plan,
         candidates: list[Candidate],
         messages: list[dict[str, Any]],
@@ -981,8 +981,8 @@ class Gateway:
                 reason=plan.reason,
                 parent=plan.parent,
                 common_messages=plan.common,
-                tools_key=tools_key(services.chat.tools),
-                state=_transcript(session, services, messages, plan),
+                tools_key=tools_key(shared.chat.tools),
+                state=_transcript(session, shared, messages, plan),
                 returned=[None] * len(messages),
             )
             session.segments.append(segment)
@@ -1002,13 +1002,13 @@ class Gateway:
 
 
 def _transcript(
-    session: Session, services: RolloutServices, messages: list[dict[str, Any]], plan: _Plan
+    session: Session, shared: RolloutShared, messages: list[dict[str, Any]], plan: _Plan
 ) -> TrajectoryState:
     """A new segment's transcript: the rollout loop's state, its prompt the ids the engine
     was sent (a fresh render, or for a fork the ids it was generated from)."""
     index = len(session.segments)
     state = TrajectoryState(
-        services,
+        shared,
         RolloutPrompt(messages=tuple(messages)),
         prompt_index=session.ordinal,
         sample_index=index,

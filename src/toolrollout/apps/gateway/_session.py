@@ -27,8 +27,8 @@ from toolrollout._records import Trajectory, TrajectoryStatus
 from toolrollout.chat import ChatFormat, ParsedTurn
 from toolrollout.chat._multimodal import ImageRun, PreparedImage
 from toolrollout.engines._types import GenerateResult
-from toolrollout.rollout._parts import EnvStep
 from toolrollout.rollout._state import TrajectoryState
+from toolrollout.rollout._types import EnvStep
 
 from ._types import ToolCallOut
 
@@ -157,7 +157,7 @@ class Segment:
 
     @property
     def chat(self) -> ChatFormat:
-        return self.state.services.chat
+        return self.state.shared.chat
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -296,7 +296,7 @@ def freeze_segment(session: Session, segment: Segment, *, assumed_choice: bool) 
         state.finish(TrajectoryStatus.TRUNCATED, "context_length_exceeded")
     elif not state.finished:
         state.finish(TrajectoryStatus.COMPLETED, "stop")
-    if state.services.config.drift_check:
+    if state.shared.config.drift_check:
         state.drift.final_check(state.drift_view())
     row = state.freeze()
     transcript_forced = state.transcript.forced

@@ -36,7 +36,7 @@ __all__ = [
     "EnvStep",
     "ModelTurn",
     "RolloutPrompt",
-    "RolloutServices",
+    "RolloutShared",
     "StopControl",
     "Timing",
     "ToolLedger",
@@ -72,7 +72,7 @@ class StopControl:
 
 
 @dataclass(slots=True)
-class RolloutServices:
+class RolloutShared:
     """What a trajectory needs from its surroundings, shared by all trajectories of a run."""
 
     engine: Engine
@@ -119,7 +119,7 @@ def _prompt_key(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def render_prompt(services: RolloutServices, messages: Sequence[Mapping[str, Any]]) -> array[int]:
+def render_prompt(shared: RolloutShared, messages: Sequence[Mapping[str, Any]]) -> array[int]:
     """The prompt ids of ``messages``, rendered once per distinct conversation in a run.
 
     Rendering is the chat template plus the tokenizer, a millisecond or more of CPU a
@@ -129,17 +129,17 @@ def render_prompt(services: RolloutServices, messages: Sequence[Mapping[str, Any
     """
     key = _prompt_key(messages)
     if key is None:
-        return array("i", services.chat.render_prompt(messages))
-    ids = services.rendered_prompts.get(key)
+        return array("i", shared.chat.render_prompt(messages))
+    ids = shared.rendered_prompts.get(key)
     if ids is None:
-        ids = array("i", services.chat.render_prompt(messages))
-        if len(services.rendered_prompts) < RENDER_CACHE_SIZE:
-            services.rendered_prompts[key] = ids
+        ids = array("i", shared.chat.render_prompt(messages))
+        if len(shared.rendered_prompts) < RENDER_CACHE_SIZE:
+            shared.rendered_prompts[key] = ids
     return ids
 
 
 def prerender_prompts(
-    services: RolloutServices, conversations: Iterable[Sequence[Mapping[str, Any]]]
+    shared: RolloutShared, conversations: Iterable[Sequence[Mapping[str, Any]]]
 ) -> int:
     """Render the conversations not cached yet and tokenize them in one call; returns how
     many were added to the cache.
@@ -149,7 +149,7 @@ def prerender_prompts(
     than one a prompt (docs/benchmarks.md). A conversation the template fails on is left
     out, so the trajectory's own render reports the error in its row.
     """
-    cache = services.rendered_prompts
+    cache = shared.rendered_prompts
     keys: list[bytes] = []
     texts: list[str] = []
     for messages in conversations:
@@ -159,7 +159,7 @@ def prerender_prompts(
         if len(cache) + len(keys) >= RENDER_CACHE_SIZE:
             break
         try:
-            text = services.chat.render_text(messages, add_generation_prompt=True)
+            text = shared.chat.render_text(messages, add_generation_prompt=True)
         except Exception:  # the trajectory renders it again and reports it in its row
             continue
         keys.append(key)
@@ -167,7 +167,7 @@ def prerender_prompts(
     if not texts:
         return 0
     try:
-        encoded = services.chat.encode_many(texts)
+        encoded = shared.chat.encode_many(texts)
     except Exception:  # each trajectory tokenizes its own prompt again and reports it
         return 0
     for key, ids in zip(keys, encoded, strict=True):
