@@ -29,16 +29,16 @@ pytestmark = pytest.mark.slow
 SRC = Path(__file__).parents[2] / "src"
 
 
-def run_agent(client: Any, messages: list[Any]) -> list[Any]:
-    # client: openai.OpenAI, typed Any as its overloads want TypedDict messages
+def run_agent(client: Any, messages: list[Any], *, temperature: float | None = 0.0) -> list[Any]:
+    """The demo's calculator agent over the SDK (``client``: ``openai.OpenAI``, typed Any as
+    its overloads want TypedDict messages): up to four model calls, each tool call answered,
+    until the model answers without one (``temperature`` None: the server's default)."""
+    sampling = {} if temperature is None else {"temperature": temperature}
     for _ in range(4):
         reply = client.chat.completions.create(
-            model="toolrollout",
-            messages=messages,
-            tools=[CALCULATOR_TOOL],
-            temperature=0.0,
-            max_tokens=64,
-        )
+            model="toolrollout", messages=messages, tools=[CALCULATOR_TOOL], max_tokens=64,
+            **sampling,
+        )  # fmt: skip
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
         if not message.tool_calls:

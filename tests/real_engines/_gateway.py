@@ -3,7 +3,6 @@ drives it: the one session both engines' gateway tests record and check."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -15,31 +14,13 @@ import httpx
 import openai
 
 from tests._processes import free_port, stop, wait_http
+from tests.gateway.test_gateway_cli import run_agent
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.chat import ChatFormat, check_drift
 from toolrollout.rollout import read_rows
-from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 SESSION = "episode-1"
-
-
-def run_agent(client: Any, messages: list[Any], *, temperature: float | None) -> list[Any]:
-    """The demo's calculator agent over the SDK: up to four model calls, each tool call
-    answered, until the model answers without one (``temperature`` None: the server's)."""
-    sampling = {} if temperature is None else {"temperature": temperature}
-    for _ in range(4):
-        reply = client.chat.completions.create(
-            model="toolrollout", messages=messages, tools=[CALCULATOR_TOOL], max_tokens=64,
-            **sampling,
-        )  # fmt: skip
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            return messages
-        for call in message.tool_calls:
-            result = calculator(json.loads(call.function.arguments)["expression"])
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    return messages
 
 
 def record_sdk_session(
