@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import pytest
 
 from tests._serve_thread import demo_server_in_thread
@@ -38,7 +39,11 @@ def vllm_server(vllm_untied: VLLMServer) -> VLLMServer:
 async def engine(vllm_server: VLLMServer) -> AsyncIterator[VLLMClient]:
     async with VLLMClient(vllm_server.url) as client:
         await client.wait_healthy(timeout=30)
-        yield client
+        try:
+            yield client
+        finally:  # a test that failed while paused must not leave the session's server so
+            with anyio.fail_after(60):
+                await client.continue_generation()
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +68,52 @@ def greedy(ids: list[int], tokens: int = 24, **extra: object) -> GenerateRequest
     )
 
 
-async def until_generating(engine: VLLMClient, tokens: int = 8) -> None:
-    """Wait until the server has generated ``tokens`` more tokens (a request is decoding)."""
-    start = (await engine.metrics()).get("vllm:generation_tokens_total", 0.0)
+async def generated_tokens(engine: VLLMClient) -> float:
+    return (await engine.metrics()).get("vllm:generation_tokens_total", 0.0)
+
+
+async def until_generating(engine: VLLMClient, since: float, tokens: int = 8) -> None:
+    """Wait until the server has generated ``tokens`` tokens after the count ``since``."""
     with anyio.fail_after(120):
         while True:
-            if (await engine.metrics()).get("vllm:generation_tokens_total", 0.0) >= start + tokens:
+            if await generated_tokens(engine) >= since + tokens:
                 return
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.02)
+
+
+HOLD_TRIES = 6
+
+
+async def start_held(
+    engine: VLLMClient, tg: anyio.abc.TaskGroup, request: GenerateRequest
+) -> list[GenerateResult]:
+    """Start ``request`` in ``tg`` and hold it mid-generation with an in-place pause; its
+    result lands in the returned list once the test resumes or aborts it.
+
+    The demo model decodes about a thousand tokens a second here, so a request can end
+    between the poll that sees it decoding and the pause. Whether the pause held it is
+    read from the server (``vllm:num_requests_running``); a try whose request had already
+    ended proves nothing and is repeated. Every try failing means the pause holds nothing.
+    """
+
+    async def run(results: list[GenerateResult], ended: anyio.Event) -> None:
+        results.append(await engine.generate(request))
+        ended.set()
+
+    for _ in range(HOLD_TRIES):
+        results: list[GenerateResult] = []
+        ended = anyio.Event()
+        since = await generated_tokens(engine)
+        tg.start_soon(run, results, ended)
+        await until_generating(engine, since)
+        await engine.pause_generation("in_place")
+        await anyio.sleep(0.3)  # the gauge is set from the engine's last step
+        if (await engine.metrics()).get("vllm:num_requests_running", 0.0) >= 1:
+            return results
+        await engine.continue_generation()
+        with anyio.fail_after(60):
+            await ended.wait()  # it ended before the pause: let its answer arrive
+    pytest.fail(f"the in-place pause held no running request in {HOLD_TRIES} tries")
 
 
 def check_shape(result: GenerateResult) -> None:
@@ -159,18 +202,14 @@ async def test_an_overlong_prompt_is_one_clear_error(engine: VLLMClient) -> None
 async def test_abort_of_an_in_flight_request_keeps_its_partial_ids(
     engine: VLLMClient, chat_prompt: list[int]
 ) -> None:
+    """Aborted by its id while a pause holds it mid-generation (so it cannot end first)."""
     sampling = SamplingParams(max_new_tokens=900, temperature=1.0, seed=3, ignore_eos=True)
-    results: list[GenerateResult] = []
-
-    async def run() -> None:
-        results.append(
-            await engine.generate(GenerateRequest(chat_prompt, sampling=sampling, rid="long-1"))
-        )
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        await until_generating(engine)
+        results = await start_held(
+            engine, tg, GenerateRequest(chat_prompt, sampling=sampling, rid="long-1")
+        )
         await engine.abort("long-1")
+        await engine.continue_generation()
     (aborted,) = results
     check_shape(aborted)
     assert aborted.finish_reason.type == "abort"
@@ -209,39 +248,33 @@ async def test_pause_in_place_keeps_requests_and_new_ones_wait(
     engine: VLLMClient, chat_prompt: list[int]
 ) -> None:
     long = GenerateRequest(
-        chat_prompt, sampling=SamplingParams(max_new_tokens=300, ignore_eos=True, seed=1)
+        chat_prompt, sampling=SamplingParams(max_new_tokens=600, ignore_eos=True, seed=1)
     )
-    done: dict[str, GenerateResult] = {}
+    new: list[GenerateResult] = []
 
-    async def run(name: str, request: GenerateRequest) -> None:
-        done[name] = await engine.generate(request)
+    async def run_new() -> None:
+        new.append(await engine.generate(greedy(chat_prompt, 4)))
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(run, "kept", long)
-        await until_generating(engine)
-        await engine.pause_generation("in_place")
-        tg.start_soon(run, "new", greedy(chat_prompt, 4))
+        kept = await start_held(engine, tg, long)
+        tg.start_soon(run_new)
         await anyio.sleep(2.0)
-        assert done == {}, "a request finished while the server was paused"
+        assert kept == new == [], "a request finished while the server was paused"
         await engine.continue_generation()
-    assert done["kept"].finish_reason.type == "length" and len(done["kept"].output_ids) == 300
-    assert len(done["new"].output_ids) == 4
+    assert kept[0].finish_reason.type == "length" and len(kept[0].output_ids) == 600
+    assert len(new[0].output_ids) == 4
 
 
 async def test_pause_abort_ends_running_requests_with_their_partial_output(
     engine: VLLMClient, chat_prompt: list[int]
 ) -> None:
+    """An abort pause ends a request held mid-generation with its partial output (held
+    first, so that it cannot end on its own before the pause reaches the server)."""
     long = GenerateRequest(
         chat_prompt, sampling=SamplingParams(max_new_tokens=900, ignore_eos=True)
     )
-    done: list[GenerateResult] = []
-
-    async def run() -> None:
-        done.append(await engine.generate(long))
-
     async with anyio.create_task_group() as tg:
-        tg.start_soon(run)
-        await until_generating(engine)
+        done = await start_held(engine, tg, long)
         await engine.pause_generation("abort")
     await engine.continue_generation()
     assert done[0].finish_reason.type == "abort" and 0 < len(done[0].output_ids) < 900

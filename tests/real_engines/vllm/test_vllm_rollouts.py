@@ -124,7 +124,8 @@ def test_a_server_killed_mid_run_fails_its_rows_and_a_rerun_completes_them(
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(run)
-                await first.wait()
+                with anyio.fail_after(300):  # a server that answers nothing fails here
+                    await first.wait()
                 await anyio.to_thread.run_sync(vllm_server.kill9)
             return rows
 
