@@ -118,9 +118,11 @@ async def test_pause_keeps_running_requests_until_continue(
     async with SGLangClient(sglang_fp32.url) as client:
         async with in_flight(client, long_request(f"paused-{mode}", 300)) as results:
             await client.pause_generation(mode)
-            await anyio.sleep(0.5)
-            assert results == []  # held while paused
-            await client.continue_generation()
+            try:
+                await anyio.sleep(0.5)
+                assert results == []  # held while paused
+            finally:  # never leave the session's server paused
+                await client.continue_generation()
         (result,) = results
         assert result.finish_reason.type == "length" and len(result.output_ids) == 300
 
