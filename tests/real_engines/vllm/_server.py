@@ -50,6 +50,7 @@ class VLLMServer:
     model: Path
     log: Path
     logprobs_mode: str = "processed_logprobs"
+    extra_args: tuple[str, ...] = ()
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -91,6 +92,7 @@ class VLLMServer:
             self.logprobs_mode,
             "--optimization-level",
             "0",
+            *self.extra_args,
         ]
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(
@@ -167,10 +169,11 @@ def run_server(
     logprobs_mode: str = "processed_logprobs",
     *,
     untied: bool = False,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[VLLMServer]:
     vllm_python()
     model = served_copy(tmp_path_factory, untied=untied)
-    server = VLLMServer(model, model.parent / "vllm.log", logprobs_mode)
+    server = VLLMServer(model, model.parent / "vllm.log", logprobs_mode, extra_args)
     server.start()
     try:
         yield server
