@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests._trl import train_grpo
 
 from toolrollout import RolloutConfig, SamplingParams
 from toolrollout.integrations import trl_rollout_func
@@ -29,17 +30,11 @@ TOP = "model.layers.29."
 """The one decoder layer trained (with the final norm): keeps the backward pass short."""
 
 
-def _tie_reward(completions: list[Any], completion_ids: list[list[int]], **_: Any) -> list[float]:
-    return [1e-2 * (sum(ids) % 97) for ids in completion_ids]
-
-
 @pytest.mark.slow
 def test_grpo_steps_are_on_policy_with_a_gradient(
     smollm2_dir: Path, smollm2_tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    datasets = pytest.importorskip("datasets")
-    trl = pytest.importorskip("trl")
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -51,9 +46,6 @@ def test_grpo_steps_are_on_policy_with_a_gradient(
         param.requires_grad_(name.startswith((TOP, "model.norm.")))
     start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     system = {"role": "system", "content": "You are a helpful assistant."}
-    dataset = datasets.Dataset.from_list(
-        [{"prompt": [system, {"role": "user", "content": q}]} for q in PROMPTS]
-    )
     engine = EmbeddedEngine(smollm2_dir, num_threads=2, max_batch_size=4)
     config = RolloutConfig(
         sampling=SamplingParams(max_new_tokens=12, temperature=1.0), max_turns=2, seed=0
@@ -61,33 +53,19 @@ def test_grpo_steps_are_on_policy_with_a_gradient(
     rollout = trl_rollout_func(
         engine, smollm2_tokenizer, RunSpec(tools=[calculator_tool()], config=config)
     )
-    batches: list[dict[str, Any]] = []
 
-    def recording(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        out = rollout(prompts, trainer)
-        batches.append({
-            "step": trainer.state.global_step,
+    def record(out: dict[str, Any], trainer: Any) -> dict[str, Any]:
+        return {
             "versions": set(out["weight_version"]),
             "drift": [t.metrics["drift_mismatches"] for t in rollout.last_trajectories],
-        })  # fmt: skip
-        return out
+        }
 
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_generations=2,
-        max_completion_length=32, temperature=1.0, max_steps=STEPS, learning_rate=1e-3,
-        beta=0.0, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-        bf16=False, seed=0, dataloader_num_workers=0, disable_tqdm=True,
+    trainer, batches = train_grpo(
+        model, smollm2_tokenizer, rollout,
+        [[system, {"role": "user", "content": q}] for q in PROMPTS], tmp_path, record,
+        per_device_train_batch_size=2, num_generations=2, max_completion_length=32,
+        temperature=1.0, max_steps=STEPS, learning_rate=1e-3,
     )  # fmt: skip
-    trainer = trl.GRPOTrainer(
-        model=model,
-        reward_funcs=[_tie_reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=smollm2_tokenizer,
-        rollout_func=recording,
-    )
-    with rollout:
-        trainer.train()
     assert trainer.state.global_step == STEPS
     assert [b["step"] for b in batches] == list(range(STEPS))
     for b in batches:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from tests._processes import free_port, stop, wait_http
+from tests._trl import teacher_forced_gap, train_grpo
 
 from toolrollout import RolloutConfig, SamplingParams
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
@@ -40,52 +41,12 @@ MOVED = 1e-2
 """Least largest gap between the initial weights' logprobs and the served ones after a step."""
 
 
-def _tie_reward(completions: list[Any], completion_ids: list[list[int]], **_: Any) -> list[float]:
-    """Differs between any two distinct samples, so every group has a non-zero advantage."""
-    return [1e-2 * (sum(ids) % 97) for ids in completion_ids]
-
-
-def _teacher_forced_gap(model: Any, out: dict[str, Any], temperature: float) -> float:
-    """Largest |engine logprob - policy logprob| over the model tokens of a batch."""
-    import torch
-
-    worst = 0.0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for prompt, ids, mask, logprobs in zip(
-                out["prompt_ids"],
-                out["completion_ids"],
-                out["env_mask"],
-                out["logprobs"],
-                strict=True,
-            ):
-                full = torch.tensor([list(prompt) + list(ids)])
-                logits = model(input_ids=full).logits[0, len(prompt) - 1 : -1].float()
-                scored = torch.log_softmax(logits / temperature, dim=-1)
-                policy = scored.gather(1, torch.tensor(ids)[:, None])[:, 0]
-                engine = torch.tensor(logprobs, dtype=torch.float32)
-                trained = torch.tensor(mask, dtype=torch.bool)
-                if trained.any():
-                    worst = max(worst, float((policy - engine)[trained].abs().max()))
-    finally:
-        model.train(was_training)
-    return worst
-
-
 def _train(engine: Any, tokenizer: Any, tmp_path: Path, **adapter: Any) -> list[dict[str, Any]]:
     """Three GRPO steps; per rollout batch: step, versions, gaps to the current/initial policy."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    datasets = pytest.importorskip("datasets")
-    trl = pytest.importorskip("trl")
     torch.manual_seed(0)
-    rows = load_demo_prompts()[:STEPS]
-    dataset = datasets.Dataset.from_list(
-        [{"prompt": r["messages"], "answer": r["answer"]} for r in rows]
-    )
     model = AutoModelForCausalLM.from_pretrained(str(DEMO_MODEL_PATH), dtype=torch.float32)
     initial = copy.deepcopy(model)
     config = RolloutConfig(
@@ -96,50 +57,21 @@ def _train(engine: Any, tokenizer: Any, tmp_path: Path, **adapter: Any) -> list[
     rollout = trl_rollout_func(
         engine, tokenizer, RunSpec(tools=[calculator_tool()], config=config), **adapter
     )
-    batches: list[dict[str, Any]] = []
 
-    def recording(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        out = rollout(prompts, trainer)
-        batches.append(
-            {
-                "step": trainer.state.global_step,
-                "versions": set(out["weight_version"]),
-                "gap": _teacher_forced_gap(trainer.model, out, TEMPERATURE),
-                "gap_initial": _teacher_forced_gap(initial, out, TEMPERATURE),
-                "distinct": len({tuple(ids) for ids in out["completion_ids"]}),
-                "sync": rollout.last_sync,
-            }
-        )
-        return out
+    def record(out: dict[str, Any], trainer: Any) -> dict[str, Any]:
+        return {
+            "versions": set(out["weight_version"]),
+            "gap": teacher_forced_gap(trainer.model, out, TEMPERATURE),
+            "gap_initial": teacher_forced_gap(initial, out, TEMPERATURE),
+            "distinct": len({tuple(ids) for ids in out["completion_ids"]}),
+            "sync": rollout.last_sync,
+        }
 
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=64,
-        temperature=TEMPERATURE,
-        max_steps=STEPS,
-        learning_rate=3e-3,
-        beta=0.0,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        seed=0,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-    )
-    trainer = trl.GRPOTrainer(
-        model=model,
-        reward_funcs=[_tie_reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        rollout_func=recording,
-    )
-    with rollout:
-        trainer.train()
+    prompts = [r["messages"] for r in load_demo_prompts()[:STEPS]]
+    trainer, batches = train_grpo(
+        model, tokenizer, rollout, prompts, tmp_path, record,
+        temperature=TEMPERATURE, max_steps=STEPS, learning_rate=3e-3,
+    )  # fmt: skip
     assert trainer.state.global_step == STEPS
     logged = [h for h in trainer.state.log_history if "rollout/weight_sync/seconds" in h]
     assert len(logged) == STEPS, "the sync cost is not in the trainer's log every step"

@@ -23,14 +23,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.integrations.test_trl_weight_sync import (
-    AGREE,
-    MOVED,
-    STEPS,
-    TEMPERATURE,
-    _teacher_forced_gap,
-    _tie_reward,
-)
+from tests._trl import teacher_forced_gap, train_grpo
+from tests.integrations.test_trl_weight_sync import AGREE, MOVED, STEPS, TEMPERATURE
 from tests.real_engines.vllm._server import VLLMServer
 from toolrollout import RolloutConfig, SamplingParams
 from toolrollout.apps.demo import load_demo_prompts
@@ -63,11 +57,7 @@ def test_each_rollout_batch_is_sampled_by_the_trainers_current_weights(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
-    datasets = pytest.importorskip("datasets")
-    trl = pytest.importorskip("trl")
     torch.manual_seed(0)
-    rows = load_demo_prompts()[:STEPS]
-    dataset = datasets.Dataset.from_list([{"prompt": r["messages"]} for r in rows])
     model = AutoModelForCausalLM.from_pretrained(str(untied_server.model), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(untied_server.model))
     initial = copy.deepcopy(model)
@@ -79,39 +69,22 @@ def test_each_rollout_batch_is_sampled_by_the_trainers_current_weights(
         weights_dir=tmp_path / "weights",
     )  # fmt: skip
     assert type(rollout.engine).__name__ == "VLLMClient"  # found from the URL alone
-    batches: list[dict[str, Any]] = []
 
-    def recording(prompts: list[Any], trainer: Any) -> dict[str, Any]:
-        out = rollout(prompts, trainer)
-        batches.append(
-            {
-                "step": trainer.state.global_step,
-                "turn_versions": {v for turns in out["weight_versions"] for v in turns},
-                "gap": _teacher_forced_gap(trainer.model, out, TEMPERATURE),
-                "gap_initial": _teacher_forced_gap(initial, out, TEMPERATURE),
-                "distinct": len({tuple(ids) for ids in out["completion_ids"]}),
-            }
-        )
-        return out
+    def record(out: dict[str, Any], trainer: Any) -> dict[str, Any]:
+        return {
+            "turn_versions": {v for turns in out["weight_versions"] for v in turns},
+            "gap": teacher_forced_gap(trainer.model, out, TEMPERATURE),
+            "gap_initial": teacher_forced_gap(initial, out, TEMPERATURE),
+            "distinct": len({tuple(ids) for ids in out["completion_ids"]}),
+        }
 
-    args = trl.GRPOConfig(
-        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=4,
-        max_completion_length=64, temperature=TEMPERATURE, max_steps=STEPS,
-        learning_rate=3e-3, beta=0.0, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, bf16=False, seed=0, dataloader_num_workers=0, disable_tqdm=True,
-    )  # fmt: skip
-    trainer = trl.GRPOTrainer(
-        model=model,
-        reward_funcs=[_tie_reward],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        rollout_func=recording,
-    )
+    prompts = [r["messages"] for r in load_demo_prompts()[:STEPS]]
     before = _weights(untied_server.url, untied_server.model, None)
     try:
-        with rollout:
-            trainer.train()
+        trainer, batches = train_grpo(
+            model, tokenizer, rollout, prompts, tmp_path, record,
+            temperature=TEMPERATURE, max_steps=STEPS, learning_rate=3e-3,
+        )  # fmt: skip
     finally:  # the session's server goes back to its start-up weights for the next modules
         restored = _weights(untied_server.url, untied_server.model, before or "default")
     assert restored == (before or "default")
