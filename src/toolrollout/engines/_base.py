@@ -51,7 +51,8 @@ class Engine(ABC):
         Closing the iterator early aborts the request. ``request.sampling.n`` must be 1.
 
         The default yields only the final chunk (an engine that cannot stream still
-        serves streaming callers, just later); the shipped engines stream per step.
+        serves streaming callers, just later): the vLLM client uses it; the SGLang client
+        and the embedded engine stream per step.
         """
         result = await self.generate(request)
         yield StreamChunk.final(result)
