@@ -84,8 +84,10 @@ def _check_on_policy(batches: list[dict[str, Any]]) -> None:
     for b in batches:
         assert b["versions"] == {str(b["step"])}, b
         assert b["gap"] < AGREE, f"step {b['step']}: rollouts are off the trainer's policy"
-    # A group of identical samples has no advantage, so no step could move the weights.
-    assert batches[0]["distinct"] > 1, "the first group's samples are all the same"
+    # A group of identical samples has no advantage: some step before the last must have
+    # had a gradient for the check below to mean anything (SGLang ignores the seeds, so a
+    # peaked first group can come out identical by chance).
+    assert any(b["distinct"] > 1 for b in batches[:-1]), "every group's samples were the same"
     # The weights really moved: the initial policy no longer explains the samples.
     assert max(b["gap_initial"] for b in batches[1:]) > MOVED
 
