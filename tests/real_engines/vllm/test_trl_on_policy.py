@@ -93,8 +93,8 @@ def test_each_rollout_batch_is_sampled_by_the_trainers_current_weights(
         assert b["turn_versions"] == {str(b["step"])}, b  # every turn, not just the row
         assert b["gap"] < AGREE, f"step {b['step']}: rollouts are off the trainer's policy"
     # A group of identical samples has no advantage: some step before the last must have
-    # had a gradient for the check below to mean anything (SGLang ignores the seeds, so a
-    # peaked first group can come out identical by chance).
+    # had a gradient for the check below to mean anything (a peaked first group can come
+    # out identical by chance).
     assert any(b["distinct"] > 1 for b in batches[:-1]), "every group's samples were the same"
     assert max(b["gap_initial"] for b in batches[1:]) > MOVED  # the served weights moved
     logged = [h for h in trainer.state.log_history if "rollout/weight_sync/seconds" in h]
