@@ -37,7 +37,8 @@ FILES_NEEDED = 4 * IN_FLIGHT  # the client's sockets, the server's, and room for
 
 @pytest.fixture(scope="module")
 def latency_server() -> Iterator[str]:
-    """The benchmark's latency-model server: each request holds a slot for about 1 s."""
+    """The benchmark's latency-model server: each request holds a slot for about 3 s
+    (20 tokens; at 1 s a loaded machine sent the last requests after the first had ended)."""
     if open_file_limit(FILES_NEEDED) < FILES_NEEDED:  # the child inherits the raised limit
         pytest.skip(f"the hard open-file limit is below {FILES_NEEDED}")
     port = free_port()
@@ -45,7 +46,7 @@ def latency_server() -> Iterator[str]:
     args = [
         sys.executable, "-m", "toolrollout.apps.bench.serve_model", f"--port={port}",
         f"--tokenizer={DEMO_MODEL_PATH}", f"--capacity={2 * IN_FLIGHT}",
-        "--prefill-per-token=0", "--decode-per-token=0.05",
+        "--prefill-per-token=0", "--decode-per-token=0.15",
     ]  # fmt: skip
     proc = subprocess.Popen(args)
     try:
