@@ -40,7 +40,8 @@ from toolrollout.chat import ChatFormat, VisionFormat
 from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.engines._limiter import OrderedLimiter
-from toolrollout.engines._scheduling import Scheduler, WorkHistory
+from toolrollout.engines._priority import WorkHistory
+from toolrollout.engines._scheduling import Scheduler
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor, open_tools, share_tools
