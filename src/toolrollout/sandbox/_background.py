@@ -12,8 +12,9 @@ from dataclasses import dataclass, replace
 import httpx
 
 from toolrollout._exceptions import SandboxIsolationError, ToolUnavailable, UserError
+from toolrollout._port_records import claim_port
 from toolrollout._security import keyless_environ
-from toolrollout._supervisor import RestartPolicy, ServiceCommand, claim_port, supervise
+from toolrollout._supervisor import RestartPolicy, ServiceCommand, supervise
 from toolrollout.tools import Tool
 
 __all__ = [

@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 
 from toolrollout._exceptions import ToolUnavailable, UserError
+from toolrollout._port_records import claim_port
 from toolrollout._security import keyless_environ
-from toolrollout._supervisor import RestartPolicy, ServiceCommand, claim_port, supervise
+from toolrollout._supervisor import RestartPolicy, ServiceCommand, supervise
 from toolrollout.tools import Tool
 
 from .demo_corpus import DEMO_CORPUS_PATH

@@ -18,14 +18,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from toolrollout._net import is_listening
+from toolrollout._port_records import claim_port
 from toolrollout._security import keyless_environ
-from toolrollout._supervisor import (
-    RestartPolicy,
-    ServiceCommand,
-    SupervisedService,
-    claim_port,
-    supervise,
-)
+from toolrollout._supervisor import RestartPolicy, ServiceCommand, SupervisedService, supervise
 
 from ._servers import HttpServer
 
