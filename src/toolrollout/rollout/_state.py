@@ -34,7 +34,7 @@ from toolrollout.tools import (
     ToolResult,
     ToolSession,
 )
-from toolrollout.tools._executor import summarize_call_records
+from toolrollout.tools._summary import summarize_call_records
 
 from ._drift import DriftLedger, DriftView
 from ._environment import EnvironmentLedger

@@ -27,7 +27,7 @@ from toolrollout.engines._scheduling import Scheduler
 from toolrollout.engines._types import TokenRuns, token_id_array
 from toolrollout.rewards import WeightedReward
 from toolrollout.tools import ToolExecutor
-from toolrollout.tools._executor import CallRecord
+from toolrollout.tools._summary import CallRecord
 
 from ._config import RolloutConfig
 
