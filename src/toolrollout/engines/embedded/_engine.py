@@ -12,8 +12,6 @@ import contextlib
 import functools
 import gc
 import os
-import random
-import secrets
 import threading
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -28,7 +26,6 @@ from toolrollout._exceptions import (
     EngineError,
     EngineRequestRejected,
     EngineUnavailable,
-    OverlongPromptError,
     ToolRolloutError,
     UserError,
 )
@@ -43,16 +40,21 @@ from toolrollout.engines._control import (
     WeightUpdate,
 )
 from toolrollout.engines._types import GenerateRequest, GenerateResult, StreamChunk
+from toolrollout.engines.embedded._inbox import Event, Sequence, Sink
 from toolrollout.engines.embedded._model import LoadedModel, ModelMeta, load_meta, load_model
 from toolrollout.engines.embedded._output import EmbeddedOutput
-from toolrollout.engines.embedded._sampling import GenerationOptions, resolve_sampling
-from toolrollout.engines.embedded._scheduler import Event, Scheduler, Sequence, Sink
+from toolrollout.engines.embedded._requests import (
+    check_one_sample,
+    image_refusal,
+    to_result,
+    validated,
+)
+from toolrollout.engines.embedded._sampling import GenerationOptions
+from toolrollout.engines.embedded._scheduler import Scheduler
 from toolrollout.engines.embedded._vision import VisionInputs, VisionProcessor
+from toolrollout.engines.embedded._weights import copy_plan, copy_weights
 
 __all__ = ["EmbeddedEngine"]
-
-_CopyPlan = list[tuple[torch.Tensor, torch.Tensor]]
-"""(served tensor, new value) pairs of an in-place weight load."""
 
 EMBEDDED_URL = "embedded://"
 """The ``url`` of the embedded engine's one :class:`ServerInfo`."""
@@ -265,7 +267,7 @@ class EmbeddedEngine(Engine):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Generate one sample; the text keeps the matched stop string/token."""
         out = await self.generate_full(request, GenerationOptions(no_stop_trim=True))
-        return _result(out, request)
+        return to_result(out, request)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
         """The engine seam's token stream: a cumulative chunk after every decode step; the
@@ -276,7 +278,7 @@ class EmbeddedEngine(Engine):
         ) as snapshots:
             async for out in snapshots:
                 if out.finished:
-                    yield StreamChunk.final(_result(out, request), before=before)
+                    yield StreamChunk.final(to_result(out, request), before=before)
                     return
                 if len(out.output_ids) == before:
                     continue
@@ -380,14 +382,14 @@ class EmbeddedEngine(Engine):
 
     def _vision_processor(self) -> VisionProcessor:
         if not self._meta.has_vision:
-            raise EngineRequestRejected(self._image_refusal(), status_code=400)
+            raise EngineRequestRejected(image_refusal(self._meta), status_code=400)
         with self._vision_lock:
             if self._vision is None:
                 try:
                     self._vision = VisionProcessor(self._meta.model_path, self._meta.tokenizer)
                 except (ConfigError, OSError, ValueError) as exc:
                     raise EngineRequestRejected(
-                        f"{self._image_refusal()} ({exc})", status_code=400
+                        f"{image_refusal(self._meta)} ({exc})", status_code=400
                     ) from exc
             return self._vision
 
@@ -398,43 +400,10 @@ class EmbeddedEngine(Engine):
         sink: Sink,
         vision: VisionInputs | None = None,
     ) -> Sequence:
-        if request.sampling.n != 1:
-            raise UserError(
-                f"EmbeddedEngine.generate makes one sample per call (sampling.n must be 1, "
-                f"got {request.sampling.n}); send n requests instead"
-            )
+        check_one_sample(request)
         if request.image_data and vision is None:
             vision = self._vision_processor().process(request.input_ids, request.image_data)
-        ids = [int(t) for t in request.input_ids] if vision is None else list(vision.input_ids)
-        if not ids:
-            raise EngineRequestRejected("input_ids cannot be empty.", status_code=400)
-        vocab = self._meta.vocab_size
-        if any(t >= vocab or t < 0 for t in ids):
-            raise EngineRequestRejected(
-                f"The input_ids {ids} contains values greater than the vocab size ({vocab}).",
-                status_code=400,
-            )
-        self._check_context(len(ids), request.sampling.max_new_tokens)
-        sampling = resolve_sampling(request.sampling)
-        if options.logprob_start_len < -1:
-            raise EngineRequestRejected(
-                f"logprob_start_len must be -1 or at least 0, got {options.logprob_start_len}.",
-                status_code=400,
-            )
-        if options.top_logprobs_num < 0:
-            raise EngineRequestRejected(
-                f"top_logprobs_num must be at least 0, got {options.top_logprobs_num}.",
-                status_code=400,
-            )
-        rng: random.Random | None = None
-        if not sampling.greedy:
-            rng = random.Random(
-                sampling.seed if sampling.seed is not None else secrets.randbits(64)
-            )
-        stop_tail = 1 + max(
-            (len(self._meta.tokenizer.encode(s, add_special_tokens=False)) for s in sampling.stop),
-            default=0,
-        )
+        ids, sampling, rng, stop_tail = validated(request, options, self._meta, vision)
         rid = request.rid if request.rid is not None else uuid.uuid4().hex
         with self._active_lock:
             if rid in self._active:
@@ -452,37 +421,6 @@ class EmbeddedEngine(Engine):
             rng=rng,
             stop_tail_tokens=stop_tail,
             vision=vision,
-        )
-
-    def _check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """SGLang's ``_validate_one_request`` length checks, with its messages."""
-        context = self._meta.context_length
-        if prompt_tokens >= context:
-            raise OverlongPromptError(
-                f"The input ({prompt_tokens} tokens) is longer than the model's context "
-                f"length ({context} tokens).",
-                status_code=400,
-            )
-        if max_new_tokens + prompt_tokens > context:
-            raise OverlongPromptError(
-                "Requested token count exceeds the model's maximum context length of "
-                f"{context} tokens. You requested a total of {max_new_tokens + prompt_tokens} "
-                f"tokens: {prompt_tokens} tokens from the input messages and {max_new_tokens} "
-                "tokens for the completion. Please reduce the number of tokens in the input "
-                "messages or the completion to fit within the limit.",
-                status_code=400,
-            )
-
-    def _image_refusal(self) -> str:
-        name = f"{self._meta.model_path} ({self._meta.model_type or 'unknown type'})"
-        if not self._meta.has_vision:
-            return (
-                f"image_data was given but the model {name} has no image understanding; "
-                "send text-only requests to this model."
-            )
-        return (
-            f"image_data needs a Qwen2-VL-family model with a Pillow image processor in its "
-            f"folder; {name} cannot take images in toolrollout's embedded engine."
         )
 
     # ------------------------------------------------------------------ control
@@ -675,13 +613,13 @@ class EmbeddedEngine(Engine):
         async with self._update_lock:
             current = self._model
             assert current is not None
-            plan = _copy_plan(current.model, state_dict)  # refuses before anything waits
+            plan = copy_plan(current.model, state_dict)  # refuses before anything waits
             self._close_gate()
             try:
                 if abort_all_requests:
                     scheduler.abort("", abort_all=True)
                 await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
-                future = scheduler.run_between_steps(functools.partial(_copy_weights, plan))
+                future = scheduler.run_between_steps(functools.partial(copy_weights, plan))
                 while not future.done():
                     if not scheduler.alive:
                         raise EngineUnavailable("the scheduler stopped during a weight load")
@@ -724,73 +662,3 @@ class EmbeddedEngine(Engine):
         if self._scheduler is None:
             raise UserError("EmbeddedEngine is not started")
         return self._scheduler
-
-
-def _copy_plan(model: Any, state_dict: Mapping[str, torch.Tensor]) -> _CopyPlan:
-    """Pair every served tensor with its new value; refuse unknown, missing or misshapen ones.
-
-    Tied weights (one storage under several names, e.g. ``lm_head.weight`` and the
-    embeddings) need only one of their names.
-    """
-    served: dict[str, torch.Tensor] = model.state_dict()
-    unknown = sorted(set(state_dict) - set(served))
-    by_storage: dict[int, list[str]] = {}
-    for name, tensor in served.items():
-        by_storage.setdefault(tensor.data_ptr(), []).append(name)
-    missing: list[str] = []
-    plan: _CopyPlan = []
-    for names in by_storage.values():
-        given = [n for n in names if n in state_dict]
-        if not given:
-            missing.extend(names)
-            continue
-        target, value = served[names[0]], state_dict[given[0]]
-        if tuple(value.shape) != tuple(target.shape):
-            raise UserError(
-                f"load_weights: {given[0]} has shape {tuple(value.shape)}, the served model's "
-                f"is {tuple(target.shape)}"
-            )
-        plan.append((target, value))
-    if unknown or missing:
-        parts = []
-        if unknown:
-            parts.append(f"unknown names {_few(unknown)}")
-        if missing:
-            parts.append(f"missing names {_few(missing)}")
-        raise UserError(
-            "load_weights: the state dict does not match the served model: "
-            + "; ".join(parts)
-            + " (pass the unwrapped model's state_dict(), without DDP/PEFT prefixes)"
-        )
-    return plan
-
-
-def _few(names: list[str], limit: int = 4) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def _copy_weights(plan: _CopyPlan, model: LoadedModel) -> None:
-    """Runs on the scheduler thread between steps."""
-    del model  # the plan already holds the served tensors
-    with torch.no_grad():
-        for target, value in plan:
-            target.copy_(value.detach())
-
-
-def _result(out: EmbeddedOutput, request: GenerateRequest) -> GenerateResult:
-    """A finished output as the seam's :class:`GenerateResult`."""
-    assert out.finish_reason is not None  # only finished outputs are results
-    return GenerateResult(
-        rid=out.rid,
-        output_ids=out.output_ids,
-        output_logprobs=out.output_logprobs if request.return_logprob else None,
-        finish_reason=out.finish_reason,
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=out.completion_tokens,
-        cached_tokens=out.cached_tokens,
-        weight_version=out.weight_version,
-        weight_spans=out.weight_spans,
-        text=out.text,
-        e2e_latency=out.e2e_latency,
-    )
