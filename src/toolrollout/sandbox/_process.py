@@ -1,6 +1,8 @@
-"""One sandboxed process of a run: started, fed its stdin, its output read (and bounded),
-killed with its whole process group at its timeout; and the wait for a uid's processes to
-be gone before the uid is used again.
+"""One sandboxed process of a run: started, fed its stdin, its output read (the first
+``max_output_bytes`` of each stream kept), killed with its whole process group at its
+timeout and, when not ``isolated`` (no PID namespace), also once it ended, so that no
+background leftover survives it; and the wait for a uid's processes to be gone before the
+uid is used again.
 """
 
 from __future__ import annotations
@@ -117,12 +119,8 @@ async def execute(
     max_output_bytes: int,
     isolated: bool,
 ) -> CommandRunResult:
-    """Run ``argv`` (a sandboxed command) to its end or its ``run_timeout``; its process
-    group is killed then, and when not ``isolated`` (no PID namespace) also after it
-    ends, so that no background leftover survives it. Keeps the first
-    ``max_output_bytes`` of each output stream."""
-    limit = max_output_bytes
-    out, err = Capture(limit), Capture(limit)
+    """Run ``argv`` until it ends or ``run_timeout`` passes (see the module docs)."""
+    out, err = Capture(max_output_bytes), Capture(max_output_bytes)
     started = time.perf_counter()
     try:
         process = await anyio.open_process(
