@@ -48,15 +48,8 @@ import httpx
 
 from ..._exceptions import EngineConnectionError, EngineError, EngineRequestRejected
 from .. import _stream, _wire
-from .._http_client import (
-    DEFAULT_LIMITS,
-    DEFAULT_TIMEOUT,
-    ClientStats,
-    _empty_abort,
-    _InFlight,
-    _require_n,
-    connection_limits,
-)
+from .._http_client import ClientStats, _empty_abort, _InFlight, _require_n
+from .._pool import DEFAULT_LIMITS, DEFAULT_TIMEOUT, connection_limits
 from .._transport import _translate
 from .._types import GenerateRequest, GenerateResult, StreamChunk
 from ._control import _ControlPlane
