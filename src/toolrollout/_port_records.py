@@ -17,10 +17,10 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from contextlib import suppress
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LINUX",
+    "claim_or_start",
     "claim_port",
     "drop_record",
     "kill_group",
@@ -42,6 +43,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("toolrollout.services")
+
+T = TypeVar("T")
 
 
 def state_dir() -> Path:
@@ -240,3 +243,22 @@ async def claim_port(kind: str, host: str, port: int, argv: Sequence[str] | None
         f"port {port} on {host} is in use by a process this run did not start; stop it or "
         "choose another port"
     )
+
+
+@asynccontextmanager
+async def claim_or_start(
+    kind: str,
+    host: str,
+    port: int,
+    argv: Sequence[str],
+    start: Callable[[], AbstractAsyncContextManager[T]],
+) -> AsyncIterator[T | None]:
+    """:func:`claim_port`, then ``start()`` a new ``kind`` service for the block; yields
+    what it started, or None when this run's own service serves there already (an
+    opening inside another)."""
+    if await claim_port(kind, host, port, argv):
+        logger.info("port %d: using this run's %s, open already", port, kind)
+        yield None
+        return
+    async with start() as started:
+        yield started
