@@ -62,7 +62,7 @@ from ._interactions import select_interaction
 from ._state import resume_prompt
 from ._types import RolloutShared, StopControl, as_prompt, prerender_prompts
 
-__all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
+__all__ = ["RolloutRunner", "failed_trajectory"]
 
 logger = logging.getLogger(__name__)
 
