@@ -16,7 +16,6 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import pyarrow as pa
@@ -184,12 +183,7 @@ class TrajectoryWriter:
             self._jsonl.close()
             self._jsonl = None
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

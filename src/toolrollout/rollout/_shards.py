@@ -22,7 +22,6 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Self
 
 import pyarrow as pa
@@ -131,12 +130,7 @@ class ShardWriter:
     def close(self) -> None:
         self.flush()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

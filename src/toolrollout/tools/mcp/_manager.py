@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType, TracebackType
+from types import MappingProxyType
 from typing import Any, Literal, Self, TypeVar
 
 import anyio
@@ -220,12 +220,7 @@ class McpClientManager:
         await self.start()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
     async def _list_roots(self, context: ClientRequestContext) -> ListRootsResult:
