@@ -37,7 +37,7 @@ from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.chat import ChatFormat
 from toolrollout.engines import GenerateRequest, SamplingParams
 from toolrollout.rollout import RolloutConfig
-from toolrollout.rollout._runner import START_BATCH
+from toolrollout.rollout._batch import START_BATCH
 from toolrollout.spec import RunSpec, build_runner
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 

@@ -13,7 +13,7 @@ import sys
 _PRELUDE = """\
 import functools, os, signal, sys
 import toolrollout.rollout as rollout
-from toolrollout.rollout._output import FINISH_STEPS
+from toolrollout.rollout._shards import FINISH_STEPS
 step = sys.argv.pop(1)
 assert step in FINISH_STEPS, step
 def kill_at(reached):

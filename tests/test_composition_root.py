@@ -147,8 +147,9 @@ def test_leftover_compatibility_names_what_differs(tokenizer: Any) -> None:
     )
     with pytest.raises(UserError, match="with tools"):
         check_leftover_matches("l.parquet", info, tool_names=["python"], tool_parser="qwen25")
-    with pytest.raises(UserError, match="--tool-parser"):
+    with pytest.raises(FieldError, match=r"config\.tool_parser 'qwen25'") as error:
         check_leftover_matches("l.parquet", info, tool_names=["calculator"], tool_parser="llama3")
+    assert error.value.fields == ("config.tool_parser",)
     with pytest.raises(UserError, match="another tokenizer"):
         check_leftover_matches(
             "l.parquet",

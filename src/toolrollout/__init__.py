@@ -37,7 +37,7 @@ from .rollout import TokenSpan as TokenSpan
 from .rollout import Trajectory as Trajectory
 from .rollout import TrajectoryHooks as TrajectoryHooks
 from .rollout import TrajectoryStatus as TrajectoryStatus
-from .rollout._runner import RolloutBatch as RolloutBatch
+from .rollout._batch import RolloutBatch as RolloutBatch
 from .spec import RunSpec as RunSpec
 from .spec import build_runner as build_runner
 from .spec import open_run as open_run

@@ -49,6 +49,7 @@ __all__ = [
     "EngineRequestRejected",
     "EngineTimeout",
     "EngineUnavailable",
+    "FieldError",
     "ImageError",
     "InexactLogprobsError",
     "InteractionError",
@@ -80,6 +81,17 @@ class UserError(ToolRolloutError):
 
 class ConfigError(UserError):
     """A configuration file or value is invalid."""
+
+
+class FieldError(UserError):
+    """A :class:`~toolrollout.spec.RunSpec` field holds a wrong value, or does not suit what
+    the run meets (a leftover file). ``fields`` are the fields the message names (dotted
+    into ``config``), so an application can show its own names for them: the CLI shows
+    ``config.tool_parser`` as ``--tool-parser``."""
+
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 class MissingExtraError(UserError, ModuleNotFoundError):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import socket
 import subprocess
 
 import anyio
 from anyio.abc import Process
 
-__all__ = ["is_listening", "open_file_limit", "stop_popen", "stop_process"]
+__all__ = ["free_port", "is_listening", "open_file_limit", "stop_popen", "stop_process"]
 
 logger = logging.getLogger("toolrollout")
 
@@ -73,3 +74,12 @@ def open_file_limit(wanted: int) -> int:
         return soft
     logger.info("raised the open-file limit from %d to %d", soft, target)
     return target
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now (IPv4 or IPv6)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -35,7 +35,6 @@ for an async child, hence the launcher.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -47,24 +46,26 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 import httpx
 from anyio.abc import Process
 
 from toolrollout._exceptions import ToolUnavailable, UserError
-from toolrollout._net import is_listening
+from toolrollout._port_records import (
+    LINUX,
+    drop_record,
+    kill_group,
+    start_time,
+    write_record,
+)
 
 __all__ = [
     "RestartPolicy",
     "ServiceCommand",
     "SupervisedService",
-    "claim_port",
     "dying_with_this_process",
-    "record_path",
-    "state_dir",
     "supervise",
     "supervised",
     "until_serving",
@@ -153,204 +154,6 @@ class ServiceCommand:
         return f"the {self.kind} on port {self.port}"
 
 
-def state_dir() -> Path:
-    """Where service records live (per user): ``$XDG_RUNTIME_DIR/toolrollout/services`` or
-    the temporary folder's ``toolrollout-<uid>/services``."""
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    root = (
-        Path(base) / "toolrollout"
-        if base
-        else Path(tempfile.gettempdir()) / (f"toolrollout-{os.getuid()}")
-    )
-    return root / "services"
-
-
-def record_path(port: int) -> Path:
-    """The record of the service started on ``port`` (it may not exist)."""
-    return state_dir() / f"{port}.json"
-
-
-_LINUX = sys.platform.startswith("linux")
-"""Whether ``/proc`` tells whether a process lives (elsewhere a call does not ask)."""
-
-
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (None: no such live process)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
-def _same_process(pid: Any, start: Any) -> bool:
-    return isinstance(pid, int) and pid > 0 and start is not None and _start_time(pid) == start
-
-
-def _read_record(port: int) -> dict[str, Any] | None:
-    try:
-        data = json.loads(record_path(port).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _write_record(command: ServiceCommand, pid: int) -> None:
-    path = record_path(command.port)
-    record = {
-        "kind": command.kind,
-        "port": command.port,
-        "pid": pid,
-        "pid_start": _start_time(pid),
-        "owner": os.getpid(),
-        "owner_start": _start_time(os.getpid()),
-        "argv": list(command.argv),
-        "started": time.time(),
-    }
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record), encoding="utf-8")
-    tmp.replace(path)
-
-
-def _drop_record(port: int, pid: int) -> None:
-    record = _read_record(port)
-    if record is not None and record.get("pid") == pid and record.get("owner") == os.getpid():
-        with suppress(OSError):
-            record_path(port).unlink()
-
-
-def _kill_group(pid: int, sig: int) -> None:
-    with suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-    with suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-# The command-line words of a service a user starts by hand (``toolrollout sandbox serve``,
-# ``toolrollout retriever serve``): such a server has no record, and is told apart from a
-# foreign process by what runs it.
-_HAND_STARTED = {"sandbox": ("sandbox", "serve"), "retriever": ("retriever", "serve")}
-
-
-def _listening_pid(port: int) -> int | None:
-    """The pid of the process listening on TCP ``port`` (Linux ``/proc``), if visible."""
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with suppress(OSError):
-            for line in Path(table).read_text().splitlines()[1:]:
-                fields = line.split()
-                if (
-                    len(fields) > 9
-                    and fields[3] == "0A"
-                    and int(fields[1].rsplit(":", 1)[1], 16) == port
-                ):
-                    inodes.add(f"socket:[{fields[9]}]")
-    if not inodes:
-        return None
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with suppress(OSError):
-            for fd in (entry / "fd").iterdir():
-                with suppress(OSError):
-                    if os.readlink(fd) in inodes:
-                        return int(entry.name)
-    return None
-
-
-def _hand_started(kind: str, port: int) -> tuple[int, str] | None:
-    """``(pid, command line)`` when a ``toolrollout`` server of ``kind`` that no run started
-    (so, one a user started by hand) listens on ``port``."""
-    words = _HAND_STARTED.get(kind)
-    pid = _listening_pid(port) if words is not None else None
-    if words is None or pid is None:
-        return None
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return None
-    names = [Path(a).name for a in argv]
-    if any(n.startswith("toolrollout") for n in names) or "toolrollout" in argv:
-        if all(word in argv for word in words):
-            return pid, " ".join(a for a in argv if a)
-    return None
-
-
-async def claim_port(kind: str, host: str, port: int, argv: Sequence[str] | None = None) -> bool:
-    """Make ``port`` ready for a new ``kind`` service of this run.
-
-    Returns True when a live ``kind`` service of this process, or one of another live
-    toolrollout process started with the same ``argv`` (the workers of one ``--ray`` run
-    share one), already serves there: the caller uses it. A stale service (its run is
-    gone) is killed and False returned once the port is free. Raises
-    :class:`~toolrollout.UserError` (one line) for a service of another live run with
-    other settings, and for any other process on the port.
-    """
-    record = _read_record(port)
-    known = record is not None and _same_process(record.get("pid"), record.get("pid_start"))
-    listening = await is_listening(host, port)
-    if not listening and not known:
-        return False
-    if known and record is not None:
-        pid = int(record["pid"])
-        owner_alive = _same_process(record.get("owner"), record.get("owner_start"))
-        if owner_alive and record.get("owner") == os.getpid():
-            if record.get("kind") == kind and listening:
-                return True
-            raise UserError(
-                f"port {port}: this run already serves its {record.get('kind')} there; "
-                f"give the {kind} another port"
-            )
-        same = record.get("kind") == kind and argv is not None and record.get("argv") == list(argv)
-        if owner_alive and same and listening:
-            logger.info(
-                "port %d: using the %s (pid %d) of toolrollout process %s, started with the "
-                "same settings",
-                port,
-                kind,
-                pid,
-                record.get("owner"),
-            )
-            return True
-        if owner_alive:
-            raise UserError(
-                f"port {port} on {host} is in use by the {record.get('kind')} of another "
-                f"running toolrollout process (pid {record.get('owner')}) with other "
-                "settings; give this run another port"
-            )
-        logger.warning(
-            "port %d: replacing a stale %s (pid %d) left by an earlier run (pid %s, gone)",
-            port,
-            record.get("kind"),
-            pid,
-            record.get("owner"),
-        )
-        _kill_group(pid, signal.SIGKILL)
-        with anyio.move_on_after(10):
-            while _start_time(pid) is not None or await is_listening(host, port):  # noqa: ASYNC110
-                await anyio.sleep(0.05)
-        with suppress(OSError):
-            record_path(port).unlink()
-        if not await is_listening(host, port):
-            return False
-    if not known:
-        hand = _hand_started(kind, port)
-        if hand is not None:
-            logger.warning(
-                "port %d: using the %s you started yourself (pid %d: %s); this run does not "
-                "supervise or restart it",
-                port,
-                kind,
-                *hand,
-            )
-            return True
-    raise UserError(
-        f"port {port} on {host} is in use by a process this run did not start; stop it or "
-        "choose another port"
-    )
-
-
 @dataclass(eq=False)
 class SupervisedService:
     """A running supervised service: its current process, and what happened to it."""
@@ -408,7 +211,7 @@ class SupervisedService:
         """Wait while it is restarting, at most :attr:`call_wait` seconds; whether it is
         serving now. Returns at once when it is serving (its process alive: one read of
         ``/proc``) or down."""
-        if self.serving and _LINUX and _start_time(self.pid) is None:
+        if self.serving and LINUX and start_time(self.pid) is None:
             # Dead already, the supervisor has not noticed yet (milliseconds): wait for the
             # restart all the same, nothing was sent to it.
             return await self.until_replaced(self.generation)
@@ -493,7 +296,7 @@ class SupervisedService:
                         break
                     await anyio.sleep(0.05)
         if ready and process.returncode is None:
-            _write_record(command, process.pid)
+            write_record(command, process.pid)
             return
         status = process.returncode
         await self._stop()
@@ -515,14 +318,14 @@ class SupervisedService:
             return
         with anyio.CancelScope(shield=True):
             if process.returncode is None:
-                _kill_group(process.pid, signal.SIGTERM)
+                kill_group(process.pid, signal.SIGTERM)
                 with anyio.move_on_after(5.0):
                     await process.wait()
-            _kill_group(process.pid, signal.SIGKILL)  # whatever is left of its group
+            kill_group(process.pid, signal.SIGKILL)  # whatever is left of its group
             if process.returncode is None:
                 await process.wait()
             await process.aclose()
-            _drop_record(self.command.port, process.pid)
+            drop_record(self.command.port, process.pid)
 
     async def _watch(self) -> None:
         """Restart the service each time it dies, within the policy; never raises."""
@@ -534,9 +337,9 @@ class SupervisedService:
             await process.wait()
             died = time.monotonic()
             self._outage()
-            _kill_group(process.pid, signal.SIGKILL)  # its group goes with it
+            kill_group(process.pid, signal.SIGKILL)  # its group goes with it
             await process.aclose()
-            _drop_record(self.command.port, process.pid)
+            drop_record(self.command.port, process.pid)
             self._process = None
             deaths = [t for t in deaths if died - t < self.policy.window] + [died]
             if self._hung is not None:
@@ -615,7 +418,7 @@ class SupervisedService:
                         )
                         self._faults[self.generation] = self._hung
                         self._outage()
-                        _kill_group(process.pid, signal.SIGKILL)
+                        kill_group(process.pid, signal.SIGKILL)
                         break
                     await anyio.sleep(policy.probe_interval)
 

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 import toolrollout.apps.demo
 from toolrollout.chat import ChatFormat
-from toolrollout.chat._format import _plain_backend
+from toolrollout.chat._tokenize import plain_backend as _plain_backend
 
 TEXTS = [
     "",

@@ -222,7 +222,7 @@ def test_a_leftover_resumes_only_with_the_same_family(
     same = chat_setup(thinking_off, qwen3_tokenizer)
     check_leftover_matches("left.pkl", saved, tool_names=["add"], tool_parser="qwen3", chat=same)
     other = chat_setup(RolloutConfig(family="qwen25"), qwen3_tokenizer)
-    with pytest.raises(UserError, match="pass the same --family / --chat-template-kwargs"):
+    with pytest.raises(UserError, match=r"same config\.family / config\.chat_template_kwargs"):
         check_leftover_matches(
             "left.pkl", saved, tool_names=["add"], tool_parser="qwen3", chat=other
         )

@@ -410,7 +410,7 @@ def _leave_an_interrupted_run(parts: Path, *, run_id: str, prompt_index: int) ->
     its manifest, and worker 1's own shard holding one whole group."""
     from toolrollout.apps.demo import DEMO_PROMPTS_PATH
     from toolrollout.rollout import RolloutPrompt, ShardWriter
-    from toolrollout.rollout._runner import failed_trajectory
+    from toolrollout.rollout._batch import failed_trajectory
 
     parts.mkdir()
     dataset = str(DEMO_PROMPTS_PATH.resolve())

@@ -22,16 +22,10 @@ from toolrollout.apps.bench import LatencyModel, ServerScheduling, Workload
 from toolrollout.apps.bench._server import LatencyServer, create_latency_app
 from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.engines import SamplingParams, SGLangClient
+from toolrollout.engines._admission import AdmissionControl, LagAdmission
 from toolrollout.engines._limiter import OrderedLimiter
-from toolrollout.engines._scheduling import (
-    AdmissionControl,
-    LagAdmission,
-    PriorityPolicy,
-    Scheduler,
-    SchedulingConfig,
-    ServerPriority,
-    WorkHistory,
-)
+from toolrollout.engines._priority import PriorityPolicy, ServerPriority, WorkHistory
+from toolrollout.engines._scheduling import Scheduler, SchedulingConfig
 from toolrollout.rollout import RolloutConfig, RolloutRunner
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from toolrollout.engines import GenerateRequest, RetryPolicy, SamplingParams, VLLMClient
 from toolrollout.engines._checkpoint import check_compatible, read_layout
-from toolrollout.engines._scheduling import ServerPriority
+from toolrollout.engines._priority import ServerPriority
 from toolrollout.engines.vllm import _wire
 from toolrollout.exceptions import EngineError, EngineUnavailable, UserError
 

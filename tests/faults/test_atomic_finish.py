@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 
 from toolrollout.apps.cli import app
 from toolrollout.rollout import read_rows, read_shards
-from toolrollout.rollout._output import FINISH_STEPS
+from toolrollout.rollout._shards import FINISH_STEPS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -31,7 +31,8 @@ from tests.faults.test_chaos_services import (
     _wait,
 )
 
-from toolrollout._supervisor import RestartPolicy, record_path
+from toolrollout._port_records import record_path
+from toolrollout._supervisor import RestartPolicy
 from toolrollout.rollout import read_rows, read_shards
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

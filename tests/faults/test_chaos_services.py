@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from tests._processes import free_port
 
-from toolrollout._supervisor import record_path
+from toolrollout._port_records import record_path
 from toolrollout.rollout import read_rows, read_shards
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

@@ -27,11 +27,10 @@ import pytest
 from tests._processes import free_port
 
 from toolrollout._exceptions import ToolUnavailable, UserError
+from toolrollout._port_records import claim_port, record_path
 from toolrollout._supervisor import (
     RestartPolicy,
     ServiceCommand,
-    claim_port,
-    record_path,
     supervise,
     supervised,
     until_serving,

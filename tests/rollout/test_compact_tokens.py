@@ -26,7 +26,7 @@ from toolrollout.rollout import TrajectoryHooks, TrajectoryState
 from toolrollout.rollout._types import ModelTurn, Transcript, id_tuple
 from toolrollout.testing import ScriptedEngine
 from toolrollout.tools import calculator_tool
-from toolrollout.tools._executor import summarize_call_records
+from toolrollout.tools._summary import summarize_call_records
 
 
 def _float32_values(n: int, seed: int = 0) -> list[float]:

@@ -19,7 +19,7 @@ from toolrollout._pacing import _pace_key
 from toolrollout._records import TrajectoryStatus
 from toolrollout.engines import GenerateRequest, SchedulingConfig
 from toolrollout.rollout import set_pacing
-from toolrollout.rollout._runner import START_BATCH
+from toolrollout.rollout._batch import START_BATCH
 from toolrollout.testing import ScriptedEngine
 
 TRAJECTORIES = 200

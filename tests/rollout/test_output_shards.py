@@ -18,7 +18,7 @@ from toolrollout.rollout import (
     read_rows,
     read_shards,
 )
-from toolrollout.rollout._runner import failed_trajectory
+from toolrollout.rollout._batch import failed_trajectory
 
 PROMPT = RolloutPrompt(({"role": "user", "content": "hi"},), "1")
 

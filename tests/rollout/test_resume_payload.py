@@ -22,7 +22,8 @@ from toolrollout._records import (
     TrajectoryImage,
     TrajectoryStatus,
 )
-from toolrollout.rollout._state import TrajectoryState, resume_prompt
+from toolrollout.rollout._resume_payload import resume_prompt
+from toolrollout.rollout._state import TrajectoryState
 from toolrollout.rollout._types import RolloutPrompt
 
 NO_SERVICES = cast(Any, None)  # the codec never reads the services

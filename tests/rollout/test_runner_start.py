@@ -12,7 +12,7 @@ from typing import Any
 from toolrollout.chat import ChatFormat
 from toolrollout.engines._types import GenerateRequest, GenerateResult
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
-from toolrollout.rollout._runner import START_BATCH
+from toolrollout.rollout._batch import START_BATCH
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 
 

@@ -302,7 +302,7 @@ async def test_a_lost_abort_is_sent_again(
     demo_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SGLang drops an abort that beats its request to the server: the runner repeats it."""
-    monkeypatch.setattr("toolrollout.rollout._runner.ABORT_RESEND_SECONDS", 0.1)
+    monkeypatch.setattr("toolrollout.rollout._batch.ABORT_RESEND_SECONDS", 0.1)
 
     class DropsFirstAbort(ScriptedEngine):
         async def abort(self, rid: str) -> None:

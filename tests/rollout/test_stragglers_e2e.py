@@ -24,7 +24,7 @@ from tests._serve_thread import demo_server_in_thread
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus, read_rows
-from toolrollout.rollout._runner import RolloutBatch
+from toolrollout.rollout._batch import RolloutBatch
 from toolrollout.tools import calculator_tool
 
 TOKENS = 96

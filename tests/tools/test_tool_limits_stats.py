@@ -27,8 +27,8 @@ from toolrollout.tools import (
     function_tool,
     summarize_tool_calls,
 )
-from toolrollout.tools._executor import ToolCallSummary
 from toolrollout.tools._limits import LatencyWindow, quantile
+from toolrollout.tools._summary import ToolCallSummary
 
 
 class TestPercentiles:

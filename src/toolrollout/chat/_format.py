@@ -26,11 +26,9 @@ on earlier messages (call ids, merged tool turns) are honoured.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 
@@ -38,8 +36,10 @@ if TYPE_CHECKING:  # transformers is heavy; only its type is needed here
     from transformers import PreTrainedTokenizerBase
 
 from .._exceptions import TokenizationError, UserError
+from ._probe import probe_template, with_rendered_arguments
+from ._tokenize import decode, encode_many, plain_backend
 from .families import TemplateFamily, detect_template_family, get_template_family
-from .families._family import PROBE_MESSAGES, PROBE_TOOLS, TemplateProbe
+from .families._family import TemplateProbe
 
 __all__ = ["ChatFormat", "Message"]
 
@@ -113,7 +113,9 @@ class ChatFormat:
             chosen = detect_template_family(
                 self.probe(), source=f"the chat template of {_tokenizer_name(tokenizer)}"
             )
-        self._family = self._with_rendered_arguments(chosen)
+        self._family = with_rendered_arguments(
+            chosen, self._tokenizer, self._template, self._template_kwargs
+        )
         self._stop_token_ids = self._check_stop_tokens()
         self._stop_pattern = re.compile(
             "|".join(re.escape(token) for token in self._family.stop_tokens)
@@ -164,54 +166,7 @@ class ChatFormat:
 
     def probe(self) -> TemplateProbe:
         """What the template renders for the detection probe (see :class:`TemplateProbe`)."""
-        try:
-            rendered = self._tokenizer.apply_chat_template(
-                [dict(message) for message in PROBE_MESSAGES],
-                tools=[dict(tool) for tool in PROBE_TOOLS],
-                chat_template=self._template,
-                add_generation_prompt=True,
-                tokenize=False,
-                **self._template_kwargs,
-            )
-        except Exception as exc:  # any failure only means the probe says nothing
-            return TemplateProbe(self._template, None, f"{type(exc).__name__}: {exc}")
-        if not isinstance(rendered, str):
-            return TemplateProbe(self._template, None, "the template rendered no text")
-        return TemplateProbe(self._template, rendered)
-
-    def _with_rendered_arguments(self, family: TemplateFamily) -> TemplateFamily:
-        """``family`` with :attr:`~TemplateFamily.arguments_as` set to what this template
-        renders right: one probe call is rendered with its arguments as a mapping and as a
-        JSON string, and the family's own form is kept unless only the other one renders
-        the call's JSON once (Kimi-K2-Instruct's first template applies ``tojson`` to a
-        string too, where K2-Thinking's prints it as given: one family, two templates)."""
-        own = family.arguments_as
-        other: Literal["object", "json"] = "json" if own == "object" else "object"
-        if self._renders_arguments_once(own) or not self._renders_arguments_once(other):
-            return family
-        return dataclasses.replace(family, arguments_as=other)
-
-    def _renders_arguments_once(self, form: Literal["object", "json"]) -> bool:
-        """Whether the probe call, its arguments given in ``form``, renders without error
-        and without the arguments encoded twice (``\\"x\\"``) or as a Python dict (``'x'``)."""
-        arguments = {"x": "1"}
-        value: Any = json.dumps(arguments) if form == "json" else dict(arguments)
-        messages = [dict(message) for message in PROBE_MESSAGES]
-        call = dict(messages[2]["tool_calls"][0])
-        call["function"] = {**call["function"], "arguments": value}
-        messages[2] = {**messages[2], "tool_calls": [call]}
-        try:
-            rendered = self._tokenizer.apply_chat_template(
-                messages,
-                tools=[dict(tool) for tool in PROBE_TOOLS],
-                chat_template=self._template,
-                add_generation_prompt=True,
-                tokenize=False,
-                **self._template_kwargs,
-            )
-        except Exception:  # a template that cannot read this form
-            return False
-        return isinstance(rendered, str) and '\\"x\\"' not in rendered and "'x'" not in rendered
+        return probe_template(self._tokenizer, self._template, self._template_kwargs)
 
     def presented_messages(self, messages: Sequence[Message]) -> list[dict[str, Any]]:
         """``messages`` as the template must see them: for a family whose template ignores
@@ -256,41 +211,21 @@ class ChatFormat:
     def encodes_without_the_gil(self) -> bool:
         """Whether :meth:`encode` calls the Rust backend directly, which releases the GIL
         while it works and keeps no per-call state: safe to call from a worker thread."""
-        return _plain_backend(self._tokenizer) is not None
+        return plain_backend(self._tokenizer) is not None
 
     def encode(self, text: str) -> list[int]:
         """Tokenize rendered template text (no BOS/EOS added: the template writes them)."""
         return self.encode_many((text,))[0]
 
     def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
-        """Tokenize several rendered texts in one call (as :meth:`encode` does each).
-
-        A fast tokenizer in its default state is called directly, through the Rust
-        backend's ``encode_batch_fast`` (no character offsets): the same ids as
-        ``tokenizer.encode``, at about two thirds of its CPU on a 1,500-token prompt
-        (docs/benchmarks.md). Anything else goes through ``tokenizer.encode``.
-        """
-        backend = _plain_backend(self._tokenizer)
-        if backend is None:
-            encode = self._tokenizer.encode
-            return [[int(i) for i in encode(text, add_special_tokens=False)] for text in texts]
-        encodings = backend.encode_batch_fast(list(texts), add_special_tokens=False)
-        return [encoding.ids for encoding in encodings]
+        """Tokenize several rendered texts in one call (as :meth:`encode` does each), the
+        fast way when it gives the same ids (:mod:`toolrollout.chat._tokenize`)."""
+        return encode_many(self._tokenizer, texts)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Decode ids exactly, keeping special tokens.
-
-        A transformers fast tokenizer that does not clean up spaces after decoding is
-        decoded by its Rust backend directly (the same text, at half the CPU of
-        ``tokenizer.decode`` on a 256-token turn).
-        """
-        backend = _rust_backend(self._tokenizer)
-        if backend is not None and not getattr(
-            self._tokenizer, "clean_up_tokenization_spaces", True
-        ):
-            return cast(str, backend.decode(list(ids), skip_special_tokens=False))
-        text = self._tokenizer.decode(list(ids), skip_special_tokens=False)
-        return cast(str, text)
+        """Decode ids exactly, keeping special tokens (the fast way when it gives the
+        same text, :mod:`toolrollout.chat._tokenize`)."""
+        return decode(self._tokenizer, ids)
 
     def render_prompt(self, messages: Sequence[Message]) -> list[int]:
         """Return the prompt ids: the full render with the generation prompt, tokenized once.
@@ -554,61 +489,3 @@ def _nth_match_end(pattern: re.Pattern[str], text: str, n: int) -> int | None:
         if count == n:
             return match.end()
     return None
-
-
-def _rust_backend(tokenizer: Any) -> Any:
-    """The Rust tokenizer behind a transformers fast tokenizer whose class does not
-    override how it encodes or decodes, else ``None``."""
-    backend = getattr(tokenizer, "_tokenizer", None)
-    return backend if backend is not None and _encodes_plainly(type(tokenizer)) else None
-
-
-def _plain_backend(tokenizer: Any) -> Any:
-    """The Rust tokenizer behind ``tokenizer`` when calling it directly gives the ids that
-    ``tokenizer.encode(text, add_special_tokens=False)`` gives, else ``None``.
-
-    That holds for transformers' fast tokenizer class and its subclasses that leave
-    encoding alone, while the backend carries no truncation or padding and splits special
-    tokens as the tokenizer says. transformers sets these on the shared backend at each
-    call and leaves them set, so a trainer's ``tokenizer(..., truncation=True)`` on the
-    same object would otherwise cut a prompt here: they are checked on every call.
-    """
-    backend = _rust_backend(tokenizer)
-    if backend is None or backend.truncation is not None or backend.padding is not None:
-        return None
-    split = bool(getattr(tokenizer, "split_special_tokens", False))
-    if bool(backend.encode_special_tokens) != split:
-        return None
-    return backend
-
-
-_ENCODING_METHODS = (
-    "__call__",
-    "_batch_encode_plus",
-    "_decode",
-    "_encode_plus",
-    "decode",
-    "encode",
-    "encode_plus",
-)
-_PLAIN: dict[type, bool] = {}
-
-
-def _encodes_plainly(cls: type) -> bool:
-    """Whether ``cls`` is a transformers fast tokenizer that does not override how text is
-    encoded or decoded (one answer per class, cached)."""
-    plain = _PLAIN.get(cls)
-    if plain is None:
-        from tokenizers import Tokenizer
-        from transformers import PreTrainedTokenizerFast
-
-        plain = (
-            issubclass(cls, PreTrainedTokenizerFast)
-            and hasattr(Tokenizer, "encode_batch_fast")
-            and all(
-                getattr(cls, name, None) is getattr(PreTrainedTokenizerFast, name, None)
-                for name in _ENCODING_METHODS
-            )
-        )
-        _PLAIN[cls] = plain
-    return plain

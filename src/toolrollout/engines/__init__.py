@@ -25,8 +25,8 @@ from ._control import PauseMode as PauseMode
 from ._control import ServerInfo as ServerInfo
 from ._control import ServerWeightUpdate as ServerWeightUpdate
 from ._control import WeightUpdate as WeightUpdate
+from ._priority import WorkHistory as WorkHistory
 from ._scheduling import SchedulingConfig as SchedulingConfig
-from ._scheduling import WorkHistory as WorkHistory
 from ._types import FinishReason as FinishReason
 from ._types import GenerateRequest as GenerateRequest
 from ._types import GenerateResult as GenerateResult

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator
-from types import TracebackType
 from typing import Self
 
 from .._exceptions import UserError
@@ -137,10 +136,5 @@ class Engine(ABC):
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()

@@ -18,9 +18,9 @@ import logging
 import time
 import uuid
 from abc import abstractmethod
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import anyio
 import httpx
@@ -28,86 +28,18 @@ from yarl import URL
 
 from .._exceptions import EngineError, EngineRequestRejected, EngineUnavailable, UserError
 from .._http import AiohttpTransport
-from .._net import open_file_limit
 from .._pacing import pace
 from . import _wire
 from ._base import Engine
-from ._control import EngineServersFailed
+from ._pool import DEFAULT_LIMITS, DEFAULT_TIMEOUT, fit_open_files
 from ._routing import Router, ServerStats
-from ._transport import ENGINE_RETRY, RetryPolicy, _normalize_urls, _Transport
+from ._server_calls import ServerCalls
+from ._transport import ENGINE_RETRY, RetryPolicy, _normalize_urls
 from ._types import FinishReason, GenerateRequest, GenerateResult
 
-__all__ = [
-    "DEFAULT_LIMITS",
-    "DEFAULT_TIMEOUT",
-    "ClientStats",
-    "HTTPClient",
-    "connection_limits",
-]
+__all__ = ["ClientStats", "HTTPClient"]
 
 logger = logging.getLogger("toolrollout.engines")
-
-T = TypeVar("T")
-
-DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
-"""10 s to connect; 600 s to read, since one long generation is silent until it ends."""
-
-DEFAULT_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=16)
-"""Enough connections for thousands of concurrent rollouts against a handful of servers.
-The default transport (aiohttp, see ``toolrollout._http``) keeps every idle connection
-until ``keepalive_expiry``; ``max_keepalive_connections`` applies when an httpx transport is
-passed instead, whose pool scan grows with the square of the idle connections kept
-(docs/benchmarks.md). A run with more requests in flight needs :func:`connection_limits`."""
-
-CONTROL_CONNECTIONS = 64
-"""Connections beside the generate requests, for the control plane (health, load, aborts)."""
-
-FILE_RESERVE = 256
-"""Descriptors left to the rest of the process (files, pipes, tool services' sockets)."""
-
-
-def connection_limits(concurrency: int) -> httpx.Limits:
-    """Pool limits for ``concurrency`` generate requests in flight at once.
-
-    A request beyond the pool's size waits for a connection, unseen by the server and by
-    any scheduling policy, so the composition root sizes the pool to the run's
-    ``RolloutConfig.concurrency`` (plus the control plane), never below
-    :data:`DEFAULT_LIMITS`.
-    """
-    if concurrency < 1:
-        raise UserError(f"concurrency must be at least 1, got {concurrency}")
-    floor = DEFAULT_LIMITS.max_connections or 0
-    return httpx.Limits(
-        max_connections=max(floor, concurrency + CONTROL_CONNECTIONS),
-        max_keepalive_connections=DEFAULT_LIMITS.max_keepalive_connections,
-        keepalive_expiry=DEFAULT_LIMITS.keepalive_expiry,
-    )
-
-
-def _fit_open_files(limits: httpx.Limits, who: str) -> httpx.Limits:
-    """``limits`` with the open-file limit raised to hold them, or capped (and said so)
-    where the hard limit is lower: a connection past it fails with "too many open files"."""
-    connections = limits.max_connections
-    if connections is None:
-        return limits
-    room = open_file_limit(connections + FILE_RESERVE) - FILE_RESERVE
-    if room >= connections:
-        return limits
-    capped = max(room, 1)
-    logger.warning(
-        "%s: a pool of %d connections needs %d open files, but the limit is %d; "
-        "the pool is capped at %d (raise the hard limit, `ulimit -Hn`, for more)",
-        who,
-        connections,
-        connections + FILE_RESERVE,
-        room + FILE_RESERVE,
-        capped,
-    )
-    return httpx.Limits(
-        max_connections=capped,
-        max_keepalive_connections=limits.max_keepalive_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +85,7 @@ class _AbortedBeforeSend(EngineError):
     """The request was aborted before it reached a server (internal, never escapes)."""
 
 
-class HTTPClient(_Transport, Engine):
+class HTTPClient(ServerCalls, Engine):
     """An engine backed by one or several inference servers over HTTP (see the module
     docstring); :class:`~toolrollout.engines.SGLangClient` and
     :class:`~toolrollout.engines.VLLMClient` are its two wire formats."""
@@ -199,7 +131,7 @@ class HTTPClient(_Transport, Engine):
         # The default transport also serves generate's hot path without httpx's objects
         # (_request_bytes); a transport passed in is always used through httpx's API.
         if transport is None:
-            limits = _fit_open_files(limits, type(self).__name__)
+            limits = fit_open_files(limits, type(self).__name__)
         self._max_connections = limits.max_connections
         self._pool_waits = 0
         self._pool_warned = False
@@ -419,141 +351,6 @@ class HTTPClient(_Transport, Engine):
             return _wire.parse_json(content, what=f"{what} on {url}"), url
 
         return await self._retrying(what, attempt, give_up=lambda: any(e.aborted for e in entries))
-
-    # ------------------------------------------------------------------ control helpers
-
-    async def wait_healthy(
-        self,
-        timeout: float = 300.0,  # noqa: ASYNC109 - one deadline shared by all servers' polls
-        *,
-        interval: float = 1.0,
-        path: str = "/health",
-    ) -> None:
-        """Poll ``GET /health`` on every server until all answer 200.
-
-        SGLang answers 503 while starting; its ``/health`` runs a one-token generation,
-        so a 200 means the whole pipeline works. vLLM binds its port only once its engine
-        is up, and answers 200 from then on. Raises :class:`EngineUnavailable`,
-        naming the servers that are not healthy and why, when ``timeout`` seconds pass.
-        """
-        self._check_open()
-        pending = dict.fromkeys(self._router.urls, "not probed yet")
-        deadline = anyio.current_time() + timeout
-
-        async def probe(url: str) -> None:
-            remaining = max(deadline - anyio.current_time(), 0.001)
-            try:
-                response = await self._http.get(url + path, timeout=remaining)
-            except (httpx.HTTPError, httpx.InvalidURL) as exc:
-                pending[url] = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                return
-            if response.status_code == 200:
-                pending.pop(url, None)
-            else:
-                pending[url] = f"HTTP {response.status_code}"
-
-        with anyio.move_on_after(timeout):
-            while pending:
-                async with anyio.create_task_group() as group:
-                    for url in list(pending):
-                        group.start_soon(probe, url)
-                if pending:
-                    await anyio.sleep(interval)
-        if pending:
-            reasons = "; ".join(f"{url} ({why})" for url, why in pending.items())
-            raise EngineUnavailable(f"{self._ENGINE} not healthy after {timeout:g} s: {reasons}")
-
-    async def _on_every_server(
-        self, method: str, path: str, body: Any
-    ) -> dict[str, httpx.Response]:
-        """One control call on all servers at once; failures are raised after all answered."""
-
-        async def one(url: str) -> httpx.Response:
-            send = functools.partial(self._request_once, url, method, path, json_body=body)
-            return await self._retrying(f"{method} {url}{path}", send)
-
-        return await self._gather(path, one)
-
-    async def _gather(self, what: str, call: Callable[[str], Awaitable[T]]) -> dict[str, T]:
-        """``call`` on every server at once, by URL.
-
-        Every server is tried even when one fails. One failure is raised as it is;
-        several raise :class:`EngineServersFailed`, which names each server and error.
-        """
-        self._check_open()
-        results: dict[str, T] = {}
-        errors: dict[str, EngineError] = {}
-
-        async def one(url: str) -> None:
-            try:
-                if url in self._dead:
-                    raise EngineUnavailable(self._dead[url])
-                results[url] = await call(url)
-            except EngineError as exc:
-                errors[url] = exc
-
-        async with anyio.create_task_group() as tg:
-            for url in self._router.urls:
-                tg.start_soon(one, url)
-        if len(errors) == 1:
-            raise next(iter(errors.values()))
-        if errors:
-            ordered = {url: errors[url] for url in self._router.urls if url in errors}
-            raise EngineServersFailed(what, ordered)
-        return results
-
-    def _resolve(self, url: str | None) -> str:
-        if url is None:
-            return self._router.urls[0]
-        normalized = url.strip().rstrip("/")
-        if normalized not in self._router.urls:
-            raise UserError(f"{url!r} is not one of this client's servers {self._router.urls}")
-        return normalized
-
-    async def _get_info(self, url: str | None, paths: Sequence[str]) -> dict[str, Any]:
-        self._check_open()
-        target = self._resolve(url)
-        for i, path in enumerate(paths):
-            send = functools.partial(self._request_once, target, "GET", path)
-            try:
-                response = await self._retrying(f"GET {target}{path}", send)
-            except EngineRequestRejected as exc:
-                if exc.status_code == 404 and i + 1 < len(paths):
-                    continue  # an older server: try the legacy path
-                raise
-            data = _wire.parse_json(response.content, what=f"GET {target}{path}")
-            if not isinstance(data, dict):
-                raise EngineError(f"GET {target}{path}: expected a JSON object, got {data!r}")
-            return data
-        raise AssertionError("unreachable: the last path either returns or raises")
-
-    async def server_kind(self, url: str) -> str:
-        """``"vllm"`` or ``"sglang"``: who answers at ``url``, from ``GET /v1/models``
-        (vLLM's cards say ``owned_by: vllm``) or, where that is missing, ``/server_info``
-        (vLLM's holds ``vllm_config``). Anything else speaks SGLang's API (SGLang,
-        sglang-router, ``toolrollout serve``)."""
-        for path in ("/v1/models", "/server_info"):
-            try:
-                data = await self._get_info(url, (path,))
-            except EngineRequestRejected:
-                continue
-            cards = data.get("data")
-            if isinstance(cards, list) and any(
-                isinstance(card, dict) and card.get("owned_by") == "vllm" for card in cards
-            ):
-                return "vllm"
-            if "vllm_config" in data:
-                return "vllm"
-            if path == "/v1/models" and isinstance(cards, list):
-                return "sglang"
-        return "sglang"
-
-    def _mark_dead(self, url: str, reason: str) -> None:
-        """Send nothing more to ``url``: every later call that would reach it raises
-        :class:`EngineUnavailable` with ``reason`` (a server left in a state where its
-        next request would crash it, or serve weights nobody asked for)."""
-        self._dead[url] = reason
-        logger.error("%s: %s", type(self).__name__, reason)
 
     # ------------------------------------------------------------------ wire format
 

@@ -36,25 +36,26 @@ from .._exceptions import (
     OverlongPromptError,
     UserError,
 )
-from ._types import FinishReason, GenerateRequest, GenerateResult, StreamChunk, TokenRuns
+from ._types import FinishReason, GenerateRequest, GenerateResult, TokenRuns
 
 __all__ = [
-    "DONE",
-    "StreamAccumulator",
-    "StreamChunk",
+    "as_int",
+    "build_result",
     "encode_json",
     "error_from_status",
     "error_message",
     "generate_body",
+    "int_list",
     "is_overlong_message",
+    "logprob_entries",
+    "malformed_answer",
+    "output_text",
     "parse_finish_reason",
     "parse_json",
     "parse_result",
-    "sse_data",
+    "raise_for_abort_status",
+    "split_meta",
 ]
-
-DONE = "[DONE]"
-"""The payload of SGLang's last SSE event (``data: [DONE]``)."""
 
 # The messages SGLang (and vLLM, below) use when a prompt does not fit, verbatim prefixes from
 # tokenizer_manager.py ``_validate_one_request`` (two) and managers/utils.py
@@ -187,47 +188,47 @@ def error_from_status(
 # --------------------------------------------------------------------------- typed access
 
 
-def _malformed(what: str, detail: str) -> EngineError:
+def malformed_answer(what: str, detail: str) -> EngineError:
     return EngineError(f"malformed SGLang response ({what}): {detail}")
 
 
-def _as_int(value: object, *, what: str) -> int:
+def as_int(value: object, *, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _malformed(what, f"expected an integer, got {value!r}")
+        raise malformed_answer(what, f"expected an integer, got {value!r}")
     return value
 
 
 def _as_float(value: object, *, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _malformed(what, f"expected a number, got {value!r}")
+        raise malformed_answer(what, f"expected a number, got {value!r}")
     return float(value)
 
 
 def _opt_int(meta: dict[str, Any], key: str, default: int) -> int:
     value = meta.get(key)
-    return default if value is None else _as_int(value, what=f"meta_info.{key}")
+    return default if value is None else as_int(value, what=f"meta_info.{key}")
 
 
 _INT = frozenset({int})
-"""The element types a well-formed answer's lists hold (see :func:`_logprob_entries`)."""
+"""The element types a well-formed answer's lists hold (see :func:`logprob_entries`)."""
 _LIST = frozenset({list})
 _FLOAT = frozenset({float})
 _NUMBER = frozenset({float, int})
 
 
-def _int_list(value: object, *, what: str) -> list[int]:
+def int_list(value: object, *, what: str) -> list[int]:
     if not isinstance(value, list):
-        raise _malformed(what, f"expected a list of token ids, got {type(value).__name__}")
+        raise malformed_answer(what, f"expected a list of token ids, got {type(value).__name__}")
     if set(map(type, value)) <= _INT:  # the common case, checked in C, no message per item
         return value
-    return [_as_int(v, what=f"{what}[{i}]") for i, v in enumerate(value)]
+    return [as_int(v, what=f"{what}[{i}]") for i, v in enumerate(value)]
 
 
-def _logprob_entries(value: object) -> tuple[list[int], list[float]]:
+def logprob_entries(value: object) -> tuple[list[int], list[float]]:
     """Split ``[[logprob, token_id, text|null], ...]`` into ids and logprobs."""
     what = "meta_info.output_token_logprobs"
     if not isinstance(value, list):
-        raise _malformed(what, f"expected a list, got {type(value).__name__}")
+        raise malformed_answer(what, f"expected a list, got {type(value).__name__}")
     # Fast path for a well-formed answer: the type checks are set(map(type, ...)), which
     # run in C, and a column is one comprehension. Any irregularity (an entry that is not
     # a list or is too short, a bool, a string) falls through to the checked loop, which
@@ -250,21 +251,23 @@ def _logprob_entries(value: object) -> tuple[list[int], list[float]]:
     logprobs: list[float] = []
     for i, entry in enumerate(value):
         if not isinstance(entry, list | tuple) or len(entry) < 2:
-            raise _malformed(f"{what}[{i}]", f"expected [logprob, token_id, text], got {entry!r}")
+            raise malformed_answer(
+                f"{what}[{i}]", f"expected [logprob, token_id, text], got {entry!r}"
+            )
         logprob = entry[0]
         # A NaN/inf logprob cannot be serialised by orjson, so None would be the only
         # way a missing value shows up; treat it as a corrupt answer, not as 0.0.
         logprobs.append(_as_float(logprob, what=f"{what}[{i}][0]"))
-        ids.append(_as_int(entry[1], what=f"{what}[{i}][1]"))
+        ids.append(as_int(entry[1], what=f"{what}[{i}][1]"))
     return ids, logprobs
 
 
-def _meta(obj: object, *, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def split_meta(obj: object, *, what: str) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(obj, dict):
-        raise _malformed(what, f"expected a JSON object, got {type(obj).__name__}")
+        raise malformed_answer(what, f"expected a JSON object, got {type(obj).__name__}")
     meta = obj.get("meta_info")
     if not isinstance(meta, dict):
-        raise _malformed(what, "the object has no 'meta_info' object")
+        raise malformed_answer(what, "the object has no 'meta_info' object")
     return obj, meta
 
 
@@ -282,7 +285,9 @@ def parse_finish_reason(raw: object) -> FinishReason | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        raise _malformed("meta_info.finish_reason", f"expected an object or null, got {raw!r}")
+        raise malformed_answer(
+            "meta_info.finish_reason", f"expected an object or null, got {raw!r}"
+        )
     kind = raw.get("type")
     if kind == "stop":
         matched = raw.get("matched")
@@ -290,21 +295,21 @@ def parse_finish_reason(raw: object) -> FinishReason | None:
             # FINISH_MATCHED_TOKEN is typed ``int | list[int]``; the last id ended it.
             matched = matched[-1] if matched else None
         if isinstance(matched, bool) or not isinstance(matched, int | str | None):
-            raise _malformed("meta_info.finish_reason.matched", f"unexpected {matched!r}")
+            raise malformed_answer("meta_info.finish_reason.matched", f"unexpected {matched!r}")
         return FinishReason(type="stop", matched=matched)
     if kind == "length":
         length = raw.get("length")
         return FinishReason(
             type="length",
-            length=None if length is None else _as_int(length, what="finish_reason.length"),
+            length=None if length is None else as_int(length, what="finish_reason.length"),
         )
     if kind == "abort":
         message = raw.get("message")
         return FinishReason(type="abort", message=None if message is None else str(message))
-    raise _malformed("meta_info.finish_reason.type", f"unknown finish type {kind!r}")
+    raise malformed_answer("meta_info.finish_reason.type", f"unknown finish type {kind!r}")
 
 
-def _raise_for_abort_status(raw: object, *, url: str | None) -> None:
+def raise_for_abort_status(raw: object, *, url: str | None) -> None:
     """An abort that carries an HTTP status is a server-side error, not a partial result.
 
     SGLang turns these into HTTP errors on non-streaming calls
@@ -317,7 +322,7 @@ def _raise_for_abort_status(raw: object, *, url: str | None) -> None:
         raise error_from_status(code, str(raw.get("message") or "aborted"), url=url)
 
 
-def _text(obj: dict[str, Any]) -> str | None:
+def output_text(obj: dict[str, Any]) -> str | None:
     text = obj.get("text")
     return text if isinstance(text, str) else None
 
@@ -349,7 +354,7 @@ def _weight_spans(raw: object, length: int) -> tuple[tuple[int, int, str], ...]:
     return tuple(spans) if tiled and length else ()
 
 
-def _build_result(
+def build_result(
     *,
     rid: str,
     meta: dict[str, Any],
@@ -360,10 +365,10 @@ def _build_result(
     server_url: str | None,
 ) -> GenerateResult:
     raw_finish = meta.get("finish_reason")
-    _raise_for_abort_status(raw_finish, url=server_url)
+    raise_for_abort_status(raw_finish, url=server_url)
     finish = parse_finish_reason(raw_finish)
     if finish is None:
-        raise _malformed("meta_info.finish_reason", "a final result has finish_reason null")
+        raise malformed_answer("meta_info.finish_reason", "a final result has finish_reason null")
     weight_version = meta.get("weight_version")
     return GenerateResult(
         rid=rid,
@@ -396,17 +401,17 @@ def parse_result(
     list verl and slime read), otherwise from ``output_ids``; when both are present they
     must agree exactly. ``rid=None`` keeps the server's ``meta_info.id``.
     """
-    obj, meta = _meta(obj, what="/generate result")
+    obj, meta = split_meta(obj, what="/generate result")
     server_id = meta.get("id")
     if expect_id is not None and server_id is not None and server_id != expect_id:
-        raise _malformed("meta_info.id", f"expected {expect_id!r}, got {server_id!r}")
+        raise malformed_answer("meta_info.id", f"expected {expect_id!r}, got {server_id!r}")
     raw_ids = obj.get("output_ids")
-    output_ids = None if raw_ids is None else _int_list(raw_ids, what="output_ids")
+    output_ids = None if raw_ids is None else int_list(raw_ids, what="output_ids")
     logprobs: list[float] | None = None
     if meta.get("output_token_logprobs") is not None:
-        ids, logprobs = _logprob_entries(meta["output_token_logprobs"])
+        ids, logprobs = logprob_entries(meta["output_token_logprobs"])
         if output_ids is not None and output_ids != ids:
-            raise _malformed(
+            raise malformed_answer(
                 "output_ids",
                 f"{len(output_ids)} output_ids disagree with {len(ids)} "
                 "meta_info.output_token_logprobs entries",
@@ -414,136 +419,17 @@ def parse_result(
     elif output_ids is not None:
         ids = output_ids
     else:
-        raise _malformed("/generate result", "neither output_ids nor output_token_logprobs")
+        raise malformed_answer("/generate result", "neither output_ids nor output_token_logprobs")
     if rid is None:
         if not isinstance(server_id, str):
-            raise _malformed("meta_info.id", f"expected a string, got {server_id!r}")
+            raise malformed_answer("meta_info.id", f"expected a string, got {server_id!r}")
         rid = server_id
-    return _build_result(
+    return build_result(
         rid=rid,
         meta=meta,
         ids=ids,
         logprobs=logprobs,
-        text=_text(obj),
+        text=output_text(obj),
         prompt_tokens_hint=prompt_tokens_hint,
         server_url=server_url,
     )
-
-
-# --------------------------------------------------------------------------- streaming
-
-
-def sse_data(line: str) -> str | None:
-    """Return the payload of an SSE ``data:`` line, or ``None`` for anything else."""
-    if not line.startswith("data:"):
-        return None  # blank separators, comments (":") and other fields
-    payload = line[5:]
-    return payload[1:] if payload.startswith(" ") else payload
-
-
-class StreamAccumulator:
-    """Fold SGLang stream chunks into cumulative state.
-
-    SGLang streams cumulative chunks by default and deltas under
-    ``--incremental-streaming-output`` (old name ``--stream-output``), and the client
-    cannot ask which. ``meta_info.completion_tokens`` is cumulative in both modes, so a
-    chunk is cumulative when it carries ``completion_tokens`` items and a delta when the
-    items so far plus this chunk add up to it. ``output_token_logprobs`` is used first
-    because an abort chunk carries the full logprob list but only the last id.
-    """
-
-    def __init__(self, *, rid: str, prompt_tokens_hint: int, server_url: str | None) -> None:
-        self._rid = rid
-        self._hint = prompt_tokens_hint
-        self._url = server_url
-        self._ids: list[int] = []
-        self._logprobs: list[float] | None = None
-        self._text: str | None = None
-        self._done = False
-
-    @property
-    def finished(self) -> bool:
-        return self._done
-
-    def add(self, chunk: object) -> StreamChunk:
-        """Fold one decoded ``data:`` payload; raise on an error event."""
-        if self._done:
-            raise _malformed("stream", "a chunk arrived after the final chunk")
-        if isinstance(chunk, dict) and "error" in chunk:
-            raise self._stream_error(chunk["error"])
-        obj, meta = _meta(chunk, what="stream chunk")
-        completion = meta.get("completion_tokens")
-        total = None if completion is None else _as_int(completion, what="completion_tokens")
-        raw_finish = meta.get("finish_reason")
-        _raise_for_abort_status(raw_finish, url=self._url)
-        is_abort = isinstance(raw_finish, dict) and raw_finish.get("type") == "abort"
-        raw_ids = obj.get("output_ids")
-        ids = [] if raw_ids is None else _int_list(raw_ids, what="output_ids")
-        before = len(self._ids)
-
-        cumulative: bool
-        if meta.get("output_token_logprobs") is not None:
-            lp_ids, lps = _logprob_entries(meta["output_token_logprobs"])
-            cumulative = self._is_cumulative(lp_ids, total)
-            new_ids = lp_ids if cumulative else self._ids + lp_ids
-            prev_lps = self._logprobs or []
-            self._logprobs = lps if cumulative else prev_lps + lps
-            if ids and new_ids[-len(ids) :] != ids:
-                raise _malformed("stream chunk", "output_ids disagree with output_token_logprobs")
-        elif is_abort and total == before and len(ids) <= 1:
-            # _handle_abort_req sends only the last id of a streamed request.
-            cumulative, new_ids = True, list(self._ids)
-        else:
-            cumulative = self._is_cumulative(ids, total)
-            new_ids = ids if cumulative else self._ids + ids
-        if total is not None and len(new_ids) != total:
-            raise _malformed(
-                "stream chunk",
-                f"{len(new_ids)} ids so far but meta_info.completion_tokens={total}",
-            )
-        self._ids = new_ids
-        text = _text(obj)
-        if text is not None:
-            self._text = text if cumulative else (self._text or "") + text
-
-        result = None
-        if raw_finish is not None:
-            self._done = True
-            result = _build_result(
-                rid=self._rid,
-                meta=meta,
-                ids=self._ids,
-                logprobs=self._logprobs,
-                text=self._text,
-                prompt_tokens_hint=self._hint,
-                server_url=self._url,
-            )
-        return StreamChunk(
-            rid=self._rid,
-            output_ids=tuple(self._ids),
-            output_logprobs=None if self._logprobs is None else tuple(self._logprobs),
-            new_ids=tuple(self._ids[before:]),
-            text=self._text,
-            result=result,
-        )
-
-    def _is_cumulative(self, ids: list[int], total: int | None) -> bool:
-        before = len(self._ids)
-        is_prefix = len(ids) >= before and ids[:before] == self._ids
-        if total is not None:
-            if len(ids) == total and is_prefix:
-                return True
-            if before + len(ids) == total:
-                return False
-            raise _malformed(
-                "stream chunk",
-                f"{len(ids)} ids fit neither a cumulative nor a delta chunk "
-                f"({before} so far, completion_tokens={total})",
-            )
-        return is_prefix
-
-    def _stream_error(self, err: object) -> EngineHTTPError:
-        message = str(err.get("message", err)) if isinstance(err, dict) else str(err)
-        code = err.get("code") if isinstance(err, dict) else None
-        status = code if isinstance(code, int) and not isinstance(code, bool) else 400
-        return error_from_status(status, message, url=self._url)

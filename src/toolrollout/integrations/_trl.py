@@ -29,7 +29,7 @@ from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
 from toolrollout.metrics import rollout_metrics
 from toolrollout.rollout import RolloutPrompt, RolloutRunner, Trajectory
-from toolrollout.rollout._runner import as_prompt
+from toolrollout.rollout._types import as_prompt
 from toolrollout.spec import RunSpec, build_runner, load_components
 from toolrollout.tools import open_tools
 

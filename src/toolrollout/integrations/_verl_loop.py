@@ -30,7 +30,7 @@ from verl.tools.function_tool import normalize_function_tool_return
 
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory
-from toolrollout.rollout._runner import as_prompt
+from toolrollout.rollout._types import as_prompt
 from toolrollout.spec import RunSpec, build_runner
 from toolrollout.tools import Tool, ToolContext, ToolResult, load_tool_config
 from toolrollout.tools._verl import VerlToolAdapter

@@ -36,17 +36,17 @@ if TYPE_CHECKING:
     from ._leftover import write_leftover as write_leftover
     from ._output import RUN_METADATA_KEY as RUN_METADATA_KEY
     from ._output import TRAJECTORY_SCHEMA as TRAJECTORY_SCHEMA
-    from ._output import ShardWriter as ShardWriter
     from ._output import TrajectoryWriter as TrajectoryWriter
-    from ._output import clean_finished as clean_finished
-    from ._output import compact_shards as compact_shards
-    from ._output import done_samples as done_samples
-    from ._output import finish_shards as finish_shards
-    from ._output import finished_mark as finished_mark
     from ._output import read_rows as read_rows
     from ._output import read_run_metadata as read_run_metadata
-    from ._output import read_shards as read_shards
     from ._output import write_trajectories as write_trajectories
+    from ._shards import ShardWriter as ShardWriter
+    from ._shards import clean_finished as clean_finished
+    from ._shards import compact_shards as compact_shards
+    from ._shards import done_samples as done_samples
+    from ._shards import finish_shards as finish_shards
+    from ._shards import finished_mark as finished_mark
+    from ._shards import read_shards as read_shards
 
 __all__ = [
     "RUN_METADATA_KEY",
@@ -88,19 +88,24 @@ _LAZY = {
         (
             "RUN_METADATA_KEY",
             "TRAJECTORY_SCHEMA",
-            "ShardWriter",
             "TrajectoryWriter",
+            "read_rows",
+            "read_run_metadata",
+            "write_trajectories",
+        ),
+        "._output",
+    ),
+    **dict.fromkeys(
+        (
+            "ShardWriter",
             "clean_finished",
             "compact_shards",
             "done_samples",
             "finish_shards",
             "finished_mark",
-            "read_rows",
-            "read_run_metadata",
             "read_shards",
-            "write_trajectories",
         ),
-        "._output",
+        "._shards",
     ),
 }
 

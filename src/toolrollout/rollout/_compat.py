@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from toolrollout._exceptions import UserError
+from toolrollout._exceptions import FieldError, UserError
 from toolrollout._version import __version__
 
 from ._config import RolloutConfig
@@ -154,21 +154,24 @@ def check_leftover_matches(
     chat: Mapping[str, Any] | None = None,
     sampling: Mapping[str, Any] | None = None,
 ) -> None:
-    """A one-line :class:`UserError` when ``saved`` (a leftover's info) does not suit this run.
+    """A one-line :class:`~toolrollout.spec.FieldError` naming the :class:`RunSpec` fields
+    to change when ``saved`` (a leftover's info) does not suit this run.
 
     The tools and tool-call format are checked first; the tokenizer only when one is given;
     the family, template variables and sampling settings when both sides recorded them.
     """
     names = sorted(tool_names)
     if saved.get("tools") != names:
-        raise UserError(
+        raise FieldError(
             f"{path} was rolled out with tools {saved.get('tools')} but this run has "
-            f"{names}: pass the same --tool-config"
+            f"{names}: pass the same tool_config",
+            "tool_config",
         )
     if saved.get("tool_parser") != tool_parser:
-        raise UserError(
-            f"{path} was rolled out with --tool-parser {saved.get('tool_parser')!r}, "
-            f"not {tool_parser!r}"
+        raise FieldError(
+            f"{path} was rolled out with config.tool_parser {saved.get('tool_parser')!r}, "
+            f"not {tool_parser!r}",
+            "config.tool_parser",
         )
     if tokenizer is not None and saved.get("tokenizer") != tokenizer_fingerprint(tokenizer):
         raise UserError(
@@ -177,18 +180,27 @@ def check_leftover_matches(
         )
     recorded = saved.get("chat")
     if chat is not None and recorded is not None and dict(recorded) != dict(chat):
-        raise UserError(
+        raise FieldError(
             f"{path} was rolled out with family {recorded.get('family')!r} and chat-template "
             f"kwargs {recorded.get('chat_template_kwargs')}, not {chat.get('family')!r} and "
-            f"{chat.get('chat_template_kwargs')}: pass the same --family / --chat-template-kwargs"
+            f"{chat.get('chat_template_kwargs')}: pass the same config.family / "
+            "config.chat_template_kwargs",
+            "config.family",
+            "config.chat_template_kwargs",
         )
     recorded_sampling = saved.get("sampling")
     if sampling is not None and recorded_sampling is not None:
         changed = sampling_changes(recorded_sampling, sampling)
         if changed:
-            raise UserError(
+            fields = [
+                f"config.sampling.{key}"
+                for key in DISTRIBUTION_KEYS
+                if recorded_sampling.get(key) != sampling.get(key)
+            ]
+            raise FieldError(
                 f"{path} was sampled with {changed}: a continued trajectory's turns must "
-                "come from one distribution; pass the same sampling flags"
+                f"come from one distribution; pass the same {', '.join(fields)}",
+                *fields,
             )
 
 

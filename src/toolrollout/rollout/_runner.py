@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import functools
 import logging
-import uuid
 from collections.abc import (
     AsyncIterator,
-    Awaitable,
     Callable,
     Collection,
     Coroutine,
@@ -25,8 +23,8 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
-from dataclasses import dataclass, field, replace
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Concatenate, Literal, ParamSpec, Self, TypeVar
 
@@ -40,197 +38,33 @@ from toolrollout.chat import ChatFormat, VisionFormat
 from toolrollout.chat.parsers import get_tool_parser
 from toolrollout.engines._base import Engine
 from toolrollout.engines._limiter import OrderedLimiter
-from toolrollout.engines._scheduling import Scheduler, WorkHistory
+from toolrollout.engines._priority import WorkHistory
+from toolrollout.engines._scheduling import Scheduler
 from toolrollout.engines._types import SamplingParams
 from toolrollout.rewards import WeightedReward, combine
 from toolrollout.tools import Tool, ToolExecutor, open_tools, share_tools
 
+from ._batch import (
+    Job,
+    RolloutBatch,
+    Tally,
+    admission_watch,
+    failed_trajectory,
+    gather,
+    group_ids_for,
+    run_sample,
+    start_in_batches,
+)
 from ._config import RolloutConfig
 from ._defaults import VisionMode, default_rewards, detect_vision, tokenizer_folder
 from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
-from ._loop import run_trajectory
 from ._state import resume_prompt
-from ._types import RolloutShared, StopControl, prerender_prompts
+from ._types import RolloutShared, StopControl, as_prompt, prerender_prompts
 
-__all__ = ["RolloutBatch", "RolloutRunner", "as_prompt", "failed_trajectory"]
+__all__ = ["RolloutRunner", "failed_trajectory"]
 
 logger = logging.getLogger(__name__)
-
-START_BATCH = 64
-"""Trajectories started per turn of the event loop. Each renders its prompt before its
-first request, synchronously; started all at once, 10,000 of them blocked the loop for
-100 s (docs/benchmarks.md). In batches, the loop serves replies and timers between them."""
-ABORT_RESEND_SECONDS = 1.0
-"""An abort that reaches SGLang before the request is registered there is dropped, so the
-runner names every rid still in flight again after this many seconds."""
-
-
-@asynccontextmanager
-async def _admission_watch(shared: RolloutShared) -> AsyncIterator[None]:
-    """The scheduler's loop-lag probe (the ``lag`` policy) for as long as the block runs."""
-    scheduler = shared.scheduler
-    if scheduler is None:
-        yield
-        return
-    async with scheduler.watching(shared.engine_limiter):
-        yield
-
-
-async def _start_in_batches(
-    tg: anyio.abc.TaskGroup,
-    func: Callable[..., Coroutine[Any, Any, None]],
-    arguments: Sequence[tuple[Any, ...]],
-    prepare: Callable[[Sequence[tuple[Any, ...]]], object] | None = None,
-) -> None:
-    """``tg.start_soon(func, *args)`` for each entry, yielding to the loop every
-    :data:`START_BATCH` starts; ``prepare`` sees each batch's entries before they start
-    (the runner renders their prompts in one tokenizer call)."""
-    for first in range(0, len(arguments), START_BATCH):
-        batch = arguments[first : first + START_BATCH]
-        if prepare is not None:
-            prepare(batch)
-        for args in batch:
-            tg.start_soon(func, *args)
-        if len(batch) == START_BATCH:
-            await anyio.lowlevel.checkpoint()
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutBatch:
-    """What a run with a batch target returns.
-
-    ``trajectories`` is the batch: ``target_groups`` complete groups (every sample of the
-    prompt finished: completed, truncated or failed), or, with ``keep_groups_whole=False``,
-    ``target_groups * n`` finished samples from any groups; ordered by (prompt, sample).
-    ``leftover`` is every other trajectory: the ``aborted`` ones (each resumable, with its
-    tokens so far), their finished siblings, and groups that completed after the target.
-    Hand ``leftover`` to :meth:`RolloutRunner.resume` to finish them in a later batch.
-    """
-
-    trajectories: tuple[Trajectory, ...]
-    leftover: tuple[Trajectory, ...]
-
-    @property
-    def partial(self) -> tuple[Trajectory, ...]:
-        """The leftover trajectories that were cut short (resumable)."""
-        return tuple(t for t in self.leftover if t.status is TrajectoryStatus.ABORTED)
-
-
-def _finished(trajectory: Trajectory) -> bool:
-    return trajectory.status is not TrajectoryStatus.ABORTED
-
-
-@dataclass(slots=True)
-class _Job:
-    """One sample to run (or, with ``done``, one already finished and passed through)."""
-
-    group_id: str
-    prompt_index: int
-    sample_index: int
-    run: Callable[[], Awaitable[Trajectory]] | None
-    done: Trajectory | None = None
-    prompt: RolloutPrompt | None = None
-    """A fresh sample's prompt (rendered with its start batch); ``None`` when resumed."""
-
-
-@dataclass(slots=True)
-class _Tally:
-    """What a batch has gathered: every result, and which finished samples make the batch."""
-
-    n: int
-    target_groups: int
-    keep_groups_whole: bool
-    results: dict[tuple[str, int], Trajectory] = field(default_factory=dict)
-    finished_in_group: dict[str, int] = field(default_factory=dict)
-    batch: list[tuple[str, int]] = field(default_factory=list)
-    """Keys of the samples in the batch, fixed the moment the target is met."""
-    order: list[tuple[str, int]] = field(default_factory=list)
-    """Finished samples in the order they finished (for keep_groups_whole=False)."""
-
-    def record(self, job: _Job, trajectory: Trajectory, *, stopping: bool) -> bool:
-        """Keep ``job``'s trajectory; True when it is the one that meets the target."""
-        key = (job.group_id, job.sample_index)
-        self.results[key] = trajectory
-        if stopping or not _finished(trajectory):
-            return False
-        self.order.append(key)
-        count = self.finished_in_group.get(job.group_id, 0) + 1
-        self.finished_in_group[job.group_id] = count
-        size = self.target_groups * self.n
-        if self.keep_groups_whole:
-            if count == self.n:
-                self.batch.extend((job.group_id, s) for s in range(self.n))
-            return len(self.batch) >= size
-        if len(self.order) < size:
-            return False
-        self.batch.extend(self.order[:size])
-        return True
-
-    def rollout_batch(self) -> RolloutBatch:
-        """The batch and the leftover, each in prompt, group and sample order."""
-        chosen = set(self.batch)
-        ordered = sorted(
-            self.results.items(),
-            key=lambda kv: (kv[1].prompt_index, kv[0][0], kv[1].sample_index),
-        )
-        return RolloutBatch(
-            trajectories=tuple(t for k, t in ordered if k in chosen),
-            leftover=tuple(t for k, t in ordered if k not in chosen),
-        )
-
-
-def as_prompt(
-    row: RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]],
-) -> RolloutPrompt:
-    """Accept a RolloutPrompt, a ``{"messages": ..., "answer"/"ground_truth": ...}`` row, or
-    a bare list of messages."""
-    if isinstance(row, RolloutPrompt):
-        return row
-    if isinstance(row, Mapping):
-        messages = row.get("messages", row.get("prompt"))
-        if not isinstance(messages, Sequence) or isinstance(messages, str):
-            raise UserError("a prompt row needs a 'messages' (or 'prompt') list of messages")
-        truth = row.get("ground_truth", row.get("answer"))
-        reward_model = row.get("reward_model")
-        if truth is None and isinstance(reward_model, Mapping):
-            truth = reward_model.get("ground_truth")
-        metadata = {
-            k: v
-            for k, v in row.items()
-            if k not in {"messages", "prompt", "ground_truth", "answer"}
-        }
-        return RolloutPrompt(tuple(dict(m) for m in messages), truth, metadata)
-    return RolloutPrompt(tuple(dict(m) for m in row))
-
-
-def failed_trajectory(
-    *,
-    group_id: str,
-    prompt_index: int,
-    sample_index: int,
-    prompt: RolloutPrompt,
-    reason: str,
-    error: str,
-) -> Trajectory:
-    """The row of a sample whose rollout could not even produce a partial transcript.
-
-    It keeps its place in the output (one row per sample, always) and is flagged
-    ``failed`` with the error, so a trainer drops it instead of reading a zero reward.
-    """
-    return Trajectory(
-        uid=f"{group_id}-{sample_index}",
-        group_id=group_id,
-        prompt_index=prompt_index,
-        sample_index=sample_index,
-        prompt_ids=(),
-        spans=(),
-        messages=tuple(dict(m) for m in prompt.messages),
-        status=TrajectoryStatus.FAILED,
-        finish_reason=reason,
-        error=error,
-        ground_truth=prompt.ground_truth,
-    )
 
 
 _P = ParamSpec("_P")
@@ -374,15 +208,6 @@ class RolloutRunner:
                 raise UserError(f"prompt {index}: {exc}") from exc
         return rows
 
-    @staticmethod
-    def _group_ids(rows: Sequence[RolloutPrompt], group_ids: Sequence[str] | None) -> list[str]:
-        if group_ids is None:
-            batch = uuid.uuid4().hex[:8]
-            return [f"{batch}-p{i}" for i in range(len(rows))]
-        if len(group_ids) != len(rows):
-            raise UserError(f"got {len(group_ids)} group_ids for {len(rows)} prompts")
-        return list(group_ids)
-
     def _rewards(self, truths: Iterable[object]) -> list[WeightedReward]:
         """The call's reward: the given terms, or for ``"auto"`` those its truths call for."""
         terms = self._reward_terms
@@ -483,7 +308,7 @@ class RolloutRunner:
         """
         rows = self._check_rows(prompts)
         n = self.config.n
-        group_ids = self._group_ids(rows, group_ids)
+        group_ids = group_ids_for(rows, group_ids)
         done = set(skip)
         shared = self._shared((r.ground_truth for r in rows), sampling=sampling)
         results: list[Trajectory | None] = [None] * (len(rows) * n)
@@ -501,8 +326,8 @@ class RolloutRunner:
         def prepare(batch: Sequence[tuple[Any, ...]]) -> None:
             prerender_prompts(shared, (rows[p].messages for p, _ in batch))
 
-        async with _admission_watch(shared), anyio.create_task_group() as tg:
-            await _start_in_batches(tg, one, keys, prepare)
+        async with admission_watch(shared), anyio.create_task_group() as tg:
+            await start_in_batches(tg, one, keys, prepare)
         return [t for t in results if t is not None]
 
     async def _run_one(
@@ -514,40 +339,14 @@ class RolloutRunner:
         group_id: str,
         resume: ResumePoint | None = None,
     ) -> Trajectory:
-        """One sample, always to a row: the loop's own faults, bugs and the deadline."""
-        timeout = self.config.trajectory_timeout
-        reason = "timeout"
-        error = f"TrajectoryTimeout: not finished within trajectory_timeout={timeout} s"
-        # No deadline, no cancel scope: a scope and its two sets are about 0.7 KB that
-        # each of 10,000 live trajectories would hold for nothing (docs/benchmarks.md).
-        deadline = anyio.move_on_after(timeout) if timeout is not None else nullcontext()
-        trajectory: Trajectory | None = None
-        try:
-            with deadline:
-                trajectory = await run_trajectory(
-                    shared,
-                    prompt,
-                    prompt_index=prompt_index,
-                    sample_index=sample_index,
-                    group_id=group_id,
-                    resume=resume,
-                    hooks=self.hooks,
-                )
-        except Exception as exc:  # a bug in one trajectory must not end the batch
-            reason, error = "error", f"{type(exc).__name__}: {exc}"
-        if trajectory is None:
-            trajectory = failed_trajectory(
-                group_id=group_id,
-                prompt_index=prompt_index,
-                sample_index=sample_index,
-                prompt=prompt,
-                reason=reason,
-                error=error,
-            )
-        if self._logprob_label is None:
-            return trajectory
-        return replace(
-            trajectory, metrics={**trajectory.metrics, "logprob_mismatch": self._logprob_label}
+        """One sample, always to a row (:func:`run_sample`)."""
+        return await run_sample(
+            shared,
+            prompt,
+            (group_id, prompt_index, sample_index),
+            resume,
+            hooks=self.hooks,
+            logprob_label=self._logprob_label,
         )
 
     @_opens_tools
@@ -584,11 +383,11 @@ class RolloutRunner:
                 f"target_groups must be between 1 and the {len(launched)} prompts run, "
                 f"got {target_groups}"
             )
-        group_ids = self._group_ids(rows, group_ids)
+        group_ids = group_ids_for(rows, group_ids)
         stop = StopControl()
         shared = self._shared((r.ground_truth for r in rows), stop)
         jobs = [
-            _Job(
+            Job(
                 group_ids[p],
                 p,
                 s,
@@ -624,9 +423,9 @@ class RolloutRunner:
         """
         stop = StopControl()
         shared = self._shared((t.ground_truth for t in trajectories), stop)
-        jobs: list[_Job] = []
+        jobs: list[Job] = []
         for trajectory in trajectories:
-            job = _Job(trajectory.group_id, trajectory.prompt_index, trajectory.sample_index, None)
+            job = Job(trajectory.group_id, trajectory.prompt_index, trajectory.sample_index, None)
             point = trajectory.resume_point
             if trajectory.status is not TrajectoryStatus.ABORTED:
                 job.done = trajectory
@@ -659,85 +458,23 @@ class RolloutRunner:
     async def _gather(
         self,
         shared: RolloutShared,
-        jobs: Sequence[_Job],
+        jobs: Sequence[Job],
         stop: StopControl,
         target_groups: int,
         keep_groups_whole: bool,
         on_result: Callable[[Trajectory], None] | None,
         until: anyio.Event | None = None,
     ) -> RolloutBatch:
-        """Run the jobs until the target is met, then abort the rest and wait for them."""
-        cancel_tools = self.config.tools_at_target == "cancel"
-        tally = _Tally(self.config.n, target_groups, keep_groups_whole)
-        pending = sum(1 for job in jobs if job.done is None)
-        all_ended = anyio.Event()
-        wake = anyio.Event()
-        """Set when the target is met or nothing is left running."""
-
-        def record(job: _Job, trajectory: Trajectory) -> None:
-            if tally.record(job, trajectory, stopping=stop.stopping):
-                stop.stop(cancel_tools=cancel_tools)
-                wake.set()
-
-        for job in jobs:
-            if job.done is not None:
-                record(job, job.done)
-        if pending == 0:
-            all_ended.set()
-            wake.set()
-        outside = anyio.CancelScope()
-
-        async def stop_from_outside(event: anyio.Event) -> None:
-            with outside:
-                await event.wait()
-                stop.stop(cancel_tools=cancel_tools)
-                wake.set()
-
-        async def one(job: _Job) -> None:
-            nonlocal pending
-            assert job.run is not None
-            try:
-                trajectory = await job.run()
-                record(job, trajectory)
-                if on_result is not None:
-                    on_result(trajectory)
-            finally:
-                pending -= 1
-                if pending == 0:
-                    all_ended.set()
-                    wake.set()
-                    outside.cancel()
-
-        async with _admission_watch(shared), anyio.create_task_group() as tg:
-            tg.start_soon(self._abort_stragglers, stop, wake, all_ended)
-            if until is not None and pending:
-                tg.start_soon(stop_from_outside, until)
-            await _start_in_batches(
-                tg,
-                one,
-                [(job,) for job in jobs if job.done is None],
-                lambda batch: prerender_prompts(
-                    shared, (job.prompt.messages for (job,) in batch if job.prompt is not None)
-                ),
-            )
-        return tally.rollout_batch()
-
-    async def _abort_stragglers(
-        self, stop: StopControl, wake: anyio.Event, all_ended: anyio.Event
-    ) -> None:
-        """Once the target is met, abort every request still in flight (again, until none is).
-
-        Runs inside the batch's task group and ends with it: no abort outlives the call.
-        """
-        await wake.wait()
-        while not all_ended.is_set():
-            rids = list(stop.inflight)
-            if rids:
-                async with anyio.create_task_group() as tg:
-                    for rid in rids:
-                        tg.start_soon(self._abort_one, rid)
-            with anyio.move_on_after(ABORT_RESEND_SECONDS):
-                await all_ended.wait()
+        return await gather(
+            shared,
+            jobs,
+            stop,
+            Tally(self.config.n, target_groups, keep_groups_whole),
+            cancel_tools=self.config.tools_at_target == "cancel",
+            abort=self._abort_one,
+            on_result=on_result,
+            until=until,
+        )
 
     async def _abort_one(self, rid: str) -> None:
         try:

@@ -8,55 +8,39 @@ rules that touch several of them at once: the one budget rule
 environment turn (tool results and interaction messages alike), ending, and freezing into
 a :class:`~toolrollout.rollout.Trajectory`, once. An aborted trajectory's state is saved as
 a JSON :class:`ResumePoint` (:meth:`~TrajectoryState.to_resume_point`) and rebuilt from it
-(:meth:`~TrajectoryState.resumed_from`); the schema of that payload lives here.
+(:meth:`~TrajectoryState.resumed_from`); the schema of that payload is in
+:mod:`._resume_payload`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Self, TypeVar
-
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    Field,
-    PlainSerializer,
-    PlainValidator,
-    SerializerFunctionWrapHandler,
-    ValidationError,
-    WrapSerializer,
-)
-from pydantic_core import PydanticSerializationError
+from typing import TYPE_CHECKING, Any
 
 from toolrollout._exceptions import EngineError, ToolRolloutError
 from toolrollout._records import (
-    RESUME_FORMAT_VERSION,
-    ResumeFormatError,
     ResumePoint,
     TokenSpan,
     Trajectory,
-    TrajectoryImage,
     TrajectoryStatus,
 )
-from toolrollout._records._resume import from_json_value, to_json_value
-from toolrollout.chat import ParsedTurn, TemplateFamily
+from toolrollout.chat import ParsedTurn
 from toolrollout.chat._multimodal import ImageRun
-from toolrollout.chat.parsers import MalformedCall
 from toolrollout.engines._types import GenerateResult
 from toolrollout.tools import (
     ToolContext,
     ToolResult,
     ToolSession,
 )
-from toolrollout.tools._executor import summarize_call_records
+from toolrollout.tools._summary import summarize_call_records
 
 from ._drift import DriftLedger, DriftView
 from ._environment import EnvironmentLedger
+from ._model_turn import parse_model_turn
+from ._resume_payload import read_payload, resume_point_of, resume_prompt
 from ._types import (
-    CallRecord,
     Counters,
     EnvStep,
     ModelTurn,
@@ -448,23 +432,7 @@ class TrajectoryState:
         predate deriving it; this version derives it again when it loads the point.
         """
         texts = self.model_texts() if model_texts is None else list(model_texts)
-        payload = _Payload.model_construct(
-            identity=_Identity.of(self),
-            prompt=_Prompt.of(self.prompt, messages=list(self.prompt.messages)),
-            transcript=_Transcript.of(self.transcript, model_texts=texts),
-            counters=self.counters,
-            timing=_Timing.of(self.timing, spent_seconds=self.timing.total()),
-            tools=_Tools.of(self.tools),
-            drift=_Drift.of(self.drift),
-            vision=_Vision.of(self.vision),
-            environment=_Environment.of(self.environment),
-        )
-        try:
-            text = json.dumps(payload.model_dump(), ensure_ascii=False)
-        except (TypeError, PydanticSerializationError) as exc:  # a value JSON has no form for
-            reason = str(exc).splitlines()[0]
-            raise ToolRolloutError(f"trajectory {self.uid} cannot be saved: {reason}") from None
-        return ResumePoint(text, RESUME_FORMAT_VERSION)
+        return resume_point_of(self, texts)
 
     @classmethod
     def resumed_from(cls, shared: RolloutShared, point: ResumePoint) -> TrajectoryState:
@@ -473,11 +441,7 @@ class TrajectoryState:
         Missing optional keys take their defaults and unknown keys are ignored, so a point
         saved by a version with one more or one less field still loads.
         """
-        if point.version > RESUME_FORMAT_VERSION:
-            raise ResumeFormatError(
-                f"resume point version {point.version} is newer than this toolrollout reads"
-            )
-        data = _read(_Payload, json.loads(point.state))
+        data = read_payload(point)
         state = cls(shared, data.prompt.row(), **data.identity.fields())
         state.status = TrajectoryStatus.RUNNING
         state.transcript = Transcript(**data.transcript.fields("model_texts"))
@@ -490,34 +454,6 @@ class TrajectoryState:
         state.vision = ImageLedger(**data.vision.fields())
         state.environment = EnvironmentLedger(**data.environment.fields())
         return state
-
-
-def parse_model_turn(
-    shared: RolloutShared,
-    turn_ids: Sequence[int],
-    calls_so_far: int,
-    *,
-    forced: Sequence[int] = (),
-) -> tuple[str, ParsedTurn]:
-    """A model turn's raw text (``forced`` ids first) and its parse under the family's
-    rules (call ids numbered after ``calls_so_far``): the one parse of a model turn, for
-    the rollout loop and the gateway alike."""
-    chat = shared.chat
-    text = chat.model_text((*forced, *turn_ids) if forced else turn_ids)
-    family = chat.family
-    parsed = _with_family_ids(
-        family,
-        _runs_nothing_if_malformed(
-            family, _within_call_limit(family, shared.parser.parse(text), text)
-        ),
-        calls_so_far,
-    )
-    return text, parsed
-
-
-def resume_prompt(point: ResumePoint) -> RolloutPrompt:
-    """The dataset row a resume point was started from."""
-    return _read(_Prompt, point.prompt).row()
 
 
 def _joined(first: TokenSpan, more: TokenSpan) -> TokenSpan:
@@ -554,189 +490,3 @@ def sampling_record(config: RolloutConfig, seed_round: int = 0) -> dict[str, Any
 def _data_source(metadata: dict[str, Any]) -> str | None:
     source = metadata.get("data_source")
     return None if source is None else str(source)
-
-
-def _within_call_limit(family: TemplateFamily, parsed: ParsedTurn, text: str) -> ParsedTurn:
-    """A turn with more calls than the family's template renders becomes one parse error.
-
-    Llama 3.1/3.2 templates raise on a second call in a turn; running the first call only
-    would leave tokens that no message renders to. So nothing runs, the model is told, and
-    the turn keeps its raw text as content (which the template renders as it was sampled).
-    """
-    limit = family.max_calls_per_turn
-    if limit is None or len(parsed.tool_calls) <= limit or parsed.errors:
-        return parsed
-    written = len(parsed.tool_calls)
-    plural = "call" if limit == 1 else "calls"
-    error = MalformedCall(
-        message=(
-            f"this model's chat template takes at most {limit} tool {plural} per turn; "
-            f"{written} were written and none was run"
-        ),
-        raw=text[:200],
-    )
-    return dataclasses.replace(parsed, tool_calls=(), errors=(error,))
-
-
-def _runs_nothing_if_malformed(family: TemplateFamily, parsed: ParsedTurn) -> ParsedTurn:
-    """Mistral: a turn with a malformed call runs none of its calls (see feedback_role)."""
-    if family.feedback_role != "user" or not parsed.errors or not parsed.tool_calls:
-        return parsed
-    return dataclasses.replace(parsed, tool_calls=())
-
-
-def _with_family_ids(family: TemplateFamily, parsed: ParsedTurn, call_number: int) -> ParsedTurn:
-    """The turn's calls with the ids the family's template needs (Mistral, Kimi-K2)."""
-    if family.call_id is None or not parsed.tool_calls:
-        return parsed
-    ids = family.make_call_ids(parsed, call_number)
-    calls = tuple(
-        dataclasses.replace(call, id=call_id)
-        for call, call_id in zip(parsed.tool_calls, ids, strict=True)
-    )
-    return dataclasses.replace(parsed, tool_calls=calls)
-
-
-# --- the resume payload (format 1) --------------------------------------------------------
-#
-# A pydantic model per section, its fields named as the ledger's: a section is read back as
-# ``Ledger(**section.fields())`` and written from the live ledger unvalidated. The annotated
-# types say how a value JSON has no form for is written and read.
-
-
-def _sorted_pairs(value: dict[int, Any], write: SerializerFunctionWrapHandler) -> Any:
-    return sorted(write(value).items())
-
-
-_Value = Annotated[Any, PlainValidator(from_json_value), PlainSerializer(to_json_value)]
-"""A row's, a message's or a tool's value, through the tagged codec of ``_records``."""
-
-_Span = Annotated[  # Any: pydantic has no schema for a TokenSpan's arrays
-    Any,
-    PlainValidator(lambda s: TokenSpan(s[0], s[1], [float(x) for x in s[2]])),
-    PlainSerializer(lambda s: [s.kind, s.id_array.tolist(), list(s.logprobs)]),
-]
-_T = TypeVar("_T")
-_Pairs = Annotated[dict[int, _T], BeforeValidator(dict), WrapSerializer(_sorted_pairs)]
-"""A dict by turn or index, written as sorted ``[key, value]`` pairs."""
-_Call = Annotated[
-    CallRecord,
-    BeforeValidator(lambda r: tuple(_read(_CallRecord, r).fields().values())),
-    PlainSerializer(lambda record: dict(zip(_CallRecord.model_fields, record, strict=True))),
-]
-_Image = Annotated[
-    Any,  # a TrajectoryImage
-    PlainValidator(lambda r: TrajectoryImage(**_read(_ImageRecord, r).fields())),
-    PlainSerializer(lambda image: _ImageRecord.of(image).model_dump()),
-]
-
-
-class _Section(BaseModel):
-    @classmethod
-    def of(cls, live: object, **given: Any) -> Self:
-        """The section as ``live`` holds it now (not validated: its values are live)."""
-        values = {name: getattr(live, name) for name in cls.model_fields if name not in given}
-        return cls.model_construct(**values, **given)
-
-    def fields(self, *leave_out: str) -> dict[str, Any]:
-        return {name: value for name, value in self if name not in leave_out}
-
-
-class _CallRecord(_Section):
-    name: str
-    seconds: float = 0.0
-    attempts: int = 0
-    is_error: bool = False
-    error_kind: str | None = None
-
-
-class _ImageRecord(_Section):
-    png: _Value
-    start: int
-    end: int
-    grid_thw: tuple[int, int, int]
-
-
-class _Identity(_Section):
-    uid: str
-    group_id: str
-    prompt_index: int
-    sample_index: int
-
-
-class _Prompt(_Section):
-    messages: _Value
-    ground_truth: _Value = None
-    metadata: _Value = Field(default_factory=dict)
-
-    def row(self) -> RolloutPrompt:
-        return RolloutPrompt(tuple(self.messages), self.ground_truth, self.metadata)
-
-
-class _Transcript(_Section):
-    messages: _Value
-    prompt_ids: Annotated[Any, BeforeValidator(lambda ids: array("i", ids)), PlainSerializer(list)]
-    spans: list[_Span]
-    model_texts: list[str] = []
-    open_turn: bool = False
-    segments: list[tuple[int, int, str | None]] = []
-    forced: tuple[int, ...] = ()
-
-
-class _Timing(_Section):
-    spent_seconds: float = 0.0
-    generation_seconds: float = 0.0
-    tool_seconds: float = 0.0
-    tool_latency: dict[str, list[float]] = {}
-
-
-class _Tools(_Section):
-    state: _Value = Field(default_factory=dict)
-    records: list[_Call] = []
-
-
-class _Drift(_Section):
-    checkpoints: list[tuple[int, int, int]] = []
-    checked: Annotated[set[int], PlainSerializer(sorted)] = set()
-    found: _Pairs[_Value] = {}
-
-
-class _Vision(_Section):
-    images: list[_Image] = []
-    urls: list[str] = []
-    dropped: int = 0
-
-
-class _Environment(_Section):
-    turn_rewards: _Pairs[float] = {}
-    tool_rewards: _Pairs[float] = {}
-    interaction_turns: int = 0
-    appended_turns: int = 0
-    interaction_tokens: int = 0
-    interaction_metrics: _Value = Field(default_factory=list)
-    errors: list[str] = []
-
-
-class _Payload(_Section):
-    identity: _Identity
-    prompt: _Prompt
-    transcript: _Transcript
-    counters: Counters = Field(default_factory=Counters)
-    timing: _Timing = Field(default_factory=_Timing)
-    tools: _Tools = Field(default_factory=_Tools)
-    drift: _Drift = Field(default_factory=_Drift)
-    vision: _Vision = Field(default_factory=_Vision)
-    environment: _Environment = Field(default_factory=_Environment)
-
-
-_SectionT = TypeVar("_SectionT", bound=_Section)
-
-
-def _read(section: type[_SectionT], saved: Any) -> _SectionT:
-    """``saved`` (JSON values) as ``section``; one line naming the field when it is not."""
-    try:
-        return section.model_validate(saved)
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"]) or "the payload"
-        raise ResumeFormatError(f"not a resume point: {where}: {error['msg']}") from None

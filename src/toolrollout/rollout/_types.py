@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import anyio
 
+from toolrollout._exceptions import UserError
 from toolrollout._records import RolloutPrompt, TokenSpan
 from toolrollout.chat import ChatFormat, ParsedTurn, ToolCallParser, VisionFormat
 from toolrollout.chat._multimodal import PreparedImage
@@ -26,7 +27,7 @@ from toolrollout.engines._scheduling import Scheduler
 from toolrollout.engines._types import TokenRuns, token_id_array
 from toolrollout.rewards import WeightedReward
 from toolrollout.tools import ToolExecutor
-from toolrollout.tools._executor import CallRecord
+from toolrollout.tools._summary import CallRecord
 
 from ._config import RolloutConfig
 
@@ -41,6 +42,7 @@ __all__ = [
     "Timing",
     "ToolLedger",
     "Transcript",
+    "as_prompt",
     "id_tuple",
     "prerender_prompts",
     "render_prompt",
@@ -311,3 +313,27 @@ class ToolLedger:
     state: dict[str, Any] = field(default_factory=dict)
     """``ToolContext.state``: what the row's tools keep between calls."""
     records: list[CallRecord] = field(default_factory=list)
+
+
+def as_prompt(
+    row: RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]],
+) -> RolloutPrompt:
+    """Accept a RolloutPrompt, a ``{"messages": ..., "answer"/"ground_truth": ...}`` row, or
+    a bare list of messages."""
+    if isinstance(row, RolloutPrompt):
+        return row
+    if isinstance(row, Mapping):
+        messages = row.get("messages", row.get("prompt"))
+        if not isinstance(messages, Sequence) or isinstance(messages, str):
+            raise UserError("a prompt row needs a 'messages' (or 'prompt') list of messages")
+        truth = row.get("ground_truth", row.get("answer"))
+        reward_model = row.get("reward_model")
+        if truth is None and isinstance(reward_model, Mapping):
+            truth = reward_model.get("ground_truth")
+        metadata = {
+            k: v
+            for k, v in row.items()
+            if k not in {"messages", "prompt", "ground_truth", "answer"}
+        }
+        return RolloutPrompt(tuple(dict(m) for m in messages), truth, metadata)
+    return RolloutPrompt(tuple(dict(m) for m in row))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-import socket
 import sys
 from collections.abc import AsyncIterator, Hashable, Iterable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -12,8 +12,10 @@ from dataclasses import dataclass, replace
 import httpx
 
 from toolrollout._exceptions import SandboxIsolationError, ToolUnavailable, UserError
+from toolrollout._net import free_port
+from toolrollout._port_records import claim_or_start
 from toolrollout._security import keyless_environ
-from toolrollout._supervisor import RestartPolicy, ServiceCommand, claim_port, supervise
+from toolrollout._supervisor import RestartPolicy, ServiceCommand, supervise
 from toolrollout.tools import Tool
 
 __all__ = [
@@ -26,14 +28,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _sandbox_argv(
@@ -144,17 +138,15 @@ class LocalSandboxService:
         A stale sandbox of an earlier run on the port is replaced; anything else listening
         there is a :class:`~toolrollout.exceptions.UserError` naming the port.
         """
-        argv = _sandbox_argv("127.0.0.1", self.port, self.max_concurrency)
-        if await claim_port("sandbox", "127.0.0.1", self.port, argv):
-            logger.info("port %d: using this run's sandbox, open already", self.port)
-            yield None
-            return
-        async with serve_sandbox_in_background(
+        start = functools.partial(
+            serve_sandbox_in_background,
             self.port,
             max_concurrency=self.max_concurrency,
             startup_timeout=self.startup_timeout,
             restart=self.restart,
-        ) as url:
+        )
+        argv = _sandbox_argv("127.0.0.1", self.port, self.max_concurrency)
+        async with claim_or_start("sandbox", "127.0.0.1", self.port, argv, start) as url:
             yield url
 
 

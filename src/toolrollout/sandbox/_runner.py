@@ -14,21 +14,14 @@ of each output stream (the rest is read and counted, so the program is never blo
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 import math
 import os
 import shutil
-import signal
-import stat
 import subprocess
-import tempfile
-import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import anyio
@@ -49,6 +42,7 @@ from ._isolation import (
     probe_bwrap,
 )
 from ._languages import SEARCH_PATH, TOOLCHAINS, Toolchain, resolve_program, support_paths
+from ._process import execute, wait_uid_gone
 from ._protocol import (
     CommandRunResult,
     CommandRunStatus,
@@ -57,6 +51,7 @@ from ._protocol import (
     RunStatus,
     parse_run_status,
 )
+from ._rundir import RequestError, RunDirs, fetch, prepare, remove_tree
 from ._seccomp import userns_filter
 
 __all__ = ["SUPPORTED_LANGUAGES", "SandboxRunner", "SandboxServerConfig"]
@@ -72,9 +67,6 @@ NOT_INSTALLED_EXIT = 127
 found", which is what Sandbox Fusion answers then)."""
 
 _MB = 1024 * 1024
-_DRAIN_GRACE = 1.0
-"""Seconds to finish reading output after the program ended (a leftover process still
-holding the pipe, possible only without isolation, is not waited for longer)."""
 _MAX_UID_SLOTS = 1024
 
 
@@ -144,119 +136,12 @@ class SandboxServerConfig:
             )
 
 
-class _RequestError(Exception):
-    """The request cannot be run as given (bad file path or content)."""
-
-
-@dataclass
-class _Capture:
-    """Reads a stream to its end, keeping the first ``limit`` bytes."""
-
-    limit: int
-    data: bytearray = field(default_factory=bytearray)
-    dropped: int = 0
-    done: anyio.Event = field(default_factory=anyio.Event)
-
-    async def drain(self, stream: anyio.abc.ByteReceiveStream | None) -> None:
-        try:
-            if stream is None:
-                return
-            async for chunk in stream:
-                room = max(self.limit - len(self.data), 0)
-                self.data += chunk[:room]
-                self.dropped += max(len(chunk) - room, 0)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            pass
-        finally:
-            self.done.set()
-
-    def text(self) -> str:
-        text = bytes(self.data).decode("utf-8", errors="replace")
-        if self.dropped:
-            text += f"\n[truncated: {self.dropped} more bytes not shown]\n"
-        return text
-
-
-async def _feed(stream: anyio.abc.ByteSendStream | None, data: str | None) -> None:
-    if stream is None:
-        return
-    try:
-        if data:
-            await stream.send(data.encode("utf-8"))
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-        pass  # the program exited (or closed stdin) without reading it all
-    finally:
-        try:
-            await stream.aclose()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _uid_has_processes(uid: int) -> bool:
-    wanted = str(uid)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status", encoding="ascii", errors="replace") as status:
-                for line in status:
-                    if line.startswith("Uid:"):
-                        if line.split()[1] == wanted:
-                            return True
-                        break
-        except OSError:
-            continue
-    return False
-
-
-def _wait_uid_gone(uid: int, seconds: float) -> None:
-    """Wait until no process runs as ``uid`` (a killed sandbox's processes take a moment to
-    die), so RLIMIT_NPROC of the next run on that uid starts from zero."""
-    deadline = time.monotonic() + seconds
-    while _uid_has_processes(uid):
-        if time.monotonic() > deadline:
-            logger.warning("sandbox: processes of uid %d are still alive", uid)
-            return
-        time.sleep(0.01)
-
-
-def _rmtree(path: str) -> None:
-    def retry(func: Callable[..., Any], target: str, _exc: object) -> None:
-        # A program may leave a directory without permissions: give them back, retry.
-        try:
-            os.chmod(os.path.dirname(target), 0o700)
-            if os.path.isdir(target) and not os.path.islink(target):
-                os.chmod(target, 0o700)
-            func(target)
-        except OSError:
-            logger.warning("sandbox: cannot remove %s", target)
-
-    shutil.rmtree(path, onerror=retry)
-
-
 @dataclass(frozen=True, slots=True)
 class _Installed:
     """A language whose programs were found: its commands with the programs filled in."""
 
     toolchain: Toolchain
     programs: Mapping[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class _RunDirs:
-    """One run's host directories: ``root`` holds ``work`` (``/sandbox``) and ``tmp``
-    (``/tmp`` under bubblewrap)."""
-
-    root: str
-    work: str
-    tmp: str
 
 
 class SandboxRunner:
@@ -403,7 +288,7 @@ class SandboxRunner:
         return [part.format_map(values) for part in template]
 
     def _argv(
-        self, dirs: _RunDirs, command: list[str], limits: Limits, uid: int
+        self, dirs: RunDirs, command: list[str], limits: Limits, uid: int
     ) -> tuple[list[str], int | None]:
         """The command line, and the file descriptor it needs passed (the seccomp filter;
         the caller closes it once the process started)."""
@@ -426,7 +311,7 @@ class SandboxRunner:
         )
         return argv, seccomp_fd
 
-    def _env(self, dirs: _RunDirs, extra: Mapping[str, str]) -> dict[str, str]:
+    def _env(self, dirs: RunDirs, extra: Mapping[str, str]) -> dict[str, str]:
         isolated = self._bwrap is not None
         inner_dir = SANDBOX_WORKDIR if isolated else dirs.work
         inner_tmp = "/tmp" if isolated else dirs.tmp
@@ -447,7 +332,9 @@ class SandboxRunner:
         """Run ``print(1+1)`` once, synchronously, to prove the setup works."""
         uid = self._free_uids[0] if self._free_uids else -1
         python = self._installed["python"]
-        dirs = self._prepare(RunCodeRequest(code="print(1 + 1)", language="python"), uid)
+        dirs = prepare(
+            RunCodeRequest(code="print(1 + 1)", language="python"), uid, self.config.work_root
+        )
         try:
             command = self._command(python, python.toolchain.run, {}, 256)
             argv, fd = self._argv(dirs, command, self._limits(30, 256, python.toolchain), uid)
@@ -479,7 +366,7 @@ class SandboxRunner:
                     )
                 raise SandboxIsolationError(f"the sandbox cannot run python here: {why}{hint}")
         finally:
-            _rmtree(dirs.root)
+            remove_tree(dirs.root)
 
     # --- per run ----------------------------------------------------------------------
 
@@ -496,7 +383,7 @@ class SandboxRunner:
             finally:
                 if self._drop_uid:
                     with anyio.CancelScope(shield=True):
-                        await anyio.to_thread.run_sync(_wait_uid_gone, uid, 2.0)
+                        await anyio.to_thread.run_sync(wait_uid_gone, uid, 2.0)
                     self._free_uids.append(uid)
 
     def _not_installed(self, language: str) -> RunCodeResponse:
@@ -531,8 +418,8 @@ class SandboxRunner:
         self, request: RunCodeRequest, installed: _Installed, uid: int
     ) -> RunCodeResponse:
         try:
-            dirs = await anyio.to_thread.run_sync(self._prepare, request, uid)
-        except _RequestError as exc:
+            dirs = await anyio.to_thread.run_sync(prepare, request, uid, self.config.work_root)
+        except RequestError as exc:
             return RunCodeResponse(status=RunStatus.SandboxError, message=str(exc))
         toolchain = installed.toolchain
         compile_result: CommandRunResult | None = None
@@ -567,11 +454,11 @@ class SandboxRunner:
                 )
             if request.fetch_files:
                 files, notes = await anyio.to_thread.run_sync(
-                    self._fetch, dirs, request.fetch_files
+                    fetch, dirs, request.fetch_files, self.config.max_fetch_bytes
                 )
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(_rmtree, dirs.root)
+                await anyio.to_thread.run_sync(remove_tree, dirs.root)
         status, message = parse_run_status(compile_result, run_result)
         if notes:
             for note in notes:
@@ -589,180 +476,18 @@ class SandboxRunner:
         self,
         argv: list[str],
         pass_fd: int | None,
-        dirs: _RunDirs,
+        dirs: RunDirs,
         extra_env: Mapping[str, str],
         stdin: str | None,
         run_timeout: float,
     ) -> CommandRunResult:
-        limit = self.config.max_output_bytes
-        out, err = _Capture(limit), _Capture(limit)
-        started = time.perf_counter()
-        try:
-            process = await anyio.open_process(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=dirs.work,
-                env=self._env(dirs, extra_env),
-                start_new_session=True,
-                pass_fds=() if pass_fd is None else (pass_fd,),
-            )
-        except OSError as exc:
-            return CommandRunResult(
-                status=CommandRunStatus.Error, stderr=f"cannot start the sandbox: {exc}"
-            )
-        finally:
-            if pass_fd is not None:
-                os.close(pass_fd)
-        spawned = time.perf_counter()
-        timed_out = False
-        elapsed = 0.0
-        try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_feed, process.stdin, stdin)
-                tg.start_soon(out.drain, process.stdout)
-                tg.start_soon(err.drain, process.stderr)
-                with anyio.move_on_after(run_timeout) as scope:
-                    await process.wait()
-                elapsed = time.perf_counter() - started
-                # A busy event loop can see the exit and the deadline in one turn; a command
-                # that outlived its limit timed out either way.
-                if scope.cancelled_caught or time.perf_counter() - spawned > run_timeout:
-                    timed_out = True
-                    _kill_group(process.pid)
-                    await process.wait()
-                elif self._bwrap is None:
-                    _kill_group(process.pid)  # background leftovers of a finished program
-                with anyio.move_on_after(_DRAIN_GRACE):
-                    await out.done.wait()
-                    await err.done.wait()
-                tg.cancel_scope.cancel()
-        finally:
-            if process.returncode is None:  # cancelled from outside: leave nothing behind
-                _kill_group(process.pid)
-                with anyio.CancelScope(shield=True):
-                    await process.wait()
-            with anyio.CancelScope(shield=True):
-                await process.aclose()
-        if timed_out:
-            return CommandRunResult(
-                status=CommandRunStatus.TimeLimitExceeded,
-                execution_time=elapsed,
-                stdout=out.text(),
-                stderr=err.text(),
-            )
-        code = process.returncode
-        if code is not None and code < 0:
-            code = 128 - code  # killed by a signal: report it as bwrap (and a shell) do
-        return CommandRunResult(
-            status=CommandRunStatus.Finished,
-            execution_time=elapsed,
-            return_code=code,
-            stdout=out.text(),
-            stderr=err.text(),
+        return await execute(
+            argv,
+            pass_fd=pass_fd,
+            cwd=dirs.work,
+            env=self._env(dirs, extra_env),
+            stdin=stdin,
+            run_timeout=run_timeout,
+            max_output_bytes=self.config.max_output_bytes,
+            isolated=self._bwrap is not None,
         )
-
-    # --- files (worker threads) ---------------------------------------------------------
-
-    def _inside(self, dirs: _RunDirs, name: str) -> tuple[Path, str]:
-        """The host path of ``name`` and the run directory it lies in: relative names and
-        names under ``/sandbox`` are in the working directory, names under ``/tmp`` in the
-        run's ``/tmp``; ``..`` and other absolute paths are refused."""
-        path = PurePosixPath(name)
-        base = dirs.work
-        if path.is_absolute():
-            for inner, host in ((SANDBOX_WORKDIR, dirs.work), ("/tmp", dirs.tmp)):
-                try:
-                    path = path.relative_to(inner)
-                except ValueError:
-                    continue
-                base = host
-                break
-            else:
-                raise _RequestError(
-                    f"file path {name!r} must be relative, or under {SANDBOX_WORKDIR} or /tmp"
-                )
-        if ".." in path.parts or not path.parts:
-            raise _RequestError(f"file path {name!r} must stay inside the sandbox's directories")
-        return Path(base, *path.parts), base
-
-    def _prepare(self, request: RunCodeRequest, uid: int) -> _RunDirs:
-        root = tempfile.mkdtemp(prefix="toolrollout-sandbox-", dir=self.config.work_root)
-        dirs = _RunDirs(root=root, work=os.path.join(root, "work"), tmp=os.path.join(root, "tmp"))
-        try:
-            os.mkdir(dirs.work, 0o700)
-            os.mkdir(dirs.tmp, 0o700)
-            self._write_files(dirs, request.code, request.language, request.files)
-            if uid >= 0:
-                # bwrap enters them as a capability-less root before the launcher switches
-                # to the slot uid: it needs the search bit.
-                for top in (root, dirs.work, dirs.tmp):
-                    os.chmod(top, 0o711)
-                for top in (dirs.work, dirs.tmp):
-                    for parent, subdirs, names in os.walk(top):
-                        os.chown(parent, uid, uid)
-                        for entry in (*subdirs, *names):
-                            os.chown(os.path.join(parent, entry), uid, uid, follow_symlinks=False)
-        except BaseException:
-            _rmtree(root)
-            raise
-        return dirs
-
-    def _write_files(
-        self, dirs: _RunDirs, code: str, language: str, files: Mapping[str, str | None]
-    ) -> None:
-        for name, content in files.items():
-            if not isinstance(content, str):
-                continue  # Sandbox Fusion skips null contents too
-            target, _ = self._inside(dirs, name)
-            try:
-                data = base64.b64decode(content, validate=True)
-            except (binascii.Error, ValueError):
-                raise _RequestError(f"file {name!r}: content is not valid base64") from None
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-        source = TOOLCHAINS[language].source
-        Path(dirs.work, source).write_text(code, encoding="utf-8")
-
-    def _fetch(self, dirs: _RunDirs, names: list[str]) -> tuple[dict[str, str], list[str]]:
-        """The files asked for, base64-encoded, and a note for each one left out for a
-        reason other than not existing (Sandbox Fusion leaves missing ones out silently)."""
-        files: dict[str, str] = {}
-        notes: list[str] = []
-        limit = self.config.max_fetch_bytes
-        for name in names:
-            try:
-                target, base = self._inside(dirs, name)
-            except _RequestError as exc:
-                notes.append(f"fetch_files: {exc}")
-                continue
-            # The program controls the directory: refuse symlinks out of it (the server may
-            # be root and would otherwise read any host file for it).
-            root = os.path.realpath(base)
-            parent = os.path.realpath(target.parent)
-            if parent != root and not parent.startswith(root + os.sep):
-                notes.append(f"fetch_files: {name!r} is reached through a symlink: left out")
-                continue
-            try:
-                fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            except FileNotFoundError:
-                continue  # missing: left out, as Sandbox Fusion does
-            except OSError as exc:
-                kind = "a symlink" if os.path.islink(target) else exc.strerror
-                notes.append(f"fetch_files: {name!r} cannot be read ({kind}): left out")
-                continue
-            with os.fdopen(fd, "rb") as handle:
-                info = os.fstat(handle.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    notes.append(f"fetch_files: {name!r} is not a regular file: left out")
-                    continue
-                data = handle.read(limit + 1) if info.st_size <= limit else b""
-            if info.st_size > limit or len(data) > limit:
-                notes.append(
-                    f"fetch_files: {name!r} is over the {limit} byte limit "
-                    "(max_fetch_bytes): left out"
-                )
-                continue
-            files[name] = base64.b64encode(data).decode("ascii")
-        return files, notes

@@ -14,24 +14,16 @@ from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
-)
 
 from toolrollout._exceptions import (
-    ConfigError,
     ToolArgumentError,
     ToolExecutionError,
     ToolTimeout,
     ToolUnavailable,
     UserError,
 )
+from toolrollout._retrying_post import RetryableAnswer, RetryingPost
 from toolrollout._security import bearer_headers, expand_env
-from toolrollout._supervisor import until_serving
 from toolrollout.tools import (
     BuildContext,
     RetryPolicy,
@@ -42,7 +34,7 @@ from toolrollout.tools import (
     ToolResult,
     ToolService,
 )
-from toolrollout.tools._config import build_native_entry
+from toolrollout.tools._config import build_native_entry_of, own_config
 
 from ._background import LocalSandboxService
 from ._protocol import (
@@ -79,18 +71,6 @@ _LANGUAGE_NAMES = {
     "typescript": "TypeScript",
     "rust": "Rust",
 }
-
-_GENERIC_KEYS = frozenset(
-    {"type", "timeout", "max_concurrency", "num_workers", "rate_limit", "rate_burst", "retries"}
-)
-"""Keys of an entry's ``config`` the tool-config loader applies (limits), not the tool."""
-
-_IGNORED_VERL_KEYS = frozenset({"enable_global_rate_limit"})
-"""verl keys with no meaning here (verl's Ray-actor rate limiter)."""
-
-
-class _Transient(Exception):
-    """An attempt failed in a way another attempt may not."""
 
 
 class SandboxConfigModel(BaseModel):
@@ -293,20 +273,7 @@ class SandboxTool(Tool):
         ``sandbox_fusion_url``, ``default_timeout``, ``default_language``,
         ``memory_limit_mb``; ``num_workers`` is read by the loader as ``max_concurrency``).
         """
-        own = {
-            key: value
-            for key, value in config.items()
-            if key not in _GENERIC_KEYS and key not in _IGNORED_VERL_KEYS
-        }
-        try:
-            parsed = SandboxConfigModel.model_validate(own)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"config.{'.'.join(str(p) for p in e['loc'])}: "
-                + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
-                for e in exc.errors()
-            )
-            raise UserError(problems) from exc
+        parsed = own_config(SandboxConfigModel, config)
         return cls.create(
             parsed.sandbox_fusion_url,
             language=parsed.default_language,
@@ -409,70 +376,36 @@ class SandboxTool(Tool):
         """
         seconds = self.http_timeout or (request.compile_timeout + request.run_timeout + 30.0)
         timeout = httpx.Timeout(seconds, connect=min(seconds, 10.0))
-        body = request.model_dump(mode="json")
         async with httpx.AsyncClient(
             timeout=timeout,
             headers={**self.headers, **bearer_headers(self.api_key)},
             transport=self.transport,
         ) as client:
+            post = RetryingPost(
+                client=client,
+                url=self.url,
+                retries=self.http_retries,
+                backoff=self.retry_backoff,
+                max_backoff=8.0,
+                jitter=self.retry_backoff,
+                retry_statuses=_RETRY_STATUS,
+                retry_read_timeouts=False,
+                local=self.local_sandbox,
+            )
             try:
-                async for attempt in AsyncRetrying(
-                    stop=stop_after_attempt(self.http_retries + 1),
-                    wait=wait_exponential(multiplier=self.retry_backoff, max=8.0)
-                    + wait_random(0, self.retry_backoff),
-                    retry=retry_if_exception_type(_Transient),
-                    reraise=True,
-                ):
-                    with attempt:
-                        return await self._post_to_local(client, body)
-            except _Transient as exc:
-                raise ToolUnavailable(
-                    f"sandbox at {self.url} unavailable after {self.http_retries + 1} "
-                    f"attempt(s): {exc}"
-                ) from exc.__cause__
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    async def _post_to_local(
-        self, client: httpx.AsyncClient, body: dict[str, Any]
-    ) -> RunCodeResponse:
-        """:meth:`_post`; to the run's own sandbox (``local_sandbox``), after waiting while
-        it restarts (bounded), and with what happened to it when the call failed on it."""
-        if not self.local_sandbox:
-            return await self._post(client, body)
-        service = await until_serving(httpx.URL(self.url).port or 80)
-        if service is None:
-            return await self._post(client, body)
-        generation, serving = service.generation, service.serving
-        try:
-            try:
-                return await self._post(client, body)
-            except _Transient as exc:
-                # Refused by a process that was serving: nothing was sent, it died just
-                # before. Once more on the restarted one (this is no retry of the call).
-                refused = serving and isinstance(exc.__cause__, httpx.ConnectError)
-                if not (refused and await service.until_replaced(generation)):
-                    raise
-                generation = service.generation
-                return await self._post(client, body)
-        except _Transient as exc:
-            fault = service.fault(generation)
-            if fault is None:
-                raise
-            raise _Transient(f"{exc} ({fault})") from exc.__cause__
-
-    async def _post(self, client: httpx.AsyncClient, body: dict[str, Any]) -> RunCodeResponse:
-        try:
-            answer = await client.post(self.url, json=body)
-        except httpx.TimeoutException as exc:
-            if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-                raise _Transient(f"{type(exc).__name__}: {exc}") from exc
-            raise ToolTimeout(
-                f"the sandbox at {self.url} did not answer within {client.timeout.read:g} s"
-            ) from exc
-        except httpx.TransportError as exc:
-            raise _Transient(f"{type(exc).__name__}: {str(exc) or 'connection lost'}") from exc
-        if answer.status_code in _RETRY_STATUS:
-            raise _Transient(f"HTTP {answer.status_code}: {answer.text[:200]}")
+                answer = await post.send(request.model_dump(mode="json"))
+            except RetryableAnswer as exc:
+                failure = f"HTTP {exc.response.status_code}: {exc.response.text[:200]}"
+                raise self._unavailable(failure, post) from exc
+            except httpx.TimeoutException as exc:
+                if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
+                    raise self._unavailable(f"{type(exc).__name__}: {exc}", post) from exc
+                raise ToolTimeout(
+                    f"the sandbox at {self.url} did not answer within {timeout.read:g} s"
+                ) from exc
+            except httpx.TransportError as exc:
+                failure = f"{type(exc).__name__}: {str(exc) or 'connection lost'}"
+                raise self._unavailable(failure, post) from exc
         if answer.status_code != 200:
             raise ToolExecutionError(
                 f"the sandbox at {self.url} answered HTTP {answer.status_code}: {answer.text[:500]}"
@@ -484,6 +417,12 @@ class SandboxTool(Tool):
                 f"the sandbox at {self.url} sent an answer that is not a /run_code response: "
                 f"{answer.text[:200]}"
             ) from exc
+
+    def _unavailable(self, failure: str, post: RetryingPost) -> ToolUnavailable:
+        return ToolUnavailable(
+            f"sandbox at {self.url} unavailable after {post.attempts} attempt(s): "
+            f"{failure}{post.fault()}"
+        )
 
 
 def sandbox_tool(
@@ -506,12 +445,10 @@ def build_sandbox_entry(entry: ToolEntryModel, context: BuildContext) -> list[To
     """Build a ``type: sandbox`` entry (the builder of the ``sandbox`` tool type):
     ``class_name`` must be a sandbox tool class (:class:`SandboxTool`, or verl's
     ``SandboxFusionTool`` name for it)."""
-    tools = build_native_entry(entry, context)
-    for tool in tools:
-        if not isinstance(tool, SandboxTool):
-            raise ConfigError(
-                f"{context.where('class_name')}: type 'sandbox' needs "
-                "toolrollout.sandbox.SandboxTool "
-                f"(or verl.tools.sandbox_fusion_tools.SandboxFusionTool), got {entry.class_name!r}"
-            )
-    return tools
+    return build_native_entry_of(
+        entry,
+        context,
+        "sandbox",
+        SandboxTool,
+        "toolrollout.sandbox.SandboxTool (or verl.tools.sandbox_fusion_tools.SandboxFusionTool)",
+    )

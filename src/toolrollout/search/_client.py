@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import anyio
 import httpx
 from pydantic import (
     BaseModel,
@@ -25,25 +24,16 @@ from pydantic import (
     NonNegativeInt,
     PositiveFloat,
     PositiveInt,
-    ValidationError,
-)
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_exponential,
-    wait_random,
 )
 
 from toolrollout._exceptions import (
-    ConfigError,
     ToolArgumentError,
     ToolExecutionError,
     ToolUnavailable,
     UserError,
 )
+from toolrollout._retrying_post import RetryableAnswer, RetryingPost
 from toolrollout._security import bearer_headers, expand_env
-from toolrollout._supervisor import SupervisedService, until_serving
 from toolrollout.tools import (
     BuildContext,
     RetryPolicy,
@@ -54,8 +44,7 @@ from toolrollout.tools import (
     ToolResult,
     ToolService,
 )
-from toolrollout.tools._config import build_native_entry
-from toolrollout.tools._models import ToolEntryConfigModel
+from toolrollout.tools._config import build_native_entry_of, own_config
 
 from ._format import RetrievedDocument, format_results, parse_response
 from ._local import LocalRetrieverService
@@ -106,12 +95,6 @@ def _ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-class _RetryableStatus(Exception):
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"HTTP {response.status_code}")
-        self.response = response
-
-
 def _snippet(response: httpx.Response, limit: int = 200) -> str:
     text = " ".join(response.text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
@@ -134,12 +117,6 @@ class _SearchConfigModel(BaseModel):
     headers: dict[str, str] = {}
     api_key: str | None = Field(default=None, repr=False)
     local_corpus: str | None = None
-
-
-_LOADER_KEYS = frozenset(ToolEntryConfigModel.model_fields)
-"""Keys the tool-config loader reads (type and limits); the tool only borrows ``timeout``."""
-_IGNORED_VERL_KEYS = frozenset({"enable_global_rate_limit"})
-"""verl SearchTool keys that have no meaning here (Ray's global rate limiter)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,18 +215,7 @@ class SearchTool(Tool):
         ``timeout`` also sets :attr:`request_timeout` unless that is given; ``num_workers``,
         ``rate_limit`` and the other limit keys are applied by the loader.
         """
-        own = {k: v for k, v in config.items() if k not in _LOADER_KEYS | _IGNORED_VERL_KEYS}
-        try:
-            parsed = _SearchConfigModel.model_validate(own)
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"config.{'.'.join(str(p) for p in e['loc'])}: "
-                + {"extra_forbidden": "unknown key", "missing": "is required"}.get(
-                    e["type"], e["msg"]
-                )
-                for e in exc.errors()
-            )
-            raise UserError(problems) from exc
+        parsed = own_config(_SearchConfigModel, config)
         # Only the keys given: unset ones keep the class's defaults (VerlSearchTool's differ).
         values = {k: v for k, v in parsed.model_dump(exclude_unset=True).items() if v is not None}
         if values.get("api_key") is not None:
@@ -304,64 +270,36 @@ class SearchTool(Tool):
     async def _post(self, payload: Mapping[str, Any]) -> tuple[Any, int]:
         """POST with retries; the decoded JSON body and the number of attempts."""
         url = self.retrieval_service_url
-        attempts = 0
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.http_retries + 1),
-            wait=wait_exponential(multiplier=self.retry_backoff, max=self.max_retry_backoff)
-            + wait_random(0, self.retry_backoff / 2),
-            retry=retry_if_exception_type((httpx.TransportError, _RetryableStatus)),
-            sleep=anyio.sleep,
-            reraise=True,
-        )
         client = self._client()
-        local: SupervisedService | None = None
-        generation = 0
-
-        def fault() -> str:
-            """What happened to the run's own retriever during the last attempt, if known."""
-            text = None if local is None else local.fault(generation)
-            return "" if text is None else f" ({text})"
-
-        async def send() -> httpx.Response:
-            """One POST; to the run's own retriever after waiting while it restarts
-            (bounded), and once more on the new process when the old one had just died
-            (refused: nothing was sent)."""
-            nonlocal local, generation
-            if self.local_corpus is not None:
-                local = await until_serving(httpx.URL(url).port or 80)
-            if local is None:
-                return await client.post(url, json=payload)
-            generation, serving = local.generation, local.serving
-            try:
-                return await client.post(url, json=payload)
-            except httpx.ConnectError:
-                if not (serving and await local.until_replaced(generation)):
-                    raise
-                generation = local.generation
-                return await client.post(url, json=payload)
-
+        post = RetryingPost(
+            client=client,
+            url=url,
+            retries=self.http_retries,
+            backoff=self.retry_backoff,
+            max_backoff=self.max_retry_backoff,
+            jitter=self.retry_backoff / 2,
+            retry_statuses=RETRY_STATUSES,
+            retry_read_timeouts=True,
+            local=self.local_corpus is not None,
+        )
         try:
-            async for attempt in retrying:
-                with attempt:
-                    attempts += 1
-                    response = await send()
-                    if response.status_code in RETRY_STATUSES:
-                        raise _RetryableStatus(response)
-        except _RetryableStatus as exc:
+            response = await post.send(payload)
+        except RetryableAnswer as exc:
             raise ToolUnavailable(
                 f"tool {self.name!r}: the retrieval service at {url} answered HTTP "
-                f"{exc.response.status_code} ({attempts} attempts): {_snippet(exc.response)}"
+                f"{exc.response.status_code} ({post.attempts} attempts): "
+                f"{_snippet(exc.response)}"
             ) from exc
         except httpx.TimeoutException as exc:
             raise ToolUnavailable(
                 f"tool {self.name!r}: the retrieval service at {url} did not answer within "
-                f"{self.request_timeout:g}s ({attempts} attempts){fault()}"
+                f"{self.request_timeout:g}s ({post.attempts} attempts){post.fault()}"
             ) from exc
         except httpx.TransportError as exc:
             raise ToolUnavailable(
                 f"tool {self.name!r}: cannot reach the retrieval service at {url} "
-                f"({attempts} attempts): {type(exc).__name__}: {str(exc) or 'connection lost'}"
-                f"{fault()}"
+                f"({post.attempts} attempts): {type(exc).__name__}: "
+                f"{str(exc) or 'connection lost'}{post.fault()}"
             ) from exc
         except httpx.HTTPError as exc:
             raise ToolExecutionError(
@@ -370,7 +308,7 @@ class SearchTool(Tool):
         finally:
             if self.transport is None:  # a caller's transport stays open for its next call
                 await client.aclose()
-        return self._decoded(response), attempts
+        return self._decoded(response), post.attempts
 
     def _decoded(self, response: httpx.Response) -> Any:
         """The JSON body of a final answer; an error status or invalid JSON fails the call."""
@@ -442,11 +380,10 @@ class VerlSearchTool(SearchTool):
 def build_search_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
     """Build a ``type: search`` entry (the builder of the ``search`` tool type):
     ``class_name`` must be a search tool class (:class:`SearchTool`, or verl's name for it)."""
-    tools = build_native_entry(entry, context)
-    for tool in tools:
-        if not isinstance(tool, SearchTool):
-            raise ConfigError(
-                f"{context.where('class_name')}: type 'search' needs toolrollout.search.SearchTool "
-                f"(or verl.tools.search_tool.SearchTool), got {entry.class_name!r}"
-            )
-    return tools
+    return build_native_entry_of(
+        entry,
+        context,
+        "search",
+        SearchTool,
+        "toolrollout.search.SearchTool (or verl.tools.search_tool.SearchTool)",
+    )

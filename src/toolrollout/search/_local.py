@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-import socket
 import sys
 from collections.abc import AsyncIterator, Hashable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -14,8 +14,10 @@ from pathlib import Path
 import httpx
 
 from toolrollout._exceptions import ToolUnavailable, UserError
+from toolrollout._net import free_port
+from toolrollout._port_records import claim_or_start
 from toolrollout._security import keyless_environ
-from toolrollout._supervisor import RestartPolicy, ServiceCommand, claim_port, supervise
+from toolrollout._supervisor import RestartPolicy, ServiceCommand, supervise
 from toolrollout.tools import Tool
 
 from .demo_corpus import DEMO_CORPUS_PATH
@@ -64,15 +66,6 @@ def resolve_corpus(corpus: str | PathLike[str] | None) -> Path:
     if not path.is_file():
         raise UserError(f"corpus file not found: {path}")
     return path
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _retriever_argv(
@@ -190,19 +183,17 @@ class LocalRetrieverService:
             self.host, self.host
         )
         bind = "127.0.0.1" if self.host == "localhost" else self.host
-        argv = _retriever_argv(self.corpus, bind, self.port)
-        if await claim_port("retriever", connect_host, self.port, argv):
-            logger.info("port %d: using this run's retriever, open already", self.port)
-            yield None
-            return
-        async with serve_retriever_in_background(
+        start = functools.partial(
+            serve_retriever_in_background,
             self.corpus,
             host=bind,
             port=self.port,
             startup_timeout=self.startup_timeout,
             restart=self.restart,
-        ) as retriever:
-            yield retriever
+        )
+        argv = _retriever_argv(self.corpus, bind, self.port)
+        async with claim_or_start("retriever", connect_host, self.port, argv, start) as opened:
+            yield opened
 
 
 @asynccontextmanager

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from toolrollout._exceptions import UserError
+from toolrollout._exceptions import FieldError, UserError
 from toolrollout.rollout import RolloutConfig
 from toolrollout.rollout._defaults import VisionMode, default_rewards
 
@@ -32,16 +32,6 @@ if TYPE_CHECKING:
     Reward = Callable[[Trajectory], Any] | WeightedReward
 
 __all__ = ["FieldError", "RunSpec", "VisionMode", "check_target_groups"]
-
-
-class FieldError(UserError):
-    """A :class:`RunSpec` field holds a wrong value. ``fields`` are the fields the message
-    names (dotted into ``config``), so an application can show its own names for them: the
-    CLI shows ``config.tool_parser`` as ``--tool-parser``."""
-
-    def __init__(self, message: str, *fields: str) -> None:
-        super().__init__(message)
-        self.fields = fields
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,7 +22,6 @@ from ._builtin import Gsm8kTool as Gsm8kTool
 from ._builtin import calculator_tool as calculator_tool
 from ._config import load_tool_config as load_tool_config
 from ._executor import ToolExecutor as ToolExecutor
-from ._executor import summarize_tool_calls as summarize_tool_calls
 from ._function import FunctionTool as FunctionTool
 from ._function import function_tool as function_tool
 from ._lifecycle import StatefulTool as StatefulTool
@@ -34,6 +33,7 @@ from ._registry import register_tool_type as register_tool_type
 from ._registry import tool_types as tool_types
 from ._services import open_tools as open_tools
 from ._services import share_tools as share_tools
+from ._summary import summarize_tool_calls as summarize_tool_calls
 from ._types import CircuitBreakerPolicy as CircuitBreakerPolicy
 from ._types import RetryPolicy as RetryPolicy
 from ._types import ToolCallRequest as ToolCallRequest

@@ -11,21 +11,30 @@ import importlib
 from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from toolrollout._exceptions import ConfigError, UserError
 
 from ._base import Tool
 from ._function import FunctionTool
-from ._models import ToolConfigFileModel, ToolEntryModel
+from ._models import ToolConfigFileModel, ToolEntryConfigModel, ToolEntryModel
 from ._registry import BuildContext, tool_type_builder, tool_types
 from ._types import ToolLimits
 from ._verl import VerlToolAdapter, is_verl_tool_class
 
-__all__ = ["VERL_EQUIVALENTS", "build_native_entry", "load_tool_config", "tools_from_config"]
+__all__ = [
+    "VERL_EQUIVALENTS",
+    "build_native_entry",
+    "build_native_entry_of",
+    "load_tool_config",
+    "own_config",
+    "tools_from_config",
+]
+
+M = TypeVar("M", bound=BaseModel)
 
 VERL_EQUIVALENTS: Mapping[str, str] = {
     "verl.tools.gsm8k_tool.Gsm8kTool": "toolrollout.tools.Gsm8kTool",
@@ -175,6 +184,40 @@ def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Too
         return [tool.with_limits(_limits(entry, tool.limits))]
     except UserError as exc:
         raise ConfigError(f"{where('config')}: {exc}") from exc
+
+
+def build_native_entry_of(
+    entry: ToolEntryModel, context: BuildContext, kind: str, cls: type[Tool], needs: str
+) -> list[Tool]:
+    """Build a ``type: <kind>`` entry: :func:`build_native_entry`, whose ``class_name``
+    must make ``cls`` tools (``needs`` names the classes that do, for the error)."""
+    tools = build_native_entry(entry, context)
+    for tool in tools:
+        if not isinstance(tool, cls):
+            raise ConfigError(
+                f"{context.where('class_name')}: type {kind!r} needs {needs}, "
+                f"got {entry.class_name!r}"
+            )
+    return tools
+
+
+_LOADER_KEYS = frozenset(ToolEntryConfigModel.model_fields) | {"enable_global_rate_limit"}
+"""Keys of an entry's ``config`` that are not the tool's: the loader's (type and limits),
+and verl's ``enable_global_rate_limit`` (its Ray-actor rate limiter: no meaning here)."""
+
+
+def own_config(model: type[M], config: Mapping[str, Any]) -> M:
+    """A tool's own keys of an entry's ``config``, validated by ``model``; problems raise
+    a UserError naming each key (``config.topk: unknown key``)."""
+    try:
+        return model.model_validate({k: v for k, v in config.items() if k not in _LOADER_KEYS})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"config.{'.'.join(str(p) for p in e['loc'])}: "
+            + {"extra_forbidden": "unknown key", "missing": "is required"}.get(e["type"], e["msg"])
+            for e in exc.errors()
+        )
+        raise UserError(problems) from exc
 
 
 def tools_from_config(

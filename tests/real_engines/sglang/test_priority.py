@@ -25,7 +25,8 @@ import pytest
 from tests.real_engines.sglang._launch import LIMIT, SGLangServer
 from tests.real_engines.sglang._prompts import chat_ids
 from toolrollout.engines import GenerateRequest, SamplingParams, SchedulingConfig, SGLangClient
-from toolrollout.engines._scheduling import Scheduler, ServerPriority
+from toolrollout.engines._priority import ServerPriority
+from toolrollout.engines._scheduling import Scheduler
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(LIMIT)]
 

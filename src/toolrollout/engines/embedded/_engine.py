@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import os
-import random
-import secrets
 import threading
 import uuid
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -28,37 +25,32 @@ from toolrollout._exceptions import (
     EngineError,
     EngineRequestRejected,
     EngineUnavailable,
-    OverlongPromptError,
-    ToolRolloutError,
     UserError,
 )
 from toolrollout._version import __version__
-from toolrollout.engines._base import Engine
 from toolrollout.engines._control import (
-    PAUSE_MODES,
     EngineInfo,
-    PauseMode,
     ServerInfo,
-    ServerWeightUpdate,
-    WeightUpdate,
 )
 from toolrollout.engines._types import GenerateRequest, GenerateResult, StreamChunk
+from toolrollout.engines.embedded._inbox import Event, Sequence, Sink
 from toolrollout.engines.embedded._model import LoadedModel, ModelMeta, load_meta, load_model
 from toolrollout.engines.embedded._output import EmbeddedOutput
-from toolrollout.engines.embedded._sampling import GenerationOptions, resolve_sampling
-from toolrollout.engines.embedded._scheduler import Event, Scheduler, Sequence, Sink
+from toolrollout.engines.embedded._requests import (
+    check_one_sample,
+    image_refusal,
+    to_result,
+    validated,
+)
+from toolrollout.engines.embedded._sampling import GenerationOptions
+from toolrollout.engines.embedded._scheduler import Scheduler
 from toolrollout.engines.embedded._vision import VisionInputs, VisionProcessor
+from toolrollout.engines.embedded._weight_sync import EMBEDDED_URL, WeightSyncEngine
 
 __all__ = ["EmbeddedEngine"]
 
-_CopyPlan = list[tuple[torch.Tensor, torch.Tensor]]
-"""(served tensor, new value) pairs of an in-place weight load."""
 
-EMBEDDED_URL = "embedded://"
-"""The ``url`` of the embedded engine's one :class:`ServerInfo`."""
-
-
-class EmbeddedEngine(Engine):
+class EmbeddedEngine(WeightSyncEngine):
     """Serve a local Hugging Face causal LM in-process, with continuous batching.
 
     Concurrent :meth:`generate` calls are decoded together, one forward pass per step, on a
@@ -254,8 +246,7 @@ class EmbeddedEngine(Engine):
     @property
     def num_active(self) -> int:
         """Requests submitted and not yet finished (waiting, running or in the inbox)."""
-        with self._active_lock:
-            return len(self._active)
+        return self._count_active()
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` as SGLang tokenizes a ``text`` prompt (no chat template)."""
@@ -265,7 +256,7 @@ class EmbeddedEngine(Engine):
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Generate one sample; the text keeps the matched stop string/token."""
         out = await self.generate_full(request, GenerationOptions(no_stop_trim=True))
-        return _result(out, request)
+        return to_result(out, request)
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
         """The engine seam's token stream: a cumulative chunk after every decode step; the
@@ -276,7 +267,7 @@ class EmbeddedEngine(Engine):
         ) as snapshots:
             async for out in snapshots:
                 if out.finished:
-                    yield StreamChunk.final(_result(out, request), before=before)
+                    yield StreamChunk.final(to_result(out, request), before=before)
                     return
                 if len(out.output_ids) == before:
                     continue
@@ -380,14 +371,14 @@ class EmbeddedEngine(Engine):
 
     def _vision_processor(self) -> VisionProcessor:
         if not self._meta.has_vision:
-            raise EngineRequestRejected(self._image_refusal(), status_code=400)
+            raise EngineRequestRejected(image_refusal(self._meta), status_code=400)
         with self._vision_lock:
             if self._vision is None:
                 try:
                     self._vision = VisionProcessor(self._meta.model_path, self._meta.tokenizer)
                 except (ConfigError, OSError, ValueError) as exc:
                     raise EngineRequestRejected(
-                        f"{self._image_refusal()} ({exc})", status_code=400
+                        f"{image_refusal(self._meta)} ({exc})", status_code=400
                     ) from exc
             return self._vision
 
@@ -398,43 +389,10 @@ class EmbeddedEngine(Engine):
         sink: Sink,
         vision: VisionInputs | None = None,
     ) -> Sequence:
-        if request.sampling.n != 1:
-            raise UserError(
-                f"EmbeddedEngine.generate makes one sample per call (sampling.n must be 1, "
-                f"got {request.sampling.n}); send n requests instead"
-            )
+        check_one_sample(request)
         if request.image_data and vision is None:
             vision = self._vision_processor().process(request.input_ids, request.image_data)
-        ids = [int(t) for t in request.input_ids] if vision is None else list(vision.input_ids)
-        if not ids:
-            raise EngineRequestRejected("input_ids cannot be empty.", status_code=400)
-        vocab = self._meta.vocab_size
-        if any(t >= vocab or t < 0 for t in ids):
-            raise EngineRequestRejected(
-                f"The input_ids {ids} contains values greater than the vocab size ({vocab}).",
-                status_code=400,
-            )
-        self._check_context(len(ids), request.sampling.max_new_tokens)
-        sampling = resolve_sampling(request.sampling)
-        if options.logprob_start_len < -1:
-            raise EngineRequestRejected(
-                f"logprob_start_len must be -1 or at least 0, got {options.logprob_start_len}.",
-                status_code=400,
-            )
-        if options.top_logprobs_num < 0:
-            raise EngineRequestRejected(
-                f"top_logprobs_num must be at least 0, got {options.top_logprobs_num}.",
-                status_code=400,
-            )
-        rng: random.Random | None = None
-        if not sampling.greedy:
-            rng = random.Random(
-                sampling.seed if sampling.seed is not None else secrets.randbits(64)
-            )
-        stop_tail = 1 + max(
-            (len(self._meta.tokenizer.encode(s, add_special_tokens=False)) for s in sampling.stop),
-            default=0,
-        )
+        ids, sampling, rng, stop_tail = validated(request, options, self._meta, vision)
         rid = request.rid if request.rid is not None else uuid.uuid4().hex
         with self._active_lock:
             if rid in self._active:
@@ -452,37 +410,6 @@ class EmbeddedEngine(Engine):
             rng=rng,
             stop_tail_tokens=stop_tail,
             vision=vision,
-        )
-
-    def _check_context(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """SGLang's ``_validate_one_request`` length checks, with its messages."""
-        context = self._meta.context_length
-        if prompt_tokens >= context:
-            raise OverlongPromptError(
-                f"The input ({prompt_tokens} tokens) is longer than the model's context "
-                f"length ({context} tokens).",
-                status_code=400,
-            )
-        if max_new_tokens + prompt_tokens > context:
-            raise OverlongPromptError(
-                "Requested token count exceeds the model's maximum context length of "
-                f"{context} tokens. You requested a total of {max_new_tokens + prompt_tokens} "
-                f"tokens: {prompt_tokens} tokens from the input messages and {max_new_tokens} "
-                "tokens for the completion. Please reduce the number of tokens in the input "
-                "messages or the completion to fit within the limit.",
-                status_code=400,
-            )
-
-    def _image_refusal(self) -> str:
-        name = f"{self._meta.model_path} ({self._meta.model_type or 'unknown type'})"
-        if not self._meta.has_vision:
-            return (
-                f"image_data was given but the model {name} has no image understanding; "
-                "send text-only requests to this model."
-            )
-        return (
-            f"image_data needs a Qwen2-VL-family model with a Pillow image processor in its "
-            f"folder; {name} cannot take images in toolrollout's embedded engine."
         )
 
     # ------------------------------------------------------------------ control
@@ -544,253 +471,3 @@ class EmbeddedEngine(Engine):
         ``cached_tokens`` is always 0), so this only reports whether requests are in flight.
         """
         return self.num_active == 0
-
-    # ------------------------------------------------------------------ weight sync
-    @property
-    def paused(self) -> bool:
-        """Whether :meth:`pause_generation` is in effect."""
-        return self._paused
-
-    async def wait_unpaused(self) -> None:
-        """Return once new requests may start (not paused, no weight update running)."""
-        while (gate := self._gate) is not None:
-            await gate.wait()
-
-    def _close_gate(self) -> None:
-        if self._gate is None:
-            self._gate = asyncio.Event()
-
-    def _open_gate(self) -> None:
-        gate, self._gate = self._gate, None
-        if gate is not None:
-            gate.set()
-
-    async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """Stop generating until :meth:`continue_generation` (SGLang's three modes).
-
-        ``abort`` ends every running and waiting request with its partial output;
-        ``retract`` and ``in_place`` keep them, frozen, and resume them afterwards (there
-        is no paged KV pool here, so the two behave the same). New requests wait.
-        """
-        if mode not in PAUSE_MODES:
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
-        scheduler = self._require_scheduler()
-        self._paused = True
-        self._close_gate()
-        if mode == "abort":
-            scheduler.abort("", abort_all=True)
-        scheduler.hold(True)
-
-    async def continue_generation(self) -> None:
-        """Undo :meth:`pause_generation`: frozen requests resume, waiting callers start."""
-        scheduler = self._require_scheduler()
-        self._paused = False
-        scheduler.hold(False)
-        if not self._update_lock.locked():
-            self._open_gate()
-
-    async def update_weights_from_disk(
-        self,
-        model_path: str | os.PathLike[str],
-        *,
-        weight_version: str | None = None,
-        abort_all_requests: bool = False,
-    ) -> WeightUpdate:
-        """Load new weights from a model folder and swap them in between two steps.
-
-        The folder must hold the same architecture and vocabulary (the tokenizer stays).
-        New requests wait meanwhile; running ones finish on the old weights first unless
-        ``abort_all_requests`` (or a paused engine, whose frozen requests then continue
-        on the new weights, as in SGLang). Raises :class:`UserError` for a folder that
-        cannot be loaded; the old weights then stay. The answer counts the requests
-        paused across the swap.
-        """
-        scheduler = self._require_scheduler()
-        path = os.fspath(model_path)
-        async with self._update_lock:
-            meta = await anyio.to_thread.run_sync(self._load_meta_checked, path)
-            self._close_gate()
-            try:
-                if abort_all_requests:
-                    scheduler.abort("", abort_all=True)
-                paused_requests = self.num_active if self._paused else 0
-                await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
-                current = self._model
-                assert current is not None
-                try:
-                    model = await anyio.to_thread.run_sync(
-                        functools.partial(
-                            load_model,
-                            meta,
-                            device=str(current.device),
-                            dtype=current.dtype,
-                            trust_remote_code=self._trust_remote_code,
-                        )
-                    )
-                except Exception as exc:  # any loader failure leaves the old weights
-                    raise UserError(f"cannot load the weights in {path}: {exc}") from exc
-                done = scheduler.swap_model(model)
-                while not done.is_set():
-                    if not scheduler.alive:
-                        raise EngineUnavailable("the scheduler stopped during a weight update")
-                    await anyio.sleep(0.005)
-                self._model = model
-                self._meta = replace(self._meta, model_path=meta.model_path, config=meta.config)
-                if weight_version is not None:
-                    self.weight_version = weight_version
-            finally:
-                if not self._paused:
-                    self._open_gate()
-        del current
-        gc.collect()
-        answer = ServerWeightUpdate(
-            url=EMBEDDED_URL,
-            message="Succeeded to update model weights.",
-            num_paused_requests=paused_requests,
-        )
-        return WeightUpdate(model_path=path, weight_version=weight_version, servers=(answer,))
-
-    async def load_weights(
-        self,
-        state_dict: Mapping[str, torch.Tensor],
-        *,
-        weight_version: str,
-        abort_all_requests: bool = False,
-    ) -> None:
-        """Copy a trainer's weights into the served model in place, between two steps.
-
-        The in-process counterpart of :meth:`update_weights_from_disk` for a policy that
-        lives in the same process: no checkpoint is written, and the tensors are copied
-        (cast to the engine's dtype and device) into the model the scheduler runs, so the
-        engine needs no second copy of the weights. ``state_dict`` uses the served model's
-        parameter names (``model.state_dict()`` of the same architecture; unwrap DDP /
-        accelerate first). A tied weight may be given under either of its names. Every
-        name and shape is checked before anything is copied, so a refused call
-        (:class:`UserError`) leaves the old weights. Waits like a disk update: new
-        requests wait, running ones finish first unless ``abort_all_requests`` (or a
-        paused engine, whose frozen requests continue on the new weights).
-        ``weight_version`` is then reported with every result.
-        """
-        scheduler = self._require_scheduler()
-        async with self._update_lock:
-            current = self._model
-            assert current is not None
-            plan = _copy_plan(current.model, state_dict)  # refuses before anything waits
-            self._close_gate()
-            try:
-                if abort_all_requests:
-                    scheduler.abort("", abort_all=True)
-                await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
-                future = scheduler.run_between_steps(functools.partial(_copy_weights, plan))
-                while not future.done():
-                    if not scheduler.alive:
-                        raise EngineUnavailable("the scheduler stopped during a weight load")
-                    await anyio.sleep(0.002)
-                future.result()
-                self.weight_version = weight_version
-            finally:
-                if not self._paused:
-                    self._open_gate()
-
-    def _wait_idle(self, scheduler: Scheduler) -> None:
-        """Block until no request is in flight (a pause ends the wait: they are frozen)."""
-        with self._active_lock:
-            while self._active and not self._paused and scheduler.alive:
-                self._active_lock.wait(0.1)
-
-    def _load_meta_checked(self, path: str) -> ModelMeta:
-        try:
-            meta = load_meta(
-                path,
-                context_length=self._context_length_arg,
-                trust_remote_code=self._trust_remote_code,
-            )
-        except (OSError, ValueError, ToolRolloutError) as exc:
-            raise UserError(f"cannot load the model folder {path!r}: {exc}") from exc
-        old = self._meta
-        if (meta.model_type, meta.vocab_size, meta.has_vision) != (
-            old.model_type,
-            old.vocab_size,
-            old.has_vision,
-        ):
-            raise UserError(
-                f"{path!r} holds a {meta.model_type} model with vocab {meta.vocab_size}; "
-                f"the engine serves {old.model_type} with vocab {old.vocab_size}: "
-                "weight updates must keep the architecture and vocabulary"
-            )
-        return meta
-
-    def _require_scheduler(self) -> Scheduler:
-        if self._scheduler is None:
-            raise UserError("EmbeddedEngine is not started")
-        return self._scheduler
-
-
-def _copy_plan(model: Any, state_dict: Mapping[str, torch.Tensor]) -> _CopyPlan:
-    """Pair every served tensor with its new value; refuse unknown, missing or misshapen ones.
-
-    Tied weights (one storage under several names, e.g. ``lm_head.weight`` and the
-    embeddings) need only one of their names.
-    """
-    served: dict[str, torch.Tensor] = model.state_dict()
-    unknown = sorted(set(state_dict) - set(served))
-    by_storage: dict[int, list[str]] = {}
-    for name, tensor in served.items():
-        by_storage.setdefault(tensor.data_ptr(), []).append(name)
-    missing: list[str] = []
-    plan: _CopyPlan = []
-    for names in by_storage.values():
-        given = [n for n in names if n in state_dict]
-        if not given:
-            missing.extend(names)
-            continue
-        target, value = served[names[0]], state_dict[given[0]]
-        if tuple(value.shape) != tuple(target.shape):
-            raise UserError(
-                f"load_weights: {given[0]} has shape {tuple(value.shape)}, the served model's "
-                f"is {tuple(target.shape)}"
-            )
-        plan.append((target, value))
-    if unknown or missing:
-        parts = []
-        if unknown:
-            parts.append(f"unknown names {_few(unknown)}")
-        if missing:
-            parts.append(f"missing names {_few(missing)}")
-        raise UserError(
-            "load_weights: the state dict does not match the served model: "
-            + "; ".join(parts)
-            + " (pass the unwrapped model's state_dict(), without DDP/PEFT prefixes)"
-        )
-    return plan
-
-
-def _few(names: list[str], limit: int = 4) -> str:
-    shown = ", ".join(names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-def _copy_weights(plan: _CopyPlan, model: LoadedModel) -> None:
-    """Runs on the scheduler thread between steps."""
-    del model  # the plan already holds the served tensors
-    with torch.no_grad():
-        for target, value in plan:
-            target.copy_(value.detach())
-
-
-def _result(out: EmbeddedOutput, request: GenerateRequest) -> GenerateResult:
-    """A finished output as the seam's :class:`GenerateResult`."""
-    assert out.finish_reason is not None  # only finished outputs are results
-    return GenerateResult(
-        rid=out.rid,
-        output_ids=out.output_ids,
-        output_logprobs=out.output_logprobs if request.return_logprob else None,
-        finish_reason=out.finish_reason,
-        prompt_tokens=out.prompt_tokens,
-        completion_tokens=out.completion_tokens,
-        cached_tokens=out.cached_tokens,
-        weight_version=out.weight_version,
-        weight_spans=out.weight_spans,
-        text=out.text,
-        e2e_latency=out.e2e_latency,
-    )

@@ -18,16 +18,13 @@ runs on an event loop.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
-import random
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,127 +32,31 @@ import torch.nn.functional as F
 
 from toolrollout._exceptions import EngineError
 from toolrollout.engines._types import FinishReason
+from toolrollout.engines.embedded._inbox import (
+    Abort,
+    Between,
+    Command,
+    Event,
+    Hold,
+    Sequence,
+    Stop,
+    Submit,
+    SwapModel,
+)
 from toolrollout.engines.embedded._model import LayerKV, LoadedModel
 from toolrollout.engines.embedded._output import EmbeddedOutput, TopLogprobs
 from toolrollout.engines.embedded._sampling import (
-    GenerationOptions,
-    ResolvedSampling,
     sample_next_tokens,
 )
-from toolrollout.engines.embedded._vision import VisionInputs
 
-__all__ = ["Event", "Scheduler", "Sequence", "Sink"]
+__all__ = ["Event", "Scheduler"]
 
 logger = logging.getLogger(__name__)
-
-Event = EmbeddedOutput | EngineError
-"""What a request's sink receives: snapshots (the last one finished) or one error."""
 
 ABORT_RUNNING_MESSAGE = "Aborted"
 """SGLang's ``FINISH_ABORT()`` default message for a request aborted while running."""
 ABORT_WAITING_MESSAGE = "Abort in waiting queue"
 ENGINE_CLOSED_MESSAGE = "Engine closed"
-
-
-class Sink:
-    """Hands events to a callback on the event loop that submitted the request."""
-
-    __slots__ = ("_callback", "_loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, callback: Callable[[Event], None]):
-        self._loop = loop
-        self._callback = callback
-
-    def deliver(self, event: Event) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._callback, event)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            logger.debug("dropping an event for a closed event loop")
-
-
-@dataclass(eq=False)
-class Sequence:
-    """One request inside the scheduler (mutated by the worker thread only)."""
-
-    rid: str
-    prompt: list[int]
-    sampling: ResolvedSampling
-    options: GenerationOptions
-    return_logprob: bool
-    sink: Sink
-    rng: random.Random | None
-    """Per-request random stream (None for greedy rows)."""
-    stop_tail_tokens: int
-    """How many trailing tokens to decode when looking for stop strings."""
-    created: float = field(default_factory=time.perf_counter)
-    output_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    output_top: list[TopLogprobs] = field(default_factory=list)
-    input_ids: tuple[int, ...] = ()
-    input_logprobs: tuple[float | None, ...] = ()
-    input_top: tuple[TopLogprobs | None, ...] = ()
-    finish: FinishReason | None = None
-    aborted_in_waiting_queue: bool = False
-    vision: VisionInputs | None = None
-    """Pixel inputs of a prompt with images (prefilled alone, with 3-D positions)."""
-    position_offset: int = 0
-    """Added to a token's index to get its rotary position (non-zero after images)."""
-    weight_spans: list[tuple[int, int, str]] = field(default_factory=list)
-    """``(start, end, version)`` runs of output ids by the weights that produced them (a
-    request paused across a weight update continues on the new ones), as SGLang's
-    ``meta_info.weight_versions``."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Submit:
-    seq: Sequence
-
-
-@dataclass(frozen=True, slots=True)
-class _Abort:
-    rid: str
-    exact: bool
-    abort_all: bool
-
-    def matches(self, rid: str) -> bool:
-        if self.abort_all:
-            return True
-        return rid == self.rid if self.exact else rid.startswith(self.rid)
-
-
-@dataclass(frozen=True, slots=True)
-class _Stop:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class _Hold:
-    """Stop (or resume) admitting and decoding; running rows keep their KV cache."""
-
-    held: bool
-
-
-@dataclass(frozen=True, slots=True)
-class _SwapModel:
-    """Replace the model between two steps; ``done`` is set once the swap happened."""
-
-    model: LoadedModel
-    done: threading.Event
-
-
-@dataclass(frozen=True, slots=True)
-class _Between:
-    """Run ``call`` on the worker thread between two steps (an in-place weight load).
-
-    The worker thread is the only one that runs forward passes, so a change made there
-    can never be seen half-done by a step.
-    """
-
-    call: Callable[[LoadedModel], None]
-    future: Future[None]
-
-
-_Command = _Submit | _Abort | _Stop | _Hold | _SwapModel | _Between
 
 
 class Scheduler:
@@ -179,7 +80,7 @@ class Scheduler:
         self._weight_version = weight_version
         self._on_done = on_done
         self._num_threads = num_threads
-        self._inbox: queue.SimpleQueue[_Command] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._waiting: deque[Sequence] = deque()
         self._rows: list[Sequence] = []
         self._kv: list[LayerKV] = []
@@ -197,7 +98,7 @@ class Scheduler:
 
     def stop(self) -> None:
         """Ask the thread to end; in-flight requests finish as aborted."""
-        self._inbox.put(_Stop())
+        self._inbox.put(Stop())
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
@@ -207,25 +108,25 @@ class Scheduler:
         return self._thread.is_alive()
 
     def submit(self, seq: Sequence) -> None:
-        self._inbox.put(_Submit(seq))
+        self._inbox.put(Submit(seq))
 
     def abort(self, rid: str, *, exact: bool = False, abort_all: bool = False) -> None:
-        self._inbox.put(_Abort(rid, exact, abort_all))
+        self._inbox.put(Abort(rid, exact, abort_all))
 
     def hold(self, held: bool) -> None:
         """Pause (``True``) or resume generation; aborts and submits are still taken."""
-        self._inbox.put(_Hold(held))
+        self._inbox.put(Hold(held))
 
     def swap_model(self, model: LoadedModel) -> threading.Event:
         """Queue a model swap; the returned event is set once the thread applied it."""
         done = threading.Event()
-        self._inbox.put(_SwapModel(model, done))
+        self._inbox.put(SwapModel(model, done))
         return done
 
     def run_between_steps(self, call: Callable[[LoadedModel], None]) -> Future[None]:
         """Queue ``call(model)`` for the worker thread; the future holds its outcome."""
         future: Future[None] = Future()
-        self._inbox.put(_Between(call, future))
+        self._inbox.put(Between(call, future))
         return future
 
     @property
@@ -278,18 +179,18 @@ class Scheduler:
             except queue.Empty:
                 return True
             block = False
-            if isinstance(command, _Stop):
+            if isinstance(command, Stop):
                 return False
-            if isinstance(command, _Submit):
+            if isinstance(command, Submit):
                 self._waiting.append(command.seq)
-            elif isinstance(command, _Hold):
+            elif isinstance(command, Hold):
                 self._held = command.held
-            elif isinstance(command, _SwapModel):
+            elif isinstance(command, SwapModel):
                 # Between steps: rows already running continue on the new weights with
                 # the KV cache computed by the old ones (what SGLang does in place).
                 self._model = command.model
                 command.done.set()
-            elif isinstance(command, _Between):
+            elif isinstance(command, Between):
                 try:
                     command.call(self._model)
                 except Exception as exc:  # handed to the caller, the thread goes on
@@ -299,7 +200,7 @@ class Scheduler:
             else:
                 self._apply_abort(command)
 
-    def _apply_abort(self, command: _Abort) -> None:
+    def _apply_abort(self, command: Abort) -> None:
         for seq in [s for s in self._waiting if command.matches(s.rid)]:
             self._waiting.remove(seq)
             seq.aborted_in_waiting_queue = True
@@ -317,9 +218,9 @@ class Scheduler:
                 command = self._inbox.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(command, _Submit):
+            if isinstance(command, Submit):
                 self._waiting.append(command.seq)
-            elif isinstance(command, _Between):
+            elif isinstance(command, Between):
                 command.future.set_exception(RuntimeError("the scheduler stopped"))
         for seq in self._waiting:
             seq.aborted_in_waiting_queue = True

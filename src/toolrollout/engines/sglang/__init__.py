@@ -12,7 +12,7 @@ from __future__ import annotations
 from .._routing import ServerStats as ServerStats
 from .._transport import ENGINE_RETRY as ENGINE_RETRY
 from .._transport import RetryPolicy as RetryPolicy
-from .._wire import StreamChunk as StreamChunk
+from .._types import StreamChunk as StreamChunk
 from ._client import DEFAULT_LIMITS as DEFAULT_LIMITS
 from ._client import DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
 from ._client import ClientStats as ClientStats

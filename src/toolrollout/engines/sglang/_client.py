@@ -47,19 +47,11 @@ import anyio
 import httpx
 
 from ..._exceptions import EngineConnectionError, EngineError, EngineRequestRejected
-from .. import _wire
-from .._http_client import (
-    DEFAULT_LIMITS,
-    DEFAULT_TIMEOUT,
-    ClientStats,
-    _empty_abort,
-    _InFlight,
-    _require_n,
-    connection_limits,
-)
+from .. import _stream, _wire
+from .._http_client import ClientStats, _empty_abort, _InFlight, _require_n
+from .._pool import DEFAULT_LIMITS, DEFAULT_TIMEOUT, connection_limits
 from .._transport import _translate
-from .._types import GenerateRequest, GenerateResult
-from .._wire import StreamChunk
+from .._types import GenerateRequest, GenerateResult, StreamChunk
 from ._control import _ControlPlane
 
 __all__ = [
@@ -140,16 +132,16 @@ class SGLangClient(_ControlPlane):
                     )
                     return
                 raise
-            accumulator = _wire.StreamAccumulator(
+            accumulator = _stream.StreamAccumulator(
                 rid=entry.rid, prompt_tokens_hint=len(request.input_ids), server_url=url
             )
             failed = True
             try:
                 async for line in response.aiter_lines():
-                    payload = _wire.sse_data(line)
+                    payload = _stream.sse_data(line)
                     if payload is None:
                         continue
-                    if payload.strip() == _wire.DONE:
+                    if payload.strip() == _stream.DONE:
                         break
                     data = _wire.parse_json(payload.encode(), what=f"stream from {url}")
                     yield accumulator.add(data)

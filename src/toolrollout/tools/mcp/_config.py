@@ -31,8 +31,9 @@ from .._base import Tool
 from .._config import _import, _key_path, _limits, _message
 from .._models import ToolEntryModel
 from .._registry import BuildContext
+from ._connection import describe
 from ._launch import LocalMcpHttpService
-from ._manager import McpClientManager, McpRoot, _describe, _each
+from ._manager import McpClientManager, McpRoot, _each
 from ._servers import HttpServer, McpServerSpec, load_mcp_servers
 from ._tool import McpTool, build_mcp_tools
 
@@ -249,7 +250,7 @@ def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
     except Exception as exc:
         raise ConfigError(
             f"{where('mcp')}: cannot list the tools of the servers in {path}: "
-            + (str(exc) if isinstance(exc, ToolRolloutError) else _describe(exc))
+            + (str(exc) if isinstance(exc, ToolRolloutError) else describe(exc))
         ) from exc
     if settings.tool_selected_list is not None:
         available = {info.name for infos in listings.values() for info in infos}

@@ -4,7 +4,7 @@ The server runs supervised (:mod:`toolrollout._supervisor`): restarted when it d
 answering HTTP (its liveness probe: any answer to ``GET /``), killed with the run, a stale
 one of an earlier run on its port replaced. A restarted server has forgotten its sessions:
 the manager waits while it restarts and replaces a session opened on an earlier process
-of it before sending a call (``_Server.acquire``).
+of it before sending a call (``ServerConnection.acquire``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from toolrollout._net import is_listening
+from toolrollout._port_records import claim_port
 from toolrollout._security import keyless_environ
-from toolrollout._supervisor import (
-    RestartPolicy,
-    ServiceCommand,
-    SupervisedService,
-    claim_port,
-    supervise,
-)
+from toolrollout._supervisor import RestartPolicy, ServiceCommand, SupervisedService, supervise
 
 from ._servers import HttpServer
 
