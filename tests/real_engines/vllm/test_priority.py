@@ -18,7 +18,8 @@ import pytest
 
 from tests.real_engines.vllm._server import VLLMServer, run_server
 from toolrollout.engines import GenerateRequest, SamplingParams, SchedulingConfig, VLLMClient
-from toolrollout.engines._scheduling import Scheduler, ServerPriority
+from toolrollout.engines._priority import ServerPriority
+from toolrollout.engines._scheduling import Scheduler
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.slow, pytest.mark.timeout(600)]
 
