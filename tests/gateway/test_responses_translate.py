@@ -20,13 +20,15 @@ from pydantic import BaseModel
 
 from toolrollout.apps.gateway import ChatResult, GatewayError
 from toolrollout.apps.gateway._responses import (
-    output_items,
     parse_responses_request,
-    response_events,
-    response_object,
     responses_error,
     responses_messages,
     responses_to_chat,
+)
+from toolrollout.apps.gateway._responses_output import (
+    output_items,
+    response_events,
+    response_object,
 )
 from toolrollout.apps.gateway._types import ChatChoice, ToolCallOut
 
