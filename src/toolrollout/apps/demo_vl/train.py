@@ -67,7 +67,7 @@ class VideoExample:
 def _encode(
     tokenizer: Any, fmt: Any, messages: list[dict[str, Any]], tools: list[Any], pngs: list[bytes]
 ) -> VideoExample:
-    from toolrollout.apps.demo.train import encode_dialog
+    from toolrollout.apps.demo.tokenizer import encode_dialog
 
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
     ids = tokenizer.encode(text, add_special_tokens=False)
