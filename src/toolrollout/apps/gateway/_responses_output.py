@@ -13,7 +13,6 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ._sse import whole
 from ._types import ChatChoice, ChatResult, GatewayError, StreamDelta, ToolCallOut
 
 if TYPE_CHECKING:
@@ -23,7 +22,6 @@ __all__ = [
     "ResponseStreamWriter",
     "new_id",
     "output_items",
-    "response_events",
     "response_object",
 ]
 
@@ -288,16 +286,3 @@ class ResponseStreamWriter:
             error={"code": "server_error", "message": exc.message},
         )
         return [self._emit("response.failed", response=failed)]
-
-
-def response_events(
-    result: ChatResult, request: ResponsesRequest, *, response_id: str
-) -> list[dict[str, Any]]:
-    """The stream of one finished turn (reasoning and text each in one delta)."""
-    writer = ResponseStreamWriter(
-        request,
-        response_id=response_id,
-        created=result.created,
-        model=result.model or request.model,
-    )
-    return whole(writer, result)
