@@ -30,8 +30,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -40,6 +38,7 @@ from typing import Any
 
 import anyio
 
+from ._harness import run_worker
 from ._real_modes import warm_up
 
 __all__ = ["REAL_MODES", "RealBenchConfig", "plot_real", "run_real_benchmark"]
@@ -158,7 +157,6 @@ def run_real_benchmark(
         "results": {},
     }
     report["engine"] = "vLLM" if "vllm_version" in report["server"] else "SGLang"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     if progress is not None:
         progress("warm-up ...")
     report["warm_up_s"] = anyio.run(warm_up, config)
@@ -176,7 +174,7 @@ def run_real_benchmark(
                 ordered.insert(1, "bound")
             results: dict[str, Any] = {}
             for mode in ordered:
-                results[mode] = _run_mode(mode, config, env, timeout, progress, round_index)
+                results[mode] = _run_mode(mode, config, timeout, progress, round_index)
             rounds_out.append(results)
     finally:
         turns_file.unlink(missing_ok=True)
@@ -194,7 +192,6 @@ def run_real_benchmark(
 def _run_mode(
     mode: str,
     config: RealBenchConfig,
-    env: dict[str, str],
     timeout: float,
     progress: Callable[[str], None] | None,
     round_index: int,
@@ -208,18 +205,8 @@ def _run_mode(
         return {"skipped": "verifiers is not installed"}
     if progress is not None:
         progress(f"round {round_index + 1}: {mode} ...")
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "toolrollout.apps.bench._real_modes", mode,
-             json.dumps(asdict(config))],
-            capture_output=True, text=True, env=env, timeout=timeout, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as exc:
-        raise BenchmarkError(f"mode {mode!r} did not finish within {timeout:.0f} s") from exc
-    if done.returncode != 0:
-        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise BenchmarkError(f"mode {mode!r} failed: {tail[0]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    args = [mode, json.dumps(asdict(config))]
+    result = run_worker("toolrollout.apps.bench._real_modes", args, mode=mode, timeout=timeout)
     if result.get("errors"):  # a makespan of failed rows measures nothing
         raise BenchmarkError(
             f"mode {mode!r}: {result['errors']} of {result['trajectories']} "
