@@ -32,38 +32,16 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import anyio
 
 from ._harness import run_worker
-from ._real_modes import warm_up
+from ._real_modes import REAL_MODES, RealBenchConfig, warm_up
 
-__all__ = ["REAL_MODES", "RealBenchConfig", "plot_real", "run_real_benchmark"]
-
-REAL_MODES = ("toolrollout", "lockstep", "verifiers", "bound")
-
-
-@dataclass(frozen=True)
-class RealBenchConfig:
-    engine_url: str
-    model: str
-    prompts: int
-    n: int
-    max_turns: int
-    max_new_tokens: int
-    temperature: float
-    tool_median: float
-    tool_sigma: float
-    seed: int
-    """The tool latencies' seed (the engine gets no seeds: see ``run_toolrollout``)."""
-    concurrency: int
-    turns_file: str
-    """Where the toolrollout mode's model turns go for the bound to replay."""
-    engine: str = "auto"
-    """The server kind (``connect``'s ``engine``)."""
+__all__ = ["plot_real", "run_real_benchmark"]
 
 
 def _machine() -> dict[str, Any]:

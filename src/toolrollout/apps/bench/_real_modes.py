@@ -10,17 +10,38 @@ import resource
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
 from toolrollout.tools.calculator import CALCULATOR_TOOL
 
-if TYPE_CHECKING:
-    from ._real import RealBenchConfig
+__all__ = ["REAL_MODES", "RealBenchConfig", "main", "warm_up", "worker"]
 
-__all__ = ["main", "warm_up", "worker"]
+
+REAL_MODES = ("toolrollout", "lockstep", "verifiers", "bound")
+
+
+@dataclass(frozen=True)
+class RealBenchConfig:
+    engine_url: str
+    model: str
+    prompts: int
+    n: int
+    max_turns: int
+    max_new_tokens: int
+    temperature: float
+    tool_median: float
+    tool_sigma: float
+    seed: int
+    """The tool latencies' seed (the engine gets no seeds: see ``run_toolrollout``)."""
+    concurrency: int
+    turns_file: str
+    """Where the toolrollout mode's model turns go for the bound to replay."""
+    engine: str = "auto"
+    """The server kind (``connect``'s ``engine``)."""
 
 
 def _latency(config: RealBenchConfig) -> Any:
@@ -406,8 +427,6 @@ async def warm_up(config: RealBenchConfig) -> float:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m toolrollout.apps.bench._real_modes MODE '<config json>'``: one mode."""
-    from ._real import REAL_MODES, RealBenchConfig
-
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] not in REAL_MODES:
         raise SystemExit("usage: python -m toolrollout.apps.bench._real_modes MODE '<config json>'")

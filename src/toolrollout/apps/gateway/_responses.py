@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from toolrollout.apps.server._openai import validate_body
@@ -43,7 +42,13 @@ from ._http import (
     request_metadata,
 )
 from ._parts import chat_content, invalid, require_str
-from ._responses_output import ResponseStreamWriter, new_id, output_items, response_object
+from ._responses_output import (
+    ResponsesRequest,
+    ResponseStreamWriter,
+    new_id,
+    output_items,
+    response_object,
+)
 from ._sse import relay, sse_bytes, stream_response
 from ._types import ChatRequest, GatewayError
 
@@ -52,34 +57,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ResponseStore",
-    "ResponsesRequest",
     "StoredResponse",
     "add_responses_routes",
     "parse_responses_request",
     "responses_error",
     "responses_to_chat",
 ]
-
-
-class ResponsesRequest(BaseModel):
-    """The fields of a Responses request the gateway reads (others are accepted, unused)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str = ""
-    input: str | list[dict[str, Any]]
-    instructions: str | None = None
-    tools: list[dict[str, Any]] = Field(default_factory=list)
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool = True
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    stream: bool = False
-    store: bool | None = None
-    previous_response_id: str | None = None
-    conversation: str | dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:

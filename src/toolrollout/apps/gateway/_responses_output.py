@@ -1,5 +1,5 @@
-"""The answer of the OpenAI Responses API (``_responses.py``): output items, the
-``response`` object and its stream events.
+"""The OpenAI Responses API's request model and its answer (``_responses.py`` serves it):
+output items, the ``response`` object and its stream events.
 
 The ``output`` lists a ``reasoning`` item (when the family separates reasoning), a
 ``message`` item (its text) and one ``function_call`` item per parsed call, in that order,
@@ -11,19 +11,40 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from ._types import ChatChoice, ChatResult, GatewayError, StreamDelta, ToolCallOut
 
-if TYPE_CHECKING:
-    from ._responses import ResponsesRequest
-
 __all__ = [
     "ResponseStreamWriter",
+    "ResponsesRequest",
     "new_id",
     "output_items",
     "response_object",
 ]
+
+
+class ResponsesRequest(BaseModel):
+    """The fields of a Responses request the gateway reads (others are accepted, unused)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = ""
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stream: bool = False
+    store: bool | None = None
+    previous_response_id: str | None = None
+    conversation: str | dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
 
 
 def new_id(prefix: str) -> str:
