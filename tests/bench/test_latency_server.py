@@ -18,8 +18,9 @@ from tests._latency import lookup
 from transformers import AutoTokenizer
 
 from toolrollout.apps.bench import LatencyModel, ToolLatency, Workload
+from toolrollout.apps.bench._scheduler import LatencyServer
 from toolrollout.apps.bench._script import TOOL_NAME, TurnScript
-from toolrollout.apps.bench._server import LatencyServer, create_latency_app
+from toolrollout.apps.bench._server import create_latency_app
 from toolrollout.apps.bench._tools import create_tool_app
 from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.chat import ChatFormat

@@ -25,11 +25,9 @@ from transformers import AutoTokenizer
 
 from toolrollout.apps.bench import LatencyModel, ServerScheduling, Workload
 from toolrollout.apps.bench._metrics import kv_bound_makespan
-from toolrollout.apps.bench._server import (
-    PRIORITY_DISABLED_MESSAGE,
-    LatencyServer,
-    create_latency_app,
-)
+from toolrollout.apps.bench._model import PRIORITY_DISABLED_MESSAGE
+from toolrollout.apps.bench._scheduler import LatencyServer
+from toolrollout.apps.bench._server import create_latency_app
 from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.chat import ChatFormat
 from toolrollout.engines import GenerateRequest, SamplingParams

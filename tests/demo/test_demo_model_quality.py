@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from toolrollout.apps.demo import DEMO_MODEL_PATH, load_demo_prompts
-from toolrollout.apps.demo.dialogs import generate_problems, is_heldout
+from toolrollout.apps.demo.calculator_tasks import generate_problems, is_heldout
 from toolrollout.apps.demo.train import parse_args
 from toolrollout.tools.calculator import CALCULATOR_TOOL, CalculatorError, calculator, evaluate
 

@@ -74,7 +74,8 @@ async def test_search_tool_outputs_are_the_retriever_servers() -> None:
 @pytest.mark.slow
 def test_build_tokenizer_reproduces_the_shipped_tokenizer() -> None:
     """Retraining is minutes; the tokenizer step alone proves the data and its order."""
-    from toolrollout.apps.demo.train import build_tokenizer, parse_args, training_texts
+    from toolrollout.apps.demo.tokenizer import build_tokenizer
+    from toolrollout.apps.demo.train import parse_args, training_texts
 
     args = parse_args([])
     tokenizer = build_tokenizer(training_texts(args)[: args.tokenizer_dialogs])

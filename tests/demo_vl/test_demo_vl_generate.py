@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH
-from toolrollout.apps.demo_vl.train import HELDOUT_SEED_BASE, windows
+from toolrollout.apps.demo_vl.dialogs import HELDOUT_SEED_BASE, windows
 from toolrollout.apps.demo_vl.video import make_video, plan_segments
 
 pytest.importorskip("av")

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from toolrollout.apps.distributed._driver import RayOptions, _engine
+from toolrollout.apps.distributed._engines import run_engines
 from toolrollout.spec import RunSpec
 
 GENERATE = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
@@ -29,7 +29,7 @@ def test_the_shared_engine_needs_the_runs_own_key(monkeypatch: pytest.MonkeyPatc
     spec = RunSpec(threads=1, health_timeout=120.0)
     keys = []
     for _ in range(2):
-        with _engine(None, spec, RayOptions(workers=1)) as engine:
+        with run_engines(None, spec, None) as engine:
             (url,) = engine.ready()
             key = engine.api_key
             assert key is not None and len(key) >= 32

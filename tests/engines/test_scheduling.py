@@ -19,7 +19,8 @@ from transformers import AutoTokenizer
 
 from toolrollout._exceptions import UserError
 from toolrollout.apps.bench import LatencyModel, ServerScheduling, Workload
-from toolrollout.apps.bench._server import LatencyServer, create_latency_app
+from toolrollout.apps.bench._scheduler import LatencyServer
+from toolrollout.apps.bench._server import create_latency_app
 from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.engines import SamplingParams, SGLangClient
 from toolrollout.engines._admission import AdmissionControl, LagAdmission

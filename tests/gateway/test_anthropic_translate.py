@@ -18,14 +18,16 @@ from pydantic import BaseModel
 
 from toolrollout.apps.gateway import ChatResult, GatewayError
 from toolrollout.apps.gateway._anthropic import (
+    MessageStreamWriter,
     anthropic_error,
     anthropic_messages,
-    message_events,
     message_object,
     messages_to_chat,
     parse_messages_request,
 )
-from toolrollout.apps.gateway._types import ChatChoice, ToolCallOut
+from toolrollout.apps.gateway._types import ChatChoice, StreamStart, ToolCallOut
+
+from ._turn import turn_events
 
 CALC = {
     "name": "calculator",
@@ -110,7 +112,9 @@ def test_the_message_is_valid_for_the_sdk(c: ChatChoice) -> None:
 
 @pytest.mark.parametrize("c", CHOICES)
 def test_the_stream_accumulates_to_the_same_message(c: ChatChoice) -> None:
-    events = message_events(result(c), request(stream=True), message_id="msg_1")
+    res = result(c)
+    start = StreamStart("msg_1", res.model, res.created, res.prompt_tokens)
+    events = turn_events(MessageStreamWriter(request(stream=True), start, message_id="msg_1"), res)
     snapshot = None
     json_bufs: dict[int, bytes] = {}
     for raw in events:

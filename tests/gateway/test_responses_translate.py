@@ -20,15 +20,19 @@ from pydantic import BaseModel
 
 from toolrollout.apps.gateway import ChatResult, GatewayError
 from toolrollout.apps.gateway._responses import (
-    output_items,
     parse_responses_request,
-    response_events,
-    response_object,
     responses_error,
     responses_messages,
     responses_to_chat,
 )
+from toolrollout.apps.gateway._responses_output import (
+    ResponseStreamWriter,
+    output_items,
+    response_object,
+)
 from toolrollout.apps.gateway._types import ChatChoice, ToolCallOut
+
+from ._turn import turn_events
 
 CALC = {
     "type": "function",
@@ -122,7 +126,9 @@ def test_the_stream_replays_through_the_sdk_accumulator(c: ChatChoice) -> None:
     """Each event validates as the SDK's event type, the SDK's stream state accepts the
     order, and the text and arguments it accumulates equal the final response's."""
     req = request(tools=[CALC], stream=True)
-    events = response_events(result(c), req, response_id="resp_1")
+    res = result(c)
+    writer = ResponseStreamWriter(req, response_id="resp_1", created=res.created, model=res.model)
+    events = turn_events(writer, res)
     state: ResponseStreamState[Any] = ResponseStreamState(
         input_tools=[CALC],  # type: ignore[list-item]
         text_format=omit,

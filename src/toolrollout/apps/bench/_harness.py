@@ -56,11 +56,14 @@ __all__ = [
     "BenchReport",
     "mode_policies",
     "run_benchmark",
+    "run_worker",
     "serve_benchmark_services",
 ]
 
 MODES = ("toolrollout", "oversample", "lockstep", "verifiers", "httpx", "aiohttp")
 _POLICY_MODES = ("toolrollout", "oversample")
+_WORKER = "toolrollout.apps.bench._worker"
+"""What a mode's worker process runs (``python -m``)."""
 BARE_MODES = ("httpx", "aiohttp")
 """The bare POST modes: they follow each sample's own script, so not a grouped workload."""
 
@@ -271,9 +274,14 @@ def _process_cpu_s(pids: Sequence[int]) -> float:
     return total
 
 
+def _worker_env() -> dict[str, str]:
+    """The environment of the benchmark's processes: one thread per numeric library."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
 @contextmanager
 def _process(args: list[str], url: str, pids: list[int] | None = None) -> Iterator[str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = _worker_env()
     # stderr goes to a file, not a pipe nobody reads (a full pipe would block the service).
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=env)
@@ -336,23 +344,19 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def _run_worker(spec: DriverSpec, timeout: float) -> dict[str, Any]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    payload = json.dumps({**asdict(spec), "engine_urls": list(spec.engine_urls)})
+def run_worker(module: str, args: Sequence[str], *, mode: str, timeout: float) -> dict[str, Any]:
+    """``python -m module *args`` in a process of its own; the JSON object on the last line
+    of its output (a :class:`BenchmarkError` naming ``mode`` when it fails or times out)."""
+    argv = [sys.executable, "-m", module, *args]
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "toolrollout.apps.bench._worker", payload],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=timeout,
-            check=False,
+            argv, capture_output=True, text=True, env=_worker_env(), timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired as exc:
-        raise BenchmarkError(f"mode {spec.mode!r} did not finish within {timeout:.0f} s") from exc
+        raise BenchmarkError(f"mode {mode!r} did not finish within {timeout:.0f} s") from exc
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        raise BenchmarkError(f"mode {spec.mode!r} failed: {tail[0]}")
+        raise BenchmarkError(f"mode {mode!r} failed: {tail[0]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
@@ -466,7 +470,8 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
                 previous_steps=config.previous_steps,
             )
             services_before = _process_cpu_s(pids)
-            raw = _run_worker(spec, config.mode_timeout_s)
+            args = [json.dumps({**asdict(spec), "engine_urls": list(spec.engine_urls)})]
+            raw = run_worker(_WORKER, args, mode=spec.mode, timeout=config.mode_timeout_s)
             services_cpu = _process_cpu_s(pids) - services_before
             requests, calls, counts = _logs(engines, tool_url)
             if config.log_dir:

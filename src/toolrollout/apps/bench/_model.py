@@ -13,6 +13,7 @@ import hashlib
 import math
 import random
 import re
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -23,9 +24,11 @@ __all__ = [
     "FINISH_TOOLS",
     "GC_THRESHOLD_RE",
     "GROUP_DIRECTIVE_RE",
+    "PRIORITY_DISABLED_MESSAGE",
     "UNPACED",
     "DriverSpec",
     "LatencyModel",
+    "PriorityRefused",
     "ServerScheduling",
     "ToolLatency",
     "WorkerFlags",
@@ -140,6 +143,16 @@ class LatencyModel:
         )
 
 
+PRIORITY_DISABLED_MESSAGE = (
+    "Using priority is disabled for this server. Please send a new request without a priority."
+)
+"""SGLang's abort message for a priority sent to a server without priority scheduling."""
+
+
+class PriorityRefused(UserError):
+    """A request carried a priority to a server started with --abort-on-priority-when-disabled."""
+
+
 @dataclass(frozen=True, slots=True)
 class ServerScheduling:
     """SGLang's priority-scheduling server arguments, with SGLang's defaults.
@@ -175,6 +188,35 @@ class ServerScheduling:
         if not self.preemption:
             args.append("--disable-priority-preemption")
         return args
+
+    def resolve(self, priority: int | None) -> int:
+        """SGLang's ``_set_or_validate_priority``: the default, the refusal, or ignore."""
+        if not self.enabled:
+            if priority is not None and self.abort_when_disabled:
+                raise PriorityRefused(PRIORITY_DISABLED_MESSAGE)
+            return 0  # ignored: every request is equal, the queue stays FCFS
+        if priority is not None:
+            return priority
+        if self.default_priority is not None:
+            return self.default_priority
+        return sys.maxsize if self.low_values_first else -sys.maxsize - 1
+
+    def rank(self, priority: int, entry: float, seq: int) -> tuple[float, float]:
+        """Sort key of the wait queue; smaller is served first (``seq``: arrival order)."""
+        if not self.enabled:
+            return (0.0, float(seq))
+        sign = 1 if self.low_values_first else -1
+        return (float(priority * sign), entry)
+
+    def victim_order(self, priority: int, entry: float) -> tuple[float, float]:
+        """SGLang's preemption order: lowest priority first, then the latest to queue."""
+        sign = 1 if self.low_values_first else -1
+        return (float(priority * -sign), -entry)
+
+    def outranks(self, new: int, running: int) -> bool:
+        """Whether a waiting request's priority may preempt a running one's."""
+        sign = 1 if self.low_values_first else -1
+        return (new - running) * -sign > self.preemption_threshold
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from toolrollout.engines._types import FinishReason, SamplingParams
+
 from ._model import WorkloadGroup, WorkloadItem, parse_directive, parse_group_directive
 
 __all__ = ["TOOL_NAME", "ScriptedTurn", "TurnScript"]
@@ -145,6 +147,16 @@ class TurnScript:
         if ids[: len(head)] != head:
             raise ValueError("the assistant header does not tokenize on its own")
         return ids[len(head) :]
+
+    def answer(self, text: str, sampling: SamplingParams) -> tuple[list[int], FinishReason]:
+        """The ids a server answers ``text`` with under ``sampling``, and why they end."""
+        output = self.output_ids(text)
+        max_new = sampling.max_new_tokens
+        if sampling.ignore_eos:  # SGLang decodes max_new_tokens whatever it samples
+            output = (output * (max_new // max(len(output), 1) + 1))[:max_new] or [0] * max_new
+        if len(output) > max_new or sampling.ignore_eos:
+            return output[:max_new], FinishReason("length", length=max_new)
+        return output, FinishReason("stop", matched=self.im_end)
 
     def _fill(self, tokens: int, tail: str) -> str:
         """Filler words so that the turn has about ``tokens`` tokens in all."""

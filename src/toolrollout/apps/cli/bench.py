@@ -150,12 +150,8 @@ def _real(flags: Any) -> None:
     from rich.console import Console
 
     from toolrollout._exceptions import ToolRolloutError
-    from toolrollout.apps.bench._real import (
-        REAL_MODES,
-        RealBenchConfig,
-        plot_real,
-        run_real_benchmark,
-    )
+    from toolrollout.apps.bench._real import plot_real, run_real_benchmark
+    from toolrollout.apps.bench._real_modes import REAL_MODES, RealBenchConfig
     from toolrollout.apps.demo import DEMO_MODEL_PATH
 
     console = Console(stderr=True)

@@ -4,31 +4,19 @@ Everything here is driven by a seeded :class:`random.Random`, so the training co
 tokenizer trained on it and the shipped prompt sets are reproducible bit for bit.
 
 There are three task families, each rendered with the tool list its tool config shows:
-``calculator`` (below), ``python`` (:mod:`toolrollout.apps.demo.code_tasks`: the sandbox tool)
-and ``search`` (:mod:`toolrollout.apps.demo.search_tasks`: the demo corpus). A
-:class:`Dialog` records its family so the training script renders it with that family's
-tools (:func:`family_tools`).
+``calculator`` (:mod:`toolrollout.apps.demo.calculator_tasks`: arithmetic), ``python``
+(:mod:`toolrollout.apps.demo.code_tasks`: the sandbox tool) and ``search``
+(:mod:`toolrollout.apps.demo.search_tasks`: the demo corpus); this module renders their
+tasks as dialogs. A :class:`Dialog` records its family so the training script renders it
+with that family's tools (:func:`family_tools`). A calculator dialog is the assistant's
+``calculator`` call(s), the calculator's real output(s) and a final turn that states it.
 
-The calculator family: a :class:`Problem` is an arithmetic question in natural language
-with the calculator expression(s) that answer it. A dialog renders a problem as chat
-messages: the assistant calls ``calculator``, the tool message carries the calculator's
-real output, and the assistant's final turn states that output. Three shapes exist:
-
-* ``single``: one call (``"What is 37 * 12?"`` → ``calculator("37 * 12")`` → ``"444"``);
-* ``chain``: two sequential calls, the second one using the first result
-  (``"Compute 12 * 7, then add 5 to the result."``);
-* ``parallel``: two independent calls in one assistant turn, whose two tool results are
-  merged into one user turn by the chat template.
-
-Held-out problems are chosen by hashing each canonical expression (:func:`is_heldout`):
-a training problem never contains a held-out expression, so the shipped prompts (drawn
-only from the held-out side) were never seen during training. The other families hold
-out programs and corpus questions the same way.
+Each family holds out problems, programs or corpus questions by a stable hash, so the
+shipped prompts (drawn only from the held-out side) were never seen during training.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 from collections.abc import Callable, Iterable, Sequence
@@ -36,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from toolrollout.tools.calculator import CALCULATOR_TOOL, calculator
+from toolrollout.apps.demo.calculator_tasks import EVAL_MIX, Problem, generate_problems, operand
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
 if TYPE_CHECKING:
     from toolrollout.apps.demo.code_tasks import CodeTask
@@ -48,12 +37,9 @@ __all__ = [
     "TRAIN_FAMILY_MIX",
     "Dialog",
     "Family",
-    "Problem",
     "copy_dialogs",
     "dialog_messages",
     "family_tools",
-    "generate_problems",
-    "is_heldout",
     "make_prompt_rows",
     "make_python_prompt_rows",
     "make_search_prompt_rows",
@@ -62,9 +48,6 @@ __all__ = [
     "training_dialogs",
     "write_prompts",
 ]
-
-Kind = Literal["single", "chain", "parallel"]
-Split = Literal["train", "heldout"]
 
 DEFAULT_SYSTEM_PROMPT: Final = "You are a helpful assistant."
 """System message of the shipped prompts (the chat template's default text too)."""
@@ -76,245 +59,6 @@ _TRAIN_SYSTEM_PROMPTS: Final = (
     "You answer arithmetic questions with the help of a calculator tool.",
     None,  # no system message: the template falls back to its default text
 )
-
-HELDOUT_PERCENT: Final = 10
-"""Share of canonical expressions reserved for evaluation."""
-
-
-def is_heldout(expression: str) -> bool:
-    """Whether a canonical expression belongs to the held-out split (stable hash, ~10%)."""
-    digest = hashlib.sha256(f"toolrollout-demo|{expression}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """A question, the calculator calls that solve it (in order) and their real results."""
-
-    kind: Kind
-    question: str
-    calls: tuple[str, ...]
-    """The expressions the assistant passes to ``calculator``, one per call."""
-    results: tuple[str, ...]
-    """The calculator's real output for each call."""
-    split_keys: tuple[str, ...]
-    """The canonical expressions that decide the split (a chain's second step is keyed
-    with its first result replaced by ``R``)."""
-
-    @classmethod
-    def make(cls, kind: Kind, question: str, expressions: Sequence[str]) -> Problem:
-        """Build a problem; in a ``chain`` the second expression holds ``{r}``, the first result."""
-        calls: list[str] = []
-        results: list[str] = []
-        for expression in expressions:
-            call = expression.format(r=results[-1]) if results else expression
-            calls.append(call)
-            results.append(calculator(call))
-        keys = tuple(e.format(r="R") if "{r}" in e else e for e in expressions)
-        return cls(kind, question, tuple(calls), tuple(results), keys)
-
-    @property
-    def answer(self) -> str:
-        """The result the final assistant turn must state."""
-        return self.results[-1]
-
-    @property
-    def split(self) -> Split:
-        """``heldout`` if any of its canonical expressions is held out."""
-        return "heldout" if any(is_heldout(k) for k in self.split_keys) else "train"
-
-
-# ---------------------------------------------------------------------------------------
-# Numbers and questions
-
-_OP_WORDS: Final[dict[str, tuple[str, ...]]] = {
-    "+": ("plus",),
-    "-": ("minus",),
-    "*": ("times", "multiplied by"),
-    "/": ("divided by", "over"),
-}
-
-_SYMBOLIC: Final = (
-    "What is {e}?",
-    "What's {e}?",
-    "Calculate {e}.",
-    "Calculate {e}",
-    "Compute {e}.",
-    "Please evaluate {e}.",
-    "{e} = ?",
-    "How much is {e}?",
-    "Can you work out {e} for me?",
-    "Use the calculator to find {e}.",
-    "what is {e}",
-    "Solve {e}.",
-)
-_WORDED: Final = (
-    "What is {a} {w} {b}?",
-    "How much is {a} {w} {b}?",
-    "Compute {a} {w} {b}.",
-    "Tell me {a} {w} {b}.",
-    "What do you get for {a} {w} {b}?",
-    "Quick question: {a} {w} {b}?",
-)
-_SEMANTIC: Final[dict[str, tuple[str, ...]]] = {
-    # Operands are always mentioned in expression order: the model copies, never reorders.
-    "+": (
-        "What is the sum of {a} and {b}?",
-        "Add {a} and {b}.",
-        "Find the total of {a} and {b}.",
-    ),
-    "-": (
-        "What is the difference between {a} and {b}?",
-        "From {a}, subtract {b}.",
-        "Start with {a} and take away {b}.",
-    ),
-    "*": (
-        "What is the product of {a} and {b}?",
-        "Multiply {a} by {b}.",
-        "Find the product of {a} and {b}.",
-    ),
-    "/": (
-        "Divide {a} by {b}.",
-        "What is the quotient of {a} and {b}?",
-    ),
-}
-_CHAIN_STEPS: Final[dict[str, tuple[str, ...]]] = {
-    "+": ("then add {c} to the result", "then add {c}", "and add {c} to that"),
-    "-": ("then subtract {c} from the result", "then subtract {c}", "and take away {c}"),
-    "*": ("then multiply the result by {c}", "then multiply by {c}", "and double it"),
-}
-_CHAIN_FRAMES: Final = (
-    "Compute {e}, {step}.",
-    "First calculate {e}, {step}.",
-    "Work out {e} and {step}.",
-    "Take {e}, {step}. What do you get?",
-)
-_PARALLEL_FRAMES: Final = (
-    "What are {e1} and {e2}?",
-    "Compute both {e1} and {e2}.",
-    "Calculate {e1} and also {e2}.",
-    "I need two results: {e1} and {e2}.",
-)
-
-
-def _number(rng: random.Random) -> int:
-    """An operand with a mix of magnitudes (one to four digits)."""
-    digits = rng.choices((1, 2, 3, 4), weights=(2, 4, 4, 1))[0]
-    low = 0 if digits == 1 else 10 ** (digits - 1)
-    return rng.randint(low, 10**digits - 1)
-
-
-def _operands(rng: random.Random, op: str) -> tuple[int, int]:
-    if op == "*":
-        a = rng.randint(2, rng.choice((12, 99, 999)))
-        b = rng.randint(2, rng.choice((12, 99, 999)))
-        return a, b
-    if op == "/":
-        b = rng.randint(2, rng.choice((12, 50)))
-        quotient = rng.randint(1, rng.choice((20, 200)))
-        return b * quotient, b
-    return _number(rng), _number(rng)
-
-
-def _binary(rng: random.Random) -> Problem:
-    op = rng.choices(("+", "-", "*", "/"), weights=(3, 3, 3, 1))[0]
-    a, b = _operands(rng, op)
-    expression = f"{a} {op} {b}"
-    style = rng.random()
-    if style < 0.45:
-        question = rng.choice(_SYMBOLIC).format(e=expression)
-    elif style < 0.75:
-        question = rng.choice(_WORDED).format(a=a, w=rng.choice(_OP_WORDS[op]), b=b)
-    else:
-        question = rng.choice(_SEMANTIC[op]).format(a=a, b=b)
-    return Problem.make("single", question, (expression,))
-
-
-def _ternary_expression(rng: random.Random) -> str:
-    a, b, c = (rng.randint(1, rng.choice((9, 99, 999))) for _ in range(3))
-    shape = rng.randrange(6)
-    if shape == 0:
-        return f"({a} + {b}) * {c}"
-    if shape == 1:
-        return f"({a} - {b}) * {c}"
-    if shape == 2:
-        return f"{a} * {b} + {c}"
-    if shape == 3:
-        return f"{a} + {b} * {c}"
-    if shape == 4:
-        return f"{a} * ({b} - {c})"
-    return f"{a} + {b} - {c}"
-
-
-def _ternary(rng: random.Random) -> Problem:
-    expression = _ternary_expression(rng)
-    return Problem.make("single", rng.choice(_SYMBOLIC).format(e=expression), (expression,))
-
-
-def _chain(rng: random.Random) -> Problem:
-    op1 = rng.choice(("+", "-", "*"))
-    a, b = _operands(rng, op1)
-    first = f"{a} {op1} {b}"
-    op2 = rng.choice(("+", "-", "*"))
-    c = rng.randint(2, 99)
-    step = rng.choice(_CHAIN_STEPS[op2])
-    if "double" in step:
-        c = 2
-    step = step.format(c=c)
-    question = rng.choice(_CHAIN_FRAMES).format(e=first, step=step)
-    return Problem.make("chain", question, (first, f"{{r}} {op2} {c}"))
-
-
-def _parallel(rng: random.Random) -> Problem:
-    ops = rng.choices(("+", "-", "*"), k=2)
-    exprs = []
-    for op in ops:
-        a, b = _operands(rng, op)
-        exprs.append(f"{a} {op} {b}")
-    question = rng.choice(_PARALLEL_FRAMES).format(e1=exprs[0], e2=exprs[1])
-    return Problem.make("parallel", question, exprs)
-
-
-_GENERATORS: Final[dict[str, Callable[[random.Random], Problem]]] = {
-    "binary": _binary,
-    "ternary": _ternary,
-    "chain": _chain,
-    "parallel": _parallel,
-}
-TRAIN_MIX: Final[dict[str, float]] = {
-    "binary": 0.66,
-    "ternary": 0.14,
-    "chain": 0.12,
-    "parallel": 0.08,
-}
-"""Share of each problem shape in the training corpus."""
-EVAL_MIX: Final[dict[str, float]] = {"binary": 0.85, "ternary": 0.15}
-"""Share of each shape in the shipped prompt set (single-call problems only)."""
-
-
-def generate_problems(
-    n: int, *, seed: int, split: Split, mix: dict[str, float] | None = None
-) -> list[Problem]:
-    """``n`` distinct problems of the given split, deterministic in ``seed``."""
-    rng = random.Random(seed)
-    mix = TRAIN_MIX if mix is None else mix
-    names = list(mix)
-    weights = [mix[name] for name in names]
-    problems: list[Problem] = []
-    seen: set[str] = set()
-    attempts = 0
-    while len(problems) < n:
-        attempts += 1
-        if attempts > 100 * n + 1000:
-            raise RuntimeError(f"could not draw {n} distinct {split} problems")
-        problem = _GENERATORS[rng.choices(names, weights=weights)[0]](rng)
-        if problem.split != split or problem.question in seen:
-            continue
-        if any(r.startswith("Error") for r in problem.results):
-            continue
-        seen.add(problem.question)
-        problems.append(problem)
-    return problems
 
 
 # ---------------------------------------------------------------------------------------
@@ -332,46 +76,28 @@ _FINAL_PARALLEL: Final = (
 )
 
 
-def _call_message(expressions: Sequence[str]) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": e}}}
-            for e in expressions
-        ],
-    }
+def _calculator_calls(expressions: Iterable[str]) -> dict[str, Any]:
+    return _call_message("calculator", *({"expression": e} for e in expressions))
 
 
-def _tool_messages(results: Iterable[str]) -> list[dict[str, Any]]:
+def _calculator_results(results: Iterable[str]) -> list[dict[str, Any]]:
     return [{"role": "tool", "name": "calculator", "content": r} for r in results]
-
-
-def prompt_messages(
-    problem: Problem, system: str | None = DEFAULT_SYSTEM_PROMPT
-) -> list[dict[str, Any]]:
-    """The conversation up to the first assistant turn: optional system, then the user."""
-    messages: list[dict[str, Any]] = []
-    if system is not None:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": problem.question})
-    return messages
 
 
 def dialog_messages(
     problem: Problem, rng: random.Random, system: str | None = DEFAULT_SYSTEM_PROMPT
 ) -> list[dict[str, Any]]:
     """The full dialog for ``problem``, with the calculator's real outputs as tool messages."""
-    messages = prompt_messages(problem, system)
+    messages = _question_messages(problem.question, system)
     calls, results = problem.calls, problem.results
     if problem.kind == "parallel":
-        messages.append(_call_message(calls))
-        messages.extend(_tool_messages(results))
+        messages.append(_calculator_calls(calls))
+        messages.extend(_calculator_results(results))
         final = rng.choice(_FINAL_PARALLEL).format(r1=results[0], r2=results[1])
     else:
         for call, result in zip(calls, results, strict=True):
-            messages.append(_call_message([call]))
-            messages.extend(_tool_messages([result]))
+            messages.append(_calculator_calls([call]))
+            messages.extend(_calculator_results([result]))
         final = rng.choice(_FINAL_SINGLE).format(r=results[-1])
     messages.append({"role": "assistant", "content": final})
     return messages
@@ -430,12 +156,10 @@ def _question_messages(question: str, system: str | None) -> list[dict[str, Any]
     return messages
 
 
-def _single_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
-    }
+def _call_message(name: str, *arguments: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn of calls to ``name``, one per ``arguments``, and no text."""
+    calls = [{"type": "function", "function": {"name": name, "arguments": a}} for a in arguments]
+    return {"role": "assistant", "content": "", "tool_calls": calls}
 
 
 def python_dialog(
@@ -444,7 +168,7 @@ def python_dialog(
     """Question, one ``python`` call with the program, the sandbox's output, the bare answer."""
     return [
         *_question_messages(task.question, system),
-        _single_call("python", {"code": task.code}),
+        _call_message("python", {"code": task.code}),
         {"role": "tool", "name": "python", "content": task.result},
         {"role": "assistant", "content": task.answer},
     ]
@@ -456,7 +180,7 @@ def search_dialog(
     """Question, one ``search`` call per hop with the retriever's hits, the bare answer."""
     messages = _question_messages(task.question, system)
     for query, result in zip(task.queries, task.results, strict=True):
-        messages.append(_single_call("search", {"query_list": [query]}))
+        messages.append(_call_message("search", {"query_list": [query]}))
         messages.append({"role": "tool", "name": "search", "content": result})
     messages.append({"role": "assistant", "content": task.answer})
     return messages
@@ -507,7 +231,7 @@ def make_prompt_rows(n: int = 64, *, seed: int = 1234) -> list[dict[str, Any]]:
         rows.append(
             {
                 "id": f"calc-{i:03d}",
-                "messages": prompt_messages(problem),
+                "messages": _question_messages(problem.question, DEFAULT_SYSTEM_PROMPT),
                 "answer": problem.answer,
                 "expression": problem.calls[0],
             }
@@ -568,7 +292,7 @@ _COPY_FRAMES: Final = ("Repeat: {s}", "Say {s}", "Copy this: {s}", "Echo {s}")
 
 
 def _copy_string(rng: random.Random) -> str:
-    terms = [str(_number(rng)) for _ in range(rng.randint(1, 4))]
+    terms = [str(operand(rng)) for _ in range(rng.randint(1, 4))]
     text = terms[0]
     for term in terms[1:]:
         text += f" {rng.choice('+-*/')} {term}"

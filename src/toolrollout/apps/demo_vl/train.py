@@ -6,11 +6,11 @@ minutes on two threads). The script
 1. builds the untrained starting point with :func:`toolrollout.apps.demo_vl.build.build` (the
    text demo's language weights and a seeded one-block ViT);
 2. writes synthetic clips (:mod:`toolrollout.apps.demo_vl.video`: one colour per 2-second
-   segment) and makes dialogs about them: the user asks which colour is shown in a time
-   window of a named clip, the assistant calls ``crop_video`` with that file and window, the
-   tool message is the *real* ``crop_video`` result (the MCP server's own function, converted
-   by the MCP backend, images prepared and placeholders expanded exactly as the rollout loop
-   does), and the assistant names the colour it saw;
+   segment) and makes dialogs about them (:mod:`toolrollout.apps.demo_vl.dialogs`): the
+   user asks which colour is shown in a time window of a named clip, the assistant calls
+   ``crop_video`` with that file and window, the tool message is the *real* ``crop_video``
+   result (images prepared and placeholders expanded exactly as the rollout loop does), and
+   the assistant names the colour it saw;
 3. mixes in the text demo's calculator dialogs so the model keeps calling the calculator;
 4. trains every weight (vision tower and language model) with AdamW, loss on assistant
    tokens only, and saves the same folder layout as the build script.
@@ -22,7 +22,6 @@ the same machine writes the same weights byte for byte.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import random
 import re
@@ -31,7 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, cast
 
 import torch
 
@@ -39,118 +38,21 @@ from toolrollout.apps.demo.dialogs import training_dialogs
 from toolrollout.apps.demo.train import cosine_lr, log_line, optimizer_step
 from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
 from toolrollout.apps.demo_vl.build import build
-from toolrollout.apps.demo_vl.video import COLOURS, Segment, make_video, plan_segments
+from toolrollout.apps.demo_vl.dialogs import (
+    HELDOUT_SEED_BASE,
+    clip_name,
+    crop_turn,
+    png,
+    question,
+    tool_result,
+    video_dialogs,
+    video_tool_schemas,
+    windows,
+)
+from toolrollout.apps.demo_vl.video import COLOURS, make_video, plan_segments
 from toolrollout.tools.calculator import CALCULATOR_TOOL
 
-__all__ = [
-    "HELDOUT_SEED_BASE",
-    "QUESTION_TEMPLATES",
-    "Quality",
-    "VideoExample",
-    "answer_text",
-    "clip_name",
-    "evaluate",
-    "main",
-    "question",
-    "tool_result",
-    "video_tool_schemas",
-    "windows",
-]
-
-QUESTION_TEMPLATES: Final = (
-    "What colour is shown from second {a} to second {b} of {name}?",
-    "Which colour does {name} show between {a}s and {b}s?",
-    "Look at {name} from {a}s to {b}s: what colour is the screen?",
-)
-"""How a question about a clip window is phrased (the window and file are copied)."""
-_NAMES: Final = ("clip", "video", "movie", "cam", "scene", "shot", "demo", "take")
-HELDOUT_SEED_BASE: Final = 10_000
-"""Clip seeds from here on are never used in training (the quality test draws them)."""
-
-
-def clip_name(rng: random.Random) -> str:
-    """A short file name such as ``clip3.mp4`` (the model copies it into the call)."""
-    return f"{rng.choice(_NAMES)}{rng.randrange(10)}.mp4"
-
-
-def windows(segments: Sequence[Segment]) -> list[tuple[int, int, str]]:
-    """Whole-second windows ``(a, b, colour)`` that lie inside one segment."""
-    out: list[tuple[int, int, str]] = []
-    for segment in segments:
-        start, end = int(segment.start), int(segment.end)
-        out.extend((a, b, segment.colour) for a in range(start, end) for b in range(a, end))
-    return out
-
-
-def question(rng: random.Random, name: str, a: int, b: int) -> str:
-    """The user's question for window ``a..b`` of ``name``."""
-    return rng.choice(QUESTION_TEMPLATES).format(a=a, b=b, name=name)
-
-
-def answer_text(colour: str) -> str:
-    """The assistant's final answer once it has seen the frames."""
-    return f"The screen is {colour}."
-
-
-def call_arguments(name: str, a: int, b: int) -> str:
-    """The JSON arguments of the ``crop_video`` call for window ``a..b``."""
-    return json.dumps({"video_path": name, "start_time": a, "end_time": b})
-
-
-def video_tool_schemas(selected: Sequence[str] = ("crop_video",)) -> list[dict[str, Any]]:
-    """The schemas the MCP tools present for ``selected`` (as ``tool_configs/video_demo.yaml``).
-
-    Only ``crop_video`` by default: with ``crop_image`` too the system turn alone is longer
-    than the demo's 1024-token context.
-    """
-    import anyio
-
-    from toolrollout.apps.mcp_servers.video_tools import build_server
-
-    async def listing() -> list[Any]:
-        return list(await build_server().list_tools())
-
-    out = []
-    for info in anyio.run(listing):
-        if info.name not in selected:
-            continue
-        parameters = dict(info.input_schema or {})
-        parameters.setdefault("type", "object")
-        parameters.setdefault("properties", {})
-        out.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": info.name,
-                    "description": info.description or info.title or "",
-                    "parameters": parameters,
-                },
-            }
-        )
-    return out
-
-
-def tool_result(path: Path, a: int, b: int) -> tuple[str, list[Any]]:
-    """Call the real ``crop_video`` in process; return the message text and PIL frames."""
-    import anyio
-    from mcp.types import CallToolResult
-
-    from toolrollout.apps.mcp_servers.video_tools import build_server
-    from toolrollout.tools.mcp._results import mcp_result_to_tool_result
-
-    server = build_server()
-
-    async def call() -> Any:
-        return await server.call_tool(
-            "crop_video", {"video_path": str(path), "start_time": a, "end_time": b}
-        )
-
-    raw = anyio.run(call)
-    result = raw if isinstance(raw, CallToolResult) else CallToolResult(content=list(raw))
-    converted = mcp_result_to_tool_result(result, tool_name="crop_video")
-    if converted.is_error:
-        raise RuntimeError(f"crop_video failed on {path}: {converted.text}")
-    return converted.text, list(converted.images)
+__all__ = ["Quality", "VideoExample", "evaluate", "main"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,58 +67,15 @@ class VideoExample:
 def _encode(
     tokenizer: Any, fmt: Any, messages: list[dict[str, Any]], tools: list[Any], pngs: list[bytes]
 ) -> VideoExample:
-    from toolrollout.apps.demo.train import encode_dialog
+    from toolrollout.apps.demo.tokenizer import encode_dialog
 
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
     ids = tokenizer.encode(text, add_special_tokens=False)
-    prepared = [fmt.prepare(png) for png in pngs]
+    prepared = [fmt.prepare(data) for data in pngs]
     expanded, _ = fmt.expand(ids, [p.num_tokens for p in prepared])
     header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
     mask = encode_dialog(tokenizer, expanded, header)
     return VideoExample(tuple(expanded), tuple(mask), tuple(p.png for p in prepared))
-
-
-def video_dialogs(
-    n_clips: int, *, seed: int, workdir: Path, per_clip: int = 3
-) -> list[tuple[list[dict[str, Any]], list[bytes]]]:
-    """Dialogs about ``n_clips`` fresh clips, ``per_clip`` random windows each.
-
-    Many clips with few windows each, and file names reused across clips, so that the name
-    and window never tell the colour: only the frames do.
-    """
-    rng = random.Random(seed)
-    out: list[tuple[list[dict[str, Any]], list[bytes]]] = []
-    for clip in range(n_clips):
-        segments = plan_segments(seed * 1000 + clip)
-        name = clip_name(rng)
-        path = make_video(workdir / f"{clip}" / name, segments)
-        for a, b, colour in rng.sample(windows(segments), per_clip):
-            text, frames = tool_result(path, a, b)
-            pngs = [_png(frame) for frame in frames]
-            messages: list[dict[str, Any]] = [
-                {"role": "user", "content": question(rng, name, a, b)},
-                {
-                    "role": "assistant",
-                    "content": "",
-                    "tool_calls": [
-                        {
-                            "type": "function",
-                            "function": {
-                                "name": "crop_video",
-                                "arguments": call_arguments(name, a, b),
-                            },
-                        }
-                    ],
-                },
-                {
-                    "role": "tool",
-                    "name": "crop_video",
-                    "content": [{"type": "image"} for _ in pngs] + [{"type": "text", "text": text}],
-                },
-                {"role": "assistant", "content": answer_text(colour)},
-            ]
-            out.append((messages, pngs))
-    return out
 
 
 def _padded(
@@ -400,12 +259,6 @@ def _parsed_call(reply: str) -> Any:
         return {}
 
 
-def _png(frame: Any) -> bytes:
-    buffer = io.BytesIO()
-    frame.convert("RGB").save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) -> Quality:
     """Ask about held-out clips at T=1.0, run the real ``crop_video``, check call and answer.
 
@@ -452,19 +305,8 @@ def evaluate(model_dir: Path, workdir: Path, *, cases: int = 24, seed: int = 0) 
             text, frames = tool_result(path, args["start_time"], args["end_time"])
         except Exception:  # a wrong call (bad path, bad window) scores nothing
             continue
-        pngs = [fmt.prepare(_png(frame)) for frame in frames]
-        messages += [
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [{"type": "function", "function": call}],
-            },
-            {
-                "role": "tool",
-                "name": "crop_video",
-                "content": [{"type": "image"} for _ in pngs] + [{"type": "text", "text": text}],
-            },
-        ]
+        pngs = [fmt.prepare(png(frame)) for frame in frames]
+        messages += crop_turn(call, text, len(pngs))
         prompt = tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=False
         )

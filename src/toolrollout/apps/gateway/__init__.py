@@ -7,8 +7,8 @@ session as token-exact trajectory rows for the trainer. See docs/gateway.md.
 """
 
 from ._app import build_app, gateway_security
-from ._core import Gateway, GatewayConfig
-from ._types import ChatRequest, ChatResult, GatewayError
+from ._core import Gateway
+from ._types import ChatRequest, ChatResult, GatewayConfig, GatewayError
 
 __all__ = [
     "ChatRequest",

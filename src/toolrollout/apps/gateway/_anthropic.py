@@ -29,7 +29,7 @@ from toolrollout.apps.server._openai import validate_body
 
 from ._http import complete_or_abort, open_stream, request_metadata, session_key
 from ._parts import chat_content, invalid, require_str
-from ._sse import relay, sse_bytes, stream_response, whole
+from ._sse import relay, sse_bytes, stream_response
 from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart
 
 if TYPE_CHECKING:
@@ -41,7 +41,6 @@ __all__ = [
     "add_anthropic_routes",
     "anthropic_error",
     "anthropic_messages",
-    "message_events",
     "message_object",
     "messages_to_chat",
     "parse_messages_request",
@@ -390,14 +389,6 @@ class MessageStreamWriter:
     def error(self, exc: GatewayError) -> list[dict[str, Any]]:
         body, _ = anthropic_error(exc)
         return [body]
-
-
-def message_events(
-    result: ChatResult, request: MessagesRequest, *, message_id: str
-) -> list[dict[str, Any]]:
-    """The stream of one finished turn (thinking and text each in one delta)."""
-    start = StreamStart(message_id, result.model, result.created, result.prompt_tokens)
-    return whole(MessageStreamWriter(request, start, message_id=message_id), result)
 
 
 # --- errors and the route ---------------------------------------------------------------

@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 
 from ._types import ChatResult, GatewayError, StreamDelta, StreamStart
 
-__all__ = ["StreamWriter", "data_bytes", "relay", "sse_bytes", "stream_response", "whole"]
+__all__ = ["StreamWriter", "data_bytes", "relay", "sse_bytes", "stream_response"]
 
 Frame = dict[str, Any]
 
@@ -46,17 +46,6 @@ def sse_bytes(event: Frame) -> bytes:
 def data_bytes(event: Frame) -> bytes:
     """One Chat Completions chunk: a bare ``data:`` line."""
     return f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode()
-
-
-def whole(writer: StreamWriter, result: ChatResult) -> list[Frame]:
-    """The events of a finished turn: its reasoning and content each in one delta."""
-    choice = result.choices[0]
-    events = writer.begin()
-    if choice.reasoning:
-        events += writer.delta(StreamDelta("reasoning", choice.reasoning))
-    if choice.content:
-        events += writer.delta(StreamDelta("content", choice.content))
-    return events + writer.finish(result)
 
 
 async def relay(

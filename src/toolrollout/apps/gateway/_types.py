@@ -1,4 +1,5 @@
-"""The gateway's canonical request and result: the seam between the HTTP APIs and the core.
+"""The gateway's canonical request and result (the seam between the HTTP APIs and the
+core), its errors and its configuration.
 
 Every API the gateway speaks (OpenAI Chat Completions, OpenAI Responses, Anthropic Messages)
 is translated into one :class:`ChatRequest` in OpenAI chat-message form, served by
@@ -9,13 +10,18 @@ are written once, whatever the harness speaks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from toolrollout._exceptions import UserError
+from toolrollout.chat.parsers import get_tool_parser
 
 __all__ = [
     "ChatChoice",
     "ChatRequest",
     "ChatResult",
+    "GatewayConfig",
     "GatewayError",
     "GatewayErrorKind",
     "StreamDelta",
@@ -129,3 +135,55 @@ class GatewayError(Exception):
         self.kind: GatewayErrorKind = kind
         self.message = message
         self.status = status
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    """Limits and model options of a gateway (every one has a CLI flag of the same name).
+
+    ``context_length`` None: the engine's. ``idle_timeout`` None: sessions close only when
+    told. ``max_segments`` bounds one session's memory (each segment holds at most a
+    context of ids); ``max_open_segments`` bounds the segments a request is matched against
+    (the least recently used one stops being extendable beyond it).
+    """
+
+    model_name: str = "toolrollout"
+    family: str | None = None
+    tool_parser: str | None = None
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    context_length: int | None = None
+    default_max_tokens: int = 1024
+    max_n: int = 16
+    max_concurrency: int = 64
+    max_waiting: int = 1024
+    request_timeout: float = 600.0
+    idle_timeout: float | None = 600.0
+    max_sessions: int = 4096
+    max_segments: int = 64
+    max_open_segments: int = 8
+    max_stored_responses: int = 1024
+    """Responses kept for ``previous_response_id`` and ``GET /v1/responses/{id}`` (the
+    least recently used is dropped beyond it)."""
+    max_records: int = 10_000
+    """Closed sessions' rows kept in memory for :meth:`Gateway.records` (newest kept)."""
+    flush_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_n",
+            "max_concurrency",
+            "max_waiting",
+            "max_sessions",
+            "max_segments",
+            "max_stored_responses",
+        ):
+            if int(getattr(self, name)) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1")
+        if self.max_open_segments < 1:
+            raise UserError("--max-open-segments must be at least 1")
+        if not self.request_timeout > 0:
+            raise UserError("--request-timeout must be positive")
+        if self.idle_timeout is not None and not self.idle_timeout > 0:
+            raise UserError("--idle-timeout must be positive")
+        if self.tool_parser is not None:
+            get_tool_parser(self.tool_parser)  # an unknown name fails now, not per request

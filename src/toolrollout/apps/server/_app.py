@@ -2,22 +2,18 @@
 
 Paths, bodies, status codes and error shapes are SGLang's (``entrypoints/http_server.py``)
 so that SGLang clients, ``sglang-router`` and the project's own ``SGLangClient`` can use it
-unchanged. Two error shapes exist there and both are reproduced: request errors raised as
-``ValueError`` become ``{"error": {"message": ...}}``; bodies that FastAPI cannot parse go
-through SGLang's ``RequestValidationError`` handler, which answers OpenAI's flat
-``{"object": "error", "message", "type", "param", "code"}``.
+unchanged. The answers and error shapes are in ``_answers.py``, ``/generate`` in
+``_generate.py``; this module builds the app and its other routes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -27,22 +23,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
-from toolrollout._exceptions import EngineError, EngineRequestRejected, ToolRolloutError, UserError
+from toolrollout._exceptions import ToolRolloutError, UserError
 from toolrollout._security import SecurityMiddleware, ServerSecurity
-from toolrollout.apps.server._openai import add_chat_completions
-from toolrollout.apps.server._protocol import (
-    BadRequest,
-    MalformedRequest,
-    ParsedGenerate,
-    output_json,
-    parse_generate,
+from toolrollout.apps.server._answers import (
+    error_response,
+    json_response,
+    validation_error_response,
+    with_body,
 )
-from toolrollout.engines._types import GenerateRequest, SamplingParams, token_id_array
-from toolrollout.engines.embedded import EmbeddedEngine, EmbeddedOutput
-from toolrollout.engines.embedded._scheduler import Event
-from toolrollout.engines.embedded._vision import VisionInputs
+from toolrollout.apps.server._generate import GenerateRoute
+from toolrollout.apps.server._openai import add_chat_completions
+from toolrollout.engines._types import GenerateRequest, SamplingParams
+from toolrollout.engines.embedded import EmbeddedEngine
 
 __all__ = [
     "ADMIN_PATHS",
@@ -56,8 +50,6 @@ logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_TIMEOUT = 20.0
 """Seconds ``/health_generate`` waits for its one token (SGLang's default)."""
-_DISCONNECT_POLL = 1.0
-"""How often a non-streaming request checks whether its client is still there."""
 
 ADMIN_PATHS = frozenset(
     {
@@ -104,66 +96,6 @@ def _version() -> str:
         return "0.0.0+unknown"
 
 
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def _json(content: Any, status_code: int = 200) -> Response:
-    return Response(_dumps(content), status_code=status_code, media_type="application/json")
-
-
-def error_response(message: str, status_code: int = HTTPStatus.BAD_REQUEST) -> Response:
-    """SGLang's ``_create_error_response``: ``{"error": {"message": ...}}``."""
-    return _json({"error": {"message": message}}, status_code)
-
-
-def validation_error_response(message: str) -> Response:
-    """SGLang's ``RequestValidationError`` handler: OpenAI's flat error object, HTTP 400."""
-    body = {
-        "object": "error",
-        "message": message,
-        "type": HTTPStatus.BAD_REQUEST.phrase,
-        "param": None,
-        "code": HTTPStatus.BAD_REQUEST.value,
-    }
-    return _json(body, HTTPStatus.BAD_REQUEST)
-
-
-def _stream_error_chunk(message: str) -> bytes:
-    error = {"message": message, "type": "invalid_request_error", "code": 400, "retryable": False}
-    return b"data: " + _dumps({"error": error}).encode() + b"\n\n"
-
-
-_DONE = b"data: [DONE]\n\n"
-
-
-async def _json_body(request: Request) -> Any:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise MalformedRequest(f"JSON decode error: {exc}") from exc
-
-
-def _with_body(
-    handler: Callable[[Any], Awaitable[Response]],
-) -> Callable[[Request], Awaitable[Response]]:
-    """A route that parses the JSON body first: a body that is not JSON is SGLang's 400."""
-
-    async def route(request: Request) -> Response:
-        try:
-            body = await _json_body(request)
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
-        return await handler(body)
-
-    route.__name__ = handler.__name__
-    route.__doc__ = handler.__doc__
-    return route
-
-
 def create_app(
     engine: EmbeddedEngine,
     *,
@@ -207,7 +139,7 @@ def create_app(
     _add_load_routes(app, engine, model_name)
     _add_weight_routes(app, engine, allowed_weights)
     _add_control_routes(app, engine)
-    app.api_route("/generate", methods=["POST", "PUT"])(_Generate(engine).route)
+    app.api_route("/generate", methods=["POST", "PUT"])(GenerateRoute(engine).route)
     # OpenAI-compatible chat with tool-call parsing (for OpenAI-only peers, e.g. verifiers).
     add_chat_completions(
         app,
@@ -215,7 +147,7 @@ def create_app(
         generate=engine.generate,
         model_name=model_name,
         error_response=error_response,
-        json_response=_json,
+        json_response=json_response,
     )
     return app
 
@@ -365,7 +297,7 @@ def _add_weight_routes(
         if body.get("abort_all_requests", True):
             await engine.abort_all()
         engine.weight_version = new_version
-        return _json(
+        return json_response(
             {
                 "success": True,
                 "message": f"Weight version updated to {new_version}",
@@ -387,7 +319,7 @@ def _add_weight_routes(
                 "loads weights from (its model folder and --weights-dir)"
             )
             failure = {"success": False, "message": message, "num_paused_requests": 0}
-            return _json(failure, HTTPStatus.BAD_REQUEST)
+            return json_response(failure, HTTPStatus.BAD_REQUEST)
         try:
             update = await engine.update_weights_from_disk(
                 body["model_path"],
@@ -396,9 +328,9 @@ def _add_weight_routes(
             )
         except UserError as exc:
             failure = {"success": False, "message": str(exc), "num_paused_requests": 0}
-            return _json(failure, HTTPStatus.BAD_REQUEST)
+            return json_response(failure, HTTPStatus.BAD_REQUEST)
         (answer,) = update.servers
-        return _json(
+        return json_response(
             {
                 "success": True,
                 "message": answer.message,
@@ -406,8 +338,8 @@ def _add_weight_routes(
             }
         )
 
-    app.post("/update_weight_version")(_with_body(update_weight_version))
-    app.post("/update_weights_from_disk")(_with_body(update_weights_from_disk))
+    app.post("/update_weight_version")(with_body(update_weight_version))
+    app.post("/update_weights_from_disk")(with_body(update_weights_from_disk))
 
 
 def _add_control_routes(app: FastAPI, engine: EmbeddedEngine) -> None:
@@ -421,12 +353,12 @@ def _add_control_routes(app: FastAPI, engine: EmbeddedEngine) -> None:
                 f"mode: Input should be 'abort', 'retract' or 'in_place', got {mode!r}"
             )
         await engine.pause_generation(mode)
-        return _json({"message": "Generation paused successfully.", "status": "ok"})
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(_: Any) -> Response:
         # The body's torch_empty_cache: nothing to empty on CPU.
         await engine.continue_generation()
-        return _json({"message": "Generation continued successfully.", "status": "ok"})
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache() -> Response:
@@ -450,151 +382,6 @@ def _add_control_routes(app: FastAPI, engine: EmbeddedEngine) -> None:
             await engine.abort(rid)
         return Response(status_code=200)
 
-    app.post("/pause_generation")(_with_body(pause_generation))
-    app.post("/continue_generation")(_with_body(continue_generation))
-    app.post("/abort_request")(_with_body(abort_request))
-
-
-class _Generate:
-    """``/generate``: one sample or a batch, answered whole or as cumulative SSE chunks."""
-
-    def __init__(self, engine: EmbeddedEngine) -> None:
-        self.engine = engine
-
-    def decode_one(self, token_id: int) -> str:
-        return str(self.engine.tokenizer.decode([token_id]))
-
-    async def route(self, request: Request) -> Response:
-        try:
-            body = await _json_body(request)
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
-        engine = self.engine
-        try:
-            parsed = parse_generate(
-                body, tokenize=engine.tokenize, context_length=engine.context_length
-            )
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
-        except BadRequest as exc:
-            # SGLang validates inside the response stream: a streaming request gets its
-            # error as an SSE chunk with HTTP 200.
-            if isinstance(body, dict) and body.get("stream") is True:
-                return _stream_of(_stream_error_chunk(str(exc)), _DONE)
-            return error_response(str(exc))
-        if parsed.stream:
-            return StreamingResponse(self._stream(parsed), media_type="text/event-stream")
-        return await self._complete(parsed, request)
-
-    async def _images(self, parsed: ParsedGenerate) -> list[VisionInputs | None]:
-        """Pixel inputs of every sample, computed off the event loop (shared by its n)."""
-        out: list[VisionInputs | None] = []
-        done: dict[tuple[int, bytes], VisionInputs | None] = {}
-        for sub in parsed.subs:
-            key = (id(sub.request.image_data), token_id_array(sub.request.input_ids).tobytes())
-            if key not in done:
-                done[key] = await self.engine.process_images(sub.request)
-            out.append(done[key])
-        return out
-
-    async def _submit_all(
-        self, parsed: ParsedGenerate, queue: asyncio.Queue[tuple[int, Event]]
-    ) -> list[str]:
-        """Submit every sample; on a rejection cancel the ones already queued."""
-        visions = await self._images(parsed)
-        rids: list[str] = []
-        try:
-            for i, sub in enumerate(parsed.subs):
-                sink = functools.partial(_put, queue, i)
-                rids.append(
-                    self.engine.submit(sub.request, sub.options, sink=sink, vision=visions[i])
-                )
-        except BaseException:
-            for rid in rids:
-                self.engine.cancel(rid)
-            raise
-        return rids
-
-    async def _complete(self, parsed: ParsedGenerate, request: Request) -> Response:
-        queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        await self.engine.wait_unpaused()
-        try:
-            rids = await self._submit_all(parsed, queue)
-        except (EngineRequestRejected, UserError) as exc:
-            return error_response(str(exc))
-        except EngineError as exc:
-            return error_response(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
-        results: list[dict[str, Any] | None] = [None] * len(rids)
-        pending = set(range(len(rids)))
-        try:
-            while pending:
-                try:
-                    i, event = await asyncio.wait_for(queue.get(), _DISCONNECT_POLL)
-                except TimeoutError:
-                    if await request.is_disconnected():
-                        return error_response(
-                            "Request is disconnected from the client side. "
-                            f"Abort request rid={rids}"
-                        )
-                    continue
-                if isinstance(event, EngineError):
-                    return error_response(str(event), HTTPStatus.INTERNAL_SERVER_ERROR)
-                if event.finished:
-                    out = output_json(event, parsed.subs[i], self.decode_one, first_sent=True)
-                    results[i] = out
-                    pending.discard(i)
-        finally:
-            for i in pending:
-                self.engine.cancel(rids[i])
-        return _json(results[0] if parsed.single else results)
-
-    async def _stream(self, parsed: ParsedGenerate) -> AsyncIterator[bytes]:
-        """Cumulative SSE chunks (SGLang's default), ``index`` for batches, then [DONE]."""
-        queue: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
-        await self.engine.wait_unpaused()
-        try:
-            rids = await self._submit_all(parsed, queue)
-        except ToolRolloutError as exc:
-            yield _stream_error_chunk(str(exc))
-            yield _DONE
-            return
-        pending = set(range(len(rids)))
-        unsent = set(pending)
-        try:
-            while pending:
-                events = [await queue.get()]
-                while not queue.empty():  # chunks are cumulative: only the newest matters
-                    events.append(queue.get_nowait())
-                latest: dict[int, EmbeddedOutput] = {}
-                for i, event in events:
-                    if isinstance(event, EngineError):
-                        pending.discard(i)
-                        yield _stream_error_chunk(str(event))
-                    elif i in pending:
-                        latest[i] = event
-                for i, out in latest.items():
-                    chunk = output_json(
-                        out, parsed.subs[i], self.decode_one, first_sent=i in unsent
-                    )
-                    unsent.discard(i)
-                    if not parsed.single:
-                        chunk["index"] = i
-                    if out.finished:
-                        pending.discard(i)
-                    yield b"data: " + _dumps(chunk).encode() + b"\n\n"
-            yield _DONE
-        finally:  # the client went away (the task is cancelled) or we are done
-            for i in pending:
-                self.engine.cancel(rids[i])
-
-
-def _put(queue: asyncio.Queue[tuple[int, Event]], i: int, event: Event) -> None:
-    queue.put_nowait((i, event))
-
-
-def _stream_of(*chunks: bytes) -> StreamingResponse:
-    async def body() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield chunk
-
-    return StreamingResponse(body(), media_type="text/event-stream")
+    app.post("/pause_generation")(with_body(pause_generation))
+    app.post("/continue_generation")(with_body(continue_generation))
+    app.post("/abort_request")(with_body(abort_request))
