@@ -362,6 +362,8 @@ def test_every_module_is_core_or_application_or_a_leaf() -> None:
         "toolrollout.__main__",
         "toolrollout._http",
         "toolrollout._net",
+        "toolrollout._port_records",
+        "toolrollout._retrying_post",
         "toolrollout._security",
         "toolrollout._supervisor",
         "toolrollout._version",

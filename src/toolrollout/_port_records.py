@@ -20,15 +20,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
 from toolrollout._exceptions import UserError
 from toolrollout._net import is_listening
-
-if TYPE_CHECKING:
-    from toolrollout._supervisor import ServiceCommand
 
 __all__ = [
     "LINUX",
@@ -89,16 +86,17 @@ def _read_record(port: int) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def write_record(command: ServiceCommand, pid: int) -> None:
-    path = record_path(command.port)
+def write_record(kind: str, port: int, argv: Sequence[str], pid: int) -> None:
+    """Record that ``pid`` (started by this process from ``argv``) serves ``port``."""
+    path = record_path(port)
     record = {
-        "kind": command.kind,
-        "port": command.port,
+        "kind": kind,
+        "port": port,
         "pid": pid,
         "pid_start": start_time(pid),
         "owner": os.getpid(),
         "owner_start": start_time(os.getpid()),
-        "argv": list(command.argv),
+        "argv": list(argv),
         "started": time.time(),
     }
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -296,7 +296,7 @@ class SupervisedService:
                         break
                     await anyio.sleep(0.05)
         if ready and process.returncode is None:
-            write_record(command, process.pid)
+            write_record(command.kind, command.port, command.argv, process.pid)
             return
         status = process.returncode
         await self._stop()

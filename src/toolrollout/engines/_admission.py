@@ -8,12 +8,11 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
 
-if TYPE_CHECKING:
-    from ._scheduling import SchedulingConfig
+from ._scheduling_config import SchedulingConfig
 
 __all__ = ["LAG_TICK_S", "AdmissionControl", "LagAdmission"]
 

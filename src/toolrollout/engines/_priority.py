@@ -14,12 +14,11 @@ from collections import OrderedDict, defaultdict, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from toolrollout._exceptions import UserError
 
-if TYPE_CHECKING:
-    from ._scheduling import SchedulingConfig
+from ._scheduling_config import SchedulingConfig
 
 __all__ = ["PriorityPolicy", "ServerPriority", "WorkHistory"]
 

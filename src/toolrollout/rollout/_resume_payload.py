@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from array import array
-from typing import TYPE_CHECKING, Annotated, Any, Self, TypeVar
+from typing import Annotated, Any, Protocol, Self, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -40,16 +40,34 @@ from ._types import (
     RolloutPrompt,
 )
 
-if TYPE_CHECKING:
-    pass
-
-if TYPE_CHECKING:
-    from ._state import TrajectoryState
-
 __all__ = ["Payload", "read_payload", "resume_point_of", "resume_prompt"]
 
 
-def resume_point_of(state: TrajectoryState, model_texts: list[str]) -> ResumePoint:
+class _Saved(Protocol):
+    """What :func:`resume_point_of` reads of a live :class:`~._state.TrajectoryState`
+    (besides the identity fields ``_Identity`` takes by name)."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def prompt(self) -> RolloutPrompt: ...
+    @property
+    def transcript(self) -> Any: ...
+    @property
+    def counters(self) -> Any: ...
+    @property
+    def timing(self) -> Any: ...
+    @property
+    def tools(self) -> Any: ...
+    @property
+    def drift(self) -> Any: ...
+    @property
+    def vision(self) -> Any: ...
+    @property
+    def environment(self) -> Any: ...
+
+
+def resume_point_of(state: _Saved, model_texts: list[str]) -> ResumePoint:
     """``state`` as a JSON resume point (what a later leg needs, not the live objects)."""
     payload = Payload.model_construct(
         identity=_Identity.of(state),

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import anyio
@@ -45,9 +45,6 @@ from toolrollout._version import __version__
 
 from ._servers import HttpServer, McpServerSpec, StdioServer
 from ._session import Session, WatchedReadStream, list_all_tools, open_streams
-
-if TYPE_CHECKING:
-    from ._manager import McpClientManager
 
 __all__ = ["McpServerStatistics", "ServerConnection", "describe"]
 
@@ -98,10 +95,34 @@ class McpServerStatistics:
     """Progress notifications received for calls."""
 
 
+class _Manager(Protocol):
+    """What a connection reads of its :class:`~._manager.McpClientManager`."""
+
+    @property
+    def client_name(self) -> str: ...
+    @property
+    def connect_timeout(self) -> float: ...
+    @property
+    def progress_idle_timeout(self) -> float | None: ...
+    @property
+    def heartbeat_interval(self) -> float | None: ...
+    @property
+    def roots(self) -> tuple[Any, ...]: ...
+    @property
+    def sampling_callback(self) -> object: ...
+    @property
+    def elicitation_callback(self) -> object: ...
+    def _check_open(self) -> None: ...
+    def _spawn(self, func: Any, session: Session, name: str) -> None: ...
+    async def _list_roots(self, context: Any) -> Any: ...
+    async def _sample(self, context: Any, params: Any) -> Any: ...
+    async def _elicit(self, context: Any, params: Any) -> Any: ...
+
+
 class ServerConnection:
     """The connection state of one server: the current session and the counters."""
 
-    def __init__(self, spec: McpServerSpec, manager: McpClientManager) -> None:
+    def __init__(self, spec: McpServerSpec, manager: _Manager) -> None:
         self.spec = spec
         self.manager = manager
         self.session: Session | None = None
