@@ -83,8 +83,15 @@ def test_stops_at_the_target_and_the_aborts_reach_the_server(
         assert t.status is TrajectoryStatus.TRUNCATED and t.finish_reason == "length"
         assert len(t.response_ids) == TOKENS
     assert loads[0] == 0  # nothing left running or queued on the server
-    assert len(first.leftover) == 4 and first.partial == first.leftover
+    assert len(first.leftover) == 4
+    # The request decoding when the target was met is aborted mid-generation, unless it
+    # ended first (seen once on a loaded machine): then it is a finished member of a group
+    # not yet complete, and waits in the leftover with its group.
+    assert len(first.partial) >= 3
     for t in first.leftover:
+        if t.status is not TrajectoryStatus.ABORTED:
+            assert t.status is TrajectoryStatus.TRUNCATED and len(t.response_ids) == TOKENS
+            continue
         # Each was stopped on the server by its rid, not just dropped by the client.
         assert t.finish_reason == "abort" and t.error in SERVER_MESSAGES, t.error
         assert t.resumable
@@ -120,8 +127,9 @@ def test_partial_trajectories_resume_token_for_token(
         assert t.response_ids[:head] == partial.response_ids
         assert t.rollout_logprobs[:head] == partial.rollout_logprobs
         assert t.loss_mask == [1] * TOKENS and t.num_turns == 1
-        assert t.metrics["resumes"] == 1
-        assert [s[:2] for s in t.metrics["weight_versions"]][-1] == [head, TOKENS]
+        if partial.status is TrajectoryStatus.ABORTED:  # else it had finished: kept as is
+            assert t.metrics["resumes"] == 1
+            assert [s[:2] for s in t.metrics["weight_versions"]][-1] == [head, TOKENS]
         ids = list(t.prompt_ids) + t.response_ids
         with torch.no_grad():
             logits = model(torch.tensor([ids])).logits[0].float()
