@@ -38,6 +38,9 @@ Errors from httpx, MCP and subprocesses are translated into this tree at the bou
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+
 __all__ = [
     "BenchmarkError",
     "CircuitOpen",
@@ -85,13 +88,24 @@ class ConfigError(UserError):
 
 class FieldError(UserError):
     """A :class:`~toolrollout.spec.RunSpec` field holds a wrong value, or does not suit what
-    the run meets (a leftover file). ``fields`` are the fields the message names (dotted
-    into ``config``), so an application can show its own names for them: the CLI shows
-    ``config.tool_parser`` as ``--tool-parser``."""
+    the run meets (a leftover file). The message names each field as ``{name}`` (dotted
+    into ``config``), so an application shows its own names for them through
+    :meth:`render`: the CLI shows ``{config.tool_parser}`` as ``--tool-parser``, the
+    library as ``config.tool_parser``."""
 
-    def __init__(self, message: str, *fields: str) -> None:
-        super().__init__(message)
+    def __init__(self, template: str, *fields: str) -> None:
+        self.template = template
         self.fields = fields
+        super().__init__(self.render({}))
+
+    def render(self, names: Mapping[str, str]) -> str:
+        """The message with each field named as ``names`` has it (default: the field)."""
+
+        def name(match: re.Match[str]) -> str:
+            field = match[1]
+            return names.get(field, field) if field in self.fields else match[0]
+
+        return re.sub(r"\{([\w.]+)\}", name, self.template)
 
 
 class MissingExtraError(UserError, ModuleNotFoundError):
@@ -124,7 +138,7 @@ class ImageError(UserError):
     """
 
 
-class InexactLogprobsError(UserError):
+class InexactLogprobsError(FieldError):
     """The engine's logprobs are not the sampling distribution a trainer recomputes from
     the checkpoint (e.g. SGLang serving a float32 checkpoint in float16): refused at the
     start of a run unless ``RolloutConfig.inexact_logprobs="label"``."""

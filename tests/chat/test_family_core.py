@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from toolrollout.chat import ChatFormat, TemplateFamily
 from toolrollout.chat.families import CallIdRequest, get_template_family
-from toolrollout.exceptions import UserError
+from toolrollout.exceptions import FieldError, UserError
 from toolrollout.rollout import RolloutConfig, RolloutRunner, TrajectoryStatus
 from toolrollout.rollout._drift import DriftLedger
 from toolrollout.tools import function_tool
@@ -75,8 +75,9 @@ def _with_family(runner: RolloutRunner, tokenizer: Any, family: TemplateFamily) 
 def test_an_undetectable_template_names_the_option(
     qwen25_tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    with pytest.raises(UserError, match=r"set RolloutConfig\.family \(--family"):
+    with pytest.raises(FieldError, match=r"set config\.family \(family= in the trainer") as e:
         ChatFormat(qwen25_tokenizer, chat_template="{{ messages[0]['content'] }}")
+    assert e.value.render({"config.family": "--family"}).count("--family") == 1
     with pytest.raises(UserError, match="unknown model family 'nope'; known: "):
         RolloutConfig(family="nope")
     with pytest.raises(UserError, match="chat_template_kwargs"):

@@ -89,6 +89,12 @@ def test_a_field_error_is_shown_with_the_flags() -> None:
         "rewards must be 'auto'"
     )
     assert user_message(ValueError("engine down"), RUN.values()) == "engine down"
+    # only the marked field is renamed, not the same word in a path or in prose
+    path_error = FieldError("/ckpt/model: vision 'on' needs the {model} folder", "model")
+    assert str(path_error) == "/ckpt/model: vision 'on' needs the model folder"
+    assert user_message(path_error, RUN.values()) == (
+        "/ckpt/model: vision 'on' needs the --model folder"
+    )
 
 
 def test_a_config_field_error_names_the_nested_field() -> None:

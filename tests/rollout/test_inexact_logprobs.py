@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from toolrollout.apps.cli._options import RUN, user_message
 from toolrollout.exceptions import InexactLogprobsError, UserError
 from toolrollout.rollout import RolloutConfig, RolloutRunner
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
@@ -31,8 +32,11 @@ async def test_a_run_is_refused_with_the_engine_s_reason(demo_tokenizer: Any) ->
     with pytest.raises(InexactLogprobsError) as raised:
         await runner.run([PROMPT])
     message = str(raised.value)
-    assert REASON in message and "inexact_logprobs='label'" in message
-    assert "\n" not in message
+    assert REASON in message and "set config.inexact_logprobs to 'label'" in message
+    assert "\n" not in message and "--" not in message.removeprefix(REASON)
+    # The CLI names the field by the flag that sets it.
+    shown = user_message(raised.value, RUN.values())
+    assert "set --inexact-logprobs to 'label'" in shown
     assert isinstance(raised.value, UserError)  # the caller's setting to change
     assert engine.requests == []  # refused before anything ran
 

@@ -164,12 +164,12 @@ def check_leftover_matches(
     if saved.get("tools") != names:
         raise FieldError(
             f"{path} was rolled out with tools {saved.get('tools')} but this run has "
-            f"{names}: pass the same tool_config",
+            f"{names}: pass the same {{tool_config}}",
             "tool_config",
         )
     if saved.get("tool_parser") != tool_parser:
         raise FieldError(
-            f"{path} was rolled out with config.tool_parser {saved.get('tool_parser')!r}, "
+            f"{path} was rolled out with {{config.tool_parser}} {saved.get('tool_parser')!r}, "
             f"not {tool_parser!r}",
             "config.tool_parser",
         )
@@ -183,8 +183,8 @@ def check_leftover_matches(
         raise FieldError(
             f"{path} was rolled out with family {recorded.get('family')!r} and chat-template "
             f"kwargs {recorded.get('chat_template_kwargs')}, not {chat.get('family')!r} and "
-            f"{chat.get('chat_template_kwargs')}: pass the same config.family / "
-            "config.chat_template_kwargs",
+            f"{chat.get('chat_template_kwargs')}: pass the same {{config.family}} / "
+            "{config.chat_template_kwargs}",
             "config.family",
             "config.chat_template_kwargs",
         )
@@ -199,7 +199,8 @@ def check_leftover_matches(
             ]
             raise FieldError(
                 f"{path} was sampled with {changed}: a continued trajectory's turns must "
-                f"come from one distribution; pass the same {', '.join(fields)}",
+                f"come from one distribution; pass the same "
+                + ", ".join(f"{{{f}}}" for f in fields),
                 *fields,
             )
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from toolrollout._exceptions import UserError
+from toolrollout._exceptions import FieldError, UserError
 
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
@@ -70,7 +70,11 @@ def detect_vision(
         return None
     if model_path is None:
         if mode == "on":
-            raise UserError("vision 'on' needs the model folder (--model) to read its image format")
+            raise FieldError(
+                "{vision} 'on' needs the {model} folder to read its image format",
+                "vision",
+                "model",
+            )
         return None
     folder = Path(model_path)
     if not (folder / "preprocessor_config.json").is_file():

@@ -128,8 +128,9 @@ def read_leftover(path: str | Path) -> tuple[list[Trajectory], dict[str, Any]]:
     raw = (table.schema.metadata or {}).get(_LEFTOVER_KEY)
     if raw is None or "state" not in table.column_names:
         raise UserError(
-            f"{path} is not a leftover file (written by a --target-groups run of "
-            "`toolrollout generate` or write_leftover)"
+            f"{path} is not a leftover file (written by write_leftover, or by a run with "
+            "{target_groups})",
+            "target_groups",
         )
     info = json.loads(raw)
     version = info.pop("leftover_format_version", info.pop("format", None))

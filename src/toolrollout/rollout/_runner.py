@@ -190,8 +190,9 @@ class RolloutRunner:
             return
         if reason is not None and self.config.inexact_logprobs == "refuse":
             raise InexactLogprobsError(
-                f"{reason} (or set RolloutConfig.inexact_logprobs='label', "
-                "--inexact-logprobs label, to run and label every row)"
+                f"{reason} (or set {{config.inexact_logprobs}} to 'label' to run and label "
+                "every row)",
+                "config.inexact_logprobs",
             )
         self._logprob_label = reason
         self._logprobs_checked = True

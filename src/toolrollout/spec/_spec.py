@@ -101,7 +101,7 @@ class RunSpec:
         if self.rewards != "auto":
             if isinstance(self.rewards, str):
                 raise FieldError(
-                    f"rewards must be 'auto' or a sequence, got {self.rewards!r}", "rewards"
+                    f"{{rewards}} must be 'auto' or a sequence, got {self.rewards!r}", "rewards"
                 )
             set_(self, "rewards", tuple(self.rewards))
         self._check()
@@ -111,35 +111,39 @@ class RunSpec:
 
         if any(not isinstance(u, str) or not u.strip() for u in self.engine_urls):
             raise FieldError(
-                f"engine_urls must be server URLs, got {list(self.engine_urls)}", "engine_urls"
+                f"{{engine_urls}} must be server URLs, got {list(self.engine_urls)}", "engine_urls"
             )
         if self.engine not in ("auto", "sglang", "vllm"):
-            raise FieldError(f"engine must be auto, sglang or vllm, got {self.engine!r}", "engine")
+            raise FieldError(
+                f"{{engine}} must be auto, sglang or vllm, got {self.engine!r}", "engine"
+            )
         if self.engine != "auto" and not self.engine_urls:
             raise FieldError(
-                f"engine {self.engine} needs engine_urls (the server to use)",
+                f"{{engine}} {self.engine} needs {{engine_urls}} (the server to use)",
                 "engine",
                 "engine_urls",
             )
         if self.tools is not None and self.tool_config is not None:
             raise FieldError(
-                "tool_config: pass a tool config or Tool objects, not both", "tool_config"
+                "{tool_config}: pass a tool config or Tool objects, not both", "tool_config"
             )
         if self.interactions is not None and self.interaction_config is not None:
             raise FieldError(
-                "interaction_config: pass an interaction config or interactions, not both",
+                "{interaction_config}: pass an interaction config or interactions, not both",
                 "interaction_config",
             )
         if isinstance(self.vision, str) and self.vision not in ("auto", "on", "off"):
-            raise FieldError(f"vision must be 'auto', 'on' or 'off', got {self.vision!r}", "vision")
+            raise FieldError(
+                f"{{vision}} must be 'auto', 'on' or 'off', got {self.vision!r}", "vision"
+            )
         if not isinstance(self.config, RolloutConfig):
             raise FieldError(
-                f"config must be a RolloutConfig, got {type(self.config).__name__}", "config"
+                f"{{config}} must be a RolloutConfig, got {type(self.config).__name__}", "config"
             )
         parser = self.config.tool_parser
         if parser is not None and parser not in tool_parser_names():
             raise FieldError(
-                f"unknown config.tool_parser {parser!r}; choose from "
+                f"unknown {{config.tool_parser}} {parser!r}; choose from "
                 + ", ".join(tool_parser_names()),
                 "config.tool_parser",
             )
@@ -149,7 +153,8 @@ class RunSpec:
         _at_least("flush_every", self.flush_every, 1)
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise FieldError(
-                f"request_timeout must be positive, got {self.request_timeout}", "request_timeout"
+                f"{{request_timeout}} must be positive, got {self.request_timeout}",
+                "request_timeout",
             )
         if self.retries is not None:
             _at_least("retries", self.retries, 1)
@@ -160,7 +165,7 @@ class RunSpec:
             _at_least("target_groups", self.target_groups, 1)
             if self.resume:
                 raise FieldError(
-                    "resume cannot be combined with target_groups", "resume", "target_groups"
+                    "{resume} cannot be combined with {target_groups}", "resume", "target_groups"
                 )
 
     def replace(self, **changes: Any) -> RunSpec:
@@ -225,6 +230,6 @@ def check_target_groups(target_groups: int, num_prompts: int) -> None:
 
 def _at_least(name: str, value: float, low: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise FieldError(f"{name} must be a number, got {value!r}", name)
+        raise FieldError(f"{{{name}}} must be a number, got {value!r}", name)
     if value < low:
-        raise FieldError(f"{name} must be at least {low}, got {value}", name)
+        raise FieldError(f"{{{name}}} must be at least {low}, got {value}", name)

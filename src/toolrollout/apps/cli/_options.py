@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from toolrollout._exceptions import FieldError
 from toolrollout._security import ADMIN_API_KEY_ENV, API_KEY_ENV, ENGINE_API_KEY_ENV
 from toolrollout.apps.cli._common import parse_template_kwargs
 
@@ -132,12 +132,9 @@ def spec_from(
 
 def user_message(exc: Exception, options: Iterable[Opt] = ()) -> str:
     """The one line for ``exc``: a spec field it names is shown as the flag that sets it."""
-    message = str(exc)
-    flags = {o.field: o.flag for o in options if o.field is not None}
-    for name in getattr(exc, "fields", ()):
-        if name in flags:
-            message = re.sub(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", flags[name], message)
-    return message
+    if isinstance(exc, FieldError):
+        return exc.render({o.field: o.flag for o in options if o.field is not None})
+    return str(exc)
 
 
 def _scheduling(names: str) -> Any:

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType, ModuleType
 
-from ..._exceptions import UserError
+from ..._exceptions import FieldError, UserError
 from . import _deepseek, _glm, _gpt_oss, _kimi, _llama, _mistral, _qwen, _smollm
 from ._family import CallIdRequest, TemplateFamily, TemplateProbe
 
@@ -111,7 +111,8 @@ def detect_template_family(
         if family.detect(probe):
             return family
     known = ", ".join(sorted(_FAMILIES))
-    raise UserError(
-        f"cannot detect the model family of {source}; set RolloutConfig.family "
-        f"(--family on the command line, family= in the trainer adapters) to one of: {known}"
+    raise FieldError(
+        f"cannot detect the model family of {source}; set {{config.family}} (family= in the "
+        f"trainer adapters) to one of: {known}",
+        "config.family",
     )
