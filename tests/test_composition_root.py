@@ -19,7 +19,8 @@ from toolrollout.integrations import trl_rollout_func
 from toolrollout.rewards import exact_match, numeric_match
 from toolrollout.rollout import RolloutConfig, RolloutRunner
 from toolrollout.rollout._compat import check_leftover_matches, leftover_info
-from toolrollout.spec import RunSpec, build_runner, default_rewards, detect_vision, load_components
+from toolrollout.rollout._defaults import detect_vision
+from toolrollout.spec import RunSpec, build_runner, default_rewards, load_components
 from toolrollout.spec._spec import FieldError
 from toolrollout.testing import ScriptedEngine, ScriptedOutput
 from toolrollout.tools import calculator_tool

@@ -102,7 +102,7 @@ class RolloutRunner:
     The defaults are the runner's own, however it is built: ``rewards="auto"`` picks the
     terms each call's ground truths call for (:func:`~toolrollout.spec.default_rewards`,
     plus ``tool_error_penalty``), ``vision="auto"`` reads the tokenizer's model folder
-    (:func:`~toolrollout.spec.detect_vision`), and without a context length the engine's
+    (its ``preprocessor_config.json``), and without a context length the engine's
     is asked for (``engine.info()``) at the first call.
 
     The tools' services (MCP sessions, a local sandbox or retriever; see

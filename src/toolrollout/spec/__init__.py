@@ -4,14 +4,13 @@
 :func:`open_run` turns it into an open engine and a runner, :func:`build_runner` into a
 runner on an engine the caller holds. The CLI, the Ray worker, eval, bench and the trainer
 adapters all go through them. The defaults (the reward chosen from the ground truths,
-:func:`default_rewards`; vision detected from the model folder, :func:`detect_vision`; the
+:func:`default_rewards`; vision detected from the model folder; the
 engine's context length from ``Engine.info()``) are the runner's own, so a
 :class:`~toolrollout.rollout.RolloutRunner` built directly behaves the same.
 """
 
 from toolrollout.engines._factory import connect as connect
 from toolrollout.rollout._defaults import default_rewards as default_rewards
-from toolrollout.rollout._defaults import detect_vision as detect_vision
 
 from ._open import build_runner as build_runner
 from ._open import load_components as load_components
@@ -24,7 +23,6 @@ __all__ = [
     "build_runner",
     "connect",
     "default_rewards",
-    "detect_vision",
     "load_components",
     "load_tokenizer",
     "open_run",
