@@ -59,7 +59,7 @@ from ._config import RolloutConfig
 from ._defaults import VisionMode, default_rewards, detect_vision, tokenizer_folder
 from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
-from ._state import resume_prompt
+from ._resume_payload import resume_prompt
 from ._types import RolloutShared, StopControl, as_prompt, prerender_prompts
 
 __all__ = ["RolloutRunner", "failed_trajectory"]

@@ -39,7 +39,7 @@ from toolrollout.tools._summary import summarize_call_records
 from ._drift import DriftLedger, DriftView
 from ._environment import EnvironmentLedger
 from ._model_turn import parse_model_turn
-from ._resume_payload import read_payload, resume_point_of, resume_prompt
+from ._resume_payload import read_payload, resume_point_of
 from ._types import (
     Counters,
     EnvStep,
@@ -56,7 +56,7 @@ from ._vision_turn import ImageLedger, record_images
 if TYPE_CHECKING:
     from ._config import RolloutConfig
 
-__all__ = ["TrajectoryState", "parse_model_turn", "resume_prompt", "sampling_record"]
+__all__ = ["TrajectoryState", "sampling_record"]
 
 
 _SCORED = (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)

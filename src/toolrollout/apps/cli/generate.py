@@ -260,7 +260,7 @@ def _prompts(
     from toolrollout._exceptions import UserError
     from toolrollout.apps.demo import demo_prompts_for_tools
     from toolrollout.data import load_prompts
-    from toolrollout.rollout._state import resume_prompt
+    from toolrollout.rollout._resume_payload import resume_prompt
     from toolrollout.spec._open import check_interactions
 
     if flags.resume_leftover is not None:

@@ -29,7 +29,8 @@ from toolrollout._records import RolloutPrompt, TrajectoryImage, TrajectoryStatu
 from toolrollout.chat import ChatFormat, ParsedTurn
 from toolrollout.chat._multimodal import ImageRun
 from toolrollout.engines._types import GenerateResult
-from toolrollout.rollout._state import TrajectoryState, parse_model_turn
+from toolrollout.rollout._model_turn import parse_model_turn
+from toolrollout.rollout._state import TrajectoryState
 from toolrollout.rollout._types import RolloutShared
 from toolrollout.rollout._vision_turn import record_images
 
