@@ -102,6 +102,7 @@ def test_qwen_think_block_is_reasoning_not_calls() -> None:
         ('<tool_call>\n{"name": "add", "arguments": "a=1"}\n</tool_call>', "not JSON"),
         ('<tool_call>\n"add"\n</tool_call>', "JSON object"),
         ('<tool_call>\n{"name": "add", "arguments": {"a": NaN}}\n</tool_call>', "invalid JSON"),
+        ('<tool_call>\n{"name": "add", "arguments": {"a": 1e9992}}\n</tool_call>', "range"),
         ('<tool_call>\n{"name": "add", "arguments": {"a": 2}}', "unterminated"),
     ],
 )

@@ -11,6 +11,7 @@ outside an optional ``known_tools`` set.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -241,8 +242,16 @@ def _reject_constant(constant: str) -> Any:
     raise ValueError(f"{constant} is not valid JSON")
 
 
-JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
-"""Strict decoder: NaN/Infinity are rejected, as JSON requires."""
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a float's range")
+    return value
+
+
+JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+"""Strict decoder: NaN/Infinity are rejected, as JSON requires, and so is a number too
+large for a float (``1e999`` would become ``inf``, which the template cannot render back)."""
 
 
 def loads(text: str) -> tuple[Any, str | None]:
