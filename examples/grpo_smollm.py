@@ -14,9 +14,12 @@ calculator is the learnable choice. Stages, all on the CPU, in one process:
    the model by toolrollout's SmolLM2 tools template (family ``smollm2``).
 2. **Cold start.** Greedy, the model called no tool on 16 problems, with or without a
    worked example in the system prompt (docs/trainers.md): RL has nothing to reinforce.
-   ``--sft-examples`` dialogs of the *training* split (call, result, answer) are trained
-   with cross-entropy on the model's tokens for one pass, top ``--train-top-layers`` layers
-   only. Everything after is measured from this model: it is the "before" point.
+   ``--sft-examples`` dialogs of the *training* split are trained with cross-entropy on the
+   model's tokens for one pass, top ``--train-top-layers`` layers only: a share
+   ``--sft-direct-share`` answer at once (``a * b = c.``, the right product), the others
+   call the calculator, read the result and answer. The model learns both ways; which one
+   pays on problems it cannot do in its head is left for RL to find. Everything after is
+   measured from this model: it is the "before" point.
 3. **Before.** Held-out accuracy greedy, tool-call rate, tool-success rate; and the same at
    each ``--scan-temperatures`` (sampled; the sharpening control: a better sampled policy
    would show up here).
@@ -82,6 +85,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-top-layers", type=int, default=4,
                    help="train only the top N decoder layers and the final norm")  # fmt: skip
     p.add_argument("--sft-examples", type=int, default=64, help="cold-start dialogs (0: none)")
+    p.add_argument("--sft-direct-share", type=float, default=0.5,
+                   help="share of cold-start dialogs answered without a call")  # fmt: skip
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-learning-rate", type=float, default=3e-4)
     p.add_argument("--tool-error-penalty", type=float, default=0.2)
@@ -146,8 +151,10 @@ def cold_start(args: argparse.Namespace, model_dir: Path, out: Path) -> dict[str
     trainable = train_top_layers(model, args.train_top_layers)
     schema = [calculator_tool().schema()]
     sequences: list[tuple[list[int], list[int]]] = []
-    for row in make_rows("train", args.sft_examples, seed=777):
+    direct = round(args.sft_examples * args.sft_direct_share)
+    for index, row in enumerate(make_rows("train", args.sft_examples, seed=777)):
         expression = f"{row['a']} * {row['b']}"
+        answer = {"role": "assistant", "content": f"{expression} = {row['answer']}."}
         arguments = {"expression": expression}
         call = {"type": "function", "id": "call_0",
                 "function": {"name": "calculator", "arguments": arguments}}  # fmt: skip
@@ -155,11 +162,15 @@ def cold_start(args: argparse.Namespace, model_dir: Path, out: Path) -> dict[str
             *row["messages"],
             {"role": "assistant", "content": "", "tool_calls": [call]},
             {"role": "tool", "content": row["answer"], "tool_call_id": "call_0"},
-            {"role": "assistant", "content": f"{expression} = {row['answer']}."},
+            answer,
         ]
+        ends = (3, 5)  # the two assistant turns: trained; everything before: not
+        n = args.sft_examples
+        if (index + 1) * direct // n > index * direct // n:  # spread evenly over the batches
+            messages, ends = [*row["messages"], answer], (3,)  # a direct answer, right
         ids: list[int] = []
         mask: list[int] = []
-        for end in (3, 5):  # the two assistant turns: trained; everything before: not
+        for end in ends:
             before = tokenizer.apply_chat_template(
                 messages[: end - 1], tools=schema, tokenize=False, add_generation_prompt=True
             )
@@ -196,6 +207,7 @@ def cold_start(args: argparse.Namespace, model_dir: Path, out: Path) -> dict[str
     tokenizer.save_pretrained(str(out))
     return {
         "examples": len(sequences),
+        "direct_answers": direct,
         "trainable": trainable,
         "losses": losses,
         "seconds": time.perf_counter() - started,
