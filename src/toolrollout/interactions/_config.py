@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolrollout._exceptions import ConfigError, UserError
-from toolrollout.tools._config import _import, _validation_error, read_yaml_file
+from toolrollout.tools._config import _validation_error, import_entry, read_yaml_file
 
 from ._base import Interaction
 
@@ -78,16 +78,7 @@ def interactions_from_config(
     for index, entry in enumerate(parsed.interaction):
         where = f"{source}: interaction[{index}]"
         class_name = entry.class_name.strip()
-        target = VERL_INTERACTIONS.get(class_name, class_name)
-        try:
-            cls = _import(target)
-        except (ImportError, AttributeError) as exc:
-            hint = ""
-            if class_name.startswith("verl."):
-                hint = "; verl classes need verl installed, except " + ", ".join(
-                    sorted(VERL_INTERACTIONS)
-                )
-            raise ConfigError(f"{where}.class_name: cannot import {target!r}: {exc}{hint}") from exc
+        target, cls = import_entry(class_name, f"{where}.class_name", VERL_INTERACTIONS)
         if not _is_interaction_class(cls):
             raise ConfigError(
                 f"{where}.class_name: {target!r} is not an interaction class "

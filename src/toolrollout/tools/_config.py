@@ -7,7 +7,6 @@ config error found hours into a run, or reported without its place, costs the mo
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
@@ -21,8 +20,7 @@ from toolrollout._exceptions import ConfigError, UserError
 from ._base import Tool
 from ._function import FunctionTool
 from ._models import ToolConfigFileModel, ToolEntryConfigModel, ToolEntryModel
-from ._registry import BuildContext, tool_type_builder, tool_types
-from ._types import ToolLimits
+from ._registry import BuildContext, import_attribute, tool_type_builder, tool_types
 from ._verl import VerlToolAdapter, is_verl_tool_class
 
 __all__ = [
@@ -94,8 +92,8 @@ def _message(error: Mapping[str, Any]) -> str:
     return text
 
 
-def _validation_error(source: str, exc: ValidationError) -> ConfigError:
-    lines = [f"{source}: {_key_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
+def _validation_error(source: str, exc: ValidationError, prefix: str = "") -> ConfigError:
+    lines = [f"{source}: {prefix}{_key_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
     return ConfigError("\n".join(lines))
 
 
@@ -107,15 +105,33 @@ def _import(name: str) -> object:
         module_name, _, attr_path = name.rpartition(".")
     if not module_name or not attr_path:
         raise ImportError(f"{name!r} is not of the form 'package.module.Name' or 'module:function'")
-    obj: object = importlib.import_module(module_name)
-    for attr in attr_path.split("."):
-        obj = getattr(obj, attr)
-    return obj
+    return import_attribute(module_name, attr_path)
 
 
-def _limits(entry: ToolEntryModel, base: ToolLimits) -> ToolLimits:
-    """The tool's limits with the config's keys applied over them."""
-    return entry.config.to_limits(base)
+def import_entry(
+    name: str, where: str, verl_maps: Mapping[str, str] | None = None
+) -> tuple[str, object]:
+    """The name imported and the object a config names (after ``verl_maps``, the verl names
+    toolrollout maps); a :class:`ConfigError` at ``where`` when it cannot be imported."""
+    verl_maps = verl_maps or {}
+    target = verl_maps.get(name, name)
+    try:
+        return target, _import(target)
+    except (ImportError, AttributeError) as exc:
+        hint = ""
+        if name.startswith("verl.") and verl_maps:
+            hint = "; verl classes need verl installed, except those toolrollout maps: " + (
+                ", ".join(sorted(verl_maps))
+            )
+        raise ConfigError(f"{where}: cannot import {target!r}: {exc}{hint}") from exc
+
+
+def with_entry_limits(entry: ToolEntryModel, tools: list[Tool], where: str) -> list[Tool]:
+    """``tools`` with the entry's limit keys applied over their own limits."""
+    try:
+        return [tool.with_limits(entry.config.to_limits(tool.limits)) for tool in tools]
+    except UserError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
 
 
 def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
@@ -139,18 +155,7 @@ def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Too
             f"{where('class_name')}: {class_name} maps to toolrollout's "
             f"'{later}' tools, which are not available yet"
         )
-    target = VERL_EQUIVALENTS.get(class_name, class_name)
-    try:
-        obj = _import(target)
-    except (ImportError, AttributeError) as exc:
-        hint = ""
-        if class_name.startswith("verl."):
-            hint = (
-                "; verl classes need verl installed, except those toolrollout maps: "
-                + ", ".join(sorted(VERL_EQUIVALENTS))
-            )
-        raise ConfigError(f"{where('class_name')}: cannot import {target!r}: {exc}{hint}") from exc
-
+    target, obj = import_entry(class_name, where("class_name"), VERL_EQUIVALENTS)
     tool: Tool
     try:
         if isinstance(obj, type) and issubclass(obj, Tool):
@@ -180,10 +185,7 @@ def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Too
             tool = tool.with_schema(schema)
         except UserError as exc:
             raise ConfigError(f"{where('tool_schema')}: {exc}") from exc
-    try:
-        return [tool.with_limits(_limits(entry, tool.limits))]
-    except UserError as exc:
-        raise ConfigError(f"{where('config')}: {exc}") from exc
+    return with_entry_limits(entry, [tool], where("config"))
 
 
 def build_native_entry_of(
@@ -245,15 +247,12 @@ def tools_from_config(
     tools: list[Tool] = []
     seen: dict[str, int] = {}
     for index, entry in enumerate(parsed.tools):
-
-        def where(key: str, index: int = index) -> str:
-            return f"{source}: tools[{index}].{key}"
-
+        context = BuildContext(source, folder, index)
         try:
             builder = tool_type_builder(entry.config.type)
         except ConfigError as exc:
-            raise ConfigError(f"{where('config.type')}: {exc}") from exc
-        built = builder(entry, BuildContext(source, folder, index))
+            raise ConfigError(f"{context.where('config.type')}: {exc}") from exc
+        built = builder(entry, context)
         for tool in built:
             if tool.name in seen:
                 raise ConfigError(

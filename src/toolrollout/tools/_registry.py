@@ -103,9 +103,7 @@ def tool_type_builder(name: str) -> ToolBuilder:
     if isinstance(builder, str):
         module_name, attr_path = _split(builder)
         try:
-            obj: object = importlib.import_module(module_name)
-            for attr in attr_path.split("."):
-                obj = getattr(obj, attr)
+            obj = import_attribute(module_name, attr_path)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(
                 f"tool type {name!r}: cannot import its builder {builder!r}: {exc}"
@@ -116,6 +114,14 @@ def tool_type_builder(name: str) -> ToolBuilder:
         _types[name] = resolved
         return resolved
     return builder
+
+
+def import_attribute(module_name: str, attr_path: str) -> object:
+    """``attr_path`` (dotted) of the module ``module_name``, imported."""
+    obj: object = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        obj = getattr(obj, attr)
+    return obj
 
 
 def _split(target: str) -> tuple[str, str]:

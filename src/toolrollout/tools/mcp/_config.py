@@ -28,7 +28,7 @@ from pydantic import (
 from toolrollout._exceptions import ConfigError, ToolRolloutError, UserError
 
 from .._base import Tool
-from .._config import _import, _key_path, _limits, _message
+from .._config import _validation_error, import_entry, with_entry_limits
 from .._models import ToolEntryModel
 from .._registry import BuildContext
 from ._connection import describe
@@ -147,10 +147,7 @@ def discover_tools(
 def _callback(name: str | None, key: str, where: Callable[[str], str]) -> Any:
     if name is None:
         return None
-    try:
-        obj = _import(name.strip())
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{where(key)}: cannot import {name!r}: {exc}") from exc
+    _, obj = import_entry(name.strip(), where(key))
     if not callable(obj):
         raise ConfigError(
             f"{where(key)}: {name!r} is not callable; expected async (context, params) -> result"
@@ -177,10 +174,7 @@ def _tool_class(class_name: str, where: Callable[[str], str]) -> type[McpTool]:
         "toolrollout.tools.mcp:McpTool",
     ):
         return McpTool
-    try:
-        obj = _import(name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{where('class_name')}: cannot import {name!r}: {exc}") from exc
+    _, obj = import_entry(name, where("class_name"))
     if not (isinstance(obj, type) and issubclass(obj, McpTool)):
         raise ConfigError(
             f"{where('class_name')}: {name!r} is not an McpTool subclass; entries of "
@@ -189,8 +183,9 @@ def _tool_class(class_name: str, where: Callable[[str], str]) -> type[McpTool]:
     return obj
 
 
-def _settings(entry: ToolEntryModel, where: Callable[[str], str]) -> McpSettingsModel:
+def _settings(entry: ToolEntryModel, context: BuildContext) -> McpSettingsModel:
     """The entry's validated ``mcp`` block; refuse what a ``type: mcp`` entry cannot hold."""
+    where = context.where
     if entry.mcp is None:
         raise ConfigError(
             f"{where('mcp')}: is required for config.type 'mcp' "
@@ -199,8 +194,7 @@ def _settings(entry: ToolEntryModel, where: Callable[[str], str]) -> McpSettings
     try:
         settings = McpSettingsModel.model_validate(entry.mcp)
     except ValidationError as exc:
-        lines = [f"{where('mcp.' + _key_path(e['loc']))}: {_message(e)}" for e in exc.errors()]
-        raise ConfigError("\n".join(lines)) from exc
+        raise _validation_error(context.source, exc, f"tools[{context.index}].mcp.") from exc
     if entry.tool_schema is not None:
         raise ConfigError(
             f"{where('tool_schema')}: not supported for config.type 'mcp': the servers' "
@@ -219,7 +213,7 @@ def _settings(entry: ToolEntryModel, where: Callable[[str], str]) -> McpSettings
 def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
     """Build the tools of one ``type: mcp`` entry (the builder of the ``mcp`` tool type)."""
     where = context.where
-    settings = _settings(entry, where)
+    settings = _settings(entry, context)
     tool_class = _tool_class(entry.class_name, where)
 
     path = context.resolve(settings.mcp_servers_config_path)
@@ -272,7 +266,4 @@ def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
         )
     except UserError as exc:
         raise ConfigError(f"{where('mcp')}: {exc}") from exc
-    try:
-        return [tool.with_limits(_limits(entry, tool.limits)) for tool in tools]
-    except UserError as exc:
-        raise ConfigError(f"{where('config')}: {exc}") from exc
+    return with_entry_limits(entry, list(tools), where("config"))

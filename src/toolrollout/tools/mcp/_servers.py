@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError
 
 from toolrollout._exceptions import ConfigError
-from toolrollout.tools._config import read_config_file
+from toolrollout.tools._config import _validation_error, read_config_file
 
 __all__ = [
     "HttpServer",
@@ -248,9 +248,6 @@ def parse_mcp_servers(
     where relative ``cwd`` values and ``${CONFIG_DIR}`` point (default: the current one).
     Every problem is a :class:`~toolrollout.exceptions.ConfigError` naming ``source`` and the key.
     """
-    # Imported here: tools._config imports this package lazily, never the other way round.
-    from toolrollout.tools._config import _key_path, _message
-
     folder = Path(config_dir) if config_dir is not None else Path.cwd()
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -266,8 +263,7 @@ def parse_mcp_servers(
     try:
         parsed = _FileModel.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{source}: {_key_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
-        raise ConfigError("\n".join(lines)) from exc
+        raise _validation_error(source, exc) from exc
     servers = {
         name: _server(name, model, source, folder)
         for name, model in parsed.mcpServers.items()
