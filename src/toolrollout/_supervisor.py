@@ -252,9 +252,6 @@ class SupervisedService:
         cause = self._faults.get(generation)
         return None if cause is None else f"{self.command.label}: {cause}"
 
-    def _now_serving(self) -> None:
-        self._serving.set()
-
     def _outage(self) -> None:
         """The current process is dead or hung: later calls wait for the next one."""
         if self._serving.is_set():
@@ -380,7 +377,7 @@ class SupervisedService:
                     continue
                 self.restart_seconds.append(time.monotonic() - died)
                 waiting = self._waiting
-                self._now_serving()
+                self._serving.set()
                 logger.warning(
                     "%s is back (pid %d), %.2f s after it died; %d call(s) were waiting for it",
                     label,
@@ -437,7 +434,7 @@ async def supervise(
     service = SupervisedService(command, policy or RestartPolicy())
     try:
         await service._start()
-        service._now_serving()
+        service._serving.set()
         _running[command.port] = service
         try:
             async with anyio.create_task_group() as group:

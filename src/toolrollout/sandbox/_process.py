@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
+from toolrollout._port_records import kill_group
+
 from ._protocol import CommandRunResult, CommandRunStatus
 
 __all__ = ["execute", "wait_uid_gone"]
@@ -71,13 +73,6 @@ async def feed(stream: anyio.abc.ByteSendStream | None, data: str | None) -> Non
             await stream.aclose()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
-
-
-def kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def uid_has_processes(uid: int) -> bool:
@@ -155,17 +150,19 @@ async def execute(
             # that outlived its limit timed out either way.
             if scope.cancelled_caught or time.perf_counter() - spawned > run_timeout:
                 timed_out = True
-                kill_group(process.pid)
+                kill_group(process.pid, signal.SIGKILL)
                 await process.wait()
             elif not isolated:
-                kill_group(process.pid)  # background leftovers of a finished program
+                kill_group(
+                    process.pid, signal.SIGKILL
+                )  # background leftovers of a finished program
             with anyio.move_on_after(DRAIN_GRACE):
                 await out.done.wait()
                 await err.done.wait()
             tg.cancel_scope.cancel()
     finally:
         if process.returncode is None:  # cancelled from outside: leave nothing behind
-            kill_group(process.pid)
+            kill_group(process.pid, signal.SIGKILL)
             with anyio.CancelScope(shield=True):
                 await process.wait()
         with anyio.CancelScope(shield=True):

@@ -19,7 +19,7 @@ from toolrollout._exceptions import ConfigError, UserError
 
 from ._base import Tool
 from ._function import FunctionTool
-from ._models import ToolConfigFileModel, ToolEntryConfigModel, ToolEntryModel
+from ._models import ToolConfigFileModel, ToolEntryConfigModel, ToolEntryModel, key_path
 from ._registry import BuildContext, import_attribute, tool_type_builder, tool_types
 from ._verl import VerlToolAdapter, is_verl_tool_class
 
@@ -68,13 +68,6 @@ _MESSAGES: Mapping[str, str] = {
 }
 
 
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "<root>"
-
-
 def _message(error: Mapping[str, Any]) -> str:
     kind = str(error.get("type", ""))
     ctx = error.get("ctx") or {}
@@ -93,7 +86,9 @@ def _message(error: Mapping[str, Any]) -> str:
 
 
 def _validation_error(source: str, exc: ValidationError, prefix: str = "") -> ConfigError:
-    lines = [f"{source}: {prefix}{_key_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
+    lines = [
+        f"{source}: {prefix}{key_path(e['loc']) or '<root>'}: {_message(e)}" for e in exc.errors()
+    ]
     return ConfigError("\n".join(lines))
 
 

@@ -22,6 +22,7 @@ from toolrollout._exceptions import ToolArgumentError, ToolExecutionError, UserE
 
 from ._base import Tool, normalize_function_schema
 from ._docstrings import parse_docstring
+from ._models import key_path
 from ._types import ToolContext, ToolLimits, ToolResult
 
 __all__ = ["FunctionTool", "function_tool", "to_tool_result"]
@@ -76,10 +77,7 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 def _describe_error(error: Mapping[str, Any]) -> str:
     """One validation error as ``'path': what is wrong (got value)``."""
-    loc = error.get("loc", ())
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    path = key_path(error.get("loc", ()))
     kind = error.get("type")
     if kind == "missing":
         return f"{path!r}: missing required argument"

@@ -150,11 +150,6 @@ class ToolSession:
         self.release_errors: list[str] = []
         """``"tool: error"`` for each release that raised or timed out (the run goes on)."""
 
-    @property
-    def instances(self) -> Mapping[str, str]:
-        """Live instance ids by tool name."""
-        return {name: inst.instance_id for name, inst in self._instances.items()}
-
     async def create_declared(self, tools: Iterable[Tool], context: ToolContext) -> None:
         """Create, one after another, the instances of the stateful tools the row names in
         its ``tools_kwargs`` (verl creates those when the trajectory starts)."""

@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiolimiter import AsyncLimiter
@@ -358,11 +358,6 @@ class LatencyWindow:
         """Add one latency (the oldest drops out once the window is full)."""
         self._values.append(seconds)
         self._count += 1
-
-    def extend(self, values: Iterable[float]) -> None:
-        """Add several latencies, oldest first."""
-        for value in values:
-            self.record(value)
 
     def statistics(self) -> LatencyStatistics:
         """Percentiles of the window (see :func:`quantile`)."""

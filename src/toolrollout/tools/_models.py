@@ -48,6 +48,14 @@ __all__ = [
 ]
 
 
+def key_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error's ``loc`` as ``tools[0].config.timeout``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
 class FunctionSchemaModel(BaseModel):
     """The ``function`` object of an OpenAI tool schema (verl's ``OpenAIFunctionSchema``)."""
 

@@ -82,14 +82,13 @@ def _executor_logs(verbose: bool) -> Iterator[None]:
     """Show the executor's log (tracebacks of failing tools) only with ``--verbose``."""
     logger = logging.getLogger("toolrollout")
     handler: logging.Handler
+    previous = logger.level
     if verbose:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        previous = logger.level
         logger.setLevel(logging.DEBUG)
     else:
         handler = logging.NullHandler()  # keeps Python's last-resort handler quiet
-        previous = logger.level
     logger.addHandler(handler)
     try:
         yield
