@@ -1,10 +1,5 @@
-"""``config.type: mcp`` entries of a verl-layout tool config.
-
-The entry names an ``mcpServers`` JSON file; loading lists each server's tools over a
-short-lived connection (so the schemas are known before the first model turn) and returns
-:class:`McpTool` objects bound to one new :class:`McpClientManager`, not yet open. The
-persistent sessions start lazily, on first call, once the manager is open.
-"""
+"""``config.type: mcp`` entries of a verl-layout tool config: the servers' tools, listed
+over short-lived sessions, as :class:`McpTool` objects of one new, unopened manager."""
 
 from __future__ import annotations
 
@@ -74,26 +69,22 @@ class McpSettingsModel(BaseModel):
     tool_name_prefix: str = ""
     """Put before each name shown to the model; ``{server}`` is replaced by the server."""
     schema_key_order: Literal["canonical", "as_sent"] = "canonical"
-    """``canonical``: each input schema is shown with ``type``, ``properties`` and
-    ``required`` first, as a hand-written (native) schema has them; ``as_sent``: in the order
-    the server's SDK sent it (for a model trained on that text)."""
+    """Input schemas as a native tool's (``type``, ``properties``, ``required`` first) or as
+    the server sent them."""
     connect_timeout: PositiveFloat = 30.0
     """Seconds to start/connect a server, initialize and list its tools."""
     progress_idle_timeout: PositiveFloat | None = None
     """Fail a call whose server sent no progress notification for this many seconds
     (default: off); the entry's ``config.timeout`` still bounds every call."""
     heartbeat_interval: PositiveFloat | None = 10.0
-    """Seconds between pings of an HTTP session while calls are in flight (null: never);
-    a failed ping fails them as unavailable instead of letting them run into the timeout."""
+    """Seconds between pings of an HTTP session while calls are in flight (null: never)."""
     roots: list[_RootModel] = []
     """Roots offered to servers (``roots/list``): paths (relative to the YAML file's folder)
     or ``{uri, name}`` mappings."""
     sampling_callback: str | None = None
-    """``module:function`` answering ``sampling/createMessage`` (default: none, and the
-    capability is not declared)."""
+    """``module:function`` answering ``sampling/createMessage`` (none: not declared)."""
     elicitation_callback: str | None = None
-    """``module:function`` answering ``elicitation/create`` (default: none, and the
-    capability is not declared)."""
+    """``module:function`` answering ``elicitation/create`` (none: not declared)."""
     callback_timeout: PositiveFloat = 60.0
     """Seconds a sampling or elicitation callback may take before the request is refused."""
 
@@ -111,15 +102,10 @@ def discover_tools(
     connect_timeout: float = 30.0,
     manager_options: Mapping[str, Any] | None = None,
 ) -> dict[str, list[McpToolInfo]]:
-    """List every server's tools over a short-lived session each (blocking).
-
-    Runs its own event loop on a worker thread, so it may be called from sync code and
-    from inside a running event loop alike (which it then blocks while it runs). Every
-    session and child process is closed before it returns. Raises
-    :class:`~toolrollout.exceptions.ToolUnavailable` for a server that cannot be reached.
-    ``manager_options`` are further :class:`McpClientManager` arguments (the roots and
-    callbacks the real sessions will declare: some servers list tools by capability).
-    """
+    """List every server's tools over a short-lived session each, blocking, in an event
+    loop of its own on a worker thread (so it works inside a running loop too).
+    ``manager_options`` are the real sessions' roots and callbacks: some servers list tools
+    by capability."""
 
     async def run() -> dict[str, list[McpToolInfo]]:
         manager = McpClientManager(
