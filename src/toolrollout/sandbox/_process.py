@@ -1,9 +1,6 @@
-"""One sandboxed process of a run: started, fed its stdin, its output read (the first
-``max_output_bytes`` of each stream kept), killed with its whole process group at its
-timeout and, when not ``isolated`` (no PID namespace), also once it ended, so that no
-background leftover survives it; and the wait for a uid's processes to be gone before the
-uid is used again.
-"""
+"""One sandboxed process of a run: fed its stdin, its output read (the first
+``max_output_bytes`` of each stream kept), killed with its process group at its timeout
+(and, without a PID namespace, once it ended, so no leftover survives it)."""
 
 from __future__ import annotations
 
