@@ -1,8 +1,7 @@
 """Tool-config files in verl's layout: ``tools: [{class_name, config, tool_schema}]``.
 
-Every problem is reported as a :class:`~toolrollout.exceptions.ConfigError` naming the file and the
-key path (``tools/x.yaml: tools[0].config.timeout: must be a positive number``), because a
-config error found hours into a run, or reported without its place, costs the most.
+Every problem is a :class:`~toolrollout.exceptions.ConfigError` naming the file and key path
+(``tools/x.yaml: tools[0].config.timeout: must be a positive number``).
 """
 
 from __future__ import annotations
@@ -130,11 +129,7 @@ def with_entry_limits(entry: ToolEntryModel, tools: list[Tool], where: str) -> l
 
 
 def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
-    """Build a ``type: native`` entry: resolve ``class_name`` to a tool.
-
-    The ``sandbox`` and ``search`` types build their entries with it too, then check the
-    class they got.
-    """
+    """Build a ``type: native`` entry: resolve ``class_name`` to a tool."""
     where = context.where
     class_name = entry.class_name.strip()
     config = entry.config.model_dump(exclude_none=True)
@@ -223,13 +218,8 @@ def tools_from_config(
     source: str = "<tool config>",
     base_dir: str | PathLike[str] | None = None,
 ) -> list[Tool]:
-    """Build the tools of an already-parsed config (``{"tools": [...]}``).
-
-    ``source`` names the config in error messages; ``base_dir`` is the folder relative
-    paths in entries are resolved against (default: the current directory). Each entry is
-    built by the builder registered for its ``config.type`` (see
-    :func:`~toolrollout.tools.register_tool_type`), given a :class:`BuildContext`.
-    """
+    """Build the tools of an already-parsed config (``{"tools": [...]}``); ``source`` names
+    it in messages, ``base_dir`` resolves relative paths (default: the current directory)."""
     if not isinstance(data, Mapping):
         raise ConfigError(
             f"{source}: expected a mapping with a 'tools' list, got {type(data).__name__}"
@@ -262,12 +252,10 @@ def tools_from_config(
 def load_tool_config(path: str | PathLike[str]) -> list[Tool]:
     """Load the tools of a verl-layout YAML tool config.
 
-    ``class_name`` may be a verl class toolrollout maps (``VERL_EQUIVALENTS`` in this module), a
-    :class:`Tool` subclass (built with ``from_config``), a verl ``BaseTool`` subclass
-    (needs verl), or ``module:function`` (wrapped as a function tool). ``config`` carries
-    ``type`` and the limits ``timeout``, ``max_concurrency`` (verl: ``num_workers``),
-    ``rate_limit`` (per second), ``rate_burst``, ``retries`` and ``circuit_breaker``;
-    ``tool_schema`` replaces the schema shown to the model.
+    ``class_name`` may be a verl class toolrollout maps (``VERL_EQUIVALENTS``), a
+    :class:`Tool` subclass, a verl ``BaseTool`` subclass (needs verl), or
+    ``module:function``; ``config`` carries ``type`` and the limit keys; ``tool_schema``
+    replaces the schema shown to the model.
     """
     source = str(path)
     data = read_yaml_file(path)
