@@ -1,9 +1,6 @@
 """Interaction-config files in verl's layout: ``interaction: [{name, class_name, config}]``.
 
-Names follow verl's rule: ``name`` if given, else the class name without an
-``Interaction`` suffix, lower-cased (``Gsm8kInteraction`` -> ``gsm8k``). The name is also
-put into the ``config`` the class receives. Problems are one-line
-:class:`~toolrollout.exceptions.ConfigError` messages naming the file and key.
+Names follow verl's rule (``Gsm8kInteraction`` -> ``gsm8k``) and are put into the config.
 """
 
 from __future__ import annotations
