@@ -21,16 +21,14 @@ from toolrollout._exceptions import (
 from toolrollout._retrying_post import RetryableAnswer, RetryingPost
 from toolrollout._security import bearer_headers, expand_env
 from toolrollout.tools import (
-    BuildContext,
     RetryPolicy,
     Tool,
     ToolContext,
-    ToolEntryModel,
     ToolLimits,
     ToolResult,
     ToolService,
 )
-from toolrollout.tools._config import build_native_entry_of, own_config
+from toolrollout.tools._config import native_entry_builder, own_config
 
 from ._background import LocalSandboxService
 from ._protocol import (
@@ -414,12 +412,9 @@ def sandbox_tool(
     )
 
 
-def build_sandbox_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
-    """Build a ``type: sandbox`` entry (``class_name``: a sandbox tool class)."""
-    return build_native_entry_of(
-        entry,
-        context,
-        "sandbox",
-        SandboxTool,
-        "toolrollout.sandbox.SandboxTool (or verl.tools.sandbox_fusion_tools.SandboxFusionTool)",
-    )
+build_sandbox_entry = native_entry_builder(
+    "sandbox",
+    SandboxTool,
+    "toolrollout.sandbox.SandboxTool (or verl.tools.sandbox_fusion_tools.SandboxFusionTool)",
+)
+"""Builds ``type: sandbox`` entries (``class_name``: a sandbox tool class)."""

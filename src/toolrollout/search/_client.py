@@ -30,16 +30,14 @@ from toolrollout._exceptions import (
 from toolrollout._retrying_post import RetryableAnswer, RetryingPost
 from toolrollout._security import bearer_headers, expand_env
 from toolrollout.tools import (
-    BuildContext,
     RetryPolicy,
     Tool,
     ToolContext,
-    ToolEntryModel,
     ToolLimits,
     ToolResult,
     ToolService,
 )
-from toolrollout.tools._config import build_native_entry_of, own_config
+from toolrollout.tools._config import native_entry_builder, own_config
 
 from ._format import RetrievedDocument, format_results, parse_response
 from ._local import LocalRetrieverService
@@ -355,12 +353,7 @@ class VerlSearchTool(SearchTool):
     result_format: ResultFormat = "json"
 
 
-def build_search_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
-    """Build a ``type: search`` entry (``class_name``: a search tool class)."""
-    return build_native_entry_of(
-        entry,
-        context,
-        "search",
-        SearchTool,
-        "toolrollout.search.SearchTool (or verl.tools.search_tool.SearchTool)",
-    )
+build_search_entry = native_entry_builder(
+    "search", SearchTool, "toolrollout.search.SearchTool (or verl.tools.search_tool.SearchTool)"
+)
+"""Builds ``type: search`` entries (``class_name``: a search tool class)."""

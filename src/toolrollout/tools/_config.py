@@ -19,14 +19,14 @@ from toolrollout._exceptions import ConfigError, UserError
 from ._base import Tool
 from ._function import FunctionTool
 from ._models import ToolConfigFileModel, ToolEntryConfigModel, ToolEntryModel, key_path
-from ._registry import BuildContext, import_attribute, tool_type_builder, tool_types
+from ._registry import BuildContext, ToolBuilder, import_attribute, tool_type_builder, tool_types
 from ._verl import VerlToolAdapter, is_verl_tool_class
 
 __all__ = [
     "VERL_EQUIVALENTS",
     "build_native_entry",
-    "build_native_entry_of",
     "load_tool_config",
+    "native_entry_builder",
     "own_config",
     "tools_from_config",
 ]
@@ -178,19 +178,21 @@ def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Too
     return with_entry_limits(entry, [tool], where("config"))
 
 
-def build_native_entry_of(
-    entry: ToolEntryModel, context: BuildContext, kind: str, cls: type[Tool], needs: str
-) -> list[Tool]:
-    """Build a ``type: <kind>`` entry: :func:`build_native_entry`, whose ``class_name``
-    must make ``cls`` tools (``needs`` names the classes that do, for the error)."""
-    tools = build_native_entry(entry, context)
-    for tool in tools:
-        if not isinstance(tool, cls):
-            raise ConfigError(
-                f"{context.where('class_name')}: type {kind!r} needs {needs}, "
-                f"got {entry.class_name!r}"
-            )
-    return tools
+def native_entry_builder(kind: str, cls: type[Tool], needs: str) -> ToolBuilder:
+    """The builder of ``type: <kind>`` entries: :func:`build_native_entry`, whose
+    ``class_name`` must make ``cls`` tools (``needs`` names the classes that do)."""
+
+    def build(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
+        tools = build_native_entry(entry, context)
+        for tool in tools:
+            if not isinstance(tool, cls):
+                raise ConfigError(
+                    f"{context.where('class_name')}: type {kind!r} needs {needs}, "
+                    f"got {entry.class_name!r}"
+                )
+        return tools
+
+    return build
 
 
 _LOADER_KEYS = frozenset(ToolEntryConfigModel.model_fields) | {"enable_global_rate_limit"}

@@ -6,7 +6,6 @@ import math
 import os
 import sys
 from contextlib import AsyncExitStack
-from types import TracebackType
 from typing import Any, Self, TextIO
 
 import anyio
@@ -105,14 +104,9 @@ class WatchedReadStream:
         await self._stream.__aenter__()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
         self._on_end()
-        result: bool | None = await self._stream.__aexit__(exc_type, exc_val, exc_tb)
+        result: bool | None = await self._stream.__aexit__(*exc_info)
         return result
 
 
