@@ -1,25 +1,14 @@
 """Who may use a toolrollout server, and how much one request may cost it.
 
-Every server toolrollout runs (``toolrollout serve``, ``toolrollout sandbox serve``,
-``toolrollout retriever serve``, ``toolrollout gateway``) wraps its ASGI app in
-:class:`SecurityMiddleware` and checks its bind address with :func:`check_bind` before it
-listens. The middleware is plain ASGI (no Starlette import), so any of them can use it.
+Every toolrollout server wraps its ASGI app in :class:`SecurityMiddleware` (plain ASGI)
+and checks its bind address with :func:`check_bind` before it listens.
 
-API keys follow SGLang's ``--api-key`` / ``--admin-api-key`` (``srt/utils/auth.py``):
-
-* ``OPTIONS`` and the health prefixes (``/health``, ``/ready``, ``/metrics``) stay open, so
-  probes need no secret.
-* An ordinary endpoint needs the API key when one is set (the admin key does not open it).
-* A control endpoint (SGLang's ``ADMIN_OPTIONAL``: weight updates, pause/continue, flush,
-  abort) needs the admin key when one is set, else the API key when that is set, else
-  nothing.
-* The key comes as ``Authorization: Bearer <key>`` (or ``x-api-key: <key>``); a missing or
-  wrong one gets 401 ``{"error": "Unauthorized"}``. Keys are compared in constant time.
-
-Then the limits: a body larger than ``max_body_bytes`` gets 413, from its
-``Content-Length`` before the app runs, or (chunked bodies) as soon as the bytes passed
-to the app go over the limit, never reading the rest; more than
-``max_concurrent_requests`` requests at once get 429 with ``Retry-After``.
+API keys follow SGLang's ``--api-key`` / ``--admin-api-key``: ``OPTIONS`` and the health
+prefixes stay open; an ordinary endpoint needs the API key when one is set; a control
+endpoint needs the admin key when one is set, else the API key. The key comes as
+``Authorization: Bearer <key>`` or ``x-api-key``, compared in constant time; otherwise 401.
+A body over ``max_body_bytes`` gets 413 (from ``Content-Length``, or as soon as a chunked
+body goes over, never reading the rest); past ``max_concurrent_requests``, 429.
 """
 
 from __future__ import annotations
@@ -84,11 +73,8 @@ _ENV_REFERENCE = re.compile(r"\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def expand_env(value: str, *, where: str) -> str:
-    """``value`` with each ``${NAME}`` (or ``${env:NAME}``, the MCP configs' spelling)
-    replaced by that environment variable, so a tool config can name a key without
-    holding it. An unset variable is a
-    :class:`~toolrollout.exceptions.UserError` naming it (and ``where``), never the value.
-    """
+    """``value`` with each ``${NAME}`` (or ``${env:NAME}``) replaced by that environment
+    variable, so a config can name a key without holding it; an unset one is a UserError."""
 
     def lookup(match: re.Match[str]) -> str:
         name = match.group(1)
@@ -121,8 +107,7 @@ class ServerSecurity:
     """Control endpoints: the admin key opens them when one is set (SGLang's
     ``ADMIN_OPTIONAL``)."""
     admin_path_patterns: tuple[str, ...] = ()
-    """Control endpoints with a parameter in the path, as regular expressions the whole
-    path must match (the gateway's ``/v1/sessions/{id}/reward``)."""
+    """Control endpoints as regular expressions the whole path must match."""
     open_paths: tuple[str, ...] = OPEN_PATH_PREFIXES
     """Path prefixes open without any key."""
     max_body_bytes: int | None = None
@@ -147,8 +132,7 @@ class ServerSecurity:
             raise UserError(f"Retry-After must be >= 0, got {self.retry_after_seconds}")
 
     def describe(self) -> dict[str, Any]:
-        """What a health or info endpoint may say about it (whether keys are set, never
-        the keys)."""
+        """What a health endpoint may say about it (whether keys are set, never the keys)."""
         return {
             "api_key_required": self.api_key is not None,
             "admin_api_key_required": self.admin_api_key is not None,
@@ -158,8 +142,7 @@ class ServerSecurity:
 
 
 def _matches(expected: str, authorization: bytes | None, x_api_key: bytes | None) -> bool:
-    """Whether the request carries ``expected`` (compared in constant time, as bytes:
-    ``hmac.compare_digest`` refuses non-ASCII ``str``)."""
+    """Whether the request carries ``expected`` (compared in constant time, as bytes)."""
     want = expected.encode("utf-8")
     if authorization is not None:
         scheme, _, token = authorization.partition(b" ")
@@ -178,8 +161,7 @@ def presents_key(scope: Scope, key: str | None) -> bool:
 
 def presented_key(scope: Scope) -> str:
     """The key a request carries (``Authorization: Bearer``, else ``x-api-key``); "" for
-    none. For a server whose callers' keys mean something beyond access (the gateway's
-    sessions)."""
+    none."""
     scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")
     if scheme.lower() == b"bearer" and token.strip():
         return token.strip().decode("utf-8", "replace")
@@ -216,12 +198,8 @@ async def _send_json(
 
 
 class SecurityMiddleware:
-    """ASGI middleware: API keys, body size limit and concurrency cap (see the module).
-
-    ``SecurityMiddleware(app, security)``; FastAPI: ``app.add_middleware(SecurityMiddleware,
-    security=security)``. Order per request: key check (401), ``Content-Length`` check
-    (413), concurrency (429), then the app with a receive that stops at the limit.
-    """
+    """ASGI middleware: API keys (401), body size limit (413) and concurrency cap (429),
+    checked in that order (see the module)."""
 
     def __init__(self, app: ASGIApp, security: ServerSecurity) -> None:
         self.app = app
@@ -334,10 +312,8 @@ class SecurityMiddleware:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` reaches this machine only (``localhost``, 127.0.0.0/8, ``::1``).
-
-    Any other name counts as reachable from elsewhere: a name's address can change.
-    """
+    """Whether ``host`` reaches this machine only (``localhost``, 127.0.0.0/8, ``::1``);
+    any other name counts as reachable from elsewhere."""
     if host.strip().lower() == "localhost":
         return True
     try:
@@ -347,11 +323,8 @@ def is_loopback(host: str) -> bool:
 
 
 def check_bind(host: str, security: ServerSecurity, *, insecure: bool, server: str) -> None:
-    """Refuse to serve a non-loopback ``host`` without a key unless ``insecure``.
-
-    With ``insecure`` such a server starts, and a warning says that anyone who can reach
-    ``host`` may use it. Raises :class:`~toolrollout.exceptions.UserError` otherwise.
-    """
+    """Refuse to serve a non-loopback ``host`` without a key (UserError), unless
+    ``insecure``: then warn that anyone who can reach it may use it."""
     if is_loopback(host) or security.api_key:
         return
     if not insecure:

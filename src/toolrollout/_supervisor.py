@@ -1,36 +1,18 @@
 """Local services a run starts itself, supervised: restarted, tied to the run, never reused stale.
 
-The sandbox, the retriever and MCP servers over HTTP that a run starts (``local_sandbox``,
-``local_corpus``, an ``mcpServers`` entry with both ``command`` and ``url``), and the shared
-``toolrollout serve`` of ``generate --ray``, run under :func:`supervise`:
+The sandbox, the retriever and launched HTTP MCP servers (and ``generate --ray``'s shared
+``toolrollout serve``) run under :func:`supervise`. A service is:
 
-- **Restarted when they die**, at most :attr:`RestartPolicy.max_restarts` times per
-  :attr:`RestartPolicy.window` seconds, with one log line per death and one per return.
-  Past that the service is declared down (an error line); its calls then fail as
-  unavailable, which fails their trajectories (``tool_unavailable``) instead of scoring them.
-- **Probed while it runs**: a service that stays alive but stops answering (SIGSTOP, a
-  deadlock, a blocked event loop) is found by a liveness probe (:attr:`ServiceCommand.live`,
-  a cheap HTTP request) every :attr:`RestartPolicy.probe_interval` seconds; after
-  :attr:`RestartPolicy.probe_misses` probes in a row without an answer within
-  :attr:`RestartPolicy.probe_timeout` seconds its process group is killed, and it is
-  restarted as if it had died (same budget, same log lines, the cause says it hung).
-- **Waited for while it restarts**: a call that arrives while its service is restarting
-  waits for it (:func:`until_serving`, at most :attr:`RestartPolicy.call_wait` seconds,
-  by default the service's start-up timeout) instead of failing at once; a call in flight
-  when the service died fails with its cause.
-- **Dying with the run**, even when the run is killed with SIGKILL: each service starts
-  through a tiny launcher that asks Linux for a parent-death signal (``PR_SET_PDEATHSIG``,
-  kept across ``execve``) and then replaces itself with the service. Each service leads
-  its own process group, which is what is stopped on the way out.
-- **Identified on its port**: a record (``<state dir>/<port>.json``: pid, start time, owner
-  pid) is written for each service started. A server found on the port when a run opens
-  the service is replaced when the record shows it is a service whose run is gone
-  (stale), refused when its run is still alive, and anything else there is a one-line
-  error naming the port: a run never silently talks to a server it did not start.
-
-The processes are anyio's (the same API the rest of the library uses for child processes);
-the parent-death signal needs ``prctl``, which anyio and the standard library do not offer
-for an async child, hence the launcher.
+- **restarted when it dies**, within :class:`RestartPolicy`; past that it is declared down
+  and its calls fail as unavailable (their trajectories fail, they are not scored);
+- **probed while it runs**: one that stays alive but stops answering (SIGSTOP, a deadlock)
+  is killed after a few missed liveness probes and restarted as if it had died;
+- **waited for while it restarts** by the calls that arrive meanwhile (:func:`until_serving`);
+- **killed with the run**, even by SIGKILL: it starts through a launcher that sets the
+  parent-death signal (``prctl``, which anyio cannot set for an async child) and then
+  ``exec``s the service, as the leader of its own process group;
+- **identified on its port** by a record (pid, start time, owner pid): a stale one of a run
+  that is gone is replaced, anything else there is an error naming the port.
 """
 
 from __future__ import annotations
@@ -86,9 +68,8 @@ signal, checks the parent did not die before that, then becomes the service (sam
 
 
 def dying_with_this_process(argv: Sequence[str]) -> list[str]:
-    """``argv`` behind the launcher: the program it starts gets SIGKILL when the thread
-    that started it dies (Linux; elsewhere it just runs). For ``subprocess.Popen`` callers
-    that are not supervised (a ``preexec_fn`` is unsafe in a threaded program)."""
+    """``argv`` behind the launcher: killed when the thread that started it dies (Linux),
+    for unsupervised ``subprocess.Popen`` callers (``preexec_fn`` is unsafe with threads)."""
     return [sys.executable, "-I", "-S", "-c", _LAUNCHER, str(os.getpid()), *argv]
 
 
@@ -107,11 +88,9 @@ class RestartPolicy:
     probe_timeout: float = 5.0
     """Seconds a liveness probe waits for its answer before it counts as a miss."""
     probe_misses: int = 3
-    """Probes in a row without an answer after which the service is taken as hung: its
-    process group is killed and it is restarted (0: no probing)."""
+    """Probes in a row without an answer that make the service hung (0: no probing)."""
     call_wait: float | None = None
-    """Seconds a call that arrives while the service restarts waits for it to be back
-    (None: the service's :attr:`ServiceCommand.startup_timeout`; 0: no waiting)."""
+    """Seconds a call waits for a restarting service (None: its ``startup_timeout``)."""
 
     def __post_init__(self) -> None:
         if (
@@ -142,12 +121,11 @@ class ServiceCommand:
     cwd: str | None = None
     startup_timeout: float = 60.0
     startup_error: Callable[[int | None, str], Exception] | None = None
-    """Builds the exception for a failed start from the exit status (None: it was still
-    running, not ready in time) and the output; default :class:`ToolUnavailable`."""
+    """The error of a failed start, from the exit status (None: not ready in time) and the
+    output; default :class:`ToolUnavailable`."""
     live: Callable[[httpx.AsyncClient], Awaitable[bool]] | None = None
-    """The liveness probe: True when the service answers (None: :attr:`ready`). It must
-    need the service's own code to answer: a TCP connect does not, the kernel accepts
-    connections for a stopped process."""
+    """The liveness probe (None: :attr:`ready`); it must need the service's own code to
+    answer (the kernel accepts TCP connections for a stopped process)."""
 
     @property
     def label(self) -> str:
@@ -209,8 +187,7 @@ class SupervisedService:
 
     async def until_serving(self) -> bool:
         """Wait while it is restarting, at most :attr:`call_wait` seconds; whether it is
-        serving now. Returns at once when it is serving (its process alive: one read of
-        ``/proc``) or down."""
+        serving now."""
         if self.serving and LINUX and start_time(self.pid) is None:
             # Dead already, the supervisor has not noticed yet (milliseconds): wait for the
             # restart all the same, nothing was sent to it.
@@ -227,9 +204,8 @@ class SupervisedService:
         return self.serving
 
     async def until_replaced(self, generation: int) -> bool:
-        """After a call found the process of ``generation`` gone (its connection refused,
-        so nothing was sent): wait until a later process serves, at most :attr:`call_wait`
-        seconds; whether one does. The death may not be noticed yet when this starts."""
+        """After a call found the process of ``generation`` gone (connection refused): wait
+        until a later one serves, at most :attr:`call_wait` seconds; whether one does."""
         self.calls_waited += 1
         self._waiting += 1
         try:
@@ -246,14 +222,10 @@ class SupervisedService:
         return False
 
     def fault(self, generation: int) -> str | None:
-        """What happened to the process of ``generation`` (a call's :attr:`generation`
-        when it was sent), as ``the sandbox on port N: pid P died...``; None while it
-        serves, or when its death is not noticed yet."""
+        """What happened to the process of ``generation``, as ``the sandbox on port N: pid
+        P died...``; None while it serves (or its death is not noticed yet)."""
         cause = self._faults.get(generation)
         return None if cause is None else f"{self.command.label}: {cause}"
-
-    def _now_serving(self) -> None:
-        self._serving.set()
 
     def _outage(self) -> None:
         """The current process is dead or hung: later calls wait for the next one."""
@@ -380,7 +352,7 @@ class SupervisedService:
                     continue
                 self.restart_seconds.append(time.monotonic() - died)
                 waiting = self._waiting
-                self._now_serving()
+                self._serving.set()
                 logger.warning(
                     "%s is back (pid %d), %.2f s after it died; %d call(s) were waiting for it",
                     label,
@@ -427,17 +399,13 @@ class SupervisedService:
 async def supervise(
     command: ServiceCommand, policy: RestartPolicy | None = None
 ) -> AsyncIterator[SupervisedService]:
-    """Run ``command`` as a supervised service for the ``async with`` body.
-
-    Starts it and waits until ready (raising the command's startup error otherwise), then
-    restarts it whenever it dies, within ``policy``. On leaving, the service and its
-    process group are stopped (also when the body fails or is cancelled). The caller
-    checks the port first (:func:`claim_port`).
-    """
+    """Run ``command`` as a supervised service for the ``async with`` body (started and
+    ready, else its startup error); stopped with its process group on leaving. The caller
+    checks the port first (:func:`claim_port`)."""
     service = SupervisedService(command, policy or RestartPolicy())
     try:
         await service._start()
-        service._now_serving()
+        service._serving.set()
         _running[command.port] = service
         try:
             async with anyio.create_task_group() as group:
@@ -475,13 +443,9 @@ def supervised(port: int) -> SupervisedService | None:
 
 
 async def until_serving(port: int) -> SupervisedService | None:
-    """Before a call to a local service on ``port``: when this process supervises it and it
-    is restarting, wait until it is back (at most its :attr:`RestartPolicy.call_wait`).
-
-    Returns the service (None: not supervised here); the call goes ahead whether or not
-    it came back, and fails as it would have when it did not. Cheap when the service
-    serves: no waiting, one read of ``/proc`` (is its process alive?).
-    """
+    """Before a call to a local service on ``port``: if this process supervises it and it
+    is restarting, wait until it is back (bounded); the service, or None. Cheap when it
+    serves (one read of ``/proc``)."""
     service = supervised(port)
     if service is not None:
         await service.until_serving()

@@ -66,6 +66,6 @@ async def test_gsm8k_reads_verl_tools_kwargs_and_tracks_best_reward() -> None:
     assert first.metrics == {"answer_reward": 1.0}
     assert await session.calc_rewards() == {tool.name: 1.0}
     await session.release_all()
-    assert session.instances == {} and tool._instances == {}
+    assert session._instances == {} and tool._instances == {}
     with pytest.raises(UserError, match="ground truth"):
         await tool.call({"answer": "1"}, ToolContext())

@@ -34,7 +34,8 @@ from toolrollout.tools._summary import ToolCallSummary
 class TestPercentiles:
     def test_known_values(self) -> None:
         window = LatencyWindow(size=1000)
-        window.extend(float(v) for v in range(1, 101))
+        for value in range(1, 101):
+            window.record(float(value))
         stats = window.statistics()
         assert stats.p50 == pytest.approx(50.5)
         assert stats.p95 == pytest.approx(95.05)
@@ -56,8 +57,8 @@ class TestPercentiles:
 
     def test_the_ring_buffer_keeps_only_the_most_recent(self) -> None:
         window = LatencyWindow(size=10)
-        window.extend([100.0] * 50)  # an old slow phase...
-        window.extend(float(v) for v in range(1, 11))  # ...then 10 fast calls
+        for value in [100.0] * 50 + [float(v) for v in range(1, 11)]:
+            window.record(value)  # an old slow phase, then 10 fast calls
         stats = window.statistics()
         assert stats.count == 60 and stats.max == 10.0
         assert stats.p50 == pytest.approx(5.5) and stats.p95 == pytest.approx(9.55)

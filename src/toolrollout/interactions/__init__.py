@@ -1,12 +1,5 @@
-"""Interactions: a simulated user or environment answering the model's final turns.
-
-- :class:`Interaction` is the seam (verl's ``BaseInteraction`` method names and shapes);
-  :class:`InteractionReply` is one answer: done, or a message to append, plus a turn score.
-- :func:`load_interaction_config` reads verl's interaction-config YAML; each dataset row
-  picks its interaction by ``extra_info.interaction_kwargs.name``.
-- :class:`GraderInteraction` grades the demo task and allows retries; :class:`Gsm8kInteraction`
-  is verl's GSM8K grader.
-"""
+"""Interactions: a simulated user or environment answering the model's final turns, with
+verl's ``BaseInteraction`` seam and interaction-config YAML."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Interaction-config files in verl's layout: ``interaction: [{name, class_name, config}]``.
 
-Names follow verl's rule: ``name`` if given, else the class name without an
-``Interaction`` suffix, lower-cased (``Gsm8kInteraction`` -> ``gsm8k``). The name is also
-put into the ``config`` the class receives. Problems are one-line
-:class:`~toolrollout.exceptions.ConfigError` messages naming the file and key.
+Names follow verl's rule (``Gsm8kInteraction`` -> ``gsm8k``) and are put into the config.
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from toolrollout._exceptions import ConfigError, UserError
-from toolrollout.tools._config import _import, _validation_error, read_yaml_file
+from toolrollout.tools._config import _validation_error, import_entry, read_yaml_file
 
 from ._base import Interaction
 
@@ -78,16 +75,7 @@ def interactions_from_config(
     for index, entry in enumerate(parsed.interaction):
         where = f"{source}: interaction[{index}]"
         class_name = entry.class_name.strip()
-        target = VERL_INTERACTIONS.get(class_name, class_name)
-        try:
-            cls = _import(target)
-        except (ImportError, AttributeError) as exc:
-            hint = ""
-            if class_name.startswith("verl."):
-                hint = "; verl classes need verl installed, except " + ", ".join(
-                    sorted(VERL_INTERACTIONS)
-                )
-            raise ConfigError(f"{where}.class_name: cannot import {target!r}: {exc}{hint}") from exc
+        target, cls = import_entry(class_name, f"{where}.class_name", VERL_INTERACTIONS)
         if not _is_interaction_class(cls):
             raise ConfigError(
                 f"{where}.class_name: {target!r} is not an interaction class "

@@ -1,11 +1,4 @@
-"""Built-in interactions: a grader that tells the model whether it was right.
-
-:class:`GraderInteraction` suits the demo task (and any task with a numeric answer): it
-compares the last number of the model's final answer with the sample's ground truth,
-accepts a right answer and otherwise asks for another try, at most ``max_retries`` times.
-:class:`Gsm8kInteraction` is the same grader with verl's strict GSM8K answer format
-(``#### <number>``); verl's ``Gsm8kInteraction`` config entries load as it.
-"""
+"""Built-in interactions: a grader that tells the model whether it was right."""
 
 from __future__ import annotations
 
@@ -103,11 +96,8 @@ class GraderInteraction(Interaction):
 
 
 class Gsm8kInteraction(GraderInteraction):
-    """The grader with verl's strict GSM8K format: only ``#### <number>`` counts.
-
-    Retries are unlimited by default (``max_retries: null``), as in verl, where the
-    rollout's turn budget ends the conversation.
-    """
+    """The grader with verl's strict GSM8K format (only ``#### <number>`` counts) and, as
+    in verl, unlimited retries by default."""
 
     default_max_retries = None
 

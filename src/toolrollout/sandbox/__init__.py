@@ -1,19 +1,10 @@
 """Code sandbox: a Sandbox Fusion client tool and a local, bubblewrap-isolated server.
 
-- :class:`SandboxTool` / :func:`sandbox_tool`: a tool that runs the model's code through
-  Sandbox Fusion's ``POST /run_code`` (a real deployment, or the local server). Tool
-  configs build it with ``config: {type: sandbox, sandbox_fusion_url: ...}``
-  (the ``sandbox`` tool type).
-- ``toolrollout sandbox serve`` (:func:`run_sandbox_server`): the same API on one machine,
-  running ``python``, ``bash`` and, where their toolchain is installed, ``c``, ``cpp``,
-  ``go``, ``java``, ``nodejs``, ``typescript``, ``rust``, ``perl``, ``ruby`` and ``lua``
-  (:data:`SUPPORTED_LANGUAGES`) under bubblewrap with resource limits.
-- :func:`serve_sandbox_in_background`: that server as a child process for an ``async with``;
-  a tool configured with ``local_sandbox: true`` asks for one (:class:`LocalSandboxService`)
-  in its ``services()``, which :func:`toolrollout.tools.open_tools` opens;
-  :func:`serve_local_sandboxes` starts them for a list of tools.
-- The wire models (:class:`RunCodeRequest`, :class:`RunCodeResponse`...) mirror Sandbox
-  Fusion's field for field.
+- :class:`SandboxTool` / :func:`sandbox_tool`: runs the model's code through Sandbox
+  Fusion's ``POST /run_code`` (a real deployment, or the local server).
+- ``toolrollout sandbox serve``: the same API on one machine, under bubblewrap with resource
+  limits; :func:`serve_sandbox_in_background` runs it as a child process, and a tool with
+  ``local_sandbox: true`` asks for one (:class:`LocalSandboxService`).
 
 See ``docs/sandbox.md`` for the isolation model and its limits.
 """

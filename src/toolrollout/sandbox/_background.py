@@ -58,19 +58,10 @@ async def serve_sandbox_in_background(
     env: dict[str, str] | None = None,
     restart: RestartPolicy | None = None,
 ) -> AsyncIterator[str]:
-    """Run ``toolrollout sandbox serve`` in a child process; yield its ``/run_code`` URL.
-
-    ``port=0`` picks a free port. Waits until ``GET /v1/ping`` answers. The server is
-    supervised (:mod:`toolrollout._supervisor`): restarted when it dies, within
-    ``restart`` (default :class:`RestartPolicy`), and killed if this process dies. On
-    leaving, it is terminated (then killed after 5 s), which also kills its running programs.
-
-    Raises:
-        SandboxIsolationError: the server refused to start because isolation is
-            unavailable (its one-line message is included).
-        ToolUnavailable: it exited for another reason or was not up within
-            ``startup_timeout`` seconds.
-    """
+    """Run ``toolrollout sandbox serve`` in a child process, supervised; yield its
+    ``/run_code`` URL once ``GET /v1/ping`` answers (``port=0``: a free port). Raises
+    SandboxIsolationError when isolation is unavailable, ToolUnavailable for another failed
+    start."""
     port = port or free_port(host)
     argv = _sandbox_argv(host, port, max_concurrency, unsafe_no_isolation, extra_args)
     url = f"http://{host}:{port}"
@@ -133,11 +124,7 @@ class LocalSandboxService:
     @asynccontextmanager
     async def open(self) -> AsyncIterator[str | None]:
         """Start the sandbox, supervised; yield the URL started (None: this process serves
-        its sandbox there already, e.g. an opening inside another).
-
-        A stale sandbox of an earlier run on the port is replaced; anything else listening
-        there is a :class:`~toolrollout.exceptions.UserError` naming the port.
-        """
+        one there already). A stale one of an earlier run is replaced."""
         start = functools.partial(
             serve_sandbox_in_background,
             self.port,
@@ -157,18 +144,9 @@ async def serve_local_sandboxes(
     max_concurrency: int | None = None,
     startup_timeout: float = 60.0,
 ) -> AsyncIterator[list[str]]:
-    """Start the local sandbox for every :class:`SandboxTool` that asks for it.
-
-    :func:`toolrollout.tools.open_tools` does this too, with the other tools' services;
-    this one takes the server's ``max_concurrency`` and yields what it started.
-
-    A tool asks with ``local_sandbox: true`` in its config; its ``sandbox_fusion_url`` must
-    then be local (127.0.0.1 / localhost). Each server is supervised (restarted when it
-    dies); a server on the port that this run did not start is replaced when it is a stale
-    one of an earlier run, an error otherwise. Yields the ``/run_code`` URLs of the servers
-    started (one per port), and stops them on exit. Raises
-    :class:`~toolrollout.exceptions.SandboxIsolationError` when bubblewrap is unavailable.
-    """
+    """Start the local sandbox of every tool with ``local_sandbox: true`` (as
+    :func:`toolrollout.tools.open_tools` does), with this ``max_concurrency``; yield the
+    ``/run_code`` URLs started, one per port."""
     services: dict[int, LocalSandboxService] = {}
     for tool in tools:
         for service in tool.services():

@@ -1,21 +1,11 @@
 """How one program is started: the bubblewrap command line and the in-sandbox launcher.
 
-Two ways to run bubblewrap, chosen by who runs the server:
-
-- **as root** ("privileged"): bwrap runs as root without a user namespace (so it can bind
-  paths only root may read, such as a pyenv interpreter under ``/root``), with every
-  capability dropped except CAP_SETUID/CAP_SETGID. The launcher then sets the resource
-  limits and switches to a per-slot unprivileged uid (``uid_base + slot``) before it
-  ``exec``s the program, so the program has no capabilities at all, and RLIMIT_NPROC,
-  which the kernel counts per real uid (and ignores for uid 0), caps that sandbox alone.
-- **as a normal user**: bwrap creates a user namespace (``--unshare-user``, mapped to
-  65534) and forbids nested ones (``--disable-userns``); the launcher only sets the
-  limits. RLIMIT_NPROC is then counted per (user namespace, uid), so per sandbox too.
-
-Both add ``--unshare-pid/net/ipc/uts/cgroup``, ``--die-with-parent``, ``--new-session``,
-a read-only ``/usr`` (plus the interpreter's prefix), a minimal read-only ``/etc``, a
-size-limited private ``/tmp`` and a per-run writable ``/sandbox`` working directory, and
-a seccomp filter refusing new user namespaces (``_seccomp.py``).
+As root, bwrap runs without a user namespace (so it can bind root-only paths) keeping only
+CAP_SETUID/CAP_SETGID, and the launcher drops to a per-slot uid, so RLIMIT_NPROC (counted
+per real uid, ignored for 0) caps that sandbox alone. As a normal user, bwrap maps the
+program to 65534 in a new user namespace and forbids nested ones. Both unshare
+pid/net/ipc/uts/cgroup and show a read-only ``/usr``, a minimal ``/etc``, a private
+``/tmp`` and a per-run ``/sandbox``, under a seccomp filter refusing user namespaces.
 """
 
 from __future__ import annotations
@@ -55,10 +45,9 @@ _ETC_FILES = (
     "/etc/localtime",
     "/etc/ssl/openssl.cnf",
 )
-"""The only parts of ``/etc`` a program sees: the dynamic linker's configuration (needed on
-multiarch systems to find libraries), the ``/usr/bin`` alternatives symlinks point into,
-the time zone and OpenSSL's configuration (Node.js refuses to start when it is unreadable).
-No passwd, no hosts, no certificates: there is no network to use them with."""
+"""The only parts of ``/etc`` a program sees: the dynamic linker's configuration, the
+alternatives, the time zone and OpenSSL's configuration (Node.js needs it). No network,
+so no passwd, hosts or certificates."""
 
 _ROOT_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
@@ -98,9 +87,7 @@ class Limits:
     memory_bytes: int
     """RLIMIT_AS (address space); <= 0: unlimited."""
     data_bytes: int = 0
-    """RLIMIT_DATA (writable private memory: heap and anonymous mappings); <= 0:
-    unlimited. The memory limit of runtimes that reserve more address space than they use
-    (see ``_languages.Toolchain.address_space_limit``)."""
+    """RLIMIT_DATA (writable private memory); <= 0: unlimited."""
     cpu_seconds: int
     """RLIMIT_CPU soft limit (SIGXCPU), the hard limit one second later (SIGKILL)."""
     processes: int
@@ -237,12 +224,8 @@ def bwrap_argv(
     seccomp_fd: int | None = None,
     tmp_dir: str | None = None,
 ) -> list[str]:
-    """The bubblewrap command line running ``command`` with ``workdir`` as ``/sandbox``
-    (and the seccomp filter readable from ``seccomp_fd``, if given).
-
-    ``tmp_dir``: a per-run host directory bound as ``/tmp`` (so request files can be put
-    there and fetched back after the run, as Sandbox Fusion allows); None: a tmpfs of
-    ``tmp_size_bytes``. ``/dev/shm`` is always such a tmpfs."""
+    """The bubblewrap command line running ``command`` with ``workdir`` as ``/sandbox`` and
+    ``tmp_dir`` as ``/tmp`` (None: a tmpfs of ``tmp_size_bytes``, as ``/dev/shm`` always)."""
     argv = [
         info.path,
         "--unshare-pid",

@@ -1,12 +1,7 @@
 """The toolchain behind each Sandbox Fusion ``language`` the local sandbox can run.
 
-Source file names and command lines follow Sandbox Fusion's runners
-(``sandbox/runners/major.py`` of bytedance/SandboxFusion): ``g++ -std=c++17 X.cpp -o test``
-then ``./test``; ``go build -o out X.go`` then ``./out``; ``javac Main.java`` then ``java
--ea Main``; ``node X.js``; ``tsx X.ts``; ``rustc X.rs -o test``; ``/bin/bash X.sh``. ``c`` is
-toolrollout's own key (Sandbox Fusion has none). A language whose programs are not installed
-is answered as Sandbox Fusion answers it there (its shell's "command not found", exit 127,
-status ``Failed``), so clients do not retry it as a sandbox error.
+File names and command lines follow Sandbox Fusion's runners (``sandbox/runners/major.py``);
+``c`` is toolrollout's own key.
 """
 
 from __future__ import annotations
@@ -41,10 +36,8 @@ class Toolchain:
     programs: tuple[str, ...] = ()
     """Executables the commands name as ``{program}``; all must be installed."""
     address_space_limit: bool = False
-    """Enforce the memory limit as RLIMIT_AS (address space) rather than RLIMIT_DATA.
-    Runtimes that reserve large, untouched address ranges up front (the JVM, V8, Go) fail
-    to start under an address-space cap far above what they use; RLIMIT_DATA counts only
-    writable private memory, which is what they really consume."""
+    """Enforce the memory limit as RLIMIT_AS rather than RLIMIT_DATA (runtimes that reserve
+    large address ranges up front, the JVM, V8, Go, fail under an address-space cap)."""
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """Extra environment of both steps."""
     compile_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))

@@ -1,9 +1,6 @@
-"""One sandboxed process of a run: started, fed its stdin, its output read (the first
-``max_output_bytes`` of each stream kept), killed with its whole process group at its
-timeout and, when not ``isolated`` (no PID namespace), also once it ended, so that no
-background leftover survives it; and the wait for a uid's processes to be gone before the
-uid is used again.
-"""
+"""One sandboxed process of a run: fed its stdin, its output read (the first
+``max_output_bytes`` of each stream kept), killed with its process group at its timeout
+(and, without a PID namespace, once it ended, so no leftover survives it)."""
 
 from __future__ import annotations
 
@@ -17,6 +14,8 @@ from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
+
+from toolrollout._port_records import kill_group
 
 from ._protocol import CommandRunResult, CommandRunStatus
 
@@ -71,13 +70,6 @@ async def feed(stream: anyio.abc.ByteSendStream | None, data: str | None) -> Non
             await stream.aclose()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
-
-
-def kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def uid_has_processes(uid: int) -> bool:
@@ -155,17 +147,19 @@ async def execute(
             # that outlived its limit timed out either way.
             if scope.cancelled_caught or time.perf_counter() - spawned > run_timeout:
                 timed_out = True
-                kill_group(process.pid)
+                kill_group(process.pid, signal.SIGKILL)
                 await process.wait()
             elif not isolated:
-                kill_group(process.pid)  # background leftovers of a finished program
+                kill_group(
+                    process.pid, signal.SIGKILL
+                )  # background leftovers of a finished program
             with anyio.move_on_after(DRAIN_GRACE):
                 await out.done.wait()
                 await err.done.wait()
             tg.cancel_scope.cancel()
     finally:
         if process.returncode is None:  # cancelled from outside: leave nothing behind
-            kill_group(process.pid)
+            kill_group(process.pid, signal.SIGKILL)
             with anyio.CancelScope(shield=True):
                 await process.wait()
         with anyio.CancelScope(shield=True):

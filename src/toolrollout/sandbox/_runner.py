@@ -1,15 +1,9 @@
 """Runs one ``/run_code`` request on this machine: compiled (when the language is) and run,
 isolated, bounded.
 
-Each run gets a fresh host directory holding its working directory (``/sandbox`` inside)
-and its ``/tmp``, so request ``files`` and ``fetch_files`` may name paths in either, as
-with Sandbox Fusion. The compile step (``compile_result``) and the run step (``run_result``)
-are two sandboxed processes over the same two directories; a failed or timed-out compile
-skips the run, as there. Everything blocking happens off the event loop: the program runs under
-:func:`anyio.open_process` and file work runs in worker threads. Every run gets a fresh
-working directory, is killed as a whole process group (and, under bubblewrap, as a whole
-PID namespace) when its wall-clock timeout passes, and keeps at most ``max_output_bytes``
-of each output stream (the rest is read and counted, so the program is never blocked).
+Each run gets fresh host directories for its working directory (``/sandbox``) and its
+``/tmp``; the compile and run steps are two sandboxed processes over them, and a failed
+compile skips the run, as in Sandbox Fusion. Blocking work runs off the event loop.
 """
 
 from __future__ import annotations
@@ -85,10 +79,8 @@ class SandboxServerConfig:
     bash: str = "/bin/bash"
     """Shell that runs ``bash`` code."""
     memory_limit_mb: int = 1024
-    """Memory limit per process; also the cap of a request's ``memory_limit_MB`` (a
-    request's -1, "unlimited" in Sandbox Fusion, gets this). Python and bash get it as an
-    address-space limit (RLIMIT_AS), the other languages as RLIMIT_DATA (see
-    ``_languages.Toolchain.address_space_limit``)."""
+    """Memory limit per process, and the cap (and -1 default) of a request's
+    ``memory_limit_MB`` (see ``Toolchain.address_space_limit``)."""
     compile_memory_limit_mb: int = 2048
     """RLIMIT_DATA of a compile step (compilers are not the program under test)."""
     max_run_timeout: float = 300.0
@@ -104,15 +96,14 @@ class SandboxServerConfig:
     max_fetch_bytes: int = 16 * _MB
     """Largest file returned through ``fetch_files`` (larger ones are left out)."""
     uid_base: int = 60000
-    """When the server runs as root: programs run as ``uid_base + slot`` (one uid per
-    concurrent run, so RLIMIT_NPROC is per run)."""
+    """As root, programs run as ``uid_base + slot`` (so RLIMIT_NPROC is per run)."""
     work_root: str | None = None
     """Where per-run working directories are made (default: the system temp dir)."""
     read_only_paths: tuple[str, ...] = ()
     """Extra host paths made visible read-only (e.g. a data set, an interpreter's libs)."""
     programs: Mapping[str, str] = field(default_factory=dict)
-    """Toolchain programs by name (``tsx``, ``go``, ``java``...): a path or a name looked
-    up on ``/usr/local/bin:/usr/bin:/bin``. Unnamed ones are looked up there."""
+    """Toolchain programs by name (``tsx``, ``go``...): a path, or a name on
+    :data:`SEARCH_PATH` (where unnamed ones are looked up)."""
 
     def __post_init__(self) -> None:
         if self.max_concurrency < 1:
@@ -145,12 +136,8 @@ class _Installed:
 
 
 class SandboxRunner:
-    """Runs ``/run_code`` requests under :class:`SandboxServerConfig`.
-
-    Construction finds the installed toolchains and checks the isolation works (it runs one
-    trivial sandboxed program); it raises
-    :class:`~toolrollout.exceptions.SandboxIsolationError` when it does not.
-    """
+    """Runs ``/run_code`` requests under :class:`SandboxServerConfig`; construction finds
+    the toolchains and checks the isolation works (else SandboxIsolationError)."""
 
     def __init__(self, config: SandboxServerConfig | None = None) -> None:
         self.config = config if config is not None else SandboxServerConfig()
@@ -387,9 +374,8 @@ class SandboxRunner:
                     self._free_uids.append(uid)
 
     def _not_installed(self, language: str) -> RunCodeResponse:
-        """What Sandbox Fusion answers when a language's toolchain is missing there: the
-        command's "not found" exit (127), status Failed (a SandboxError would make its
-        client retry for seconds)."""
+        """Sandbox Fusion's answer for a missing toolchain: exit 127, status Failed (not a
+        SandboxError, which clients retry)."""
         toolchain = TOOLCHAINS.get(language)
         if toolchain is None:
             why = f"language {language!r} is not supported by this sandbox"

@@ -1,11 +1,6 @@
 """The local sandbox's HTTP API: Sandbox Fusion's ``POST /run_code`` and ``GET /v1/ping``,
-plus ``GET /health`` (up or down) and ``GET /server_info`` (isolation, languages, slots).
-
-``/run_code`` runs arbitrary code, so it is what the API key guards; ``/server_info`` too,
-since it tells about the host (the interpreter's path, the bubblewrap version, whether it
-runs privileged). Health and ping stay open for probes and say only that the server is up.
-The body limit also bounds the files a request may upload.
-"""
+plus ``GET /health`` and ``GET /server_info``; the API key guards all but health and ping
+(``/server_info`` describes the host)."""
 
 from __future__ import annotations
 
@@ -104,13 +99,8 @@ def run_sandbox_server(
     security: ServerSecurity | None = None,
     insecure: bool = False,
 ) -> None:
-    """Check the bind address and the isolation, then serve until interrupted (blocking).
-
-    Raises :class:`~toolrollout.exceptions.UserError` for a non-loopback ``host`` without
-    ``security.api_key`` (unless ``insecure``), and
-    :class:`~toolrollout.exceptions.SandboxIsolationError` before binding the port when
-    bubblewrap is missing or does not work and ``config.isolation`` is ``"bwrap"``.
-    """
+    """Check the bind address (:func:`check_bind`) and the isolation, then serve until
+    interrupted (blocking)."""
     import uvicorn
 
     security = security if security is not None else sandbox_security()

@@ -1,9 +1,5 @@
-"""The code-running tool: a Sandbox Fusion ``POST /run_code`` client.
-
-Works against a real Sandbox Fusion deployment and against ``toolrollout sandbox serve``
-(same API). Tool configs build it with ``config: {type: sandbox, sandbox_fusion_url: ...}``;
-verl's ``SandboxFusionTool`` keys are accepted as they are.
-"""
+"""The code-running tool: a Sandbox Fusion ``POST /run_code`` client (verl's
+``SandboxFusionTool`` config keys are accepted as they are)."""
 
 from __future__ import annotations
 
@@ -25,16 +21,14 @@ from toolrollout._exceptions import (
 from toolrollout._retrying_post import RetryableAnswer, RetryingPost
 from toolrollout._security import bearer_headers, expand_env
 from toolrollout.tools import (
-    BuildContext,
     RetryPolicy,
     Tool,
     ToolContext,
-    ToolEntryModel,
     ToolLimits,
     ToolResult,
     ToolService,
 )
-from toolrollout.tools._config import build_native_entry_of, own_config
+from toolrollout.tools._config import native_entry_builder, own_config
 
 from ._background import LocalSandboxService
 from ._protocol import (
@@ -114,13 +108,9 @@ def _streams(result: CommandRunResult, limit: int) -> str:
 def format_run_code_response(
     response: RunCodeResponse, *, run_timeout: float | None = None, max_output_chars: int = 4000
 ) -> str:
-    """The text a model sees for a ``/run_code`` answer.
-
-    stdout as printed; ``[stderr]`` and its text when there is any; then, when the program
-    did not end normally, one bracketed line: ``[exit status 1]``, ``[timed out after
-    10 s: the program was killed]`` or ``[compilation failed ...]``. A run with no output
-    at all says so, so an empty answer is never mistaken for a lost one.
-    """
+    """The text a model sees for a ``/run_code`` answer: stdout, ``[stderr]`` and its text,
+    then a bracketed line when the program did not end normally (``[exit status 1]``...);
+    ``[no output]`` rather than an empty answer."""
     compiled = response.compile_result
     if compiled is not None and (
         compiled.status != CommandRunStatus.Finished or compiled.return_code != 0
@@ -149,15 +139,10 @@ def format_run_code_response(
 
 @dataclass(frozen=True, kw_only=True)
 class SandboxTool(Tool):
-    """Runs the model's code through Sandbox Fusion's ``POST /run_code``.
-
-    Arguments from the model: ``code`` (required), ``timeout`` (seconds, clamped to
-    :attr:`max_timeout`) and, if a custom schema offers it, ``language``. The result text is
-    the program's output plus its exit status or timeout (see
-    :func:`format_run_code_response`); a program that fails is a normal result (the
-    tool worked), while a sandbox that fails raises, translated into the exception tree:
-    unreachable / 429 / 502-504 after the retries: ToolUnavailable; no answer in time:
-    ToolTimeout; SandboxError or any other HTTP error: ToolExecutionError.
+    """Runs the model's ``code`` (and optional ``timeout``, ``language``) through Sandbox
+    Fusion's ``POST /run_code``. A program that fails is a normal result; a sandbox that
+    fails raises: unreachable or overloaded after the retries ToolUnavailable, no answer in
+    time ToolTimeout, anything else ToolExecutionError.
     """
 
     url: str = DEFAULT_SANDBOX_URL
@@ -187,8 +172,7 @@ class SandboxTool(Tool):
     a config's ``api_key: ${NAME}`` reads it from the environment."""
     local_sandbox: bool = False
     """Whether ``toolrollout sandbox serve`` should run on :attr:`url`'s port while the
-    tool is used, unless something listens there: the tool's :meth:`services`, opened by
-    :func:`~toolrollout.tools.open_tools` (or :func:`serve_local_sandboxes`)."""
+    tool is used (its :meth:`services`)."""
     transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False, repr=False)
     """httpx transport override (tests replay recorded answers with ``httpx.MockTransport``)."""
 
@@ -221,15 +205,9 @@ class SandboxTool(Tool):
         limits: ToolLimits | None = None,
         **options: Any,
     ) -> SandboxTool:
-        """A tool named after ``language`` (``python``, ``bash``...) with its schema.
-
-        ``options`` are the other fields (``compile_timeout``, ``max_output_chars``,
-        ``http_retries``, ``http_timeout``, ``headers``, ``local_sandbox``, ``transport``,
-        ``description``).
-        Default limits: at most 10 calls at once (verl's ``num_workers``), no executor
-        retries (the HTTP layer retries transient errors itself) and no executor timeout
-        (each HTTP attempt has one).
-        """
+        """A tool named after ``language`` with its schema; ``options`` are the other
+        fields. Default limits: 10 calls at once, no executor retries or timeout (the HTTP
+        layer has its own)."""
         cap = max_timeout if max_timeout is not None else max(run_timeout, 120.0)
         shown = _LANGUAGE_NAMES.get(language, language)
         description = options.pop(
@@ -269,10 +247,7 @@ class SandboxTool(Tool):
     def from_config(
         cls, config: Mapping[str, Any], tool_schema: Mapping[str, Any] | None = None
     ) -> Tool:
-        """Build from a tool-config entry's ``config`` (verl's SandboxFusionTool keys:
-        ``sandbox_fusion_url``, ``default_timeout``, ``default_language``,
-        ``memory_limit_mb``; ``num_workers`` is read by the loader as ``max_concurrency``).
-        """
+        """Build from a tool-config entry's ``config`` (verl's SandboxFusionTool keys)."""
         parsed = own_config(SandboxConfigModel, config)
         return cls.create(
             parsed.sandbox_fusion_url,
@@ -369,11 +344,8 @@ class SandboxTool(Tool):
         return ToolResult(text=text, structured=structured, metrics=metrics)
 
     async def run_code(self, request: RunCodeRequest) -> RunCodeResponse:
-        """POST ``request`` to :attr:`url`, retrying transient failures; the parsed answer.
-
-        Any service answer is returned, ``SandboxError`` included; transport and HTTP
-        failures raise (see the class docs).
-        """
+        """POST ``request`` to :attr:`url`, retrying transient failures; the parsed answer
+        (``SandboxError`` included)."""
         seconds = self.http_timeout or (request.compile_timeout + request.run_timeout + 30.0)
         timeout = httpx.Timeout(seconds, connect=min(seconds, 10.0))
         async with httpx.AsyncClient(
@@ -434,21 +406,15 @@ def sandbox_tool(
     limits: ToolLimits | None = None,
     **options: Any,
 ) -> SandboxTool:
-    """A code-running tool for the Sandbox Fusion-compatible service at ``url``
-    (see :meth:`SandboxTool.create`)."""
+    """A code-running tool for the service at ``url`` (:meth:`SandboxTool.create`)."""
     return SandboxTool.create(
         url, language=language, name=name, run_timeout=run_timeout, limits=limits, **options
     )
 
 
-def build_sandbox_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
-    """Build a ``type: sandbox`` entry (the builder of the ``sandbox`` tool type):
-    ``class_name`` must be a sandbox tool class (:class:`SandboxTool`, or verl's
-    ``SandboxFusionTool`` name for it)."""
-    return build_native_entry_of(
-        entry,
-        context,
-        "sandbox",
-        SandboxTool,
-        "toolrollout.sandbox.SandboxTool (or verl.tools.sandbox_fusion_tools.SandboxFusionTool)",
-    )
+build_sandbox_entry = native_entry_builder(
+    "sandbox",
+    SandboxTool,
+    "toolrollout.sandbox.SandboxTool (or verl.tools.sandbox_fusion_tools.SandboxFusionTool)",
+)
+"""Builds ``type: sandbox`` entries (``class_name``: a sandbox tool class)."""

@@ -1,10 +1,5 @@
-"""The ``search`` tool: a client of the Search-R1 retrieval API (``POST /retrieve``).
-
-It behaves like verl's ``SearchTool`` (argument ``query_list``, ``topk`` hits per query,
-results formatted as ``Doc i (Title: ...)``), with two differences: failures are typed
-errors (the executor turns them into error results) instead of result text, and the text is
-plain unless ``result_format: json`` asks for verl's ``{"result": "..."}`` wrapper.
-"""
+"""The ``search`` tool: a client of the Search-R1 retrieval API (``POST /retrieve``), as
+verl's ``SearchTool`` but with typed errors, and plain text unless ``result_format: json``."""
 
 from __future__ import annotations
 
@@ -35,16 +30,14 @@ from toolrollout._exceptions import (
 from toolrollout._retrying_post import RetryableAnswer, RetryingPost
 from toolrollout._security import bearer_headers, expand_env
 from toolrollout.tools import (
-    BuildContext,
     RetryPolicy,
     Tool,
     ToolContext,
-    ToolEntryModel,
     ToolLimits,
     ToolResult,
     ToolService,
 )
-from toolrollout.tools._config import build_native_entry_of, own_config
+from toolrollout.tools._config import native_entry_builder, own_config
 
 from ._format import RetrievedDocument, format_results, parse_response
 from ._local import LocalRetrieverService
@@ -121,19 +114,11 @@ class _SearchConfigModel(BaseModel):
 
 @dataclass(frozen=True, kw_only=True)
 class SearchTool(Tool):
-    """Search a Search-R1-compatible retrieval service (``POST /retrieve``).
+    """Search a Search-R1-compatible retrieval service with the model's ``query_list`` (or
+    one ``query``), up to :attr:`topk` hits each, formatted as verl does.
 
-    The model passes ``query_list`` (a list of strings, as with verl) or a single ``query``
-    string. Each query gets up to :attr:`topk` hits, formatted per query as
-    ``Doc i (Title: <first line>)\\n<rest>`` and joined with ``\\n---\\n``.
-
-    HTTP failures (connection errors, timeouts, 429/5xx answers) are retried
-    :attr:`http_retries` times with exponential backoff, then raised as
-    :class:`~toolrollout.exceptions.ToolUnavailable`; a 4xx answer or an unreadable body raises
-    :class:`~toolrollout.exceptions.ToolExecutionError`; bad arguments raise
-    :class:`~toolrollout.exceptions.ToolArgumentError`. The executor turns each into an error
-    result.
-    Result metrics: ``query_count``, ``total_results``, ``empty_queries``, ``attempts``.
+    HTTP failures are retried :attr:`http_retries` times, then raised as ToolUnavailable;
+    a 4xx answer or an unreadable body raises ToolExecutionError.
     """
 
     name: str = "search"
@@ -166,9 +151,7 @@ class SearchTool(Tool):
     a config's ``api_key: ${NAME}`` reads it from the environment."""
     local_corpus: str | None = None
     """When set (a corpus path, or ``demo``), toolrollout's BM25 retriever runs on this URL's
-    port while the tool is used, unless something listens there: the tool's
-    :meth:`services`, opened by :func:`~toolrollout.tools.open_tools` (or
-    :func:`~toolrollout.search.serve_local_retrievers`)."""
+    port while the tool is used (its :meth:`services`)."""
     transport: httpx.AsyncBaseTransport | None = field(default=None, compare=False, repr=False)
     """An httpx transport to use instead of the network (tests: ``httpx.MockTransport``)."""
 
@@ -210,11 +193,8 @@ class SearchTool(Tool):
     def from_config(
         cls, config: Mapping[str, Any], tool_schema: Mapping[str, Any] | None = None
     ) -> SearchTool:
-        """Build from a tool-config ``config`` (verl's SearchTool keys are accepted).
-
-        ``timeout`` also sets :attr:`request_timeout` unless that is given; ``num_workers``,
-        ``rate_limit`` and the other limit keys are applied by the loader.
-        """
+        """Build from a tool-config ``config`` (verl's SearchTool keys; ``timeout`` also
+        sets :attr:`request_timeout` unless that is given)."""
         parsed = own_config(_SearchConfigModel, config)
         # Only the keys given: unset ones keep the class's defaults (VerlSearchTool's differ).
         values = {k: v for k, v in parsed.model_dump(exclude_unset=True).items() if v is not None}
@@ -368,22 +348,12 @@ class SearchTool(Tool):
 
 @dataclass(frozen=True, kw_only=True)
 class VerlSearchTool(SearchTool):
-    """:class:`SearchTool` with verl's output: ``{"result": "..."}`` JSON text.
-
-    ``verl.tools.search_tool.SearchTool`` in a tool config loads as this class, so a model
-    trained with verl's search tool sees the same text.
-    """
+    """:class:`SearchTool` with verl's output, ``{"result": "..."}``: what verl's name loads as."""
 
     result_format: ResultFormat = "json"
 
 
-def build_search_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
-    """Build a ``type: search`` entry (the builder of the ``search`` tool type):
-    ``class_name`` must be a search tool class (:class:`SearchTool`, or verl's name for it)."""
-    return build_native_entry_of(
-        entry,
-        context,
-        "search",
-        SearchTool,
-        "toolrollout.search.SearchTool (or verl.tools.search_tool.SearchTool)",
-    )
+build_search_entry = native_entry_builder(
+    "search", SearchTool, "toolrollout.search.SearchTool (or verl.tools.search_tool.SearchTool)"
+)
+"""Builds ``type: search`` entries (``class_name``: a search tool class)."""

@@ -1,10 +1,5 @@
-"""Corpus files: JSON Lines in Search-R1's wiki layout, or ``{"id", "title", "text"}``.
-
-Search-R1's corpus rows are ``{"id": "0", "contents": "\\"Title\\"\\nbody"}``: the first line
-of ``contents`` is the title (quoted), the rest the passage. Rows that carry ``title`` and
-``text`` instead are turned into that layout, so every document the retriever returns has
-``contents`` in the form Search-R1's and verl's formatters expect.
-"""
+"""Corpus files: JSON Lines in Search-R1's wiki layout (``contents``: a quoted title line,
+then the passage), or ``{"id", "title", "text"}`` rows turned into it."""
 
 from __future__ import annotations
 
@@ -21,11 +16,7 @@ __all__ = ["Document", "documents_from_rows", "load_corpus", "split_contents"]
 
 
 def split_contents(contents: str) -> tuple[str, str]:
-    """Split Search-R1 ``contents`` into (title line, rest), as verl's formatter does.
-
-    The title keeps its quotes (``"Title"``), because that is the text a model trained with
-    verl's search tool has seen.
-    """
+    """Split Search-R1 ``contents`` into (title line with its quotes, rest), as verl does."""
     title, _, text = contents.partition("\n")
     return title, text
 
@@ -111,10 +102,8 @@ def _unique(numbered: Iterable[tuple[str, Document]], source: str) -> list[Docum
 
 
 def load_corpus(path: str | PathLike[str]) -> list[Document]:
-    """Read a JSON Lines corpus; every problem is a ConfigError naming the file and line.
-
-    Blank lines are skipped; ids must be unique; an empty corpus is an error.
-    """
+    """Read a JSON Lines corpus (unique ids, not empty); every problem is a ConfigError
+    naming the file and line."""
     source = Path(path)
     return _unique(((f"{source}:{n}", doc) for n, doc in _rows(source)), str(source))
 

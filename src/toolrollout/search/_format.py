@@ -1,11 +1,5 @@
-"""Reading a ``/retrieve`` answer and formatting it for the model, as verl's search tool does.
-
-Each query's hits become ``Doc {i} (Title: {first line of contents})\\n{rest}`` blocks
-separated by blank lines, the whole stripped; a query without hits is the empty string;
-queries are joined with ``\\n---\\n`` (``_passages2string`` and
-``perform_single_search_batch`` of ``verl/tools/utils/search_r1_like_utils.py``, which
-tests/search/test_search_verl_text.py runs against the same answers).
-"""
+"""Reading a ``/retrieve`` answer and formatting it for the model, as verl's search tool
+does (``verl/tools/utils/search_r1_like_utils.py``)."""
 
 from __future__ import annotations
 
@@ -75,11 +69,8 @@ def _document(raw: Any, where: str) -> RetrievedDocument:
 
 
 def parse_response(payload: Any, query_count: int) -> list[list[RetrievedDocument]]:
-    """The hits of a ``/retrieve`` answer, one list per query; ValueError if malformed.
-
-    Accepts both hit shapes (``{"document": {...}, "score": s}`` and the bare document) and
-    documents with ``title``/``text`` instead of ``contents``.
-    """
+    """The hits of a ``/retrieve`` answer (either hit shape), one list per query;
+    ValueError if malformed."""
     if not isinstance(payload, Mapping) or "result" not in payload:
         raise ValueError("expected an object with a 'result' list")
     result = payload["result"]

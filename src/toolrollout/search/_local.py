@@ -95,16 +95,9 @@ async def serve_retriever_in_background(
     log_level: str = "warning",
     restart: RestartPolicy | None = None,
 ) -> AsyncIterator[LocalRetriever]:
-    """Run ``toolrollout retriever serve`` in a child process while the block runs.
-
-    ``corpus`` None or ``"demo"`` serves the bundled demo corpus; ``port`` 0 picks a free
-    port. Returns once ``GET /health`` answers. The process is supervised
-    (:mod:`toolrollout._supervisor`): restarted when it dies, within ``restart``, and killed
-    if this process dies; it is terminated (then killed) on exit, also when the block is
-    cancelled. ``pid`` is the first process's (a restart starts another). A process that
-    exits or does not become healthy within ``startup_timeout`` raises
-    :class:`~toolrollout.exceptions.ToolUnavailable` carrying the end of its output.
-    """
+    """Run ``toolrollout retriever serve`` in a child process, supervised, while the block
+    runs, once ``GET /health`` answers (``corpus`` None: the demo corpus; ``port`` 0: a free
+    one). A failed start raises ToolUnavailable with the end of its output."""
     path = resolve_corpus(corpus)
     if port == 0:
         port = free_port(host)
@@ -173,12 +166,8 @@ class LocalRetrieverService:
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[LocalRetriever | None]:
-        """Start the retriever, supervised; yield the one started (None: this process
-        serves its retriever there already, e.g. an opening inside another).
-
-        A stale retriever of an earlier run on the port is replaced; anything else
-        listening there is a :class:`~toolrollout.exceptions.UserError` naming the port.
-        """
+        """Start the retriever, supervised; yield it (None: this process serves one there
+        already). A stale one of an earlier run is replaced."""
         connect_host = {"localhost": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
             self.host, self.host
         )
@@ -200,15 +189,8 @@ class LocalRetrieverService:
 async def serve_local_retrievers(
     tools: Iterable[Tool], *, startup_timeout: float = 60.0
 ) -> AsyncIterator[list[LocalRetriever]]:
-    """Start a retriever for each search tool that asks for one (``local_corpus``).
-
-    A tool's ``local_corpus`` asks for toolrollout's BM25 retriever on the host and port of
-    its ``retrieval_service_url`` (which must be local). Each is supervised (restarted when
-    it dies); a server there that this run did not start is replaced when it is a stale
-    one of an earlier run, an error otherwise. Yields the retrievers started, and stops
-    them on exit.
-    :func:`toolrollout.tools.open_tools` does the same, with the other tools' services.
-    """
+    """Start a retriever for each search tool with ``local_corpus`` (as
+    :func:`toolrollout.tools.open_tools` does); yield the retrievers started."""
     wanted: dict[Hashable, LocalRetrieverService] = {}
     for tool in tools:
         for service in tool.services():

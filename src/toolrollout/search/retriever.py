@@ -1,11 +1,5 @@
-"""A local retrieval server with Search-R1's API, answering from a BM25 index.
-
-``POST /retrieve`` takes ``{"queries": [...], "topk": 3, "return_scores": true}`` and answers
-``{"result": [[{"document": {"id", "contents", ...}, "score": 1.2}, ...], ...]}`` (one list
-per query, best first); with ``return_scores: false`` each hit is the bare document, as in
-``search_r1/search/retrieval_server.py``. ``GET /health`` answers ``{"status": "ok", ...}``.
-
-Imports FastAPI; bm25s is imported when an index is built.
+"""A local retrieval server with Search-R1's API (``POST /retrieve``, as
+``search_r1/search/retrieval_server.py``) answering from a BM25 index, and ``GET /health``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
 """The :class:`Tool` seam: a tool is data (name, description, JSON schema, limits) plus one
-async ``call``. Function tools, built-ins, verl adapters, MCP, sandbox and search tools all
-implement it, so the executor never needs to know where a tool comes from.
-
-A tool that needs something open while a run uses it (an MCP session, a local server)
-declares it with :meth:`Tool.services`; :func:`~toolrollout.tools.open_tools` opens each
-distinct :class:`ToolService` once.
+async ``call``, and declares what must be open while a run uses it (:meth:`Tool.services`).
 """
 
 from __future__ import annotations
@@ -28,11 +23,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def normalize_function_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the inner ``function`` object of an OpenAI tool schema.
-
-    Accepts both ``{"type": "function", "function": {...}}`` and the bare ``{...}``, since
-    configs and libraries use either.
-    """
+    """The inner ``function`` object of an OpenAI tool schema, or the bare ``{...}``."""
     if schema.get("type") == "function" and isinstance(schema.get("function"), Mapping):
         return dict(schema["function"])
     if "name" in schema:
@@ -44,10 +35,7 @@ def normalize_function_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
 class ToolService(Protocol):
     """Something tools need open while a run calls them: a session, a local server.
 
-    Tools that need the same thing return services with the same :attr:`key` (e.g. every
-    tool of one MCP manager, or two sandbox tools on one port), and it is opened once. Two
-    services with one key must be equal, else :func:`~toolrollout.tools.open_tools`
-    reports the conflict. A frozen dataclass with a ``key`` property fits.
+    Services with one :attr:`key` are opened once, and must be equal.
     """
 
     @property
@@ -56,22 +44,14 @@ class ToolService(Protocol):
         ...
 
     def open(self) -> AbstractAsyncContextManager[object]:
-        """Open it for the ``async with`` body; close it on exit (also on error/cancel).
-
-        Something already running that this process opened (a manager its owner opened,
-        this run's own server) is used as it is and left running.
-        """
+        """Open it for the ``async with`` body; close it on exit. Something this process
+        opened already is used as it is and left running."""
         ...
 
 
 @dataclass(frozen=True, kw_only=True)
 class Tool(ABC):
-    """A tool the model can call.
-
-    Subclasses implement :meth:`call`. Everything else is plain data, so a tool can be
-    renamed, re-described or given other limits with :func:`dataclasses.replace` or
-    :meth:`with_schema` without touching its code.
-    """
+    """A tool the model can call: subclasses implement :meth:`call`; the rest is data."""
 
     name: str
     """Function name shown to the model."""
@@ -104,10 +84,7 @@ class Tool(ABC):
         }
 
     def with_schema(self, schema: Mapping[str, Any]) -> Self:
-        """Return a copy presenting another name, description and parameters to the model.
-
-        Used for a config's ``tool_schema``; keys the schema leaves out keep their value.
-        """
+        """A copy presenting another name, description and parameters (those given)."""
         function = normalize_function_schema(schema)
         return replace(
             self,
@@ -121,11 +98,7 @@ class Tool(ABC):
         return replace(self, limits=limits)
 
     def check_arguments(self, arguments: Mapping[str, Any]) -> None:
-        """Reject arguments before the call takes a concurrency slot or a rate token.
-
-        The default checks only the schema's ``required`` keys; subclasses with a real
-        validator (function tools use pydantic) override it.
-        """
+        """Reject arguments before the call takes a slot (default: ``required`` keys only)."""
         required = self.parameters.get("required", ())
         missing = [key for key in required if key not in arguments]
         if missing:
@@ -135,12 +108,7 @@ class Tool(ABC):
             )
 
     def services(self) -> Sequence[ToolService]:
-        """What must be open while a run calls this tool (default: nothing).
-
-        :func:`~toolrollout.tools.open_tools` (and ``async with`` a runner) opens them
-        before the first call and closes them after the last. Raise
-        :class:`~toolrollout.UserError` for settings that cannot be served.
-        """
+        """What :func:`~toolrollout.tools.open_tools` must open while a run calls this tool."""
         return ()
 
     @abstractmethod
@@ -151,10 +119,6 @@ class Tool(ABC):
     def from_config(
         cls, config: Mapping[str, Any], tool_schema: Mapping[str, Any] | None = None
     ) -> Tool:
-        """Build the tool from a tool-config entry (``class_name: toolrollout...``).
-
-        ``config`` is the entry's whole ``config`` mapping (limits included), ``tool_schema``
-        its optional schema; the loader applies both the schema and the limits afterwards,
-        so subclasses only read their own keys.
-        """
+        """Build the tool from a tool-config entry's ``config`` (the loader applies the
+        schema and the limit keys afterwards)."""
         raise UserError(f"{cls.__qualname__} cannot be built from a tool config")

@@ -1,10 +1,5 @@
 """Built-in tools: the safe calculator (:mod:`.calculator`) and a GSM8K answer checker
-(verl's ``Gsm8kTool``).
-
-Both can be named in a tool config (``class_name: toolrollout.tools.CalculatorTool``);
-verl's ``verl.tools.gsm8k_tool.Gsm8kTool`` is mapped to :class:`Gsm8kTool`, so verl's
-GSM8K example config loads unchanged.
-"""
+(verl's ``Gsm8kTool``, whose name loads as :class:`Gsm8kTool`)."""
 
 from __future__ import annotations
 
@@ -38,11 +33,8 @@ async def _calculate(expression: str) -> ToolResult:
 
 @dataclass(frozen=True, kw_only=True)
 class CalculatorTool(FunctionTool[[str], Coroutine[Any, Any, ToolResult]]):
-    """The demo's safe calculator (``ast``-based, never ``eval``) as a tool.
-
-    Its schema is the demo's ``CALCULATOR_TOOL``, so prompts rendered with either agree.
-    A bad expression yields an ``is_error`` result whose text starts with ``Error:``.
-    """
+    """The demo's safe calculator as a tool, with the demo's ``CALCULATOR_TOOL`` schema; a
+    bad expression yields an ``is_error`` result starting with ``Error:``."""
 
     @classmethod
     def create(cls, *, limits: ToolLimits | None = None) -> CalculatorTool:
@@ -84,10 +76,8 @@ def _as_decimal(text: str) -> Decimal | None:
 
 
 def gsm8k_score(solution: str, ground_truth: object) -> float:
-    """1.0 if the last number in ``solution`` equals ``ground_truth`` numerically, else 0.0.
-
-    Like verl's flexible GSM8K scorer, but ``72.0`` and ``72`` count as equal.
-    """
+    """1.0 if the last number in ``solution`` equals ``ground_truth`` numerically (verl's
+    flexible GSM8K scorer, but ``72.0`` equals ``72``), else 0.0."""
     answer = _last_number(solution)
     if answer is None:
         return 0.0
@@ -111,14 +101,8 @@ def _gsm8k_parameters() -> dict[str, Any]:
 
 @dataclass(frozen=True, kw_only=True)
 class Gsm8kTool(StatefulTool):
-    """Checks a GSM8K answer against the sample's ground truth (verl's ``Gsm8kTool``).
-
-    One instance per trajectory, created with the row's ``create_kwargs.ground_truth``
-    (falling back to the row's own ground truth). Like verl's, each call returns
-    ``Current parsed answer=... reward=...`` and a per-call reward of 0.0 when the answer
-    improved on the instance's best so far and -0.05 otherwise; :meth:`calc_reward` is the
-    score of the last answer submitted.
-    """
+    """Checks a GSM8K answer against the sample's ground truth, as verl's ``Gsm8kTool``:
+    a per-call reward of 0.0 when the answer improved, else -0.05."""
 
     name: str = "calc_gsm8k_reward"
     description: str = (

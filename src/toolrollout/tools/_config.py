@@ -1,13 +1,11 @@
 """Tool-config files in verl's layout: ``tools: [{class_name, config, tool_schema}]``.
 
-Every problem is reported as a :class:`~toolrollout.exceptions.ConfigError` naming the file and the
-key path (``tools/x.yaml: tools[0].config.timeout: must be a positive number``), because a
-config error found hours into a run, or reported without its place, costs the most.
+Every problem is a :class:`~toolrollout.exceptions.ConfigError` naming the file and key path
+(``tools/x.yaml: tools[0].config.timeout: must be a positive number``).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from os import PathLike
 from pathlib import Path
@@ -20,16 +18,15 @@ from toolrollout._exceptions import ConfigError, UserError
 
 from ._base import Tool
 from ._function import FunctionTool
-from ._models import ToolConfigFileModel, ToolEntryConfigModel, ToolEntryModel
-from ._registry import BuildContext, tool_type_builder, tool_types
-from ._types import ToolLimits
+from ._models import ToolConfigFileModel, ToolEntryConfigModel, ToolEntryModel, key_path
+from ._registry import BuildContext, ToolBuilder, import_attribute, tool_type_builder, tool_types
 from ._verl import VerlToolAdapter, is_verl_tool_class
 
 __all__ = [
     "VERL_EQUIVALENTS",
     "build_native_entry",
-    "build_native_entry_of",
     "load_tool_config",
+    "native_entry_builder",
     "own_config",
     "tools_from_config",
 ]
@@ -70,13 +67,6 @@ _MESSAGES: Mapping[str, str] = {
 }
 
 
-def _key_path(loc: tuple[int | str, ...]) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    return path or "<root>"
-
-
 def _message(error: Mapping[str, Any]) -> str:
     kind = str(error.get("type", ""))
     ctx = error.get("ctx") or {}
@@ -94,8 +84,10 @@ def _message(error: Mapping[str, Any]) -> str:
     return text
 
 
-def _validation_error(source: str, exc: ValidationError) -> ConfigError:
-    lines = [f"{source}: {_key_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
+def _validation_error(source: str, exc: ValidationError, prefix: str = "") -> ConfigError:
+    lines = [
+        f"{source}: {prefix}{key_path(e['loc']) or '<root>'}: {_message(e)}" for e in exc.errors()
+    ]
     return ConfigError("\n".join(lines))
 
 
@@ -107,23 +99,37 @@ def _import(name: str) -> object:
         module_name, _, attr_path = name.rpartition(".")
     if not module_name or not attr_path:
         raise ImportError(f"{name!r} is not of the form 'package.module.Name' or 'module:function'")
-    obj: object = importlib.import_module(module_name)
-    for attr in attr_path.split("."):
-        obj = getattr(obj, attr)
-    return obj
+    return import_attribute(module_name, attr_path)
 
 
-def _limits(entry: ToolEntryModel, base: ToolLimits) -> ToolLimits:
-    """The tool's limits with the config's keys applied over them."""
-    return entry.config.to_limits(base)
+def import_entry(
+    name: str, where: str, verl_maps: Mapping[str, str] | None = None
+) -> tuple[str, object]:
+    """The name imported and the object a config names (after ``verl_maps``, the verl names
+    toolrollout maps); a :class:`ConfigError` at ``where`` when it cannot be imported."""
+    verl_maps = verl_maps or {}
+    target = verl_maps.get(name, name)
+    try:
+        return target, _import(target)
+    except (ImportError, AttributeError) as exc:
+        hint = ""
+        if name.startswith("verl.") and verl_maps:
+            hint = "; verl classes need verl installed, except those toolrollout maps: " + (
+                ", ".join(sorted(verl_maps))
+            )
+        raise ConfigError(f"{where}: cannot import {target!r}: {exc}{hint}") from exc
+
+
+def with_entry_limits(entry: ToolEntryModel, tools: list[Tool], where: str) -> list[Tool]:
+    """``tools`` with the entry's limit keys applied over their own limits."""
+    try:
+        return [tool.with_limits(entry.config.to_limits(tool.limits)) for tool in tools]
+    except UserError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
 
 
 def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
-    """Build a ``type: native`` entry: resolve ``class_name`` to a tool.
-
-    The ``sandbox`` and ``search`` types build their entries with it too, then check the
-    class they got.
-    """
+    """Build a ``type: native`` entry: resolve ``class_name`` to a tool."""
     where = context.where
     class_name = entry.class_name.strip()
     config = entry.config.model_dump(exclude_none=True)
@@ -139,18 +145,7 @@ def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Too
             f"{where('class_name')}: {class_name} maps to toolrollout's "
             f"'{later}' tools, which are not available yet"
         )
-    target = VERL_EQUIVALENTS.get(class_name, class_name)
-    try:
-        obj = _import(target)
-    except (ImportError, AttributeError) as exc:
-        hint = ""
-        if class_name.startswith("verl."):
-            hint = (
-                "; verl classes need verl installed, except those toolrollout maps: "
-                + ", ".join(sorted(VERL_EQUIVALENTS))
-            )
-        raise ConfigError(f"{where('class_name')}: cannot import {target!r}: {exc}{hint}") from exc
-
+    target, obj = import_entry(class_name, where("class_name"), VERL_EQUIVALENTS)
     tool: Tool
     try:
         if isinstance(obj, type) and issubclass(obj, Tool):
@@ -180,25 +175,24 @@ def build_native_entry(entry: ToolEntryModel, context: BuildContext) -> list[Too
             tool = tool.with_schema(schema)
         except UserError as exc:
             raise ConfigError(f"{where('tool_schema')}: {exc}") from exc
-    try:
-        return [tool.with_limits(_limits(entry, tool.limits))]
-    except UserError as exc:
-        raise ConfigError(f"{where('config')}: {exc}") from exc
+    return with_entry_limits(entry, [tool], where("config"))
 
 
-def build_native_entry_of(
-    entry: ToolEntryModel, context: BuildContext, kind: str, cls: type[Tool], needs: str
-) -> list[Tool]:
-    """Build a ``type: <kind>`` entry: :func:`build_native_entry`, whose ``class_name``
-    must make ``cls`` tools (``needs`` names the classes that do, for the error)."""
-    tools = build_native_entry(entry, context)
-    for tool in tools:
-        if not isinstance(tool, cls):
-            raise ConfigError(
-                f"{context.where('class_name')}: type {kind!r} needs {needs}, "
-                f"got {entry.class_name!r}"
-            )
-    return tools
+def native_entry_builder(kind: str, cls: type[Tool], needs: str) -> ToolBuilder:
+    """The builder of ``type: <kind>`` entries: :func:`build_native_entry`, whose
+    ``class_name`` must make ``cls`` tools (``needs`` names the classes that do)."""
+
+    def build(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
+        tools = build_native_entry(entry, context)
+        for tool in tools:
+            if not isinstance(tool, cls):
+                raise ConfigError(
+                    f"{context.where('class_name')}: type {kind!r} needs {needs}, "
+                    f"got {entry.class_name!r}"
+                )
+        return tools
+
+    return build
 
 
 _LOADER_KEYS = frozenset(ToolEntryConfigModel.model_fields) | {"enable_global_rate_limit"}
@@ -226,13 +220,8 @@ def tools_from_config(
     source: str = "<tool config>",
     base_dir: str | PathLike[str] | None = None,
 ) -> list[Tool]:
-    """Build the tools of an already-parsed config (``{"tools": [...]}``).
-
-    ``source`` names the config in error messages; ``base_dir`` is the folder relative
-    paths in entries are resolved against (default: the current directory). Each entry is
-    built by the builder registered for its ``config.type`` (see
-    :func:`~toolrollout.tools.register_tool_type`), given a :class:`BuildContext`.
-    """
+    """Build the tools of an already-parsed config (``{"tools": [...]}``); ``source`` names
+    it in messages, ``base_dir`` resolves relative paths (default: the current directory)."""
     if not isinstance(data, Mapping):
         raise ConfigError(
             f"{source}: expected a mapping with a 'tools' list, got {type(data).__name__}"
@@ -245,15 +234,12 @@ def tools_from_config(
     tools: list[Tool] = []
     seen: dict[str, int] = {}
     for index, entry in enumerate(parsed.tools):
-
-        def where(key: str, index: int = index) -> str:
-            return f"{source}: tools[{index}].{key}"
-
+        context = BuildContext(source, folder, index)
         try:
             builder = tool_type_builder(entry.config.type)
         except ConfigError as exc:
-            raise ConfigError(f"{where('config.type')}: {exc}") from exc
-        built = builder(entry, BuildContext(source, folder, index))
+            raise ConfigError(f"{context.where('config.type')}: {exc}") from exc
+        built = builder(entry, context)
         for tool in built:
             if tool.name in seen:
                 raise ConfigError(
@@ -268,12 +254,10 @@ def tools_from_config(
 def load_tool_config(path: str | PathLike[str]) -> list[Tool]:
     """Load the tools of a verl-layout YAML tool config.
 
-    ``class_name`` may be a verl class toolrollout maps (``VERL_EQUIVALENTS`` in this module), a
-    :class:`Tool` subclass (built with ``from_config``), a verl ``BaseTool`` subclass
-    (needs verl), or ``module:function`` (wrapped as a function tool). ``config`` carries
-    ``type`` and the limits ``timeout``, ``max_concurrency`` (verl: ``num_workers``),
-    ``rate_limit`` (per second), ``rate_burst``, ``retries`` and ``circuit_breaker``;
-    ``tool_schema`` replaces the schema shown to the model.
+    ``class_name`` may be a verl class toolrollout maps (``VERL_EQUIVALENTS``), a
+    :class:`Tool` subclass, a verl ``BaseTool`` subclass (needs verl), or
+    ``module:function``; ``config`` carries ``type`` and the limit keys; ``tool_schema``
+    replaces the schema shown to the model.
     """
     source = str(path)
     data = read_yaml_file(path)

@@ -1,13 +1,9 @@
 """Runs one turn's tool calls concurrently, under per-tool limits, and never loses an error.
 
-Every failure becomes an error :class:`ToolResult` the model can read, *and* keeps the
-exception from the one tree (``result.error``, original as ``__cause__``), is logged and is
-counted in :meth:`ToolExecutor.statistics`, so nothing is swallowed silently. Cancellation
-from outside is never turned into a result: it propagates.
-
-Per call, in this order: argument check (the model's mistakes stop here and touch no
-limit), circuit breaker (fail fast while open), then per attempt: a concurrency slot, a
-rate token, and the tool under its timeout; infrastructure errors are retried with backoff.
+Every failure becomes an error :class:`ToolResult` that keeps the exception
+(``result.error``, original as ``__cause__``), is logged and counted; cancellation
+propagates. Per call: argument check (touches no limit), circuit breaker, then per
+attempt a concurrency slot, a rate token and the tool under its timeout, with retries.
 """
 
 from __future__ import annotations
@@ -79,8 +75,7 @@ class ToolStatistics:
     retries: int
     """Attempts repeated after an infrastructure error (the sum of ``ToolResult.retries``)."""
     cancelled: int
-    """Calls cancelled by their caller before they ended (a batch target met while they ran,
-    a trajectory deadline, a stopped run); not in ``calls``: they have no result."""
+    """Calls cancelled by their caller before they ended (not in ``calls``)."""
     in_flight: int
     """Calls accepted and not finished (waiting for a slot or running)."""
     running: int
@@ -90,8 +85,7 @@ class ToolStatistics:
     total_seconds: float
     """Summed wall time of finished calls."""
     latency: LatencyStatistics
-    """p50/p95/max/mean of the most recent calls that reached the tool (``ToolResult.seconds``:
-    slot and rate waits, attempts and backoff included)."""
+    """Of the recent calls that reached the tool (``ToolResult.seconds``)."""
     limiter: LimiterStatistics
     """The tool's concurrency limiter."""
     rate_limiter: RateLimiterStatistics | None
@@ -226,10 +220,10 @@ def _should_retry(policy: RetryPolicy, exc: BaseException) -> bool:
 
 
 class ToolExecutor:
-    """Executes tool calls by name, one turn at a time, concurrently and within limits.
+    """Executes tool calls by name, concurrently and within limits.
 
-    One executor is shared by every trajectory of a run, so its per-tool limits are global
-    (e.g. "at most 8 sandbox calls at once, whoever makes them"). Use it from one event loop.
+    Shared by every trajectory of a run, so its per-tool limits are global. Use it from one
+    event loop.
     """
 
     def __init__(
@@ -240,10 +234,8 @@ class ToolExecutor:
         latency_window: int = 1024,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``limits`` overrides the limits carried by the named tools; ``latency_window``
-        is how many recent calls per tool the latency percentiles are computed over;
-        ``clock`` is what the circuit breakers and rate limiters read (tests pass a fake or
-        the event loop's virtual clock; see :class:`RateLimiter` for the constraint)."""
+        """``limits`` overrides the named tools' limits; ``latency_window`` is how many calls
+        per tool the percentiles cover; ``clock`` is what breakers and rate limiters read."""
         if latency_window < 1:
             raise UserError(f"latency_window must be >= 1, got {latency_window}")
         runtimes: dict[str, _Runtime] = {}
@@ -281,11 +273,8 @@ class ToolExecutor:
     async def run_calls(
         self, calls: Sequence[ToolCallRequest], context: ToolContext | None = None
     ) -> list[ToolResult]:
-        """Run one turn's calls concurrently; results come back in call order.
-
-        Never raises for a failing call (each becomes an error result); only cancellation
-        of the caller propagates, and it cancels every call of the turn.
-        """
+        """Run one turn's calls concurrently; results in call order. Never raises for a
+        failing call; cancellation propagates and cancels every call of the turn."""
         ctx = context if context is not None else ToolContext()
         if len(calls) == 1:  # the common turn: no task group to run one call in
             return [await self.run_call(calls[0], ctx)]
@@ -304,7 +293,7 @@ class ToolExecutor:
         self, call: ToolCallRequest, context: ToolContext | None = None
     ) -> ToolResult:
         """Run a single call (validation, breaker, limits, timeout, retries); never raises
-        for it. The result carries ``seconds`` and ``attempts`` (see :class:`ToolResult`)."""
+        for it."""
         ctx = context if context is not None else ToolContext()
         started = time.perf_counter()
         runtime = self._runtimes.get(call.name)

@@ -1,9 +1,5 @@
-"""Plain Python functions as tools.
-
-The JSON schema is derived by pydantic from the signature (a model built with
-``create_model``), so every type pydantic understands works, and the same model validates
-the model's arguments before the function runs. Descriptions come from the docstring.
-"""
+"""Plain Python functions as tools: a pydantic model built from the signature gives the
+JSON schema and validates the arguments; descriptions come from the docstring."""
 
 from __future__ import annotations
 
@@ -22,6 +18,7 @@ from toolrollout._exceptions import ToolArgumentError, ToolExecutionError, UserE
 
 from ._base import Tool, normalize_function_schema
 from ._docstrings import parse_docstring
+from ._models import key_path
 from ._types import ToolContext, ToolLimits, ToolResult
 
 __all__ = ["FunctionTool", "function_tool", "to_tool_result"]
@@ -76,10 +73,7 @@ def _is_async(fn: Callable[..., Any]) -> bool:
 
 def _describe_error(error: Mapping[str, Any]) -> str:
     """One validation error as ``'path': what is wrong (got value)``."""
-    loc = error.get("loc", ())
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    path = key_path(error.get("loc", ()))
     kind = error.get("type")
     if kind == "missing":
         return f"{path!r}: missing required argument"
@@ -111,11 +105,8 @@ def to_tool_result(value: Any) -> ToolResult:
 
 @dataclass(frozen=True, kw_only=True)
 class FunctionTool(Tool, Generic[P, R]):
-    """A tool backed by a Python function (sync functions run in a worker thread).
-
-    Calling the tool object directly calls the function, so decorating a function with
-    :func:`function_tool` keeps it usable and testable as a function.
-    """
+    """A tool backed by a Python function (sync ones run in a worker thread); calling the
+    tool object calls the function."""
 
     fn: Callable[P, R] = field(repr=False)
     """The wrapped function."""
@@ -135,11 +126,8 @@ class FunctionTool(Tool, Generic[P, R]):
         description: str | None = None,
         limits: ToolLimits | None = None,
     ) -> Self:
-        """Wrap ``fn``: schema from its type hints, descriptions from its docstring.
-
-        A parameter annotated :class:`ToolContext` is injected by the executor and hidden
-        from the model. ``*args`` is rejected: a JSON object has no positional tail.
-        """
+        """Wrap ``fn``: schema from its type hints, descriptions from its docstring; a
+        :class:`ToolContext` parameter is injected and hidden from the model."""
         tool_name = name or _callable_name(fn)
         try:
             signature = inspect.signature(fn, eval_str=True)
@@ -226,11 +214,8 @@ class FunctionTool(Tool, Generic[P, R]):
         self._validate(arguments)
 
     async def call(self, arguments: Mapping[str, Any], context: ToolContext) -> ToolResult:
-        """Validate, call the function (a worker thread if sync) and normalize its result.
-
-        A sync function cannot be interrupted: on timeout the executor stops waiting and the
-        thread finishes on its own, its result discarded.
-        """
+        """Validate, call the function (a sync one in a worker thread, abandoned on timeout)
+        and normalize its result."""
         model = self._validate(arguments)
         args: list[Any] = []
         kwargs: dict[str, Any] = {}

@@ -1,14 +1,8 @@
 """Per-trajectory tool instances: verl's ``create -> execute* -> calc_reward -> release``.
 
-A :class:`StatefulTool` keeps state per trajectory (a grader holding the sample's ground
-truth, a sandbox holding a working directory). The rollout gives every trajectory one
-:class:`ToolSession`, which creates each instance once (with the row's ``create_kwargs``),
-passes the row's ``execute_kwargs`` to every call, asks for ``calc_reward`` when the
-trajectory is scored and releases every instance exactly once on every way out: success,
-failure, abort or cancellation.
-
-Per-sample arguments come from the dataset row the way verl lays them out,
-``extra_info.tools_kwargs.<tool name>.{create,execute,calc_reward,release}_kwargs``.
+Each trajectory's :class:`ToolSession` creates each instance once and releases it exactly
+once on every way out; the per-sample arguments come from the row as verl lays them out
+(``extra_info.tools_kwargs.<tool>.{create,execute,calc_reward,release}_kwargs``).
 """
 
 from __future__ import annotations
@@ -35,11 +29,7 @@ _KWARG_KINDS = ("create_kwargs", "execute_kwargs", "calc_reward_kwargs", "releas
 
 
 def row_kwargs(metadata: Mapping[str, Any], key: str) -> dict[str, Any]:
-    """A row's ``tools_kwargs`` or ``interaction_kwargs`` mapping (empty when absent).
-
-    verl keeps them under ``extra_info``; its dataset class also lifts them to the top of
-    the row, so both places are read (the top level wins).
-    """
+    """A row's ``tools_kwargs`` or ``interaction_kwargs`` (top level, else ``extra_info``)."""
     value = metadata.get(key)
     if value is None:
         extra = metadata.get("extra_info")
@@ -49,11 +39,7 @@ def row_kwargs(metadata: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 
 def tool_kwargs(metadata: Mapping[str, Any], tool: str, kind: str) -> dict[str, Any]:
-    """``tools_kwargs[tool][kind]`` of a row, e.g. the ``create_kwargs`` of one tool.
-
-    Parquet stores all rows' ``tools_kwargs`` as one struct type, so a tool missing from a
-    row reads back as ``None``: that counts as "no arguments".
-    """
+    """``tools_kwargs[tool][kind]`` of a row (None, as Parquet reads a missing one: empty)."""
     if kind not in _KWARG_KINDS:
         raise ValueError(f"kind must be one of {_KWARG_KINDS}, got {kind!r}")
     entry = row_kwargs(metadata, "tools_kwargs").get(tool)
@@ -64,17 +50,11 @@ def tool_kwargs(metadata: Mapping[str, Any], tool: str, kind: str) -> dict[str, 
 
 
 class StatefulTool(Tool):
-    """A tool with one instance per trajectory, following verl's ``BaseTool`` contract.
-
-    Subclasses implement :meth:`create` and :meth:`execute`, and usually :meth:`calc_reward`
-    and :meth:`release`. Inside a rollout the trajectory's :class:`ToolSession` drives them;
-    called outside one (``ToolExecutor.run_call`` without a session) each call gets a
-    throwaway instance, created and released around it, as verl's ``ToolAgentLoop`` does.
-    """
+    """A tool with one instance per trajectory (verl's ``BaseTool`` contract); called
+    without a session, each call gets a throwaway instance, as verl's ``ToolAgentLoop``."""
 
     def create_kwargs_for(self, context: ToolContext) -> dict[str, Any]:
-        """The ``create_kwargs`` for this trajectory: by default the row's
-        ``tools_kwargs.<name>.create_kwargs``. Override to add defaults from the row."""
+        """The ``create_kwargs`` for this trajectory (default: the row's)."""
         return tool_kwargs(context.metadata, self.name, "create_kwargs")
 
     @abstractmethod
@@ -129,11 +109,7 @@ class _Instance:
 
 
 class ToolSession:
-    """The stateful-tool instances of one trajectory.
-
-    ``instance_id`` is shared by all tools of the trajectory (verl uses the request id the
-    same way); a tool may answer :meth:`StatefulTool.create` with another id.
-    """
+    """The stateful-tool instances of one trajectory (``instance_id`` shared by its tools)."""
 
     def __init__(
         self,
@@ -150,14 +126,8 @@ class ToolSession:
         self.release_errors: list[str] = []
         """``"tool: error"`` for each release that raised or timed out (the run goes on)."""
 
-    @property
-    def instances(self) -> Mapping[str, str]:
-        """Live instance ids by tool name."""
-        return {name: inst.instance_id for name, inst in self._instances.items()}
-
     async def create_declared(self, tools: Iterable[Tool], context: ToolContext) -> None:
-        """Create, one after another, the instances of the stateful tools the row names in
-        its ``tools_kwargs`` (verl creates those when the trajectory starts)."""
+        """Create the instances of the stateful tools the row's ``tools_kwargs`` names."""
         declared = row_kwargs(self.metadata, "tools_kwargs")
         for tool in tools:
             if isinstance(tool, StatefulTool) and declared.get(tool.name) is not None:
@@ -175,11 +145,8 @@ class ToolSession:
             return instance_id
 
     async def calc_rewards(self) -> dict[str, float]:
-        """``calc_reward`` of every live instance, by tool name (None answers left out).
-
-        A tool that raises is a broken tool: the error propagates (translated), so the
-        trajectory is recorded as failed instead of scored without it.
-        """
+        """``calc_reward`` of every live instance, by tool name (None answers left out);
+        an error propagates, failing the trajectory rather than scoring it without it."""
         rewards: dict[str, float] = {}
         for name, inst in list(self._instances.items()):
             kwargs = tool_kwargs(self.metadata, name, "calc_reward_kwargs")

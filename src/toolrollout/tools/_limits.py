@@ -1,19 +1,8 @@
 """Observable per-tool limits: rate limiter, circuit breaker, latency window, and snapshots.
 
-Each piece reports its state as a frozen dataclass, the way anyio's
-``CapacityLimiter.statistics()`` does, so "rate limited", "breaker open" or "p95 latency"
-are things you can read, not guess.
-
-- :class:`RateLimiter` delegates the waiting to ``aiolimiter.AsyncLimiter`` (a maintained,
-  fair leaky-bucket limiter). A leaky bucket of capacity ``burst`` draining ``rate`` per
-  second admits exactly what a token bucket of ``burst`` tokens refilled at ``rate`` per
-  second admits, so ``AsyncLimiter(max_rate=burst, time_period=burst / rate)`` is "``rate``
-  calls per second with bursts of ``burst``".
-- :class:`CircuitBreaker` is a small, synchronous state machine (closed -> open ->
-  half-open with one trial call -> closed or open again). No maintained async breaker
-  library offers a single trial call, per-instance state and readable statistics.
-- :class:`LatencyWindow` keeps the most recent latencies in a fixed-size ring buffer and
-  computes percentiles from it on demand.
+Each piece reports its state as a frozen dataclass, as anyio's ``CapacityLimiter`` does.
+The circuit breaker is our own: no maintained async breaker library offers a single trial
+call, per-instance state and readable statistics.
 """
 
 from __future__ import annotations
@@ -23,7 +12,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiolimiter import AsyncLimiter
@@ -75,15 +64,11 @@ class RateLimiterStatistics:
 
 
 class RateLimiter:
-    """At most ``rate`` acquisitions per second, with bursts of up to ``burst``.
+    """At most ``rate`` acquisitions per second, with bursts of up to ``burst``, in arrival
+    order (``aiolimiter``'s leaky bucket of capacity ``burst``: asyncio only).
 
-    The first ``burst`` acquisitions pass at once; after that they are spaced ``1 / rate``
-    seconds apart. Waiters are served in arrival order; a waiter cancelled while waiting
-    consumes nothing. Uses the asyncio event loop (aiolimiter is asyncio-only).
-
-    The waiting runs on the event loop's clock (aiolimiter reads ``loop.time()``); ``clock``
-    is the clock of :meth:`statistics` and must be that same clock: ``time.monotonic`` for
-    asyncio's default loop, ``loop.time`` for a loop with a virtual clock in tests.
+    ``clock`` is the clock of :meth:`statistics` and must be the event loop's
+    (``time.monotonic`` for asyncio's default loop, ``loop.time`` for a virtual one).
     """
 
     def __init__(
@@ -96,8 +81,7 @@ class RateLimiter:
         self.rate = float(rate)
         self.burst = burst
         self._limiter = AsyncLimiter(max_rate=burst, time_period=burst / self.rate)
-        # A mirror of the bucket's fill level, for statistics only (aiolimiter keeps its
-        # own level private); same formula and clock (asyncio's loop.time is monotonic).
+        # A mirror of the bucket's fill level, for statistics (aiolimiter's is private).
         self._clock = clock
         self._level = 0.0
         self._updated = clock()
@@ -175,9 +159,8 @@ class _Permit:
 class CircuitBreaker:
     """Closed -> open after N consecutive failures -> half-open after T -> closed or open.
 
-    Synchronous and used from one event loop, so no lock is needed. Each admitted call gets
-    a permit; outcomes of calls admitted before the last state change are ignored (they say
-    nothing about the backend *now*), and only the trial's outcome moves a half-open breaker.
+    Used from one event loop (no lock). Outcomes of calls admitted before the last state
+    change are ignored; only the trial's outcome moves a half-open breaker.
     """
 
     def __init__(
@@ -236,8 +219,7 @@ class CircuitBreaker:
         raise self._reject()
 
     def check(self, permit: _Permit) -> None:
-        """Before a retry: raise :class:`~toolrollout.exceptions.CircuitOpen` if the breaker opened
-        since the call was admitted (the trial call itself may retry)."""
+        """Before a retry: raise CircuitOpen if the breaker opened since the call was admitted."""
         if permit.epoch != self._epoch and self._state is not CircuitState.CLOSED:
             raise self._reject()
 
@@ -246,8 +228,8 @@ class CircuitBreaker:
         return isinstance(error, self.policy.trip_on) and not isinstance(error, CircuitOpen)
 
     def record(self, permit: _Permit, error: BaseException | None) -> None:
-        """Record a finished call: ``error`` None is a success; an error that does not
-        :meth:`count <counts>` is neutral (like :meth:`release`)."""
+        """Record a finished call: ``error`` None is a success; one that does not
+        :meth:`count <counts>` is neutral."""
         if error is not None and not self.counts(error):
             self.release(permit)
             return
@@ -285,8 +267,8 @@ class CircuitBreaker:
             )
 
     def release(self, permit: _Permit) -> None:
-        """Forget a call that ended without telling anything about the backend (it was
-        cancelled, or failed because of its input): a trial slot is freed for the next call."""
+        """Forget a call that says nothing about the backend (cancelled, or its input's
+        fault): a trial slot is freed."""
         if permit.trial and permit.epoch == self._epoch:
             self._trial_in_flight = False
 
@@ -306,11 +288,7 @@ class CircuitBreaker:
 
 
 def quantile(sorted_values: list[float], q: float) -> float:
-    """The ``q``-quantile of ascending values, interpolating linearly between closest ranks.
-
-    The same definition as numpy's default (``method="linear"``) and Excel's PERCENTILE.INC:
-    position ``q * (n - 1)`` in the sorted values.
-    """
+    """The ``q``-quantile of ascending values, as numpy's default (``method="linear"``)."""
     if not sorted_values:
         raise ValueError("quantile of no values")
     if not 0.0 <= q <= 1.0:
@@ -341,11 +319,7 @@ class LatencyStatistics:
 
 
 class LatencyWindow:
-    """The last ``size`` latencies (a ring buffer: O(1) to record, bounded memory).
-
-    Percentiles are computed from a sorted copy at snapshot time (O(size log size), so
-    about a tenth of a millisecond for the default 1024) and are exact for the window.
-    """
+    """The last ``size`` latencies (a ring buffer); exact percentiles at snapshot time."""
 
     def __init__(self, size: int = 1024) -> None:
         if size < 1:
@@ -358,11 +332,6 @@ class LatencyWindow:
         """Add one latency (the oldest drops out once the window is full)."""
         self._values.append(seconds)
         self._count += 1
-
-    def extend(self, values: Iterable[float]) -> None:
-        """Add several latencies, oldest first."""
-        for value in values:
-            self.record(value)
 
     def statistics(self) -> LatencyStatistics:
         """Percentiles of the window (see :func:`quantile`)."""

@@ -1,10 +1,5 @@
-"""Pydantic models of the tool-config file: the one place where untrusted YAML is checked.
-
-The layout is verl's (``tools: [{class_name, config: {type, ...}, tool_schema}]``), so verl
-configs validate as they are; our limit keys live in ``config`` next to the tool's own keys,
-which pass through untouched. :meth:`ToolEntryConfigModel.to_limits` turns the limit keys
-into :class:`~toolrollout.tools.ToolLimits`.
-"""
+"""Pydantic models of the tool-config file (verl's layout, so verl configs validate as they
+are; our limit keys live in ``config`` next to the tool's own keys)."""
 
 from __future__ import annotations
 
@@ -48,6 +43,14 @@ __all__ = [
 ]
 
 
+def key_path(loc: tuple[int | str, ...]) -> str:
+    """A pydantic error's ``loc`` as ``tools[0].config.timeout``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
 class FunctionSchemaModel(BaseModel):
     """The ``function`` object of an OpenAI tool schema (verl's ``OpenAIFunctionSchema``)."""
 
@@ -60,8 +63,7 @@ class FunctionSchemaModel(BaseModel):
 
 
 class ToolSchemaModel(BaseModel):
-    """An OpenAI tool schema (verl's ``OpenAIFunctionToolSchema``); attribute access mirrors
-    verl's, so verl tool classes can be handed one when verl itself is not installed."""
+    """An OpenAI tool schema, handed to verl tool classes when verl is not installed."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -114,10 +116,7 @@ ExceptionName = Annotated[str, AfterValidator(_check_exception_name)]
 
 
 class RetryConfigModel(BaseModel):
-    """``config.retries`` in its long form (the short form is just the number of retries).
-
-    Unset keys keep the tool's own policy.
-    """
+    """``config.retries`` in its long form (unset keys keep the tool's own policy)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -178,9 +177,7 @@ class ToolEntryConfigModel(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: str = "native"
-    """The tool type whose builder makes the entry's tools (see
-    :func:`~toolrollout.tools.register_tool_type`); checked against the registered names
-    passed as the ``tool_types`` validation context."""
+    """The tool type whose builder makes the entry's tools (a registered name)."""
     timeout: PositiveFloat | None = None
     max_concurrency: PositiveInt | None = None
     num_workers: PositiveInt | None = None

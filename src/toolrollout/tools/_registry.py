@@ -1,9 +1,7 @@
 """Tool types by name: what a tool-config entry's ``config.type`` builds.
 
-``tools`` names its built-in types as ``"module:attribute"`` strings and imports a builder
-only when a config first uses its type, so this package imports none of the applications
-that implement them (the sandbox, the search client, the MCP SDK). A new backend plugs in
-with :func:`register_tool_type`; a config then names it in ``config.type``.
+Builders may be ``"module:attribute"`` strings imported on first use, so this package
+imports none of the backends (the sandbox, the search client, the MCP SDK).
 """
 
 from __future__ import annotations
@@ -25,11 +23,7 @@ __all__ = ["BuildContext", "ToolBuilder", "register_tool_type", "tool_type_build
 
 @dataclass(frozen=True, slots=True)
 class BuildContext:
-    """Where the entry being built comes from, handed to every builder.
-
-    It replaces hidden state: a builder reads the config's folder from here to resolve a
-    relative path, and names the entry in its error messages with :meth:`where`.
-    """
+    """Where the entry being built comes from, handed to every builder."""
 
     source: str
     """The config as named in messages: its path, or a label such as ``<tool config>``."""
@@ -66,12 +60,8 @@ _types: dict[str, ToolBuilder | str] = dict(_BUILTIN_TYPES)
 
 
 def register_tool_type(name: str, builder: ToolBuilder | str, *, replace: bool = False) -> None:
-    """Make ``config.type: <name>`` build its entries with ``builder``.
-
-    ``builder`` is a callable ``(entry, context) -> [Tool, ...]`` or a ``"module:attribute"``
-    string naming one, imported when a config first uses the type. Registering a taken
-    name is an error unless ``replace`` is true.
-    """
+    """Make ``config.type: <name>`` build its entries with ``builder`` (a callable
+    ``(entry, context) -> [Tool, ...]`` or a ``"module:attribute"`` string naming one)."""
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise UserError(f"tool type {name!r} is invalid: use letters, digits, '_' or '-'")
     if isinstance(builder, str):
@@ -89,11 +79,7 @@ def tool_types() -> tuple[str, ...]:
 
 
 def tool_type_builder(name: str) -> ToolBuilder:
-    """The builder of ``name``, imported now if it was registered by its name.
-
-    Raises :class:`~toolrollout.exceptions.ConfigError` for an unknown type or a builder that cannot
-    be imported.
-    """
+    """The builder of ``name``, imported now if registered by its name (else ConfigError)."""
     try:
         builder = _types[name]
     except KeyError:
@@ -103,9 +89,7 @@ def tool_type_builder(name: str) -> ToolBuilder:
     if isinstance(builder, str):
         module_name, attr_path = _split(builder)
         try:
-            obj: object = importlib.import_module(module_name)
-            for attr in attr_path.split("."):
-                obj = getattr(obj, attr)
+            obj = import_attribute(module_name, attr_path)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(
                 f"tool type {name!r}: cannot import its builder {builder!r}: {exc}"
@@ -116,6 +100,14 @@ def tool_type_builder(name: str) -> ToolBuilder:
         _types[name] = resolved
         return resolved
     return builder
+
+
+def import_attribute(module_name: str, attr_path: str) -> object:
+    """``attr_path`` (dotted) of the module ``module_name``, imported."""
+    obj: object = importlib.import_module(module_name)
+    for attr in attr_path.split("."):
+        obj = getattr(obj, attr)
+    return obj
 
 
 def _split(target: str) -> tuple[str, str]:

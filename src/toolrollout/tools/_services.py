@@ -1,13 +1,6 @@
-"""Open what a set of tools needs while a run uses them, once each, and close it after.
-
-Every tool declares its needs with :meth:`~toolrollout.tools.Tool.services`: MCP tools
-their manager's sessions, a sandbox tool with ``local_sandbox: true`` the local sandbox, a
-search tool with ``local_corpus`` the local retriever. :func:`open_tools` opens each
-distinct service once, in order, and closes them in reverse order on exit, also when the
-body fails or is cancelled, so a run never leaves a session or child process behind.
-:func:`share_tools` lets overlapping users of the same services (calls on a runner, or
-several runners built on one tool set, as verl's agent loop does per sample) share one
-opening.
+"""Open what a set of tools needs (their :meth:`~toolrollout.tools.Tool.services`) while a
+run uses them, once each, and close it after, so a run never leaves a session or child
+process behind; :func:`share_tools` lets overlapping users share one opening.
 """
 
 from __future__ import annotations
@@ -27,11 +20,8 @@ __all__ = ["open_tools", "share_tools"]
 
 
 def _services_of(tools: Iterable[Tool] | ToolExecutor) -> list[ToolService]:
-    """The distinct services ``tools`` need, in first-seen order.
-
-    Raises :class:`~toolrollout.UserError` when two tools need different services under
-    one key (e.g. two corpora on one retriever port).
-    """
+    """The distinct services ``tools`` need, in first-seen order (different services under
+    one key are a UserError)."""
     tool_list = list(tools.tools.values() if isinstance(tools, ToolExecutor) else tools)
     found: dict[Hashable, tuple[ToolService, Tool]] = {}
     for tool in tool_list:
@@ -47,17 +37,8 @@ def _services_of(tools: Iterable[Tool] | ToolExecutor) -> list[ToolService]:
 
 @asynccontextmanager
 async def open_tools(tools: Iterable[Tool] | ToolExecutor) -> AsyncIterator[list[Tool]]:
-    """Open the services ``tools`` need for the ``async with`` body; yield the tools.
-
-    ::
-
-        async with open_tools(load_tool_config("tool_configs/sandbox.yaml")) as tools:
-            executor = ToolExecutor(tools)
-            ...
-
-    Services are opened one after the other (each in this task, as anyio's structured
-    concurrency wants) and closed in reverse order. Tools without services cost nothing.
-    """
+    """Open the services ``tools`` need for the ``async with`` body, one after the other in
+    this task, and close them in reverse order; yield the tools."""
     tool_list = list(tools.tools.values() if isinstance(tools, ToolExecutor) else tools)
     services = _services_of(tool_list)
     async with AsyncExitStack() as stack:
@@ -81,14 +62,8 @@ _openings: dict[frozenset[Hashable], _Opening] = {}
 
 @asynccontextmanager
 async def share_tools(tools: Iterable[Tool] | ToolExecutor) -> AsyncIterator[None]:
-    """Like :func:`open_tools`, but users that overlap share one opening.
-
-    The first user opens the services; users that start while it is open (with the same
-    services) join it. Services must close in the task that opened them, so the first
-    user's block ends only once everyone who joined has left. A trainer that sends one
-    batch at a time (ms-swift, verl) never notices; the services stay open for the batch
-    instead of being opened per sample.
-    """
+    """Like :func:`open_tools`, but users that overlap share one opening: the first opens
+    the services and, as they close in its task, leaves only after everyone who joined."""
     services = _services_of(tools)
     if not services:
         yield

@@ -1,5 +1,4 @@
-"""Per-tool numbers of a set of tool calls (one trajectory's, say): what each result, or
-the compact record a trajectory keeps of it, adds up to."""
+"""Per-tool numbers of a set of tool calls (one trajectory's, say)."""
 
 from __future__ import annotations
 
@@ -53,25 +52,19 @@ class ToolCallSummary:
 def summarize_tool_calls(
     records: Iterable[tuple[str, ToolResult]],
 ) -> dict[str, ToolCallSummary]:
-    """Aggregate ``(tool name, result)`` pairs into one :class:`ToolCallSummary` per name.
-
-    Unknown tool names keep their own entry (with ``error_kinds`` ``{"ToolNotFound": n}``).
-    """
+    """Aggregate ``(tool name, result)`` pairs into one :class:`ToolCallSummary` per name."""
     return summarize_call_records(
         (name, r.seconds, r.attempts, r.is_error, r.error_kind) for name, r in records
     )
 
 
 CallRecord = tuple[str, float, int, bool, str | None]
-"""One tool call as the per-tool summary needs it: (tool name, seconds, attempts,
-is_error, error kind). Atomic values only, not the :class:`ToolResult`: no copy of the
-result's text, and a tuple the garbage collector stops tracking (it walks every tracked
-object of every live trajectory on each full collection)."""
+"""(tool name, seconds, attempts, is_error, error kind): atomic values only, so the garbage
+collector stops tracking the tuple (it walks every live trajectory on each collection)."""
 
 
 def summarize_call_records(records: Iterable[CallRecord]) -> dict[str, ToolCallSummary]:
-    """:func:`summarize_tool_calls` over :data:`CallRecord` tuples: what a trajectory keeps
-    of each call instead of its result."""
+    """:func:`summarize_tool_calls` over :data:`CallRecord` tuples."""
     grouped: dict[str, list[CallRecord]] = {}
     for record in records:
         grouped.setdefault(record[0], []).append(record)

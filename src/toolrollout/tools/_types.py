@@ -1,8 +1,4 @@
-"""Plain values that cross the tool seam: calls in, results out, limits as data.
-
-They are frozen dataclasses so that a result recorded on a trajectory cannot change later
-and so that a tool's limits can be swapped with :func:`dataclasses.replace` (tools as data).
-"""
+"""Plain frozen values that cross the tool seam: calls in, results out, limits as data."""
 
 from __future__ import annotations
 
@@ -47,11 +43,7 @@ class ToolCallRequest:
 
 
 class ToolSessionProtocol(Protocol):
-    """What a stateful tool asks of its trajectory's session: its instance id.
-
-    :class:`~toolrollout.tools.ToolSession` is the implementation; the protocol lets this
-    module of plain values type :attr:`ToolContext.session` without importing it.
-    """
+    """What a stateful tool asks of its trajectory's :class:`~toolrollout.tools.ToolSession`."""
 
     async def instance_for(self, tool: Any, context: ToolContext) -> str:
         """The instance id of ``tool`` (a ``StatefulTool``) for this trajectory."""
@@ -60,10 +52,7 @@ class ToolSessionProtocol(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ToolContext:
-    """What a tool may know about the trajectory that calls it.
-
-    Kept small on purpose: identity, the dataset row, and one mutable per-trajectory slot.
-    """
+    """What a tool may know about the trajectory that calls it."""
 
     trajectory_id: str = ""
     """Unique id of the calling trajectory (stable across its turns)."""
@@ -99,8 +88,7 @@ class ToolResult:
     seconds: float = 0.0
     """Wall time the executor spent on the call: queueing, attempts and backoff."""
     attempts: int = 0
-    """Attempts the executor started (1 + retries); 0 when the call never reached the tool
-    (unknown tool, invalid arguments, open circuit breaker)."""
+    """Attempts the executor started (1 + retries); 0 when the call never reached the tool."""
     error: ToolRolloutError | None = field(default=None, compare=False, repr=False)
     """The translated exception behind an error result; its ``__cause__`` is the original."""
 
@@ -121,24 +109,17 @@ class ToolResult:
 
 
 DEFAULT_TOOL_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.1, max_backoff=2.0, jitter=0.1)
-"""A tool's retry policy unless it sets its own: 2 retries after the first attempt, only on
-:class:`~toolrollout.exceptions.ToolUnavailable` and :class:`ConnectionError` (a tool that raised
-because of its input would fail the same way again), never on a timeout."""
+"""A tool's retry policy unless it sets its own: 2 retries, on ToolUnavailable and
+ConnectionError only."""
 
 
 @dataclass(frozen=True, slots=True)
 class CircuitBreakerPolicy:
-    """When a tool stops being called: after ``failure_threshold`` consecutive failed calls.
+    """When a tool stops being called: after ``failure_threshold`` consecutive failed calls
+    it fails fast (CircuitOpen) for ``reset_timeout`` seconds, then lets one trial through.
 
-    The breaker then fails every call fast (a :class:`~toolrollout.exceptions.CircuitOpen`
-    error result, the tool is not called) for ``reset_timeout`` seconds, lets one trial call through
-    (half-open), and closes again if it succeeds or re-opens if it fails.
-
-    A failed *call* counts once, after its retries. Only infrastructure failures count
-    (``trip_on``, by default every :class:`~toolrollout.exceptions.ToolError`: the backend raised,
-    timed out or was unreachable); the model's mistakes (unknown tool, invalid arguments)
-    never do. A call that returns a result, even an ``is_error`` one the tool wrote itself,
-    is a success: the backend answered.
+    A call counts once, after its retries, and only for infrastructure errors (``trip_on``);
+    a returned result, even an ``is_error`` one, is a success: the backend answered.
     """
 
     failure_threshold: int = 5
@@ -173,8 +154,7 @@ class ToolLimits:
     """Per-tool execution limits, enforced by :class:`~toolrollout.tools.ToolExecutor`."""
 
     timeout: float | None = 60.0
-    """Seconds one attempt may run before it is cancelled (None: no limit). Time spent
-    waiting for a concurrency slot or a rate-limit token does not count."""
+    """Seconds one attempt may run (None: no limit); slot and rate waits do not count."""
     max_concurrency: int | None = None
     """Calls of this tool running at once, across all trajectories (None: unlimited)."""
     rate_limit: float | None = None

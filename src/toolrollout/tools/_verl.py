@@ -1,14 +1,7 @@
-"""Run verl ``BaseTool`` classes unchanged, so custom verl tools keep working.
+"""Run verl ``BaseTool`` classes unchanged, as :class:`StatefulTool` objects.
 
-verl tools are stateful objects driven as ``create -> execute* -> calc_reward -> release``.
-:class:`VerlToolAdapter` is a :class:`StatefulTool`: inside a rollout it keeps one instance
-per trajectory (verl's SGLang multi-turn rollout did the same), outside one it wraps each
-call in its own ``create``/``release`` (what verl's ``ToolAgentLoop`` does). It maps the
-``(ToolResponse, reward, metrics)`` triple onto a :class:`ToolResult`.
-
-Call conventions follow current verl: ``create(instance_id, create_kwargs={...})`` (verl's
-own tools read ``kwargs["create_kwargs"]``), while ``execute_kwargs``, ``calc_reward_kwargs``
-and ``release_kwargs`` are passed as keyword arguments, as the SGLang rollout did.
+Call conventions follow current verl: ``create(instance_id, create_kwargs={...})``, the
+other kwargs passed as keyword arguments, as its SGLang rollout did.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """A safe arithmetic calculator: the built-in ``calculator`` tool and the demo task's one tool.
 
-It lives in ``tools`` (not in the demo) because the public
-:func:`~toolrollout.tools.calculator_tool` and the MCP demo server are built on it; the demo
-imports it from here.
-
-The expression comes from a model, so it is untrusted input. It is parsed with :mod:`ast`
-and only a whitelist of node types is interpreted (numbers, ``+ - * / // % **``, unary
-``+``/``-``, parentheses); nothing is ever passed to ``eval``. Exponents and intermediate
-magnitudes are bounded so that a hostile expression cannot burn CPU or memory.
-
-:func:`calculator` never raises on bad input: it returns an ``"Error: ..."`` string, because
-a tool result is fed back to the model, and an error message is a useful observation.
+The expression is untrusted: it is parsed with :mod:`ast`, only numbers and arithmetic
+operators are interpreted (never ``eval``), and exponents and magnitudes are bounded.
 """
 
 from __future__ import annotations
@@ -150,11 +141,7 @@ def evaluate(expression: str) -> Number:
 
 
 def format_number(value: Number) -> str:
-    """Render a result the way the tool reports it.
-
-    Integers print as integers; a float with an integral value prints without ``.0`` (so
-    ``84 / 7`` gives ``"12"``); other floats print with up to 12 significant digits.
-    """
+    """A result as the tool reports it (``84 / 7`` gives ``"12"``; 12 significant digits)."""
     if isinstance(value, float):
         if value.is_integer():
             return str(int(value))

@@ -1,14 +1,5 @@
-"""``toolrollout tools``: check a tool config with no model running.
-
-``tools list`` prints the schemas the model will see (and a table of each tool's limits);
-``tools call`` runs one call through the same :class:`~toolrollout.tools.ToolExecutor` the
-rollout uses (argument check, circuit breaker, limits, timeout, retries) and prints the
-tool message text exactly as the model would receive it. Both open what the tools need
-while they run (:func:`~toolrollout.tools.open_tools`: MCP sessions, the local sandbox or
-retriever a config asks for) and close it before they exit. Without ``--tool-config`` both
-use the built-in calculator. User mistakes exit with a one-line ``error: ...`` and code 2;
-a call that ends in an error result exits with code 1.
-"""
+"""``toolrollout tools``: check a tool config with no model running (``tools list``:
+the schemas and limits; ``tools call``: one call through the rollout's executor)."""
 
 from __future__ import annotations
 
@@ -82,14 +73,13 @@ def _executor_logs(verbose: bool) -> Iterator[None]:
     """Show the executor's log (tracebacks of failing tools) only with ``--verbose``."""
     logger = logging.getLogger("toolrollout")
     handler: logging.Handler
+    previous = logger.level
     if verbose:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        previous = logger.level
         logger.setLevel(logging.DEBUG)
     else:
         handler = logging.NullHandler()  # keeps Python's last-resort handler quiet
-        previous = logger.level
     logger.addHandler(handler)
     try:
         yield

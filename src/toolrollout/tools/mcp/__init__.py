@@ -1,17 +1,6 @@
-"""MCP servers as tools, over the official ``mcp`` SDK (version 2).
-
-- :func:`load_mcp_servers` reads an ``mcpServers`` JSON file into :class:`StdioServer` /
-  :class:`HttpServer` specs.
-- :class:`McpClientManager` keeps one persistent session per server, shared by every
-  trajectory; it is opened with ``async with`` and connects each server lazily, on first
-  call, reconnecting after a lost session.
-- :class:`McpTool` is one server tool as a :class:`~toolrollout.tools.Tool`;
-  ``load_tool_config`` builds them from ``config.type: mcp`` entries. Each tool's
-  :meth:`~McpTool.services` is its manager (an ``McpSessionService``), so
-  :func:`toolrollout.tools.open_tools` opens each manager once; :func:`mcp_sessions` does
-  the same for MCP tools alone.
-
-See ``docs/mcp.md``.
+"""MCP servers as tools, over the official ``mcp`` SDK (version 2): ``mcpServers`` files
+(:func:`load_mcp_servers`), one persistent session per server (:class:`McpClientManager`)
+and each server tool as a :class:`McpTool`. See ``docs/mcp.md``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""``config.type: mcp`` entries of a verl-layout tool config.
-
-The entry names an ``mcpServers`` JSON file; loading lists each server's tools over a
-short-lived connection (so the schemas are known before the first model turn) and returns
-:class:`McpTool` objects bound to one new :class:`McpClientManager`, not yet open. The
-persistent sessions start lazily, on first call, once the manager is open.
-"""
+"""``config.type: mcp`` entries of a verl-layout tool config: the servers' tools, listed
+over short-lived sessions, as :class:`McpTool` objects of one new, unopened manager."""
 
 from __future__ import annotations
 
@@ -28,7 +23,7 @@ from pydantic import (
 from toolrollout._exceptions import ConfigError, ToolRolloutError, UserError
 
 from .._base import Tool
-from .._config import _import, _key_path, _limits, _message
+from .._config import _validation_error, import_entry, with_entry_limits
 from .._models import ToolEntryModel
 from .._registry import BuildContext
 from ._connection import describe
@@ -74,26 +69,22 @@ class McpSettingsModel(BaseModel):
     tool_name_prefix: str = ""
     """Put before each name shown to the model; ``{server}`` is replaced by the server."""
     schema_key_order: Literal["canonical", "as_sent"] = "canonical"
-    """``canonical``: each input schema is shown with ``type``, ``properties`` and
-    ``required`` first, as a hand-written (native) schema has them; ``as_sent``: in the order
-    the server's SDK sent it (for a model trained on that text)."""
+    """Input schemas as a native tool's (``type``, ``properties``, ``required`` first) or as
+    the server sent them."""
     connect_timeout: PositiveFloat = 30.0
     """Seconds to start/connect a server, initialize and list its tools."""
     progress_idle_timeout: PositiveFloat | None = None
     """Fail a call whose server sent no progress notification for this many seconds
     (default: off); the entry's ``config.timeout`` still bounds every call."""
     heartbeat_interval: PositiveFloat | None = 10.0
-    """Seconds between pings of an HTTP session while calls are in flight (null: never);
-    a failed ping fails them as unavailable instead of letting them run into the timeout."""
+    """Seconds between pings of an HTTP session while calls are in flight (null: never)."""
     roots: list[_RootModel] = []
     """Roots offered to servers (``roots/list``): paths (relative to the YAML file's folder)
     or ``{uri, name}`` mappings."""
     sampling_callback: str | None = None
-    """``module:function`` answering ``sampling/createMessage`` (default: none, and the
-    capability is not declared)."""
+    """``module:function`` answering ``sampling/createMessage`` (none: not declared)."""
     elicitation_callback: str | None = None
-    """``module:function`` answering ``elicitation/create`` (default: none, and the
-    capability is not declared)."""
+    """``module:function`` answering ``elicitation/create`` (none: not declared)."""
     callback_timeout: PositiveFloat = 60.0
     """Seconds a sampling or elicitation callback may take before the request is refused."""
 
@@ -111,15 +102,10 @@ def discover_tools(
     connect_timeout: float = 30.0,
     manager_options: Mapping[str, Any] | None = None,
 ) -> dict[str, list[McpToolInfo]]:
-    """List every server's tools over a short-lived session each (blocking).
-
-    Runs its own event loop on a worker thread, so it may be called from sync code and
-    from inside a running event loop alike (which it then blocks while it runs). Every
-    session and child process is closed before it returns. Raises
-    :class:`~toolrollout.exceptions.ToolUnavailable` for a server that cannot be reached.
-    ``manager_options`` are further :class:`McpClientManager` arguments (the roots and
-    callbacks the real sessions will declare: some servers list tools by capability).
-    """
+    """List every server's tools over a short-lived session each, blocking, in an event
+    loop of its own on a worker thread (so it works inside a running loop too).
+    ``manager_options`` are the real sessions' roots and callbacks: some servers list tools
+    by capability."""
 
     async def run() -> dict[str, list[McpToolInfo]]:
         manager = McpClientManager(
@@ -147,10 +133,7 @@ def discover_tools(
 def _callback(name: str | None, key: str, where: Callable[[str], str]) -> Any:
     if name is None:
         return None
-    try:
-        obj = _import(name.strip())
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{where(key)}: cannot import {name!r}: {exc}") from exc
+    _, obj = import_entry(name.strip(), where(key))
     if not callable(obj):
         raise ConfigError(
             f"{where(key)}: {name!r} is not callable; expected async (context, params) -> result"
@@ -177,10 +160,7 @@ def _tool_class(class_name: str, where: Callable[[str], str]) -> type[McpTool]:
         "toolrollout.tools.mcp:McpTool",
     ):
         return McpTool
-    try:
-        obj = _import(name)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"{where('class_name')}: cannot import {name!r}: {exc}") from exc
+    _, obj = import_entry(name, where("class_name"))
     if not (isinstance(obj, type) and issubclass(obj, McpTool)):
         raise ConfigError(
             f"{where('class_name')}: {name!r} is not an McpTool subclass; entries of "
@@ -189,8 +169,9 @@ def _tool_class(class_name: str, where: Callable[[str], str]) -> type[McpTool]:
     return obj
 
 
-def _settings(entry: ToolEntryModel, where: Callable[[str], str]) -> McpSettingsModel:
+def _settings(entry: ToolEntryModel, context: BuildContext) -> McpSettingsModel:
     """The entry's validated ``mcp`` block; refuse what a ``type: mcp`` entry cannot hold."""
+    where = context.where
     if entry.mcp is None:
         raise ConfigError(
             f"{where('mcp')}: is required for config.type 'mcp' "
@@ -199,8 +180,7 @@ def _settings(entry: ToolEntryModel, where: Callable[[str], str]) -> McpSettings
     try:
         settings = McpSettingsModel.model_validate(entry.mcp)
     except ValidationError as exc:
-        lines = [f"{where('mcp.' + _key_path(e['loc']))}: {_message(e)}" for e in exc.errors()]
-        raise ConfigError("\n".join(lines)) from exc
+        raise _validation_error(context.source, exc, f"tools[{context.index}].mcp.") from exc
     if entry.tool_schema is not None:
         raise ConfigError(
             f"{where('tool_schema')}: not supported for config.type 'mcp': the servers' "
@@ -219,7 +199,7 @@ def _settings(entry: ToolEntryModel, where: Callable[[str], str]) -> McpSettings
 def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
     """Build the tools of one ``type: mcp`` entry (the builder of the ``mcp`` tool type)."""
     where = context.where
-    settings = _settings(entry, where)
+    settings = _settings(entry, context)
     tool_class = _tool_class(entry.class_name, where)
 
     path = context.resolve(settings.mcp_servers_config_path)
@@ -272,7 +252,4 @@ def build_mcp_entry(entry: ToolEntryModel, context: BuildContext) -> list[Tool]:
         )
     except UserError as exc:
         raise ConfigError(f"{where('mcp')}: {exc}") from exc
-    try:
-        return [tool.with_limits(_limits(entry, tool.limits)) for tool in tools]
-    except UserError as exc:
-        raise ConfigError(f"{where('config')}: {exc}") from exc
+    return with_entry_limits(entry, list(tools), where("config"))

@@ -1,10 +1,5 @@
-"""One MCP server's connection: its current session, the calls on it and their errors.
-
-A :class:`ServerConnection` opens a session in a background task of its :class:`McpClientManager`
-(transport + :class:`mcp.ClientSession`), replaces it when it is found dead, and runs
-each call on it with a watchdog (heartbeat pings on HTTP, progress idle timeout). Errors
-out of the SDK are translated into the library's tree here.
-"""
+"""One MCP server's connection: its current session, the calls on it with a watchdog
+(heartbeat pings on HTTP, progress idle timeout), and their errors translated."""
 
 from __future__ import annotations
 
@@ -142,8 +137,7 @@ class ServerConnection:
 
     @property
     def launched_port(self) -> int | None:
-        """The local port of a server the run starts itself (an HTTP entry with a
-        ``command``), which may be supervised by this process; None otherwise."""
+        """The local port of a server the run starts itself; None otherwise."""
         spec = self.spec
         if isinstance(spec, HttpServer) and spec.command is not None:
             return urlsplit(spec.url).port
@@ -177,12 +171,9 @@ class ServerConnection:
         session.retire()
 
     async def acquire(self) -> Session:
-        """The live session, connecting first (once, under the lock) if there is none.
-
-        A launched server that is restarting is waited for (bounded); a session opened on
-        an earlier process of it is replaced before a call is sent on it; a connection it
-        refused because its process had just died is made again to the restarted one.
-        """
+        """The live session, connecting first (once, under the lock) if there is none; for
+        a launched server, waiting while it restarts and never using a session of an earlier
+        process of it."""
         self.manager._check_open()
         supervised = await until_serving(self.launched_port) if self.launched_port else None
         served_by = None if supervised is None else supervised.generation
@@ -355,9 +346,8 @@ class ServerConnection:
         return result
 
     async def _heartbeat(self, session: Session, interval: float) -> bool:
-        """False when a ping on the session *fails* (not when it is slow: a busy server is
-        alive); one ping at a time per session, and none within ``interval`` of the last
-        success, however many calls are in flight."""
+        """False when a ping *fails* (a slow one is alive); one ping at a time per session,
+        none within ``interval`` of the last success."""
         if session.replaceable or session.client is None:
             return False
         if anyio.current_time() - session.alive_at < interval:

@@ -1,11 +1,5 @@
-"""MCP servers over HTTP that the run starts itself (``command`` and ``url`` in one entry).
-
-The server runs supervised (:mod:`toolrollout._supervisor`): restarted when it dies or stops
-answering HTTP (its liveness probe: any answer to ``GET /``), killed with the run, a stale
-one of an earlier run on its port replaced. A restarted server has forgotten its sessions:
-the manager waits while it restarts and replaces a session opened on an earlier process
-of it before sending a call (``ServerConnection.acquire``).
-"""
+"""MCP servers over HTTP that the run starts itself (``command`` and ``url`` in one entry),
+supervised (:mod:`toolrollout._supervisor`; liveness probe: any answer to ``GET /``)."""
 
 from __future__ import annotations
 
@@ -55,8 +49,7 @@ class LocalMcpHttpService:
 
     @asynccontextmanager
     async def open(self) -> AsyncIterator[SupervisedService | None]:
-        """Start the server, supervised, until it listens; yield it (None: this process
-        serves it there already)."""
+        """Start the server, supervised; yield it (None: this process serves it already)."""
         spec = self.spec
         assert spec.command is not None
         host, port = self.host, self.port

@@ -1,20 +1,10 @@
 """One persistent MCP session per server, shared by every trajectory, reconnected on loss.
 
-:class:`McpClientManager` owns a task group; each server's session lives in one background
-task of it (transport + :class:`mcp.ClientSession`), started lazily by the first call and
-replaced, again by the next call, when it is found dead. Calls run in the callers' own
-tasks on the shared session, so a caller's cancellation (e.g. the executor's per-call
-timeout) cancels the request, and the SDK then sends ``notifications/cancelled`` to the
-server. Errors are translated into the library's tree at this boundary.
-
-The client declares a capability only when it can honour it: roots when roots are
-configured, sampling and elicitation when a callback for them is (the SDK declares each one
-for which a callback is given), so a server offers only tools that can work; server-everything
-leaves out ``trigger-sampling-request`` & co. otherwise. A request arriving anyway is refused
-by the SDK. Each call asks for progress
-notifications; a watchdog next to the call fails it as unavailable when its session is
-found dead (a failed heartbeat ping on HTTP, end of stream on stdio) and, if configured,
-as timed out when the server sends no progress for ``progress_idle_timeout`` seconds.
+Each server's session lives in a background task of the manager's task group, started by
+the first call and replaced by the next one once found dead. Calls run in the callers' own
+tasks, so cancelling a caller cancels its request on the server. A capability (roots,
+sampling, elicitation) is declared only when configured, so servers offer only tools that
+can work.
 """
 
 from __future__ import annotations
@@ -99,14 +89,9 @@ async def _each(names: Iterable[str], func: Callable[[str], Awaitable[None]]) ->
 class McpClientManager:
     """Owns one persistent session per MCP server, shared by all calls and trajectories.
 
-    Open it with ``async with manager:`` (or ``await manager.start()`` and, from the same
-    task, ``await manager.aclose()``). Opening starts nothing: each server's session is
-    connected by the first call that needs it. Closing closes every session and stops
-    every child process. A lost session (process exited, connection dropped, server
-    restarted) is replaced by the next call; the call that found it lost fails with
-    :class:`~toolrollout.exceptions.ToolUnavailable`, which the executor's retry policy retries.
-
-    Use it from one event loop.
+    Open it with ``async with manager:`` (sessions connect on first use); closing closes
+    every session and stops every child process. The call that finds a session lost fails
+    as ToolUnavailable (retried by the executor); the next one reconnects. One event loop.
     """
 
     def __init__(
@@ -123,19 +108,11 @@ class McpClientManager:
         progress_idle_timeout: float | None = None,
         heartbeat_interval: float | None = 10.0,
     ) -> None:
-        """``source`` names where the servers came from (a file), for messages.
-
-        ``roots`` answer ``roots/list``; ``sampling_callback`` answers
-        ``sampling/createMessage`` and ``elicitation_callback`` answers
-        ``elicitation/create``, each within ``callback_timeout`` seconds or refused. Each
-        capability is declared to servers only when it is configured (non-empty ``roots``,
-        a callback), so servers offer no tool that needs one the client lacks.
-        ``progress_idle_timeout`` fails a call as :class:`~toolrollout.exceptions.ToolTimeout`
-        when its server sends no progress notification for that long (None: off; the
-        executor's per-call timeout bounds every call either way). ``heartbeat_interval``
-        is how often an HTTP session with calls in flight is pinged (None: never); a failed
-        ping fails those calls as :class:`~toolrollout.exceptions.ToolUnavailable`.
-        """
+        """``source`` names where the servers came from, for messages. ``roots`` and the
+        callbacks answer the servers' requests (a callback within ``callback_timeout``).
+        ``progress_idle_timeout`` fails a call that gets no progress for that long (None:
+        off); ``heartbeat_interval`` is how often an HTTP session with calls in flight is
+        pinged (None: never)."""
         specs = list(servers.values()) if isinstance(servers, Mapping) else list(servers)
         if not specs:
             raise UserError("an McpClientManager needs at least one server")
@@ -182,10 +159,7 @@ class McpClientManager:
         return self._state == "open"
 
     async def start(self) -> None:
-        """Open the manager's task group; sessions still start lazily, on first use.
-
-        ``aclose()`` must then be awaited in the same task (anyio's rule for task groups).
-        """
+        """Open the manager's task group; ``aclose()`` must be awaited in the same task."""
         if self._state in ("open", "closing"):
             raise UserError(f"{self!r} is already open")
         task_group = anyio.create_task_group()
@@ -197,11 +171,7 @@ class McpClientManager:
         self._state = "open"
 
     async def aclose(self) -> None:
-        """Close every session and stop every child process; waits until they are gone.
-
-        Calls still in flight fail with :class:`~toolrollout.exceptions.ToolUnavailable`.
-        Idempotent.
-        """
+        """Close every session and stop every child process (idempotent)."""
         task_group = self._task_group
         if self._state != "open" or task_group is None:
             self._state = "closed"
@@ -278,11 +248,7 @@ class McpClientManager:
             ) from None
 
     async def connect(self, *servers: str) -> None:
-        """Connect now (default: every server) instead of on first use; fail fast.
-
-        Raises :class:`~toolrollout.exceptions.ToolUnavailable` for the first server that cannot be
-        reached.
-        """
+        """Connect now (default: every server) instead of on first use; fail fast."""
         names = servers or tuple(self._servers)
         for name in names:
             self._server(name)  # unknown names fail before anything starts
@@ -305,24 +271,12 @@ class McpClientManager:
         *,
         meta: Mapping[str, Any] | None = None,
     ) -> CallToolResult:
-        """Call a tool on the server's shared session and return the raw MCP result.
-
-        An ``isError`` result is returned, not raised. Raises, from the library's tree:
-        :class:`~toolrollout.exceptions.ToolUnavailable` (cannot connect, session lost, rate
-        limited), :class:`~toolrollout.exceptions.ToolArgumentError` (the server rejected the
-        arguments), :class:`~toolrollout.exceptions.ToolTimeout` (a server-side timeout),
-        :class:`~toolrollout.exceptions.ToolExecutionError` (other protocol errors, malformed
-        results), :class:`~toolrollout.UserError` (the manager is not open). Cancelling
-        the caller cancels the request on the server.
-        """
+        """Call a tool on the server's shared session; the raw MCP result (``isError``
+        included). Failures raise from the library's tree (see ``ServerConnection``)."""
         return await self._server(server).call(name, arguments or {}, meta)
 
     async def listings(self) -> dict[str, Sequence[McpToolInfo]]:
-        """Connect to every server and list its tools, by server name in config order.
-
-        :func:`toolrollout.tools.mcp.list_mcp_tools` wraps these as tools; the manager
-        itself knows nothing of the tool class, so the two modules import one way only.
-        """
+        """Connect to every server and list its tools, by server name in config order."""
         listings: dict[str, Sequence[McpToolInfo]] = {}
 
         async def fetch(name: str) -> None:

@@ -1,13 +1,5 @@
-"""An MCP ``CallToolResult`` turned into a :class:`~toolrollout.tools.ToolResult`.
-
-Text blocks become the message text (joined by newlines); images are decoded into PIL
-images on ``ToolResult.images``; embedded resources, resource links and audio are rendered
-as text the model can read; ``structuredContent`` is kept on ``ToolResult.structured``;
-``isError`` makes an error result that keeps the server's text as it is.
-
-Images are decoded as leniently as browsers and libpng do: a PNG whose *ancillary* chunk
-(metadata such as ``iCCP`` or ``eXIf``) has a bad checksum is read without that chunk. An
-image nothing can read is left out with a note in the text; the rest of the result stays.
+"""An MCP ``CallToolResult`` turned into a :class:`~toolrollout.tools.ToolResult`: text
+blocks joined, images decoded (as leniently as libpng), other content rendered as text.
 """
 
 from __future__ import annotations
@@ -76,12 +68,8 @@ def _drop_bad_ancillary_chunks(raw: bytes) -> bytes | None:
 
 
 def decode_image(data: str, mime_type: str = "image/png") -> Any:
-    """Decode base64 image data into a loaded PIL image.
-
-    A PNG whose only fault is a bad checksum in an ancillary (metadata) chunk is decoded
-    without that chunk, as libpng and browsers do. Raises :class:`ValueError` when the data
-    is not base64 or not an image Pillow reads even so.
-    """
+    """Decode base64 image data into a loaded PIL image (a PNG without its bad ancillary
+    chunks if need be); ValueError when it is not one."""
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -132,11 +120,7 @@ def _blob_text(blob: str, mime: str) -> str | None:
 
 
 def mcp_result_to_tool_result(result: CallToolResult, *, tool_name: str) -> ToolResult:
-    """Convert one MCP tool result.
-
-    An image that cannot be decoded is left out; a note in its place in the text says so
-    (``[image dropped: ...]``), and the other blocks are kept.
-    """
+    """Convert one MCP tool result (an undecodable image becomes ``[image dropped: ...]``)."""
     texts: list[str] = []
     images: list[Any] = []
     for index, block in enumerate(result.content):

@@ -1,15 +1,8 @@
 """The ``mcpServers`` JSON file (Claude Desktop / Cursor convention) read into typed specs.
 
-An entry with ``command`` is a stdio server (``args``, ``env``, ``cwd``); an entry with
-``url`` is a remote server (``headers``, ``transport``); one with both is an HTTP server
-the run starts itself on the URL's local port (supervised: ``toolrollout._supervisor``).
-Without ``transport`` it is inferred from the URL as fastmcp does: a path matching
-``/sse(/|?|&|$)`` is SSE, anything else streamable HTTP. Unknown keys are ignored, so
-files written for other hosts load.
-
-Placeholders in strings: ``${PYTHON}`` (the running interpreter, so a server written in
-Python starts in the same virtualenv), ``${CONFIG_DIR}`` (the JSON file's folder) and
-``${env:NAME}`` (an environment variable, which must be set).
+``command``: a stdio server; ``url``: a remote one (SSE when its path matches ``/sse``, as
+fastmcp infers, else streamable HTTP); both: an HTTP server the run starts itself. Unknown
+keys are ignored. Strings may hold ``${PYTHON}``, ``${CONFIG_DIR}`` and ``${env:NAME}``.
 """
 
 from __future__ import annotations
@@ -29,7 +22,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, PositiveFloat, ValidationError
 
 from toolrollout._exceptions import ConfigError
-from toolrollout.tools._config import read_config_file
+from toolrollout.tools._config import _validation_error, read_config_file
 
 __all__ = [
     "HttpServer",
@@ -51,8 +44,7 @@ class StdioServer:
     args: tuple[str, ...] = ()
     """Its command-line arguments."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """Extra environment variables. The child otherwise gets only the MCP SDK's safe
-    subset of ours (``HOME``, ``LOGNAME``, ``PATH``, ``SHELL``, ``TERM``, ``USER``)."""
+    """Extra environment variables (on top of the MCP SDK's safe subset of ours)."""
     cwd: str | None = None
     """Working directory of the child (None: ours)."""
 
@@ -78,13 +70,11 @@ class HttpServer:
     sse_read_timeout: float = 300.0
     """Seconds an event stream may stay silent before it is dropped."""
     command: str | None = None
-    """With a command, the run starts the server itself (on the URL's local port), keeps it
-    running (restarted when it dies) and stops it after: a *launched* HTTP server."""
+    """With a command, the run starts (and supervises) the server on the URL's local port."""
     args: tuple[str, ...] = ()
     """The command's arguments."""
     env: Mapping[str, str] = field(default_factory=dict, repr=False)
-    """Extra environment variables of the launched server (on top of ours, less the
-    server-key variables)."""
+    """Extra environment variables of the launched server."""
     cwd: str | None = None
     """Working directory of the launched server (None: ours)."""
 
@@ -241,16 +231,9 @@ def parse_mcp_servers(
     source: str = "<mcpServers>",
     config_dir: str | PathLike[str] | None = None,
 ) -> dict[str, McpServerSpec]:
-    """Read already-parsed ``mcpServers`` JSON into specs, by server name.
-
-    Accepts ``{"mcpServers": {...}}``, VS Code's ``{"servers": {...}}`` and a bare mapping
-    of server entries. Entries with ``"disabled": true`` are skipped. ``config_dir`` is
-    where relative ``cwd`` values and ``${CONFIG_DIR}`` point (default: the current one).
-    Every problem is a :class:`~toolrollout.exceptions.ConfigError` naming ``source`` and the key.
-    """
-    # Imported here: tools._config imports this package lazily, never the other way round.
-    from toolrollout.tools._config import _key_path, _message
-
+    """Read already-parsed ``mcpServers`` JSON (or VS Code's ``servers``, or a bare mapping
+    of entries) into specs, by server name, skipping disabled ones. ``config_dir`` is where
+    relative ``cwd`` values and ``${CONFIG_DIR}`` point (default: the current one)."""
     folder = Path(config_dir) if config_dir is not None else Path.cwd()
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -266,8 +249,7 @@ def parse_mcp_servers(
     try:
         parsed = _FileModel.model_validate(data)
     except ValidationError as exc:
-        lines = [f"{source}: {_key_path(e['loc'])}: {_message(e)}" for e in exc.errors()]
-        raise ConfigError("\n".join(lines)) from exc
+        raise _validation_error(source, exc) from exc
     servers = {
         name: _server(name, model, source, folder)
         for name, model in parsed.mcpServers.items()

@@ -1,9 +1,4 @@
-"""One session with an MCP server: its transport, and the SDK's ``ClientSession`` on it.
-
-:func:`open_streams` connects the transport an entry names (stdio, SSE or streamable
-HTTP); :class:`WatchedReadStream` tells when the connection ends; :class:`Session` is
-one connection (attempt), replaced, never reused, once it ends.
-"""
+"""One session with an MCP server: its transport, and the SDK's ``ClientSession`` on it."""
 
 from __future__ import annotations
 
@@ -11,7 +6,6 @@ import math
 import os
 import sys
 from contextlib import AsyncExitStack
-from types import TracebackType
 from typing import Any, Self, TextIO
 
 import anyio
@@ -66,9 +60,8 @@ async def open_streams(stack: AsyncExitStack, spec: McpServerSpec) -> tuple[Any,
 
 
 def _child_stderr() -> TextIO:
-    """Where a stdio server's stderr goes: ours, or the process's real one when ``sys.stderr``
-    is a stream without a file descriptor (a test runner's capture, some notebooks), which a
-    child process cannot write to."""
+    """Where a stdio server's stderr goes: ours, or the real one when ours has no file
+    descriptor (a test runner's capture)."""
     try:
         sys.stderr.fileno()
     except (AttributeError, OSError, ValueError):
@@ -77,12 +70,8 @@ def _child_stderr() -> TextIO:
 
 
 class WatchedReadStream:
-    """The transport's read stream, reporting when the session's reader stops using it.
-
-    The session's receive loop leaves ``async with read_stream`` exactly when the
-    connection ends (EOF from a dead process, a dropped HTTP stream, or our own close),
-    so a dead session is noticed without waiting for the next call to fail on it.
-    """
+    """The transport's read stream, reporting when the session's reader stops using it
+    (the connection ended), so a dead session is noticed before the next call."""
 
     def __init__(self, stream: Any, on_end: Any) -> None:
         self._stream = stream
@@ -115,14 +104,9 @@ class WatchedReadStream:
         await self._stream.__aenter__()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
         self._on_end()
-        result: bool | None = await self._stream.__aexit__(exc_type, exc_val, exc_tb)
+        result: bool | None = await self._stream.__aexit__(*exc_info)
         return result
 
 

@@ -1,8 +1,4 @@
-"""MCP tools as :class:`~toolrollout.tools.Tool` objects, and opening their sessions.
-
-Each tool a server lists becomes one :class:`McpTool`: its schema is the server's, its
-``call`` goes through the manager's shared session of that server.
-"""
+"""MCP tools as :class:`~toolrollout.tools.Tool` objects, and opening their sessions."""
 
 from __future__ import annotations
 
@@ -51,11 +47,8 @@ _UNSET = object()
 
 @dataclass(frozen=True, slots=True)
 class McpSessionService:
-    """The :class:`~toolrollout.tools.ToolService` of MCP tools: their manager, opened.
-
-    Opening starts no server: each session connects on its server's first call. A manager
-    that is open already (its owner opened it) is used and left open.
-    """
+    """The :class:`~toolrollout.tools.ToolService` of MCP tools: their manager, opened (one
+    open already is used and left open)."""
 
     manager: McpClientManager
 
@@ -74,11 +67,8 @@ class McpSessionService:
 
 @dataclass(frozen=True, kw_only=True)
 class McpTool(Tool):
-    """One tool of an MCP server, called through its manager's shared session.
-
-    Subclass it and override :meth:`convert_result` to render results differently; a
-    subclass can be named as ``class_name`` in a ``type: mcp`` tool-config entry.
-    """
+    """One tool of an MCP server, called through its manager's shared session; subclasses
+    (named as ``class_name`` of a ``type: mcp`` entry) may override :meth:`convert_result`."""
 
     manager: McpClientManager = field(compare=False, repr=False)
     """Owns the session the calls go through; must be open while calls run."""
@@ -89,26 +79,20 @@ class McpTool(Tool):
     title: str | None = None
     """The server's display title of the tool, if any."""
     annotations: Mapping[str, Any] | None = None
-    """The server's tool annotations (``readOnlyHint``, ``destructiveHint``,
-    ``idempotentHint``, ``openWorldHint``, ``title``), as listed, camelCase keys."""
+    """The server's tool annotations (``readOnlyHint``...), as listed, camelCase keys."""
     output_schema: Mapping[str, Any] | None = None
     """JSON schema of the tool's ``structuredContent`` (its ``outputSchema``), if listed."""
 
     def services(self) -> Sequence[ToolService]:
-        """The manager's sessions: every tool of one manager shares them; before them, the
-        tool's server when the run starts it (an HTTP entry with a ``command``)."""
+        """The manager's sessions, after the tool's server when the run starts it."""
         spec = self.manager.servers.get(self.server)
         if isinstance(spec, HttpServer) and spec.command is not None:
             return (LocalMcpHttpService(spec), McpSessionService(self.manager))
         return (McpSessionService(self.manager),)
 
     def check_arguments(self, arguments: Mapping[str, Any]) -> None:
-        """Check the arguments against the server's input schema before calling.
-
-        A mismatch is the model's fault (:class:`~toolrollout.exceptions.ToolArgumentError`, counted
-        as invalid arguments) rather than an ``isError`` answer from the server. A schema
-        the validator cannot read is not checked here (the server still validates).
-        """
+        """Check the arguments against the server's input schema (when it is a valid one):
+        a mismatch is the model's fault, not an ``isError`` answer."""
         super().check_arguments(arguments)
         validator = self._schema_validator()
         if validator is None:
@@ -158,13 +142,9 @@ SchemaKeyOrder = Literal["canonical", "as_sent"]
 
 
 def _parameters(info: McpToolInfo, order: SchemaKeyOrder = "canonical") -> dict[str, Any]:
-    """The tool's input schema, by default in the order JSON-schema authors write it.
-
-    The MCP SDK's wire model sends ``properties`` and ``required`` before ``type``; the chat
-    template renders the schema as given, so without reordering the model would read another
-    prompt than the one a native tool with the same schema gives it. ``"as_sent"`` keeps the
-    server's order (for a model trained on it, as the bundled VL demo was).
-    """
+    """The tool's input schema, by default with ``type``, ``properties``, ``required`` first
+    (the SDK sends them after, and the chat template renders the order it gets), so the
+    prompt is a native tool's; ``"as_sent"`` keeps the server's order."""
     schema = dict(info.input_schema or {})
     schema.setdefault("type", "object")
     schema.setdefault("properties", {})
@@ -188,13 +168,9 @@ def build_mcp_tools(
 ) -> list[McpTool]:
     """Wrap listed tools (``{server: [tool, ...]}``) as ``tool_class`` objects.
 
-    ``selected`` keeps only the tools of those (server-side) names, in the servers'
-    order; a name no server lists is a :class:`~toolrollout.UserError`, and so are two
-    tools that end up with the same model-facing name.
-
-    A tool that requires MCP tasks is left out with a warning saying why (selecting it
-    by name is a :class:`~toolrollout.UserError`): the model would see a tool that fails
-    on every call.
+    ``selected`` keeps only those (server-side) names; an unknown one, two tools with one
+    model-facing name, or a selected tool that requires MCP tasks is a UserError (an
+    unselected one is left out with a warning).
     """
     wanted = None if selected is None else list(dict.fromkeys(selected))
     found: set[str] = set()
@@ -257,12 +233,8 @@ async def list_mcp_tools(
     name_prefix: str = "",
     limits: ToolLimits | None = None,
 ) -> list[McpTool]:
-    """Connect to every server of ``manager`` and wrap its tools as :class:`McpTool` objects.
-
-    ``selected`` is an allow-list of tool names as the servers spell them; ``name_prefix``
-    is put before each name shown to the model (``{server}`` in it is replaced by the
-    server's name).
-    """
+    """Connect to every server of ``manager`` and wrap its tools as :class:`McpTool` objects
+    (``{server}`` in ``name_prefix`` is the server's name)."""
     listings = await manager.listings()
     return build_mcp_tools(
         manager, listings, selected=selected, name_prefix=name_prefix, limits=limits
@@ -280,21 +252,8 @@ def mcp_managers(tools: Iterable[Tool]) -> list[McpClientManager]:
 
 @asynccontextmanager
 async def mcp_sessions(tools: Iterable[Tool]) -> AsyncIterator[list[McpClientManager]]:
-    """Open the managers of the MCP tools among ``tools`` for the ``async with`` body.
-
-    :func:`toolrollout.tools.open_tools` does this too (with the other tools' services);
-    this one yields the managers.
-
-    Sessions still connect lazily, on each server's first call; leaving the block closes
-    them all and stops every child process (managers that were open already are left
-    alone). With no MCP tool it does nothing, so a
-    runner can wrap any tool list in it::
-
-        tools = load_tool_config(path)
-        async with mcp_sessions(tools):
-            executor = ToolExecutor(tools)
-            ...
-    """
+    """Open the managers of the MCP tools among ``tools`` for the ``async with`` body and
+    yield them (:func:`toolrollout.tools.open_tools` also opens the other tools' services)."""
     tools = list(tools)
     managers = mcp_managers(tools)
     launched: dict[Hashable, ToolService] = {}
