@@ -112,11 +112,14 @@ def drop_record(port: int, pid: int) -> None:
             record_path(port).unlink()
 
 
-def kill_group(pid: int, sig: int) -> None:
+def kill_group(pid: int, sig: int, *, leader: bool = True) -> None:
+    """Signal the process group ``pid`` leads, and the leader itself unless ``leader`` is
+    False (a leader already reaped: its pid may belong to another process by now)."""
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    with suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
+    if leader:
+        with suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 # The command-line words of a service a user starts by hand (``toolrollout sandbox serve``,

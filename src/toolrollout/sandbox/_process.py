@@ -147,19 +147,17 @@ async def execute(
             # that outlived its limit timed out either way.
             if scope.cancelled_caught or time.perf_counter() - spawned > run_timeout:
                 timed_out = True
-                kill_group(process.pid, signal.SIGKILL)
+                kill_group(process.pid, signal.SIGKILL, leader=False)
                 await process.wait()
-            elif not isolated:
-                kill_group(
-                    process.pid, signal.SIGKILL
-                )  # background leftovers of a finished program
+            elif not isolated:  # background leftovers of a finished program
+                kill_group(process.pid, signal.SIGKILL, leader=False)
             with anyio.move_on_after(DRAIN_GRACE):
                 await out.done.wait()
                 await err.done.wait()
             tg.cancel_scope.cancel()
     finally:
         if process.returncode is None:  # cancelled from outside: leave nothing behind
-            kill_group(process.pid, signal.SIGKILL)
+            kill_group(process.pid, signal.SIGKILL, leader=False)
             with anyio.CancelScope(shield=True):
                 await process.wait()
         with anyio.CancelScope(shield=True):
