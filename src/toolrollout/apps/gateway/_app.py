@@ -18,7 +18,6 @@ Keys, the body size limit and the cap on requests at once are the other servers'
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -28,9 +27,9 @@ from toolrollout._security import SecurityMiddleware, ServerSecurity
 
 from ._anthropic import add_anthropic_routes
 from ._chat import add_chat_routes
-from ._http import Callers, SessionPathMiddleware, openai_error
+from ._http import Callers, SessionPathMiddleware, openai_error, read_json
 from ._responses import add_responses_routes
-from ._types import GatewayError
+from ._types import GatewayError, invalid
 
 if TYPE_CHECKING:
     from ._core import Gateway
@@ -74,15 +73,9 @@ def build_app(gateway: Gateway, *, security: ServerSecurity | None = None) -> Fa
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise GatewayError("invalid_request", f"JSON decode error: {exc}", status=400) from None
+    body = await read_json(request, empty=b"{}", error="JSON decode error")
     if not isinstance(body, dict):
-        raise GatewayError("invalid_request", "the request body must be a JSON object", status=400)
+        raise invalid("the request body must be a JSON object")
     return body
 
 
@@ -106,9 +99,7 @@ def _add_session_routes(app: FastAPI, gateway: Gateway, callers: Callers) -> Non
     async def session(session: str, request: Request) -> JSONResponse | dict[str, Any]:
         found = gateway.sessions().get(session)
         if found is None or not callers.may_see(request, session):
-            return openai_error(
-                GatewayError("invalid_request", f"no open session {session!r}", status=404)
-            )
+            return openai_error(invalid(f"no open session {session!r}", status=404))
         return found
 
     @app.post("/v1/sessions/{session}/reward", response_model=None)
@@ -117,7 +108,7 @@ def _add_session_routes(app: FastAPI, gateway: Gateway, callers: Callers) -> Non
             body = await _json_body(request)
             segment = body.get("segment")
             if segment is not None and (isinstance(segment, bool) or not isinstance(segment, int)):
-                raise GatewayError("invalid_request", "segment must be an integer", status=400)
+                raise invalid("segment must be an integer")
             gateway.attach_reward(session, body.get("reward"), segment)  # type: ignore[arg-type]
         except GatewayError as exc:
             return openai_error(exc)

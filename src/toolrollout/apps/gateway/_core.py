@@ -55,6 +55,7 @@ from ._types import (
     GatewayError,
     StreamDelta,
     StreamStart,
+    invalid,
 )
 
 if TYPE_CHECKING:
@@ -281,8 +282,7 @@ class Gateway:
         """
         found = self._sessions.get(session)
         if found is None:
-            raise GatewayError(
-                "invalid_request",
+            raise invalid(
                 f"no open session {session!r}: rewards attach before the session is closed",
                 status=404,
             )
@@ -294,15 +294,13 @@ class Gateway:
             if item.index == segment:
                 item.reward = value
                 return
-        raise GatewayError(
-            "invalid_request", f"session {session!r} has no segment {segment}", status=404
-        )
+        raise invalid(f"session {session!r} has no segment {segment}", status=404)
 
     def close_session(self, session: str, reward: float | None = None) -> list[Trajectory]:
         """End a session: its segments with a model turn become rows (written with ``out``)."""
         found = self._sessions.pop(session, None)
         if found is None:
-            raise GatewayError("invalid_request", f"no open session {session!r}", status=404)
+            raise invalid(f"no open session {session!r}", status=404)
         if reward is not None:
             found.reward = reward_value(reward)
         found.closed = True
@@ -391,7 +389,7 @@ class Gateway:
         try:
             ids = self.chat_format(request.tools).render_prompt(messages)
         except ToolRolloutError as exc:
-            raise GatewayError("invalid_request", str(exc), status=400) from None
+            raise invalid(str(exc)) from None
         if self.vision is None or not urls:
             return len(ids)
         plan = Plan(ids, None, -1, messages, [])

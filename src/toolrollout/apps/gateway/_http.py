@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -24,10 +25,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.responses import Response
 
 from toolrollout._security import ServerSecurity, presented_key, presents_key
 
-from ._types import ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart
+from ._sse import Frame, StreamWriter, relay, sse_bytes, stream_response
+from ._types import ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart, invalid
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -40,10 +43,12 @@ __all__ = [
     "SESSION_HEADER",
     "Callers",
     "SessionPathMiddleware",
+    "answer",
     "complete_or_abort",
     "open_stream",
     "openai_error",
     "openai_error_body",
+    "read_json",
     "request_metadata",
     "session_key",
 ]
@@ -124,6 +129,35 @@ class SessionPathMiddleware:
         await self.app(scope, receive, send)
 
 
+async def read_json(
+    http_request: Request, *, empty: bytes = b"null", error: str = "the request body is not JSON"
+) -> Any:
+    """The request's JSON body (``empty`` when it has none); a 400 when it is not JSON."""
+    try:
+        return json.loads(await http_request.body() or empty)
+    except ValueError as exc:
+        raise invalid(f"{error}: {exc}") from None
+
+
+async def answer(
+    gateway: Gateway,
+    http_request: Request,
+    chat_request: ChatRequest,
+    *,
+    stream: bool,
+    whole: Callable[[ChatResult], dict[str, Any]],
+    writer: Callable[[StreamStart], StreamWriter],
+    encode: Callable[[Frame], bytes] = sse_bytes,
+    tail: bytes = b"",
+) -> Response:
+    """The answer in an API's shape: ``whole(result)`` as JSON, or the events ``writer``
+    makes of the stream as it is generated. Errors before the answer starts raise here."""
+    if not stream:
+        return JSONResponse(whole(await complete_or_abort(gateway, http_request, chat_request)))
+    start, items = await open_stream(gateway, http_request, chat_request)
+    return stream_response(relay(items, writer(start), encode, tail=tail))
+
+
 async def complete_or_abort(
     gateway: Gateway, http_request: Request, chat_request: ChatRequest
 ) -> ChatResult:
@@ -190,14 +224,15 @@ _OPENAI_TYPES = {
 }
 
 
-def openai_error_body(error: GatewayError, *, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
+def openai_error_body(error: GatewayError, *, context_param: str = "messages") -> dict[str, Any]:
+    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``; a context
+    overflow names ``context_param`` (the messages, or a Responses request's input)."""
     code: str | None = None
+    param: str | None = None
     if error.kind == "overloaded":
         code = "rate_limit_exceeded"
     if error.kind == "context_length_exceeded":
-        code = error.kind
-        param = param or "messages"
+        code, param = error.kind, context_param
     return {
         "error": {
             "message": error.message,
@@ -208,7 +243,9 @@ def openai_error_body(error: GatewayError, *, param: str | None = None) -> dict[
     }
 
 
-def openai_error(error: GatewayError) -> JSONResponse:
-    """The error as OpenAI's API answers it (status and body)."""
+def openai_error(error: GatewayError, *, context_param: str = "messages") -> JSONResponse:
+    """The error as OpenAI's API answers it (status and body; an overload asks the SDK to
+    retry after a second)."""
     headers = {"retry-after": "1"} if error.kind == "overloaded" else None
-    return JSONResponse(openai_error_body(error), status_code=error.status, headers=headers)
+    body = openai_error_body(error, context_param=context_param)
+    return JSONResponse(body, status_code=error.status, headers=headers)

@@ -44,7 +44,7 @@ from ._checks import (
 )
 from ._session import Candidate, Segment, Session, returned_view, tools_key
 from ._stream import TurnStream
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, ToolCallOut
+from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, ToolCallOut, invalid
 
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
@@ -148,7 +148,7 @@ async def prepare(
     if urls and vision is None:
         raise no_vision()
     if not 1 <= request.n <= config.max_n:
-        raise GatewayError("invalid_request", f"n must be between 1 and {config.max_n}", status=400)
+        raise invalid(f"n must be between 1 and {config.max_n}")
     chat = shared.chat
     required = required_tool(request)
     forced: tuple[int, ...] = ()
@@ -160,7 +160,7 @@ async def prepare(
     try:
         plan = plan_answer(session, chat, messages, config.max_segments)
     except TokenizationError as exc:
-        raise GatewayError("invalid_request", str(exc), status=400) from None
+        raise invalid(str(exc)) from None
     if vision is not None and urls:
         await place_images(vision, plan, urls)
     context = context_length
@@ -231,9 +231,7 @@ async def place_images(vision: VisionFormat, plan: Plan, urls: dict[str, str]) -
         try:
             prepared.append(await anyio.to_thread.run_sync(vision.prepare, url))
         except (ImageError, ValueError, OSError) as exc:
-            raise GatewayError(
-                "invalid_request", f"image {index + 1} of the request: {exc}", status=400
-            ) from None
+            raise invalid(f"image {index + 1} of the request: {exc}") from None
     counts = [image.num_tokens for image in prepared]
     base = len(plan.input_ids) - len(plan.delta)
     earlier: list[str] = []
@@ -247,7 +245,7 @@ async def place_images(vision: VisionFormat, plan: Plan, urls: dict[str, str]) -
             earlier = list(plan.segment.state.vision.urls)
             plan.base_images = list(plan.segment.state.vision.images)
     except ImageError as exc:
-        raise GatewayError("invalid_request", str(exc), status=400) from None
+        raise invalid(str(exc)) from None
     plan.images, plan.runs = prepared, list(runs)
     plan.urls = [*earlier, *(image.data_url for image in prepared)]
 
@@ -299,11 +297,9 @@ def plan_answer(
         else:
             reason = "history_rewritten"
     if len(session.segments) >= max_segments:
-        raise GatewayError(
-            "invalid_request",
+        raise invalid(
             f"session {session.key!r} has {len(session.segments)} segments, the most "
-            "--max-segments allows; close it and start a new session",
-            status=400,
+            "--max-segments allows; close it and start a new session"
         )
     prompt = chat.render_prompt(messages)
     return Plan(prompt, None, -1, messages, [], reason, parent, common)

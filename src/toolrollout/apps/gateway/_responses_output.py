@@ -172,7 +172,7 @@ class ResponseStreamWriter:
         created: int,
         model: str,
         store: bool = False,
-        on_final: Callable[[dict[str, Any]], None] | None = None,
+        on_final: Callable[[dict[str, Any]], object] | None = None,
     ) -> None:
         self._request = request
         self._shell = _shell(

@@ -27,6 +27,7 @@ __all__ = [
     "StreamDelta",
     "StreamStart",
     "ToolCallOut",
+    "invalid",
 ]
 
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -137,6 +138,11 @@ class GatewayError(Exception):
         self.status = status
 
 
+def invalid(message: str, *, status: int = 400) -> GatewayError:
+    """A bad request (400 unless told), answered in the API's own shape."""
+    return GatewayError("invalid_request", message, status=status)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GatewayConfig:
     """Limits and model options of a gateway (every one has a CLI flag of the same name).
@@ -176,11 +182,10 @@ class GatewayConfig:
             "max_sessions",
             "max_segments",
             "max_stored_responses",
+            "max_open_segments",
         ):
             if int(getattr(self, name)) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.max_open_segments < 1:
-            raise UserError("--max-open-segments must be at least 1")
         if not self.request_timeout > 0:
             raise UserError("--request-timeout must be positive")
         if self.idle_timeout is not None and not self.idle_timeout > 0:
