@@ -19,7 +19,7 @@ import hmac
 import json
 import re
 import secrets
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -30,7 +30,7 @@ from starlette.responses import Response
 from toolrollout._security import ServerSecurity, presented_key, presents_key
 
 from ._sse import Frame, StreamWriter, relay, sse_bytes, stream_response
-from ._types import ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart, invalid
+from ._types import ChatRequest, ChatResult, GatewayError, StreamStart, invalid
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -44,8 +44,6 @@ __all__ = [
     "Callers",
     "SessionPathMiddleware",
     "answer",
-    "complete_or_abort",
-    "open_stream",
     "openai_error",
     "openai_error_body",
     "read_json",
@@ -151,42 +149,24 @@ async def answer(
     tail: bytes = b"",
 ) -> Response:
     """The answer in an API's shape: ``whole(result)`` as JSON, or the events ``writer``
-    makes of the stream as it is generated. Errors before the answer starts raise here."""
+    makes of the stream as it is generated. Errors before the answer starts (the stream's
+    :class:`StreamStart`) raise here, to be answered as an HTTP error.
+
+    The body must have been read already: the next ASGI message is then the disconnect,
+    which cancels the wait for the answer or its start (the engine request is aborted);
+    after the start, the streaming response notices it and closes the stream.
+    """
     if not stream:
-        return JSONResponse(whole(await complete_or_abort(gateway, http_request, chat_request)))
-    start, items = await open_stream(gateway, http_request, chat_request)
-    return stream_response(relay(items, writer(start), encode, tail=tail))
-
-
-async def complete_or_abort(
-    gateway: Gateway, http_request: Request, chat_request: ChatRequest
-) -> ChatResult:
-    """``gateway.complete(chat_request)``, cancelled (and the engine request aborted) when
-    the client disconnects before the answer is ready.
-
-    The request body must have been read already: the next ASGI message is then the
-    disconnect, which this waits for beside the generation.
-    """
-    return await _until_disconnect(http_request, lambda: gateway.complete(chat_request))
-
-
-async def open_stream(
-    gateway: Gateway, http_request: Request, chat_request: ChatRequest
-) -> tuple[StreamStart, AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]]:
-    """Start ``gateway.stream(chat_request)``: its :class:`StreamStart` (errors before it
-    raise here, to be answered as an HTTP error) and the rest of the stream.
-
-    A disconnect while waiting for the start cancels it (the engine request is aborted);
-    after it, the streaming response notices the disconnect and closes the stream.
-    """
+        result = await _until_disconnect(http_request, lambda: gateway.complete(chat_request))
+        return JSONResponse(whole(result))
     items = gateway.stream(chat_request)
     try:
-        first = await _until_disconnect(http_request, lambda: anext(items))
+        start = await _until_disconnect(http_request, lambda: anext(items))
     except BaseException:
         await items.aclose()
         raise
-    assert isinstance(first, StreamStart)
-    return first, items
+    assert isinstance(start, StreamStart)
+    return stream_response(relay(items, writer(start), encode, tail=tail))
 
 
 async def _until_disconnect(http_request: Request, call: Callable[[], Awaitable[_T]]) -> _T:
