@@ -1,18 +1,12 @@
 """The gateway's FastAPI app: every API it speaks, plus the session endpoints.
 
-Session endpoints (for the trainer side, not the harness):
-
-* ``GET /v1/sessions``: the open sessions' metrics (every one for the admin key, else the
-  caller's own session); ``GET /v1/sessions/{id}``: one (the same rule).
-* ``POST /v1/sessions/{id}/reward`` ``{"reward": 1.0, "segment": 0?}``: score it.
-* ``POST /v1/sessions/{id}/close`` ``{"reward": 1.0?}``: write its rows now.
-
-These are control endpoints (SGLang's ``ADMIN_OPTIONAL``): the admin key opens them when
-one is set, so a harness holding the API key can neither score itself nor list others.
-* ``GET /health`` and ``GET /metrics`` (gateway-wide counts), open as on every server.
-
-Keys, the body size limit and the cap on requests at once are the other servers'
-(:class:`~toolrollout._security.SecurityMiddleware`), checked before a body is read.
+The session endpoints are the trainer's: ``GET /v1/sessions`` (the open sessions' metrics:
+every one for the admin key, else the caller's own), ``GET /v1/sessions/{id}``,
+``POST /v1/sessions/{id}/reward`` ``{"reward", "segment"?}`` and
+``POST /v1/sessions/{id}/close`` ``{"reward"?}`` (its rows are written now). The admin key
+opens them when one is set (SGLang's ``ADMIN_OPTIONAL``), so a harness holding the API key
+can neither score itself nor list others; ``/health`` and ``/metrics`` are open. Keys and
+limits are the other servers' (:class:`~toolrollout._security.SecurityMiddleware`).
 """
 
 from __future__ import annotations
@@ -40,8 +34,6 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """``--max-body-mb`` 64: a long conversation with inline base64 images fits."""
 
 CONTROL_PATHS = (r"/v1/sessions", r"/v1/sessions/[^/]+", r"/v1/sessions/[^/]+/(reward|close)")
-"""The session endpoints: the trainer's, opened by the admin key when one is set (then a
-harness holding the API key can neither score itself nor list anything)."""
 
 
 def gateway_security(gateway: Gateway, **changes: Any) -> ServerSecurity:

@@ -1,21 +1,14 @@
 """The gateway core: one :class:`ChatRequest` in, one :class:`ChatResult` out, recorded.
 
-:class:`Gateway` holds the engine, the tokenizer's chat formats (one per tool set), the
-open sessions and the writer. Every API layer (Chat Completions, Responses, Messages)
-translates its request into a :class:`ChatRequest` and calls :meth:`Gateway.complete`
-(or :meth:`Gateway.stream`, which yields the answer as the engine decodes it); the request
-checks (``_checks.py``), the session matching, template deltas and records (``_plan.py``)
-and the engine's limits (``_generation.py``) live behind these two calls once.
+:class:`Gateway` holds the engine, the chat formats (one per tool set), the open sessions
+and the writer; the request checks (``_checks.py``), the session matching and records
+(``_plan.py``) and the engine's limits (``_generation.py``) live behind
+:meth:`Gateway.complete` and :meth:`Gateway.stream`. A segment is the rollout loop's
+transcript (:class:`~toolrollout.rollout._state.TrajectoryState`): model turns, template
+deltas, drift checkpoints and the frozen row are the loop's code, not a copy.
 
-A segment is the rollout loop's transcript (:class:`~toolrollout.rollout._state.TrajectoryState`
-with the :class:`~toolrollout.rollout._types.RolloutShared` of its tool set): model turns,
-template deltas, drift checkpoints and the frozen row are the loop's code, not a copy.
-
-Concurrency: one event loop serves every session, in structured tasks (anyio task groups:
-the idle reaper lives in the gateway's, the ``n`` samples of a request in the request's).
-Planning a request and committing its answer are synchronous sections, so sessions need no
-lock; generation waits on a capacity limiter (``max_concurrency`` in flight) and a bounded
-waiting line (``max_waiting``), beyond which requests are answered ``overloaded`` at once.
+One event loop serves every session, in structured tasks; planning a request and committing
+its answer are synchronous sections, so sessions need no lock.
 """
 
 from __future__ import annotations

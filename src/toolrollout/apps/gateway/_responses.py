@@ -4,21 +4,14 @@ A request's ``instructions`` and ``input`` items become OpenAI chat messages: ``
 items keep their role, one model turn's ``reasoning``, assistant ``message`` and
 ``function_call`` items fold into one assistant message (``reasoning_content``,
 ``content``, ``tool_calls``), and each ``function_call_output`` becomes a ``tool``
-message. The answer is a ``response`` object whose ``output`` lists a ``reasoning`` item
-(when the family separates reasoning), a ``message`` item (its text) and one
-``function_call`` item per parsed call, in that order, which is also the order the items
-come back in on the next request, so a harness that replays ``output`` extends its
-session instead of starting a new segment (the answer is built in ``_responses_output.py``).
+message. The answer is built in ``_responses_output.py``.
 
-Responses are stored (``store``, true by default as in OpenAI's API) in a bounded store
-(:class:`ResponseStore`, the newest ``max_stored_responses``, least recently used dropped
-first): ``previous_response_id`` continues one (its inputs and outputs go before the new
-input, the way a harness replaying ``output`` sends them, so the session's segment is
-extended token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one;
-each of the three finds a response only for a request of the session that made it (or
-with the admin key).
-``conversation`` and ``item_reference`` items are refused, and so are hosted tools, which
-the gateway cannot run.
+Responses are stored (``store``, true by default as in OpenAI's API) in a bounded
+:class:`ResponseStore`: ``previous_response_id`` puts one's inputs and outputs before the
+new input, as a harness replaying ``output`` sends them (so the segment is extended
+token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one; each finds a
+response only for the session that made it (or the admin key). ``conversation``,
+``item_reference`` items and hosted tools are refused: the gateway cannot serve them.
 """
 
 from __future__ import annotations
@@ -236,9 +229,6 @@ class ResponseStore:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def get(self, response_id: str) -> StoredResponse | None:
         found = self._entries.get(response_id)

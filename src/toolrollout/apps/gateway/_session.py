@@ -260,7 +260,6 @@ class Session:
     errors: dict[str, int] = field(default_factory=dict)
     reward: float | None = None
     last_used: float = field(default_factory=time.monotonic)
-    created: float = field(default_factory=time.time)
     closed: bool = False
 
     def metrics(self) -> dict[str, Any]:
