@@ -3,15 +3,11 @@
 ``system`` becomes a system message; a user message's ``text`` and ``image`` blocks
 become a user message and each ``tool_result`` block a ``tool`` message, in block order;
 an assistant message's ``thinking``, ``text`` and ``tool_use`` blocks fold into one
-assistant message (``reasoning_content``, ``content``, ``tool_calls`` with the input as
-JSON text). The answer's ``content`` lists a ``thinking`` block (when the family separates
-reasoning), a ``text`` block and one ``tool_use`` block per parsed call, so a harness that
-appends the answer as it came extends its session. ``stop_reason`` is ``tool_use`` for a
-turn with calls, ``max_tokens`` at the token cap and ``end_turn`` otherwise (the core does
-not report which stop sequence matched, so ``stop_sequence`` is always null).
-
-Errors carry Anthropic's envelope, ``{"type": "error", "error": {"type", "message"}}``,
-with its status codes (529 when overloaded, 504 on a timeout).
+assistant message. The answer's ``content`` lists a ``thinking`` block (when the family
+separates reasoning), a ``text`` block and one ``tool_use`` block per parsed call, so a
+harness that appends the answer as it came extends its session. ``stop_sequence`` is
+always null: the core does not report which stop sequence matched. Errors carry
+Anthropic's envelope and status codes (529 when overloaded, 504 on a timeout).
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ from starlette.responses import Response
 
 from toolrollout.apps.server._openai import validate_body
 
-from ._http import answer, read_json, request_metadata, session_key
+from ._http import Callers, answer, read_json, request_metadata
 from ._parts import chat_call, chat_content, function_tool, require_str, tool_message
 from ._types import (
     ChatChoice,
@@ -398,13 +394,14 @@ def anthropic_error(exc: GatewayError) -> tuple[dict[str, Any], int]:
 def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
     """Register ``POST /v1/messages`` (streaming and not) and ``/v1/messages/count_tokens``
     on the gateway's ``app``."""
+    callers: Callers = app.state.callers
 
     @app.post("/v1/messages")
     async def create_message(http_request: Request) -> Response:
         try:
             request = parse_messages_request(await read_json(http_request))
             chat = messages_to_chat(
-                request, session_key(http_request), metadata=request_metadata(http_request)
+                request, callers.session(http_request), metadata=request_metadata(http_request)
             )
             message_id = f"msg_{uuid.uuid4().hex}"
             return await answer(
@@ -425,7 +422,9 @@ def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
         asks before it compacts). Nothing is recorded."""
         try:
             request = parse_messages_request(await read_json(http_request), count_only=True)
-            count = await gateway.count_tokens(messages_to_chat(request, session_key(http_request)))
+            count = await gateway.count_tokens(
+                messages_to_chat(request, callers.session(http_request))
+            )
         except GatewayError as exc:
             error, status = anthropic_error(exc)
             return JSONResponse(error, status_code=status)

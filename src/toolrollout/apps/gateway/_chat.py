@@ -17,12 +17,12 @@ from starlette.responses import Response
 from toolrollout.apps.server._openai import ChatCompletionRequest, validate_body
 
 from ._http import (
+    Callers,
     answer,
     openai_error,
     openai_error_body,
     read_json,
     request_metadata,
-    session_key,
 )
 from ._parts import chat_call
 from ._sse import Frame, data_bytes
@@ -163,13 +163,14 @@ class ChatStreamWriter:
 
 def add_chat_routes(app: FastAPI, gateway: Gateway) -> None:
     """Register ``POST /v1/chat/completions`` and ``GET /v1/models``."""
+    callers: Callers = app.state.callers
 
     @app.post("/v1/chat/completions")
     async def chat_completions(http_request: Request) -> Response:
         try:
             body = await read_json(http_request, empty=b"{}", error="JSON decode error")
             request = chat_request_from_openai(
-                body, session=session_key(http_request), metadata=request_metadata(http_request)
+                body, session=callers.session(http_request), metadata=request_metadata(http_request)
             )
             options = body.get("stream_options") or {}
             include = bool(isinstance(options, dict) and options.get("include_usage"))

@@ -48,7 +48,6 @@ __all__ = [
     "openai_error_body",
     "read_json",
     "request_metadata",
-    "session_key",
 ]
 
 _T = TypeVar("_T")
@@ -92,12 +91,6 @@ class Callers:
         return self.is_admin(request) or hmac.compare_digest(
             self.session(request).encode("utf-8"), session.encode("utf-8")
         )
-
-
-def session_key(request: Request) -> str:
-    """The session a request belongs to (header, path prefix, key hash, else ``default``)."""
-    callers: Callers = request.app.state.callers
-    return callers.session(request)
 
 
 def request_metadata(request: Request) -> dict[str, Any]:

@@ -50,12 +50,9 @@ class GenerateRoute:
         return str(self.engine.tokenizer.decode([token_id]))
 
     async def route(self, request: Request) -> Response:
-        try:
-            body = await json_body(request)
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
         engine = self.engine
         try:
+            body = await json_body(request)
             parsed = parse_generate(
                 body, tokenize=engine.tokenize, context_length=engine.context_length
             )
