@@ -201,7 +201,7 @@ def finish(
     if streamed is not None:
         (choice,) = choices
         streamed.last = streamed.finish(choice.reasoning, choice.content)
-        reasoning = streamed.reasoning if streamed.reasoning_sent else choice.reasoning
+        reasoning = streamed.reasoning or choice.reasoning  # what was sent, if any
         choices = [dataclasses.replace(choice, content=streamed.content, reasoning=reasoning)]
         candidates[0].returned = returned_view(streamed.content, choice.tool_calls)
     segment = _commit(
