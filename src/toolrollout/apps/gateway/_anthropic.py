@@ -344,28 +344,13 @@ class MessageStreamWriter:
             block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
             events += self._begin_block(block)
             partial = json.dumps(json.loads(call.arguments), ensure_ascii=False)
-            events.append(
-                {
-                    "type": "content_block_delta",
-                    "index": self._blocks,
-                    "delta": {"type": "input_json_delta", "partial_json": partial},
-                }
-            )
+            delta = {"type": "input_json_delta", "partial_json": partial}
+            events.append({"type": "content_block_delta", "index": self._blocks, "delta": delta})
             events += self._stop_block()
-        events.append(
-            {
-                "type": "message_delta",
-                "delta": {
-                    "stop_reason": _STOP_REASONS[choice.finish_reason],
-                    "stop_sequence": None,
-                },
-                "usage": _usage(
-                    result.prompt_tokens, result.cached_tokens, result.completion_tokens
-                ),
-            }
-        )
-        events.append({"type": "message_stop"})
-        return events
+        stop = {"stop_reason": _STOP_REASONS[choice.finish_reason], "stop_sequence": None}
+        usage = _usage(result.prompt_tokens, result.cached_tokens, result.completion_tokens)
+        end = {"type": "message_delta", "delta": stop, "usage": usage}
+        return [*events, end, {"type": "message_stop"}]
 
     def error(self, exc: GatewayError) -> list[dict[str, Any]]:
         body, _ = anthropic_error(exc)

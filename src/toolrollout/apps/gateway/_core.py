@@ -119,12 +119,9 @@ class Gateway:
         config: GatewayConfig | None = None,
         out: str | Path | None = None,
     ) -> AsyncIterator[Gateway]:
-        """The gateway of ``spec``'s engine and model, as ``generate`` builds its run.
-
-        The engine (``spec.engine_urls``, or the embedded one on ``spec.model``) is
-        started, asked for its context length, and closed with the block. ``spec.config``
-        gives the family, the tool parser and the template kwargs when ``config`` does not.
-        """
+        """The gateway of ``spec``'s engine (started and closed with the block) and model,
+        as ``generate`` builds its run; ``spec.config`` gives the family, the tool parser
+        and the template kwargs when ``config`` does not."""
         from toolrollout.engines._factory import connect
         from toolrollout.spec import load_components
 
@@ -160,16 +157,14 @@ class Gateway:
     async def __aenter__(self) -> Self:
         if self._entered:
             raise UserError("this Gateway is entered already")
+        if self.out is not None and self.out.exists():
+            raise UserError(
+                f"{self.out} exists already; the gateway writes a new file (choose "
+                "another --out, or move it away)"
+            )
         self._entered = True
         if self.out is not None:
             from toolrollout.rollout import ShardWriter
-
-            if self.out.exists():
-                self._entered = False
-                raise UserError(
-                    f"{self.out} exists already; the gateway writes a new file (choose "
-                    "another --out, or move it away)"
-                )
 
             writer = ShardWriter(
                 self._parts_folder(),
@@ -353,12 +348,10 @@ class Gateway:
         self, request: ChatRequest
     ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
         """Serve one model call as it is generated: a :class:`StreamStart` once the first
-        tokens are decoded, :class:`StreamDelta` s of reasoning and content as they become
-        safe to show (never text that may start a tool call), and the :class:`ChatResult`
-        last, recorded exactly as :meth:`complete` records it. Errors before the start
-        raise :class:`GatewayError` from the first ``__anext__``; closing the iterator early
-        aborts the generation and records nothing. With ``n > 1`` the start and the whole
-        answer come when every sample is done.
+        tokens are decoded, :class:`StreamDelta` s as they become safe to show, and the
+        :class:`ChatResult`, recorded as :meth:`complete` records it. Errors before the start
+        raise from the first ``__anext__``; closing the iterator early aborts the generation
+        and records nothing. With ``n > 1`` everything comes when every sample is done.
         """
         session = self._begin(request)
         try:

@@ -70,11 +70,10 @@ def responses_to_chat(
     """The canonical request of a validated Responses request (``metadata``: the
     per-request options of the HTTP layer, such as the GRPO group; ``items``: the whole
     input when a stored response's conversation goes before ``request.input``)."""
+    items = _input_items(request) if items is None else items
     return ChatRequest(
         session=session,
-        messages=tuple(
-            responses_messages(request.instructions, request.input if items is None else items)
-        ),
+        messages=tuple(responses_messages(request.instructions, items)),
         tools=tuple(
             function_tool(tool, i, kinds=("function",), schema="parameters")
             for i, tool in enumerate(request.tools)
@@ -89,14 +88,12 @@ def responses_to_chat(
 
 
 def responses_messages(
-    instructions: str | None, items: str | list[dict[str, Any]]
+    instructions: str | None, items: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """OpenAI chat messages of ``instructions`` and the ``input`` items."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
-    if isinstance(items, str):
-        items = [{"type": "message", "role": "user", "content": items}]
     turn: dict[str, Any] | None = None  # the assistant message being assembled
     call_names: dict[str, str] = {}
 

@@ -123,13 +123,8 @@ class StreamDelta:
 
 
 class GatewayError(Exception):
-    """A request the gateway answers with an error in the API's own shape.
-
-    ``kind`` is API-neutral; each API layer maps it to its status code and error body
-    (for OpenAI, ``context_length_exceeded`` is a 400 with that ``code``; for Anthropic an
-    ``invalid_request_error``; ``overloaded`` is 429/529, ``timeout`` 504 / 408;
-    ``tool_choice_unmet``, a forced tool call the model did not complete, a 500).
-    """
+    """A request the gateway answers with an error in the API's own shape: ``kind`` is
+    API-neutral, and each API layer maps it to its error body (and Anthropic's status)."""
 
     def __init__(self, kind: GatewayErrorKind, message: str, *, status: int) -> None:
         super().__init__(message)
