@@ -75,9 +75,7 @@ class Callers:
         if header:
             return header
         key = presented_key(request.scope)
-        if not key or presents_key(request.scope, self.security.api_key):
-            return DEFAULT_SESSION
-        if presents_key(request.scope, self.security.admin_api_key):
+        if not key or self.is_admin(request) or presents_key(request.scope, self.security.api_key):
             return DEFAULT_SESSION
         digest = hmac.new(self._secret, key.encode("utf-8"), hashlib.sha256).hexdigest()
         return f"key-{digest[:24]}"
