@@ -87,13 +87,10 @@ def response_object(
     *,
     response_id: str,
     output: list[dict[str, Any]],
-    status: str | None = None,
     store: bool = False,
 ) -> dict[str, Any]:
-    """The ``response`` object; ``status`` None: completed, or incomplete at the token cap."""
+    """The ``response`` object: completed, or incomplete at the token cap."""
     truncated = result.choices[0].finish_reason == "length"
-    status = status or ("incomplete" if truncated else "completed")
-    done = status in ("completed", "incomplete")
     body = _shell(
         request,
         response_id=response_id,
@@ -102,12 +99,10 @@ def response_object(
         store=store,
     )
     body.update(
-        status=status,
-        incomplete_details=(
-            {"reason": "max_output_tokens"} if truncated and status == "incomplete" else None
-        ),
+        status="incomplete" if truncated else "completed",
+        incomplete_details={"reason": "max_output_tokens"} if truncated else None,
         output=output,
-        usage=_usage(result) if done else None,
+        usage=_usage(result),
     )
     return body
 
