@@ -137,6 +137,27 @@ async def test_n_choices(demo_tokenizer: Any) -> None:
     assert len(model.engine.requests) == 3
 
 
+async def test_n_choices_stream_each_choice_whole(demo_tokenizer: Any) -> None:
+    model = Model(demo_tokenizer, lambda r: "ok")
+    async with sdk(model) as (client, _, _):
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            n=2,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+    deltas = [
+        (c.index, c.delta.role, c.delta.content, c.finish_reason) for k in chunks for c in k.choices
+    ]
+    assert deltas == [
+        (0, "assistant", "", None), (0, None, "ok", None), (0, None, None, "stop"),
+        (1, "assistant", "", None), (1, None, "ok", None), (1, None, None, "stop"),
+    ]  # fmt: skip
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+
+
 async def test_context_overflow_is_openais_error(demo_tokenizer: Any) -> None:
     model = Model(demo_tokenizer, lambda r: "ok")
     config = GatewayConfig(context_length=64)

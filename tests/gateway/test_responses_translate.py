@@ -19,9 +19,9 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel
 
 from toolrollout.apps.gateway import ChatResult, GatewayError
+from toolrollout.apps.gateway._http import openai_error
 from toolrollout.apps.gateway._responses import (
     parse_responses_request,
-    responses_error,
     responses_messages,
     responses_to_chat,
 )
@@ -270,7 +270,7 @@ def test_untranslatable_requests_are_refused_with_the_field(
 
 def test_errors_use_openais_envelope() -> None:
     exc = GatewayError("context_length_exceeded", "too long: 2000 > 1024", status=400)
-    response = responses_error(exc)
+    response = openai_error(exc, context_param="input")
     assert response.status_code == 400
     assert json.loads(bytes(response.body)) == {
         "error": {
@@ -280,7 +280,7 @@ def test_errors_use_openais_envelope() -> None:
             "code": "context_length_exceeded",
         }
     }
-    overloaded = responses_error(GatewayError("overloaded", "busy", status=429))
+    overloaded = openai_error(GatewayError("overloaded", "busy", status=429), context_param="input")
     assert overloaded.status_code == 429 and overloaded.headers["retry-after"] == "1"
     assert json.loads(bytes(overloaded.body))["error"]["code"] == "rate_limit_exceeded"
 

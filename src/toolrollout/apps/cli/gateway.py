@@ -54,6 +54,9 @@ OPTIONS = [
     SERVER["log_level"].but(default="warning"),
 ]
 """The options of ``gateway``: ``generate``'s engine and model options and its own."""
+_CONFIG_FLAGS = ("family", "tool_parser", "context_length", "max_n", "max_concurrency",
+                 "max_waiting", "request_timeout", "max_segments", "max_stored_responses")
+"""The options :class:`GatewayConfig` takes as they are (same name)."""
 # fmt: on
 
 
@@ -79,18 +82,10 @@ def gateway(flags: Any) -> None:
 
         config = GatewayConfig(
             model_name=flags.served_model_name,
-            family=flags.family,
-            tool_parser=flags.tool_parser,
             template_kwargs=parse_template_kwargs(flags.chat_template_kwargs),
-            context_length=flags.context_length,
             default_max_tokens=flags.max_tokens,
-            max_n=flags.max_n,
-            max_concurrency=flags.max_concurrency,
-            max_waiting=flags.max_waiting,
-            request_timeout=flags.request_timeout,
             idle_timeout=flags.idle_timeout or None,
-            max_segments=flags.max_segments,
-            max_stored_responses=flags.max_stored_responses,
+            **{name: getattr(flags, name) for name in _CONFIG_FLAGS},
         )
         summary = _serve(spec, config, security, flags.host, flags.port, flags.out, flags.log_level)
     except ToolRolloutError as exc:

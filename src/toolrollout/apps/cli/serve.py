@@ -34,6 +34,9 @@ OPTIONS = [
         "folder.", "--weights-dir", file_okay=False),
     SERVER["max_body_mb"], SERVER["max_requests"],
 ]
+_AS_GIVEN = ("max_batch_size", "context_length", "device", "dtype", "weight_version",
+             "served_model_name", "log_level")
+"""The options :func:`run_server` takes as they are (same name)."""
 # fmt: on
 
 
@@ -75,17 +78,11 @@ def serve(flags: Any) -> None:
         model,
         flags.host,
         flags.port,
-        max_batch_size=flags.max_batch_size,
-        context_length=flags.context_length,
-        device=flags.device,
-        dtype=flags.dtype,
-        weight_version=flags.weight_version,
         num_threads=flags.threads,
-        served_model_name=flags.served_model_name,
-        log_level=flags.log_level,
         security=security,
         insecure=flags.insecure,
         weights_dirs=tuple(flags.weights_dir or ()),
+        **{name: getattr(flags, name) for name in _AS_GIVEN},
     )
 
 

@@ -3,15 +3,11 @@
 ``system`` becomes a system message; a user message's ``text`` and ``image`` blocks
 become a user message and each ``tool_result`` block a ``tool`` message, in block order;
 an assistant message's ``thinking``, ``text`` and ``tool_use`` blocks fold into one
-assistant message (``reasoning_content``, ``content``, ``tool_calls`` with the input as
-JSON text). The answer's ``content`` lists a ``thinking`` block (when the family separates
-reasoning), a ``text`` block and one ``tool_use`` block per parsed call, so a harness that
-appends the answer as it came extends its session. ``stop_reason`` is ``tool_use`` for a
-turn with calls, ``max_tokens`` at the token cap and ``end_turn`` otherwise (the core does
-not report which stop sequence matched, so ``stop_sequence`` is always null).
-
-Errors carry Anthropic's envelope, ``{"type": "error", "error": {"type", "message"}}``,
-with its status codes (529 when overloaded, 504 on a timeout).
+assistant message. The answer's ``content`` lists a ``thinking`` block (when the family
+separates reasoning), a ``text`` block and one ``tool_use`` block per parsed call, so a
+harness that appends the answer as it came extends its session. ``stop_sequence`` is
+always null: the core does not report which stop sequence matched. Errors carry
+Anthropic's envelope and status codes (529 when overloaded, 504 on a timeout).
 """
 
 from __future__ import annotations
@@ -27,10 +23,17 @@ from starlette.responses import Response
 
 from toolrollout.apps.server._openai import validate_body
 
-from ._http import complete_or_abort, open_stream, request_metadata, session_key
-from ._parts import chat_content, invalid, require_str
-from ._sse import relay, sse_bytes, stream_response
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart
+from ._http import Callers, answer, read_json, request_metadata
+from ._parts import chat_call, chat_content, function_tool, require_str, tool_message
+from ._types import (
+    ChatChoice,
+    ChatRequest,
+    ChatResult,
+    GatewayError,
+    StreamDelta,
+    StreamStart,
+    invalid,
+)
 
 if TYPE_CHECKING:
     from ._core import Gateway
@@ -81,7 +84,10 @@ def messages_to_chat(
     return ChatRequest(
         session=session,
         messages=tuple(anthropic_messages(request.system, request.messages)),
-        tools=tuple(_chat_tool(tool, i) for i, tool in enumerate(request.tools)),
+        tools=tuple(
+            function_tool(tool, i, kinds=(None, "custom"), schema="input_schema")
+            for i, tool in enumerate(request.tools)
+        ),
         tool_choice=_chat_tool_choice(request.tool_choice),
         max_tokens=request.max_tokens,
         temperature=request.temperature,
@@ -162,14 +168,8 @@ def _user_messages(
         elif kind == "tool_result":
             flush()
             call_id = require_str(block.get("tool_use_id"), f"{at}.tool_use_id")
-            message: dict[str, Any] = {
-                "role": "tool",
-                "tool_call_id": call_id,
-                "content": _tool_result_content(block.get("content"), at),
-            }
-            if call_id in call_names:
-                message["name"] = call_names[call_id]
-            out.append(message)
+            content = _tool_result_content(block.get("content"), at)
+            out.append(tool_message(call_id, content, call_names))
         else:
             raise invalid(f"{at}: {kind!r} blocks are not supported in a user message")
     flush()
@@ -206,9 +206,7 @@ def _assistant_message(blocks: list[Any], where: str, call_names: dict[str, str]
             if not isinstance(block.get("input"), dict):
                 raise invalid(f"{at}.input: expected an object")
             call_names[call_id] = name
-            arguments = json.dumps(block["input"], ensure_ascii=False)
-            function = {"name": name, "arguments": arguments}
-            calls.append({"id": call_id, "type": "function", "function": function})
+            calls.append(chat_call(call_id, name, json.dumps(block["input"], ensure_ascii=False)))
         else:
             raise invalid(f"{at}: {kind!r} blocks are not supported in an assistant message")
     message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
@@ -217,19 +215,6 @@ def _assistant_message(blocks: list[Any], where: str, call_names: dict[str, str]
     if calls:
         message["tool_calls"] = calls
     return message
-
-
-def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
-    if tool.get("type") not in (None, "custom"):
-        raise invalid(
-            f"tools[{i}]: {tool.get('type')!r} tools are not supported; the gateway serves "
-            "custom tools, which the harness runs"
-        )
-    function: dict[str, Any] = {"name": require_str(tool.get("name"), f"tools[{i}].name")}
-    if tool.get("description") is not None:
-        function["description"] = tool["description"]
-    function["parameters"] = tool.get("input_schema") or {"type": "object", "properties": {}}
-    return {"type": "function", "function": function}
 
 
 def _chat_tool_choice(choice: dict[str, Any] | None) -> str | dict[str, Any] | None:
@@ -264,12 +249,27 @@ def content_blocks(choice: ChatChoice) -> list[dict[str, Any]]:
     return blocks
 
 
-def _usage(result: ChatResult) -> dict[str, Any]:
+def _usage(prompt: int, cached: int = 0, output: int = 0) -> dict[str, Any]:
     return {
-        "input_tokens": result.prompt_tokens - result.cached_tokens,
+        "input_tokens": prompt - cached,
         "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": result.cached_tokens,
-        "output_tokens": result.completion_tokens,
+        "cache_read_input_tokens": cached,
+        "output_tokens": output,
+    }
+
+
+def _message(
+    message_id: str, model: str, content: list[Any], stop: str | None, usage: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": usage,
     }
 
 
@@ -278,16 +278,9 @@ def message_object(
 ) -> dict[str, Any]:
     """The ``message`` object of a finished turn."""
     choice = result.choices[0]
-    return {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": result.model or request.model,
-        "content": content_blocks(choice),
-        "stop_reason": _STOP_REASONS[choice.finish_reason],
-        "stop_sequence": None,
-        "usage": _usage(result),
-    }
+    blocks, stop = content_blocks(choice), _STOP_REASONS[choice.finish_reason]
+    usage = _usage(result.prompt_tokens, result.cached_tokens, result.completion_tokens)
+    return _message(message_id, result.model or request.model, blocks, stop, usage)
 
 
 class MessageStreamWriter:
@@ -306,22 +299,8 @@ class MessageStreamWriter:
         self._text_seen = False
 
     def begin(self) -> list[dict[str, Any]]:
-        usage = {
-            "input_tokens": self._start.prompt_tokens,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": 0,
-            "output_tokens": 0,
-        }
-        message: dict[str, Any] = {
-            "id": self._id,
-            "type": "message",
-            "role": "assistant",
-            "model": self._start.model or self._request.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": usage,
-        }
+        model = self._start.model or self._request.model
+        message = _message(self._id, model, [], None, _usage(self._start.prompt_tokens))
         return [{"type": "message_start", "message": message}, {"type": "ping"}]
 
     def _begin_block(self, block: dict[str, Any]) -> list[dict[str, Any]]:
@@ -365,26 +344,13 @@ class MessageStreamWriter:
             block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
             events += self._begin_block(block)
             partial = json.dumps(json.loads(call.arguments), ensure_ascii=False)
-            events.append(
-                {
-                    "type": "content_block_delta",
-                    "index": self._blocks,
-                    "delta": {"type": "input_json_delta", "partial_json": partial},
-                }
-            )
+            delta = {"type": "input_json_delta", "partial_json": partial}
+            events.append({"type": "content_block_delta", "index": self._blocks, "delta": delta})
             events += self._stop_block()
-        events.append(
-            {
-                "type": "message_delta",
-                "delta": {
-                    "stop_reason": _STOP_REASONS[choice.finish_reason],
-                    "stop_sequence": None,
-                },
-                "usage": _usage(result),
-            }
-        )
-        events.append({"type": "message_stop"})
-        return events
+        stop = {"stop_reason": _STOP_REASONS[choice.finish_reason], "stop_sequence": None}
+        usage = _usage(result.prompt_tokens, result.cached_tokens, result.completion_tokens)
+        end = {"type": "message_delta", "delta": stop, "usage": usage}
+        return [*events, end, {"type": "message_stop"}]
 
     def error(self, exc: GatewayError) -> list[dict[str, Any]]:
         body, _ = anthropic_error(exc)
@@ -413,40 +379,38 @@ def anthropic_error(exc: GatewayError) -> tuple[dict[str, Any], int]:
 def add_anthropic_routes(app: FastAPI, gateway: Gateway) -> None:
     """Register ``POST /v1/messages`` (streaming and not) and ``/v1/messages/count_tokens``
     on the gateway's ``app``."""
+    callers: Callers = app.state.callers
 
     @app.post("/v1/messages")
     async def create_message(http_request: Request) -> Response:
         try:
-            request = parse_messages_request(await _body(http_request))
+            request = parse_messages_request(await read_json(http_request))
             chat = messages_to_chat(
-                request, session_key(http_request), metadata=request_metadata(http_request)
+                request, callers.session(http_request), metadata=request_metadata(http_request)
             )
             message_id = f"msg_{uuid.uuid4().hex}"
-            if not request.stream:
-                result = await complete_or_abort(gateway, http_request, chat)
-                return JSONResponse(message_object(result, request, message_id=message_id))
-            start, stream = await open_stream(gateway, http_request, chat)
+            return await answer(
+                gateway,
+                http_request,
+                chat,
+                stream=request.stream,
+                whole=lambda result: message_object(result, request, message_id=message_id),
+                writer=lambda start: MessageStreamWriter(request, start, message_id=message_id),
+            )
         except GatewayError as exc:
             error, status = anthropic_error(exc)
             return JSONResponse(error, status_code=status)
-        writer = MessageStreamWriter(request, start, message_id=message_id)
-        return stream_response(relay(stream, writer, sse_bytes))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(http_request: Request) -> Response:
         """The prompt's length as the gateway renders it for a new segment (Claude Code
         asks before it compacts). Nothing is recorded."""
         try:
-            request = parse_messages_request(await _body(http_request), count_only=True)
-            count = await gateway.count_tokens(messages_to_chat(request, session_key(http_request)))
+            request = parse_messages_request(await read_json(http_request), count_only=True)
+            count = await gateway.count_tokens(
+                messages_to_chat(request, callers.session(http_request))
+            )
         except GatewayError as exc:
             error, status = anthropic_error(exc)
             return JSONResponse(error, status_code=status)
         return JSONResponse({"input_tokens": count})
-
-
-async def _body(http_request: Request) -> Any:
-    try:
-        return json.loads(await http_request.body() or b"null")
-    except ValueError as exc:
-        raise invalid(f"the request body is not JSON: {exc}") from None

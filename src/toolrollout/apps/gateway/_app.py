@@ -1,24 +1,17 @@
 """The gateway's FastAPI app: every API it speaks, plus the session endpoints.
 
-Session endpoints (for the trainer side, not the harness):
-
-* ``GET /v1/sessions``: the open sessions' metrics (every one for the admin key, else the
-  caller's own session); ``GET /v1/sessions/{id}``: one (the same rule).
-* ``POST /v1/sessions/{id}/reward`` ``{"reward": 1.0, "segment": 0?}``: score it.
-* ``POST /v1/sessions/{id}/close`` ``{"reward": 1.0?}``: write its rows now.
-
-These are control endpoints (SGLang's ``ADMIN_OPTIONAL``): the admin key opens them when
-one is set, so a harness holding the API key can neither score itself nor list others.
-* ``GET /health`` and ``GET /metrics`` (gateway-wide counts), open as on every server.
-
-Keys, the body size limit and the cap on requests at once are the other servers'
-(:class:`~toolrollout._security.SecurityMiddleware`), checked before a body is read.
+The session endpoints are the trainer's: ``GET /v1/sessions`` (the open sessions' metrics:
+every one for the admin key, else the caller's own), ``GET /v1/sessions/{id}``,
+``POST /v1/sessions/{id}/reward`` ``{"reward", "segment"?}`` and
+``POST /v1/sessions/{id}/close`` ``{"reward"?}`` (its rows are written now). The admin key
+opens them when one is set (SGLang's ``ADMIN_OPTIONAL``), so a harness holding the API key
+can neither score itself nor list others; ``/health`` and ``/metrics`` are open. Keys and
+limits are the other servers' (:class:`~toolrollout._security.SecurityMiddleware`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -28,9 +21,9 @@ from toolrollout._security import SecurityMiddleware, ServerSecurity
 
 from ._anthropic import add_anthropic_routes
 from ._chat import add_chat_routes
-from ._http import Callers, SessionPathMiddleware, openai_error
+from ._http import Callers, SessionPathMiddleware, openai_error, read_json
 from ._responses import add_responses_routes
-from ._types import GatewayError
+from ._types import GatewayError, invalid
 
 if TYPE_CHECKING:
     from ._core import Gateway
@@ -41,8 +34,6 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """``--max-body-mb`` 64: a long conversation with inline base64 images fits."""
 
 CONTROL_PATHS = (r"/v1/sessions", r"/v1/sessions/[^/]+", r"/v1/sessions/[^/]+/(reward|close)")
-"""The session endpoints: the trainer's, opened by the admin key when one is set (then a
-harness holding the API key can neither score itself nor list anything)."""
 
 
 def gateway_security(gateway: Gateway, **changes: Any) -> ServerSecurity:
@@ -74,15 +65,9 @@ def build_app(gateway: Gateway, *, security: ServerSecurity | None = None) -> Fa
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise GatewayError("invalid_request", f"JSON decode error: {exc}", status=400) from None
+    body = await read_json(request, empty=b"{}", error="JSON decode error")
     if not isinstance(body, dict):
-        raise GatewayError("invalid_request", "the request body must be a JSON object", status=400)
+        raise invalid("the request body must be a JSON object")
     return body
 
 
@@ -106,9 +91,7 @@ def _add_session_routes(app: FastAPI, gateway: Gateway, callers: Callers) -> Non
     async def session(session: str, request: Request) -> JSONResponse | dict[str, Any]:
         found = gateway.sessions().get(session)
         if found is None or not callers.may_see(request, session):
-            return openai_error(
-                GatewayError("invalid_request", f"no open session {session!r}", status=404)
-            )
+            return openai_error(invalid(f"no open session {session!r}", status=404))
         return found
 
     @app.post("/v1/sessions/{session}/reward", response_model=None)
@@ -117,7 +100,7 @@ def _add_session_routes(app: FastAPI, gateway: Gateway, callers: Callers) -> Non
             body = await _json_body(request)
             segment = body.get("segment")
             if segment is not None and (isinstance(segment, bool) or not isinstance(segment, int)):
-                raise GatewayError("invalid_request", "segment must be an integer", status=400)
+                raise invalid("segment must be an integer")
             gateway.attach_reward(session, body.get("reward"), segment)  # type: ignore[arg-type]
         except GatewayError as exc:
             return openai_error(exc)

@@ -3,44 +3,30 @@
 The request is validated with the same pydantic model ``toolrollout serve`` uses
 (:class:`~toolrollout.apps.server._openai.ChatCompletionRequest`) and becomes one
 :class:`ChatRequest`; the answer has OpenAI's ``chat.completion`` shape, or with
-``stream: true`` a series of ``chat.completion.chunk`` server-sent events ending in
-``data: [DONE]``, sent as the engine decodes the tokens (:meth:`Gateway.stream`): one role
-chunk, reasoning and content deltas as soon as they cannot be part of a tool call, then
-each tool call (name and arguments in one delta, once the turn is parsed), the finish
-reason and, with ``stream_options.include_usage``, a usage chunk. With ``n > 1`` the
-chunks of every choice are sent once all are done.
+``stream: true`` ``chat.completion.chunk`` server-sent events ending in ``data: [DONE]``
+(:class:`ChatStreamWriter`), sent as the engine decodes the tokens.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.responses import Response
 
 from toolrollout.apps.server._openai import ChatCompletionRequest, validate_body
 
 from ._http import (
-    complete_or_abort,
-    open_stream,
+    Callers,
+    answer,
     openai_error,
     openai_error_body,
+    read_json,
     request_metadata,
-    session_key,
 )
-from ._parts import invalid
-from ._sse import data_bytes, relay, stream_response
-from ._types import (
-    ChatChoice,
-    ChatRequest,
-    ChatResult,
-    GatewayError,
-    StreamDelta,
-    StreamStart,
-    ToolCallOut,
-)
+from ._parts import chat_call
+from ._sse import Frame, data_bytes
+from ._types import ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart, invalid
 
 if TYPE_CHECKING:
     from ._core import Gateway
@@ -49,7 +35,6 @@ __all__ = [
     "add_chat_routes",
     "chat_completion_body",
     "chat_request_from_openai",
-    "stream_chunks",
 ]
 
 
@@ -59,9 +44,7 @@ def chat_request_from_openai(body: Any, *, session: str, metadata: dict[str, Any
     tools = tuple(parsed.tools or ())
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise GatewayError(
-                "invalid_request", f"tools[{i}]: only function tools are supported", status=400
-            )
+            raise invalid(f"tools[{i}]: only function tools are supported")
     stop = (parsed.stop,) if isinstance(parsed.stop, str) else tuple(parsed.stop or ())
     seed = {"seed": parsed.seed} if parsed.seed is not None else {}
     return ChatRequest(
@@ -78,15 +61,6 @@ def chat_request_from_openai(body: Any, *, session: str, metadata: dict[str, Any
         model=parsed.model or "",
         metadata={**metadata, **seed},
     )
-
-
-def _tool_calls(choice: ChatChoice) -> list[dict[str, Any]] | None:
-    if not choice.tool_calls:
-        return None
-    return [
-        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-        for c in choice.tool_calls
-    ]
 
 
 def _usage(result: ChatResult) -> dict[str, Any]:
@@ -107,7 +81,7 @@ def chat_completion_body(result: ChatResult) -> dict[str, Any]:
         message: dict[str, Any] = {
             "role": "assistant",
             "content": choice.content or None,
-            "tool_calls": _tool_calls(choice),
+            "tool_calls": [chat_call(c.id, c.name, c.arguments) for c in choice.tool_calls] or None,
         }
         if choice.reasoning is not None:
             message["reasoning_content"] = choice.reasoning
@@ -129,59 +103,15 @@ def chat_completion_body(result: ChatResult) -> dict[str, Any]:
     }
 
 
-def stream_chunks(result: ChatResult, *, include_usage: bool) -> list[dict[str, Any]]:
-    """The ``chat.completion.chunk`` objects a stream of ``result`` sends, in order."""
-    head = {
-        "id": result.id,
-        "object": "chat.completion.chunk",
-        "created": result.created,
-        "model": result.model,
-    }
-
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        out = {
-            **head,
-            "choices": [
-                {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
-            ],
-        }
-        if include_usage:
-            out["usage"] = None
-        return out
-
-    chunks: list[dict[str, Any]] = []
-    for choice in result.choices:
-        chunks.append(chunk(choice.index, {"role": "assistant", "content": ""}))
-        if choice.reasoning:
-            chunks.append(chunk(choice.index, {"reasoning_content": choice.reasoning}))
-        if choice.content:
-            chunks.append(chunk(choice.index, {"content": choice.content}))
-        for position, call in enumerate(choice.tool_calls):
-            delta = {
-                "tool_calls": [
-                    {
-                        "index": position,
-                        "id": call.id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": call.arguments},
-                    }
-                ]
-            }
-            chunks.append(chunk(choice.index, delta))
-        chunks.append(chunk(choice.index, {}, choice.finish_reason))
-    if include_usage:
-        chunks.append({**head, "choices": [], "usage": _usage(result)})
-    return chunks
-
-
 class ChatStreamWriter:
-    """``chat.completion.chunk`` events of a streamed answer with one choice: the role, the
-    reasoning and content deltas as they come, then each tool call (name and arguments in
-    one delta, once the turn is parsed), the finish reason and, with ``include_usage``, the
-    usage chunk. An error after the start is a ``data: {"error": ...}`` line, which the
+    """``chat.completion.chunk`` events of a streamed answer: the role, the reasoning and
+    content deltas as they come, then each tool call (name and arguments in one delta, once
+    the turn is parsed), the finish reason and, with ``include_usage``, the usage chunk.
+    With ``n > 1`` (``whole``) every choice's chunks come at the end, one choice after
+    another. An error after the start is a ``data: {"error": ...}`` line, which the
     ``openai`` SDK raises as an ``APIError``."""
 
-    def __init__(self, start: StreamStart, *, include_usage: bool) -> None:
+    def __init__(self, start: StreamStart, *, include_usage: bool, whole: bool = False) -> None:
         self._head = {
             "id": start.id,
             "object": "chat.completion.chunk",
@@ -189,93 +119,75 @@ class ChatStreamWriter:
             "model": start.model,
         }
         self._include_usage = include_usage
+        self._whole = whole
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        out = {
-            **self._head,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, index: int = 0) -> Frame:
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        out = {**self._head, "choices": [choice]}
         if self._include_usage:
             out["usage"] = None
         return out
 
-    def begin(self) -> list[dict[str, Any]]:
-        return [self._chunk({"role": "assistant", "content": ""})]
+    def begin(self) -> list[Frame]:
+        return [] if self._whole else [self._chunk({"role": "assistant", "content": ""})]
 
-    def delta(self, delta: StreamDelta) -> list[dict[str, Any]]:
+    def delta(self, delta: StreamDelta) -> list[Frame]:
         key = "reasoning_content" if delta.kind == "reasoning" else "content"
         return [self._chunk({key: delta.text})]
 
-    def finish(self, result: ChatResult) -> list[dict[str, Any]]:
-        choice = result.choices[0]
-        chunks = [
-            self._chunk(_call_delta(position, call))
-            for position, call in enumerate(choice.tool_calls)
-        ]
-        chunks.append(self._chunk({}, choice.finish_reason))
+    def finish(self, result: ChatResult) -> list[Frame]:
+        chunks: list[Frame] = []
+        for choice in result.choices:
+            index = choice.index
+            if self._whole:
+                chunks.append(self._chunk({"role": "assistant", "content": ""}, index=index))
+                if choice.reasoning:
+                    chunks.append(self._chunk({"reasoning_content": choice.reasoning}, None, index))
+                if choice.content:
+                    chunks.append(self._chunk({"content": choice.content}, None, index))
+            for position, call in enumerate(choice.tool_calls):
+                delta = {
+                    "tool_calls": [
+                        {"index": position, **chat_call(call.id, call.name, call.arguments)}
+                    ]
+                }
+                chunks.append(self._chunk(delta, None, index))
+            chunks.append(self._chunk({}, choice.finish_reason, index))
         if self._include_usage:
             chunks.append({**self._head, "choices": [], "usage": _usage(result)})
         return chunks
 
-    def error(self, exc: GatewayError) -> list[dict[str, Any]]:
+    def error(self, exc: GatewayError) -> list[Frame]:
         return [openai_error_body(exc)]
-
-
-def _call_delta(position: int, call: ToolCallOut) -> dict[str, Any]:
-    return {
-        "tool_calls": [
-            {
-                "index": position,
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-        ]
-    }
-
-
-async def _known(chunks: list[dict[str, Any]]) -> AsyncIterator[bytes]:
-    for item in chunks:
-        yield data_bytes(item)
-    yield _DONE
-
-
-_DONE = b"data: [DONE]\n\n"
 
 
 def add_chat_routes(app: FastAPI, gateway: Gateway) -> None:
     """Register ``POST /v1/chat/completions`` and ``GET /v1/models``."""
+    callers: Callers = app.state.callers
 
-    @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(http_request: Request) -> JSONResponse | StreamingResponse:
+    @app.post("/v1/chat/completions")
+    async def chat_completions(http_request: Request) -> Response:
         try:
-            try:
-                body = json.loads(await http_request.body() or b"{}")
-            except ValueError as exc:
-                raise GatewayError(
-                    "invalid_request", f"JSON decode error: {exc}", status=400
-                ) from None
+            body = await read_json(http_request, empty=b"{}", error="JSON decode error")
             request = chat_request_from_openai(
-                body, session=session_key(http_request), metadata=request_metadata(http_request)
+                body, session=callers.session(http_request), metadata=request_metadata(http_request)
             )
-            stream = isinstance(body, dict) and bool(body.get("stream"))
-            if not stream:
-                whole = await complete_or_abort(gateway, http_request, request)
-                return JSONResponse(chat_completion_body(whole))
             options = body.get("stream_options") or {}
             include = bool(isinstance(options, dict) and options.get("include_usage"))
-            start, items = await open_stream(gateway, http_request, request)
+            return await answer(
+                gateway,
+                http_request,
+                request,
+                stream=bool(body.get("stream")),
+                whole=chat_completion_body,
+                writer=lambda start: ChatStreamWriter(
+                    start, include_usage=include, whole=request.n != 1
+                ),
+                encode=data_bytes,
+                tail=b"data: [DONE]\n\n",
+            )
         except GatewayError as exc:
             return openai_error(exc)
-        if request.n != 1:
-            result: ChatResult | None = None
-            async for item in items:
-                if isinstance(item, ChatResult):
-                    result = item
-            assert result is not None
-            return stream_response(_known(stream_chunks(result, include_usage=include)))
-        writer = ChatStreamWriter(start, include_usage=include)
-        return stream_response(relay(items, writer, data_bytes, tail=_DONE))
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

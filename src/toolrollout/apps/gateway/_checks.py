@@ -13,7 +13,7 @@ from typing import Any
 
 from toolrollout.chat import ChatFormat
 
-from ._types import ChatChoice, ChatRequest, GatewayError
+from ._types import ChatChoice, ChatRequest, GatewayError, invalid
 
 __all__ = [
     "check_tool_choice",
@@ -35,16 +35,12 @@ def checked_messages(request: ChatRequest) -> tuple[list[dict[str, Any]], dict[s
     request is matched against a transcript), and the images' data URLs by digest; a
     one-line error for a bad message."""
     if not request.messages:
-        raise GatewayError("invalid_request", "messages must not be empty", status=400)
+        raise invalid("messages must not be empty")
     out: list[dict[str, Any]] = []
     urls: dict[str, str] = {}
     for i, message in enumerate(request.messages):
         if not isinstance(message, Mapping) or message.get("role") not in _ROLES:
-            raise GatewayError(
-                "invalid_request",
-                f"messages[{i}]: role must be one of {', '.join(sorted(_ROLES))}",
-                status=400,
-            )
+            raise invalid(f"messages[{i}]: role must be one of {', '.join(sorted(_ROLES))}")
         cleaned = {k: v for k, v in message.items() if v is not None}
         if cleaned["role"] == "developer":
             cleaned["role"] = "system"
@@ -55,11 +51,9 @@ def checked_messages(request: ChatRequest) -> tuple[list[dict[str, Any]], dict[s
             ]
         out.append(cleaned)
     if out[-1]["role"] == "assistant":
-        raise GatewayError(
-            "invalid_request",
+        raise invalid(
             "the last message is an assistant turn; continuing a prefilled assistant "
-            "message is not supported",
-            status=400,
+            "message is not supported"
         )
     return out, urls
 
@@ -73,13 +67,11 @@ def _image_part(part: Any, where: str, urls: dict[str, str]) -> Any:
     if part.get("type") == "image" and "sha256" in part:
         return part  # already canonical
     if not isinstance(url, str) or not url:
-        raise GatewayError("invalid_request", f"{where}: an image part needs a URL", status=400)
+        raise invalid(f"{where}: an image part needs a URL")
     if not url.startswith("data:"):
-        raise GatewayError(
-            "invalid_request",
+        raise invalid(
             f"{where}: image URLs are not fetched (the gateway has no network access); send "
-            "the image inline as a base64 data: URL",
-            status=400,
+            "the image inline as a base64 data: URL"
         )
     key = hashlib.sha256(url.encode()).hexdigest()
     urls[key] = url
@@ -98,11 +90,7 @@ def image_keys(messages: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def no_vision() -> GatewayError:
-    return GatewayError(
-        "invalid_request",
-        "this model takes no images (its folder has no image processor); send text",
-        status=400,
-    )
+    return invalid("this model takes no images (its folder has no image processor); send text")
 
 
 def required_tool(request: ChatRequest) -> str | None:
@@ -112,24 +100,16 @@ def required_tool(request: ChatRequest) -> str | None:
         return None
     names = [str(t.get("function", {}).get("name", "")) for t in request.tools]
     if not names:
-        raise GatewayError(
-            "invalid_request",
-            "tool_choice asks for a tool call but no tools were given",
-            status=400,
-        )
+        raise invalid("tool_choice asks for a tool call but no tools were given")
     if choice == "required":
         return ""
     name = choice.get("function", {}).get("name") if isinstance(choice, Mapping) else None
     if not isinstance(name, str) or not name:
-        raise GatewayError(
-            "invalid_request",
-            f"tool_choice: {choice!r} is not supported (auto, none, required, a function)",
-            status=400,
+        raise invalid(
+            f"tool_choice: {choice!r} is not supported (auto, none, required, a function)"
         )
     if name not in names:
-        raise GatewayError(
-            "invalid_request", f"tool_choice names {name!r}, which is not in tools", status=400
-        )
+        raise invalid(f"tool_choice names {name!r}, which is not in tools")
     return name
 
 
@@ -171,7 +151,5 @@ def opens_thinking(chat: ChatFormat, prompt: Sequence[int]) -> bool:
 
 def reward_value(reward: Any) -> float:
     if isinstance(reward, bool) or not isinstance(reward, int | float):
-        raise GatewayError(
-            "invalid_request", f"reward must be a number, got {reward!r}", status=400
-        )
+        raise invalid(f"reward must be a number, got {reward!r}")
     return float(reward)

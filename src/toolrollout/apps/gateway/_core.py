@@ -1,21 +1,14 @@
 """The gateway core: one :class:`ChatRequest` in, one :class:`ChatResult` out, recorded.
 
-:class:`Gateway` holds the engine, the tokenizer's chat formats (one per tool set), the
-open sessions and the writer. Every API layer (Chat Completions, Responses, Messages)
-translates its request into a :class:`ChatRequest` and calls :meth:`Gateway.complete`
-(or :meth:`Gateway.stream`, which yields the answer as the engine decodes it); the request
-checks (``_checks.py``), the session matching, template deltas and records (``_plan.py``)
-and the engine's limits (``_generation.py``) live behind these two calls once.
+:class:`Gateway` holds the engine, the chat formats (one per tool set), the open sessions
+and the writer; the request checks (``_checks.py``), the session matching and records
+(``_plan.py``) and the engine's limits (``_generation.py``) live behind
+:meth:`Gateway.complete` and :meth:`Gateway.stream`. A segment is the rollout loop's
+transcript (:class:`~toolrollout.rollout._state.TrajectoryState`): model turns, template
+deltas, drift checkpoints and the frozen row are the loop's code, not a copy.
 
-A segment is the rollout loop's transcript (:class:`~toolrollout.rollout._state.TrajectoryState`
-with the :class:`~toolrollout.rollout._types.RolloutShared` of its tool set): model turns,
-template deltas, drift checkpoints and the frozen row are the loop's code, not a copy.
-
-Concurrency: one event loop serves every session, in structured tasks (anyio task groups:
-the idle reaper lives in the gateway's, the ``n`` samples of a request in the request's).
-Planning a request and committing its answer are synchronous sections, so sessions need no
-lock; generation waits on a capacity limiter (``max_concurrency`` in flight) and a bounded
-waiting line (``max_waiting``), beyond which requests are answered ``overloaded`` at once.
+One event loop serves every session, in structured tasks; planning a request and committing
+its answer are synchronous sections, so sessions need no lock.
 """
 
 from __future__ import annotations
@@ -55,6 +48,7 @@ from ._types import (
     GatewayError,
     StreamDelta,
     StreamStart,
+    invalid,
 )
 
 if TYPE_CHECKING:
@@ -125,12 +119,9 @@ class Gateway:
         config: GatewayConfig | None = None,
         out: str | Path | None = None,
     ) -> AsyncIterator[Gateway]:
-        """The gateway of ``spec``'s engine and model, as ``generate`` builds its run.
-
-        The engine (``spec.engine_urls``, or the embedded one on ``spec.model``) is
-        started, asked for its context length, and closed with the block. ``spec.config``
-        gives the family, the tool parser and the template kwargs when ``config`` does not.
-        """
+        """The gateway of ``spec``'s engine (started and closed with the block) and model,
+        as ``generate`` builds its run; ``spec.config`` gives the family, the tool parser
+        and the template kwargs when ``config`` does not."""
         from toolrollout.engines._factory import connect
         from toolrollout.spec import load_components
 
@@ -166,16 +157,14 @@ class Gateway:
     async def __aenter__(self) -> Self:
         if self._entered:
             raise UserError("this Gateway is entered already")
+        if self.out is not None and self.out.exists():
+            raise UserError(
+                f"{self.out} exists already; the gateway writes a new file (choose "
+                "another --out, or move it away)"
+            )
         self._entered = True
         if self.out is not None:
             from toolrollout.rollout import ShardWriter
-
-            if self.out.exists():
-                self._entered = False
-                raise UserError(
-                    f"{self.out} exists already; the gateway writes a new file (choose "
-                    "another --out, or move it away)"
-                )
 
             writer = ShardWriter(
                 self._parts_folder(),
@@ -281,8 +270,7 @@ class Gateway:
         """
         found = self._sessions.get(session)
         if found is None:
-            raise GatewayError(
-                "invalid_request",
+            raise invalid(
                 f"no open session {session!r}: rewards attach before the session is closed",
                 status=404,
             )
@@ -294,15 +282,13 @@ class Gateway:
             if item.index == segment:
                 item.reward = value
                 return
-        raise GatewayError(
-            "invalid_request", f"session {session!r} has no segment {segment}", status=404
-        )
+        raise invalid(f"session {session!r} has no segment {segment}", status=404)
 
     def close_session(self, session: str, reward: float | None = None) -> list[Trajectory]:
         """End a session: its segments with a model turn become rows (written with ``out``)."""
         found = self._sessions.pop(session, None)
         if found is None:
-            raise GatewayError("invalid_request", f"no open session {session!r}", status=404)
+            raise invalid(f"no open session {session!r}", status=404)
         if reward is not None:
             found.reward = reward_value(reward)
         found.closed = True
@@ -362,12 +348,10 @@ class Gateway:
         self, request: ChatRequest
     ) -> AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]:
         """Serve one model call as it is generated: a :class:`StreamStart` once the first
-        tokens are decoded, :class:`StreamDelta` s of reasoning and content as they become
-        safe to show (never text that may start a tool call), and the :class:`ChatResult`
-        last, recorded exactly as :meth:`complete` records it. Errors before the start
-        raise :class:`GatewayError` from the first ``__anext__``; closing the iterator early
-        aborts the generation and records nothing. With ``n > 1`` the start and the whole
-        answer come when every sample is done.
+        tokens are decoded, :class:`StreamDelta` s as they become safe to show, and the
+        :class:`ChatResult`, recorded as :meth:`complete` records it. Errors before the start
+        raise from the first ``__anext__``; closing the iterator early aborts the generation
+        and records nothing. With ``n > 1`` everything comes when every sample is done.
         """
         session = self._begin(request)
         try:
@@ -391,7 +375,7 @@ class Gateway:
         try:
             ids = self.chat_format(request.tools).render_prompt(messages)
         except ToolRolloutError as exc:
-            raise GatewayError("invalid_request", str(exc), status=400) from None
+            raise invalid(str(exc)) from None
         if self.vision is None or not urls:
             return len(ids)
         plan = Plan(ids, None, -1, messages, [])

@@ -26,7 +26,7 @@ from toolrollout.engines._types import (
     token_id_array,
 )
 
-from ._types import ChatRequest, GatewayError
+from ._types import ChatRequest, GatewayError, invalid
 
 if TYPE_CHECKING:
     from toolrollout.engines import Engine
@@ -203,7 +203,7 @@ def _engine_error(exc: ToolRolloutError) -> GatewayError:
     if isinstance(exc, OverlongPromptError):
         return GatewayError("context_length_exceeded", str(exc), status=400)
     if isinstance(exc, UserError):
-        return GatewayError("invalid_request", str(exc), status=400)
+        return invalid(str(exc))
     return GatewayError("engine_error", str(exc), status=503)
 
 

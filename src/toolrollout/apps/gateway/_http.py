@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import secrets
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.responses import Response
 
 from toolrollout._security import ServerSecurity, presented_key, presents_key
 
-from ._types import ChatRequest, ChatResult, GatewayError, StreamDelta, StreamStart
+from ._sse import Frame, StreamWriter, relay, sse_bytes, stream_response
+from ._types import ChatRequest, ChatResult, GatewayError, StreamStart, invalid
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Receive, Scope, Send
@@ -40,12 +43,11 @@ __all__ = [
     "SESSION_HEADER",
     "Callers",
     "SessionPathMiddleware",
-    "complete_or_abort",
-    "open_stream",
+    "answer",
     "openai_error",
     "openai_error_body",
+    "read_json",
     "request_metadata",
-    "session_key",
 ]
 
 _T = TypeVar("_T")
@@ -73,9 +75,7 @@ class Callers:
         if header:
             return header
         key = presented_key(request.scope)
-        if not key or presents_key(request.scope, self.security.api_key):
-            return DEFAULT_SESSION
-        if presents_key(request.scope, self.security.admin_api_key):
+        if not key or self.is_admin(request) or presents_key(request.scope, self.security.api_key):
             return DEFAULT_SESSION
         digest = hmac.new(self._secret, key.encode("utf-8"), hashlib.sha256).hexdigest()
         return f"key-{digest[:24]}"
@@ -89,12 +89,6 @@ class Callers:
         return self.is_admin(request) or hmac.compare_digest(
             self.session(request).encode("utf-8"), session.encode("utf-8")
         )
-
-
-def session_key(request: Request) -> str:
-    """The session a request belongs to (header, path prefix, key hash, else ``default``)."""
-    callers: Callers = request.app.state.callers
-    return callers.session(request)
 
 
 def request_metadata(request: Request) -> dict[str, Any]:
@@ -124,35 +118,46 @@ class SessionPathMiddleware:
         await self.app(scope, receive, send)
 
 
-async def complete_or_abort(
-    gateway: Gateway, http_request: Request, chat_request: ChatRequest
-) -> ChatResult:
-    """``gateway.complete(chat_request)``, cancelled (and the engine request aborted) when
-    the client disconnects before the answer is ready.
+async def read_json(
+    http_request: Request, *, empty: bytes = b"null", error: str = "the request body is not JSON"
+) -> Any:
+    """The request's JSON body (``empty`` when it has none); a 400 when it is not JSON."""
+    try:
+        return json.loads(await http_request.body() or empty)
+    except ValueError as exc:
+        raise invalid(f"{error}: {exc}") from None
 
-    The request body must have been read already: the next ASGI message is then the
-    disconnect, which this waits for beside the generation.
+
+async def answer(
+    gateway: Gateway,
+    http_request: Request,
+    chat_request: ChatRequest,
+    *,
+    stream: bool,
+    whole: Callable[[ChatResult], dict[str, Any]],
+    writer: Callable[[StreamStart], StreamWriter],
+    encode: Callable[[Frame], bytes] = sse_bytes,
+    tail: bytes = b"",
+) -> Response:
+    """The answer in an API's shape: ``whole(result)`` as JSON, or the events ``writer``
+    makes of the stream as it is generated. Errors before the answer starts (the stream's
+    :class:`StreamStart`) raise here, to be answered as an HTTP error.
+
+    The body must have been read already: the next ASGI message is then the disconnect,
+    which cancels the wait for the answer or its start (the engine request is aborted);
+    after the start, the streaming response notices it and closes the stream.
     """
-    return await _until_disconnect(http_request, lambda: gateway.complete(chat_request))
-
-
-async def open_stream(
-    gateway: Gateway, http_request: Request, chat_request: ChatRequest
-) -> tuple[StreamStart, AsyncGenerator[StreamStart | StreamDelta | ChatResult, None]]:
-    """Start ``gateway.stream(chat_request)``: its :class:`StreamStart` (errors before it
-    raise here, to be answered as an HTTP error) and the rest of the stream.
-
-    A disconnect while waiting for the start cancels it (the engine request is aborted);
-    after it, the streaming response notices the disconnect and closes the stream.
-    """
+    if not stream:
+        result = await _until_disconnect(http_request, lambda: gateway.complete(chat_request))
+        return JSONResponse(whole(result))
     items = gateway.stream(chat_request)
     try:
-        first = await _until_disconnect(http_request, lambda: anext(items))
+        start = await _until_disconnect(http_request, lambda: anext(items))
     except BaseException:
         await items.aclose()
         raise
-    assert isinstance(first, StreamStart)
-    return first, items
+    assert isinstance(start, StreamStart)
+    return stream_response(relay(items, writer(start), encode, tail=tail))
 
 
 async def _until_disconnect(http_request: Request, call: Callable[[], Awaitable[_T]]) -> _T:
@@ -190,14 +195,15 @@ _OPENAI_TYPES = {
 }
 
 
-def openai_error_body(error: GatewayError, *, param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
+def openai_error_body(error: GatewayError, *, context_param: str = "messages") -> dict[str, Any]:
+    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``; a context
+    overflow names ``context_param`` (the messages, or a Responses request's input)."""
     code: str | None = None
+    param: str | None = None
     if error.kind == "overloaded":
         code = "rate_limit_exceeded"
     if error.kind == "context_length_exceeded":
-        code = error.kind
-        param = param or "messages"
+        code, param = error.kind, context_param
     return {
         "error": {
             "message": error.message,
@@ -208,7 +214,9 @@ def openai_error_body(error: GatewayError, *, param: str | None = None) -> dict[
     }
 
 
-def openai_error(error: GatewayError) -> JSONResponse:
-    """The error as OpenAI's API answers it (status and body)."""
+def openai_error(error: GatewayError, *, context_param: str = "messages") -> JSONResponse:
+    """The error as OpenAI's API answers it (status and body; an overload asks the SDK to
+    retry after a second)."""
     headers = {"retry-after": "1"} if error.kind == "overloaded" else None
-    return JSONResponse(openai_error_body(error), status_code=error.status, headers=headers)
+    body = openai_error_body(error, context_param=context_param)
+    return JSONResponse(body, status_code=error.status, headers=headers)

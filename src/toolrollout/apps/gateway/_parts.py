@@ -1,4 +1,4 @@
-"""Content parts of the Responses and Messages APIs in OpenAI chat form.
+"""Content parts, tools and tool calls of the Responses and Messages APIs in OpenAI chat form.
 
 The canonical request keeps a message's content as a string when it is one piece of text
 (the form every chat template renders) and as a list of OpenAI chat parts otherwise
@@ -10,14 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._types import GatewayError
+from ._types import invalid
 
-__all__ = ["chat_content", "invalid", "require_str"]
-
-
-def invalid(message: str) -> GatewayError:
-    """A 400 in the API's own shape: the request cannot be translated."""
-    return GatewayError("invalid_request", message, status=400)
+__all__ = ["chat_call", "chat_content", "function_tool", "require_str", "tool_message"]
 
 
 def require_str(value: Any, where: str) -> str:
@@ -35,3 +30,33 @@ def chat_content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
         text: str = parts[0]["text"]
         return text
     return parts
+
+
+def chat_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """An OpenAI ``tool_calls`` entry (``arguments`` as JSON text)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def tool_message(call_id: str, content: Any, call_names: dict[str, str]) -> dict[str, Any]:
+    """A tool result as a ``tool`` message, named after its call when the call was seen."""
+    message = {"role": "tool", "tool_call_id": call_id, "content": content}
+    if call_id in call_names:
+        message["name"] = call_names[call_id]
+    return message
+
+
+def function_tool(
+    tool: dict[str, Any], i: int, *, kinds: tuple[Any, ...], schema: str
+) -> dict[str, Any]:
+    """A tool the harness runs (its ``type`` one of ``kinds``) as an OpenAI function tool;
+    ``schema``: the key of its parameters' JSON schema."""
+    if tool.get("type") not in kinds:
+        raise invalid(
+            f"tools[{i}]: {tool.get('type')!r} tools are not supported; the gateway serves "
+            f"{kinds[-1]} tools, which the harness runs"
+        )
+    function: dict[str, Any] = {"name": require_str(tool.get("name"), f"tools[{i}].name")}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    function["parameters"] = tool.get(schema) or {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}

@@ -45,7 +45,7 @@ from ._checks import (
 )
 from ._session import Candidate, Segment, Session, returned_view, tools_key
 from ._stream import TurnStream
-from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, ToolCallOut
+from ._types import ChatChoice, ChatRequest, ChatResult, GatewayError, ToolCallOut, invalid
 
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
@@ -149,7 +149,7 @@ async def prepare(
     if urls and vision is None:
         raise no_vision()
     if not 1 <= request.n <= config.max_n:
-        raise GatewayError("invalid_request", f"n must be between 1 and {config.max_n}", status=400)
+        raise invalid(f"n must be between 1 and {config.max_n}")
     chat = shared.chat
     required = required_tool(request)
     forced: tuple[int, ...] = ()
@@ -161,7 +161,7 @@ async def prepare(
     try:
         plan = plan_answer(session, chat, messages, config.max_segments)
     except TokenizationError as exc:
-        raise GatewayError("invalid_request", str(exc), status=400) from None
+        raise invalid(str(exc)) from None
     if vision is not None and urls:
         await place_images(vision, plan, urls)
     context = context_length
@@ -202,7 +202,7 @@ def finish(
     if streamed is not None:
         (choice,) = choices
         streamed.last = streamed.finish(choice.reasoning, choice.content)
-        reasoning = streamed.reasoning if streamed.reasoning_sent else choice.reasoning
+        reasoning = streamed.reasoning or choice.reasoning  # what was sent, if any
         choices = [dataclasses.replace(choice, content=streamed.content, reasoning=reasoning)]
         candidates[0].returned = returned_view(streamed.content, choice.tool_calls)
     segment = _commit(
@@ -232,9 +232,7 @@ async def place_images(vision: VisionFormat, plan: Plan, urls: dict[str, str]) -
         try:
             prepared.append(await anyio.to_thread.run_sync(vision.prepare, url))
         except (ImageError, ValueError, OSError) as exc:
-            raise GatewayError(
-                "invalid_request", f"image {index + 1} of the request: {exc}", status=400
-            ) from None
+            raise invalid(f"image {index + 1} of the request: {exc}") from None
     counts = [image.num_tokens for image in prepared]
     base = len(plan.input_ids) - len(plan.delta)
     earlier: list[str] = []
@@ -248,7 +246,7 @@ async def place_images(vision: VisionFormat, plan: Plan, urls: dict[str, str]) -
             earlier = list(plan.segment.state.vision.urls)
             plan.base_images = list(plan.segment.state.vision.images)
     except ImageError as exc:
-        raise GatewayError("invalid_request", str(exc), status=400) from None
+        raise invalid(str(exc)) from None
     plan.images, plan.runs = prepared, list(runs)
     plan.urls = [*earlier, *(image.data_url for image in prepared)]
 
@@ -300,11 +298,9 @@ def plan_answer(
         else:
             reason = "history_rewritten"
     if len(session.segments) >= max_segments:
-        raise GatewayError(
-            "invalid_request",
+        raise invalid(
             f"session {session.key!r} has {len(session.segments)} segments, the most "
-            "--max-segments allows; close it and start a new session",
-            status=400,
+            "--max-segments allows; close it and start a new session"
         )
     prompt = chat.render_prompt(messages)
     return Plan(prompt, None, -1, messages, [], reason, parent, common)

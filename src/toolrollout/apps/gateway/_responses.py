@@ -4,26 +4,18 @@ A request's ``instructions`` and ``input`` items become OpenAI chat messages: ``
 items keep their role, one model turn's ``reasoning``, assistant ``message`` and
 ``function_call`` items fold into one assistant message (``reasoning_content``,
 ``content``, ``tool_calls``), and each ``function_call_output`` becomes a ``tool``
-message. The answer is a ``response`` object whose ``output`` lists a ``reasoning`` item
-(when the family separates reasoning), a ``message`` item (its text) and one
-``function_call`` item per parsed call, in that order, which is also the order the items
-come back in on the next request, so a harness that replays ``output`` extends its
-session instead of starting a new segment (the answer is built in ``_responses_output.py``).
+message. The answer is built in ``_responses_output.py``.
 
-Responses are stored (``store``, true by default as in OpenAI's API) in a bounded store
-(:class:`ResponseStore`, the newest ``max_stored_responses``, least recently used dropped
-first): ``previous_response_id`` continues one (its inputs and outputs go before the new
-input, the way a harness replaying ``output`` sends them, so the session's segment is
-extended token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one;
-each of the three finds a response only for a request of the session that made it (or
-with the admin key).
-``conversation`` and ``item_reference`` items are refused, and so are hosted tools, which
-the gateway cannot run.
+Responses are stored (``store``, true by default as in OpenAI's API) in a bounded
+:class:`ResponseStore`: ``previous_response_id`` puts one's inputs and outputs before the
+new input, as a harness replaying ``output`` sends them (so the segment is extended
+token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one; each finds a
+response only for the session that made it (or the admin key). ``conversation``,
+``item_reference`` items and hosted tools are refused: the gateway cannot serve them.
 """
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -34,14 +26,8 @@ from starlette.responses import Response
 
 from toolrollout.apps.server._openai import validate_body
 
-from ._http import (
-    Callers,
-    complete_or_abort,
-    open_stream,
-    openai_error_body,
-    request_metadata,
-)
-from ._parts import chat_content, invalid, require_str
+from ._http import Callers, answer, openai_error, read_json, request_metadata
+from ._parts import chat_call, chat_content, function_tool, require_str, tool_message
 from ._responses_output import (
     ResponsesRequest,
     ResponseStreamWriter,
@@ -49,8 +35,7 @@ from ._responses_output import (
     output_items,
     response_object,
 )
-from ._sse import relay, sse_bytes, stream_response
-from ._types import ChatRequest, GatewayError
+from ._types import ChatRequest, ChatResult, GatewayError, StreamStart, invalid
 
 if TYPE_CHECKING:
     from ._core import Gateway
@@ -60,7 +45,6 @@ __all__ = [
     "StoredResponse",
     "add_responses_routes",
     "parse_responses_request",
-    "responses_error",
     "responses_to_chat",
 ]
 
@@ -86,12 +70,14 @@ def responses_to_chat(
     """The canonical request of a validated Responses request (``metadata``: the
     per-request options of the HTTP layer, such as the GRPO group; ``items``: the whole
     input when a stored response's conversation goes before ``request.input``)."""
+    items = _input_items(request) if items is None else items
     return ChatRequest(
         session=session,
-        messages=tuple(
-            responses_messages(request.instructions, request.input if items is None else items)
+        messages=tuple(responses_messages(request.instructions, items)),
+        tools=tuple(
+            function_tool(tool, i, kinds=("function",), schema="parameters")
+            for i, tool in enumerate(request.tools)
         ),
-        tools=tuple(_chat_tool(tool, i) for i, tool in enumerate(request.tools)),
         tool_choice=_chat_tool_choice(request.tool_choice),
         max_tokens=request.max_output_tokens,
         temperature=request.temperature,
@@ -102,14 +88,12 @@ def responses_to_chat(
 
 
 def responses_messages(
-    instructions: str | None, items: str | list[dict[str, Any]]
+    instructions: str | None, items: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
     """OpenAI chat messages of ``instructions`` and the ``input`` items."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
-    if isinstance(items, str):
-        items = [{"type": "message", "role": "user", "content": items}]
     turn: dict[str, Any] | None = None  # the assistant message being assembled
     call_names: dict[str, str] = {}
 
@@ -144,23 +128,12 @@ def responses_messages(
             call_id = require_str(item.get("call_id"), f"{where}.call_id")
             name = require_str(item.get("name"), f"{where}.name")
             call_names[call_id] = name
-            turn.setdefault("tool_calls", []).append(
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {
-                        "name": name,
-                        "arguments": require_str(item.get("arguments"), f"{where}.arguments"),
-                    },
-                }
-            )
+            arguments = require_str(item.get("arguments"), f"{where}.arguments")
+            turn.setdefault("tool_calls", []).append(chat_call(call_id, name, arguments))
         elif kind == "function_call_output":
             close()
             call_id = require_str(item.get("call_id"), f"{where}.call_id")
-            message = {"role": "tool", "tool_call_id": call_id, "content": _output(item, where)}
-            if call_id in call_names:
-                message["name"] = call_names[call_id]
-            messages.append(message)
+            messages.append(tool_message(call_id, _output(item, where), call_names))
         elif kind == "item_reference":
             raise invalid(f"{where}: item_reference needs stored items; send the item itself")
         else:
@@ -219,19 +192,6 @@ def _output(item: dict[str, Any], where: str) -> str | list[dict[str, Any]]:
     return chat_content(_input_parts(output, f"{where}.output"))
 
 
-def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
-    if tool.get("type") != "function":
-        raise invalid(
-            f"tools[{i}]: {tool.get('type')!r} tools are not supported; the gateway serves "
-            "function tools, which the harness runs"
-        )
-    function: dict[str, Any] = {"name": require_str(tool.get("name"), f"tools[{i}].name")}
-    if tool.get("description") is not None:
-        function["description"] = tool["description"]
-    function["parameters"] = tool.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "function", "function": function}
-
-
 def _chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
     if choice is None or choice in ("auto", "none", "required"):
         return choice
@@ -242,15 +202,6 @@ def _chat_tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, An
 
 
 # --- errors and the route ---------------------------------------------------------------
-
-
-def responses_error(exc: GatewayError) -> JSONResponse:
-    """OpenAI's error envelope and status (the input is the parameter a context overflow
-    names; an overload asks the SDK to retry after a second)."""
-    param = "input" if exc.kind == "context_length_exceeded" else None
-    headers = {"retry-after": "1"} if exc.kind == "overloaded" else None
-    body = openai_error_body(exc, param=param)
-    return JSONResponse(body, status_code=exc.status, headers=headers)
 
 
 @dataclass(frozen=True)
@@ -275,9 +226,6 @@ class ResponseStore:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
     def get(self, response_id: str) -> StoredResponse | None:
         found = self._entries.get(response_id)
@@ -332,11 +280,7 @@ def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
     @app.post("/v1/responses")
     async def create_response(http_request: Request) -> Response:
         try:
-            try:
-                body = json.loads(await http_request.body() or b"null")
-            except ValueError as exc:
-                raise invalid(f"the request body is not JSON: {exc}") from None
-            request = parse_responses_request(body)
+            request = parse_responses_request(await read_json(http_request))
             items = _input_items(request)
             if request.previous_response_id is not None:
                 previous = visible(http_request, request.previous_response_id)
@@ -353,31 +297,35 @@ def add_responses_routes(app: FastAPI, gateway: Gateway) -> None:
             )
             response_id = new_id("resp")
 
-            def remember(final: dict[str, Any]) -> None:
+            def remember(final: dict[str, Any]) -> dict[str, Any]:
                 if keep:
                     stored = StoredResponse((*items, *final["output"]), final, session)
                     store.put(response_id, stored)
+                return final
 
-            if not request.stream:
-                result = await complete_or_abort(gateway, http_request, chat)
+            def whole(result: ChatResult) -> dict[str, Any]:
                 output = output_items(result.choices[0])
-                final = response_object(
-                    result, request, response_id=response_id, output=output, store=keep
+                return remember(
+                    response_object(
+                        result, request, response_id=response_id, output=output, store=keep
+                    )
                 )
-                remember(final)
-                return JSONResponse(final)
-            start, stream = await open_stream(gateway, http_request, chat)
+
+            def writer(start: StreamStart) -> ResponseStreamWriter:
+                return ResponseStreamWriter(
+                    request,
+                    response_id=response_id,
+                    created=start.created,
+                    model=start.model,
+                    store=keep,
+                    on_final=remember,
+                )
+
+            return await answer(
+                gateway, http_request, chat, stream=request.stream, whole=whole, writer=writer
+            )
         except GatewayError as exc:
-            return responses_error(exc)
-        writer = ResponseStreamWriter(
-            request,
-            response_id=response_id,
-            created=start.created,
-            model=start.model,
-            store=keep,
-            on_final=remember,
-        )
-        return stream_response(relay(stream, writer, sse_bytes))
+            return openai_error(exc, context_param="input")
 
     @app.get("/v1/responses/{response_id}")
     async def get_response(response_id: str, http_request: Request) -> Response:

@@ -1,10 +1,8 @@
-"""The OpenAI Responses API's request model and its answer (``_responses.py`` serves it):
-output items, the ``response`` object and its stream events.
+"""The OpenAI Responses API's request model and its answer (``_responses.py`` serves it).
 
 The ``output`` lists a ``reasoning`` item (when the family separates reasoning), a
-``message`` item (its text) and one ``function_call`` item per parsed call, in that order,
-which is also the order the items come back in on the next request. A streamed response
-sends the same items as they come (:class:`ResponseStreamWriter`).
+``message`` item and one ``function_call`` item per parsed call: the order they come back
+in on the next request, so a harness that replays ``output`` extends its segment.
 """
 
 from __future__ import annotations
@@ -89,13 +87,10 @@ def response_object(
     *,
     response_id: str,
     output: list[dict[str, Any]],
-    status: str | None = None,
     store: bool = False,
 ) -> dict[str, Any]:
-    """The ``response`` object; ``status`` None: completed, or incomplete at the token cap."""
+    """The ``response`` object: completed, or incomplete at the token cap."""
     truncated = result.choices[0].finish_reason == "length"
-    status = status or ("incomplete" if truncated else "completed")
-    done = status in ("completed", "incomplete")
     body = _shell(
         request,
         response_id=response_id,
@@ -104,12 +99,10 @@ def response_object(
         store=store,
     )
     body.update(
-        status=status,
-        incomplete_details=(
-            {"reason": "max_output_tokens"} if truncated and status == "incomplete" else None
-        ),
+        status="incomplete" if truncated else "completed",
+        incomplete_details={"reason": "max_output_tokens"} if truncated else None,
         output=output,
-        usage=_usage(result) if done else None,
+        usage=_usage(result),
     )
     return body
 
@@ -172,7 +165,7 @@ class ResponseStreamWriter:
         created: int,
         model: str,
         store: bool = False,
-        on_final: Callable[[dict[str, Any]], None] | None = None,
+        on_final: Callable[[dict[str, Any]], object] | None = None,
     ) -> None:
         self._request = request
         self._shell = _shell(
@@ -220,16 +213,8 @@ class ResponseStreamWriter:
         where = self._where()
         final = _text_item(item["type"], item["id"], self._text, status)
         part = final["content"][0]
-        if item["type"] == "reasoning":
-            done = self._emit(
-                "response.reasoning_text.done", **where, content_index=0, text=self._text
-            )
-        else:
-            done = self._emit(
-                "response.output_text.done", **where, content_index=0, text=self._text, logprobs=[]
-            )
         events = [
-            done,
+            self._text_event("done", text=self._text),
             self._emit("response.content_part.done", **where, content_index=0, part=part),
             self._emit("response.output_item.done", output_index=len(self._items), item=final),
         ]
@@ -244,12 +229,18 @@ class ResponseStreamWriter:
         kind = "reasoning" if delta.kind == "reasoning" else "message"
         events = self._start(kind) if self._kind() != kind else []
         self._text += delta.text
-        name = (
-            "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-        )
-        extra: dict[str, Any] = {} if kind == "reasoning" else {"logprobs": []}
-        events.append(self._emit(name, **self._where(), content_index=0, delta=delta.text, **extra))
+        events.append(self._text_event("delta", delta=delta.text))
         return events
+
+    def _text_event(self, suffix: str, **fields: Any) -> dict[str, Any]:
+        """A ``reasoning_text`` or ``output_text`` (with ``logprobs``) event of the open item."""
+        where = self._where()
+        if self._kind() == "reasoning":
+            return self._emit(
+                f"response.reasoning_text.{suffix}", **where, content_index=0, **fields
+            )
+        name = f"response.output_text.{suffix}"
+        return self._emit(name, **where, content_index=0, **fields, logprobs=[])
 
     def finish(self, result: ChatResult) -> list[dict[str, Any]]:
         choice = result.choices[0]
@@ -263,28 +254,14 @@ class ResponseStreamWriter:
         events += self._close(status)
         for call in choice.tool_calls:
             item = _function_call_item(call, status)
-            where = {"item_id": item["id"], "output_index": len(self._items)}
-            events.append(
-                self._emit(
-                    "response.output_item.added",
-                    output_index=len(self._items),
-                    item=dict(item, status="in_progress", arguments=""),
-                )
-            )
-            events.append(
-                self._emit("response.function_call_arguments.delta", **where, delta=call.arguments)
-            )
-            events.append(
-                self._emit(
-                    "response.function_call_arguments.done",
-                    **where,
-                    name=call.name,
-                    arguments=call.arguments,
-                )
-            )
-            events.append(
-                self._emit("response.output_item.done", output_index=len(self._items), item=item)
-            )
+            at = {"output_index": len(self._items)}
+            where, args = {"item_id": item["id"], **at}, call.arguments
+            started = dict(item, status="in_progress", arguments="")
+            events.append(self._emit("response.output_item.added", **at, item=started))
+            events.append(self._emit("response.function_call_arguments.delta", **where, delta=args))
+            done = "response.function_call_arguments.done"
+            events.append(self._emit(done, **where, name=call.name, arguments=args))
+            events.append(self._emit("response.output_item.done", **at, item=item))
             self._items.append(item)
         final = response_object(
             result,

@@ -56,22 +56,19 @@ def tools_key(tools: Sequence[Mapping[str, Any]]) -> str:
 
 def _text_of(content: Any) -> str:
     """The text of a message's content: a string, or the text of its text parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts: list[str] = []
-        for part in content:
-            if isinstance(part, Mapping):
-                if part.get("type") in ("text", "input_text", "output_text"):
-                    parts.append(str(part.get("text", "")))
-                else:
-                    parts.append(json.dumps(part, sort_keys=True))
-            else:
-                parts.append(str(part))
-        return "".join(parts)
-    return json.dumps(content, sort_keys=True)
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        return json.dumps(content, sort_keys=True)
+    return "".join(_part_text(part) for part in content)
+
+
+def _part_text(part: Any) -> str:
+    if not isinstance(part, Mapping):
+        return str(part)
+    if part.get("type") in ("text", "input_text", "output_text"):
+        return str(part.get("text", ""))
+    return json.dumps(part, sort_keys=True)
 
 
 def _arguments_value(arguments: Any) -> Any:
@@ -260,7 +257,6 @@ class Session:
     errors: dict[str, int] = field(default_factory=dict)
     reward: float | None = None
     last_used: float = field(default_factory=time.monotonic)
-    created: float = field(default_factory=time.time)
     closed: bool = False
 
     def metrics(self) -> dict[str, Any]:

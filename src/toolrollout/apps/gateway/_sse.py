@@ -20,7 +20,7 @@ from starlette.responses import StreamingResponse
 
 from ._types import ChatResult, GatewayError, StreamDelta, StreamStart
 
-__all__ = ["StreamWriter", "data_bytes", "relay", "sse_bytes", "stream_response"]
+__all__ = ["Frame", "StreamWriter", "data_bytes", "relay", "sse_bytes", "stream_response"]
 
 Frame = dict[str, Any]
 
@@ -54,7 +54,6 @@ async def relay(
     encode: Callable[[Frame], bytes],
     *,
     tail: bytes = b"",
-    on_result: Callable[[ChatResult], None] | None = None,
 ) -> AsyncIterator[bytes]:
     """The frames of a live stream whose start was taken already (the writer's ``begin``
     first). Closing this (the client went away) closes the stream, which aborts the
@@ -67,8 +66,6 @@ async def relay(
                 if isinstance(item, StreamDelta):
                     events = writer.delta(item)
                 elif isinstance(item, ChatResult):
-                    if on_result is not None:
-                        on_result(item)
                     events = writer.finish(item)
                 else:
                     continue

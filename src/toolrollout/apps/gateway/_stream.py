@@ -22,6 +22,7 @@ as what the harness was answered (so its next request still extends the segment)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Literal
 
 from toolrollout.chat.parsers._base import END_OF_TURN_STRINGS
 
@@ -57,8 +58,6 @@ class TurnStream:
         """The reasoning sent so far."""
         self.content = ""
         """The content sent so far."""
-        self.reasoning_sent = False
-        """Whether a reasoning delta was sent (the turn has a reasoning part)."""
         self.last: list[StreamDelta] = []
         """What :meth:`finish` returned (the gateway sends it after the parse)."""
 
@@ -67,29 +66,22 @@ class TurnStream:
         reasoning, content = self._split(text.rstrip(_REPLACEMENT))
         out: list[StreamDelta] = []
         if reasoning is not None:
-            safe = self._safe(reasoning.lstrip(), cut_markers=False)
-            if len(safe) > len(self.reasoning) and safe.startswith(self.reasoning):
-                out.append(StreamDelta("reasoning", safe[len(self.reasoning) :]))
-                self.reasoning = safe
-                self.reasoning_sent = True
+            out += self._advance("reasoning", self._safe(reasoning.lstrip(), cut_markers=False))
         if content is not None and self._markers is not None:
-            safe = self._safe(content.lstrip(), cut_markers=True)
-            if len(safe) > len(self.content) and safe.startswith(self.content):
-                out.append(StreamDelta("content", safe[len(self.content) :]))
-                self.content = safe
+            out += self._advance("content", self._safe(content.lstrip(), cut_markers=True))
         return out
 
     def finish(self, reasoning: str | None, content: str) -> list[StreamDelta]:
         """The rest of the parsed turn (what was not sent yet, when it continues what was)."""
-        out: list[StreamDelta] = []
-        if reasoning and reasoning.startswith(self.reasoning) and reasoning != self.reasoning:
-            out.append(StreamDelta("reasoning", reasoning[len(self.reasoning) :]))
-            self.reasoning = reasoning
-            self.reasoning_sent = True
-        if content.startswith(self.content) and content != self.content:
-            out.append(StreamDelta("content", content[len(self.content) :]))
-            self.content = content
-        return out
+        return [*self._advance("reasoning", reasoning or ""), *self._advance("content", content)]
+
+    def _advance(self, kind: Literal["reasoning", "content"], text: str) -> list[StreamDelta]:
+        """The delta to ``text`` when it continues what was sent of ``kind``."""
+        sent = self.reasoning if kind == "reasoning" else self.content
+        if text == sent or not text.startswith(sent):
+            return []
+        setattr(self, kind, text)
+        return [StreamDelta(kind, text[len(sent) :])]
 
     def _split(self, text: str) -> tuple[str | None, str | None]:
         """(reasoning so far or None, content so far or None: undecided)."""

@@ -27,6 +27,7 @@ __all__ = [
     "StreamDelta",
     "StreamStart",
     "ToolCallOut",
+    "invalid",
 ]
 
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -122,19 +123,19 @@ class StreamDelta:
 
 
 class GatewayError(Exception):
-    """A request the gateway answers with an error in the API's own shape.
-
-    ``kind`` is API-neutral; each API layer maps it to its status code and error body
-    (for OpenAI, ``context_length_exceeded`` is a 400 with that ``code``; for Anthropic an
-    ``invalid_request_error``; ``overloaded`` is 429/529, ``timeout`` 504 / 408;
-    ``tool_choice_unmet``, a forced tool call the model did not complete, a 500).
-    """
+    """A request the gateway answers with an error in the API's own shape: ``kind`` is
+    API-neutral, and each API layer maps it to its error body (and Anthropic's status)."""
 
     def __init__(self, kind: GatewayErrorKind, message: str, *, status: int) -> None:
         super().__init__(message)
         self.kind: GatewayErrorKind = kind
         self.message = message
         self.status = status
+
+
+def invalid(message: str, *, status: int = 400) -> GatewayError:
+    """A bad request (400 unless told), answered in the API's own shape."""
+    return GatewayError("invalid_request", message, status=status)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,11 +177,10 @@ class GatewayConfig:
             "max_sessions",
             "max_segments",
             "max_stored_responses",
+            "max_open_segments",
         ):
             if int(getattr(self, name)) < 1:
                 raise UserError(f"--{name.replace('_', '-')} must be at least 1")
-        if self.max_open_segments < 1:
-            raise UserError("--max-open-segments must be at least 1")
         if not self.request_timeout > 0:
             raise UserError("--request-timeout must be positive")
         if self.idle_timeout is not None and not self.idle_timeout > 0:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from toolrollout._extras import require_extra
 
@@ -23,19 +24,15 @@ def run_server(
     host: str = "127.0.0.1",
     port: int = 30000,
     *,
-    max_batch_size: int = 32,
-    context_length: int | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    weight_version: str = "default",
-    num_threads: int | None = None,
     served_model_name: str | None = None,
     log_level: str = "info",
     security: ServerSecurity | None = None,
     insecure: bool = False,
     weights_dirs: tuple[str | os.PathLike[str], ...] = (),
+    **engine_options: Any,
 ) -> None:
-    """Serve ``model_path`` on ``host:port`` (blocking; Ctrl-C stops it cleanly).
+    """Serve ``model_path`` on ``host:port`` (blocking; Ctrl-C stops it cleanly);
+    ``engine_options`` are :class:`EmbeddedEngine`'s (``max_batch_size``, ``device``...).
 
     A non-loopback ``host`` needs ``security.api_key`` unless ``insecure``
     (:func:`~toolrollout._security.check_bind`), checked before the model loads.
@@ -47,15 +44,7 @@ def run_server(
 
     from toolrollout.engines.embedded import EmbeddedEngine
 
-    engine = EmbeddedEngine(
-        model_path,
-        max_batch_size=max_batch_size,
-        context_length=context_length,
-        device=device,
-        dtype=dtype,
-        weight_version=weight_version,
-        num_threads=num_threads,
-    )
+    engine = EmbeddedEngine(model_path, **engine_options)
     app = create_app(
         engine, served_model_name=served_model_name, security=security, weights_dirs=weights_dirs
     )

@@ -313,14 +313,13 @@ def _add_weight_routes(
         if version is not None and not isinstance(version, str):
             return validation_error_response("weight_version must be a string")
         within = await asyncio.to_thread(_within, body["model_path"], allowed_weights)
-        if within is not True:
-            message = within or (
-                f"model_path {body['model_path']!r} is outside the folders this server "
-                "loads weights from (its model folder and --weights-dir)"
-            )
-            failure = {"success": False, "message": message, "num_paused_requests": 0}
-            return json_response(failure, HTTPStatus.BAD_REQUEST)
         try:
+            if within is not True:
+                raise UserError(
+                    within
+                    or f"model_path {body['model_path']!r} is outside the folders this server "
+                    "loads weights from (its model folder and --weights-dir)"
+                )
             update = await engine.update_weights_from_disk(
                 body["model_path"],
                 weight_version=version,

@@ -50,12 +50,9 @@ class GenerateRoute:
         return str(self.engine.tokenizer.decode([token_id]))
 
     async def route(self, request: Request) -> Response:
-        try:
-            body = await json_body(request)
-        except MalformedRequest as exc:
-            return validation_error_response(str(exc))
         engine = self.engine
         try:
+            body = await json_body(request)
             parsed = parse_generate(
                 body, tokenize=engine.tokenize, context_length=engine.context_length
             )
@@ -65,7 +62,8 @@ class GenerateRoute:
             # SGLang validates inside the response stream: a streaming request gets its
             # error as an SSE chunk with HTTP 200.
             if isinstance(body, dict) and body.get("stream") is True:
-                return _stream_of(stream_error_chunk(str(exc)), DONE)
+                chunks = [stream_error_chunk(str(exc)), DONE]
+                return StreamingResponse(iter(chunks), media_type="text/event-stream")
             return error_response(str(exc))
         if parsed.stream:
             return StreamingResponse(self._stream(parsed), media_type="text/event-stream")
@@ -175,11 +173,3 @@ class GenerateRoute:
 
 def _put(queue: asyncio.Queue[tuple[int, Event]], i: int, event: Event) -> None:
     queue.put_nowait((i, event))
-
-
-def _stream_of(*chunks: bytes) -> StreamingResponse:
-    async def body() -> AsyncIterator[bytes]:
-        for chunk in chunks:
-            yield chunk
-
-    return StreamingResponse(body(), media_type="text/event-stream")

@@ -7,9 +7,7 @@ the model's chat template, generates, and, when the parser finds tool calls, ret
 as ``message.tool_calls`` (``"id": "call_<24 hex>"``, ``"arguments"`` as a JSON string)
 with ``finish_reason`` rewritten from ``"stop"`` to ``"tool_calls"``; ``content`` is the
 text before the first call. Streaming and ``n > 1`` are refused with a one-line error.
-
-The request and response builders are plain functions so that the benchmark's
-latency-model server answers with exactly the same shapes as the embedded server.
+The benchmark's latency-model server adds the same route (:func:`add_chat_completions`).
 """
 
 from __future__ import annotations
@@ -27,16 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from toolrollout._exceptions import ToolRolloutError, UserError
 from toolrollout.chat import ChatFormat, ToolCall
 from toolrollout.chat.parsers import get_tool_parser
-from toolrollout.engines._types import FinishReason, GenerateRequest, SamplingParams
+from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams
 
-__all__ = [
-    "ChatCompletionRequest",
-    "add_chat_completions",
-    "chat_completion_json",
-    "openai_finish_reason",
-    "parse_chat_request",
-    "tool_calls_json",
-]
+__all__ = ["ChatCompletionRequest", "add_chat_completions", "validate_body"]
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -95,19 +86,12 @@ def validate_body(
         raise error(f"{where}: {first['msg']}") from None
 
 
-def parse_chat_request(body: Any) -> ChatCompletionRequest:
-    """Validate a request body; :class:`UserError` with one readable line otherwise."""
-    request = validate_body(ChatCompletionRequest, body)
-    if request.stream:
-        raise UserError("stream=true is not supported by this server; use stream=false")
-    if request.n != 1:
-        raise UserError(f"n={request.n} is not supported by this server; send n=1")
-    return request
-
-
-def tool_calls_json(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
-    """OpenAI ``message.tool_calls`` for parsed calls (arguments as a JSON string)."""
-    return [
+def _completion(
+    result: GenerateResult, model: str, rid: str, content: str | None, calls: Sequence[ToolCall]
+) -> dict[str, Any]:
+    """A ``chat.completion`` object in SGLang's layout: a stop that produced tool calls
+    reports ``"tool_calls"``, each with a fresh ``call_<24 hex>`` id."""
+    tool_calls = [
         {
             "id": f"call_{uuid.uuid4().hex[:24]}",
             "index": i,
@@ -119,56 +103,34 @@ def tool_calls_json(calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
         }
         for i, call in enumerate(calls)
     ]
-
-
-def openai_finish_reason(finish: FinishReason, *, has_tool_calls: bool) -> str:
-    """SGLang's mapping: a stop that produced tool calls reports ``"tool_calls"``."""
-    if finish.type == "stop":
-        return "tool_calls" if has_tool_calls else "stop"
-    return finish.type
-
-
-def chat_completion_json(
-    *,
-    model: str,
-    content: str | None,
-    tool_calls: list[dict[str, Any]],
-    finish_reason: str,
-    matched_stop: int | str | None,
-    prompt_tokens: int,
-    completion_tokens: int,
-    cached_tokens: int = 0,
-    rid: str | None = None,
-) -> dict[str, Any]:
-    """A ``chat.completion`` object in SGLang's layout."""
-    message: dict[str, Any] = {
+    finish = result.finish_reason
+    message = {
         "role": "assistant",
         "content": content if content else None,
         "reasoning_content": None,
         "tool_calls": tool_calls or None,
     }
     usage: dict[str, Any] = {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
         "reasoning_tokens": 0,
     }
-    if cached_tokens:
-        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if result.cached_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": result.cached_tokens}
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": "tool_calls" if finish.type == "stop" and calls else finish.type,
+        "matched_stop": None if calls else finish.matched,
+    }
     return {
-        "id": rid or uuid.uuid4().hex,
+        "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-                "matched_stop": None if tool_calls else matched_stop,
-            }
-        ],
+        "choices": [choice],
         "usage": usage,
     }
 
@@ -206,7 +168,11 @@ def add_chat_completions(
     async def chat_completions(request: Request) -> Any:
         try:
             body = json.loads(await request.body() or b"{}")
-            parsed = parse_chat_request(body)
+            parsed = validate_body(ChatCompletionRequest, body)
+            if parsed.stream:
+                raise UserError("stream=true is not supported by this server; use stream=false")
+            if parsed.n != 1:
+                raise UserError(f"n={parsed.n} is not supported by this server; send n=1")
             fmt = chat_format(parsed.tools if parsed.tools_enabled() else None)
             prompt_ids = fmt.render_prompt(parsed.messages)
         except ValueError as exc:  # JSON errors
@@ -222,28 +188,12 @@ def add_chat_completions(
             return error_response(str(exc), HTTPStatus.BAD_REQUEST)
         except ToolRolloutError as exc:
             return error_response(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
-        text = fmt.model_text(result.output_ids)
-        calls: list[dict[str, Any]] = []
-        content: str | None = text
+        content: str | None = fmt.model_text(result.output_ids)
+        calls: Sequence[ToolCall] = ()
         if parsed.tools_enabled():
             # Built per request: schema-typed formats (qwen3_coder) read this request's tools.
             parser = get_tool_parser(tool_parser or fmt.family.tool_parser, tools=fmt.tools)
-            turn = parser.parse(text)
+            turn = parser.parse(content or "")
             if turn.tool_calls:
-                calls = tool_calls_json(turn.tool_calls)
-                content = turn.content
-        return json_response(
-            chat_completion_json(
-                model=parsed.model or model_name,
-                content=content,
-                tool_calls=calls,
-                finish_reason=openai_finish_reason(
-                    result.finish_reason, has_tool_calls=bool(calls)
-                ),
-                matched_stop=result.finish_reason.matched,
-                prompt_tokens=result.prompt_tokens,
-                completion_tokens=result.completion_tokens,
-                cached_tokens=result.cached_tokens,
-                rid=rid,
-            )
-        )
+                calls, content = turn.tool_calls, turn.content
+        return json_response(_completion(result, parsed.model or model_name, rid, content, calls))

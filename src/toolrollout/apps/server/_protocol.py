@@ -80,7 +80,6 @@ class SubRequest:
 
     request: GenerateRequest
     options: GenerationOptions
-    top_logprobs_num: int
     return_text_in_logprobs: bool
 
 
@@ -359,14 +358,7 @@ def parse_generate(
                 return_logprob=bool(return_logprob[i]),
                 image_data=images[i],
             )
-            subs.append(
-                SubRequest(
-                    request=request,
-                    options=options,
-                    top_logprobs_num=options.top_logprobs_num,
-                    return_text_in_logprobs=text_in_logprobs,
-                )
-            )
+            subs.append(SubRequest(request, options, text_in_logprobs))
     return ParsedGenerate(subs=subs, single=single, stream=stream)
 
 
@@ -408,7 +400,7 @@ def _logprob_fields(
         ],
         "output_token_logprobs_length": len(out.output_ids),
     }
-    if sub.top_logprobs_num > 0:
+    if sub.options.top_logprobs_num > 0:
         fields["input_top_logprobs"] = [tops(e) for e in out.input_top_logprobs]
         fields["output_top_logprobs"] = [tops(e) for e in out.output_top_logprobs]
     return fields
