@@ -86,8 +86,9 @@ class Scheduler:
         self._kv: list[LayerKV] = []
         self._mask: torch.Tensor | None = None
         self._held = False
-        self._decode_steps = 0
-        self._decoded_rows = 0
+        self.decode_steps = 0
+        """Decode forward passes so far; ``decoded_rows / decode_steps`` is the mean batch."""
+        self.decoded_rows = 0
         self._thread = threading.Thread(
             target=self._run, name="toolrollout-embedded-scheduler", daemon=True
         )
@@ -141,16 +142,6 @@ class Scheduler:
     def num_tokens(self) -> int:
         """Tokens held in the KV cache of the running batch (padding excluded)."""
         return sum(len(s.prompt) + len(s.output_ids) for s in list(self._rows))
-
-    @property
-    def decode_steps(self) -> int:
-        """Decode forward passes run so far; with ``decoded_rows`` it shows the batching."""
-        return self._decode_steps
-
-    @property
-    def decoded_rows(self) -> int:
-        """Rows summed over all decode steps (one token each): rows/steps is the mean batch."""
-        return self._decoded_rows
 
     # ----------------------------------------------------------------- worker side
     def _run(self) -> None:
@@ -340,8 +331,8 @@ class Scheduler:
             self._reset_batch()
             return
         self._kv, self._mask = kv, mask
-        self._decode_steps += 1
-        self._decoded_rows += len(rows)
+        self.decode_steps += 1
+        self.decoded_rows += len(rows)
         done: list[int] = []
         for i, seq in enumerate(rows):
             self._append(seq, tokens[i], logprobs[i])
