@@ -1,11 +1,8 @@
 """toolrollout output -> verl's padded rollout batch.
 
-verl's trainer consumes a fixed-width batch (``AgentLoopWorker._agent_loop_postprocess`` and
-``_postprocess`` in ``verl/experimental/agent_loop/agent_loop.py``): prompts left-padded to
-``prompt_length``, responses right-padded to ``response_length``, ``response_mask`` zero on
-tool tokens and padding, ``position_ids`` counting real tokens only. Building the same
-tensors from a ``toolrollout generate`` file lets verl train on offline or rejection-sampled
-rollouts without re-running them. torch is imported when a batch is built, never at import.
+The same fixed-width tensors verl's agent loop builds (``_agent_loop_postprocess``), from a
+``toolrollout generate`` file, so verl can train on offline or rejection-sampled rollouts.
+torch is imported when a batch is built, never at import.
 """
 
 from __future__ import annotations
