@@ -29,12 +29,12 @@ import anyio
 from ._exceptions import UserError
 from .engines._base import Engine
 from .engines._control import (
-    PAUSE_MODES,
     EngineInfo,
     PauseMode,
     ServerInfo,
     ServerWeightUpdate,
     WeightUpdate,
+    check_pause_mode,
 )
 from .engines._types import (
     FinishReason,
@@ -303,8 +303,7 @@ class ScriptedEngine(Engine):
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """New requests wait; ``abort`` also aborts the requests in flight, the other modes
         keep them until :meth:`continue_generation`."""
-        if mode not in PAUSE_MODES:
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        check_pause_mode(mode)
         self._paused = True
         if self._gate is None:
             self._gate = anyio.Event()

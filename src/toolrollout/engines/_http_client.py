@@ -8,7 +8,6 @@ here; a subclass gives its wire format (``_generate_body``, ``_parse_generate``,
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 import uuid
@@ -188,14 +187,8 @@ class HTTPClient(ServerCalls, Engine):
                 for url in self._abort_urls:
                     tg.start_soon(self._abort_on, url, entry.wire_rid, rid)
             return
-        send = functools.partial(
-            self._request_once,
-            entry.server,
-            "POST",
-            self._ABORT_PATH,
-            json_body=self._abort_body(entry.wire_rid),
-        )
-        await self._retrying(f"abort rid={rid}", send)
+        body = self._abort_body(entry.wire_rid)
+        await self._call(entry.server, "POST", self._ABORT_PATH, body, what=f"abort rid={rid}")
 
     async def abort_all(self) -> None:
         """Abort this client's requests by their own ids (never the server's abort-all,
@@ -213,15 +206,9 @@ class HTTPClient(ServerCalls, Engine):
                 tg.start_soon(one, rid)
 
     async def _abort_on(self, url: str, wire_rid: str, rid: str) -> None:
-        send = functools.partial(
-            self._request_once,
-            url,
-            "POST",
-            self._ABORT_PATH,
-            json_body=self._abort_body(wire_rid),
-            account=False,
-        )
-        await self._retrying(f"abort rid={rid} on {url}", send)
+        body = self._abort_body(wire_rid)
+        what = f"abort rid={rid} on {url}"
+        await self._call(url, "POST", self._ABORT_PATH, body, what=what, account=False)
 
     def bind_group(self, session_id: str, group: str) -> str:
         """Pin ``session_id`` to the server of ``group`` (least loaded at its first use)."""

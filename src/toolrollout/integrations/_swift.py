@@ -151,26 +151,14 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
 
     def _resolve_engine(self) -> Engine:
         if self._engine is None:
-            url = os.environ.get(ENGINE_URL_ENV)
-            if not url:
-                raise UserError(
-                    "the toolrollout scheduler needs an engine: "
-                    f"pass engine=... or set {ENGINE_URL_ENV}"
-                )
             from ._portal import engine_at
 
-            self._engine = engine_at(url)
+            self._engine = engine_at(_required_env(ENGINE_URL_ENV, "an engine", "engine"))
         return self._engine
 
     def _resolve_tools(self) -> list[Tool]:
         if self._tools is None:
-            path = os.environ.get(TOOL_CONFIG_ENV)
-            if not path:
-                raise UserError(
-                    "the toolrollout scheduler needs tools: "
-                    f"pass tools=... or set {TOOL_CONFIG_ENV}"
-                )
-            self._tools = load_tool_config(path)
+            self._tools = load_tool_config(_required_env(TOOL_CONFIG_ENV, "tools", "tools"))
         return self._tools
 
     def _runner(self, request_config: RequestConfig) -> RolloutRunner:
@@ -220,6 +208,15 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
         (trajectory,) = await runner.run([prompt])
         model = _model_name(self.infer_engine)
         return to_swift_rollout_output(trajectory, runner.chat.tokenizer, model=model)
+
+
+def _required_env(name: str, what: str, argument: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise UserError(
+            f"the toolrollout scheduler needs {what}: pass {argument}=... or set {name}"
+        )
+    return value
 
 
 def _model_name(infer_engine: Any) -> str:

@@ -134,8 +134,7 @@ class LoadedModel:
     ) -> tuple[torch.Tensor, list[LayerKV]]:
         """Run one forward pass over ``input_ids`` on top of the cached ``kv``.
 
-        Returns the logits (``[batch, positions, vocab]``; only the last position unless
-        ``all_logits``) and every layer's keys/values including the new positions.
+        Returns the logits (only the last position unless ``all_logits``) and the KV.
         """
         from transformers import DynamicCache
 
@@ -160,10 +159,8 @@ class LoadedModel:
     ) -> tuple[torch.Tensor, list[LayerKV], int]:
         """Prefill one prompt with images (Qwen2-VL family).
 
-        The vision tower's features replace the placeholder embeddings, and the prompt gets
-        the model's 3-D (temporal, height, width) rotary positions. Returns the logits, the
-        KV and the position offset of every later token (its index plus this offset, the
-        same in all three dimensions), which is what decoding needs.
+        The vision features replace the placeholder embeddings under 3-D rotary positions;
+        returns the logits, the KV and the position offset of every later token.
         """
         from transformers import DynamicCache
 

@@ -1,19 +1,10 @@
 """Continuous batching on one worker thread.
 
-The thread owns the model and every tensor. Between two decode steps it takes commands
-(new requests, aborts, stop) from a thread-safe inbox, prefills newly admitted requests
-(prompts of equal length share one forward; nothing is padded, so a prompt's KV is what an
-unbatched run computes), appends their KV to the running batch, and then decodes all
-running sequences together in one forward pass per step.
-
-The batch KV cache is kept as plain per-layer tensors ``[batch, kv_heads, seq, head_dim]``,
-left-padded to the longest sequence. A ``[batch, seq]`` attention mask hides the padding
-and explicit ``position_ids`` give each row its true position, so a padded row computes
-the same logits as the sequence alone (up to float rounding). Finished rows are removed
-with ``index_select`` and padding columns that no row needs any more are cropped.
-
-Results go back to the caller's event loop with ``loop.call_soon_threadsafe``; torch never
-runs on an event loop.
+The thread owns the model and every tensor. Between two decode steps it takes commands from
+a thread-safe inbox, prefills newly admitted requests (unpadded), appends their KV to the
+running batch and decodes all rows in one forward pass. The batch KV is left-padded
+per-layer tensors; an attention mask and explicit ``position_ids`` make a padded row compute
+the sequence's own logits. Results go back with ``loop.call_soon_threadsafe``.
 """
 
 from __future__ import annotations

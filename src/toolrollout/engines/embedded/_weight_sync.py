@@ -20,7 +20,12 @@ import torch
 
 from toolrollout._exceptions import EngineUnavailable, ToolRolloutError, UserError
 from toolrollout.engines._base import Engine
-from toolrollout.engines._control import PAUSE_MODES, PauseMode, ServerWeightUpdate, WeightUpdate
+from toolrollout.engines._control import (
+    PauseMode,
+    ServerWeightUpdate,
+    WeightUpdate,
+    check_pause_mode,
+)
 from toolrollout.engines.embedded._model import LoadedModel, ModelMeta, load_meta, load_model
 from toolrollout.engines.embedded._scheduler import Scheduler
 
@@ -70,14 +75,9 @@ class WeightSyncEngine(Engine):
             gate.set()
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """Stop generating until :meth:`continue_generation` (SGLang's three modes).
-
-        ``abort`` ends every running and waiting request with its partial output;
-        ``retract`` and ``in_place`` keep them, frozen, and resume them afterwards (there
-        is no paged KV pool here, so the two behave the same). New requests wait.
-        """
-        if mode not in PAUSE_MODES:
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        """Stop generating until :meth:`continue_generation` (``retract`` and ``in_place``
+        behave the same here: there is no paged KV pool)."""
+        check_pause_mode(mode)
         scheduler = self._require_scheduler()
         self._paused = True
         self._close_gate()
@@ -102,12 +102,8 @@ class WeightSyncEngine(Engine):
     ) -> WeightUpdate:
         """Load new weights from a model folder and swap them in between two steps.
 
-        The folder must hold the same architecture and vocabulary (the tokenizer stays).
-        New requests wait meanwhile; running ones finish on the old weights first unless
-        ``abort_all_requests`` (or a paused engine, whose frozen requests then continue
-        on the new weights, as in SGLang). Raises :class:`UserError` for a folder that
-        cannot be loaded; the old weights then stay. The answer counts the requests
-        paused across the swap.
+        The folder must hold the same architecture and vocabulary (the tokenizer stays);
+        else :class:`UserError`, and the old weights stay.
         """
         scheduler = self._require_scheduler()
         path = os.fspath(model_path)
@@ -163,17 +159,10 @@ class WeightSyncEngine(Engine):
     ) -> None:
         """Copy a trainer's weights into the served model in place, between two steps.
 
-        The in-process counterpart of :meth:`update_weights_from_disk` for a policy that
-        lives in the same process: no checkpoint is written, and the tensors are copied
-        (cast to the engine's dtype and device) into the model the scheduler runs, so the
-        engine needs no second copy of the weights. ``state_dict`` uses the served model's
-        parameter names (``model.state_dict()`` of the same architecture; unwrap DDP /
-        accelerate first). A tied weight may be given under either of its names. Every
-        name and shape is checked before anything is copied, so a refused call
-        (:class:`UserError`) leaves the old weights. Waits like a disk update: new
-        requests wait, running ones finish first unless ``abort_all_requests`` (or a
-        paused engine, whose frozen requests continue on the new weights).
-        ``weight_version`` is then reported with every result.
+        No checkpoint is written and no second copy of the weights is kept. ``state_dict``
+        uses the served model's parameter names (unwrap DDP / accelerate first); every name
+        and shape is checked before anything is copied, so a refused call leaves the old
+        weights. Waits like :meth:`update_weights_from_disk`.
         """
         scheduler = self._require_scheduler()
         async with self._update_lock:

@@ -7,21 +7,20 @@ update is never left half-applied silently.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Any
 
-from ..._exceptions import EngineError, EngineRequestRejected, UserError
+from ..._exceptions import EngineError, EngineRequestRejected
 from .. import _wire
 from .._checkpoint import checkpoint_dtype
 from .._control import (
-    PAUSE_MODES,
     EngineInfo,
     PauseMode,
     ServerInfo,
     ServerWeightUpdate,
     WeightUpdate,
+    check_pause_mode,
 )
 from .._http_client import HTTPClient
 from .._types import SamplingParams
@@ -114,9 +113,8 @@ class _ControlPlane(HTTPClient):
         self._check_open()
         flushed = True
         for url in self._router.urls:
-            send = functools.partial(self._request_once, url, "POST", "/flush_cache")
             try:
-                await self._retrying(f"flush_cache on {url}", send)
+                await self._call(url, "POST", "/flush_cache", what=f"flush_cache on {url}")
             except EngineRequestRejected as exc:
                 if exc.status_code != 400:
                     raise
@@ -128,8 +126,7 @@ class _ControlPlane(HTTPClient):
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """``POST /pause_generation`` on every server, before a trainer swaps weights."""
-        if mode not in PAUSE_MODES:
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        check_pause_mode(mode)
         await self._on_every_server("POST", "/pause_generation", {"mode": mode})
 
     async def continue_generation(self, *, torch_empty_cache: bool = False) -> None:
@@ -160,11 +157,8 @@ class _ControlPlane(HTTPClient):
             body["load_format"] = load_format
 
         async def one(url: str) -> ServerWeightUpdate:
-            send = functools.partial(
-                self._request_once, url, "POST", "/update_weights_from_disk", json_body=body
-            )
             try:
-                response = await self._retrying(f"POST {url}/update_weights_from_disk", send)
+                response = await self._call(url, "POST", "/update_weights_from_disk", body)
                 data = _wire.parse_json(response.content, what=f"update_weights_from_disk on {url}")
                 status = response.status_code
             except EngineRequestRejected as exc:

@@ -27,12 +27,12 @@ from ..._exceptions import EngineError, EngineRequestRejected, EngineUnavailable
 from .. import _wire as _common_wire
 from .._checkpoint import check_compatible, checkpoint_dtype, read_layout
 from .._control import (
-    PAUSE_MODES,
     EngineInfo,
     PauseMode,
     ServerInfo,
     ServerWeightUpdate,
     WeightUpdate,
+    check_pause_mode,
 )
 from .._http_client import HTTPClient
 from .._types import GenerateRequest, GenerateResult, SamplingParams
@@ -152,8 +152,7 @@ class VLLMClient(HTTPClient):
     async def metrics(self, url: str | None = None) -> dict[str, float]:
         """``GET /metrics``: every ``vllm:`` sample by name, summed over its labels."""
         target = self._resolve(url)
-        send = functools.partial(self._request_once, target, "GET", "/metrics")
-        response = await self._retrying(f"GET {target}/metrics", send)
+        response = await self._call(target, "GET", "/metrics")
         return _prometheus(response.text)
 
     async def get_loads(self, url: str | None = None) -> dict[str, Any]:
@@ -251,8 +250,7 @@ class VLLMClient(HTTPClient):
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """``POST /pause?mode=`` on every server (vLLM's ``abort`` stops every request on
         the server, as SGLang's does)."""
-        if mode not in PAUSE_MODES:
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        check_pause_mode(mode)
         await self._control("POST", f"/pause?mode={_PAUSE[mode]}")
         self._paused = True
 
@@ -342,9 +340,9 @@ class VLLMClient(HTTPClient):
 
     async def _reload(self, path: str, url: str) -> ServerWeightUpdate:
         body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
-        send = functools.partial(self._request_once, url, "POST", "/collective_rpc", json_body=body)
         try:
-            await send()  # not retried: a second reload of a broken folder changes nothing
+            # Not retried: a second reload of a broken folder changes nothing.
+            await self._request_once(url, "POST", "/collective_rpc", json_body=body)
         except EngineError as exc:
             self._mark_dead(
                 url,
@@ -375,9 +373,8 @@ class VLLMClient(HTTPClient):
         """One dev-mode control call on every server (or ``urls``); a 404 names the flag."""
 
         async def one(url: str) -> httpx.Response:
-            send = functools.partial(self._request_once, url, method, path, json_body=body)
             try:
-                return await self._retrying(f"{method} {url}{path}", send)
+                return await self._call(url, method, path, body)
             except EngineRequestRejected as exc:
                 if exc.status_code == 404:
                     raise UserError(_dev_mode_hint(url, path.split("?")[0])) from None
