@@ -18,24 +18,26 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from dataclasses import dataclass, field
 
 import anyio
 
 from ._exceptions import UserError
 from .engines._base import Engine
-from .engines._control import (
-    EngineInfo,
-    PauseMode,
-    ServerInfo,
-    ServerWeightUpdate,
-    WeightUpdate,
-    check_pause_mode,
-)
+from .engines._control import EngineInfo, PauseMode, ServerInfo, ServerWeightUpdate, WeightUpdate
 from .engines._types import (
     FinishReason,
     GenerateRequest,
@@ -154,16 +156,23 @@ class ScriptedEngine(Engine):
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Answer with the next scripted output (truncated to ``max_new_tokens``)."""
+        async with self._admitted(request, "generate") as rid:
+            return await self._answer(request, rid)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, request: GenerateRequest, method: str) -> AsyncIterator[str]:
+        """Wait out a pause, record ``request`` and hold its rid in flight."""
         if request.sampling.n != 1:
-            raise UserError(f"generate() needs sampling.n == 1, got {request.sampling.n}")
+            raise UserError(f"{method}() needs sampling.n == 1, got {request.sampling.n}")
         while (gate := self._gate) is not None:
             await gate.wait()
         self.requests.append(request)
         rid = request.rid or f"scripted-{next(self._counter)}"
         self._inflight.add(rid)
         try:
-            return await self._answer(request, rid)
+            yield rid
         finally:
+            self._pending.pop(rid, None)
             self._inflight.discard(rid)
             self._changed.set()
             self._changed = anyio.Event()
@@ -220,16 +229,8 @@ class ScriptedEngine(Engine):
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
         """Stream the next scripted output: one chunk per id, ``token_delay`` apart."""
-        if request.sampling.n != 1:
-            raise UserError(f"generate_stream() needs sampling.n == 1, got {request.sampling.n}")
-        while (gate := self._gate) is not None:
-            await gate.wait()
-        self.requests.append(request)
-        rid = request.rid or f"scripted-{next(self._counter)}"
-        self._inflight.add(rid)
-        pending = _Pending()
-        self._pending[rid] = pending
-        try:
+        async with self._admitted(request, "generate_stream") as rid:
+            pending = self._pending[rid] = _Pending()
             output = await self._next_output(request)
             ids, logprobs, finish = _within_budget(output, request)
             if output.delay > 0:
@@ -257,11 +258,6 @@ class ScriptedEngine(Engine):
                 finish = FinishReason(type="abort", message="Aborted")
             result = self._result(request, rid, output, ids, logprobs, finish)
             yield StreamChunk.final(result, before=min(sent, len(ids)))
-        finally:
-            self._pending.pop(rid, None)
-            self._inflight.discard(rid)
-            self._changed.set()
-            self._changed = anyio.Event()
 
     async def abort(self, rid: str) -> None:
         """Record the abort; a pending ``generate`` with a ``delay`` returns early."""
@@ -303,7 +299,7 @@ class ScriptedEngine(Engine):
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """New requests wait; ``abort`` also aborts the requests in flight, the other modes
         keep them until :meth:`continue_generation`."""
-        check_pause_mode(mode)
+        self._check_pause_mode(mode)
         self._paused = True
         if self._gate is None:
             self._gate = anyio.Event()

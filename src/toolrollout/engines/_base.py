@@ -96,6 +96,11 @@ class Engine(ABC):
         requests are running or waiting."""
         raise self._unsupported("flush_cache")
 
+    @staticmethod
+    def _check_pause_mode(mode: str) -> None:
+        if mode not in ("abort", "retract", "in_place"):
+            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+
     def _unsupported(self, what: str) -> UserError:
         return UserError(
             f"{type(self).__name__} does not support {what}: its weights are managed "

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Self
 
-from .._exceptions import EngineError, UserError
+from .._exceptions import EngineError
 
 __all__ = [
     "EngineInfo",
@@ -23,11 +23,6 @@ __all__ = [
 PauseMode = Literal["abort", "retract", "in_place"]
 """SGLang's pause modes: ``abort`` ends running requests with their partial output;
 ``retract`` and ``in_place`` keep them and resume them on ``continue_generation``."""
-
-
-def check_pause_mode(mode: str) -> None:
-    if mode not in ("abort", "retract", "in_place"):
-        raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,17 +57,21 @@ class SamplingParams:
             "skip_special_tokens": self.skip_special_tokens,
             "no_stop_trim": True,
         }
-        if self.stop:
-            body["stop"] = list(self.stop)
-        if self.stop_token_ids:
-            body["stop_token_ids"] = list(self.stop_token_ids)
-        if self.ignore_eos:
-            body["ignore_eos"] = True
+        body.update(self.stop_settings())
         if self.seed is not None:
             body["sampling_seed"] = self.seed
         if self.n != 1:
             body["n"] = self.n
         return body
+
+    def stop_settings(self) -> dict[str, Any]:
+        """The stop settings that are set, named alike by SGLang and vLLM."""
+        settings = {
+            "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": self.ignore_eos,
+        }
+        return {key: value for key, value in settings.items() if value}
 
 
 @dataclass(frozen=True, slots=True)

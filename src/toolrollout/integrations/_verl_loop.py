@@ -90,8 +90,6 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
     """A verl agent loop that runs one toolrollout trajectory per dataset row.
 
     Extra keys of the agent-loop YAML entry arrive as keyword arguments:
-
-    Extra keys of the agent-loop YAML entry arrive as keyword arguments:
     ``tool_config_path`` (else verl's loaded tools are used), ``tool_parser`` (else
     ``multi_turn.format`` unless it is verl's default ``hermes``, else the family's),
     ``family``, ``chat_template_kwargs`` and ``reward`` (a dotted path; its value becomes

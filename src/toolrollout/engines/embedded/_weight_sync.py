@@ -7,11 +7,12 @@ anything is copied, the copy run on the scheduler thread).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -20,12 +21,7 @@ import torch
 
 from toolrollout._exceptions import EngineUnavailable, ToolRolloutError, UserError
 from toolrollout.engines._base import Engine
-from toolrollout.engines._control import (
-    PauseMode,
-    ServerWeightUpdate,
-    WeightUpdate,
-    check_pause_mode,
-)
+from toolrollout.engines._control import PauseMode, ServerWeightUpdate, WeightUpdate
 from toolrollout.engines.embedded._model import LoadedModel, ModelMeta, load_meta, load_model
 from toolrollout.engines.embedded._scheduler import Scheduler
 
@@ -77,7 +73,7 @@ class WeightSyncEngine(Engine):
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """Stop generating until :meth:`continue_generation` (``retract`` and ``in_place``
         behave the same here: there is no paged KV pool)."""
-        check_pause_mode(mode)
+        self._check_pause_mode(mode)
         scheduler = self._require_scheduler()
         self._paused = True
         self._close_gate()
@@ -109,12 +105,7 @@ class WeightSyncEngine(Engine):
         path = os.fspath(model_path)
         async with self._update_lock:
             meta = await anyio.to_thread.run_sync(self._load_meta_checked, path)
-            self._close_gate()
-            try:
-                if abort_all_requests:
-                    scheduler.abort("", abort_all=True)
-                paused_requests = self._count_active() if self._paused else 0
-                await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
+            async with self._swap_window(scheduler, abort_all_requests) as paused_requests:
                 current = self._model
                 assert current is not None
                 try:
@@ -130,17 +121,11 @@ class WeightSyncEngine(Engine):
                 except Exception as exc:  # any loader failure leaves the old weights
                     raise UserError(f"cannot load the weights in {path}: {exc}") from exc
                 done = scheduler.swap_model(model)
-                while not done.is_set():
-                    if not scheduler.alive:
-                        raise EngineUnavailable("the scheduler stopped during a weight update")
-                    await anyio.sleep(0.005)
+                await _until(done.is_set, scheduler, "weight update", 0.005)
                 self._model = model
                 self._meta = replace(self._meta, model_path=meta.model_path, config=meta.config)
                 if weight_version is not None:
                     self.weight_version = weight_version
-            finally:
-                if not self._paused:
-                    self._open_gate()
         del current
         gc.collect()
         answer = ServerWeightUpdate(
@@ -169,21 +154,26 @@ class WeightSyncEngine(Engine):
             current = self._model
             assert current is not None
             plan = copy_plan(current.model, state_dict)  # refuses before anything waits
-            self._close_gate()
-            try:
-                if abort_all_requests:
-                    scheduler.abort("", abort_all=True)
-                await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
+            async with self._swap_window(scheduler, abort_all_requests):
                 future = scheduler.run_between_steps(functools.partial(copy_weights, plan))
-                while not future.done():
-                    if not scheduler.alive:
-                        raise EngineUnavailable("the scheduler stopped during a weight load")
-                    await anyio.sleep(0.002)
+                await _until(future.done, scheduler, "weight load", 0.002)
                 future.result()
                 self.weight_version = weight_version
-            finally:
-                if not self._paused:
-                    self._open_gate()
+
+    @contextlib.asynccontextmanager
+    async def _swap_window(self, scheduler: Scheduler, abort_all: bool) -> AsyncIterator[int]:
+        """New requests wait while running ones end (or are aborted); yields the number of
+        paused requests that wait across the swap."""
+        self._close_gate()
+        try:
+            if abort_all:
+                scheduler.abort("", abort_all=True)
+            paused_requests = self._count_active() if self._paused else 0
+            await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
+            yield paused_requests
+        finally:
+            if not self._paused:
+                self._open_gate()
 
     def _wait_idle(self, scheduler: Scheduler) -> None:
         """Block until no request is in flight (a pause ends the wait: they are frozen)."""
@@ -217,6 +207,13 @@ class WeightSyncEngine(Engine):
         if self._scheduler is None:
             raise UserError("EmbeddedEngine is not started")
         return self._scheduler
+
+
+async def _until(done: Callable[[], bool], scheduler: Scheduler, what: str, poll: float) -> None:
+    while not done():
+        if not scheduler.alive:
+            raise EngineUnavailable(f"the scheduler stopped during a {what}")
+        await anyio.sleep(poll)
 
 
 CopyPlan = list[tuple[torch.Tensor, torch.Tensor]]

@@ -81,15 +81,7 @@ class SGLangClient(_ControlPlane):
                 response, url = await self._open_stream(request, entry)
             except EngineError as exc:
                 if entry.aborted and not isinstance(exc, EngineRequestRejected):
-                    result = _empty_abort(entry, request)
-                    yield StreamChunk(
-                        rid=entry.rid,
-                        output_ids=(),
-                        output_logprobs=result.output_logprobs,
-                        new_ids=(),
-                        text=None,
-                        result=result,
-                    )
+                    yield StreamChunk.final(_empty_abort(entry, request))
                     return
                 raise
             accumulator = _stream.StreamAccumulator(

@@ -14,14 +14,7 @@ from typing import Any
 from ..._exceptions import EngineError, EngineRequestRejected
 from .. import _wire
 from .._checkpoint import checkpoint_dtype
-from .._control import (
-    EngineInfo,
-    PauseMode,
-    ServerInfo,
-    ServerWeightUpdate,
-    WeightUpdate,
-    check_pause_mode,
-)
+from .._control import EngineInfo, PauseMode, ServerInfo, ServerWeightUpdate, WeightUpdate
 from .._http_client import HTTPClient
 from .._types import SamplingParams
 
@@ -126,7 +119,7 @@ class _ControlPlane(HTTPClient):
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """``POST /pause_generation`` on every server, before a trainer swaps weights."""
-        check_pause_mode(mode)
+        self._check_pause_mode(mode)
         await self._on_every_server("POST", "/pause_generation", {"mode": mode})
 
     async def continue_generation(self, *, torch_empty_cache: bool = False) -> None:

@@ -26,14 +26,7 @@ import httpx
 from ..._exceptions import EngineError, EngineRequestRejected, EngineUnavailable, UserError
 from .. import _wire as _common_wire
 from .._checkpoint import check_compatible, checkpoint_dtype, read_layout
-from .._control import (
-    EngineInfo,
-    PauseMode,
-    ServerInfo,
-    ServerWeightUpdate,
-    WeightUpdate,
-    check_pause_mode,
-)
+from .._control import EngineInfo, PauseMode, ServerInfo, ServerWeightUpdate, WeightUpdate
 from .._http_client import HTTPClient
 from .._types import GenerateRequest, GenerateResult, SamplingParams
 from . import _wire
@@ -250,7 +243,7 @@ class VLLMClient(HTTPClient):
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
         """``POST /pause?mode=`` on every server (vLLM's ``abort`` stops every request on
         the server, as SGLang's does)."""
-        check_pause_mode(mode)
+        self._check_pause_mode(mode)
         await self._control("POST", f"/pause?mode={_PAUSE[mode]}")
         self._paused = True
 

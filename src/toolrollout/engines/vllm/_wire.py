@@ -54,12 +54,7 @@ def sampling_params(sampling: SamplingParams, *, logprobs: bool) -> dict[str, An
     }
     if logprobs:
         body["logprobs"] = 0
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if sampling.stop_token_ids:
-        body["stop_token_ids"] = list(sampling.stop_token_ids)
-    if sampling.ignore_eos:
-        body["ignore_eos"] = True
+    body.update(sampling.stop_settings())
     if sampling.seed is not None:
         body["seed"] = sampling.seed
     return _finite_sampling(body)
