@@ -11,12 +11,13 @@ vLLM's wire format (:mod:`._wire`) and control plane over :class:`HTTPClient`:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +46,18 @@ _CACHE_RESETS = 20
 """Tries of ``/reset_prefix_cache`` after a reload (it refuses while blocks are held)."""
 
 
-def _dev_mode_hint(url: str, path: str) -> str:
-    return (
-        f"{url}{path} is not served: vLLM's control plane needs the server started with "
-        "VLLM_SERVER_DEV_MODE=1 (docs/engines.md#vllm)"
-    )
+@contextlib.contextmanager
+def _dev_mode(url: str, path: str) -> Iterator[None]:
+    """A 404 from a dev-mode route names the setting that serves it."""
+    try:
+        yield
+    except EngineRequestRejected as exc:
+        if exc.status_code != 404:
+            raise
+        raise UserError(
+            f"{url}{path.split('?')[0]} is not served: vLLM's control plane needs the server "
+            "started with VLLM_SERVER_DEV_MODE=1 (docs/engines.md#vllm)"
+        ) from None
 
 
 class VLLMClient(HTTPClient):
@@ -85,12 +93,8 @@ class VLLMClient(HTTPClient):
     async def server_info(self, url: str | None = None) -> dict[str, Any]:
         """``GET /server_info?config_format=json`` (dev mode): ``vllm_config`` and the env."""
         target = self._resolve(url)
-        try:
+        with _dev_mode(target, "/server_info"):
             return await self._get_info(target, ("/server_info?config_format=json",))
-        except EngineRequestRejected as exc:
-            if exc.status_code == 404:
-                raise UserError(_dev_mode_hint(target, "/server_info")) from None
-            raise
 
     async def _config(self, url: str) -> dict[str, Any]:
         config = self._configs.get(url)
@@ -366,12 +370,8 @@ class VLLMClient(HTTPClient):
         """One dev-mode control call on every server (or ``urls``); a 404 names the flag."""
 
         async def one(url: str) -> httpx.Response:
-            try:
+            with _dev_mode(url, path):
                 return await self._call(url, method, path, body)
-            except EngineRequestRejected as exc:
-                if exc.status_code == 404:
-                    raise UserError(_dev_mode_hint(url, path.split("?")[0])) from None
-                raise
 
         if urls is None:
             return await self._gather(path, one)
