@@ -106,7 +106,6 @@ class Scheduler:
         self._probe_lock = anyio.Lock()
         self._last_poll = -math.inf
         self._polling = False
-        self.sent_priorities = 0
         self._group_ranks: dict[str, int] = {}
         self._open_ranks: list[int] = []
         """The ranks of the groups that have not completed, in order."""
@@ -251,7 +250,6 @@ class Scheduler:
                     if self.config.oldest
                     else None,
                 )
-                self.sent_priorities += 1
                 return replace(request, priority=-value if server.low_values_first else value)
         return request
 
