@@ -1,7 +1,5 @@
-"""The ``admission`` and ``lag`` scheduling policies: a limit on the requests in flight that
-follows the servers' load report (:class:`AdmissionControl`) or the client's own
-event-loop lag (:class:`LagAdmission`), by AIMD. See :mod:`._scheduling`.
-"""
+"""The ``admission`` and ``lag`` scheduling policies: an AIMD limit on the requests in flight
+(see :mod:`._scheduling`)."""
 
 from __future__ import annotations
 

@@ -56,12 +56,8 @@ class Engine(ABC):
         other clients'); each pending ``generate`` returns its partial output."""
 
     async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
-        """Why the logprobs this engine returns for ``sampling`` are not the log-probabilities
-        a trainer recomputes from the checkpoint for the tokens sampled, or None.
-
-        One line naming the setting that fixes it; the runner asks once per run and refuses
-        or labels it (``RolloutConfig.inexact_logprobs``). An engine that cannot tell says None.
-        """
+        """One line naming why (and the setting that fixes it) when this engine's logprobs for
+        ``sampling`` are not what a trainer recomputes from the checkpoint; else None."""
         return None
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:

@@ -1,8 +1,4 @@
-"""The ``priority`` and ``history`` scheduling policies: what a server supports
-(:class:`ServerPriority`), how long each prompt's trajectories ran before
-(:class:`WorkHistory`), and the priority a trajectory's next request carries
-(:class:`PriorityPolicy`). See :mod:`._scheduling`.
-"""
+"""The ``priority`` and ``history`` scheduling policies (see :mod:`._scheduling`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The embedded engine's weight sync, as SGLang's: pause and continue generation, and new
-weights swapped in between two steps, from a model folder (:meth:`update_weights_from_disk`)
-or copied in place from a trainer's state dict (:meth:`load_weights`, checked before
-anything is copied, the copy run on the scheduler thread).
+"""The embedded engine's weight sync, as SGLang's: pause, continue, and new weights swapped in
+between two steps, from a model folder or copied in place from a trainer's state dict.
 """
 
 from __future__ import annotations
