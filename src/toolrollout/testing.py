@@ -1,17 +1,9 @@
 """Test doubles for code that drives an :class:`~toolrollout.engines._base.Engine`.
 
-This module is the supported test seam for rollout code: :class:`ScriptedEngine` answers
-each ``generate`` call with the next scripted output (or whatever a callable returns),
-records every request it receives, and honours ``abort`` like SGLang does (the pending
-call returns the tokens produced so far with an ``abort`` finish reason). It implements
-the whole control plane too: ``info()`` reports what its constructor was given,
-``pause_generation`` holds new requests until ``continue_generation``,
-``update_weights_from_disk`` records the path and bumps the weight version of later
-results, and ``abort_all`` aborts every request in flight. No server, GPU or tokenizer is
-involved, so an agent loop (or a trainer's weight-sync code) can be unit-tested in
-milliseconds.
-
-To test HTTP-level behaviour of the SGLang client instead, pass an
+:class:`ScriptedEngine` answers each ``generate`` call with the next scripted output (or
+whatever a callable returns), records every request, honours ``abort`` like SGLang does and
+implements the whole control plane, so an agent loop (or a trainer's weight-sync code) can
+be unit-tested without a server, GPU or tokenizer. For the HTTP clients' behaviour, pass an
 ``httpx.MockTransport`` as ``SGLangClient(..., transport=...)``.
 
 Example::
@@ -26,24 +18,26 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import os
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from dataclasses import dataclass, field
 
 import anyio
 
 from ._exceptions import UserError
 from .engines._base import Engine
-from .engines._control import (
-    PAUSE_MODES,
-    EngineInfo,
-    PauseMode,
-    ServerInfo,
-    ServerWeightUpdate,
-    WeightUpdate,
-)
+from .engines._control import EngineInfo, PauseMode, ServerInfo, ServerWeightUpdate, WeightUpdate
 from .engines._types import (
     FinishReason,
     GenerateRequest,
@@ -57,11 +51,8 @@ __all__ = ["Script", "ScriptStep", "ScriptedEngine", "ScriptedOutput"]
 
 @dataclass(frozen=True, slots=True)
 class ScriptedOutput:
-    """One scripted answer.
-
-    ``finish_reason`` defaults to ``stop`` on the last id (the way SGLang reports an
-    EOS), or ``length`` when ``max_new_tokens`` cuts the ids short.
-    """
+    """One scripted answer; ``finish_reason`` defaults to ``stop`` on the last id, or
+    ``length`` when ``max_new_tokens`` cuts the ids short."""
 
     output_ids: Sequence[int]
     logprobs: Sequence[float] | None = None
@@ -76,9 +67,7 @@ class ScriptedOutput:
     abort_after: int = 0
     """How many ids count as generated when the request is aborted during ``delay``."""
     token_delay: float = 0.0
-    """Seconds per output id, after ``delay``: a slow decoder. ``generate_stream`` yields
-    one chunk per id as it is "decoded"; ``generate`` waits the whole time. An abort
-    during it keeps the ids decoded so far."""
+    """Seconds per output id, after ``delay``: a slow decoder (an abort keeps the ids so far)."""
 
     def __post_init__(self) -> None:
         if self.logprobs is not None and len(self.logprobs) != len(self.output_ids):
@@ -124,13 +113,8 @@ SCRIPTED_URL = "scripted://"
 
 
 class ScriptedEngine(Engine):
-    """An :class:`Engine` that replays scripted outputs and records what it was asked.
-
-    ``context_length``, ``vision`` and ``model_path`` are what :meth:`info` reports;
-    ``weight_version`` labels results until :meth:`update_weights_from_disk` changes it;
-    ``logprob_mismatch`` is what :meth:`logprob_mismatch` answers (to test how a run
-    refuses or labels inexact logprobs).
-    """
+    """An :class:`Engine` that replays scripted outputs and records what it was asked;
+    the constructor's arguments are what :meth:`info` and :meth:`logprob_mismatch` answer."""
 
     def __init__(
         self,
@@ -172,16 +156,23 @@ class ScriptedEngine(Engine):
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Answer with the next scripted output (truncated to ``max_new_tokens``)."""
+        async with self._admitted(request, "generate") as rid:
+            return await self._answer(request, rid)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, request: GenerateRequest, method: str) -> AsyncIterator[str]:
+        """Wait out a pause, record ``request`` and hold its rid in flight."""
         if request.sampling.n != 1:
-            raise UserError(f"generate() needs sampling.n == 1, got {request.sampling.n}")
+            raise UserError(f"{method}() needs sampling.n == 1, got {request.sampling.n}")
         while (gate := self._gate) is not None:
             await gate.wait()
         self.requests.append(request)
         rid = request.rid or f"scripted-{next(self._counter)}"
         self._inflight.add(rid)
         try:
-            return await self._answer(request, rid)
+            yield rid
         finally:
+            self._pending.pop(rid, None)
             self._inflight.discard(rid)
             self._changed.set()
             self._changed = anyio.Event()
@@ -237,19 +228,9 @@ class ScriptedEngine(Engine):
         )
 
     async def generate_stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
-        """Stream the next scripted output: one chunk per id, ``token_delay`` apart (after
-        ``delay``); the last chunk's result is what :meth:`generate` would return. An abort,
-        or closing the iterator, ends it with the ids decoded so far."""
-        if request.sampling.n != 1:
-            raise UserError(f"generate_stream() needs sampling.n == 1, got {request.sampling.n}")
-        while (gate := self._gate) is not None:
-            await gate.wait()
-        self.requests.append(request)
-        rid = request.rid or f"scripted-{next(self._counter)}"
-        self._inflight.add(rid)
-        pending = _Pending()
-        self._pending[rid] = pending
-        try:
+        """Stream the next scripted output: one chunk per id, ``token_delay`` apart."""
+        async with self._admitted(request, "generate_stream") as rid:
+            pending = self._pending[rid] = _Pending()
             output = await self._next_output(request)
             ids, logprobs, finish = _within_budget(output, request)
             if output.delay > 0:
@@ -277,11 +258,6 @@ class ScriptedEngine(Engine):
                 finish = FinishReason(type="abort", message="Aborted")
             result = self._result(request, rid, output, ids, logprobs, finish)
             yield StreamChunk.final(result, before=min(sent, len(ids)))
-        finally:
-            self._pending.pop(rid, None)
-            self._inflight.discard(rid)
-            self._changed.set()
-            self._changed = anyio.Event()
 
     async def abort(self, rid: str) -> None:
         """Record the abort; a pending ``generate`` with a ``delay`` returns early."""
@@ -321,13 +297,9 @@ class ScriptedEngine(Engine):
         return frozenset(self._inflight)
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """New requests wait; ``abort`` also aborts the requests in flight.
-
-        With ``retract`` / ``in_place`` a request in flight keeps its place and returns
-        its full output once :meth:`continue_generation` is called.
-        """
-        if mode not in PAUSE_MODES:
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        """New requests wait; ``abort`` also aborts the requests in flight, the other modes
+        keep them until :meth:`continue_generation`."""
+        self._check_pause_mode(mode)
         self._paused = True
         if self._gate is None:
             self._gate = anyio.Event()
@@ -349,12 +321,8 @@ class ScriptedEngine(Engine):
         weight_version: str | None = None,
         abort_all_requests: bool = False,
     ) -> WeightUpdate:
-        """Record the update; later results carry ``weight_version`` (when given).
-
-        Like a real engine, new requests wait meanwhile and requests in flight finish
-        first (unless ``abort_all_requests``, or the engine is paused: those count as
-        paused requests and finish after the update).
-        """
+        """Record the update; later results carry ``weight_version`` (when given). As on a
+        real engine, new requests wait and those in flight finish first."""
         path = os.fspath(model_path)
         if not path:
             raise UserError("update_weights_from_disk needs a model path")

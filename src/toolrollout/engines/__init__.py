@@ -1,17 +1,9 @@
 """The engine seam: everything that turns token ids into generated token ids.
 
-``SGLangClient`` talks HTTP to SGLang-compatible servers (real SGLang, sglang-router,
-``toolrollout serve``), ``VLLMClient`` to vLLM servers (its token API);
-``EmbeddedEngine`` runs a Hugging Face model in-process on a CPU (imported lazily,
-because it needs torch); ``toolrollout.testing.ScriptedEngine`` replays
-scripted outputs for tests. All of them implement :class:`Engine`: the data plane
-(``generate``, ``abort``) and one control plane with the same names and return types
-(``info`` -> :class:`EngineInfo`, ``pause_generation``, ``continue_generation``,
-``update_weights_from_disk`` -> :class:`WeightUpdate`, ``flush_cache`` -> bool,
-``abort_all``). :class:`SchedulingConfig` switches on the client-side scheduling policies
-(request priority, adaptive admission from the servers' load or the client's loop lag,
-oldest groups first, GRPO group affinity, priority from a prompt's :class:`WorkHistory`)
-that ``RolloutConfig.scheduling`` applies to every request.
+``SGLangClient`` and ``VLLMClient`` talk HTTP to servers, ``EmbeddedEngine`` runs a Hugging
+Face model in-process (imported lazily: it needs torch), ``toolrollout.testing`` replays
+scripted outputs; all implement :class:`Engine`. :class:`SchedulingConfig` switches on the
+client-side scheduling policies.
 """
 
 from __future__ import annotations

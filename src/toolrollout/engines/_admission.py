@@ -1,7 +1,5 @@
-"""The ``admission`` and ``lag`` scheduling policies: a limit on the requests in flight that
-follows the servers' load report (:class:`AdmissionControl`) or the client's own
-event-loop lag (:class:`LagAdmission`), by AIMD. See :mod:`._scheduling`.
-"""
+"""The ``admission`` and ``lag`` scheduling policies: an AIMD limit on the requests in flight
+(see :mod:`._scheduling`)."""
 
 from __future__ import annotations
 
@@ -69,9 +67,8 @@ class LagAdmission(_Aimd):
     def update(self, late_s: float) -> int:
         """The new limit after a window whose median wake-up was ``late_s`` late.
 
-        The median, not the worst: one stall (a full garbage collection, a burst of
-        replies) is not a loop that cannot keep up, and backing off for each one cost the
-        10,000-trajectory run two thirds of its throughput (docs/scheduling.md)."""
+        The median, not the worst: backing off for each single stall cost two thirds of the
+        throughput (docs/scheduling.md)."""
         target = self.config.lag_target_ms / 1000.0
         self.late_ms.append(late_s * 1000.0)
         return self._step(back_off=late_s > target, grow=late_s < target / 2)

@@ -1,12 +1,8 @@
 """Checking a checkpoint folder against the one being served, before a server loads it.
 
-vLLM reloads weights from whatever folder it is given: a folder that does not exist
-answers 500 and leaves the engine to crash on its next request, and a tensor of the wrong
-shape is accepted and then served as a corrupted model (``docs/engines.md``). So the
-folder is read here first, without loading a tensor: the architecture in ``config.json``
-and every tensor's name, shape and extent from the safetensors headers (8 bytes of header
-length, then a JSON header), compared with the served folder's. The checkpoint's dtype
-(:func:`checkpoint_dtype`) tells the logprob checks whether a server downcasts it.
+vLLM serves a wrongly shaped tensor as a corrupted model and crashes after a missing
+folder, so the architecture and every tensor's name and shape (from the safetensors
+headers, no tensor loaded) are compared with the served folder's first.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """Values of the engine control plane: what an engine serves, and what a weight update did.
 
-Every engine answers the same control calls (:class:`~toolrollout.engines.Engine`'s
-``info``, ``pause_generation``, ``continue_generation``, ``update_weights_from_disk``,
-``flush_cache`` and ``abort_all``) with these frozen records, so a trainer written against
-``Engine`` does weight sync the same way on SGLang servers, the embedded engine and the
-scripted test engine.
+Every engine answers the same control calls with these frozen records.
 """
 
 from __future__ import annotations
@@ -27,8 +23,6 @@ __all__ = [
 PauseMode = Literal["abort", "retract", "in_place"]
 """SGLang's pause modes: ``abort`` ends running requests with their partial output;
 ``retract`` and ``in_place`` keep them and resume them on ``continue_generation``."""
-
-PAUSE_MODES: tuple[PauseMode, ...] = ("abort", "retract", "in_place")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +51,8 @@ class ServerInfo:
 class EngineInfo:
     """What the engine serves, merged over its servers.
 
-    A multi-server engine reports the strictest value: the smallest context length,
-    ``vision`` only when every server takes images, and a model path or weight version
-    only when all servers agree (``None`` while they differ, e.g. in the middle of a
-    weight update; ``servers`` then tells each one).
+    The strictest value: the smallest context length, ``vision`` only when every server takes
+    images, a model path or weight version only when all agree (else ``None``).
     """
 
     context_length: int | None
@@ -121,10 +113,8 @@ class WeightUpdate:
 class EngineServersFailed(ExceptionGroup[EngineError], EngineError):
     """A control call failed on several servers; carries each server's error.
 
-    It is an :class:`EngineError` (``except EngineError`` catches it) and an
-    :class:`ExceptionGroup` (``except* EngineRequestRejected`` picks the refusals out).
-    ``errors`` maps each failed server's URL to its error. A call that failed on a single
-    server raises that server's error itself, not this group.
+    An :class:`EngineError` and an :class:`ExceptionGroup`; ``errors`` maps each failed
+    server's URL to its error. A failure on a single server raises that error itself.
     """
 
     errors: Mapping[str, EngineError]

@@ -1,11 +1,7 @@
 """One place that turns "where is the model" into a running engine, and asks it about itself.
 
-``connect`` is the engine factory every entry point shares: engine URLs give a
-:class:`~toolrollout.engines.SGLangClient` or a :class:`~toolrollout.engines.VLLMClient`
-(once its servers are healthy; the kind named, or found from the servers), a model folder
-gives the embedded CPU engine. What a run then asks an engine (its context length, whether
-it takes images, aborting everything on shutdown) goes through the one control interface
-every engine implements (:meth:`Engine.info`, :meth:`Engine.abort_all`).
+``connect``, the engine factory every entry point shares: engine URLs give an SGLang or
+vLLM client once healthy, a model folder the embedded CPU engine.
 """
 
 from __future__ import annotations
@@ -35,10 +31,8 @@ async def connect(
 ) -> Engine:
     """The servers at ``engine_urls`` once healthy, else the embedded engine on ``model_path``.
 
-    ``engine`` names the servers' kind, or ``auto`` finds it (:meth:`HTTPClient.server_kind`);
-    servers of different kinds, or of another kind than named, are refused with one line.
-    The engine is started but not entered: use it as ``async with engine:`` so that it is
-    closed. ``client_options`` go to the client.
+    ``engine`` names the servers' kind, or ``auto`` finds it. The engine is started but not
+    entered: use it as ``async with engine:`` so that it is closed.
     """
     if engine not in ENGINE_KINDS:
         from toolrollout._exceptions import UserError

@@ -1,19 +1,13 @@
-"""The HTTP engine client every server engine shares: :class:`HTTPClient`.
+"""The HTTP engine client SGLang's and vLLM's clients share: :class:`HTTPClient`.
 
-SGLang's and vLLM's clients differ in their wire format (paths, bodies, answers, request
-ids) and their control plane; everything else is one implementation here: one pooled
-``httpx.AsyncClient`` over aiohttp (``toolrollout._http``), sticky sessions and failover
-(:mod:`._routing`), retries bounded by :class:`RetryPolicy` (:mod:`._transport`), request
-ids registered for :meth:`HTTPClient.abort`, a request aborted before it was sent
-answering with an empty partial output, and the counters of :meth:`HTTPClient.stats`. A
-subclass says how a request is written and an answer read (``_generate_body``,
-``_parse_generate``, ``_abort_body`` and the paths) and adds its control plane.
+Pooling, sticky sessions and failover, retries, abort by request id and the stats are
+here; a subclass gives its wire format (``_generate_body``, ``_parse_generate``,
+``_abort_body``, the paths) and its control plane.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import time
 import uuid
@@ -44,7 +38,7 @@ logger = logging.getLogger("toolrollout.engines")
 
 @dataclass(frozen=True, slots=True)
 class ClientStats:
-    """A snapshot of the client's counters (frozen: it does not change under you)."""
+    """A snapshot of the client's counters."""
 
     servers: tuple[ServerStats, ...]
     total_requests: int
@@ -62,8 +56,7 @@ class ClientStats:
     max_connections: int | None = None
     """The connection pool's size (None: unbounded)."""
     pool_waits: int = 0
-    """Requests sent while the pool was full, so they waited for a connection: a sign the
-    pool is smaller than the run's concurrency (see :func:`connection_limits`)."""
+    """Requests that waited for a connection: the pool is smaller than the concurrency."""
 
     @property
     def outstanding(self) -> int:
@@ -86,9 +79,7 @@ class _AbortedBeforeSend(EngineError):
 
 
 class HTTPClient(ServerCalls, Engine):
-    """An engine backed by one or several inference servers over HTTP (see the module
-    docstring); :class:`~toolrollout.engines.SGLangClient` and
-    :class:`~toolrollout.engines.VLLMClient` are its two wire formats."""
+    """An engine backed by one or several inference servers over HTTP."""
 
     _GENERATE_PATH: ClassVar[str]
     """Where a token-in generation request is posted."""
@@ -182,11 +173,7 @@ class HTTPClient(ServerCalls, Engine):
             return self._parse_generate(data, rid=entry.rid, request=request, server_url=url)
 
     async def abort(self, rid: str) -> None:
-        """Abort a running request on the server that holds it (unknown rids are ignored).
-
-        The pending call returns the tokens generated so far with an ``abort`` finish
-        reason. An abort is itself retried on connection errors.
-        """
+        """Abort a running request on the server that holds it (unknown rids are ignored)."""
         self._check_open()
         entry = self._inflight.get(rid)
         if entry is None:
@@ -200,24 +187,12 @@ class HTTPClient(ServerCalls, Engine):
                 for url in self._abort_urls:
                     tg.start_soon(self._abort_on, url, entry.wire_rid, rid)
             return
-        send = functools.partial(
-            self._request_once,
-            entry.server,
-            "POST",
-            self._ABORT_PATH,
-            json_body=self._abort_body(entry.wire_rid),
-        )
-        await self._retrying(f"abort rid={rid}", send)
+        body = self._abort_body(entry.wire_rid)
+        await self._call(entry.server, "POST", self._ABORT_PATH, body, what=f"abort rid={rid}")
 
     async def abort_all(self) -> None:
-        """Abort every request this client has in flight, each by its own ``rid``.
-
-        Only this client's own requests are named (by ``rid``), never the server's
-        abort-everything (SGLang's ``abort_all``, vLLM's ``/abort_requests`` without ids),
-        which would also stop other clients sharing the server. Used on
-        shutdown; a server that cannot be reached is logged and skipped, since its
-        requests end anyway when the connections close.
-        """
+        """Abort this client's requests by their own ids (never the server's abort-all,
+        which would stop other clients too); an unreachable server is logged and skipped."""
         rids = list(self._inflight)
 
         async def one(rid: str) -> None:
@@ -231,24 +206,16 @@ class HTTPClient(ServerCalls, Engine):
                 tg.start_soon(one, rid)
 
     async def _abort_on(self, url: str, wire_rid: str, rid: str) -> None:
-        send = functools.partial(
-            self._request_once,
-            url,
-            "POST",
-            self._ABORT_PATH,
-            json_body=self._abort_body(wire_rid),
-            account=False,
-        )
-        await self._retrying(f"abort rid={rid} on {url}", send)
+        body = self._abort_body(wire_rid)
+        what = f"abort rid={rid} on {url}"
+        await self._call(url, "POST", self._ABORT_PATH, body, what=what, account=False)
 
-    # -- issue 20 (scheduling policies): GRPO group affinity ------------------------
     def bind_group(self, session_id: str, group: str) -> str:
         """Pin ``session_id`` to the server of ``group`` (least loaded at its first use)."""
         url = self._router.pick(f"group:{group}")
         self._router.bind(session_id, url)
         return url
 
-    # -------------------------------------------------------------------------------
     def release_session(self, session_id: str) -> bool:
         """Unpin a finished trajectory's session; returns whether it was pinned."""
         return self._router.unbind(session_id)

@@ -1,12 +1,8 @@
 """The run's limit on requests in flight, with waiters served in an order the caller picks.
 
-anyio's ``CapacityLimiter`` serves waiters first come, first served. Once a run holds more
-live trajectories than the limit, every trajectory queues again behind all the others at
-each turn, so they advance in step and every GRPO group completes near the end of the run.
-:class:`OrderedLimiter` grants a freed slot to the waiter with the smallest key instead
-(arrival order among equal keys): with a group's start order as the key (the ``oldest``
-scheduling policy), the earliest groups keep moving and complete one after another, while
-the engine stays exactly as busy.
+anyio's ``CapacityLimiter`` is first come, first served, so trajectories queue behind each
+other at every turn and all GRPO groups complete near the end. :class:`OrderedLimiter`
+grants a freed slot to the smallest key instead (the ``oldest`` policy keys by group).
 """
 
 from __future__ import annotations
@@ -61,11 +57,8 @@ class OrderedLimiter:
     """At most ``total_tokens`` borrowers at once; a freed slot goes to the waiter with the
     smallest key, and among equal keys to the one that came first.
 
-    ``async with limiter`` borrows with key 0, so a limiter nobody orders is first come,
-    first served, as anyio's. ``total_tokens`` may be changed while the run goes on (the
-    admission policies do): raising it wakes waiters at once, lowering it lets the borrowers
-    in flight finish. An acquirer that finds a slot free and nobody waiting takes it without
-    yielding to the event loop.
+    ``async with limiter`` borrows with key 0. ``total_tokens`` may change during the run:
+    raising it wakes waiters, lowering it lets the borrowers in flight finish.
     """
 
     def __init__(self, total_tokens: int) -> None:

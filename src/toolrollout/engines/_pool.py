@@ -26,11 +26,8 @@ DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 """10 s to connect; 600 s to read, since one long generation is silent until it ends."""
 
 DEFAULT_LIMITS = httpx.Limits(max_connections=1024, max_keepalive_connections=16)
-"""Enough connections for thousands of concurrent rollouts against a handful of servers.
-The default transport (aiohttp, see ``toolrollout._http``) keeps every idle connection
-until ``keepalive_expiry``; ``max_keepalive_connections`` applies when an httpx transport is
-passed instead, whose pool scan grows with the square of the idle connections kept
-(docs/benchmarks.md). A run with more requests in flight needs :func:`connection_limits`."""
+"""Enough connections for thousands of concurrent rollouts against a handful of servers
+(``max_keepalive_connections`` applies to an httpx transport only)."""
 
 CONTROL_CONNECTIONS = 64
 """Connections beside the generate requests, for the control plane (health, load, aborts)."""
@@ -42,10 +39,8 @@ FILE_RESERVE = 256
 def connection_limits(concurrency: int) -> httpx.Limits:
     """Pool limits for ``concurrency`` generate requests in flight at once.
 
-    A request beyond the pool's size waits for a connection, unseen by the server and by
-    any scheduling policy, so the composition root sizes the pool to the run's
-    ``RolloutConfig.concurrency`` (plus the control plane), never below
-    :data:`DEFAULT_LIMITS`.
+    A request beyond the pool's size waits unseen by the server and by any scheduling
+    policy; never below :data:`DEFAULT_LIMITS`.
     """
     if concurrency < 1:
         raise UserError(f"concurrency must be at least 1, got {concurrency}")

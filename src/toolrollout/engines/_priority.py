@@ -1,8 +1,4 @@
-"""The ``priority`` and ``history`` scheduling policies: what a server supports
-(:class:`ServerPriority`), how long each prompt's trajectories ran before
-(:class:`WorkHistory`), and the priority a trajectory's next request carries
-(:class:`PriorityPolicy`). See :mod:`._scheduling`.
-"""
+"""The ``priority`` and ``history`` scheduling policies (see :mod:`._scheduling`)."""
 
 from __future__ import annotations
 
@@ -53,12 +49,9 @@ class ServerPriority:
 class WorkHistory:
     """How many model turns each prompt's trajectories took, kept from one run to the next.
 
-    A trainer samples its prompts again at later steps, and a problem's difficulty decides
-    much of how long its rollouts run: the lengths seen before predict the work a
-    trajectory has left, which nothing else the client knows does. Per prompt the last
-    ``window`` lengths are kept, for the ``max_prompts`` prompts seen most recently (a
-    bounded memory over a long training: about 400 bytes a prompt), and over all prompts
-    the last ``pooled_window`` (the guess for a prompt not seen yet).
+    A problem's difficulty decides much of how long its rollouts run, and a trainer samples
+    its prompts again. Per prompt the last ``window`` lengths are kept, for the
+    ``max_prompts`` most recent prompts, and over all prompts the last ``pooled_window``.
     """
 
     def __init__(
@@ -99,8 +92,7 @@ class WorkHistory:
         """Model turns still to come, the next one included, for a trajectory of prompt
         ``key`` that has made ``turns_done`` and goes on (None: no history at all).
 
-        The mean over the recorded lengths that went past ``turns_done`` (a trajectory still
-        running is longer than those that stopped sooner); 1 when none did.
+        The mean over the recorded lengths past ``turns_done``; 1 when none went past.
         """
         seen: Sequence[int] | None = self._turns.get(key)
         if seen:
@@ -183,12 +175,9 @@ class PriorityPolicy:
     ) -> int:
         """How urgent the next request of a trajectory is (0 for a fresh one).
 
-        The group's size is the larger of ``group_size`` and the samples of ``group_id``
-        seen so far (rows of one prompt may be passed as separate rows with one group id).
         With a history, ``prompt_key`` names the prompt whose earlier lengths predict this
-        trajectory's. Under ``oldest`` without a history, ``age_band`` (its group's band
-        of age, ``oldest_levels`` for the oldest, see :meth:`Scheduler.age_band`) takes
-        the place of the turns done.
+        trajectory's; under ``oldest`` without one, ``age_band`` takes the place of the
+        turns done.
         """
         now = self._clock()
         started = self._started.setdefault(uid, now)

@@ -1,21 +1,13 @@
 """Choosing a server among several: sticky sessions, least outstanding requests.
 
-All turns of one trajectory go to the server that served its first turn, so that server's
-radix (prefix) cache already holds the shared prompt. A new session goes to the server
-with the fewest requests in flight from this client, then the fewest bound sessions; ties
-are broken round-robin from a moving cursor, which is deterministic (no RNG) and still
-spreads a sequential stream of new sessions over all servers.
+All turns of one trajectory go to one server, whose prefix cache holds the shared prompt;
+a new session goes to the server with the fewest requests in flight, then the fewest
+sessions, ties broken round-robin (deterministic, no RNG).
 
-**Failover.** A server whose last ``failover_after`` attempts in a row failed (connection
-refused or reset, timeout, 5xx) is *down* for ``cooldown`` seconds: new sessions avoid it,
-and a session pinned to it is moved to the least busy server that is up, on its next
-attempt. Every request carries the whole token sequence, so a move loses only the prefix
-cache, never a token; the trajectory records it (``metrics["engine_moves"]``). After the
-cooldown the server gets new sessions again; one more failure marks it down again, and a
-success clears its count.
-
-The router is plain synchronous state: the client mutates it only between ``await``
-points on one event loop, so it needs no lock (and is not thread-safe).
+**Failover.** A server whose last ``failover_after`` attempts failed is *down* for
+``cooldown`` seconds: new sessions avoid it, and a session pinned to it moves to a server
+that is up. Every request carries the whole token sequence, so a move loses only the prefix
+cache. The router is plain synchronous state on one event loop (not thread-safe).
 """
 
 from __future__ import annotations
@@ -110,10 +102,8 @@ class Router:
     def pick(self, session_id: str | None, *, avoid: Collection[str] = ()) -> str:
         """Return the server for the next request of ``session_id`` and pin the session.
 
-        A pinned session gets its server back (``avoid`` is ignored: a sticky session is
-        retried on the same server) unless failover finds that server down and another up.
-        ``avoid`` steers a new choice away from servers that just refused a connection,
-        unless that would leave none.
+        A pinned session gets its server back unless it is down and another is up; ``avoid``
+        steers only a new choice away from servers that just refused, unless none is left.
         """
         if session_id is not None:
             url = self._sessions.get(session_id)

@@ -1,42 +1,21 @@
 """Client-side scheduling policies for a rollout against SGLang servers (off by default).
 
-The policies, each switched on in :class:`SchedulingConfig` (``RolloutConfig.scheduling``):
+Each is switched on in :class:`SchedulingConfig` (``RolloutConfig.scheduling``):
 
-* **priority**: each request carries SGLang's ``priority``, computed from the trajectory's
-  state (turns done, seconds since it started, how much of its GRPO group has finished),
-  so that a server started with ``--enable-priority-scheduling`` serves a long trajectory
-  before the next wave of short ones instead of queueing it again at every turn. The
-  priority is sent only to servers whose ``/server_info`` reports
-  ``enable_priority_scheduling``; a server without it (where a priority is ignored, or, with
-  ``--abort-on-priority-when-disabled``, refused with 503) never sees one. The sign follows
-  ``schedule_low_priority_values_first``.
-* **admission**: the number of requests in flight (the run's engine limiter) follows the
-  servers' own load report, SGLang's ``GET /v1/loads``: it grows while the KV pool has room
-  and no request waits, and shrinks when the KV usage passes the target or requests are
-  retracted, instead of one fixed concurrency cap that either idles the server or thrashes
-  its KV (AIMD, as peers settled on).
-* **lag**: the number of requests in flight follows the client's own event-loop lag (how
-  late a 10 ms sleep wakes): it shrinks while the loop is late by more than
-  ``lag_target_ms`` and grows back once it keeps time. A client whose CPU is the
-  bottleneck then holds new turns back instead of letting thousands of replies queue on
-  its loop, where every timer, heartbeat and tool deadline waits behind them.
-* **oldest**: when requests wait for the run's limit on requests in flight (more live
-  trajectories than ``RolloutConfig.concurrency``, or a limit the admission policies
-  lowered), a freed slot goes to the GRPO group that started first, not to whichever
-  request came first; groups then complete one after another instead of all near the end
-  of the run, and the engine is kept just as busy. With **priority** too (and no history),
-  the priority sent is the group's band of age among the groups not yet completed, so a
-  priority-scheduling server orders its own queue the same way.
-* **affinity**: the samples of one prompt go to one server, so that the group's shared prompt
-  is prefilled once there (its radix cache answers the rest; see ``cached_tokens``).
-* **history** (with priority): the priority is the number of model turns a trajectory is
-  expected still to make, learnt from how long the same prompt's trajectories ran before
-  (earlier runs of the runner, which a trainer makes at every step, and finished samples of
-  this run), so that the longest work is served first. Turns done and time waited do not
-  predict a trajectory's length; the prompt it answers often does.
+* **priority**: SGLang's ``priority`` from the trajectory's state (turns done, age, how much
+  of its GRPO group finished), sent only to servers reporting ``enable_priority_scheduling``.
+* **admission**: the requests in flight follow the servers' ``GET /v1/loads`` (AIMD on KV
+  use and retractions) instead of one fixed cap.
+* **lag**: the requests in flight shrink while the client's own event loop runs late by
+  more than ``lag_target_ms``, so a CPU-bound client holds new turns back.
+* **oldest**: a freed slot goes to the GRPO group that started first, so groups complete
+  one after another; with **priority** the group's age band is sent as its priority.
+* **affinity**: the samples of one prompt go to one server (its radix cache prefills the
+  shared prompt once).
+* **history** (with priority): the priority is the model turns a trajectory is expected
+  still to make, learnt from the same prompt's earlier trajectories.
 
-Why in the client: the servers already implement the mechanisms (priority queue,
-preemption, load report, radix cache); what they cannot know is the trajectory's state.
+Why in the client: the servers have the mechanisms; only the client knows the trajectories.
 """
 
 from __future__ import annotations
@@ -127,7 +106,6 @@ class Scheduler:
         self._probe_lock = anyio.Lock()
         self._last_poll = -math.inf
         self._polling = False
-        self.sent_priorities = 0
         self._group_ranks: dict[str, int] = {}
         self._open_ranks: list[int] = []
         """The ranks of the groups that have not completed, in order."""
@@ -272,7 +250,6 @@ class Scheduler:
                     if self.config.oldest
                     else None,
                 )
-                self.sent_priorities += 1
                 return replace(request, priority=-value if server.low_values_first else value)
         return request
 
@@ -295,18 +272,15 @@ class Scheduler:
         return rank
 
     def age_band(self, state: TrajectoryView, levels: int | None = None) -> int:
-        """The trajectory's group among the groups that have not completed, by age, in
-        ``levels + 1`` bands (``oldest_levels`` unless given): ``levels`` for the oldest,
-        0 for the youngest. With fewer groups than bands, each group its own band, spread
-        over the range."""
+        """The trajectory's group's age band among the groups not completed: ``levels`` for
+        the oldest, 0 for the youngest (``oldest_levels`` unless given)."""
         ahead = bisect.bisect_left(self._open_ranks, self.group_rank(state))
         top = self.config.oldest_levels if levels is None else levels
         return max(0, top - ahead * (top + 1) // max(len(self._open_ranks), 1))
 
     def finished(self, state: TrajectoryView) -> None:
-        """A trajectory ended: its group is that much nearer completion, and a length it
-        reached on its own (completed, or truncated at the turn limit; not failed or
-        aborted) joins its prompt's history."""
+        """A trajectory ended: its group is nearer completion, and a length it reached on its
+        own (not failed or aborted) joins its prompt's history."""
         if self.priority is not None:
             key = self.prompt_key(state)
             self._prompt_keys.pop(state.uid, None)

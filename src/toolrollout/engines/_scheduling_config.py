@@ -1,7 +1,4 @@
-"""The scheduling policies' settings (:class:`SchedulingConfig`, ``RolloutConfig.scheduling``),
-apart from the scheduler so that the policies' own modules can read them; what each policy
-does is in :mod:`._scheduling`.
-"""
+"""The scheduling policies' settings (:class:`SchedulingConfig`); see :mod:`._scheduling`."""
 
 from __future__ import annotations
 
@@ -23,10 +20,8 @@ class SchedulingConfig:
     priority: bool = False
     """Send a per-request priority (only to servers with priority scheduling enabled)."""
     turn_weight: int = -1
-    """Priority per finished model turn. -1 (default): fewer turns done, served sooner (a
-    trajectory early in its run has the most work left, on average); 1: the reverse, which
-    finishes started trajectories first but, replayed on the published workload, made the
-    makespan longer than first come, first served (docs/benchmarks.md)."""
+    """Priority per finished model turn. -1 (default): fewer turns done, served sooner; 1,
+    the reverse, made the makespan longer than first come, first served (docs/benchmarks.md)."""
     wait_weight_s: float = 0.0
     """One priority step per this many seconds since the trajectory started (0: off)."""
     group_weight: int = 0
@@ -50,25 +45,18 @@ class SchedulingConfig:
     affinity: bool = False
     """Send every sample of one prompt to the same server."""
     oldest: bool = False
-    """When requests wait for the run's limit on requests in flight, serve those of the
-    GRPO groups that started first before the others (first come, first served without
-    it), so that groups complete one after another instead of all near the end. With
-    ``priority`` (and not ``history``), the server is told the same order: see
-    ``oldest_levels``."""
+    """Waiting requests of the GRPO groups that started first are served first, so that groups
+    complete one after another instead of all near the end."""
     oldest_levels: int = 9
-    """With ``oldest`` and ``priority``: the priority is a group's age instead of its turns
-    done. The groups that have not completed are split by age into ``oldest_levels + 1``
-    equal bands; the oldest band gets this priority, the youngest 0 (9: within SGLang's
-    default preemption threshold of 10, so the servers' queues are reordered and nothing
-    is preempted)."""
+    """With ``oldest`` and ``priority``: the priority of the oldest of ``oldest_levels + 1`` age
+    bands, the youngest 0 (9: within SGLang's preemption threshold of 10, so nothing is
+    preempted)."""
     group_key: str | None = None
     """Row metadata key that names the GRPO group when a prompt's samples come as separate
     rows (each its own ``group_id``); None: the run's ``group_id``."""
     history: bool = False
     """With ``priority``: serve first the trajectories expected to make the most model turns
-    still, as learnt from the same prompt's earlier trajectories (see :class:`WorkHistory`).
-    A prompt with no history yet falls back to all prompts' history, then to
-    ``turn_weight``."""
+    still, as learnt from the same prompt's earlier trajectories (:class:`WorkHistory`)."""
     history_weight: int = 2
     """Priority per expected remaining model turn (2: five turns apart stay within SGLang's
     default preemption threshold of 10, so the queue is reordered and nothing preempted)."""

@@ -4,7 +4,6 @@ info, which kind of server answers; and the servers no call may reach any more.
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -40,10 +39,8 @@ class ServerCalls(_Transport):
     ) -> None:
         """Poll ``GET /health`` on every server until all answer 200.
 
-        SGLang answers 503 while starting; its ``/health`` runs a one-token generation,
-        so a 200 means the whole pipeline works. vLLM binds its port only once its engine
-        is up, and answers 200 from then on. Raises :class:`EngineUnavailable`,
-        naming the servers that are not healthy and why, when ``timeout`` seconds pass.
+        Raises :class:`EngineUnavailable`, naming the servers that are not healthy and why,
+        when ``timeout`` seconds pass.
         """
         self._check_open()
         pending = dict.fromkeys(self._router.urls, "not probed yet")
@@ -77,18 +74,11 @@ class ServerCalls(_Transport):
     ) -> dict[str, httpx.Response]:
         """One control call on all servers at once; failures are raised after all answered."""
 
-        async def one(url: str) -> httpx.Response:
-            send = functools.partial(self._request_once, url, method, path, json_body=body)
-            return await self._retrying(f"{method} {url}{path}", send)
-
-        return await self._gather(path, one)
+        return await self._gather(path, lambda url: self._call(url, method, path, body))
 
     async def _gather(self, what: str, call: Callable[[str], Awaitable[T]]) -> dict[str, T]:
-        """``call`` on every server at once, by URL.
-
-        Every server is tried even when one fails. One failure is raised as it is;
-        several raise :class:`EngineServersFailed`, which names each server and error.
-        """
+        """``call`` on every server at once, by URL; several failures raise
+        :class:`EngineServersFailed`."""
         self._check_open()
         results: dict[str, T] = {}
         errors: dict[str, EngineError] = {}
@@ -123,9 +113,8 @@ class ServerCalls(_Transport):
         self._check_open()
         target = self._resolve(url)
         for i, path in enumerate(paths):
-            send = functools.partial(self._request_once, target, "GET", path)
             try:
-                response = await self._retrying(f"GET {target}{path}", send)
+                response = await self._call(target, "GET", path)
             except EngineRequestRejected as exc:
                 if exc.status_code == 404 and i + 1 < len(paths):
                     continue  # an older server: try the legacy path
@@ -137,10 +126,8 @@ class ServerCalls(_Transport):
         raise AssertionError("unreachable: the last path either returns or raises")
 
     async def server_kind(self, url: str) -> str:
-        """``"vllm"`` or ``"sglang"``: who answers at ``url``, from ``GET /v1/models``
-        (vLLM's cards say ``owned_by: vllm``) or, where that is missing, ``/server_info``
-        (vLLM's holds ``vllm_config``). Anything else speaks SGLang's API (SGLang,
-        sglang-router, ``toolrollout serve``)."""
+        """``"vllm"`` or ``"sglang"``: who answers at ``url`` (anything not vLLM speaks
+        SGLang's API)."""
         for path in ("/v1/models", "/server_info"):
             try:
                 data = await self._get_info(url, (path,))
@@ -158,8 +145,6 @@ class ServerCalls(_Transport):
         return "sglang"
 
     def _mark_dead(self, url: str, reason: str) -> None:
-        """Send nothing more to ``url``: every later call that would reach it raises
-        :class:`EngineUnavailable` with ``reason`` (a server left in a state where its
-        next request would crash it, or serve weights nobody asked for)."""
+        """Send nothing more to ``url``: later calls to it raise :class:`EngineUnavailable`."""
         self._dead[url] = reason
         logger.error("%s: %s", type(self).__name__, reason)

@@ -35,12 +35,9 @@ def sse_data(line: str) -> str | None:
 class StreamAccumulator:
     """Fold SGLang stream chunks into cumulative state.
 
-    SGLang streams cumulative chunks by default and deltas under
-    ``--incremental-streaming-output`` (old name ``--stream-output``), and the client
-    cannot ask which. ``meta_info.completion_tokens`` is cumulative in both modes, so a
-    chunk is cumulative when it carries ``completion_tokens`` items and a delta when the
-    items so far plus this chunk add up to it. ``output_token_logprobs`` is used first
-    because an abort chunk carries the full logprob list but only the last id.
+    SGLang streams cumulative chunks, or deltas under ``--incremental-streaming-output``;
+    ``meta_info.completion_tokens`` is cumulative in both, which tells them apart.
+    ``output_token_logprobs`` comes first: an abort chunk carries only the last id.
     """
 
     def __init__(self, *, rid: str, prompt_tokens_hint: int, server_url: str | None) -> None:

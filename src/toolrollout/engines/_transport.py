@@ -1,14 +1,13 @@
 """Retry and transport plumbing of the HTTP engines (SGLang's and vLLM's clients).
 
-Base URL validation, one HTTP exchange (:meth:`_Transport._request_once`: load
-accounting, httpx errors translated into the toolrollout tree) and the retry loop around
-it (:meth:`_Transport._retrying`, bounded by :class:`RetryPolicy`). Every engine client's
-data plane and control plane send through here, whatever the server's API.
+One HTTP exchange (:meth:`_Transport._request_once`: load accounting, httpx errors
+translated) and the retry loop around it (:meth:`_Transport._retrying`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -101,9 +100,8 @@ async def _read_body(response: httpx.Response) -> bytes:
 class _Budget:
     """The stop and wait of one call: attempts, and seconds since its first failure.
 
-    Time is the event loop's clock (``anyio.current_time``), so a test on a virtual clock
-    sees the budget exactly. The wait before the last attempt is cut to end at the budget,
-    so that attempt still runs (a server back at second 59 of 60 is found).
+    Time is the event loop's clock; the wait before the last attempt is cut to end at the
+    budget, so that attempt still runs.
     """
 
     __slots__ = ("_first_failure", "_policy")
@@ -251,6 +249,13 @@ class _Transport:
                 f"{budget.describe()}; last error: {last}"
             ) from last
 
+    async def _call(
+        self, url: str, method: str, path: str, body: Any = None, *, what: str = "", **kw: Any
+    ) -> httpx.Response:
+        """One request to ``url`` under the retry policy (``kw`` as :meth:`_request_once`'s)."""
+        send = functools.partial(self._request_once, url, method, path, json_body=body, **kw)
+        return await self._retrying(what or f"{method} {url}{path}", send)
+
     async def _request_once(
         self,
         url: str,
@@ -264,9 +269,8 @@ class _Transport:
     ) -> httpx.Response:
         """One HTTP exchange with load accounting and error translation.
 
-        A streamed response is returned open and still counted as outstanding; the
-        caller closes it and calls ``Router.release``. ``account=False`` is for URLs that
-        are not routing targets (the workers behind a router, for aborts).
+        A streamed response is returned open and counted; the caller closes it and calls
+        ``Router.release``. ``account=False``: a URL that is not a routing target.
         """
         if account:
             self._acquire(url)
@@ -302,11 +306,8 @@ class _Transport:
     ) -> bytes:
         """One POST answered by its whole body: :meth:`_request_once` without httpx's objects.
 
-        The generate hot path. Over the default transport (aiohttp, on asyncio) the request
-        goes out through :meth:`AiohttpTransport.exchange` with the httpx client's headers
-        and timeouts; the accounting, the errors and their translation are
-        :meth:`_request_once`'s. Any other transport (a test's ``MockTransport``) or event
-        loop takes :meth:`_request_once` itself.
+        The generate hot path, over aiohttp directly; any other transport or event loop
+        takes :meth:`_request_once` itself.
         """
         # Encoded first, and the body dropped: its id list is a Python int per token (about
         # 40 bytes each, ten times the request's own array), which would otherwise stay

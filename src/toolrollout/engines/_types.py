@@ -1,9 +1,4 @@
-"""Typed values that cross the engine seam.
-
-These are frozen dataclasses on purpose: a result handed to the rollout loop must not be
-mutated later, and dataclasses cost nothing to build on the hot path (pydantic is kept for
-the HTTP edge only).
-"""
+"""Typed values that cross the engine seam: frozen dataclasses, cheap on the hot path."""
 
 from __future__ import annotations
 
@@ -62,17 +57,21 @@ class SamplingParams:
             "skip_special_tokens": self.skip_special_tokens,
             "no_stop_trim": True,
         }
-        if self.stop:
-            body["stop"] = list(self.stop)
-        if self.stop_token_ids:
-            body["stop_token_ids"] = list(self.stop_token_ids)
-        if self.ignore_eos:
-            body["ignore_eos"] = True
+        body.update(self.stop_settings())
         if self.seed is not None:
             body["sampling_seed"] = self.seed
         if self.n != 1:
             body["n"] = self.n
         return body
+
+    def stop_settings(self) -> dict[str, Any]:
+        """The stop settings that are set, named alike by SGLang and vLLM."""
+        settings = {
+            "stop": list(self.stop),
+            "stop_token_ids": list(self.stop_token_ids),
+            "ignore_eos": self.ignore_eos,
+        }
+        return {key: value for key, value in settings.items() if value}
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +98,9 @@ class FinishReason:
 class TokenRuns(Sequence[int]):
     """Token ids kept as the runs they were made of (a prompt, then each span), not joined.
 
-    A request holds its whole conversation while it waits for the engine. Joined into one
-    array, that is a second copy of the transcript, 4 bytes a token for as long as the
-    request waits; as runs it is a few pointers. The runs are shared, so they must not change
-    while the request lives: the rollout loop only ever appends new spans, whose arrays it
-    never edits. ``tolist()`` and ``tobytes()`` read the runs in order, as an array's do; it
-    equals an ``array('i')`` or another ``TokenRuns`` holding the same ids (never a list or a
-    tuple, like an array).
+    Joined, a waiting request would hold a second copy of its transcript; as runs it is a
+    few pointers. The runs are shared, so they must not change while the request lives. It
+    reads and compares like an ``array('i')`` of the same ids.
     """
 
     __slots__ = ("_ends", "_runs")
@@ -184,12 +179,9 @@ def _id_bytes(ids: TokenRuns | array[Any]) -> bytes:
 class GenerateRequest:
     """One token-in generation request.
 
-    ``input_ids`` takes any sequence of ints and is kept as an ``array('i')`` (4 bytes a
-    token; see :func:`token_id_array`), or as the :class:`TokenRuns` it was given (the
-    rollout loop's form: the transcript's own arrays, no copy): a request holds its whole
-    conversation while it waits for the engine, and with thousands of trajectories in
-    flight a tuple of Python ints would be most of the client's memory. Compare it with
-    ``list(request.input_ids)`` or ``tuple(...)``: neither form equals a list or a tuple.
+    ``input_ids`` is kept as an ``array('i')``, or as the :class:`TokenRuns` it was given: with
+    thousands of requests waiting, tuples of Python ints would be most of the client's memory.
+    Compare it with ``list(request.input_ids)``: it never equals a list or a tuple.
     """
 
     input_ids: Sequence[int]
@@ -212,12 +204,8 @@ class GenerateRequest:
 
 
 def token_id_array(ids: Sequence[int]) -> array[int]:
-    """``ids`` as an ``array('i')``; one that already is one is returned as it is (not copied).
-
-    Every vocabulary fits a 32-bit int. An id that is not an int, or does not fit, raises
-    :class:`~toolrollout.exceptions.UserError` naming ``input_ids``. :class:`TokenRuns` are
-    joined into one new array.
-    """
+    """``ids`` as an ``array('i')`` (an array is not copied); a non-int or out-of-range id
+    raises :class:`UserError` naming ``input_ids``."""
     if isinstance(ids, array) and ids.typecode == "i":
         return ids
     if isinstance(ids, TokenRuns):

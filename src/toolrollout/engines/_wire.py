@@ -1,21 +1,9 @@
 """SGLang's native wire format: request bodies, response parsing and SSE framing.
 
-Pure functions and one small state machine, no I/O, so the exact shapes SGLang puts on the
-wire can be tested against fixtures derived from its source (``tests/engines/fixtures``).
-Everything here raises :class:`~toolrollout.exceptions.EngineError` (never ``KeyError`` or
-``TypeError``) when a body does not have the shape SGLang documents, because a silently
+Pure functions, no I/O, tested against fixtures derived from SGLang's source
+(``tests/engines/fixtures``). A body not of the documented shape raises
+:class:`~toolrollout.exceptions.EngineError` (never ``KeyError``), because a silently
 misparsed token id would corrupt a training batch.
-
-Shapes, as read in SGLang's source (see ``tests/engines/fixtures/README.md`` for commits):
-
-* ``POST /generate`` answers ``{"text"?, "output_ids", "meta_info"}`` (``text`` is absent
-  with ``--skip-tokenizer-init``), or a JSON array of those for a batch or ``n > 1``.
-* ``meta_info.output_token_logprobs`` holds ``[logprob, token_id, text | null]`` entries.
-* ``meta_info.finish_reason`` is ``FINISH_*.to_json()`` or ``null`` while streaming.
-* Errors are ``{"error": {"message": ...}}`` (``_create_error_response``) or the flat
-  ``ErrorResponse`` ``{"object": "error", "message", "type", "param", "code"}``.
-* A stream is ``data: <json>\\n\\n`` events ending with ``data: [DONE]``; a failure inside
-  the stream is one ``data: {"error": {...}}`` event.
 """
 
 from __future__ import annotations
@@ -76,17 +64,11 @@ _OVERLONG_PATTERNS = (
 
 
 def encode_json(body: Any) -> bytes:
-    """A request body as compact UTF-8 JSON, with orjson (SGLang's own encoder).
+    """A request body as compact UTF-8 JSON, with orjson (ten times the standard library).
 
-    A turn's body holds the whole conversation's ids; orjson writes them about ten times
-    faster than the standard library (docs/benchmarks.md, "Client cost per turn"). orjson
-    writes a non-finite float as ``null`` where ``json.dumps(allow_nan=False)`` raised, so
-    the only floats a body holds (sampling settings) are checked by :func:`generate_body`.
-
-    The body is copied once into bytes of its own size: orjson's buffer is allocated far
-    larger than what it writes (12 KB for a 100-id body, 1.8 MB for 10,000 ids), and the
-    body lives as long as the server works on the request (docs/benchmarks.md, "A request
-    waiting on the server, over HTTP").
+    orjson writes a non-finite float as ``null``, so :func:`generate_body` checks the
+    sampling floats. The body is copied into bytes of its own size: orjson's buffer is far
+    larger (1.8 MB for 10,000 ids) and lives as long as the server works on the request.
     """
     try:
         encoded = orjson.dumps(body, option=orjson.OPT_NON_STR_KEYS)
@@ -103,9 +85,7 @@ def _finite_sampling(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _id_list(ids: Sequence[int]) -> list[int]:
-    """A request's ids as the list orjson writes (it has no form for ``array`` or
-    :class:`TokenRuns`). The list lives only while the body is encoded; the request keeps
-    its 4-byte ids."""
+    """A request's ids as the list orjson writes (it has no form for ``array``)."""
     return ids.tolist() if isinstance(ids, array | TokenRuns) else list(ids)
 
 
@@ -132,12 +112,7 @@ def generate_body(request: GenerateRequest, rid: str, *, stream: bool = False) -
 
 
 def parse_json(content: bytes, *, what: str) -> Any:
-    """Decode a JSON body, raising :class:`EngineError` (not ``ValueError``) on garbage.
-
-    orjson (five times the standard library's speed on a 256-token answer) reads what
-    SGLang writes (orjson too); it refuses ``NaN``/``Infinity`` literals, which the
-    standard library accepted and which SGLang never writes (orjson writes ``null``).
-    """
+    """Decode a JSON body with orjson, raising :class:`EngineError` on garbage."""
     try:
         return orjson.loads(content)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -310,12 +285,8 @@ def parse_finish_reason(raw: object) -> FinishReason | None:
 
 
 def raise_for_abort_status(raw: object, *, url: str | None) -> None:
-    """An abort that carries an HTTP status is a server-side error, not a partial result.
-
-    SGLang turns these into HTTP errors on non-streaming calls
-    (``TokenizerManager._handle_abort_finish_reason``) but yields them as a final chunk
-    when streaming; raising here gives both paths the same meaning.
-    """
+    """An abort that carries an HTTP status is a server-side error, not a partial result
+    (SGLang raises it on non-streaming calls, but streams it as a final chunk)."""
     code = _status_of_abort(raw)
     if code is not None:
         assert isinstance(raw, dict)
@@ -395,12 +366,8 @@ def parse_result(
     server_url: str | None = None,
     expect_id: str | None = None,
 ) -> GenerateResult:
-    """Parse one non-streaming ``/generate`` object into a :class:`GenerateResult`.
-
-    Ids and logprobs come from ``meta_info.output_token_logprobs`` when present (the
-    list verl and slime read), otherwise from ``output_ids``; when both are present they
-    must agree exactly. ``rid=None`` keeps the server's ``meta_info.id``.
-    """
+    """Parse one non-streaming ``/generate`` object into a :class:`GenerateResult`; ids in
+    ``output_token_logprobs`` and ``output_ids`` must agree. ``rid=None`` keeps the server's."""
     obj, meta = split_meta(obj, what="/generate result")
     server_id = meta.get("id")
     if expect_id is not None and server_id is not None and server_id != expect_id:

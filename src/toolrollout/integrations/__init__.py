@@ -1,10 +1,8 @@
 """Trainer adapters: TRL's ``rollout_func``, a verl agent loop, an ms-swift scheduler.
 
-Light names import nothing from the trainers. ``ToolRolloutAgentLoop`` (verl) is loaded on
-first access, which imports verl and registers the loop by name (``toolrollout_agent``); so
-is ``ToolRolloutWeightSync``, ms-swift's weight-sync callback (it imports transformers
-only). ms-swift's scheduler is registered as ``toolrollout`` by the plugin file
-``SWIFT_PLUGIN_PATH``. Install the extras ``toolrollout[trl]``, ``[verl]`` or ``[swift]``.
+Light names import nothing from the trainers; ``ToolRolloutAgentLoop`` (verl) and
+``ToolRolloutWeightSync`` (ms-swift) are loaded on first access. ms-swift's scheduler is
+registered by the plugin file ``SWIFT_PLUGIN_PATH``.
 """
 
 from __future__ import annotations

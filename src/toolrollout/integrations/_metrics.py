@@ -24,10 +24,7 @@ CUT_FINISH_REASON = "max_completion_length"
 def trajectory_extras(trajectory: Trajectory) -> dict[str, Any]:
     """What a trainer's reward functions may want besides the tokens, JSON-ready.
 
-    ``reward`` is toolrollout's own reward (``None`` when no reward function ran or the
-    trajectory failed), ``tool_stats`` the per-tool call summary of this trajectory,
-    ``turn_rewards`` / ``tool_rewards`` one entry per model turn (interaction scores and
-    summed per-call tool rewards, ``None`` where there was none).
+    ``turn_rewards`` / ``tool_rewards`` have one entry per model turn (``None`` where none).
     """
     stats = trajectory.metrics.get("tool_stats") or {}
     return {
@@ -50,8 +47,7 @@ def trajectory_extras(trajectory: Trajectory) -> dict[str, Any]:
 def turn_weight_versions(trajectory: Trajectory, kept: int | None = None) -> list[str | None]:
     """The weight version of each engine answer, in order (within the first ``kept`` tokens).
 
-    One entry per generation request: a model turn resumed after an abort has two, and
-    they differ when a weight update came in between.
+    One per generation request: a turn resumed after an abort has two.
     """
     return [v for start, _, v in trajectory.weight_segments if kept is None or start < kept]
 
@@ -61,13 +57,9 @@ def cut_extras(
 ) -> dict[str, Any]:
     """:func:`trajectory_extras` of only the first ``kept`` response tokens.
 
-    For a completion the trainer cut: ``status`` is ``truncated`` and ``finish_reason``
-    ``max_completion_length``; ``final_answer`` is the text of the last model turn as far
-    as it was kept (parsed again when the cut falls inside it); ``num_turns``,
-    ``num_tool_calls`` (calls whose text was kept), ``turn_rewards``, ``tool_rewards`` and
-    ``weight_versions`` count the kept turns only. ``reward`` is None: toolrollout's
-    reward scored text the trainer does not train on. ``tool_stats``, ``tool_errors`` and
-    ``parse_errors`` still describe every call that ran.
+    For a completion the trainer cut: counts cover the kept turns only, and ``reward`` is
+    None (it scored text the trainer does not train on); ``tool_stats``, ``tool_errors``
+    and ``parse_errors`` still describe every call that ran.
     """
     extras = trajectory_extras(trajectory)
     assistant = [m for m in trajectory.messages if m.get("role") == "assistant"]

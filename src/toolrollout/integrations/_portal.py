@@ -15,11 +15,8 @@ __all__ = ["engine_at", "open_engine_portal"]
 def engine_at(url: str, **options: Any) -> Engine:
     """The client of the server at ``url``, of the kind it serves (SGLang or vLLM), unopened.
 
-    A trainer hook names its engine by URL before any event loop runs, and its client must
-    be opened on the adapter's own loop (:func:`open_engine_portal`). So the engine factory
-    (:func:`~toolrollout.engines._factory.connect`: health, kind, one line for a wrong URL)
-    runs once on a short-lived loop of its own, and a fresh client of the kind it found is
-    returned; ``options`` go to both.
+    The client must be opened on the adapter's own loop, so the engine factory runs once on
+    a short-lived loop of its own and a fresh client of the kind it found is returned.
     """
     from toolrollout.engines._factory import connect
 
@@ -35,10 +32,8 @@ def engine_at(url: str, **options: Any) -> Engine:
 def open_engine_portal(engine: Engine) -> tuple[contextlib.ExitStack, BlockingPortal]:
     """Start an anyio blocking portal (one loop thread) and open ``engine`` on it.
 
-    Trainer hooks (TRL's ``rollout_func``, ms-swift's callbacks) are synchronous, while the
-    engine's client is bound to the loop it was opened on; so each adapter owns one such
-    thread for its whole life. Closing the returned stack closes the engine on that loop,
-    then stops the thread; a failure while opening leaves nothing running.
+    Trainer hooks are synchronous, the client is bound to its loop. Closing the returned
+    stack closes the engine, then stops the thread.
     """
     stack = contextlib.ExitStack()
     portal = stack.enter_context(start_blocking_portal())

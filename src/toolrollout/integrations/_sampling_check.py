@@ -1,10 +1,8 @@
 """The sampling a trainer assumes must be the sampling the engine does.
 
-TRL recomputes every completion's logprobs at ``args.temperature`` (logits divided by it)
-for the policy ratio, its vLLM importance weights and off-policy masking; a rollout
-sampled at another temperature, or under another top-p / top-k / min-p filter, is then
-scored against a distribution it was not drawn from, and nothing in the loss shows it.
-So a difference is refused before the first rollout, in one line naming both values.
+TRL recomputes every completion's logprobs at ``args.temperature``; a rollout sampled
+otherwise is scored against a distribution it was not drawn from, and nothing in the loss
+shows it. So a difference is refused before the first rollout.
 """
 
 from __future__ import annotations
@@ -24,11 +22,8 @@ def _off_if_nonpositive(value: Any) -> float | None:
 
 
 def check_sampling(sampling: SamplingParams, args: Any) -> None:
-    """Raise :class:`UserError` when ``sampling`` and the trainer's ``args`` disagree.
-
-    Compares temperature, top_p, top_k and min_p where ``args`` has them (a field the
-    trainer's config lacks is not checked).
-    """
+    """Raise :class:`UserError` when ``sampling`` and the trainer's ``args`` disagree (on
+    the fields ``args`` has)."""
     if args is None:
         return
     ours: dict[str, float | None] = {

@@ -1,18 +1,10 @@
 """ms-swift: toolrollout's loop as a GRPO multi-turn scheduler named ``toolrollout``.
 
-ms-swift 4.x's contract (``swift/rollout/multi_turn.py``, ``swift/infer_engine/protocol.py``):
-a ``MultiTurnScheduler`` registered in ``swift.rollout.multi_turn.multi_turns`` (by a file
-passed with ``--external_plugins``) is selected with ``--multi_turn_scheduler NAME``; its
-``run(infer_request, request_config)`` returns a ``RolloutOutput`` whose
-``response_token_ids`` / ``response_loss_mask`` are lists with one inner list per assistant
-message of ``messages``, and ``rollout_logprobs`` per assistant message with one value per
-loss-mask-1 token. ms-swift's trainer puts those ids in place of each assistant message's
-content (``replace_assistant_response_with_ids``), so what it trains on is exactly them.
-
-The whole multi-turn response is returned as one assistant message, tool-result tokens
-inside it with loss mask 0: the layout of ms-swift's own tool-call scheduler example and of
-its default ``run`` when a turn continues an assistant message. The tokens are the engine's
-and the chat template's delta, never re-encoded text.
+ms-swift 4.x (``swift/rollout/multi_turn.py``): a ``MultiTurnScheduler`` registered in
+``multi_turns`` returns a ``RolloutOutput`` whose ``response_token_ids`` /
+``response_loss_mask`` hold one list per assistant message, which ms-swift trains on as
+they are. The whole multi-turn response is one assistant message, tool-result tokens inside
+it with loss mask 0 (the layout of ms-swift's own tool-call scheduler example).
 
 Importing this module imports ms-swift; ``import toolrollout`` never does.
 """
@@ -127,17 +119,10 @@ def _prompt_len(trajectory: Trajectory) -> int:
 class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
     """ms-swift multi-turn scheduler that runs each request as a toolrollout trajectory.
 
-    Keyword arguments (all optional, environment variables for the ``swift rollout`` CLI):
-
-    * ``engine``: a toolrollout :class:`~toolrollout.Engine`; else ``TOOLROLLOUT_ENGINE_URL``
-      names a server: SGLang (``toolrollout serve``, sglang-router) or vLLM.
-    * ``tools``: toolrollout tools; else ``TOOLROLLOUT_TOOL_CONFIG`` is a tool YAML.
-    * ``tool_parser``: else ``TOOLROLLOUT_TOOL_PARSER``; default: the model family's parser.
-    * ``family``: else ``TOOLROLLOUT_FAMILY``; default: detected from the chat template.
-    * ``chat_template_kwargs``: else ``TOOLROLLOUT_CHAT_TEMPLATE_KWARGS`` (a JSON object).
-
-    ``max_turns`` (``--max_turns``) caps assistant turns; ``request_config.max_tokens`` caps
-    both each turn and the whole response; temperature/top_p/top_k come from the request.
+    Each keyword argument is optional; the ``swift rollout`` CLI sets the environment
+    variables instead (``TOOLROLLOUT_ENGINE_URL``, ``_TOOL_CONFIG``, ``_TOOL_PARSER``,
+    ``_FAMILY``, ``_CHAT_TEMPLATE_KWARGS``). ``request_config.max_tokens`` caps both each
+    turn and the whole response.
     """
 
     def __init__(
@@ -166,26 +151,14 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
 
     def _resolve_engine(self) -> Engine:
         if self._engine is None:
-            url = os.environ.get(ENGINE_URL_ENV)
-            if not url:
-                raise UserError(
-                    "the toolrollout scheduler needs an engine: "
-                    f"pass engine=... or set {ENGINE_URL_ENV}"
-                )
             from ._portal import engine_at
 
-            self._engine = engine_at(url)
+            self._engine = engine_at(_required_env(ENGINE_URL_ENV, "an engine", "engine"))
         return self._engine
 
     def _resolve_tools(self) -> list[Tool]:
         if self._tools is None:
-            path = os.environ.get(TOOL_CONFIG_ENV)
-            if not path:
-                raise UserError(
-                    "the toolrollout scheduler needs tools: "
-                    f"pass tools=... or set {TOOL_CONFIG_ENV}"
-                )
-            self._tools = load_tool_config(path)
+            self._tools = load_tool_config(_required_env(TOOL_CONFIG_ENV, "tools", "tools"))
         return self._tools
 
     def _runner(self, request_config: RequestConfig) -> RolloutRunner:
@@ -235,6 +208,15 @@ class ToolRolloutScheduler(MultiTurnScheduler):  # type: ignore[misc]
         (trajectory,) = await runner.run([prompt])
         model = _model_name(self.infer_engine)
         return to_swift_rollout_output(trajectory, runner.chat.tokenizer, model=model)
+
+
+def _required_env(name: str, what: str, argument: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise UserError(
+            f"the toolrollout scheduler needs {what}: pass {argument}=... or set {name}"
+        )
+    return value
 
 
 def _model_name(infer_engine: Any) -> str:

@@ -1,16 +1,9 @@
 """ms-swift: a trainer callback that keeps the toolrollout engine on the trained policy.
 
-ms-swift syncs its own vLLM engine after each step (``_move_model_to_vllm``, NCCL to a
-``swift rollout`` server); the ``toolrollout`` scheduler generates with a toolrollout
-engine instead (``TOOLROLLOUT_ENGINE_URL``: ``toolrollout serve`` or SGLang), which those
-syncs never reach. This callback, registered in ms-swift's ``callbacks_map`` as
-``toolrollout_weight_sync`` by the plugin file (``--callbacks toolrollout_weight_sync``),
-runs in the trainer process: at the start of training and after every optimizer step it
-saves the policy and has the engine load it (:class:`~._weight_sync.WeightSync`, the
-same code as the TRL adapter's), with ``weight_version = str(global_step)``.
-
-ms-swift builds callbacks as ``callbacks_map[name](args, trainer)``, so the callback holds
-the trainer (its model, accelerator and step) from the start.
+ms-swift's own syncs reach only its vLLM engine, never the ``toolrollout`` scheduler's. This
+callback (``--callbacks toolrollout_weight_sync``) saves the policy at the start of training
+and after every optimizer step and has the engine load it (:class:`~._weight_sync.WeightSync`,
+as in the TRL adapter), with ``weight_version = str(global_step)``.
 """
 
 from __future__ import annotations
@@ -38,11 +31,8 @@ WEIGHTS_DIR_ENV = "TOOLROLLOUT_WEIGHTS_DIR"
 class ToolRolloutWeightSync(TrainerCallback):
     """Load the trainer's weights into the toolrollout engine after every optimizer step.
 
-    ``engine``: an :class:`~toolrollout.Engine` or URL (default ``TOOLROLLOUT_ENGINE_URL``,
-    the scheduler's). ``weights_dir``: a folder the servers can read (default
-    ``TOOLROLLOUT_WEIGHTS_DIR``, else ``<output_dir>/weight-sync``); start
-    ``toolrollout serve`` with ``--weights-dir`` on it. ``weight_sync="off"`` disables it.
-    The seconds per sync go to the trainer's metrics as ``rollout/weight_sync/seconds``.
+    ``engine`` defaults to ``TOOLROLLOUT_ENGINE_URL``, ``weights_dir`` (a folder the servers
+    can read) to ``TOOLROLLOUT_WEIGHTS_DIR``, else ``<output_dir>/weight-sync``.
     """
 
     def __init__(

@@ -1,17 +1,10 @@
 """TRL: a ``rollout_func`` for ``GRPOTrainer`` backed by toolrollout's multi-turn loop.
 
-TRL's contract (``trl/trainer/grpo_trainer.py``, ``GRPOTrainer._generate``): the trainer calls
-``rollout_func(prompts, trainer)`` with its per-process slice of prompts, already repeated
-``num_generations`` times, and expects one completion per element with the keys
-``prompt_ids``, ``completion_ids`` and ``logprobs``; ``env_mask`` (1 = trained, 0 = not) is
-multiplied into the loss mask, and every other key is handed to the reward functions.
-
-TRL's ``rollout_func`` is synchronous while toolrollout is async, so the rollouts run on an
-anyio blocking portal (one event-loop thread owned by this object for its whole life). The
-engine and the services the tools need (MCP sessions, a local sandbox or retriever) are
-opened on that loop on first use and closed by :meth:`TRLRolloutFunc.close`. The run is a
-:class:`~toolrollout.spec.RunSpec` (tools, rewards, interactions, vision, config), and its
-runner is built by :func:`toolrollout.spec.build_runner`, like every other entry point's.
+TRL (``GRPOTrainer._generate``) calls ``rollout_func(prompts, trainer)`` with prompts already
+repeated ``num_generations`` times and expects ``prompt_ids``, ``completion_ids``,
+``logprobs`` and ``env_mask`` (multiplied into the loss mask) per element; every other key
+goes to the reward functions. The synchronous call runs the async rollouts on an anyio
+blocking portal that this object owns, where the engine and the tools' services are opened.
 """
 
 from __future__ import annotations
@@ -48,17 +41,10 @@ ResponseBudget = Literal["trainer", "config"]
 class TRLRolloutFunc:
     """Callable ``rollout_func(prompts, trainer) -> dict`` for ``trl.GRPOTrainer``.
 
-    One trajectory per element of ``prompts`` (TRL already repeats each prompt
-    ``num_generations`` times), in order. Tool tokens carry ``env_mask`` 0 and logprob 0.0;
-    the engine's sampled-token logprobs fill the model positions. Completions longer than
-    the trainer's ``max_completion_length`` are cut to it. Batch metrics
-    (``rollout/num_turns/mean``, ``tools/<name>/failure_rate``...) go to the trainer's log.
-
-    ``spec`` is the run: tools, rewards, interactions, vision and the
-    :class:`~toolrollout.rollout.RolloutConfig` (``spec.config.n`` must be 1); its engine
-    fields are not used, the engine is given. Without ``spec.model`` the tokenizer's folder
-    stands for the model (vision detection). Use it as a context manager, or call
-    :meth:`close` when training ends.
+    One trajectory per element of ``prompts``, in order; tool tokens carry ``env_mask`` 0
+    and logprob 0.0, and completions are cut to ``max_completion_length``. ``spec`` is the
+    run (``spec.config.n`` must be 1; its engine fields are not used). Use it as a context
+    manager, or call :meth:`close` when training ends.
     """
 
     def __init__(
@@ -178,13 +164,8 @@ class TRLRolloutFunc:
         return out
 
     def runner_for(self, limit: int | None) -> RolloutRunner:
-        """The runner whose response budget is the trainer's completion limit.
-
-        With ``response_budget="trainer"`` (the default) a rollout never outgrows
-        ``max_completion_length``: ``max_response_tokens`` becomes the smaller of the two,
-        so the loop itself truncates (status ``truncated``, rewards and extras on exactly
-        the tokens TRL trains) instead of TRL cutting a finished trajectory.
-        """
+        """The runner whose response budget is the trainer's completion limit (with
+        ``response_budget="trainer"``), so the loop truncates, not TRL."""
         budget = self._spec.config.max_response_tokens
         if self.response_budget == "trainer" and limit is not None:
             budget = min(budget, limit)
@@ -219,23 +200,14 @@ def trl_rollout_func(
 ) -> TRLRolloutFunc:
     """Build the ``rollout_func`` to pass to ``GRPOTrainer(..., rollout_func=...)``.
 
-    ``engine`` is an :class:`~toolrollout.Engine` or a server's URL: SGLang (or
-    ``toolrollout serve``, sglang-router) or vLLM, told apart from the server's answers; a
-    URL's client takes ``spec``'s client options (pool size from ``config.concurrency``,
-    ``engine_api_key``, ``request_timeout``, retries). ``tokenizer`` is the served model's
-    Hugging Face tokenizer; ``spec`` the run (:class:`TRLRolloutFunc`); do not also pass
-    ``tools=`` to the trainer (TRL then ignores ``env_mask`` and runs its own tool loop).
-    ``options`` are :class:`TRLRolloutFunc`'s: ``context_length``, ``log_metrics``,
-    ``response_budget``, ``weight_sync`` and ``weights_dir``.
+    ``engine`` is an :class:`~toolrollout.Engine` or a SGLang or vLLM server's URL (its
+    client takes ``spec``'s client options); do not also pass ``tools=`` to the trainer
+    (TRL then ignores ``env_mask``). ``options`` are :class:`TRLRolloutFunc`'s.
 
-    ``weight_sync="auto"`` keeps the run on-policy with no user code: at the start of each
-    call whose ``trainer.state.global_step`` differs from the step the engine serves, the
-    trainer's weights go to the engine (in process for an ``EmbeddedEngine``; otherwise
-    saved under ``weights_dir``, default ``<output_dir>/weight-sync``, and loaded with
-    ``update_weights_from_disk`` between ``pause_generation`` and
-    ``continue_generation``), the served ``weight_version`` becomes ``str(global_step)``
-    and the seconds are logged as ``rollout/weight_sync/seconds``. ``"off"`` leaves the
-    engine alone (the user syncs another way, e.g. over NCCL).
+    ``weight_sync="auto"`` keeps the run on-policy: when ``trainer.state.global_step``
+    differs from the step the engine serves, the trainer's weights go to the engine (saved
+    under ``weights_dir``, default ``<output_dir>/weight-sync``, unless in process) and
+    ``weight_version`` becomes ``str(global_step)``. ``"off"`` leaves the engine alone.
     """
     spec = RunSpec() if spec is None else spec
     if isinstance(engine, str):

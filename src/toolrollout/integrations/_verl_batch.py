@@ -1,11 +1,8 @@
 """toolrollout output -> verl's padded rollout batch.
 
-verl's trainer consumes a fixed-width batch (``AgentLoopWorker._agent_loop_postprocess`` and
-``_postprocess`` in ``verl/experimental/agent_loop/agent_loop.py``): prompts left-padded to
-``prompt_length``, responses right-padded to ``response_length``, ``response_mask`` zero on
-tool tokens and padding, ``position_ids`` counting real tokens only. Building the same
-tensors from a ``toolrollout generate`` file lets verl train on offline or rejection-sampled
-rollouts without re-running them. torch is imported when a batch is built, never at import.
+The same fixed-width tensors verl's agent loop builds (``_agent_loop_postprocess``), from a
+``toolrollout generate`` file, so verl can train on offline or rejection-sampled rollouts.
+torch is imported when a batch is built, never at import.
 """
 
 from __future__ import annotations
@@ -36,15 +33,9 @@ TENSOR_KEYS = (
 class VerlBatch:
     """The tensors and per-row arrays of a verl ``DataProto``.
 
-    ``tensors`` holds ``prompts [B, P]``, ``responses [B, R]``, ``response_mask [B, R]``,
-    ``input_ids``, ``attention_mask``, ``position_ids [B, P + R]``, ``rollout_log_probs [B, R]``
-    and, when every row has a reward, ``rm_scores [B, R]`` (the reward on the last response
-    token, as verl places agent-loop scores). ``non_tensors`` holds numpy object arrays:
-    ``uid`` (the GRPO group id verl's advantage estimators group by), ``__num_turns__`` and
-    toolrollout's per-row ``reward``, ``status`` and ``num_tool_calls``. ``meta_info`` holds
-    the ``temperature`` the rows were sampled at, read from their ``sampling``: verl's actor
-    divides the logits by ``meta_info["temperature"]`` when it recomputes the old policy's
-    logprobs, so they must be those of the distribution that sampled the rows.
+    ``rm_scores`` (the reward on the last response token) only when every row has a reward;
+    ``non_tensors`` has ``uid`` (the GRPO group). ``meta_info["temperature"]`` is the rows'
+    own: verl's actor divides the logits by it when it recomputes the old logprobs.
     """
 
     tensors: dict[str, Any]
@@ -84,11 +75,8 @@ def _rows(
 
 
 def _num_turns(row: Mapping[str, Any]) -> int:
-    """verl's count (``ToolAgentLoop``): assistant turns + user turns + 1.
-
-    verl's user turns are the tool-result rounds and interaction messages, i.e. each run of
-    non-assistant messages after the first assistant message.
-    """
+    """verl's count (``ToolAgentLoop``): assistant turns + user turns (each run of
+    non-assistant messages after the first assistant one) + 1."""
     messages = row.get("messages")
     if isinstance(messages, str):
         messages = json.loads(messages)
@@ -117,9 +105,8 @@ def to_verl_batch(
 ) -> VerlBatch:
     """Pad toolrollout rows (a parquet/JSONL path, rows, or trajectories) into verl's layout.
 
-    Prompts longer than ``prompt_length`` keep their last tokens and responses longer than
-    ``response_length`` their first, as verl's agent loops do. Failed rows (no usable
-    response, no reward) are dropped unless ``include_failed``.
+    Overlong prompts keep their last tokens, responses their first, as verl's agent loops
+    do. Failed rows are dropped unless ``include_failed``.
     """
     import numpy as np
     import torch

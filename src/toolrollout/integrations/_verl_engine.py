@@ -1,11 +1,8 @@
 """verl's server manager behind toolrollout's :class:`Engine` seam.
 
-Inside verl, an agent loop does not own an inference server: it is handed the trainer's
-server manager (``LLMServerClient`` in verl 0.9, ``AsyncLLMServerManager`` before), whose
-``generate(request_id, *, prompt_ids, sampling_params, image_data=None, ...)`` returns a
-``TokenOutput`` (``token_ids``, ``log_probs``, ``stop_reason``, ``extra_fields``). This module
-adapts that call, so toolrollout's loop generates on verl's vLLM/SGLang replicas with verl's
-load balancing, sticky sessions and weight syncs.
+A verl agent loop is handed the trainer's server manager (``LLMServerClient`` in verl 0.9,
+``AsyncLLMServerManager`` before); this adapts its ``generate``, so toolrollout's loop runs
+on verl's replicas with verl's load balancing, sticky sessions and weight syncs.
 
 Duck-typed on purpose: no verl import here, so it is usable (and testable) without verl.
 """
@@ -34,16 +31,9 @@ class VerlServerEngine(Engine):
         eos_token_ids: Ids that end a turn; used to tell a natural stop from a cut-off when
             the backend reports only ``completed`` (vLLM does, for both).
 
-    Sampling maps onto verl's ``sampling_params`` dict, which both of verl's backends read:
-    ``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``logprobs`` (always on:
-    token-exact rollouts need them), ``max_tokens``, and ``stop`` / ``stop_token_ids`` when
-    set. Per-request seeds are not sent (the backends spell them differently).
-    ``session_id`` (the trajectory id) is the verl ``request_id``, so all turns of one
-    trajectory stay on one replica. :meth:`abort` and :meth:`abort_all` are no-ops: verl
-    aborts whole replicas between steps, not single requests. verl's trainer owns the
-    weights, so the weight-sync calls (pause, continue, update, flush) raise
-    :class:`~toolrollout.UserError`; :meth:`info` reports ``context_length`` and
-    ``vision`` as given here (verl's agent loop knows them, the server manager does not).
+    Per-request seeds are not sent (the backends spell them differently). ``session_id`` is
+    the verl ``request_id``, so a trajectory stays on one replica. :meth:`abort` is a no-op
+    (verl aborts whole replicas between steps), and verl's trainer owns the weights.
     """
 
     def __init__(

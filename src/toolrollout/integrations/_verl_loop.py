@@ -1,13 +1,9 @@
 """verl: toolrollout's multi-turn loop as a verl agent loop named ``toolrollout_agent``.
 
-verl 0.9's contract (``verl/experimental/agent_loop/agent_loop.py``): an ``AgentLoopBase``
-subclass, registered with ``@register(name)`` or listed in the YAML at
-``actor_rollout_ref.rollout.agent.agent_loop_config_path``, is built per sample with the
-trainer config, the server manager, the tokenizer and verl's loaded tools, and
-``run(sampling_params, **row)`` returns an ``AgentLoopOutput``. This loop generates through
-verl's server manager (:class:`VerlServerEngine`), so verl keeps its replicas, load
-balancing and weight syncs; toolrollout brings the tool-call parsing, concurrent tool
-execution with limits, budgets and the token-exact transcript.
+verl 0.9 (``verl/experimental/agent_loop/agent_loop.py``) builds an ``AgentLoopBase`` per
+sample; its ``run(sampling_params, **row)`` returns an ``AgentLoopOutput``. This loop
+generates through verl's server manager (:class:`VerlServerEngine`), so verl keeps its
+replicas and weight syncs; toolrollout brings the tools, budgets and token-exact transcript.
 
 Importing this module imports verl; ``import toolrollout`` never does.
 """
@@ -94,23 +90,11 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
     """A verl agent loop that runs one toolrollout trajectory per dataset row.
 
     Extra keys of the agent-loop YAML entry arrive as keyword arguments:
-
-    * ``tool_config_path``: a toolrollout/verl-layout tool YAML loaded with
-      :func:`toolrollout.load_tool_config`; without it, the tools verl loaded from
-      ``multi_turn.tool_config_path`` / ``function_tool_path`` are used as they are.
-    * ``tool_parser``: toolrollout parser name; defaults to ``multi_turn.format`` when it
-      is set to something other than verl's default ``hermes``, else the model family's
-      parser (so a Llama or GLM model is not read with Qwen's format).
-    * ``family`` / ``chat_template_kwargs``: the model family, when its chat template is
-      not detected, and template variables (default: verl's
-      ``data.apply_chat_template_kwargs`` when the config has it).
-    * ``reward``: dotted path of a toolrollout reward function; when set, its value becomes
-      ``reward_score`` and verl's reward loop is skipped for the sample.
-
-    Budgets follow verl's config: ``response_length`` caps the response (model + tool
-    tokens), ``multi_turn.max_assistant_turns`` the turns, ``max_tool_response_length`` each
-    tool result (counted in tokens here, where verl counts characters), ``prompt_length +
-    response_length`` the context.
+    ``tool_config_path`` (else verl's loaded tools are used), ``tool_parser`` (else
+    ``multi_turn.format`` unless it is verl's default ``hermes``, else the family's),
+    ``family``, ``chat_template_kwargs`` and ``reward`` (a dotted path; its value becomes
+    ``reward_score``). Budgets follow verl's config (``max_tool_response_length`` counted in
+    tokens here, where verl counts characters).
     """
 
     def __init__(
@@ -174,9 +158,8 @@ class ToolRolloutAgentLoop(AgentLoopBase):  # type: ignore[misc, unused-ignore]
         return self._output(trajectory)
 
     def _runner(self) -> RolloutRunner:
-        """The worker's runner for this entry: verl builds a loop per sample, but every
-        sample of a worker process shares one runner, so a tool's concurrency and rate
-        limits, circuit breaker and statistics count the whole worker, not one sample."""
+        """The worker's runner for this entry, shared by every sample of the process, so a
+        tool's limits and statistics count the whole worker."""
         key = (
             id(self.server_manager),
             self._tool_source,

@@ -1,19 +1,9 @@
 """Keeping a trainer-adapter's engine on the policy being trained.
 
-Under TRL's ``rollout_func`` contract (and ms-swift's scheduler) the rollout side owns the
-engine, so the trainer never updates its weights: without this module every rollout after
-the first optimizer step would come from the initial weights while the trainer treats it
-as on-policy. Before each rollout batch the adapter asks :class:`WeightSync` whether the
-trainer's step moved on; if it did, the policy's weights go to the engine:
-
-* an engine with ``load_weights`` (:class:`~toolrollout.engines.embedded.EmbeddedEngine`)
-  gets the tensors in process, copied between two scheduler steps;
-* any other engine (an SGLang URL, ``toolrollout serve``, a router) gets a checkpoint
-  written to a folder the servers can read, and ``pause_generation`` /
-  ``update_weights_from_disk`` / ``continue_generation`` around the load.
-
-The served ``weight_version`` becomes ``str(step)``, so every model turn generated after
-the sync carries the step whose weights produced it.
+Under TRL's ``rollout_func`` (and ms-swift's scheduler) the rollout side owns the engine, so
+the trainer never updates its weights. When the trainer's step moved on, the policy goes to
+the engine: in process to one with ``load_weights``, else as a checkpoint the servers load
+between a pause and a continue. The served ``weight_version`` becomes ``str(step)``.
 """
 
 from __future__ import annotations
@@ -64,10 +54,8 @@ def _sharded(accelerator: Any) -> bool:
 def policy_state_dict(trainer: Any) -> Iterator[dict[str, Any]]:
     """The trainer's current policy as a plain Hugging Face state dict, while it is valid.
 
-    Unwraps DDP/accelerate; gathers DeepSpeed ZeRO-3 and FSDP shards through accelerate
-    (a collective call: every process must enter); merges a PEFT adapter into its base
-    weights for the duration of the ``with`` block (the names are the base model's, as
-    the engine serves them) and unmerges it afterwards.
+    Gathers ZeRO-3 and FSDP shards (a collective call: every process must enter) and merges
+    a PEFT adapter for the duration of the ``with`` block.
     """
     model = _unwrap(trainer)
     if model is None:
@@ -113,10 +101,9 @@ class SyncResult:
 class WeightSync:
     """Loads the trainer's weights into an adapter's engine once per optimizer step.
 
-    ``call(fn)`` runs a coroutine function on the adapter's event loop (its blocking
-    portal) and returns the result. ``weights_dir`` is where checkpoints for servers go
-    (a folder every server can read: on several nodes, a shared file system); by default
-    ``<trainer.args.output_dir>/weight-sync``. Only the newest checkpoint is kept.
+    ``call(fn)`` runs a coroutine function on the adapter's event loop. ``weights_dir`` (a
+    folder every server can read; default ``<output_dir>/weight-sync``) keeps the newest
+    checkpoint only.
     """
 
     def __init__(

@@ -237,8 +237,7 @@ class EmbeddedEngine(WeightSyncEngine):
 
     @property
     def decode_counts(self) -> tuple[int, int]:
-        """(decode forward passes, rows decoded over them) since start; their ratio is the
-        mean decode batch, a load-independent measure of continuous batching."""
+        """(decode forward passes, rows decoded over them) since start."""
         if not self._scheduler:
             return (0, 0)
         return (self._scheduler.decode_steps, self._scheduler.decoded_rows)
@@ -283,10 +282,7 @@ class EmbeddedEngine(WeightSyncEngine):
     async def generate_full(
         self, request: GenerateRequest, options: GenerationOptions | None = None
     ) -> EmbeddedOutput:
-        """Generate one sample and return everything the engine knows about it.
-
-        Cancelling the call aborts the request in the engine.
-        """
+        """Generate one sample and return everything the engine knows about it."""
         queue: asyncio.Queue[Event] = asyncio.Queue()
         opts = replace(options or GenerationOptions(), stream=False)
         await self.wait_unpaused()
@@ -306,10 +302,7 @@ class EmbeddedEngine(WeightSyncEngine):
     async def stream(
         self, request: GenerateRequest, options: GenerationOptions | None = None
     ) -> AsyncGenerator[EmbeddedOutput, None]:
-        """Yield a cumulative snapshot after every step; the last one is finished.
-
-        Leaving the iteration early aborts the request in the engine.
-        """
+        """Yield a cumulative snapshot after every step; the last one is finished."""
         queue: asyncio.Queue[Event] = asyncio.Queue()
         opts = replace(options or GenerationOptions(), stream=True)
         await self.wait_unpaused()
@@ -336,14 +329,9 @@ class EmbeddedEngine(WeightSyncEngine):
         sink: Callable[[Event], None],
         vision: VisionInputs | None = None,
     ) -> str:
-        """Validate ``request`` and queue it; return its rid.
-
-        ``sink`` is called on the current event loop with each snapshot (only the final
-        one unless ``options.stream``) or with an :class:`EngineError`. Raises at once for
-        an invalid request. Must be called from a running event loop. A request with
-        ``image_data`` needs ``vision`` from :meth:`process_images` (pixel work is kept off
-        the event loop).
-        """
+        """Validate ``request`` and queue it; return its rid. ``sink`` gets each snapshot
+        (only the final one unless ``options.stream``) or an :class:`EngineError` on the
+        current event loop; ``image_data`` needs ``vision`` from :meth:`process_images`."""
         scheduler = self._scheduler
         if scheduler is None or self._model is None:
             raise UserError(
@@ -357,11 +345,7 @@ class EmbeddedEngine(WeightSyncEngine):
         return seq.rid
 
     async def process_images(self, request: GenerateRequest) -> VisionInputs | None:
-        """Decode, resize and patch the request's images in a worker thread (None: no images).
-
-        Raises :class:`EngineRequestRejected` (HTTP 400) for a model without vision, an
-        unreadable image, or ids whose placeholder runs do not match the images.
-        """
+        """Decode, resize and patch the request's images in a worker thread (None: no images)."""
         if not request.image_data:
             return None
         processor = self._vision_processor()
@@ -418,20 +402,12 @@ class EmbeddedEngine(WeightSyncEngine):
         self.abort_nowait(rid)
 
     async def abort_all(self) -> None:
-        """Abort every request of this engine (they all belong to its owner).
-
-        Running requests end with their partial output and ``finish_reason.type ==
-        "abort"``; waiting ones with SGLang's ``"Abort in waiting queue"``.
-        """
+        """Abort every request of this engine (they all belong to its owner)."""
         self.abort_nowait(abort_all=True)
 
     def abort_nowait(self, rid: str = "", *, abort_all: bool = False) -> None:
         """Queue an abort without awaiting; usable from ``finally`` blocks and the server.
-
-        Running requests end with their partial output and ``finish_reason.type ==
-        "abort"``; waiting ones with SGLang's ``"Abort in waiting queue"``. An empty
-        ``rid`` without ``abort_all`` is ignored, as SGLang does.
-        """
+        An empty ``rid`` without ``abort_all`` is ignored, as SGLang does."""
         if not abort_all and not rid:
             return
         if self._scheduler is not None:
@@ -465,9 +441,5 @@ class EmbeddedEngine(WeightSyncEngine):
         return EngineInfo.merge((server,))
 
     async def flush_cache(self) -> bool:
-        """Succeed when idle, like SGLang's ``/flush_cache``.
-
-        There is no prefix cache to drop (every request is prefilled from scratch and
-        ``cached_tokens`` is always 0), so this only reports whether requests are in flight.
-        """
+        """Succeed when idle, like SGLang's ``/flush_cache`` (there is no prefix cache)."""
         return self.num_active == 0

@@ -127,11 +127,7 @@ class SwapModel:
 
 @dataclass(frozen=True, slots=True)
 class Between:
-    """Run ``call`` on the worker thread between two steps (an in-place weight load).
-
-    The worker thread is the only one that runs forward passes, so a change made there
-    can never be seen half-done by a step.
-    """
+    """Run ``call`` on the worker thread between two steps, never seen half-done by a step."""
 
     call: Callable[[LoadedModel], None]
     future: Future[None]

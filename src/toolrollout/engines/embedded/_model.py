@@ -131,12 +131,11 @@ class LoadedModel:
         kv: Sequence[LayerKV] | None,
         *,
         all_logits: bool = False,
+        **inputs: Any,
     ) -> tuple[torch.Tensor, list[LayerKV]]:
-        """Run one forward pass over ``input_ids`` on top of the cached ``kv``.
-
-        Returns the logits (``[batch, positions, vocab]``; only the last position unless
-        ``all_logits``) and every layer's keys/values including the new positions.
-        """
+        """Run one forward pass over ``input_ids`` (and the model's other ``inputs``) on top of
+        the cached ``kv``; returns the logits (only the last position unless ``all_logits``)
+        and the KV."""
         from transformers import DynamicCache
 
         cache = DynamicCache()
@@ -148,6 +147,7 @@ class LoadedModel:
             "attention_mask": attention_mask,
             "use_cache": True,
             self._cache_kw: cache,
+            **inputs,
         }
         if self._keep_kw is not None:
             kwargs[self._keep_kw] = 0 if all_logits else 1
@@ -160,13 +160,9 @@ class LoadedModel:
     ) -> tuple[torch.Tensor, list[LayerKV], int]:
         """Prefill one prompt with images (Qwen2-VL family).
 
-        The vision tower's features replace the placeholder embeddings, and the prompt gets
-        the model's 3-D (temporal, height, width) rotary positions. Returns the logits, the
-        KV and the position offset of every later token (its index plus this offset, the
-        same in all three dimensions), which is what decoding needs.
+        The vision features replace the placeholder embeddings under 3-D rotary positions;
+        returns the logits, the KV and the position offset of every later token.
         """
-        from transformers import DynamicCache
-
         device = self.device
         ids = torch.tensor([vision.input_ids], device=device)
         grid = vision.image_grid_thw.to(device)
@@ -174,22 +170,17 @@ class LoadedModel:
         positions, deltas = self.model.model.get_rope_index(
             ids, mm_token_type_ids=types, image_grid_thw=grid
         )
-        cache = DynamicCache()
-        kwargs: dict[str, Any] = {
-            "input_ids": ids,
-            "position_ids": positions,
-            "attention_mask": None,
-            "use_cache": True,
-            "pixel_values": vision.pixel_values.to(device=device, dtype=self.dtype),
-            "image_grid_thw": grid,
-            "mm_token_type_ids": types,
-            self._cache_kw: cache,
-        }
-        if self._keep_kw is not None:
-            kwargs[self._keep_kw] = 0 if all_logits else 1
-        out = self.model(**kwargs)
-        logits = out.logits if all_logits else out.logits[:, -1:, :]
-        return logits, _cache_tensors(cache), int(deltas.reshape(-1)[0])
+        logits, kv = self.forward(
+            ids,
+            positions,
+            None,
+            None,
+            all_logits=all_logits,
+            pixel_values=vision.pixel_values.to(device=device, dtype=self.dtype),
+            image_grid_thw=grid,
+            mm_token_type_ids=types,
+        )
+        return logits, kv, int(deltas.reshape(-1)[0])
 
 
 def _cache_tensors(cache: Any) -> list[LayerKV]:

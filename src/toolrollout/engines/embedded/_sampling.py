@@ -1,9 +1,7 @@
 """Sampling settings resolved the way SGLang resolves them, and the batched sampler.
 
-SGLang turns ``temperature < 1e-6`` into greedy decoding (``top_k=1``, ``temperature=1``),
-maps ``top_k=-1`` to "whole vocabulary", then validates the values with fixed messages
-(``sampling/sampling_params.py``: ``__post_init__`` and ``verify``). The same rules and the
-same wording are used here so that a client sees identical errors from both engines.
+The rules and messages are SGLang's (``sampling/sampling_params.py``), so that a client sees
+identical errors from both engines.
 """
 
 from __future__ import annotations
@@ -32,11 +30,7 @@ TOP_K_ALL = 1 << 30
 
 @dataclass(frozen=True, slots=True)
 class GenerationOptions:
-    """Per-request knobs of SGLang's ``/generate`` that the engine contract does not carry.
-
-    The defaults are what :meth:`EmbeddedEngine.generate` uses: the text keeps the matched
-    stop string/token (``no_stop_trim``), like the ``SGLangClient`` asks SGLang for.
-    """
+    """Per-request knobs of SGLang's ``/generate`` that the engine contract does not carry."""
 
     no_stop_trim: bool = True
     """Keep the matched stop string / stop token in ``text`` (``output_ids`` always keep it)."""
@@ -122,12 +116,9 @@ def sample_next_tokens(
 ) -> tuple[list[int], torch.Tensor]:
     """Pick one token per row and return the ids with the rows' log-probabilities.
 
-    ``logits`` is ``[batch, vocab]``. The returned logprobs are SGLang's definition:
-    ``log_softmax(logits / temperature)`` taken before top-k/top-p/min-p filtering. The
-    filters follow SGLang's torch sampler: top-p is measured on the unfiltered sorted
-    probabilities, min-p is relative to the most likely token. Each sampled row draws one
-    uniform number from its own generator (so a seeded request is reproducible whatever
-    else is in the batch) and inverts the filtered CDF; the rest is vectorised.
+    The logprobs are SGLang's: ``log_softmax(logits / temperature)`` before filtering; the
+    filters follow SGLang's torch sampler. Each row draws from its own generator, so a
+    seeded request is reproducible whatever else is in the batch.
     """
     logits = logits.float()
     device = logits.device

@@ -1,19 +1,10 @@
 """Continuous batching on one worker thread.
 
-The thread owns the model and every tensor. Between two decode steps it takes commands
-(new requests, aborts, stop) from a thread-safe inbox, prefills newly admitted requests
-(prompts of equal length share one forward; nothing is padded, so a prompt's KV is what an
-unbatched run computes), appends their KV to the running batch, and then decodes all
-running sequences together in one forward pass per step.
-
-The batch KV cache is kept as plain per-layer tensors ``[batch, kv_heads, seq, head_dim]``,
-left-padded to the longest sequence. A ``[batch, seq]`` attention mask hides the padding
-and explicit ``position_ids`` give each row its true position, so a padded row computes
-the same logits as the sequence alone (up to float rounding). Finished rows are removed
-with ``index_select`` and padding columns that no row needs any more are cropped.
-
-Results go back to the caller's event loop with ``loop.call_soon_threadsafe``; torch never
-runs on an event loop.
+The thread owns the model and every tensor. Between two decode steps it takes commands from
+a thread-safe inbox, prefills newly admitted requests (unpadded), appends their KV to the
+running batch and decodes all rows in one forward pass. The batch KV is left-padded
+per-layer tensors; an attention mask and explicit ``position_ids`` make a padded row compute
+the sequence's own logits. Results go back with ``loop.call_soon_threadsafe``.
 """
 
 from __future__ import annotations
@@ -86,8 +77,9 @@ class Scheduler:
         self._kv: list[LayerKV] = []
         self._mask: torch.Tensor | None = None
         self._held = False
-        self._decode_steps = 0
-        self._decoded_rows = 0
+        self.decode_steps = 0
+        """Decode forward passes so far; ``decoded_rows / decode_steps`` is the mean batch."""
+        self.decoded_rows = 0
         self._thread = threading.Thread(
             target=self._run, name="toolrollout-embedded-scheduler", daemon=True
         )
@@ -141,16 +133,6 @@ class Scheduler:
     def num_tokens(self) -> int:
         """Tokens held in the KV cache of the running batch (padding excluded)."""
         return sum(len(s.prompt) + len(s.output_ids) for s in list(self._rows))
-
-    @property
-    def decode_steps(self) -> int:
-        """Decode forward passes run so far; with ``decoded_rows`` it shows the batching."""
-        return self._decode_steps
-
-    @property
-    def decoded_rows(self) -> int:
-        """Rows summed over all decode steps (one token each): rows/steps is the mean batch."""
-        return self._decoded_rows
 
     # ----------------------------------------------------------------- worker side
     def _run(self) -> None:
@@ -340,8 +322,8 @@ class Scheduler:
             self._reset_batch()
             return
         self._kv, self._mask = kv, mask
-        self._decode_steps += 1
-        self._decoded_rows += len(rows)
+        self.decode_steps += 1
+        self.decoded_rows += len(rows)
         done: list[int] = []
         for i, seq in enumerate(rows):
             self._append(seq, tokens[i], logprobs[i])

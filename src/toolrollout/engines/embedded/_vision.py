@@ -1,12 +1,8 @@
 """``image_data`` for the embedded engine, handled as SGLang's Qwen-VL processor does.
 
-SGLang decodes a request's ``input_ids``, finds every ``<|vision_start|>(<|image_pad|>)+
-<|vision_end|>`` run (already expanded or not), puts one placeholder back per image, and
-lets the Hugging Face processor expand it again from the image's grid (see
-``tests/engines/fixtures/README.md`` for the source read). This module does the same on ids:
-collapse the runs, check there is one image per run, resize each image to the processor's
-grid, run the Pillow image processor and expand. It is CPU work on pixels, so the engine
-calls it in a worker thread, never on the event loop.
+Every ``<|vision_start|>(<|image_pad|>)+<|vision_end|>`` run is collapsed, one image per run
+checked, and expanded again from the image's grid. CPU work on pixels: the engine runs it in
+a worker thread.
 """
 
 from __future__ import annotations
@@ -45,11 +41,8 @@ class VisionProcessor:
         self.format = VisionFormat(tokenizer, self._processor)
 
     def process(self, input_ids: Sequence[int], image_data: Sequence[Any]) -> VisionInputs:
-        """Expand ``input_ids`` for ``image_data`` and compute the pixel inputs.
-
-        Raises :class:`EngineRequestRejected` (HTTP 400) for unreadable images or when the
-        ids do not hold one image placeholder run per image.
-        """
+        """Expand ``input_ids`` for ``image_data`` and compute the pixel inputs (HTTP 400 for
+        unreadable images or placeholder runs that do not match them)."""
         fmt = self.format
         collapsed = fmt.collapse(list(input_ids))
         runs = collapsed.count(fmt.pad_id)

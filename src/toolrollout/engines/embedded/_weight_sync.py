@@ -1,17 +1,16 @@
-"""The embedded engine's weight sync, as SGLang's: pause and continue generation, and new
-weights swapped in between two steps, from a model folder (:meth:`update_weights_from_disk`)
-or copied in place from a trainer's state dict (:meth:`load_weights`, checked before
-anything is copied, the copy run on the scheduler thread).
+"""The embedded engine's weight sync, as SGLang's: pause, continue, and new weights swapped in
+between two steps, from a model folder or copied in place from a trainer's state dict.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +19,7 @@ import torch
 
 from toolrollout._exceptions import EngineUnavailable, ToolRolloutError, UserError
 from toolrollout.engines._base import Engine
-from toolrollout.engines._control import PAUSE_MODES, PauseMode, ServerWeightUpdate, WeightUpdate
+from toolrollout.engines._control import PauseMode, ServerWeightUpdate, WeightUpdate
 from toolrollout.engines.embedded._model import LoadedModel, ModelMeta, load_meta, load_model
 from toolrollout.engines.embedded._scheduler import Scheduler
 
@@ -70,14 +69,9 @@ class WeightSyncEngine(Engine):
             gate.set()
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """Stop generating until :meth:`continue_generation` (SGLang's three modes).
-
-        ``abort`` ends every running and waiting request with its partial output;
-        ``retract`` and ``in_place`` keep them, frozen, and resume them afterwards (there
-        is no paged KV pool here, so the two behave the same). New requests wait.
-        """
-        if mode not in PAUSE_MODES:
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        """Stop generating until :meth:`continue_generation` (``retract`` and ``in_place``
+        behave the same here: there is no paged KV pool)."""
+        self._check_pause_mode(mode)
         scheduler = self._require_scheduler()
         self._paused = True
         self._close_gate()
@@ -102,23 +96,14 @@ class WeightSyncEngine(Engine):
     ) -> WeightUpdate:
         """Load new weights from a model folder and swap them in between two steps.
 
-        The folder must hold the same architecture and vocabulary (the tokenizer stays).
-        New requests wait meanwhile; running ones finish on the old weights first unless
-        ``abort_all_requests`` (or a paused engine, whose frozen requests then continue
-        on the new weights, as in SGLang). Raises :class:`UserError` for a folder that
-        cannot be loaded; the old weights then stay. The answer counts the requests
-        paused across the swap.
+        The folder must hold the same architecture and vocabulary (the tokenizer stays);
+        else :class:`UserError`, and the old weights stay.
         """
         scheduler = self._require_scheduler()
         path = os.fspath(model_path)
         async with self._update_lock:
             meta = await anyio.to_thread.run_sync(self._load_meta_checked, path)
-            self._close_gate()
-            try:
-                if abort_all_requests:
-                    scheduler.abort("", abort_all=True)
-                paused_requests = self._count_active() if self._paused else 0
-                await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
+            async with self._swap_window(scheduler, abort_all_requests) as paused_requests:
                 current = self._model
                 assert current is not None
                 try:
@@ -134,17 +119,11 @@ class WeightSyncEngine(Engine):
                 except Exception as exc:  # any loader failure leaves the old weights
                     raise UserError(f"cannot load the weights in {path}: {exc}") from exc
                 done = scheduler.swap_model(model)
-                while not done.is_set():
-                    if not scheduler.alive:
-                        raise EngineUnavailable("the scheduler stopped during a weight update")
-                    await anyio.sleep(0.005)
+                await _until(done.is_set, scheduler, "weight update", 0.005)
                 self._model = model
                 self._meta = replace(self._meta, model_path=meta.model_path, config=meta.config)
                 if weight_version is not None:
                     self.weight_version = weight_version
-            finally:
-                if not self._paused:
-                    self._open_gate()
         del current
         gc.collect()
         answer = ServerWeightUpdate(
@@ -163,38 +142,36 @@ class WeightSyncEngine(Engine):
     ) -> None:
         """Copy a trainer's weights into the served model in place, between two steps.
 
-        The in-process counterpart of :meth:`update_weights_from_disk` for a policy that
-        lives in the same process: no checkpoint is written, and the tensors are copied
-        (cast to the engine's dtype and device) into the model the scheduler runs, so the
-        engine needs no second copy of the weights. ``state_dict`` uses the served model's
-        parameter names (``model.state_dict()`` of the same architecture; unwrap DDP /
-        accelerate first). A tied weight may be given under either of its names. Every
-        name and shape is checked before anything is copied, so a refused call
-        (:class:`UserError`) leaves the old weights. Waits like a disk update: new
-        requests wait, running ones finish first unless ``abort_all_requests`` (or a
-        paused engine, whose frozen requests continue on the new weights).
-        ``weight_version`` is then reported with every result.
+        No checkpoint is written and no second copy of the weights is kept. ``state_dict``
+        uses the served model's parameter names (unwrap DDP / accelerate first); every name
+        and shape is checked before anything is copied, so a refused call leaves the old
+        weights. Waits like :meth:`update_weights_from_disk`.
         """
         scheduler = self._require_scheduler()
         async with self._update_lock:
             current = self._model
             assert current is not None
             plan = copy_plan(current.model, state_dict)  # refuses before anything waits
-            self._close_gate()
-            try:
-                if abort_all_requests:
-                    scheduler.abort("", abort_all=True)
-                await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
+            async with self._swap_window(scheduler, abort_all_requests):
                 future = scheduler.run_between_steps(functools.partial(copy_weights, plan))
-                while not future.done():
-                    if not scheduler.alive:
-                        raise EngineUnavailable("the scheduler stopped during a weight load")
-                    await anyio.sleep(0.002)
+                await _until(future.done, scheduler, "weight load", 0.002)
                 future.result()
                 self.weight_version = weight_version
-            finally:
-                if not self._paused:
-                    self._open_gate()
+
+    @contextlib.asynccontextmanager
+    async def _swap_window(self, scheduler: Scheduler, abort_all: bool) -> AsyncIterator[int]:
+        """New requests wait while running ones end (or are aborted); yields the number of
+        paused requests that wait across the swap."""
+        self._close_gate()
+        try:
+            if abort_all:
+                scheduler.abort("", abort_all=True)
+            paused_requests = self._count_active() if self._paused else 0
+            await anyio.to_thread.run_sync(self._wait_idle, scheduler, abandon_on_cancel=True)
+            yield paused_requests
+        finally:
+            if not self._paused:
+                self._open_gate()
 
     def _wait_idle(self, scheduler: Scheduler) -> None:
         """Block until no request is in flight (a pause ends the wait: they are frozen)."""
@@ -228,6 +205,13 @@ class WeightSyncEngine(Engine):
         if self._scheduler is None:
             raise UserError("EmbeddedEngine is not started")
         return self._scheduler
+
+
+async def _until(done: Callable[[], bool], scheduler: Scheduler, what: str, poll: float) -> None:
+    while not done():
+        if not scheduler.alive:
+            raise EngineUnavailable(f"the scheduler stopped during a {what}")
+        await anyio.sleep(poll)
 
 
 CopyPlan = list[tuple[torch.Tensor, torch.Tensor]]

@@ -1,10 +1,7 @@
 """The async HTTP engine for SGLang's native API: :class:`SGLangClient`.
 
-``_client`` holds SGLang's wire format and its batch, ``n`` and streaming calls, and
-``_control`` the control plane shared in name and types with every
-:class:`~toolrollout.engines.Engine` (info, pause/continue, weight updates, cache flush).
-The machinery both send through (pool, routing, retries, abort by id, start-up) is
-:mod:`toolrollout.engines._http_client`'s, shared with the vLLM client.
+``_client`` holds the wire format and the batch, ``n`` and streaming calls, ``_control`` the
+control plane; the machinery is :mod:`toolrollout.engines._http_client`'s.
 """
 
 from __future__ import annotations

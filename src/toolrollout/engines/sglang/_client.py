@@ -1,41 +1,11 @@
-"""The async HTTP client for SGLang's native token-in/token-out API.
+"""The async HTTP client for SGLang's native token-in/token-out API: :class:`SGLangClient`.
 
-:class:`SGLangClient` talks to one or several SGLang servers through a single pooled
-``httpx.AsyncClient`` and turns every answer into the typed values of
-:mod:`toolrollout.engines._types`. What it does, and why:
-
-* **Token-in/token-out.** ``POST /generate`` with ``input_ids`` and ``return_logprob``, so
-  the trainer gets exactly the ids and logprobs the server sampled (no re-tokenisation).
-* **Retries** (``tenacity``, exponential backoff with jitter, bounded by
-  :class:`RetryPolicy`) on connection errors, 5xx and 429, and on read timeouts only if
-  asked (a read timeout usually means a long generation, and a retry doubles the load).
-  Other 4xx answers are the request's fault and raise :class:`EngineRequestRejected`
-  (:class:`OverlongPromptError` when SGLang says the prompt does not fit) at once. When
-  the budget is spent the call raises :class:`EngineUnavailable`, chained to the last
-  error. A retry uses the request id ``"<rid>-retry<k>"``, because SGLang rejects a
-  duplicate id while the first attempt may still be registered on the server.
-* **Routing.** All requests of one ``session_id`` go to the same server (its prefix cache
-  holds the shared prompt); a new session goes to the least busy server (see
-  :mod:`._routing`). A new session whose server refuses the connection moves to another
-  server; a pinned session is retried on its own server until that server has failed
-  ``failover_after`` attempts in a row, and then moves to a healthy one (failover; every
-  request carries its full ``input_ids``, so only the prefix cache is lost). The session
-  map is an LRU bounded by ``max_sessions``.
-* **Retry budget.** The default :data:`ENGINE_RETRY` retries for up to 60 s from the first
-  failure (at most 30 attempts), enough to ride out a worker or router restart.
-* **Abort.** :meth:`abort` posts ``/abort_request`` to the server holding the request; the
-  pending :meth:`generate` then returns the partial output with ``finish_reason.type ==
-  "abort"`` (SGLang answers HTTP 200). SGLang silently ignores an abort that arrives
-  before the request is registered on the server, so a very early abort can be lost.
-* **Errors.** Every httpx exception is translated at this boundary (``raise ... from``);
-  a malformed body raises :class:`EngineError` naming what is wrong.
-
-The machinery (pool, routing, retries, abort by id) is ``engines._http_client``'s, shared
-with the vLLM client; this module is SGLang's wire format and its batch, ``n`` and
-streaming calls. The client is bound to one event loop and is not thread-safe. It sends
-over aiohttp behind httpx's API (``toolrollout._http``: a fraction of httpx's own CPU per
-request). The ``transport`` argument replaces that: pass ``httpx.MockTransport(handler)``
-to run without a server, or ``httpx.AsyncHTTPTransport()`` for httpx's own.
+``POST /generate`` with ``input_ids`` and ``return_logprob``, so the trainer gets exactly
+the ids and logprobs the server sampled. The machinery (pool, sticky routing and failover,
+retries, abort by id) is :class:`HTTPClient`'s; this module is SGLang's wire format and its
+batch, ``n`` and streaming calls. A retry uses the request id ``"<rid>-retry<k>"``, because
+SGLang rejects a duplicate id while the first attempt may still be registered; an abort
+that arrives before the request is registered is silently ignored by SGLang.
 """
 
 from __future__ import annotations
@@ -64,14 +34,7 @@ __all__ = [
 
 
 class SGLangClient(_ControlPlane):
-    """Engine backed by one or several SGLang servers over HTTP.
-
-    Example::
-
-        async with SGLangClient(["http://gpu0:30000", "http://gpu1:30000"]) as engine:
-            await engine.wait_healthy(timeout=600)
-            result = await engine.generate(GenerateRequest(input_ids=ids, session_id=traj_id))
-    """
+    """Engine backed by one or several SGLang servers over HTTP."""
 
     _GENERATE_PATH = "/generate"
     _ABORT_PATH = "/abort_request"
@@ -107,11 +70,8 @@ class SGLangClient(_ControlPlane):
     async def stream(self, request: GenerateRequest) -> AsyncGenerator[StreamChunk, None]:
         """Stream one sample as cumulative :class:`StreamChunk` s; the last has ``.result``.
 
-        Opening the stream is retried like any call; once chunks flow, a broken
-        connection raises :class:`EngineConnectionError` (a stream cannot be resumed).
-        Both SGLang stream modes (cumulative, and ``--incremental-streaming-output``
-        deltas) are recognised. Close the iterator early (``contextlib.aclosing``) to
-        stop: SGLang aborts a request whose client disconnects.
+        Opening it is retried; once chunks flow, a broken connection raises
+        :class:`EngineConnectionError`. Closing it early aborts the request on SGLang.
         """
         _require_n(request, 1, "stream")
         await self._before_seeded(request)
@@ -121,15 +81,7 @@ class SGLangClient(_ControlPlane):
                 response, url = await self._open_stream(request, entry)
             except EngineError as exc:
                 if entry.aborted and not isinstance(exc, EngineRequestRejected):
-                    result = _empty_abort(entry, request)
-                    yield StreamChunk(
-                        rid=entry.rid,
-                        output_ids=(),
-                        output_logprobs=result.output_logprobs,
-                        new_ids=(),
-                        text=None,
-                        result=result,
-                    )
+                    yield StreamChunk.final(_empty_abort(entry, request))
                     return
                 raise
             accumulator = _stream.StreamAccumulator(

