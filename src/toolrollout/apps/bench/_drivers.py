@@ -22,7 +22,6 @@
 from __future__ import annotations
 
 import gc
-import resource
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -33,27 +32,17 @@ import anyio
 from toolrollout._exceptions import UserError
 from toolrollout._pacing import set_pacing
 
+from ._metrics import clock, since
 from ._model import DriverSpec, Workload, worker_flags
 from ._tools import LookupClient
+from ._verifiers import run_verifiers
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
-    from toolrollout.chat import ParsedTurn
-    from toolrollout.engines import SamplingParams, SGLangClient
+    from toolrollout.engines import Engine, SamplingParams, SGLangClient
     from toolrollout.rollout import RolloutConfig, Trajectory
-    from toolrollout.tools import Tool, ToolCallRequest, ToolResult
+    from toolrollout.tools import Tool, ToolResult
 
 __all__ = ["lag_summary", "lockstep_rollout", "run_driver"]
-
-
-def _clock() -> tuple[float, float]:
-    """Wall time and this process's CPU time (user + system, all threads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return time.perf_counter(), usage.ru_utime + usage.ru_stime
-
-
-def _since(start: tuple[float, float]) -> dict[str, float]:
-    wall, cpu = _clock()
-    return {"makespan_s": wall - start[0], "client_cpu_s": cpu - start[1], "measured_until": wall}
 
 
 LAG_INTERVAL_S = 0.01
@@ -151,9 +140,9 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
             await _reset_services(spec)
         rows = _rows(spec, workload)
         known = runner.work_history.statistics() if runner.work_history is not None else {}
-        started = _clock()
+        started = clock()
         trajectories = await runner.run(rows)
-        measured = _since(started)
+        measured = since(started)
     await lookup.aclose()
     history = None
     if runner.work_history is not None:  # the measured step's predictions, by source
@@ -212,9 +201,9 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
         def note_end(trajectory: Trajectory) -> None:
             ended[trajectory.uid] = time.perf_counter()
 
-        started = _clock()
+        started = clock()
         batch = await runner.run_batch(rows, target_groups=target, on_result=note_end)
-        measured = _since(started)
+        measured = since(started)
     # The target was met when the batch's last trajectory ended; the rest is the stopping.
     target_s = max((ended[t.uid] for t in batch.trajectories), default=started[0]) - started[0]
     await lookup.aclose()
@@ -251,11 +240,11 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
     lookup = LookupClient(spec.tool_url)
     sampling = SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0)
     async with _engine_client(spec) as client:
-        started = _clock()
+        started = clock()
         counts = await lockstep_rollout(
             client, tokenizer, lookup.tool(), workload.rows(), sampling, workload.max_turns
         )
-        measured = _since(started)
+        measured = since(started)
     await lookup.aclose()
     tool_errors = counts.pop("tool_errors")
     return {
@@ -265,36 +254,8 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
     }
 
 
-def assistant_turn(parsed: ParsedTurn) -> tuple[dict[str, Any], list[ToolCallRequest]]:
-    """A parsed model turn as an assistant message, and its calls as tool requests."""
-    from toolrollout.tools import ToolCallRequest
-
-    message = {
-        "role": "assistant",
-        "content": parsed.content,
-        "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parsed.tool_calls
-        ],
-    }
-    calls = [
-        ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id) for c in parsed.tool_calls
-    ]
-    return message, calls
-
-
-def tool_answers(
-    calls: Sequence[ToolCallRequest], results: Sequence[ToolResult]
-) -> list[dict[str, Any]]:
-    """The tool messages answering ``calls``."""
-    return [
-        {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
-        for c, r in zip(calls, results, strict=True)
-    ]
-
-
 async def lockstep_rollout(
-    client: SGLangClient,
+    client: Engine,
     tokenizer: Any,
     tool: Tool,
     rows: Sequence[Mapping[str, Any]],
@@ -303,12 +264,13 @@ async def lockstep_rollout(
 ) -> dict[str, int]:
     """Turn-synchronous rollouts (how TRL's built-in tool loop proceeds): every trajectory
     waits for the whole batch's generations, then for the whole batch's tool calls, before
-    its next turn. The same chat format, parser, client and tool as toolrollout's; returns
-    the counts (trajectories, completed, turns, generated and cached tokens, tool errors)."""
+    its next turn. The same chat format, parser, engine and tool as toolrollout's; both
+    comparisons run it. Returns the counts (trajectories, completed, turns, tool calls and
+    errors, generated and cached tokens)."""
     from toolrollout.chat import ChatFormat
     from toolrollout.chat.parsers import get_tool_parser
     from toolrollout.engines import GenerateRequest, GenerateResult
-    from toolrollout.tools import ToolContext, ToolExecutor
+    from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor
 
     executor = ToolExecutor([tool])
     chat = ChatFormat(tokenizer, tools=executor.schemas())
@@ -325,7 +287,7 @@ async def lockstep_rollout(
     async def tools(i: int, calls: Sequence[ToolCallRequest]) -> None:
         outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
 
-    tool_errors = 0
+    tool_calls = tool_errors = 0
     states = [
         _LockstepState([dict(m) for m in row["messages"]], chat.render_prompt(row["messages"]))
         for row in rows
@@ -345,31 +307,52 @@ async def lockstep_rollout(
             state.turns += 1
             state.tokens += len(result.output_ids)
             state.cached += result.cached_tokens
-            text = chat.model_text(result.output_ids)
-            parsed = parser.parse(text)
-            if not parsed.tool_calls or result.finish_reason.type != "stop":
-                state.done = True
-                state.completed = result.finish_reason.type == "stop"
+            parsed = parser.parse(chat.model_text(result.output_ids))
+            stopped = result.finish_reason.type == "stop"
+            if not parsed.tool_calls or not stopped or turn == max_turns - 1:
+                state.done = True  # answered, cut off, or out of turns (as the runner ends it)
+                state.completed = stopped and not parsed.tool_calls
                 continue
-            message, calls = assistant_turn(parsed)
-            state.messages.append(message)
+            state.messages.append(
+                {
+                    "role": "assistant",
+                    "content": parsed.content,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments},
+                        }
+                        for c in parsed.tool_calls
+                    ],
+                }
+            )
+            calls = [
+                ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id)
+                for c in parsed.tool_calls
+            ]
             pending.append((i, state, calls))
         outputs.clear()
         async with anyio.create_task_group() as tg:  # barrier 2: every tool call
             for i, _, calls in pending:
                 tg.start_soon(tools, i, calls)
         for i, state, calls in pending:
+            tool_calls += len(calls)
             tool_errors += sum(1 for r in outputs[i] if r.is_error)
-            tool_messages = tool_answers(calls, outputs[i])
-            state.ids.extend(chat.tool_turn_delta(state.messages, tool_messages))
-            state.messages.extend(tool_messages)
+            answers = [
+                {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
+                for c, r in zip(calls, outputs[i], strict=True)
+            ]
+            state.ids.extend(chat.tool_turn_delta(state.messages, answers))
+            state.messages.extend(answers)
     return {
         "trajectories": len(states),
         "completed": sum(1 for s in states if s.completed),
         "turns": sum(s.turns for s in states),
+        "tool_calls": tool_calls,
+        "tool_errors": tool_errors,
         "generated_tokens": sum(s.tokens for s in states),
         "cached_tokens": sum(s.cached for s in states),
-        "tool_errors": tool_errors,
     }
 
 
@@ -407,7 +390,7 @@ async def _run_httpx(
     transport = fast_transport(limits) if fast else None
     lookup = LookupClient(spec.tool_url)
     async with httpx.AsyncClient(timeout=600.0, limits=limits, transport=transport) as http:
-        started = _clock()
+        started = clock()
 
         async def one(i: int, item_turns: int) -> None:
             ids = list(prompts[i])
@@ -432,7 +415,7 @@ async def _run_httpx(
         async with anyio.create_task_group() as tg:
             for i, item in enumerate(workload.items):
                 tg.start_soon(one, i, item.turns)
-        measured = _since(started)
+        measured = since(started)
     await lookup.aclose()
     return {
         "trajectories": workload.trajectories,
@@ -457,12 +440,6 @@ async def _run_aiohttp_tool(spec: DriverSpec, workload: Workload, tokenizer: Any
     return await _run_httpx(spec, workload, tokenizer, fast=True, with_tool=True)
 
 
-async def _run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    from ._verifiers import run_verifiers
-
-    return await run_verifiers(spec, workload, LookupClient(spec.tool_url))
-
-
 _DRIVERS = {
     "toolrollout": _run_toolrollout,
     "oversample": _run_oversample,
@@ -470,7 +447,7 @@ _DRIVERS = {
     "httpx": _run_httpx,
     "aiohttp": _run_aiohttp,
     "aiohttp+tool": _run_aiohttp_tool,
-    "verifiers": _run_verifiers,
+    "verifiers": run_verifiers,
 }
 
 

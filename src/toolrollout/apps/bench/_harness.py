@@ -62,8 +62,6 @@ __all__ = [
 
 MODES = ("toolrollout", "oversample", "lockstep", "verifiers", "httpx", "aiohttp")
 _POLICY_MODES = ("toolrollout", "oversample")
-_WORKER = "toolrollout.apps.bench._worker"
-"""What a mode's worker process runs (``python -m``)."""
 BARE_MODES = ("httpx", "aiohttp")
 """The bare POST modes: they follow each sample's own script, so not a grouped workload."""
 
@@ -344,10 +342,10 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def run_worker(module: str, args: Sequence[str], *, mode: str, timeout: float) -> dict[str, Any]:
-    """``python -m module *args`` in a process of its own; the JSON object on the last line
-    of its output (a :class:`BenchmarkError` naming ``mode`` when it fails or times out)."""
-    argv = [sys.executable, "-m", module, *args]
+def run_worker(args: Sequence[str], *, mode: str, timeout: float) -> dict[str, Any]:
+    """One mode's worker process (``_worker.py``); the JSON object on the last line of its
+    output (a :class:`BenchmarkError` naming ``mode`` when it fails or times out)."""
+    argv = [sys.executable, "-m", "toolrollout.apps.bench._worker", *args]
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, env=_worker_env(), timeout=timeout, check=False
@@ -471,7 +469,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
             )
             services_before = _process_cpu_s(pids)
             args = [json.dumps({**asdict(spec), "engine_urls": list(spec.engine_urls)})]
-            raw = run_worker(_WORKER, args, mode=spec.mode, timeout=config.mode_timeout_s)
+            raw = run_worker(args, mode=spec.mode, timeout=config.mode_timeout_s)
             services_cpu = _process_cpu_s(pids) - services_before
             requests, calls, counts = _logs(engines, tool_url)
             if config.log_dir:

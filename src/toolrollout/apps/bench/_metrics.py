@@ -24,6 +24,8 @@ token-seconds, and no ordering finishes them sooner than that total over the bud
 
 from __future__ import annotations
 
+import resource
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -31,6 +33,7 @@ from typing import Any
 
 __all__ = [
     "ModeResult",
+    "clock",
     "critical_paths",
     "fifo_makespan",
     "group_completion_times",
@@ -42,7 +45,20 @@ __all__ = [
     "orchestration_efficiency",
     "peak_in_flight",
     "replay",
+    "since",
 ]
+
+
+def clock() -> tuple[float, float]:
+    """Wall time and this process's CPU time (user + system, all threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), usage.ru_utime + usage.ru_stime
+
+
+def since(start: tuple[float, float]) -> dict[str, float]:
+    """A driver's measured run from ``start``: its wall and CPU time, and when it ended."""
+    wall, cpu = clock()
+    return {"makespan_s": wall - start[0], "client_cpu_s": cpu - start[1], "measured_until": wall}
 
 
 def critical_paths(

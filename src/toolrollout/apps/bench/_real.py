@@ -184,7 +184,7 @@ def _run_mode(
     if progress is not None:
         progress(f"round {round_index + 1}: {mode} ...")
     args = [mode, json.dumps(asdict(config))]
-    result = run_worker("toolrollout.apps.bench._real_modes", args, mode=mode, timeout=timeout)
+    result = run_worker(args, mode=mode, timeout=timeout)
     if result.get("errors"):  # a makespan of failed rows measures nothing
         raise BenchmarkError(
             f"mode {mode!r}: {result['errors']} of {result['trajectories']} "

@@ -1,24 +1,21 @@
 """The modes of the real-server comparison (``_real.py``), each run in its own worker
-process: ``python -m toolrollout.apps.bench._real_modes MODE '<config json>'`` prints the
-mode's counts, wall and CPU time and peak memory as one JSON line.
-"""
+process (``_worker.py``)."""
 
 from __future__ import annotations
 
 import json
-import resource
-import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
 
 from toolrollout.tools.calculator import CALCULATOR_TOOL
 
-__all__ = ["REAL_MODES", "RealBenchConfig", "main", "warm_up", "worker"]
+from ._metrics import clock, since
+
+__all__ = ["REAL_MODES", "RealBenchConfig", "run_real_mode", "warm_up"]
 
 
 REAL_MODES = ("toolrollout", "lockstep", "verifiers", "bound")
@@ -91,16 +88,6 @@ def _sampling(config: RealBenchConfig) -> Any:
     return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
 
 
-def _usage() -> tuple[float, float]:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return time.perf_counter(), usage.ru_utime + usage.ru_stime
-
-
-def _measured(started: tuple[float, float]) -> dict[str, float]:
-    wall, cpu = _usage()
-    return {"makespan_s": wall - started[0], "client_cpu_s": cpu - started[1]}
-
-
 async def _engine(config: RealBenchConfig) -> Any:
     from toolrollout.engines import connection_limits
     from toolrollout.engines._factory import connect
@@ -129,9 +116,9 @@ async def run_toolrollout(config: RealBenchConfig, tokenizer: Any) -> dict[str, 
         spec = RunSpec(tools=(_tool(config),), config=rollout, rewards=(), vision="off")
         runner = build_runner(spec, engine, tokenizer=tokenizer)
         async with runner:
-            started = _usage()
+            started = clock()
             trajectories = await runner.run(_rows(config))
-            measured = _measured(started)
+            measured = since(started)
     turns: list[list[tuple[list[int], int]]] = []
     for t in trajectories:  # each model turn: (its input ids, its number of new tokens)
         ids, mask, runs, start = list(t.prompt_ids) + list(t.response_ids), t.loss_mask, [], 0
@@ -159,90 +146,24 @@ async def run_toolrollout(config: RealBenchConfig, tokenizer: Any) -> dict[str, 
 
 
 async def run_lockstep(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
-    from toolrollout.chat import ChatFormat
-    from toolrollout.chat.parsers import get_tool_parser
-    from toolrollout.engines import GenerateRequest, GenerateResult
-    from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor, ToolResult
+    from ._drivers import lockstep_rollout
 
-    from ._drivers import assistant_turn, tool_answers
-
-    executor = ToolExecutor([_tool(config)])
-    chat = ChatFormat(tokenizer, tools=executor.schemas())
-    parser = get_tool_parser("qwen25")
-    sampling = _sampling(config)
     rows = [row for row in _rows(config) for _ in range(config.n)]
-    results: dict[int, GenerateResult] = {}
-    outputs: dict[int, list[ToolResult]] = {}
-    counts = {"turns": 0, "tokens": 0, "tool_calls": 0, "completed": 0}
     async with await _engine(config) as engine:
-
-        async def generate(i: int, ids: list[int], turn: int) -> None:
-            request = GenerateRequest(
-                ids, sampling=sampling, rid=f"ls{i}-t{turn}", session_id=f"ls{i}"
-            )
-            results[i] = await engine.generate(request)
-
-        async def tools(i: int, calls: Sequence[ToolCallRequest]) -> None:
-            outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
-
-        started = _usage()
-        states = [
-            ([dict(m) for m in row["messages"]], chat.render_prompt(row["messages"]))
-            for row in rows
-        ]
-        live = set(range(len(states)))
-        for turn in range(config.max_turns):
-            if not live:
-                break
-            results.clear()
-            async with anyio.create_task_group() as tg:  # barrier 1: every generation
-                for i in sorted(live):
-                    tg.start_soon(generate, i, states[i][1], turn)
-            pending: list[tuple[int, list[ToolCallRequest]]] = []
-            for i in sorted(live):
-                messages, ids = states[i]
-                result = results[i]
-                ids.extend(result.output_ids)
-                counts["turns"] += 1
-                counts["tokens"] += len(result.output_ids)
-                parsed = parser.parse(chat.model_text(result.output_ids))
-                if not parsed.tool_calls or result.finish_reason.type != "stop":
-                    live.discard(i)
-                    counts["completed"] += result.finish_reason.type == "stop"
-                    continue
-                if turn == config.max_turns - 1:  # out of turns, as the runner ends it
-                    live.discard(i)
-                    continue
-                message, calls = assistant_turn(parsed)
-                messages.append(message)
-                pending.append((i, calls))
-            outputs.clear()
-            async with anyio.create_task_group() as tg:  # barrier 2: every tool call
-                for i, calls in pending:
-                    tg.start_soon(tools, i, calls)
-            for i, calls in pending:
-                messages, ids = states[i]
-                counts["tool_calls"] += len(calls)
-                answers = tool_answers(calls, outputs[i])
-                ids.extend(chat.tool_turn_delta(messages, answers))
-                messages.extend(answers)
-        measured = _measured(started)
-    return {
-        "trajectories": len(rows),
-        "completed": counts["completed"],
-        "turns": counts["turns"],
-        "tool_calls": counts["tool_calls"],
-        "generated_tokens": counts["tokens"],
-        **measured,
-    }
+        started = clock()
+        counts = await lockstep_rollout(
+            engine, tokenizer, _tool(config), rows, _sampling(config), config.max_turns
+        )
+        measured = since(started)
+    del counts["tool_errors"], counts["cached_tokens"]
+    return {**counts, **measured}
 
 
-async def run_bound(
-    config: RealBenchConfig, tokenizer: Any, recorded: Any = None
-) -> dict[str, Any]:
+async def run_bound(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
     """Toolrollout's own model turns again: exact inputs and lengths, no tools, no parsing."""
     from toolrollout.engines import GenerateRequest, SamplingParams
 
+    recorded = json.loads(await anyio.Path(config.turns_file).read_text())
     tokens = 0
 
     async with await _engine(config) as engine:
@@ -260,11 +181,11 @@ async def run_bound(
                 )
                 tokens += len(result.output_ids)
 
-        started = _usage()
+        started = clock()
         async with anyio.create_task_group() as tg:
             for i, turns in enumerate(recorded):
                 tg.start_soon(trajectory, i, turns)
-        measured = _measured(started)
+        measured = since(started)
     return {
         "trajectories": len(recorded),
         "completed": len(recorded),
@@ -276,77 +197,27 @@ async def run_bound(
 
 
 async def run_verifiers(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
-    import logging
-
-    import verifiers as vf
-    from datasets import Dataset
-    from openai import AsyncOpenAI
-    from verifiers.clients import OpenAIChatCompletionsClient
-
-    logging.getLogger("verifiers").setLevel(logging.WARNING)
-    rows = [row for row in _rows(config) for _ in range(config.n)]
-    inputs = [
-        {"prompt": row["messages"], "example_id": i, "answer": ""} for i, row in enumerate(rows)
-    ]
-    env = vf.ToolEnv(
-        tools=[_calculator(config)],
-        max_turns=config.max_turns,
-        score_rollouts=False,
-        dataset=Dataset.from_list(inputs),
-    )
     from toolrollout.engines import SGLangClient
+
+    from ._verifiers import run_tool_env
 
     async with await _engine(config) as engine:
         sglang = isinstance(engine, SGLangClient)
-    openai_client = AsyncOpenAI(
-        base_url=f"{config.engine_url}/v1",
-        api_key="unused",
-        max_retries=0,
-        timeout=600.0,
+    counts, errors = await run_tool_env(
+        [_calculator(config)],
+        [row for row in _rows(config) for _ in range(config.n)],
+        url=config.engine_url,
+        max_turns=config.max_turns,
+        sampling={"max_tokens": config.max_new_tokens, "temperature": config.temperature},
         http_client=_sglang_chat_shim() if sglang else None,
     )
-    served = (await openai_client.models.list()).data[0].id
-    sampling = {"max_tokens": config.max_new_tokens, "temperature": config.temperature}
-    started = _usage()
-    results = await env.generate(
-        inputs,
-        client=OpenAIChatCompletionsClient(openai_client),
-        model=served,
-        sampling_args=sampling,
-        max_concurrent=-1,
-        on_start=lambda *args: None,
-        on_progress=lambda *args: None,
-    )
-    measured = _measured(started)
-    await openai_client.close()
-    outputs = results["outputs"]
-
-    def role(m: Any) -> Any:
-        return m.get("role") if isinstance(m, dict) else getattr(m, "role", None)
-
-    turns = sum(
-        sum(1 for m in (o.get("completion") or []) if role(m) == "assistant") for o in outputs
-    )
-    tools = sum(sum(1 for m in (o.get("completion") or []) if role(m) == "tool") for o in outputs)
-    usage = [o.get("token_usage") or {} for o in outputs]
-    errors = [repr(o["error"]) for o in outputs if o.get("error")]
-    return {
-        "trajectories": len(outputs),
-        "completed": sum(1 for o in outputs if o.get("is_completed") and not o.get("error")),
-        "turns": turns,
-        "tool_calls": tools,
-        "generated_tokens": sum(
-            int(u.get("output_tokens", u.get("completion_tokens", 0)) or 0) for u in usage
-        ),
-        # verifiers ends a rollout whose model turn came back empty (the small demo model
-        # does so now and then on SGLang's chat route): the model's answer, not a failure
-        # of the server or of the run, so it is counted apart.
-        "errors": sum(1 for e in errors if "EmptyModelResponse" not in e),
-        "empty_responses": sum(1 for e in errors if "EmptyModelResponse" in e),
-        "first_error": errors[0][:300] if errors else None,
-        **measured,
-        "note": f"verifiers {getattr(vf, '__version__', '?')} ToolEnv over /v1/chat/completions",
-    }
+    # verifiers ends a rollout whose model turn came back empty (the small demo model
+    # does so now and then on SGLang's chat route): the model's answer, not a failure
+    # of the server or of the run, so it is counted apart.
+    counts["errors"] = sum(1 for e in errors if "EmptyModelResponse" not in e)
+    counts["empty_responses"] = sum(1 for e in errors if "EmptyModelResponse" in e)
+    counts["first_error"] = errors[0][:300] if errors else None
+    return counts
 
 
 def _sglang_chat_shim() -> Any:
@@ -390,18 +261,19 @@ def _sglang_chat_shim() -> Any:
     return httpx.AsyncClient(transport=Shim(), timeout=600.0)
 
 
-def worker(mode: str, config: RealBenchConfig) -> dict[str, Any]:
-    """One mode in this process; its counts, wall and CPU time, and peak memory."""
+def run_real_mode(mode: str, config: RealBenchConfig) -> dict[str, Any]:
+    """One mode in this process (``_worker``); its counts, and its wall and CPU time."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
-    runs = {"toolrollout": run_toolrollout, "lockstep": run_lockstep, "verifiers": run_verifiers}
-    if mode == "bound":
-        recorded = json.loads(Path(config.turns_file).read_text())
-        result: dict[str, Any] = anyio.run(run_bound, config, tokenizer, recorded)
-    else:
-        result = anyio.run(runs[mode], config, tokenizer)
-    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    runs = {
+        "toolrollout": run_toolrollout,
+        "lockstep": run_lockstep,
+        "verifiers": run_verifiers,
+        "bound": run_bound,
+    }
+    result: dict[str, Any] = anyio.run(runs[mode], config, tokenizer)
+    del result["measured_until"]
     return result
 
 
@@ -423,16 +295,3 @@ async def warm_up(config: RealBenchConfig) -> float:
                 )
                 tg.start_soon(engine.generate, request)
     return time.perf_counter() - started
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m toolrollout.apps.bench._real_modes MODE '<config json>'``: one mode."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2 or args[0] not in REAL_MODES:
-        raise SystemExit("usage: python -m toolrollout.apps.bench._real_modes MODE '<config json>'")
-    result = worker(args[0], RealBenchConfig(**json.loads(args[1])))
-    sys.stdout.write(json.dumps(result) + "\n")
-
-
-if __name__ == "__main__":
-    main()
