@@ -39,6 +39,7 @@ from ._metrics import (
     measured_ends,
     peak_in_flight,
     replay,
+    replay_makespan,
 )
 from ._model import (
     FINISH_TOOLS,
@@ -392,7 +393,6 @@ def _mode_result(
     total = sum(float(r["slot_seconds"]) for r in requests)
     ideal = ideal_makespan(paths, total, config.model.capacity * config.servers)
     capacity = config.model.capacity
-    fifo_ends = replay(requests, calls, capacity)
     oracle_ends = replay(requests, calls, capacity, order="oracle")
     return ModeResult(
         mode=mode,
@@ -412,17 +412,11 @@ def _mode_result(
         target_s=float(raw.get("target_s", 0.0)),
         note=str(raw.get("note", "")),
         services_cpu_s=services_cpu,
-        fifo_makespan_s=max(fifo_ends.values(), default=0.0),
+        fifo_makespan_s=replay_makespan(requests, calls, capacity),
         oracle_makespan_s=max(oracle_ends.values(), default=0.0),
-        turns_makespan_s=max(
-            replay(requests, calls, capacity, order="turns").values(), default=0.0
-        ),
-        fewest_makespan_s=max(
-            replay(requests, calls, capacity, order="fewest").values(), default=0.0
-        ),
-        length_makespan_s=max(
-            replay(requests, calls, capacity, order="length").values(), default=0.0
-        ),
+        turns_makespan_s=replay_makespan(requests, calls, capacity, order="turns"),
+        fewest_makespan_s=replay_makespan(requests, calls, capacity, order="fewest"),
+        length_makespan_s=replay_makespan(requests, calls, capacity, order="length"),
         groups_s=group_completion_times(measured_ends(requests), GROUP_DECILES),
         oracle_groups_s=group_completion_times(oracle_ends, GROUP_DECILES),
         retractions=counts["retractions"],

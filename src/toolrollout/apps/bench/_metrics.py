@@ -35,16 +35,15 @@ __all__ = [
     "ModeResult",
     "clock",
     "critical_paths",
-    "fifo_makespan",
     "group_completion_times",
     "group_of",
     "ideal_makespan",
     "kv_bound_makespan",
     "measured_ends",
-    "oracle_makespan",
     "orchestration_efficiency",
     "peak_in_flight",
     "replay",
+    "replay_makespan",
     "since",
 ]
 
@@ -266,24 +265,15 @@ def replay(
     return ends
 
 
-def fifo_makespan(
+def replay_makespan(
     requests: Iterable[Mapping[str, Any]],
     tool_calls: Iterable[Mapping[str, Any]],
     capacity: int,
+    *,
+    order: str = "fifo",
 ) -> float:
-    """The makespan of a zero-cost client on first-come-first-served servers (see
-    :func:`replay`)."""
-    return max(replay(requests, tool_calls, capacity).values(), default=0.0)
-
-
-def oracle_makespan(
-    requests: Iterable[Mapping[str, Any]],
-    tool_calls: Iterable[Mapping[str, Any]],
-    capacity: int,
-) -> float:
-    """The makespan when servers serve the trajectory with the most remaining work first."""
-    ends = replay(requests, tool_calls, capacity, order="oracle")
-    return max(ends.values(), default=0.0)
+    """The makespan of :func:`replay`'s zero-cost client, the servers ordered by ``order``."""
+    return max(replay(requests, tool_calls, capacity, order=order).values(), default=0.0)
 
 
 def group_of(trajectory: str) -> str:

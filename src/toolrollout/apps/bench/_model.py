@@ -14,10 +14,12 @@ import math
 import random
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from toolrollout._exceptions import UserError
+
+from ._metrics import group_of
 
 __all__ = [
     "DIRECTIVE_RE",
@@ -250,13 +252,7 @@ class ToolLatency:
 
     def to_args(self) -> list[str]:
         """Command-line options of the tool service for this distribution."""
-        return [
-            f"--latency-kind={self.kind}",
-            f"--latency-median={self.median}",
-            f"--latency-sigma={self.sigma}",
-            f"--latency-cap={self.cap}",
-            f"--latency-seed={self.seed}",
-        ]
+        return [f"--latency-{f.name}={getattr(self, f.name)}" for f in fields(self)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +268,7 @@ class WorkloadItem:
     @property
     def group(self) -> str:
         """The prompt this sample belongs to (``p3`` for ``p3s7``)."""
-        head, sep, _ = self.key.rpartition("s")
-        return head if sep and head else self.key
+        return group_of(self.key)
 
     def prompt(self) -> list[dict[str, Any]]:
         return _user_prompt(f"bench-task {self.key} turns={self.turns} tokens={self.tokens}",

@@ -26,11 +26,12 @@ from toolrollout.engines._types import GenerateRequest, GenerateResult
 
 from ._model import LatencyModel, PriorityRefused, ServerScheduling
 from ._scheduler import LatencyServer
+from ._tools import json_response, serve
 
 __all__ = ["create_latency_app", "main"]
 
 
-def _generate_json(result: GenerateResult, *, return_logprob: bool) -> dict[str, Any]:
+def _generatejson_response(result: GenerateResult, *, return_logprob: bool) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": result.rid,
         "finish_reason": result.finish_reason.to_sglang(),
@@ -82,16 +83,8 @@ def _request_from_body(body: Any) -> tuple[GenerateRequest, bool, int | None]:
     return request, bool(body.get("return_logprob", False)), priority
 
 
-def _json(content: Any, status_code: int = 200) -> Response:
-    return Response(
-        json.dumps(content, separators=(",", ":")),
-        status_code=status_code,
-        media_type="application/json",
-    )
-
-
 def _error(message: str, status_code: int = HTTPStatus.BAD_REQUEST) -> Response:
-    return _json({"error": {"message": message}}, status_code)
+    return json_response({"error": {"message": message}}, status_code)
 
 
 def _server_info(server: LatencyServer) -> dict[str, Any]:
@@ -127,11 +120,8 @@ def _add_info_routes(app: FastAPI, server: LatencyServer) -> None:
     """Health, what is served, and the load a router balances on."""
 
     @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200)
-
     @app.get("/health_generate")
-    async def health_generate() -> Response:
+    async def health() -> Response:
         return Response(status_code=200)
 
     async def model_info() -> dict[str, Any]:
@@ -167,7 +157,7 @@ def _add_info_routes(app: FastAPI, server: LatencyServer) -> None:
             "num_accelerators": 0,
             "loads": [load],
         }
-        return _json(body)
+        return json_response(body)
 
     @app.get("/v1/models")
     async def v1_models() -> dict[str, Any]:
@@ -203,11 +193,11 @@ def create_latency_app(server: LatencyServer) -> Any:
             return _error(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
         except UserError as exc:
             return _error(str(exc))
-        return _json(_generate_json(result, return_logprob=return_logprob))
+        return json_response(_generatejson_response(result, return_logprob=return_logprob))
 
     @app.get("/bench/log")
     async def bench_log() -> Response:
-        return _json(
+        return json_response(
             {
                 "requests": server.log,
                 "capacity": server.model.capacity,
@@ -227,14 +217,13 @@ def create_latency_app(server: LatencyServer) -> Any:
         generate=server.generate,
         model_name=server.model_name,
         error_response=_error,
-        json_response=_json,
+        json_response=json_response,
     )
     return app
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m toolrollout.apps.bench.serve_model``: serve the latency model with uvicorn."""
-    import uvicorn
     from transformers import AutoTokenizer
 
     from toolrollout.apps.demo import DEMO_MODEL_PATH
@@ -272,13 +261,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     server = LatencyServer(
         tokenizer, model, model_name="latency-model", scheduling=scheduling, draw_url=args.draw_url
     )
-    app = create_latency_app(server)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
-        timeout_keep_alive=30,
-    )
+    serve(create_latency_app(server), args.host, args.port)
