@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -432,21 +433,14 @@ async def _run_httpx(
     }
 
 
-async def _run_aiohttp(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    return await _run_httpx(spec, workload, tokenizer, fast=True)
-
-
-async def _run_aiohttp_tool(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    return await _run_httpx(spec, workload, tokenizer, fast=True, with_tool=True)
-
-
-_DRIVERS = {
+_Driver = Callable[[DriverSpec, Workload, Any], Awaitable[dict[str, Any]]]
+_DRIVERS: dict[str, _Driver] = {
     "toolrollout": _run_toolrollout,
     "oversample": _run_oversample,
     "lockstep": _run_lockstep,
     "httpx": _run_httpx,
-    "aiohttp": _run_aiohttp,
-    "aiohttp+tool": _run_aiohttp_tool,
+    "aiohttp": partial(_run_httpx, fast=True),
+    "aiohttp+tool": partial(_run_httpx, fast=True, with_tool=True),
     "verifiers": run_verifiers,
 }
 

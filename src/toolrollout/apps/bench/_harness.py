@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from typing import Any
 import httpx
 
 from toolrollout._exceptions import BenchmarkError
-from toolrollout._net import stop_popen
+from toolrollout._net import free_port, stop_popen
 
 from ._metrics import (
     GROUP_DECILES,
@@ -215,11 +214,7 @@ class BenchReport:
             name = "client CPU per turn vs bare POST on the same transport (aiohttp)"
             rows.append(_target(name, ratio, "<=", 1.5))
         if self.tokenization is not None:
-            key = (
-                "ratio_with_drift_check"
-                if self.config["drift_check"]
-                else ("ratio_without_drift_check")
-            )
+            key = f"ratio_{'with' if self.config['drift_check'] else 'without'}_drift_check"
             turns = self.tokenization["turns"]
             value = float(self.tokenization[key])
             rows.append(_target(f"tokenization cost turn {turns} vs turn 1", value, "<=", 1.2))
@@ -238,12 +233,6 @@ class BenchReport:
 def _target(name: str, value: float, op: str, goal: float) -> dict[str, Any]:
     met = value >= goal if op == ">=" else value <= goal
     return {"target": name, "value": value, "goal": f"{op} {goal}", "met": met}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 600.0) -> None:
@@ -308,7 +297,7 @@ def serve_benchmark_services(
     """
     with ExitStack() as stack:
         # The tool service first: the servers draw shared-prompt samples from its counter.
-        port = _free_port()
+        port = free_port()
         tool_url = f"http://127.0.0.1:{port}"
         args = [
             sys.executable, "-m", "toolrollout.apps.bench.serve_tools", f"--port={port}",
@@ -317,7 +306,7 @@ def serve_benchmark_services(
         stack.enter_context(_process(args, tool_url, pids))
         engines = []
         for _ in range(config.servers):
-            port = _free_port()
+            port = free_port()
             url = f"http://127.0.0.1:{port}"
             args = [
                 sys.executable, "-m", "toolrollout.apps.bench.serve_model",

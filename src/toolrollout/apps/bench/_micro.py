@@ -63,8 +63,7 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
     model_texts: list[str] = []
     timings: dict[int, dict[str, float]] = {}
     for turn in range(1, turns + 1):
-        scripted = script.turn(item, turn - 1)
-        output = script.output_ids(scripted.text)
+        output = script.output_ids(script.turn(item, turn - 1))
 
         def model_turn(output: list[int] = output) -> tuple[str, Any]:
             text = chat.model_text(output)

@@ -3,6 +3,7 @@ process (``_worker.py``)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -121,17 +122,12 @@ async def run_toolrollout(config: RealBenchConfig, tokenizer: Any) -> dict[str, 
             measured = since(started)
     turns: list[list[tuple[list[int], int]]] = []
     for t in trajectories:  # each model turn: (its input ids, its number of new tokens)
-        ids, mask, runs, start = list(t.prompt_ids) + list(t.response_ids), t.loss_mask, [], 0
-        offset = len(t.prompt_ids)
-        while start < len(mask):
-            if mask[start] != 1:
-                start += 1
-                continue
-            end = start
-            while end < len(mask) and mask[end] == 1:
-                end += 1
-            runs.append((ids[: offset + start], end - start))
-            start = end
+        ids, at, runs = [*t.prompt_ids, *t.response_ids], len(t.prompt_ids), []
+        for mask, span in itertools.groupby(t.loss_mask):
+            length = len(list(span))
+            if mask == 1:
+                runs.append((ids[:at], length))
+            at += length
         turns.append(runs)
     return {
         "model_turns": turns,

@@ -428,7 +428,7 @@ class LatencyServer:
         resolved = self.scheduling.resolve(priority)
         located, turn, system_end = self.script.locate(ids)
         item = await self.draw(located) if isinstance(located, WorkloadGroup) else located
-        output, finish = self.script.answer(self.script.turn(item, turn).text, request.sampling)
+        output, finish = self.script.answer(self.script.turn(item, turn), request.sampling)
         arrived = time.perf_counter()
         self._seq += 1
         req = _Req(
