@@ -1,22 +1,11 @@
-"""The drivers compared by the benchmark, each run alone in a worker process.
+"""The latency-model comparison's drivers, each run alone in a worker process (``_worker``).
 
-* ``toolrollout``: :class:`~toolrollout.rollout.RolloutRunner` over
-  :class:`~toolrollout.engines.SGLangClient`; every trajectory runs on its own.
-* ``lockstep``: the same chat format, parser, client and tools, but turn-synchronous: every
-  trajectory waits for the whole batch's generations, then for the whole batch's tool
-  calls, before its next turn (how TRL's built-in tool loop proceeds).
-* ``verifiers``: the published ``verifiers`` library's ToolEnv over the server's
-  OpenAI-compatible ``/v1/chat/completions``.
-* ``httpx``: bare ``httpx`` POSTs of the same conversations to ``/generate`` with no
-  tokenization, parsing or tools; the client-CPU floor for a turn.
-* ``oversample``: toolrollout's straggler control, ``RolloutRunner.run_batch`` over the
-  same trajectories with a target of ``batch_fraction`` of them: the makespan is the time to
-  that target, after which the rest is aborted on the server (and kept, resumable).
-* ``aiohttp``: the same bare POSTs over the transport toolrollout's clients use
-  (``toolrollout._http``), so that what toolrollout adds on top of its own transport can be
-  told apart from what the transport saves.
-* ``aiohttp+tool``: those bare POSTs plus each turn's tool call (the benchmark tool's own
-  HTTP request, as toolrollout makes it): the floor of a turn that calls a tool.
+``toolrollout`` runs :class:`~toolrollout.rollout.RolloutRunner`, every trajectory on its
+own; ``oversample`` its ``run_batch`` to a target of ``batch_fraction``, the rest aborted
+(and kept, resumable); ``lockstep`` the same parts turn-synchronously, as TRL's tool loop;
+``verifiers`` the published peer library (``_verifiers``). The bare POST modes are the
+client-CPU floors of a turn: ``httpx``, ``aiohttp`` (toolrollout's own transport, to tell
+what it saves from what toolrollout adds) and ``aiohttp+tool`` (plus each turn's tool call).
 """
 
 from __future__ import annotations

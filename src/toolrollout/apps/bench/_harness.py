@@ -150,18 +150,11 @@ class BenchConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "workload": self.workload.to_dict(),
-            "model": asdict(self.model),
-            "tool_latency": asdict(self.tool_latency),
-            "modes": list(self.modes),
-            "servers": self.servers,
-            "concurrency": self.concurrency,
-            "drift_check": self.drift_check,
-            "batch_fraction": self.batch_fraction,
-            "scheduling": asdict(self.scheduling),
-            "previous_steps": self.previous_steps,
-        }
+        """The settings that shape the results (not the tokenizer, timeout or log folder)."""
+        data = asdict(self)
+        for name in ("tokenizer", "micro_turns", "mode_timeout_s", "log_dir"):
+            del data[name]
+        return {**data, "workload": self.workload.to_dict(), "modes": list(self.modes)}
 
 
 @dataclass(frozen=True, slots=True)

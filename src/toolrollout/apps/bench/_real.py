@@ -1,27 +1,14 @@
 """``toolrollout bench --engine-url``: the rollout comparison on a real server.
 
-Without ``--engine-url`` the benchmark measures the client against a latency-model server;
-with it, a real server (SGLang or vLLM, found through the engine factory
-:func:`~toolrollout.engines._factory.connect`) serves the comparison instead: the model the
-server runs answers the demo's calculator prompts, and the calculator takes a deterministic
-heavy-tailed latency (the same seconds for the same call in every mode). Modes, each in its
-own worker process (its CPU time and peak memory are its own):
-
-* ``toolrollout``: ``RolloutRunner`` over the engine; every trajectory runs on its own.
-* ``lockstep``: the same chat format, parser, engine and tool, turn-synchronous: every
-  trajectory waits for the whole batch's generations, then the whole batch's tool calls.
-* ``verifiers``: the published ``verifiers`` ``ToolEnv`` over the server's
-  ``/v1/chat/completions`` (the server renders the template and parses tool calls: vLLM
-  needs ``--enable-auto-tool-choice --tool-call-parser hermes``); only where it is installed.
-* ``bound``: the engine-only bound. Every model turn of the ``toolrollout`` mode is sent
-  again (its exact input ids, its exact number of new tokens under ``ignore_eos``) by a bare
-  loop over the engine, each trajectory's turns one after another, with no tool latency,
-  no parsing and no rendering: what the server alone needs for the same generations.
-
-Ratios of one run: ``toolrollout / bound`` (what the tools and the client add over the
-engine), ``lockstep / toolrollout`` and ``verifiers / toolrollout`` (the speed-ups). Client
-and server share the machine's cores: the report records the client's CPU affinity, every
-mode's client CPU and the load average before and after.
+A real server (SGLang or vLLM, found by :func:`~toolrollout.engines._factory.connect`)
+serves the comparison instead of the latency model: its model answers the demo's
+calculator prompts, and the calculator takes a deterministic heavy-tailed latency (the same
+seconds for the same call in every mode). The modes (``_real_modes``, each in its own worker
+process) are ``toolrollout``, ``lockstep`` and ``verifiers`` as in the latency-model
+comparison, and ``bound``: toolrollout's own model turns sent again by a bare loop (same
+input ids, same number of new tokens), what the server alone needs for those generations.
+Client and server share the machine's cores: the report records the client's CPU affinity,
+every mode's client CPU and the load average before and after.
 """
 
 from __future__ import annotations

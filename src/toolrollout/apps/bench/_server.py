@@ -22,16 +22,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from toolrollout._exceptions import UserError
+from toolrollout.apps.server._answers import error_response, json_response
 from toolrollout.engines._types import GenerateRequest, GenerateResult
 
 from ._model import LatencyModel, PriorityRefused, ServerScheduling
 from ._scheduler import LatencyServer
-from ._tools import json_response, serve
+from ._tools import serve
 
 __all__ = ["create_latency_app", "main"]
 
 
-def _generatejson_response(result: GenerateResult, *, return_logprob: bool) -> dict[str, Any]:
+def _generate_json(result: GenerateResult, *, return_logprob: bool) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "id": result.rid,
         "finish_reason": result.finish_reason.to_sglang(),
@@ -81,10 +82,6 @@ def _request_from_body(body: Any) -> tuple[GenerateRequest, bool, int | None]:
         rid=rid if isinstance(rid, str) else None,
     )
     return request, bool(body.get("return_logprob", False)), priority
-
-
-def _error(message: str, status_code: int = HTTPStatus.BAD_REQUEST) -> Response:
-    return json_response({"error": {"message": message}}, status_code)
 
 
 def _server_info(server: LatencyServer) -> dict[str, Any]:
@@ -188,12 +185,12 @@ def create_latency_app(server: LatencyServer) -> Any:
             generate_request, return_logprob, priority = _request_from_body(body)
             result = await server.generate(generate_request, priority=priority)
         except ValueError as exc:
-            return _error(f"JSON decode error: {exc}")
+            return error_response(f"JSON decode error: {exc}")
         except PriorityRefused as exc:
-            return _error(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+            return error_response(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
         except UserError as exc:
-            return _error(str(exc))
-        return json_response(_generatejson_response(result, return_logprob=return_logprob))
+            return error_response(str(exc))
+        return json_response(_generate_json(result, return_logprob=return_logprob))
 
     @app.get("/bench/log")
     async def bench_log() -> Response:
@@ -216,7 +213,7 @@ def create_latency_app(server: LatencyServer) -> Any:
         tokenizer=server.tokenizer,
         generate=server.generate,
         model_name=server.model_name,
-        error_response=_error,
+        error_response=error_response,
         json_response=json_response,
     )
     return app

@@ -1,14 +1,9 @@
 """The benchmark's tool backend: an HTTP tool service in its own process.
 
-``POST /call {"key": ...}`` waits for the :class:`ToolLatency` drawn for that key and
-answers a short text. It is a real service over loopback (the client pays for a real HTTP
-round trip, as it would for a search or sandbox tool), and every driver (toolrollout,
-lock-step, verifiers) calls the same one through :class:`LookupClient`.
-
-``POST /bench/draw {"group": ..., "samples": n}`` counts the first turns of a
+``POST /call {"key": ...}`` answers a short text after the :class:`ToolLatency` drawn for
+that key: a real round trip over loopback, as a search or sandbox tool costs, the same for
+every driver (:class:`LookupClient`). ``POST /bench/draw`` counts the first turns of a
 shared-prompt group (``Workload.grouped``) for all latency-model servers at once.
-
-Run it with ``python -m toolrollout.apps.bench.serve_tools --port 30100`` (see ``--help``).
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from toolrollout._http import fast_transport
 from ._model import ToolLatency
 from ._script import TOOL_NAME
 
-__all__ = ["LookupClient", "create_tool_app", "json_response", "lookup_result", "main", "serve"]
+__all__ = ["LookupClient", "create_tool_app", "lookup_result", "main", "serve"]
 
 
 def lookup_result(key: str) -> str:
@@ -40,7 +35,7 @@ def lookup_result(key: str) -> str:
     return f"record {key}: value {value}"
 
 
-def json_response(content: Any, status_code: int = 200) -> Response:
+def _json(content: Any, status_code: int = 200) -> Response:
     return Response(
         json.dumps(content, separators=(",", ":")),
         status_code=status_code,
@@ -77,15 +72,15 @@ def create_tool_app(latency: ToolLatency) -> Any:
         body = json.loads(await request.body() or b"{}")
         key = body.get("key") if isinstance(body, dict) else None
         if not isinstance(key, str):
-            return json_response({"error": "key must be a string"}, 400)
+            return _json({"error": "key must be a string"}, 400)
         seconds = latency.sample(key)
         await asyncio.sleep(seconds)
         calls.append({"key": key, "seconds": seconds})
-        return json_response({"text": lookup_result(key)})
+        return _json({"text": lookup_result(key)})
 
     @app.get("/bench/log")
     async def log() -> Response:
-        return json_response({"calls": calls})
+        return _json({"calls": calls})
 
     @app.post("/bench/draw")
     async def draw(request: Request) -> Response:
@@ -94,10 +89,10 @@ def create_tool_app(latency: ToolLatency) -> Any:
         group, samples = body.get("group"), body.get("samples")
         if not isinstance(group, str) or not isinstance(samples, int) or samples < 1:
             error = "group must be a string and samples a positive int"
-            return json_response({"error": error}, 400)
+            return _json({"error": error}, 400)
         index = drawn.get(group, 0)
         drawn[group] = index + 1
-        return json_response({"index": index % samples})
+        return _json({"index": index % samples})
 
     @app.post("/bench/reset")
     async def reset() -> Response:

@@ -76,7 +76,11 @@ async def run_tool_env(
     outputs = results["outputs"]
 
     def count(role: str) -> int:
-        return sum(_role(m) == role for o in outputs for m in (o.get("completion") or []))
+        messages = [m for o in outputs for m in (o.get("completion") or [])]
+        return sum(
+            (m.get("role") if isinstance(m, dict) else getattr(m, "role", None)) == role
+            for m in messages
+        )
 
     counts = {
         "trajectories": len(outputs),
@@ -115,12 +119,6 @@ async def run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
     await lookup.aclose()
     counts["note"] += f"; errors {len(errors)}"
     return counts
-
-
-def _role(message: Any) -> str | None:
-    if isinstance(message, dict):
-        return message.get("role")
-    return getattr(message, "role", None)
 
 
 def _completion_tokens(output: Any) -> int:
