@@ -22,6 +22,7 @@ import anyio
 from toolrollout._exceptions import UserError
 from toolrollout._pacing import set_pacing
 
+from ._harness import reset_services
 from ._metrics import clock, since
 from ._model import DriverSpec, Workload, worker_flags
 from ._tools import LookupClient
@@ -126,8 +127,8 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
         first = workload.step - spec.previous_steps
         for step in range(first, workload.step):  # a trainer's earlier steps
             await runner.run(_rows(spec, replace(workload, step=step)))
-        if spec.previous_steps:
-            await _reset_services(spec)
+        if spec.previous_steps:  # only the measured step's work is logged and bounded
+            await anyio.to_thread.run_sync(reset_services, spec.engine_urls, spec.tool_url)
         rows = _rows(spec, workload)
         known = runner.work_history.statistics() if runner.work_history is not None else {}
         started = clock()
@@ -154,15 +155,6 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
             + (f"; history {history}" if history is not None else "")
         ),
     }
-
-
-async def _reset_services(spec: DriverSpec) -> None:
-    """Clear the servers' and tool service's logs and caches before the measured step."""
-    import httpx
-
-    async with httpx.AsyncClient(timeout=30.0) as http:
-        for url in (*spec.engine_urls, spec.tool_url):
-            (await http.post(f"{url}/bench/reset")).raise_for_status()
 
 
 async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:

@@ -55,6 +55,7 @@ __all__ = [
     "BenchConfig",
     "BenchReport",
     "mode_policies",
+    "reset_services",
     "run_benchmark",
     "run_worker",
     "serve_benchmark_services",
@@ -356,7 +357,8 @@ def _logs(
     return requests, calls, counts
 
 
-def _reset(engines: Sequence[str], tool_url: str) -> None:
+def reset_services(engines: Sequence[str], tool_url: str) -> None:
+    """Clear the servers' and the tool service's logs, caches and counters."""
     for url in [*engines, tool_url]:
         httpx.post(f"{url}/bench/reset", timeout=30).raise_for_status()
 
@@ -427,7 +429,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
         for mode in config.modes:
             if progress is not None:
                 progress(f"running {mode} ({config.workload.trajectories} trajectories)")
-            _reset(engines, tool_url)
+            reset_services(engines, tool_url)
             spec = DriverSpec(
                 mode=mode,
                 engine_urls=tuple(engines),

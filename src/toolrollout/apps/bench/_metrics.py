@@ -427,8 +427,6 @@ class ModeResult:
     @property
     def kv_efficiency(self) -> float:
         """KV bound / measured makespan (0.0 without a KV budget)."""
-        if self.kv_bound_makespan_s <= 0:
-            return 0.0
         return orchestration_efficiency(self.kv_bound_makespan_s, self.makespan_s)
 
     @property

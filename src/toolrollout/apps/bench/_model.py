@@ -137,13 +137,6 @@ class LatencyModel:
             return 0
         return self.capacity * math.ceil(self.kv_check_seconds / self.decode_per_token_s)
 
-    def service_seconds(self, uncached_prompt_tokens: int, output_tokens: int) -> float:
-        """Slot time of one request."""
-        return (
-            uncached_prompt_tokens * self.prefill_per_token_s
-            + output_tokens * self.decode_per_token_s
-        )
-
 
 PRIORITY_DISABLED_MESSAGE = (
     "Using priority is disabled for this server. Please send a new request without a priority."

@@ -35,7 +35,7 @@ def run_measured(spec_json: str) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from ._real_modes import REAL_MODES, RealBenchConfig, run_real_mode
+    from ._real import REAL_MODES, RealBenchConfig, run_real_mode
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) == 1:

@@ -154,8 +154,12 @@ def _real(flags: Any, progress: Callable[[str], None]) -> None:
     """The comparison on a real server (toolrollout.apps.bench._real)."""
     import json
 
-    from toolrollout.apps.bench._real import plot_real, run_real_benchmark
-    from toolrollout.apps.bench._real_modes import REAL_MODES, RealBenchConfig
+    from toolrollout.apps.bench._real import (
+        REAL_MODES,
+        RealBenchConfig,
+        plot_real,
+        run_real_benchmark,
+    )
     from toolrollout.apps.demo import DEMO_MODEL_PATH
 
     config = RealBenchConfig(
