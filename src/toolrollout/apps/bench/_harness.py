@@ -262,11 +262,14 @@ def _worker_env() -> dict[str, str]:
 
 
 @contextmanager
-def _process(args: list[str], url: str, pids: list[int] | None = None) -> Iterator[str]:
-    env = _worker_env()
+def _service(module: str, args: list[str], pids: list[int] | None) -> Iterator[str]:
+    """``python -m toolrollout.apps.bench.<module>`` on a free port; its URL once healthy."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", f"toolrollout.apps.bench.{module}", f"--port={port}", *args]
     # stderr goes to a file, not a pipe nobody reads (a full pipe would block the service).
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=_worker_env())
         if pids is not None:
             pids.append(proc.pid)
         try:
@@ -289,31 +292,22 @@ def serve_benchmark_services(
 
     The services' process ids are appended to ``pids`` when it is given.
     """
+    model = config.model
     with ExitStack() as stack:
         # The tool service first: the servers draw shared-prompt samples from its counter.
-        port = free_port()
-        tool_url = f"http://127.0.0.1:{port}"
+        tool_url = stack.enter_context(_service("serve_tools", config.tool_latency.to_args(), pids))
         args = [
-            sys.executable, "-m", "toolrollout.apps.bench.serve_tools", f"--port={port}",
-            *config.tool_latency.to_args(),
-        ]  # fmt: skip
-        stack.enter_context(_process(args, tool_url, pids))
-        engines = []
-        for _ in range(config.servers):
-            port = free_port()
-            url = f"http://127.0.0.1:{port}"
-            args = [
-                sys.executable, "-m", "toolrollout.apps.bench.serve_model",
-                f"--port={port}",
-                f"--tokenizer={config.tokenizer}",
-                f"--capacity={config.model.capacity}",
-                f"--prefill-per-token={config.model.prefill_per_token_s}",
-                f"--decode-per-token={config.model.decode_per_token_s}",
-                f"--max-total-tokens={config.model.kv_tokens}",
-                *config.scheduling.to_args(),
-                f"--draw-url={tool_url}",
-            ]  # fmt: skip
-            engines.append(stack.enter_context(_process(args, url, pids)))
+            f"--tokenizer={config.tokenizer}",
+            f"--capacity={model.capacity}",
+            f"--prefill-per-token={model.prefill_per_token_s}",
+            f"--decode-per-token={model.decode_per_token_s}",
+            f"--max-total-tokens={model.kv_tokens}",
+            *config.scheduling.to_args(),
+            f"--draw-url={tool_url}",
+        ]
+        engines = [
+            stack.enter_context(_service("serve_model", args, pids)) for _ in range(config.servers)
+        ]
         yield engines, tool_url
 
 

@@ -194,20 +194,15 @@ def replay(
 ) -> dict[str, float]:
     """Each trajectory's finish time when its logged work is replayed by a zero-cost client.
 
-    ``requests`` are the servers' log entries, each tagged with ``server`` (which server
-    logged it) besides ``key``, ``turn`` and ``slot_seconds``; every trajectory submits its
-    first request at time 0, each later one when its previous turn's tool calls are back
-    (calls of one turn run concurrently), and each server runs ``capacity`` at a time.
-    ``order`` is how a server picks from its queue: ``fifo`` in arrival order (SGLang's
-    default), ``oracle`` the trajectory with the most remaining work first (its remaining
-    slot time plus tool time, known exactly here; ties in arrival order), ``turns`` the
-    trajectory with the most turns done first, ``fewest`` the one with the fewest turns done
-    first (the two signs of toolrollout's ``priority`` policy, ``turn_weight`` 1 and -1;
-    ties in arrival order), ``length`` the one with the most model turns still to make
-    (what a perfect prediction of each trajectory's length, the ``history`` policy's
-    target, gives; the tool latencies stay unknown; ties in arrival order), ``oldest`` the
-    trajectory whose GRPO group's first request arrived first (the ``oldest`` policy; ties
-    in arrival order). No request is preempted.
+    ``requests`` are the servers' log entries (``key``, ``turn``, ``slot_seconds`` and the
+    ``server`` that logged it); every trajectory submits its first request at time 0, each
+    later one when its previous turn's tool calls are back (calls of one turn run
+    concurrently), and each server runs ``capacity`` at a time, none preempted. ``order`` is
+    how a server picks from its queue (:func:`_rank`; ties in arrival order): ``fifo``
+    (SGLang's default), ``oracle`` (most remaining work first, known exactly here),
+    ``turns`` and ``fewest`` (most or fewest turns done first: the ``priority`` policy's
+    ``turn_weight`` 1 and -1), ``length`` (most model turns to go first: a perfect ``history``
+    prediction, tool latencies unknown) or ``oldest`` (the ``oldest`` policy's group order).
     """
     import heapq
     import itertools

@@ -150,16 +150,11 @@ class PriorityRefused(UserError):
 
 @dataclass(frozen=True, slots=True)
 class ServerScheduling:
-    """SGLang's priority-scheduling server arguments, with SGLang's defaults.
-
-    ``enabled`` is ``--enable-priority-scheduling``; ``low_values_first`` is
-    ``--schedule-low-priority-values-first``; ``preemption_threshold`` is
-    ``--priority-scheduling-preemption-threshold`` (a waiting request preempts a running
-    one only when their priorities differ by more than this); ``abort_when_disabled`` is
-    ``--abort-on-priority-when-disabled`` (a request that carries a priority to a server
-    without the feature is refused with 503 instead of served as if it had none);
-    ``default_priority`` is ``--default-priority-value`` (None: the lowest priority there is).
-    """
+    """SGLang's priority-scheduling server arguments (:meth:`to_args` names each one), with
+    SGLang's defaults. A waiting request preempts a running one only when their priorities
+    differ by more than ``preemption_threshold``; with ``abort_when_disabled`` a priority
+    sent to a server without the feature is refused (503), not ignored;
+    ``default_priority`` None is the lowest priority there is."""
 
     enabled: bool = False
     low_values_first: bool = False

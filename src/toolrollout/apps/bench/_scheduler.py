@@ -1,11 +1,9 @@
 """The simulated SGLang scheduler behind the latency-model server (``_server.py``).
 
 :class:`LatencyServer` answers each request with the scripted turn's real token ids once it
-has held one of ``capacity`` slots for the :class:`LatencyModel`'s prefill + decode time. It
-keeps a per-trajectory prefix cache (so ``cached_tokens`` is meaningful and rewards sticky
-routing), aborts by request id prefix (an aborted request returns the tokens "decoded" so
-far), and logs every request's slot time so the harness can compute the ideal makespan
-from what the server really did.
+has held a batch slot for the :class:`LatencyModel`'s prefill + decode time. Its prefix
+cache makes ``cached_tokens`` meaningful, and its log of every request's slot time lets the
+harness bound the makespan by what the server really did.
 """
 
 from __future__ import annotations

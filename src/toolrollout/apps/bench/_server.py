@@ -1,11 +1,8 @@
 """The latency-model server: SGLang's ``/generate`` (and OpenAI chat) without a model.
 
-It stands in for a GPU server so the rollout *orchestration* can be measured at a scale
-(1,024 concurrent trajectories) that no CPU model reaches. This module is its HTTP face
-(SGLang's native routes, OpenAI chat, ``/bench/*`` for the harness); when each request is
-answered, and with which ids, is the simulated scheduler's (``_scheduler.py``).
-
-Run it with ``python -m toolrollout.apps.bench.serve_model --port 30000`` (see ``--help``).
+It stands in for a GPU server so that the rollout *orchestration* can be measured at a
+scale (1,024 concurrent trajectories) no CPU model reaches. This is its HTTP face; when each
+request is answered, and with which ids, is the simulated scheduler's (``_scheduler.py``).
 """
 
 from __future__ import annotations

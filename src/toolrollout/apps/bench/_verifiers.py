@@ -98,18 +98,8 @@ async def run_tool_env(
 async def run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
     """The latency-model comparison's verifiers mode, over the benchmark's lookup tool."""
     lookup = LookupClient(spec.tool_url)
-
-    async def lookup_tool(key: str) -> str:
-        """Look up a record by its key.
-
-        Args:
-            key: the record key named in the task.
-        """
-        return await lookup.lookup(key)
-
-    lookup_tool.__name__ = "lookup"
     counts, errors = await run_tool_env(
-        [lookup_tool],
+        [lookup.lookup],  # its name and docstring are the schema verifiers sends
         workload.rows(),
         url=spec.engine_urls[0],
         max_turns=workload.max_turns + 1,
