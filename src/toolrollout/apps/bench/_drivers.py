@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -29,9 +30,10 @@ from ._tools import LookupClient
 from ._verifiers import run_verifiers
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
-    from toolrollout.engines import Engine, SamplingParams, SGLangClient
-    from toolrollout.rollout import RolloutConfig, Trajectory
-    from toolrollout.tools import Tool, ToolResult
+    from toolrollout.chat import ParsedTurn
+    from toolrollout.engines import Engine, GenerateResult, SamplingParams, SGLangClient
+    from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory
+    from toolrollout.tools import Tool, ToolCallRequest, ToolResult
 
 __all__ = ["lag_summary", "lockstep_rollout", "run_driver"]
 
@@ -116,14 +118,23 @@ def _rows(spec: DriverSpec, workload: Workload) -> list[dict[str, Any]]:
     return rows
 
 
-async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+@asynccontextmanager
+async def _runner(
+    spec: DriverSpec, workload: Workload, tokenizer: Any
+) -> AsyncIterator[RolloutRunner]:
+    """A toolrollout runner over the lookup tool and the engine client, both closed after."""
     from toolrollout.spec import RunSpec, build_runner
 
     lookup = LookupClient(spec.tool_url)
     config = _rollout_config(spec, workload)
     async with _engine_client(spec) as client:
         run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
-        runner = build_runner(run_spec, client, tokenizer=tokenizer)
+        yield build_runner(run_spec, client, tokenizer=tokenizer)
+    await lookup.aclose()
+
+
+async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    async with _runner(spec, workload, tokenizer) as runner:
         first = workload.step - spec.previous_steps
         for step in range(first, workload.step):  # a trainer's earlier steps
             await runner.run(_rows(spec, replace(workload, step=step)))
@@ -134,7 +145,6 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
         started = clock()
         trajectories = await runner.run(rows)
         measured = since(started)
-    await lookup.aclose()
     history = None
     if runner.work_history is not None:  # the measured step's predictions, by source
         after = runner.work_history.statistics()
@@ -168,16 +178,10 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
     """
     import math
 
-    from toolrollout.spec import RunSpec, build_runner
-
-    lookup = LookupClient(spec.tool_url)
-    config = _rollout_config(spec, workload)
     # Ungrouped, each row is its own group for the scheduler too, as the target counts it.
     rows = _rows(spec, workload) if workload.grouped else workload.rows()
     target = min(len(rows), max(1, math.ceil(len(rows) * spec.batch_fraction)))
-    async with _engine_client(spec) as client:
-        run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
-        runner = build_runner(run_spec, client, tokenizer=tokenizer)
+    async with _runner(spec, workload, tokenizer) as runner:
         ended: dict[str, float] = {}
 
         def note_end(trajectory: Trajectory) -> None:
@@ -188,7 +192,6 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
         measured = since(started)
     # The target was met when the batch's last trajectory ended; the rest is the stopping.
     target_s = max((ended[t.uid] for t in batch.trajectories), default=started[0]) - started[0]
-    await lookup.aclose()
     everything = [*batch.trajectories, *batch.leftover]
     return {
         "trajectories": len(batch.trajectories),
@@ -214,6 +217,28 @@ class _LockstepState:
     cached: int = 0
     done: bool = False
     completed: bool = False
+
+    def take(self, result: GenerateResult, parsed: ParsedTurn, last: bool) -> list[ToolCallRequest]:
+        """Add a model turn; the tool calls to run before the next (none: it is done)."""
+        from toolrollout.tools import ToolCallRequest
+
+        self.ids.extend(result.output_ids)
+        self.turns += 1
+        self.tokens += len(result.output_ids)
+        self.cached += result.cached_tokens
+        stopped = result.finish_reason.type == "stop"
+        if not parsed.tool_calls or not stopped or last:
+            self.done = True  # answered, cut off, or out of turns (as the runner ends it)
+            self.completed = stopped and not parsed.tool_calls
+            return []
+        calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.tool_calls
+        ]
+        self.messages.append({"role": "assistant", "content": parsed.content, "tool_calls": calls})
+        return [
+            ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id) for c in parsed.tool_calls
+        ]
 
 
 async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
@@ -251,8 +276,8 @@ async def lockstep_rollout(
     errors, generated and cached tokens)."""
     from toolrollout.chat import ChatFormat
     from toolrollout.chat.parsers import get_tool_parser
-    from toolrollout.engines import GenerateRequest, GenerateResult
-    from toolrollout.tools import ToolCallRequest, ToolContext, ToolExecutor
+    from toolrollout.engines import GenerateRequest
+    from toolrollout.tools import ToolContext, ToolExecutor
 
     executor = ToolExecutor([tool])
     chat = ChatFormat(tokenizer, tools=executor.schemas())
@@ -284,36 +309,10 @@ async def lockstep_rollout(
                 tg.start_soon(generate, i, state, turn)
         pending: list[tuple[int, _LockstepState, list[ToolCallRequest]]] = []
         for i, state in active:
-            result = results[i]
-            state.ids.extend(result.output_ids)
-            state.turns += 1
-            state.tokens += len(result.output_ids)
-            state.cached += result.cached_tokens
-            parsed = parser.parse(chat.model_text(result.output_ids))
-            stopped = result.finish_reason.type == "stop"
-            if not parsed.tool_calls or not stopped or turn == max_turns - 1:
-                state.done = True  # answered, cut off, or out of turns (as the runner ends it)
-                state.completed = stopped and not parsed.tool_calls
-                continue
-            state.messages.append(
-                {
-                    "role": "assistant",
-                    "content": parsed.content,
-                    "tool_calls": [
-                        {
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        }
-                        for c in parsed.tool_calls
-                    ],
-                }
-            )
-            calls = [
-                ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id)
-                for c in parsed.tool_calls
-            ]
-            pending.append((i, state, calls))
+            parsed = parser.parse(chat.model_text(results[i].output_ids))
+            calls = state.take(results[i], parsed, last=turn == max_turns - 1)
+            if calls:
+                pending.append((i, state, calls))
         outputs.clear()
         async with anyio.create_task_group() as tg:  # barrier 2: every tool call
             for i, _, calls in pending:
