@@ -68,10 +68,6 @@ def lag_summary(
     return {"samples": len(values), "p50": p50, "p99": p99, "max": values[-1]}
 
 
-def _tokens_limit(workload: Workload) -> int:
-    return workload.tokens_per_turn * 2 + 32
-
-
 def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     """The RolloutConfig both toolrollout modes run with."""
     from toolrollout.engines import SamplingParams, SchedulingConfig
@@ -85,7 +81,7 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     )
     concurrency = spec.concurrency  # admission adapts below it (its ceiling)
     return RolloutConfig(
-        sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),
+        sampling=SamplingParams(max_new_tokens=workload.max_new_tokens, temperature=1.0),
         max_turns=workload.max_turns,
         n=workload.samples_per_row,
         tools_at_target="finish" if flags.finish_tools else "cancel",
@@ -245,7 +241,7 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
     from toolrollout.engines import SamplingParams
 
     lookup = LookupClient(spec.tool_url)
-    sampling = SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0)
+    sampling = SamplingParams(max_new_tokens=workload.max_new_tokens, temperature=1.0)
     async with _engine_client(spec) as client:
         started = clock()
         counts = await lockstep_rollout(
@@ -379,7 +375,7 @@ async def _run_httpx(
             for turn in range(item_turns):
                 body = {
                     "input_ids": ids,
-                    "sampling_params": {"max_new_tokens": _tokens_limit(workload)},
+                    "sampling_params": {"max_new_tokens": workload.max_new_tokens},
                     "return_logprob": True,
                     "rid": f"bare{i}-t{turn}",
                 }

@@ -122,12 +122,9 @@ class BenchConfig:
     log_dir: str = ""
     """Where to keep each mode's raw server and tool logs (``<mode>.json``); "": nowhere."""
     previous_steps: int = 0
-    """Training steps each toolrollout mode runs before the measured one, with the same
-    runner: the same prompts, each sample drawn again (``Workload.step``), as a trainer's
-    earlier steps would have run them (what the ``history`` policy learns from): steps
-    ``workload.step`` onwards, the measured one ``previous_steps`` later. The
-    servers and the tool service are reset before the measured step, whose work alone is
-    logged and bounded; the other modes run the measured step only."""
+    """Training steps each toolrollout mode runs first with the same runner (what the
+    ``history`` policy learns from), each sample drawn again (``Workload.step``); only the
+    step after them is measured. The other modes run the measured step only."""
 
     def __post_init__(self) -> None:
         for mode in self.modes:

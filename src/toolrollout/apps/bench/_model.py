@@ -388,6 +388,11 @@ class Workload:
         return self.rows()
 
     @property
+    def max_new_tokens(self) -> int:
+        """Every mode's cap on a model turn: room for the scripted turn twice over."""
+        return self.tokens_per_turn * 2 + 32
+
+    @property
     def samples_per_row(self) -> int:
         """The ``n`` to run :meth:`prompt_rows` with."""
         return self.n if self.grouped else 1

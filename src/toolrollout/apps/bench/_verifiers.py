@@ -103,7 +103,7 @@ async def run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
         workload.rows(),
         url=spec.engine_urls[0],
         max_turns=workload.max_turns + 1,
-        sampling={"max_tokens": workload.tokens_per_turn * 2 + 32, "temperature": 1.0},
+        sampling={"max_tokens": workload.max_new_tokens, "temperature": 1.0},
         model="latency-model",
     )
     await lookup.aclose()
