@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrollout.apps.bench import BenchConfig, LatencyModel, ToolLatency, Workload
-from toolrollout.apps.bench._harness import _reset, serve_benchmark_services
+from toolrollout.apps.bench._harness import reset_services, serve_benchmark_services
 from toolrollout.apps.bench._model import DriverSpec
 
 
@@ -105,7 +105,7 @@ def main() -> None:
         for number in range(args.rounds):
             row: dict[str, dict[str, float]] = {}
             for mode in modes:
-                _reset(engines, tool_url)
+                reset_services(engines, tool_url)
                 base_mode, _, collector = mode.partition(":")
                 spec = DriverSpec(
                     mode="toolrollout" if base_mode == "before" else base_mode,

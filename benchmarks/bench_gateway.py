@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -35,18 +34,13 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from toolrollout._net import free_port
 from toolrollout.apps.demo import DEMO_MODEL_PATH
 from toolrollout.chat import ChatFormat
 from toolrollout.spec._policy import load_tokenizer
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gateway.json"
 QUESTIONS = ["What is 12 * 7?", "And plus 3?", "Divide that by 3.", "Is it prime?"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -123,7 +117,7 @@ def core_cost(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = load_tokenizer(DEMO_MODEL_PATH)
     chat = ChatFormat(tokenizer)
-    engine_port, gateway_port = _free_port(), _free_port()
+    engine_port, gateway_port = free_port(), free_port()
     engine_url = f"http://127.0.0.1:{engine_port}"
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     toolrollout = [sys.executable, "-m", "toolrollout"]

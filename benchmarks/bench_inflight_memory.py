@@ -37,8 +37,8 @@ from typing import Any
 import anyio
 import httpx
 
-from toolrollout._net import stop_popen
-from toolrollout.apps.bench._harness import _free_port, _wait_healthy
+from toolrollout._net import free_port, stop_popen
+from toolrollout.apps.bench._harness import _wait_healthy
 from toolrollout.engines import GenerateRequest, SamplingParams, SGLangClient
 from toolrollout.engines._wire import encode_json, generate_body
 
@@ -81,7 +81,7 @@ def rss_bytes() -> int:
 
 
 def measure(requests: int, tokens: int, seed: int = 0) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(port)])
     try:

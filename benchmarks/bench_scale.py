@@ -157,7 +157,7 @@ class SeamEngine(Engine):
         rng = random.Random(config.seed)
         self._answers: list[tuple[tuple[int, ...], tuple[float, ...]]] = []
         for turn in range(config.turns):
-            ids = tuple(script.output_ids(script.turn(item, turn).text))
+            ids = tuple(script.output_ids(script.turn(item, turn)))
             self._answers.append((ids, _float32(rng, len(ids))))
         self._stop = FinishReason(type="stop", matched=script.im_end)
         self._median = config.turn_seconds

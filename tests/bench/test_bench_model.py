@@ -23,10 +23,10 @@ from toolrollout.apps.bench._harness import BenchReport
 from toolrollout.apps.bench._metrics import (
     ModeResult,
     critical_paths,
-    fifo_makespan,
     ideal_makespan,
     kv_bound_makespan,
     orchestration_efficiency,
+    replay_makespan,
 )
 from toolrollout.apps.bench._model import parse_directive, parse_group_directive
 from toolrollout.exceptions import BenchmarkError
@@ -121,9 +121,7 @@ def test_a_grouped_workload_shares_each_prompt_and_keeps_the_draws() -> None:
     )
 
 
-def test_latency_model_service_time() -> None:
-    model = LatencyModel(capacity=4, prefill_per_token_s=0.001, decode_per_token_s=0.01)
-    assert model.service_seconds(100, 20) == pytest.approx(0.1 + 0.2)
+def test_latency_model_needs_a_slot() -> None:
     with pytest.raises(Exception, match="capacity"):
         LatencyModel(capacity=0)
 
@@ -149,17 +147,17 @@ def test_fifo_bound_replays_the_work_through_first_come_first_served_servers() -
     ]
     calls = [{"key": "a.0", "seconds": 0.5}]
     # One slot: a(0-1), b(1-3) while a's tool ends at 1.5 and queues, a(3-4).
-    assert fifo_makespan(requests, calls, capacity=1) == pytest.approx(4.0)
+    assert replay_makespan(requests, calls, capacity=1) == pytest.approx(4.0)
     # Two slots: nobody queues; a's own path (2.5 s) is the makespan.
-    assert fifo_makespan(requests, calls, capacity=2) == pytest.approx(2.5)
+    assert replay_makespan(requests, calls, capacity=2) == pytest.approx(2.5)
     # One slot each on two servers: no queueing either.
     on_two = [{**r, "server": 1} if r["key"] == "b" else r for r in requests]
-    assert fifo_makespan(on_two, calls, capacity=1) == pytest.approx(2.5)
+    assert replay_makespan(on_two, calls, capacity=1) == pytest.approx(2.5)
     # The ideal bound is looser than the one-slot FIFO replay: max(2.5, 4 s of work / 1).
     paths = critical_paths(requests, calls)
     assert ideal_makespan(paths, 4.0, 1) == pytest.approx(4.0)
     with pytest.raises(ValueError):
-        fifo_makespan(requests, calls, capacity=0)
+        replay_makespan(requests, calls, capacity=0)
 
 
 def test_ideal_makespan_is_the_larger_of_longest_path_and_spread_work() -> None:

@@ -11,11 +11,10 @@ from toolrollout.apps.bench._harness import mode_policies
 from toolrollout.apps.bench._metrics import (
     GROUP_DECILES,
     ModeResult,
-    fifo_makespan,
     group_completion_times,
     measured_ends,
-    oracle_makespan,
     replay,
+    replay_makespan,
 )
 from toolrollout.apps.bench._model import WorkerFlags, worker_flags
 
@@ -31,11 +30,12 @@ CALLS = [{"key": "p1s0.0", "seconds": 3.0}]
 def test_fifo_serves_in_arrival_order_and_the_oracle_serves_the_longest_rest_first() -> None:
     # FIFO: A 0-2, B 2-3, tool to 6, B 6-7. Oracle: B (5 s left) 0-1, A 1-3, B 4-5.
     assert replay(REQUESTS, CALLS, 1) == {"p0s0": 2.0, "p1s0": 7.0}
-    assert fifo_makespan(REQUESTS, CALLS, 1) == 7.0
+    assert replay_makespan(REQUESTS, CALLS, 1) == 7.0
     assert replay(REQUESTS, CALLS, 1, order="oracle") == {"p1s0": 5.0, "p0s0": 3.0}
-    assert oracle_makespan(REQUESTS, CALLS, 1) == 5.0
+    assert replay_makespan(REQUESTS, CALLS, 1, order="oracle") == 5.0
     # with a slot each nothing queues: both replays are the critical path
-    assert oracle_makespan(REQUESTS, CALLS, 2) == fifo_makespan(REQUESTS, CALLS, 2) == 5.0
+    oracle = replay_makespan(REQUESTS, CALLS, 2, order="oracle")
+    assert oracle == replay_makespan(REQUESTS, CALLS, 2) == 5.0
     # turns done first: at 0 nobody has a turn done, so arrival order decides (as FIFO)
     assert replay(REQUESTS, CALLS, 1, order="turns") == {"p0s0": 2.0, "p1s0": 7.0}
     with pytest.raises(ValueError, match="order"):

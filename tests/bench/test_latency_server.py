@@ -56,15 +56,14 @@ def test_scripted_turns_parse_and_token_ids_come_from_the_tokenizer(tokenizer: A
     parser = get_tool_parser("qwen25")
     item = Workload(prompts=1, n=1, min_turns=3, max_turns=3, tokens_per_turn=40).items[0]
     first = script.turn(item, 0)
-    ids = script.output_ids(first.text)
+    ids = script.output_ids(first)
     assert ids[-1] == script.im_end
     assert 30 <= len(ids) <= 50  # about tokens_per_turn
     parsed = parser.parse(chat.model_text(ids))
     assert [c.name for c in parsed.tool_calls] == [TOOL_NAME]
     assert parsed.tool_calls[0].arguments == {"key": f"{item.key}.0"}
     last = script.turn(item, item.turns - 1)
-    assert last.tool_key is None
-    assert not parser.parse(chat.model_text(script.output_ids(last.text))).tool_calls
+    assert not parser.parse(chat.model_text(script.output_ids(last))).tool_calls
 
 
 def test_locate_reads_the_script_and_counts_finished_turns(tokenizer: Any) -> None:
@@ -76,7 +75,7 @@ def test_locate_reads_the_script_and_counts_finished_turns(tokenizer: Any) -> No
     for turn in range(3):
         found, index, _ = script.locate(ids)
         assert found == item and index == turn
-        out = script.output_ids(script.turn(item, turn).text)
+        out = script.output_ids(script.turn(item, turn))
         ids += out
         call = get_tool_parser("qwen25").parse(chat.model_text(out)).tool_calls[0]
         messages.append(

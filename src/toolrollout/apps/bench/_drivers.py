@@ -1,31 +1,21 @@
-"""The drivers compared by the benchmark, each run alone in a worker process.
+"""The latency-model comparison's drivers, each run alone in a worker process (``_worker``).
 
-* ``toolrollout``: :class:`~toolrollout.rollout.RolloutRunner` over
-  :class:`~toolrollout.engines.SGLangClient`; every trajectory runs on its own.
-* ``lockstep``: the same chat format, parser, client and tools, but turn-synchronous: every
-  trajectory waits for the whole batch's generations, then for the whole batch's tool
-  calls, before its next turn (how TRL's built-in tool loop proceeds).
-* ``verifiers``: the published ``verifiers`` library's ToolEnv over the server's
-  OpenAI-compatible ``/v1/chat/completions``.
-* ``httpx``: bare ``httpx`` POSTs of the same conversations to ``/generate`` with no
-  tokenization, parsing or tools; the client-CPU floor for a turn.
-* ``oversample``: toolrollout's straggler control, ``RolloutRunner.run_batch`` over the
-  same trajectories with a target of ``batch_fraction`` of them: the makespan is the time to
-  that target, after which the rest is aborted on the server (and kept, resumable).
-* ``aiohttp``: the same bare POSTs over the transport toolrollout's clients use
-  (``toolrollout._http``), so that what toolrollout adds on top of its own transport can be
-  told apart from what the transport saves.
-* ``aiohttp+tool``: those bare POSTs plus each turn's tool call (the benchmark tool's own
-  HTTP request, as toolrollout makes it): the floor of a turn that calls a tool.
+``toolrollout`` runs :class:`~toolrollout.rollout.RolloutRunner`, every trajectory on its
+own; ``oversample`` its ``run_batch`` to a target of ``batch_fraction``, the rest aborted
+(and kept, resumable); ``lockstep`` the same parts turn-synchronously, as TRL's tool loop;
+``verifiers`` the published peer library (``_verifiers``). The bare POST modes are the
+client-CPU floors of a turn: ``httpx``, ``aiohttp`` (toolrollout's own transport, to tell
+what it saves from what toolrollout adds) and ``aiohttp+tool`` (plus each turn's tool call).
 """
 
 from __future__ import annotations
 
 import gc
-import resource
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -33,27 +23,19 @@ import anyio
 from toolrollout._exceptions import UserError
 from toolrollout._pacing import set_pacing
 
+from ._harness import reset_services
+from ._metrics import clock, since
 from ._model import DriverSpec, Workload, worker_flags
 from ._tools import LookupClient
+from ._verifiers import run_verifiers
 
 if TYPE_CHECKING:  # the rollout package pulls in transformers; the worker imports it lazily
     from toolrollout.chat import ParsedTurn
-    from toolrollout.engines import SamplingParams, SGLangClient
-    from toolrollout.rollout import RolloutConfig, Trajectory
+    from toolrollout.engines import Engine, GenerateResult, SamplingParams, SGLangClient
+    from toolrollout.rollout import RolloutConfig, RolloutRunner, Trajectory
     from toolrollout.tools import Tool, ToolCallRequest, ToolResult
 
 __all__ = ["lag_summary", "lockstep_rollout", "run_driver"]
-
-
-def _clock() -> tuple[float, float]:
-    """Wall time and this process's CPU time (user + system, all threads)."""
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return time.perf_counter(), usage.ru_utime + usage.ru_stime
-
-
-def _since(start: tuple[float, float]) -> dict[str, float]:
-    wall, cpu = _clock()
-    return {"makespan_s": wall - start[0], "client_cpu_s": cpu - start[1], "measured_until": wall}
 
 
 LAG_INTERVAL_S = 0.01
@@ -86,10 +68,6 @@ def lag_summary(
     return {"samples": len(values), "p50": p50, "p99": p99, "max": values[-1]}
 
 
-def _tokens_limit(workload: Workload) -> int:
-    return workload.tokens_per_turn * 2 + 32
-
-
 def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     """The RolloutConfig both toolrollout modes run with."""
     from toolrollout.engines import SamplingParams, SchedulingConfig
@@ -103,7 +81,7 @@ def _rollout_config(spec: DriverSpec, workload: Workload) -> RolloutConfig:
     )
     concurrency = spec.concurrency  # admission adapts below it (its ceiling)
     return RolloutConfig(
-        sampling=SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0),
+        sampling=SamplingParams(max_new_tokens=workload.max_new_tokens, temperature=1.0),
         max_turns=workload.max_turns,
         n=workload.samples_per_row,
         tools_at_target="finish" if flags.finish_tools else "cancel",
@@ -136,25 +114,33 @@ def _rows(spec: DriverSpec, workload: Workload) -> list[dict[str, Any]]:
     return rows
 
 
-async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+@asynccontextmanager
+async def _runner(
+    spec: DriverSpec, workload: Workload, tokenizer: Any
+) -> AsyncIterator[RolloutRunner]:
+    """A toolrollout runner over the lookup tool and the engine client, both closed after."""
     from toolrollout.spec import RunSpec, build_runner
 
     lookup = LookupClient(spec.tool_url)
     config = _rollout_config(spec, workload)
     async with _engine_client(spec) as client:
         run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
-        runner = build_runner(run_spec, client, tokenizer=tokenizer)
+        yield build_runner(run_spec, client, tokenizer=tokenizer)
+    await lookup.aclose()
+
+
+async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    async with _runner(spec, workload, tokenizer) as runner:
         first = workload.step - spec.previous_steps
         for step in range(first, workload.step):  # a trainer's earlier steps
             await runner.run(_rows(spec, replace(workload, step=step)))
-        if spec.previous_steps:
-            await _reset_services(spec)
+        if spec.previous_steps:  # only the measured step's work is logged and bounded
+            await anyio.to_thread.run_sync(reset_services, spec.engine_urls, spec.tool_url)
         rows = _rows(spec, workload)
         known = runner.work_history.statistics() if runner.work_history is not None else {}
-        started = _clock()
+        started = clock()
         trajectories = await runner.run(rows)
-        measured = _since(started)
-    await lookup.aclose()
+        measured = since(started)
     history = None
     if runner.work_history is not None:  # the measured step's predictions, by source
         after = runner.work_history.statistics()
@@ -177,15 +163,6 @@ async def _run_toolrollout(spec: DriverSpec, workload: Workload, tokenizer: Any)
     }
 
 
-async def _reset_services(spec: DriverSpec) -> None:
-    """Clear the servers' and tool service's logs and caches before the measured step."""
-    import httpx
-
-    async with httpx.AsyncClient(timeout=30.0) as http:
-        for url in (*spec.engine_urls, spec.tool_url):
-            (await http.post(f"{url}/bench/reset")).raise_for_status()
-
-
 async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
     """Straggler control: stop at ``batch_fraction`` of the groups, abort the rest.
 
@@ -197,27 +174,20 @@ async def _run_oversample(spec: DriverSpec, workload: Workload, tokenizer: Any) 
     """
     import math
 
-    from toolrollout.spec import RunSpec, build_runner
-
-    lookup = LookupClient(spec.tool_url)
-    config = _rollout_config(spec, workload)
     # Ungrouped, each row is its own group for the scheduler too, as the target counts it.
     rows = _rows(spec, workload) if workload.grouped else workload.rows()
     target = min(len(rows), max(1, math.ceil(len(rows) * spec.batch_fraction)))
-    async with _engine_client(spec) as client:
-        run_spec = RunSpec(tools=(lookup.tool(),), config=config, rewards=(), vision="off")
-        runner = build_runner(run_spec, client, tokenizer=tokenizer)
+    async with _runner(spec, workload, tokenizer) as runner:
         ended: dict[str, float] = {}
 
         def note_end(trajectory: Trajectory) -> None:
             ended[trajectory.uid] = time.perf_counter()
 
-        started = _clock()
+        started = clock()
         batch = await runner.run_batch(rows, target_groups=target, on_result=note_end)
-        measured = _since(started)
+        measured = since(started)
     # The target was met when the batch's last trajectory ended; the rest is the stopping.
     target_s = max((ended[t.uid] for t in batch.trajectories), default=started[0]) - started[0]
-    await lookup.aclose()
     everything = [*batch.trajectories, *batch.leftover]
     return {
         "trajectories": len(batch.trajectories),
@@ -244,18 +214,40 @@ class _LockstepState:
     done: bool = False
     completed: bool = False
 
+    def take(self, result: GenerateResult, parsed: ParsedTurn, last: bool) -> list[ToolCallRequest]:
+        """Add a model turn; the tool calls to run before the next (none: it is done)."""
+        from toolrollout.tools import ToolCallRequest
+
+        self.ids.extend(result.output_ids)
+        self.turns += 1
+        self.tokens += len(result.output_ids)
+        self.cached += result.cached_tokens
+        stopped = result.finish_reason.type == "stop"
+        if not parsed.tool_calls or not stopped or last:
+            self.done = True  # answered, cut off, or out of turns (as the runner ends it)
+            self.completed = stopped and not parsed.tool_calls
+            return []
+        calls = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.tool_calls
+        ]
+        self.messages.append({"role": "assistant", "content": parsed.content, "tool_calls": calls})
+        return [
+            ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id) for c in parsed.tool_calls
+        ]
+
 
 async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
     from toolrollout.engines import SamplingParams
 
     lookup = LookupClient(spec.tool_url)
-    sampling = SamplingParams(max_new_tokens=_tokens_limit(workload), temperature=1.0)
+    sampling = SamplingParams(max_new_tokens=workload.max_new_tokens, temperature=1.0)
     async with _engine_client(spec) as client:
-        started = _clock()
+        started = clock()
         counts = await lockstep_rollout(
             client, tokenizer, lookup.tool(), workload.rows(), sampling, workload.max_turns
         )
-        measured = _since(started)
+        measured = since(started)
     await lookup.aclose()
     tool_errors = counts.pop("tool_errors")
     return {
@@ -265,36 +257,8 @@ async def _run_lockstep(spec: DriverSpec, workload: Workload, tokenizer: Any) ->
     }
 
 
-def assistant_turn(parsed: ParsedTurn) -> tuple[dict[str, Any], list[ToolCallRequest]]:
-    """A parsed model turn as an assistant message, and its calls as tool requests."""
-    from toolrollout.tools import ToolCallRequest
-
-    message = {
-        "role": "assistant",
-        "content": parsed.content,
-        "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in parsed.tool_calls
-        ],
-    }
-    calls = [
-        ToolCallRequest(name=c.name, arguments=c.arguments, id=c.id) for c in parsed.tool_calls
-    ]
-    return message, calls
-
-
-def tool_answers(
-    calls: Sequence[ToolCallRequest], results: Sequence[ToolResult]
-) -> list[dict[str, Any]]:
-    """The tool messages answering ``calls``."""
-    return [
-        {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
-        for c, r in zip(calls, results, strict=True)
-    ]
-
-
 async def lockstep_rollout(
-    client: SGLangClient,
+    client: Engine,
     tokenizer: Any,
     tool: Tool,
     rows: Sequence[Mapping[str, Any]],
@@ -303,11 +267,12 @@ async def lockstep_rollout(
 ) -> dict[str, int]:
     """Turn-synchronous rollouts (how TRL's built-in tool loop proceeds): every trajectory
     waits for the whole batch's generations, then for the whole batch's tool calls, before
-    its next turn. The same chat format, parser, client and tool as toolrollout's; returns
-    the counts (trajectories, completed, turns, generated and cached tokens, tool errors)."""
+    its next turn. The same chat format, parser, engine and tool as toolrollout's; both
+    comparisons run it. Returns the counts (trajectories, completed, turns, tool calls and
+    errors, generated and cached tokens)."""
     from toolrollout.chat import ChatFormat
     from toolrollout.chat.parsers import get_tool_parser
-    from toolrollout.engines import GenerateRequest, GenerateResult
+    from toolrollout.engines import GenerateRequest
     from toolrollout.tools import ToolContext, ToolExecutor
 
     executor = ToolExecutor([tool])
@@ -325,7 +290,7 @@ async def lockstep_rollout(
     async def tools(i: int, calls: Sequence[ToolCallRequest]) -> None:
         outputs[i] = await executor.run_calls(calls, ToolContext(trajectory_id=str(i)))
 
-    tool_errors = 0
+    tool_calls = tool_errors = 0
     states = [
         _LockstepState([dict(m) for m in row["messages"]], chat.render_prompt(row["messages"]))
         for row in rows
@@ -340,36 +305,31 @@ async def lockstep_rollout(
                 tg.start_soon(generate, i, state, turn)
         pending: list[tuple[int, _LockstepState, list[ToolCallRequest]]] = []
         for i, state in active:
-            result = results[i]
-            state.ids.extend(result.output_ids)
-            state.turns += 1
-            state.tokens += len(result.output_ids)
-            state.cached += result.cached_tokens
-            text = chat.model_text(result.output_ids)
-            parsed = parser.parse(text)
-            if not parsed.tool_calls or result.finish_reason.type != "stop":
-                state.done = True
-                state.completed = result.finish_reason.type == "stop"
-                continue
-            message, calls = assistant_turn(parsed)
-            state.messages.append(message)
-            pending.append((i, state, calls))
+            parsed = parser.parse(chat.model_text(results[i].output_ids))
+            calls = state.take(results[i], parsed, last=turn == max_turns - 1)
+            if calls:
+                pending.append((i, state, calls))
         outputs.clear()
         async with anyio.create_task_group() as tg:  # barrier 2: every tool call
             for i, _, calls in pending:
                 tg.start_soon(tools, i, calls)
         for i, state, calls in pending:
+            tool_calls += len(calls)
             tool_errors += sum(1 for r in outputs[i] if r.is_error)
-            tool_messages = tool_answers(calls, outputs[i])
-            state.ids.extend(chat.tool_turn_delta(state.messages, tool_messages))
-            state.messages.extend(tool_messages)
+            answers = [
+                {"role": "tool", "tool_call_id": c.id, "name": c.name, "content": r.text}
+                for c, r in zip(calls, outputs[i], strict=True)
+            ]
+            state.ids.extend(chat.tool_turn_delta(state.messages, answers))
+            state.messages.extend(answers)
     return {
         "trajectories": len(states),
         "completed": sum(1 for s in states if s.completed),
         "turns": sum(s.turns for s in states),
+        "tool_calls": tool_calls,
+        "tool_errors": tool_errors,
         "generated_tokens": sum(s.tokens for s in states),
         "cached_tokens": sum(s.cached for s in states),
-        "tool_errors": tool_errors,
     }
 
 
@@ -407,7 +367,7 @@ async def _run_httpx(
     transport = fast_transport(limits) if fast else None
     lookup = LookupClient(spec.tool_url)
     async with httpx.AsyncClient(timeout=600.0, limits=limits, transport=transport) as http:
-        started = _clock()
+        started = clock()
 
         async def one(i: int, item_turns: int) -> None:
             ids = list(prompts[i])
@@ -415,7 +375,7 @@ async def _run_httpx(
             for turn in range(item_turns):
                 body = {
                     "input_ids": ids,
-                    "sampling_params": {"max_new_tokens": _tokens_limit(workload)},
+                    "sampling_params": {"max_new_tokens": workload.max_new_tokens},
                     "return_logprob": True,
                     "rid": f"bare{i}-t{turn}",
                 }
@@ -432,7 +392,7 @@ async def _run_httpx(
         async with anyio.create_task_group() as tg:
             for i, item in enumerate(workload.items):
                 tg.start_soon(one, i, item.turns)
-        measured = _since(started)
+        measured = since(started)
     await lookup.aclose()
     return {
         "trajectories": workload.trajectories,
@@ -449,28 +409,15 @@ async def _run_httpx(
     }
 
 
-async def _run_aiohttp(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    return await _run_httpx(spec, workload, tokenizer, fast=True)
-
-
-async def _run_aiohttp_tool(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    return await _run_httpx(spec, workload, tokenizer, fast=True, with_tool=True)
-
-
-async def _run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
-    from ._verifiers import run_verifiers
-
-    return await run_verifiers(spec, workload, LookupClient(spec.tool_url))
-
-
-_DRIVERS = {
+_Driver = Callable[[DriverSpec, Workload, Any], Awaitable[dict[str, Any]]]
+_DRIVERS: dict[str, _Driver] = {
     "toolrollout": _run_toolrollout,
     "oversample": _run_oversample,
     "lockstep": _run_lockstep,
     "httpx": _run_httpx,
-    "aiohttp": _run_aiohttp,
-    "aiohttp+tool": _run_aiohttp_tool,
-    "verifiers": _run_verifiers,
+    "aiohttp": partial(_run_httpx, fast=True),
+    "aiohttp+tool": partial(_run_httpx, fast=True, with_tool=True),
+    "verifiers": run_verifiers,
 }
 
 

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from typing import Any
 import httpx
 
 from toolrollout._exceptions import BenchmarkError
-from toolrollout._net import stop_popen
+from toolrollout._net import free_port, stop_popen
 
 from ._metrics import (
     GROUP_DECILES,
@@ -39,6 +38,7 @@ from ._metrics import (
     measured_ends,
     peak_in_flight,
     replay,
+    replay_makespan,
 )
 from ._model import (
     FINISH_TOOLS,
@@ -55,6 +55,7 @@ __all__ = [
     "BenchConfig",
     "BenchReport",
     "mode_policies",
+    "reset_services",
     "run_benchmark",
     "run_worker",
     "serve_benchmark_services",
@@ -62,8 +63,6 @@ __all__ = [
 
 MODES = ("toolrollout", "oversample", "lockstep", "verifiers", "httpx", "aiohttp")
 _POLICY_MODES = ("toolrollout", "oversample")
-_WORKER = "toolrollout.apps.bench._worker"
-"""What a mode's worker process runs (``python -m``)."""
 BARE_MODES = ("httpx", "aiohttp")
 """The bare POST modes: they follow each sample's own script, so not a grouped workload."""
 
@@ -123,12 +122,9 @@ class BenchConfig:
     log_dir: str = ""
     """Where to keep each mode's raw server and tool logs (``<mode>.json``); "": nowhere."""
     previous_steps: int = 0
-    """Training steps each toolrollout mode runs before the measured one, with the same
-    runner: the same prompts, each sample drawn again (``Workload.step``), as a trainer's
-    earlier steps would have run them (what the ``history`` policy learns from): steps
-    ``workload.step`` onwards, the measured one ``previous_steps`` later. The
-    servers and the tool service are reset before the measured step, whose work alone is
-    logged and bounded; the other modes run the measured step only."""
+    """Training steps each toolrollout mode runs first with the same runner (what the
+    ``history`` policy learns from), each sample drawn again (``Workload.step``); only the
+    step after them is measured. The other modes run the measured step only."""
 
     def __post_init__(self) -> None:
         for mode in self.modes:
@@ -152,18 +148,11 @@ class BenchConfig:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "workload": self.workload.to_dict(),
-            "model": asdict(self.model),
-            "tool_latency": asdict(self.tool_latency),
-            "modes": list(self.modes),
-            "servers": self.servers,
-            "concurrency": self.concurrency,
-            "drift_check": self.drift_check,
-            "batch_fraction": self.batch_fraction,
-            "scheduling": asdict(self.scheduling),
-            "previous_steps": self.previous_steps,
-        }
+        """The settings that shape the results (not the tokenizer, timeout or log folder)."""
+        data = asdict(self)
+        for name in ("tokenizer", "micro_turns", "mode_timeout_s", "log_dir"):
+            del data[name]
+        return {**data, "workload": self.workload.to_dict(), "modes": list(self.modes)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,11 +205,7 @@ class BenchReport:
             name = "client CPU per turn vs bare POST on the same transport (aiohttp)"
             rows.append(_target(name, ratio, "<=", 1.5))
         if self.tokenization is not None:
-            key = (
-                "ratio_with_drift_check"
-                if self.config["drift_check"]
-                else ("ratio_without_drift_check")
-            )
+            key = f"ratio_{'with' if self.config['drift_check'] else 'without'}_drift_check"
             turns = self.tokenization["turns"]
             value = float(self.tokenization[key])
             rows.append(_target(f"tokenization cost turn {turns} vs turn 1", value, "<=", 1.2))
@@ -239,12 +224,6 @@ class BenchReport:
 def _target(name: str, value: float, op: str, goal: float) -> dict[str, Any]:
     met = value >= goal if op == ">=" else value <= goal
     return {"target": name, "value": value, "goal": f"{op} {goal}", "met": met}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 600.0) -> None:
@@ -280,11 +259,14 @@ def _worker_env() -> dict[str, str]:
 
 
 @contextmanager
-def _process(args: list[str], url: str, pids: list[int] | None = None) -> Iterator[str]:
-    env = _worker_env()
+def _service(module: str, args: list[str], pids: list[int] | None) -> Iterator[str]:
+    """``python -m toolrollout.apps.bench.<module>`` on a free port; its URL once healthy."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", f"toolrollout.apps.bench.{module}", f"--port={port}", *args]
     # stderr goes to a file, not a pipe nobody reads (a full pipe would block the service).
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=env)
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=_worker_env())
         if pids is not None:
             pids.append(proc.pid)
         try:
@@ -307,31 +289,22 @@ def serve_benchmark_services(
 
     The services' process ids are appended to ``pids`` when it is given.
     """
+    model = config.model
     with ExitStack() as stack:
         # The tool service first: the servers draw shared-prompt samples from its counter.
-        port = _free_port()
-        tool_url = f"http://127.0.0.1:{port}"
+        tool_url = stack.enter_context(_service("serve_tools", config.tool_latency.to_args(), pids))
         args = [
-            sys.executable, "-m", "toolrollout.apps.bench.serve_tools", f"--port={port}",
-            *config.tool_latency.to_args(),
-        ]  # fmt: skip
-        stack.enter_context(_process(args, tool_url, pids))
-        engines = []
-        for _ in range(config.servers):
-            port = _free_port()
-            url = f"http://127.0.0.1:{port}"
-            args = [
-                sys.executable, "-m", "toolrollout.apps.bench.serve_model",
-                f"--port={port}",
-                f"--tokenizer={config.tokenizer}",
-                f"--capacity={config.model.capacity}",
-                f"--prefill-per-token={config.model.prefill_per_token_s}",
-                f"--decode-per-token={config.model.decode_per_token_s}",
-                f"--max-total-tokens={config.model.kv_tokens}",
-                *config.scheduling.to_args(),
-                f"--draw-url={tool_url}",
-            ]  # fmt: skip
-            engines.append(stack.enter_context(_process(args, url, pids)))
+            f"--tokenizer={config.tokenizer}",
+            f"--capacity={model.capacity}",
+            f"--prefill-per-token={model.prefill_per_token_s}",
+            f"--decode-per-token={model.decode_per_token_s}",
+            f"--max-total-tokens={model.kv_tokens}",
+            *config.scheduling.to_args(),
+            f"--draw-url={tool_url}",
+        ]
+        engines = [
+            stack.enter_context(_service("serve_model", args, pids)) for _ in range(config.servers)
+        ]
         yield engines, tool_url
 
 
@@ -344,10 +317,10 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def run_worker(module: str, args: Sequence[str], *, mode: str, timeout: float) -> dict[str, Any]:
-    """``python -m module *args`` in a process of its own; the JSON object on the last line
-    of its output (a :class:`BenchmarkError` naming ``mode`` when it fails or times out)."""
-    argv = [sys.executable, "-m", module, *args]
+def run_worker(args: Sequence[str], *, mode: str, timeout: float) -> dict[str, Any]:
+    """One mode's worker process (``_worker.py``); the JSON object on the last line of its
+    output (a :class:`BenchmarkError` naming ``mode`` when it fails or times out)."""
+    argv = [sys.executable, "-m", "toolrollout.apps.bench._worker", *args]
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, env=_worker_env(), timeout=timeout, check=False
@@ -375,7 +348,8 @@ def _logs(
     return requests, calls, counts
 
 
-def _reset(engines: Sequence[str], tool_url: str) -> None:
+def reset_services(engines: Sequence[str], tool_url: str) -> None:
+    """Clear the servers' and the tool service's logs, caches and counters."""
     for url in [*engines, tool_url]:
         httpx.post(f"{url}/bench/reset", timeout=30).raise_for_status()
 
@@ -394,7 +368,6 @@ def _mode_result(
     total = sum(float(r["slot_seconds"]) for r in requests)
     ideal = ideal_makespan(paths, total, config.model.capacity * config.servers)
     capacity = config.model.capacity
-    fifo_ends = replay(requests, calls, capacity)
     oracle_ends = replay(requests, calls, capacity, order="oracle")
     return ModeResult(
         mode=mode,
@@ -414,17 +387,11 @@ def _mode_result(
         target_s=float(raw.get("target_s", 0.0)),
         note=str(raw.get("note", "")),
         services_cpu_s=services_cpu,
-        fifo_makespan_s=max(fifo_ends.values(), default=0.0),
+        fifo_makespan_s=replay_makespan(requests, calls, capacity),
         oracle_makespan_s=max(oracle_ends.values(), default=0.0),
-        turns_makespan_s=max(
-            replay(requests, calls, capacity, order="turns").values(), default=0.0
-        ),
-        fewest_makespan_s=max(
-            replay(requests, calls, capacity, order="fewest").values(), default=0.0
-        ),
-        length_makespan_s=max(
-            replay(requests, calls, capacity, order="length").values(), default=0.0
-        ),
+        turns_makespan_s=replay_makespan(requests, calls, capacity, order="turns"),
+        fewest_makespan_s=replay_makespan(requests, calls, capacity, order="fewest"),
+        length_makespan_s=replay_makespan(requests, calls, capacity, order="length"),
         groups_s=group_completion_times(measured_ends(requests), GROUP_DECILES),
         oracle_groups_s=group_completion_times(oracle_ends, GROUP_DECILES),
         retractions=counts["retractions"],
@@ -453,7 +420,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
         for mode in config.modes:
             if progress is not None:
                 progress(f"running {mode} ({config.workload.trajectories} trajectories)")
-            _reset(engines, tool_url)
+            reset_services(engines, tool_url)
             spec = DriverSpec(
                 mode=mode,
                 engine_urls=tuple(engines),
@@ -471,7 +438,7 @@ def run_benchmark(config: BenchConfig, *, progress: Any = None) -> BenchReport:
             )
             services_before = _process_cpu_s(pids)
             args = [json.dumps({**asdict(spec), "engine_urls": list(spec.engine_urls)})]
-            raw = run_worker(_WORKER, args, mode=spec.mode, timeout=config.mode_timeout_s)
+            raw = run_worker(args, mode=spec.mode, timeout=config.mode_timeout_s)
             services_cpu = _process_cpu_s(pids) - services_before
             requests, calls, counts = _logs(engines, tool_url)
             if config.log_dir:

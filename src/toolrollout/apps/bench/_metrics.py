@@ -24,6 +24,8 @@ token-seconds, and no ordering finishes them sooner than that total over the bud
 
 from __future__ import annotations
 
+import resource
+import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -31,18 +33,31 @@ from typing import Any
 
 __all__ = [
     "ModeResult",
+    "clock",
     "critical_paths",
-    "fifo_makespan",
     "group_completion_times",
     "group_of",
     "ideal_makespan",
     "kv_bound_makespan",
     "measured_ends",
-    "oracle_makespan",
     "orchestration_efficiency",
     "peak_in_flight",
     "replay",
+    "replay_makespan",
+    "since",
 ]
+
+
+def clock() -> tuple[float, float]:
+    """Wall time and this process's CPU time (user + system, all threads)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), usage.ru_utime + usage.ru_stime
+
+
+def since(start: tuple[float, float]) -> dict[str, float]:
+    """A driver's measured run from ``start``: its wall and CPU time, and when it ended."""
+    wall, cpu = clock()
+    return {"makespan_s": wall - start[0], "client_cpu_s": cpu - start[1], "measured_until": wall}
 
 
 def critical_paths(
@@ -179,20 +194,15 @@ def replay(
 ) -> dict[str, float]:
     """Each trajectory's finish time when its logged work is replayed by a zero-cost client.
 
-    ``requests`` are the servers' log entries, each tagged with ``server`` (which server
-    logged it) besides ``key``, ``turn`` and ``slot_seconds``; every trajectory submits its
-    first request at time 0, each later one when its previous turn's tool calls are back
-    (calls of one turn run concurrently), and each server runs ``capacity`` at a time.
-    ``order`` is how a server picks from its queue: ``fifo`` in arrival order (SGLang's
-    default), ``oracle`` the trajectory with the most remaining work first (its remaining
-    slot time plus tool time, known exactly here; ties in arrival order), ``turns`` the
-    trajectory with the most turns done first, ``fewest`` the one with the fewest turns done
-    first (the two signs of toolrollout's ``priority`` policy, ``turn_weight`` 1 and -1;
-    ties in arrival order), ``length`` the one with the most model turns still to make
-    (what a perfect prediction of each trajectory's length, the ``history`` policy's
-    target, gives; the tool latencies stay unknown; ties in arrival order), ``oldest`` the
-    trajectory whose GRPO group's first request arrived first (the ``oldest`` policy; ties
-    in arrival order). No request is preempted.
+    ``requests`` are the servers' log entries (``key``, ``turn``, ``slot_seconds`` and the
+    ``server`` that logged it); every trajectory submits its first request at time 0, each
+    later one when its previous turn's tool calls are back (calls of one turn run
+    concurrently), and each server runs ``capacity`` at a time, none preempted. ``order`` is
+    how a server picks from its queue (:func:`_rank`; ties in arrival order): ``fifo``
+    (SGLang's default), ``oracle`` (most remaining work first, known exactly here),
+    ``turns`` and ``fewest`` (most or fewest turns done first: the ``priority`` policy's
+    ``turn_weight`` 1 and -1), ``length`` (most model turns to go first: a perfect ``history``
+    prediction, tool latencies unknown) or ``oldest`` (the ``oldest`` policy's group order).
     """
     import heapq
     import itertools
@@ -250,24 +260,15 @@ def replay(
     return ends
 
 
-def fifo_makespan(
+def replay_makespan(
     requests: Iterable[Mapping[str, Any]],
     tool_calls: Iterable[Mapping[str, Any]],
     capacity: int,
+    *,
+    order: str = "fifo",
 ) -> float:
-    """The makespan of a zero-cost client on first-come-first-served servers (see
-    :func:`replay`)."""
-    return max(replay(requests, tool_calls, capacity).values(), default=0.0)
-
-
-def oracle_makespan(
-    requests: Iterable[Mapping[str, Any]],
-    tool_calls: Iterable[Mapping[str, Any]],
-    capacity: int,
-) -> float:
-    """The makespan when servers serve the trajectory with the most remaining work first."""
-    ends = replay(requests, tool_calls, capacity, order="oracle")
-    return max(ends.values(), default=0.0)
+    """The makespan of :func:`replay`'s zero-cost client, the servers ordered by ``order``."""
+    return max(replay(requests, tool_calls, capacity, order=order).values(), default=0.0)
 
 
 def group_of(trajectory: str) -> str:
@@ -421,8 +422,6 @@ class ModeResult:
     @property
     def kv_efficiency(self) -> float:
         """KV bound / measured makespan (0.0 without a KV budget)."""
-        if self.kv_bound_makespan_s <= 0:
-            return 0.0
         return orchestration_efficiency(self.kv_bound_makespan_s, self.makespan_s)
 
     @property

@@ -1,17 +1,11 @@
 """Per-turn client work as the conversation grows: turn 1 against turn N.
 
-A rollout client that re-renders or re-tokenizes the whole conversation every turn gets
-slower as trajectories get longer; one that only appends does not. This times exactly the
-client-side token work of one turn of :mod:`toolrollout.rollout` (decode the model's ids,
-parse tool calls, build the tool turn's token delta, and the drift check's per-turn part)
-at turn 1 and at turn ``N`` of the same scripted conversation, medians of repeats, in one
-process, one after the other.
-
-The rollout loop's drift check only records a checkpoint per turn and renders once at the
-end of the trajectory (``RolloutConfig.drift_check_every=None``); that per-turn part is
-what ``drift_s`` times, through the loop's own ``TrajectoryState.checkpoint``. The full check after
-every turn (``drift_check_every=1``) is timed beside it as ``drift_every_turn_s``, and the
-one check at the end of an ``N``-turn trajectory as ``final_drift_check_s``.
+A client that re-renders or re-tokenizes the whole conversation every turn gets slower as
+trajectories grow; one that only appends does not. This times the client-side token work of
+one turn of :mod:`toolrollout.rollout` (decode the model's ids, parse the tool calls, build
+the tool turn's token delta, record the drift check's checkpoint) at turn 1 and at turn
+``N`` of one scripted conversation, medians of repeats; beside it the full drift check
+after every turn (``drift_every_turn_s``) and the one at the end (``final_drift_check_s``).
 """
 
 from __future__ import annotations
@@ -63,8 +57,7 @@ def tokenization_cost(tokenizer: Any, *, turns: int = 64, repeats: int = 15) -> 
     model_texts: list[str] = []
     timings: dict[int, dict[str, float]] = {}
     for turn in range(1, turns + 1):
-        scripted = script.turn(item, turn - 1)
-        output = script.output_ids(scripted.text)
+        output = script.output_ids(script.turn(item, turn - 1))
 
         def model_turn(output: list[int] = output) -> tuple[str, Any]:
             text = chat.model_text(output)

@@ -14,10 +14,12 @@ import math
 import random
 import re
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 from toolrollout._exceptions import UserError
+
+from ._metrics import group_of
 
 __all__ = [
     "DIRECTIVE_RE",
@@ -135,13 +137,6 @@ class LatencyModel:
             return 0
         return self.capacity * math.ceil(self.kv_check_seconds / self.decode_per_token_s)
 
-    def service_seconds(self, uncached_prompt_tokens: int, output_tokens: int) -> float:
-        """Slot time of one request."""
-        return (
-            uncached_prompt_tokens * self.prefill_per_token_s
-            + output_tokens * self.decode_per_token_s
-        )
-
 
 PRIORITY_DISABLED_MESSAGE = (
     "Using priority is disabled for this server. Please send a new request without a priority."
@@ -155,16 +150,11 @@ class PriorityRefused(UserError):
 
 @dataclass(frozen=True, slots=True)
 class ServerScheduling:
-    """SGLang's priority-scheduling server arguments, with SGLang's defaults.
-
-    ``enabled`` is ``--enable-priority-scheduling``; ``low_values_first`` is
-    ``--schedule-low-priority-values-first``; ``preemption_threshold`` is
-    ``--priority-scheduling-preemption-threshold`` (a waiting request preempts a running
-    one only when their priorities differ by more than this); ``abort_when_disabled`` is
-    ``--abort-on-priority-when-disabled`` (a request that carries a priority to a server
-    without the feature is refused with 503 instead of served as if it had none);
-    ``default_priority`` is ``--default-priority-value`` (None: the lowest priority there is).
-    """
+    """SGLang's priority-scheduling server arguments (:meth:`to_args` names each one), with
+    SGLang's defaults. A waiting request preempts a running one only when their priorities
+    differ by more than ``preemption_threshold``; with ``abort_when_disabled`` a priority
+    sent to a server without the feature is refused (503), not ignored;
+    ``default_priority`` None is the lowest priority there is."""
 
     enabled: bool = False
     low_values_first: bool = False
@@ -250,13 +240,7 @@ class ToolLatency:
 
     def to_args(self) -> list[str]:
         """Command-line options of the tool service for this distribution."""
-        return [
-            f"--latency-kind={self.kind}",
-            f"--latency-median={self.median}",
-            f"--latency-sigma={self.sigma}",
-            f"--latency-cap={self.cap}",
-            f"--latency-seed={self.seed}",
-        ]
+        return [f"--latency-{f.name}={getattr(self, f.name)}" for f in fields(self)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,8 +256,7 @@ class WorkloadItem:
     @property
     def group(self) -> str:
         """The prompt this sample belongs to (``p3`` for ``p3s7``)."""
-        head, sep, _ = self.key.rpartition("s")
-        return head if sep and head else self.key
+        return group_of(self.key)
 
     def prompt(self) -> list[dict[str, Any]]:
         return _user_prompt(f"bench-task {self.key} turns={self.turns} tokens={self.tokens}",
@@ -403,6 +386,11 @@ class Workload:
         if self.grouped:
             return [{"messages": g.prompt()} for g in self.groups()]
         return self.rows()
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Every mode's cap on a model turn: room for the scripted turn twice over."""
+        return self.tokens_per_turn * 2 + 32
 
     @property
     def samples_per_row(self) -> int:

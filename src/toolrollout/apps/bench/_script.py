@@ -12,14 +12,13 @@ import json
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from toolrollout.engines._types import FinishReason, SamplingParams
 
 from ._model import WorkloadGroup, WorkloadItem, parse_directive, parse_group_directive
 
-__all__ = ["TOOL_NAME", "ScriptedTurn", "TurnScript"]
+__all__ = ["TOOL_NAME", "TurnScript"]
 
 TOOL_NAME = "lookup"
 """The one tool the scripted model calls (served by the benchmark's tool service)."""
@@ -28,19 +27,6 @@ _WORDS = (
     "the next value comes from the lookup service",
     "noting the intermediate result",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ScriptedTurn:
-    """What the scripted model answers for one request."""
-
-    item: WorkloadItem | None
-    turn: int
-    """0-based index of this model turn in its trajectory."""
-    text: str
-    """Assistant text (without the end-of-turn token)."""
-    tool_key: str | None
-    """Key of the tool call this turn makes, or None for the final answer."""
 
 
 class TurnScript:
@@ -129,16 +115,17 @@ class TurnScript:
         return group.sample(int(match[1]))
 
     # ------------------------------------------------------------------ writing answers
-    def turn(self, item: WorkloadItem | None, turn: int) -> ScriptedTurn:
+    def turn(self, item: WorkloadItem | None, turn: int) -> str:
+        """The assistant text (no end-of-turn token) of model turn ``turn`` (0-based): a call
+        of the tool keyed ``<item>.<turn>``, or at the last turn the final answer."""
         if item is None:
-            return ScriptedTurn(None, turn, "There is no benchmark script in this prompt.", None)
+            return "There is no benchmark script in this prompt."
         if turn < item.turns - 1:
-            key = f"{item.key}.{turn}"
-            call = json.dumps({"name": TOOL_NAME, "arguments": {"key": key}})
+            call = json.dumps({"name": TOOL_NAME, "arguments": {"key": f"{item.key}.{turn}"}})
             tail = f"\n<tool_call>\n{call}\n</tool_call>"
-            return ScriptedTurn(item, turn, self._fill(item.tokens, tail) + tail, key)
-        tail = f" Done with {item.key}."
-        return ScriptedTurn(item, turn, self._fill(item.tokens, tail) + tail, None)
+        else:
+            tail = f" Done with {item.key}."
+        return self._fill(item.tokens, tail) + tail
 
     def output_ids(self, text: str) -> list[int]:
         """Ids of ``text`` as an assistant turn, the end-of-turn token included."""

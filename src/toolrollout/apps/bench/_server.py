@@ -1,11 +1,8 @@
 """The latency-model server: SGLang's ``/generate`` (and OpenAI chat) without a model.
 
-It stands in for a GPU server so the rollout *orchestration* can be measured at a scale
-(1,024 concurrent trajectories) that no CPU model reaches. This module is its HTTP face
-(SGLang's native routes, OpenAI chat, ``/bench/*`` for the harness); when each request is
-answered, and with which ids, is the simulated scheduler's (``_scheduler.py``).
-
-Run it with ``python -m toolrollout.apps.bench.serve_model --port 30000`` (see ``--help``).
+It stands in for a GPU server so that the rollout *orchestration* can be measured at a
+scale (1,024 concurrent trajectories) no CPU model reaches. This is its HTTP face; when each
+request is answered, and with which ids, is the simulated scheduler's (``_scheduler.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +19,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from toolrollout._exceptions import UserError
+from toolrollout.apps.server._answers import error_response, json_response
 from toolrollout.engines._types import GenerateRequest, GenerateResult
 
 from ._model import LatencyModel, PriorityRefused, ServerScheduling
 from ._scheduler import LatencyServer
+from ._tools import serve
 
 __all__ = ["create_latency_app", "main"]
 
@@ -82,18 +81,6 @@ def _request_from_body(body: Any) -> tuple[GenerateRequest, bool, int | None]:
     return request, bool(body.get("return_logprob", False)), priority
 
 
-def _json(content: Any, status_code: int = 200) -> Response:
-    return Response(
-        json.dumps(content, separators=(",", ":")),
-        status_code=status_code,
-        media_type="application/json",
-    )
-
-
-def _error(message: str, status_code: int = HTTPStatus.BAD_REQUEST) -> Response:
-    return _json({"error": {"message": message}}, status_code)
-
-
 def _server_info(server: LatencyServer) -> dict[str, Any]:
     """SGLang's ``/server_info`` fields for the stand-in, its scheduling settings included."""
     sched = server.scheduling
@@ -127,11 +114,8 @@ def _add_info_routes(app: FastAPI, server: LatencyServer) -> None:
     """Health, what is served, and the load a router balances on."""
 
     @app.get("/health")
-    async def health() -> Response:
-        return Response(status_code=200)
-
     @app.get("/health_generate")
-    async def health_generate() -> Response:
+    async def health() -> Response:
         return Response(status_code=200)
 
     async def model_info() -> dict[str, Any]:
@@ -167,7 +151,7 @@ def _add_info_routes(app: FastAPI, server: LatencyServer) -> None:
             "num_accelerators": 0,
             "loads": [load],
         }
-        return _json(body)
+        return json_response(body)
 
     @app.get("/v1/models")
     async def v1_models() -> dict[str, Any]:
@@ -198,16 +182,16 @@ def create_latency_app(server: LatencyServer) -> Any:
             generate_request, return_logprob, priority = _request_from_body(body)
             result = await server.generate(generate_request, priority=priority)
         except ValueError as exc:
-            return _error(f"JSON decode error: {exc}")
+            return error_response(f"JSON decode error: {exc}")
         except PriorityRefused as exc:
-            return _error(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
+            return error_response(str(exc), HTTPStatus.SERVICE_UNAVAILABLE)
         except UserError as exc:
-            return _error(str(exc))
-        return _json(_generate_json(result, return_logprob=return_logprob))
+            return error_response(str(exc))
+        return json_response(_generate_json(result, return_logprob=return_logprob))
 
     @app.get("/bench/log")
     async def bench_log() -> Response:
-        return _json(
+        return json_response(
             {
                 "requests": server.log,
                 "capacity": server.model.capacity,
@@ -226,15 +210,14 @@ def create_latency_app(server: LatencyServer) -> Any:
         tokenizer=server.tokenizer,
         generate=server.generate,
         model_name=server.model_name,
-        error_response=_error,
-        json_response=_json,
+        error_response=error_response,
+        json_response=json_response,
     )
     return app
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m toolrollout.apps.bench.serve_model``: serve the latency model with uvicorn."""
-    import uvicorn
     from transformers import AutoTokenizer
 
     from toolrollout.apps.demo import DEMO_MODEL_PATH
@@ -272,13 +255,4 @@ def main(argv: Sequence[str] | None = None) -> None:
     server = LatencyServer(
         tokenizer, model, model_name="latency-model", scheduling=scheduling, draw_url=args.draw_url
     )
-    app = create_latency_app(server)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
-        timeout_keep_alive=30,
-    )
+    serve(create_latency_app(server), args.host, args.port)

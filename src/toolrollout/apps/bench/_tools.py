@@ -1,14 +1,9 @@
 """The benchmark's tool backend: an HTTP tool service in its own process.
 
-``POST /call {"key": ...}`` waits for the :class:`ToolLatency` drawn for that key and
-answers a short text. It is a real service over loopback (the client pays for a real HTTP
-round trip, as it would for a search or sandbox tool), and every driver (toolrollout,
-lock-step, verifiers) calls the same one through :class:`LookupClient`.
-
-``POST /bench/draw {"group": ..., "samples": n}`` counts the first turns of a
+``POST /call {"key": ...}`` answers a short text after the :class:`ToolLatency` drawn for
+that key: a real round trip over loopback, as a search or sandbox tool costs, the same for
+every driver (:class:`LookupClient`). ``POST /bench/draw`` counts the first turns of a
 shared-prompt group (``Workload.grouped``) for all latency-model servers at once.
-
-Run it with ``python -m toolrollout.apps.bench.serve_tools --port 30100`` (see ``--help``).
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 import httpx
@@ -30,13 +26,36 @@ from toolrollout._http import fast_transport
 from ._model import ToolLatency
 from ._script import TOOL_NAME
 
-__all__ = ["LookupClient", "create_tool_app", "lookup_result", "main"]
+__all__ = ["LookupClient", "create_tool_app", "lookup_result", "main", "serve"]
 
 
 def lookup_result(key: str) -> str:
     """The tool's answer for ``key`` (deterministic, a few tokens)."""
     value = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=2).digest(), "big")
     return f"record {key}: value {value}"
+
+
+def _json(content: Any, status_code: int = 200) -> Response:
+    return Response(
+        json.dumps(content, separators=(",", ":")),
+        status_code=status_code,
+        media_type="application/json",
+    )
+
+
+def serve(app: Any, host: str, port: int) -> None:
+    """Serve ``app`` as every benchmark service is served: quiet, with a deep backlog."""
+    import uvicorn
+
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        backlog=4096,
+        timeout_keep_alive=30,
+    )
 
 
 def create_tool_app(latency: ToolLatency) -> Any:
@@ -53,19 +72,15 @@ def create_tool_app(latency: ToolLatency) -> Any:
         body = json.loads(await request.body() or b"{}")
         key = body.get("key") if isinstance(body, dict) else None
         if not isinstance(key, str):
-            return Response(
-                json.dumps({"error": "key must be a string"}),
-                status_code=400,
-                media_type="application/json",
-            )
+            return _json({"error": "key must be a string"}, 400)
         seconds = latency.sample(key)
         await asyncio.sleep(seconds)
         calls.append({"key": key, "seconds": seconds})
-        return Response(json.dumps({"text": lookup_result(key)}), media_type="application/json")
+        return _json({"text": lookup_result(key)})
 
     @app.get("/bench/log")
     async def log() -> Response:
-        return Response(json.dumps({"calls": calls}), media_type="application/json")
+        return _json({"calls": calls})
 
     @app.post("/bench/draw")
     async def draw(request: Request) -> Response:
@@ -73,14 +88,11 @@ def create_tool_app(latency: ToolLatency) -> Any:
         body = json.loads(await request.body() or b"{}")
         group, samples = body.get("group"), body.get("samples")
         if not isinstance(group, str) or not isinstance(samples, int) or samples < 1:
-            return Response(
-                json.dumps({"error": "group must be a string and samples a positive int"}),
-                status_code=400,
-                media_type="application/json",
-            )
+            error = "group must be a string and samples a positive int"
+            return _json({"error": error}, 400)
         index = drawn.get(group, 0)
         drawn[group] = index + 1
-        return Response(json.dumps({"index": index % samples}), media_type="application/json")
+        return _json({"index": index % samples})
 
     @app.post("/bench/reset")
     async def reset() -> Response:
@@ -136,30 +148,13 @@ class LookupClient:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """``python -m toolrollout.apps.bench.serve_tools``: serve the lookup tool with uvicorn."""
-    import uvicorn
-
     parser = argparse.ArgumentParser(description="Benchmark tool service")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30100)
-    parser.add_argument("--latency-kind", default="lognormal")
-    parser.add_argument("--latency-median", type=float, default=0.2)
-    parser.add_argument("--latency-sigma", type=float, default=1.0)
-    parser.add_argument("--latency-cap", type=float, default=30.0)
-    parser.add_argument("--latency-seed", type=int, default=0)
+    for f in fields(ToolLatency):  # --latency-kind ... --latency-seed (ToolLatency.to_args)
+        parser.add_argument(f"--latency-{f.name}", type=type(f.default), default=f.default)
     args = parser.parse_args(argv)
     latency = ToolLatency(
-        args.latency_kind,
-        args.latency_median,
-        args.latency_sigma,
-        args.latency_cap,
-        args.latency_seed,
+        **{f.name: getattr(args, f"latency_{f.name}") for f in fields(ToolLatency)}
     )
-    uvicorn.run(
-        create_tool_app(latency),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
-        timeout_keep_alive=30,
-    )
+    serve(create_tool_app(latency), args.host, args.port)

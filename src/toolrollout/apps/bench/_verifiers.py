@@ -2,32 +2,41 @@
 
 verifiers (Prime Intellect) drives each rollout as messages through an OpenAI client: the
 server renders the chat template and parses tool calls (``/v1/chat/completions``), and the
-environment calls the Python tool functions. The benchmark gives it the same tool service
-(through the same :class:`LookupClient`), the same prompts and the same server; rubric
-scoring is switched off so that only the rollout itself is timed. verifiers is optional:
-``pip install verifiers``.
+environment calls the Python tool functions. Both comparisons give it the same tool, prompts
+and server as the other modes; rubric scoring is switched off so that only the rollout
+itself is timed. verifiers is optional: ``pip install verifiers``.
 """
 
 from __future__ import annotations
 
 import logging
-import resource
-import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from toolrollout._exceptions import BenchmarkError
 
+from ._metrics import clock, since
 from ._model import DriverSpec, Workload
 from ._tools import LookupClient
 
-__all__ = ["run_verifiers"]
+__all__ = ["run_tool_env", "run_verifiers"]
 
 
-async def run_verifiers(
-    spec: DriverSpec, workload: Workload, lookup: LookupClient
-) -> dict[str, Any]:
+async def run_tool_env(
+    tools: Sequence[Callable[..., Any]],
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    url: str,
+    max_turns: int,
+    sampling: dict[str, Any],
+    model: str | None = None,
+    http_client: Any = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """One ToolEnv rollout per row against ``url`` (the served model unless ``model``);
+    the counts and the measured time, and each failed rollout's error."""
     try:
         import verifiers as vf
+        from datasets import Dataset
         from openai import AsyncOpenAI
         from verifiers.clients import OpenAIChatCompletionsClient
     except ImportError as exc:
@@ -35,73 +44,71 @@ async def run_verifiers(
             "the verifiers baseline needs the verifiers package: pip install verifiers"
         ) from exc
     logging.getLogger("verifiers").setLevel(logging.WARNING)
-
-    async def lookup_tool(key: str) -> str:
-        """Look up a record by its key.
-
-        Args:
-            key: the record key named in the task.
-        """
-        return await lookup.lookup(key)
-
-    from datasets import Dataset
-
-    lookup_tool.__name__ = "lookup"
     inputs = [
-        {"prompt": row["messages"], "example_id": i, "answer": ""}
-        for i, row in enumerate(workload.rows())
+        {"prompt": row["messages"], "example_id": i, "answer": ""} for i, row in enumerate(rows)
     ]
     env = vf.ToolEnv(
-        tools=[lookup_tool],
-        max_turns=workload.max_turns + 1,
+        tools=list(tools),
+        max_turns=max_turns,
         score_rollouts=False,
         dataset=Dataset.from_list(inputs),
     )
     openai_client = AsyncOpenAI(
-        base_url=f"{spec.engine_urls[0]}/v1", api_key="unused", max_retries=0, timeout=600.0
+        base_url=f"{url}/v1",
+        api_key="unused",
+        max_retries=0,
+        timeout=600.0,
+        http_client=http_client,
     )
-    client = OpenAIChatCompletionsClient(openai_client)
-    sampling = {"max_tokens": workload.tokens_per_turn * 2 + 32, "temperature": 1.0}
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    wall0, cpu0 = time.perf_counter(), usage.ru_utime + usage.ru_stime
+    model = model or (await openai_client.models.list()).data[0].id
+    started = clock()
     results = await env.generate(
         inputs,
-        client=client,
-        model="latency-model",
+        client=OpenAIChatCompletionsClient(openai_client),
+        model=model,
         sampling_args=sampling,
         max_concurrent=-1,
         on_start=lambda *args: None,
         on_progress=lambda *args: None,
     )
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    wall, cpu = time.perf_counter() - wall0, usage.ru_utime + usage.ru_stime - cpu0
+    measured = since(started)
     await openai_client.close()
-    await lookup.aclose()
     outputs = results["outputs"]
-    turns = 0
-    errors = 0
-    for output in outputs:
-        completion = output.get("completion") or []
-        turns += sum(1 for m in completion if _role(m) == "assistant")
-        errors += 1 if output.get("error") else 0
-    version = getattr(vf, "__version__", "?")
-    return {
+
+    def count(role: str) -> int:
+        messages = [m for o in outputs for m in (o.get("completion") or [])]
+        return sum(
+            (m.get("role") if isinstance(m, dict) else getattr(m, "role", None)) == role
+            for m in messages
+        )
+
+    counts = {
         "trajectories": len(outputs),
         "completed": sum(1 for o in outputs if o.get("is_completed") and not o.get("error")),
-        "turns": turns,
+        "turns": count("assistant"),
+        "tool_calls": count("tool"),
         # The chat route reports no token ids; count what the server generated per turn.
         "generated_tokens": sum(_completion_tokens(o) for o in outputs),
-        "makespan_s": wall,
-        "client_cpu_s": cpu,
-        "measured_until": wall0 + wall,
-        "note": f"verifiers {version} ToolEnv over /v1/chat/completions; errors {errors}",
+        **measured,
+        "note": f"verifiers {getattr(vf, '__version__', '?')} ToolEnv over /v1/chat/completions",
     }
+    return counts, [repr(o["error"]) for o in outputs if o.get("error")]
 
 
-def _role(message: Any) -> str | None:
-    if isinstance(message, dict):
-        return message.get("role")
-    return getattr(message, "role", None)
+async def run_verifiers(spec: DriverSpec, workload: Workload, tokenizer: Any) -> dict[str, Any]:
+    """The latency-model comparison's verifiers mode, over the benchmark's lookup tool."""
+    lookup = LookupClient(spec.tool_url)
+    counts, errors = await run_tool_env(
+        [lookup.lookup],  # its name and docstring are the schema verifiers sends
+        workload.rows(),
+        url=spec.engine_urls[0],
+        max_turns=workload.max_turns + 1,
+        sampling={"max_tokens": workload.max_new_tokens, "temperature": 1.0},
+        model="latency-model",
+    )
+    await lookup.aclose()
+    counts["note"] += f"; errors {len(errors)}"
+    return counts
 
 
 def _completion_tokens(output: Any) -> int:

@@ -7,6 +7,7 @@ report as JSON and (with matplotlib) as a plot. User mistakes exit with one line
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +79,33 @@ def bench(flags: Any) -> None:
     GPU-like server (256 slots, 20 ms per token) and heavy-tail tools (median 1 s).
     """
     require_extra("bench", "toolrollout bench")
+    from rich.console import Console
+
+    from toolrollout._exceptions import ToolRolloutError
+
+    if flags.engine_url is None and flags.min_turns > flags.max_turns:
+        raise fail(f"--min-turns {flags.min_turns} is above --max-turns {flags.max_turns}")
+    console = Console(stderr=True)
+
+    def progress(message: str) -> None:
+        console.print(f"[dim]{message}[/dim]")
+
+    try:
+        if flags.engine_url is not None:
+            _real(flags, progress)
+        else:
+            _latency_model(flags, progress)
+    except ToolRolloutError as exc:
+        raise fail(str(exc)) from None
+    typer.echo(f"wrote {flags.json_out}" + (f" and {flags.plot}" if flags.plot is not None else ""))
+
+
+def _latency_model(flags: Any, progress: Callable[[str], None]) -> None:
+    """The comparison on the latency-model server(s) (toolrollout.apps.bench._harness)."""
     import sys
 
     from rich.console import Console
 
-    from toolrollout._exceptions import ToolRolloutError
     from toolrollout.apps.bench import (
         BenchConfig,
         LatencyModel,
@@ -96,65 +119,49 @@ def bench(flags: Any) -> None:
         write_json,
     )
 
-    if flags.engine_url is not None:
-        _real(flags)
-        return
-    if flags.min_turns > flags.max_turns:
-        raise fail(f"--min-turns {flags.min_turns} is above --max-turns {flags.max_turns}")
-    modes = tuple(flags.mode) if flags.mode else default_modes(grouped=flags.grouped)
-    console = Console(stderr=True)
-    seed = flags.seed
-    try:
-        config = BenchConfig(
-            workload=Workload(
-                flags.prompts,
-                flags.n,
-                flags.min_turns,
-                flags.max_turns,
-                flags.tokens_per_turn,
-                seed,
-                turn_spread=flags.turn_spread,
-                grouped=flags.grouped,
-            ),
-            model=LatencyModel(flags.capacity, flags.prefill_us / 1e6, flags.decode_ms / 1e3),
-            tool_latency=ToolLatency(
-                flags.tool_latency, flags.tool_median, flags.tool_sigma, seed=seed
-            ),
-            modes=modes,
-            servers=flags.servers,
-            concurrency=flags.concurrency,
-            drift_check=flags.drift_check,
-            batch_fraction=flags.batch_fraction,
-            micro_turns=flags.micro_turns,
-            scheduling=ServerScheduling(enabled=flags.enable_priority_scheduling),
-            previous_steps=flags.previous_steps,
-        )
-        report = run_benchmark(config, progress=lambda msg: console.print(f"[dim]{msg}[/dim]"))
-        render_table(report, Console(width=None if sys.stdout.isatty() else 160))
-        write_json(report, flags.json_out)
-        if flags.plot is not None:
-            plot_report(report, flags.plot)
-    except ToolRolloutError as exc:
-        raise fail(str(exc)) from None
-    _wrote(flags)
+    config = BenchConfig(
+        workload=Workload(
+            flags.prompts,
+            flags.n,
+            flags.min_turns,
+            flags.max_turns,
+            flags.tokens_per_turn,
+            flags.seed,
+            turn_spread=flags.turn_spread,
+            grouped=flags.grouped,
+        ),
+        model=LatencyModel(flags.capacity, flags.prefill_us / 1e6, flags.decode_ms / 1e3),
+        tool_latency=ToolLatency(
+            flags.tool_latency, flags.tool_median, flags.tool_sigma, seed=flags.seed
+        ),
+        modes=tuple(flags.mode) if flags.mode else default_modes(grouped=flags.grouped),
+        servers=flags.servers,
+        concurrency=flags.concurrency,
+        drift_check=flags.drift_check,
+        batch_fraction=flags.batch_fraction,
+        micro_turns=flags.micro_turns,
+        scheduling=ServerScheduling(enabled=flags.enable_priority_scheduling),
+        previous_steps=flags.previous_steps,
+    )
+    report = run_benchmark(config, progress=progress)
+    render_table(report, Console(width=None if sys.stdout.isatty() else 160))
+    write_json(report, flags.json_out)
+    if flags.plot is not None:
+        plot_report(report, flags.plot)
 
 
-def _wrote(flags: Any) -> None:
-    typer.echo(f"wrote {flags.json_out}" + (f" and {flags.plot}" if flags.plot is not None else ""))
-
-
-def _real(flags: Any) -> None:
+def _real(flags: Any, progress: Callable[[str], None]) -> None:
     """The comparison on a real server (toolrollout.apps.bench._real)."""
     import json
 
-    from rich.console import Console
-
-    from toolrollout._exceptions import ToolRolloutError
-    from toolrollout.apps.bench._real import plot_real, run_real_benchmark
-    from toolrollout.apps.bench._real_modes import REAL_MODES, RealBenchConfig
+    from toolrollout.apps.bench._real import (
+        REAL_MODES,
+        RealBenchConfig,
+        plot_real,
+        run_real_benchmark,
+    )
     from toolrollout.apps.demo import DEMO_MODEL_PATH
 
-    console = Console(stderr=True)
     config = RealBenchConfig(
         engine_url=flags.engine_url.rstrip("/"),
         model=str(flags.model or DEMO_MODEL_PATH),
@@ -170,22 +177,14 @@ def _real(flags: Any) -> None:
         turns_file=str(flags.json_out.with_suffix(".turns.json")),
         engine=flags.engine,
     )
-    try:
-        report = run_real_benchmark(
-            config,
-            tuple(flags.mode or REAL_MODES),
-            progress=lambda msg: console.print(f"[dim]{msg}[/dim]"),
-            rounds=flags.rounds,
-        )
-    except ToolRolloutError as exc:
-        raise fail(str(exc)) from None
+    modes = tuple(flags.mode or REAL_MODES)
+    report = run_real_benchmark(config, modes, progress=progress, rounds=flags.rounds)
     flags.json_out.write_text(json.dumps(report, indent=2) + "\n")
     if flags.plot is not None:
         plot_real(report, flags.plot)
     for mode_name, result in report["results"].items():
         typer.echo(f"{mode_name}: {json.dumps(result)}")
     typer.echo(f"ratios: {json.dumps(report['ratios'])}")
-    _wrote(flags)
 
 
 def register(app: typer.Typer) -> None:
