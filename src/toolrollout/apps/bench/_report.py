@@ -89,7 +89,7 @@ def plot_report(report: BenchReport, path: Path) -> Path:
         from toolrollout._exceptions import UserError
 
         raise UserError(
-            "the plot needs matplotlib: pip install 'toolrollout[bench]' (or pass --no-plot)"
+            "the plot needs matplotlib: pip install 'toolrollout[bench]' (or leave out --plot)"
         ) from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
