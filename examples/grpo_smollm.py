@@ -349,20 +349,26 @@ def grpo(
 
 # ----------------------------------------------------------------------------- report
 def plot(runs: dict[int, dict[str, Any]], path: Path) -> None:
+    """Per optimizer step and seed: the batch's mean reward, and its sampled tool-call rate."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=120)
+    fig, (reward, calls) = plt.subplots(1, 2, figsize=(9.6, 3.6), dpi=120)
     for seed, run in runs.items():
         history = run["grpo"]["history"]
-        ax.plot([h["step"] for h in history], [h["reward"] for h in history], marker="o", ms=3,
-                label=f"seed {seed}")  # fmt: skip
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("mean reward (numeric_match - tool errors)")
-    ax.set_title("GRPO on SmolLM2-135M-Instruct, calculator task (on-policy)")
-    ax.legend(fontsize=8)
+        steps = [h["step"] for h in history]
+        reward.plot(steps, [h["reward"] for h in history], marker="o", ms=3, label=f"seed {seed}")
+        calls.plot(steps, [h["tools/used_fraction"] for h in history], marker="o", ms=3,
+                   label=f"seed {seed}")  # fmt: skip
+    reward.set_ylabel("mean reward (numeric_match - tool errors)")
+    calls.set_ylabel("share of samples that call the calculator")
+    calls.set_ylim(0.0, 1.05)
+    for ax in (reward, calls):
+        ax.set_xlabel("optimizer step")
+        ax.legend(fontsize=8)
+    fig.suptitle("GRPO on SmolLM2-135M-Instruct, calculator task (on-policy, T=1.0)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
