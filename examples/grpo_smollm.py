@@ -73,10 +73,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="converted SmolLM2 folder (default: the cached one)")  # fmt: skip
     p.add_argument("--out-dir", type=Path, default=Path("grpo_smollm_out"))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="one GRPO run each")
-    p.add_argument("--steps", type=int, default=12, help="GRPO optimizer steps per seed")
+    p.add_argument("--steps", type=int, default=8, help="GRPO optimizer steps per seed")
     p.add_argument("--train-prompts", type=int, default=256)
-    p.add_argument("--eval-prompts", type=int, default=64, help="held-out problems scored")
-    p.add_argument("--prompts-per-step", type=int, default=8)
+    p.add_argument("--eval-prompts", type=int, default=32, help="held-out problems scored")
+    p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4, help="GRPO num_generations")
     p.add_argument("--learning-rate", type=float, default=1e-4)
     p.add_argument("--temperature", type=float, default=1.0, help="GRPO sampling")
