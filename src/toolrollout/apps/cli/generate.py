@@ -391,18 +391,9 @@ def _summary(
 
 @contextlib.contextmanager
 def _gc_for_the_run(freeze: bool, threshold: int | None) -> Iterator[dict[str, Any]]:
-    """The collector as ``--gc-freeze`` and ``--gc-threshold`` ask, for the block; yields
-    what it did, for the summary. The application's choice, not the library's: both change
-    the whole process, so the thresholds before are restored after (a ``generate`` called
-    in a process that goes on, a test's, keeps its own) and frozen objects unfrozen.
-
-    ``gc.freeze()`` (after a collection, so what loading left behind is freed, not kept)
-    moves everything loaded so far (libraries, model, tokenizer, tools) out of the
-    collector's generations: each full collection walks the run's own objects only. The
-    youngest generation is collected after ``threshold`` allocations: Python's 700
-    promotes all that lives a few milliseconds, and at 10,000 trajectories every request in
-    flight does; the oldest generation then grows into a full collection (a second or
-    more) every few seconds."""
+    """The collector as ``--gc-freeze`` and ``--gc-threshold`` ask, for the block (why:
+    docs/rollouts.md#concurrency); yields what it did, for the summary. Both change the
+    whole process, so the thresholds are restored and frozen objects unfrozen after."""
     import gc
 
     did: dict[str, Any] = {}

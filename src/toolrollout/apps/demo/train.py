@@ -59,7 +59,7 @@ from toolrollout.apps.demo.tokenizer import (
     token_id,
 )
 
-__all__ = ["main", "train"]
+__all__ = ["main", "padded_batch", "train"]
 
 _OUTPUT_FILES: Final = frozenset(
     {
@@ -204,7 +204,7 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     running = 0.0
     for step, idx in enumerate(batches):
         p = prefix_lens[idx[0]]
-        input_ids, labels = _batch_tensors(
+        input_ids, _, labels = padded_batch(
             [encoded[i][p:] for i in idx], [masks[i][p:] for i in idx], pad_id
         )
         loss = _loss(model, encoded[idx[0]][:p], input_ids, labels)
@@ -250,19 +250,22 @@ def _optimizer(model: Qwen2ForCausalLM, lr: float) -> torch.optim.AdamW:
     )
 
 
-def _batch_tensors(
-    rows: Sequence[list[int]], masks: Sequence[Sequence[int]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input ids and their labels (-100 where the mask excludes a token)."""
+def padded_batch(
+    rows: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids, attention mask and labels (-100 where the mask excludes a
+    token)."""
     width = max(len(ids) for ids in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     for row, (tokens, mask) in enumerate(zip(rows, masks, strict=True)):
         ids = torch.tensor(tokens, dtype=torch.long)
         input_ids[row, : len(ids)] = ids
+        attention[row, : len(ids)] = 1
         keep = torch.tensor(mask, dtype=torch.bool)
         labels[row, : len(ids)] = torch.where(keep, ids, torch.full_like(ids, -100))
-    return input_ids, labels
+    return input_ids, attention, labels
 
 
 def _loss(

@@ -35,7 +35,7 @@ from typing import Any, cast
 import torch
 
 from toolrollout.apps.demo.dialogs import training_dialogs
-from toolrollout.apps.demo.train import cosine_lr, log_line, optimizer_step
+from toolrollout.apps.demo.train import cosine_lr, log_line, optimizer_step, padded_batch
 from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
 from toolrollout.apps.demo_vl.build import build
 from toolrollout.apps.demo_vl.dialogs import (
@@ -82,17 +82,7 @@ def _padded(
     batch: Sequence[VideoExample], skip: int, pad: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids, attention mask and labels of ``example.ids[skip:]``."""
-    width = max(len(e.ids) for e in batch) - skip
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    for row, example in enumerate(batch):
-        n = len(example.ids) - skip
-        ids[row, :n] = torch.tensor(example.ids[skip:])
-        attention[row, :n] = 1
-        keep = torch.tensor(example.mask[skip:])
-        labels[row, :n] = torch.where(keep, ids[row, :n], torch.full((n,), -100))
-    return ids, attention, labels
+    return padded_batch([e.ids[skip:] for e in batch], [e.mask[skip:] for e in batch], pad)
 
 
 def _masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
