@@ -20,7 +20,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +66,7 @@ class RayRunReport:
 
     trajectories: tuple[Trajectory, ...]
     rows_written: int
-    seconds: float
+    seconds: float = 0.0
     shards: tuple[dict[str, Any], ...] = ()
     failures: tuple[str, ...] = ()
     interrupted: str | None = None
@@ -153,17 +153,12 @@ def run_sharded(
     on_disk = done_samples(parts)
     for spill in parts.glob(f"{_SPILL_PREFIX}*"):
         on_disk |= done_samples(spill)
-    return RayRunReport(
-        trajectories=report.trajectories,
-        rows_written=report.rows_written,
+    return replace(
+        report,
         seconds=time.perf_counter() - started,
-        shards=report.shards,
-        failures=report.failures,
-        interrupted=report.interrupted,
         engine_urls=tuple(urls),
         resumed=len(skip),
         rows_on_disk=len(on_disk),
-        leftover=report.leftover,
     )
 
 
@@ -193,16 +188,6 @@ def _portable(spec: RunSpec) -> RunSpec:
         tool_config=spec.tool_config.resolve() if spec.tool_config else None,
         interaction_config=(spec.interaction_config.resolve() if spec.interaction_config else None),
     )
-
-
-@dataclass(frozen=True)
-class _Collected:
-    trajectories: tuple[Trajectory, ...]
-    rows_written: int
-    shards: tuple[dict[str, Any], ...]
-    failures: tuple[str, ...]
-    interrupted: str | None
-    leftover: tuple[Trajectory, ...] = ()
 
 
 def _shard_row(result: ShardResult) -> dict[str, Any]:
@@ -241,7 +226,7 @@ def _drive(
     run_id: str,
     engine: RunEngines,
     target: tuple[int, bool] | None = None,
-) -> _Collected:
+) -> RayRunReport:
     """Start the actors, gather their results as they finish, account for every sample.
 
     ``target`` (target_groups, keep_groups_whole): one batch over all shards, counted by a
@@ -295,12 +280,13 @@ def _drive(
             ray.kill(coordinator)
     written = writer.rows_written
     if coordinator is not None:  # interrupted: a batch run writes nothing
-        return _Collected((), 0, tuple(shards), tuple(m for _, m in failed), interrupted)
+        failures = tuple(m for _, m in failed)
+        return RayRunReport((), 0, shards=tuple(shards), failures=failures, interrupted=interrupted)
     if interrupted is None:
         rows_failed, adopted = _account_for_failures(failed, prompts, group_ids, skip, parts)
         rows.extend(rows_failed)
         written += len(rows_failed) + adopted
-    return _Collected(
+    return RayRunReport(
         trajectories=tuple(rows),
         rows_written=written,
         shards=tuple(sorted(shards, key=lambda s: int(s["shard"]))),
@@ -335,7 +321,7 @@ def _split_batch(
     group_ids: Sequence[str],
     parts: Path,
     shards: list[dict[str, Any]],
-) -> _Collected:
+) -> RayRunReport:
     """Write the coordinator's batch into ``parts``; everything else is the leftover.
 
     A dead shard's samples come back as ``failed`` rows in the leftover (its rows never
@@ -353,7 +339,7 @@ def _split_batch(
     with ShardWriter(parts) as writer:
         for trajectory in batch:
             writer.write(trajectory)
-    return _Collected(
+    return RayRunReport(
         trajectories=tuple(batch),
         rows_written=len(batch),
         shards=tuple(sorted(shards, key=lambda s: int(s["shard"]))),
