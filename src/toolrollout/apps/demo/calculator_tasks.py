@@ -192,24 +192,19 @@ def _binary(rng: random.Random) -> Problem:
     return Problem.make("single", question, (expression,))
 
 
-def _ternary_expression(rng: random.Random) -> str:
-    a, b, c = (rng.randint(1, rng.choice((9, 99, 999))) for _ in range(3))
-    shape = rng.randrange(6)
-    if shape == 0:
-        return f"({a} + {b}) * {c}"
-    if shape == 1:
-        return f"({a} - {b}) * {c}"
-    if shape == 2:
-        return f"{a} * {b} + {c}"
-    if shape == 3:
-        return f"{a} + {b} * {c}"
-    if shape == 4:
-        return f"{a} * ({b} - {c})"
-    return f"{a} + {b} - {c}"
+_TERNARY_SHAPES: Final = (
+    "({a} + {b}) * {c}",
+    "({a} - {b}) * {c}",
+    "{a} * {b} + {c}",
+    "{a} + {b} * {c}",
+    "{a} * ({b} - {c})",
+    "{a} + {b} - {c}",
+)
 
 
 def _ternary(rng: random.Random) -> Problem:
-    expression = _ternary_expression(rng)
+    a, b, c = (rng.randint(1, rng.choice((9, 99, 999))) for _ in range(3))
+    expression = _TERNARY_SHAPES[rng.randrange(len(_TERNARY_SHAPES))].format(a=a, b=b, c=c)
     return Problem.make("single", rng.choice(_SYMBOLIC).format(e=expression), (expression,))
 
 
@@ -228,9 +223,8 @@ def _chain(rng: random.Random) -> Problem:
 
 
 def _parallel(rng: random.Random) -> Problem:
-    ops = rng.choices(("+", "-", "*"), k=2)
     exprs = []
-    for op in ops:
+    for op in rng.choices(("+", "-", "*"), k=2):
         a, b = _operands(rng, op)
         exprs.append(f"{a} {op} {b}")
     question = rng.choice(_PARALLEL_FRAMES).format(e1=exprs[0], e2=exprs[1])
