@@ -2,30 +2,17 @@
 
 ``python -m toolrollout.apps.demo.train`` is the first stage of the shipped recipe; the later
 stages continue from its folder with ``--init-from`` (``scripts/train_demo.sh`` runs all
-three, about an hour on one core). A stage
-
-1. generates synthetic dialogs (:mod:`toolrollout.apps.demo.dialogs`, train split) of the
-   task families given by ``--tasks`` (default: all three): calculator, ``python`` (the
-   code sandbox) and ``search`` (the demo corpus), each rendered with the tool list of its
-   tool config;
-2. trains a byte-level BPE tokenizer on them (:mod:`toolrollout.apps.demo.tokenizer`: Qwen2's
-   pre-tokenizer, which splits digits one per token, so the model can copy numbers) and
-   wraps it as a fast tokenizer carrying the chat template (a continued stage keeps the
-   previous stage's tokenizer);
-3. trains a small Qwen2 causal LM with AdamW, loss on assistant tokens only (everything the
-   assistant generates after ``<|im_start|>assistant\\n``, up to and including
-   ``<|im_end|>``): first ``--copy-steps`` steps of short "repeat after me" dialogs, a dense
-   copying signal that makes the copy circuit appear early and reliably, then the tool
-   dialogs;
-4. saves a standard Hugging Face folder (safetensors, float32) and the held-out prompt sets
-   (one file per family).
-
-Two things keep a step cheap on CPU: the rows of a batch share one system prompt (with the
-tool list), whose KV cache is computed once and broadcast; and rows have similar lengths.
+three; docs/quickstart.md, "Retraining"). A stage renders synthetic dialogs of the
+``--tasks`` families, each with its tool config's tool list
+(:mod:`~toolrollout.apps.demo.dialogs`), trains the tokenizer on them
+(:mod:`~toolrollout.apps.demo.tokenizer`; a continued stage keeps the previous one's), then
+a small Qwen2 with AdamW, loss on assistant tokens only: first ``--copy-steps`` steps of
+"repeat after me" dialogs, a dense copying signal that makes the copy circuit appear early,
+then the tool dialogs. It saves a Hugging Face folder (safetensors, float32) and the
+held-out prompt sets.
 
 Seeds and data order are fixed and the result does not depend on the thread count, so a
-rerun on the same machine reproduces the same weights byte for byte (another CPU may differ
-in the last bits of float arithmetic, and then in the sampled quality by a point or two).
+rerun on the same machine reproduces the same weights byte for byte.
 """
 
 from __future__ import annotations

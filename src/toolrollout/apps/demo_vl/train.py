@@ -1,22 +1,11 @@
 """Fine-tune the tiny VL demo to look at video windows with ``crop_video``, deterministically.
 
-Run ``python -m toolrollout.apps.demo_vl.train --out src/toolrollout/apps/demo_vl/model`` (a few CPU
-minutes on two threads). The script
-
-1. builds the untrained starting point with :func:`toolrollout.apps.demo_vl.build.build` (the
-   text demo's language weights and a seeded one-block ViT);
-2. writes synthetic clips (:mod:`toolrollout.apps.demo_vl.video`: one colour per 2-second
-   segment) and makes dialogs about them (:mod:`toolrollout.apps.demo_vl.dialogs`): the
-   user asks which colour is shown in a time window of a named clip, the assistant calls
-   ``crop_video`` with that file and window, the tool message is the *real* ``crop_video``
-   result (images prepared and placeholders expanded exactly as the rollout loop does), and
-   the assistant names the colour it saw;
-3. mixes in the text demo's calculator dialogs so the model keeps calling the calculator;
-4. trains every weight (vision tower and language model) with AdamW, loss on assistant
-   tokens only, and saves the same folder layout as the build script.
-
-Seeds, clip contents and data order are fixed and the thread count is pinned, so a rerun on
-the same machine writes the same weights byte for byte.
+Run ``python -m toolrollout.apps.demo_vl.train --out src/toolrollout/apps/demo_vl/model`` (a few
+CPU minutes on two threads). It builds the starting point (:mod:`~toolrollout.apps.demo_vl.build`),
+makes dialogs about synthetic clips with the real ``crop_video`` results
+(:mod:`~toolrollout.apps.demo_vl.dialogs`), mixes in the text demo's calculator dialogs, and
+trains every weight, loss on assistant tokens only; docs/multimodal.md, "Retraining the VL
+demo", has the details. A rerun on the same machine writes the same weights byte for byte.
 """
 
 from __future__ import annotations
