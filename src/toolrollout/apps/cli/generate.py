@@ -3,21 +3,12 @@
 With no options it runs the bundled demo end to end: the embedded engine with the demo
 model, the demo prompts, the real calculator tool, numeric-match rewards, and writes
 ``trajectories.parquet``. Without ``--dataset`` the demo prompt set matching the configured
-tools is used (``python`` tool: the python prompts, ``search`` tool: the search prompts,
-anything else: the calculator prompts). User mistakes exit with a one-line message and code 2.
+tools is used. User mistakes exit with a one-line message and code 2.
 
-Rows stream as crash-safe parquet shards into ``<out>.parts/`` while the run goes on; when
-every sample has its row the shards are merged into ``<out>``, the run is marked finished
-and the folder is removed, in that order (``finish_shards``), so a kill while finishing
-leaves a folder that ``--resume`` completes (or only cleans up) without a row changing.
-After a crash, ``--resume`` runs only the samples without a row. SIGINT/SIGTERM abort the
-in-flight engine requests, keep the finished rows, stop tool services and exit 130/143
-with a summary on stderr.
-
-A ``--target-groups`` run writes only its batch to ``<out>``; what it left over (the
-aborted trajectories with every token so far, and their finished siblings) is saved to
-``<out stem>.leftover.parquet`` (or ``--leftover``), and ``--resume-leftover FILE``
-continues exactly those trajectories in a later run.
+Rows stream as crash-safe parquet shards into ``<out>.parts/``, merged into ``<out>`` at the
+end (``finish_shards``; docs/fault-tolerance.md has the steps, ``--resume`` and the signals).
+A ``--target-groups`` run writes only its batch to ``<out>`` and what it left over to
+``<out stem>.leftover.parquet`` (or ``--leftover``), which ``--resume-leftover`` continues.
 """
 
 from __future__ import annotations

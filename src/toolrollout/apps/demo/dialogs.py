@@ -1,18 +1,11 @@
 """Deterministic synthetic data for the demo model: calculator, python and search tasks.
 
 Everything here is driven by a seeded :class:`random.Random`, so the training corpus, the
-tokenizer trained on it and the shipped prompt sets are reproducible bit for bit.
-
-There are three task families, each rendered with the tool list its tool config shows:
-``calculator`` (:mod:`toolrollout.apps.demo.calculator_tasks`: arithmetic), ``python``
-(:mod:`toolrollout.apps.demo.code_tasks`: the sandbox tool) and ``search``
-(:mod:`toolrollout.apps.demo.search_tasks`: the demo corpus); this module renders their
-tasks as dialogs. A :class:`Dialog` records its family so the training script renders it
-with that family's tools (:func:`family_tools`). A calculator dialog is the assistant's
-``calculator`` call(s), the calculator's real output(s) and a final turn that states it.
-
-Each family holds out problems, programs or corpus questions by a stable hash, so the
-shipped prompts (drawn only from the held-out side) were never seen during training.
+tokenizer trained on it and the shipped prompt sets are reproducible bit for bit. The tasks
+of each family come from :mod:`~toolrollout.apps.demo.calculator_tasks`,
+:mod:`~toolrollout.apps.demo.code_tasks` and :mod:`~toolrollout.apps.demo.search_tasks`,
+which hold out problems by a stable hash (the shipped prompts were never seen in training);
+this module renders them as dialogs, each with its family's tools (:func:`family_tools`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""The Ray driver behind ``toolrollout generate --ray``.
+"""The Ray driver behind ``toolrollout generate --ray`` (docs/scale-out.md).
 
 The driver shards the prompts (whole GRPO groups per shard), starts one Ray actor per
-shard, and collects what each returns into the run's crash-safe shard folder; the caller
-then merges that folder exactly as in a one-machine run (rows ordered by prompt, then
-sample). Ray is imported only here, inside :func:`run_sharded`.
-
-With a batch target (``--target-groups``) one more small actor, a
-:class:`~toolrollout.apps.distributed.BatchCoordinator`, counts finished groups over all shards
-and tells every worker to stop once the target is met (see ``_batch.py``); the driver then
-writes the batch and hands back the rest as the run's leftover.
-
-Every actor talks to the same engine servers (``_engines.py``): the given ones, or one
-shared ``toolrollout serve`` the driver starts for the whole run.
+shard, and collects what each returns into the run's crash-safe shard folder, which the
+caller merges exactly as in a one-machine run. With ``--target-groups`` a
+:class:`~toolrollout.apps.distributed.BatchCoordinator` actor counts finished groups over
+all shards and stops every worker once the target is met. Every actor talks to the same
+engine servers (``_engines.py``). Ray is imported only inside :func:`run_sharded`.
 """
 
 from __future__ import annotations
