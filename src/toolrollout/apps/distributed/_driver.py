@@ -31,7 +31,6 @@ from ._worker import ShardJob, ShardResult, ShardWorker
 
 __all__ = ["RayOptions", "RayRunReport", "import_ray", "run_sharded"]
 
-_INSTALL_HINT = "--ray needs Ray: pip install 'toolrollout[ray]'"
 _SPILL_PREFIX = "worker-"
 
 
@@ -76,7 +75,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise UserError(_INSTALL_HINT) from None
+        raise UserError("--ray needs Ray: pip install 'toolrollout[ray]'") from None
     return ray
 
 
@@ -112,7 +111,8 @@ def run_sharded(
         check_target_groups(target_groups, len(prompts))
     spills = sorted(parts.glob(f"{_SPILL_PREFIX}*"))
     if resume:
-        skip = skip | _adopt_all(spills, parts)
+        for spill in spills:
+            skip = skip | _adopt(spill, parts)
     elif any(any(d.glob("part-*.parquet")) for d in spills):
         raise UserError(
             f"{parts} holds an unfinished Ray run: pass --resume to complete it, or delete it"
@@ -395,10 +395,3 @@ def _adopt(spill: Path, parts: Path) -> set[tuple[int, int]]:
         number += 1
     shutil.rmtree(spill, ignore_errors=True)
     return pairs
-
-
-def _adopt_all(spills: list[Path], parts: Path) -> frozenset[tuple[int, int]]:
-    adopted: set[tuple[int, int]] = set()
-    for spill in spills:
-        adopted |= _adopt(spill, parts)
-    return frozenset(adopted)

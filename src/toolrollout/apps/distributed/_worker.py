@@ -1,11 +1,8 @@
 """One Ray rollout worker: the ordinary async rollout loop over one shard of the prompts.
 
-The class is plain Python; the driver wraps it with ``ray.remote`` when a run starts, so
-this module (and ``import toolrollout``) never imports Ray. Everything a worker needs
-travels in a picklable :class:`ShardJob` (the run's :class:`~toolrollout.spec.RunSpec`);
-the worker builds its runner with :func:`~toolrollout.spec.open_run` as a one-machine run
-does, loading the tools, interactions and tokenizer from their paths, because live tool
-clients and servers do not pickle.
+Plain Python: the driver wraps it with ``ray.remote``, so this module never imports Ray.
+A worker builds its runner from the picklable :class:`ShardJob` with
+:func:`~toolrollout.spec.open_run`, as a one-machine run does (live tool clients do not pickle).
 """
 
 from __future__ import annotations
