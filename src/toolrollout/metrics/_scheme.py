@@ -1,11 +1,8 @@
 """The metric naming scheme and the batch metrics of a set of trajectories.
 
-Names are ``section/quantity[/statistic]`` with ``/`` as separator, for example
-``rollout/num_turns/mean`` or ``tools/calculator/failure_rate``. One scheme is shared by
-``toolrollout eval``, the experiment trackers and the trainer adapters, so the same number
-has the same name on every dashboard. A name is never both a leaf and a prefix of another
-name: MLflow's file store keeps each metric as a file at that path, and W&B groups panels
-by the first segment.
+Names are ``section/quantity[/statistic]``, e.g. ``rollout/num_turns/mean``: one scheme for
+``toolrollout eval``, the trackers and the trainer adapters (docs/eval.md has the rules
+that keep names valid in every tracker).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The evaluation report: four PNG figures and a Markdown page that embeds them.
 
-matplotlib is drawn through its object API (``Figure`` + the Agg canvas) rather than
-``pyplot``, so nothing global is touched (no backend switch, no open-figure registry) and a
-report can be written from a trainer's process without side effects.
+matplotlib is drawn through its object API (``Figure`` + the Agg canvas), not ``pyplot``,
+so nothing global is touched and a trainer's process can write a report.
 """
 
 from __future__ import annotations

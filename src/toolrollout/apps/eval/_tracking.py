@@ -1,12 +1,7 @@
 """Experiment tracking: MLflow and Weights & Biases, both usable with no network.
 
-Both backends are optional dependencies (the ``eval`` extra) imported only when asked for.
-MLflow is driven through an explicit ``MlflowClient`` bound to one tracking URI, so nothing
-global (the active run, the process-wide tracking URI) is changed. W&B defaults to offline
-mode: the run is written to a local directory and can be uploaded later with ``wandb sync``.
-
-A missing package is the user's to fix (:class:`UserError`); a backend that fails while
-logging raises :class:`TrackingError` with the backend's message.
+Both are optional (the ``eval`` extra), imported only when asked for, and touch no
+process-wide state of a trainer in the same process (docs/eval.md, "Tracking").
 """
 
 from __future__ import annotations
