@@ -86,49 +86,34 @@ def _title(doc_id: str) -> str:
     raise KeyError(doc_id)
 
 
-# Canonical wording (the corpus module's) -> other wordings of the same question.
-_WORDINGS: Final[tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]] = (
-    (
-        re.compile(r"What is the capital of (?P<e>.+)\?"),
-        (
-            "Which city is the capital of {e}?",
-            "Name the capital city of {e}.",
-            "what is the capital of {e}",
-        ),
+# Canonical wording (the corpus module's, a pattern) -> other wordings of the same question.
+_WORDINGS: Final[dict[str, tuple[str, ...]]] = {
+    r"What is the capital of (?P<e>.+)\?": (
+        "Which city is the capital of {e}?",
+        "Name the capital city of {e}.",
+        "what is the capital of {e}",
     ),
-    (
-        re.compile(r"What is the currency of (?P<e>.+)\?"),
-        (
-            "Which currency is used in {e}?",
-            "What money does {e} use?",
-            "Tell me the currency of {e}.",
-        ),
+    r"What is the currency of (?P<e>.+)\?": (
+        "Which currency is used in {e}?",
+        "What money does {e} use?",
+        "Tell me the currency of {e}.",
     ),
-    (
-        re.compile(r"Who invented the (?P<e>.+)\?"),
-        (
-            "Who is the inventor of the {e}?",
-            "Who created the {e}?",
-            "Name the inventor of the {e}.",
-        ),
+    r"Who invented the (?P<e>.+)\?": (
+        "Who is the inventor of the {e}?",
+        "Who created the {e}?",
+        "Name the inventor of the {e}.",
     ),
-    (
-        re.compile(r"In which year was the (?P<e>.+) invented\?"),
-        (
-            "When was the {e} invented?",
-            "What year was the {e} invented?",
-            "In what year did someone invent the {e}?",
-        ),
+    r"In which year was the (?P<e>.+) invented\?": (
+        "When was the {e} invented?",
+        "What year was the {e} invented?",
+        "In what year did someone invent the {e}?",
     ),
-    (
-        re.compile(r"In which country was the inventor of the (?P<e>.+) born\?"),
-        (
-            "Which country does the inventor of the {e} come from?",
-            "The inventor of the {e} was born in which country?",
-            "Where was the inventor of the {e} born? Name the country.",
-        ),
+    r"In which country was the inventor of the (?P<e>.+) born\?": (
+        "Which country does the inventor of the {e} come from?",
+        "The inventor of the {e} was born in which country?",
+        "Where was the inventor of the {e} born? Name the country.",
     ),
-)
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +137,8 @@ class SearchTask:
 
 
 def _wordings(question: str) -> tuple[str, tuple[str, ...]]:
-    for pattern, others in _WORDINGS:
-        match = pattern.fullmatch(question)
+    for pattern, others in _WORDINGS.items():
+        match = re.fullmatch(pattern, question)
         if match is not None:
             entity = match.group("e")
             return entity, (question, *(o.format(e=entity) for o in others))
