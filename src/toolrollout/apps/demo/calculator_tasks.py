@@ -1,19 +1,10 @@
 """Synthetic tasks for the demo's ``calculator`` tool: arithmetic questions.
 
-A :class:`Problem` is an arithmetic question in natural language with the calculator
-expression(s) that answer it; :mod:`toolrollout.apps.demo.dialogs` renders it as a dialog
-(the assistant calls ``calculator``, the tool message carries the calculator's real output,
-and the assistant's final turn states that output). Three shapes exist:
-
-* ``single``: one call (``"What is 37 * 12?"`` → ``calculator("37 * 12")`` → ``"444"``);
-* ``chain``: two sequential calls, the second one using the first result
-  (``"Compute 12 * 7, then add 5 to the result."``);
-* ``parallel``: two independent calls in one assistant turn, whose two tool results are
-  merged into one user turn by the chat template.
-
-Held-out problems are chosen by hashing each canonical expression (:func:`is_heldout`):
-a training problem never contains a held-out expression, so the shipped prompts (drawn
-only from the held-out side) were never seen during training.
+A :class:`Problem` is a question with the calculator expression(s) that answer it, in one
+of three shapes: ``single`` (one call), ``chain`` (a second call on the first result) and
+``parallel`` (two independent calls in one assistant turn). Held-out problems are chosen
+by hashing each canonical expression (:func:`is_heldout`): a training problem never
+contains a held-out expression, so the shipped prompts were never seen in training.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Synthetic tasks for the demo's ``search`` tool, over the bundled demo corpus.
 
-The questions are the ones :mod:`toolrollout.search.demo_corpus` defines (capital and
-currency of a country, inventor and year of a device: one search; the country where a
-device's inventor was born: two searches, the second for the inventor named in the first
-result). Training dialogs ask them in several wordings; the shipped prompts use the
-corpus module's own wording.
-
-The assistant searches for the entity the question names (``{"query_list": ["Ostonia"]}``)
-and answers with the bare fact. The tool messages are real: the corpus is searched with
-the same BM25 index ``toolrollout retriever serve`` builds (:class:`Bm25Retriever`) and the
-hits are formatted by :func:`toolrollout.search._format.format_results`, as :class:`SearchTool`
-does (a test compares with the tool's answers over HTTP).
-
-A fact (its canonical question) is either held out or not (:func:`is_heldout_question`,
-~25% by a stable hash); no wording of a held-out fact appears in training.
+The questions are :mod:`toolrollout.search.demo_corpus`'s (one or two searches each),
+asked in several wordings in training and in the corpus's own wording in the shipped
+prompts. The tool messages are real: the BM25 index ``toolrollout retriever serve`` builds,
+formatted as :class:`SearchTool` does (a test compares with the tool over HTTP). A fact is
+held out by a stable hash of its canonical question (:func:`is_heldout_question`, ~25%).
 """
 
 from __future__ import annotations

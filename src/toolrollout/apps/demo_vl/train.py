@@ -56,14 +56,13 @@ class VideoExample:
 def _encode(
     tokenizer: Any, fmt: Any, messages: list[dict[str, Any]], tools: list[Any], pngs: list[bytes]
 ) -> VideoExample:
-    from toolrollout.apps.demo.tokenizer import encode_dialog
+    from toolrollout.apps.demo.tokenizer import assistant_header, encode_dialog
 
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
     ids = tokenizer.encode(text, add_special_tokens=False)
     prepared = [fmt.prepare(data) for data in pngs]
     expanded, _ = fmt.expand(ids, [p.num_tokens for p in prepared])
-    header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-    mask = encode_dialog(tokenizer, expanded, header)
+    mask = encode_dialog(tokenizer, expanded, assistant_header(tokenizer))
     return VideoExample(tuple(expanded), tuple(mask), tuple(p.png for p in prepared))
 
 
