@@ -289,22 +289,28 @@ def _drive(
     )
 
 
-def _lost_sample(
+def _lost_samples(
+    failed: list[tuple[ShardJob, str]],
     prompts: Sequence[RolloutPrompt],
     group_ids: Sequence[str],
-    prompt_index: int,
-    sample_index: int,
-    message: str,
-) -> Trajectory:
-    """The ``failed`` row standing for a sample whose worker died before returning it."""
-    return failed_trajectory(
-        group_id=group_ids[prompt_index],
-        prompt_index=prompt_index,
-        sample_index=sample_index,
-        prompt=prompts[prompt_index],
-        reason="error",
-        error=f"DistributedError: {message}",
-    )
+    have: frozenset[tuple[int, int]] = frozenset(),
+) -> list[Trajectory]:
+    """A ``failed`` row for each sample of a failed shard not in ``have`` (its worker died
+    before returning it)."""
+    return [
+        failed_trajectory(
+            group_id=group_ids[p],
+            prompt_index=p,
+            sample_index=s,
+            prompt=prompts[p],
+            reason="error",
+            error=f"DistributedError: {message}",
+        )
+        for job, message in failed
+        for p in job.prompt_indices
+        for s in range(job.spec.config.n)
+        if (p, s) not in have
+    ]
 
 
 def _split_batch(
@@ -322,12 +328,7 @@ def _split_batch(
     reach the driver, so a group it had finished is missing from the batch; the failure
     line says which shard).
     """
-    lost = [
-        _lost_sample(prompts, group_ids, p, s, message)
-        for job, message in failed
-        for p in job.prompt_indices
-        for s in range(job.spec.config.n)
-    ]
+    lost = _lost_samples(failed, prompts, group_ids)
     ordered = sorted(rows + lost, key=lambda t: (t.prompt_index, t.sample_index))
     batch = [t for t in ordered if (t.group_id, t.sample_index) in chosen]
     with ShardWriter(parts) as writer:
@@ -364,22 +365,15 @@ def _account_for_failures(
     parts: Path,
 ) -> tuple[list[Trajectory], int]:
     """Keep what failed workers had written; a ``failed`` row for each sample still missing."""
-    rows: list[Trajectory] = []
-    adopted_rows = 0
-    for job, message in failed:
-        adopted = _adopt(Path(job.spill_dir), parts)
-        adopted_rows += len(adopted)
-        have = skip | adopted
-        for prompt_index in job.prompt_indices:
-            for sample_index in range(job.spec.config.n):
-                if (prompt_index, sample_index) in have:
-                    continue
-                rows.append(_lost_sample(prompts, group_ids, prompt_index, sample_index, message))
+    adopted: set[tuple[int, int]] = set()
+    for job, _ in failed:
+        adopted |= _adopt(Path(job.spill_dir), parts)
+    rows = _lost_samples(failed, prompts, group_ids, skip | adopted)
     if rows:
         with ShardWriter(parts) as writer:
             for row in rows:
                 writer.write(row)
-    return rows, adopted_rows
+    return rows, len(adopted)
 
 
 def _adopt(spill: Path, parts: Path) -> set[tuple[int, int]]:
