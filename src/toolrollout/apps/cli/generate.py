@@ -311,7 +311,7 @@ async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
 
     interrupted: list[str] = []
     trajectories: list[Trajectory] = []
-    left_over: list[int] = []
+    left_over: int | None = None
     carried = plan.carried
     total = len(carried) if carried else len(plan.prompts) * plan.spec.config.n
     already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
@@ -350,7 +350,7 @@ async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
                         for trajectory in batch.trajectories:
                             writer.write(trajectory)
                             trajectories.append(trajectory)
-                        left_over.append(len(batch.leftover))
+                        left_over = len(batch.leftover)
                     tg.cancel_scope.cancel()
             elapsed = time.perf_counter() - started
         if flags.work_history is not None and run.runner.work_history is not None:
@@ -364,7 +364,7 @@ async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
         total=total,
         resumed=len(plan.skip),
         rows_on_disk=len(plan.skip) + writer.rows_written,
-        left_over=left_over[0] if left_over else None,
+        left_over=left_over,
         **gc_done,
     )
 

@@ -172,7 +172,6 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     encoded += copy_encoded
     masks += [encode_dialog(tokenizer, ids, header) for ids in copy_encoded]
     prefix_lens += [0] * len(copy_encoded)
-    lengths += [len(ids) for ids in copy_encoded]
 
     model = Qwen2ForCausalLM(_model_config(tokenizer, args)) if start is None else start[0]
     model.train()
