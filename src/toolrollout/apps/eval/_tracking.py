@@ -10,6 +10,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,16 +28,13 @@ def _params(config: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v)[:500] for k, v in config.items()}
 
 
+@dataclass(frozen=True, slots=True)
 class TrackedRun:
     """Where a tracked run landed: its backend, id and location."""
 
-    def __init__(self, backend: str, run_id: str, location: str) -> None:
-        self.backend = backend
-        self.run_id = run_id
-        self.location = location
-
-    def __repr__(self) -> str:
-        return f"TrackedRun({self.backend!r}, {self.run_id!r}, {self.location!r})"
+    backend: str
+    run_id: str
+    location: str
 
 
 def _mlflow_uri(uri: str | Path) -> str:
