@@ -1,11 +1,8 @@
 """The metric naming scheme and the batch metrics of a set of trajectories.
 
-Names are ``section/quantity[/statistic]`` with ``/`` as separator, for example
-``rollout/num_turns/mean`` or ``tools/calculator/failure_rate``. One scheme is shared by
-``toolrollout eval``, the experiment trackers and the trainer adapters, so the same number
-has the same name on every dashboard. A name is never both a leaf and a prefix of another
-name: MLflow's file store keeps each metric as a file at that path, and W&B groups panels
-by the first segment.
+Names are ``section/quantity[/statistic]``, e.g. ``rollout/num_turns/mean``: one scheme for
+``toolrollout eval``, the trackers and the trainer adapters (docs/eval.md has the rules
+that keep names valid in every tracker).
 """
 
 from __future__ import annotations
@@ -98,54 +95,52 @@ def _tools_from_metrics(metrics: Mapping[str, Any]) -> dict[str, ToolUse]:
     }
 
 
+_COUNTS = (
+    "prompt_index",
+    "sample_index",
+    "num_turns",
+    "num_tool_calls",
+    "tool_errors",
+    "parse_errors",
+)
+"""The integer fields of a SampleStats, named alike in a row and on a Trajectory."""
+
+
 def sample_stats(item: Trajectory | Mapping[str, Any] | SampleStats) -> SampleStats:
     """Read one trajectory, or one row of a toolrollout parquet/JSONL file (as returned by
     :func:`toolrollout.rollout.read_rows`, or raw with ``metrics`` still a JSON string)."""
     if isinstance(item, SampleStats):
         return item
+    own: dict[str, Any]
     if isinstance(item, Mapping):
         metrics = item.get("metrics") or {}
         if isinstance(metrics, str):
             metrics = json.loads(metrics)
         reward = item.get("reward")
-        total = metrics.get("total_seconds")
-        return SampleStats(
-            prompt_index=int(item["prompt_index"]),
-            sample_index=int(item["sample_index"]),
+        own = {k: int(item[k]) for k in _COUNTS}
+        own.update(
             status=str(item["status"]),
             reward=None if reward is None else float(reward),
-            num_turns=int(item["num_turns"]),
-            num_tool_calls=int(item["num_tool_calls"]),
-            tool_errors=int(item["tool_errors"]),
-            parse_errors=int(item["parse_errors"]),
             response_tokens=len(item.get("response_ids") or ()),
-            model_tokens=int(metrics.get("model_tokens", 0)),
-            generation_seconds=float(metrics.get("generation_seconds", 0.0)),
-            tool_seconds=float(metrics.get("tool_seconds", 0.0)),
-            total_seconds=None if total is None else float(total),
             data_source=item.get("data_source"),
-            tools=_tools_from_metrics(metrics),
             finish_reason=item.get("finish_reason"),
         )
-    metrics = item.metrics
+    else:
+        metrics = item.metrics
+        own = {k: getattr(item, k) for k in (*_COUNTS, "reward", "data_source")}
+        own.update(
+            status=str(item.status),
+            response_tokens=sum(len(span.ids) for span in item.spans),
+            finish_reason=item.finish_reason,
+        )
     total = metrics.get("total_seconds")
     return SampleStats(
-        prompt_index=item.prompt_index,
-        sample_index=item.sample_index,
-        status=str(item.status),
-        reward=item.reward,
-        num_turns=item.num_turns,
-        num_tool_calls=item.num_tool_calls,
-        tool_errors=item.tool_errors,
-        parse_errors=item.parse_errors,
-        response_tokens=sum(len(span.ids) for span in item.spans),
+        **own,
         model_tokens=int(metrics.get("model_tokens", 0)),
         generation_seconds=float(metrics.get("generation_seconds", 0.0)),
         tool_seconds=float(metrics.get("tool_seconds", 0.0)),
         total_seconds=None if total is None else float(total),
-        data_source=item.data_source,
         tools=_tools_from_metrics(metrics),
-        finish_reason=item.finish_reason,
     )
 
 

@@ -50,12 +50,7 @@ def final_answer_text(trajectory: Trajectory) -> str:
 
 def _last_number(text: str) -> float | None:
     matches = _NUMBER.findall(text.replace(",", ""))
-    if not matches:
-        return None
-    try:
-        return float(matches[-1])
-    except ValueError:
-        return None
+    return float(matches[-1]) if matches else None
 
 
 def exact_match(trajectory: Trajectory) -> float:

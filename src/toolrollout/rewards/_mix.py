@@ -15,7 +15,7 @@ recorded on the trajectory and only enter the reward when a weight asks for them
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,19 +24,13 @@ from toolrollout._exceptions import UserError
 __all__ = ["RewardMix"]
 
 Reduce = Literal["sum", "mean", "last", "max", "min"]
-_REDUCERS = ("sum", "mean", "last", "max", "min")
-
-
-def _reduce(values: Sequence[float], how: Reduce) -> float:
-    if how == "sum":
-        return math.fsum(values)
-    if how == "mean":
-        return math.fsum(values) / len(values)
-    if how == "last":
-        return values[-1]
-    if how == "max":
-        return max(values)
-    return min(values)
+_REDUCERS: dict[str, Callable[[Sequence[float]], float]] = {
+    "sum": math.fsum,
+    "mean": lambda values: math.fsum(values) / len(values),
+    "last": lambda values: values[-1],
+    "max": max,
+    "min": min,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +68,10 @@ class RewardMix:
         out: dict[str, float] = {}
         turns = [r for r in turn_rewards if r is not None]
         if turns:
-            out["turn_rewards"] = _reduce(turns, self.turn_reduce)
+            out["turn_rewards"] = _REDUCERS[self.turn_reduce](turns)
         steps = [r for r in tool_rewards if r is not None]
         if steps or tool_final_rewards:
-            step = _reduce(steps, self.tool_reduce) if steps else 0.0
+            step = _REDUCERS[self.tool_reduce](steps) if steps else 0.0
             out["tool_rewards"] = step + math.fsum(tool_final_rewards.values())
         return out
 
@@ -90,11 +84,10 @@ class RewardMix:
     ) -> tuple[float | None, dict[str, float]]:
         """The reward and the reduced turn/tool terms (for ``reward_details``)."""
         terms = self.terms(turn_rewards, tool_rewards, tool_final_rewards)
-        parts: list[float] = []
-        if outcome is not None and self.outcome_weight != 0:
-            parts.append(self.outcome_weight * outcome)
-        if "turn_rewards" in terms and self.turn_weight != 0:
-            parts.append(self.turn_weight * terms["turn_rewards"])
-        if "tool_rewards" in terms and self.tool_weight != 0:
-            parts.append(self.tool_weight * terms["tool_rewards"])
+        weighted = (
+            (self.outcome_weight, outcome),
+            (self.turn_weight, terms.get("turn_rewards")),
+            (self.tool_weight, terms.get("tool_rewards")),
+        )
+        parts = [weight * value for weight, value in weighted if value is not None and weight != 0]
         return (math.fsum(parts) if parts else None), terms

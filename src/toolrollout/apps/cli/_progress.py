@@ -56,26 +56,25 @@ class RolloutProgress:
 
 def finish(summary: dict[str, Any], out: Path) -> None:
     """Print the summary and exit as the run ended (130/143 after a signal)."""
-    if summary["interrupted"] is not None and summary.get("batch_run"):
+    interrupted = summary["interrupted"]
+    if interrupted is not None and summary.get("batch_run"):
         typer.echo(
-            f"interrupted by {summary['interrupted']}: a --target-groups or --resume-leftover "
+            f"interrupted by {interrupted}: a --target-groups or --resume-leftover "
             "run writes its batch and leftover only at the end, so nothing was written",
             err=True,
         )
-        raise typer.Exit(code=143 if summary["interrupted"] == "SIGTERM" else 130)
+        raise typer.Exit(code=143 if interrupted == "SIGTERM" else 130)
     for failure in summary.get("ray_failures", ()):
         typer.echo(f"warning: {failure}", err=True)
-    if summary["interrupted"] is not None:
-        print_summary(summary, out, err=True)
+    print_summary(summary, out, err=interrupted is not None)
+    if interrupted is not None:
         typer.echo(
-            f"interrupted by {summary['interrupted']}: {summary['rows_on_disk']} of "
+            f"interrupted by {interrupted}: {summary['rows_on_disk']} of "
             f"{summary['total']} rows kept in {summary['parts']}; "
             "rerun with --resume to complete the run",
             err=True,
         )
-        code = 143 if summary["interrupted"] == "SIGTERM" else 130
-        raise typer.Exit(code=code)
-    print_summary(summary, out)
+        raise typer.Exit(code=143 if interrupted == "SIGTERM" else 130)
 
 
 def summarise(trajectories: list[Any], elapsed: float) -> dict[str, Any]:

@@ -76,7 +76,7 @@ def eval_command(flags: Any) -> None:
     """Evaluate: accuracy, pass@k, tool use, turns, latency; report with plots; tracking."""
     require_extra("eval", "toolrollout eval")
     from toolrollout._exceptions import ToolRolloutError
-    from toolrollout.apps.eval._report import write_report
+    from toolrollout.apps.eval._report import FIGURES, write_report
 
     out_dir: Path = flags.out_dir
     comparison: Comparison | None
@@ -91,7 +91,7 @@ def eval_command(flags: Any) -> None:
         report = write_report(out_dir, runs, comparison=comparison)
         _print_table(runs, comparison)
         typer.echo(f"report: {report}")
-        artifacts += [report, *(report.parent / f for f in _figures()), out_dir / "metrics.json"]
+        artifacts += [report, *(report.parent / f for f in FIGURES), out_dir / "metrics.json"]
         if flags.report_to is not ReportTo.NONE:
             tracked = _track(flags, runs, comparison, config=config, artifacts=artifacts)
             typer.echo(f"{tracked.backend} run {tracked.run_id} at {tracked.location}")
@@ -128,12 +128,6 @@ def _config(flags: Any) -> dict[str, Any]:
         "baseline": str(flags.baseline),
         "success_threshold": flags.success_threshold,
     }
-
-
-def _figures() -> tuple[str, ...]:
-    from toolrollout.apps.eval._report import FIGURES
-
-    return FIGURES
 
 
 def _compare_files(flags: Any) -> tuple[list[EvalSummary], Comparison, dict[str, Any], list[Path]]:
@@ -257,25 +251,12 @@ def _track(
             metrics.update(run.flat_metrics(prefix="" if run.label == "tools" else "baseline"))
     if comparison is not None:
         metrics.update(comparison.metrics())
-    tracking_uri, out_dir = flags.tracking_uri, flags.out_dir
-    experiment, run_name = flags.experiment, flags.run_name
+    common: dict[str, Any] = {"config": config, "artifacts": artifacts, "run_name": flags.run_name}
     if flags.report_to is ReportTo.MLFLOW:
-        return log_to_mlflow(
-            metrics,
-            config=config,
-            artifacts=artifacts,
-            tracking_uri=tracking_uri or out_dir / "mlruns",
-            experiment=experiment,
-            run_name=run_name,
-        )
-    return log_to_wandb(
-        metrics,
-        config=config,
-        artifacts=artifacts,
-        directory=tracking_uri or out_dir,
-        project=experiment,
-        run_name=run_name,
-    )
+        where = flags.tracking_uri or flags.out_dir / "mlruns"
+        return log_to_mlflow(metrics, tracking_uri=where, experiment=flags.experiment, **common)
+    where = flags.tracking_uri or flags.out_dir
+    return log_to_wandb(metrics, directory=where, project=flags.experiment, **common)
 
 
 def _cell(value: float | None) -> str:
@@ -288,28 +269,17 @@ def _print_table(runs: list[EvalSummary], comparison: Comparison | None) -> None
     from rich.console import Console
     from rich.table import Table
 
+    from toolrollout.apps.eval._report import HEADLINE, pass_at_keys
+
     table = Table(title="toolrollout eval")
     table.add_column("metric")
     for run in runs:
         table.add_column(run.label, justify="right")
     if comparison is not None:
         table.add_column("difference", justify="right")
-    names = [
-        "eval/accuracy",
-        *sorted(
-            (k for k in runs[-1].metrics if k.startswith("eval/pass_at_")),
-            key=lambda k: int(k.rsplit("_", 1)[1]),
-        ),
-        "rollout/reward/mean",
-        "rollout/num_turns/mean",
-        "tools/calls/mean",
-        "tools/failure_rate",
-        "tools/parse_error_rate",
-        "rollout/response_tokens/mean",
-        "timing/generation_s/mean",
-        "timing/tools_s/mean",
-        "rollout/status/failed",
-    ]
+    # The report's headline metrics, pass@k after accuracy, without the tool_unavailable row.
+    headline = [key for key, _ in HEADLINE[:-1]]
+    names = [headline[0], *pass_at_keys(runs[-1:]), *headline[1:]]
     for name in names:
         values = [run.metrics.get(name) for run in runs]
         row = [name, *(_cell(v) for v in values)]

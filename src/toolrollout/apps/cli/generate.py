@@ -3,21 +3,12 @@
 With no options it runs the bundled demo end to end: the embedded engine with the demo
 model, the demo prompts, the real calculator tool, numeric-match rewards, and writes
 ``trajectories.parquet``. Without ``--dataset`` the demo prompt set matching the configured
-tools is used (``python`` tool: the python prompts, ``search`` tool: the search prompts,
-anything else: the calculator prompts). User mistakes exit with a one-line message and code 2.
+tools is used. User mistakes exit with a one-line message and code 2.
 
-Rows stream as crash-safe parquet shards into ``<out>.parts/`` while the run goes on; when
-every sample has its row the shards are merged into ``<out>``, the run is marked finished
-and the folder is removed, in that order (``finish_shards``), so a kill while finishing
-leaves a folder that ``--resume`` completes (or only cleans up) without a row changing.
-After a crash, ``--resume`` runs only the samples without a row. SIGINT/SIGTERM abort the
-in-flight engine requests, keep the finished rows, stop tool services and exit 130/143
-with a summary on stderr.
-
-A ``--target-groups`` run writes only its batch to ``<out>``; what it left over (the
-aborted trajectories with every token so far, and their finished siblings) is saved to
-``<out stem>.leftover.parquet`` (or ``--leftover``), and ``--resume-leftover FILE``
-continues exactly those trajectories in a later run.
+Rows stream as crash-safe parquet shards into ``<out>.parts/``, merged into ``<out>`` at the
+end (``finish_shards``; docs/fault-tolerance.md has the steps, ``--resume`` and the signals).
+A ``--target-groups`` run writes only its batch to ``<out>`` and what it left over to
+``<out stem>.leftover.parquet`` (or ``--leftover``), which ``--resume-leftover`` continues.
 """
 
 from __future__ import annotations
@@ -320,7 +311,7 @@ async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
 
     interrupted: list[str] = []
     trajectories: list[Trajectory] = []
-    left_over: list[int] = []
+    left_over: int | None = None
     carried = plan.carried
     total = len(carried) if carried else len(plan.prompts) * plan.spec.config.n
     already = sum(1 for t in carried if t.status is not TrajectoryStatus.ABORTED)
@@ -359,7 +350,7 @@ async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
                         for trajectory in batch.trajectories:
                             writer.write(trajectory)
                             trajectories.append(trajectory)
-                        left_over.append(len(batch.leftover))
+                        left_over = len(batch.leftover)
                     tg.cancel_scope.cancel()
             elapsed = time.perf_counter() - started
         if flags.work_history is not None and run.runner.work_history is not None:
@@ -373,7 +364,7 @@ async def _run_local(plan: _Plan, flags: Any) -> dict[str, Any]:
         total=total,
         resumed=len(plan.skip),
         rows_on_disk=len(plan.skip) + writer.rows_written,
-        left_over=left_over[0] if left_over else None,
+        left_over=left_over,
         **gc_done,
     )
 
@@ -391,18 +382,9 @@ def _summary(
 
 @contextlib.contextmanager
 def _gc_for_the_run(freeze: bool, threshold: int | None) -> Iterator[dict[str, Any]]:
-    """The collector as ``--gc-freeze`` and ``--gc-threshold`` ask, for the block; yields
-    what it did, for the summary. The application's choice, not the library's: both change
-    the whole process, so the thresholds before are restored after (a ``generate`` called
-    in a process that goes on, a test's, keeps its own) and frozen objects unfrozen.
-
-    ``gc.freeze()`` (after a collection, so what loading left behind is freed, not kept)
-    moves everything loaded so far (libraries, model, tokenizer, tools) out of the
-    collector's generations: each full collection walks the run's own objects only. The
-    youngest generation is collected after ``threshold`` allocations: Python's 700
-    promotes all that lives a few milliseconds, and at 10,000 trajectories every request in
-    flight does; the oldest generation then grows into a full collection (a second or
-    more) every few seconds."""
+    """The collector as ``--gc-freeze`` and ``--gc-threshold`` ask, for the block (why:
+    docs/rollouts.md#concurrency); yields what it did, for the summary. Both change the
+    whole process, so the thresholds are restored and frozen objects unfrozen after."""
     import gc
 
     did: dict[str, Any] = {}

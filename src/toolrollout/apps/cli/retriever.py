@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from toolrollout.apps.cli._common import require_extra
+from toolrollout.apps.cli._common import fail, require_extra
 from toolrollout.apps.cli._options import SERVER, command, opt
 
 __all__ = ["OPTIONS", "register", "retriever_app", "serve"]
@@ -58,8 +58,7 @@ def serve(flags: Any) -> None:
         documents = load_corpus(path)
         retriever = Bm25Retriever(documents, stemming=flags.stem)
     except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from exc
+        raise fail(str(exc)) from exc
     typer.echo(
         f"indexed {len(documents)} documents from {path} in {retriever.index_seconds:.2f}s "
         f"(stemming {'on' if retriever.stemming else 'off'}); "

@@ -67,7 +67,4 @@ def demo_prompts_for_tools(tool_names: Iterable[str]) -> Path:
     calculator prompts (what ``toolrollout generate`` uses without ``--dataset``)."""
     names = set(tool_names)
     preferred: tuple[DemoTask, ...] = ("python", "search")
-    for task in preferred:
-        if task in names:
-            return DEMO_PROMPT_SETS[task]
-    return DEMO_PROMPTS_PATH
+    return next((DEMO_PROMPT_SETS[t] for t in preferred if t in names), DEMO_PROMPTS_PATH)

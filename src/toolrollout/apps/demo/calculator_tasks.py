@@ -1,19 +1,10 @@
 """Synthetic tasks for the demo's ``calculator`` tool: arithmetic questions.
 
-A :class:`Problem` is an arithmetic question in natural language with the calculator
-expression(s) that answer it; :mod:`toolrollout.apps.demo.dialogs` renders it as a dialog
-(the assistant calls ``calculator``, the tool message carries the calculator's real output,
-and the assistant's final turn states that output). Three shapes exist:
-
-* ``single``: one call (``"What is 37 * 12?"`` → ``calculator("37 * 12")`` → ``"444"``);
-* ``chain``: two sequential calls, the second one using the first result
-  (``"Compute 12 * 7, then add 5 to the result."``);
-* ``parallel``: two independent calls in one assistant turn, whose two tool results are
-  merged into one user turn by the chat template.
-
-Held-out problems are chosen by hashing each canonical expression (:func:`is_heldout`):
-a training problem never contains a held-out expression, so the shipped prompts (drawn
-only from the held-out side) were never seen during training.
+A :class:`Problem` is a question with the calculator expression(s) that answer it, in one
+of three shapes: ``single`` (one call), ``chain`` (a second call on the first result) and
+``parallel`` (two independent calls in one assistant turn). Held-out problems are chosen
+by hashing each canonical expression (:func:`is_heldout`): a training problem never
+contains a held-out expression, so the shipped prompts were never seen in training.
 """
 
 from __future__ import annotations
@@ -192,24 +183,19 @@ def _binary(rng: random.Random) -> Problem:
     return Problem.make("single", question, (expression,))
 
 
-def _ternary_expression(rng: random.Random) -> str:
-    a, b, c = (rng.randint(1, rng.choice((9, 99, 999))) for _ in range(3))
-    shape = rng.randrange(6)
-    if shape == 0:
-        return f"({a} + {b}) * {c}"
-    if shape == 1:
-        return f"({a} - {b}) * {c}"
-    if shape == 2:
-        return f"{a} * {b} + {c}"
-    if shape == 3:
-        return f"{a} + {b} * {c}"
-    if shape == 4:
-        return f"{a} * ({b} - {c})"
-    return f"{a} + {b} - {c}"
+_TERNARY_SHAPES: Final = (
+    "({a} + {b}) * {c}",
+    "({a} - {b}) * {c}",
+    "{a} * {b} + {c}",
+    "{a} + {b} * {c}",
+    "{a} * ({b} - {c})",
+    "{a} + {b} - {c}",
+)
 
 
 def _ternary(rng: random.Random) -> Problem:
-    expression = _ternary_expression(rng)
+    a, b, c = (rng.randint(1, rng.choice((9, 99, 999))) for _ in range(3))
+    expression = _TERNARY_SHAPES[rng.randrange(len(_TERNARY_SHAPES))].format(a=a, b=b, c=c)
     return Problem.make("single", rng.choice(_SYMBOLIC).format(e=expression), (expression,))
 
 
@@ -228,9 +214,8 @@ def _chain(rng: random.Random) -> Problem:
 
 
 def _parallel(rng: random.Random) -> Problem:
-    ops = rng.choices(("+", "-", "*"), k=2)
     exprs = []
-    for op in ops:
+    for op in rng.choices(("+", "-", "*"), k=2):
         a, b = _operands(rng, op)
         exprs.append(f"{a} {op} {b}")
     question = rng.choice(_PARALLEL_FRAMES).format(e1=exprs[0], e2=exprs[1])

@@ -1,16 +1,9 @@
 """Synthetic tasks for the demo's ``python`` tool: questions answered by a short program.
 
-Each :class:`CodeTask` is a question ("What is the sum of the integers from 3 to 250?"),
-the program the assistant sends to the sandbox (``print(sum(range(3, 250 + 1)))``) and
-the text the sandbox tool returns for it. That text is built by
-:func:`toolrollout.sandbox._tool.format_run_code_response`, the formatter :class:`SandboxTool`
-itself uses, from a Sandbox Fusion ``RunCodeResponse`` holding what the program printed:
-the training dialogs show the model exactly what the real tool answers (a test runs a
-sample through ``toolrollout sandbox serve`` and compares).
-
-The program is the split key: a held-out program (:func:`is_heldout_code`, ~10% by a
-stable hash) is never part of a training dialog, so the shipped python prompts are new to
-the model.
+A :class:`CodeTask` is a question, the program the assistant sends to the sandbox and the
+text the sandbox tool returns for it, built by the formatter :class:`SandboxTool` itself
+uses (a test compares with ``toolrollout sandbox serve``). The program is the split key: a
+held-out program (:func:`is_heldout_code`, ~10% by a stable hash) is never in training.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Deterministic synthetic data for the demo model: calculator, python and search tasks.
 
 Everything here is driven by a seeded :class:`random.Random`, so the training corpus, the
-tokenizer trained on it and the shipped prompt sets are reproducible bit for bit.
-
-There are three task families, each rendered with the tool list its tool config shows:
-``calculator`` (:mod:`toolrollout.apps.demo.calculator_tasks`: arithmetic), ``python``
-(:mod:`toolrollout.apps.demo.code_tasks`: the sandbox tool) and ``search``
-(:mod:`toolrollout.apps.demo.search_tasks`: the demo corpus); this module renders their
-tasks as dialogs. A :class:`Dialog` records its family so the training script renders it
-with that family's tools (:func:`family_tools`). A calculator dialog is the assistant's
-``calculator`` call(s), the calculator's real output(s) and a final turn that states it.
-
-Each family holds out problems, programs or corpus questions by a stable hash, so the
-shipped prompts (drawn only from the held-out side) were never seen during training.
+tokenizer trained on it and the shipped prompt sets are reproducible bit for bit. The tasks
+of each family come from :mod:`~toolrollout.apps.demo.calculator_tasks`,
+:mod:`~toolrollout.apps.demo.code_tasks` and :mod:`~toolrollout.apps.demo.search_tasks`,
+which hold out problems by a stable hash (the shipped prompts were never seen in training);
+this module renders them as dialogs, each with its family's tools (:func:`family_tools`).
 """
 
 from __future__ import annotations
@@ -224,33 +217,27 @@ def training_dialogs(
     return dialogs
 
 
+def _prompt_row(prefix: str, i: int, question: str, answer: Any, **extra: Any) -> dict[str, Any]:
+    messages = _question_messages(question, DEFAULT_SYSTEM_PROMPT)
+    return {"id": f"{prefix}-{i:03d}", "messages": messages, "answer": answer, **extra}
+
+
 def make_prompt_rows(n: int = 64, *, seed: int = 1234) -> list[dict[str, Any]]:
     """The shipped calculator prompts: ``n`` single-call held-out problems."""
-    rows = []
-    for i, problem in enumerate(generate_problems(n, seed=seed, split="heldout", mix=EVAL_MIX)):
-        rows.append(
-            {
-                "id": f"calc-{i:03d}",
-                "messages": _question_messages(problem.question, DEFAULT_SYSTEM_PROMPT),
-                "answer": problem.answer,
-                "expression": problem.calls[0],
-            }
-        )
-    return rows
+    problems = generate_problems(n, seed=seed, split="heldout", mix=EVAL_MIX)
+    return [
+        _prompt_row("calc", i, p.question, p.answer, expression=p.calls[0])
+        for i, p in enumerate(problems)
+    ]
 
 
 def make_python_prompt_rows(n: int = 64, *, seed: int = 1234) -> list[dict[str, Any]]:
     """The shipped python prompts: ``n`` held-out programs' questions."""
     from toolrollout.apps.demo.code_tasks import generate_code_tasks
 
+    tasks = generate_code_tasks(n, seed=seed, split="heldout")
     return [
-        {
-            "id": f"python-{i:03d}",
-            "messages": _question_messages(task.question, DEFAULT_SYSTEM_PROMPT),
-            "answer": task.answer,
-            "code": task.code,
-        }
-        for i, task in enumerate(generate_code_tasks(n, seed=seed, split="heldout"))
+        _prompt_row("python", i, t.question, t.answer, code=t.code) for i, t in enumerate(tasks)
     ]
 
 
@@ -260,21 +247,9 @@ def make_search_prompt_rows() -> list[dict[str, Any]]:
 
     tasks = generate_search_tasks(10**6, seed=0, split="heldout", canonical_only=True)
     return [
-        {
-            "id": f"search-{i:03d}",
-            "messages": _question_messages(task.question, DEFAULT_SYSTEM_PROMPT),
-            "answer": task.answer,
-            "queries": list(task.queries),
-            "hops": task.hops,
-        }
-        for i, task in enumerate(tasks)
+        _prompt_row("search", i, t.question, t.answer, queries=list(t.queries), hops=t.hops)
+        for i, t in enumerate(tasks)
     ]
-
-
-def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    with path.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
 def write_prompts(paths: dict[Family, Path]) -> None:
@@ -285,7 +260,8 @@ def write_prompts(paths: dict[Family, Path]) -> None:
         "search": make_search_prompt_rows,
     }
     for family, path in paths.items():
-        _write_jsonl(path, makers[family]())
+        with path.open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in makers[family]())
 
 
 _COPY_FRAMES: Final = ("Repeat: {s}", "Say {s}", "Copy this: {s}", "Echo {s}")

@@ -1,19 +1,10 @@
 """Synthetic tasks for the demo's ``search`` tool, over the bundled demo corpus.
 
-The questions are the ones :mod:`toolrollout.search.demo_corpus` defines (capital and
-currency of a country, inventor and year of a device: one search; the country where a
-device's inventor was born: two searches, the second for the inventor named in the first
-result). Training dialogs ask them in several wordings; the shipped prompts use the
-corpus module's own wording.
-
-The assistant searches for the entity the question names (``{"query_list": ["Ostonia"]}``)
-and answers with the bare fact. The tool messages are real: the corpus is searched with
-the same BM25 index ``toolrollout retriever serve`` builds (:class:`Bm25Retriever`) and the
-hits are formatted by :func:`toolrollout.search._format.format_results`, as :class:`SearchTool`
-does (a test compares with the tool's answers over HTTP).
-
-A fact (its canonical question) is either held out or not (:func:`is_heldout_question`,
-~25% by a stable hash); no wording of a held-out fact appears in training.
+The questions are :mod:`toolrollout.search.demo_corpus`'s (one or two searches each),
+asked in several wordings in training and in the corpus's own wording in the shipped
+prompts. The tool messages are real: the BM25 index ``toolrollout retriever serve`` builds,
+formatted as :class:`SearchTool` does (a test compares with the tool over HTTP). A fact is
+held out by a stable hash of its canonical question (:func:`is_heldout_question`, ~25%).
 """
 
 from __future__ import annotations
@@ -86,49 +77,34 @@ def _title(doc_id: str) -> str:
     raise KeyError(doc_id)
 
 
-# Canonical wording (the corpus module's) -> other wordings of the same question.
-_WORDINGS: Final[tuple[tuple[re.Pattern[str], tuple[str, ...]], ...]] = (
-    (
-        re.compile(r"What is the capital of (?P<e>.+)\?"),
-        (
-            "Which city is the capital of {e}?",
-            "Name the capital city of {e}.",
-            "what is the capital of {e}",
-        ),
+# Canonical wording (the corpus module's, a pattern) -> other wordings of the same question.
+_WORDINGS: Final[dict[str, tuple[str, ...]]] = {
+    r"What is the capital of (?P<e>.+)\?": (
+        "Which city is the capital of {e}?",
+        "Name the capital city of {e}.",
+        "what is the capital of {e}",
     ),
-    (
-        re.compile(r"What is the currency of (?P<e>.+)\?"),
-        (
-            "Which currency is used in {e}?",
-            "What money does {e} use?",
-            "Tell me the currency of {e}.",
-        ),
+    r"What is the currency of (?P<e>.+)\?": (
+        "Which currency is used in {e}?",
+        "What money does {e} use?",
+        "Tell me the currency of {e}.",
     ),
-    (
-        re.compile(r"Who invented the (?P<e>.+)\?"),
-        (
-            "Who is the inventor of the {e}?",
-            "Who created the {e}?",
-            "Name the inventor of the {e}.",
-        ),
+    r"Who invented the (?P<e>.+)\?": (
+        "Who is the inventor of the {e}?",
+        "Who created the {e}?",
+        "Name the inventor of the {e}.",
     ),
-    (
-        re.compile(r"In which year was the (?P<e>.+) invented\?"),
-        (
-            "When was the {e} invented?",
-            "What year was the {e} invented?",
-            "In what year did someone invent the {e}?",
-        ),
+    r"In which year was the (?P<e>.+) invented\?": (
+        "When was the {e} invented?",
+        "What year was the {e} invented?",
+        "In what year did someone invent the {e}?",
     ),
-    (
-        re.compile(r"In which country was the inventor of the (?P<e>.+) born\?"),
-        (
-            "Which country does the inventor of the {e} come from?",
-            "The inventor of the {e} was born in which country?",
-            "Where was the inventor of the {e} born? Name the country.",
-        ),
+    r"In which country was the inventor of the (?P<e>.+) born\?": (
+        "Which country does the inventor of the {e} come from?",
+        "The inventor of the {e} was born in which country?",
+        "Where was the inventor of the {e} born? Name the country.",
     ),
-)
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +128,8 @@ class SearchTask:
 
 
 def _wordings(question: str) -> tuple[str, tuple[str, ...]]:
-    for pattern, others in _WORDINGS:
-        match = pattern.fullmatch(question)
+    for pattern, others in _WORDINGS.items():
+        match = re.fullmatch(pattern, question)
         if match is not None:
             entity = match.group("e")
             return entity, (question, *(o.format(e=entity) for o in others))

@@ -2,30 +2,17 @@
 
 ``python -m toolrollout.apps.demo.train`` is the first stage of the shipped recipe; the later
 stages continue from its folder with ``--init-from`` (``scripts/train_demo.sh`` runs all
-three, about an hour on one core). A stage
-
-1. generates synthetic dialogs (:mod:`toolrollout.apps.demo.dialogs`, train split) of the
-   task families given by ``--tasks`` (default: all three): calculator, ``python`` (the
-   code sandbox) and ``search`` (the demo corpus), each rendered with the tool list of its
-   tool config;
-2. trains a byte-level BPE tokenizer on them (:mod:`toolrollout.apps.demo.tokenizer`: Qwen2's
-   pre-tokenizer, which splits digits one per token, so the model can copy numbers) and
-   wraps it as a fast tokenizer carrying the chat template (a continued stage keeps the
-   previous stage's tokenizer);
-3. trains a small Qwen2 causal LM with AdamW, loss on assistant tokens only (everything the
-   assistant generates after ``<|im_start|>assistant\\n``, up to and including
-   ``<|im_end|>``): first ``--copy-steps`` steps of short "repeat after me" dialogs, a dense
-   copying signal that makes the copy circuit appear early and reliably, then the tool
-   dialogs;
-4. saves a standard Hugging Face folder (safetensors, float32) and the held-out prompt sets
-   (one file per family).
-
-Two things keep a step cheap on CPU: the rows of a batch share one system prompt (with the
-tool list), whose KV cache is computed once and broadcast; and rows have similar lengths.
+three; docs/quickstart.md, "Retraining"). A stage renders synthetic dialogs of the
+``--tasks`` families, each with its tool config's tool list
+(:mod:`~toolrollout.apps.demo.dialogs`), trains the tokenizer on them
+(:mod:`~toolrollout.apps.demo.tokenizer`; a continued stage keeps the previous one's), then
+a small Qwen2 with AdamW, loss on assistant tokens only: first ``--copy-steps`` steps of
+"repeat after me" dialogs, a dense copying signal that makes the copy circuit appear early,
+then the tool dialogs. It saves a Hugging Face folder (safetensors, float32) and the
+held-out prompt sets.
 
 Seeds and data order are fixed and the result does not depend on the thread count, so a
-rerun on the same machine reproduces the same weights byte for byte (another CPU may differ
-in the last bits of float arithmetic, and then in the sampled quality by a point or two).
+rerun on the same machine reproduces the same weights byte for byte.
 """
 
 from __future__ import annotations
@@ -59,7 +46,7 @@ from toolrollout.apps.demo.tokenizer import (
     token_id,
 )
 
-__all__ = ["main", "train"]
+__all__ = ["main", "padded_batch", "train"]
 
 _OUTPUT_FILES: Final = frozenset(
     {
@@ -185,7 +172,6 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     encoded += copy_encoded
     masks += [encode_dialog(tokenizer, ids, header) for ids in copy_encoded]
     prefix_lens += [0] * len(copy_encoded)
-    lengths += [len(ids) for ids in copy_encoded]
 
     model = Qwen2ForCausalLM(_model_config(tokenizer, args)) if start is None else start[0]
     model.train()
@@ -204,7 +190,7 @@ def train(args: argparse.Namespace) -> tuple[Qwen2ForCausalLM, PreTrainedTokeniz
     running = 0.0
     for step, idx in enumerate(batches):
         p = prefix_lens[idx[0]]
-        input_ids, labels = _batch_tensors(
+        input_ids, _, labels = padded_batch(
             [encoded[i][p:] for i in idx], [masks[i][p:] for i in idx], pad_id
         )
         loss = _loss(model, encoded[idx[0]][:p], input_ids, labels)
@@ -250,19 +236,22 @@ def _optimizer(model: Qwen2ForCausalLM, lr: float) -> torch.optim.AdamW:
     )
 
 
-def _batch_tensors(
-    rows: Sequence[list[int]], masks: Sequence[Sequence[int]], pad_id: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input ids and their labels (-100 where the mask excludes a token)."""
+def padded_batch(
+    rows: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids, attention mask and labels (-100 where the mask excludes a
+    token)."""
     width = max(len(ids) for ids in rows)
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
     labels = torch.full((len(rows), width), -100, dtype=torch.long)
     for row, (tokens, mask) in enumerate(zip(rows, masks, strict=True)):
         ids = torch.tensor(tokens, dtype=torch.long)
         input_ids[row, : len(ids)] = ids
+        attention[row, : len(ids)] = 1
         keep = torch.tensor(mask, dtype=torch.bool)
         labels[row, : len(ids)] = torch.where(keep, ids, torch.full_like(ids, -100))
-    return input_ids, labels
+    return input_ids, attention, labels
 
 
 def _loss(

@@ -6,27 +6,15 @@ which calls :func:`build` first; every other file is written here.
 
 The result is a standard Hugging Face ``Qwen2VLForConditionalGeneration`` folder with a
 tokenizer and a Pillow-only image processor (``Qwen2VLImageProcessorPil``: torchvision is
-not needed). Its language model is the calculator-only text demo (``--text-base``; the
-text demo as it was when the VL demo was trained, before it also learnt the python and
-search tools; weights copied, so it calls tools the way that model does); the three
-Qwen2-VL vision tokens are appended to the text demo's vocabulary; the vision tower is a
-one-block ViT with seeded random weights.
+not needed). Its language model is the calculator-only text demo (``--text-base``, weights
+copied); the three Qwen2-VL vision tokens are appended to its vocabulary; the vision tower
+is a one-block ViT with seeded random weights. With identical temporal/height/width
+positions, Qwen2-VL's multimodal RoPE is exactly Qwen2's 1-D RoPE, so the copied weights
+compute the same logits on text (checked by ``tests/demo_vl``).
 
-What this starting point is: the text demo inside the Qwen2-VL architecture, with an
-untrained vision tower. Training it to call ``crop_video`` and answer from the frames is
-:mod:`toolrollout.apps.demo_vl.train`.
-
-Why a copied language model: with identical temporal/height/width positions, Qwen2-VL's
-multimodal RoPE is exactly the 1-D RoPE of Qwen2, so the text demo's weights compute the
-same logits inside the VL architecture (checked by ``tests/demo_vl``).
-
-The text base is ``src/toolrollout/apps/demo_vl/text_base/`` in a source checkout; it is not in
-the wheel (only this maintainer step reads it). It is ``src/toolrollout/apps/demo/model/`` as of
-commit ``9ceb368``, so git recreates it anywhere::
-
-    mkdir text_base && for f in chat_template.jinja config.json generation_config.json \
-        model.safetensors tokenizer.json tokenizer_config.json; do
-      git show "9ceb368:src/toolrollout/apps/demo/model/$f" > "text_base/$f"; done
+The text base is ``src/toolrollout/apps/demo_vl/text_base/`` in a source checkout, not in the
+wheel: ``src/toolrollout/apps/demo/model/`` as of commit ``9ceb368`` (docs/multimodal.md,
+"Retraining the VL demo", shows how git recreates it).
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """The VL demo's dialogs: questions about a window of a synthetic clip, answered with the
-real ``crop_video`` tool.
+real ``crop_video`` tool (the MCP server's own function, converted by the MCP backend).
 
-The user asks which colour is shown in a time window of a named clip
-(:mod:`toolrollout.apps.demo_vl.video`: one colour per 2-second segment), the assistant
-calls ``crop_video`` with that file and window, the tool message is the *real*
-``crop_video`` result (the MCP server's own function, converted by the MCP backend), and
-the assistant names the colour it saw. Clip seeds from :data:`HELDOUT_SEED_BASE` on are
-never used in training.
+Clip seeds from :data:`HELDOUT_SEED_BASE` on are never used in training.
 """
 
 from __future__ import annotations

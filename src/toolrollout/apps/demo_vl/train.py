@@ -1,22 +1,11 @@
 """Fine-tune the tiny VL demo to look at video windows with ``crop_video``, deterministically.
 
-Run ``python -m toolrollout.apps.demo_vl.train --out src/toolrollout/apps/demo_vl/model`` (a few CPU
-minutes on two threads). The script
-
-1. builds the untrained starting point with :func:`toolrollout.apps.demo_vl.build.build` (the
-   text demo's language weights and a seeded one-block ViT);
-2. writes synthetic clips (:mod:`toolrollout.apps.demo_vl.video`: one colour per 2-second
-   segment) and makes dialogs about them (:mod:`toolrollout.apps.demo_vl.dialogs`): the
-   user asks which colour is shown in a time window of a named clip, the assistant calls
-   ``crop_video`` with that file and window, the tool message is the *real* ``crop_video``
-   result (images prepared and placeholders expanded exactly as the rollout loop does), and
-   the assistant names the colour it saw;
-3. mixes in the text demo's calculator dialogs so the model keeps calling the calculator;
-4. trains every weight (vision tower and language model) with AdamW, loss on assistant
-   tokens only, and saves the same folder layout as the build script.
-
-Seeds, clip contents and data order are fixed and the thread count is pinned, so a rerun on
-the same machine writes the same weights byte for byte.
+Run ``python -m toolrollout.apps.demo_vl.train --out src/toolrollout/apps/demo_vl/model`` (a few
+CPU minutes on two threads). It builds the starting point (:mod:`~toolrollout.apps.demo_vl.build`),
+makes dialogs about synthetic clips with the real ``crop_video`` results
+(:mod:`~toolrollout.apps.demo_vl.dialogs`), mixes in the text demo's calculator dialogs, and
+trains every weight, loss on assistant tokens only; docs/multimodal.md, "Retraining the VL
+demo", has the details. A rerun on the same machine writes the same weights byte for byte.
 """
 
 from __future__ import annotations
@@ -35,7 +24,7 @@ from typing import Any, cast
 import torch
 
 from toolrollout.apps.demo.dialogs import training_dialogs
-from toolrollout.apps.demo.train import cosine_lr, log_line, optimizer_step
+from toolrollout.apps.demo.train import cosine_lr, log_line, optimizer_step, padded_batch
 from toolrollout.apps.demo_vl import DEMO_VL_MODEL_PATH, DEMO_VL_TEXT_BASE_PATH
 from toolrollout.apps.demo_vl.build import build
 from toolrollout.apps.demo_vl.dialogs import (
@@ -67,14 +56,13 @@ class VideoExample:
 def _encode(
     tokenizer: Any, fmt: Any, messages: list[dict[str, Any]], tools: list[Any], pngs: list[bytes]
 ) -> VideoExample:
-    from toolrollout.apps.demo.tokenizer import encode_dialog
+    from toolrollout.apps.demo.tokenizer import assistant_header, encode_dialog
 
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
     ids = tokenizer.encode(text, add_special_tokens=False)
     prepared = [fmt.prepare(data) for data in pngs]
     expanded, _ = fmt.expand(ids, [p.num_tokens for p in prepared])
-    header = tokenizer.encode("<|im_start|>assistant\n", add_special_tokens=False)
-    mask = encode_dialog(tokenizer, expanded, header)
+    mask = encode_dialog(tokenizer, expanded, assistant_header(tokenizer))
     return VideoExample(tuple(expanded), tuple(mask), tuple(p.png for p in prepared))
 
 
@@ -82,17 +70,7 @@ def _padded(
     batch: Sequence[VideoExample], skip: int, pad: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids, attention mask and labels of ``example.ids[skip:]``."""
-    width = max(len(e.ids) for e in batch) - skip
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    for row, example in enumerate(batch):
-        n = len(example.ids) - skip
-        ids[row, :n] = torch.tensor(example.ids[skip:])
-        attention[row, :n] = 1
-        keep = torch.tensor(example.mask[skip:])
-        labels[row, :n] = torch.where(keep, ids[row, :n], torch.full((n,), -100))
-    return ids, attention, labels
+    return padded_batch([e.ids[skip:] for e in batch], [e.mask[skip:] for e in batch], pad)
 
 
 def _masked_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

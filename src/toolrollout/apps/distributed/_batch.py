@@ -1,14 +1,8 @@
-"""The global batch target of ``generate --ray --target-groups``.
+"""The global batch target of ``generate --ray --target-groups`` (docs/scale-out.md).
 
-Each worker rolls out its own shard with :meth:`~toolrollout.rollout.RolloutRunner.run_batch`,
-but the target counts groups over all shards: the first ``target_groups`` groups to finish
-anywhere are the batch. One small Ray actor holding a :class:`BatchCoordinator` is that
-count. Workers report each finished sample to it and poll it for the stop; once it says
-stop, each worker stops its own batch, which aborts its in-flight requests on the servers.
-The driver asks it at the end which samples form the batch.
-
-Plain Python like :class:`~toolrollout.apps.distributed._worker.ShardWorker`: the driver
-wraps it with ``ray.remote``, so it can be tested without Ray.
+One small Ray actor holding a :class:`BatchCoordinator` counts finished groups over all
+shards; workers report to it and poll it for the stop. Plain Python: the driver wraps it
+with ``ray.remote``, so it can be tested without Ray.
 """
 
 from __future__ import annotations

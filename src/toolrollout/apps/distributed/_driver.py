@@ -1,17 +1,11 @@
-"""The Ray driver behind ``toolrollout generate --ray``.
+"""The Ray driver behind ``toolrollout generate --ray`` (docs/scale-out.md).
 
 The driver shards the prompts (whole GRPO groups per shard), starts one Ray actor per
-shard, and collects what each returns into the run's crash-safe shard folder; the caller
-then merges that folder exactly as in a one-machine run (rows ordered by prompt, then
-sample). Ray is imported only here, inside :func:`run_sharded`.
-
-With a batch target (``--target-groups``) one more small actor, a
-:class:`~toolrollout.apps.distributed.BatchCoordinator`, counts finished groups over all shards
-and tells every worker to stop once the target is met (see ``_batch.py``); the driver then
-writes the batch and hands back the rest as the run's leftover.
-
-Every actor talks to the same engine servers (``_engines.py``): the given ones, or one
-shared ``toolrollout serve`` the driver starts for the whole run.
+shard, and collects what each returns into the run's crash-safe shard folder, which the
+caller merges exactly as in a one-machine run. With ``--target-groups`` a
+:class:`~toolrollout.apps.distributed.BatchCoordinator` actor counts finished groups over
+all shards and stops every worker once the target is met. Every actor talks to the same
+engine servers (``_engines.py``). Ray is imported only inside :func:`run_sharded`.
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +31,6 @@ from ._worker import ShardJob, ShardResult, ShardWorker
 
 __all__ = ["RayOptions", "RayRunReport", "import_ray", "run_sharded"]
 
-_INSTALL_HINT = "--ray needs Ray: pip install 'toolrollout[ray]'"
 _SPILL_PREFIX = "worker-"
 
 
@@ -66,7 +59,7 @@ class RayRunReport:
 
     trajectories: tuple[Trajectory, ...]
     rows_written: int
-    seconds: float
+    seconds: float = 0.0
     shards: tuple[dict[str, Any], ...] = ()
     failures: tuple[str, ...] = ()
     interrupted: str | None = None
@@ -82,7 +75,7 @@ def import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise UserError(_INSTALL_HINT) from None
+        raise UserError("--ray needs Ray: pip install 'toolrollout[ray]'") from None
     return ray
 
 
@@ -118,7 +111,8 @@ def run_sharded(
         check_target_groups(target_groups, len(prompts))
     spills = sorted(parts.glob(f"{_SPILL_PREFIX}*"))
     if resume:
-        skip = skip | _adopt_all(spills, parts)
+        for spill in spills:
+            skip = skip | _adopt(spill, parts)
     elif any(any(d.glob("part-*.parquet")) for d in spills):
         raise UserError(
             f"{parts} holds an unfinished Ray run: pass --resume to complete it, or delete it"
@@ -153,17 +147,12 @@ def run_sharded(
     on_disk = done_samples(parts)
     for spill in parts.glob(f"{_SPILL_PREFIX}*"):
         on_disk |= done_samples(spill)
-    return RayRunReport(
-        trajectories=report.trajectories,
-        rows_written=report.rows_written,
+    return replace(
+        report,
         seconds=time.perf_counter() - started,
-        shards=report.shards,
-        failures=report.failures,
-        interrupted=report.interrupted,
         engine_urls=tuple(urls),
         resumed=len(skip),
         rows_on_disk=len(on_disk),
-        leftover=report.leftover,
     )
 
 
@@ -193,16 +182,6 @@ def _portable(spec: RunSpec) -> RunSpec:
         tool_config=spec.tool_config.resolve() if spec.tool_config else None,
         interaction_config=(spec.interaction_config.resolve() if spec.interaction_config else None),
     )
-
-
-@dataclass(frozen=True)
-class _Collected:
-    trajectories: tuple[Trajectory, ...]
-    rows_written: int
-    shards: tuple[dict[str, Any], ...]
-    failures: tuple[str, ...]
-    interrupted: str | None
-    leftover: tuple[Trajectory, ...] = ()
 
 
 def _shard_row(result: ShardResult) -> dict[str, Any]:
@@ -241,7 +220,7 @@ def _drive(
     run_id: str,
     engine: RunEngines,
     target: tuple[int, bool] | None = None,
-) -> _Collected:
+) -> RayRunReport:
     """Start the actors, gather their results as they finish, account for every sample.
 
     ``target`` (target_groups, keep_groups_whole): one batch over all shards, counted by a
@@ -295,12 +274,13 @@ def _drive(
             ray.kill(coordinator)
     written = writer.rows_written
     if coordinator is not None:  # interrupted: a batch run writes nothing
-        return _Collected((), 0, tuple(shards), tuple(m for _, m in failed), interrupted)
+        failures = tuple(m for _, m in failed)
+        return RayRunReport((), 0, shards=tuple(shards), failures=failures, interrupted=interrupted)
     if interrupted is None:
         rows_failed, adopted = _account_for_failures(failed, prompts, group_ids, skip, parts)
         rows.extend(rows_failed)
         written += len(rows_failed) + adopted
-    return _Collected(
+    return RayRunReport(
         trajectories=tuple(rows),
         rows_written=written,
         shards=tuple(sorted(shards, key=lambda s: int(s["shard"]))),
@@ -309,22 +289,28 @@ def _drive(
     )
 
 
-def _lost_sample(
+def _lost_samples(
+    failed: list[tuple[ShardJob, str]],
     prompts: Sequence[RolloutPrompt],
     group_ids: Sequence[str],
-    prompt_index: int,
-    sample_index: int,
-    message: str,
-) -> Trajectory:
-    """The ``failed`` row standing for a sample whose worker died before returning it."""
-    return failed_trajectory(
-        group_id=group_ids[prompt_index],
-        prompt_index=prompt_index,
-        sample_index=sample_index,
-        prompt=prompts[prompt_index],
-        reason="error",
-        error=f"DistributedError: {message}",
-    )
+    have: frozenset[tuple[int, int]] = frozenset(),
+) -> list[Trajectory]:
+    """A ``failed`` row for each sample of a failed shard not in ``have`` (its worker died
+    before returning it)."""
+    return [
+        failed_trajectory(
+            group_id=group_ids[p],
+            prompt_index=p,
+            sample_index=s,
+            prompt=prompts[p],
+            reason="error",
+            error=f"DistributedError: {message}",
+        )
+        for job, message in failed
+        for p in job.prompt_indices
+        for s in range(job.spec.config.n)
+        if (p, s) not in have
+    ]
 
 
 def _split_batch(
@@ -335,25 +321,20 @@ def _split_batch(
     group_ids: Sequence[str],
     parts: Path,
     shards: list[dict[str, Any]],
-) -> _Collected:
+) -> RayRunReport:
     """Write the coordinator's batch into ``parts``; everything else is the leftover.
 
     A dead shard's samples come back as ``failed`` rows in the leftover (its rows never
     reach the driver, so a group it had finished is missing from the batch; the failure
     line says which shard).
     """
-    lost = [
-        _lost_sample(prompts, group_ids, p, s, message)
-        for job, message in failed
-        for p in job.prompt_indices
-        for s in range(job.spec.config.n)
-    ]
+    lost = _lost_samples(failed, prompts, group_ids)
     ordered = sorted(rows + lost, key=lambda t: (t.prompt_index, t.sample_index))
     batch = [t for t in ordered if (t.group_id, t.sample_index) in chosen]
     with ShardWriter(parts) as writer:
         for trajectory in batch:
             writer.write(trajectory)
-    return _Collected(
+    return RayRunReport(
         trajectories=tuple(batch),
         rows_written=len(batch),
         shards=tuple(sorted(shards, key=lambda s: int(s["shard"]))),
@@ -384,22 +365,15 @@ def _account_for_failures(
     parts: Path,
 ) -> tuple[list[Trajectory], int]:
     """Keep what failed workers had written; a ``failed`` row for each sample still missing."""
-    rows: list[Trajectory] = []
-    adopted_rows = 0
-    for job, message in failed:
-        adopted = _adopt(Path(job.spill_dir), parts)
-        adopted_rows += len(adopted)
-        have = skip | adopted
-        for prompt_index in job.prompt_indices:
-            for sample_index in range(job.spec.config.n):
-                if (prompt_index, sample_index) in have:
-                    continue
-                rows.append(_lost_sample(prompts, group_ids, prompt_index, sample_index, message))
+    adopted: set[tuple[int, int]] = set()
+    for job, _ in failed:
+        adopted |= _adopt(Path(job.spill_dir), parts)
+    rows = _lost_samples(failed, prompts, group_ids, skip | adopted)
     if rows:
         with ShardWriter(parts) as writer:
             for row in rows:
                 writer.write(row)
-    return rows, adopted_rows
+    return rows, len(adopted)
 
 
 def _adopt(spill: Path, parts: Path) -> set[tuple[int, int]]:
@@ -415,10 +389,3 @@ def _adopt(spill: Path, parts: Path) -> set[tuple[int, int]]:
         number += 1
     shutil.rmtree(spill, ignore_errors=True)
     return pairs
-
-
-def _adopt_all(spills: list[Path], parts: Path) -> frozenset[tuple[int, int]]:
-    adopted: set[tuple[int, int]] = set()
-    for spill in spills:
-        adopted |= _adopt(spill, parts)
-    return frozenset(adopted)

@@ -127,12 +127,13 @@ def run_engines(ray: Any, spec: RunSpec, address: str | None) -> Iterator[RunEng
         return
     from toolrollout.sandbox._background import free_port
 
-    # A local cluster reaches it on loopback; a real cluster at this node's address.
+    # A local cluster reaches it on loopback; a real cluster at this node's address. The
+    # driver itself always checks it on loopback.
     if address:  # joining a cluster
         bind, advertise = "0.0.0.0", str(ray.util.get_node_ip_address())
     else:
         bind = advertise = "127.0.0.1"
-    port = free_port("127.0.0.1" if bind == "0.0.0.0" else bind)
+    port = free_port("127.0.0.1")
 
     command = [
         sys.executable,
@@ -155,7 +156,7 @@ def run_engines(ray: Any, spec: RunSpec, address: str | None) -> Iterator[RunEng
     env = {k: v for k, v in os.environ.items() if k != ADMIN_API_KEY_ENV}
     env[API_KEY_ENV] = key  # the workers abort requests too: no separate admin key
     url = f"http://{advertise}:{port}"
-    local = f"http://{'127.0.0.1' if bind == '0.0.0.0' else bind}:{port}"
+    local = f"http://127.0.0.1:{port}"
 
     async def healthy(client: httpx.AsyncClient) -> bool:
         return (await client.get(f"{local}/health")).status_code == 200
@@ -176,7 +177,7 @@ def run_engines(ray: Any, spec: RunSpec, address: str | None) -> Iterator[RunEng
     service = ServiceCommand(
         kind="engine server",
         argv=tuple(command),
-        host="127.0.0.1" if bind == "0.0.0.0" else bind,
+        host="127.0.0.1",
         port=port,
         ready=healthy,
         env=env,

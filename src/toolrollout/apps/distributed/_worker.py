@@ -1,17 +1,13 @@
 """One Ray rollout worker: the ordinary async rollout loop over one shard of the prompts.
 
-The class is plain Python; the driver wraps it with ``ray.remote`` when a run starts, so
-this module (and ``import toolrollout``) never imports Ray. Everything a worker needs
-travels in a picklable :class:`ShardJob` (the run's :class:`~toolrollout.spec.RunSpec`);
-the worker builds its runner with :func:`~toolrollout.spec.open_run` as a one-machine run
-does, loading the tools, interactions and tokenizer from their paths, because live tool
-clients and servers do not pickle.
+Plain Python: the driver wraps it with ``ray.remote``, so this module never imports Ray.
+A worker builds its runner from the picklable :class:`ShardJob` with
+:func:`~toolrollout.spec.open_run`, as a one-machine run does (live tool clients do not pickle).
 """
 
 from __future__ import annotations
 
 import math
-import os
 import socket
 import tempfile
 import time
@@ -53,9 +49,7 @@ class ShardResult:
     shard: int
     node: str
     host: str
-    pid: int
     seconds: float
-    spill_dir: str
     trajectories: tuple[Trajectory, ...]
 
 
@@ -102,35 +96,13 @@ class ShardWorker:
         run's :class:`~toolrollout.apps.distributed.BatchCoordinator` actor."""
         # async: Ray runs it on the actor's own event loop (an async actor), where the
         # rollout's anyio task groups run as they do in a one-machine run.
+        from toolrollout.rollout import ShardWriter
+        from toolrollout.spec import open_run
+
         started = time.perf_counter()
         node = _node_id()
         spill = _spill_dir(job.spill_dir)
         rows: list[Trajectory] = []
-        await self._run(job, prompts, group_ids, skip, node, spill, rows, coordinator)
-        return ShardResult(
-            shard=job.shard,
-            node=node,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            seconds=time.perf_counter() - started,
-            spill_dir=str(spill),
-            trajectories=tuple(rows),
-        )
-
-    async def _run(
-        self,
-        job: ShardJob,
-        prompts: Sequence[RolloutPrompt],
-        group_ids: Sequence[str],
-        skip: frozenset[tuple[int, int]],
-        node: str,
-        spill: Path,
-        rows: list[Trajectory],
-        coordinator: Any = None,
-    ) -> None:
-        from toolrollout.rollout import ShardWriter
-        from toolrollout.spec import open_run
-
         mine = set(job.prompt_indices)
         n = job.spec.config.n
         # The runner sees the whole prompt list and skips other shards' samples, so prompt
@@ -141,17 +113,24 @@ class ShardWorker:
             runner = run.runner
             if job.spec.batch:
                 await _run_batch(job, runner, prompts, group_ids, others, tag, rows, coordinator)
-                return
-            with ShardWriter(spill, rows_per_shard=job.spec.flush_every) as writer:
+            else:
+                with ShardWriter(spill, rows_per_shard=job.spec.flush_every) as writer:
 
-                def on_result(trajectory: Trajectory) -> None:
-                    tagged = replace(trajectory, metrics={**trajectory.metrics, **tag})
-                    writer.write(tagged)
-                    rows.append(tagged)
+                    def on_result(trajectory: Trajectory) -> None:
+                        tagged = replace(trajectory, metrics={**trajectory.metrics, **tag})
+                        writer.write(tagged)
+                        rows.append(tagged)
 
-                await runner.run(
-                    prompts, on_result=on_result, group_ids=group_ids, skip=others | set(skip)
-                )
+                    await runner.run(
+                        prompts, on_result=on_result, group_ids=group_ids, skip=others | set(skip)
+                    )
+        return ShardResult(
+            shard=job.shard,
+            node=node,
+            host=socket.gethostname(),
+            seconds=time.perf_counter() - started,
+            trajectories=tuple(rows),
+        )
 
 
 async def _run_batch(

@@ -1,8 +1,7 @@
 """The evaluation report: four PNG figures and a Markdown page that embeds them.
 
-matplotlib is drawn through its object API (``Figure`` + the Agg canvas) rather than
-``pyplot``, so nothing global is touched (no backend switch, no open-figure registry) and a
-report can be written from a trainer's process without side effects.
+matplotlib is drawn through its object API (``Figure`` + the Agg canvas), not ``pyplot``,
+so nothing global is touched and a trainer's process can write a report.
 """
 
 from __future__ import annotations
@@ -17,12 +16,12 @@ from toolrollout._exceptions import UserError
 
 from ._summary import Comparison, EvalSummary
 
-__all__ = ["FIGURES", "write_report"]
+__all__ = ["FIGURES", "HEADLINE", "pass_at_keys", "write_report"]
 
 FIGURES = ("accuracy.png", "turns.png", "tool_calls.png", "latency.png")
 """File names of the figures, written next to ``report.md``."""
 
-_HEADLINE = (
+HEADLINE = (
     ("eval/accuracy", "accuracy"),
     ("rollout/reward/mean", "mean reward"),
     ("rollout/num_turns/mean", "turns / trajectory"),
@@ -35,6 +34,13 @@ _HEADLINE = (
     ("rollout/status/failed", "failed fraction"),
     ("rollout/failure/tool_unavailable", "failed: tool unavailable (not scored)"),
 )
+"""The report's main table, (metric, title) in order; pass@k rows follow it."""
+
+
+def pass_at_keys(runs: Sequence[EvalSummary]) -> list[str]:
+    """The ``eval/pass_at_<k>`` metrics of ``runs``, by k."""
+    keys = {k for r in runs for k in r.metrics if k.startswith("eval/pass_at_")}
+    return sorted(keys, key=lambda k: int(k.rsplit("_", 1)[1]))
 
 
 def _figure(width: float = 6.0, height: float = 3.6) -> Any:
@@ -158,17 +164,8 @@ def write_report(
             f"[{diff.low:+.3f}, {diff.high:+.3f}], {diff.resamples} resamples, {kind}).",
             "",
         ]
-    lines += _table(runs, _HEADLINE)
-    pass_keys = sorted(
-        {k for r in runs for k in r.metrics if k.startswith("eval/pass_at_")},
-        key=lambda k: int(k.rsplit("_", 1)[1]),
-    )
-    for key in pass_keys:
-        lines.append(
-            f"| pass@{key.rsplit('_', 1)[1]} (`{key}`) | "
-            + " | ".join(_fmt(r.metrics.get(key)) for r in runs)
-            + " |"
-        )
+    passes = [(key, f"pass@{key.rsplit('_', 1)[1]}") for key in pass_at_keys(runs)]
+    lines += _table(runs, [*HEADLINE, *passes])
     lines += [
         "",
         "![accuracy](accuracy.png) ![turns](turns.png)",

@@ -13,7 +13,7 @@ between-problem variance from the difference.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -56,6 +56,17 @@ def _check(confidence: float, resamples: int) -> None:
         raise UserError(f"resamples must be at least 1, got {resamples}")
 
 
+def _resampled_means(data: np.ndarray, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    means: np.ndarray = data[rng.integers(0, data.size, size=(resamples, data.size))].mean(axis=1)
+    return means
+
+
+def _percentiles(draws: np.ndarray, confidence: float) -> tuple[float, float]:
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(draws, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
 def bootstrap_mean(
     values: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
 ) -> Interval:
@@ -64,12 +75,8 @@ def bootstrap_mean(
     data = np.asarray(values, dtype=float)
     if data.size == 0:
         raise UserError("cannot bootstrap an empty set of problems")
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, data.size, size=(resamples, data.size))
-    means = data[picks].mean(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(means, [tail, 1.0 - tail])
-    return Interval(float(data.mean()), float(low), float(high), confidence, resamples)
+    draws = _resampled_means(data, np.random.default_rng(seed), resamples)
+    return Interval(float(data.mean()), *_percentiles(draws, confidence), confidence, resamples)
 
 
 def bootstrap_difference(
@@ -88,21 +95,13 @@ def bootstrap_difference(
     _check(confidence, resamples)
     if not a or not b:
         raise UserError("cannot compare runs when one of them has no problems")
+    if set(a) == set(b):
+        diff = [a[k] - b[k] for k in sorted(a)]
+        interval = bootstrap_mean(diff, confidence=confidence, resamples=resamples, seed=seed)
+        return replace(interval, paired=True)
     rng = np.random.default_rng(seed)
-    tail = (1.0 - confidence) / 2.0
-    paired = set(a) == set(b)
-    if paired:
-        keys = sorted(a)
-        diff = np.asarray([a[k] - b[k] for k in keys], dtype=float)
-        picks = rng.integers(0, diff.size, size=(resamples, diff.size))
-        draws = diff[picks].mean(axis=1)
-        estimate = float(diff.mean())
-    else:
-        xa = np.asarray(list(a.values()), dtype=float)
-        xb = np.asarray(list(b.values()), dtype=float)
-        draws = xa[rng.integers(0, xa.size, size=(resamples, xa.size))].mean(axis=1) - xb[
-            rng.integers(0, xb.size, size=(resamples, xb.size))
-        ].mean(axis=1)
-        estimate = float(xa.mean() - xb.mean())
-    low, high = np.quantile(draws, [tail, 1.0 - tail])
-    return Interval(estimate, float(low), float(high), confidence, resamples, paired)
+    xa = np.asarray(list(a.values()), dtype=float)
+    xb = np.asarray(list(b.values()), dtype=float)
+    draws = _resampled_means(xa, rng, resamples) - _resampled_means(xb, rng, resamples)
+    low, high = _percentiles(draws, confidence)
+    return Interval(float(xa.mean() - xb.mean()), low, high, confidence, resamples)

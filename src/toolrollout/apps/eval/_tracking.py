@@ -1,12 +1,7 @@
 """Experiment tracking: MLflow and Weights & Biases, both usable with no network.
 
-Both backends are optional dependencies (the ``eval`` extra) imported only when asked for.
-MLflow is driven through an explicit ``MlflowClient`` bound to one tracking URI, so nothing
-global (the active run, the process-wide tracking URI) is changed. W&B defaults to offline
-mode: the run is written to a local directory and can be uploaded later with ``wandb sync``.
-
-A missing package is the user's to fix (:class:`UserError`); a backend that fails while
-logging raises :class:`TrackingError` with the backend's message.
+Both are optional (the ``eval`` extra), imported only when asked for, and touch no
+process-wide state of a trainer in the same process (docs/eval.md, "Tracking").
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ import math
 import os
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,16 +28,13 @@ def _params(config: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str(v)[:500] for k, v in config.items()}
 
 
+@dataclass(frozen=True, slots=True)
 class TrackedRun:
     """Where a tracked run landed: its backend, id and location."""
 
-    def __init__(self, backend: str, run_id: str, location: str) -> None:
-        self.backend = backend
-        self.run_id = run_id
-        self.location = location
-
-    def __repr__(self) -> str:
-        return f"TrackedRun({self.backend!r}, {self.run_id!r}, {self.location!r})"
+    backend: str
+    run_id: str
+    location: str
 
 
 def _mlflow_uri(uri: str | Path) -> str:
