@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from toolrollout.chat import ParsedTurn, TemplateFamily
 from toolrollout.chat.parsers import MalformedCall
 
-from ._types import (
-    RolloutShared,
-)
-
-if TYPE_CHECKING:
-    pass
+from ._types import RolloutShared
 
 __all__ = ["parse_model_turn"]
 
@@ -29,8 +23,7 @@ def parse_model_turn(
     forced: Sequence[int] = (),
 ) -> tuple[str, ParsedTurn]:
     """A model turn's raw text (``forced`` ids first) and its parse under the family's
-    rules (call ids numbered after ``calls_so_far``): the one parse of a model turn, for
-    the rollout loop and the gateway alike."""
+    rules (call ids numbered after ``calls_so_far``)."""
     chat = shared.chat
     text = chat.model_text((*forced, *turn_ids) if forced else turn_ids)
     family = chat.family

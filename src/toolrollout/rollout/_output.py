@@ -29,7 +29,7 @@ __all__ = [
     "RUN_METADATA_KEY",
     "TRAJECTORY_SCHEMA",
     "TrajectoryWriter",
-    "fsync_dir",
+    "fsync",
     "jsonl_line",
     "read_rows",
     "read_run_metadata",
@@ -37,6 +37,8 @@ __all__ = [
     "write_atomic",
     "write_trajectories",
 ]
+
+_JSONL_SUFFIXES = frozenset({".jsonl", ".json"})  # any other suffix: parquet
 
 MANIFEST = "run.json"
 """The run manifest in a shard folder (run id, dataset, counts; ``finished`` once merged)."""
@@ -140,7 +142,7 @@ class TrajectoryWriter:
         metadata; a JSONL file has no place for it (its rows carry ``sampling``)."""
         self.path = Path(path)
         self._metadata = dict(metadata or {})
-        self.format = "jsonl" if self.path.suffix in {".jsonl", ".json"} else "parquet"
+        self.format = "jsonl" if self.path.suffix in _JSONL_SUFFIXES else "parquet"
         self._flush_every = flush_every
         self._pending: list[dict[str, Any]] = []
         self._parquet: pq.ParquetWriter | None = None
@@ -168,8 +170,7 @@ class TrajectoryWriter:
             table = pa.Table.from_pylist(self._pending, schema=self._parquet.schema)
             self._parquet.write_table(table)
         elif self._jsonl is not None:
-            for row in self._pending:
-                self._jsonl.write(jsonl_line(row))
+            self._jsonl.writelines(map(jsonl_line, self._pending))
             self._jsonl.flush()
         self.rows_written += len(self._pending)
         self._pending.clear()
@@ -198,7 +199,7 @@ def write_trajectories(trajectories: list[Trajectory], path: str | Path) -> Path
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Read a toolrollout output file back as plain rows (messages/metrics JSON-decoded)."""
     path = Path(path)
-    if path.suffix in {".jsonl", ".json"}:
+    if path.suffix in _JSONL_SUFFIXES:
         with path.open(encoding="utf-8") as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
         for row in rows:
@@ -221,8 +222,9 @@ def jsonl_line(row: dict[str, Any]) -> str:
     return json.dumps({**row, "images": images}, ensure_ascii=False) + "\n"
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync(path: Path) -> None:
+    """Make a file's (or a folder's entries') writes durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -230,28 +232,18 @@ def fsync_dir(directory: Path) -> None:
 
 
 def write_atomic(
-    table: pa.Table,
-    path: Path,
-    *,
-    jsonl: bool = False,
-    before_rename: Callable[[], None] | None = None,
+    data: pa.Table | str, path: Path, *, before_rename: Callable[[], None] | None = None
 ) -> None:
-    """Write ``table`` to ``path`` so that ``path`` is either absent or complete."""
+    """Write ``data`` (a table as parquet or, by suffix, JSONL; or text) to ``path`` so that
+    ``path`` is either absent or complete."""
     tmp = path.with_name(f".{path.name}.tmp")
-    if jsonl:
-        with tmp.open("w", encoding="utf-8") as fh:
-            for row in table.to_pylist():
-                fh.write(jsonl_line(row))
-            fh.flush()
-            os.fsync(fh.fileno())
+    if isinstance(data, pa.Table) and path.suffix not in _JSONL_SUFFIXES:
+        pq.write_table(data, tmp)
     else:
-        pq.write_table(table, tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.writelines([data] if isinstance(data, str) else map(jsonl_line, data.to_pylist()))
+    fsync(tmp)
     if before_rename is not None:
         before_rename()
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync(path.parent)
