@@ -35,17 +35,8 @@ class TrajectoryStatus(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in _TERMINAL
+        return self in ("completed", "truncated", "aborted", "failed")  # a StrEnum: str values
 
-
-_TERMINAL = frozenset(
-    {
-        TrajectoryStatus.COMPLETED,
-        TrajectoryStatus.TRUNCATED,
-        TrajectoryStatus.ABORTED,
-        TrajectoryStatus.FAILED,
-    }
-)
 
 SpanKind = Literal["model", "tool", "interaction"]
 
@@ -158,11 +149,16 @@ class TrajectoryImage:
 
     def to_pil(self) -> Any:
         """The image as a loaded RGB PIL image."""
-        from PIL import Image
+        return pil_image(self.png)
 
-        image = Image.open(io.BytesIO(self.png))
-        image.load()
-        return image.convert("RGB")
+
+def pil_image(png: bytes) -> Any:
+    """PNG bytes as a loaded RGB PIL image."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png))
+    image.load()
+    return image.convert("RGB")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ it in each trainer's own shape.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +17,7 @@ import anyio
 
 from toolrollout._exceptions import ImageError
 from toolrollout._records import Trajectory, TrajectoryImage
+from toolrollout._records._trajectory import pil_image
 
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
@@ -50,15 +50,8 @@ async def prepare_images(
 
 
 def _images_of(source: Trajectory | Mapping[str, Any]) -> list[Any]:
-    from PIL import Image
-
     if isinstance(source, Mapping):
-        out = []
-        for png in source.get("images") or ():
-            image = Image.open(io.BytesIO(png))
-            image.load()
-            out.append(image.convert("RGB"))
-        return out
+        return [pil_image(png) for png in source.get("images") or ()]
     return [image.to_pil() for image in source.images]
 
 

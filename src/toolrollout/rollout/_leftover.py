@@ -352,13 +352,12 @@ def _format1_state(point: _Format1Point, spent: float) -> TrajectoryState:
         found=dict(old.drift_found),
     )
     state.vision = old.vision
-    state.environment = EnvironmentLedger(
-        turn_rewards=dict(env.get("turn_rewards", {})),
-        tool_rewards=dict(env.get("tool_rewards", {})),
-        interaction_turns=env.get("interaction_turns", 0),
-        appended_turns=env.get("appended_turns", 0),
-        interaction_tokens=env.get("interaction_tokens", 0),
-        interaction_metrics=list(env.get("interaction_metrics", [])),
-        errors=list(env.get("errors", [])),
-    )
+    state.environment = EnvironmentLedger(**{k: env[k] for k in _FORMAT1_ENV if k in env})
     return state
+
+
+_FORMAT1_ENV = (
+    *("turn_rewards", "tool_rewards", "interaction_turns", "appended_turns"),
+    *("interaction_tokens", "interaction_metrics", "errors"),
+)
+"""The keys of format 1's environment dict, each a field of :class:`EnvironmentLedger`."""

@@ -16,6 +16,7 @@ import functools
 import logging
 from collections.abc import (
     AsyncIterator,
+    Awaitable,
     Callable,
     Collection,
     Coroutine,
@@ -60,7 +61,7 @@ from ._defaults import VisionMode, default_rewards, detect_vision, tokenizer_fol
 from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
 from ._resume_payload import resume_prompt
-from ._types import RolloutShared, StopControl, as_prompt, prerender_prompts
+from ._types import PromptLike, RolloutShared, StopControl, as_prompt, prerender_prompts
 
 __all__ = ["RolloutRunner", "failed_trajectory"]
 
@@ -197,10 +198,7 @@ class RolloutRunner:
         self._logprob_label = reason
         self._logprobs_checked = True
 
-    def _check_rows(
-        self,
-        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
-    ) -> list[RolloutPrompt]:
+    def _check_rows(self, prompts: Sequence[PromptLike]) -> list[RolloutPrompt]:
         rows = [as_prompt(p) for p in prompts]
         for index, row in enumerate(rows):
             try:
@@ -290,7 +288,7 @@ class RolloutRunner:
     @_opens_tools
     async def run(
         self,
-        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+        prompts: Sequence[PromptLike],
         *,
         on_result: Callable[[Trajectory], None] | None = None,
         group_ids: Sequence[str] | None = None,
@@ -308,43 +306,46 @@ class RolloutRunner:
         run): they are not run and not returned.
         """
         rows = self._check_rows(prompts)
-        n = self.config.n
-        group_ids = group_ids_for(rows, group_ids)
-        done = set(skip)
+        places = self._places(rows, group_ids, skip)
         shared = self._shared((r.ground_truth for r in rows), sampling=sampling)
+        n = self.config.n
         results: list[Trajectory | None] = [None] * (len(rows) * n)
 
-        async def one(prompt_index: int, sample_index: int) -> None:
-            trajectory = await self._run_one(
-                shared, rows[prompt_index], prompt_index, sample_index, group_ids[prompt_index]
-            )
+        async def one(group_id: str, prompt_index: int, sample_index: int) -> None:
+            place = (group_id, prompt_index, sample_index)
+            trajectory = await self._sample(shared, rows[prompt_index], place)()
             results[prompt_index * n + sample_index] = trajectory
             if on_result is not None:
                 on_result(trajectory)
 
-        keys = [(p, s) for p in range(len(rows)) for s in range(n) if (p, s) not in done]
-
         def prepare(batch: Sequence[tuple[Any, ...]]) -> None:
-            prerender_prompts(shared, (rows[p].messages for p, _ in batch))
+            prerender_prompts(shared, (rows[p].messages for _, p, _ in batch))
 
         async with admission_watch(shared), anyio.create_task_group() as tg:
-            await start_in_batches(tg, one, keys, prepare)
+            await start_in_batches(tg, one, places, prepare)
         return [t for t in results if t is not None]
 
-    async def _run_one(
+    def _places(
+        self, rows: Sequence[RolloutPrompt], group_ids: Sequence[str] | None, skip: Collection[Any]
+    ) -> list[tuple[str, int, int]]:
+        """(group id, prompt index, sample index) of every sample to run: all but ``skip``."""
+        ids, done, n = group_ids_for(rows, group_ids), set(skip), self.config.n
+        return [(ids[p], p, s) for p in range(len(rows)) for s in range(n) if (p, s) not in done]
+
+    def _sample(
         self,
         shared: RolloutShared,
         prompt: RolloutPrompt,
-        prompt_index: int,
-        sample_index: int,
-        group_id: str,
+        place: tuple[str, int, int],
         resume: ResumePoint | None = None,
-    ) -> Trajectory:
-        """One sample, always to a row (:func:`run_sample`)."""
-        return await run_sample(
+    ) -> Callable[[], Awaitable[Trajectory]]:
+        """One sample (group id, prompt index, sample index), always to a row
+        (:func:`run_sample`), ready to run."""
+        return functools.partial(
+            run_sample,
             shared,
             prompt,
-            (group_id, prompt_index, sample_index),
+            place,
             resume,
             hooks=self.hooks,
             logprob_label=self._logprob_label,
@@ -353,7 +354,7 @@ class RolloutRunner:
     @_opens_tools
     async def run_batch(
         self,
-        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+        prompts: Sequence[PromptLike],
         *,
         target_groups: int,
         keep_groups_whole: bool = True,
@@ -377,27 +378,18 @@ class RolloutRunner:
         target were met, and holds the groups complete by then.
         """
         rows = self._check_rows(prompts)
-        done = set(skip)
-        launched = {p for p in range(len(rows)) for s in range(self.config.n) if (p, s) not in done}
-        if not 1 <= target_groups <= len(launched):
+        places = self._places(rows, group_ids, skip)
+        launched = len({p for _, p, _ in places})
+        if not 1 <= target_groups <= launched:
             raise UserError(
-                f"target_groups must be between 1 and the {len(launched)} prompts run, "
+                f"target_groups must be between 1 and the {launched} prompts run, "
                 f"got {target_groups}"
             )
-        group_ids = group_ids_for(rows, group_ids)
         stop = StopControl()
         shared = self._shared((r.ground_truth for r in rows), stop)
         jobs = [
-            Job(
-                group_ids[p],
-                p,
-                s,
-                functools.partial(self._run_one, shared, rows[p], p, s, group_ids[p]),
-                prompt=rows[p],
-            )
-            for p in range(len(rows))
-            for s in range(self.config.n)
-            if (p, s) not in done
+            Job(*place, self._sample(shared, rows[place[1]], place), prompt=rows[place[1]])
+            for place in places
         ]
         return await self._gather(
             shared, jobs, stop, target_groups, keep_groups_whole, on_result, until
@@ -426,7 +418,8 @@ class RolloutRunner:
         shared = self._shared((t.ground_truth for t in trajectories), stop)
         jobs: list[Job] = []
         for trajectory in trajectories:
-            job = Job(trajectory.group_id, trajectory.prompt_index, trajectory.sample_index, None)
+            place = (trajectory.group_id, trajectory.prompt_index, trajectory.sample_index)
+            job = Job(*place, None)
             point = trajectory.resume_point
             if trajectory.status is not TrajectoryStatus.ABORTED:
                 job.done = trajectory
@@ -436,15 +429,7 @@ class RolloutRunner:
                     "(resume points live in memory; rows read back from files have none)"
                 )
             else:
-                job.run = functools.partial(
-                    self._run_one,
-                    shared,
-                    resume_prompt(point),
-                    trajectory.prompt_index,
-                    trajectory.sample_index,
-                    trajectory.group_id,
-                    point,
-                )
+                job.run = self._sample(shared, resume_prompt(point), place, point)
             jobs.append(job)
         groups = len({job.group_id for job in jobs})
         if target_groups is None:
@@ -483,11 +468,7 @@ class RolloutRunner:
         except EngineError as exc:  # its request ends anyway; the batch is not lost for it
             logger.warning("straggler abort of %s failed: %s", rid, exc)
 
-    def run_sync(
-        self,
-        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
-        **kwargs: Any,
-    ) -> list[Trajectory]:
+    def run_sync(self, prompts: Sequence[PromptLike], **kwargs: Any) -> list[Trajectory]:
         """Blocking wrapper around :meth:`run` for scripts and sync trainers."""
 
         async def main() -> list[Trajectory]:

@@ -36,6 +36,7 @@ __all__ = [
     "Counters",
     "EnvStep",
     "ModelTurn",
+    "PromptLike",
     "RolloutPrompt",
     "RolloutShared",
     "StopControl",
@@ -315,9 +316,11 @@ class ToolLedger:
     records: list[CallRecord] = field(default_factory=list)
 
 
-def as_prompt(
-    row: RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]],
-) -> RolloutPrompt:
+PromptLike = RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]
+"""A prompt as a caller may give it (see :func:`as_prompt`)."""
+
+
+def as_prompt(row: PromptLike) -> RolloutPrompt:
     """Accept a RolloutPrompt, a ``{"messages": ..., "answer"/"ground_truth": ...}`` row, or
     a bare list of messages."""
     if isinstance(row, RolloutPrompt):
