@@ -22,6 +22,7 @@ from ._config import RolloutConfig
 from ._state import sampling_record
 
 if TYPE_CHECKING:
+    from toolrollout.chat import ChatFormat
     from toolrollout.engines import EngineInfo
 
 __all__ = [
@@ -55,18 +56,19 @@ def effective_tool_parser(config: RolloutConfig | str | None, tokenizer: Any) ->
         config = RolloutConfig(tool_parser=config)
     if config.tool_parser is not None:
         return config.tool_parser
-    from toolrollout.chat import ChatFormat
-
-    chat = ChatFormat(tokenizer, family=config.family, template_kwargs=config.chat_template_kwargs)
-    return chat.family.tool_parser
+    return _chat(config, tokenizer).family.tool_parser
 
 
 def chat_setup(config: RolloutConfig, tokenizer: Any) -> dict[str, Any]:
     """The model family and template variables a run renders with (for a leftover's info)."""
+    chat = _chat(config, tokenizer)
+    return {"family": chat.family.name, "chat_template_kwargs": chat.template_kwargs}
+
+
+def _chat(config: RolloutConfig, tokenizer: Any) -> ChatFormat:
     from toolrollout.chat import ChatFormat
 
-    chat = ChatFormat(tokenizer, family=config.family, template_kwargs=config.chat_template_kwargs)
-    return {"family": chat.family.name, "chat_template_kwargs": chat.template_kwargs}
+    return ChatFormat(tokenizer, family=config.family, template_kwargs=config.chat_template_kwargs)
 
 
 def run_sampling(config: RolloutConfig) -> dict[str, Any]:
@@ -188,21 +190,15 @@ def check_leftover_matches(
             "config.family",
             "config.chat_template_kwargs",
         )
-    recorded_sampling = saved.get("sampling")
-    if sampling is not None and recorded_sampling is not None:
-        changed = sampling_changes(recorded_sampling, sampling)
-        if changed:
-            fields = [
-                f"config.sampling.{key}"
-                for key in DISTRIBUTION_KEYS
-                if recorded_sampling.get(key) != sampling.get(key)
-            ]
-            raise FieldError(
-                f"{path} was sampled with {changed}: a continued trajectory's turns must "
-                f"come from one distribution; pass the same "
-                + ", ".join(f"{{{f}}}" for f in fields),
-                *fields,
-            )
+    before = saved.get("sampling")
+    if sampling is not None and before is not None and _changed(before, sampling):
+        fields = [f"config.sampling.{key}" for key in _changed(before, sampling)]
+        raise FieldError(
+            f"{path} was sampled with {sampling_changes(before, sampling)}: a continued "
+            "trajectory's turns must come from one distribution; pass the same "
+            + ", ".join(f"{{{f}}}" for f in fields),
+            *fields,
+        )
 
 
 DISTRIBUTION_KEYS = ("temperature", "top_p", "top_k", "min_p")
@@ -214,7 +210,9 @@ def sampling_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str
     """The distribution's settings that differ, as ``"temperature 1.0 (now 0.7), ..."``;
     empty if none."""
     return ", ".join(
-        f"{key} {recorded.get(key)!r} (now {now.get(key)!r})"
-        for key in DISTRIBUTION_KEYS
-        if recorded.get(key) != now.get(key)
+        f"{key} {recorded.get(key)!r} (now {now.get(key)!r})" for key in _changed(recorded, now)
     )
+
+
+def _changed(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    return [key for key in DISTRIBUTION_KEYS if recorded.get(key) != now.get(key)]
