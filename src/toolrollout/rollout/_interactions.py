@@ -16,7 +16,7 @@ from toolrollout._records import RolloutPrompt, TrajectoryStatus
 from toolrollout.tools._lifecycle import row_kwargs
 
 from ._environment import TrajectoryEnvironment
-from ._state import TrajectoryState
+from ._state import TrajectoryState, public_messages
 from ._types import EnvStep, ModelTurn
 
 __all__ = ["interaction_step", "select_interaction"]
@@ -53,8 +53,7 @@ async def interaction_step(
     state: TrajectoryState, turn: ModelTurn, env: TrajectoryEnvironment
 ) -> EnvStep | None:
     """Ask the interaction to answer a final turn: its message, or None when it ends."""
-    public = [{k: v for k, v in m.items() if k != "raw_content"} for m in state.transcript.messages]
-    reply = await env.respond(public)
+    reply = await env.respond(public_messages(state.transcript.messages))
     if reply.reward is not None:
         state.environment.turn_rewards[state.num_turns] = reply.reward
     if reply.done:

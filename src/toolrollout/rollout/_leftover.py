@@ -1,24 +1,9 @@
 """Leftover files: the trajectories a batch run cut short, kept across processes.
 
-A batch run (straggler control) ends with trajectories that are not in the batch: aborted
-ones with their resume points, and their finished siblings. A leftover file is parquet:
-each row has the ordinary output columns (so pandas or polars can look at it) plus
-``state``, a UTF-8 JSON object that alone rebuilds the row exactly::
-
-    {"leftover_format_version": 2,
-     "trajectory": {<every Trajectory field but the resume point>},
-     "resume_point": {"resume_format_version": 1, "state": {...}} | null}
-
-The columns are a view (they round logprobs to float32 and do not tell tool spans from
-interaction spans); the JSON keeps float64 logprobs exactly. Reading is by an explicit,
-versioned schema: unknown keys are ignored, missing optional fields take their defaults,
-and a field renamed later is read under its old name too (:data:`_RENAMED`). A file of a
-newer version is a one-line :class:`UserError` naming the version.
-
-Format 1 files (toolrollout before this format: the whole Trajectory pickled in
-``state``) still load: they are unpickled by an allow-list that builds plain values and
-the few record classes a format-1 file holds (never a function, never another
-toolrollout class) and converted on the spot.
+Parquet with the output columns plus ``state``, a versioned JSON object per row that alone
+rebuilds the trajectory exactly (docs/rollouts.md describes the format). A field renamed
+later is read under its old name too (:data:`_RENAMED`). Format 1 files (a pickled
+Trajectory in ``state``) are unpickled by an allow-list and converted on the spot.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Writing trajectories to parquet and JSONL: the row schema, the run metadata, and
-:class:`TrajectoryWriter`, which writes rows as trajectories finish (one row group per
-flush), so a long run keeps its finished work on disk instead of in memory. pyarrow is used
-directly with an explicit schema: pandas, polars and Hugging Face ``datasets`` all read the
-result without a toolrollout import.
-
-A parquet file is only readable once its footer is written, so a process killed mid-run
-loses a :class:`TrajectoryWriter` file; the crash-safe form is a folder of shards
-(:mod:`._shards`), written with :func:`write_atomic`.
+"""Writing trajectories to parquet and JSONL (the row schema and the run metadata are in
+docs/rollouts.md). :class:`TrajectoryWriter` writes rows as trajectories finish, so a long
+run keeps its finished work on disk; a parquet file is only readable once its footer is
+written, so the crash-safe form is a folder of shards (:mod:`._shards`).
 """
 
 from __future__ import annotations
@@ -100,11 +95,7 @@ TRAJECTORY_SCHEMA = pa.schema(
 
 RUN_METADATA_KEY = b"toolrollout.run"
 """The key of a parquet file's metadata that says how its rows were made: a JSON object with
-``sampling`` (the run's settings: temperature, top_p, top_k, min_p, max_new_tokens,
-max_response_tokens, seed), ``engine`` (``engine``, ``engine_version``, ``dtype``,
-``model_path``, ``weight_version``, as the engine's ``info()`` reported them), ``tokenizer``
-(``name_or_path``, ``fingerprint``: vocabulary and chat template; ``family``;
-``chat_template_kwargs``) and ``toolrollout`` (the writer's version)."""
+``sampling``, ``engine``, ``tokenizer`` and ``toolrollout`` (docs/rollouts.md, Output)."""
 
 
 def with_run_metadata(table: pa.Table, metadata: Mapping[str, Any] | None) -> pa.Table:

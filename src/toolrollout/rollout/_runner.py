@@ -1,13 +1,8 @@
 """The library entry point: a batch of prompts in, trajectories out.
 
-All trajectories of a batch run at once in one task group; the only shared gate is the cap
-on in-flight engine requests. There is no turn-level barrier: a trajectory that finishes
-early is handed to ``on_result`` at once, and a slow one holds up nobody.
-
-Straggler control (:meth:`RolloutRunner.run_batch`): launch more groups than the batch
-needs, stop once ``target_groups`` complete groups are in, abort the rest on the server by
-rid, and keep the cut-short trajectories (every token so far) to :meth:`~RolloutRunner.resume`
-in a later batch.
+All trajectories of a call run at once in one task group, gated only by the cap on
+in-flight engine requests; a finished one is handed to ``on_result`` at once. Straggler
+control (:meth:`RolloutRunner.run_batch`, docs/rollouts.md) stops at a target of groups.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """A run's folder of parquet shards: the crash-safe way to write rows, and its ordered end.
 
-:class:`ShardWriter` makes every flush a complete, small parquet file
-(``part-000000.parquet``...) written to a temporary name, fsynced and renamed into place,
-so a shard on disk is always whole. A directory of shards is a parquet dataset in its own
-right, and :func:`compact_shards` merges it into one file without duplicates.
-
-:func:`finish_shards` is the ordered end of a run: merge (temporary name, fsync, rename),
-then a ``finished`` mark in the folder's ``run.json`` (also replaced atomically), then the
-shards are deleted, ``run.json`` last, then the folder. A kill at any instant leaves either
-an unmerged folder (``--resume`` merges the very same rows) or a marked one
-(:func:`finished_mark` says so and :func:`clean_finished` only deletes). Both take an
-``on_step`` callback, called with each step of :data:`FINISH_STEPS` as it is reached (the
-fault tests kill the process there).
+Every :class:`ShardWriter` flush is a whole parquet file written atomically, so a shard on
+disk is always complete. :func:`finish_shards` merges them, marks the folder ``finished``
+in its ``run.json``, then deletes shards, ``run.json`` and the folder, each step durable
+before the next: a kill at any instant leaves an unmerged folder (``--resume`` merges the
+same rows) or a marked one (:func:`clean_finished` only deletes). ``on_step`` is called at
+each of :data:`FINISH_STEPS` (the fault tests kill the process there).
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """The state of one running trajectory: its rules, its freezing, its resume point.
 
 :class:`TrajectoryState` is the only thing the loop, the environment steps and the drift
-check change while a trajectory runs. Its fields are grouped in small records
-(transcript, counters, timing, tools, drift, images, environment); its methods are the
-rules that touch several of them at once: the one budget rule
-(:meth:`~TrajectoryState.remaining_budget`), appending a model turn, appending an
-environment turn (tool results and interaction messages alike), ending, and freezing into
-a :class:`~toolrollout.rollout.Trajectory`, once. An aborted trajectory's state is saved as
-a JSON :class:`ResumePoint` (:meth:`~TrajectoryState.to_resume_point`) and rebuilt from it
-(:meth:`~TrajectoryState.resumed_from`); the schema of that payload is in
-:mod:`._resume_payload`.
+check change while a trajectory runs. Its fields are small records (:mod:`._types`); its
+methods are the rules that touch several at once: the one budget rule, appending model and
+environment turns, ending, freezing into a :class:`Trajectory` and saving or rebuilding a
+resume point (its schema: :mod:`._resume_payload`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolrollout._exceptions import EngineError, ToolRolloutError
@@ -56,10 +51,7 @@ from ._vision_turn import ImageLedger, record_images
 if TYPE_CHECKING:
     from ._config import RolloutConfig
 
-__all__ = ["TrajectoryState", "sampling_record"]
-
-
-_SCORED = (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
+__all__ = ["TrajectoryState", "public_messages", "sampling_record"]
 
 
 class TrajectoryState:
@@ -129,7 +121,7 @@ class TrajectoryState:
     @property
     def scored(self) -> bool:
         """Completed or truncated: its reward functions and tool rewards run."""
-        return self.status in _SCORED
+        return self.status in (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
 
     def remaining_budget(self) -> int:
         """Response tokens still allowed: ``max_response_tokens`` and the context, the one
@@ -369,7 +361,7 @@ class TrajectoryState:
             sample_index=self.sample_index,
             prompt_ids=id_tuple(t.prompt_ids),  # shared ints: 8 bytes a token, not 36
             spans=tuple(t.spans),
-            messages=_public_messages(self.shared.chat.presented_messages(t.messages)),
+            messages=public_messages(self.shared.chat.presented_messages(t.messages)),
             status=self.status,
             finish_reason=self.finish_reason,
             error=self.error,
@@ -466,7 +458,7 @@ def _joined(first: TokenSpan, more: TokenSpan) -> TokenSpan:
     return TokenSpan("model", first.id_array + more.id_array, logprobs)
 
 
-def _public_messages(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+def public_messages(messages: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
     """The messages as trainers see them: no raw model text, otherwise as rendered, so they
     re-render with the official template (arguments and reasoning in the family's form)."""
     return tuple({k: v for k, v in m.items() if k != "raw_content"} for m in messages)
