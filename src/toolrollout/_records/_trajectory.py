@@ -1,4 +1,4 @@
-"""Trajectory records handed to trainers, reward functions, metrics and writers.
+"""Prompt and trajectory records handed to trainers, reward functions, metrics and writers.
 
 Frozen dataclasses: a trajectory is built turn by turn inside the rollout loop and then
 frozen, so nothing downstream (reward functions, writers, trainer adapters) can alter the
@@ -19,7 +19,14 @@ from typing import Any, Literal
 
 from ._resume import ResumePoint
 
-__all__ = ["SpanKind", "TokenSpan", "Trajectory", "TrajectoryImage", "TrajectoryStatus"]
+__all__ = [
+    "RolloutPrompt",
+    "SpanKind",
+    "TokenSpan",
+    "Trajectory",
+    "TrajectoryImage",
+    "TrajectoryStatus",
+]
 
 
 class TrajectoryStatus(StrEnum):
@@ -128,6 +135,16 @@ class TokenSpan:
     @property
     def loss_mask(self) -> tuple[int, ...]:
         return (1 if self.kind == "model" else 0,) * len(self.id_array)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutPrompt:
+    """One dataset row: the opening messages and, optionally, the ground truth. Loading
+    prompts needs nothing of the loop."""
+
+    messages: tuple[dict[str, Any], ...]
+    ground_truth: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

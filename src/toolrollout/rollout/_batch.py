@@ -7,8 +7,8 @@ trajectories: :data:`START_BATCH` at a time, under the scheduler's loop-lag prob
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from contextlib import asynccontextmanager, nullcontext
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,15 +46,10 @@ ABORT_RESEND_SECONDS = 1.0
 runner names every rid still in flight again after this many seconds."""
 
 
-@asynccontextmanager
-async def admission_watch(shared: RolloutShared) -> AsyncIterator[None]:
+def admission_watch(shared: RolloutShared) -> AbstractAsyncContextManager[object]:
     """The scheduler's loop-lag probe (the ``lag`` policy) for as long as the block runs."""
     scheduler = shared.scheduler
-    if scheduler is None:
-        yield
-        return
-    async with scheduler.watching(shared.engine_limiter):
-        yield
+    return nullcontext() if scheduler is None else scheduler.watching(shared.engine_limiter)
 
 
 async def start_in_batches(
@@ -97,10 +92,6 @@ class RolloutBatch:
         return tuple(t for t in self.leftover if t.status is TrajectoryStatus.ABORTED)
 
 
-def _finished(trajectory: Trajectory) -> bool:
-    return trajectory.status is not TrajectoryStatus.ABORTED
-
-
 @dataclass(slots=True)
 class Job:
     """One sample to run (or, with ``done``, one already finished and passed through)."""
@@ -132,7 +123,7 @@ class Tally:
         """Keep ``job``'s trajectory; True when it is the one that meets the target."""
         key = (job.group_id, job.sample_index)
         self.results[key] = trajectory
-        if stopping or not _finished(trajectory):
+        if stopping or trajectory.status is TrajectoryStatus.ABORTED:
             return False
         self.order.append(key)
         count = self.finished_in_group.get(job.group_id, 0) + 1

@@ -81,13 +81,8 @@ def run_sampling(config: RolloutConfig) -> dict[str, Any]:
 
 def engine_facts(info: EngineInfo) -> dict[str, Any]:
     """What an engine's ``info()`` says about how it samples, as the files record it."""
-    return {
-        "engine": info.engine,
-        "engine_version": info.engine_version,
-        "dtype": info.dtype,
-        "model_path": info.model_path,
-        "weight_version": info.weight_version,
-    }
+    keys = ("engine", "engine_version", "dtype", "model_path", "weight_version")
+    return {key: getattr(info, key) for key in keys}
 
 
 def run_metadata(

@@ -8,7 +8,7 @@ plus the next generation prompt, loss mask 0, logprob 0.0, drift-checkpointed, a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolrollout._exceptions import UserError
@@ -19,7 +19,7 @@ from ._environment import TrajectoryEnvironment
 from ._state import TrajectoryState, public_messages
 from ._types import EnvStep, ModelTurn
 
-__all__ = ["interaction_step", "select_interaction"]
+__all__ = ["check_interactions", "interaction_step", "select_interaction"]
 
 
 def select_interaction(
@@ -47,6 +47,24 @@ def select_interaction(
     if kwargs.get("ground_truth") is None and prompt.ground_truth is not None:
         kwargs["ground_truth"] = prompt.ground_truth
     return interactions[name], kwargs
+
+
+def check_interactions(
+    interactions: Mapping[str, Any],
+    prompts: Sequence[RolloutPrompt],
+    *,
+    source: str,
+    names: Sequence[str] | None = None,
+) -> None:
+    """A one-line :class:`UserError` (``<source> row <i>: ...``, or ``names[i]`` for
+    ``row <i>``) for the first row naming an interaction that is not configured: a dataset
+    mistake reported before anything runs."""
+    for index, prompt in enumerate(prompts):
+        try:
+            select_interaction(interactions, prompt)
+        except UserError as exc:
+            name = names[index] if names is not None else f"row {index}"
+            raise UserError(f"{source} {name}: {exc}") from exc
 
 
 async def interaction_step(

@@ -54,7 +54,7 @@ from ._batch import (
 from ._config import RolloutConfig
 from ._defaults import VisionMode, default_rewards, detect_vision, tokenizer_folder
 from ._hooks import TrajectoryHooks
-from ._interactions import select_interaction
+from ._interactions import check_interactions
 from ._resume_payload import resume_prompt
 from ._types import PromptLike, RolloutShared, StopControl, as_prompt, prerender_prompts
 
@@ -195,11 +195,8 @@ class RolloutRunner:
 
     def _check_rows(self, prompts: Sequence[PromptLike]) -> list[RolloutPrompt]:
         rows = [as_prompt(p) for p in prompts]
-        for index, row in enumerate(rows):
-            try:
-                select_interaction(self.interactions, row)
-            except UserError as exc:  # a dataset mistake: say so before anything runs
-                raise UserError(f"prompt {index}: {exc}") from exc
+        names = [str(index) for index in range(len(rows))]
+        check_interactions(self.interactions, rows, source="prompt", names=names)
         return rows
 
     def _rewards(self, truths: Iterable[object]) -> list[WeightedReward]:

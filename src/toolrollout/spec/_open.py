@@ -10,14 +10,15 @@ from options.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toolrollout.engines._factory import connect
-from toolrollout.rollout import RolloutPrompt, RolloutRunner
+from toolrollout.rollout import RolloutRunner
 from toolrollout.rollout._defaults import detect_vision, tokenizer_folder
+from toolrollout.rollout._interactions import check_interactions
 
 from ._policy import load_tokenizer
 from ._spec import RunSpec
@@ -78,27 +79,6 @@ def load_components(spec: RunSpec, *, tokenizer: Any = None) -> RunComponents:
     else:
         interactions = {}
     return RunComponents(tokenizer, tools, interactions, detect_vision(folder, spec.vision))
-
-
-def check_interactions(
-    interactions: Mapping[str, Interaction],
-    prompts: Sequence[RolloutPrompt],
-    *,
-    source: str,
-    names: Sequence[str] | None = None,
-) -> None:
-    """A one-line :class:`UserError` (``<source> row <i>: ...``, or ``names[i]`` for
-    ``row <i>``) for the first row naming an interaction that is not configured: a dataset
-    mistake reported before anything runs."""
-    from toolrollout._exceptions import UserError
-    from toolrollout.rollout._interactions import select_interaction
-
-    for index, prompt in enumerate(prompts):
-        try:
-            select_interaction(interactions, prompt)
-        except UserError as exc:
-            name = names[index] if names is not None else f"row {index}"
-            raise UserError(f"{source} {name}: {exc}") from exc
 
 
 def build_runner(
