@@ -1,10 +1,6 @@
-"""Whether a leftover file can be continued by this run.
-
-A leftover holds token ids and partial transcripts. They only mean the same thing to a
-later run with the same tokenizer (vocabulary and chat template), the same tools (their
-schemas are in the rendered prompt) and the same tool-call format. :func:`leftover_info`
-is what a run writes next to its leftover; :func:`check_leftover_matches` is the check a
-resuming run makes against it.
+"""Whether a leftover file can be continued by this run: its token ids only mean the same
+with the same tokenizer, tools and tool-call format. :func:`leftover_info` is what a run
+writes next to its leftover; :func:`check_leftover_matches` checks a resuming run.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""Images a trajectory carries: preparation off the event loop, budgets, trainer views.
+"""Images a trajectory carries: preparation off the event loop and trainer views.
 
-A tool result's images are decoded, resized to the processor grid and PNG-encoded in a
-worker thread (:func:`prepare_images`), so one trajectory's pixels never stall the others'
-turns. The trajectory keeps each image's PNG bytes with the token span of its placeholder
-run in ``prompt_ids + response_ids``; that is all a trainer needs to rebuild the model
-inputs, and :func:`verl_multi_modal_data`, :func:`trl_messages` and :func:`swift_row` give
-it in each trainer's own shape.
+Images are prepared in a worker thread (:func:`prepare_images`), so one trajectory's pixels
+never stall the others' turns. A trajectory keeps each image's PNG bytes and placeholder
+span; :func:`verl_multi_modal_data`, :func:`trl_messages` and :func:`swift_row` give them
+in each trainer's own shape.
 """
 
 from __future__ import annotations

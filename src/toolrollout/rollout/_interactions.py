@@ -1,9 +1,5 @@
-"""The interaction turn: after a final model turn, the row's interaction may answer.
-
-An interaction turn is appended exactly like a tool turn, through the state's one
-environment-turn routine: the chat template's token delta for the new ``user`` message
-plus the next generation prompt, loss mask 0, logprob 0.0, drift-checkpointed, and refused
-(trajectory truncated) when it would not fit the budgets.
+"""The interaction turn: after a final model turn, the row's interaction may answer. Its
+message is appended like a tool turn's (:meth:`TrajectoryState.append_env_turn`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The tool turn: run a model turn's tool calls and build the messages that answer it.
-
-The limits (per turn, per trajectory) and the parse errors become error messages the model
-reads; images in the results become multimodal content. Appending the answer is the state's
-one environment-turn routine (:meth:`TrajectoryState.append_env_turn`).
+"""The tool turn: run a model turn's tool calls and build the messages that answer it (limits
+and parse errors become error messages the model reads). Appending the answer is
+:meth:`TrajectoryState.append_env_turn`.
 """
 
 from __future__ import annotations

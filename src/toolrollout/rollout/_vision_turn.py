@@ -1,9 +1,6 @@
-"""The image side of a tool turn, kept out of the run loop.
-
-:func:`attach_images` turns the images of a turn's tool results into multimodal message
-content (after preparing them in a worker thread and applying the per-trajectory image
-budgets); :func:`record_images` keeps each image with its span once the
-expanded delta is appended.
+"""The image side of a tool turn: :func:`attach_images` puts the images of a turn's tool
+results into its messages (within the image budgets), :func:`record_images` keeps each one
+with its span once the expanded delta is appended.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """The composition root: a :class:`RunSpec` in, a running engine and one runner out.
 
-:func:`open_run` is what an application uses (CLI, Ray worker): it loads the tokenizer,
-tools and interactions, starts or connects the engine, opens the services the tools need,
-and builds the runner. :func:`build_runner` is the sync
-half for callers that already hold an engine and a tokenizer (the trainer adapters). It is
-the one place in the library that constructs a :class:`~toolrollout.rollout.RolloutRunner`
-from options.
+:func:`open_run` is what an application uses (CLI, Ray worker); :func:`build_runner` is the
+sync half for callers that already hold an engine and a tokenizer (the trainer adapters).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """``RunSpec``: everything a rollout run is made of, checked once.
 
-Every entry point (``generate``, ``eval``, ``bench``, the Ray worker, the trainer adapters)
-fills one :class:`RunSpec` and hands it to :func:`~toolrollout.spec.open_run` or
-:func:`~toolrollout.spec.build_runner`; flag combinations are checked here, in one place,
-so that a CLI run, a Ray shard and a Python caller get the same one-line errors. Messages
-name the fields (:class:`FieldError`); the CLI shows them as its flags.
-
-It is a frozen dataclass of plain values (paths, numbers, picklable reward functions), so a
-Ray driver can ship it to its workers as it is.
+Every entry point fills one :class:`RunSpec`, so a CLI run, a Ray shard and a Python caller
+get the same one-line errors, naming the fields (:class:`FieldError`). A frozen dataclass
+of plain values, so a Ray driver can ship it to its workers as it is.
 """
 
 from __future__ import annotations
