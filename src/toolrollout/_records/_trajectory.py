@@ -19,15 +19,6 @@ from typing import Any, Literal
 
 from ._resume import ResumePoint
 
-__all__ = [
-    "RolloutPrompt",
-    "SpanKind",
-    "TokenSpan",
-    "Trajectory",
-    "TrajectoryImage",
-    "TrajectoryStatus",
-]
-
 
 class TrajectoryStatus(StrEnum):
     """Where a trajectory is in its life; the last four are terminal."""
@@ -69,16 +60,11 @@ def _logprob_array(logprobs: Iterable[float]) -> array[float]:
 
 @dataclass(frozen=True, slots=True, init=False)
 class TokenSpan:
-    """A run of response tokens that came from one source.
+    """A run of response tokens that came from one source: ``model`` (the engine's ids
+    verbatim, loss mask 1, its logprobs), ``tool`` or ``interaction`` (a chat-template delta,
+    loss mask 0, logprob 0.0).
 
-    ``model`` spans are the engine's output ids verbatim (trained on, loss mask 1, with the
-    engine's logprobs); ``tool`` spans are the chat-template delta for tool results plus the
-    next generation prompt (not trained on, loss mask 0, logprob 0.0); ``interaction``
-    spans are the same for an interaction's user/environment message.
-
-    The tokens are kept in compact arrays (4-byte ids; 4- or 8-byte logprobs, whichever is
-    exact; nothing for the all-zero logprobs of environment spans) instead of one Python
-    object per token: a rollout holds millions of them. ``ids``, ``logprobs`` and
+    Kept in compact arrays (a rollout holds millions of tokens); ``ids``, ``logprobs`` and
     ``loss_mask`` still read as tuples.
     """
 

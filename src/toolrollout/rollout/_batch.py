@@ -311,10 +311,8 @@ async def _abort_stragglers(
     wake: anyio.Event,
     all_ended: anyio.Event,
 ) -> None:
-    """Once the target is met, abort every request still in flight (again, until none is).
-
-    Runs inside the batch's task group and ends with it: no abort outlives the call.
-    """
+    """Once the target is met, abort every request still in flight (again, until none is),
+    inside the batch's task group: no abort outlives the call."""
     await wake.wait()
     while not all_ended.is_set():
         rids = list(stop.inflight)

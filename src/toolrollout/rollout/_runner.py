@@ -70,9 +70,8 @@ _R = TypeVar("_R")
 def _opens_tools(
     method: Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]],
 ) -> Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]]:
-    """Run ``method`` with the runner's tool services open (see ``RolloutRunner.__aenter__``),
-    once the engine's context length is known and its logprobs were checked
-    (:meth:`RolloutRunner._check_logprobs`)."""
+    """Run ``method`` with the runner's tool services open, once the engine's context
+    length is known and its logprobs were checked."""
 
     @functools.wraps(method)
     async def opened(self: RolloutRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -133,9 +132,7 @@ class RolloutRunner:
             family=self.config.family,
             template_kwargs=self.config.chat_template_kwargs,
         )
-        # None: the parser of the model family (Llama-3 JSON calls, Qwen tags...).
-        # The schemas let formats that carry no value types (GLM-4.5, Qwen3-Coder) type
-        # the arguments.
+        # The schemas type the arguments of formats that carry no types (GLM-4.5...).
         self.parser = get_tool_parser(
             self.config.tool_parser or self.chat.family.tool_parser, tools=self.chat.tools
         )
@@ -162,9 +159,8 @@ class RolloutRunner:
         ``WorkHistory.from_dict`` to carry it over from another process."""
 
     async def _ask_context_length(self) -> None:
-        """The engine's context length, asked once. An engine that cannot answer yet is
-        logged and asked again at the next call; this call's rows then fail or succeed
-        on their own, each with its cause (a run goes on when its engine is down)."""
+        """The engine's context length, asked once; an engine that cannot answer yet is
+        asked again at the next call (a run goes on when its engine is down)."""
         try:
             self.context_length = (await self.engine.info()).context_length
         except EngineError as exc:
@@ -173,10 +169,8 @@ class RolloutRunner:
             self._engine_asked = True
 
     async def _check_logprobs(self) -> None:
-        """Ask the engine once whether its logprobs are the checkpoint's for the run's
-        sampling; refuse (:class:`InexactLogprobsError`) or keep the reason as the label of
-        every trajectory, as ``config.inexact_logprobs`` says. An engine that cannot answer
-        yet is logged and asked again at the next call, as for the context length."""
+        """Ask the engine once whether its logprobs are exact for the run's sampling; refuse
+        or label as ``config.inexact_logprobs`` says (no answer yet: asked again next call)."""
         if self._logprobs_checked:
             return
         try:
@@ -265,12 +259,8 @@ class RolloutRunner:
 
     @asynccontextmanager
     async def _tools_open(self) -> AsyncIterator[None]:
-        """The services for one call: the entered runner's, or a shared opening.
-
-        On a runner not entered, the first call opens the services and calls that overlap
-        it (on this runner, or on another built on the same tools) share them; see
-        :func:`~toolrollout.tools.share_tools`.
-        """
+        """The services for one call: the entered runner's, or a shared opening
+        (:func:`~toolrollout.tools.share_tools`)."""
         if self._tools_held is not None:
             yield
             return

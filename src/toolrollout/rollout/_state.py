@@ -199,9 +199,7 @@ class TrajectoryState:
         text, turn = self._parse_model_turn(turn_ids) if parsed is None else parsed
         family = self.shared.chat.family
         message = family.build_assistant_message(text, turn, [call.id for call in turn.tool_calls])
-        # The raw text is not kept (the message's parsed content and calls are): it is the
-        # decode of the span's ids, derived again when the drift check or a resume point
-        # needs it (model_texts). One copy of each turn's text, not two.
+        # The raw text is the decode of the span's ids, derived again when needed.
         message.pop("raw_content", None)
         if continuing:
             t.messages[-1] = message  # the open turn's message, now with all its text
@@ -280,17 +278,11 @@ class TrajectoryState:
         *,
         delta: tuple[Sequence[int], Sequence[ImageRun]] | None = None,
     ) -> bool:
-        """Append an environment answer: the chat template's token delta for its messages
-        plus the next generation prompt (loss mask 0, logprob 0.0), drift-checkpointed.
-
-        The one routine for tool results and interaction messages (and the gateway's
-        harness messages). False (and truncated) when the delta does not fit
-        :meth:`remaining_budget`; nothing is appended then. ``delta``: the delta and its
-        image runs when the caller computed them already, the same way
-        (:meth:`~toolrollout.chat.ChatFormat.tool_turn_delta`, then
-        :meth:`~toolrollout.chat.VisionFormat.expand`): the gateway sends them to the
-        engine before the answer is appended.
-        """
+        """Append an environment answer (tool results, interaction or harness messages):
+        the chat template's token delta for its messages plus the next generation prompt
+        (loss mask 0), drift-checkpointed. False (and truncated, nothing appended) when it
+        does not fit :meth:`remaining_budget`. ``delta``: the delta and its image runs when
+        the caller (the gateway) computed them already, the same way."""
         shared, t = self.shared, self.transcript
         messages = list(step.messages)
         runs: Sequence[ImageRun] = []
@@ -418,21 +410,15 @@ class TrajectoryState:
         return metrics
 
     def to_resume_point(self, model_texts: Sequence[str] | None = None) -> ResumePoint:
-        """The state as a JSON resume point (what a later leg needs, not the live objects).
-
-        ``model_texts`` (default: decoded from the model spans) is written for readers that
-        predate deriving it; this version derives it again when it loads the point.
-        """
+        """The state as a JSON resume point. ``model_texts`` (default: decoded from the
+        model spans) is written for older readers; this version derives it again."""
         texts = self.model_texts() if model_texts is None else list(model_texts)
         return resume_point_of(self, texts)
 
     @classmethod
     def resumed_from(cls, shared: RolloutShared, point: ResumePoint) -> TrajectoryState:
-        """A fresh running state continuing ``point`` (which stays usable for another try).
-
-        Missing optional keys take their defaults and unknown keys are ignored, so a point
-        saved by a version with one more or one less field still loads.
-        """
+        """A fresh running state continuing ``point`` (which stays usable for another try);
+        missing optional keys take their defaults, unknown keys are ignored."""
         data = read_payload(point)
         state = cls(shared, data.prompt.row(), **data.identity.fields())
         state.status = TrajectoryStatus.RUNNING

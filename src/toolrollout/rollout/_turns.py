@@ -73,13 +73,9 @@ async def tool_step(
 async def _run_tools(
     state: TrajectoryState, calls: Sequence[ToolCallRequest], session: ToolSession | None
 ) -> list[ToolResult] | None:
-    """The turn's tool calls, concurrently, results in call order.
-
-    None when a batch target is met first and its straggler control cancels them: the
-    trajectory then ends ``aborted`` as it was before the calls (nothing of them is
-    recorded but their number, ``metrics["tool_calls_cancelled"]``), and a resume runs the
-    same calls again (:func:`pending_model_turn`).
-    """
+    """The turn's tool calls, concurrently, results in call order. None when a batch
+    target cancels them: the trajectory ends ``aborted`` as before the calls (only their
+    number is recorded) and a resume runs them again."""
     state.status = TrajectoryStatus.TOOL_CALLING
     started = time.perf_counter()
     stop = state.shared.stop

@@ -5,6 +5,7 @@ with its span once the expanded delta is appended.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -39,12 +40,6 @@ class ImageLedger:
         return sum(image.num_tokens for image in self.images)
 
 
-def _budget_left(config: RolloutConfig, ledger: ImageLedger) -> tuple[int | None, int | None]:
-    images = None if config.max_images is None else config.max_images - len(ledger.images)
-    tokens = None if config.max_image_tokens is None else config.max_image_tokens - ledger.tokens
-    return images, tokens
-
-
 async def attach_images(
     vision: VisionFormat | None,
     config: RolloutConfig,
@@ -59,7 +54,10 @@ async def attach_images(
     """
     placed: list[PreparedImage] = []
     errors = 0
-    images_left, tokens_left = _budget_left(config, ledger)
+    limits = (config.max_images, config.max_image_tokens)
+    images_left, tokens_left = (math.inf if limit is None else limit for limit in limits)
+    images_left -= len(ledger.images)
+    tokens_left -= ledger.tokens
     for index, result in enumerate(results):
         if not result.images:
             continue
@@ -81,14 +79,9 @@ async def attach_images(
         kept: list[PreparedImage] = []
         for image in prepared:
             assert not isinstance(image, ImageError)
-            if images_left is not None and images_left <= 0:
-                continue
-            if tokens_left is not None and image.num_tokens > tokens_left:
-                continue
-            kept.append(image)
-            if images_left is not None:
+            if images_left > 0 and image.num_tokens <= tokens_left:
+                kept.append(image)
                 images_left -= 1
-            if tokens_left is not None:
                 tokens_left -= image.num_tokens
         left_out = len(prepared) - len(kept)
         ledger.dropped += left_out
