@@ -14,7 +14,7 @@ import json
 import pickle
 import time
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Final, cast
@@ -147,24 +147,30 @@ def _read_row(blob: bytes) -> Trajectory:
     return _trajectory_of(state["trajectory"], resume)
 
 
+_CODECS: Mapping[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "status": (str, TrajectoryStatus),
+    "spans": (
+        lambda s: [s.kind, list(s.ids), list(s.logprobs)],
+        lambda s: TokenSpan(s[0], tuple(s[1]), tuple(float(x) for x in s[2])),
+    ),
+    "images": (
+        lambda i: {"png": to_json_value(i.png), "start": i.start, "end": i.end,
+                   "grid_thw": list(i.grid_thw)},
+        lambda i: TrajectoryImage(from_json_value(i["png"]), i["start"], i["end"],
+                                  tuple(i["grid_thw"])),
+    ),
+}  # fmt: skip
+"""How a field (each item of a tuple field) is written as JSON and read back; the others
+use the tagged codec of ``_records``."""
+
+_TUPLES = frozenset({"prompt_ids", "spans", "messages", "turn_rewards", "tool_rewards", "images"})
+
+
 def _trajectory_json(trajectory: Trajectory) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in _FIELDS:
-        value = getattr(trajectory, name)
-        if name == "spans":
-            out[name] = [[s.kind, list(s.ids), list(s.logprobs)] for s in value]
-        elif name == "images":
-            out[name] = [
-                {"png": to_json_value(i.png), "start": i.start, "end": i.end,
-                 "grid_thw": list(i.grid_thw)}
-                for i in value
-            ]  # fmt: skip
-        elif name == "status":
-            out[name] = str(value)
-        elif name in ("prompt_ids", "messages", "turn_rewards", "tool_rewards"):
-            out[name] = to_json_value(list(value))
-        else:
-            out[name] = to_json_value(value)
+        write, value = _CODECS.get(name, (to_json_value,))[0], getattr(trajectory, name)
+        out[name] = [write(item) for item in value] if name in _TUPLES else write(value)
     return out
 
 
@@ -182,22 +188,8 @@ def _trajectory_of(data: Mapping[str, Any], resume: ResumePoint | None) -> Traje
     if missing:
         raise UserError(f"the trajectory has no {', '.join(missing)}")
     for name, value in list(values.items()):
-        if name == "spans":
-            values[name] = tuple(
-                TokenSpan(k, tuple(i), tuple(float(x) for x in lp)) for k, i, lp in value
-            )
-        elif name == "images":
-            values[name] = tuple(
-                TrajectoryImage(from_json_value(i["png"]), i["start"], i["end"],
-                                cast(Any, tuple(i["grid_thw"])))
-                for i in value
-            )  # fmt: skip
-        elif name == "status":
-            values[name] = TrajectoryStatus(value)
-        elif name in ("prompt_ids", "messages", "turn_rewards", "tool_rewards"):
-            values[name] = tuple(from_json_value(value))
-        else:
-            values[name] = from_json_value(value)
+        read = _CODECS.get(name, (None, from_json_value))[1]
+        values[name] = tuple(map(read, value)) if name in _TUPLES else read(value)
     return Trajectory(**values, resume_point=resume)
 
 
