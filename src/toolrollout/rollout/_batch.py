@@ -213,15 +213,7 @@ async def run_sample(
     trajectory: Trajectory | None = None
     try:
         with deadline:
-            trajectory = await run_trajectory(
-                shared,
-                prompt,
-                prompt_index=prompt_index,
-                sample_index=sample_index,
-                group_id=group_id,
-                resume=resume,
-                hooks=hooks,
-            )
+            trajectory = await run_trajectory(shared, prompt, place, resume, hooks)
     except Exception as exc:  # a bug in one trajectory must not end the batch
         reason, error = "error", f"{type(exc).__name__}: {exc}"
     if trajectory is None:

@@ -37,14 +37,12 @@ _STOPPED = "stopped by straggler control: the batch target was met"
 async def run_trajectory(
     shared: RolloutShared,
     prompt: RolloutPrompt,
-    *,
-    prompt_index: int,
-    sample_index: int,
-    group_id: str,
+    place: tuple[str, int, int],
     resume: ResumePoint | None = None,
     hooks: TrajectoryHooks | None = None,
 ) -> Trajectory:
-    """Run one trajectory to a terminal state. Never raises for a trajectory-level fault.
+    """Run one trajectory (``place``: group id, prompt index, sample index) to a terminal
+    state. Never raises for a trajectory-level fault.
 
     With ``resume`` (an aborted trajectory's :class:`ResumePoint`) it continues from the
     prompt plus the partial output, token for token: nothing is re-rendered. Final (not
@@ -54,6 +52,7 @@ async def run_trajectory(
     if resume is not None:
         state = TrajectoryState.resumed_from(shared, resume)
     else:
+        group_id, prompt_index, sample_index = place
         state = TrajectoryState(
             shared, prompt, prompt_index=prompt_index, sample_index=sample_index,
             group_id=group_id,
