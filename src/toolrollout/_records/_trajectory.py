@@ -45,12 +45,8 @@ def _id_array(ids: Iterable[int]) -> array[int]:
 
 
 def _logprob_array(logprobs: Iterable[float]) -> array[float]:
-    """Logprobs as 4-byte floats when that keeps every value exact, else as 8-byte floats.
-
-    SGLang computes logprobs in float32 and writes them as JSON floats, so float32 holds
-    them exactly; a value that float32 would round (a hand-written 0.1, another engine's
-    float64) keeps all 8 bytes. What comes back out is always the value that went in.
-    """
+    """Logprobs as 4-byte floats when that keeps every value exact (SGLang's are float32),
+    else as 8-byte floats: what comes back out is always the value that went in."""
     if isinstance(logprobs, array) and logprobs.typecode in "fd":
         return array(logprobs.typecode, logprobs)  # already decided (a span's own array)
     wide = array("d", logprobs)

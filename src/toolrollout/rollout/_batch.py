@@ -160,11 +160,8 @@ def failed_trajectory(
     reason: str,
     error: str,
 ) -> Trajectory:
-    """The row of a sample whose rollout could not even produce a partial transcript.
-
-    It keeps its place in the output (one row per sample, always) and is flagged
-    ``failed`` with the error, so a trainer drops it instead of reading a zero reward.
-    """
+    """The row of a sample whose rollout could not even produce a partial transcript:
+    flagged ``failed`` with the error, so a trainer drops it instead of reading a 0 reward."""
     return Trajectory(
         uid=f"{group_id}-{sample_index}",
         group_id=group_id,

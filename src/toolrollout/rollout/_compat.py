@@ -43,11 +43,8 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def effective_tool_parser(config: RolloutConfig | str | None, tokenizer: Any) -> str:
-    """The parser a run uses: the one named, else its model family's.
-
-    ``config`` is the run's :class:`RolloutConfig` (its ``tool_parser``, ``family`` and
-    template kwargs), or just a parser name (None: detect the family).
-    """
+    """The parser a run uses: the one named, else its model family's. ``config`` is the
+    run's :class:`RolloutConfig`, or just a parser name (None: detect the family)."""
     if not isinstance(config, RolloutConfig):
         config = RolloutConfig(tool_parser=config)
     if config.tool_parser is not None:
@@ -115,13 +112,8 @@ def leftover_info(
     chat: Mapping[str, Any] | None = None,
     sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The metadata a leftover file carries so that a later run can check it can resume it.
-
-    ``chat`` is :func:`chat_setup`'s answer: the family and template variables change how
-    every delta renders, so a resuming run must use the same. ``sampling``
-    (:func:`run_sampling`): a continued trajectory's turns must come from one distribution
-    (:data:`DISTRIBUTION_KEYS`).
-    """
+    """The metadata a leftover file carries so that a later run can check it can resume it
+    (``chat``: :func:`chat_setup`'s answer; ``sampling``: :func:`run_sampling`'s)."""
     info: dict[str, Any] = {
         "n": n,
         "tools": sorted(tool_names),
@@ -148,11 +140,8 @@ def check_leftover_matches(
     sampling: Mapping[str, Any] | None = None,
 ) -> None:
     """A one-line :class:`~toolrollout.spec.FieldError` naming the :class:`RunSpec` fields
-    to change when ``saved`` (a leftover's info) does not suit this run.
-
-    The tools and tool-call format are checked first; the tokenizer only when one is given;
-    the family, template variables and sampling settings when both sides recorded them.
-    """
+    to change when ``saved`` (a leftover's info) does not suit this run. The tokenizer is
+    checked when given; chat setup and sampling when both sides recorded them."""
     names = sorted(tool_names)
     if saved.get("tools") != names:
         raise FieldError(

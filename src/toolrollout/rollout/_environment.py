@@ -28,11 +28,8 @@ _FINALIZE_TIMEOUT = 30.0
 
 @dataclass(slots=True)
 class EnvironmentLedger:
-    """The environment's bookkeeping of one trajectory, kept across resumes.
-
-    Rewards are kept by model turn number (1-based, the value of ``num_turns`` right after
-    that turn was appended), so they line up with the trajectory's turns.
-    """
+    """The environment's bookkeeping of one trajectory, kept across resumes. Rewards are
+    kept by model turn number (1-based: ``num_turns`` right after that turn)."""
 
     has_interaction: bool = False
     turn_rewards: dict[int, float] = field(default_factory=dict)

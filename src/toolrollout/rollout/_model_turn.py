@@ -38,12 +38,9 @@ def parse_model_turn(
 
 
 def _within_call_limit(family: TemplateFamily, parsed: ParsedTurn, text: str) -> ParsedTurn:
-    """A turn with more calls than the family's template renders becomes one parse error.
-
-    Llama 3.1/3.2 templates raise on a second call in a turn; running the first call only
-    would leave tokens that no message renders to. So nothing runs, the model is told, and
-    the turn keeps its raw text as content (which the template renders as it was sampled).
-    """
+    """A turn with more calls than the family's template renders (Llama 3.1/3.2: one)
+    becomes one parse error: nothing runs and the turn keeps its raw text as content, so
+    no tokens are left that no message renders to."""
     limit = family.max_calls_per_turn
     if limit is None or len(parsed.tool_calls) <= limit or parsed.errors:
         return parsed

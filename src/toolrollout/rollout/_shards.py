@@ -172,8 +172,7 @@ def compact_shards(
 
     Duplicated samples keep their first row; rows are ordered by (prompt, sample). The
     file appears atomically, with the run metadata of the last shard that has one, else
-    ``metadata``. Returns the number of rows written. ``on_step("merge-written")`` is
-    called between writing the merged file under its temporary name and the rename.
+    ``metadata``. Returns the number of rows written.
     """
     out = Path(out)
     table = _dedupe_sorted(read_shards(directory))

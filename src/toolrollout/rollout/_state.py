@@ -160,14 +160,12 @@ class TrajectoryState:
         parsed: tuple[str, ParsedTurn] | None = None,
     ) -> ModelTurn:
         """Append the engine's ids verbatim (loss mask 1, its logprobs) and the assistant
-        message parsed from them; end the trajectory if the engine cut the turn.
+        message parsed from them; end the trajectory if the engine cut the turn. An open
+        turn (resumed after an abort) is continued in the same span.
 
-        An open turn (cut by an abort, now resumed) is extended in place: its first leg's
-        ids and logprobs stay as they were and the continuation follows in the same span.
-        ``forced``: ids put before the model's own (the gateway's ``tool_choice``): a span
-        of their own (loss mask 0), but the turn's text starts with them. ``parsed``: the
-        turn's (text, parse) when the caller parsed it already with :func:`parse_model_turn`
-        (the gateway answers before it knows which of ``n`` samples is kept).
+        ``forced``: ids put before the model's own (the gateway's ``tool_choice``), a span
+        of loss mask 0 that starts the turn's text. ``parsed``: the turn's (text, parse)
+        when the caller (the gateway) parsed it already with :func:`parse_model_turn`.
         """
         ids = result.output_ids
         logprobs = result.output_logprobs

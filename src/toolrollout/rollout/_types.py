@@ -52,12 +52,9 @@ __all__ = [
 
 @dataclass(slots=True)
 class StopControl:
-    """Straggler control shared by one run's trajectories.
-
-    Once ``stopping`` is set no trajectory sends another engine request (it ends
-    ``aborted`` where it is), the runner aborts the requests in ``inflight`` by rid, and
-    the tool calls running are cancelled (:meth:`stop`).
-    """
+    """Straggler control shared by one run's trajectories: once ``stopping`` is set no
+    engine request is sent, those in ``inflight`` are aborted by rid, and (:meth:`stop`)
+    the tool calls running are cancelled."""
 
     stopping: bool = False
     inflight: dict[str, str] = field(default_factory=dict)
@@ -179,12 +176,8 @@ class ModelTurn:
 
 @dataclass(frozen=True, slots=True)
 class EnvStep:
-    """What the environment answers a model turn with: messages to append, as one delta.
-
-    ``kind`` names the span (``tool``: tool results, loss mask 0; ``interaction``: a user
-    or environment message, loss mask 0). ``images`` are the prepared images the messages
-    place, in order (vision-language models).
-    """
+    """What the environment answers a model turn with: messages to append, as one delta
+    (loss mask 0) in a span of ``kind``, and the prepared images they place, in order."""
 
     kind: Literal["tool", "interaction"]
     messages: tuple[dict[str, Any], ...]

@@ -47,11 +47,8 @@ async def attach_images(
     results: Sequence[ToolResult],
     messages: list[dict[str, Any]],
 ) -> tuple[list[PreparedImage], int]:
-    """Give ``messages[i]`` the images of ``results[i]``; return them and the new errors.
-
-    Images that do not fit the budgets are left out whole, and the message says so. An
-    unreadable image makes that call's message an error message (counted as a tool error).
-    """
+    """Give ``messages[i]`` the images of ``results[i]`` (those over the budgets left out,
+    the message says so); return them and the new errors (unreadable images)."""
     placed: list[PreparedImage] = []
     errors = 0
     limits = (config.max_images, config.max_image_tokens)
