@@ -222,10 +222,8 @@ def _seed_for(state: TrajectoryState) -> int | None:
     seed = state.shared.config.seed
     if seed is None:
         return None
-    # Distinct, reproducible per (run of the runner, prompt, sample, turn); fits SGLang's
-    # int seed. A runner's first run keeps the seeds it always had; a later run starts from
-    # a scrambled base seed (multiplicative hashing), so the runs' seeds do not line up
-    # position for position, whatever the number of prompts.
+    # Distinct, reproducible per (run of the runner, prompt, sample, turn), in SGLang's int
+    # range; a later run scrambles the base seed, so runs do not line up position by position.
     if state.shared.seed_round:
         seed = (seed * 2_654_435_761 + state.shared.seed_round * 40_503) % (2**31 - 1)
     key = (seed * 1_000_003 + state.prompt_index) * 1_009 + state.sample_index

@@ -77,17 +77,14 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("turn_rewards", pa.list_(pa.float64()), nullable=False),
         pa.field("tool_rewards", pa.list_(pa.float64()), nullable=False),
         pa.field("tool_final_rewards", pa.map_(pa.string(), pa.float64()), nullable=False),
-        # PNG bytes of each image the model saw, and its placeholder span in
-        # prompt_ids + response_ids (see docs/multimodal.md).
+        # PNG bytes of each image the model saw and its span (docs/multimodal.md).
         pa.field("images", pa.list_(pa.binary())),
         pa.field(
             "image_spans",
             pa.list_(pa.struct([pa.field("start", pa.int32()), pa.field("end", pa.int32())])),
         ),
         pa.field("data_source", pa.string()),
-        # How the row's model turns were sampled (Trajectory.sampling); per row, since rows
-        # carried over from an earlier run may differ. The run's settings, engine and
-        # tokenizer are also in the file's metadata (RUN_METADATA_KEY).
+        # Per row: rows carried over from an earlier run may differ (docs/rollouts.md).
         pa.field("sampling", SAMPLING_TYPE),
     ]
 )

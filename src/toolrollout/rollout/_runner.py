@@ -347,12 +347,10 @@ class RolloutRunner:
     ) -> RolloutBatch:
         """Oversampling: run every prompt's group, stop at ``target_groups`` complete groups.
 
-        Pass more prompts than ``target_groups`` (the oversampling). Once the target is
-        met no trajectory starts another engine request, the requests in flight are
-        aborted on the server by rid (their partial output comes back), and tool calls
-        still running are cancelled (``RolloutConfig.tools_at_target="finish"`` lets them
-        end instead). Nothing is left running when this returns. ``on_result``
-        sees every trajectory, aborted ones included.
+        Once the target is met no engine request starts, those in flight are aborted by
+        rid and tool calls running are cancelled (``RolloutConfig.tools_at_target``);
+        nothing is left running when this returns (docs/rollouts.md). ``on_result`` sees
+        every trajectory, aborted ones included.
 
         ``skip`` lists (prompt_index, sample_index) pairs not to run here (as in
         :meth:`run`; the target counts the groups left). ``until`` is a stop from outside
@@ -388,13 +386,10 @@ class RolloutRunner:
     ) -> RolloutBatch:
         """Continue aborted trajectories (e.g. a previous batch's ``leftover``).
 
-        Each ``aborted`` one goes on from its prompt plus partial output, token for token:
-        its model tokens keep mask 1 and their original logprobs, and an open turn is
-        continued, not restarted. Finished ones pass through unchanged and count for their
-        group. Without ``target_groups`` everything runs to the end; with it, this is a new
-        oversampled batch (see :meth:`run_batch`). Tool and interaction instances are new:
-        a stateful tool's state from before the abort is not carried over. ``on_result``
-        sees only the trajectories that were run.
+        Each ``aborted`` one goes on from its prompt plus partial output, token for token
+        (an open turn is continued); finished ones pass through and count for their group.
+        With ``target_groups`` this is a new oversampled batch (:meth:`run_batch`). Tool
+        and interaction instances are new. ``on_result`` sees only the ones that were run.
         """
         stop = StopControl()
         shared = self._shared((t.ground_truth for t in trajectories), stop)

@@ -397,8 +397,7 @@ class TrajectoryState:
             metrics["drift_reports"] = self.drift.reports()
         if self.engine_moves:
             metrics["engine_moves"] = list(self.engine_moves)
-        # Which weights sampled which tokens: [start, end, version] per engine answer,
-        # positions in the response tokens (a resume may cross a weight update).
+        # [start, end, version] per engine answer (a resume may cross a weight update).
         metrics["weight_versions"] = [list(segment) for segment in self.transcript.segments]
         if c.resumes:
             metrics["resumes"] = c.resumes

@@ -120,11 +120,8 @@ def _cut_text(shared: RolloutShared, text: str) -> str:
     config = shared.config
     limit = config.max_tool_response_tokens
     if text.isascii() and 2 * len(text) + 2 <= limit:
-        # Provably within the limit without tokenizing it: on ASCII text a tokenizer makes
-        # at most one token a character plus a prefix (byte-level BPE: at most one a byte;
-        # SentencePiece: a dummy-prefix piece more; ASCII does not grow under NFC/NFKC), so
-        # twice that is a safe margin. Most tool results are short; the delta tokenizes
-        # them anyway.
+        # Within the limit without tokenizing: on ASCII text a tokenizer makes at most one
+        # token a character plus a prefix piece (BPE, SentencePiece), so twice is a safe margin.
         return text
     ids = shared.chat.encode(text)
     if len(ids) <= limit:
