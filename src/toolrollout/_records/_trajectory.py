@@ -1,10 +1,7 @@
 """Prompt and trajectory records handed to trainers, reward functions, metrics and writers.
 
-Frozen dataclasses: a trajectory is built turn by turn inside the rollout loop and then
-frozen, so nothing downstream (reward functions, writers, trainer adapters) can alter the
-tokens it was trained on. This module sits at the bottom of the package: everything may
-import it and it imports nothing of toolrollout, so that rewards and metrics can be typed
-on a trajectory without depending on the loop that makes one.
+Frozen, so nothing downstream can alter the tokens a trajectory was trained on; importing
+nothing of toolrollout, so rewards and metrics are typed without the loop that makes them.
 """
 
 from __future__ import annotations

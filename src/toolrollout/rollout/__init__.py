@@ -1,11 +1,8 @@
 """Multi-turn tool rollouts: the run loop, its budgets, trajectories and their output files.
 
-Images from tools (vision-language models) are kept on the trajectory with their token
-spans; ``verl_multi_modal_data``, ``trl_messages`` and ``swift_row`` hand them to trainers.
-
-The output files (``TrajectoryWriter``, ``read_rows``, the leftover file...) need pyarrow
-(the ``parquet`` extra); they are loaded on first access so ``import toolrollout`` does not
-import it.
+Images from tools are kept on the trajectory with their token spans; ``verl_multi_modal_data``,
+``trl_messages`` and ``swift_row`` hand them to trainers. The output files need pyarrow (the
+``parquet`` extra), loaded on first access so ``import toolrollout`` does not import it.
 """
 
 from __future__ import annotations

@@ -89,21 +89,18 @@ class RolloutRunner:
 
     ``tokenizer`` is the Hugging Face tokenizer of the served model (its chat template
     renders the prompt and the tool deltas). ``tools`` are executed for real.
-    ``interactions`` (by name, e.g. from :func:`~toolrollout.interactions.load_interaction_config`)
-    answer final turns of the rows that name one in ``extra_info.interaction_kwargs.name``.
-    ``vision`` (a :class:`~toolrollout.chat.VisionFormat`) turns on images in tool results
-    for a vision-language model; without it, images are left out and the message says so.
+    ``interactions`` (by name) answer final turns of the rows that name one in
+    ``extra_info.interaction_kwargs.name``. ``vision`` turns on images in tool results for
+    a vision-language model; without it, images are left out and the message says so.
 
-    The defaults are the runner's own, however it is built: ``rewards="auto"`` picks the
-    terms each call's ground truths call for (:func:`~toolrollout.spec.default_rewards`,
-    plus ``tool_error_penalty``), ``vision="auto"`` reads the tokenizer's model folder
-    (its ``preprocessor_config.json``), and without a context length the engine's
-    is asked for (``engine.info()``) at the first call.
+    Defaults: ``rewards="auto"`` picks the terms each call's ground truths call for
+    (:func:`~toolrollout.spec.default_rewards`, plus ``tool_error_penalty``),
+    ``vision="auto"`` reads the tokenizer's model folder, and without a context length the
+    engine's is asked for (``engine.info()``) at the first call.
 
-    The tools' services (MCP sessions, a local sandbox or retriever; see
-    :meth:`Tool.services <toolrollout.tools.Tool.services>`) are opened by ``async with
-    runner:`` once for every call inside it; on a runner not entered, a call opens them and
-    the calls that overlap it share them.
+    The tools' services (:meth:`Tool.services <toolrollout.tools.Tool.services>`) are
+    opened by ``async with runner:`` once for every call inside it; on a runner not
+    entered, a call opens them and the calls that overlap it share them.
     """
 
     _tools_held: AbstractAsyncContextManager[object] | None = None
