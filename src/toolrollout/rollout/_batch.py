@@ -245,10 +245,13 @@ async def gather(
     wake = anyio.Event()
     """Set when the target is met or nothing is left running."""
 
+    def stop_now() -> None:
+        stop.stop(cancel_tools=cancel_tools)
+        wake.set()
+
     def record(job: Job, trajectory: Trajectory) -> None:
         if tally.record(job, trajectory, stopping=stop.stopping):
-            stop.stop(cancel_tools=cancel_tools)
-            wake.set()
+            stop_now()
 
     for job in jobs:
         if job.done is not None:
@@ -261,8 +264,7 @@ async def gather(
     async def stop_from_outside(event: anyio.Event) -> None:
         with outside:
             await event.wait()
-            stop.stop(cancel_tools=cancel_tools)
-            wake.set()
+            stop_now()
 
     async def one(job: Job) -> None:
         nonlocal pending

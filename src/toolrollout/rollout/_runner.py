@@ -21,7 +21,6 @@ from collections.abc import (
 )
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
-from types import TracebackType
 from typing import Any, Concatenate, Literal, ParamSpec, Self, TypeVar
 
 import anyio
@@ -244,15 +243,10 @@ class RolloutRunner:
         self._tools_held = held
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         held, self._tools_held = self._tools_held, None
         if held is not None:
-            await held.__aexit__(exc_type, exc_val, exc_tb)
+            await held.__aexit__(*exc_info)
 
     @asynccontextmanager
     async def _tools_open(self) -> AsyncIterator[None]:
@@ -444,8 +438,4 @@ class RolloutRunner:
 
     def run_sync(self, prompts: Sequence[PromptLike], **kwargs: Any) -> list[Trajectory]:
         """Blocking wrapper around :meth:`run` for scripts and sync trainers."""
-
-        async def main() -> list[Trajectory]:
-            return await self.run(prompts, **kwargs)
-
-        return anyio.run(main)
+        return anyio.run(functools.partial(self.run, prompts, **kwargs))
