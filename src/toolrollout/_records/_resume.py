@@ -37,10 +37,8 @@ class ResumeFormatError(ValueError):
 class ResumePoint:
     """Where an aborted trajectory stopped: what ``RolloutRunner.resume`` continues from.
 
-    ``state`` is the loop's state at the abort as JSON text (messages with the raw model
-    text, the open turn, drift checkpoints, the interaction's rewards so far), which the
-    public trajectory fields alone cannot rebuild exactly. Immutable and comparable; it
-    pickles and serialises (:meth:`to_json`) without any class of the loop.
+    ``state`` is the loop's state at the abort as JSON text (what the trajectory's fields
+    alone cannot rebuild exactly). It pickles and serialises without any class of the loop.
     """
 
     state: str

@@ -1,7 +1,6 @@
-"""A batch with a target (oversampling): the jobs of a run, the tally that says when
-``target_groups`` groups are in, and the stop: every request still in flight is aborted
-by rid (again, until none is), so nothing outlives the call. Also how a run starts its
-trajectories: :data:`START_BATCH` at a time, under the scheduler's loop-lag probe.
+"""A batch with a target (oversampling): its jobs, the tally that says when the target is
+met, and the stop (requests in flight aborted by rid until none is). Also how a run starts
+its trajectories: :data:`START_BATCH` at a time, under the scheduler's loop-lag probe.
 """
 
 from __future__ import annotations

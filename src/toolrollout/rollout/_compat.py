@@ -85,9 +85,8 @@ def run_metadata(
     chat: Mapping[str, Any] | None = None,
     engine: EngineInfo | None = None,
 ) -> dict[str, Any]:
-    """The object a run's output file carries under ``RUN_METADATA_KEY``: its sampling
-    settings, the tokenizer it rendered with (``chat`` is :func:`chat_setup`'s answer) and,
-    once it is known, the engine."""
+    """The object a run's output file carries under ``RUN_METADATA_KEY`` (``chat``:
+    :func:`chat_setup`'s answer; ``engine``: once it is known)."""
     metadata: dict[str, Any] = {
         "toolrollout": __version__,
         "sampling": run_sampling(config),

@@ -124,10 +124,8 @@ class RolloutConfig:
             raise UserError(f"trajectory_timeout must be > 0, got {self.trajectory_timeout}")
         if self.max_tool_calls < 0:
             raise UserError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
-        for name, limit in (
-            ("max_images", self.max_images),
-            ("max_image_tokens", self.max_image_tokens),
-        ):
+        for name in ("max_images", "max_image_tokens"):
+            limit = getattr(self, name)
             if limit is not None and limit < 0:
                 raise UserError(f"{name} must be >= 0 or None, got {limit}")
         if self.sampling.n != 1:

@@ -18,8 +18,7 @@ __all__ = ["DriftLedger", "DriftView"]
 
 _DOCUMENTED_KINDS = frozenset({"history_rewrite"})
 """Drift a model family documents (its template re-renders earlier turns differently): the
-transcript is right, so it is reported but not counted as a mismatch. Retokenization (the
-model sampled a non-canonical split) still counts: a re-render would train other ids."""
+transcript is right, so it is reported but not counted as a mismatch."""
 
 
 @dataclass(frozen=True, slots=True)

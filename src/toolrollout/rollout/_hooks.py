@@ -81,6 +81,3 @@ class TrajectoryHooks:
             trajectory.tool_final_rewards,
         )
         return reward, {**details, **terms}
-
-
-DEFAULT_HOOKS = TrajectoryHooks()

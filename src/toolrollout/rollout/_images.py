@@ -63,10 +63,8 @@ def _messages_of(source: Trajectory | Mapping[str, Any]) -> list[dict[str, Any]]
 
 
 def verl_multi_modal_data(source: Trajectory | Mapping[str, Any]) -> dict[str, list[Any]]:
-    """verl's ``AgentLoopOutput.multi_modal_data``: ``{"images": [PIL, ...]}`` in order.
-
-    ``source`` is a :class:`Trajectory` or a row read back with ``read_rows``.
-    """
+    """verl's ``AgentLoopOutput.multi_modal_data``: ``{"images": [PIL, ...]}`` in order, of
+    a :class:`Trajectory` or a row read back with ``read_rows``."""
     return {"images": _images_of(source)}
 
 

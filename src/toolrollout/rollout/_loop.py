@@ -24,7 +24,7 @@ from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, Traject
 from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams, TokenRuns
 
 from ._environment import TrajectoryEnvironment
-from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
+from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
 from ._state import TrajectoryState
 from ._types import ModelTurn, RolloutShared, render_prompt
@@ -38,17 +38,13 @@ async def run_trajectory(
     shared: RolloutShared,
     prompt: RolloutPrompt,
     place: tuple[str, int, int],
-    resume: ResumePoint | None = None,
-    hooks: TrajectoryHooks | None = None,
+    resume: ResumePoint | None,
+    hooks: TrajectoryHooks,
 ) -> Trajectory:
     """Run one trajectory (``place``: group id, prompt index, sample index) to a terminal
-    state. Never raises for a trajectory-level fault.
-
-    With ``resume`` (an aborted trajectory's :class:`ResumePoint`) it continues from the
-    prompt plus the partial output, token for token: nothing is re-rendered. Final (not
-    to be replaced or wrapped to change the order of phases): customise through ``hooks``.
+    state. Never raises for a trajectory-level fault. With ``resume`` it continues from
+    the prompt plus the partial output, token for token. Final: customise through ``hooks``.
     """
-    hooks = DEFAULT_HOOKS if hooks is None else hooks
     if resume is not None:
         state = TrajectoryState.resumed_from(shared, resume)
     else:

@@ -102,10 +102,8 @@ def with_run_metadata(table: pa.Table, metadata: Mapping[str, Any] | None) -> pa
 
 
 def read_run_metadata(path: str | Path) -> dict[str, Any] | None:
-    """The :data:`RUN_METADATA_KEY` object of a parquet file (None: it has none).
-
-    Raises :class:`UserError` naming the file when the object is not JSON.
-    """
+    """The :data:`RUN_METADATA_KEY` object of a parquet file (None: it has none); a
+    :class:`UserError` naming the file when the object is not JSON."""
     raw = (pq.read_schema(path).metadata or {}).get(RUN_METADATA_KEY)
     if raw is None:
         return None

@@ -1,9 +1,6 @@
-"""The JSON payload of a trajectory's resume point (format 1): its schema, written from a
-live :class:`~._state.TrajectoryState` and read back, one section per ledger.
-
-A pydantic model per section, its fields named as the ledger's: a section is read back as
-``Ledger(**section.fields())`` and written from the live ledger unvalidated. The annotated
-types say how a value JSON has no form for is written and read.
+"""The JSON payload of a trajectory's resume point (format 1), one section per ledger: a
+pydantic model each, its fields named as the ledger's, so a section is read back as
+``Ledger(**section.fields())`` and written from the live ledger unvalidated.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The values a trajectory's state is made of, and what all trajectories of a run share.
-
-Plain records, kept apart from :class:`~toolrollout.rollout._state.TrajectoryState` (the
-rules that change them) so environment code can import them without the state's logic.
+"""The values a trajectory's state is made of, and what all trajectories of a run share:
+plain records, apart from the rules that change them (:mod:`._state`).
 """
 
 from __future__ import annotations

@@ -86,11 +86,8 @@ def build_runner(
     context_length: int | None = None,
 ) -> RolloutRunner:
     """The runner of ``spec`` on an engine the caller holds (and opens and closes).
-
-    ``components`` are :func:`load_components`'s (loaded here when not given, with ``tokenizer`` if
-    passed); ``context_length`` overrides the engine's (``spec.config.context_length``
-    wins when set). The other defaults are the runner's own.
-    """
+    ``components``: :func:`load_components`'s (loaded here when not given, with
+    ``tokenizer``); ``context_length`` overrides the engine's, ``spec.config``'s wins."""
     if components is None:
         components = load_components(spec, tokenizer=tokenizer)
     return RolloutRunner(
@@ -127,11 +124,9 @@ async def open_run(
     *,
     components: RunComponents | None = None,
 ) -> AsyncIterator[OpenRun]:
-    """Start ``spec``'s engine and tool services, build its runner; close all on exit.
-
-    ``async with open_run(spec) as run: await run.runner.run(prompts)``. ``components`` from
-    :func:`load_components` avoid loading twice when the caller checked them first.
-    """
+    """Start ``spec``'s engine and tool services, build its runner; close all on exit:
+    ``async with open_run(spec) as run: await run.runner.run(prompts)``. ``components``
+    from :func:`load_components` avoid loading twice."""
     if components is None:
         components = load_components(spec)
     engine = await connect(
