@@ -1,15 +1,12 @@
 """The records every layer shares: prompts, trajectories, their token spans, statuses,
-images and resume points.
-
-A leaf: it imports nothing from the rest of toolrollout, so reward functions, metrics,
-writers and trainer adapters can use these types without importing the rollout loop. The
-public names are re-exported by :mod:`toolrollout.rollout`.
+images and resume points. A leaf (it imports nothing of toolrollout), re-exported by
+:mod:`toolrollout.rollout`.
 """
 
-from ._prompt import RolloutPrompt as RolloutPrompt
 from ._resume import RESUME_FORMAT_VERSION as RESUME_FORMAT_VERSION
 from ._resume import ResumeFormatError as ResumeFormatError
 from ._resume import ResumePoint as ResumePoint
+from ._trajectory import RolloutPrompt as RolloutPrompt
 from ._trajectory import SpanKind as SpanKind
 from ._trajectory import TokenSpan as TokenSpan
 from ._trajectory import Trajectory as Trajectory

@@ -1,13 +1,9 @@
 """The resume point of an aborted trajectory: a frozen, versioned, JSON record.
 
-A leaf module (standard library only), so the trajectory record can refer to it without
-importing the run loop. The loop's state writes the payload and reads it back
-(``rollout/_state.py`` owns its schema); everything else treats it as opaque text that
-travels in memory, through pickling (Ray, queues) and in leftover files.
-
-:func:`to_json_value` / :func:`from_json_value` are the one lossless codec for the
-Python values a row may carry (tuples, bytes, sets, non-string keys, numpy arrays) on
-top of plain JSON; floats round-trip exactly (``json`` writes the shortest repr).
+Standard library only, so the trajectory record can refer to it without the run loop
+(``rollout/_resume_payload.py`` owns the payload's schema). :func:`to_json_value` /
+:func:`from_json_value` are the one lossless codec for the Python values a row may carry
+(tuples, bytes, sets, non-string keys, numpy arrays) on top of plain JSON.
 """
 
 from __future__ import annotations
@@ -41,10 +37,8 @@ class ResumeFormatError(ValueError):
 class ResumePoint:
     """Where an aborted trajectory stopped: what ``RolloutRunner.resume`` continues from.
 
-    ``state`` is the loop's state at the abort as JSON text (messages with the raw model
-    text, the open turn, drift checkpoints, the interaction's rewards so far), which the
-    public trajectory fields alone cannot rebuild exactly. Immutable and comparable; it
-    pickles and serialises (:meth:`to_json`) without any class of the loop.
+    ``state`` is the loop's state at the abort as JSON text (what the trajectory's fields
+    alone cannot rebuild exactly). It pickles and serialises without any class of the loop.
     """
 
     state: str

@@ -1,10 +1,7 @@
-"""Trajectory records handed to trainers, reward functions, metrics and writers.
+"""Prompt and trajectory records handed to trainers, reward functions, metrics and writers.
 
-Frozen dataclasses: a trajectory is built turn by turn inside the rollout loop and then
-frozen, so nothing downstream (reward functions, writers, trainer adapters) can alter the
-tokens it was trained on. This module sits at the bottom of the package: everything may
-import it and it imports nothing of toolrollout, so that rewards and metrics can be typed
-on a trajectory without depending on the loop that makes one.
+Frozen, so nothing downstream can alter the tokens a trajectory was trained on; importing
+nothing of toolrollout, so rewards and metrics are typed without the loop that makes them.
 """
 
 from __future__ import annotations
@@ -18,8 +15,6 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from ._resume import ResumePoint
-
-__all__ = ["SpanKind", "TokenSpan", "Trajectory", "TrajectoryImage", "TrajectoryStatus"]
 
 
 class TrajectoryStatus(StrEnum):
@@ -35,17 +30,8 @@ class TrajectoryStatus(StrEnum):
 
     @property
     def is_terminal(self) -> bool:
-        return self in _TERMINAL
+        return self in ("completed", "truncated", "aborted", "failed")  # a StrEnum: str values
 
-
-_TERMINAL = frozenset(
-    {
-        TrajectoryStatus.COMPLETED,
-        TrajectoryStatus.TRUNCATED,
-        TrajectoryStatus.ABORTED,
-        TrajectoryStatus.FAILED,
-    }
-)
 
 SpanKind = Literal["model", "tool", "interaction"]
 
@@ -56,12 +42,8 @@ def _id_array(ids: Iterable[int]) -> array[int]:
 
 
 def _logprob_array(logprobs: Iterable[float]) -> array[float]:
-    """Logprobs as 4-byte floats when that keeps every value exact, else as 8-byte floats.
-
-    SGLang computes logprobs in float32 and writes them as JSON floats, so float32 holds
-    them exactly; a value that float32 would round (a hand-written 0.1, another engine's
-    float64) keeps all 8 bytes. What comes back out is always the value that went in.
-    """
+    """Logprobs as 4-byte floats when that keeps every value exact (SGLang's are float32),
+    else as 8-byte floats: what comes back out is always the value that went in."""
     if isinstance(logprobs, array) and logprobs.typecode in "fd":
         return array(logprobs.typecode, logprobs)  # already decided (a span's own array)
     wide = array("d", logprobs)
@@ -71,16 +53,11 @@ def _logprob_array(logprobs: Iterable[float]) -> array[float]:
 
 @dataclass(frozen=True, slots=True, init=False)
 class TokenSpan:
-    """A run of response tokens that came from one source.
+    """A run of response tokens that came from one source: ``model`` (the engine's ids
+    verbatim, loss mask 1, its logprobs), ``tool`` or ``interaction`` (a chat-template delta,
+    loss mask 0, logprob 0.0).
 
-    ``model`` spans are the engine's output ids verbatim (trained on, loss mask 1, with the
-    engine's logprobs); ``tool`` spans are the chat-template delta for tool results plus the
-    next generation prompt (not trained on, loss mask 0, logprob 0.0); ``interaction``
-    spans are the same for an interaction's user/environment message.
-
-    The tokens are kept in compact arrays (4-byte ids; 4- or 8-byte logprobs, whichever is
-    exact; nothing for the all-zero logprobs of environment spans) instead of one Python
-    object per token: a rollout holds millions of them. ``ids``, ``logprobs`` and
+    Kept in compact arrays (a rollout holds millions of tokens); ``ids``, ``logprobs`` and
     ``loss_mask`` still read as tuples.
     """
 
@@ -140,6 +117,16 @@ class TokenSpan:
 
 
 @dataclass(frozen=True, slots=True)
+class RolloutPrompt:
+    """One dataset row: the opening messages and, optionally, the ground truth. Loading
+    prompts needs nothing of the loop."""
+
+    messages: tuple[dict[str, Any], ...]
+    ground_truth: Any = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class TrajectoryImage:
     """One image in a trajectory and where its placeholder tokens are.
 
@@ -158,11 +145,16 @@ class TrajectoryImage:
 
     def to_pil(self) -> Any:
         """The image as a loaded RGB PIL image."""
-        from PIL import Image
+        return pil_image(self.png)
 
-        image = Image.open(io.BytesIO(self.png))
-        image.load()
-        return image.convert("RGB")
+
+def pil_image(png: bytes) -> Any:
+    """PNG bytes as a loaded RGB PIL image."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png))
+    image.load()
+    return image.convert("RGB")
 
 
 @dataclass(frozen=True, slots=True)

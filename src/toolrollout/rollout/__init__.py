@@ -1,11 +1,8 @@
 """Multi-turn tool rollouts: the run loop, its budgets, trajectories and their output files.
 
-Images from tools (vision-language models) are kept on the trajectory with their token
-spans; ``verl_multi_modal_data``, ``trl_messages`` and ``swift_row`` hand them to trainers.
-
-The output files (``TrajectoryWriter``, ``read_rows``, the leftover file...) need pyarrow
-(the ``parquet`` extra); they are loaded on first access so ``import toolrollout`` does not
-import it.
+Images from tools are kept on the trajectory with their token spans; ``verl_multi_modal_data``,
+``trl_messages`` and ``swift_row`` hand them to trainers. The output files need pyarrow (the
+``parquet`` extra), loaded on first access so ``import toolrollout`` does not import it.
 """
 
 from __future__ import annotations
@@ -82,41 +79,19 @@ __all__ = [
     "write_trajectories",
 ]
 
-_LAZY = {
-    **dict.fromkeys(("read_leftover", "write_leftover"), "._leftover"),
-    **dict.fromkeys(
-        (
-            "RUN_METADATA_KEY",
-            "TRAJECTORY_SCHEMA",
-            "TrajectoryWriter",
-            "read_rows",
-            "read_run_metadata",
-            "write_trajectories",
-        ),
-        "._output",
-    ),
-    **dict.fromkeys(
-        (
-            "ShardWriter",
-            "clean_finished",
-            "compact_shards",
-            "done_samples",
-            "finish_shards",
-            "finished_mark",
-            "read_shards",
-        ),
-        "._shards",
-    ),
-}
+_LAZY_MODULES = ("._output", "._shards", "._leftover")
+"""Where the names of ``__all__`` not imported above are (they need pyarrow)."""
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from toolrollout._extras import require_extra
 
     require_extra("parquet", f"toolrollout.rollout.{name}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
+    for module in _LAZY_MODULES:
+        value = getattr(importlib.import_module(module, __name__), name, None)
+        if value is not None:
+            globals()[name] = value
+            return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

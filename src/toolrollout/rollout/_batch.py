@@ -1,14 +1,13 @@
-"""A batch with a target (oversampling): the jobs of a run, the tally that says when
-``target_groups`` groups are in, and the stop: every request still in flight is aborted
-by rid (again, until none is), so nothing outlives the call. Also how a run starts its
-trajectories: :data:`START_BATCH` at a time, under the scheduler's loop-lag probe.
+"""A batch with a target (oversampling): its jobs, the tally that says when the target is
+met, and the stop (requests in flight aborted by rid until none is). Also how a run starts
+its trajectories: :data:`START_BATCH` at a time, under the scheduler's loop-lag probe.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
-from contextlib import asynccontextmanager, nullcontext
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -46,15 +45,10 @@ ABORT_RESEND_SECONDS = 1.0
 runner names every rid still in flight again after this many seconds."""
 
 
-@asynccontextmanager
-async def admission_watch(shared: RolloutShared) -> AsyncIterator[None]:
+def admission_watch(shared: RolloutShared) -> AbstractAsyncContextManager[object]:
     """The scheduler's loop-lag probe (the ``lag`` policy) for as long as the block runs."""
     scheduler = shared.scheduler
-    if scheduler is None:
-        yield
-        return
-    async with scheduler.watching(shared.engine_limiter):
-        yield
+    return nullcontext() if scheduler is None else scheduler.watching(shared.engine_limiter)
 
 
 async def start_in_batches(
@@ -97,10 +91,6 @@ class RolloutBatch:
         return tuple(t for t in self.leftover if t.status is TrajectoryStatus.ABORTED)
 
 
-def _finished(trajectory: Trajectory) -> bool:
-    return trajectory.status is not TrajectoryStatus.ABORTED
-
-
 @dataclass(slots=True)
 class Job:
     """One sample to run (or, with ``done``, one already finished and passed through)."""
@@ -132,7 +122,7 @@ class Tally:
         """Keep ``job``'s trajectory; True when it is the one that meets the target."""
         key = (job.group_id, job.sample_index)
         self.results[key] = trajectory
-        if stopping or not _finished(trajectory):
+        if stopping or trajectory.status is TrajectoryStatus.ABORTED:
             return False
         self.order.append(key)
         count = self.finished_in_group.get(job.group_id, 0) + 1
@@ -169,11 +159,8 @@ def failed_trajectory(
     reason: str,
     error: str,
 ) -> Trajectory:
-    """The row of a sample whose rollout could not even produce a partial transcript.
-
-    It keeps its place in the output (one row per sample, always) and is flagged
-    ``failed`` with the error, so a trainer drops it instead of reading a zero reward.
-    """
+    """The row of a sample whose rollout could not even produce a partial transcript:
+    flagged ``failed`` with the error, so a trainer drops it instead of reading a 0 reward."""
     return Trajectory(
         uid=f"{group_id}-{sample_index}",
         group_id=group_id,
@@ -222,15 +209,7 @@ async def run_sample(
     trajectory: Trajectory | None = None
     try:
         with deadline:
-            trajectory = await run_trajectory(
-                shared,
-                prompt,
-                prompt_index=prompt_index,
-                sample_index=sample_index,
-                group_id=group_id,
-                resume=resume,
-                hooks=hooks,
-            )
+            trajectory = await run_trajectory(shared, prompt, place, resume, hooks)
     except Exception as exc:  # a bug in one trajectory must not end the batch
         reason, error = "error", f"{type(exc).__name__}: {exc}"
     if trajectory is None:
@@ -265,10 +244,13 @@ async def gather(
     wake = anyio.Event()
     """Set when the target is met or nothing is left running."""
 
+    def stop_now() -> None:
+        stop.stop(cancel_tools=cancel_tools)
+        wake.set()
+
     def record(job: Job, trajectory: Trajectory) -> None:
         if tally.record(job, trajectory, stopping=stop.stopping):
-            stop.stop(cancel_tools=cancel_tools)
-            wake.set()
+            stop_now()
 
     for job in jobs:
         if job.done is not None:
@@ -281,8 +263,7 @@ async def gather(
     async def stop_from_outside(event: anyio.Event) -> None:
         with outside:
             await event.wait()
-            stop.stop(cancel_tools=cancel_tools)
-            wake.set()
+            stop_now()
 
     async def one(job: Job) -> None:
         nonlocal pending
@@ -320,10 +301,8 @@ async def _abort_stragglers(
     wake: anyio.Event,
     all_ended: anyio.Event,
 ) -> None:
-    """Once the target is met, abort every request still in flight (again, until none is).
-
-    Runs inside the batch's task group and ends with it: no abort outlives the call.
-    """
+    """Once the target is met, abort every request still in flight (again, until none is),
+    inside the batch's task group: no abort outlives the call."""
     await wake.wait()
     while not all_ended.is_set():
         rids = list(stop.inflight)

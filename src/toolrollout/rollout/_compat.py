@@ -1,10 +1,6 @@
-"""Whether a leftover file can be continued by this run.
-
-A leftover holds token ids and partial transcripts. They only mean the same thing to a
-later run with the same tokenizer (vocabulary and chat template), the same tools (their
-schemas are in the rendered prompt) and the same tool-call format. :func:`leftover_info`
-is what a run writes next to its leftover; :func:`check_leftover_matches` is the check a
-resuming run makes against it.
+"""Whether a leftover file can be continued by this run: its token ids only mean the same
+with the same tokenizer, tools and tool-call format. :func:`leftover_info` is what a run
+writes next to its leftover; :func:`check_leftover_matches` checks a resuming run.
 """
 
 from __future__ import annotations
@@ -22,6 +18,7 @@ from ._config import RolloutConfig
 from ._state import sampling_record
 
 if TYPE_CHECKING:
+    from toolrollout.chat import ChatFormat
     from toolrollout.engines import EngineInfo
 
 __all__ = [
@@ -46,27 +43,25 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def effective_tool_parser(config: RolloutConfig | str | None, tokenizer: Any) -> str:
-    """The parser a run uses: the one named, else its model family's.
-
-    ``config`` is the run's :class:`RolloutConfig` (its ``tool_parser``, ``family`` and
-    template kwargs), or just a parser name (None: detect the family).
-    """
+    """The parser a run uses: the one named, else its model family's. ``config`` is the
+    run's :class:`RolloutConfig`, or just a parser name (None: detect the family)."""
     if not isinstance(config, RolloutConfig):
         config = RolloutConfig(tool_parser=config)
     if config.tool_parser is not None:
         return config.tool_parser
-    from toolrollout.chat import ChatFormat
-
-    chat = ChatFormat(tokenizer, family=config.family, template_kwargs=config.chat_template_kwargs)
-    return chat.family.tool_parser
+    return _chat(config, tokenizer).family.tool_parser
 
 
 def chat_setup(config: RolloutConfig, tokenizer: Any) -> dict[str, Any]:
     """The model family and template variables a run renders with (for a leftover's info)."""
+    chat = _chat(config, tokenizer)
+    return {"family": chat.family.name, "chat_template_kwargs": chat.template_kwargs}
+
+
+def _chat(config: RolloutConfig, tokenizer: Any) -> ChatFormat:
     from toolrollout.chat import ChatFormat
 
-    chat = ChatFormat(tokenizer, family=config.family, template_kwargs=config.chat_template_kwargs)
-    return {"family": chat.family.name, "chat_template_kwargs": chat.template_kwargs}
+    return ChatFormat(tokenizer, family=config.family, template_kwargs=config.chat_template_kwargs)
 
 
 def run_sampling(config: RolloutConfig) -> dict[str, Any]:
@@ -79,13 +74,8 @@ def run_sampling(config: RolloutConfig) -> dict[str, Any]:
 
 def engine_facts(info: EngineInfo) -> dict[str, Any]:
     """What an engine's ``info()`` says about how it samples, as the files record it."""
-    return {
-        "engine": info.engine,
-        "engine_version": info.engine_version,
-        "dtype": info.dtype,
-        "model_path": info.model_path,
-        "weight_version": info.weight_version,
-    }
+    keys = ("engine", "engine_version", "dtype", "model_path", "weight_version")
+    return {key: getattr(info, key) for key in keys}
 
 
 def run_metadata(
@@ -95,9 +85,8 @@ def run_metadata(
     chat: Mapping[str, Any] | None = None,
     engine: EngineInfo | None = None,
 ) -> dict[str, Any]:
-    """The object a run's output file carries under ``RUN_METADATA_KEY``: its sampling
-    settings, the tokenizer it rendered with (``chat`` is :func:`chat_setup`'s answer) and,
-    once it is known, the engine."""
+    """The object a run's output file carries under ``RUN_METADATA_KEY`` (``chat``:
+    :func:`chat_setup`'s answer; ``engine``: once it is known)."""
     metadata: dict[str, Any] = {
         "toolrollout": __version__,
         "sampling": run_sampling(config),
@@ -122,13 +111,8 @@ def leftover_info(
     chat: Mapping[str, Any] | None = None,
     sampling: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The metadata a leftover file carries so that a later run can check it can resume it.
-
-    ``chat`` is :func:`chat_setup`'s answer: the family and template variables change how
-    every delta renders, so a resuming run must use the same. ``sampling``
-    (:func:`run_sampling`): a continued trajectory's turns must come from one distribution
-    (:data:`DISTRIBUTION_KEYS`).
-    """
+    """The metadata a leftover file carries so that a later run can check it can resume it
+    (``chat``: :func:`chat_setup`'s answer; ``sampling``: :func:`run_sampling`'s)."""
     info: dict[str, Any] = {
         "n": n,
         "tools": sorted(tool_names),
@@ -155,11 +139,8 @@ def check_leftover_matches(
     sampling: Mapping[str, Any] | None = None,
 ) -> None:
     """A one-line :class:`~toolrollout.spec.FieldError` naming the :class:`RunSpec` fields
-    to change when ``saved`` (a leftover's info) does not suit this run.
-
-    The tools and tool-call format are checked first; the tokenizer only when one is given;
-    the family, template variables and sampling settings when both sides recorded them.
-    """
+    to change when ``saved`` (a leftover's info) does not suit this run. The tokenizer is
+    checked when given; chat setup and sampling when both sides recorded them."""
     names = sorted(tool_names)
     if saved.get("tools") != names:
         raise FieldError(
@@ -188,21 +169,15 @@ def check_leftover_matches(
             "config.family",
             "config.chat_template_kwargs",
         )
-    recorded_sampling = saved.get("sampling")
-    if sampling is not None and recorded_sampling is not None:
-        changed = sampling_changes(recorded_sampling, sampling)
-        if changed:
-            fields = [
-                f"config.sampling.{key}"
-                for key in DISTRIBUTION_KEYS
-                if recorded_sampling.get(key) != sampling.get(key)
-            ]
-            raise FieldError(
-                f"{path} was sampled with {changed}: a continued trajectory's turns must "
-                f"come from one distribution; pass the same "
-                + ", ".join(f"{{{f}}}" for f in fields),
-                *fields,
-            )
+    before = saved.get("sampling")
+    if sampling is not None and before is not None and _changed(before, sampling):
+        fields = [f"config.sampling.{key}" for key in _changed(before, sampling)]
+        raise FieldError(
+            f"{path} was sampled with {sampling_changes(before, sampling)}: a continued "
+            "trajectory's turns must come from one distribution; pass the same "
+            + ", ".join(f"{{{f}}}" for f in fields),
+            *fields,
+        )
 
 
 DISTRIBUTION_KEYS = ("temperature", "top_p", "top_k", "min_p")
@@ -214,7 +189,9 @@ def sampling_changes(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> str
     """The distribution's settings that differ, as ``"temperature 1.0 (now 0.7), ..."``;
     empty if none."""
     return ", ".join(
-        f"{key} {recorded.get(key)!r} (now {now.get(key)!r})"
-        for key in DISTRIBUTION_KEYS
-        if recorded.get(key) != now.get(key)
+        f"{key} {recorded.get(key)!r} (now {now.get(key)!r})" for key in _changed(recorded, now)
     )
+
+
+def _changed(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    return [key for key in DISTRIBUTION_KEYS if recorded.get(key) != now.get(key)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from toolrollout._exceptions import UserError
 from toolrollout.chat import TemplateFamily
@@ -124,10 +124,8 @@ class RolloutConfig:
             raise UserError(f"trajectory_timeout must be > 0, got {self.trajectory_timeout}")
         if self.max_tool_calls < 0:
             raise UserError(f"max_tool_calls must be >= 0, got {self.max_tool_calls}")
-        for name, limit in (
-            ("max_images", self.max_images),
-            ("max_image_tokens", self.max_image_tokens),
-        ):
+        for name in ("max_images", "max_image_tokens"):
+            limit = getattr(self, name)
             if limit is not None and limit < 0:
                 raise UserError(f"{name} must be >= 0 or None, got {limit}")
         if self.sampling.n != 1:
@@ -147,18 +145,14 @@ class RolloutConfig:
             raise UserError(
                 f"interaction_timeout must be positive seconds, got {self.interaction_timeout}"
             )
-        if self.tools_at_target not in ("cancel", "finish"):
-            raise UserError(
-                f"tools_at_target must be 'cancel' or 'finish', got {self.tools_at_target!r}"
-            )
-        if self.inexact_logprobs not in ("refuse", "label"):
-            raise UserError(
-                f"inexact_logprobs must be 'refuse' or 'label', got {self.inexact_logprobs!r}"
-            )
-        if self.tool_unavailable not in ("fail", "show"):
-            raise UserError(
-                f"tool_unavailable must be 'fail' or 'show', got {self.tool_unavailable!r}"
-            )
+        for name, choice in (
+            ("tools_at_target", ToolsAtTarget),
+            ("inexact_logprobs", InexactLogprobsPolicy),
+            ("tool_unavailable", ToolUnavailablePolicy),
+        ):
+            value, (first, second) = getattr(self, name), get_args(choice)
+            if value not in (first, second):
+                raise UserError(f"{name} must be {first!r} or {second!r}, got {value!r}")
         if self.tool_response_truncate_side not in ("left", "right", "middle"):
             raise UserError(
                 "tool_response_truncate_side must be left, right or middle, "

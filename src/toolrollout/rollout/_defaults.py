@@ -1,7 +1,5 @@
-"""The defaults a runner takes from its inputs: which reward, whether the model sees images.
-
-One set of rules for every way a runner is built (directly, through
-:func:`toolrollout.spec.open_run`, or by a trainer adapter).
+"""The defaults a runner takes from its inputs: which reward, whether the model sees images
+(one set of rules for every way a runner is built).
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """When a trajectory's transcript is compared with a fresh render (the drift check).
 
-Rendering and tokenizing the whole conversation after every turn makes a turn's cost grow
-with the conversation. Instead each tool or interaction delta only records a checkpoint
-(three lengths, O(1)), and the render runs at the last checkpoint when the trajectory ends
-(plus every ``RolloutConfig.drift_check_every``-th checkpoint, if set). A transcript is
-append-only, so when a check finds drift, the checkpoints not yet checked are replayed and
-the reports come out exactly as a check after every turn would have written them.
-
-The ledger is part of the trajectory's state; it is handed what it compares (a
-:class:`DriftView`), so it needs nothing from the loop.
+Each environment delta records a checkpoint (three lengths, O(1)); the render runs at the
+end, and when it finds drift the unchecked checkpoints are replayed, so the reports are
+those of a check after every turn (docs/rollouts.md, Drift check). The ledger is handed what
+it compares (a :class:`DriftView`), so it needs nothing from the loop.
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ __all__ = ["DriftLedger", "DriftView"]
 
 _DOCUMENTED_KINDS = frozenset({"history_rewrite"})
 """Drift a model family documents (its template re-renders earlier turns differently): the
-transcript is right, so it is reported but not counted as a mismatch. Retokenization (the
-model sampled a non-canonical split) still counts: a re-render would train other ids."""
+transcript is right, so it is reported but not counted as a mismatch."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,7 @@
 """What one trajectory holds besides tokens: its interaction, its tool instances, and the
-per-turn rewards they give.
-
-The live part (:class:`TrajectoryEnvironment`: the interaction object, the tool session)
-is opened for each leg of a trajectory and closed on every way out. Its bookkeeping
-(:class:`EnvironmentLedger`: rewards by turn, reply counts, errors) belongs to the
-trajectory's state, so a resumed trajectory keeps it without copying attributes around.
+per-turn rewards they give. The live part (:class:`TrajectoryEnvironment`) is opened for
+each leg and closed on every way out; its bookkeeping (:class:`EnvironmentLedger`) belongs
+to the trajectory's state, so a resumed trajectory keeps it.
 """
 
 from __future__ import annotations
@@ -31,11 +28,8 @@ _FINALIZE_TIMEOUT = 30.0
 
 @dataclass(slots=True)
 class EnvironmentLedger:
-    """The environment's bookkeeping of one trajectory, kept across resumes.
-
-    Rewards are kept by model turn number (1-based, the value of ``num_turns`` right after
-    that turn was appended), so they line up with the trajectory's turns.
-    """
+    """The environment's bookkeeping of one trajectory, kept across resumes. Rewards are
+    kept by model turn number (1-based: ``num_turns`` right after that turn)."""
 
     has_interaction: bool = False
     turn_rewards: dict[int, float] = field(default_factory=dict)

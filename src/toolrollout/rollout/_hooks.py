@@ -1,12 +1,8 @@
 """Where a custom environment plugs into the run loop, without forking it.
 
-The driver (:func:`~toolrollout.rollout._loop.run_trajectory`) fixes the order of one
-trajectory: render the prompt, then per turn ``should_stop`` -> generate -> append the model
-turn -> ``on_model_turn`` -> ``env_step`` -> append the environment's answer, and at the end
-freeze -> ``score``. The token bookkeeping (what is trained on, the budgets, the drift
-check) stays in the driver and :class:`TrajectoryState`; a hook decides *what* happens,
-never how tokens are appended. Subclass :class:`TrajectoryHooks` and override what you
-need; pass an instance as ``RolloutRunner(..., hooks=...)``.
+:func:`~toolrollout.rollout._loop.run_trajectory` fixes the order of a trajectory's phases
+and keeps the token bookkeeping; a hook decides *what* happens (``should_stop``,
+``on_model_turn``, ``env_step``, ``score``), never how tokens are appended.
 """
 
 from __future__ import annotations
@@ -85,6 +81,3 @@ class TrajectoryHooks:
             trajectory.tool_final_rewards,
         )
         return reward, {**details, **terms}
-
-
-DEFAULT_HOOKS = TrajectoryHooks()

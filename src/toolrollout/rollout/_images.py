@@ -1,16 +1,13 @@
-"""Images a trajectory carries: preparation off the event loop, budgets, trainer views.
+"""Images a trajectory carries: preparation off the event loop and trainer views.
 
-A tool result's images are decoded, resized to the processor grid and PNG-encoded in a
-worker thread (:func:`prepare_images`), so one trajectory's pixels never stall the others'
-turns. The trajectory keeps each image's PNG bytes with the token span of its placeholder
-run in ``prompt_ids + response_ids``; that is all a trainer needs to rebuild the model
-inputs, and :func:`verl_multi_modal_data`, :func:`trl_messages` and :func:`swift_row` give
-it in each trainer's own shape.
+Images are prepared in a worker thread (:func:`prepare_images`), so one trajectory's pixels
+never stall the others' turns. A trajectory keeps each image's PNG bytes and placeholder
+span; :func:`verl_multi_modal_data`, :func:`trl_messages` and :func:`swift_row` give them
+in each trainer's own shape.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +15,7 @@ import anyio
 
 from toolrollout._exceptions import ImageError
 from toolrollout._records import Trajectory, TrajectoryImage
+from toolrollout._records._trajectory import pil_image
 
 if TYPE_CHECKING:
     from toolrollout.chat import VisionFormat
@@ -50,15 +48,8 @@ async def prepare_images(
 
 
 def _images_of(source: Trajectory | Mapping[str, Any]) -> list[Any]:
-    from PIL import Image
-
     if isinstance(source, Mapping):
-        out = []
-        for png in source.get("images") or ():
-            image = Image.open(io.BytesIO(png))
-            image.load()
-            out.append(image.convert("RGB"))
-        return out
+        return [pil_image(png) for png in source.get("images") or ()]
     return [image.to_pil() for image in source.images]
 
 
@@ -72,10 +63,8 @@ def _messages_of(source: Trajectory | Mapping[str, Any]) -> list[dict[str, Any]]
 
 
 def verl_multi_modal_data(source: Trajectory | Mapping[str, Any]) -> dict[str, list[Any]]:
-    """verl's ``AgentLoopOutput.multi_modal_data``: ``{"images": [PIL, ...]}`` in order.
-
-    ``source`` is a :class:`Trajectory` or a row read back with ``read_rows``.
-    """
+    """verl's ``AgentLoopOutput.multi_modal_data``: ``{"images": [PIL, ...]}`` in order, of
+    a :class:`Trajectory` or a row read back with ``read_rows``."""
     return {"images": _images_of(source)}
 
 

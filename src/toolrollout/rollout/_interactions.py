@@ -1,14 +1,10 @@
-"""The interaction turn: after a final model turn, the row's interaction may answer.
-
-An interaction turn is appended exactly like a tool turn, through the state's one
-environment-turn routine: the chat template's token delta for the new ``user`` message
-plus the next generation prompt, loss mask 0, logprob 0.0, drift-checkpointed, and refused
-(trajectory truncated) when it would not fit the budgets.
+"""The interaction turn: after a final model turn, the row's interaction may answer. Its
+message is appended like a tool turn's (:meth:`TrajectoryState.append_env_turn`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolrollout._exceptions import UserError
@@ -16,10 +12,10 @@ from toolrollout._records import RolloutPrompt, TrajectoryStatus
 from toolrollout.tools._lifecycle import row_kwargs
 
 from ._environment import TrajectoryEnvironment
-from ._state import TrajectoryState
+from ._state import TrajectoryState, public_messages
 from ._types import EnvStep, ModelTurn
 
-__all__ = ["interaction_step", "select_interaction"]
+__all__ = ["check_interactions", "interaction_step", "select_interaction"]
 
 
 def select_interaction(
@@ -49,12 +45,29 @@ def select_interaction(
     return interactions[name], kwargs
 
 
+def check_interactions(
+    interactions: Mapping[str, Any],
+    prompts: Sequence[RolloutPrompt],
+    *,
+    source: str,
+    names: Sequence[str] | None = None,
+) -> None:
+    """A one-line :class:`UserError` (``<source> row <i>: ...``, or ``names[i]`` for
+    ``row <i>``) for the first row naming an interaction that is not configured: a dataset
+    mistake reported before anything runs."""
+    for index, prompt in enumerate(prompts):
+        try:
+            select_interaction(interactions, prompt)
+        except UserError as exc:
+            name = names[index] if names is not None else f"row {index}"
+            raise UserError(f"{source} {name}: {exc}") from exc
+
+
 async def interaction_step(
     state: TrajectoryState, turn: ModelTurn, env: TrajectoryEnvironment
 ) -> EnvStep | None:
     """Ask the interaction to answer a final turn: its message, or None when it ends."""
-    public = [{k: v for k, v in m.items() if k != "raw_content"} for m in state.transcript.messages]
-    reply = await env.respond(public)
+    reply = await env.respond(public_messages(state.transcript.messages))
     if reply.reward is not None:
         state.environment.turn_rewards[state.num_turns] = reply.reward
     if reply.done:

@@ -1,24 +1,9 @@
 """Leftover files: the trajectories a batch run cut short, kept across processes.
 
-A batch run (straggler control) ends with trajectories that are not in the batch: aborted
-ones with their resume points, and their finished siblings. A leftover file is parquet:
-each row has the ordinary output columns (so pandas or polars can look at it) plus
-``state``, a UTF-8 JSON object that alone rebuilds the row exactly::
-
-    {"leftover_format_version": 2,
-     "trajectory": {<every Trajectory field but the resume point>},
-     "resume_point": {"resume_format_version": 1, "state": {...}} | null}
-
-The columns are a view (they round logprobs to float32 and do not tell tool spans from
-interaction spans); the JSON keeps float64 logprobs exactly. Reading is by an explicit,
-versioned schema: unknown keys are ignored, missing optional fields take their defaults,
-and a field renamed later is read under its old name too (:data:`_RENAMED`). A file of a
-newer version is a one-line :class:`UserError` naming the version.
-
-Format 1 files (toolrollout before this format: the whole Trajectory pickled in
-``state``) still load: they are unpickled by an allow-list that builds plain values and
-the few record classes a format-1 file holds (never a function, never another
-toolrollout class) and converted on the spot.
+Parquet with the output columns plus ``state``, a versioned JSON object per row that alone
+rebuilds the trajectory exactly (docs/rollouts.md describes the format). A field renamed
+later is read under its old name too (:data:`_RENAMED`). Format 1 files (a pickled
+Trajectory in ``state``) are unpickled by an allow-list and converted on the spot.
 """
 
 from __future__ import annotations
@@ -29,7 +14,7 @@ import json
 import pickle
 import time
 from array import array
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Final, cast
@@ -162,24 +147,30 @@ def _read_row(blob: bytes) -> Trajectory:
     return _trajectory_of(state["trajectory"], resume)
 
 
+_CODECS: Mapping[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    "status": (str, TrajectoryStatus),
+    "spans": (
+        lambda s: [s.kind, list(s.ids), list(s.logprobs)],
+        lambda s: TokenSpan(s[0], tuple(s[1]), tuple(float(x) for x in s[2])),
+    ),
+    "images": (
+        lambda i: {"png": to_json_value(i.png), "start": i.start, "end": i.end,
+                   "grid_thw": list(i.grid_thw)},
+        lambda i: TrajectoryImage(from_json_value(i["png"]), i["start"], i["end"],
+                                  tuple(i["grid_thw"])),
+    ),
+}  # fmt: skip
+"""How a field (each item of a tuple field) is written as JSON and read back; the others
+use the tagged codec of ``_records``."""
+
+_TUPLES = frozenset({"prompt_ids", "spans", "messages", "turn_rewards", "tool_rewards", "images"})
+
+
 def _trajectory_json(trajectory: Trajectory) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in _FIELDS:
-        value = getattr(trajectory, name)
-        if name == "spans":
-            out[name] = [[s.kind, list(s.ids), list(s.logprobs)] for s in value]
-        elif name == "images":
-            out[name] = [
-                {"png": to_json_value(i.png), "start": i.start, "end": i.end,
-                 "grid_thw": list(i.grid_thw)}
-                for i in value
-            ]  # fmt: skip
-        elif name == "status":
-            out[name] = str(value)
-        elif name in ("prompt_ids", "messages", "turn_rewards", "tool_rewards"):
-            out[name] = to_json_value(list(value))
-        else:
-            out[name] = to_json_value(value)
+        write, value = _CODECS.get(name, (to_json_value,))[0], getattr(trajectory, name)
+        out[name] = [write(item) for item in value] if name in _TUPLES else write(value)
     return out
 
 
@@ -197,22 +188,8 @@ def _trajectory_of(data: Mapping[str, Any], resume: ResumePoint | None) -> Traje
     if missing:
         raise UserError(f"the trajectory has no {', '.join(missing)}")
     for name, value in list(values.items()):
-        if name == "spans":
-            values[name] = tuple(
-                TokenSpan(k, tuple(i), tuple(float(x) for x in lp)) for k, i, lp in value
-            )
-        elif name == "images":
-            values[name] = tuple(
-                TrajectoryImage(from_json_value(i["png"]), i["start"], i["end"],
-                                cast(Any, tuple(i["grid_thw"])))
-                for i in value
-            )  # fmt: skip
-        elif name == "status":
-            values[name] = TrajectoryStatus(value)
-        elif name in ("prompt_ids", "messages", "turn_rewards", "tool_rewards"):
-            values[name] = tuple(from_json_value(value))
-        else:
-            values[name] = from_json_value(value)
+        read = _CODECS.get(name, (None, from_json_value))[1]
+        values[name] = tuple(map(read, value)) if name in _TUPLES else read(value)
     return Trajectory(**values, resume_point=resume)
 
 
@@ -352,13 +329,12 @@ def _format1_state(point: _Format1Point, spent: float) -> TrajectoryState:
         found=dict(old.drift_found),
     )
     state.vision = old.vision
-    state.environment = EnvironmentLedger(
-        turn_rewards=dict(env.get("turn_rewards", {})),
-        tool_rewards=dict(env.get("tool_rewards", {})),
-        interaction_turns=env.get("interaction_turns", 0),
-        appended_turns=env.get("appended_turns", 0),
-        interaction_tokens=env.get("interaction_tokens", 0),
-        interaction_metrics=list(env.get("interaction_metrics", [])),
-        errors=list(env.get("errors", [])),
-    )
+    state.environment = EnvironmentLedger(**{k: env[k] for k in _FORMAT1_ENV if k in env})
     return state
+
+
+_FORMAT1_ENV = (
+    *("turn_rewards", "tool_rewards", "interaction_turns", "appended_turns"),
+    *("interaction_tokens", "interaction_metrics", "errors"),
+)
+"""The keys of format 1's environment dict, each a field of :class:`EnvironmentLedger`."""

@@ -1,18 +1,11 @@
-"""The per-trajectory driver.
+"""The per-trajectory driver: one coroutine per (prompt, sample).
 
-One coroutine per (prompt, sample). Each turn: generate (engine, token-in/token-out) ->
-append the model turn -> the environment answers (by default: run the turn's tools, or let
-the row's interaction answer a final turn) -> append the chat template's token delta for
-that answer. The transcript is only ever appended to: model tokens verbatim from the engine
-(loss mask 1, engine logprobs), environment tokens as the template delta (loss mask 0,
-logprob 0.0). Nothing earlier is re-tokenized.
-
-:func:`run_trajectory` is final: the order of the phases is the contract the token
-invariants rest on. Custom environments override :class:`TrajectoryHooks` instead.
-
-An aborted trajectory (the engine answered ``finish_reason`` ``abort``, or straggler
-control stopped it before its next request) keeps every token and a :class:`ResumePoint`;
-:func:`run_trajectory` given that point continues from exactly the same ids.
+Each turn generates, appends the model turn, lets the environment answer and appends the
+chat template's token delta for that answer; nothing earlier is re-tokenized
+(docs/rollouts.md, The transcript). :func:`run_trajectory` is final: the order of the
+phases is the contract the token invariants rest on (custom environments override
+:class:`TrajectoryHooks`). An aborted trajectory keeps every token and a
+:class:`ResumePoint`, from which :func:`run_trajectory` continues with the same ids.
 """
 
 from __future__ import annotations
@@ -31,7 +24,7 @@ from toolrollout._records import ResumePoint, RolloutPrompt, Trajectory, Traject
 from toolrollout.engines._types import GenerateRequest, GenerateResult, SamplingParams, TokenRuns
 
 from ._environment import TrajectoryEnvironment
-from ._hooks import DEFAULT_HOOKS, TrajectoryHooks
+from ._hooks import TrajectoryHooks
 from ._interactions import select_interaction
 from ._state import TrajectoryState
 from ._types import ModelTurn, RolloutShared, render_prompt
@@ -44,23 +37,18 @@ _STOPPED = "stopped by straggler control: the batch target was met"
 async def run_trajectory(
     shared: RolloutShared,
     prompt: RolloutPrompt,
-    *,
-    prompt_index: int,
-    sample_index: int,
-    group_id: str,
-    resume: ResumePoint | None = None,
-    hooks: TrajectoryHooks | None = None,
+    place: tuple[str, int, int],
+    resume: ResumePoint | None,
+    hooks: TrajectoryHooks,
 ) -> Trajectory:
-    """Run one trajectory to a terminal state. Never raises for a trajectory-level fault.
-
-    With ``resume`` (an aborted trajectory's :class:`ResumePoint`) it continues from the
-    prompt plus the partial output, token for token: nothing is re-rendered. Final (not
-    to be replaced or wrapped to change the order of phases): customise through ``hooks``.
+    """Run one trajectory (``place``: group id, prompt index, sample index) to a terminal
+    state. Never raises for a trajectory-level fault. With ``resume`` it continues from
+    the prompt plus the partial output, token for token. Final: customise through ``hooks``.
     """
-    hooks = DEFAULT_HOOKS if hooks is None else hooks
     if resume is not None:
         state = TrajectoryState.resumed_from(shared, resume)
     else:
+        group_id, prompt_index, sample_index = place
         state = TrajectoryState(
             shared, prompt, prompt_index=prompt_index, sample_index=sample_index,
             group_id=group_id,
@@ -105,18 +93,9 @@ async def run_trajectory(
 
 
 async def _final_drift_check(state: TrajectoryState) -> None:
-    """The drift check at the end of a trajectory, off the event loop where that is safe.
-
-    Tokenizing the whole conversation again is most of a long trajectory's last step (30% of
-    the client's CPU with 6,500-token conversations, profiled), and many trajectories end
-    within seconds of each other. A Rust tokenizer called directly lets go of the GIL
-    while it encodes, so on a worker thread the check runs beside the loop instead of
-    stalling every other trajectory (docs/benchmarks.md). One thread for the whole run:
-    the check's Python part (the render, the id lists) holds the GIL, and 40 threads
-    taking turns at it made the loop's p99 lag worse, not better (docs/benchmarks.md). Other
-    tokenizers (Python ones, or one whose state transformers changes at each call) are
-    checked on the loop.
-    """
+    """The drift check at the end of a trajectory: on the run's one worker thread when the
+    tokenizer's Rust encoder lets go of the GIL, else on the loop (why: docs/rollouts.md,
+    Drift check)."""
     limiter = state.shared.drift_limiter
     if limiter is not None and state.shared.chat.encodes_without_the_gil:
         # The view (a joined copy of the ids, the decoded model texts) is made on the
@@ -239,10 +218,8 @@ def _seed_for(state: TrajectoryState) -> int | None:
     seed = state.shared.config.seed
     if seed is None:
         return None
-    # Distinct, reproducible per (run of the runner, prompt, sample, turn); fits SGLang's
-    # int seed. A runner's first run keeps the seeds it always had; a later run starts from
-    # a scrambled base seed (multiplicative hashing), so the runs' seeds do not line up
-    # position for position, whatever the number of prompts.
+    # Distinct, reproducible per (run of the runner, prompt, sample, turn), in SGLang's int
+    # range; a later run scrambles the base seed, so runs do not line up position by position.
     if state.shared.seed_round:
         seed = (seed * 2_654_435_761 + state.shared.seed_round * 40_503) % (2**31 - 1)
     key = (seed * 1_000_003 + state.prompt_index) * 1_009 + state.sample_index

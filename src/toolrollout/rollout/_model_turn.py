@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from toolrollout.chat import ParsedTurn, TemplateFamily
 from toolrollout.chat.parsers import MalformedCall
 
-from ._types import (
-    RolloutShared,
-)
-
-if TYPE_CHECKING:
-    pass
+from ._types import RolloutShared
 
 __all__ = ["parse_model_turn"]
 
@@ -29,8 +23,7 @@ def parse_model_turn(
     forced: Sequence[int] = (),
 ) -> tuple[str, ParsedTurn]:
     """A model turn's raw text (``forced`` ids first) and its parse under the family's
-    rules (call ids numbered after ``calls_so_far``): the one parse of a model turn, for
-    the rollout loop and the gateway alike."""
+    rules (call ids numbered after ``calls_so_far``)."""
     chat = shared.chat
     text = chat.model_text((*forced, *turn_ids) if forced else turn_ids)
     family = chat.family
@@ -45,12 +38,9 @@ def parse_model_turn(
 
 
 def _within_call_limit(family: TemplateFamily, parsed: ParsedTurn, text: str) -> ParsedTurn:
-    """A turn with more calls than the family's template renders becomes one parse error.
-
-    Llama 3.1/3.2 templates raise on a second call in a turn; running the first call only
-    would leave tokens that no message renders to. So nothing runs, the model is told, and
-    the turn keeps its raw text as content (which the template renders as it was sampled).
-    """
+    """A turn with more calls than the family's template renders (Llama 3.1/3.2: one)
+    becomes one parse error: nothing runs and the turn keeps its raw text as content, so
+    no tokens are left that no message renders to."""
     limit = family.max_calls_per_turn
     if limit is None or len(parsed.tool_calls) <= limit or parsed.errors:
         return parsed

@@ -1,12 +1,7 @@
-"""Writing trajectories to parquet and JSONL: the row schema, the run metadata, and
-:class:`TrajectoryWriter`, which writes rows as trajectories finish (one row group per
-flush), so a long run keeps its finished work on disk instead of in memory. pyarrow is used
-directly with an explicit schema: pandas, polars and Hugging Face ``datasets`` all read the
-result without a toolrollout import.
-
-A parquet file is only readable once its footer is written, so a process killed mid-run
-loses a :class:`TrajectoryWriter` file; the crash-safe form is a folder of shards
-(:mod:`._shards`), written with :func:`write_atomic`.
+"""Writing trajectories to parquet and JSONL (the row schema and the run metadata are in
+docs/rollouts.md). :class:`TrajectoryWriter` writes rows as trajectories finish, so a long
+run keeps its finished work on disk; a parquet file is only readable once its footer is
+written, so the crash-safe form is a folder of shards (:mod:`._shards`).
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ __all__ = [
     "RUN_METADATA_KEY",
     "TRAJECTORY_SCHEMA",
     "TrajectoryWriter",
-    "fsync_dir",
+    "fsync",
     "jsonl_line",
     "read_rows",
     "read_run_metadata",
@@ -37,6 +32,8 @@ __all__ = [
     "write_atomic",
     "write_trajectories",
 ]
+
+_JSONL_SUFFIXES = frozenset({".jsonl", ".json"})  # any other suffix: parquet
 
 MANIFEST = "run.json"
 """The run manifest in a shard folder (run id, dataset, counts; ``finished`` once merged)."""
@@ -80,17 +77,14 @@ TRAJECTORY_SCHEMA = pa.schema(
         pa.field("turn_rewards", pa.list_(pa.float64()), nullable=False),
         pa.field("tool_rewards", pa.list_(pa.float64()), nullable=False),
         pa.field("tool_final_rewards", pa.map_(pa.string(), pa.float64()), nullable=False),
-        # PNG bytes of each image the model saw, and its placeholder span in
-        # prompt_ids + response_ids (see docs/multimodal.md).
+        # PNG bytes of each image the model saw and its span (docs/multimodal.md).
         pa.field("images", pa.list_(pa.binary())),
         pa.field(
             "image_spans",
             pa.list_(pa.struct([pa.field("start", pa.int32()), pa.field("end", pa.int32())])),
         ),
         pa.field("data_source", pa.string()),
-        # How the row's model turns were sampled (Trajectory.sampling); per row, since rows
-        # carried over from an earlier run may differ. The run's settings, engine and
-        # tokenizer are also in the file's metadata (RUN_METADATA_KEY).
+        # Per row: rows carried over from an earlier run may differ (docs/rollouts.md).
         pa.field("sampling", SAMPLING_TYPE),
     ]
 )
@@ -98,11 +92,7 @@ TRAJECTORY_SCHEMA = pa.schema(
 
 RUN_METADATA_KEY = b"toolrollout.run"
 """The key of a parquet file's metadata that says how its rows were made: a JSON object with
-``sampling`` (the run's settings: temperature, top_p, top_k, min_p, max_new_tokens,
-max_response_tokens, seed), ``engine`` (``engine``, ``engine_version``, ``dtype``,
-``model_path``, ``weight_version``, as the engine's ``info()`` reported them), ``tokenizer``
-(``name_or_path``, ``fingerprint``: vocabulary and chat template; ``family``;
-``chat_template_kwargs``) and ``toolrollout`` (the writer's version)."""
+``sampling``, ``engine``, ``tokenizer`` and ``toolrollout`` (docs/rollouts.md, Output)."""
 
 
 def with_run_metadata(table: pa.Table, metadata: Mapping[str, Any] | None) -> pa.Table:
@@ -112,10 +102,8 @@ def with_run_metadata(table: pa.Table, metadata: Mapping[str, Any] | None) -> pa
 
 
 def read_run_metadata(path: str | Path) -> dict[str, Any] | None:
-    """The :data:`RUN_METADATA_KEY` object of a parquet file (None: it has none).
-
-    Raises :class:`UserError` naming the file when the object is not JSON.
-    """
+    """The :data:`RUN_METADATA_KEY` object of a parquet file (None: it has none); a
+    :class:`UserError` naming the file when the object is not JSON."""
     raw = (pq.read_schema(path).metadata or {}).get(RUN_METADATA_KEY)
     if raw is None:
         return None
@@ -140,7 +128,7 @@ class TrajectoryWriter:
         metadata; a JSONL file has no place for it (its rows carry ``sampling``)."""
         self.path = Path(path)
         self._metadata = dict(metadata or {})
-        self.format = "jsonl" if self.path.suffix in {".jsonl", ".json"} else "parquet"
+        self.format = "jsonl" if self.path.suffix in _JSONL_SUFFIXES else "parquet"
         self._flush_every = flush_every
         self._pending: list[dict[str, Any]] = []
         self._parquet: pq.ParquetWriter | None = None
@@ -168,8 +156,7 @@ class TrajectoryWriter:
             table = pa.Table.from_pylist(self._pending, schema=self._parquet.schema)
             self._parquet.write_table(table)
         elif self._jsonl is not None:
-            for row in self._pending:
-                self._jsonl.write(jsonl_line(row))
+            self._jsonl.writelines(map(jsonl_line, self._pending))
             self._jsonl.flush()
         self.rows_written += len(self._pending)
         self._pending.clear()
@@ -198,7 +185,7 @@ def write_trajectories(trajectories: list[Trajectory], path: str | Path) -> Path
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Read a toolrollout output file back as plain rows (messages/metrics JSON-decoded)."""
     path = Path(path)
-    if path.suffix in {".jsonl", ".json"}:
+    if path.suffix in _JSONL_SUFFIXES:
         with path.open(encoding="utf-8") as fh:
             rows = [json.loads(line) for line in fh if line.strip()]
         for row in rows:
@@ -221,8 +208,9 @@ def jsonl_line(row: dict[str, Any]) -> str:
     return json.dumps({**row, "images": images}, ensure_ascii=False) + "\n"
 
 
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync(path: Path) -> None:
+    """Make a file's (or a folder's entries') writes durable."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -230,28 +218,18 @@ def fsync_dir(directory: Path) -> None:
 
 
 def write_atomic(
-    table: pa.Table,
-    path: Path,
-    *,
-    jsonl: bool = False,
-    before_rename: Callable[[], None] | None = None,
+    data: pa.Table | str, path: Path, *, before_rename: Callable[[], None] | None = None
 ) -> None:
-    """Write ``table`` to ``path`` so that ``path`` is either absent or complete."""
+    """Write ``data`` (a table as parquet or, by suffix, JSONL; or text) to ``path`` so that
+    ``path`` is either absent or complete."""
     tmp = path.with_name(f".{path.name}.tmp")
-    if jsonl:
-        with tmp.open("w", encoding="utf-8") as fh:
-            for row in table.to_pylist():
-                fh.write(jsonl_line(row))
-            fh.flush()
-            os.fsync(fh.fileno())
+    if isinstance(data, pa.Table) and path.suffix not in _JSONL_SUFFIXES:
+        pq.write_table(data, tmp)
     else:
-        pq.write_table(table, tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        with tmp.open("w", encoding="utf-8") as fh:
+            fh.writelines([data] if isinstance(data, str) else map(jsonl_line, data.to_pylist()))
+    fsync(tmp)
     if before_rename is not None:
         before_rename()
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync(path.parent)

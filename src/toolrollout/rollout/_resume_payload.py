@@ -1,16 +1,13 @@
-"""The JSON payload of a trajectory's resume point (format 1): its schema, written from a
-live :class:`~._state.TrajectoryState` and read back, one section per ledger.
-
-A pydantic model per section, its fields named as the ledger's: a section is read back as
-``Ledger(**section.fields())`` and written from the live ledger unvalidated. The annotated
-types say how a value JSON has no form for is written and read.
+"""The JSON payload of a trajectory's resume point (format 1), one section per ledger: a
+pydantic model each, its fields named as the ledger's, so a section is read back as
+``Ledger(**section.fields())`` and written from the live ledger unvalidated.
 """
 
 from __future__ import annotations
 
 import json
 from array import array
-from typing import Annotated, Any, Protocol, Self, TypeVar
+from typing import Annotated, Any, Self, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -34,41 +31,14 @@ from toolrollout._records import (
 )
 from toolrollout._records._resume import from_json_value, to_json_value
 
-from ._types import (
-    CallRecord,
-    Counters,
-    RolloutPrompt,
-)
+from ._types import CallRecord, Counters, RolloutPrompt
 
 __all__ = ["Payload", "read_payload", "resume_point_of", "resume_prompt"]
 
 
-class _Saved(Protocol):
-    """What :func:`resume_point_of` reads of a live :class:`~._state.TrajectoryState`
-    (besides the identity fields ``_Identity`` takes by name)."""
-
-    @property
-    def uid(self) -> str: ...
-    @property
-    def prompt(self) -> RolloutPrompt: ...
-    @property
-    def transcript(self) -> Any: ...
-    @property
-    def counters(self) -> Any: ...
-    @property
-    def timing(self) -> Any: ...
-    @property
-    def tools(self) -> Any: ...
-    @property
-    def drift(self) -> Any: ...
-    @property
-    def vision(self) -> Any: ...
-    @property
-    def environment(self) -> Any: ...
-
-
-def resume_point_of(state: _Saved, model_texts: list[str]) -> ResumePoint:
-    """``state`` as a JSON resume point (what a later leg needs, not the live objects)."""
+def resume_point_of(state: Any, model_texts: list[str]) -> ResumePoint:
+    """``state`` (a live ``TrajectoryState``, which imports this module) as a JSON resume
+    point: what a later leg needs, not the live objects."""
     payload = Payload.model_construct(
         identity=_Identity.of(state),
         prompt=_Prompt.of(state.prompt, messages=list(state.prompt.messages)),

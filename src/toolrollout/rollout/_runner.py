@@ -1,13 +1,8 @@
 """The library entry point: a batch of prompts in, trajectories out.
 
-All trajectories of a batch run at once in one task group; the only shared gate is the cap
-on in-flight engine requests. There is no turn-level barrier: a trajectory that finishes
-early is handed to ``on_result`` at once, and a slow one holds up nobody.
-
-Straggler control (:meth:`RolloutRunner.run_batch`): launch more groups than the batch
-needs, stop once ``target_groups`` complete groups are in, abort the rest on the server by
-rid, and keep the cut-short trajectories (every token so far) to :meth:`~RolloutRunner.resume`
-in a later batch.
+All trajectories of a call run at once in one task group, gated only by the cap on
+in-flight engine requests; a finished one is handed to ``on_result`` at once. Straggler
+control (:meth:`RolloutRunner.run_batch`, docs/rollouts.md) stops at a target of groups.
 """
 
 from __future__ import annotations
@@ -16,6 +11,7 @@ import functools
 import logging
 from collections.abc import (
     AsyncIterator,
+    Awaitable,
     Callable,
     Collection,
     Coroutine,
@@ -25,7 +21,6 @@ from collections.abc import (
 )
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import replace
-from types import TracebackType
 from typing import Any, Concatenate, Literal, ParamSpec, Self, TypeVar
 
 import anyio
@@ -58,9 +53,9 @@ from ._batch import (
 from ._config import RolloutConfig
 from ._defaults import VisionMode, default_rewards, detect_vision, tokenizer_folder
 from ._hooks import TrajectoryHooks
-from ._interactions import select_interaction
+from ._interactions import check_interactions
 from ._resume_payload import resume_prompt
-from ._types import RolloutShared, StopControl, as_prompt, prerender_prompts
+from ._types import PromptLike, RolloutShared, StopControl, as_prompt, prerender_prompts
 
 __all__ = ["RolloutRunner", "failed_trajectory"]
 
@@ -74,9 +69,8 @@ _R = TypeVar("_R")
 def _opens_tools(
     method: Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]],
 ) -> Callable[Concatenate[RolloutRunner, _P], Coroutine[Any, Any, _R]]:
-    """Run ``method`` with the runner's tool services open (see ``RolloutRunner.__aenter__``),
-    once the engine's context length is known and its logprobs were checked
-    (:meth:`RolloutRunner._check_logprobs`)."""
+    """Run ``method`` with the runner's tool services open, once the engine's context
+    length is known and its logprobs were checked."""
 
     @functools.wraps(method)
     async def opened(self: RolloutRunner, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
@@ -94,21 +88,18 @@ class RolloutRunner:
 
     ``tokenizer`` is the Hugging Face tokenizer of the served model (its chat template
     renders the prompt and the tool deltas). ``tools`` are executed for real.
-    ``interactions`` (by name, e.g. from :func:`~toolrollout.interactions.load_interaction_config`)
-    answer final turns of the rows that name one in ``extra_info.interaction_kwargs.name``.
-    ``vision`` (a :class:`~toolrollout.chat.VisionFormat`) turns on images in tool results
-    for a vision-language model; without it, images are left out and the message says so.
+    ``interactions`` (by name) answer final turns of the rows that name one in
+    ``extra_info.interaction_kwargs.name``. ``vision`` turns on images in tool results for
+    a vision-language model; without it, images are left out and the message says so.
 
-    The defaults are the runner's own, however it is built: ``rewards="auto"`` picks the
-    terms each call's ground truths call for (:func:`~toolrollout.spec.default_rewards`,
-    plus ``tool_error_penalty``), ``vision="auto"`` reads the tokenizer's model folder
-    (its ``preprocessor_config.json``), and without a context length the engine's
-    is asked for (``engine.info()``) at the first call.
+    Defaults: ``rewards="auto"`` picks the terms each call's ground truths call for
+    (:func:`~toolrollout.spec.default_rewards`, plus ``tool_error_penalty``),
+    ``vision="auto"`` reads the tokenizer's model folder, and without a context length the
+    engine's is asked for (``engine.info()``) at the first call.
 
-    The tools' services (MCP sessions, a local sandbox or retriever; see
-    :meth:`Tool.services <toolrollout.tools.Tool.services>`) are opened by ``async with
-    runner:`` once for every call inside it; on a runner not entered, a call opens them and
-    the calls that overlap it share them.
+    The tools' services (:meth:`Tool.services <toolrollout.tools.Tool.services>`) are
+    opened by ``async with runner:`` once for every call inside it; on a runner not
+    entered, a call opens them and the calls that overlap it share them.
     """
 
     _tools_held: AbstractAsyncContextManager[object] | None = None
@@ -137,9 +128,7 @@ class RolloutRunner:
             family=self.config.family,
             template_kwargs=self.config.chat_template_kwargs,
         )
-        # None: the parser of the model family (Llama-3 JSON calls, Qwen tags...).
-        # The schemas let formats that carry no value types (GLM-4.5, Qwen3-Coder) type
-        # the arguments.
+        # The schemas type the arguments of formats that carry no types (GLM-4.5...).
         self.parser = get_tool_parser(
             self.config.tool_parser or self.chat.family.tool_parser, tools=self.chat.tools
         )
@@ -166,9 +155,8 @@ class RolloutRunner:
         ``WorkHistory.from_dict`` to carry it over from another process."""
 
     async def _ask_context_length(self) -> None:
-        """The engine's context length, asked once. An engine that cannot answer yet is
-        logged and asked again at the next call; this call's rows then fail or succeed
-        on their own, each with its cause (a run goes on when its engine is down)."""
+        """The engine's context length, asked once; an engine that cannot answer yet is
+        asked again at the next call (a run goes on when its engine is down)."""
         try:
             self.context_length = (await self.engine.info()).context_length
         except EngineError as exc:
@@ -177,10 +165,8 @@ class RolloutRunner:
             self._engine_asked = True
 
     async def _check_logprobs(self) -> None:
-        """Ask the engine once whether its logprobs are the checkpoint's for the run's
-        sampling; refuse (:class:`InexactLogprobsError`) or keep the reason as the label of
-        every trajectory, as ``config.inexact_logprobs`` says. An engine that cannot answer
-        yet is logged and asked again at the next call, as for the context length."""
+        """Ask the engine once whether its logprobs are exact for the run's sampling; refuse
+        or label as ``config.inexact_logprobs`` says (no answer yet: asked again next call)."""
         if self._logprobs_checked:
             return
         try:
@@ -197,16 +183,10 @@ class RolloutRunner:
         self._logprob_label = reason
         self._logprobs_checked = True
 
-    def _check_rows(
-        self,
-        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
-    ) -> list[RolloutPrompt]:
+    def _check_rows(self, prompts: Sequence[PromptLike]) -> list[RolloutPrompt]:
         rows = [as_prompt(p) for p in prompts]
-        for index, row in enumerate(rows):
-            try:
-                select_interaction(self.interactions, row)
-            except UserError as exc:  # a dataset mistake: say so before anything runs
-                raise UserError(f"prompt {index}: {exc}") from exc
+        names = [str(index) for index in range(len(rows))]
+        check_interactions(self.interactions, rows, source="prompt", names=names)
         return rows
 
     def _rewards(self, truths: Iterable[object]) -> list[WeightedReward]:
@@ -263,24 +243,15 @@ class RolloutRunner:
         self._tools_held = held
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc_info: Any) -> None:
         held, self._tools_held = self._tools_held, None
         if held is not None:
-            await held.__aexit__(exc_type, exc_val, exc_tb)
+            await held.__aexit__(*exc_info)
 
     @asynccontextmanager
     async def _tools_open(self) -> AsyncIterator[None]:
-        """The services for one call: the entered runner's, or a shared opening.
-
-        On a runner not entered, the first call opens the services and calls that overlap
-        it (on this runner, or on another built on the same tools) share them; see
-        :func:`~toolrollout.tools.share_tools`.
-        """
+        """The services for one call: the entered runner's, or a shared opening
+        (:func:`~toolrollout.tools.share_tools`)."""
         if self._tools_held is not None:
             yield
             return
@@ -290,7 +261,7 @@ class RolloutRunner:
     @_opens_tools
     async def run(
         self,
-        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+        prompts: Sequence[PromptLike],
         *,
         on_result: Callable[[Trajectory], None] | None = None,
         group_ids: Sequence[str] | None = None,
@@ -308,43 +279,46 @@ class RolloutRunner:
         run): they are not run and not returned.
         """
         rows = self._check_rows(prompts)
-        n = self.config.n
-        group_ids = group_ids_for(rows, group_ids)
-        done = set(skip)
+        places = self._places(rows, group_ids, skip)
         shared = self._shared((r.ground_truth for r in rows), sampling=sampling)
+        n = self.config.n
         results: list[Trajectory | None] = [None] * (len(rows) * n)
 
-        async def one(prompt_index: int, sample_index: int) -> None:
-            trajectory = await self._run_one(
-                shared, rows[prompt_index], prompt_index, sample_index, group_ids[prompt_index]
-            )
+        async def one(group_id: str, prompt_index: int, sample_index: int) -> None:
+            place = (group_id, prompt_index, sample_index)
+            trajectory = await self._sample(shared, rows[prompt_index], place)()
             results[prompt_index * n + sample_index] = trajectory
             if on_result is not None:
                 on_result(trajectory)
 
-        keys = [(p, s) for p in range(len(rows)) for s in range(n) if (p, s) not in done]
-
         def prepare(batch: Sequence[tuple[Any, ...]]) -> None:
-            prerender_prompts(shared, (rows[p].messages for p, _ in batch))
+            prerender_prompts(shared, (rows[p].messages for _, p, _ in batch))
 
         async with admission_watch(shared), anyio.create_task_group() as tg:
-            await start_in_batches(tg, one, keys, prepare)
+            await start_in_batches(tg, one, places, prepare)
         return [t for t in results if t is not None]
 
-    async def _run_one(
+    def _places(
+        self, rows: Sequence[RolloutPrompt], group_ids: Sequence[str] | None, skip: Collection[Any]
+    ) -> list[tuple[str, int, int]]:
+        """(group id, prompt index, sample index) of every sample to run: all but ``skip``."""
+        ids, done, n = group_ids_for(rows, group_ids), set(skip), self.config.n
+        return [(ids[p], p, s) for p in range(len(rows)) for s in range(n) if (p, s) not in done]
+
+    def _sample(
         self,
         shared: RolloutShared,
         prompt: RolloutPrompt,
-        prompt_index: int,
-        sample_index: int,
-        group_id: str,
+        place: tuple[str, int, int],
         resume: ResumePoint | None = None,
-    ) -> Trajectory:
-        """One sample, always to a row (:func:`run_sample`)."""
-        return await run_sample(
+    ) -> Callable[[], Awaitable[Trajectory]]:
+        """One sample (group id, prompt index, sample index), always to a row
+        (:func:`run_sample`), ready to run."""
+        return functools.partial(
+            run_sample,
             shared,
             prompt,
-            (group_id, prompt_index, sample_index),
+            place,
             resume,
             hooks=self.hooks,
             logprob_label=self._logprob_label,
@@ -353,7 +327,7 @@ class RolloutRunner:
     @_opens_tools
     async def run_batch(
         self,
-        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
+        prompts: Sequence[PromptLike],
         *,
         target_groups: int,
         keep_groups_whole: bool = True,
@@ -364,12 +338,10 @@ class RolloutRunner:
     ) -> RolloutBatch:
         """Oversampling: run every prompt's group, stop at ``target_groups`` complete groups.
 
-        Pass more prompts than ``target_groups`` (the oversampling). Once the target is
-        met no trajectory starts another engine request, the requests in flight are
-        aborted on the server by rid (their partial output comes back), and tool calls
-        still running are cancelled (``RolloutConfig.tools_at_target="finish"`` lets them
-        end instead). Nothing is left running when this returns. ``on_result``
-        sees every trajectory, aborted ones included.
+        Once the target is met no engine request starts, those in flight are aborted by
+        rid and tool calls running are cancelled (``RolloutConfig.tools_at_target``);
+        nothing is left running when this returns (docs/rollouts.md). ``on_result`` sees
+        every trajectory, aborted ones included.
 
         ``skip`` lists (prompt_index, sample_index) pairs not to run here (as in
         :meth:`run`; the target counts the groups left). ``until`` is a stop from outside
@@ -377,27 +349,18 @@ class RolloutRunner:
         target were met, and holds the groups complete by then.
         """
         rows = self._check_rows(prompts)
-        done = set(skip)
-        launched = {p for p in range(len(rows)) for s in range(self.config.n) if (p, s) not in done}
-        if not 1 <= target_groups <= len(launched):
+        places = self._places(rows, group_ids, skip)
+        launched = len({p for _, p, _ in places})
+        if not 1 <= target_groups <= launched:
             raise UserError(
-                f"target_groups must be between 1 and the {len(launched)} prompts run, "
+                f"target_groups must be between 1 and the {launched} prompts run, "
                 f"got {target_groups}"
             )
-        group_ids = group_ids_for(rows, group_ids)
         stop = StopControl()
         shared = self._shared((r.ground_truth for r in rows), stop)
         jobs = [
-            Job(
-                group_ids[p],
-                p,
-                s,
-                functools.partial(self._run_one, shared, rows[p], p, s, group_ids[p]),
-                prompt=rows[p],
-            )
-            for p in range(len(rows))
-            for s in range(self.config.n)
-            if (p, s) not in done
+            Job(*place, self._sample(shared, rows[place[1]], place), prompt=rows[place[1]])
+            for place in places
         ]
         return await self._gather(
             shared, jobs, stop, target_groups, keep_groups_whole, on_result, until
@@ -414,19 +377,17 @@ class RolloutRunner:
     ) -> RolloutBatch:
         """Continue aborted trajectories (e.g. a previous batch's ``leftover``).
 
-        Each ``aborted`` one goes on from its prompt plus partial output, token for token:
-        its model tokens keep mask 1 and their original logprobs, and an open turn is
-        continued, not restarted. Finished ones pass through unchanged and count for their
-        group. Without ``target_groups`` everything runs to the end; with it, this is a new
-        oversampled batch (see :meth:`run_batch`). Tool and interaction instances are new:
-        a stateful tool's state from before the abort is not carried over. ``on_result``
-        sees only the trajectories that were run.
+        Each ``aborted`` one goes on from its prompt plus partial output, token for token
+        (an open turn is continued); finished ones pass through and count for their group.
+        With ``target_groups`` this is a new oversampled batch (:meth:`run_batch`). Tool
+        and interaction instances are new. ``on_result`` sees only the ones that were run.
         """
         stop = StopControl()
         shared = self._shared((t.ground_truth for t in trajectories), stop)
         jobs: list[Job] = []
         for trajectory in trajectories:
-            job = Job(trajectory.group_id, trajectory.prompt_index, trajectory.sample_index, None)
+            place = (trajectory.group_id, trajectory.prompt_index, trajectory.sample_index)
+            job = Job(*place, None)
             point = trajectory.resume_point
             if trajectory.status is not TrajectoryStatus.ABORTED:
                 job.done = trajectory
@@ -436,15 +397,7 @@ class RolloutRunner:
                     "(resume points live in memory; rows read back from files have none)"
                 )
             else:
-                job.run = functools.partial(
-                    self._run_one,
-                    shared,
-                    resume_prompt(point),
-                    trajectory.prompt_index,
-                    trajectory.sample_index,
-                    trajectory.group_id,
-                    point,
-                )
+                job.run = self._sample(shared, resume_prompt(point), place, point)
             jobs.append(job)
         groups = len({job.group_id for job in jobs})
         if target_groups is None:
@@ -483,14 +436,6 @@ class RolloutRunner:
         except EngineError as exc:  # its request ends anyway; the batch is not lost for it
             logger.warning("straggler abort of %s failed: %s", rid, exc)
 
-    def run_sync(
-        self,
-        prompts: Sequence[RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]],
-        **kwargs: Any,
-    ) -> list[Trajectory]:
+    def run_sync(self, prompts: Sequence[PromptLike], **kwargs: Any) -> list[Trajectory]:
         """Blocking wrapper around :meth:`run` for scripts and sync trainers."""
-
-        async def main() -> list[Trajectory]:
-            return await self.run(prompts, **kwargs)
-
-        return anyio.run(main)
+        return anyio.run(functools.partial(self.run, prompts, **kwargs))

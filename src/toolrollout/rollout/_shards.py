@@ -1,26 +1,19 @@
 """A run's folder of parquet shards: the crash-safe way to write rows, and its ordered end.
 
-:class:`ShardWriter` makes every flush a complete, small parquet file
-(``part-000000.parquet``...) written to a temporary name, fsynced and renamed into place,
-so a shard on disk is always whole. A directory of shards is a parquet dataset in its own
-right, and :func:`compact_shards` merges it into one file without duplicates.
-
-:func:`finish_shards` is the ordered end of a run: merge (temporary name, fsync, rename),
-then a ``finished`` mark in the folder's ``run.json`` (also replaced atomically), then the
-shards are deleted, ``run.json`` last, then the folder. A kill at any instant leaves either
-an unmerged folder (``--resume`` merges the very same rows) or a marked one
-(:func:`finished_mark` says so and :func:`clean_finished` only deletes). Both take an
-``on_step`` callback, called with each step of :data:`FINISH_STEPS` as it is reached (the
-fault tests kill the process there).
+Every :class:`ShardWriter` flush is a whole parquet file written atomically, so a shard on
+disk is always complete. :func:`finish_shards` merges them, marks the folder ``finished``
+in its ``run.json``, then deletes shards, ``run.json`` and the folder, each step durable
+before the next: a kill at any instant leaves an unmerged folder (``--resume`` merges the
+same rows) or a marked one (:func:`clean_finished` only deletes). ``on_step`` is called at
+each of :data:`FINISH_STEPS` (the fault tests kill the process there).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Self
 
@@ -32,7 +25,7 @@ from toolrollout._records import Trajectory
 from ._output import (
     MANIFEST,
     TRAJECTORY_SCHEMA,
-    fsync_dir,
+    fsync,
     read_run_metadata,
     with_run_metadata,
     write_atomic,
@@ -60,10 +53,8 @@ FINISH_STEPS = (
     "shards-deleted",
     "manifest-deleted",
 )
-"""The instants between the durable steps of finishing a run, in order: every row is in a
-shard; the merged file is written under its temporary name; it is renamed into place; the
-``finished`` mark is in ``run.json``; the first shard is deleted; every shard is deleted;
-``run.json`` is deleted (the empty folder is removed next)."""
+"""The instants between the durable steps of finishing a run, in order (the empty folder is
+removed after the last)."""
 
 
 def _no_step(step: str) -> None:
@@ -138,6 +129,17 @@ def _shard_paths(directory: Path) -> list[Path]:
     return sorted(directory.glob(_SHARD_GLOB)) if directory.is_dir() else []
 
 
+def _all_shards(directory: Path) -> list[Path]:
+    """The folder's shards, then those of its worker folders (a distributed run's)."""
+    return [*_shard_paths(directory), *sorted(directory.glob(f"*/{_SHARD_GLOB}"))]
+
+
+def _sample_keys(table: pa.Table) -> list[tuple[int, int]]:
+    """The (prompt_index, sample_index) of each row."""
+    columns = (table.column("prompt_index").to_pylist(), table.column("sample_index").to_pylist())
+    return list(zip(*columns, strict=True))
+
+
 def read_shards(directory: str | Path) -> pa.Table:
     """All rows of a shard directory as one table (empty when there are none)."""
     paths = _shard_paths(Path(directory))
@@ -147,30 +149,15 @@ def read_shards(directory: str | Path) -> pa.Table:
 
 def done_samples(directory: str | Path) -> set[tuple[int, int]]:
     """The (prompt_index, sample_index) pairs that already have a row in ``directory``."""
-    table = read_shards(directory).select(["prompt_index", "sample_index"])
-    return set(
-        zip(
-            table.column("prompt_index").to_pylist(),
-            table.column("sample_index").to_pylist(),
-            strict=True,
-        )
-    )
+    return set(_sample_keys(read_shards(directory)))
 
 
 def _dedupe_sorted(table: pa.Table) -> pa.Table:
     """One row per (prompt, sample), the first written kept, ordered by (prompt, sample)."""
-    seen: set[tuple[int, int]] = set()
-    keep: list[int] = []
-    pairs: Iterable[tuple[int, int]] = zip(
-        table.column("prompt_index").to_pylist(),
-        table.column("sample_index").to_pylist(),
-        strict=True,
-    )
-    for i, pair in enumerate(pairs):
-        if pair not in seen:
-            seen.add(pair)
-            keep.append(i)
-    table = table.take(pa.array(keep, type=pa.int64()))
+    first: dict[tuple[int, int], int] = {}
+    for i, key in enumerate(_sample_keys(table)):
+        first.setdefault(key, i)
+    table = table.take(pa.array(list(first.values()), type=pa.int64()))
     return table.sort_by([("prompt_index", "ascending"), ("sample_index", "ascending")])
 
 
@@ -185,23 +172,17 @@ def compact_shards(
 
     Duplicated samples keep their first row; rows are ordered by (prompt, sample). The
     file appears atomically, with the run metadata of the last shard that has one, else
-    ``metadata``. Returns the number of rows written. ``on_step("merge-written")`` is
-    called between writing the merged file under its temporary name and the rename.
+    ``metadata``. Returns the number of rows written.
     """
     out = Path(out)
     table = _dedupe_sorted(read_shards(directory))
     # The metadata of the run that wrote the last shard (a resumed run's, which checked
     # that its sampling settings and tokenizer are those of the rows before it).
-    shards = [*_shard_paths(Path(directory)), *sorted(Path(directory).glob(f"*/{_SHARD_GLOB}"))]
+    shards = _all_shards(Path(directory))
     recorded = next((m for m in map(read_run_metadata, reversed(shards)) if m), None)
     table = with_run_metadata(table, recorded or metadata)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(
-        table,
-        out,
-        jsonl=out.suffix in {".jsonl", ".json"},
-        before_rename=lambda: on_step("merge-written"),
-    )
+    write_atomic(table, out, before_rename=lambda: on_step("merge-written"))
     return int(table.num_rows)
 
 
@@ -212,18 +193,15 @@ def finish_shards(
     metadata: Mapping[str, Any] | None = None,
     on_step: Callable[[str], None] = _no_step,
 ) -> int:
-    """Merge ``directory`` into ``out``, mark the run finished, then delete the folder.
-
-    Each step is durable (fsynced) before the next starts, so a kill at any instant leaves
-    a folder that either still holds every row (merge again) or carries the ``finished``
-    mark (only clean up): never a half-deleted folder without the mark. Returns the rows.
-    ``on_step`` is called with each of :data:`FINISH_STEPS` as it is reached.
+    """Merge ``directory`` into ``out``, mark the run finished, then delete the folder;
+    returns the rows. Each step is durable before the next starts (see the module's doc).
     """
     directory, out = Path(directory), Path(out)
     on_step("rows-written")
     rows = compact_shards(directory, out, metadata=metadata, on_step=on_step)
     on_step("merged")
-    _mark_finished(directory, out, rows)
+    saved = {**_manifest(directory), "finished": {"out": str(out.resolve()), "rows": rows}}
+    write_atomic(json.dumps(saved) + "\n", directory / MANIFEST)
     on_step("marked")
     clean_finished(directory, on_step=on_step)
     return rows
@@ -231,29 +209,17 @@ def finish_shards(
 
 def finished_mark(directory: str | Path) -> dict[str, Any] | None:
     """The ``finished`` mark of a shard folder (``out``, ``rows``), or None if unmarked."""
-    manifest = Path(directory) / MANIFEST
-    try:
-        saved = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    mark = saved.get("finished") if isinstance(saved, dict) else None
+    mark = _manifest(Path(directory)).get("finished")
     return mark if isinstance(mark, dict) else None
 
 
-def _mark_finished(directory: Path, out: Path, rows: int) -> None:
-    manifest = directory / MANIFEST
+def _manifest(directory: Path) -> dict[str, Any]:
+    """The folder's ``run.json`` object; empty when there is none (or it is unreadable)."""
     try:
-        saved = json.loads(manifest.read_text(encoding="utf-8"))
+        saved = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        saved = {}
-    saved["finished"] = {"out": str(out.resolve()), "rows": rows}
-    tmp = directory / f".{MANIFEST}.tmp"
-    with tmp.open("w", encoding="utf-8") as fh:
-        fh.write(json.dumps(saved) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, manifest)
-    fsync_dir(directory)
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def clean_finished(directory: str | Path, *, on_step: Callable[[str], None] = _no_step) -> None:
@@ -265,13 +231,12 @@ def clean_finished(directory: str | Path, *, on_step: Callable[[str], None] = _n
     directory = Path(directory)
     if not directory.exists():
         return
-    shards = [*_shard_paths(directory), *sorted(directory.glob(f"*/{_SHARD_GLOB}"))]
-    for i, shard in enumerate(shards):
+    for i, shard in enumerate(_all_shards(directory)):
         shard.unlink()
         if i == 0:
-            fsync_dir(shard.parent)
+            fsync(shard.parent)
             on_step("shard-deleted")
-    fsync_dir(directory)
+    fsync(directory)
     on_step("shards-deleted")
     for entry in directory.iterdir():  # worker folders, temporary files: no rows in them
         if entry.name == MANIFEST:
@@ -281,6 +246,6 @@ def clean_finished(directory: str | Path, *, on_step: Callable[[str], None] = _n
         else:
             entry.unlink()
     (directory / MANIFEST).unlink(missing_ok=True)
-    fsync_dir(directory)
+    fsync(directory)
     on_step("manifest-deleted")
     directory.rmdir()

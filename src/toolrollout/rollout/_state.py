@@ -1,22 +1,17 @@
 """The state of one running trajectory: its rules, its freezing, its resume point.
 
 :class:`TrajectoryState` is the only thing the loop, the environment steps and the drift
-check change while a trajectory runs. Its fields are grouped in small records
-(transcript, counters, timing, tools, drift, images, environment); its methods are the
-rules that touch several of them at once: the one budget rule
-(:meth:`~TrajectoryState.remaining_budget`), appending a model turn, appending an
-environment turn (tool results and interaction messages alike), ending, and freezing into
-a :class:`~toolrollout.rollout.Trajectory`, once. An aborted trajectory's state is saved as
-a JSON :class:`ResumePoint` (:meth:`~TrajectoryState.to_resume_point`) and rebuilt from it
-(:meth:`~TrajectoryState.resumed_from`); the schema of that payload is in
-:mod:`._resume_payload`.
+check change while a trajectory runs. Its fields are small records (:mod:`._types`); its
+methods are the rules that touch several at once: the one budget rule, appending model and
+environment turns, ending, freezing into a :class:`Trajectory` and saving or rebuilding a
+resume point (its schema: :mod:`._resume_payload`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from toolrollout._exceptions import EngineError, ToolRolloutError
@@ -56,10 +51,7 @@ from ._vision_turn import ImageLedger, record_images
 if TYPE_CHECKING:
     from ._config import RolloutConfig
 
-__all__ = ["TrajectoryState", "sampling_record"]
-
-
-_SCORED = (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
+__all__ = ["TrajectoryState", "public_messages", "sampling_record"]
 
 
 class TrajectoryState:
@@ -129,7 +121,7 @@ class TrajectoryState:
     @property
     def scored(self) -> bool:
         """Completed or truncated: its reward functions and tool rewards run."""
-        return self.status in _SCORED
+        return self.status in (TrajectoryStatus.COMPLETED, TrajectoryStatus.TRUNCATED)
 
     def remaining_budget(self) -> int:
         """Response tokens still allowed: ``max_response_tokens`` and the context, the one
@@ -168,14 +160,12 @@ class TrajectoryState:
         parsed: tuple[str, ParsedTurn] | None = None,
     ) -> ModelTurn:
         """Append the engine's ids verbatim (loss mask 1, its logprobs) and the assistant
-        message parsed from them; end the trajectory if the engine cut the turn.
+        message parsed from them; end the trajectory if the engine cut the turn. An open
+        turn (resumed after an abort) is continued in the same span.
 
-        An open turn (cut by an abort, now resumed) is extended in place: its first leg's
-        ids and logprobs stay as they were and the continuation follows in the same span.
-        ``forced``: ids put before the model's own (the gateway's ``tool_choice``): a span
-        of their own (loss mask 0), but the turn's text starts with them. ``parsed``: the
-        turn's (text, parse) when the caller parsed it already with :func:`parse_model_turn`
-        (the gateway answers before it knows which of ``n`` samples is kept).
+        ``forced``: ids put before the model's own (the gateway's ``tool_choice``), a span
+        of loss mask 0 that starts the turn's text. ``parsed``: the turn's (text, parse)
+        when the caller (the gateway) parsed it already with :func:`parse_model_turn`.
         """
         ids = result.output_ids
         logprobs = result.output_logprobs
@@ -207,9 +197,7 @@ class TrajectoryState:
         text, turn = self._parse_model_turn(turn_ids) if parsed is None else parsed
         family = self.shared.chat.family
         message = family.build_assistant_message(text, turn, [call.id for call in turn.tool_calls])
-        # The raw text is not kept (the message's parsed content and calls are): it is the
-        # decode of the span's ids, derived again when the drift check or a resume point
-        # needs it (model_texts). One copy of each turn's text, not two.
+        # The raw text is the decode of the span's ids, derived again when needed.
         message.pop("raw_content", None)
         if continuing:
             t.messages[-1] = message  # the open turn's message, now with all its text
@@ -288,17 +276,11 @@ class TrajectoryState:
         *,
         delta: tuple[Sequence[int], Sequence[ImageRun]] | None = None,
     ) -> bool:
-        """Append an environment answer: the chat template's token delta for its messages
-        plus the next generation prompt (loss mask 0, logprob 0.0), drift-checkpointed.
-
-        The one routine for tool results and interaction messages (and the gateway's
-        harness messages). False (and truncated) when the delta does not fit
-        :meth:`remaining_budget`; nothing is appended then. ``delta``: the delta and its
-        image runs when the caller computed them already, the same way
-        (:meth:`~toolrollout.chat.ChatFormat.tool_turn_delta`, then
-        :meth:`~toolrollout.chat.VisionFormat.expand`): the gateway sends them to the
-        engine before the answer is appended.
-        """
+        """Append an environment answer (tool results, interaction or harness messages):
+        the chat template's token delta for its messages plus the next generation prompt
+        (loss mask 0), drift-checkpointed. False (and truncated, nothing appended) when it
+        does not fit :meth:`remaining_budget`. ``delta``: the delta and its image runs when
+        the caller (the gateway) computed them already, the same way."""
         shared, t = self.shared, self.transcript
         messages = list(step.messages)
         runs: Sequence[ImageRun] = []
@@ -369,7 +351,7 @@ class TrajectoryState:
             sample_index=self.sample_index,
             prompt_ids=id_tuple(t.prompt_ids),  # shared ints: 8 bytes a token, not 36
             spans=tuple(t.spans),
-            messages=_public_messages(self.shared.chat.presented_messages(t.messages)),
+            messages=public_messages(self.shared.chat.presented_messages(t.messages)),
             status=self.status,
             finish_reason=self.finish_reason,
             error=self.error,
@@ -415,8 +397,7 @@ class TrajectoryState:
             metrics["drift_reports"] = self.drift.reports()
         if self.engine_moves:
             metrics["engine_moves"] = list(self.engine_moves)
-        # Which weights sampled which tokens: [start, end, version] per engine answer,
-        # positions in the response tokens (a resume may cross a weight update).
+        # [start, end, version] per engine answer (a resume may cross a weight update).
         metrics["weight_versions"] = [list(segment) for segment in self.transcript.segments]
         if c.resumes:
             metrics["resumes"] = c.resumes
@@ -426,21 +407,15 @@ class TrajectoryState:
         return metrics
 
     def to_resume_point(self, model_texts: Sequence[str] | None = None) -> ResumePoint:
-        """The state as a JSON resume point (what a later leg needs, not the live objects).
-
-        ``model_texts`` (default: decoded from the model spans) is written for readers that
-        predate deriving it; this version derives it again when it loads the point.
-        """
+        """The state as a JSON resume point. ``model_texts`` (default: decoded from the
+        model spans) is written for older readers; this version derives it again."""
         texts = self.model_texts() if model_texts is None else list(model_texts)
         return resume_point_of(self, texts)
 
     @classmethod
     def resumed_from(cls, shared: RolloutShared, point: ResumePoint) -> TrajectoryState:
-        """A fresh running state continuing ``point`` (which stays usable for another try).
-
-        Missing optional keys take their defaults and unknown keys are ignored, so a point
-        saved by a version with one more or one less field still loads.
-        """
+        """A fresh running state continuing ``point`` (which stays usable for another try);
+        missing optional keys take their defaults, unknown keys are ignored."""
         data = read_payload(point)
         state = cls(shared, data.prompt.row(), **data.identity.fields())
         state.status = TrajectoryStatus.RUNNING
@@ -466,7 +441,7 @@ def _joined(first: TokenSpan, more: TokenSpan) -> TokenSpan:
     return TokenSpan("model", first.id_array + more.id_array, logprobs)
 
 
-def _public_messages(messages: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+def public_messages(messages: Iterable[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
     """The messages as trainers see them: no raw model text, otherwise as rendered, so they
     re-render with the official template (arguments and reasoning in the family's form)."""
     return tuple({k: v for k, v in m.items() if k != "raw_content"} for m in messages)

@@ -1,8 +1,6 @@
-"""The tool turn: run a model turn's tool calls and build the messages that answer it.
-
-The limits (per turn, per trajectory) and the parse errors become error messages the model
-reads; images in the results become multimodal content. Appending the answer is the state's
-one environment-turn routine (:meth:`TrajectoryState.append_env_turn`).
+"""The tool turn: run a model turn's tool calls and build the messages that answer it (limits
+and parse errors become error messages the model reads). Appending the answer is
+:meth:`TrajectoryState.append_env_turn`.
 """
 
 from __future__ import annotations
@@ -75,13 +73,9 @@ async def tool_step(
 async def _run_tools(
     state: TrajectoryState, calls: Sequence[ToolCallRequest], session: ToolSession | None
 ) -> list[ToolResult] | None:
-    """The turn's tool calls, concurrently, results in call order.
-
-    None when a batch target is met first and its straggler control cancels them: the
-    trajectory then ends ``aborted`` as it was before the calls (nothing of them is
-    recorded but their number, ``metrics["tool_calls_cancelled"]``), and a resume runs the
-    same calls again (:func:`pending_model_turn`).
-    """
+    """The turn's tool calls, concurrently, results in call order. None when a batch
+    target cancels them: the trajectory ends ``aborted`` as before the calls (only their
+    number is recorded) and a resume runs them again."""
     state.status = TrajectoryStatus.TOOL_CALLING
     started = time.perf_counter()
     stop = state.shared.stop
@@ -126,11 +120,8 @@ def _cut_text(shared: RolloutShared, text: str) -> str:
     config = shared.config
     limit = config.max_tool_response_tokens
     if text.isascii() and 2 * len(text) + 2 <= limit:
-        # Provably within the limit without tokenizing it: on ASCII text a tokenizer makes
-        # at most one token a character plus a prefix (byte-level BPE: at most one a byte;
-        # SentencePiece: a dummy-prefix piece more; ASCII does not grow under NFC/NFKC), so
-        # twice that is a safe margin. Most tool results are short; the delta tokenizes
-        # them anyway.
+        # Within the limit without tokenizing: on ASCII text a tokenizer makes at most one
+        # token a character plus a prefix piece (BPE, SentencePiece), so twice is a safe margin.
         return text
     ids = shared.chat.encode(text)
     if len(ids) <= limit:

@@ -1,7 +1,5 @@
-"""The values a trajectory's state is made of, and what all trajectories of a run share.
-
-Plain records, kept apart from :class:`~toolrollout.rollout._state.TrajectoryState` (the
-rules that change them) so environment code can import them without the state's logic.
+"""The values a trajectory's state is made of, and what all trajectories of a run share:
+plain records, apart from the rules that change them (:mod:`._state`).
 """
 
 from __future__ import annotations
@@ -36,6 +34,7 @@ __all__ = [
     "Counters",
     "EnvStep",
     "ModelTurn",
+    "PromptLike",
     "RolloutPrompt",
     "RolloutShared",
     "StopControl",
@@ -51,12 +50,9 @@ __all__ = [
 
 @dataclass(slots=True)
 class StopControl:
-    """Straggler control shared by one run's trajectories.
-
-    Once ``stopping`` is set no trajectory sends another engine request (it ends
-    ``aborted`` where it is), the runner aborts the requests in ``inflight`` by rid, and
-    the tool calls running are cancelled (:meth:`stop`).
-    """
+    """Straggler control shared by one run's trajectories: once ``stopping`` is set no
+    engine request is sent, those in ``inflight`` are aborted by rid, and (:meth:`stop`)
+    the tool calls running are cancelled."""
 
     stopping: bool = False
     inflight: dict[str, str] = field(default_factory=dict)
@@ -98,12 +94,9 @@ class RolloutShared:
     ``_final_drift_check``); None: they run on the event loop."""
     seed_round: int = 0
     """Which call of its runner this run is (0 for the first): mixed into the per-sample
-    seeds, so a trainer that calls one runner every step draws fresh samples each time
-    instead of replaying step 0's random numbers at every batch position."""
+    seeds, so a trainer calling one runner every step does not replay step 0's samples."""
     rendered_prompts: dict[bytes, array[int]] = field(default_factory=dict)
-    """Prompt ids by a 128-bit digest of the JSON of the messages they render: the ``n``
-    samples of a prompt (and repeated prompts) render and tokenize it once per run (see
-    :func:`render_prompt`)."""
+    """Prompt ids by a 128-bit digest of the JSON of their messages (:func:`render_prompt`)."""
 
 
 RENDER_CACHE_SIZE = 65_536
@@ -111,9 +104,8 @@ RENDER_CACHE_SIZE = 65_536
 
 
 def _prompt_key(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
-    """The render cache's key of a conversation: a BLAKE2b digest (16 bytes) of its JSON,
-    not the JSON itself, which a run of distinct prompts would keep for every prompt (about
-    a byte per prompt token). ``None`` for a conversation JSON cannot write (images)."""
+    """The render cache's key of a conversation: a 16-byte digest of its JSON (the JSON
+    itself would cost a byte a prompt token); ``None`` when JSON cannot write it (images)."""
     try:
         text = json.dumps(messages, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
@@ -122,12 +114,9 @@ def _prompt_key(messages: Sequence[Mapping[str, Any]]) -> bytes | None:
 
 
 def render_prompt(shared: RolloutShared, messages: Sequence[Mapping[str, Any]]) -> array[int]:
-    """The prompt ids of ``messages``, rendered once per distinct conversation in a run.
-
-    Rendering is the chat template plus the tokenizer, a millisecond or more of CPU a
-    prompt that blocks the event loop; GRPO's ``n`` samples of one prompt share the
-    result, the same array (a transcript only reads its prompt ids, never changes them).
-    A conversation holding objects JSON cannot write (images) is rendered every time.
+    """The prompt ids of ``messages``, rendered (a millisecond or more of CPU on the loop)
+    once per distinct conversation in a run: the ``n`` samples of a prompt share one array,
+    which a transcript never changes. One JSON cannot write (images) is rendered every time.
     """
     key = _prompt_key(messages)
     if key is None:
@@ -143,14 +132,9 @@ def render_prompt(shared: RolloutShared, messages: Sequence[Mapping[str, Any]]) 
 def prerender_prompts(
     shared: RolloutShared, conversations: Iterable[Sequence[Mapping[str, Any]]]
 ) -> int:
-    """Render the conversations not cached yet and tokenize them in one call; returns how
-    many were added to the cache.
-
-    The runner calls it for each batch of trajectories it starts, so their
-    :func:`render_prompt` finds the ids ready: one tokenizer call for the batch costs less
-    than one a prompt (docs/benchmarks.md). A conversation the template fails on is left
-    out, so the trajectory's own render reports the error in its row.
-    """
+    """Render the conversations not cached yet and tokenize them in one call (cheaper than
+    one a prompt, docs/benchmarks.md); returns how many were cached. One the template fails
+    on is left out: the trajectory's own render reports the error in its row."""
     cache = shared.rendered_prompts
     keys: list[bytes] = []
     texts: list[str] = []
@@ -190,12 +174,8 @@ class ModelTurn:
 
 @dataclass(frozen=True, slots=True)
 class EnvStep:
-    """What the environment answers a model turn with: messages to append, as one delta.
-
-    ``kind`` names the span (``tool``: tool results, loss mask 0; ``interaction``: a user
-    or environment message, loss mask 0). ``images`` are the prepared images the messages
-    place, in order (vision-language models).
-    """
+    """What the environment answers a model turn with: messages to append, as one delta
+    (loss mask 0) in a span of ``kind``, and the prepared images they place, in order."""
 
     kind: Literal["tool", "interaction"]
     messages: tuple[dict[str, Any], ...]
@@ -241,12 +221,8 @@ _INTS: list[int] = []
 
 
 def id_tuple(ids: Sequence[int]) -> tuple[int, ...]:
-    """``tuple(ids)`` whose items are shared int objects, not fresh ones.
-
-    A request holds its whole conversation as a tuple while it waits for the engine; with
-    10,000 trajectories in flight, fresh ints (28 bytes each, beside the tuple's 8) would be
-    most of the client's memory. Ids index a table of ints built once per vocabulary.
-    """
+    """``tuple(ids)`` whose items are shared int objects: with 10,000 trajectories in
+    flight, fresh ints (28 bytes each) would be most of the client's memory."""
     if not ids:
         return ()
     if not _all_non_negative(ids):  # not token ids (a negative index would wrap): no sharing
@@ -269,11 +245,8 @@ _HIGH_BYTE = slice(3, None, 4) if sys.byteorder == "little" else slice(0, None, 
 
 
 def _all_non_negative(ids: Sequence[int]) -> bool:
-    """Whether no id is negative; for an ``array('i')`` without a Python int per id.
-
-    The sign of an int32 is the top bit of its most significant byte: none is set when
-    those bytes, taken together, are ASCII (a C scan of a quarter of the array's bytes,
-    against two passes of ``min``/``max`` that make an int object per id).
+    """Whether no id is negative; for an ``array('i')`` without a Python int per id: the
+    sign of an int32 is the top bit of its most significant byte, so those bytes are ASCII.
     """
     if isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == 4:
         return ids.tobytes()[_HIGH_BYTE].isascii()
@@ -315,9 +288,11 @@ class ToolLedger:
     records: list[CallRecord] = field(default_factory=list)
 
 
-def as_prompt(
-    row: RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]],
-) -> RolloutPrompt:
+PromptLike = RolloutPrompt | Mapping[str, Any] | Sequence[Mapping[str, Any]]
+"""A prompt as a caller may give it (see :func:`as_prompt`)."""
+
+
+def as_prompt(row: PromptLike) -> RolloutPrompt:
     """Accept a RolloutPrompt, a ``{"messages": ..., "answer"/"ground_truth": ...}`` row, or
     a bare list of messages."""
     if isinstance(row, RolloutPrompt):

@@ -1,13 +1,11 @@
-"""The image side of a tool turn, kept out of the run loop.
-
-:func:`attach_images` turns the images of a turn's tool results into multimodal message
-content (after preparing them in a worker thread and applying the per-trajectory image
-budgets); :func:`record_images` keeps each image with its span once the
-expanded delta is appended.
+"""The image side of a tool turn: :func:`attach_images` puts the images of a turn's tool
+results into its messages (within the image budgets), :func:`record_images` keeps each one
+with its span once the expanded delta is appended.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,12 +40,6 @@ class ImageLedger:
         return sum(image.num_tokens for image in self.images)
 
 
-def _budget_left(config: RolloutConfig, ledger: ImageLedger) -> tuple[int | None, int | None]:
-    images = None if config.max_images is None else config.max_images - len(ledger.images)
-    tokens = None if config.max_image_tokens is None else config.max_image_tokens - ledger.tokens
-    return images, tokens
-
-
 async def attach_images(
     vision: VisionFormat | None,
     config: RolloutConfig,
@@ -55,14 +47,14 @@ async def attach_images(
     results: Sequence[ToolResult],
     messages: list[dict[str, Any]],
 ) -> tuple[list[PreparedImage], int]:
-    """Give ``messages[i]`` the images of ``results[i]``; return them and the new errors.
-
-    Images that do not fit the budgets are left out whole, and the message says so. An
-    unreadable image makes that call's message an error message (counted as a tool error).
-    """
+    """Give ``messages[i]`` the images of ``results[i]`` (those over the budgets left out,
+    the message says so); return them and the new errors (unreadable images)."""
     placed: list[PreparedImage] = []
     errors = 0
-    images_left, tokens_left = _budget_left(config, ledger)
+    limits = (config.max_images, config.max_image_tokens)
+    images_left, tokens_left = (math.inf if limit is None else limit for limit in limits)
+    images_left -= len(ledger.images)
+    tokens_left -= ledger.tokens
     for index, result in enumerate(results):
         if not result.images:
             continue
@@ -84,14 +76,9 @@ async def attach_images(
         kept: list[PreparedImage] = []
         for image in prepared:
             assert not isinstance(image, ImageError)
-            if images_left is not None and images_left <= 0:
-                continue
-            if tokens_left is not None and image.num_tokens > tokens_left:
-                continue
-            kept.append(image)
-            if images_left is not None:
+            if images_left > 0 and image.num_tokens <= tokens_left:
+                kept.append(image)
                 images_left -= 1
-            if tokens_left is not None:
                 tokens_left -= image.num_tokens
         left_out = len(prepared) - len(kept)
         ledger.dropped += left_out

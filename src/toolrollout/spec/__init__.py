@@ -1,12 +1,9 @@
 """One composition root for every way of running rollouts.
 
-:class:`RunSpec` names a run (engine, model, tools, rewards, interactions, vision, config);
-:func:`open_run` turns it into an open engine and a runner, :func:`build_runner` into a
-runner on an engine the caller holds. The CLI, the Ray worker, eval, bench and the trainer
-adapters all go through them. The defaults (the reward chosen from the ground truths,
-:func:`default_rewards`; vision detected from the model folder; the
-engine's context length from ``Engine.info()``) are the runner's own, so a
-:class:`~toolrollout.rollout.RolloutRunner` built directly behaves the same.
+:class:`RunSpec` names a run; :func:`open_run` turns it into an open engine and a runner,
+:func:`build_runner` into a runner on an engine the caller holds. The CLI, the Ray worker,
+eval, bench and the trainer adapters all go through them; the defaults (rewards, vision,
+context length) are the runner's own, so a runner built directly behaves the same.
 """
 
 from toolrollout.engines._factory import connect as connect

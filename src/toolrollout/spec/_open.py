@@ -1,23 +1,20 @@
 """The composition root: a :class:`RunSpec` in, a running engine and one runner out.
 
-:func:`open_run` is what an application uses (CLI, Ray worker): it loads the tokenizer,
-tools and interactions, starts or connects the engine, opens the services the tools need,
-and builds the runner. :func:`build_runner` is the sync
-half for callers that already hold an engine and a tokenizer (the trainer adapters). It is
-the one place in the library that constructs a :class:`~toolrollout.rollout.RolloutRunner`
-from options.
+:func:`open_run` is what an application uses (CLI, Ray worker); :func:`build_runner` is the
+sync half for callers that already hold an engine and a tokenizer (the trainer adapters).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from toolrollout.engines._factory import connect
-from toolrollout.rollout import RolloutPrompt, RolloutRunner
+from toolrollout.rollout import RolloutRunner
 from toolrollout.rollout._defaults import detect_vision, tokenizer_folder
+from toolrollout.rollout._interactions import check_interactions
 
 from ._policy import load_tokenizer
 from ._spec import RunSpec
@@ -80,27 +77,6 @@ def load_components(spec: RunSpec, *, tokenizer: Any = None) -> RunComponents:
     return RunComponents(tokenizer, tools, interactions, detect_vision(folder, spec.vision))
 
 
-def check_interactions(
-    interactions: Mapping[str, Interaction],
-    prompts: Sequence[RolloutPrompt],
-    *,
-    source: str,
-    names: Sequence[str] | None = None,
-) -> None:
-    """A one-line :class:`UserError` (``<source> row <i>: ...``, or ``names[i]`` for
-    ``row <i>``) for the first row naming an interaction that is not configured: a dataset
-    mistake reported before anything runs."""
-    from toolrollout._exceptions import UserError
-    from toolrollout.rollout._interactions import select_interaction
-
-    for index, prompt in enumerate(prompts):
-        try:
-            select_interaction(interactions, prompt)
-        except UserError as exc:
-            name = names[index] if names is not None else f"row {index}"
-            raise UserError(f"{source} {name}: {exc}") from exc
-
-
 def build_runner(
     spec: RunSpec,
     engine: Engine,
@@ -110,11 +86,8 @@ def build_runner(
     context_length: int | None = None,
 ) -> RolloutRunner:
     """The runner of ``spec`` on an engine the caller holds (and opens and closes).
-
-    ``components`` are :func:`load_components`'s (loaded here when not given, with ``tokenizer`` if
-    passed); ``context_length`` overrides the engine's (``spec.config.context_length``
-    wins when set). The other defaults are the runner's own.
-    """
+    ``components``: :func:`load_components`'s (loaded here when not given, with
+    ``tokenizer``); ``context_length`` overrides the engine's, ``spec.config``'s wins."""
     if components is None:
         components = load_components(spec, tokenizer=tokenizer)
     return RolloutRunner(
@@ -151,11 +124,9 @@ async def open_run(
     *,
     components: RunComponents | None = None,
 ) -> AsyncIterator[OpenRun]:
-    """Start ``spec``'s engine and tool services, build its runner; close all on exit.
-
-    ``async with open_run(spec) as run: await run.runner.run(prompts)``. ``components`` from
-    :func:`load_components` avoid loading twice when the caller checked them first.
-    """
+    """Start ``spec``'s engine and tool services, build its runner; close all on exit:
+    ``async with open_run(spec) as run: await run.runner.run(prompts)``. ``components``
+    from :func:`load_components` avoid loading twice."""
     if components is None:
         components = load_components(spec)
     engine = await connect(

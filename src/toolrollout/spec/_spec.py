@@ -1,13 +1,8 @@
 """``RunSpec``: everything a rollout run is made of, checked once.
 
-Every entry point (``generate``, ``eval``, ``bench``, the Ray worker, the trainer adapters)
-fills one :class:`RunSpec` and hands it to :func:`~toolrollout.spec.open_run` or
-:func:`~toolrollout.spec.build_runner`; flag combinations are checked here, in one place,
-so that a CLI run, a Ray shard and a Python caller get the same one-line errors. Messages
-name the fields (:class:`FieldError`); the CLI shows them as its flags.
-
-It is a frozen dataclass of plain values (paths, numbers, picklable reward functions), so a
-Ray driver can ship it to its workers as it is.
+Every entry point fills one :class:`RunSpec`, so a CLI run, a Ray shard and a Python caller
+get the same one-line errors, naming the fields (:class:`FieldError`). A frozen dataclass
+of plain values, so a Ray driver can ship it to its workers as it is.
 """
 
 from __future__ import annotations
@@ -38,19 +33,17 @@ __all__ = ["FieldError", "RunSpec", "VisionMode", "check_target_groups"]
 class RunSpec:
     """A rollout run: engine, model, tools, rewards, interactions, vision and budgets.
 
-    Engine: ``engine_urls`` (SGLang or vLLM servers, ``engine`` says which or ``auto``
-    finds out; waited on for ``health_timeout``
-    seconds; ``request_timeout``, ``retries`` (attempts) and ``retry_budget`` (seconds of
-    retrying) tune the client, ``None`` keeps its defaults; ``failover_after`` failed
-    attempts in a row move a server's trajectories to a healthy one, 0 never), or none
-    for the embedded engine on ``model``. ``model`` is also the tokenizer folder; ``None``
-    means the bundled demo model (or, for :func:`~toolrollout.spec.build_runner` given a
-    tokenizer, no folder at all).
+    Engine: ``engine_urls`` (SGLang or vLLM servers; ``engine`` says which, or ``auto``
+    finds out; waited on for ``health_timeout`` seconds; ``request_timeout``, ``retries``
+    (attempts) and ``retry_budget`` (seconds of retrying) tune the client, ``None`` keeps
+    its defaults; ``failover_after`` failed attempts in a row move a server's trajectories
+    to a healthy one, 0 never), or none for the embedded engine on ``model``. ``model`` is
+    also the tokenizer folder; ``None`` means the bundled demo model (or, for
+    :func:`~toolrollout.spec.build_runner` given a tokenizer, no folder at all).
 
-    Tools: ``tool_config`` (a verl-layout YAML), or ``tools`` (Tool objects); neither means
-    the built-in calculator. Interactions: ``interaction_config`` or ``interactions`` (by
-    name). Rewards: a sequence, or ``"auto"`` to pick from the ground truths
-    (:func:`~toolrollout.spec.default_rewards`, plus ``tool_error_penalty``).
+    Tools: ``tool_config`` (a verl-layout YAML) or ``tools``; neither means the built-in
+    calculator. Interactions: ``interaction_config`` or ``interactions`` (by name).
+    Rewards: a sequence, or ``"auto"`` (:func:`~toolrollout.spec.default_rewards`).
 
     ``flush_every``, ``resume``, ``target_groups`` and ``keep_groups_whole`` are the
     run-level options a ``generate`` run and its Ray shards share.
