@@ -155,6 +155,11 @@ class ToolCallParser(ABC):
         """The ``parameters`` schema of each tool given at construction, by name."""
         return self._tool_schemas
 
+    def properties(self, name: str) -> Mapping[str, Any]:
+        """The ``properties`` of tool ``name``'s parameter schema (empty when unknown)."""
+        properties = self._tool_schemas.get(name, {}).get("properties")
+        return properties if isinstance(properties, Mapping) else {}
+
     @final
     def parse(self, text: str) -> ParsedTurn:
         """Parse one model turn's text. Never raises on model output, never evaluates it."""
@@ -271,8 +276,8 @@ def raw_decode(text: str, index: int) -> tuple[Any, int, str | None]:
     return value, end, None
 
 
-def decode_arguments(payload: str, name: str, raw: str) -> dict[str, Any] | MalformedCall:
-    """Decode the JSON text of a call's arguments, which must be an object.
+def call_from_json(payload: str, name: str, raw: str) -> tuple[str, dict[str, Any]] | MalformedCall:
+    """The call to ``name`` with the JSON arguments ``payload``, which must be an object.
 
     One place for the two errors every JSON-arguments format can meet (text that is not
     JSON, JSON that is not an object), so their messages read the same in every parser.
@@ -280,13 +285,16 @@ def decode_arguments(payload: str, name: str, raw: str) -> dict[str, Any] | Malf
     value, error = loads(payload)
     if error is not None:
         return MalformedCall(f"{error} in the arguments of the call to {name!r}", clip(raw))
-    if not isinstance(value, dict):
-        return MalformedCall(
-            f"the arguments of the call to {name!r} must be a JSON object, "
-            f"got {type(value).__name__}",
-            clip(raw),
-        )
-    return value
+    return (name, value) if isinstance(value, dict) else not_an_object(name, value, raw)
+
+
+def not_an_object(name: str, arguments: Any, raw: str) -> MalformedCall:
+    """The error for arguments that decoded to something other than a JSON object."""
+    return MalformedCall(
+        f"the arguments of the call to {name!r} must be a JSON object, "
+        f"got {type(arguments).__name__}",
+        clip(raw),
+    )
 
 
 WHITESPACE = " \t\r\n"
@@ -325,13 +333,7 @@ def call_from_object(obj: Any, raw: str) -> tuple[str, dict[str, Any]] | Malform
                 clip(raw),
             )
         arguments = decoded
-    if not isinstance(arguments, dict):
-        return MalformedCall(
-            f"the arguments of the call to {name!r} must be a JSON object, "
-            f"got {type(arguments).__name__}",
-            clip(raw),
-        )
-    return name, arguments
+    return (name, arguments) if isinstance(arguments, dict) else not_an_object(name, arguments, raw)
 
 
 def join_content(parts: Iterable[str]) -> str:
@@ -362,6 +364,39 @@ def split_blocks(
             return outside, bodies, text[start:]
         bodies.append(text[body_start:end])
         position = end + len(close_tag)
+
+
+class TaggedCallParser(ToolCallParser):
+    """Calls in ``open_tag``…``close_tag`` blocks; the text outside them is content."""
+
+    open_tag: ClassVar[str] = "<tool_call>"
+    close_tag: ClassVar[str] = "</tool_call>"
+    call_markers = ("<tool_call>",)
+
+    def parse_body(self, text: str) -> ParsedTurn:
+        """Parse every block in order; an opener that is never closed is an error."""
+        collector = CallCollector(self)
+        outside, blocks, unterminated = split_blocks(text, self.open_tag, self.close_tag)
+        segments: list[str] = []
+        for index, segment in enumerate(outside):
+            segments.append(self._outside(segment, collector))
+            if index < len(blocks):
+                self._parse_block(blocks[index], collector)
+        if unterminated is not None:
+            collector.error(
+                f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
+                unterminated,
+            )
+        return collector.turn(join_content(segments))
+
+    @abstractmethod
+    def _parse_block(self, block: str, collector: CallCollector) -> None:
+        """Record the call(s) or the error(s) of one block's body."""
+
+    def _outside(self, segment: str, collector: CallCollector) -> str:
+        """The content of the text between blocks (a format may find errors there)."""
+        del collector
+        return segment
 
 
 class CallCollector:

@@ -14,13 +14,14 @@ import re
 from ._base import (
     WHITESPACE,
     CallCollector,
-    MalformedCall,
     ParsedTurn,
+    TaggedCallParser,
     ToolCallParser,
+    call_from_json,
     call_from_object,
-    decode_arguments,
     join_content,
     loads,
+    not_an_object,
     raw_decode,
     skip_whitespace,
     split_blocks,
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 
-class HermesParser(ToolCallParser):
+class HermesParser(TaggedCallParser):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, repeated (Qwen2.5/3).
 
     Whitespace inside the tags is free (Qwen writes a newline on both sides). A tag may
@@ -42,31 +43,18 @@ class HermesParser(ToolCallParser):
     """
 
     name = "hermes"
-    open_tag = "<tool_call>"
-    close_tag = "</tool_call>"
-    call_markers = ("<tool_call>",)
 
     def forced_call_prefix(self, name: str | None = None) -> str | None:
         if name is None:
             return "<tool_call>\n"
         return f'<tool_call>\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
 
-    def parse_body(self, text: str) -> ParsedTurn:
-        """Collect every tagged call; text outside the tags is content."""
-        collector = CallCollector(self)
-        outside, bodies, unterminated = split_blocks(text, self.open_tag, self.close_tag)
-        for body in bodies:
-            value, error = loads(body.strip())
-            if error is not None:
-                collector.error(f"{error} inside {self.open_tag}", body)
-            else:
-                collector.add_object(value, body)
-        if unterminated is not None:
-            collector.error(
-                f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
-                unterminated,
-            )
-        return collector.turn(join_content(outside))
+    def _parse_block(self, block: str, collector: CallCollector) -> None:
+        value, error = loads(block.strip())
+        if error is not None:
+            collector.error(f"{error} inside {self.open_tag}", block)
+        else:
+            collector.add_object(value, block)
 
 
 class Llama3JsonParser(ToolCallParser):
@@ -226,11 +214,7 @@ class MistralParser(ToolCallParser):
             collector.error(f"{error} in the arguments of the call to {name!r}", text[json_at:])
             return None
         if not isinstance(value, dict):
-            collector.error(
-                f"the arguments of the call to {name!r} must be a JSON object, "
-                f"got {type(value).__name__}",
-                text[index:end],
-            )
+            collector.add(not_an_object(name, value, text[index:end]))
             return end
         collector.add((name, value), call_id)
         return end
@@ -314,8 +298,7 @@ class DeepSeekV3Parser(ToolCallParser):
         if not name:
             collector.error("the tool call has no name", inner)
             return
-        decoded = decode_arguments(payload.strip(), name, inner)
-        collector.add(decoded if isinstance(decoded, MalformedCall) else (name, decoded))
+        collector.add(call_from_json(payload.strip(), name, inner))
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):

@@ -25,29 +25,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import (
-    WHITESPACE,
-    CallCollector,
-    ParsedTurn,
-    ToolCallParser,
-    join_content,
-    loads,
-    skip_whitespace,
-    split_blocks,
-)
+from ._base import WHITESPACE, CallCollector, ParsedTurn, TaggedCallParser, loads, skip_whitespace
 
 __all__ = ["Glm45Parser"]
 
 _STOPS = ("<|observation|>", "<|user|>", "<|endoftext|>")
 
 
-class Glm45Parser(ToolCallParser):
+class Glm45Parser(TaggedCallParser):
     """``<tool_call>NAME\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>\\n</tool_call>``."""
 
     name = "glm45"
-    open_tag = "<tool_call>"
-    close_tag = "</tool_call>"
-    call_markers = ("<tool_call>",)
     key_open, key_close = "<arg_key>", "</arg_key>"
     value_open, value_close = "<arg_value>", "</arg_value>"
 
@@ -60,18 +48,9 @@ class Glm45Parser(ToolCallParser):
             if text.endswith(stop):
                 text = text[: -len(stop)]
                 break
-        collector = CallCollector(self)
-        outside, bodies, unterminated = split_blocks(text, self.open_tag, self.close_tag)
-        for body in bodies:
-            self._parse_call(body, collector)
-        if unterminated is not None:
-            collector.error(
-                f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
-                unterminated,
-            )
-        return collector.turn(join_content(outside))
+        return super().parse_body(text)
 
-    def _parse_call(self, inner: str, collector: CallCollector) -> None:
+    def _parse_block(self, inner: str, collector: CallCollector) -> None:
         first_key = inner.find(self.key_open)
         head = inner if first_key == -1 else inner[:first_key]
         name = head.strip()
@@ -117,20 +96,14 @@ class Glm45Parser(ToolCallParser):
 
     def _value(self, tool: str, key: str, raw: str) -> Any:
         """The typed value: raw text for string parameters, else JSON when it decodes."""
-        if _schema_type(self.tool_schemas.get(tool), key) == "string":
+        if _schema_type(self.properties(tool).get(key)) == "string":
             return raw
         value, error = loads(raw)
         return raw if error is not None else value
 
 
-def _schema_type(parameters: Mapping[str, Any] | None, key: str) -> str | None:
-    """The JSON-schema ``type`` of property ``key`` when it is a single plain type."""
-    if not isinstance(parameters, Mapping):
-        return None
-    properties = parameters.get("properties")
-    if not isinstance(properties, Mapping):
-        return None
-    schema = properties.get(key)
+def _schema_type(schema: Any) -> str | None:
+    """The JSON-schema ``type`` of a property when it is a single plain type."""
     if not isinstance(schema, Mapping):
         return None
     kind = schema.get("type")

@@ -31,8 +31,8 @@ from ._base import (
     MalformedCall,
     ParsedTurn,
     ToolCallParser,
+    call_from_json,
     clip,
-    decode_arguments,
 )
 
 __all__ = [
@@ -192,8 +192,7 @@ def read_call(message: HarmonyMessage) -> tuple[str, dict[str, Any]] | Malformed
     if problem is not None:
         return MalformedCall(problem, clip(message.raw))
     body = message.body.strip()
-    arguments = decode_arguments(body, name, body) if body else {}
-    return arguments if isinstance(arguments, MalformedCall) else (name, arguments)
+    return call_from_json(body, name, body) if body else (name, {})
 
 
 class GptOssParser(ToolCallParser):

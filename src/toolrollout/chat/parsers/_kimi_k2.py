@@ -19,10 +19,9 @@ import re
 
 from ._base import (
     CallCollector,
-    MalformedCall,
     ParsedTurn,
     ToolCallParser,
-    decode_arguments,
+    call_from_json,
     join_content,
     split_blocks,
 )
@@ -90,8 +89,4 @@ class KimiK2Parser(ToolCallParser):
                 f"the tool-call id {call_id!r} is not of the form functions.NAME:INDEX", inner
             )
             return
-        name = match.group("name")
-        arguments = decode_arguments(payload.strip(), name, inner)
-        collector.add(
-            arguments if isinstance(arguments, MalformedCall) else (name, arguments), call_id
-        )
+        collector.add(call_from_json(payload.strip(), match.group("name"), inner), call_id)

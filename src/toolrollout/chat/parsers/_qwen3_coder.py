@@ -36,12 +36,9 @@ from typing import Any
 from ._base import (
     CallCollector,
     MalformedCall,
-    ParsedTurn,
-    ToolCallParser,
+    TaggedCallParser,
     clip,
-    join_content,
     loads,
-    split_blocks,
 )
 
 __all__ = ["Qwen3CoderParser"]
@@ -61,7 +58,7 @@ _NUMBER_PREFIXES = ("num", "float")
 _BOOLEAN_TYPES = frozenset({"boolean", "bool", "binary"})
 
 
-class Qwen3CoderParser(ToolCallParser):
+class Qwen3CoderParser(TaggedCallParser):
     """``<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>``.
 
     Several ``<tool_call>`` blocks make parallel calls; a block may also hold several
@@ -73,21 +70,6 @@ class Qwen3CoderParser(ToolCallParser):
 
     def forced_call_prefix(self, name: str | None = None) -> str | None:
         return "<tool_call>\n" if name is None else f"<tool_call>\n<function={name}>\n"
-
-    def parse_body(self, text: str) -> ParsedTurn:
-        """Collect every call block; text outside them is content."""
-        collector = CallCollector(self)
-        outside, blocks, unterminated = split_blocks(text, _CALL_OPEN, _CALL_CLOSE)
-        segments: list[str] = []
-        for index, segment in enumerate(outside):
-            segments.append(self._outside(segment, collector))
-            if index < len(blocks):
-                self._parse_block(blocks[index], collector)
-        if unterminated is not None:
-            collector.error(
-                f"unterminated {_CALL_OPEN}: the call must end with {_CALL_CLOSE}", unterminated
-            )
-        return collector.turn(join_content(segments))
 
     def _outside(self, segment: str, collector: CallCollector) -> str:
         """Content between blocks; a function block there is a call without its wrapper."""
@@ -134,7 +116,7 @@ class Qwen3CoderParser(ToolCallParser):
         raw = f"<function={raw_name}>{body}{_FUNCTION_CLOSE}"
         if not name:
             return MalformedCall("the <function=...> tag has no tool name", clip(raw))
-        schema = self._properties(name)
+        schema = self.properties(name)
         arguments: dict[str, Any] = {}
         position = 0
         while True:
@@ -171,11 +153,6 @@ class Qwen3CoderParser(ToolCallParser):
             value = value.removeprefix("\n").removesuffix("\n")
             arguments[key] = _convert(value, schema.get(key))
             position = end + len(_PARAMETER_CLOSE)
-
-    def _properties(self, name: str) -> Mapping[str, Any]:
-        """The ``properties`` of tool ``name``'s parameter schema (empty when unknown)."""
-        properties = self.tool_schemas.get(name, {}).get("properties")
-        return properties if isinstance(properties, Mapping) else {}
 
 
 def _schema_type(schema: Any) -> str:
