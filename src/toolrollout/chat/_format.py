@@ -421,10 +421,8 @@ class ChatFormat:
             return chat_template
         try:
             template = tokenizer.get_chat_template(None, list(self._tools) or None)
-        except ValueError as exc:
-            raise UserError(
-                "the tokenizer has no chat template; pass chat_template= explicitly"
-            ) from exc
+        except ValueError:  # transformers' way to say there is none
+            template = None
         if not isinstance(template, str) or not template:
             raise UserError("the tokenizer has no chat template; pass chat_template= explicitly")
         return template

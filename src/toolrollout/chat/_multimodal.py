@@ -140,7 +140,6 @@ class VisionFormat:
         "_merge",
         "_min_pixels",
         "_patch",
-        "_temporal",
         "end_id",
         "pad_id",
         "start_id",
@@ -160,7 +159,6 @@ class VisionFormat:
         self.pad_id: int = ids[IMAGE_PAD]
         self._patch = int(image_processor.patch_size)
         self._merge = int(image_processor.merge_size)
-        self._temporal = int(getattr(image_processor, "temporal_patch_size", 2))
         size: Any = getattr(image_processor, "size", None) or {}
         low: Any = size.get("shortest_edge") or getattr(image_processor, "min_pixels", 3136)
         high: Any = size.get("longest_edge") or getattr(image_processor, "max_pixels", 1003520)

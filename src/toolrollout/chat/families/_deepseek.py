@@ -28,7 +28,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._family import TemplateFamily, TemplateProbe
@@ -44,36 +44,32 @@ __all__ = [
 _EOS = "<｜end▁of▁sentence｜>"
 _ASSISTANT = "<｜Assistant｜>"
 _CALL_OPEN = "<｜tool▁call▁begin｜>"
-_SEP = "<｜tool▁sep｜>"
-
-# The V3 template writes ``… + '<｜tool▁sep｜>' + tool['function']['name'] + …`` (the call
-# type comes first); V3.1 writes the name first: ``… + tool['function']['name'] +
-# '<｜tool▁sep｜>' + tool['function']['arguments'] …``.
-_V3_TEXT = re.compile(r"'<｜tool▁sep｜>'\s*\+\s*tool\['function'\]\['name'\]")
-_V31_TEXT = re.compile(r"tool\['function'\]\['name'\]\s*\+\s*'<｜tool▁sep｜>'")
 
 
-def _rendered_v3(rendered: str) -> bool:
-    return (
-        f"{_SEP}" in rendered
-        and re.search(r"<｜tool▁sep｜>[^\n<]*\n```json\n", rendered) is not None
-    )
+def _detector(rendered_call: str, template_text: str) -> Callable[[TemplateProbe], bool]:
+    """Detection by the probe's rendered call, else (no call rendered) by the template text.
+
+    The V3 template writes ``… + '<｜tool▁sep｜>' + tool['function']['name'] + …`` (the call
+    type comes first), then a json fence; V3.1 writes the name first: ``… +
+    tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] …``.
+    """
+    rendered_pattern, text_pattern = re.compile(rendered_call), re.compile(template_text)
+
+    def detect(probe: TemplateProbe) -> bool:
+        if probe.rendered is not None and _CALL_OPEN in probe.rendered:
+            return rendered_pattern.search(probe.rendered) is not None
+        return text_pattern.search(probe.template) is not None
+
+    return detect
 
 
-def _rendered_v31(rendered: str) -> bool:
-    return re.search(r"<｜tool▁call▁begin｜>[^<\n]+<｜tool▁sep｜>\s*\{", rendered) is not None
-
-
-def _detect_v3(probe: TemplateProbe) -> bool:
-    if probe.rendered is not None and _CALL_OPEN in probe.rendered:
-        return _rendered_v3(probe.rendered)
-    return _V3_TEXT.search(probe.template) is not None
-
-
-def _detect_v31(probe: TemplateProbe) -> bool:
-    if probe.rendered is not None and _CALL_OPEN in probe.rendered:
-        return _rendered_v31(probe.rendered)
-    return _V31_TEXT.search(probe.template) is not None
+_detect_v3 = _detector(
+    r"<｜tool▁sep｜>[^\n<]*\n```json\n", r"'<｜tool▁sep｜>'\s*\+\s*tool\['function'\]\['name'\]"
+)
+_detect_v31 = _detector(
+    r"<｜tool▁call▁begin｜>[^<\n]+<｜tool▁sep｜>\s*\{",
+    r"tool\['function'\]\['name'\]\s*\+\s*'<｜tool▁sep｜>'",
+)
 
 
 _V3_THINK = re.compile(r"(<｜Assistant｜>)(?:<think>.*?</think>)?\s*", re.DOTALL)
