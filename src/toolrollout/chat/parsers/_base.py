@@ -371,7 +371,7 @@ class TaggedCallParser(ToolCallParser):
 
     open_tag: ClassVar[str] = "<tool_call>"
     close_tag: ClassVar[str] = "</tool_call>"
-    call_markers = ("<tool_call>",)
+    call_markers: ClassVar[tuple[str, ...] | None] = ("<tool_call>",)
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Parse every block in order; an opener that is never closed is an error."""
@@ -397,6 +397,33 @@ class TaggedCallParser(ToolCallParser):
         """The content of the text between blocks (a format may find errors there)."""
         del collector
         return segment
+
+
+class SectionCallParser(ToolCallParser):
+    """Calls in ``call_open``…``call_close`` blocks inside a ``section_open`` section."""
+
+    section_open: ClassVar[str]
+    section_close: ClassVar[str]
+    call_open: ClassVar[str]
+    call_close: ClassVar[str]
+    text_between_calls_is_error: ClassVar[bool] = False
+
+    def _parse_section(self, body: str, collector: CallCollector) -> None:
+        """Record the calls of a section's ``body``; a section without any is an error."""
+        between, calls, unterminated = split_blocks(body, self.call_open, self.call_close)
+        for index, gap in enumerate(between):
+            if self.text_between_calls_is_error and gap.strip():
+                collector.error("text between tool calls", gap)
+            if index < len(calls):
+                self._parse_call(calls[index], collector)
+        if unterminated is not None:
+            collector.error(f"unterminated tool call: missing {self.call_close}", unterminated)
+        if not collector.calls and not collector.errors:
+            collector.error("the tool-call section contains no call", body)
+
+    @abstractmethod
+    def _parse_call(self, inner: str, collector: CallCollector) -> None:
+        """Record the call (or the error) of one block's body."""
 
 
 class CallCollector:

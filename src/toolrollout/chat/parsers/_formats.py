@@ -15,6 +15,7 @@ from ._base import (
     WHITESPACE,
     CallCollector,
     ParsedTurn,
+    SectionCallParser,
     TaggedCallParser,
     ToolCallParser,
     call_from_json,
@@ -24,7 +25,6 @@ from ._base import (
     not_an_object,
     raw_decode,
     skip_whitespace,
-    split_blocks,
 )
 
 __all__ = [
@@ -231,7 +231,7 @@ def _call_id_message(call_id: object) -> str:
     return f"the call id {call_id!r} must be exactly 9 letters or digits"
 
 
-class DeepSeekV3Parser(ToolCallParser):
+class DeepSeekV3Parser(SectionCallParser):
     """DeepSeek-V3: ``<｜tool▁calls▁begin｜>`` sections with a ```json fence per call.
 
     Each call: ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```
@@ -271,13 +271,7 @@ class DeepSeekV3Parser(ToolCallParser):
         end = text.find(self.section_close, body_start)
         body = text[body_start:] if end == -1 else text[body_start:end]
         trailing = "" if end == -1 else text[end + len(self.section_close) :]
-        _, calls, unterminated = split_blocks(body, self.call_open, self.call_close)
-        for call in calls:
-            self._parse_call(call, collector)
-        if unterminated is not None:
-            collector.error(f"unterminated tool call: missing {self.call_close}", unterminated)
-        if not collector.calls and not collector.errors:
-            collector.error("the tool-call section contains no call", body)
+        self._parse_section(body, collector)
         return collector.turn(join_content([text[:start], trailing]))
 
     def _parse_call(self, inner: str, collector: CallCollector) -> None:

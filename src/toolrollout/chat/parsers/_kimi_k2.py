@@ -20,10 +20,9 @@ import re
 from ._base import (
     CallCollector,
     ParsedTurn,
-    ToolCallParser,
+    SectionCallParser,
     call_from_json,
     join_content,
-    split_blocks,
 )
 
 __all__ = ["KimiK2Parser"]
@@ -31,7 +30,7 @@ __all__ = ["KimiK2Parser"]
 _ID = re.compile(r"(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)")
 
 
-class KimiK2Parser(ToolCallParser):
+class KimiK2Parser(SectionCallParser):
     """``<|tool_calls_section_begin|>`` … ``<|tool_calls_section_end|>`` with JSON arguments."""
 
     name = "kimi_k2"
@@ -41,6 +40,7 @@ class KimiK2Parser(ToolCallParser):
     call_open = "<|tool_call_begin|>"
     call_close = "<|tool_call_end|>"
     argument_open = "<|tool_call_argument_begin|>"
+    text_between_calls_is_error = True
 
     def forced_call_prefix(self, name: str | None = None) -> str | None:
         opener = "<|tool_calls_section_begin|><|tool_call_begin|>"
@@ -63,17 +63,7 @@ class KimiK2Parser(ToolCallParser):
                 f"unterminated tool-call section: missing {self.section_close}", text[start:]
             )
             return collector.turn(text[:start].strip())
-        body = text[body_start:end]
-        between, calls, unterminated = split_blocks(body, self.call_open, self.call_close)
-        for index, gap in enumerate(between):
-            if gap.strip():
-                collector.error("text between tool calls", gap)
-            if index < len(calls):
-                self._parse_call(calls[index], collector)
-        if unterminated is not None:
-            collector.error(f"unterminated tool call: missing {self.call_close}", unterminated)
-        if not collector.calls and not collector.errors:
-            collector.error("the tool-call section contains no call", body)
+        self._parse_section(text[body_start:end], collector)
         trailing = text[end + len(self.section_close) :]
         return collector.turn(join_content([text[:start], trailing]))
 
