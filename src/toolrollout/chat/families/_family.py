@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..parsers._base import call_entry
+
 if TYPE_CHECKING:
     from ..parsers import ParsedTurn
 
@@ -30,6 +32,7 @@ __all__ = [
     "TemplateFamily",
     "TemplateProbe",
     "default_assistant_message",
+    "rendered_arguments",
 ]
 
 
@@ -189,22 +192,16 @@ def default_assistant_message(
             message[family.reasoning_field] = parsed.reasoning
         if parsed.tool_calls:
             message["tool_calls"] = [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {
-                        "name": call.name,
-                        "arguments": _arguments(call.arguments, family.arguments_as),
-                    },
-                }
+                call_entry(call_id, call.name, rendered_arguments(call.arguments, family))
                 for call, call_id in zip(parsed.tool_calls, call_ids, strict=True)
             ]
     message["raw_content"] = text
     return message
 
 
-def _arguments(arguments: Mapping[str, Any], form: Literal["object", "json"]) -> Any:
-    if form == "json":
+def rendered_arguments(arguments: Mapping[str, Any], family: TemplateFamily) -> Any:
+    """A call's arguments in the form the family's template reads (:attr:`arguments_as`)."""
+    if family.arguments_as == "json":
         return json.dumps(arguments, ensure_ascii=False)
     return dict(arguments)
 

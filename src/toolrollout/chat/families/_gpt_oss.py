@@ -40,6 +40,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..parsers._base import call_entry
 from ..parsers._gpt_oss import (
     CALL,
     CHANNEL,
@@ -54,7 +55,7 @@ from ..parsers._gpt_oss import (
     split_harmony,
     tool_name,
 )
-from ._family import TemplateFamily, TemplateProbe
+from ._family import TemplateFamily, TemplateProbe, rendered_arguments
 
 if TYPE_CHECKING:
     from ..parsers import ParsedTurn
@@ -161,13 +162,10 @@ def harmony_assistant_message(
             # Accepted unless the turn broke the family's call limit (then none runs).
             call, call_id = next(accepted, (None, f"not_run_{len(calls)}"))
             name, arguments = (call.name, call.arguments) if call is not None else read
-            rendered: Any = arguments
-            if family.arguments_as == "json":
-                rendered = json.dumps(arguments, ensure_ascii=False)
-            calls.append(_call_entry(call_id, name, rendered))
+            calls.append(call_entry(call_id, name, rendered_arguments(arguments, family)))
         else:
             name = tool_name(message.recipient or "")
-            calls.append(_call_entry(f"malformed_{len(calls)}", name, message.body))
+            calls.append(call_entry(f"malformed_{len(calls)}", name, message.body))
     message_out: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     if calls:
         thinking = [] if parsed.reasoning is None else [parsed.reasoning]
@@ -180,10 +178,6 @@ def harmony_assistant_message(
         message_out["thinking"] = parsed.reasoning
     message_out["raw_content"] = text
     return message_out
-
-
-def _call_entry(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def detect_harmony(probe: TemplateProbe) -> bool:

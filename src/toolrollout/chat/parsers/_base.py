@@ -62,11 +62,12 @@ class ToolCall:
         Chat templates render the arguments with ``tojson``, so an object (not a JSON
         string) is what re-renders to the model's text.
         """
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
+        return call_entry(self.id, self.name, self.arguments)
+
+
+def call_entry(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """An OpenAI-style ``tool_calls`` entry."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 @dataclass(frozen=True, slots=True)
