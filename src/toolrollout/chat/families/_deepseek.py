@@ -1,26 +1,17 @@
 r"""DeepSeek-V3 and DeepSeek-V3.1 chat-template families.
 
 Both end every assistant turn with ``<｜end▁of▁sentence｜>`` and write nothing after it
-(boundary ``""``): tool results follow directly as ``<｜tool▁output▁begin｜>…`` blocks, and
-the templates add **no** generation prompt after tool results, so the model's next turn
-starts right after them. Both templates concatenate ``tool_call.function.arguments`` into
-the text as given, so arguments are JSON strings (``arguments_as="json"``).
+(boundary ``""``) and no generation prompt after tool results. Both templates print
+``tool_call.function.arguments`` as given (``arguments_as="json"``) and ignore ``tools``,
+so the schemas go into the system prompt in the DeepSeek-V3.1 model card's layout.
 
-- ``deepseekv3`` (DeepSeek-V3 / R1 style): calls are
-  ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{…}\n```<｜tool▁call▁end｜>``,
-  several separated by ``\n``, inside ``<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>``; tool
-  results are merged into one ``<｜tool▁outputs▁begin｜>…<｜tool▁outputs▁end｜>`` block. The
-  generation prompt opens a think block (``<｜Assistant｜><think>\n``) and the template drops
-  every think block when it re-renders history. It never resets its first-call flag, so
-  a second tool-call turn re-renders without its section opener; both are the family's
-  documented rewrite. The template ignores ``tools``; the schemas go into the system
-  prompt in the V3.1 card's layout with V3's call format.
-- ``deepseekv31`` (DeepSeek-V3.1): calls are ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}``
-  chained without separators. The ``thinking`` template kwarg picks the generation prompt
-  (``<｜Assistant｜></think>`` by default, ``<｜Assistant｜><think>`` with ``thinking=True``);
-  a re-rendered assistant turn always reads ``<｜Assistant｜></think>`` plus the text after
-  the model's ``</think>``. The template ignores ``tools``, so the tool schemas are written
-  into the system prompt in the format of the DeepSeek-V3.1 model card.
+- ``deepseekv3`` (V3 / R1): ``function<｜tool▁sep｜>NAME`` calls with a json fence, tool
+  results merged into one ``<｜tool▁outputs▁begin｜>`` block. Its documented rewrite: think
+  blocks dropped on re-render, and a second tool-call turn re-rendered without its section
+  opener (the template never resets its first-call flag).
+- ``deepseekv31``: ``NAME<｜tool▁sep｜>{…}`` calls chained without separators. The
+  ``thinking`` template kwarg picks the generation prompt; a re-rendered assistant turn
+  always reads ``<｜Assistant｜></think>`` plus the text after the model's ``</think>``.
 """
 
 from __future__ import annotations

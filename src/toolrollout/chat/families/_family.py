@@ -1,16 +1,8 @@
-r"""What one model family is: its template rules and its tool-call parser, as data.
+"""What one model family is, as data: its template rules and its tool-call parser.
 
-A *family* is everything a token-exact rollout needs to know about a model's chat format
-that the template text alone does not say: where a turn ends (stop tokens, the boundary
-the template writes after them), which parser reads its tool calls, how its messages must
-look for the template to re-render them (arguments as objects or JSON strings, the field
-its reasoning goes in, call-id rules), and which re-render differences are documented
-rewrites rather than bugs. Families are detected from what a template *renders* for a
-small probe conversation (see :class:`TemplateProbe`), so a template is recognised by its
-output format, not merely by which control tokens it mentions.
-
-Each family is one frozen :class:`TemplateFamily`; the built-in ones (one module per
-model maker) and their registry live in :mod:`toolrollout.chat.families`.
+Families are detected from what a template *renders* for a small probe conversation
+(:class:`TemplateProbe`), so a template is recognised by its output format, not merely by
+which control tokens it mentions. The registry is :mod:`toolrollout.chat.families`.
 """
 
 from __future__ import annotations

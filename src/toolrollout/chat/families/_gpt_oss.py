@@ -3,34 +3,26 @@ r"""gpt-oss: the harmony format (channels analysis / commentary / final).
 What the official template (``openai/gpt-oss-*`` ``chat_template.jinja``) does, and what
 this family does about it:
 
-- The generation prompt is ``<|start|>assistant``; the model writes its messages, each
-  closed by ``<|end|>``, and stops at ``<|call|>`` (after one tool call) or ``<|return|>``
-  (after the final answer). The template writes nothing after either (boundary ``""``).
-  Stopping at ``<|call|>`` means one call per turn, and the template renders only
-  ``tool_calls[0]``, so a turn with more is one parse error (``max_calls_per_turn=1``).
+- The model stops at ``<|call|>`` (after one tool call) or ``<|return|>`` (after the final
+  answer); nothing follows either (boundary ``""``). The template renders only
+  ``tool_calls[0]``, so a turn with more calls is one parse error.
 - A delta follows the conversation rendered as history (``delta_after_history``): once a
   user turn follows a final answer, the template writes that answer with ``<|end|>`` and
   without its analysis, so counting stop tokens would not find where the answer ends.
-- Messages carry the turn in ``thinking`` (the analysis channel), ``content`` (the final
-  channel) and ``tool_calls`` (one ``commentary`` call, arguments as an object: the
-  template writes them with ``tojson``). A turn with a call keeps all its text in
-  ``thinking`` with ``content`` empty, because the template refuses both on a call turn.
-  The raw text cannot be a message's content (the template refuses channel markup there),
-  so the drift check renders the structured message (``drift_from_raw_text=False``).
-- History rewrites (:func:`harmony_history`), all expected: the template drops the
-  analysis of every turn once a later final answer exists, and of every final answer that
-  is not the conversation's last message; it writes a final answer that is history with
-  ``<|end|>`` where the model wrote ``<|return|>``; it renders a call's header as
+- Messages carry the analysis in ``thinking``, the final channel in ``content`` and one
+  ``commentary`` call in ``tool_calls`` (arguments as an object). A call turn keeps all its
+  text in ``thinking``, because the template refuses both fields there; the raw text
+  cannot be content (channel markup is refused), so ``drift_from_raw_text=False``.
+- History rewrites (:func:`harmony_history`): the analysis of every turn before a later
+  final answer, and of every final answer that is not the last message, is dropped;
+  ``<|return|>`` becomes ``<|end|>`` in history; a call header is spelled
   ``<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>`` where the
-  model writes ``<|start|>assistant<|channel|>commentary to=functions.NAME
-  <|constrain|>json<|message|>``, and the arguments with ``tojson`` spacing; and the system
-  message carries ``strftime_now``'s date, which a later render may see change. A
-  malformed call's raw arguments, which the template can only write JSON-quoted, are read
-  back unquoted.
-- A tool result renders as ``<|start|>functions.NAME to=assistant<|channel|>commentary
-  <|message|>"…"<|end|>`` (the text JSON-quoted), named after the latest call; an error
-  answer to a malformed call therefore needs a call on the assistant turn, so a malformed
-  call is kept there with its recipient's name and its raw arguments as a string.
+  model writes the recipient after the channel and ``<|constrain|>json``, with ``tojson``
+  spacing; the system message's date may change between renders. A malformed call's raw
+  arguments, which the template can only write JSON-quoted, are read back unquoted.
+- A tool result is named after the latest call, so an error answer to a malformed call
+  needs a call on the assistant turn: the malformed call is kept there with its
+  recipient's name and its raw arguments as a string.
 """
 
 from __future__ import annotations

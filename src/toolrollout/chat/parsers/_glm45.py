@@ -1,23 +1,12 @@
 """GLM-4.5 / GLM-4.6 tool calls: ``<tool_call>NAME`` with ``<arg_key>``/``<arg_value>`` pairs.
 
-A call reads (with real newlines)::
-
-    <tool_call>get_weather
-    <arg_key>city</arg_key>
-    <arg_value>Paris</arg_value>
-    </tool_call>
-
-The syntax follows SGLang's ``glm45`` detector (``glm4_moe_detector.py``). Values carry no
-type of their own, so the tool's JSON schema decides: the official template writes a string
-argument as its raw text and every other value as JSON (``v | tojson if v is not string
-else v``), and this parser inverts exactly that. A parameter the schema types as
-``string`` keeps its raw text; any other value is decoded as JSON, and kept as text when it
-is not JSON (as SGLang does). SGLang also unquotes a string value written as a JSON string
-literal; this parser does not, because the template would never write those quotes.
-
-Unlike SGLang, a call it cannot read (no closing tag, a key without a value, stray text
-between pairs, a repeated key, a literal ``\\n`` where the template writes a newline) is a
-reported error, not silently skipped or read loosely.
+The syntax follows SGLang's ``glm45`` detector. Values carry no type of their own: the
+official template writes a string argument raw and every other value as JSON, and this
+parser inverts exactly that by the tool's schema (``string`` parameters keep their text,
+other values are decoded as JSON when they decode). Unlike SGLang, it does not unquote a
+JSON string literal (the template never writes those quotes), and a call it cannot read
+(no closing tag, a key without a value, stray text between pairs, a repeated key) is a
+reported error, not skipped or read loosely.
 """
 
 from __future__ import annotations

@@ -1,16 +1,9 @@
 """Kimi-K2 tool calls: a section of ``<|tool_call_begin|>ID<|tool_call_argument_begin|>{...}``.
 
-A turn with calls reads::
-
-    content<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
-    <|tool_call_argument_begin|>{json}<|tool_call_end|>...<|tool_calls_section_end|>
-
-The syntax follows SGLang's ``kimi_k2`` detector (``kimik2_detector.py``): the id is
-``functions.NAME:IDX`` (a bare ``NAME:IDX`` is accepted, as there), the name is read from
-it, and the id is kept verbatim as the call id because Kimi's chat template writes it back
-(``<|tool_call_begin|>{{ id }}`` and ``## Return of {{ tool_call_id }}``). Unlike SGLang,
-a call this parser cannot read is reported, not dropped, and an unterminated call or section
-is an error.
+The syntax follows SGLang's ``kimi_k2`` detector: the id is ``functions.NAME:IDX`` (a bare
+``NAME:IDX`` is accepted), the name is read from it, and the id is kept verbatim because
+Kimi's chat template writes it back. Unlike SGLang, a call this parser cannot read is
+reported, not dropped, and an unterminated call or section is an error.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """Qwen3-Coder's XML tool calls, with arguments typed by the tool's JSON schema.
 
-The format, as the official template writes it and SGLang's ``qwen3_coder`` detector
-(``python/sglang/srt/function_call/qwen3_coder_detector.py``) reads it::
+The official template writes ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nvalue\\n
+</parameter>\\n</function>\\n</tool_call>``; the syntax follows SGLang's ``qwen3_coder``
+detector. A value is raw text (one newline on each side belongs to the markup), so it is
+converted by the type its tool declares for it, as SGLang does; a value that does not
+convert stays a string, so the tool's own argument check reports it to the model.
 
-    <tool_call>
-    <function=get_weather>
-    <parameter=city>
-    Paris
-    </parameter>
-    </function>
-    </tool_call>
-
-A parameter value is raw text, not JSON: one newline after ``<parameter=NAME>`` and one
-before ``</parameter>`` belong to the markup, everything between is the value (it may span
-lines). The text carries no type, so each value is converted by the type its tool declares
-for it, the way SGLang does: strings stay text, integers and numbers become numbers,
-booleans ``true``/``false``, objects and arrays are decoded as JSON, ``null`` is ``None``
-for any type. A value that does not convert stays a string (as in SGLang), so the tool's
-own argument check reports it to the model.
-
-Where this parser is stricter than SGLang, on purpose (an RL reward should not depend on
-lenient parsing): an unterminated ``<tool_call>``, ``<function=...>`` or ``<parameter=...>``
-is a malformed call, not a call; so is text inside ``<tool_call>`` that is not a function
-block, and a ``<function=...>`` block outside ``<tool_call>``. A boolean that is neither
-``true`` nor ``false`` stays a string instead of becoming ``False``, and values are never
-evaluated as Python literals.
+Stricter than SGLang on purpose (an RL reward should not depend on lenient parsing): an
+unterminated tag, text inside ``<tool_call>`` that is not a function block, or a function
+block outside ``<tool_call>`` is a malformed call; a boolean that is neither ``true`` nor
+``false`` stays a string; values are never evaluated as Python literals.
 """
 
 from __future__ import annotations
