@@ -13,7 +13,7 @@ format a template renders, most specific first.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType, ModuleType
+from types import MappingProxyType
 
 from ..._exceptions import FieldError, UserError
 from . import _deepseek, _glm, _gpt_oss, _kimi, _llama, _mistral, _qwen, _smollm
@@ -28,20 +28,12 @@ __all__ = [
     "template_families",
 ]
 
-_FAMILY_MODULES: tuple[ModuleType, ...] = (
-    _qwen,
-    _llama,
-    _mistral,
-    _deepseek,
-    _kimi,
-    _glm,
-    _gpt_oss,
-    _smollm,
-)
-
-
 _FAMILIES: Mapping[str, TemplateFamily] = MappingProxyType(
-    {family.name: family for module in _FAMILY_MODULES for family in module.FAMILIES}
+    {
+        family.name: family
+        for module in (_qwen, _llama, _mistral, _deepseek, _kimi, _glm, _gpt_oss, _smollm)
+        for family in module.FAMILIES
+    }
 )
 _DETECTION_ORDER: tuple[TemplateFamily, ...] = tuple(
     sorted(

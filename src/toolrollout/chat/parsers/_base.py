@@ -409,6 +409,14 @@ class SectionCallParser(ToolCallParser):
     call_close: ClassVar[str]
     text_between_calls_is_error: ClassVar[bool] = False
 
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        opener = self.section_open + self.call_open
+        return opener if name is None else opener + self._named_head(name)
+
+    @abstractmethod
+    def _named_head(self, name: str) -> str:
+        """What a call to ``name`` writes after ``call_open``, up to its arguments."""
+
     def _parse_section(self, body: str, collector: CallCollector) -> None:
         """Record the calls of a section's ``body``; a section without any is an error."""
         between, calls, unterminated = split_blocks(body, self.call_open, self.call_close)

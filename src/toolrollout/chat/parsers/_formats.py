@@ -250,10 +250,6 @@ class DeepSeekV3Parser(SectionCallParser):
 
     _FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\n?(.*?)\n?```\s*\Z", re.DOTALL)
 
-    def forced_call_prefix(self, name: str | None = None) -> str | None:
-        opener = self.section_open + self.call_open
-        return opener if name is None else f"{opener}{self._named_head(name)}"
-
     def _named_head(self, name: str) -> str:
         return f"function{self.separator}{name}\n```json\n"
 

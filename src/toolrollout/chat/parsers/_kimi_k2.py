@@ -27,17 +27,16 @@ class KimiK2Parser(SectionCallParser):
     """``<|tool_calls_section_begin|>`` … ``<|tool_calls_section_end|>`` with JSON arguments."""
 
     name = "kimi_k2"
-    call_markers = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")
     section_open = "<|tool_calls_section_begin|>"
     section_close = "<|tool_calls_section_end|>"
     call_open = "<|tool_call_begin|>"
+    call_markers = (section_open, call_open)
     call_close = "<|tool_call_end|>"
     argument_open = "<|tool_call_argument_begin|>"
     text_between_calls_is_error = True
 
-    def forced_call_prefix(self, name: str | None = None) -> str | None:
-        opener = "<|tool_calls_section_begin|><|tool_call_begin|>"
-        return opener if name is None else f"{opener}functions.{name}:"
+    def _named_head(self, name: str) -> str:
+        return f"functions.{name}:"
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Parse the call section; text before and after it is content."""
