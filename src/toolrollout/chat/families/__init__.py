@@ -60,13 +60,10 @@ def get_template_family(name: str) -> TemplateFamily:
 def detect_template_family(
     chat_template: str | TemplateProbe, *, source: str = "this chat template"
 ) -> TemplateFamily:
-    """The family whose format a template renders, most specific first.
-
-    ``chat_template`` is the template text or a :class:`TemplateProbe` holding what it
-    rendered for the probe conversation (:meth:`ChatFormat <toolrollout.chat.ChatFormat>`
-    builds one). Detection is conservative: a template that matches no rule raises
-    :class:`UserError` naming the option to set, because a wrong guess would put the turn
-    boundary in the wrong place.
+    """The family whose format a template (its text, or a :class:`TemplateProbe` of what it
+    renders) shows, most specific first. A template that matches no rule raises
+    :class:`UserError` naming the option to set: a wrong guess would put the turn boundary
+    in the wrong place.
     """
     probe = (
         chat_template

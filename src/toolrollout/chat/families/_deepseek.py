@@ -67,14 +67,10 @@ _V3_THINK = re.compile(r"(<｜Assistant｜>)(?:<think>.*?</think>)?\s*", re.DOTA
 
 
 def _v3_history(text: str) -> str:
-    """The V3 template's re-render differences, undone.
-
-    It drops each think block (and the blank after it). It also never resets its
-    first-call flag, so a later tool-call turn re-renders as ``\n<｜tool▁call▁begin｜>…``
-    right after the previous tool outputs, without closing them and without its own
-    ``<｜tool▁calls▁begin｜>``: the transcript's ``<｜tool▁outputs▁end｜><｜tool▁calls▁begin｜>``
-    becomes ``\n``.
-    """
+    """The V3 template's re-render differences, undone: each think block (and the blank
+    after it) goes, and as the template re-renders a later tool-call turn right after the
+    previous outputs (its first-call flag is never reset), the transcript's
+    ``<｜tool▁outputs▁end｜><｜tool▁calls▁begin｜>`` becomes ``\n``."""
     text = _V3_THINK.sub(r"\1", text)
     return text.replace("<｜tool▁outputs▁end｜><｜tool▁calls▁begin｜>", "\n")
 

@@ -35,12 +35,7 @@ _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 
 def _drop_think_blocks(text: str) -> str:
-    """Remove every ``<think>…</think>`` block and the whitespace after it.
-
-    Qwen3 keeps reasoning only in the turns after the last user query and never in the
-    empty block of ``enable_thinking=False``; with the blocks gone, a transcript and a
-    later render of the same conversation agree.
-    """
+    """Remove every ``<think>…</think>`` block and the whitespace after it."""
     return _THINK_BLOCK.sub("", text)
 
 

@@ -115,12 +115,8 @@ def _random_call_id(index: int) -> str:
 
 
 class ToolCallParser(ABC):
-    """Base class of the format-specific parsers.
-
-    Subclasses implement :meth:`parse_body`; :meth:`parse` adds the shared steps
-    (trailing stop token, ``<think>`` block, unknown-name flags) so each format's code
-    only deals with its own syntax.
-    """
+    """Base class of the parsers: a format implements :meth:`parse_body`, and :meth:`parse`
+    adds the shared steps (trailing stop token, ``<think>`` block, unknown-name flags)."""
 
     name: ClassVar[str] = ""
     """Registry name of the format."""

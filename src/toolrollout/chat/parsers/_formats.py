@@ -124,13 +124,9 @@ def _looks_like_call(value: object) -> bool:
 
 
 class MistralParser(ToolCallParser):
-    """Mistral: ``[TOOL_CALLS] [{...}, ...]`` or compact ``[TOOL_CALLS]name[ARGS]{...}``.
-
-    The JSON form is what Mistral Nemo 2407 and Small 3.1 write (their templates render
-    each call as ``{"name": ..., "arguments": {...}, "id": ...}``); the compact form is
-    Small 3.2's, may repeat (one ``[TOOL_CALLS]`` per call) and may carry the call id as
-    ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``. A call id the model wrote is kept; it must
-    be nine letters or digits, because the official templates refuse to render any other.
+    """Mistral: ``[TOOL_CALLS] [{...}, ...]`` (Nemo, Small 3.1) or, one marker per call,
+    ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`` (Small 3.2, the id optional). A call id the
+    model wrote is kept; it must be nine letters or digits, as the templates require.
     """
 
     name = "mistral"

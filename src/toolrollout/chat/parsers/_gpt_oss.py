@@ -106,21 +106,17 @@ def split_harmony(text: str) -> HarmonyTurn:
 def _next_message(text: str) -> tuple[HarmonyMessage, str]:
     """The message at the start of ``text``, and the text after it."""
     header, has_message, after = text.partition(MESSAGE)
-    channel, recipient, content_type = _read_header(header)
+    parts = _read_header(header)
     if not has_message:
-        return HarmonyMessage(channel, recipient, content_type, "", None, False, text), ""
+        return HarmonyMessage(*parts, "", None, False, text), ""
     match = _TERMINATOR.search(after)
     if match is None:
-        return HarmonyMessage(channel, recipient, content_type, after, None, True, text), ""
-    body = after[: match.start()]
-    if match.group() == CHANNEL:  # implicit close: the next message starts here
-        rest = after[match.start() :]
-        return HarmonyMessage(
-            channel, recipient, content_type, body, None, True, text[: len(text) - len(rest)]
-        ), rest
-    rest = after[match.end() :]
+        return HarmonyMessage(*parts, after, None, True, text), ""
+    implicit = match.group() == CHANNEL  # implicit close: the next message starts here
+    rest = after[match.start() if implicit else match.end() :]
+    terminator = None if implicit else match.group()
     raw = text[: len(text) - len(rest)]
-    return HarmonyMessage(channel, recipient, content_type, body, match.group(), True, raw), rest
+    return HarmonyMessage(*parts, after[: match.start()], terminator, True, raw), rest
 
 
 def _read_header(header: str) -> tuple[str | None, str | None, str | None]:
