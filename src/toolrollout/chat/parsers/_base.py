@@ -1,11 +1,9 @@
-"""The tool-call parser interface, its result types and the registry.
+"""The tool-call parser interface, its result types, shared helpers and the registry.
 
-Parsers turn one model turn's text into content, tool calls and parse errors. They never
-raise on model output and never evaluate it: a malformed call becomes a
-:class:`MalformedCall` with a message the rollout can send back to the model (and count as
-a ``parse_error``), because a bad call is model behaviour to learn from, not a crash.
-Whether a called tool exists is the tool executor's business; a parser only *flags* names
-outside an optional ``known_tools`` set.
+Parsers never raise on model output and never evaluate it: a malformed call becomes a
+:class:`MalformedCall` with a message for the model (counted as a ``parse_error``), because
+a bad call is model behaviour to learn from, not a crash. Whether a called tool exists is
+the tool executor's business; a parser only *flags* names outside ``known_tools``.
 """
 
 from __future__ import annotations
@@ -57,11 +55,8 @@ class ToolCall:
     """Decoded arguments: a JSON object (plain dict/list/str/int/float/bool/None values)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """OpenAI-style ``tool_calls`` entry, arguments kept as an object.
-
-        Chat templates render the arguments with ``tojson``, so an object (not a JSON
-        string) is what re-renders to the model's text.
-        """
+        """OpenAI-style ``tool_calls`` entry, arguments kept as an object (chat templates
+        render them with ``tojson``, so an object is what re-renders to the model's text)."""
         return call_entry(self.id, self.name, self.arguments)
 
 
@@ -274,11 +269,8 @@ def raw_decode(text: str, index: int) -> tuple[Any, int, str | None]:
 
 
 def call_from_json(payload: str, name: str, raw: str) -> tuple[str, dict[str, Any]] | MalformedCall:
-    """The call to ``name`` with the JSON arguments ``payload``, which must be an object.
-
-    One place for the two errors every JSON-arguments format can meet (text that is not
-    JSON, JSON that is not an object), so their messages read the same in every parser.
-    """
+    """The call to ``name`` with the JSON arguments ``payload``, which must be an object
+    (one place for these errors, so their messages read the same in every parser)."""
     value, error = loads(payload)
     if error is not None:
         return MalformedCall(f"{error} in the arguments of the call to {name!r}", clip(raw))
@@ -371,7 +363,6 @@ class TaggedCallParser(ToolCallParser):
     call_markers: ClassVar[tuple[str, ...] | None] = ("<tool_call>",)
 
     def parse_body(self, text: str) -> ParsedTurn:
-        """Parse every block in order; an opener that is never closed is an error."""
         collector = CallCollector(self)
         outside, blocks, unterminated = split_blocks(text, self.open_tag, self.close_tag)
         segments: list[str] = []
