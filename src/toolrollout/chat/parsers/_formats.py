@@ -175,8 +175,8 @@ class MistralParser(ToolCallParser):
     def _add_json_call(self, obj: object, raw: str, collector: CallCollector) -> None:
         """One element of the JSON list, keeping the ``"id"`` the model wrote."""
         model_id = obj.get("id", "") if isinstance(obj, dict) else ""
-        if model_id and _bad_call_id(model_id):
-            collector.error(_call_id_message(model_id), raw)
+        if model_id and (problem := _call_id_problem(model_id)):
+            collector.error(problem, raw)
             return
         collector.add(call_from_object(obj, raw), model_id if isinstance(model_id, str) else "")
 
@@ -190,16 +190,15 @@ class MistralParser(ToolCallParser):
             )
             return None if next_marker == -1 else next_marker
         head = text[index:args_at]
+        json_at = skip_whitespace(text, args_at + len(self.args_marker))
         call_id = ""
         if self.id_marker in head:
             head, call_id = head.split(self.id_marker, 1)
             call_id = call_id.strip()
-            if _bad_call_id(call_id):
-                json_at = skip_whitespace(text, args_at + len(self.args_marker))
-                collector.error(_call_id_message(call_id), text[index:json_at])
+            if problem := _call_id_problem(call_id):
+                collector.error(problem, text[index:json_at])
                 return None
         name = head.strip()
-        json_at = skip_whitespace(text, args_at + len(self.args_marker))
         if not name or any(ch in WHITESPACE for ch in name):
             collector.error(
                 f"invalid tool name {name!r} before {self.args_marker}", text[index:json_at]
@@ -219,11 +218,9 @@ class MistralParser(ToolCallParser):
 _MISTRAL_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
 
 
-def _bad_call_id(call_id: object) -> bool:
-    return not (isinstance(call_id, str) and _MISTRAL_CALL_ID.fullmatch(call_id))
-
-
-def _call_id_message(call_id: object) -> str:
+def _call_id_problem(call_id: object) -> str | None:
+    if isinstance(call_id, str) and _MISTRAL_CALL_ID.fullmatch(call_id):
+        return None
     return f"the call id {call_id!r} must be exactly 9 letters or digits"
 
 

@@ -98,9 +98,15 @@ class Qwen3CoderParser(TaggedCallParser):
     ) -> tuple[str, dict[str, Any]] | MalformedCall:
         """Name and typed arguments of one function block, or a MalformedCall."""
         name = raw_name.strip()
-        raw = f"<function={raw_name}>{body}{_FUNCTION_CLOSE}"
-        if not name:
-            return MalformedCall("the <function=...> tag has no tool name", clip(raw))
+        arguments = (
+            self._arguments(name, body) if name else "the <function=...> tag has no tool name"
+        )
+        if isinstance(arguments, str):
+            return MalformedCall(arguments, clip(f"<function={raw_name}>{body}{_FUNCTION_CLOSE}"))
+        return name, arguments
+
+    def _arguments(self, name: str, body: str) -> dict[str, Any] | str:
+        """The typed arguments of a call to ``name``, or why they cannot be read."""
         schema = self.properties(name)
         arguments: dict[str, Any] = {}
         position = 0
@@ -108,32 +114,24 @@ class Qwen3CoderParser(TaggedCallParser):
             match = _PARAMETER_OPEN.search(body, position)
             if match is None:
                 if body[position:].strip():
-                    return MalformedCall(
+                    return (
                         f"unexpected text in the call to {name!r}: only "
-                        f"<parameter=KEY>...{_PARAMETER_CLOSE} blocks may appear there",
-                        clip(raw),
+                        f"<parameter=KEY>...{_PARAMETER_CLOSE} blocks may appear there"
                     )
-                return name, arguments
+                return arguments
             if body[position : match.start()].strip():
-                return MalformedCall(
-                    f"unexpected text before a parameter of the call to {name!r}", clip(raw)
-                )
+                return f"unexpected text before a parameter of the call to {name!r}"
             key = match.group(1).strip()
             end = body.find(_PARAMETER_CLOSE, match.end())
             if end == -1:
-                return MalformedCall(
+                return (
                     f"parameter {key!r} of the call to {name!r} is not closed with "
-                    f"{_PARAMETER_CLOSE}",
-                    clip(raw),
+                    + _PARAMETER_CLOSE
                 )
             if not key:
-                return MalformedCall(
-                    f"a <parameter=...> tag of the call to {name!r} has no name", clip(raw)
-                )
+                return f"a <parameter=...> tag of the call to {name!r} has no name"
             if key in arguments:
-                return MalformedCall(
-                    f"parameter {key!r} appears twice in the call to {name!r}", clip(raw)
-                )
+                return f"parameter {key!r} appears twice in the call to {name!r}"
             value = body[match.end() : end]
             value = value.removeprefix("\n").removesuffix("\n")
             arguments[key] = _convert(value, schema.get(key))
