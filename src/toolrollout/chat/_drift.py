@@ -1,18 +1,14 @@
 """Drift check: compare a token transcript with a fresh render of its messages.
 
-The transcript is authoritative (it holds what the model actually saw and sampled), so
-the check only *reports*; it never alters a token. A rollout counts the mismatches in its
-metrics and stores the report on the trajectory, so template or tokenizer problems show up
-in dashboards instead of as a crash hours into a run (verifiers #115, prime-rl #1334).
-
-Kinds of drift, from most to least benign:
+The transcript is authoritative (it holds what the model saw and sampled), so the check
+only *reports*: template or tokenizer problems show up in metrics instead of as a crash
+hours into a run (verifiers #115, prime-rl #1334). Kinds, from most to least benign:
 
 * ``none``: token-exact match.
-* ``history_rewrite``: the texts differ only by a rewrite the family documents, e.g. Qwen3
-  dropping earlier ``<think>`` blocks. Expected; the transcript is still right.
-* ``retokenization``: same text, different ids, e.g. the model sampled a non-canonical
-  token split. Expected in token-in/token-out training; worth counting.
-* ``text``: the texts differ in an unexplained way (wrong family, a template that is not
+* ``history_rewrite``: the texts differ only by the family's documented rewrite (expected).
+* ``retokenization``: same text, different ids, e.g. a non-canonical split the model
+  sampled (expected in token-in/token-out training; worth counting).
+* ``text``: an unexplained text difference (wrong family, a template that is not
   append-only, a missing boundary token). Investigate.
 * ``render_error``: the template failed to render the messages; nothing was compared.
 """

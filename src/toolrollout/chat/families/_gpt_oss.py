@@ -55,28 +55,15 @@ if TYPE_CHECKING:
 __all__ = ["FAMILIES", "GPT_OSS", "detect_harmony", "harmony_assistant_message", "harmony_history"]
 
 _E = re.escape
+_START, _CHANNEL, _MESSAGE, _END = _E(START), _E(CHANNEL), _E(MESSAGE), _E(END)
 _ASSISTANT_HEADER = re.compile(
-    _E(START)
-    + "assistant([^<]*)"
-    + _E(CHANNEL)
-    + "([^<]*)(?:"
-    + _E(CONSTRAIN)
-    + "([^<]*))?"
-    + _E(MESSAGE)
+    f"{_START}assistant([^<]*){_CHANNEL}([^<]*)(?:{_E(CONSTRAIN)}([^<]*))?{_MESSAGE}"
 )
 _ANALYSIS = re.compile(
-    _E(START + "assistant" + CHANNEL + "analysis" + MESSAGE)
-    + "(?:(?!"
-    + _E(START)
-    + "|"
-    + _E(END)
-    + ").)*"
-    + _E(END),
-    re.DOTALL,
+    f"{_START}assistant{_CHANNEL}analysis{_MESSAGE}(?:(?!{_START}|{_END}).)*{_END}", re.DOTALL
 )
 _CALL_BODY = re.compile(
-    "(" + _E(START) + "assistant to=[^<]*" + _E(CHANNEL) + "[^<]*" + _E(MESSAGE) + ")"
-    "((?:(?!" + _E(START) + ").)*?)" + _E(CALL),
+    f"({_START}assistant to=[^<]*{_CHANNEL}[^<]*{_MESSAGE})((?:(?!{_START}).)*?){_E(CALL)}",
     re.DOTALL,
 )
 _DATE = re.compile(r"(Current date: )\d{4}-\d{2}-\d{2}")
