@@ -147,7 +147,7 @@ class ToolCallParser(ABC):
         """The ``parameters`` schema of each tool given at construction, by name."""
         return self._tool_schemas
 
-    def properties(self, name: str) -> Mapping[str, Any]:
+    def _properties(self, name: str) -> Mapping[str, Any]:
         """The ``properties`` of tool ``name``'s parameter schema (empty when unknown)."""
         properties = self._tool_schemas.get(name, {}).get("properties")
         return properties if isinstance(properties, Mapping) else {}

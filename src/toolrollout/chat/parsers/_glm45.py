@@ -85,7 +85,7 @@ class Glm45Parser(TaggedCallParser):
 
     def _value(self, tool: str, key: str, raw: str) -> Any:
         """The typed value: raw text for string parameters, else JSON when it decodes."""
-        if _schema_type(self.properties(tool).get(key)) == "string":
+        if _schema_type(self._properties(tool).get(key)) == "string":
             return raw
         value, error = loads(raw)
         return raw if error is not None else value

@@ -107,7 +107,7 @@ class Qwen3CoderParser(TaggedCallParser):
 
     def _arguments(self, name: str, body: str) -> dict[str, Any] | str:
         """The typed arguments of a call to ``name``, or why they cannot be read."""
-        schema = self.properties(name)
+        schema = self._properties(name)
         arguments: dict[str, Any] = {}
         position = 0
         while True:
