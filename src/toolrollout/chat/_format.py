@@ -178,7 +178,7 @@ class ChatFormat:
         conversation = self.presented_messages(messages)
         tools: list[dict[Any, Any] | Callable[..., Any]] | None = list(self._tools) or None
         if self._family.tools_fallback is not None:
-            tools = None
+            tools = None  # presented in the system message instead
         try:
             rendered = self._tokenizer.apply_chat_template(
                 conversation,
@@ -249,10 +249,8 @@ class ChatFormat:
                 "verbatim instead"
             )
         window = self._window(messages_before)
-        if window is None:
-            return self._delta_from(messages_before, tool_messages)
         checks_left, enabled = self._window_state
-        if not enabled:
+        if window is None or not enabled:
             return self._delta_from(messages_before, tool_messages)
         try:
             windowed = self._delta_from(window, tool_messages)
