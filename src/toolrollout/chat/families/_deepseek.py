@@ -38,12 +38,8 @@ _CALL_OPEN = "<｜tool▁call▁begin｜>"
 
 
 def _detector(rendered_call: str, template_text: str) -> Callable[[TemplateProbe], bool]:
-    """Detection by the probe's rendered call, else (no call rendered) by the template text.
-
-    The V3 template writes ``… + '<｜tool▁sep｜>' + tool['function']['name'] + …`` (the call
-    type comes first), then a json fence; V3.1 writes the name first: ``… +
-    tool['function']['name'] + '<｜tool▁sep｜>' + tool['function']['arguments'] …``.
-    """
+    """Detection by the probe's rendered call, else by how the template text writes one
+    (V3: ``'<｜tool▁sep｜>' + tool['function']['name']``, V3.1 the name first)."""
     rendered_pattern, text_pattern = re.compile(rendered_call), re.compile(template_text)
 
     def detect(probe: TemplateProbe) -> bool:
@@ -116,12 +112,8 @@ def _tool_prompt(tools: Sequence[Mapping[str, Any]], call_format: str, chaining:
 
 
 def deepseek_v31_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The tool description the DeepSeek-V3.1 model card puts after the system prompt.
-
-    The official V3.1 template never reads ``tools``; the model card asks for this text
-    (one ``### name`` section per tool, then the call-format reminder). It is written here
-    from the card's description of the format.
-    """
+    """The tool description the DeepSeek-V3.1 model card puts after the system prompt (one
+    ``### name`` section per tool, then the call-format reminder), written from the card."""
     return _tool_prompt(
         tools,
         _V31_FORMAT,
@@ -130,11 +122,8 @@ def deepseek_v31_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
 
 
 def deepseek_v3_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The same description with DeepSeek-V3's fenced call format.
-
-    The original V3 template ignores ``tools`` too and no model card states a tool prompt
-    for it; this mirrors the V3.1 card's layout with the call format the V3 template renders.
-    """
+    """The same description with DeepSeek-V3's fenced call format (no model card states a
+    tool prompt for V3, whose template ignores ``tools`` too)."""
     return _tool_prompt(tools, _V3_FORMAT, "For multiple tool calls, put each on its own line")
 
 

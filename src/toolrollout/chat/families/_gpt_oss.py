@@ -84,12 +84,9 @@ def _canonical_header(match: re.Match[str]) -> str:
 
 
 def _canonical_arguments(match: re.Match[str]) -> str:
-    """A call's JSON arguments in one spacing (unchanged when they are not JSON).
-
-    A malformed call's raw arguments are kept on its message as a string, which the
-    template quotes with ``tojson``; a quoted string whose text is not JSON is therefore
-    read back as that text. (A double-encoded object stays quoted, so it still differs.)
-    """
+    """A call's JSON arguments in one spacing (unchanged when they are not JSON); a quoted
+    string whose text is not JSON (a malformed call's raw arguments) is read back as that
+    text. A double-encoded object stays quoted, so it still differs."""
     try:
         value = json.loads(match.group(2))
     except ValueError:
@@ -124,13 +121,8 @@ def harmony_history(text: str) -> str:
 def harmony_assistant_message(
     text: str, parsed: ParsedTurn, family: TemplateFamily, call_ids: Sequence[str]
 ) -> dict[str, Any]:
-    """The assistant message the official template re-renders a harmony turn from.
-
-    ``thinking`` holds the analysis, ``content`` the final answer; on a call turn all of
-    the turn's text goes to ``thinking`` (the template allows only one of the two there).
-    A malformed call stays on the turn (name from its recipient, raw arguments as a
-    string), so the error answer that follows renders as that call's result.
-    """
+    """The assistant message the official template re-renders a harmony turn from (the
+    fields and the malformed-call rule are in the module docstring)."""
     calls: list[dict[str, Any]] = []
     accepted = iter(zip(parsed.tool_calls, call_ids, strict=True))
     for message in split_harmony(text).messages:

@@ -44,11 +44,8 @@ _BOOLEAN_TYPES = frozenset({"boolean", "bool", "binary"})
 
 
 class Qwen3CoderParser(TaggedCallParser):
-    """``<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>``.
-
-    Several ``<tool_call>`` blocks make parallel calls; a block may also hold several
-    function blocks (SGLang reads them all). Text outside the blocks is content.
-    """
+    """``<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>``,
+    repeated for parallel calls; a block may hold several function blocks (as in SGLang)."""
 
     name = "qwen3_coder"
     call_markers = ("<tool_call>", "<function=")
