@@ -1,18 +1,14 @@
 """Drift check: compare a token transcript with a fresh render of its messages.
 
-The transcript is authoritative (it holds what the model actually saw and sampled), so
-the check only *reports*; it never alters a token. A rollout counts the mismatches in its
-metrics and stores the report on the trajectory, so template or tokenizer problems show up
-in dashboards instead of as a crash hours into a run (verifiers #115, prime-rl #1334).
-
-Kinds of drift, from most to least benign:
+The transcript is authoritative (it holds what the model saw and sampled), so the check
+only *reports*: template or tokenizer problems show up in metrics instead of as a crash
+hours into a run (verifiers #115, prime-rl #1334). Kinds, from most to least benign:
 
 * ``none``: token-exact match.
-* ``history_rewrite``: the texts differ only by a rewrite the family documents, e.g. Qwen3
-  dropping earlier ``<think>`` blocks. Expected; the transcript is still right.
-* ``retokenization``: same text, different ids, e.g. the model sampled a non-canonical
-  token split. Expected in token-in/token-out training; worth counting.
-* ``text``: the texts differ in an unexplained way (wrong family, a template that is not
+* ``history_rewrite``: the texts differ only by the family's documented rewrite (expected).
+* ``retokenization``: same text, different ids, e.g. a non-canonical split the model
+  sampled (expected in token-in/token-out training; worth counting).
+* ``text``: an unexplained text difference (wrong family, a template that is not
   append-only, a missing boundary token). Investigate.
 * ``render_error``: the template failed to render the messages; nothing was compared.
 """
@@ -20,7 +16,7 @@ Kinds of drift, from most to least benign:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from .._exceptions import TokenizationError, UserError
@@ -66,18 +62,7 @@ class DriftReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON form for recording on a trajectory."""
-        return {
-            "matches": self.matches,
-            "kind": self.kind,
-            "text_matches": self.text_matches,
-            "first_mismatch": self.first_mismatch,
-            "first_text_mismatch": self.first_text_mismatch,
-            "transcript_length": self.transcript_length,
-            "reference_length": self.reference_length,
-            "transcript_excerpt": self.transcript_excerpt,
-            "reference_excerpt": self.reference_excerpt,
-            "detail": self.detail,
-        }
+        return asdict(self)
 
 
 def check_drift(
@@ -114,33 +99,30 @@ def check_drift(
     try:
         reference_text = _reference_text(reference_messages, chat_format, transcript)
     except TokenizationError as exc:
-        return DriftReport(
-            matches=False,
-            kind="render_error",
-            text_matches=False,
-            first_mismatch=None,
-            first_text_mismatch=None,
-            transcript_length=len(transcript),
-            reference_length=0,
-            transcript_excerpt="",
-            reference_excerpt="",
-            detail=str(exc),
-        )
+        return _unlocated("render_error", len(transcript), 0, str(exc))
     reference = chat_format.encode(reference_text)
     if transcript == reference:
-        return DriftReport(
-            matches=True,
-            kind="none",
-            text_matches=True,
-            first_mismatch=None,
-            first_text_mismatch=None,
-            transcript_length=len(transcript),
-            reference_length=len(reference),
-            transcript_excerpt="",
-            reference_excerpt="",
-            detail="the transcript equals a fresh render token for token",
-        )
+        detail = "the transcript equals a fresh render token for token"
+        return _unlocated("none", len(transcript), len(reference), detail)
     return _mismatch(chat_format, transcript, reference, reference_text, context_tokens)
+
+
+def _unlocated(
+    kind: DriftKind, transcript_length: int, reference_length: int, detail: str
+) -> DriftReport:
+    """A report with no mismatch position: a match (``none``) or a ``render_error``."""
+    return DriftReport(
+        matches=kind == "none",
+        kind=kind,
+        text_matches=kind == "none",
+        first_mismatch=None,
+        first_text_mismatch=None,
+        transcript_length=transcript_length,
+        reference_length=reference_length,
+        transcript_excerpt="",
+        reference_excerpt="",
+        detail=detail,
+    )
 
 
 def _mismatch(

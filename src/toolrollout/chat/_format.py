@@ -1,27 +1,19 @@
 """Token-in/token-out transcripts: prompt rendering and tool-turn token deltas.
 
-Why deltas and not re-tokenization
-----------------------------------
+Decoding the model's ids and tokenizing the text again is not a bijection (BPE may merge
+differently, the model may have sampled a non-canonical split, templates rewrite history),
+and any difference misaligns the engine's logprobs. So the prompt is tokenized **once**,
+each model turn is appended **verbatim** from the engine's ids, and each tool turn as the
+ids of a **text suffix**: the template is rendered with and without the new messages, and
+only the text after the model's stop token is tokenized.
 
-Decoding the model's ids and tokenizing the text again is not a bijection: BPE may merge
-differently, the model may have sampled a non-canonical split, and some templates rewrite
-history (Qwen3 drops earlier ``<think>`` blocks). Any of these makes the trained tokens
-differ from the sampled ones, so the engine logprobs no longer line up. Therefore:
-
-* the prompt is rendered and tokenized **once**;
-* each model turn is appended **verbatim** from the engine's output ids;
-* each tool turn is appended as the ids of a **text suffix**: the template is rendered as
-  text with and without the new messages, and only the text after the model's stop token
-  is tokenized. Earlier turns are never tokenized again.
-
-Tokenizing the suffix on its own gives the same ids a full tokenization would give for
-that span, because the suffix starts right after the stop token, a special token at which
-the tokenizer always splits (this is checked when a :class:`ChatFormat` is built). The
-suffix is located by counting stop tokens rather than by comparing the two renders as a
-whole, so templates that render the latest assistant turn differently once it is no longer
-last (Qwen3 prints an empty ``<think></think>`` only for the final turn) still work, and the
-real conversation is rendered (not a dummy one) so that templates whose tool turns depend
-on earlier messages (call ids, merged tool turns) are honoured.
+That suffix tokenizes as a full tokenization would tokenize that span, because it starts
+right after the stop token, a special token at which the tokenizer always splits (checked
+when a :class:`ChatFormat` is built). It is found by counting stop tokens rather than by
+comparing the renders as a whole, so templates that render the last assistant turn
+differently once it is no longer last (Qwen3's empty ``<think></think>``) still work, and
+the real conversation is rendered so that tool turns that depend on earlier messages (call
+ids, merged tool turns) are honoured.
 """
 
 from __future__ import annotations
@@ -179,17 +171,14 @@ class ChatFormat:
         return conversation
 
     def render_text(self, messages: Sequence[Message], *, add_generation_prompt: bool) -> str:
-        """Render ``messages`` as text with the chat template (tools and kwargs included).
-
-        For a family whose template ignores ``tools`` (:attr:`TemplateFamily.tools_fallback`),
-        the tool schemas are presented in the system message instead (after its text).
-        """
+        """Render ``messages`` (as :meth:`presented_messages`) with the chat template, tools
+        and template kwargs."""
         if not messages:
             raise UserError("cannot render an empty conversation")
         conversation = self.presented_messages(messages)
         tools: list[dict[Any, Any] | Callable[..., Any]] | None = list(self._tools) or None
         if self._family.tools_fallback is not None:
-            tools = None
+            tools = None  # presented in the system message instead
         try:
             rendered = self._tokenizer.apply_chat_template(
                 conversation,
@@ -228,23 +217,18 @@ class ChatFormat:
         return decode(self._tokenizer, ids)
 
     def render_prompt(self, messages: Sequence[Message]) -> list[int]:
-        """Return the prompt ids: the full render with the generation prompt, tokenized once.
-
-        These ids start the transcript and are never re-tokenized afterwards.
-        """
+        """The prompt ids that start the transcript: the render with the generation prompt."""
         return self.encode(self.render_text(messages, add_generation_prompt=True))
 
     def tool_turn_delta(
         self, messages_before: Sequence[Message], tool_messages: Sequence[Message]
     ) -> list[int]:
-        """Return the ids to append after a model turn's verbatim output ids.
+        """The ids to append after a model turn's verbatim output ids (loss mask 0).
 
-        ``messages_before`` is the conversation so far, ending with the assistant turn the
-        model just produced (its output ids must end with the stop token). ``tool_messages``
-        are the new non-assistant messages (tool results, or a user follow-up). The result
-        is: the family's boundary (e.g. ``\\n`` for Qwen), the new turn(s) as the template
-        renders them (consecutive tool messages merged where the template merges them),
-        then the next generation prompt. Every id in it gets loss mask 0.
+        ``messages_before`` ends with the assistant turn the model just produced (its ids
+        end with the stop token); ``tool_messages`` are the new non-assistant messages. The
+        result is the family's boundary, the new turn(s) as the template renders them, then
+        the next generation prompt.
         """
         return self.encode(self.tool_turn_delta_text(messages_before, tool_messages))
 
@@ -265,10 +249,8 @@ class ChatFormat:
                 "verbatim instead"
             )
         window = self._window(messages_before)
-        if window is None:
-            return self._delta_from(messages_before, tool_messages)
         checks_left, enabled = self._window_state
-        if not enabled:
+        if window is None or not enabled:
             return self._delta_from(messages_before, tool_messages)
         try:
             windowed = self._delta_from(window, tool_messages)
@@ -284,13 +266,9 @@ class ChatFormat:
         return full
 
     def _window(self, messages_before: Sequence[Message]) -> list[Message] | None:
-        """A short stand-in for the conversation that ends with the same assistant turn.
-
-        A delta depends on how the template closes the last assistant turn and opens the
-        new ones, not on the turns before it; rendering only ``[system?, user, assistant]``
-        keeps the per-turn cost flat in conversation length. ``None`` when the window
-        would not be shorter than the conversation.
-        """
+        """``[system?, user, last assistant turn]``: a delta depends on how the template
+        closes the last assistant turn, not on the turns before it, and rendering only these
+        keeps a turn's cost flat. ``None`` when it would not be shorter."""
         head = list(messages_before[:1]) if messages_before[0].get("role") == "system" else []
         window = [*head, {"role": "user", "content": "."}, messages_before[-1]]
         return window if len(window) < len(messages_before) else None
@@ -355,15 +333,10 @@ class ChatFormat:
         return with_new[len(prefix) :]
 
     def _delta_after_opener(self, without: str, with_new: str) -> str:
-        """The delta of a family whose stop token opens the next turn (GLM-4.5).
-
-        The model's ids end with that token; the render of the conversation so far does not
-        hold it, the render with the new messages writes it right where the conversation
-        ended. The delta is what follows it. A new user turn may rewrite earlier turns
-        (GLM-4.5 empties the reasoning of every turn before the last user message): then the
-        conversation must end at the same place once the family's documented rewrite is
-        applied to both renders, and the delta is what follows the opener there. The
-        transcript keeps what the model saw; the drift check counts the rewrite as expected.
+        """The delta of a family whose stop token opens the next turn (GLM-4.5): what follows
+        that token, which the render with the new messages writes where the conversation
+        ended. Where a new user turn rewrote earlier turns, that place is found under the
+        family's documented rewrite (:meth:`_rewritten_end`).
         """
         end: int | None = len(without)
         if not with_new.startswith(without):
@@ -398,11 +371,8 @@ class ChatFormat:
         return bool(ids) and ids[-1] in self._stop_token_ids
 
     def model_text(self, output_ids: Sequence[int]) -> str:
-        """Decode a model turn and drop its trailing stop token.
-
-        This is the raw text to parse for tool calls and to pass to ``check_drift`` as
-        ``model_texts``; it keeps ``<think>`` blocks and the model's own JSON spacing.
-        """
+        """A model turn's raw text without its trailing stop token: what the parser reads and
+        ``check_drift`` takes as ``model_texts``."""
         return self.strip_stop(self.decode(output_ids))
 
     def strip_stop(self, text: str) -> str:
@@ -421,10 +391,8 @@ class ChatFormat:
             return chat_template
         try:
             template = tokenizer.get_chat_template(None, list(self._tools) or None)
-        except ValueError as exc:
-            raise UserError(
-                "the tokenizer has no chat template; pass chat_template= explicitly"
-            ) from exc
+        except ValueError:  # transformers' way to say there is none
+            template = None
         if not isinstance(template, str) or not template:
             raise UserError("the tokenizer has no chat template; pass chat_template= explicitly")
         return template

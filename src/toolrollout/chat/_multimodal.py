@@ -1,18 +1,13 @@
 """Images inside token-exact transcripts: preparation and placeholder expansion.
 
-A Qwen2-VL-family chat template writes one ``<|vision_start|><|image_pad|><|vision_end|>``
-per image; the Hugging Face processor then repeats ``<|image_pad|>`` once per merged patch
-(``prod(image_grid_thw) // merge_size**2``). :class:`VisionFormat` does the same expansion
-on token ids, so a tool turn's delta carries exactly the placeholders the model's processor
-would produce, and it reports where each image's run sits so truncation and trainers can
-find it again.
-
-Every image is first brought to the processor's own grid (sides multiples of
-``patch_size * merge_size``, area within ``min_pixels``/``max_pixels``). After that, neither
-SGLang's Qwen-VL pre-resize nor the processor's resize changes it, so the client, SGLang
-and the embedded engine all count the same number of placeholders. Preparation decodes and
-resizes pixels: callers on an event loop run it in a worker thread (see
-:func:`toolrollout.rollout._images.prepare_images`).
+A Qwen2-VL-family template writes one ``<|vision_start|><|image_pad|><|vision_end|>`` per
+image, and the processor repeats ``<|image_pad|>`` once per merged patch.
+:class:`VisionFormat` does the same on token ids, so a tool turn's delta carries exactly
+the placeholders the model's processor would produce, and reports where each image's run
+sits. Every image is first resized to the processor's own grid, which neither SGLang's
+pre-resize nor the processor's resize changes, so the client, SGLang and the embedded
+engine count the same placeholders. Preparation is blocking: callers on an event loop run
+it in a worker thread (:func:`toolrollout.rollout._images.prepare_images`).
 """
 
 from __future__ import annotations
@@ -140,7 +135,6 @@ class VisionFormat:
         "_merge",
         "_min_pixels",
         "_patch",
-        "_temporal",
         "end_id",
         "pad_id",
         "start_id",
@@ -160,7 +154,6 @@ class VisionFormat:
         self.pad_id: int = ids[IMAGE_PAD]
         self._patch = int(image_processor.patch_size)
         self._merge = int(image_processor.merge_size)
-        self._temporal = int(getattr(image_processor, "temporal_patch_size", 2))
         size: Any = getattr(image_processor, "size", None) or {}
         low: Any = size.get("shortest_edge") or getattr(image_processor, "min_pixels", 3136)
         high: Any = size.get("longest_edge") or getattr(image_processor, "max_pixels", 1003520)

@@ -1,10 +1,8 @@
 """Calling a tokenizer for exact ids and text, the fast way when that gives the same answer.
 
 A transformers fast tokenizer in its default state is called through its Rust backend
-directly: ``encode_batch_fast`` (no character offsets) gives the ids ``tokenizer.encode``
-gives at about two thirds of its CPU on a 1,500-token prompt, and ``decode`` the same text
-at half the CPU of ``tokenizer.decode`` on a 256-token turn (docs/benchmarks.md).
-Anything else goes through the tokenizer's own methods.
+directly, at two thirds of ``tokenizer.encode``'s CPU and half of ``tokenizer.decode``'s
+(docs/benchmarks.md); anything else goes through the tokenizer's own methods.
 """
 
 from __future__ import annotations

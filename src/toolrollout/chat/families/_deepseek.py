@@ -1,26 +1,17 @@
 r"""DeepSeek-V3 and DeepSeek-V3.1 chat-template families.
 
 Both end every assistant turn with ``<｜end▁of▁sentence｜>`` and write nothing after it
-(boundary ``""``): tool results follow directly as ``<｜tool▁output▁begin｜>…`` blocks, and
-the templates add **no** generation prompt after tool results, so the model's next turn
-starts right after them. Both templates concatenate ``tool_call.function.arguments`` into
-the text as given, so arguments are JSON strings (``arguments_as="json"``).
+(boundary ``""``) and no generation prompt after tool results. Both templates print
+``tool_call.function.arguments`` as given (``arguments_as="json"``) and ignore ``tools``,
+so the schemas go into the system prompt in the DeepSeek-V3.1 model card's layout.
 
-- ``deepseekv3`` (DeepSeek-V3 / R1 style): calls are
-  ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\n{…}\n```<｜tool▁call▁end｜>``,
-  several separated by ``\n``, inside ``<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>``; tool
-  results are merged into one ``<｜tool▁outputs▁begin｜>…<｜tool▁outputs▁end｜>`` block. The
-  generation prompt opens a think block (``<｜Assistant｜><think>\n``) and the template drops
-  every think block when it re-renders history. It never resets its first-call flag, so
-  a second tool-call turn re-renders without its section opener; both are the family's
-  documented rewrite. The template ignores ``tools``; the schemas go into the system
-  prompt in the V3.1 card's layout with V3's call format.
-- ``deepseekv31`` (DeepSeek-V3.1): calls are ``<｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{…}``
-  chained without separators. The ``thinking`` template kwarg picks the generation prompt
-  (``<｜Assistant｜></think>`` by default, ``<｜Assistant｜><think>`` with ``thinking=True``);
-  a re-rendered assistant turn always reads ``<｜Assistant｜></think>`` plus the text after
-  the model's ``</think>``. The template ignores ``tools``, so the tool schemas are written
-  into the system prompt in the format of the DeepSeek-V3.1 model card.
+- ``deepseekv3`` (V3 / R1): ``function<｜tool▁sep｜>NAME`` calls with a json fence, tool
+  results merged into one ``<｜tool▁outputs▁begin｜>`` block. Its documented rewrite: think
+  blocks dropped on re-render, and a second tool-call turn re-rendered without its section
+  opener (the template never resets its first-call flag).
+- ``deepseekv31``: ``NAME<｜tool▁sep｜>{…}`` calls chained without separators. The
+  ``thinking`` template kwarg picks the generation prompt; a re-rendered assistant turn
+  always reads ``<｜Assistant｜></think>`` plus the text after the model's ``</think>``.
 """
 
 from __future__ import annotations
@@ -28,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._family import TemplateFamily, TemplateProbe
@@ -44,50 +35,38 @@ __all__ = [
 _EOS = "<｜end▁of▁sentence｜>"
 _ASSISTANT = "<｜Assistant｜>"
 _CALL_OPEN = "<｜tool▁call▁begin｜>"
-_SEP = "<｜tool▁sep｜>"
-
-# The V3 template writes ``… + '<｜tool▁sep｜>' + tool['function']['name'] + …`` (the call
-# type comes first); V3.1 writes the name first: ``… + tool['function']['name'] +
-# '<｜tool▁sep｜>' + tool['function']['arguments'] …``.
-_V3_TEXT = re.compile(r"'<｜tool▁sep｜>'\s*\+\s*tool\['function'\]\['name'\]")
-_V31_TEXT = re.compile(r"tool\['function'\]\['name'\]\s*\+\s*'<｜tool▁sep｜>'")
 
 
-def _rendered_v3(rendered: str) -> bool:
-    return (
-        f"{_SEP}" in rendered
-        and re.search(r"<｜tool▁sep｜>[^\n<]*\n```json\n", rendered) is not None
-    )
+def _detector(rendered_call: str, template_text: str) -> Callable[[TemplateProbe], bool]:
+    """Detection by the probe's rendered call, else by how the template text writes one
+    (V3: ``'<｜tool▁sep｜>' + tool['function']['name']``, V3.1 the name first)."""
+    rendered_pattern, text_pattern = re.compile(rendered_call), re.compile(template_text)
+
+    def detect(probe: TemplateProbe) -> bool:
+        if probe.rendered is not None and _CALL_OPEN in probe.rendered:
+            return rendered_pattern.search(probe.rendered) is not None
+        return text_pattern.search(probe.template) is not None
+
+    return detect
 
 
-def _rendered_v31(rendered: str) -> bool:
-    return re.search(r"<｜tool▁call▁begin｜>[^<\n]+<｜tool▁sep｜>\s*\{", rendered) is not None
-
-
-def _detect_v3(probe: TemplateProbe) -> bool:
-    if probe.rendered is not None and _CALL_OPEN in probe.rendered:
-        return _rendered_v3(probe.rendered)
-    return _V3_TEXT.search(probe.template) is not None
-
-
-def _detect_v31(probe: TemplateProbe) -> bool:
-    if probe.rendered is not None and _CALL_OPEN in probe.rendered:
-        return _rendered_v31(probe.rendered)
-    return _V31_TEXT.search(probe.template) is not None
+_detect_v3 = _detector(
+    r"<｜tool▁sep｜>[^\n<]*\n```json\n", r"'<｜tool▁sep｜>'\s*\+\s*tool\['function'\]\['name'\]"
+)
+_detect_v31 = _detector(
+    r"<｜tool▁call▁begin｜>[^<\n]+<｜tool▁sep｜>\s*\{",
+    r"tool\['function'\]\['name'\]\s*\+\s*'<｜tool▁sep｜>'",
+)
 
 
 _V3_THINK = re.compile(r"(<｜Assistant｜>)(?:<think>.*?</think>)?\s*", re.DOTALL)
 
 
 def _v3_history(text: str) -> str:
-    """The V3 template's re-render differences, undone.
-
-    It drops each think block (and the blank after it). It also never resets its
-    first-call flag, so a later tool-call turn re-renders as ``\n<｜tool▁call▁begin｜>…``
-    right after the previous tool outputs, without closing them and without its own
-    ``<｜tool▁calls▁begin｜>``: the transcript's ``<｜tool▁outputs▁end｜><｜tool▁calls▁begin｜>``
-    becomes ``\n``.
-    """
+    """The V3 template's re-render differences, undone: each think block (and the blank
+    after it) goes, and as the template re-renders a later tool-call turn right after the
+    previous outputs (its first-call flag is never reset), the transcript's
+    ``<｜tool▁outputs▁end｜><｜tool▁calls▁begin｜>`` becomes ``\n``."""
     text = _V3_THINK.sub(r"\1", text)
     return text.replace("<｜tool▁outputs▁end｜><｜tool▁calls▁begin｜>", "\n")
 
@@ -133,12 +112,8 @@ def _tool_prompt(tools: Sequence[Mapping[str, Any]], call_format: str, chaining:
 
 
 def deepseek_v31_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The tool description the DeepSeek-V3.1 model card puts after the system prompt.
-
-    The official V3.1 template never reads ``tools``; the model card asks for this text
-    (one ``### name`` section per tool, then the call-format reminder). It is written here
-    from the card's description of the format.
-    """
+    """The tool description the DeepSeek-V3.1 model card puts after the system prompt (one
+    ``### name`` section per tool, then the call-format reminder), written from the card."""
     return _tool_prompt(
         tools,
         _V31_FORMAT,
@@ -147,11 +122,8 @@ def deepseek_v31_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
 
 
 def deepseek_v3_tool_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
-    """The same description with DeepSeek-V3's fenced call format.
-
-    The original V3 template ignores ``tools`` too and no model card states a tool prompt
-    for it; this mirrors the V3.1 card's layout with the call format the V3 template renders.
-    """
+    """The same description with DeepSeek-V3's fenced call format (no model card states a
+    tool prompt for V3, whose template ignores ``tools`` too)."""
     return _tool_prompt(tools, _V3_FORMAT, "For multiple tool calls, put each on its own line")
 
 

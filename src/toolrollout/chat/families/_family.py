@@ -1,16 +1,8 @@
-r"""What one model family is: its template rules and its tool-call parser, as data.
+"""What one model family is, as data: its template rules and its tool-call parser.
 
-A *family* is everything a token-exact rollout needs to know about a model's chat format
-that the template text alone does not say: where a turn ends (stop tokens, the boundary
-the template writes after them), which parser reads its tool calls, how its messages must
-look for the template to re-render them (arguments as objects or JSON strings, the field
-its reasoning goes in, call-id rules), and which re-render differences are documented
-rewrites rather than bugs. Families are detected from what a template *renders* for a
-small probe conversation (see :class:`TemplateProbe`), so a template is recognised by its
-output format, not merely by which control tokens it mentions.
-
-Each family is one frozen :class:`TemplateFamily`; the built-in ones (one module per
-model maker) and their registry live in :mod:`toolrollout.chat.families`.
+Families are detected from what a template *renders* for a small probe conversation
+(:class:`TemplateProbe`), so a template is recognised by its output format, not merely by
+which control tokens it mentions. The registry is :mod:`toolrollout.chat.families`.
 """
 
 from __future__ import annotations
@@ -19,6 +11,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
+
+from ..parsers._base import call_entry
 
 if TYPE_CHECKING:
     from ..parsers import ParsedTurn
@@ -30,6 +24,7 @@ __all__ = [
     "TemplateFamily",
     "TemplateProbe",
     "default_assistant_message",
+    "rendered_arguments",
 ]
 
 
@@ -93,34 +88,29 @@ class TemplateFamily:
     """True when re-rendering changes earlier turns (so a fresh render is not prefix-stable)."""
     history_normalizer: Callable[[str], str] | None = None
     """Maps a rendered text to a form in which the family's documented re-render
-    differences vanish (Qwen3 think stripping; Llama's ``<|eom_id|>`` becoming
-    ``<|eot_id|>``), so ``check_drift`` reports them as ``history_rewrite``."""
+    differences vanish, so ``check_drift`` reports them as ``history_rewrite``."""
     description: str = ""
     """One line for docs and error messages."""
     detect: Callable[[TemplateProbe], bool] | None = None
     """True when a template belongs to this family, judged by what it renders for the probe
-    conversation (and, where that is not enough, by its text). None: never detected, only
-    chosen by name."""
+    conversation (else by its text). None: never detected, only chosen by name."""
     detect_priority: int = 0
     """Families with a higher priority are tried first (specific formats before generic)."""
     stop_opens_next_turn: bool = False
     """The model stops at a token the template writes as the *start* of the next turn
-    (GLM-4.5's ``<|observation|>``): the render of a conversation that ends with an
-    assistant turn does not contain it, and the delta starts right after it."""
+    (GLM-4.5's ``<|observation|>``): the delta starts right after it."""
     delta_after_history: bool = False
     """The delta follows the conversation rendered *as history* (with the generation prompt,
-    which is then cut off) instead of the last stop token: for templates that end the last
-    assistant turn one way while it ends the conversation and another once a turn follows
-    (gpt-oss: ``<|return|>`` and the analysis, then ``<|end|>`` without it)."""
+    then cut off) instead of the last stop token: for templates that end the last assistant
+    turn another way once a turn follows (gpt-oss: ``<|return|>``, then ``<|end|>``)."""
     max_calls_per_turn: int | None = None
     """Most calls the official template renders in one assistant turn (Llama 3.1/3.2: 1).
     A turn with more is a counted parse error; nothing runs and the model is told."""
     arguments_as: Literal["object", "json"] = "object"
     """How the template reads ``tool_calls[].function.arguments``: a mapping it serialises
-    itself, or a JSON string it prints as it is. The family's usual form; a
-    :class:`~toolrollout.chat.ChatFormat` renders a probe call both ways and takes the other
-    form when only that one renders the arguments' JSON once (templates of one family
-    differ: Kimi-K2-Instruct's first one applies ``tojson`` to a string too)."""
+    itself, or a JSON string it prints as it is. The family's usual form: a
+    :class:`~toolrollout.chat.ChatFormat` takes the other one when only that renders a probe
+    call's JSON once (templates of one family differ)."""
     think_tags: tuple[str, str] | None = None
     """The reasoning block's delimiters, e.g. ``("<think>", "</think>")``."""
     reasoning_field: str | None = None
@@ -144,9 +134,8 @@ class TemplateFamily:
     """Whether the format allows several calls in one assistant turn (documentation)."""
     feedback_role: Literal["tool", "user"] = "tool"
     """The role of the message that tells the model a call was malformed. ``"user"``
-    (Mistral, whose templates need a call id on every tool message and strictly alternating
-    user/assistant turns): a turn with a malformed call then runs none of its calls, and
-    one user message lists the errors."""
+    (Mistral, whose templates need call ids and alternating turns): a turn with a malformed
+    call then runs none of its calls, and one user message lists the errors."""
 
     def make_call_ids(self, parsed: ParsedTurn, call_number: int) -> list[str]:
         """The ids of a turn's calls, by :attr:`call_id` where the family has a rule."""
@@ -189,22 +178,16 @@ def default_assistant_message(
             message[family.reasoning_field] = parsed.reasoning
         if parsed.tool_calls:
             message["tool_calls"] = [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {
-                        "name": call.name,
-                        "arguments": _arguments(call.arguments, family.arguments_as),
-                    },
-                }
+                call_entry(call_id, call.name, rendered_arguments(call.arguments, family))
                 for call, call_id in zip(parsed.tool_calls, call_ids, strict=True)
             ]
     message["raw_content"] = text
     return message
 
 
-def _arguments(arguments: Mapping[str, Any], form: Literal["object", "json"]) -> Any:
-    if form == "json":
+def rendered_arguments(arguments: Mapping[str, Any], family: TemplateFamily) -> Any:
+    """A call's arguments in the form the family's template reads (:attr:`arguments_as`)."""
+    if family.arguments_as == "json":
         return json.dumps(arguments, ensure_ascii=False)
     return dict(arguments)
 

@@ -1,23 +1,15 @@
 r"""GLM-4.5 / GLM-4.6 chat-template family.
 
 Turns start with ``<|system|>``, ``<|user|>``, ``<|assistant|>`` and ``<|observation|>``
-(the tool turn) and have no end token of their own. The model therefore stops at the token
-that opens the *next* turn: ``<|observation|>`` after tool calls, ``<|user|>`` after an
-answer. The template writes ``<|observation|>`` itself as the start of the tool turn, so
-the tool delta starts right *after* the model's stop token (``stop_opens_next_turn``): it is
-``\n<tool_response>\n…\n</tool_response>`` per result, then ``<|assistant|>``.
+and have no end token of their own, so the model stops at the token that opens the *next*
+turn (``<|observation|>`` after tool calls, ``<|user|>`` after an answer). The template
+writes that token itself, so the tool delta starts right after the model's stop token
+(``stop_opens_next_turn``). String arguments are written raw and other values as JSON, so
+the parser types values by the tool schema and arguments stay objects.
 
-An assistant turn renders as ``\n<think>REASONING</think>`` (``\n<think></think>`` when there
-is none, or for turns before the last user message), ``\nCONTENT`` and one
-``\n<tool_call>NAME\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n…</tool_call>`` per call;
-string values are written raw, others as JSON, so the parser types values by the tool
-schema and arguments stay objects (``arguments_as="object"``). ``enable_thinking=False``
-appends ``/nothink`` to user turns and ``\n<think></think>`` to the generation prompt.
-
-A user (or interaction) message after turns with reasoning makes the template empty their
-think blocks: a documented history rewrite. The delta after it is found where the two
-renders agree once the rewrite is applied to both, and the drift check counts it as
-expected.
+A user message after turns with reasoning makes the template empty their think blocks:
+the documented rewrite. The delta after it is found where the two renders agree once the
+rewrite is applied to both, and the drift check counts it as expected.
 """
 
 from __future__ import annotations

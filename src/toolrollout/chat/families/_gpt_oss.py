@@ -3,34 +3,26 @@ r"""gpt-oss: the harmony format (channels analysis / commentary / final).
 What the official template (``openai/gpt-oss-*`` ``chat_template.jinja``) does, and what
 this family does about it:
 
-- The generation prompt is ``<|start|>assistant``; the model writes its messages, each
-  closed by ``<|end|>``, and stops at ``<|call|>`` (after one tool call) or ``<|return|>``
-  (after the final answer). The template writes nothing after either (boundary ``""``).
-  Stopping at ``<|call|>`` means one call per turn, and the template renders only
-  ``tool_calls[0]``, so a turn with more is one parse error (``max_calls_per_turn=1``).
+- The model stops at ``<|call|>`` (after one tool call) or ``<|return|>`` (after the final
+  answer); nothing follows either (boundary ``""``). The template renders only
+  ``tool_calls[0]``, so a turn with more calls is one parse error.
 - A delta follows the conversation rendered as history (``delta_after_history``): once a
   user turn follows a final answer, the template writes that answer with ``<|end|>`` and
   without its analysis, so counting stop tokens would not find where the answer ends.
-- Messages carry the turn in ``thinking`` (the analysis channel), ``content`` (the final
-  channel) and ``tool_calls`` (one ``commentary`` call, arguments as an object: the
-  template writes them with ``tojson``). A turn with a call keeps all its text in
-  ``thinking`` with ``content`` empty, because the template refuses both on a call turn.
-  The raw text cannot be a message's content (the template refuses channel markup there),
-  so the drift check renders the structured message (``drift_from_raw_text=False``).
-- History rewrites (:func:`harmony_history`), all expected: the template drops the
-  analysis of every turn once a later final answer exists, and of every final answer that
-  is not the conversation's last message; it writes a final answer that is history with
-  ``<|end|>`` where the model wrote ``<|return|>``; it renders a call's header as
+- Messages carry the analysis in ``thinking``, the final channel in ``content`` and one
+  ``commentary`` call in ``tool_calls`` (arguments as an object). A call turn keeps all its
+  text in ``thinking``, because the template refuses both fields there; the raw text
+  cannot be content (channel markup is refused), so ``drift_from_raw_text=False``.
+- History rewrites (:func:`harmony_history`): the analysis of every turn before a later
+  final answer, and of every final answer that is not the last message, is dropped;
+  ``<|return|>`` becomes ``<|end|>`` in history; a call header is spelled
   ``<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>`` where the
-  model writes ``<|start|>assistant<|channel|>commentary to=functions.NAME
-  <|constrain|>json<|message|>``, and the arguments with ``tojson`` spacing; and the system
-  message carries ``strftime_now``'s date, which a later render may see change. A
-  malformed call's raw arguments, which the template can only write JSON-quoted, are read
-  back unquoted.
-- A tool result renders as ``<|start|>functions.NAME to=assistant<|channel|>commentary
-  <|message|>"…"<|end|>`` (the text JSON-quoted), named after the latest call; an error
-  answer to a malformed call therefore needs a call on the assistant turn, so a malformed
-  call is kept there with its recipient's name and its raw arguments as a string.
+  model writes the recipient after the channel and ``<|constrain|>json``, with ``tojson``
+  spacing; the system message's date may change between renders. A malformed call's raw
+  arguments, which the template can only write JSON-quoted, are read back unquoted.
+- A tool result is named after the latest call, so an error answer to a malformed call
+  needs a call on the assistant turn: the malformed call is kept there with its
+  recipient's name and its raw arguments as a string.
 """
 
 from __future__ import annotations
@@ -40,6 +32,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..parsers._base import call_entry
 from ..parsers._gpt_oss import (
     CALL,
     CHANNEL,
@@ -54,7 +47,7 @@ from ..parsers._gpt_oss import (
     split_harmony,
     tool_name,
 )
-from ._family import TemplateFamily, TemplateProbe
+from ._family import TemplateFamily, TemplateProbe, rendered_arguments
 
 if TYPE_CHECKING:
     from ..parsers import ParsedTurn
@@ -62,28 +55,15 @@ if TYPE_CHECKING:
 __all__ = ["FAMILIES", "GPT_OSS", "detect_harmony", "harmony_assistant_message", "harmony_history"]
 
 _E = re.escape
+_START, _CHANNEL, _MESSAGE, _END = _E(START), _E(CHANNEL), _E(MESSAGE), _E(END)
 _ASSISTANT_HEADER = re.compile(
-    _E(START)
-    + "assistant([^<]*)"
-    + _E(CHANNEL)
-    + "([^<]*)(?:"
-    + _E(CONSTRAIN)
-    + "([^<]*))?"
-    + _E(MESSAGE)
+    f"{_START}assistant([^<]*){_CHANNEL}([^<]*)(?:{_E(CONSTRAIN)}([^<]*))?{_MESSAGE}"
 )
 _ANALYSIS = re.compile(
-    _E(START + "assistant" + CHANNEL + "analysis" + MESSAGE)
-    + "(?:(?!"
-    + _E(START)
-    + "|"
-    + _E(END)
-    + ").)*"
-    + _E(END),
-    re.DOTALL,
+    f"{_START}assistant{_CHANNEL}analysis{_MESSAGE}(?:(?!{_START}|{_END}).)*{_END}", re.DOTALL
 )
 _CALL_BODY = re.compile(
-    "(" + _E(START) + "assistant to=[^<]*" + _E(CHANNEL) + "[^<]*" + _E(MESSAGE) + ")"
-    "((?:(?!" + _E(START) + ").)*?)" + _E(CALL),
+    f"({_START}assistant to=[^<]*{_CHANNEL}[^<]*{_MESSAGE})((?:(?!{_START}).)*?){_E(CALL)}",
     re.DOTALL,
 )
 _DATE = re.compile(r"(Current date: )\d{4}-\d{2}-\d{2}")
@@ -104,12 +84,9 @@ def _canonical_header(match: re.Match[str]) -> str:
 
 
 def _canonical_arguments(match: re.Match[str]) -> str:
-    """A call's JSON arguments in one spacing (unchanged when they are not JSON).
-
-    A malformed call's raw arguments are kept on its message as a string, which the
-    template quotes with ``tojson``; a quoted string whose text is not JSON is therefore
-    read back as that text. (A double-encoded object stays quoted, so it still differs.)
-    """
+    """A call's JSON arguments in one spacing (unchanged when they are not JSON); a quoted
+    string whose text is not JSON (a malformed call's raw arguments) is read back as that
+    text. A double-encoded object stays quoted, so it still differs."""
     try:
         value = json.loads(match.group(2))
     except ValueError:
@@ -144,13 +121,8 @@ def harmony_history(text: str) -> str:
 def harmony_assistant_message(
     text: str, parsed: ParsedTurn, family: TemplateFamily, call_ids: Sequence[str]
 ) -> dict[str, Any]:
-    """The assistant message the official template re-renders a harmony turn from.
-
-    ``thinking`` holds the analysis, ``content`` the final answer; on a call turn all of
-    the turn's text goes to ``thinking`` (the template allows only one of the two there).
-    A malformed call stays on the turn (name from its recipient, raw arguments as a
-    string), so the error answer that follows renders as that call's result.
-    """
+    """The assistant message the official template re-renders a harmony turn from (the
+    fields and the malformed-call rule are in the module docstring)."""
     calls: list[dict[str, Any]] = []
     accepted = iter(zip(parsed.tool_calls, call_ids, strict=True))
     for message in split_harmony(text).messages:
@@ -161,13 +133,10 @@ def harmony_assistant_message(
             # Accepted unless the turn broke the family's call limit (then none runs).
             call, call_id = next(accepted, (None, f"not_run_{len(calls)}"))
             name, arguments = (call.name, call.arguments) if call is not None else read
-            rendered: Any = arguments
-            if family.arguments_as == "json":
-                rendered = json.dumps(arguments, ensure_ascii=False)
-            calls.append(_call_entry(call_id, name, rendered))
+            calls.append(call_entry(call_id, name, rendered_arguments(arguments, family)))
         else:
             name = tool_name(message.recipient or "")
-            calls.append(_call_entry(f"malformed_{len(calls)}", name, message.body))
+            calls.append(call_entry(f"malformed_{len(calls)}", name, message.body))
     message_out: dict[str, Any] = {"role": "assistant", "content": parsed.content}
     if calls:
         thinking = [] if parsed.reasoning is None else [parsed.reasoning]
@@ -180,10 +149,6 @@ def harmony_assistant_message(
         message_out["thinking"] = parsed.reasoning
     message_out["raw_content"] = text
     return message_out
-
-
-def _call_entry(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def detect_harmony(probe: TemplateProbe) -> bool:

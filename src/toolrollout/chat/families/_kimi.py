@@ -1,24 +1,17 @@
 r"""Kimi-K2 chat-template family.
 
-Turns are ``<|im_user|>user<|im_middle|>…<|im_end|>``,
-``<|im_assistant|>assistant<|im_middle|>…<|im_end|>`` and, for each tool result,
-``<|im_system|>NAME<|im_middle|>## Return of ID\n…<|im_end|>`` (the tool message's ``name``,
-else ``tool``). The model stops at ``<|im_end|>`` and the template writes nothing after it
-(boundary ``""``). Calls are ``<|tool_calls_section_begin|><|tool_call_begin|>ID
-<|tool_call_argument_begin|>{json}<|tool_call_end|>…<|tool_calls_section_end|>``; the model
-writes the id itself (``functions.NAME:IDX``), the parser keeps it, and the template writes it
-back in both the call and the ``## Return of`` line, so ids round-trip without a hook.
+The model stops at ``<|im_end|>`` and the template writes nothing after it (boundary
+``""``). The model writes each call's id itself (``functions.NAME:IDX``); the parser keeps
+it and the template writes it back in the call and in the tool turn's ``## Return of ID``
+line, so ids round-trip without a ``call_id`` rule.
 
-Thinking (Kimi-K2-Thinking's template): each assistant turn is ``<think>REASONING</think>
-CONTENT``; ``reasoning_content`` is rendered only for turns after the last assistant turn
-without tool calls. Once a trajectory ends with a final answer, every earlier turn (and the
-final one) re-renders as ``<think></think>…``: a documented history rewrite.
-
-Arguments are JSON strings (``arguments_as="json"``) for K2-Thinking's template, which
-prints a string as given; Kimi-K2-Instruct's first template applies ``tojson`` to every
-value, so :class:`~toolrollout.chat.ChatFormat` finds by rendering that it needs objects
-there. The drift check renders the structured messages (``drift_from_raw_text=False``), so
-a model whose argument JSON is spaced unlike ``json.dumps`` shows up as text drift.
+K2-Thinking's template renders ``reasoning_content`` only for turns after the last
+assistant turn without tool calls, so once a trajectory ends with a final answer every
+turn re-renders as ``<think></think>…``: the documented rewrite. Arguments are JSON strings
+(K2-Thinking prints them as given; ``ChatFormat`` finds by rendering that K2-Instruct's
+first template needs objects). The drift check renders the structured messages
+(``drift_from_raw_text=False``), so argument JSON spaced unlike ``json.dumps`` shows up as
+text drift.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 r"""Llama 3.1 / 3.2: header tokens, JSON calls with ``parameters``, an ``ipython`` tool role.
 
-The model stops at ``<|eot_id|>`` (``<|eom_id|>`` after a ``<|python_tag|>`` built-in tool
-call); the template writes nothing after it, and the next turn starts directly with
-``<|start_header_id|>``. Tool results are an ``ipython`` turn each, holding the result as a
-JSON string. The official templates put the tool schemas into the first user turn and
-raise "This model only supports single tool-calls at once!" on an assistant turn with two
-calls, so a turn with more than one call is a counted parse error (nothing runs, the model
-is told, the turn keeps its text). Llama 3.2's template writes ``Today Date:`` from the
-``date_string`` template kwarg, else from today's date.
+The model stops at ``<|eot_id|>`` (``<|eom_id|>`` after a ``<|python_tag|>`` call); the
+template writes nothing after it. The official templates raise on an assistant turn with
+two calls, so a turn with more than one is a counted parse error.
 
-Documented rewrites: a ``<|eom_id|>`` turn end re-renders as ``<|eot_id|>``; a render on
-another day writes another ``Today Date:``.
+Documented rewrites: ``<|eom_id|>`` re-renders as ``<|eot_id|>``; a render on another day
+writes another ``Today Date:`` (Llama 3.2, without the ``date_string`` kwarg).
 """
 
 from __future__ import annotations

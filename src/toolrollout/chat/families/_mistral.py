@@ -1,30 +1,18 @@
 r"""Mistral: ``[INST]`` turns, ``[TOOL_CALLS]`` calls with nine-character ids, ``</s>`` stop.
 
-One family covers the three official tool-calling templates in use:
+One family covers Nemo 2407 and Small 3.1 2503 (a JSON list of calls after
+``[TOOL_CALLS]``) and Small 3.2 2506 (``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``). The
+model stops at ``</s>``; the template writes nothing after it and no generation prompt.
 
-- Mistral Nemo 2407: ``[TOOL_CALLS][{"name": ..., "arguments": {...}, "id": ...}]</s>``,
-  results ``[TOOL_RESULTS]{"content": ..., "call_id": ...}[/TOOL_RESULTS]``; the system
-  message is written into the *last* user turn only.
-- Mistral Small 3.1 2503: the same JSON list after ``[TOOL_CALLS] [`` (with a space), a
-  ``[SYSTEM_PROMPT]`` turn (a default one with today's date when there is none).
-- Mistral Small 3.2 2506: ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`` per call, results
-  ``[TOOL_RESULTS]id[TOOL_CONTENT]...[/TOOL_RESULTS]``.
+The templates refuse call ids that are not nine letters or digits, and conversations
+whose user and assistant turns do not alternate. So a call keeps the id the model wrote
+(the parser refuses malformed ones) or gets a nine-character one, and a turn with a
+malformed call runs none of its calls and is answered by a user turn.
 
-The model stops at ``</s>``; the template writes nothing after it and no generation
-prompt, so the next turn (``[INST]`` or ``[TOOL_RESULTS]``) follows the stop directly.
-
-The templates refuse call ids that are not nine letters or digits, and refuse a
-conversation whose user and assistant turns (tool calls and results aside) do not
-alternate. So a call keeps the id the model wrote (the parser refuses malformed ones) or
-gets a nine-character one; a turn with a malformed call runs none of its calls and is
-answered by a user turn (a tool result would need a call id, and a user turn after tool
-results would break the alternation).
-
-Documented rewrites (a fresh render differs from the transcript only by these):
-``[AVAILABLE_TOOLS]`` moves to the last user turn; Nemo writes the system message into the
-last user turn only; text written before ``[TOOL_CALLS]`` is not rendered; a call id the
-model did not write appears in the render; Small 3.x's default system prompt holds
-today's date.
+Documented rewrites: ``[AVAILABLE_TOOLS]`` moves to the last user turn; Nemo writes the
+system message into the last user turn only; text before ``[TOOL_CALLS]`` is not
+rendered; a call id the model did not write appears in the render; Small 3.x's default
+system prompt holds today's date.
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
 r"""The Qwen families: Qwen2.5, Qwen3, Qwen3-Coder, Qwen3.5/3.6, Qwen2.5-VL and Qwen3-VL.
 
-All six are ChatML: a turn is ``<|im_start|>ROLE\n … <|im_end|>``, the model stops at
-``<|im_end|>``, the template then writes ``\n`` (the boundary) and the next turn starts
-with ``<|im_start|>``. Tool results are one ``user`` turn of ``<tool_response>`` blocks
-(consecutive tool messages share it), except in Qwen2.5-VL, whose template knows no tools
-and writes a ``tool`` turn per result. What differs is the call format and the history:
-
-- ``qwen25``: ``<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`` (hermes). The
-  template renders ``arguments`` with ``tojson`` even when it is a string, so a JSON string
-  would be encoded twice: messages carry arguments as objects.
-- ``qwen3``: the same calls, plus ``<think>…</think>`` reasoning. The template renders the
-  reasoning of the assistant turns after the last real user query (from
-  ``reasoning_content``) and drops it from earlier turns; with
-  ``enable_thinking=False`` the generation prompt holds an empty think block, which a later
-  render drops too. Both are the family's documented history rewrite.
-- ``qwen3_coder``: XML calls, ``<tool_call>\n<function=NAME>\n<parameter=KEY>\nvalue\n
-  </parameter>\n</function>\n</tool_call>``, parsed by ``qwen3_coder`` with values typed
-  by the tool schema.
-- ``qwen35`` (Qwen3.5, Qwen3.6): the XML calls of Qwen3-Coder with Qwen3's reasoning. The
-  generation prompt opens ``<think>\n`` itself (or holds the empty block when
-  ``enable_thinking=False``); turns after the last user query always re-render with a
-  think block, earlier ones without (the documented rewrite). Images as in Qwen3-VL.
-- ``qwen25_vl``: the Qwen2.5-VL template renders no tool schemas and no ``tool_calls``,
-  so toolrollout writes the hermes tool block into the system message
-  (``tools_fallback``) and keeps each model turn's raw text, calls included, as its
-  content. Images are ``<|vision_start|><|image_pad|><|vision_end|>`` in any turn.
-- ``qwen3_vl``: Qwen3-VL Instruct; hermes calls in a template that renders tools, images
-  in user turns and in tool results.
+All are ChatML: the model stops at ``<|im_end|>`` and the template writes ``\n`` (the
+boundary). Tool results are one ``user`` turn of ``<tool_response>`` blocks, except in
+Qwen2.5-VL, whose template knows no tools: it writes a ``tool`` turn per result, so
+toolrollout puts the hermes tool block into the system message (``tools_fallback``) and
+keeps each model turn's raw text, calls included, as its content. The call formats and
+reasoning are in the table of docs/rollouts.md. Arguments are objects: the hermes
+templates render ``arguments`` with ``tojson`` even when it is a string (a JSON string
+would be encoded twice). The thinking families' documented rewrite: reasoning is rendered
+only for the turns after the last real user query, and an empty block (thinking off)
+is dropped by a later render.
 """
 
 from __future__ import annotations
@@ -52,12 +35,7 @@ _THINK_BLOCK = re.compile(r"<think>.*?</think>\s*", re.DOTALL)
 
 
 def _drop_think_blocks(text: str) -> str:
-    """Remove every ``<think>…</think>`` block and the whitespace after it.
-
-    Qwen3 keeps reasoning only in the turns after the last user query and never in the
-    empty block of ``enable_thinking=False``; with the blocks gone, a transcript and a
-    later render of the same conversation agree.
-    """
+    """Remove every ``<think>…</think>`` block and the whitespace after it."""
     return _THINK_BLOCK.sub("", text)
 
 

@@ -1,18 +1,9 @@
 r"""The ``smollm2`` family: toolrollout's tools template for SmolLM2 (ChatML).
 
-SmolLM2-Instruct's own template is ChatML with a default system line and no tools section.
-The template toolrollout ships with the converted model
-(``toolrollout/apps/demo_smollm/chat_template.jinja``) keeps those turns and adds a tools
-section of the project's own wording: the schemas one a line at the end of the system turn,
-calls written as ``<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`` (hermes JSON,
-read by the ``qwen25`` parser) and every result in a turn of its own,
-``<|im_start|>tool\n…<|im_end|>``. The model stops at ``<|im_end|>``; the template writes
-``\n`` after it (the boundary). Earlier turns re-render unchanged.
-
-Detection is by the render: ChatML, a hermes call and a ``tool`` turn for the result, with
-no ``<tool_response>`` wrapper (which is Qwen2.5's user-turn form) and no image tokens; from
-the template text alone (not rendered), ChatML with ``<tool_call>`` and SmolLM's default
-system line.
+SmolLM2-Instruct's own template has no tools section; the one shipped with the converted
+model (``toolrollout/apps/demo_smollm/chat_template.jinja``) adds one of the project's own
+wording: hermes JSON calls (read by the ``qwen25`` parser) and each result in a ``tool``
+turn of its own. Boundary ``\n``; earlier turns re-render unchanged.
 """
 
 from __future__ import annotations

@@ -2,14 +2,8 @@
 
 ``get_tool_parser(name).parse(text)`` returns a :class:`ParsedTurn`: content, well-formed
 :class:`ToolCall` s and one :class:`MalformedCall` per call that could not be accepted.
-Parsers never raise on model output and never evaluate it.
-
-Registered names: ``hermes``, ``qwen25`` and ``qwen3`` (``<tool_call>`` JSON), ``llama3``
-(``<|python_tag|>`` / bare JSON, ``;``-separated), ``mistral`` (``[TOOL_CALLS]``),
-``pythonic`` (``[f(a=1)]``), ``deepseekv3``, ``deepseekv31``, ``gpt-oss`` (harmony
-channels), ``qwen3_coder`` (``<tool_call><function=name><parameter=key>``, values typed
-by the tool schema), ``kimi_k2`` (``<|tool_calls_section_begin|>``) and ``glm45``
-(``<arg_key>``/``<arg_value>``).
+Parsers never raise on model output and never evaluate it. The registered names (SGLang's
+``--tool-call-parser`` names) are listed below and by :func:`tool_parser_names`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
-"""The tool-call parser interface, its result types and the registry.
+"""The tool-call parser interface, its result types, shared helpers and the registry.
 
-Parsers turn one model turn's text into content, tool calls and parse errors. They never
-raise on model output and never evaluate it: a malformed call becomes a
-:class:`MalformedCall` with a message the rollout can send back to the model (and count as
-a ``parse_error``), because a bad call is model behaviour to learn from, not a crash.
-Whether a called tool exists is the tool executor's business; a parser only *flags* names
-outside an optional ``known_tools`` set.
+Parsers never raise on model output and never evaluate it: a malformed call becomes a
+:class:`MalformedCall` with a message for the model (counted as a ``parse_error``), because
+a bad call is model behaviour to learn from, not a crash. Whether a called tool exists is
+the tool executor's business; a parser only *flags* names outside ``known_tools``.
 """
 
 from __future__ import annotations
@@ -57,16 +55,14 @@ class ToolCall:
     """Decoded arguments: a JSON object (plain dict/list/str/int/float/bool/None values)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """OpenAI-style ``tool_calls`` entry, arguments kept as an object.
+        """OpenAI-style ``tool_calls`` entry, arguments kept as an object (chat templates
+        render them with ``tojson``, so an object is what re-renders to the model's text)."""
+        return call_entry(self.id, self.name, self.arguments)
 
-        Chat templates render the arguments with ``tojson``, so an object (not a JSON
-        string) is what re-renders to the model's text.
-        """
-        return {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments},
-        }
+
+def call_entry(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    """An OpenAI-style ``tool_calls`` entry."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +110,8 @@ def _random_call_id(index: int) -> str:
 
 
 class ToolCallParser(ABC):
-    """Base class of the format-specific parsers.
-
-    Subclasses implement :meth:`parse_body`; :meth:`parse` adds the shared steps
-    (trailing stop token, ``<think>`` block, unknown-name flags) so each format's code
-    only deals with its own syntax.
-    """
+    """Base class of the parsers: a format implements :meth:`parse_body`, and :meth:`parse`
+    adds the shared steps (trailing stop token, ``<think>`` block, unknown-name flags)."""
 
     name: ClassVar[str] = ""
     """Registry name of the format."""
@@ -154,6 +146,11 @@ class ToolCallParser(ABC):
     def tool_schemas(self) -> Mapping[str, Mapping[str, Any]]:
         """The ``parameters`` schema of each tool given at construction, by name."""
         return self._tool_schemas
+
+    def _properties(self, name: str) -> Mapping[str, Any]:
+        """The ``properties`` of tool ``name``'s parameter schema (empty when unknown)."""
+        properties = self._tool_schemas.get(name, {}).get("properties")
+        return properties if isinstance(properties, Mapping) else {}
 
     @final
     def parse(self, text: str) -> ParsedTurn:
@@ -271,22 +268,22 @@ def raw_decode(text: str, index: int) -> tuple[Any, int, str | None]:
     return value, end, None
 
 
-def decode_arguments(payload: str, name: str, raw: str) -> dict[str, Any] | MalformedCall:
-    """Decode the JSON text of a call's arguments, which must be an object.
-
-    One place for the two errors every JSON-arguments format can meet (text that is not
-    JSON, JSON that is not an object), so their messages read the same in every parser.
-    """
+def call_from_json(payload: str, name: str, raw: str) -> tuple[str, dict[str, Any]] | MalformedCall:
+    """The call to ``name`` with the JSON arguments ``payload``, which must be an object
+    (one place for these errors, so their messages read the same in every parser)."""
     value, error = loads(payload)
     if error is not None:
         return MalformedCall(f"{error} in the arguments of the call to {name!r}", clip(raw))
-    if not isinstance(value, dict):
-        return MalformedCall(
-            f"the arguments of the call to {name!r} must be a JSON object, "
-            f"got {type(value).__name__}",
-            clip(raw),
-        )
-    return value
+    return (name, value) if isinstance(value, dict) else not_an_object(name, value, raw)
+
+
+def not_an_object(name: str, arguments: Any, raw: str) -> MalformedCall:
+    """The error for arguments that decoded to something other than a JSON object."""
+    return MalformedCall(
+        f"the arguments of the call to {name!r} must be a JSON object, "
+        f"got {type(arguments).__name__}",
+        clip(raw),
+    )
 
 
 WHITESPACE = " \t\r\n"
@@ -325,13 +322,7 @@ def call_from_object(obj: Any, raw: str) -> tuple[str, dict[str, Any]] | Malform
                 clip(raw),
             )
         arguments = decoded
-    if not isinstance(arguments, dict):
-        return MalformedCall(
-            f"the arguments of the call to {name!r} must be a JSON object, "
-            f"got {type(arguments).__name__}",
-            clip(raw),
-        )
-    return name, arguments
+    return (name, arguments) if isinstance(arguments, dict) else not_an_object(name, arguments, raw)
 
 
 def join_content(parts: Iterable[str]) -> str:
@@ -362,6 +353,73 @@ def split_blocks(
             return outside, bodies, text[start:]
         bodies.append(text[body_start:end])
         position = end + len(close_tag)
+
+
+class TaggedCallParser(ToolCallParser):
+    """Calls in ``open_tag``…``close_tag`` blocks; the text outside them is content."""
+
+    open_tag: ClassVar[str] = "<tool_call>"
+    close_tag: ClassVar[str] = "</tool_call>"
+    call_markers: ClassVar[tuple[str, ...] | None] = ("<tool_call>",)
+
+    def parse_body(self, text: str) -> ParsedTurn:
+        collector = CallCollector(self)
+        outside, blocks, unterminated = split_blocks(text, self.open_tag, self.close_tag)
+        segments: list[str] = []
+        for index, segment in enumerate(outside):
+            segments.append(self._outside(segment, collector))
+            if index < len(blocks):
+                self._parse_block(blocks[index], collector)
+        if unterminated is not None:
+            collector.error(
+                f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
+                unterminated,
+            )
+        return collector.turn(join_content(segments))
+
+    @abstractmethod
+    def _parse_block(self, block: str, collector: CallCollector) -> None:
+        """Record the call(s) or the error(s) of one block's body."""
+
+    def _outside(self, segment: str, collector: CallCollector) -> str:
+        """The content of the text between blocks (a format may find errors there)."""
+        del collector
+        return segment
+
+
+class SectionCallParser(ToolCallParser):
+    """Calls in ``call_open``…``call_close`` blocks inside a ``section_open`` section."""
+
+    section_open: ClassVar[str]
+    section_close: ClassVar[str]
+    call_open: ClassVar[str]
+    call_close: ClassVar[str]
+    text_between_calls_is_error: ClassVar[bool] = False
+
+    def forced_call_prefix(self, name: str | None = None) -> str | None:
+        opener = self.section_open + self.call_open
+        return opener if name is None else opener + self._named_head(name)
+
+    @abstractmethod
+    def _named_head(self, name: str) -> str:
+        """What a call to ``name`` writes after ``call_open``, up to its arguments."""
+
+    def _parse_section(self, body: str, collector: CallCollector) -> None:
+        """Record the calls of a section's ``body``; a section without any is an error."""
+        between, calls, unterminated = split_blocks(body, self.call_open, self.call_close)
+        for index, gap in enumerate(between):
+            if self.text_between_calls_is_error and gap.strip():
+                collector.error("text between tool calls", gap)
+            if index < len(calls):
+                self._parse_call(calls[index], collector)
+        if unterminated is not None:
+            collector.error(f"unterminated tool call: missing {self.call_close}", unterminated)
+        if not collector.calls and not collector.errors:
+            collector.error("the tool-call section contains no call", body)
+
+    @abstractmethod
+    def _parse_call(self, inner: str, collector: CallCollector) -> None:
+        """Record the call (or the error) of one block's body."""
 
 
 class CallCollector:

@@ -14,16 +14,17 @@ import re
 from ._base import (
     WHITESPACE,
     CallCollector,
-    MalformedCall,
     ParsedTurn,
+    SectionCallParser,
+    TaggedCallParser,
     ToolCallParser,
+    call_from_json,
     call_from_object,
-    decode_arguments,
     join_content,
     loads,
+    not_an_object,
     raw_decode,
     skip_whitespace,
-    split_blocks,
 )
 
 __all__ = [
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 
-class HermesParser(ToolCallParser):
+class HermesParser(TaggedCallParser):
     """``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, repeated (Qwen2.5/3).
 
     Whitespace inside the tags is free (Qwen writes a newline on both sides). A tag may
@@ -42,31 +43,18 @@ class HermesParser(ToolCallParser):
     """
 
     name = "hermes"
-    open_tag = "<tool_call>"
-    close_tag = "</tool_call>"
-    call_markers = ("<tool_call>",)
 
     def forced_call_prefix(self, name: str | None = None) -> str | None:
         if name is None:
             return "<tool_call>\n"
         return f'<tool_call>\n{{"name": {json.dumps(name, ensure_ascii=False)}, "arguments": '
 
-    def parse_body(self, text: str) -> ParsedTurn:
-        """Collect every tagged call; text outside the tags is content."""
-        collector = CallCollector(self)
-        outside, bodies, unterminated = split_blocks(text, self.open_tag, self.close_tag)
-        for body in bodies:
-            value, error = loads(body.strip())
-            if error is not None:
-                collector.error(f"{error} inside {self.open_tag}", body)
-            else:
-                collector.add_object(value, body)
-        if unterminated is not None:
-            collector.error(
-                f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
-                unterminated,
-            )
-        return collector.turn(join_content(outside))
+    def _parse_block(self, block: str, collector: CallCollector) -> None:
+        value, error = loads(block.strip())
+        if error is not None:
+            collector.error(f"{error} inside {self.open_tag}", block)
+        else:
+            collector.add_object(value, block)
 
 
 class Llama3JsonParser(ToolCallParser):
@@ -136,13 +124,9 @@ def _looks_like_call(value: object) -> bool:
 
 
 class MistralParser(ToolCallParser):
-    """Mistral: ``[TOOL_CALLS] [{...}, ...]`` or compact ``[TOOL_CALLS]name[ARGS]{...}``.
-
-    The JSON form is what Mistral Nemo 2407 and Small 3.1 write (their templates render
-    each call as ``{"name": ..., "arguments": {...}, "id": ...}``); the compact form is
-    Small 3.2's, may repeat (one ``[TOOL_CALLS]`` per call) and may carry the call id as
-    ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}``. A call id the model wrote is kept; it must
-    be nine letters or digits, because the official templates refuse to render any other.
+    """Mistral: ``[TOOL_CALLS] [{...}, ...]`` (Nemo, Small 3.1) or, one marker per call,
+    ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`` (Small 3.2, the id optional). A call id the
+    model wrote is kept; it must be nine letters or digits, as the templates require.
     """
 
     name = "mistral"
@@ -191,8 +175,8 @@ class MistralParser(ToolCallParser):
     def _add_json_call(self, obj: object, raw: str, collector: CallCollector) -> None:
         """One element of the JSON list, keeping the ``"id"`` the model wrote."""
         model_id = obj.get("id", "") if isinstance(obj, dict) else ""
-        if model_id and _bad_call_id(model_id):
-            collector.error(_call_id_message(model_id), raw)
+        if model_id and (problem := _call_id_problem(model_id)):
+            collector.error(problem, raw)
             return
         collector.add(call_from_object(obj, raw), model_id if isinstance(model_id, str) else "")
 
@@ -206,16 +190,15 @@ class MistralParser(ToolCallParser):
             )
             return None if next_marker == -1 else next_marker
         head = text[index:args_at]
+        json_at = skip_whitespace(text, args_at + len(self.args_marker))
         call_id = ""
         if self.id_marker in head:
             head, call_id = head.split(self.id_marker, 1)
             call_id = call_id.strip()
-            if _bad_call_id(call_id):
-                json_at = skip_whitespace(text, args_at + len(self.args_marker))
-                collector.error(_call_id_message(call_id), text[index:json_at])
+            if problem := _call_id_problem(call_id):
+                collector.error(problem, text[index:json_at])
                 return None
         name = head.strip()
-        json_at = skip_whitespace(text, args_at + len(self.args_marker))
         if not name or any(ch in WHITESPACE for ch in name):
             collector.error(
                 f"invalid tool name {name!r} before {self.args_marker}", text[index:json_at]
@@ -226,11 +209,7 @@ class MistralParser(ToolCallParser):
             collector.error(f"{error} in the arguments of the call to {name!r}", text[json_at:])
             return None
         if not isinstance(value, dict):
-            collector.error(
-                f"the arguments of the call to {name!r} must be a JSON object, "
-                f"got {type(value).__name__}",
-                text[index:end],
-            )
+            collector.add(not_an_object(name, value, text[index:end]))
             return end
         collector.add((name, value), call_id)
         return end
@@ -239,15 +218,13 @@ class MistralParser(ToolCallParser):
 _MISTRAL_CALL_ID = re.compile(r"[A-Za-z0-9]{9}")
 
 
-def _bad_call_id(call_id: object) -> bool:
-    return not (isinstance(call_id, str) and _MISTRAL_CALL_ID.fullmatch(call_id))
-
-
-def _call_id_message(call_id: object) -> str:
+def _call_id_problem(call_id: object) -> str | None:
+    if isinstance(call_id, str) and _MISTRAL_CALL_ID.fullmatch(call_id):
+        return None
     return f"the call id {call_id!r} must be exactly 9 letters or digits"
 
 
-class DeepSeekV3Parser(ToolCallParser):
+class DeepSeekV3Parser(SectionCallParser):
     """DeepSeek-V3: ``<｜tool▁calls▁begin｜>`` sections with a ```json fence per call.
 
     Each call: ``<｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\\n```json\\n{...}\\n```
@@ -266,10 +243,6 @@ class DeepSeekV3Parser(ToolCallParser):
 
     _FENCE = re.compile(r"\A\s*```(?:json)?[ \t]*\n?(.*?)\n?```\s*\Z", re.DOTALL)
 
-    def forced_call_prefix(self, name: str | None = None) -> str | None:
-        opener = self.section_open + self.call_open
-        return opener if name is None else f"{opener}{self._named_head(name)}"
-
     def _named_head(self, name: str) -> str:
         return f"function{self.separator}{name}\n```json\n"
 
@@ -287,13 +260,7 @@ class DeepSeekV3Parser(ToolCallParser):
         end = text.find(self.section_close, body_start)
         body = text[body_start:] if end == -1 else text[body_start:end]
         trailing = "" if end == -1 else text[end + len(self.section_close) :]
-        _, calls, unterminated = split_blocks(body, self.call_open, self.call_close)
-        for call in calls:
-            self._parse_call(call, collector)
-        if unterminated is not None:
-            collector.error(f"unterminated tool call: missing {self.call_close}", unterminated)
-        if not collector.calls and not collector.errors:
-            collector.error("the tool-call section contains no call", body)
+        self._parse_section(body, collector)
         return collector.turn(join_content([text[:start], trailing]))
 
     def _parse_call(self, inner: str, collector: CallCollector) -> None:
@@ -314,8 +281,7 @@ class DeepSeekV3Parser(ToolCallParser):
         if not name:
             collector.error("the tool call has no name", inner)
             return
-        decoded = decode_arguments(payload.strip(), name, inner)
-        collector.add(decoded if isinstance(decoded, MalformedCall) else (name, decoded))
+        collector.add(call_from_json(payload.strip(), name, inner))
 
 
 class DeepSeekV31Parser(DeepSeekV3Parser):

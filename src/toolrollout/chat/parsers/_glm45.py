@@ -1,23 +1,12 @@
 """GLM-4.5 / GLM-4.6 tool calls: ``<tool_call>NAME`` with ``<arg_key>``/``<arg_value>`` pairs.
 
-A call reads (with real newlines)::
-
-    <tool_call>get_weather
-    <arg_key>city</arg_key>
-    <arg_value>Paris</arg_value>
-    </tool_call>
-
-The syntax follows SGLang's ``glm45`` detector (``glm4_moe_detector.py``). Values carry no
-type of their own, so the tool's JSON schema decides: the official template writes a string
-argument as its raw text and every other value as JSON (``v | tojson if v is not string
-else v``), and this parser inverts exactly that. A parameter the schema types as
-``string`` keeps its raw text; any other value is decoded as JSON, and kept as text when it
-is not JSON (as SGLang does). SGLang also unquotes a string value written as a JSON string
-literal; this parser does not, because the template would never write those quotes.
-
-Unlike SGLang, a call it cannot read (no closing tag, a key without a value, stray text
-between pairs, a repeated key, a literal ``\\n`` where the template writes a newline) is a
-reported error, not silently skipped or read loosely.
+The syntax follows SGLang's ``glm45`` detector. Values carry no type of their own: the
+official template writes a string argument raw and every other value as JSON, and this
+parser inverts exactly that by the tool's schema (``string`` parameters keep their text,
+other values are decoded as JSON when they decode). Unlike SGLang, it does not unquote a
+JSON string literal (the template never writes those quotes), and a call it cannot read
+(no closing tag, a key without a value, stray text between pairs, a repeated key) is a
+reported error, not skipped or read loosely.
 """
 
 from __future__ import annotations
@@ -25,29 +14,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._base import (
-    WHITESPACE,
-    CallCollector,
-    ParsedTurn,
-    ToolCallParser,
-    join_content,
-    loads,
-    skip_whitespace,
-    split_blocks,
-)
+from ._base import WHITESPACE, CallCollector, ParsedTurn, TaggedCallParser, loads, skip_whitespace
 
 __all__ = ["Glm45Parser"]
 
 _STOPS = ("<|observation|>", "<|user|>", "<|endoftext|>")
 
 
-class Glm45Parser(ToolCallParser):
+class Glm45Parser(TaggedCallParser):
     """``<tool_call>NAME\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>\\n</tool_call>``."""
 
     name = "glm45"
-    open_tag = "<tool_call>"
-    close_tag = "</tool_call>"
-    call_markers = ("<tool_call>",)
     key_open, key_close = "<arg_key>", "</arg_key>"
     value_open, value_close = "<arg_value>", "</arg_value>"
 
@@ -60,18 +37,9 @@ class Glm45Parser(ToolCallParser):
             if text.endswith(stop):
                 text = text[: -len(stop)]
                 break
-        collector = CallCollector(self)
-        outside, bodies, unterminated = split_blocks(text, self.open_tag, self.close_tag)
-        for body in bodies:
-            self._parse_call(body, collector)
-        if unterminated is not None:
-            collector.error(
-                f"unterminated {self.open_tag}: the call must end with {self.close_tag}",
-                unterminated,
-            )
-        return collector.turn(join_content(outside))
+        return super().parse_body(text)
 
-    def _parse_call(self, inner: str, collector: CallCollector) -> None:
+    def _parse_block(self, inner: str, collector: CallCollector) -> None:
         first_key = inner.find(self.key_open)
         head = inner if first_key == -1 else inner[:first_key]
         name = head.strip()
@@ -117,20 +85,14 @@ class Glm45Parser(ToolCallParser):
 
     def _value(self, tool: str, key: str, raw: str) -> Any:
         """The typed value: raw text for string parameters, else JSON when it decodes."""
-        if _schema_type(self.tool_schemas.get(tool), key) == "string":
+        if _schema_type(self._properties(tool).get(key)) == "string":
             return raw
         value, error = loads(raw)
         return raw if error is not None else value
 
 
-def _schema_type(parameters: Mapping[str, Any] | None, key: str) -> str | None:
-    """The JSON-schema ``type`` of property ``key`` when it is a single plain type."""
-    if not isinstance(parameters, Mapping):
-        return None
-    properties = parameters.get("properties")
-    if not isinstance(properties, Mapping):
-        return None
-    schema = properties.get(key)
+def _schema_type(schema: Any) -> str | None:
+    """The JSON-schema ``type`` of a property when it is a single plain type."""
     if not isinstance(schema, Mapping):
         return None
     kind = schema.get("type")

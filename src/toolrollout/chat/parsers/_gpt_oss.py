@@ -1,23 +1,16 @@
 r"""gpt-oss (harmony) output: channels, and tool calls addressed to ``functions.NAME``.
 
-A harmony turn is a run of messages, each ``<|start|>ROLE<|channel|>CHANNEL<|message|>BODY``
-closed by ``<|end|>``, ``<|call|>`` or ``<|return|>``. The first message of a turn has no
-``<|start|>assistant`` of its own: the generation prompt wrote it. Channels:
+A harmony turn is a run of messages, ``<|start|>ROLE<|channel|>CHANNEL<|message|>BODY``
+closed by ``<|end|>``, ``<|call|>`` or ``<|return|>``; the first one's ``<|start|>assistant``
+is the generation prompt's. ``analysis`` is the reasoning; ``commentary`` addressed
+``to=functions.NAME`` (in the channel part as the model writes it, or in the role part as
+the template renders it) with a JSON body is a tool call; ``commentary`` without a
+recipient and ``final`` are content.
 
-- ``analysis``: the model's reasoning (:attr:`ParsedTurn.reasoning`);
-- ``commentary`` with a recipient (``to=functions.add``, in the channel part as the model
-  writes it, or in the role part as the official template renders it), a content type
-  (``<|constrain|>json``, or a bare ``json``) and a JSON body closed by ``<|call|>``: a tool
-  call. The model stops at ``<|call|>``, so a turn holds at most one;
-- ``commentary`` without a recipient: a preamble to the user (content);
-- ``final``: the answer (content), closed by ``<|return|>``.
-
-SGLang's ``gpt-oss`` detector (``gpt_oss_detector.py`` on its harmony parser) reads the same
-syntax. Differences, on purpose: a call whose recipient, content type or JSON cannot be
-accepted is a :class:`MalformedCall` (SGLang drops it); ``functions.`` is the only namespace
-taken off a recipient (SGLang keeps the last dotted part, so ``browser.search`` would run a
-function tool named ``search``); and text is kept verbatim (not stripped), because the chat
-template writes the content and the reasoning back as they are.
+SGLang's ``gpt-oss`` detector reads the same syntax. Differences, on purpose: a call that
+cannot be accepted is a :class:`MalformedCall` (SGLang drops it); ``functions.`` is the only
+namespace taken off a recipient (SGLang would run ``browser.search`` as a function tool
+``search``); text is kept verbatim, because the template writes it back as it is.
 """
 
 from __future__ import annotations
@@ -31,8 +24,8 @@ from ._base import (
     MalformedCall,
     ParsedTurn,
     ToolCallParser,
+    call_from_json,
     clip,
-    decode_arguments,
 )
 
 __all__ = [
@@ -113,21 +106,17 @@ def split_harmony(text: str) -> HarmonyTurn:
 def _next_message(text: str) -> tuple[HarmonyMessage, str]:
     """The message at the start of ``text``, and the text after it."""
     header, has_message, after = text.partition(MESSAGE)
-    channel, recipient, content_type = _read_header(header)
+    parts = _read_header(header)
     if not has_message:
-        return HarmonyMessage(channel, recipient, content_type, "", None, False, text), ""
+        return HarmonyMessage(*parts, "", None, False, text), ""
     match = _TERMINATOR.search(after)
     if match is None:
-        return HarmonyMessage(channel, recipient, content_type, after, None, True, text), ""
-    body = after[: match.start()]
-    if match.group() == CHANNEL:  # implicit close: the next message starts here
-        rest = after[match.start() :]
-        return HarmonyMessage(
-            channel, recipient, content_type, body, None, True, text[: len(text) - len(rest)]
-        ), rest
-    rest = after[match.end() :]
+        return HarmonyMessage(*parts, after, None, True, text), ""
+    implicit = match.group() == CHANNEL  # implicit close: the next message starts here
+    rest = after[match.start() if implicit else match.end() :]
+    terminator = None if implicit else match.group()
     raw = text[: len(text) - len(rest)]
-    return HarmonyMessage(channel, recipient, content_type, body, match.group(), True, raw), rest
+    return HarmonyMessage(*parts, after[: match.start()], terminator, True, raw), rest
 
 
 def _read_header(header: str) -> tuple[str | None, str | None, str | None]:
@@ -192,8 +181,7 @@ def read_call(message: HarmonyMessage) -> tuple[str, dict[str, Any]] | Malformed
     if problem is not None:
         return MalformedCall(problem, clip(message.raw))
     body = message.body.strip()
-    arguments = decode_arguments(body, name, body) if body else {}
-    return arguments if isinstance(arguments, MalformedCall) else (name, arguments)
+    return call_from_json(body, name, body) if body else (name, {})
 
 
 class GptOssParser(ToolCallParser):

@@ -1,16 +1,9 @@
 """Kimi-K2 tool calls: a section of ``<|tool_call_begin|>ID<|tool_call_argument_begin|>{...}``.
 
-A turn with calls reads::
-
-    content<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX
-    <|tool_call_argument_begin|>{json}<|tool_call_end|>...<|tool_calls_section_end|>
-
-The syntax follows SGLang's ``kimi_k2`` detector (``kimik2_detector.py``): the id is
-``functions.NAME:IDX`` (a bare ``NAME:IDX`` is accepted, as there), the name is read from
-it, and the id is kept verbatim as the call id because Kimi's chat template writes it back
-(``<|tool_call_begin|>{{ id }}`` and ``## Return of {{ tool_call_id }}``). Unlike SGLang,
-a call this parser cannot read is reported, not dropped, and an unterminated call or section
-is an error.
+The syntax follows SGLang's ``kimi_k2`` detector: the id is ``functions.NAME:IDX`` (a bare
+``NAME:IDX`` is accepted), the name is read from it, and the id is kept verbatim because
+Kimi's chat template writes it back. Unlike SGLang, a call this parser cannot read is
+reported, not dropped, and an unterminated call or section is an error.
 """
 
 from __future__ import annotations
@@ -19,12 +12,10 @@ import re
 
 from ._base import (
     CallCollector,
-    MalformedCall,
     ParsedTurn,
-    ToolCallParser,
-    decode_arguments,
+    SectionCallParser,
+    call_from_json,
     join_content,
-    split_blocks,
 )
 
 __all__ = ["KimiK2Parser"]
@@ -32,20 +23,20 @@ __all__ = ["KimiK2Parser"]
 _ID = re.compile(r"(?:functions\.)?(?P<name>[\w.\-]+):(?P<index>\d+)")
 
 
-class KimiK2Parser(ToolCallParser):
+class KimiK2Parser(SectionCallParser):
     """``<|tool_calls_section_begin|>`` … ``<|tool_calls_section_end|>`` with JSON arguments."""
 
     name = "kimi_k2"
-    call_markers = ("<|tool_calls_section_begin|>", "<|tool_call_begin|>")
     section_open = "<|tool_calls_section_begin|>"
     section_close = "<|tool_calls_section_end|>"
     call_open = "<|tool_call_begin|>"
+    call_markers = (section_open, call_open)
     call_close = "<|tool_call_end|>"
     argument_open = "<|tool_call_argument_begin|>"
+    text_between_calls_is_error = True
 
-    def forced_call_prefix(self, name: str | None = None) -> str | None:
-        opener = "<|tool_calls_section_begin|><|tool_call_begin|>"
-        return opener if name is None else f"{opener}functions.{name}:"
+    def _named_head(self, name: str) -> str:
+        return f"functions.{name}:"
 
     def parse_body(self, text: str) -> ParsedTurn:
         """Parse the call section; text before and after it is content."""
@@ -64,17 +55,7 @@ class KimiK2Parser(ToolCallParser):
                 f"unterminated tool-call section: missing {self.section_close}", text[start:]
             )
             return collector.turn(text[:start].strip())
-        body = text[body_start:end]
-        between, calls, unterminated = split_blocks(body, self.call_open, self.call_close)
-        for index, gap in enumerate(between):
-            if gap.strip():
-                collector.error("text between tool calls", gap)
-            if index < len(calls):
-                self._parse_call(calls[index], collector)
-        if unterminated is not None:
-            collector.error(f"unterminated tool call: missing {self.call_close}", unterminated)
-        if not collector.calls and not collector.errors:
-            collector.error("the tool-call section contains no call", body)
+        self._parse_section(text[body_start:end], collector)
         trailing = text[end + len(self.section_close) :]
         return collector.turn(join_content([text[:start], trailing]))
 
@@ -90,8 +71,4 @@ class KimiK2Parser(ToolCallParser):
                 f"the tool-call id {call_id!r} is not of the form functions.NAME:INDEX", inner
             )
             return
-        name = match.group("name")
-        arguments = decode_arguments(payload.strip(), name, inner)
-        collector.add(
-            arguments if isinstance(arguments, MalformedCall) else (name, arguments), call_id
-        )
+        collector.add(call_from_json(payload.strip(), match.group("name"), inner), call_id)

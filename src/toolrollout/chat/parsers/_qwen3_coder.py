@@ -1,30 +1,15 @@
 """Qwen3-Coder's XML tool calls, with arguments typed by the tool's JSON schema.
 
-The format, as the official template writes it and SGLang's ``qwen3_coder`` detector
-(``python/sglang/srt/function_call/qwen3_coder_detector.py``) reads it::
+The official template writes ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nvalue\\n
+</parameter>\\n</function>\\n</tool_call>``; the syntax follows SGLang's ``qwen3_coder``
+detector. A value is raw text (one newline on each side belongs to the markup), so it is
+converted by the type its tool declares for it, as SGLang does; a value that does not
+convert stays a string, so the tool's own argument check reports it to the model.
 
-    <tool_call>
-    <function=get_weather>
-    <parameter=city>
-    Paris
-    </parameter>
-    </function>
-    </tool_call>
-
-A parameter value is raw text, not JSON: one newline after ``<parameter=NAME>`` and one
-before ``</parameter>`` belong to the markup, everything between is the value (it may span
-lines). The text carries no type, so each value is converted by the type its tool declares
-for it, the way SGLang does: strings stay text, integers and numbers become numbers,
-booleans ``true``/``false``, objects and arrays are decoded as JSON, ``null`` is ``None``
-for any type. A value that does not convert stays a string (as in SGLang), so the tool's
-own argument check reports it to the model.
-
-Where this parser is stricter than SGLang, on purpose (an RL reward should not depend on
-lenient parsing): an unterminated ``<tool_call>``, ``<function=...>`` or ``<parameter=...>``
-is a malformed call, not a call; so is text inside ``<tool_call>`` that is not a function
-block, and a ``<function=...>`` block outside ``<tool_call>``. A boolean that is neither
-``true`` nor ``false`` stays a string instead of becoming ``False``, and values are never
-evaluated as Python literals.
+Stricter than SGLang on purpose (an RL reward should not depend on lenient parsing): an
+unterminated tag, text inside ``<tool_call>`` that is not a function block, or a function
+block outside ``<tool_call>`` is a malformed call; a boolean that is neither ``true`` nor
+``false`` stays a string; values are never evaluated as Python literals.
 """
 
 from __future__ import annotations
@@ -36,12 +21,9 @@ from typing import Any
 from ._base import (
     CallCollector,
     MalformedCall,
-    ParsedTurn,
-    ToolCallParser,
+    TaggedCallParser,
     clip,
-    join_content,
     loads,
-    split_blocks,
 )
 
 __all__ = ["Qwen3CoderParser"]
@@ -61,33 +43,15 @@ _NUMBER_PREFIXES = ("num", "float")
 _BOOLEAN_TYPES = frozenset({"boolean", "bool", "binary"})
 
 
-class Qwen3CoderParser(ToolCallParser):
-    """``<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>``.
-
-    Several ``<tool_call>`` blocks make parallel calls; a block may also hold several
-    function blocks (SGLang reads them all). Text outside the blocks is content.
-    """
+class Qwen3CoderParser(TaggedCallParser):
+    """``<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>``,
+    repeated for parallel calls; a block may hold several function blocks (as in SGLang)."""
 
     name = "qwen3_coder"
     call_markers = ("<tool_call>", "<function=")
 
     def forced_call_prefix(self, name: str | None = None) -> str | None:
         return "<tool_call>\n" if name is None else f"<tool_call>\n<function={name}>\n"
-
-    def parse_body(self, text: str) -> ParsedTurn:
-        """Collect every call block; text outside them is content."""
-        collector = CallCollector(self)
-        outside, blocks, unterminated = split_blocks(text, _CALL_OPEN, _CALL_CLOSE)
-        segments: list[str] = []
-        for index, segment in enumerate(outside):
-            segments.append(self._outside(segment, collector))
-            if index < len(blocks):
-                self._parse_block(blocks[index], collector)
-        if unterminated is not None:
-            collector.error(
-                f"unterminated {_CALL_OPEN}: the call must end with {_CALL_CLOSE}", unterminated
-            )
-        return collector.turn(join_content(segments))
 
     def _outside(self, segment: str, collector: CallCollector) -> str:
         """Content between blocks; a function block there is a call without its wrapper."""
@@ -131,9 +95,15 @@ class Qwen3CoderParser(ToolCallParser):
     ) -> tuple[str, dict[str, Any]] | MalformedCall:
         """Name and typed arguments of one function block, or a MalformedCall."""
         name = raw_name.strip()
-        raw = f"<function={raw_name}>{body}{_FUNCTION_CLOSE}"
-        if not name:
-            return MalformedCall("the <function=...> tag has no tool name", clip(raw))
+        arguments = (
+            self._arguments(name, body) if name else "the <function=...> tag has no tool name"
+        )
+        if isinstance(arguments, str):
+            return MalformedCall(arguments, clip(f"<function={raw_name}>{body}{_FUNCTION_CLOSE}"))
+        return name, arguments
+
+    def _arguments(self, name: str, body: str) -> dict[str, Any] | str:
+        """The typed arguments of a call to ``name``, or why they cannot be read."""
         schema = self._properties(name)
         arguments: dict[str, Any] = {}
         position = 0
@@ -141,41 +111,28 @@ class Qwen3CoderParser(ToolCallParser):
             match = _PARAMETER_OPEN.search(body, position)
             if match is None:
                 if body[position:].strip():
-                    return MalformedCall(
+                    return (
                         f"unexpected text in the call to {name!r}: only "
-                        f"<parameter=KEY>...{_PARAMETER_CLOSE} blocks may appear there",
-                        clip(raw),
+                        f"<parameter=KEY>...{_PARAMETER_CLOSE} blocks may appear there"
                     )
-                return name, arguments
+                return arguments
             if body[position : match.start()].strip():
-                return MalformedCall(
-                    f"unexpected text before a parameter of the call to {name!r}", clip(raw)
-                )
+                return f"unexpected text before a parameter of the call to {name!r}"
             key = match.group(1).strip()
             end = body.find(_PARAMETER_CLOSE, match.end())
             if end == -1:
-                return MalformedCall(
+                return (
                     f"parameter {key!r} of the call to {name!r} is not closed with "
-                    f"{_PARAMETER_CLOSE}",
-                    clip(raw),
+                    + _PARAMETER_CLOSE
                 )
             if not key:
-                return MalformedCall(
-                    f"a <parameter=...> tag of the call to {name!r} has no name", clip(raw)
-                )
+                return f"a <parameter=...> tag of the call to {name!r} has no name"
             if key in arguments:
-                return MalformedCall(
-                    f"parameter {key!r} appears twice in the call to {name!r}", clip(raw)
-                )
+                return f"parameter {key!r} appears twice in the call to {name!r}"
             value = body[match.end() : end]
             value = value.removeprefix("\n").removesuffix("\n")
             arguments[key] = _convert(value, schema.get(key))
             position = end + len(_PARAMETER_CLOSE)
-
-    def _properties(self, name: str) -> Mapping[str, Any]:
-        """The ``properties`` of tool ``name``'s parameter schema (empty when unknown)."""
-        properties = self.tool_schemas.get(name, {}).get("properties")
-        return properties if isinstance(properties, Mapping) else {}
 
 
 def _schema_type(schema: Any) -> str:
