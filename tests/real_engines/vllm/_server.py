@@ -153,15 +153,21 @@ def served_copy(tmp_path_factory: pytest.TempPathFactory, *, untied: bool = Fals
     target = tmp_path_factory.mktemp("vllm-model") / "model"
     shutil.copytree(DEMO_MODEL_PATH, target)
     if untied:
-        from safetensors.torch import load_file, save_file
-
-        tensors = load_file(target / "model.safetensors")
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
-        save_file(tensors, target / "model.safetensors", metadata={"format": "pt"})
-        config = json.loads((target / "config.json").read_text())
-        config["tie_word_embeddings"] = False
-        (target / "config.json").write_text(json.dumps(config, indent=2))
+        untie(target)
     return target
+
+
+def untie(folder: Path) -> None:
+    """Save the output head as a tensor of its own (equal to the embeddings) and mark the
+    config untied: the same model, which vLLM's CPU build can reload in place."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "model.safetensors")
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config["tie_word_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def run_server(
