@@ -1,15 +1,16 @@
-"""JSON objects given as text (command-line options, environment variables, JSON Lines
-files), checked once."""
+"""JSON objects given as text (command-line options, environment variables), in a file, or
+in JSON Lines files, checked once."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 from ._exceptions import UserError
 
-__all__ = ["json_object", "jsonl_objects"]
+__all__ = ["json_file_object", "json_object", "jsonl_objects"]
 
 
 def json_object(text: str, what: str) -> dict[str, Any]:
@@ -21,6 +22,15 @@ def json_object(text: str, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise UserError(f"{what} must be a JSON object, got {type(value).__name__}")
     return value
+
+
+def json_file_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in the UTF-8 file ``path``; None when it is unreadable or not one."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def jsonl_objects(
