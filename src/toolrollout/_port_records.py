@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import anyio
 
 from toolrollout._exceptions import UserError
+from toolrollout._jsonarg import json_file_object
 from toolrollout._net import is_listening
 
 __all__ = [
@@ -78,14 +79,6 @@ def _same_process(pid: Any, start: Any) -> bool:
     return isinstance(pid, int) and pid > 0 and start is not None and start_time(pid) == start
 
 
-def _read_record(port: int) -> dict[str, Any] | None:
-    try:
-        data = json.loads(record_path(port).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def write_record(kind: str, port: int, argv: Sequence[str], pid: int) -> None:
     """Record that ``pid`` (started by this process from ``argv``) serves ``port``."""
     path = record_path(port)
@@ -106,7 +99,7 @@ def write_record(kind: str, port: int, argv: Sequence[str], pid: int) -> None:
 
 
 def drop_record(port: int, pid: int) -> None:
-    record = _read_record(port)
+    record = json_file_object(record_path(port))
     if record is not None and record.get("pid") == pid and record.get("owner") == os.getpid():
         with suppress(OSError):
             record_path(port).unlink()
@@ -182,7 +175,7 @@ async def claim_port(kind: str, host: str, port: int, argv: Sequence[str] | None
     :class:`~toolrollout.UserError` (one line) for a service of another live run with
     other settings, and for any other process on the port.
     """
-    record = _read_record(port)
+    record = json_file_object(record_path(port))
     known = record is not None and _same_process(record.get("pid"), record.get("pid_start"))
     listening = await is_listening(host, port)
     if not listening and not known:

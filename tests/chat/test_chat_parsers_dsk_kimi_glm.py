@@ -198,7 +198,10 @@ def test_glm_no_arguments() -> None:
     ("text", "message"),
     [
         ("<tool_call>add\n<arg_key>a</arg_key>\n<arg_value>1</arg_value>", "unterminated"),
-        ("<tool_call>add\n<arg_key>a</arg_key>\n1\n</tool_call>", "no <arg_value>"),
+        (
+            "<tool_call>add\n<arg_key>a</arg_key>\n1\n</tool_call>",
+            "expected <arg_value> for argument 'a'",
+        ),
         ("<tool_call>add\n<arg_key>a\n<arg_value>1</arg_value>\n</tool_call>", "without"),
         ("<tool_call>add\nhello\n<arg_key>a</arg_key><arg_value>1</arg_value></tool_call>", "name"),
         ("<tool_call>add\n<arg_key>a</arg_key><arg_value>1</arg_value>x</tool_call>", "expected"),

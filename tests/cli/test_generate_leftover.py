@@ -96,7 +96,7 @@ def test_leftover_file_round_trips_trajectories_exactly(server: str, tmp_path: P
     assert loaded == list(leftover)  # every field: ids, spans, float64 logprobs, messages...
     for before, after in zip(leftover, loaded, strict=True):
         assert after.spans == before.spans and after.messages == before.messages
-        assert after.resumable == before.resumable
+        assert (after.resume_point is None) == (before.resume_point is None)
         if before.resume_point is not None:
             assert after.resume_point is not None
             assert after.resume_point.prompt == before.resume_point.prompt
@@ -142,7 +142,7 @@ def test_target_groups_run_saves_its_leftover(first_run: Path) -> None:
         (r["prompt_index"], r["sample_index"]) for r in rows
     } == {(p, s) for p in range(3) for s in range(2)}
     aborted = [t for t in leftover if t.status is TrajectoryStatus.ABORTED]
-    assert aborted and all(t.resumable for t in aborted)
+    assert aborted and all(t.resume_point is not None for t in aborted)
 
 
 def test_resume_leftover_continues_from_the_saved_tokens(server: str, first_run: Path) -> None:
@@ -194,7 +194,7 @@ def test_resume_leftover_with_a_target_is_a_batch_again(server: str, first_run: 
     for t in again:
         before = saved[t.uid]
         assert t.response_ids[: len(before.response_ids)] == before.response_ids
-        assert t.status is not TrajectoryStatus.ABORTED or t.resumable
+        assert t.status is not TrajectoryStatus.ABORTED or t.resume_point is not None
 
 
 def test_bad_leftover_input_is_one_line_and_exit_2(first_run: Path, tmp_path: Path) -> None:

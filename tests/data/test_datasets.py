@@ -54,7 +54,7 @@ def test_verl_rl_parquet_layout(tmp_path: Path) -> None:
         ('{"messages": [{"role": "wizard", "content": "x"}]}\n', "messages[0] needs a role"),
         ('{"messages": [{"role": "user", "content": 5}]}\n', "content must be a string"),
         ("not json\n", "p.jsonl:1: invalid JSON"),
-        ("[1, 2]\n", "each line must be a JSON object"),
+        ("[1, 2]\n", "expected a JSON object, got list"),
         ("", "has no rows"),
     ],
 )

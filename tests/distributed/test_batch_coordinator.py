@@ -91,7 +91,7 @@ async def test_an_outside_stop_aborts_the_shards_batch(tokenizer: Any) -> None:
     slow = [str(r.rid) for r in engine.requests if r.session_id != "g1-0"]
     assert sorted(engine.aborted) == sorted(slow)
     for t in batch.partial:
-        assert t.resumable and t.response_ids == answer[:3]
+        assert t.resume_point is not None and t.response_ids == answer[:3]
     assert next(t for t in batch.leftover if t.uid == "g1-0").status is (TrajectoryStatus.COMPLETED)
 
 

@@ -341,7 +341,7 @@ def test_a_batch_target_counts_groups_over_both_shards(setup: Setup, tmp_path: P
     assert len(leftover) == 11 * N
     assert {t.metrics["ray_shard"] for t in leftover} == {0, 1}  # both shards, merged
     aborted = [t for t in leftover if t.status is TrajectoryStatus.ABORTED]
-    assert all(t.resumable for t in aborted)
+    assert all(t.resume_point is not None for t in aborted)
     # The stop reached the shard that did not meet the target, and its aborts the server.
     assert any(t.metrics["ray_shard"] != batch_shard for t in aborted)
     [load] = httpx.get(f"{setup.server}/get_load", timeout=10).json()

@@ -91,7 +91,6 @@ def test_trajectory_columns_are_the_span_values_in_order() -> None:
     assert trajectory.response_ids == [10, 11, 12, 13, 14, 15, 1, 2, 20]
     assert trajectory.loss_mask == [1] * 6 + [0, 0, 1]
     assert trajectory.rollout_logprobs == [*model, 0.0, 0.0, -0.25]
-    assert trajectory.response_length == 9
     row = trajectory.to_row()
     assert row["rollout_logprobs"] == trajectory.rollout_logprobs
     assert all(type(x) is float for x in row["rollout_logprobs"])

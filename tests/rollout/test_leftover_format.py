@@ -176,8 +176,8 @@ async def test_format_1_files_still_load_and_resume(demo_tokenizer: Any) -> None
     loaded, info = read_leftover(FORMAT1)
     assert info == {"n": 1, "note": "format 1 fixture"}
     aborted, finished = loaded
-    assert aborted.status is TrajectoryStatus.ABORTED and aborted.resumable
-    assert finished.status is TrajectoryStatus.COMPLETED and not finished.resumable
+    assert aborted.status is TrajectoryStatus.ABORTED and aborted.resume_point is not None
+    assert finished.status is TrajectoryStatus.COMPLETED and finished.resume_point is None
     # The same trajectories today's loop makes from the same script (call ids aside).
     today = await leg_one(demo_tokenizer)
     for old, new in zip(loaded, today, strict=True):
@@ -228,7 +228,7 @@ async def test_a_state_json_cannot_hold_is_not_resumable_and_says_so(
     rollout = RolloutRunner(engine, demo_tokenizer, [function_tool(remember)])
     [traj] = await rollout.run([PROMPT])
     assert traj.status is TrajectoryStatus.ABORTED and traj.num_tool_calls == 1
-    assert not traj.resumable
+    assert traj.resume_point is None
     assert traj.error is not None and "not resumable" in traj.error and "object" in traj.error
     with pytest.raises(UserError, match="no resume point"):
         write_leftover([traj], tmp_path / "left.parquet")

@@ -70,7 +70,7 @@ async def test_oversampling_stops_at_the_target_and_aborts_the_rest(demo_tokeniz
     slow_rids = [str(r.rid) for r in engine.requests if r.session_id not in ("g1-0", "g1-1")]
     assert sorted(engine.aborted) == sorted(slow_rids)  # each in-flight request, by rid
     for t in batch.leftover:
-        assert t.finish_reason == "abort" and t.resumable
+        assert t.finish_reason == "abort" and t.resume_point is not None
         assert t.response_ids == ids(demo_tokenizer, CALL)[:4]  # the partial output is kept
         assert t.loss_mask == [1] * 4 and t.rollout_logprobs == [-0.25] * 4
 

@@ -94,7 +94,7 @@ def test_stops_at_the_target_and_the_aborts_reach_the_server(
             continue
         # Each was stopped on the server by its rid, not just dropped by the client.
         assert t.finish_reason == "abort" and t.error in SERVER_MESSAGES, t.error
-        assert t.resumable
+        assert t.resume_point is not None
     cut = [t for t in first.partial if t.response_ids]
     # Usually the running request has decoded some tokens when its abort lands; under heavy
     # load it may not have, so a cut is checked when there is one (the scripted tests in

@@ -72,7 +72,7 @@ async def test_local_retriever_requests_are_checked() -> None:
     url = f"http://127.0.0.1:{port}/retrieve"
     a = SearchTool(name="a", retrieval_service_url=url, local_corpus="demo")
     b = SearchTool(name="b", retrieval_service_url=url, local_corpus=str(DEMO_QUESTIONS_PATH))
-    with pytest.raises(UserError, match="two different local corpora"):
+    with pytest.raises(UserError, match="tools 'a' and 'b' need different services"):
         async with serve_local_retrievers([a, b]):
             pass
 

@@ -136,7 +136,7 @@ def test_title_text_rows_and_extra_fields_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ('{"id": "a", "contents": "x"}\n{broken\n', "corpus.jsonl:2: not valid JSON"),
+        ('{"id": "a", "contents": "x"}\n{broken\n', "corpus.jsonl:2: invalid JSON"),
         ('["a"]\n', "corpus.jsonl:1: expected a JSON object, got list"),
         ('{"id": "a"}\n', "corpus.jsonl:1: a row needs 'contents'"),
         ('{"contents": 5}\n', "corpus.jsonl:1: 'contents' must be a string"),

@@ -231,14 +231,14 @@ def test_the_tools_package_imports_no_backend() -> None:
 
 def test_sandbox_tools_on_one_port_share_one_local_sandbox() -> None:
     from toolrollout.sandbox import LocalSandboxService, sandbox_tool
-    from toolrollout.tools._services import _services_of
+    from toolrollout.tools._services import services_of
 
     python = sandbox_tool("http://127.0.0.1:8123/run_code", local_sandbox=True)
     bash = sandbox_tool(
         "http://localhost:8123/run_code", language="bash", name="bash", local_sandbox=True
     )
     remote = sandbox_tool("http://127.0.0.1:8124/run_code")  # not asked for
-    assert _services_of([python, bash, remote]) == [LocalSandboxService(8123)]
+    assert services_of([python, bash, remote]) == [LocalSandboxService(8123)]
     with pytest.raises(UserError, match="local_sandbox needs a local"):
         sandbox_tool("http://sandbox.example:8080/run_code", local_sandbox=True).services()
 

@@ -206,10 +206,6 @@ class Trajectory:
     the pickled records of leftover format 1 (positional state) still load."""
 
     @property
-    def resumable(self) -> bool:
-        return self.resume_point is not None
-
-    @property
     def response_ids(self) -> list[int]:
         out = array("i")
         for span in self.spans:
@@ -232,11 +228,6 @@ class Trajectory:
             else:
                 out += span.logprob_array.tolist()
         return out
-
-    @property
-    def response_length(self) -> int:
-        """Number of response tokens (without building the id list)."""
-        return sum(span.num_tokens for span in self.spans)
 
     @property
     def weight_segments(self) -> tuple[tuple[int, int, str | None], ...]:

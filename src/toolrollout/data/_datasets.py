@@ -10,11 +10,11 @@ Accepted rows (JSONL or parquet):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from toolrollout._exceptions import UserError
+from toolrollout._jsonarg import jsonl_objects
 from toolrollout._records import RolloutPrompt
 
 __all__ = ["load_prompts"]
@@ -27,27 +27,8 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
         raise UserError(f"dataset not found: {path}")
     suffix = path.suffix.lower()
     if suffix in {".jsonl", ".json"}:
-        rows: list[dict[str, Any]] = []
         with path.open("rb") as fh:
-            for line_number, raw in enumerate(fh, start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise UserError(
-                        f"{path}:{line_number}: not UTF-8 text (bad byte at column {exc.start + 1})"
-                    ) from exc
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise UserError(f"{path}:{line_number}: invalid JSON ({exc.msg})") from exc
-                except RecursionError as exc:
-                    raise UserError(f"{path}:{line_number}: JSON nested too deeply") from exc
-                if not isinstance(row, dict):
-                    raise UserError(f"{path}:{line_number}: each line must be a JSON object")
-                rows.append(row)
-        return rows
+            return [row for _, row in jsonl_objects(fh, str(path))]
     if suffix == ".parquet":
         import pyarrow.parquet as pq
 

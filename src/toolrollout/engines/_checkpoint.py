@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .._exceptions import UserError
+from .._jsonarg import json_file_object
 
 __all__ = ["CheckpointLayout", "check_compatible", "checkpoint_dtype", "read_layout"]
 
@@ -131,11 +132,8 @@ _CONFIG_DTYPES = {"float32": "float32", "float": "float32", "float16": "float16"
 def checkpoint_dtype(model_path: str) -> tuple[str, str] | None:
     """The dtype and model type in ``model_path``'s ``config.json`` (float32 when it names
     no dtype, as SGLang assumes), or None when the folder is not readable here."""
-    try:
-        config = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
+    config = json_file_object(Path(model_path) / "config.json")
+    if config is None:
         return None
     model_type = str(config.get("model_type") or "")
     text = config.get("text_config")

@@ -111,32 +111,23 @@ class Scheduler:
         """The ranks of the groups that have not completed, in order."""
 
     # ------------------------------------------------------------------ server facts
-    async def _get_json(self, url: str) -> Any:
-        if self._http is not None:
-            response = await self._http.get(url)
+    async def _get_json(self, url: str, method: str, path: str) -> dict[str, Any]:
+        """The engine's own ``method(url)`` when it has one (and no client was given), else
+        ``GET url + path``; a body that is not an object reads as ``{}``."""
+        call = getattr(self.engine, method, None)
+        if call is not None and self._http is None:  # the engine's own transport
+            body = await call(url)
+        elif self._http is not None:
+            response = await self._http.get(url + path)
             response.raise_for_status()
-            return response.json()
-        import httpx
-
-        async with httpx.AsyncClient(timeout=10.0) as http:
-            response = await http.get(url)
-            response.raise_for_status()
-            return response.json()
-
-    async def _server_info(self, url: str) -> dict[str, Any]:
-        method = getattr(self.engine, "server_info", None)
-        if method is not None and self._http is None:  # the engine's own transport
-            info = await method(url)
+            body = response.json()
         else:
-            info = await self._get_json(f"{url}/server_info")
-        return info if isinstance(info, dict) else {}
+            import httpx
 
-    async def _loads(self, url: str) -> dict[str, Any]:
-        method = getattr(self.engine, "get_loads", None)
-        if method is not None and self._http is None:
-            body = await method(url)
-        else:
-            body = await self._get_json(f"{url}/v1/loads?include=core,queues")
+            async with httpx.AsyncClient(timeout=10.0) as http:
+                response = await http.get(url + path)
+                response.raise_for_status()
+                body = response.json()
         return body if isinstance(body, dict) else {}
 
     async def server_priority(self) -> ServerPriority:
@@ -150,7 +141,7 @@ class Scheduler:
                     reports = []
                     for url in self.urls:
                         try:
-                            info = await self._server_info(url)
+                            info = await self._get_json(url, "server_info", "/server_info")
                         except Exception:  # no report: assume the feature is off
                             info = {}
                         reports.append(ServerPriority.from_server_info(info))
@@ -176,7 +167,7 @@ class Scheduler:
             loads: list[dict[str, Any]] = []
             for url in self.urls:
                 try:
-                    body = await self._loads(url)
+                    body = await self._get_json(url, "get_loads", "/v1/loads?include=core,queues")
                 except Exception:  # a server without the route: keep the current limit
                     continue
                 loads.extend(body.get("loads") or [])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from toolrollout._exceptions import UserError
@@ -110,23 +110,4 @@ class SchedulingConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "priority": self.priority,
-            "turn_weight": self.turn_weight,
-            "wait_weight_s": self.wait_weight_s,
-            "group_weight": self.group_weight,
-            "admission": self.admission,
-            "kv_target": self.kv_target,
-            "admission_min": self.admission_min,
-            "admission_step": self.admission_step,
-            "poll_s": self.poll_s,
-            "lag": self.lag,
-            "lag_target_ms": self.lag_target_ms,
-            "affinity": self.affinity,
-            "oldest": self.oldest,
-            "oldest_levels": self.oldest_levels,
-            "group_key": self.group_key,
-            "history": self.history,
-            "history_weight": self.history_weight,
-            "history_key": self.history_key,
-        }
+        return asdict(self)

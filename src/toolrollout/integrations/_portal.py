@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from toolrollout.engines._base import Engine
 
-__all__ = ["engine_at", "open_engine_portal"]
+__all__ = ["EnginePortal", "engine_at"]
+
+T = TypeVar("T")
 
 
 def engine_at(url: str, **options: Any) -> Engine:
@@ -29,18 +32,43 @@ def engine_at(url: str, **options: Any) -> Engine:
     return cls([url], **options)  # type: ignore[call-arg]
 
 
-def open_engine_portal(engine: Engine) -> tuple[contextlib.ExitStack, BlockingPortal]:
-    """Start an anyio blocking portal (one loop thread) and open ``engine`` on it.
+class EnginePortal:
+    """``engine``, opened on an anyio blocking portal (one loop thread) at the first
+    :meth:`portal`: trainer hooks are synchronous, the client is bound to its loop.
 
-    Trainer hooks are synchronous, the client is bound to its loop. Closing the returned
-    stack closes the engine, then stops the thread.
+    ``opened(stack, portal)`` may enter more on the loop once the engine is open (the tools'
+    services). :meth:`close` closes what was entered, then the engine, then stops the thread.
     """
-    stack = contextlib.ExitStack()
-    portal = stack.enter_context(start_blocking_portal())
-    try:
-        portal.call(engine.__aenter__)
-    except BaseException:
-        stack.close()
-        raise
-    stack.callback(portal.call, engine.aclose)
-    return stack, portal
+
+    def __init__(
+        self,
+        engine: Engine,
+        opened: Callable[[contextlib.ExitStack, BlockingPortal], object] | None = None,
+    ) -> None:
+        self.engine = engine
+        self._opened = opened
+        self._stack: contextlib.ExitStack | None = None
+        self._portal: BlockingPortal | None = None
+
+    def portal(self) -> BlockingPortal:
+        if self._portal is None:
+            stack = contextlib.ExitStack()
+            try:
+                portal = stack.enter_context(start_blocking_portal())
+                portal.call(self.engine.__aenter__)
+                stack.callback(portal.call, self.engine.aclose)
+                if self._opened is not None:
+                    self._opened(stack, portal)
+            except BaseException:
+                stack.close()
+                raise
+            self._stack, self._portal = stack, portal
+        return self._portal
+
+    def call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return self.portal().call(fn)
+
+    def close(self) -> None:
+        stack, self._stack, self._portal = self._stack, None, None
+        if stack is not None:
+            stack.close()

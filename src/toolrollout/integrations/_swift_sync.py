@@ -8,17 +8,15 @@ as in the TRL adapter), with ``weight_version = str(global_step)``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
-from anyio.from_thread import BlockingPortal
 from transformers import TrainerCallback
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
 
-from ._portal import open_engine_portal
+from ._portal import EnginePortal
 from ._weight_sync import SYNC_SECONDS_METRIC, SyncResult, WeightSync, WeightSyncMode
 
 __all__ = ["CALLBACK_NAME", "ToolRolloutWeightSync"]
@@ -57,20 +55,14 @@ class ToolRolloutWeightSync(TrainerCallback):
             target = engine_at(target)
         self.trainer = trainer
         self.engine = target
-        self._stack: contextlib.ExitStack | None = None
-        self._portal: BlockingPortal | None = None
+        self._portal = EnginePortal(target)
         self.sync = WeightSync(
             target,
-            lambda fn: self._ensure_portal().call(fn),
+            self._portal.call,
             mode=weight_sync,
             weights_dir=weights_dir or os.environ.get(WEIGHTS_DIR_ENV) or None,
         )
         self.last_sync: SyncResult | None = None
-
-    def _ensure_portal(self) -> BlockingPortal:
-        if self._portal is None:
-            self._stack, self._portal = open_engine_portal(self.engine)
-        return self._portal
 
     def _sync(self, state: Any) -> None:
         step = getattr(state, "global_step", None)
@@ -93,9 +85,7 @@ class ToolRolloutWeightSync(TrainerCallback):
 
     def close(self) -> None:
         """Close the engine client and the event-loop thread."""
-        stack, self._stack, self._portal = self._stack, None, None
-        if stack is not None:
-            stack.close()
+        self._portal.close()
 
 
 def register() -> None:

@@ -9,14 +9,11 @@ blocking portal that this object owns, where the engine and the tools' services 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
-
-from anyio.from_thread import BlockingPortal
 
 from toolrollout._exceptions import UserError
 from toolrollout.engines._base import Engine
@@ -27,7 +24,7 @@ from toolrollout.spec import RunSpec, build_runner, load_components
 from toolrollout.tools import open_tools
 
 from ._metrics import cut_extras, trajectory_extras
-from ._portal import engine_at, open_engine_portal
+from ._portal import EnginePortal, engine_at
 from ._sampling_check import check_sampling
 from ._weight_sync import SYNC_SECONDS_METRIC, SyncResult, WeightSync, WeightSyncMode
 
@@ -82,11 +79,15 @@ class TRLRolloutFunc:
         self.log_metrics = log_metrics
         self.last_trajectories: list[Trajectory] = []
         """The trajectories of the latest call, for inspection and logging."""
-        self._stack: contextlib.ExitStack | None = None
-        self._portal: BlockingPortal | None = None
+        self._portal = EnginePortal(
+            engine,
+            lambda stack, portal: stack.enter_context(
+                portal.wrap_async_context_manager(open_tools(self._components.tools))
+            ),
+        )
         self.weight_sync = WeightSync(
             engine,
-            lambda fn: self._ensure_portal().call(fn),
+            self._portal.call,
             mode=weight_sync,
             weights_dir=weights_dir,
         )
@@ -94,22 +95,9 @@ class TRLRolloutFunc:
         self.last_sync: SyncResult | None = None
         """The latest weight sync (None before the first)."""
 
-    def _ensure_portal(self) -> BlockingPortal:
-        if self._portal is None:
-            stack, portal = open_engine_portal(self.engine)
-            try:
-                stack.enter_context(
-                    portal.wrap_async_context_manager(open_tools(self._components.tools))
-                )
-            except BaseException:
-                stack.close()
-                raise
-            self._stack, self._portal = stack, portal
-        return self._portal
-
     def __call__(self, prompts: Sequence[Any], trainer: Any = None) -> dict[str, Any]:
         rows = [_as_rollout_prompt(p) for p in prompts]
-        portal = self._ensure_portal()
+        portal = self._portal.portal()
         if trainer is not None and id(trainer) != self._checked_trainer:
             check_sampling(self.runner.config.sampling, getattr(trainer, "args", None))
             self._checked_trainer = id(trainer)
@@ -181,9 +169,7 @@ class TRLRolloutFunc:
 
     def close(self) -> None:
         """Close the tool services and the engine, and stop the event-loop thread."""
-        stack, self._stack, self._portal = self._stack, None, None
-        if stack is not None:
-            stack.close()
+        self._portal.close()
 
     def __enter__(self) -> TRLRolloutFunc:
         return self

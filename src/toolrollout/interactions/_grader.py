@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolrollout._exceptions import InteractionError, UserError
+from toolrollout.rewards._base import last_assistant_text
 from toolrollout.tools._builtin import gsm8k_score
 
 from ._base import Interaction, InteractionReply
@@ -14,14 +15,6 @@ from ._base import Interaction, InteractionReply
 __all__ = ["GraderInteraction", "Gsm8kInteraction"]
 
 _STRICT_RE = re.compile(r"#### (-?[0-9.,]+)")
-
-
-def _last_assistant_text(messages: Sequence[Mapping[str, Any]]) -> str:
-    for message in reversed(messages):
-        if message.get("role") == "assistant":
-            content = message.get("content")
-            return content if isinstance(content, str) else ""
-    return ""
 
 
 class GraderInteraction(Interaction):
@@ -76,7 +69,7 @@ class GraderInteraction(Interaction):
     ) -> InteractionReply:
         """Grade the last assistant message."""
         state = self._instances[instance_id]
-        score = self.score(_last_assistant_text(messages), state["ground_truth"])
+        score = self.score(last_assistant_text(messages), state["ground_truth"])
         if score >= 1.0:
             return InteractionReply(
                 True, self.correct_message, score, {"attempts": 1 + state["wrong"]}

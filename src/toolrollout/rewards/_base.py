@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +26,7 @@ __all__ = [
     "combine",
     "exact_match",
     "final_answer_text",
+    "last_assistant_text",
     "numeric_match",
     "tool_error_penalty",
 ]
@@ -41,7 +42,12 @@ class RewardFunction(Protocol):
 
 def final_answer_text(trajectory: Trajectory) -> str:
     """The content of the last assistant message (empty if there is none)."""
-    for message in reversed(trajectory.messages):
+    return last_assistant_text(trajectory.messages)
+
+
+def last_assistant_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The content of the last assistant message of ``messages`` (empty if there is none)."""
+    for message in reversed(messages):
         if message.get("role") == "assistant":
             content = message.get("content")
             return content if isinstance(content, str) else ""

@@ -20,6 +20,7 @@ from typing import Any, Self
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from toolrollout._jsonarg import json_file_object
 from toolrollout._records import Trajectory
 
 from ._output import (
@@ -215,11 +216,7 @@ def finished_mark(directory: str | Path) -> dict[str, Any] | None:
 
 def _manifest(directory: Path) -> dict[str, Any]:
     """The folder's ``run.json`` object; empty when there is none (or it is unreadable)."""
-    try:
-        saved = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return saved if isinstance(saved, dict) else {}
+    return json_file_object(directory / MANIFEST) or {}
 
 
 def clean_finished(directory: str | Path, *, on_step: Callable[[str], None] = _no_step) -> None:

@@ -17,6 +17,7 @@ from toolrollout._port_records import claim_or_start
 from toolrollout._security import keyless_environ
 from toolrollout._supervisor import RestartPolicy, ServiceCommand, supervise
 from toolrollout.tools import Tool
+from toolrollout.tools._services import open_each, services_of
 
 __all__ = [
     "LocalSandboxService",
@@ -147,20 +148,10 @@ async def serve_local_sandboxes(
     """Start the local sandbox of every tool with ``local_sandbox: true`` (as
     :func:`toolrollout.tools.open_tools` does), with this ``max_concurrency``; yield the
     ``/run_code`` URLs started, one per port."""
-    services: dict[int, LocalSandboxService] = {}
-    for tool in tools:
-        for service in tool.services():
-            if isinstance(service, LocalSandboxService):
-                services.setdefault(
-                    service.port,
-                    replace(
-                        service, max_concurrency=max_concurrency, startup_timeout=startup_timeout
-                    ),
-                )
+    services = (s for s in services_of(tools) if isinstance(s, LocalSandboxService))
     async with AsyncExitStack() as stack:
-        started: list[str] = []
-        for service in services.values():
-            url = await stack.enter_async_context(service.open())
-            if url is not None:
-                started.append(url)
-        yield started
+        opened = (
+            replace(s, max_concurrency=max_concurrency, startup_timeout=startup_timeout).open()
+            for s in services
+        )
+        yield await open_each(stack, opened)

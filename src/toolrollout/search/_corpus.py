@@ -3,7 +3,6 @@ then the passage), or ``{"id", "title", "text"}`` rows turned into it."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from toolrollout._exceptions import ConfigError
+from toolrollout._jsonarg import jsonl_objects
 
 __all__ = ["Document", "documents_from_rows", "load_corpus", "split_contents"]
 
@@ -65,21 +65,11 @@ class Document:
 def _rows(path: Path) -> Iterator[tuple[int, Document]]:
     source = str(path)
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")
     except OSError as exc:
         raise ConfigError(f"{source}: cannot read the corpus: {exc.strerror or exc}") from exc
     with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{source}:{number}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(row, dict):
-                raise ConfigError(
-                    f"{source}:{number}: expected a JSON object, got {type(row).__name__}"
-                )
+        for number, row in jsonl_objects(handle, source, ConfigError):
             try:
                 yield number, Document.from_row(row, default_id=str(number - 1))
             except ValueError as exc:

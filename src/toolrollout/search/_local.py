@@ -19,6 +19,7 @@ from toolrollout._port_records import claim_or_start
 from toolrollout._security import keyless_environ
 from toolrollout._supervisor import RestartPolicy, ServiceCommand, supervise
 from toolrollout.tools import Tool
+from toolrollout.tools._services import open_each, services_of
 
 from .demo_corpus import DEMO_CORPUS_PATH
 
@@ -191,22 +192,7 @@ async def serve_local_retrievers(
 ) -> AsyncIterator[list[LocalRetriever]]:
     """Start a retriever for each search tool with ``local_corpus`` (as
     :func:`toolrollout.tools.open_tools` does); yield the retrievers started."""
-    wanted: dict[Hashable, LocalRetrieverService] = {}
-    for tool in tools:
-        for service in tool.services():
-            if not isinstance(service, LocalRetrieverService):
-                continue
-            previous = wanted.setdefault(service.key, service)
-            if previous.corpus != service.corpus:
-                raise UserError(
-                    f"tool {tool.name!r}: two different local corpora for port {service.port}: "
-                    f"{previous.corpus} and {service.corpus}"
-                )
+    services = (s for s in services_of(tools) if isinstance(s, LocalRetrieverService))
     async with AsyncExitStack() as stack:
-        started: list[LocalRetriever] = []
-        for service in wanted.values():
-            opened = replace(service, startup_timeout=startup_timeout)
-            retriever = await stack.enter_async_context(opened.open())
-            if retriever is not None:
-                started.append(retriever)
-        yield started
+        opened = (replace(s, startup_timeout=startup_timeout).open() for s in services)
+        yield await open_each(stack, opened)

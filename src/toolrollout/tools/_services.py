@@ -6,8 +6,9 @@ process behind; :func:`share_tools` lets overlapping users share one opening.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Hashable, Iterable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import anyio
 
@@ -16,10 +17,12 @@ from toolrollout._exceptions import UserError
 from ._base import Tool, ToolService
 from ._executor import ToolExecutor
 
-__all__ = ["open_tools", "share_tools"]
+__all__ = ["open_each", "open_tools", "services_of", "share_tools"]
+
+T = TypeVar("T")
 
 
-def _services_of(tools: Iterable[Tool] | ToolExecutor) -> list[ToolService]:
+def services_of(tools: Iterable[Tool] | ToolExecutor) -> list[ToolService]:
     """The distinct services ``tools`` need, in first-seen order (different services under
     one key are a UserError)."""
     tool_list = list(tools.tools.values() if isinstance(tools, ToolExecutor) else tools)
@@ -35,12 +38,24 @@ def _services_of(tools: Iterable[Tool] | ToolExecutor) -> list[ToolService]:
     return [service for service, _ in found.values()]
 
 
+async def open_each(
+    stack: AsyncExitStack, openings: Iterable[AbstractAsyncContextManager[T | None]]
+) -> list[T]:
+    """Enter each opening on ``stack``, in order; what they yield, less the Nones."""
+    started: list[T] = []
+    for opening in openings:
+        value = await stack.enter_async_context(opening)
+        if value is not None:
+            started.append(value)
+    return started
+
+
 @asynccontextmanager
 async def open_tools(tools: Iterable[Tool] | ToolExecutor) -> AsyncIterator[list[Tool]]:
     """Open the services ``tools`` need for the ``async with`` body, one after the other in
     this task, and close them in reverse order; yield the tools."""
     tool_list = list(tools.tools.values() if isinstance(tools, ToolExecutor) else tools)
-    services = _services_of(tool_list)
+    services = services_of(tool_list)
     async with AsyncExitStack() as stack:
         for service in services:
             await stack.enter_async_context(service.open())
@@ -64,7 +79,7 @@ _openings: dict[frozenset[Hashable], _Opening] = {}
 async def share_tools(tools: Iterable[Tool] | ToolExecutor) -> AsyncIterator[None]:
     """Like :func:`open_tools`, but users that overlap share one opening: the first opens
     the services and, as they close in its task, leaves only after everyone who joined."""
-    services = _services_of(tools)
+    services = services_of(tools)
     if not services:
         yield
         return

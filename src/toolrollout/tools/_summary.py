@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any
 
@@ -37,12 +37,7 @@ class ToolCallSummary:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form, for trajectory metrics."""
-        return {
-            "calls": self.calls,
-            "errors": self.errors,
-            "retries": self.retries,
-            "timeouts": self.timeouts,
-            "circuit_open": self.circuit_open,
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
             "seconds": round(self.seconds, 6),
             "max_seconds": round(self.max_seconds, 6),
             "error_kinds": dict(sorted(self.error_kinds.items())),

@@ -142,11 +142,6 @@ class ToolCallParser(ABC):
         self._id_factory = id_factory or _random_call_id
         self._tool_schemas = _parameters_by_name(tools or ())
 
-    @property
-    def tool_schemas(self) -> Mapping[str, Mapping[str, Any]]:
-        """The ``parameters`` schema of each tool given at construction, by name."""
-        return self._tool_schemas
-
     def _properties(self, name: str) -> Mapping[str, Any]:
         """The ``properties`` of tool ``name``'s parameter schema (empty when unknown)."""
         properties = self._tool_schemas.get(name, {}).get("properties")

@@ -65,23 +65,17 @@ class Glm45Parser(TaggedCallParser):
 
     def _read_pair(self, inner: str, position: int) -> tuple[str, str, int] | str:
         """Read ``<arg_key>k</arg_key> <arg_value>v</arg_value>`` at ``position``."""
-        if not inner.startswith(self.key_open, position):
-            return f"expected {self.key_open}, found {inner[position : position + 20]!r}"
-        key_start = position + len(self.key_open)
-        key_end = inner.find(self.key_close, key_start)
-        if key_end == -1:
-            return f"{self.key_open} without {self.key_close}"
-        key = inner[key_start:key_end].strip()
-        if not key:
+        key = _tagged(inner, position, self.key_open, self.key_close, "")
+        if isinstance(key, str):
+            return key
+        name = key[0].strip()
+        if not name:
             return "an empty argument name"
-        value_at = skip_whitespace(inner, key_end + len(self.key_close))
-        if not inner.startswith(self.value_open, value_at):
-            return f"argument {key!r} has no {self.value_open}"
-        value_start = value_at + len(self.value_open)
-        value_end = inner.find(self.value_close, value_start)
-        if value_end == -1:
-            return f"{self.value_open} without {self.value_close} for argument {key!r}"
-        return key, inner[value_start:value_end], value_end + len(self.value_close)
+        value_at = skip_whitespace(inner, key[1])
+        value = _tagged(
+            inner, value_at, self.value_open, self.value_close, f" for argument {name!r}"
+        )
+        return value if isinstance(value, str) else (name, value[0], value[1])
 
     def _value(self, tool: str, key: str, raw: str) -> Any:
         """The typed value: raw text for string parameters, else JSON when it decodes."""
@@ -89,6 +83,18 @@ class Glm45Parser(TaggedCallParser):
             return raw
         value, error = loads(raw)
         return raw if error is not None else value
+
+
+def _tagged(inner: str, at: int, open_: str, close: str, where: str) -> tuple[str, int] | str:
+    """The text between ``open_`` (at ``at``) and the next ``close``, and the position after
+    ``close``; else what is wrong, ending with ``where``."""
+    if not inner.startswith(open_, at):
+        return f"expected {open_}{where}, found {inner[at : at + 20]!r}"
+    start = at + len(open_)
+    end = inner.find(close, start)
+    if end == -1:
+        return f"{open_} without {close}{where}"
+    return inner[start:end], end + len(close)
 
 
 def _schema_type(schema: Any) -> str | None:

@@ -283,28 +283,23 @@ class EmbeddedEngine(WeightSyncEngine):
         self, request: GenerateRequest, options: GenerationOptions | None = None
     ) -> EmbeddedOutput:
         """Generate one sample and return everything the engine knows about it."""
-        queue: asyncio.Queue[Event] = asyncio.Queue()
         opts = replace(options or GenerationOptions(), stream=False)
-        await self.wait_unpaused()
-        vision = await self.process_images(request)
-        rid = self.submit(request, opts, sink=queue.put_nowait, vision=vision)
-        try:
-            while True:
-                event = await queue.get()
-                if isinstance(event, EngineError):
-                    raise event
+        async with contextlib.aclosing(self._events(request, opts)) as events:
+            async for event in events:
                 if event.finished:
                     return event
-        except asyncio.CancelledError:
-            self.cancel(rid)
-            raise
+        raise AssertionError("unreachable: the last event is the finished one")
 
-    async def stream(
+    def stream(
         self, request: GenerateRequest, options: GenerationOptions | None = None
     ) -> AsyncGenerator[EmbeddedOutput, None]:
         """Yield a cumulative snapshot after every step; the last one is finished."""
+        return self._events(request, replace(options or GenerationOptions(), stream=True))
+
+    async def _events(
+        self, request: GenerateRequest, opts: GenerationOptions
+    ) -> AsyncGenerator[EmbeddedOutput, None]:
         queue: asyncio.Queue[Event] = asyncio.Queue()
-        opts = replace(options or GenerationOptions(), stream=True)
         await self.wait_unpaused()
         vision = await self.process_images(request)
         rid = self.submit(request, opts, sink=queue.put_nowait, vision=vision)

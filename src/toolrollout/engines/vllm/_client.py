@@ -167,12 +167,7 @@ class VLLMClient(HTTPClient):
 
     async def logprobs_mode(self, url: str | None = None) -> str:
         """The server's ``--logprobs-mode`` (``model_config.logprobs_mode``)."""
-        config = await self._config(self._resolve(url))
-        model = config.get("model_config")
-        mode = model.get("logprobs_mode") if isinstance(model, dict) else None
-        if not isinstance(mode, str):
-            raise EngineError(f"{url}/server_info has no model_config.logprobs_mode")
-        return mode
+        return await self._model_config(self._resolve(url), "logprobs_mode")
 
     async def logprob_mismatch(self, sampling: SamplingParams) -> str | None:
         """Why some server's logprobs for ``sampling`` are not log_softmax(logits / T), or
@@ -282,7 +277,7 @@ class VLLMClient(HTTPClient):
         for url in self._router.urls:
             reference = os.fspath(served_path) if served_path is not None else None
             if reference is None:
-                reference = self._loaded.get(url) or await self._start_folder(url)
+                reference = self._loaded.get(url) or await self._model_config(url, "model")
             check_compatible(new, read_layout(reference))
             await self._refuse_stale_head(url, reference)
         paused_here = not self._paused
@@ -327,13 +322,13 @@ class VLLMClient(HTTPClient):
                 "(tie_word_embeddings false, lm_head.weight saved) or restart the server"
             )
 
-    async def _start_folder(self, url: str) -> str:
-        config = await self._config(url)
-        model = config.get("model_config")
-        folder = model.get("model") if isinstance(model, dict) else None
-        if not isinstance(folder, str):
-            raise EngineError(f"{url}/server_info has no model_config.model")
-        return folder
+    async def _model_config(self, url: str, key: str) -> str:
+        """``model_config.<key>`` of the server's ``/server_info``, a string."""
+        model = (await self._config(url)).get("model_config")
+        value = model.get(key) if isinstance(model, dict) else None
+        if not isinstance(value, str):
+            raise EngineError(f"{url}/server_info has no model_config.{key}")
+        return value
 
     async def _reload(self, path: str, url: str) -> ServerWeightUpdate:
         body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
