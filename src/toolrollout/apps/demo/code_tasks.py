@@ -8,14 +8,15 @@ held-out program (:func:`is_heldout_code`, ~10% by a stable hash) is never in tr
 
 from __future__ import annotations
 
-import hashlib
 import random
 import string
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
+
+from toolrollout.apps.demo._tasks import Split, draw_distinct, hash_heldout
 
 __all__ = [
     "CodeTask",
@@ -25,8 +26,6 @@ __all__ = [
     "sandbox_schema",
     "sandbox_text",
 ]
-
-Split = Literal["train", "heldout"]
 
 HELDOUT_PERCENT: Final = 10
 """Share of programs reserved for evaluation."""
@@ -39,8 +38,7 @@ MAX_TIMEOUT: Final = 30.0
 
 def is_heldout_code(code: str) -> bool:
     """Whether a program belongs to the held-out split (stable hash, ~10%)."""
-    digest = hashlib.sha256(f"toolrollout-demo-python|{code}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT
+    return hash_heldout("toolrollout-demo-python", code, HELDOUT_PERCENT)
 
 
 def sandbox_schema() -> dict[str, object]:
@@ -273,19 +271,11 @@ def generate_code_tasks(n: int, *, seed: int, split: Split) -> list[CodeTask]:
     Programs are run once each (memoised), so a repeated program costs nothing.
     """
     rng = random.Random(seed)
-    outputs: dict[str, str] = {}
-    tasks: list[CodeTask] = []
-    seen: set[str] = set()
-    attempts = 0
-    while len(tasks) < n:
-        attempts += 1
-        if attempts > 100 * n + 1000:
-            raise RuntimeError(f"could not draw {n} distinct {split} python tasks")
+
+    def draw() -> tuple[str, str] | None:
         question, code = rng.choice(_GENERATORS)(rng)
-        if question in seen or is_heldout_code(code) != (split == "heldout"):
-            continue
-        if code not in outputs:
-            outputs[code] = sandbox_text(run_program(code))
-        seen.add(question)
-        tasks.append(CodeTask(question, code, outputs[code]))
-    return tasks
+        return None if is_heldout_code(code) != (split == "heldout") else (question, code)
+
+    drawn = draw_distinct(n, draw, lambda task: task[0], f"{split} python tasks")
+    outputs = {code: sandbox_text(run_program(code)) for code in {c for _, c in drawn}}
+    return [CodeTask(question, code, outputs[code]) for question, code in drawn]
