@@ -200,7 +200,6 @@ class LatencyServer:
         self._prompted = 0
         self._started_at = time.perf_counter()
 
-    # ------------------------------------------------------------------ priority
     # ------------------------------------------------------------------ prefix cache
     def _cached_tokens(self, req: _Req, ids: Sequence[int], system_end: int) -> int:
         cached = 0

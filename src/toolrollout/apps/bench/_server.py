@@ -210,8 +210,6 @@ def create_latency_app(server: LatencyServer) -> Any:
         tokenizer=server.tokenizer,
         generate=server.generate,
         model_name=server.model_name,
-        error_response=error_response,
-        json_response=json_response,
     )
     return app
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from toolrollout.apps.cli._common import require_extra
+from toolrollout.apps.cli._common import fail, require_extra
 from toolrollout.apps.cli._options import SERVER, command, opt
 
 __all__ = ["OPTIONS", "register", "serve"]
@@ -50,6 +50,9 @@ OPTIONS = [
     SERVER["log_level"], SERVER["api_key"], SERVER["insecure"],
     SERVER["max_body_mb"].but(default=16.0), SERVER["max_requests"].but(default=256),
 ]
+_AS_GIVEN = ("memory_limit_mb", "compile_memory_limit_mb", "max_processes", "max_file_size_mb",
+             "max_output_bytes", "max_run_timeout", "tmp_size_mb")
+"""The options :class:`SandboxServerConfig` takes as they are (same name)."""
 # fmt: on
 
 
@@ -70,7 +73,7 @@ def serve(flags: Any) -> None:
     from toolrollout.sandbox._runner import SandboxServerConfig
     from toolrollout.sandbox._server import run_sandbox_server, sandbox_security
 
-    options: dict[str, object] = {}
+    options: dict[str, Any] = {name: getattr(flags, name) for name in _AS_GIVEN}
     if flags.max_concurrency is not None:
         options["max_concurrency"] = flags.max_concurrency
     if flags.python is not None:
@@ -79,22 +82,14 @@ def serve(flags: Any) -> None:
     for item in flags.program or ():
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            typer.echo(f"error: --program wants NAME=PATH, got {item!r}", err=True)
-            raise typer.Exit(code=2)
+            raise fail(f"--program wants NAME=PATH, got {item!r}")
         programs[name] = str(Path(path).absolute()) if "/" in path else path
     try:
         config = SandboxServerConfig(
             isolation="none" if flags.unsafe_no_isolation else "bwrap",
-            memory_limit_mb=flags.memory_limit_mb,
-            compile_memory_limit_mb=flags.compile_memory_limit_mb,
             programs=programs,
-            max_processes=flags.max_processes,
-            max_file_size_mb=flags.max_file_size_mb,
-            max_output_bytes=flags.max_output_bytes,
-            max_run_timeout=flags.max_run_timeout,
-            tmp_size_mb=flags.tmp_size_mb,
             read_only_paths=tuple(str(p) for p in flags.read_only or ()),
-            **options,  # type: ignore[arg-type]
+            **options,
         )
         if flags.unsafe_no_isolation:
             typer.echo(
@@ -116,8 +111,7 @@ def serve(flags: Any) -> None:
             insecure=flags.insecure,
         )
     except UserError as exc:  # SandboxIsolationError included: no working bubblewrap
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2) from None
+        raise fail(str(exc)) from None
 
 
 def register(app: typer.Typer) -> None:

@@ -9,12 +9,12 @@ contains a held-out expression, so the shipped prompts were never seen in traini
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from toolrollout.apps.demo._tasks import Split, draw_distinct, hash_heldout
 from toolrollout.tools.calculator import calculator
 
 __all__ = [
@@ -28,7 +28,6 @@ __all__ = [
 ]
 
 Kind = Literal["single", "chain", "parallel"]
-Split = Literal["train", "heldout"]
 
 HELDOUT_PERCENT: Final = 10
 """Share of canonical expressions reserved for evaluation."""
@@ -36,8 +35,7 @@ HELDOUT_PERCENT: Final = 10
 
 def is_heldout(expression: str) -> bool:
     """Whether a canonical expression belongs to the held-out split (stable hash, ~10%)."""
-    digest = hashlib.sha256(f"toolrollout-demo|{expression}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT
+    return hash_heldout("toolrollout-demo", expression, HELDOUT_PERCENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,18 +245,11 @@ def generate_problems(
     mix = TRAIN_MIX if mix is None else mix
     names = list(mix)
     weights = [mix[name] for name in names]
-    problems: list[Problem] = []
-    seen: set[str] = set()
-    attempts = 0
-    while len(problems) < n:
-        attempts += 1
-        if attempts > 100 * n + 1000:
-            raise RuntimeError(f"could not draw {n} distinct {split} problems")
+
+    def draw() -> Problem | None:
         problem = _GENERATORS[rng.choices(names, weights=weights)[0]](rng)
-        if problem.split != split or problem.question in seen:
-            continue
-        if any(r.startswith("Error") for r in problem.results):
-            continue
-        seen.add(problem.question)
-        problems.append(problem)
-    return problems
+        if problem.split != split or any(r.startswith("Error") for r in problem.results):
+            return None
+        return problem
+
+    return draw_distinct(n, draw, lambda p: p.question, f"{split} problems")

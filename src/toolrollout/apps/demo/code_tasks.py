@@ -8,14 +8,15 @@ held-out program (:func:`is_heldout_code`, ~10% by a stable hash) is never in tr
 
 from __future__ import annotations
 
-import hashlib
 import random
 import string
 import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final
+
+from toolrollout.apps.demo._tasks import Split, draw_distinct, hash_heldout
 
 __all__ = [
     "CodeTask",
@@ -25,8 +26,6 @@ __all__ = [
     "sandbox_schema",
     "sandbox_text",
 ]
-
-Split = Literal["train", "heldout"]
 
 HELDOUT_PERCENT: Final = 10
 """Share of programs reserved for evaluation."""
@@ -39,8 +38,7 @@ MAX_TIMEOUT: Final = 30.0
 
 def is_heldout_code(code: str) -> bool:
     """Whether a program belongs to the held-out split (stable hash, ~10%)."""
-    digest = hashlib.sha256(f"toolrollout-demo-python|{code}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT
+    return hash_heldout("toolrollout-demo-python", code, HELDOUT_PERCENT)
 
 
 def sandbox_schema() -> dict[str, object]:
@@ -112,6 +110,10 @@ _WORDS: Final = (
 )  # fmt: skip
 
 
+_Drawn = tuple[str, tuple[str, ...]]
+"""A program and the wordings of its question (one is chosen)."""
+
+
 def _word(rng: random.Random) -> str:
     """A dictionary word, or random lowercase letters (so held-out strings are new)."""
     if rng.random() < 0.5:
@@ -124,133 +126,117 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def _sum_range(rng: random.Random) -> tuple[str, str]:
+def _sum_range(rng: random.Random) -> _Drawn:
     a = rng.randint(0, 60)
     b = rng.randint(a + 5, rng.choice((100, 1000, 5000)))
-    question = rng.choice(
-        (
-            "What is the sum of the integers from {a} to {b}?",
-            "Add up all whole numbers from {a} to {b}.",
-            "Sum every integer between {a} and {b}, inclusive.",
-        )
+    return f"print(sum(range({a}, {b} + 1)))", (
+        f"What is the sum of the integers from {a} to {b}?",
+        f"Add up all whole numbers from {a} to {b}.",
+        f"Sum every integer between {a} and {b}, inclusive.",
     )
-    return question.format(a=a, b=b), f"print(sum(range({a}, {b} + 1)))"
 
 
-def _factorial(rng: random.Random) -> tuple[str, str]:
+def _factorial(rng: random.Random) -> _Drawn:
     n = rng.randint(3, 20)
-    question = rng.choice(("What is {n} factorial?", "What is the factorial of {n}?"))
-    return question.format(n=n), f"import math\nprint(math.factorial({n}))"
+    code = f"import math\nprint(math.factorial({n}))"
+    return code, (f"What is {n} factorial?", f"What is the factorial of {n}?")
 
 
-def _power(rng: random.Random) -> tuple[str, str]:
+def _power(rng: random.Random) -> _Drawn:
     a = rng.randint(2, 30)
     b = rng.randint(2, 40)
     while a**b >= 10**15:
         b -= 1
-    question = rng.choice(
-        (
-            "What is {a} to the power of {b}?",
-            "Compute {a} raised to the power {b}.",
-            "What is {a}**{b}?",
-        )
+    return f"print({a} ** {b})", (
+        f"What is {a} to the power of {b}?",
+        f"Compute {a} raised to the power {b}.",
+        f"What is {a}**{b}?",
     )
-    return question.format(a=a, b=b), f"print({a} ** {b})"
 
 
-def _gcd(rng: random.Random) -> tuple[str, str]:
+def _gcd(rng: random.Random) -> _Drawn:
     k = rng.randint(2, 40)
     a, b = k * rng.randint(2, 300), k * rng.randint(2, 300)
-    question = rng.choice(
-        (
-            "What is the greatest common divisor of {a} and {b}?",
-            "Find the GCD of {a} and {b}.",
-        )
+    return f"import math\nprint(math.gcd({a}, {b}))", (
+        f"What is the greatest common divisor of {a} and {b}?",
+        f"Find the GCD of {a} and {b}.",
     )
-    return question.format(a=a, b=b), f"import math\nprint(math.gcd({a}, {b}))"
 
 
-def _count_letter(rng: random.Random) -> tuple[str, str]:
-    word = _word(rng)
-    letter = rng.choice(word) if rng.random() < 0.8 else rng.choice(string.ascii_lowercase)
-    question = rng.choice(
-        (
-            "How many times does the letter '{c}' appear in '{w}'?",
-            "Count the letter '{c}' in the word '{w}'.",
-        )
+def _count_letter(rng: random.Random) -> _Drawn:
+    w = _word(rng)
+    c = rng.choice(w) if rng.random() < 0.8 else rng.choice(string.ascii_lowercase)
+    return f"print('{w}'.count('{c}'))", (
+        f"How many times does the letter '{c}' appear in '{w}'?",
+        f"Count the letter '{c}' in the word '{w}'.",
     )
-    return question.format(c=letter, w=word), f"print('{word}'.count('{letter}'))"
 
 
-def _reverse(rng: random.Random) -> tuple[str, str]:
-    word = _word(rng)
-    question = rng.choice(("Reverse the string '{w}'.", "What is '{w}' spelled backwards?"))
-    return question.format(w=word), f"print('{word}'[::-1])"
-
-
-def _length(rng: random.Random) -> tuple[str, str]:
-    text = " ".join(_word(rng) for _ in range(rng.randint(1, 3)))
-    question = rng.choice(
-        ("How many characters are in '{s}'?", "What is the length of the string '{s}'?")
+def _reverse(rng: random.Random) -> _Drawn:
+    w = _word(rng)
+    return f"print('{w}'[::-1])", (
+        f"Reverse the string '{w}'.",
+        f"What is '{w}' spelled backwards?",
     )
-    return question.format(s=text), f"print(len('{text}'))"
 
 
-def _sort(rng: random.Random) -> tuple[str, str]:
+def _length(rng: random.Random) -> _Drawn:
+    s = " ".join(_word(rng) for _ in range(rng.randint(1, 3)))
+    return f"print(len('{s}'))", (
+        f"How many characters are in '{s}'?",
+        f"What is the length of the string '{s}'?",
+    )
+
+
+def _sort(rng: random.Random) -> _Drawn:
     numbers = [rng.randint(0, rng.choice((20, 100, 1000))) for _ in range(rng.randint(3, 6))]
-    shown = ", ".join(map(str, numbers))
-    question = rng.choice(
-        (
-            "Sort these numbers in ascending order: {s}.",
-            "Put {s} in increasing order.",
-        )
+    s = ", ".join(map(str, numbers))
+    return f"print(sorted([{s}]))", (
+        f"Sort these numbers in ascending order: {s}.",
+        f"Put {s} in increasing order.",
     )
-    return question.format(s=shown), f"print(sorted([{shown}]))"
 
 
-def _primes(rng: random.Random) -> tuple[str, str]:
+def _primes(rng: random.Random) -> _Drawn:
     n = rng.randint(10, 600)
-    question = rng.choice(
-        ("How many prime numbers are there below {n}?", "Count the primes smaller than {n}.")
+    return f"print(sum(all(k % d for d in range(2, k)) for k in range(2, {n})))", (
+        f"How many prime numbers are there below {n}?",
+        f"Count the primes smaller than {n}.",
     )
-    code = f"print(sum(all(k % d for d in range(2, k)) for k in range(2, {n})))"
-    return question.format(n=n), code
 
 
-def _fibonacci(rng: random.Random) -> tuple[str, str]:
+def _fibonacci(rng: random.Random) -> _Drawn:
     n = rng.randint(5, 70)
-    question = rng.choice(("What is the {o} Fibonacci number?", "Compute Fibonacci number {n}."))
-    code = f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\nprint(a)"
-    return question.format(o=_ordinal(n), n=n), code
-
-
-def _digit_sum(rng: random.Random) -> tuple[str, str]:
-    n = rng.randint(100, 10 ** rng.randint(4, 12))
-    question = rng.choice(("What is the sum of the digits of {n}?", "Add up the digits of {n}."))
-    return question.format(n=n), f"print(sum(int(d) for d in str({n})))"
-
-
-def _squares(rng: random.Random) -> tuple[str, str]:
-    n = rng.randint(3, 500)
-    question = rng.choice(
-        (
-            "What is the sum of the squares of the integers from 1 to {n}?",
-            "Add up k*k for every k from 1 to {n}.",
-        )
+    return f"a, b = 0, 1\nfor _ in range({n}):\n    a, b = b, a + b\nprint(a)", (
+        f"What is the {_ordinal(n)} Fibonacci number?",
+        f"Compute Fibonacci number {n}.",
     )
-    return question.format(n=n), f"print(sum(k * k for k in range(1, {n} + 1)))"
 
 
-def _modulo(rng: random.Random) -> tuple[str, str]:
+def _digit_sum(rng: random.Random) -> _Drawn:
+    n = rng.randint(100, 10 ** rng.randint(4, 12))
+    code = f"print(sum(int(d) for d in str({n})))"
+    return code, (f"What is the sum of the digits of {n}?", f"Add up the digits of {n}.")
+
+
+def _squares(rng: random.Random) -> _Drawn:
+    n = rng.randint(3, 500)
+    return f"print(sum(k * k for k in range(1, {n} + 1)))", (
+        f"What is the sum of the squares of the integers from 1 to {n}?",
+        f"Add up k*k for every k from 1 to {n}.",
+    )
+
+
+def _modulo(rng: random.Random) -> _Drawn:
     a = rng.randint(100, 10 ** rng.randint(3, 9))
     b = rng.randint(2, 997)
-    question = rng.choice(
-        ("What is the remainder when {a} is divided by {b}?", "What is {a} mod {b}?")
+    return f"print({a} % {b})", (
+        f"What is the remainder when {a} is divided by {b}?",
+        f"What is {a} mod {b}?",
     )
-    return question.format(a=a, b=b), f"print({a} % {b})"
 
 
-_GENERATORS: Final[tuple[Callable[[random.Random], tuple[str, str]], ...]] = (
+_GENERATORS: Final[tuple[Callable[[random.Random], _Drawn], ...]] = (
     _sum_range,
     _factorial,
     _power,
@@ -273,19 +259,12 @@ def generate_code_tasks(n: int, *, seed: int, split: Split) -> list[CodeTask]:
     Programs are run once each (memoised), so a repeated program costs nothing.
     """
     rng = random.Random(seed)
-    outputs: dict[str, str] = {}
-    tasks: list[CodeTask] = []
-    seen: set[str] = set()
-    attempts = 0
-    while len(tasks) < n:
-        attempts += 1
-        if attempts > 100 * n + 1000:
-            raise RuntimeError(f"could not draw {n} distinct {split} python tasks")
-        question, code = rng.choice(_GENERATORS)(rng)
-        if question in seen or is_heldout_code(code) != (split == "heldout"):
-            continue
-        if code not in outputs:
-            outputs[code] = sandbox_text(run_program(code))
-        seen.add(question)
-        tasks.append(CodeTask(question, code, outputs[code]))
-    return tasks
+
+    def draw() -> tuple[str, str] | None:
+        code, wordings = rng.choice(_GENERATORS)(rng)
+        question = rng.choice(wordings)
+        return None if is_heldout_code(code) != (split == "heldout") else (question, code)
+
+    drawn = draw_distinct(n, draw, lambda task: task[0], f"{split} python tasks")
+    outputs = {code: sandbox_text(run_program(code)) for code in {c for _, c in drawn}}
+    return [CodeTask(question, code, outputs[code]) for question, code in drawn]

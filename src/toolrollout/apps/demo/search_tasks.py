@@ -10,12 +10,13 @@ held out by a stable hash of its canonical question (:func:`is_heldout_question`
 from __future__ import annotations
 
 import functools
-import hashlib
 import random
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
+
+from toolrollout.apps.demo._tasks import Split, hash_heldout
 
 if TYPE_CHECKING:
     from toolrollout.search import Bm25Retriever
@@ -30,8 +31,6 @@ __all__ = [
     "search_text",
 ]
 
-Split = Literal["train", "heldout"]
-
 HELDOUT_PERCENT: Final = 25
 """Share of the corpus questions reserved for evaluation (the corpus is small)."""
 TOPK: Final = 3
@@ -40,8 +39,7 @@ TOPK: Final = 3
 
 def is_heldout_question(question: str) -> bool:
     """Whether a canonical corpus question is held out (stable hash, ~25%)."""
-    digest = hashlib.sha256(f"toolrollout-demo-search|{question}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") % 100 < HELDOUT_PERCENT
+    return hash_heldout("toolrollout-demo-search", question, HELDOUT_PERCENT)
 
 
 def search_schema() -> dict[str, Any]:

@@ -48,11 +48,8 @@ _WEIGHTS: Final = "model.safetensors"
 
 def sha256_file(path: Path) -> str:
     """The file's SHA-256, hex."""
-    digest = hashlib.sha256()
     with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _check(path: Path, expected: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +53,7 @@ def _figure(width: float = 6.0, height: float = 3.6) -> Any:
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
-def _accuracy_plot(runs: Sequence[EvalSummary], path: Path) -> None:
-    fig = _figure()
-    ax = fig.add_subplot()
+def _accuracy_plot(runs: Sequence[EvalSummary], ax: Any) -> None:
     labels = [r.label for r in runs]
     values = [r.metrics["eval/accuracy"] for r in runs]
     low = [max(r.metrics["eval/accuracy"] - r.metrics["eval/accuracy_ci_low"], 0.0) for r in runs]
@@ -65,50 +63,50 @@ def _accuracy_plot(runs: Sequence[EvalSummary], path: Path) -> None:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("accuracy (95% bootstrap CI)")
     ax.set_title("Accuracy")
-    fig.savefig(path)
 
 
-def _turns_plot(runs: Sequence[EvalSummary], path: Path) -> None:
-    fig = _figure()
-    ax = fig.add_subplot()
-    turns = sorted({t for r in runs for t in r.turns_histogram})
+def _grouped_bars(
+    ax: Any,
+    runs: Sequence[EvalSummary],
+    xs: Sequence[int],
+    heights: Callable[[EvalSummary], list[float]],
+) -> None:
+    """One bar per run at each x, side by side; ``heights(run)``: the run's bars."""
     width = 0.8 / len(runs)
     for i, run in enumerate(runs):
-        total = sum(run.turns_histogram.values())
-        shares = [run.turns_histogram.get(t, 0) / total for t in turns]
-        ax.bar(
-            [t + (i - (len(runs) - 1) / 2) * width for t in turns], shares, width, label=run.label
-        )
+        shift = (i - (len(runs) - 1) / 2) * width
+        ax.bar([x + shift for x in xs], heights(run), width, label=run.label)
+    ax.legend()
+
+
+def _turns_plot(runs: Sequence[EvalSummary], ax: Any) -> None:
+    turns = sorted({t for r in runs for t in r.turns_histogram})
+    _grouped_bars(
+        ax,
+        runs,
+        turns,
+        lambda r: [r.turns_histogram.get(t, 0) / sum(r.turns_histogram.values()) for t in turns],
+    )
     ax.set_xticks(turns)
     ax.set_xlabel("assistant turns")
     ax.set_ylabel("fraction of trajectories")
     ax.set_title("Turns per trajectory")
-    ax.legend()
-    fig.savefig(path)
 
 
-def _tool_calls_plot(runs: Sequence[EvalSummary], path: Path) -> None:
-    fig = _figure()
-    ax = fig.add_subplot()
+def _tool_calls_plot(runs: Sequence[EvalSummary], ax: Any) -> None:
     names = sorted({n for r in runs for n in r.tool_calls})
     if not names:
         ax.text(0.5, 0.5, "no tool calls", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
     else:
-        width = 0.8 / len(runs)
-        for i, run in enumerate(runs):
-            xs = [j + (i - (len(runs) - 1) / 2) * width for j in range(len(names))]
-            ax.bar(xs, [run.tool_calls.get(n, 0.0) for n in names], width, label=run.label)
-        ax.set_xticks(range(len(names)), names)
+        xs = range(len(names))
+        _grouped_bars(ax, runs, xs, lambda r: [r.tool_calls.get(n, 0.0) for n in names])
+        ax.set_xticks(xs, names)
         ax.set_ylabel("calls per trajectory")
-        ax.legend()
     ax.set_title("Tool calls per tool")
-    fig.savefig(path)
 
 
-def _latency_plot(runs: Sequence[EvalSummary], path: Path) -> None:
-    fig = _figure()
-    ax = fig.add_subplot()
+def _latency_plot(runs: Sequence[EvalSummary], ax: Any) -> None:
     labels = [r.label for r in runs]
     bottom = [0.0] * len(runs)
     for part in ("generation", "tools", "other"):
@@ -118,7 +116,6 @@ def _latency_plot(runs: Sequence[EvalSummary], path: Path) -> None:
     ax.set_ylabel("seconds per trajectory (mean)")
     ax.set_title("Latency: generation vs tools")
     ax.legend()
-    fig.savefig(path)
 
 
 def _fmt(value: float | None, *, count: bool = False) -> str:
@@ -149,10 +146,11 @@ def write_report(
         raise UserError("a report needs at least one run")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _accuracy_plot(runs, out / FIGURES[0])
-    _turns_plot(runs, out / FIGURES[1])
-    _tool_calls_plot(runs, out / FIGURES[2])
-    _latency_plot(runs, out / FIGURES[3])
+    plots = (_accuracy_plot, _turns_plot, _tool_calls_plot, _latency_plot)
+    for name, plot in zip(FIGURES, plots, strict=True):
+        fig = _figure()
+        plot(runs, fig.add_subplot())
+        fig.savefig(out / name)
 
     lines = [f"# {title}", ""]
     if comparison is not None:

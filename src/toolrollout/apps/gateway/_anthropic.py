@@ -24,7 +24,7 @@ from starlette.responses import Response
 from toolrollout.apps.server._openai import validate_body
 
 from ._http import Callers, answer, read_json, request_metadata
-from ._parts import chat_call, chat_content, function_tool, require_str, tool_message
+from ._parts import chat_call, chat_content, function_tools, require_str, tool_message
 from ._types import (
     ChatChoice,
     ChatRequest,
@@ -84,10 +84,7 @@ def messages_to_chat(
     return ChatRequest(
         session=session,
         messages=tuple(anthropic_messages(request.system, request.messages)),
-        tools=tuple(
-            function_tool(tool, i, kinds=(None, "custom"), schema="input_schema")
-            for i, tool in enumerate(request.tools)
-        ),
+        tools=function_tools(request.tools, kinds=(None, "custom"), schema="input_schema"),
         tool_choice=_chat_tool_choice(request.tool_choice),
         max_tokens=request.max_tokens,
         temperature=request.temperature,

@@ -12,7 +12,7 @@ from typing import Any
 
 from ._types import invalid
 
-__all__ = ["chat_call", "chat_content", "function_tool", "require_str", "tool_message"]
+__all__ = ["chat_call", "chat_content", "function_tools", "require_str", "tool_message"]
 
 
 def require_str(value: Any, where: str) -> str:
@@ -45,18 +45,21 @@ def tool_message(call_id: str, content: Any, call_names: dict[str, str]) -> dict
     return message
 
 
-def function_tool(
-    tool: dict[str, Any], i: int, *, kinds: tuple[Any, ...], schema: str
-) -> dict[str, Any]:
-    """A tool the harness runs (its ``type`` one of ``kinds``) as an OpenAI function tool;
-    ``schema``: the key of its parameters' JSON schema."""
-    if tool.get("type") not in kinds:
-        raise invalid(
-            f"tools[{i}]: {tool.get('type')!r} tools are not supported; the gateway serves "
-            f"{kinds[-1]} tools, which the harness runs"
-        )
-    function: dict[str, Any] = {"name": require_str(tool.get("name"), f"tools[{i}].name")}
-    if tool.get("description") is not None:
-        function["description"] = tool["description"]
-    function["parameters"] = tool.get(schema) or {"type": "object", "properties": {}}
-    return {"type": "function", "function": function}
+def function_tools(
+    tools: list[dict[str, Any]], *, kinds: tuple[Any, ...], schema: str
+) -> tuple[dict[str, Any], ...]:
+    """The tools the harness runs (their ``type`` one of ``kinds``) as OpenAI function tools;
+    ``schema``: the key of their parameters' JSON schema."""
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") not in kinds:
+            raise invalid(
+                f"tools[{i}]: {tool.get('type')!r} tools are not supported; the gateway serves "
+                f"{kinds[-1]} tools, which the harness runs"
+            )
+        function: dict[str, Any] = {"name": require_str(tool.get("name"), f"tools[{i}].name")}
+        if tool.get("description") is not None:
+            function["description"] = tool["description"]
+        function["parameters"] = tool.get(schema) or {"type": "object", "properties": {}}
+        out.append({"type": "function", "function": function})
+    return tuple(out)

@@ -27,7 +27,7 @@ from starlette.responses import Response
 from toolrollout.apps.server._openai import validate_body
 
 from ._http import Callers, answer, openai_error, read_json, request_metadata
-from ._parts import chat_call, chat_content, function_tool, require_str, tool_message
+from ._parts import chat_call, chat_content, function_tools, require_str, tool_message
 from ._responses_output import (
     ResponsesRequest,
     ResponseStreamWriter,
@@ -74,10 +74,7 @@ def responses_to_chat(
     return ChatRequest(
         session=session,
         messages=tuple(responses_messages(request.instructions, items)),
-        tools=tuple(
-            function_tool(tool, i, kinds=("function",), schema="parameters")
-            for i, tool in enumerate(request.tools)
-        ),
+        tools=function_tools(request.tools, kinds=("function",), schema="parameters"),
         tool_choice=_chat_tool_choice(request.tool_choice),
         max_tokens=request.max_output_tokens,
         temperature=request.temperature,

@@ -30,7 +30,10 @@ def serve(server: MCPServer[Any], argv: Sequence[str] | None = None) -> NoReturn
     args = parser.parse_args(argv)
     code = 0
     try:
-        _run(server, args.transport, args.host, args.port)
+        if args.transport == "stdio":
+            server.run("stdio")
+        else:  # at http://HOST:PORT/mcp, or /sse (with messages POSTed to /messages/)
+            server.run(args.transport, host=args.host, port=args.port)
     except KeyboardInterrupt:
         code = 130
     except SystemExit as exc:
@@ -44,14 +47,3 @@ def serve(server: MCPServer[Any], argv: Sequence[str] | None = None) -> NoReturn
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _run(server: MCPServer[Any], transport: str, host: str, port: int) -> None:
-    if transport == "stdio":
-        server.run("stdio")
-    elif transport == "streamable-http":
-        # The endpoint is http://HOST:PORT/mcp.
-        server.run("streamable-http", host=host, port=port)
-    else:
-        # The event stream is http://HOST:PORT/sse (messages are POSTed to /messages/).
-        server.run("sse", host=host, port=port)

@@ -40,16 +40,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
-from mcp.types import (
-    AudioContent,
-    BlobResourceContents,
-    CallToolResult,
-    EmbeddedResource,
-    ImageContent,
-    ResourceLink,
-    TextContent,
-    TextResourceContents,
-)
+from mcp.types import CallToolResult, TextContent
 
 from ._cli import serve
 
@@ -128,31 +119,36 @@ def _fail(message: str = "this tool always fails") -> str:
     raise ToolError(message)
 
 
+_ODD_BLOCKS: dict[str, dict[str, Any]] = {
+    "audio": {
+        "type": "audio",
+        "data": base64.b64encode(b"RIFF0000WAVE").decode(),
+        "mimeType": "audio/wav",
+    },
+    "resource_text": {
+        "type": "resource",
+        "resource": {"uri": "file:///notes.txt", "text": "resource text"},
+    },
+    "resource_blob": {
+        "type": "resource",
+        "resource": {
+            "uri": "file:///data.bin",
+            "mimeType": "application/octet-stream",
+            "blob": base64.b64encode(b"\x00\x01\x02").decode(),
+        },
+    },
+    "resource_link": {"type": "resource_link", "uri": "https://example.invalid/doc", "name": "doc"},
+    "bad_image": {"type": "image", "data": "this is not base64 of a png!", "mimeType": "image/png"},
+    "unicode": {"type": "text", "text": "tab\tnul\x00 émoji 🧪 \u202e"},
+}
+"""The one content block of each ``odd`` kind but ``empty`` and ``wire``, in wire form."""
+
+
 async def _odd(kind: OddKind, ctx: Context) -> CallToolResult:
     """Return unusual or malformed content of the given kind."""
-    if kind == "empty":
-        return CallToolResult(content=[])
-    if kind == "audio":
-        data = base64.b64encode(b"RIFF0000WAVE").decode()
-        return CallToolResult(content=[AudioContent(data=data, mime_type="audio/wav")])
-    if kind == "resource_text":
-        resource = TextResourceContents(uri="file:///notes.txt", text="resource text")
-        return CallToolResult(content=[EmbeddedResource(type="resource", resource=resource)])
-    if kind == "resource_blob":
-        blob = BlobResourceContents(
-            uri="file:///data.bin",
-            mime_type="application/octet-stream",
-            blob=base64.b64encode(b"\x00\x01\x02").decode(),
-        )
-        return CallToolResult(content=[EmbeddedResource(type="resource", resource=blob)])
-    if kind == "resource_link":
-        link = ResourceLink(type="resource_link", uri="https://example.invalid/doc", name="doc")
-        return CallToolResult(content=[link])
-    if kind == "bad_image":
-        bad = ImageContent(data="this is not base64 of a png!", mime_type="image/png")
-        return CallToolResult(content=[bad])
-    if kind == "unicode":
-        return CallToolResult(content=[TextContent(text="tab\tnul\x00 émoji 🧪 \u202e")])
+    if kind != "wire":
+        blocks = [_ODD_BLOCKS[kind]] if kind in _ODD_BLOCKS else []
+        return CallToolResult.model_validate({"content": blocks})
     # "wire": answer this request with a result that breaks the schema, straight on stdout.
     request_id: int | str = ctx.request_id
     if isinstance(request_id, str) and request_id.isdigit():

@@ -28,7 +28,6 @@ from fastapi.responses import Response
 from toolrollout._exceptions import ToolRolloutError, UserError
 from toolrollout._security import SecurityMiddleware, ServerSecurity
 from toolrollout.apps.server._answers import (
-    error_response,
     json_response,
     validation_error_response,
     with_body,
@@ -146,8 +145,6 @@ def create_app(
         tokenizer=engine.tokenizer,
         generate=engine.generate,
         model_name=model_name,
-        error_response=error_response,
-        json_response=json_response,
     )
     return app
 

@@ -142,8 +142,6 @@ def add_chat_completions(
     generate: Callable[[GenerateRequest], Any],
     model_name: str,
     tool_parser: str | None = None,
-    error_response: Callable[[str, int], Any],
-    json_response: Callable[[Any], Any],
 ) -> None:
     """Register ``POST /v1/chat/completions`` on a FastAPI ``app``.
 
@@ -151,6 +149,10 @@ def add_chat_completions(
     the chat template on the server side, as SGLang does, and parses tool calls with
     ``tool_parser`` (SGLang's ``--tool-call-parser``; None: the model family's parser).
     """
+    # Imported here: _answers loads the embedded engine, which the gateway (importing this
+    # module for its request model) does not need.
+    from toolrollout.apps.server._answers import error_response, json_response
+
     if tool_parser:
         get_tool_parser(tool_parser)  # an unknown name fails at startup, not per request
     formats: dict[str, ChatFormat] = {}
