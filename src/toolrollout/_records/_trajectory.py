@@ -239,16 +239,6 @@ class Trajectory:
         return tuple((int(s[0]), int(s[1]), None if s[2] is None else str(s[2])) for s in segments)
 
     @property
-    def weight_versions(self) -> tuple[str | None, ...]:
-        """The distinct weight versions that sampled this trajectory, in order of use."""
-        return tuple(dict.fromkeys(v for _, _, v in self.weight_segments))
-
-    @property
-    def spans_weight_update(self) -> bool:
-        """Whether tokens of this trajectory were sampled by more than one weight version."""
-        return len(self.weight_versions) > 1
-
-    @property
     def failed(self) -> bool:
         return self.status is TrajectoryStatus.FAILED
 
