@@ -1,19 +1,9 @@
 """Loop pacing: a turn's bulk work takes its turn across event-loop iterations.
 
-asyncio runs every callback that is ready when an iteration starts before it looks at its
-timers again. When a thousand engine replies land together, a thousand trajectories each
-do a turn's worth of CPU (decode the reply, parse tool calls, render and tokenize the next
-delta) in that one iteration, and every timer of the process fires that much late: a
-tool's deadline, a heartbeat, a trainer's call into the runner. At 10,000 trajectories over
-HTTP such an iteration lasted seconds (docs/scheduling.md).
-
-Code about to do such work awaits :func:`pace` first. While the current iteration's slice
-(:data:`SLICE_S` of work) is not spent and nobody waits, it goes on at once, without
-yielding. Otherwise it queues, and the queue is let go one task per iteration: lowest
-:func:`set_pace_key` first (the ``oldest`` scheduling policy sets its group's rank there),
-then first come, first served. The work is the same and nothing is dropped; it is spread
-over iterations so that timers and I/O are served between the pieces. A process whose loop
-keeps up never queues.
+Code about to do a turn's worth of CPU awaits :func:`pace` first: within the iteration's
+slice (:data:`SLICE_S`) it goes on at once, otherwise it queues and the queue is let go one
+task per iteration, lowest :func:`set_pace_key` first, then first come, first served. Why
+and where: docs/scheduling.md#loop-pacing-work-that-lands-together-takes-turns.
 """
 
 from __future__ import annotations

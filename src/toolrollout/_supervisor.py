@@ -1,18 +1,9 @@
 """Local services a run starts itself, supervised: restarted, tied to the run, never reused stale.
 
-The sandbox, the retriever and launched HTTP MCP servers (and ``generate --ray``'s shared
-``toolrollout serve``) run under :func:`supervise`. A service is:
-
-- **restarted when it dies**, within :class:`RestartPolicy`; past that it is declared down
-  and its calls fail as unavailable (their trajectories fail, they are not scored);
-- **probed while it runs**: one that stays alive but stops answering (SIGSTOP, a deadlock)
-  is killed after a few missed liveness probes and restarted as if it had died;
-- **waited for while it restarts** by the calls that arrive meanwhile (:func:`until_serving`);
-- **killed with the run**, even by SIGKILL: it starts through a launcher that sets the
-  parent-death signal (``prctl``, which anyio cannot set for an async child) and then
-  ``exec``s the service, as the leader of its own process group;
-- **identified on its port** by a record (pid, start time, owner pid): a stale one of a run
-  that is gone is replaced, anything else there is an error naming the port.
+:func:`supervise` runs the sandbox, the retriever, launched HTTP MCP servers and
+``generate --ray``'s shared ``toolrollout serve``: restarted when they die or stop
+answering liveness probes, waited for while they restart, killed with the run and
+identified on their port by a record. See docs/fault-tolerance.md#supervised-services.
 """
 
 from __future__ import annotations
@@ -64,7 +55,8 @@ _LAUNCHER = (
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
 """Runs as ``python -I -S -c _LAUNCHER <parent pid> <argv...>``: sets the parent-death
-signal, checks the parent did not die before that, then becomes the service (same pid)."""
+signal (anyio cannot set it for an async child), checks the parent did not die before
+that, then becomes the service (same pid)."""
 
 
 def dying_with_this_process(argv: Sequence[str]) -> list[str]:

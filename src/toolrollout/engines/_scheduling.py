@@ -1,21 +1,8 @@
 """Client-side scheduling policies for a rollout against SGLang servers (off by default).
 
-Each is switched on in :class:`SchedulingConfig` (``RolloutConfig.scheduling``):
-
-* **priority**: SGLang's ``priority`` from the trajectory's state (turns done, age, how much
-  of its GRPO group finished), sent only to servers reporting ``enable_priority_scheduling``.
-* **admission**: the requests in flight follow the servers' ``GET /v1/loads`` (AIMD on KV
-  use and retractions) instead of one fixed cap.
-* **lag**: the requests in flight shrink while the client's own event loop runs late by
-  more than ``lag_target_ms``, so a CPU-bound client holds new turns back.
-* **oldest**: a freed slot goes to the GRPO group that started first, so groups complete
-  one after another; with **priority** the group's age band is sent as its priority.
-* **affinity**: the samples of one prompt go to one server (its radix cache prefills the
-  shared prompt once).
-* **history** (with priority): the priority is the model turns a trajectory is expected
-  still to make, learnt from the same prompt's earlier trajectories.
-
-Why in the client: the servers have the mechanisms; only the client knows the trajectories.
+Each of ``priority``, ``admission``, ``lag``, ``oldest``, ``affinity`` and ``history`` is
+switched on in :class:`SchedulingConfig` (``RolloutConfig.scheduling``); what each does
+and when to use it: docs/scheduling.md.
 """
 
 from __future__ import annotations
