@@ -1,14 +1,8 @@
 """Who may use a toolrollout server, and how much one request may cost it.
 
-Every toolrollout server wraps its ASGI app in :class:`SecurityMiddleware` (plain ASGI)
-and checks its bind address with :func:`check_bind` before it listens.
-
-API keys follow SGLang's ``--api-key`` / ``--admin-api-key``: ``OPTIONS`` and the health
-prefixes stay open; an ordinary endpoint needs the API key when one is set; a control
-endpoint needs the admin key when one is set, else the API key. The key comes as
-``Authorization: Bearer <key>`` or ``x-api-key``, compared in constant time; otherwise 401.
-A body over ``max_body_bytes`` gets 413 (from ``Content-Length``, or as soon as a chunked
-body goes over, never reading the rest); past ``max_concurrent_requests``, 429.
+Every toolrollout server wraps its ASGI app in :class:`SecurityMiddleware` (API keys as
+SGLang's ``--api-key`` / ``--admin-api-key``, body and concurrency limits) and checks its
+bind address with :func:`check_bind` before it listens. See docs/security.md.
 """
 
 from __future__ import annotations

@@ -36,11 +36,6 @@ class TrajectoryStatus(StrEnum):
 SpanKind = Literal["model", "tool", "interaction"]
 
 
-def _id_array(ids: Iterable[int]) -> array[int]:
-    """Token ids as 4-byte ints (every vocabulary fits int32; a larger id raises), copied."""
-    return array("i", ids)
-
-
 def _logprob_array(logprobs: Iterable[float]) -> array[float]:
     """Logprobs as 4-byte floats when that keeps every value exact (SGLang's are float32),
     else as 8-byte floats: what comes back out is always the value that went in."""
@@ -71,7 +66,7 @@ class TokenSpan:
         self, kind: SpanKind, ids: Iterable[int], logprobs: Iterable[float] | None
     ) -> None:
         """``logprobs=None`` means all 0.0 (an environment span's); a model span needs its own."""
-        id_array = _id_array(ids)
+        id_array = array("i", ids)  # copied; every vocabulary fits int32, a larger id raises
         logprob_array: array[float] | None = None
         if logprobs is None:
             if kind == "model":

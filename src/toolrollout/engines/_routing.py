@@ -1,13 +1,7 @@
-"""Choosing a server among several: sticky sessions, least outstanding requests.
+"""Choosing a server among several: sticky sessions, least outstanding requests, failover.
 
-All turns of one trajectory go to one server, whose prefix cache holds the shared prompt;
-a new session goes to the server with the fewest requests in flight, then the fewest
-sessions, ties broken round-robin (deterministic, no RNG).
-
-**Failover.** A server whose last ``failover_after`` attempts failed is *down* for
-``cooldown`` seconds: new sessions avoid it, and a session pinned to it moves to a server
-that is up. Every request carries the whole token sequence, so a move loses only the prefix
-cache. The router is plain synchronous state on one event loop (not thread-safe).
+See docs/engines.md (sticky routing) and docs/fault-tolerance.md#failover. The router is
+plain synchronous state on one event loop (not thread-safe).
 """
 
 from __future__ import annotations

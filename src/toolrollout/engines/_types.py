@@ -160,19 +160,15 @@ class TokenRuns(Sequence[int]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, TokenRuns | array):
-            return len(self) == len(other) and self.tobytes() == _id_bytes(other)
+            if isinstance(other, array) and other.typecode != "i":
+                other = array("i", other)
+            return len(self) == len(other) and self.tobytes() == other.tobytes()
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # mutable-backed, like array
 
     def __repr__(self) -> str:
         return f"TokenRuns({self.tolist()!r})"
-
-
-def _id_bytes(ids: TokenRuns | array[Any]) -> bytes:
-    if isinstance(ids, TokenRuns):
-        return ids.tobytes()
-    return ids.tobytes() if ids.typecode == "i" else array("i", ids).tobytes()
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,11 +45,6 @@ def _is_peft(model: Any) -> bool:
     )
 
 
-def _sharded(accelerator: Any) -> bool:
-    kind = str(getattr(accelerator, "distributed_type", ""))
-    return kind.endswith(("DEEPSPEED", "FSDP"))
-
-
 @contextlib.contextmanager
 def policy_state_dict(trainer: Any) -> Iterator[dict[str, Any]]:
     """The trainer's current policy as a plain Hugging Face state dict, while it is valid.
@@ -65,7 +60,8 @@ def policy_state_dict(trainer: Any) -> Iterator[dict[str, Any]]:
     if peft:
         model.merge_adapter()
     try:
-        if accelerator is not None and _sharded(accelerator):
+        kind = str(getattr(accelerator, "distributed_type", ""))
+        if accelerator is not None and kind.endswith(("DEEPSPEED", "FSDP")):
             # The engine-wrapped model (DeepSpeed's engine, FSDP's module) gathers shards.
             wrapped = getattr(trainer, "model_wrapped", None) or getattr(trainer, "model", model)
             raw = accelerator.get_state_dict(wrapped)

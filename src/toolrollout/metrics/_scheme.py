@@ -43,11 +43,6 @@ def metric_key(*parts: str) -> str:
     return "/".join(cleaned)
 
 
-def _tool_segment(name: str) -> str:
-    # A tool named like an aggregate would turn that aggregate's leaf into a folder.
-    return f"tool_{name}" if name in _RESERVED_TOOL_NAMES else name
-
-
 @dataclass(frozen=True, slots=True)
 class ToolUse:
     """One tool's calls within one trajectory."""
@@ -209,7 +204,8 @@ def rollout_metrics(
     for name in names:
         uses = [s.tools[name] for s in samples if name in s.tools]
         n_calls = sum(u.calls for u in uses)
-        segment = _tool_segment(name)
+        # A tool named like an aggregate would turn that aggregate's leaf into a folder.
+        segment = f"tool_{name}" if name in _RESERVED_TOOL_NAMES else name
         out[metric_key("tools", segment, "calls")] = float(n_calls)
         out[metric_key("tools", segment, "calls_per_trajectory")] = _ratio(n_calls, count)
         out[metric_key("tools", segment, "failure_rate")] = _ratio(

@@ -1,15 +1,8 @@
 """How the outcome reward, interaction turn rewards and tool rewards make one reward.
 
-The rule (see docs/interactions.md)::
-
-    reward = outcome_weight * outcome
-           + turn_weight    * reduce_turn(turn_rewards)
-           + tool_weight    * (reduce_tool(tool step rewards) + sum(tool final rewards))
-
-Terms that are absent (no reward function, no interaction score, no tool reward) are left
-out; when no term with a non-zero weight is present the reward is None. The defaults
-(1, 0, 0) keep the reward equal to the reward functions' sum: turn and tool rewards are
-recorded on the trajectory and only enter the reward when a weight asks for them.
+:class:`RewardMix` weighs the three sources; the rule, and why the defaults (1, 0, 0) keep
+the reward equal to the reward functions' sum, are in docs/interactions.md. Absent terms
+are left out; when no term with a non-zero weight is present the reward is None.
 """
 
 from __future__ import annotations

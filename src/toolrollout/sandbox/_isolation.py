@@ -161,13 +161,9 @@ def interpreter_prefixes(python: str) -> tuple[str, ...]:
     prefixes: list[str] = []
     for candidate in candidates:
         for path in {candidate, os.path.realpath(candidate)}:
-            if not _covered(path, ("/usr",)) and path not in prefixes:
+            if path != "/usr" and not path.startswith("/usr/") and path not in prefixes:
                 prefixes.append(path)
     return tuple(prefixes)
-
-
-def _covered(path: str, roots: Sequence[str]) -> bool:
-    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def launcher_argv(python: str, limits: Limits, uid: int, command: Sequence[str]) -> list[str]:

@@ -1,13 +1,10 @@
 r"""The built-in chat-template families and their registry.
 
 A family (:class:`TemplateFamily`) is what a token-exact rollout must know beyond the
-template text: its stop tokens, the *boundary* the template writes after them (it belongs
-to the tool delta, loss mask 0: forgetting it is the classic multi-turn bug, verl #3720),
-its parser, and its documented history rewrites (a fresh render that is not a prefix of a
-later one, which :func:`~toolrollout.chat.check_drift` reports as ``history_rewrite``). The
-built-in ones are the private modules of this package, one per model maker, with their
-rules in the module docstrings; :func:`detect_template_family` picks the family whose
-format a template renders, most specific first.
+template text (docs/rollouts.md#model-families). The built-in ones are the private modules
+of this package, one per model maker, with their rules in the module docstrings;
+:func:`detect_template_family` picks the family whose format a template renders, most
+specific first.
 """
 
 from __future__ import annotations

@@ -141,14 +141,11 @@ def sample_next_tokens(
         threshold = probs_sort[:, :1] * min_p[:, None]
         probs_sort = probs_sort.masked_fill(probs_sort < threshold, 0.0)
         cdf = probs_sort.cumsum(dim=-1)
-        uniform = torch.tensor([_uniform(rngs[i]) for i in sampled], dtype=cdf.dtype, device=device)
+        draws = [(rngs[i] or random).random() for i in sampled]
+        uniform = torch.tensor(draws, dtype=cdf.dtype, device=device)
         target = (uniform * cdf[:, -1])[:, None]
         pick = torch.searchsorted(cdf, target, right=True).clamp_(max=vocab - 1)
         tokens = probs_idx.gather(1, pick)[:, 0].tolist()
         for row, token in zip(sampled, tokens, strict=True):
             chosen[row] = int(token)
     return [int(t) for t in chosen], logprobs
-
-
-def _uniform(rng: random.Random | None) -> float:
-    return (rng or random).random()
