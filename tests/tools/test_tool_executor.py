@@ -124,8 +124,6 @@ async def test_tool_exception_is_translated_recorded_and_logged(
     assert result.text == "Error: tool 'bad' raised ValueError: cannot handle 3"
     assert isinstance(result.error, ToolExecutionError)
     assert isinstance(result.error.__cause__, ValueError)
-    with pytest.raises(ToolExecutionError):
-        result.raise_for_error()
     assert any("cannot handle 3" in record.getMessage() for record in caplog.records)
     assert executor.statistics().tools["bad"].errors == 1
 

@@ -1,13 +1,9 @@
 """Images inside token-exact transcripts: preparation and placeholder expansion.
 
-A Qwen2-VL-family template writes one ``<|vision_start|><|image_pad|><|vision_end|>`` per
-image, and the processor repeats ``<|image_pad|>`` once per merged patch.
-:class:`VisionFormat` does the same on token ids, so a tool turn's delta carries exactly
-the placeholders the model's processor would produce, and reports where each image's run
-sits. Every image is first resized to the processor's own grid, which neither SGLang's
-pre-resize nor the processor's resize changes, so the client, SGLang and the embedded
-engine count the same placeholders. Preparation is blocking: callers on an event loop run
-it in a worker thread (:func:`toolrollout.rollout._images.prepare_images`).
+:class:`VisionFormat` resizes each image to the processor's own grid and repeats its
+placeholder on token ids as the model's processor would, reporting where each image's run
+sits (docs/multimodal.md). Preparation is blocking: callers on an event loop run it in a
+worker thread (:func:`toolrollout.rollout._images.prepare_images`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """A tiny seccomp filter (classic BPF) that forbids creating user namespaces.
 
 bubblewrap installs it (``--seccomp FD``) just before it starts the launcher. It denies
-``unshare``/``clone`` with CLONE_NEWUSER (EPERM) and ``clone3`` altogether (ENOSYS, whose
-flags live in memory a filter cannot read; glibc then falls back to ``clone``, as under
-Flatpak, which does the same), and every system call of a foreign ABI (x32, i386 on
-x86_64), whose numbers differ. Everything else is allowed: this is not a syscall
-allow-list, only the one door a program without capabilities could use to gain some (a
-nested user namespace in which it is "root").
+``unshare``/``clone`` with CLONE_NEWUSER (EPERM), ``clone3`` (ENOSYS: its flags live in
+memory a filter cannot read) and every system call of a foreign ABI, whose numbers differ;
+everything else is allowed. Why and what it leaves open: docs/sandbox.md.
 """
 
 from __future__ import annotations

@@ -102,11 +102,6 @@ class ToolResult:
         """Class name of :attr:`error` (``"ToolTimeout"``...), or None; stable for logging."""
         return None if self.error is None else type(self.error).__name__
 
-    def raise_for_error(self) -> None:
-        """Re-raise the recorded error, for callers that treat tool failures as fatal."""
-        if self.error is not None:
-            raise self.error
-
 
 DEFAULT_TOOL_RETRY = RetryPolicy(max_attempts=3, initial_backoff=0.1, max_backoff=2.0, jitter=0.1)
 """A tool's retry policy unless it sets its own: 2 retries, on ToolUnavailable and
