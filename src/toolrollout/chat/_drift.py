@@ -2,15 +2,8 @@
 
 The transcript is authoritative (it holds what the model saw and sampled), so the check
 only *reports*: template or tokenizer problems show up in metrics instead of as a crash
-hours into a run (verifiers #115, prime-rl #1334). Kinds, from most to least benign:
-
-* ``none``: token-exact match.
-* ``history_rewrite``: the texts differ only by the family's documented rewrite (expected).
-* ``retokenization``: same text, different ids, e.g. a non-canonical split the model
-  sampled (expected in token-in/token-out training; worth counting).
-* ``text``: an unexplained text difference (wrong family, a template that is not
-  append-only, a missing boundary token). Investigate.
-* ``render_error``: the template failed to render the messages; nothing was compared.
+hours into a run (verifiers #115, prime-rl #1334). The kinds of drift, from ``none`` (a
+token-exact match) to ``render_error``, are explained in docs/rollouts.md#drift-check.
 """
 
 from __future__ import annotations
@@ -37,7 +30,7 @@ class DriftReport:
     matches: bool
     """True when the transcript ids equal the fresh render's ids exactly."""
     kind: DriftKind
-    """Classification of the difference (see the module docstring)."""
+    """Classification of the difference (see docs/rollouts.md#drift-check)."""
     text_matches: bool
     """True when both sides decode to the same text."""
     first_mismatch: int | None

@@ -1,12 +1,8 @@
 """ms-swift: toolrollout's loop as a GRPO multi-turn scheduler named ``toolrollout``.
 
-ms-swift 4.x (``swift/rollout/multi_turn.py``): a ``MultiTurnScheduler`` registered in
-``multi_turns`` returns a ``RolloutOutput`` whose ``response_token_ids`` /
-``response_loss_mask`` hold one list per assistant message, which ms-swift trains on as
-they are. The whole multi-turn response is one assistant message, tool-result tokens inside
-it with loss mask 0 (the layout of ms-swift's own tool-call scheduler example).
-
-Importing this module imports ms-swift; ``import toolrollout`` never does.
+The whole multi-turn response is one assistant message of ms-swift 4.x's ``RolloutOutput``,
+tool-result tokens inside it with loss mask 0 (docs/trainers.md#ms-swift). Importing this
+module imports ms-swift; ``import toolrollout`` never does.
 """
 
 from __future__ import annotations

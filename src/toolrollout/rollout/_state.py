@@ -344,6 +344,7 @@ class TrajectoryState:
                 resume = self.to_resume_point()
             except ToolRolloutError as exc:  # kept aborted, and says why it cannot go on
                 self.error = f"{self.error}; not resumable: {exc}"
+        source = self.prompt.metadata.get("data_source")
         return Trajectory(
             uid=self.uid,
             group_id=self.group_id,
@@ -366,7 +367,7 @@ class TrajectoryState:
             tool_rewards=env.per_turn(env.tool_rewards, c.num_turns),
             tool_final_rewards=dict(env.tool_final_rewards),
             images=tuple(self.vision.images),
-            data_source=_data_source(self.prompt.metadata),
+            data_source=None if source is None else str(source),
             sampling=sampling_record(self.shared.config, self.shared.seed_round),
             resume_point=resume,
         )
@@ -460,8 +461,3 @@ def sampling_record(config: RolloutConfig, seed_round: int = 0) -> dict[str, Any
         "seed": config.seed,
         "seed_round": seed_round,
     }
-
-
-def _data_source(metadata: dict[str, Any]) -> str | None:
-    source = metadata.get("data_source")
-    return None if source is None else str(source)

@@ -1,11 +1,8 @@
 """How one program is started: the bubblewrap command line and the in-sandbox launcher.
 
-As root, bwrap runs without a user namespace (so it can bind root-only paths) keeping only
-CAP_SETUID/CAP_SETGID, and the launcher drops to a per-slot uid, so RLIMIT_NPROC (counted
-per real uid, ignored for 0) caps that sandbox alone. As a normal user, bwrap maps the
-program to 65534 in a new user namespace and forbids nested ones. Both unshare
-pid/net/ipc/uts/cgroup and show a read-only ``/usr``, a minimal ``/etc``, a private
-``/tmp`` and a per-run ``/sandbox``, under a seccomp filter refusing user namespaces.
+As root, bwrap runs without a user namespace and the launcher drops to a per-slot uid; as
+a normal user, bwrap maps the program to 65534 in a new user namespace. Why, and what both
+modes show the program: docs/sandbox.md ("Who the program runs as" and the isolation table).
 """
 
 from __future__ import annotations
