@@ -32,7 +32,7 @@ class ServerStats:
     sessions: int
     """Sessions currently pinned to it."""
     down: bool = False
-    """Whether failover considers it down right now (see the module docstring)."""
+    """Whether failover considers it down right now (docs/fault-tolerance.md#failover)."""
     moved_away: int = 0
     """Sessions moved off it to a healthy server."""
 
@@ -181,7 +181,7 @@ class Router:
         self._cursor = self._order.index(choice) + 1
         return choice
 
-    # --- failover (see the module docstring) -------------------------------------------
+    # --- failover (docs/fault-tolerance.md#failover) ------------------------------------
 
     def note_fault(self, url: str) -> None:
         """An attempt on ``url`` failed for a server reason (connection, timeout, 5xx)."""
