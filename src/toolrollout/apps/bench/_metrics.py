@@ -372,11 +372,6 @@ class ModeResult:
     """Seconds to 50 / 90 / 100 % of the GRPO groups complete (keys "50", "90", "100")."""
     oracle_groups_s: dict[str, float] | None = None
     """The same in the oracle replay."""
-    turns_makespan_s: float = 0.0
-    """The turn-priority bound: the logged work replayed most-turns-done-first (the
-    ``priority`` policy with ``turn_weight=1``) with a zero-cost client."""
-    fewest_makespan_s: float = 0.0
-    """The same, fewest turns done first (``turn_weight=-1``, the default)."""
     length_makespan_s: float = 0.0
     """The length replay: the logged work replayed most-model-turns-to-go first, as a
     perfect prediction of each trajectory's length would order it, tool latencies unknown
