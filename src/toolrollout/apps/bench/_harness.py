@@ -389,8 +389,6 @@ def _mode_result(
         services_cpu_s=services_cpu,
         fifo_makespan_s=replay_makespan(requests, calls, capacity),
         oracle_makespan_s=max(oracle_ends.values(), default=0.0),
-        turns_makespan_s=replay_makespan(requests, calls, capacity, order="turns"),
-        fewest_makespan_s=replay_makespan(requests, calls, capacity, order="fewest"),
         length_makespan_s=replay_makespan(requests, calls, capacity, order="length"),
         groups_s=group_completion_times(measured_ends(requests), GROUP_DECILES),
         oracle_groups_s=group_completion_times(oracle_ends, GROUP_DECILES),

@@ -1,25 +1,6 @@
-"""What a benchmark run is judged by, computed from the servers' own logs.
-
-The *ideal makespan* is a lower bound no scheduler can beat: the server cannot finish
-before its total slot time is spread over all ``capacity`` slots, and no trajectory can
-finish before its critical path (its own generations back to back with its own tool
-calls, with no queueing anywhere). *Orchestration efficiency* is that bound divided by the
-measured makespan: 1.0 means the client added nothing to the unavoidable time.
-
-That bound assumes the server could order its queue perfectly. A real one (SGLang's
-default, and the latency model) serves its queue first come, first served, and then no
-client reaches it: a long trajectory waits in the queue at every turn. The *FIFO bound*
-replays the logged work (each request's slot time on the server that served it, each
-tool call's latency) through first-come-first-served servers with a client that costs
-nothing; *client efficiency* is that bound over the measured makespan, the part of the gap
-the client itself is responsible for. The *oracle bound* replays the same work with
-servers that serve the trajectory with the most remaining work first, as if every
-request's priority knew the future: what the best priority policy could reach.
-
-None of these three sees a KV budget. On a server whose KV holds fewer contexts than it
-has slots, the *KV bound* is the one that binds: every running request holds its whole
-context in KV while it decodes, so the logged turns need a known number of KV
-token-seconds, and no ordering finishes them sooner than that total over the budget.
+"""What a benchmark run is judged by, computed from the servers' own logs: the ideal
+makespan, the FIFO, oracle and KV bounds and the efficiencies built on them (defined in
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -372,11 +353,6 @@ class ModeResult:
     """Seconds to 50 / 90 / 100 % of the GRPO groups complete (keys "50", "90", "100")."""
     oracle_groups_s: dict[str, float] | None = None
     """The same in the oracle replay."""
-    turns_makespan_s: float = 0.0
-    """The turn-priority bound: the logged work replayed most-turns-done-first (the
-    ``priority`` policy with ``turn_weight=1``) with a zero-cost client."""
-    fewest_makespan_s: float = 0.0
-    """The same, fewest turns done first (``turn_weight=-1``, the default)."""
     length_makespan_s: float = 0.0
     """The length replay: the logged work replayed most-model-turns-to-go first, as a
     perfect prediction of each trajectory's length would order it, tool latencies unknown
@@ -411,7 +387,7 @@ class ModeResult:
 
     @property
     def client_efficiency(self) -> float:
-        """FIFO bound / measured makespan (see the module docstring)."""
+        """FIFO bound / measured makespan (see docs/benchmarks.md)."""
         return orchestration_efficiency(self.fifo_makespan_s, self.makespan_s)
 
     @property

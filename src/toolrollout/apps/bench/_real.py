@@ -1,14 +1,9 @@
 """``toolrollout bench --engine-url``: the rollout comparison on a real server.
 
 A real server (SGLang or vLLM, found by :func:`~toolrollout.engines._factory.connect`)
-serves the comparison instead of the latency model: its model answers the demo's
-calculator prompts, and the calculator takes a deterministic heavy-tailed latency (the same
-seconds for the same call in every mode). The modes (each in its own worker
-process, ``_worker``) are ``toolrollout``, ``lockstep`` and ``verifiers`` as in the latency-model
-comparison, and ``bound``: toolrollout's own model turns sent again by a bare loop (same
-input ids, same number of new tokens), what the server alone needs for those generations.
-Client and server share the machine's cores: the report records the client's CPU affinity,
-every mode's client CPU and the load average before and after.
+serves the comparison instead of the latency model; the modes (``toolrollout``,
+``lockstep``, ``verifiers`` and the engine-only ``bound``) each run in their own worker
+process (``_worker``). docs/benchmarks.md describes the modes and what the report records.
 """
 
 from __future__ import annotations

@@ -2,14 +2,9 @@
 :mod:`toolrollout.tools.calculator`).
 
 The model is shipped inside the package so that examples, tests and the CPU engine can run
-a real multi-turn tool-calling rollout without downloading anything. It is a 1.5 MB
-Qwen2-architecture causal LM trained by :mod:`toolrollout.apps.demo.train` on synthetic
-calculator dialogs; the script can also train on ``python`` (code sandbox) and ``search``
-(demo corpus) tasks, and each task family has a held-out prompt set. Its chat
-template uses the Qwen2.5 tool-call format
-(``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, tool results as
-``<tool_response>`` inside a user turn), so code written against the demo works unchanged
-with real Qwen2.5 models.
+a real multi-turn tool-calling rollout without downloading anything. It is trained by
+:mod:`toolrollout.apps.demo.train` and uses the Qwen2.5 tool-call format, so code written
+against the demo works unchanged with real Qwen2.5 models (docs/quickstart.md).
 """
 
 from __future__ import annotations

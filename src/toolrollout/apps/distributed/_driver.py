@@ -349,12 +349,10 @@ def _describe(job: ShardJob, exc: BaseException) -> str:
     cause = getattr(exc, "cause", None) or exc
     text = str(cause).strip().splitlines()
     detail = f"{type(cause).__name__}: {text[0] if text else ''}".rstrip(": ")
-    return f"ray shard {job.shard} (prompts {_span(job.prompt_indices)}) failed: {detail}"
-
-
-def _span(indices: tuple[int, ...]) -> str:
+    indices = job.prompt_indices
     shown = ",".join(str(i) for i in indices[:4])
-    return f"{shown},..." if len(indices) > 4 else shown or "none"
+    shown = f"{shown},..." if len(indices) > 4 else shown or "none"
+    return f"ray shard {job.shard} (prompts {shown}) failed: {detail}"
 
 
 def _account_for_failures(

@@ -1,13 +1,8 @@
-"""Statistics of evaluation: pass@k and bootstrap confidence intervals.
+"""Statistics of evaluation: pass@k and bootstrap confidence intervals (docs/eval.md).
 
-pass@k uses the unbiased estimator of Chen et al. (2021): with ``n`` samples of a problem of
-which ``c`` are correct, the chance that ``k`` samples drawn without replacement contain a
-correct one is ``1 - C(n - c, k) / C(n, k)``. Averaging the plain "any of the first k
-correct" indicator instead would depend on sample order and be noisier.
-
-Confidence intervals resample problems (not samples), since samples of one problem are
-correlated; when two runs share their problems the resampling is paired, which removes the
-between-problem variance from the difference.
+pass@k is the unbiased estimator of Chen et al. (2021). Confidence intervals resample
+problems (not samples), since samples of one problem are correlated, paired when two runs
+share their problems.
 """
 
 from __future__ import annotations

@@ -24,10 +24,6 @@ def _finite(metrics: Mapping[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in metrics.items() if not math.isnan(float(v))}
 
 
-def _params(config: Mapping[str, Any]) -> dict[str, str]:
-    return {str(k): str(v)[:500] for k, v in config.items()}
-
-
 @dataclass(frozen=True, slots=True)
 class TrackedRun:
     """Where a tracked run landed: its backend, id and location."""
@@ -83,7 +79,7 @@ def log_to_mlflow(
         try:
             now = int(time.time() * 1000)
             items = sorted(_finite(metrics).items())
-            params = sorted(_params(config).items())
+            params = sorted((str(k), str(v)[:500]) for k, v in config.items())
             # log_batch caps a call at 1000 metrics and 100 params.
             for start in range(0, max(len(items), 1), 1000):
                 client.log_batch(

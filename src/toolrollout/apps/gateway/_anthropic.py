@@ -1,13 +1,8 @@
 """Anthropic Messages API (``POST /v1/messages``) in front of the gateway's core.
 
-``system`` becomes a system message; a user message's ``text`` and ``image`` blocks
-become a user message and each ``tool_result`` block a ``tool`` message, in block order;
-an assistant message's ``thinking``, ``text`` and ``tool_use`` blocks fold into one
-assistant message. The answer's ``content`` lists a ``thinking`` block (when the family
-separates reasoning), a ``text`` block and one ``tool_use`` block per parsed call, so a
-harness that appends the answer as it came extends its session. ``stop_sequence`` is
-always null: the core does not report which stop sequence matched. Errors carry
-Anthropic's envelope and status codes (529 when overloaded, 504 on a timeout).
+Content blocks become OpenAI chat messages and the answer's blocks are built from the
+parsed turn, so a harness that appends the answer as it came extends its session; errors
+carry Anthropic's envelope and status codes. See docs/gateway.md.
 """
 
 from __future__ import annotations

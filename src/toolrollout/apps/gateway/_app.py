@@ -1,12 +1,8 @@
 """The gateway's FastAPI app: every API it speaks, plus the session endpoints.
 
-The session endpoints are the trainer's: ``GET /v1/sessions`` (the open sessions' metrics:
-every one for the admin key, else the caller's own), ``GET /v1/sessions/{id}``,
-``POST /v1/sessions/{id}/reward`` ``{"reward", "segment"?}`` and
-``POST /v1/sessions/{id}/close`` ``{"reward"?}`` (its rows are written now). The admin key
-opens them when one is set (SGLang's ``ADMIN_OPTIONAL``), so a harness holding the API key
-can neither score itself nor list others; ``/health`` and ``/metrics`` are open. Keys and
-limits are the other servers' (:class:`~toolrollout._security.SecurityMiddleware`).
+The session endpoints (metrics, rewards, close) are the trainer's: the admin key opens them
+when one is set, so a harness holding the API key can neither score itself nor list
+others. See docs/gateway.md and docs/security.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """HTTP helpers every API layer of the gateway shares: who a request is, disconnects, errors.
 
-A session is named, in this order, by the ``X-Toolrollout-Session`` header, by a path
-prefix ``/s/<session>/...`` (rewritten into that header by :class:`SessionPathMiddleware`,
-so every route gets it), or by the API key the harness sends (``Authorization: Bearer``
-or Anthropic's ``x-api-key``): an SDK that only lets you set a base URL or a key can still
-name its session. A key is a credential (a harness may hold a real provider's), so it never
-names a session itself: the session is a keyed hash of it (``key-`` and 24 hex digits,
-HMAC-SHA256 under a secret drawn when the gateway starts), the same for every request
-with that key, which nothing the gateway writes or lists can turn back into the key. The
-gateway's own ``--api-key`` names no session (every harness sends it). Requests with none
-of these share the session ``default``.
+How a request names its session (header, ``/s/<session>/`` path prefix, or a keyed hash of
+its API key, never the key itself) is in docs/gateway.md, "Sessions".
 """
 
 from __future__ import annotations

@@ -381,20 +381,16 @@ def _commit(
             returned=[None] * len(messages),
         )
         session.segments.append(segment)
-        _limit_open(session, max_open_segments)
+        idle = [s for s in session.segments if s.open and not s.busy]
+        while len(idle) > max_open_segments:  # close the least recently used
+            oldest = min(idle, key=lambda s: s.last_used)
+            oldest.open = False
+            idle.remove(oldest)
     if len(candidates) == 1:
         segment.take(candidates[0])
     else:
         segment.pending = candidates
     return segment
-
-
-def _limit_open(session: Session, max_open_segments: int) -> None:
-    open_segments = [s for s in session.segments if s.open and not s.busy]
-    while len(open_segments) > max_open_segments:
-        oldest = min(open_segments, key=lambda s: s.last_used)
-        oldest.open = False
-        open_segments.remove(oldest)
 
 
 def _transcript(

@@ -1,17 +1,9 @@
 """OpenAI Responses API (``POST /v1/responses``) in front of the gateway's core.
 
-A request's ``instructions`` and ``input`` items become OpenAI chat messages: ``message``
-items keep their role, one model turn's ``reasoning``, assistant ``message`` and
-``function_call`` items fold into one assistant message (``reasoning_content``,
-``content``, ``tool_calls``), and each ``function_call_output`` becomes a ``tool``
-message. The answer is built in ``_responses_output.py``.
-
-Responses are stored (``store``, true by default as in OpenAI's API) in a bounded
-:class:`ResponseStore`: ``previous_response_id`` puts one's inputs and outputs before the
-new input, as a harness replaying ``output`` sends them (so the segment is extended
-token-exactly), and ``GET``/``DELETE /v1/responses/{id}`` read and drop one; each finds a
-response only for the session that made it (or the admin key). ``conversation``,
-``item_reference`` items and hosted tools are refused: the gateway cannot serve them.
+A request's ``instructions`` and ``input`` items become OpenAI chat messages; the answer is
+built in ``_responses_output.py``; stored responses live in a bounded
+:class:`ResponseStore`. See docs/gateway.md for what is refused and how
+``previous_response_id`` extends a segment.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """Sessions and segments: how a harness's requests become token-exact transcripts.
 
-A harness sends its whole conversation on every request, as text. A *segment* is one
-token transcript the gateway keeps, and it is the rollout loop's own
-(:class:`~toolrollout.rollout._state.TrajectoryState`): the prompt rendered once, then each
-model turn's engine ids verbatim (``append_model_turn``) and, between them, the chat
-template's delta for the messages the harness added (``append_env_turn``, drift
-checkpoints included), so a row's ``drift_mismatches`` is the rollout's check of it. What
-the gateway adds is the matching: a request *extends* a segment when its messages start
-with the segment's messages (the assistant turns compared with what the gateway returned
-for them: content and parsed tool calls) and add only non-assistant messages after the
-last model turn. Anything else (an edited, dropped or summarised message, changed tools, a
-turn cut at its token limit) starts a new segment of the same session, which records why
-and which segment it came from: mismatched tokens are never spliced.
+A segment is the rollout loop's own transcript
+(:class:`~toolrollout.rollout._state.TrajectoryState`); what the gateway adds is the
+matching: which request extends which segment, and why another one starts a new segment
+(mismatched tokens are never spliced). See docs/gateway.md, "Segments".
 """
 
 from __future__ import annotations

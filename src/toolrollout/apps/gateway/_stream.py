@@ -1,22 +1,9 @@
 """What a streamed model turn may show before it is parsed: the safe text of a partial turn.
 
-The gateway parses a turn once it is finished (the family's parser, as the rollout loop
-does). While it is still being generated, :class:`TurnStream` decides which of the text
-decoded so far can be sent already as reasoning or content deltas, so that everything sent
-is a prefix of what the parsed turn will say:
-
-* Text from the first of the parser's :attr:`~toolrollout.chat.ToolCallParser.call_markers`
-  on is held until the turn is parsed (it may be a tool call, which must not leak out as
-  content), and so is a trailing piece that could still grow into a marker, a think tag or
-  an end-of-turn token, trailing whitespace (the parsed content is stripped) and an
-  incomplete UTF-8 character. A parser with no known markers holds all content.
-* A ``<think>`` block (opened by the turn, or by the generation prompt) is sent as
-  reasoning until ``</think>``, for parsers that split think tags.
-
-When the turn is parsed, :meth:`TurnStream.finish` returns the rest of the parsed reasoning
-and content. In the rare case where the parsed text does not continue what was sent, the
-rest is not sent: the client's view is what it received, and the gateway records that view
-as what the harness was answered (so its next request still extends the segment).
+:class:`TurnStream` sends only text that is a prefix of what the parsed turn will say,
+holding back anything that may still become a tool call, a think tag or an end-of-turn
+token; :meth:`TurnStream.finish` returns the rest once the turn is parsed. See the
+"Streaming" section of docs/gateway.md.
 """
 
 from __future__ import annotations

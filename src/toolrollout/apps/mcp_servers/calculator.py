@@ -5,10 +5,8 @@ The arithmetic is :func:`toolrollout.tools.calculator.calculator`: parsed with :
 never ``eval``; bad input comes back as an ``"Error: ..."`` text, like the native tool.
 
 The server reports the native tool's schema (:data:`~toolrollout.tools.calculator.CALCULATOR_TOOL`)
-as its ``inputSchema``, byte for byte, rather than the one the SDK derives from the
-function's signature (which adds ``title`` keys and orders the keys differently). A
-client renders whatever schema a server reports into the prompt, and the demo model was
-trained on the native one: with the derived schema its mean reward halved.
+as its ``inputSchema``, byte for byte, rather than the one the SDK derives: the demo model
+was trained on the native one and scores far less with the derived one (docs/mcp.md).
 """
 
 from __future__ import annotations

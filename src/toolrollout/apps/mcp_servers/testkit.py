@@ -1,24 +1,7 @@
 """An MCP server whose tools misbehave on purpose, for testing MCP clients.
 
-Run it with ``python -m toolrollout.apps.mcp_servers.testkit [--transport ...] [--port ...]``.
-
-========================  ================================================================
-tool                      behaviour
-========================  ================================================================
-``echo(text)``            returns ``text``
-``add(a, b)``             returns ``a + b`` as text and as structured content
-``stats()``               the server's pid and how many ``initialize`` requests,
-                          ``notifications/cancelled`` and tool calls it has seen
-``hang(seconds, tag)``    sleeps; records ``started <tag>`` and, when cancelled,
-                          ``cancelled <tag>`` in the file named by ``$TOOLROLLOUT_TESTKIT_LOG``
-``image(width, height)``  a text block plus a PNG image
-``fail(message)``         an ``isError`` result carrying ``message``
-``odd(kind)``             unusual or malformed content (see :data:`ODD_KINDS`)
-``crash(exit_code)``      kills the server process mid-call (``os._exit``); with
-                          ``once_marker`` set, only when that file does not exist yet
-``limited()``             answers at most ``$TOOLROLLOUT_TESTKIT_RATE`` calls per second
-                          (default 2); past that, a JSON-RPC error "rate limit exceeded"
-========================  ================================================================
+Run it with ``python -m toolrollout.apps.mcp_servers.testkit [--transport ...] [--port ...]``;
+docs/mcp.md lists the tools and what each does.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Video tools as an MCP server, in the spirit of LongVT: look at a time window, zoom in.
 
-Run it with ``python -m toolrollout.apps.mcp_servers.video_tools [--transport ...] [--port ...]``.
-
-* ``crop_video(video_path, start_time, end_time, fps)`` decodes the frames of a time window
-  at the requested rate and returns them as PNG images (``ImageContent``), each preceded by
-  a line with its timestamp. At most ``TOOLROLLOUT_VIDEO_MAX_FRAMES`` frames (default 8)
-  come back; a longer window is sampled evenly, so one call can never flood the context.
-* ``crop_image(path, left, top, right, bottom, time)`` returns one zoomed region (fractions
-  of the width/height) of an image file, or of a video's frame at ``time`` seconds.
-
-Decoding uses PyAV (FFmpeg's libraries, as wheels on PyPI): it seeks by timestamp and
-decodes only what the window needs. Set ``TOOLROLLOUT_VIDEO_ROOT`` to confine paths to one
-folder. Every failure (missing file, empty window, undecodable stream) is an ``isError``
-result with a one-line reason, never an empty success.
+Run it with ``python -m toolrollout.apps.mcp_servers.video_tools [--transport ...] [--port ...]``;
+docs/multimodal.md describes ``crop_video``, ``crop_image`` and their settings. Every
+failure (missing file, empty window, undecodable stream) is an ``isError`` result with a
+one-line reason, never an empty success.
 """
 
 from __future__ import annotations

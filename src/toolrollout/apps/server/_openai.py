@@ -1,13 +1,9 @@
 """OpenAI-compatible ``POST /v1/chat/completions`` with tool-call parsing.
 
 Peer libraries that speak only OpenAI's chat API (``verifiers``' ToolEnv, agent
-frameworks) need this route; SGLang serves it with ``--tool-call-parser``. The shapes
-follow SGLang's ``serving_chat.py``: the server renders ``messages`` (and ``tools``) with
-the model's chat template, generates, and, when the parser finds tool calls, returns them
-as ``message.tool_calls`` (``"id": "call_<24 hex>"``, ``"arguments"`` as a JSON string)
-with ``finish_reason`` rewritten from ``"stop"`` to ``"tool_calls"``; ``content`` is the
-text before the first call. Streaming and ``n > 1`` are refused with a one-line error.
-The benchmark's latency-model server adds the same route (:func:`add_chat_completions`).
+frameworks) need this route; its shapes follow SGLang's ``serving_chat.py`` (docs/engines.md
+describes them). The benchmark's latency-model server adds the same route
+(:func:`add_chat_completions`).
 """
 
 from __future__ import annotations
