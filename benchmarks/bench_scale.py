@@ -273,7 +273,7 @@ def token_storage(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     """Exact bytes per token of the token storage, now and as tuples before."""
     tokens = spans_now = spans_old = prompt_tuple = prompt_array = 0
     for trajectory in trajectories:
-        tokens += len(trajectory.prompt_ids) + trajectory.response_length
+        tokens += len(trajectory.prompt_ids) + len(trajectory.response_ids)
         spans_now += sum(_span_bytes(s) for s in trajectory.spans) + sys.getsizeof(trajectory.spans)
         spans_old += sum(_old_span_bytes(s) for s in trajectory.spans) + sys.getsizeof(
             trajectory.spans
@@ -319,7 +319,7 @@ def run_scale(config: ScaleConfig, tokenizer: Any = None) -> dict[str, Any]:
     def on_result(trajectory: Trajectory) -> None:
         registry.live.pop(trajectory.uid, None)
         finished.append(trajectory)
-        held_finished[0] += len(trajectory.prompt_ids) + trajectory.response_length
+        held_finished[0] += len(trajectory.prompt_ids) + len(trajectory.response_ids)
 
     async def lag_monitor() -> None:
         while not done.is_set():
