@@ -77,7 +77,11 @@ def two_steps(engine: Any, model_dir: Path, tokenizer: Any, tmp_path: Path) -> N
         assert b["gap"] < AGREE, f"step {b['step']}: rollouts are off the trainer's policy"
     logged = [h for h in trainer.state.log_history if "grad_norm" in h]
     assert len(logged) == STEPS
-    assert all(float(h["grad_norm"]) > 0 for h in logged), logged
+    # A group whose rewards are all equal has no advantage, hence no gradient (the tie
+    # reward can collide for two different samples, and a seeded engine repeats it).
+    assert float(logged[0]["frac_reward_zero_std"]) < 1, logged[0]
+    for h in logged:
+        assert float(h["grad_norm"]) > 0 or float(h["frac_reward_zero_std"]) == 1, h
     moved = max(
         float((p.detach() - start[n]).abs().max())
         for n, p in trainer.model.named_parameters()
