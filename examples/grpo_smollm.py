@@ -255,8 +255,6 @@ def vllm_server(python: Path, model: Path, log: Path) -> Iterator[str]:
     docs/engines.md gives), in a process group of its own; yields its URL."""
     import httpx
 
-    if not python.exists():
-        raise SystemExit(f"{python} is missing: run `bash .ci/vllm.sh` or pass --vllm-python")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -527,6 +525,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from toolrollout.apps.demo_smollm.build import build
 
     args = parse_args(argv)
+    if args.engine == "vllm" and not args.vllm_python.exists():  # before the cold start
+        raise SystemExit(
+            f"{args.vllm_python} is missing: run `bash .ci/vllm.sh` or pass --vllm-python"
+        )
     torch.set_num_threads(args.threads)
     wall = time.perf_counter()
     out = args.out_dir
