@@ -99,6 +99,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-learning-rate", type=float, default=3e-4)
     p.add_argument("--tool-error-penalty", type=float, default=0.2)
+    p.add_argument("--unanswered-penalty", type=float, default=0.0,
+                   help="subtracted when a rollout ends without an answer (out of turns or "
+                        "tokens), e.g. after calling the tool twice")  # fmt: skip
     p.add_argument("--max-turns", type=int, default=2, help="assistant turns per rollout")
     p.add_argument("--max-new-tokens", type=int, default=40, help="tokens per model turn")
     p.add_argument("--max-completion-length", type=int, default=96)
@@ -400,6 +403,11 @@ def grpo(
         WeightedReward("numeric_match", numeric_match),
         WeightedReward("tool_error_penalty", tool_error_penalty(args.tool_error_penalty)),
     ]
+    if args.unanswered_penalty:
+        penalty = args.unanswered_penalty
+        terms.append(WeightedReward(
+            "unanswered", lambda t: -penalty if t.status == "truncated" else 0.0
+        ))  # fmt: skip
     rollout = trl_rollout_func(
         open_engine(args, start_dir, url, batch),
         tokenizer,
