@@ -4,11 +4,11 @@ on the real vLLM server.
 What is checked is the machinery on a real pretrained model, not learning: every rollout
 batch carries the trainer's step as its weight version (the trained weights reached the
 engine before the batch was sampled), each step with unequal rewards has a non-zero
-gradient and the trained layers really moved, and every trajectory's ids equal a fresh render of its messages (no
-drift with the real 49,152-token tokenizer), and each batch is explained by the trainer's
-weights of that step (teacher forcing at the sampling temperature). The reward breaks ties
-by the sampled ids, so a group almost always has a non-zero advantage; the real task's
-reward is in examples/grpo_smollm.py.
+gradient and the trained layers really moved, every trajectory's ids equal a fresh render
+of its messages (no drift with the real 49,152-token tokenizer), and each batch is
+explained by the trainer's weights of that step (teacher forcing at the sampling
+temperature). The reward breaks ties by the sampled ids, so a group almost always has a
+non-zero advantage; the real task's reward is in examples/grpo_smollm.py.
 """
 
 from __future__ import annotations
