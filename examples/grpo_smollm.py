@@ -96,6 +96,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-examples", type=int, default=64, help="cold-start dialogs (0: none)")
     p.add_argument("--sft-direct-share", type=float, default=0.5,
                    help="share of cold-start dialogs answered without a call")  # fmt: skip
+    p.add_argument("--sft-read-examples", type=int, default=0,
+                   help="extra cold-start dialogs whose call is context, not trained: only "
+                        "the answer after the tool's result is")  # fmt: skip
     p.add_argument("--sft-batch", type=int, default=8)
     p.add_argument("--sft-learning-rate", type=float, default=3e-4)
     p.add_argument("--tool-error-penalty", type=float, default=0.2)
@@ -176,7 +179,9 @@ def cold_start(args: argparse.Namespace, model_dir: Path, out: Path) -> dict[str
     schema = [calculator_tool().schema()]
     sequences: list[tuple[list[int], list[int]]] = []
     direct = round(args.sft_examples * args.sft_direct_share)
-    for index, row in enumerate(make_rows("train", args.sft_examples, seed=777)):
+    n = args.sft_examples
+    rows = make_rows("train", n + args.sft_read_examples, seed=777)
+    for index, row in enumerate(rows):
         expression = f"{row['a']} * {row['b']}"
         answer = {"role": "assistant", "content": f"{expression} = {row['answer']}."}
         arguments = {"expression": expression}
@@ -188,9 +193,10 @@ def cold_start(args: argparse.Namespace, model_dir: Path, out: Path) -> dict[str
             {"role": "tool", "content": row["answer"], "tool_call_id": "call_0"},
             answer,
         ]
-        ends = (3, 5)  # the two assistant turns: trained; everything before: not
-        n = args.sft_examples
-        if (index + 1) * direct // n > index * direct // n:  # spread evenly over the batches
+        ends: tuple[int, ...] = (3, 5)  # the two assistant turns: trained; the rest: not
+        if index >= n:  # a reading example: the call is context, the answer is trained
+            ends = (5,)
+        elif (index + 1) * direct // n > index * direct // n:  # spread evenly over batches
             messages, ends = [*row["messages"], answer], (3,)  # a direct answer, right
         ids: list[int] = []
         mask: list[int] = []
@@ -207,6 +213,10 @@ def cold_start(args: argparse.Namespace, model_dir: Path, out: Path) -> dict[str
             mask += [0] * (len(head) - len(ids)) + [1] * (len(full) - len(head))
             ids = full
         sequences.append((ids, mask))
+    # the reading examples spread evenly among the others (with none, the order is unchanged)
+    order = sorted(range(len(sequences)), key=lambda i: (i + 0.5) / n if i < n
+                   else (i - n + 0.5) / args.sft_read_examples)  # fmt: skip
+    sequences = [sequences[i] for i in order]
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=args.sft_learning_rate, weight_decay=0.0)
     model.train()
