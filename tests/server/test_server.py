@@ -427,11 +427,17 @@ async def test_abort_request_returns_partial_output(
     # 240 tokens can be done before the test's next poll, so the engine is frozen in
     # place as soon as output appears (one decode step can still slip through: then the
     # request finished by length before the freeze, and the attempt is repeated).
-    # The engine is shared by the module: a request an earlier test left running would meet
-    # the condition below before this one is even submitted (the abort then finds nothing
-    # and this request waits, frozen), so each attempt starts on an idle engine.
+    # The engine is shared by the module, and the condition below counts any running row:
+    # each attempt starts on an idle engine, else a row left by an earlier request meets it
+    # before this one is even submitted, and the pause then holds this one at the gate
+    # (never submitted: the abort finds nothing, and the wait below times out). Idle means
+    # no row either: the scheduler forgets a request (num_active) and delivers its result
+    # before it drops its row from the batch (num_running).
     for _attempt in range(5):
-        await wait_until(lambda: engine.num_active == 0, within=60.0)
+        await wait_until(
+            lambda: engine.num_active == engine.num_running == engine.num_waiting == 0,
+            within=60.0,
+        )
         pending = asyncio.create_task(client.post("/generate", json=body))
         await wait_until(
             lambda p=pending: p.done() or (engine.num_running == 1 and engine.num_tokens > 3)
