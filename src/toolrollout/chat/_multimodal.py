@@ -74,7 +74,7 @@ def load_image(data: Any) -> Any:
     if isinstance(data, Image.Image):
         image = data
     else:
-        raw: bytes
+        raw = b""  # an empty string or data URL: "0 bytes ... not a readable image"
         if isinstance(data, bytes | bytearray | memoryview):
             raw = bytes(data)
         elif isinstance(data, str):
