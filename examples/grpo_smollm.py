@@ -107,6 +107,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--unanswered-penalty", type=float, default=0.0,
                    help="subtracted when a rollout ends without an answer (out of turns or "
                         "tokens), e.g. after calling the tool twice")  # fmt: skip
+    p.add_argument("--repeat-call-penalty", type=float, default=0.0,
+                   help="subtracted per call that repeats an earlier call's name and "
+                        "arguments (its result is already in the context)")  # fmt: skip
     p.add_argument("--max-turns", type=int, default=2, help="assistant turns per rollout")
     p.add_argument("--max-new-tokens", type=int, default=40, help="tokens per model turn")
     p.add_argument("--max-completion-length", type=int, default=96)
@@ -153,6 +156,22 @@ def make_rows(split: str, count: int, seed: int) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- model
+def repeated_calls(messages: Sequence[dict[str, Any]]) -> int:
+    """How many tool calls repeat an earlier call's name and arguments."""
+    seen: set[str] = set()
+    repeats = 0
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            arguments = call["function"]["arguments"]
+            if isinstance(arguments, str):
+                with contextlib.suppress(ValueError):
+                    arguments = json.loads(arguments)
+            key = json.dumps([call["function"]["name"], arguments], sort_keys=True)
+            repeats += key in seen
+            seen.add(key)
+    return repeats
+
+
 def train_top_layers(model: Any, top: int) -> int:
     """Freeze all but the top ``top`` decoder layers and the final norm; return the count."""
     layers = model.config.num_hidden_layers
@@ -419,6 +438,11 @@ def grpo(
         penalty = args.unanswered_penalty
         terms.append(WeightedReward(
             "unanswered", lambda t: -penalty if t.status == "truncated" else 0.0
+        ))  # fmt: skip
+    if args.repeat_call_penalty:
+        penalty_per_repeat = args.repeat_call_penalty
+        terms.append(WeightedReward(
+            "repeated_call", lambda t: -penalty_per_repeat * repeated_calls(t.messages)
         ))  # fmt: skip
     rollout = trl_rollout_func(
         open_engine(args, start_dir, url, batch),
