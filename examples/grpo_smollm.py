@@ -33,7 +33,9 @@ calculator is the learnable choice. Stages, all on the CPU, in one process:
    server this script starts on an untied copy of the cold-start model (it reloads each
    step's checkpoint from disk), else an in-process ``EmbeddedEngine``. Evaluations use
    the same engine.
-   Reward: ``numeric_match`` minus ``tool_error_penalty``.
+   Reward: ``numeric_match`` minus ``tool_error_penalty``, minus ``--repeat-call-penalty``
+   per call that repeats an earlier one (a second call is never needed here; without this
+   term the policy that RL pushes to call often calls again instead of answering).
 5. **After**, per seed: the same greedy evaluation; the paired bootstrap interval of the
    accuracy difference (problems resampled, ``toolrollout.apps.eval.bootstrap_difference``).
 
@@ -107,7 +109,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--unanswered-penalty", type=float, default=0.0,
                    help="subtracted when a rollout ends without an answer (out of turns or "
                         "tokens), e.g. after calling the tool twice")  # fmt: skip
-    p.add_argument("--repeat-call-penalty", type=float, default=0.0,
+    p.add_argument("--repeat-call-penalty", type=float, default=0.5,
                    help="subtracted per call that repeats an earlier call's name and "
                         "arguments (its result is already in the context)")  # fmt: skip
     p.add_argument("--max-turns", type=int, default=2, help="assistant turns per rollout")
@@ -508,7 +510,7 @@ def plot(runs: dict[int, dict[str, Any]], path: Path) -> None:
         reward.plot(steps, [h["reward"] for h in history], marker="o", ms=3, label=f"seed {seed}")
         calls.plot(steps, [h["tools/used_fraction"] for h in history], marker="o", ms=3,
                    label=f"seed {seed}")  # fmt: skip
-    reward.set_ylabel("mean reward (numeric_match - tool errors)")
+    reward.set_ylabel("mean reward of the batch (all terms)")
     calls.set_ylabel("share of samples that call the calculator")
     calls.set_ylim(0.0, 1.05)
     for ax in (reward, calls):
